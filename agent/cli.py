@@ -1,0 +1,163 @@
+"""The agent's command line: argparse, logging, dispatch, exit code.
+
+A traceback only with --debug; otherwise one line that says what went wrong. Exit codes
+(sysexits.h where one fits): 0 success, 1 the command ran and failed, 2 usage error,
+69 a dependency or tool is unavailable, 70 internal error, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from agent import catalog
+from agent.errors import AgentError, MissingDependency, ToolMissing
+from agent.version import __version__
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INTERNAL = 0, 1, 2, 69, 70
+
+# Subcommands: name -> (help, add_arguments, run). Later modules add theirs through ``command``.
+Subcommand = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
+SUBCOMMANDS: dict[str, Subcommand] = {}
+
+
+def command(
+    name: str, help: str, add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
+) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:
+    def register(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+        SUBCOMMANDS[name] = (help, add_arguments or (lambda p: None), fn)
+        return fn
+
+    return register
+
+
+def _kinds_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="a JSON list of objects instead of a table")
+    p.add_argument("--role", choices=[str(r) for r in catalog.Role], help="only kinds this role serves")
+
+
+@command("kinds", "print the command catalog (all 21 kinds)", _kinds_args)
+def cmd_kinds(args: argparse.Namespace) -> int:
+    kinds = sorted(catalog.KINDS.values(), key=lambda k: k.name)
+    if args.role:
+        kinds = [k for k in kinds if k.serves(catalog.Role(args.role))]
+    if args.json:
+        json.dump([k.as_dict() for k in kinds], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return EXIT_OK
+    header = ("KIND", "LANE", "ROLES", "RETRY", "SELF-TERM", "ATTESTED", "DESTRUCTIVE", "TIMEOUT", "PAYLOAD")
+    rows = [header] + [
+        (
+            k.name, str(k.lane), ",".join(sorted(str(r) for r in k.roles)),
+            *("yes" if f else "-" for f in (k.retry_safe, k.self_terminating, k.attested, k.destructive)),
+            _duration(k.timeout_seconds), k.payload,
+        )
+        for k in kinds
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    for row in rows:
+        sys.stdout.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n")
+    return EXIT_OK
+
+
+def _duration(seconds: int) -> str:
+    return f"{seconds // 3600}h" if seconds % 3600 == 0 else f"{seconds // 60}m"
+
+
+def _version_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--deps", action="store_true", help="also import and list the runtime dependencies")
+
+
+@command("version", "print the agent version", _version_args)
+def cmd_version(args: argparse.Namespace) -> int:
+    print(__version__)
+    if not args.deps:
+        return EXIT_OK
+    from agent.deps import need
+
+    missing = 0
+    for module in ("google.protobuf", "cryptography", "pynvml"):
+        try:
+            mod = need(module)
+            print(f"{module} {getattr(mod, '__version__', '?')} ({mod.__file__})")
+        except MissingDependency as exc:
+            print(f"{module}: {exc}")
+            missing += 1
+    if missing == 0:
+        need("cryptography.hazmat.primitives.asymmetric.ed25519")  # the native part loads
+    return EXIT_UNAVAILABLE if missing else EXIT_OK
+
+
+def _load_subcommands() -> None:
+    """Modules that add subcommands (run, exec, install, ...) register on import."""
+    import importlib
+
+    for module in ("agent.app",):
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agent",
+        description="Better Compute machine agent: serves provisioning commands from its gateway "
+        "in the ramdisk and node roles.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--debug", action="store_true", help="debug logging and tracebacks")
+    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
+    for name, (help_text, add_arguments, fn) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        add_arguments(p)
+        p.set_defaults(func=fn)
+    return parser
+
+
+def setup_logging(debug: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    _load_subcommands()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    setup_logging(args.debug)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader went away (``agent kinds | head``): not an error worth a message.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+    except (MissingDependency, ToolMissing) as exc:
+        if args.debug:
+            raise
+        print(f"agent: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    except AgentError as exc:
+        if args.debug:
+            raise
+        print(f"agent: {exc.reason}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(f"agent: internal error: {type(exc).__name__}: {exc} (run with --debug for details)",
+              file=sys.stderr)
+        return EXIT_INTERNAL

@@ -1,0 +1,11 @@
+"""Command handlers, one module per kind or close family of kinds.
+
+Each module registers its handlers with ``Handler.__init_subclass__(kind=...)``. They are
+imported here explicitly (no entry points: they do not exist inside a zipapp).
+"""
+
+from agent.commands.base import Context, Handler, SelfTermination, handler_for
+
+__all__ = ["Context", "Handler", "SelfTermination", "handler_for"]
+
+# Handler modules (import for their registration side effect), one line each:

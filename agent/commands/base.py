@@ -1,0 +1,238 @@
+"""What a command handler is, and what it is given while it runs.
+
+A handler serves one kind. It subclasses ``Handler`` with ``kind=...`` (registered in
+``Handler.registry``, keyed by the catalog's kind name), turns the protobuf payload into a
+typed, validated parameter object in ``parse`` (before any work starts, so bad input is
+refused cleanly), and does the work in ``run`` with a ``Context``.
+
+``run`` returns the kind's result message, or for a self-terminating kind a
+``SelfTermination``: the runtime then waits for the other lanes to go idle, writes the proof
+to the journal, flushes it, sends a last progress frame and only then calls ``action``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
+
+from google.protobuf.message import Message
+
+from agent import catalog, proc
+from agent.config import Config
+from agent.errors import Cancelled, CommandTimeout
+from agent.proto import session_pb2
+
+P = TypeVar("P")
+
+ProgressSink = Callable[[session_pb2.Progress], None]
+
+
+class ResourceLocks:
+    """Named locks shared by all lanes: "disk:<serial or name>", "gpu:<index>"...
+
+    ``hold`` takes several names in sorted order, so two commands can never deadlock.
+    """
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
+
+    def _lock(self, name: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(name, threading.Lock())
+
+    @contextlib.contextmanager
+    def hold(self, names: Sequence[str], cancel: threading.Event, deadline: float) -> Iterator[None]:
+        held: list[threading.Lock] = []
+        try:
+            for name in sorted(set(names)):
+                lock = self._lock(name)
+                while not lock.acquire(timeout=0.05):
+                    if cancel.is_set():
+                        raise Cancelled(f"cancelled while waiting for {name}")
+                    if time.monotonic() >= deadline:
+                        raise CommandTimeout(f"deadline reached while waiting for {name}")
+                held.append(lock)
+            yield
+        finally:
+            for lock in reversed(held):
+                lock.release()
+
+
+@dataclass
+class Context:
+    """Everything a handler may touch of the runtime.
+
+    The runtime builds one per command; tests build one with ``Context.local(...)``.
+    """
+
+    command_id: str
+    kind: catalog.Kind
+    config: Config
+    deadline: float                          # time.monotonic() value
+    cancel_event: threading.Event = field(default_factory=threading.Event)
+    timed_out: threading.Event = field(default_factory=threading.Event)
+    progress_sink: ProgressSink | None = None
+    locks: ResourceLocks = field(default_factory=ResourceLocks)
+    log: logging.Logger | logging.LoggerAdapter[Any] = field(
+        default_factory=lambda: logging.getLogger("agent.command")
+    )
+    _children: set[subprocess.Popen[bytes]] = field(default_factory=set)
+    _children_guard: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def local(
+        cls,
+        kind: str,
+        config: Config | None = None,
+        *,
+        timeout: float | None = None,
+        progress_sink: ProgressSink | None = None,
+        command_id: str = "local",
+    ) -> Context:
+        k = catalog.KINDS[kind]
+        limit = k.timeout_seconds if timeout is None else min(timeout, k.timeout_seconds)
+        return cls(
+            command_id=command_id,
+            kind=k,
+            config=config or Config(),
+            deadline=time.monotonic() + limit,
+            progress_sink=progress_sink,
+        )
+
+    # -- time and cancellation ----------------------------------------------------------
+
+    def remaining(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_event.is_set() or time.monotonic() >= self.deadline
+
+    def check(self) -> None:
+        """Raise Cancelled or CommandTimeout when the command must stop. Call it in loops."""
+        if self.timed_out.is_set() or time.monotonic() >= self.deadline:
+            self.timed_out.set()
+            self.cancel_event.set()
+            raise CommandTimeout(f"{self.kind.name}: deadline reached")
+        if self.cancel_event.is_set():
+            raise Cancelled(f"{self.kind.name}: cancelled")
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep, but wake up and raise as soon as the command is cancelled."""
+        self.cancel_event.wait(min(seconds, self.remaining()))
+        self.check()
+
+    # -- progress -----------------------------------------------------------------------
+
+    def progress(
+        self,
+        *,
+        done: int = 0,
+        total: int = 0,
+        message: str = "",
+        subject: str = "",
+        rate: float = 0.0,
+        eta_seconds: float = -1.0,
+        fraction: float | None = None,
+    ) -> None:
+        """Report progress. The runtime bounds how often it reaches the gateway."""
+        if self.progress_sink is None:
+            return
+        if fraction is None:
+            fraction = done / total if total else -1.0
+        self.progress_sink(
+            session_pb2.Progress(
+                command_id=self.command_id,
+                fraction=fraction,
+                message=message,
+                done=done,
+                total=total,
+                rate=rate,
+                eta_seconds=eta_seconds,
+                time_unix_ms=int(time.time() * 1000),
+                subject=subject,
+            )
+        )
+
+    # -- child processes ----------------------------------------------------------------
+
+    def _track(self, child: subprocess.Popen[bytes]) -> None:
+        with self._children_guard:
+            self._children.add(child)
+
+    def run(self, argv: Sequence[str], **kwargs: Any) -> proc.Completed:
+        """proc.run bounded by this command's deadline and cancel (whole group killed)."""
+        kwargs.setdefault("timeout", self.remaining())
+        try:
+            return proc.run(argv, cancel=self.cancel_event, on_spawn=self._track, **kwargs)
+        except Cancelled:
+            self.check()  # a deadline shows up as Cancelled from proc.run; say which
+            raise
+
+    def spawn(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        """proc.spawn, tracked: the runtime kills its process group on timeout or cancel."""
+        return proc.spawn(argv, on_spawn=self._track, **kwargs)
+
+    def kill_children(self) -> None:
+        """Kill the process group of every child this command started (runtime calls it)."""
+        with self._children_guard:
+            children = list(self._children)
+        for child in children:
+            if child.poll() is None:
+                proc.kill_group(child)
+
+    # -- resources ----------------------------------------------------------------------
+
+    def hold(self, *resources: str) -> contextlib.AbstractContextManager[None]:
+        """Serialize with any command on another lane that touches the same resource."""
+        return self.locks.hold(resources, self.cancel_event, self.deadline)
+
+
+@dataclass
+class SelfTermination:
+    """Returned by a self-terminating handler once everything that can fail has been done.
+
+    ``proof`` is what the next agent (after the kexec, reboot or re-exec) checks to report
+    the command complete, e.g. {"old_boot_id": ...} or {"old_version": ..., "new_version": ...}.
+    ``action`` ends this agent (it does not return when it works); the runtime calls it only
+    after the other lanes are idle and the journal is flushed.
+    """
+
+    proof: dict[str, str]
+    action: Callable[[], None]
+    result: Message | None = None
+
+
+class Handler(Generic[P]):
+    """Base of every command handler; ``class X(Handler[Params], kind="deploy.image")``."""
+
+    registry: ClassVar[dict[str, type[Handler[Any]]]] = {}
+    kind: ClassVar[str]
+
+    def __init_subclass__(cls, kind: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if kind is None:
+            return
+        if kind not in catalog.KINDS:
+            raise ValueError(f"{cls.__name__}: {kind!r} is not a kind of the catalog")
+        cls.kind = kind
+        Handler.registry[kind] = cls
+
+    def parse(self, payload: Message) -> P:
+        """Validate the payload into typed parameters; raise InvalidParameters."""
+        raise NotImplementedError
+
+    def run(self, ctx: Context, params: P) -> Message | SelfTermination:
+        raise NotImplementedError
+
+
+def handler_for(kind: str) -> Handler[Any] | None:
+    cls = Handler.registry.get(kind)
+    return cls() if cls is not None else None

@@ -1,0 +1,30 @@
+"""The agent's settings. Loaded (by agent/settings loading in the runtime) from, in order of
+precedence: command-line flags, then a config file, then the kernel command line (``bc.*``
+parameters), then these defaults. Handlers read the frozen object they are given; there is no
+global config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.catalog import Role
+
+
+@dataclass(frozen=True)
+class Config:
+    node_id: str = ""
+    role: Role = Role.RAMDISK
+    gateway: str = ""                       # host:port the agent dials
+    ca_bundle: Path | None = None           # CA that signs the gateway's certificate
+    client_cert: Path | None = None         # PEM; with client_key, mutual TLS
+    client_key: Path | None = None
+    enrollment_token: str = ""              # per-boot token when there is no client cert
+    state_dir: Path = Path("/run/bettercompute-agent")  # journal, node key (tmpfs in the ramdisk)
+    cache_dir: Path = Path("/run/bettercompute-agent/cache")
+    trusted_keys: tuple[Path, ...] = ()     # control-plane Ed25519 public keys (PEM or raw)
+    log_file: Path | None = None
+    logs_allow: tuple[Path, ...] = (Path("/var/log"), Path("/run/bettercompute-agent"))
+    bulk_bandwidth_bytes_per_second: int = 200 * 1024 * 1024
+    heartbeat_seconds: float = 5.0
+    extra: dict[str, str] = field(default_factory=dict)  # unknown bc.* settings, kept for handlers

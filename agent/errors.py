@@ -1,0 +1,123 @@
+"""One error base class with a reason code, and one conversion to the wire.
+
+A handler raises the subclass that tells an operator what happened; the runtime turns it into
+a Result (status, reason code, message, details) with ``to_wire``. Reason codes are stable
+strings: the gateway, the tests and operators match on them.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+
+class Reason(enum.StrEnum):
+    # Refusals before anything runs.
+    INVALID_PARAMETERS = "invalid_parameters"
+    UNKNOWN_KIND = "unknown_kind"
+    WRONG_ROLE = "wrong_role"  # the kind does not list this agent's role
+    NOT_THIS_DAEMON = "not_this_daemon"  # site-only kind: belongs to the site daemon
+    UNTRUSTED = "untrusted"  # generic trust failure
+    SIGNATURE_MISSING = "signature_missing"
+    SIGNATURE_UNKNOWN_KEY = "signature_unknown_key"
+    SIGNATURE_INVALID = "signature_invalid"  # modified payload or wrong key
+    WRONG_NODE = "wrong_node"
+    EXPIRED = "expired"
+    REPLAYED = "replayed"
+    DRAINING = "draining"
+    # Failures while running.
+    PROTECTED_DEVICE = "protected_device"  # mounted, holds the running system, in use
+    NOT_FOUND = "not_found"  # a disk/GPU/file the request names is not there
+    AMBIGUOUS = "ambiguous"  # hints match more than one device
+    UNSUPPORTED = "unsupported"  # not supported on this hardware/controller
+    TOOL_MISSING = "tool_missing"
+    TOOL_FAILED = "tool_failed"
+    CHECKSUM_MISMATCH = "checksum_mismatch"
+    SOURCE_FAILED = "source_failed"  # download/stream error, truncated input
+    TOO_LARGE = "too_large"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"  # agent died while a non-retry-safe command ran
+    INTERNAL = "internal"
+
+
+class AgentError(Exception):
+    """Base of every error the agent reports. ``reason`` is the wire reason code."""
+
+    reason: Reason = Reason.INTERNAL
+
+    def __init__(self, message: str, *, reason: Reason | None = None, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        if reason is not None:
+            self.reason = reason
+        self.details: dict[str, str] = {k: str(v) for k, v in details.items()}
+
+    def to_wire(self) -> tuple[str, str, dict[str, str]]:
+        """(reason code, message, details) as the Result message carries them."""
+        return str(self.reason), self.message, dict(self.details)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidParameters(AgentError):
+    reason = Reason.INVALID_PARAMETERS
+
+
+class Refused(AgentError):
+    """The command is refused before it runs (role, kind, draining)."""
+
+    reason = Reason.INVALID_PARAMETERS
+
+
+class Untrusted(AgentError):
+    """Signature, key, node binding, expiry or replay check failed."""
+
+    reason = Reason.UNTRUSTED
+
+
+class ProtectedDevice(AgentError):
+    reason = Reason.PROTECTED_DEVICE
+
+
+class NotFound(AgentError):
+    reason = Reason.NOT_FOUND
+
+
+class Unsupported(AgentError):
+    reason = Reason.UNSUPPORTED
+
+
+class ToolMissing(AgentError):
+    reason = Reason.TOOL_MISSING
+
+
+class ToolFailed(AgentError):
+    reason = Reason.TOOL_FAILED
+
+
+class SourceFailed(AgentError):
+    reason = Reason.SOURCE_FAILED
+
+
+class ChecksumMismatch(AgentError):
+    reason = Reason.CHECKSUM_MISMATCH
+
+
+class CommandTimeout(AgentError):
+    reason = Reason.TIMEOUT
+
+
+class Cancelled(AgentError):
+    reason = Reason.CANCELLED
+
+
+class Interrupted(AgentError):
+    reason = Reason.INTERRUPTED
+
+
+class MissingDependency(AgentError):
+    """A Python dependency or a native library cannot be imported."""
+
+    reason = Reason.TOOL_MISSING

@@ -1,0 +1,1 @@
+"""The thin layer over sysfs, ioctls and syscalls: block devices, NVMe, GPUs, kexec."""

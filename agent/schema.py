@@ -1,0 +1,86 @@
+"""Which protobuf message each kind takes and returns.
+
+The catalog names each kind's payload type; this module resolves names to message classes
+(through the descriptor pool, so nothing is listed twice) and names each kind's result type.
+"""
+
+from __future__ import annotations
+
+from google.protobuf import descriptor_pool, message_factory
+from google.protobuf.message import DecodeError, Message
+
+from agent import catalog
+from agent.errors import InvalidParameters
+from agent.proto import agent_pb2, session_pb2, site_pb2  # noqa: F401  (register the types)
+
+# Result message of each kind. Site kinds have theirs for completeness.
+RESULT_TYPES: dict[str, str] = {
+    "bmc.boot": "bettercompute.site.v1.BmcOperationResult",
+    "bmc.firmware": "bettercompute.site.v1.BmcOperationResult",
+    "bmc.power": "bettercompute.site.v1.BmcOperationResult",
+    "bmc.query": "bettercompute.site.v1.BmcOperationResult",
+    "bmc.rotate": "bettercompute.site.v1.BmcOperationResult",
+    "bmc.storage": "bettercompute.site.v1.BmcOperationResult",
+    "boot.cleanUp": "bettercompute.site.v1.BootCleanUpResult",
+    "boot.kexec": "bettercompute.agent.v1.KexecResult",
+    "boot.prepareRamdisk": "bettercompute.site.v1.ProxyDhcpResult",
+    "daemon.upgrade": "bettercompute.agent.v1.DaemonUpgradeResult",
+    "deploy.image": "bettercompute.agent.v1.DeployImageResult",
+    "diag.dcgm": "bettercompute.agent.v1.DiagDcgmResult",
+    "diag.nvml": "bettercompute.agent.v1.DiagNvmlResult",
+    "disk.wipe": "bettercompute.agent.v1.WipeResult",
+    "driver.invoke": "bettercompute.agent.v1.DriverInvokeResult",
+    "gpu.reset": "bettercompute.agent.v1.GpuResetResult",
+    "instance.snapshot": "bettercompute.agent.v1.InstanceSnapshotResult",
+    "inventory.refresh": "bettercompute.agent.v1.InventoryRefreshResult",
+    "logs.collect": "bettercompute.agent.v1.LogsCollectResult",
+    "node.reboot": "bettercompute.agent.v1.NodeRebootResult",
+    "site.httpProxy": "bettercompute.site.v1.HttpProxyResult",
+}
+
+
+def message_class(full_name: str) -> type[Message]:
+    descriptor = descriptor_pool.Default().FindMessageTypeByName(full_name)
+    return message_factory.GetMessageClass(descriptor)
+
+
+def payload_class(kind: str) -> type[Message]:
+    k = catalog.KINDS[kind]
+    return message_class(k.payload)
+
+
+def result_class(kind: str) -> type[Message]:
+    return message_class(RESULT_TYPES[kind])
+
+
+def decode_payload(kind: str, data: bytes) -> Message:
+    """Parse a command's payload bytes as the kind's message; InvalidParameters if it fails."""
+    msg = payload_class(kind)()
+    try:
+        msg.ParseFromString(data)
+    except DecodeError as exc:
+        raise InvalidParameters(f"{kind}: payload is not a valid {msg.DESCRIPTOR.full_name}") from exc
+    return msg
+
+
+def payload_from_json(kind: str, text: str | dict[str, object]) -> Message:
+    """A kind's payload from JSON (the gateway CLI and `agent exec` take JSON)."""
+    import json
+
+    from google.protobuf import json_format
+
+    msg = payload_class(kind)()
+    try:
+        obj = json.loads(text) if isinstance(text, str) else text
+        json_format.ParseDict(obj, msg)
+    except (ValueError, json_format.ParseError) as exc:
+        raise InvalidParameters(
+            f"{kind}: payload JSON does not fit {msg.DESCRIPTOR.full_name}: {exc}"
+        ) from exc
+    return msg
+
+
+def to_json(msg: Message) -> str:
+    from google.protobuf import json_format
+
+    return json_format.MessageToJson(msg, preserving_proto_field_name=True, indent=2)

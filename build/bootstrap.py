@@ -1,0 +1,105 @@
+"""The zipapp's __main__: make the bundled dependencies importable, then run the agent.
+
+Pure-Python dependencies are imported from the archive itself (``_vendor/``). Native ones
+(cryptography and cffi) cannot be imported from a zip: their wheels travel stored in
+``_native/`` and are unpacked once, hashes checked, into a cache directory keyed by the
+build id (a root-owned 0700 directory on tmpfs when run as root), under a file lock, into a
+temporary sibling that is renamed into place. Where no wheel fits this machine, the agent
+falls back to what the system has; a module that is still missing is reported in one line
+by agent.deps where it is needed.
+
+Standard library only, and nothing here may fail loudly: at worst the cache is skipped.
+"""
+
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import zipfile
+
+ARCHIVE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _cache_root():
+    env = os.environ.get("BC_AGENT_CACHE")
+    if env:
+        return env
+    if os.geteuid() == 0:
+        return "/run/bettercompute-agent/cache"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "bettercompute-agent")
+
+
+def _fits(wheel):
+    if wheel["arch"] != platform.machine():
+        return False
+    py = "{}.{}".format(*sys.version_info[:2])
+    # abi3 wheels work on their minimum Python and later; others need an exact match.
+    if wheel["abi3"]:
+        return tuple(map(int, py.split("."))) >= tuple(map(int, wheel["python"].split(".")))
+    return py == wheel["python"]
+
+
+def _unpack(zf, manifest, wheels, target):
+    parent = os.path.dirname(target)
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    os.chmod(parent, 0o700)
+    with open(os.path.join(parent, ".lock"), "w") as lockf:
+        fcntl.flock(lockf, fcntl.LOCK_EX)
+        if os.path.isfile(os.path.join(target, ".complete")):
+            return
+        tmp = tempfile.mkdtemp(prefix=".unpack-", dir=parent)
+        try:
+            for wheel in wheels:
+                data = zf.read("_native/" + wheel["file"])
+                if hashlib.sha256(data).hexdigest() != wheel["sha256"]:
+                    raise OSError("hash mismatch for bundled " + wheel["file"])
+                path = os.path.join(tmp, ".whl")
+                with open(path, "wb") as f:
+                    f.write(data)
+                with zipfile.ZipFile(path) as whl:
+                    whl.extractall(tmp)
+                os.unlink(path)
+            with open(os.path.join(tmp, ".complete"), "w") as f:
+                f.write(manifest["build_id"] + "\n")
+            os.rename(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+
+def _native_path():
+    try:
+        with zipfile.ZipFile(ARCHIVE) as zf:
+            manifest = json.loads(zf.read("_native/MANIFEST.json"))
+            wheels = [w for w in manifest["wheels"] if _fits(w)]
+            if not wheels:
+                return None
+            tag = "{}-py{}{}".format(platform.machine(), *sys.version_info[:2])
+            target = os.path.join(_cache_root(), manifest["build_id"], tag)
+            if not os.path.isfile(os.path.join(target, ".complete")):
+                _unpack(zf, manifest, wheels, target)
+            return target
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
+        sys.stderr.write(f"agent: bundled native dependencies not usable ({exc}); using the system's\n")
+        return None
+
+
+def main():
+    sys.path.insert(1, os.path.join(ARCHIVE, "_vendor"))
+    native = _native_path()
+    if native:
+        sys.path.insert(1, native)
+    import agent.version
+
+    agent.version.ARCHIVE = ARCHIVE  # the running zipapp, for self-upgrade
+    from agent.cli import main as agent_main
+
+    sys.exit(agent_main())
+
+
+main()
