@@ -47,7 +47,8 @@ def _fits(wheel):
 def _unpack(zf, manifest, wheels, target):
     parent = os.path.dirname(target)
     os.makedirs(parent, mode=0o700, exist_ok=True)
-    os.chmod(parent, 0o700)
+    for path in (os.path.dirname(parent), parent):
+        os.chmod(path, 0o700)
     with open(os.path.join(parent, ".lock"), "w") as lockf:
         fcntl.flock(lockf, fcntl.LOCK_EX)
         if os.path.isfile(os.path.join(target, ".complete")):

@@ -93,6 +93,11 @@ def vendor_files(wheel_path: Path) -> dict[str, bytes]:
             if info.is_dir() or ".dist-info/" in info.filename or info.filename.endswith(".pyi"):
                 continue
             files["_vendor/" + info.filename] = whl.read(info)
+    # zipimport cannot import implicit namespace packages (google.protobuf): make it explicit.
+    for name in list(files):
+        if name.startswith("_vendor/google/"):
+            files["_vendor/google/__init__.py"] = b"__path__ = __import__('pkgutil').extend_path(__path__, __name__)\n"
+            break
     return files
 
 
