@@ -1,0 +1,51 @@
+"""The CLI from a source tree: kinds, version, help, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from agent import catalog
+from agent.version import __version__
+
+ROOT = Path(__file__).resolve().parent.parent
+KEYS = ["kind", "lane", "roles", "retry_safe", "self_terminating", "attested", "destructive",
+        "timeout_seconds", "payload"]
+
+
+def agent(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agent", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_kinds_json_has_the_documented_keys() -> None:
+    out = agent("kinds", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert len(rows) == 21
+    for row in rows:
+        assert list(row) == KEYS
+        assert row == catalog.KINDS[row["kind"]].as_dict()
+
+
+def test_kinds_table_lists_every_kind() -> None:
+    out = agent("kinds")
+    assert out.returncode == 0
+    lines = out.stdout.splitlines()
+    assert lines[0].split()[:3] == ["KIND", "LANE", "ROLES"]
+    assert {line.split()[0] for line in lines[1:]} == set(catalog.KINDS)
+
+
+def test_kinds_by_role() -> None:
+    rows = json.loads(agent("kinds", "--json", "--role", "ramdisk").stdout)
+    assert {r["kind"] for r in rows} == {k for k, v in catalog.KINDS.items() if "ramdisk" in v.as_dict()["roles"]}
+
+
+def test_version_and_usage_exit_codes() -> None:
+    assert agent("--version").stdout.strip() == f"agent {__version__}"
+    assert agent("version").stdout.strip() == __version__
+    assert agent().returncode == 2
+    assert agent("no-such-command").returncode == 2
+    assert agent("kinds", "--help").returncode == 0
