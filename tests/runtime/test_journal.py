@@ -1,0 +1,221 @@
+"""The journal: replay, torn and corrupt records, compaction, fsync before return."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from agent.journal import MAGIC, Entry, Journal, Known, State, encode_record, scan
+
+
+def fill(j: Journal) -> None:
+    """a: acked, b: finished unacked, c: started, d: accepted, e: awaiting rejoin."""
+    for cid in "abcde":
+        j.accepted(cid, "inventory.refresh", f"digest-{cid}", f"command-{cid}".encode())
+    for cid in "abce":
+        j.started(cid, "boot-1")
+    j.progress("c", {"fraction": 0.5, "message": "half"})
+    j.result("a", b"result-a", "SUCCEEDED")
+    j.result("b", b"result-b", "FAILED")
+    j.acked("a")
+    j.awaiting_rejoin("e", {"old_boot_id": "boot-1"})
+
+
+def summary(j: Journal) -> dict[str, object]:
+    return {
+        "entries": {cid: e.to_json() for cid, e in sorted(j.entries.items())},
+        "known": dict(j.known),
+    }
+
+
+def open_journal(path: Path, **kwargs: object) -> Journal:
+    j = Journal(path, **kwargs)  # type: ignore[arg-type]
+    j.open()
+    return j
+
+
+def test_replay_gives_state_of_every_id(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    j = open_journal(path)
+    fill(j)
+    before = summary(j)
+    j.close()
+    again = open_journal(path)
+    assert summary(again) == before
+    assert again.known["a"] == Known("a", "inventory.refresh", "digest-a", "SUCCEEDED")
+    assert again.entries["b"].state is State.FINISHED and again.entries["b"].result == b"result-b"
+    assert again.entries["b"].command == b""  # a finished command is never run again
+    assert again.entries["c"].state is State.STARTED and again.entries["c"].attempts == 1
+    assert again.entries["c"].command == b"command-c"
+    assert again.entries["c"].progress == {"fraction": 0.5, "message": "half"}
+    assert again.entries["d"].state is State.ACCEPTED
+    assert again.entries["e"].state is State.AWAITING_REJOIN
+    assert again.entries["e"].proof == {"old_boot_id": "boot-1"}
+    assert isinstance(again.lookup("a"), Known) and isinstance(again.lookup("d"), Entry)
+    assert again.lookup("zzz") is None
+
+
+def test_torn_tail_at_every_offset_is_ignored_and_truncated(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    j = open_journal(path)
+    fill(j)
+    j.close()
+    full = path.read_bytes()
+    reference = open_journal(tmp_path / "reference")
+    fill(reference)
+    reference.close()
+    last_start = full.rfind(MAGIC)
+    # The state without the last record (the "rejoin" of e): e is still STARTED.
+    prefix = tmp_path / "prefix"
+    prefix.write_bytes(full[:last_start])
+    expected = summary(open_journal(prefix))
+    assert expected["entries"]["e"]["state"] == "started"  # type: ignore[index]
+    for cut in range(last_start, len(full)):
+        path.write_bytes(full[:cut])
+        torn = open_journal(path)
+        assert summary(torn) == expected, f"cut at {cut}"
+        # the torn bytes are gone before anything is appended
+        assert path.stat().st_size == last_start
+        torn.acked("b")
+        torn.close()
+        after = open_journal(path)
+        assert "b" in after.known and "b" not in after.entries
+        assert after.last_scan is not None and after.last_scan.torn_tail == 0
+        after.close()
+
+
+def test_garbage_tail_is_ignored(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    j = open_journal(path)
+    fill(j)
+    j.close()
+    expected = summary(open_journal(path))
+    with open(path, "ab") as f:
+        f.write(os.urandom(100) + MAGIC + b"\xff\xff\xff\xff")
+    assert summary(open_journal(path)) == expected
+
+
+def test_corrupt_middle_record_is_skipped_and_file_rewritten(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    j = open_journal(path)
+    j.accepted("x", "disk.wipe", "dx", b"cmd-x")
+    j.accepted("y", "disk.wipe", "dy", b"cmd-y")
+    j.started("y", "boot-1")
+    j.accepted("z", "inventory.refresh", "dz", b"cmd-z")
+    j.close()
+    data = bytearray(path.read_bytes())
+    # flip a byte inside the payload of the second record ("accepted y")
+    second = data.find(MAGIC, 1)
+    data[second + 20] ^= 0xFF
+    path.write_bytes(bytes(data))
+    j2 = open_journal(path)
+    assert j2.last_scan is not None and j2.last_scan.skipped > 0
+    # x and z survive; y is known from its "started" record, with its digest, never re-runnable
+    assert j2.entries["x"].state is State.ACCEPTED and j2.entries["z"].command == b"cmd-z"
+    assert j2.entries["y"].state is State.STARTED and j2.entries["y"].digest == "dy"
+    assert j2.entries["y"].command == b""
+    j2.close()
+    # the file was rewritten: no corrupt bytes remain
+    j3 = open_journal(path)
+    assert j3.last_scan is not None and j3.last_scan.skipped == 0 and j3.last_scan.torn_tail == 0
+    assert summary(j3) == summary(j2)
+
+
+def test_corrupt_length_field_resyncs(tmp_path: Path) -> None:
+    good = [encode_record({"t": "acked", "id": str(i)}) for i in range(5)]
+    broken = bytearray(good[2])
+    broken[4:8] = b"\x7f\xff\xff\xff"  # an absurd length
+    image = good[0] + good[1] + bytes(broken) + good[3] + good[4]
+    result = scan(image)
+    assert [r["id"] for r in result.records] == ["0", "1", "3", "4"]
+    assert result.skipped == len(broken) and result.torn_tail == 0
+
+
+def test_empty_and_missing_journal(tmp_path: Path) -> None:
+    j = open_journal(tmp_path / "sub" / "journal")
+    assert j.entries == {} and not j.known
+    (tmp_path / "empty").write_bytes(b"")
+    assert open_journal(tmp_path / "empty").entries == {}
+    (tmp_path / "noise").write_bytes(os.urandom(4096))
+    noisy = open_journal(tmp_path / "noise")
+    assert noisy.entries == {}
+    noisy.accepted("n", "inventory.refresh", "dn", b"c")
+    noisy.close()
+    assert set(open_journal(tmp_path / "noise").entries) == {"n"}
+
+
+def test_compaction_keeps_state_and_bounds_size(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    j = open_journal(path, compact_bytes=16 * 1024, max_known=50)
+    fill(j)
+    sizes = []
+    for i in range(2000):
+        cid = f"bulk-{i}"
+        j.accepted(cid, "logs.collect", f"d{i}", b"x" * 64)
+        j.started(cid, "boot-1")
+        j.progress(cid, {"fraction": 0.5})
+        j.result(cid, b"r" * 64, "SUCCEEDED")
+        j.acked(cid)
+        sizes.append(j.size())
+    assert j.compactions > 10
+    assert max(sizes) < 64 * 1024
+    assert len(j.known) == 50 and "bulk-1999" in j.known and "bulk-0" not in j.known
+    # the live entries of fill() survive every compaction untouched
+    state = summary(j)
+    assert set(state["entries"]) == {"b", "c", "d", "e"}  # type: ignore[arg-type]
+    j.close()
+    assert summary(open_journal(path, compact_bytes=16 * 1024, max_known=50)) == state
+    assert not (tmp_path / ".journal.compact").exists()
+
+
+def test_explicit_compaction_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    j = open_journal(path)
+    fill(j)
+    before = summary(j)
+    size = j.size()
+    j.compact()
+    assert summary(j) == before
+    j.accepted("f", "inventory.refresh", "df", b"cf")
+    j.close()
+    after = open_journal(path)
+    assert after.entries["f"].state is State.ACCEPTED
+    del after.entries["f"]
+    assert summary(after) == before
+    assert size > 0
+
+
+def test_fsync_before_return(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    synced: list[int] = []
+
+    def fsync(fd: int) -> None:
+        os.fsync(fd)
+        synced.append(os.fstat(fd).st_size)
+
+    j = open_journal(path, fsync=fsync)
+    for op in (
+        lambda: j.accepted("a", "disk.wipe", "da", b"cmd"),
+        lambda: j.started("a", "boot-1"),
+        lambda: j.result("a", b"res", "SUCCEEDED"),
+        lambda: j.acked("a"),
+        lambda: j.awaiting_rejoin("a", {"old_boot_id": "b"}),
+        lambda: j.completion("a", b"done", "SUCCEEDED"),
+    ):
+        synced.clear()
+        op()
+        # by the time the call returns, the whole file including this record was fsync'ed
+        assert synced and synced[-1] == path.stat().st_size
+    synced.clear()
+    j.progress("a", {"fraction": 0.1})
+    assert synced == []  # progress markers acknowledge nothing
+
+
+def test_record_checksum_covers_length() -> None:
+    rec = bytearray(encode_record({"t": "acked", "id": "q"}))
+    rec[7] ^= 0x01  # length changed, payload intact
+    assert scan(bytes(rec)).records == []
+    with pytest.raises(ValueError):
+        Entry.from_json({"id": "x", "state": "nonsense"})
