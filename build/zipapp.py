@@ -96,7 +96,9 @@ def vendor_files(wheel_path: Path) -> dict[str, bytes]:
     # zipimport cannot import implicit namespace packages (google.protobuf): make it explicit.
     for name in list(files):
         if name.startswith("_vendor/google/"):
-            files["_vendor/google/__init__.py"] = b"__path__ = __import__('pkgutil').extend_path(__path__, __name__)\n"
+            files["_vendor/google/__init__.py"] = (
+                b"__path__ = __import__('pkgutil').extend_path(__path__, __name__)\n"
+            )
             break
     return files
 

@@ -35,7 +35,7 @@ def test_payload_json_round_trip() -> None:
 
 
 def test_bad_payload_json_is_a_clear_error() -> None:
-    with pytest.raises(InvalidParameters, match="does not fit bettercompute.agent.v1.WipeRequest"):
+    with pytest.raises(InvalidParameters, match=r"does not fit bettercompute\.agent\.v1\.WipeRequest"):
         schema.payload_from_json("disk.wipe", '{"no_such_field": 1}')
     with pytest.raises(InvalidParameters):
         schema.decode_payload("disk.wipe", b"\xff\xff\xff")
