@@ -33,6 +33,7 @@ class Reason(enum.StrEnum):
     TOOL_MISSING = "tool_missing"
     TOOL_FAILED = "tool_failed"
     CHECKSUM_MISMATCH = "checksum_mismatch"
+    BAD_IMAGE = "bad_image"  # a kernel/agent build that cannot be loaded or started
     SOURCE_FAILED = "source_failed"  # download/stream error, truncated input
     TOO_LARGE = "too_large"
     TIMEOUT = "timeout"
