@@ -1,0 +1,421 @@
+"""A small HTTP(S) client on the standard library: streaming GET with resume, streaming PUT.
+
+Used by deploy.image (image download), logs.collect and instance.snapshot (uploads) and
+daemon.upgrade (agent download). Only ``http://`` and ``https://`` URLs; TLS always verifies
+the server's certificate and host name.
+
+API::
+
+    opts = HttpOptions(ca_pem=request.ca_bundle_pem, ca_file=config.ca_bundle,
+                       headers={"Authorization": "..."}, timeout=30.0, max_retries=5,
+                       cancel=ctx.cancel_event)
+
+    with http.get(url, opts) as body:          # a Download; raises HttpError/SourceFailed
+        body.total                             # full length in bytes, or None if unknown
+        for chunk in body.iter_chunks(1 << 20): ...     # or body.read(n) / readinto(buf)
+        body.received, body.resumes            # bytes delivered so far, Range resumes used
+    # get(url, opts, offset=N) starts at byte N (Range: bytes=N-).
+
+    resp = http.put(url, source, opts, length=None, content_type="application/octet-stream")
+        # source: bytes, a binary file object, or an iterable of bytes (chunked when length is
+        # None and the source is not bytes); returns Response(status, headers, body) for 2xx,
+        # raises HttpError (status set) otherwise.
+
+    http.ssl_context(ca_pem="", ca_file=None)  # the TLS context both use
+
+Behaviour of ``get``:
+
+- Redirects (301/302/303/307/308) are followed, at most 5.
+- 5xx and 429 responses, connection errors and read timeouts are retried ``max_retries`` times
+  with a short backoff (interruptible by ``cancel``). 4xx (other than 408/429) fail at once.
+- A connection that drops or stalls (no byte for ``timeout`` seconds) mid-body is resumed with
+  ``Range: bytes=<received>-`` (and ``If-Range`` with the ETag or Last-Modified when the server
+  sent one, so a changed file is never spliced). A server that answers 200 to the Range request
+  is read again from the start and the bytes already delivered are skipped.
+- A body that ends before its Content-Length (or before the total of its Content-Range) after
+  all retries raises SourceFailed: a short download is never a success. A body without a length
+  (connection-delimited) cannot be checked here; callers check a digest.
+- Header values are never logged (they may carry credentials); the URL is logged without its
+  query string or user info.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import ssl
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from agent.errors import Cancelled, InvalidParameters, SourceFailed
+
+log = logging.getLogger(__name__)
+
+MAX_REDIRECTS = 5
+USER_AGENT = "bettercompute-agent"
+_RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class HttpError(SourceFailed):
+    """A non-success HTTP status (``status``) or a transport failure (``status`` 0)."""
+
+    def __init__(self, message: str, *, status: int = 0, **details: object) -> None:
+        super().__init__(message, status=status, **details)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class HttpOptions:
+    ca_pem: str = ""                    # extra trusted CA certificates (PEM text)
+    ca_file: Path | None = None         # extra trusted CA bundle file (the agent's own)
+    headers: Mapping[str, str] = field(default_factory=dict)
+    timeout: float = 30.0               # per connect / per read, seconds
+    max_retries: int = 5
+    backoff: float = 0.5                # first retry delay, doubled each time, capped at 8 s
+    cancel: threading.Event | None = None
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+def redact(url: str) -> str:
+    """The URL as it may be logged: no user info, no query string."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    host = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def check_url(url: str) -> urllib.parse.SplitResult:
+    """Parse and validate an http(s) URL from the wire; InvalidParameters otherwise."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018  (raises ValueError on a bad port)
+    except ValueError as exc:
+        raise InvalidParameters(f"bad URL {redact(url)!r}: {exc}") from exc
+    if parts.scheme not in ("http", "https"):
+        raise InvalidParameters(f"URL scheme must be http or https, not {parts.scheme!r}")
+    if not parts.hostname:
+        raise InvalidParameters(f"URL has no host: {redact(url)!r}")
+    if any(c in url for c in "\r\n\t "):
+        raise InvalidParameters("URL contains whitespace or control characters")
+    return parts
+
+
+def ssl_context(ca_pem: str = "", ca_file: Path | None = None) -> ssl.SSLContext:
+    """System trust store plus the given CAs; certificate and host name always verified."""
+    ctx = ssl.create_default_context()
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        if ca_file is not None:
+            ctx.load_verify_locations(cafile=str(ca_file))
+        if ca_pem.strip():
+            ctx.load_verify_locations(cadata=ca_pem)
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        raise InvalidParameters(f"CA bundle is not usable: {exc}") from exc
+    return ctx
+
+
+def _connect(parts: urllib.parse.SplitResult, opts: HttpOptions) -> http.client.HTTPConnection:
+    host = parts.hostname or ""
+    if parts.scheme == "https":
+        return http.client.HTTPSConnection(
+            host, parts.port, timeout=opts.timeout, context=ssl_context(opts.ca_pem, opts.ca_file)
+        )
+    return http.client.HTTPConnection(host, parts.port, timeout=opts.timeout)
+
+
+def _target(parts: urllib.parse.SplitResult) -> str:
+    path = parts.path or "/"
+    return f"{path}?{parts.query}" if parts.query else path
+
+
+def _headers(opts: HttpOptions, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    hdrs = {"User-Agent": USER_AGENT}
+    hdrs.update(opts.headers)
+    if extra:
+        hdrs.update(extra)
+    for name, value in hdrs.items():
+        if any(c in name + value for c in "\r\n"):
+            raise InvalidParameters(f"HTTP header {name!r} contains a line break")
+    return hdrs
+
+
+def _sleep(opts: HttpOptions, attempt: int) -> None:
+    delay = min(8.0, opts.backoff * (2 ** max(0, attempt - 1)))
+    if opts.cancel is not None:
+        if opts.cancel.wait(delay):
+            raise Cancelled("download cancelled")
+    else:
+        time.sleep(delay)
+
+
+_TRANSPORT_ERRORS = (OSError, http.client.HTTPException, ssl.SSLError)
+
+
+class Download:
+    """The body of a GET, read in order; resumes by Range when the connection drops."""
+
+    def __init__(self, url: str, opts: HttpOptions, offset: int = 0) -> None:
+        self.url = url
+        self.opts = opts
+        self.start = offset
+        self.received = 0              # bytes delivered to the caller (after ``start``)
+        self.resumes = 0
+        self.total: int | None = None  # full size of the resource, when known
+        self._validator = ""
+        self._conn: http.client.HTTPConnection | None = None
+        self._resp: http.client.HTTPResponse | None = None
+        self._failures = 0
+        self._open(first=True)
+
+    # -- connection ----------------------------------------------------------------------
+
+    def _open(self, *, first: bool) -> None:
+        """(Re)open the response at ``start + received``; retries transient failures."""
+        while True:
+            self._check_cancel()
+            try:
+                self._request(first=first)
+                return
+            except HttpError as exc:
+                if exc.status and exc.status not in _RETRY_STATUS:
+                    raise
+                self._failures += 1
+                if self._failures > self.opts.max_retries:
+                    raise HttpError(
+                        f"{redact(self.url)}: giving up after {self._failures} attempts: {exc.message}",
+                        status=exc.status,
+                    ) from exc
+                log.warning("%s: %s; retrying", redact(self.url), exc.message)
+                _sleep(self.opts, self._failures)
+
+    def _request(self, *, first: bool) -> None:
+        self.close()
+        url = self.url
+        position = self.start + self.received
+        for _hop in range(MAX_REDIRECTS + 1):
+            parts = check_url(url)
+            extra: dict[str, str] = {}
+            if position:
+                extra["Range"] = f"bytes={position}-"
+                if self._validator:
+                    extra["If-Range"] = self._validator
+            conn = _connect(parts, self.opts)
+            try:
+                conn.request("GET", _target(parts), headers=_headers(self.opts, extra))
+                resp = conn.getresponse()
+            except _TRANSPORT_ERRORS as exc:
+                conn.close()
+                raise HttpError(f"{redact(url)}: {type(exc).__name__}: {exc}") from exc
+            if resp.status in (301, 302, 303, 307, 308):
+                location = resp.getheader("Location", "")
+                conn.close()
+                if not location:
+                    raise HttpError(f"{redact(url)}: redirect without Location", status=resp.status)
+                url = urllib.parse.urljoin(url, location)
+                continue
+            self._conn, self._resp = conn, resp
+            break
+        else:
+            raise HttpError(f"{redact(self.url)}: more than {MAX_REDIRECTS} redirects", status=310)
+        self._accept(resp, position, first=first)
+
+    def _accept(self, resp: http.client.HTTPResponse, position: int, *, first: bool) -> None:
+        status = resp.status
+        if status == 416 and self.total is not None and position >= self.total:
+            return  # nothing left; read() returns b""
+        if status not in (200, 206):
+            detail = resp.read(512).decode("utf-8", "replace").strip().splitlines()[:1]
+            self.close()
+            raise HttpError(
+                f"{redact(self.url)}: HTTP {status} {resp.reason}" + (f": {detail[0]}" if detail else ""),
+                status=status,
+            )
+        length = resp.getheader("Content-Length")
+        body_len = int(length) if length and length.isdigit() else None
+        if status == 206:
+            start, total = _content_range(resp.getheader("Content-Range", ""))
+            if start != position:
+                self.close()
+                raise HttpError(f"{redact(self.url)}: server resumed at {start}, asked for {position}")
+            if total is not None:
+                self._set_total(total)
+        else:
+            # A full body: skip what was already delivered (a server that ignores Range).
+            if body_len is not None:
+                self._set_total(body_len)
+            skip = position
+            while skip:
+                got = resp.read(min(skip, 1 << 20))
+                if not got:
+                    self.close()
+                    raise HttpError(f"{redact(self.url)}: body ended while skipping to {position}")
+                skip -= len(got)
+        if first:
+            self._validator = resp.getheader("ETag", "") or resp.getheader("Last-Modified", "")
+            if self._validator.startswith("W/"):
+                self._validator = ""  # a weak ETag cannot guard a Range request
+
+    def _set_total(self, total: int) -> None:
+        if self.total is not None and total != self.total:
+            self.close()
+            raise SourceFailed(f"{redact(self.url)}: size changed from {self.total} to {total} on resume")
+        self.total = total
+
+    def _check_cancel(self) -> None:
+        if self.opts.cancel is not None and self.opts.cancel.is_set():
+            raise Cancelled("download cancelled")
+
+    # -- reading -------------------------------------------------------------------------
+
+    @property
+    def remaining(self) -> int | None:
+        return None if self.total is None else self.total - self.start - self.received
+
+    def read(self, size: int = 1 << 20) -> bytes:
+        """Up to ``size`` bytes (whatever one socket read gives); b"" only at the true end.
+
+        One read at a time (``read1``): a timeout never swallows bytes already received.
+        """
+        while True:
+            self._check_cancel()
+            left = self.remaining
+            if left == 0 or self._resp is None:
+                return b""
+            want = size if left is None else min(size, left)
+            try:
+                data = self._resp.read1(want)
+            except _TRANSPORT_ERRORS as exc:
+                self._resume(f"{type(exc).__name__}: {exc}")
+                continue
+            if data:
+                self.received += len(data)
+                return data
+            if left is None:
+                return b""  # connection-delimited body: its end is the end
+            self._resume(f"body ended {left} bytes early")
+
+    def readinto(self, buf: memoryview | bytearray) -> int:
+        data = self.read(len(buf))
+        memoryview(buf)[: len(data)] = data
+        return len(data)
+
+    def iter_chunks(self, size: int = 1 << 20) -> Iterator[bytes]:
+        while chunk := self.read(size):
+            yield chunk
+
+    def _resume(self, why: str) -> None:
+        self._failures += 1
+        if self._failures > self.opts.max_retries:
+            self.close()
+            raise SourceFailed(
+                f"{redact(self.url)}: download failed at byte {self.start + self.received}"
+                f" of {self.total if self.total is not None else '?'} after"
+                f" {self.resumes} resumes: {why}",
+                received=self.start + self.received,
+            )
+        log.warning("%s: %s; resuming at byte %d", redact(self.url), why, self.start + self.received)
+        self.resumes += 1
+        _sleep(self.opts, self._failures)
+        self._open(first=False)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = self._resp = None
+
+    def __enter__(self) -> Download:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _content_range(value: str) -> tuple[int, int | None]:
+    """'bytes 100-199/1000' -> (100, 1000); '/*' -> (100, None)."""
+    try:
+        unit, _, rest = value.partition(" ")
+        span, _, total = rest.partition("/")
+        start = int(span.split("-", 1)[0])
+        if unit != "bytes":
+            raise ValueError(unit)
+        return start, None if total == "*" else int(total)
+    except ValueError as exc:
+        raise SourceFailed(f"bad Content-Range {value!r}") from exc
+
+
+def get(url: str, opts: HttpOptions | None = None, *, offset: int = 0) -> Download:
+    """Open ``url`` for streaming from byte ``offset``; see the module docstring."""
+    check_url(url)
+    return Download(url, opts or HttpOptions(), offset)
+
+
+def put(
+    url: str,
+    source: bytes | BinaryIO | Iterable[bytes],
+    opts: HttpOptions | None = None,
+    *,
+    length: int | None = None,
+    content_type: str = "application/octet-stream",
+) -> Response:
+    """PUT ``source`` to ``url`` (streamed; chunked when the length is unknown). No retry:
+    a stream cannot be replayed; the caller retries with a fresh source if it can."""
+    opts = opts or HttpOptions()
+    parts = check_url(url)
+    extra = {"Content-Type": content_type}
+    if isinstance(source, bytes | bytearray | memoryview):
+        length = len(source)
+    if length is not None:
+        extra["Content-Length"] = str(length)
+    else:
+        extra["Transfer-Encoding"] = "chunked"
+    body: object = source
+    if not isinstance(source, bytes | bytearray | memoryview) and hasattr(source, "read"):
+        reader = source
+
+        def chunks() -> Iterator[bytes]:
+            while data := reader.read(1 << 20):  # type: ignore[union-attr]
+                if opts.cancel is not None and opts.cancel.is_set():
+                    raise Cancelled("upload cancelled")
+                yield data
+
+        body = chunks()
+    conn = _connect(parts, opts)
+    try:
+        conn.request(
+            "PUT",
+            _target(parts),
+            body=body,  # type: ignore[arg-type]
+            headers=_headers(opts, extra),
+            encode_chunked=length is None,
+        )
+        resp = conn.getresponse()
+        data = resp.read(1 << 20)
+    except _TRANSPORT_ERRORS as exc:
+        raise HttpError(f"PUT {redact(url)}: {type(exc).__name__}: {exc}") from exc
+    finally:
+        conn.close()
+    headers = {k.lower(): v for k, v in resp.getheaders()}
+    if not 200 <= resp.status < 300:
+        first = data.decode("utf-8", "replace").strip().splitlines()[:1]
+        raise HttpError(
+            f"PUT {redact(url)}: HTTP {resp.status} {resp.reason}" + (f": {first[0]}" if first else ""),
+            status=resp.status,
+        )
+    return Response(resp.status, headers, data)
+
+
+__all__ = ["Download", "HttpError", "HttpOptions", "Response", "check_url", "get", "put", "redact",
+           "ssl_context"]

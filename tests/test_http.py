@@ -1,0 +1,179 @@
+"""agent.http against a real loopback server: resume, faults, redirects, TLS, PUT."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from agent import http
+from agent.errors import Cancelled, InvalidParameters, SourceFailed
+from tests.loopback_http import Fault, LoopbackServer, self_signed_cert
+
+DATA = os.urandom(3 * 1024 * 1024 + 123)
+FAST = http.HttpOptions(timeout=5.0, max_retries=3, backoff=0.01)
+
+
+def fetch(url: str, opts: http.HttpOptions = FAST, offset: int = 0) -> tuple[bytes, http.Download]:
+    with http.get(url, opts, offset=offset) as body:
+        data = b"".join(body.iter_chunks(256 * 1024))
+    return data, body
+
+
+def test_plain_get() -> None:
+    with LoopbackServer() as srv:
+        data, body = fetch(srv.add("/a", DATA))
+    assert data == DATA
+    assert body.total == len(DATA) and body.resumes == 0
+
+
+def test_offset_uses_range() -> None:
+    with LoopbackServer() as srv:
+        data, _ = fetch(srv.add("/a", DATA), offset=1000)
+        assert srv.requests[-1][2]["Range"] == "bytes=1000-"
+    assert data == DATA[1000:]
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        Fault(reset_after=1_000_000, times=2),
+        Fault(truncate_after=500_000, times=1),
+        Fault(stall_after=200_000, stall=3.0, times=1),
+    ],
+    ids=["reset", "truncated", "stalled"],
+)
+def test_resume_after_drop(fault: Fault) -> None:
+    opts = http.HttpOptions(timeout=1.0, max_retries=3, backoff=0.01)
+    with LoopbackServer() as srv:
+        data, body = fetch(srv.add("/a", DATA, fault), opts)
+        ranges = [r[2].get("Range") for r in srv.requests]
+        assert ranges[0] is None and all(r and r.startswith("bytes=") for r in ranges[1:])
+        assert all(r[2].get("If-Range") == '"v1"' for r in srv.requests[1:])
+    assert hashlib.sha256(data).digest() == hashlib.sha256(DATA).digest()
+    assert body.resumes >= 1
+
+
+def test_server_ignoring_range_is_skipped_forward() -> None:
+    with LoopbackServer() as srv:
+        data, body = fetch(srv.add("/a", DATA, Fault(reset_after=700_000, ignore_range=True, times=1)))
+    assert data == DATA and body.resumes == 1
+
+
+def test_always_truncated_fails_never_short_success() -> None:
+    with LoopbackServer() as srv:
+        url = srv.add("/a", DATA, Fault(truncate_after=100_000))
+        with pytest.raises(SourceFailed, match="download failed at byte"):
+            fetch(url)
+
+
+def test_404_fails_at_once() -> None:
+    with LoopbackServer() as srv:
+        with pytest.raises(http.HttpError, match="HTTP 404") as err:
+            fetch(srv.url("/missing"))
+        assert err.value.status == 404
+        assert len(srv.requests) == 1
+
+
+def test_500_retried_then_served() -> None:
+    with LoopbackServer() as srv:
+        data, _ = fetch(srv.add("/a", DATA, Fault(status=500, times=2)))
+        assert len(srv.requests) == 3
+    assert data == DATA
+
+
+def test_500_forever_gives_up() -> None:
+    with (
+        LoopbackServer() as srv,
+        pytest.raises(http.HttpError, match=r"giving up after 4 attempts.*HTTP 500") as err,
+    ):
+        fetch(srv.add("/a", DATA, Fault(status=500)))
+    assert err.value.status == 500
+
+
+def test_slow_server_still_completes() -> None:
+    small = DATA[: 512 * 1024]
+    with LoopbackServer() as srv:
+        data, _ = fetch(srv.add("/a", small, Fault(delay=0.05)))
+    assert data == small
+
+
+def test_redirect_followed() -> None:
+    with LoopbackServer() as srv:
+        srv.add("/real", DATA)
+        srv.redirect("/old", "/real")
+        data, _ = fetch(srv.url("/old"))
+    assert data == DATA
+
+
+def test_cancel_interrupts() -> None:
+    cancel = threading.Event()
+    cancel.set()
+    with LoopbackServer() as srv, pytest.raises(Cancelled):
+        fetch(srv.add("/a", DATA), http.HttpOptions(cancel=cancel))
+
+
+def test_connection_refused_is_source_failed() -> None:
+    with LoopbackServer() as srv:
+        url = srv.url("/a")
+    with pytest.raises(SourceFailed, match="giving up"):
+        fetch(url)
+
+
+@pytest.mark.parametrize(
+    "url", ["ftp://127.0.0.1/x", "file:///etc/passwd", "http:///nohost", "http://127.0.0.1:99999/x"]
+)
+def test_bad_urls_refused(url: str) -> None:
+    with pytest.raises(InvalidParameters):
+        http.get(url)
+
+
+def test_header_injection_refused() -> None:
+    with LoopbackServer() as srv, pytest.raises(InvalidParameters, match="line break"):
+        fetch(srv.add("/a", DATA), http.HttpOptions(headers={"X-A": "b\r\nEvil: 1"}))
+
+
+def test_redact_hides_credentials() -> None:
+    assert http.redact("https://user:pw@host:8443/p/img?token=abc") == "https://host:8443/p/img"
+
+
+def test_tls_with_extra_ca(tmp_path: Path) -> None:
+    cert, key = self_signed_cert(str(tmp_path))
+    with LoopbackServer(tls=(cert, key)) as srv:
+        url = srv.add("/a", DATA)
+        with pytest.raises(SourceFailed, match="CERTIFICATE_VERIFY_FAILED"):
+            fetch(url, http.HttpOptions(max_retries=0))
+        data, _ = fetch(url, http.HttpOptions(ca_pem=Path(cert).read_text()))
+        data2, _ = fetch(url, http.HttpOptions(ca_file=Path(cert)))
+    assert data == DATA == data2
+
+
+def test_bad_ca_pem_is_invalid_parameters() -> None:
+    with pytest.raises(InvalidParameters, match="CA bundle"):
+        http.ssl_context(ca_pem="-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----\n")
+
+
+def test_put_bytes_file_and_chunked(tmp_path: Path) -> None:
+    src = tmp_path / "f"
+    src.write_bytes(DATA)
+    with LoopbackServer() as srv:
+        resp = http.put(srv.url("/b"), DATA[:1000], FAST, content_type="text/plain")
+        assert resp.status == 201 and srv.uploads["/b"] == DATA[:1000]
+        with src.open("rb") as f:
+            http.put(srv.url("/f"), f, FAST)
+        assert srv.uploads["/f"] == DATA
+        http.put(srv.url("/c"), iter([b"ab", b"cd"]), FAST)
+        assert srv.uploads["/c"] == b"abcd"
+        headers = srv.requests[-1][2]
+        assert headers["Transfer-Encoding"] == "chunked"
+
+
+def test_put_error_status() -> None:
+    with LoopbackServer() as srv:
+        srv.add("/b", b"", Fault(status=403))
+        with pytest.raises(http.HttpError, match="HTTP 403") as err:
+            http.put(srv.url("/b"), b"x", FAST)
+    assert err.value.status == 403
