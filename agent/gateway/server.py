@@ -1,0 +1,750 @@
+"""The reference gateway: accepts agent sessions, sends commands, collects results.
+
+See agent/gateway/__init__.py for the design and the API in short.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import secrets
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.message import DecodeError, Message
+
+from agent import catalog, schema, wire
+from agent.errors import AgentError, InvalidParameters, Untrusted
+from agent.gateway import certs
+from agent.proto import session_pb2
+from agent.trust import SigningKey, verify_result
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+
+
+class State(enum.StrEnum):
+    PENDING = "pending"                  # not yet accepted (queued, or sent and unanswered)
+    ACCEPTED = "accepted"
+    AWAITING_REJOIN = "awaiting_rejoin"  # self-terminating: waiting for the node to come back
+    REJECTED = "rejected"                # final
+    FINISHED = "finished"                # final: a (verified) result arrived
+    COMPLETED = "completed"              # final: self-terminating, rejoin proof arrived
+    FAILED = "failed"                    # final: the gateway gave up (rejoin timeout, lost)
+
+    @property
+    def final(self) -> bool:
+        return self in (State.REJECTED, State.FINISHED, State.COMPLETED, State.FAILED)
+
+
+class CommandRejected(AgentError):
+    """The agent refused the command; ``reason`` is its reason code (a string)."""
+
+    def __init__(self, command_id: str, reason: str, message: str) -> None:
+        super().__init__(f"{command_id} rejected: {reason}: {message}")
+        self.command_id = command_id
+        self.reason_code = reason
+
+
+@dataclass
+class Event:
+    """One line of the gateway's timeline."""
+
+    time: float
+    what: str            # "connected", "accepted", "result", "result_rejected", ...
+    node_id: str = ""
+    command_id: str = ""
+    detail: str = ""
+
+    def __str__(self) -> str:
+        parts = [f"{self.time:.3f}", self.what, self.node_id, self.command_id, self.detail]
+        return " ".join(p for p in parts if p)
+
+
+@dataclass
+class CommandRecord:
+    command_id: str
+    node_id: str
+    kind: str
+    signed: session_pb2.SignedCommand
+    state: State = State.PENDING
+    created_at: float = field(default_factory=time.monotonic)
+    accepted_at: float | None = None
+    deliveries: int = 0
+    reject_reason: str = ""
+    reject_message: str = ""
+    result: session_pb2.ResultBody | None = None
+    result_message: Message | None = None
+    interim_result: session_pb2.ResultBody | None = None  # self-terminating: before the rejoin
+    completion: session_pb2.Completion | None = None
+    progress: session_pb2.Progress | None = None
+    logs: list[session_pb2.LogLine] = field(default_factory=list)
+    results_received: int = 0
+    signed_boot_id: str = ""              # the node's boot id when the command was delivered
+    timeout_seconds: int = 0              # as the command asked (0: the kind's)
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def rejoin_timeout(self) -> float:
+        """How long a self-terminating command may take to rejoin: its (or its kind's) timeout."""
+        kind = self.catalog_kind
+        limit = float(kind.timeout_seconds if kind is not None else 900)
+        return min(limit, float(self.timeout_seconds)) if self.timeout_seconds else limit
+
+    @property
+    def catalog_kind(self) -> catalog.Kind | None:
+        return catalog.KINDS.get(self.kind)
+
+    @property
+    def succeeded(self) -> bool:
+        if self.state is State.FINISHED and self.result is not None:
+            return self.result.status == session_pb2.SUCCEEDED
+        return self.state is State.COMPLETED and self.completion is not None and self.completion.ok
+
+
+@dataclass
+class NodeRecord:
+    node_id: str
+    hello: session_pb2.Hello
+    public_key: bytes
+    authenticated_by: str                 # "certificate" or "token"
+    connected: bool = True
+    sessions: int = 1
+    keys_seen: list[bytes] = field(default_factory=list)
+    channel: wire.Channel | None = None
+
+    @property
+    def boot_id(self) -> str:
+        return self.hello.boot_id
+
+
+FaultHook = Callable[[str, session_pb2.Frame], str | None]
+
+
+class Gateway:
+    """A small TLS gateway for agents. ``start()`` it, then use the methods below."""
+
+    def __init__(
+        self,
+        *,
+        cert: Path,
+        key: Path,
+        client_ca: Path | None = None,
+        signing_key: Path | SigningKey | None = None,
+        tokens: Mapping[str, str] | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        heartbeat_seconds: float = 2.0,
+        dead_after_seconds: float | None = None,
+        max_frame_bytes: int = wire.MAX_FRAME_BYTES,
+        gateway_id: str = "reference-gateway",
+        handshake_seconds: float = 10.0,
+    ) -> None:
+        self._ssl = certs.server_context(cert, key, client_ca)
+        if isinstance(signing_key, SigningKey) or signing_key is None:
+            self.signing_key = signing_key
+        else:
+            self.signing_key = SigningKey.load(Path(signing_key))
+        self.tokens: dict[str, str] = dict(tokens or {})   # token -> node id ("" = any node)
+        self.host, self.port = host, port
+        self.heartbeat_seconds = heartbeat_seconds
+        self.dead_after_seconds = dead_after_seconds or 3 * heartbeat_seconds
+        self.max_frame_bytes = max_frame_bytes
+        self.gateway_id = gateway_id
+        self.handshake_seconds = handshake_seconds
+        self.nodes: dict[str, NodeRecord] = {}
+        self.commands: dict[str, CommandRecord] = {}
+        self.orphan_results: list[session_pb2.ResultBody] = []  # results for ids it never sent
+        self.events: list[Event] = []
+        self.listeners: list[Callable[[Event, CommandRecord | None], None]] = []
+        self.fault_hook: FaultHook | None = None  # tests: return "drop" to cut the connection
+        self._cond = threading.Condition(threading.RLock())
+        self._server: socket.socket | None = None
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._channels: set[wire.Channel] = set()
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self) -> Gateway:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        server = socket.socket(family, socket.SOCK_STREAM)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind((self.host, self.port))
+        server.listen(64)
+        server.settimeout(0.2)
+        self.port = server.getsockname()[1]
+        self._server = server
+        self._stop.clear()
+        for target, name in ((self._accept_loop, "gw-accept"), (self._watchdog, "gw-watchdog")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+        self._event("listening", detail=self.address)
+        return self
+
+    def stop(self) -> None:
+        """Stop listening and close every session (the command table is kept)."""
+        self._stop.set()
+        if self._server is not None:
+            with contextlib.suppress(OSError):
+                self._server.close()
+        with self._cond:
+            channels = list(self._channels)
+        for ch in channels:
+            ch.abort("gateway_stopped")
+        for ch in channels:
+            ch.join(5)
+        for t in self._threads:
+            t.join(5)
+        self._threads.clear()
+        self._server = None
+        self._event("stopped")
+
+    def restart(self) -> None:
+        """Stop and listen again on the same port, keeping nodes and commands (tests)."""
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> Gateway:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- sessions -------------------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        assert self._server is not None
+        server = self._server
+        while not self._stop.is_set():
+            try:
+                conn, addr = server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            t = threading.Thread(target=self._session, args=(conn, addr), name=f"gw-{addr}", daemon=True)
+            t.start()
+
+    def _session(self, conn: socket.socket, addr: Any) -> None:
+        try:
+            conn.settimeout(self.handshake_seconds)
+            tls = self._ssl.wrap_socket(conn, server_side=True)
+        except (ssl.SSLError, OSError) as exc:
+            self._event("tls_failed", detail=f"{addr}: {exc}")
+            with contextlib.suppress(OSError):
+                conn.close()
+            return
+        try:
+            frame = wire.recv_frame(tls, self.handshake_seconds, self.max_frame_bytes)
+            if frame.WhichOneof("msg") != "hello":
+                raise wire.WireError(wire.UNEXPECTED_FRAME, f"expected hello, got {wire.kind_of(frame)}")
+            hello = frame.hello
+            how = self._authenticate(tls, hello)
+            welcome = session_pb2.Welcome(
+                gateway_id=self.gateway_id,
+                heartbeat_interval_ms=int(self.heartbeat_seconds * 1000),
+                dead_after_ms=int(self.dead_after_seconds * 1000),
+                max_frame_bytes=self.max_frame_bytes,
+            )
+            wire.send_frame(tls, session_pb2.Frame(welcome=welcome))
+        except wire.WireError as exc:
+            self._event("session_refused", detail=f"{addr}: {exc}")
+            with contextlib.suppress(OSError, ssl.SSLError):
+                tls.settimeout(2)
+                wire.send_frame(tls, wire.error_frame(exc.code, exc.message))
+            with contextlib.suppress(OSError):
+                tls.close()
+            return
+        except (OSError, ssl.SSLError) as exc:
+            self._event("session_failed", detail=f"{addr}: {exc}")
+            with contextlib.suppress(OSError):
+                tls.close()
+            return
+        node_id = hello.node_id
+        channel = wire.Channel(
+            tls,
+            on_frame=lambda f: self._on_frame(node_id, channel, f),
+            on_close=lambda reason: self._on_close(node_id, channel, reason),
+            name=f"gw-{node_id}",
+            max_frame_bytes=self.max_frame_bytes,
+            heartbeat_interval=self.heartbeat_seconds,
+            dead_after=self.dead_after_seconds,
+        )
+        with self._cond:
+            if self._stop.is_set():
+                tls.close()
+                return
+            self._channels.add(channel)
+            old = self.nodes.get(node_id)
+            if old is not None and old.channel is not None:
+                old.channel.abort("replaced_by_new_session")
+            if old is not None and old.public_key != hello.public_key:
+                self._event("node_key_changed", node_id, detail=f"boot {hello.boot_id}")
+            node = NodeRecord(
+                node_id=node_id, hello=hello, public_key=bytes(hello.public_key), authenticated_by=how,
+                sessions=(old.sessions + 1) if old else 1,
+                keys_seen=(old.keys_seen if old else []),
+                channel=channel,
+            )
+            if node.public_key not in node.keys_seen:
+                node.keys_seen.append(node.public_key)
+            self.nodes[node_id] = node
+            self._event(
+                "connected", node_id,
+                detail=f"{hello.role} {hello.agent_version} boot={hello.boot_id} by {how}",
+            )
+            channel.start()
+            self._process_hello(node, hello)
+            self._cond.notify_all()
+
+    def _authenticate(self, tls: ssl.SSLSocket, hello: session_pb2.Hello) -> str:
+        if not hello.node_id:
+            raise wire.WireError(wire.UNAUTHENTICATED, "hello carries no node id")
+        if hello.protocol_version != PROTOCOL_VERSION:
+            raise wire.WireError(
+                "unsupported_protocol",
+                f"protocol {hello.protocol_version}; this gateway speaks {PROTOCOL_VERSION}",
+            )
+        cn = certs.peer_common_name(tls)
+        if cn is not None:
+            if cn != hello.node_id:
+                raise wire.WireError(
+                    wire.UNAUTHENTICATED, f"client certificate is for {cn!r}, hello says {hello.node_id!r}"
+                )
+            return "certificate"
+        token = hello.enrollment_token
+        if token:
+            for known, node in self.tokens.items():
+                if secrets.compare_digest(known.encode(), token.encode()) and node in ("", hello.node_id):
+                    return "token"
+        raise wire.WireError(wire.UNAUTHENTICATED, "no client certificate and no valid enrollment token")
+
+    def _process_hello(self, node: NodeRecord, hello: session_pb2.Hello) -> None:
+        """Under the lock: results and completions carried by the Hello, then resends."""
+        in_flight = {s.command_id: s for s in hello.in_flight}
+        for signed in hello.unacked_results:
+            self._handle_result(node, signed)
+        for completion in hello.completions:
+            self._handle_completion(node, completion)
+        for cid, status in in_flight.items():
+            rec = self.commands.get(cid)
+            if rec is not None and not rec.state.final:
+                if status.state == session_pb2.AWAITING_REJOIN:
+                    rec.state = State.AWAITING_REJOIN
+                elif rec.state is State.PENDING:
+                    rec.state = State.ACCEPTED
+                    rec.accepted_at = time.monotonic()
+        for rec in list(self.commands.values()):
+            if rec.node_id != node.node_id or rec.state.final:
+                continue
+            if rec.state is State.PENDING:
+                self._deliver(rec)
+            elif (
+                rec.state is State.ACCEPTED
+                and rec.command_id not in in_flight
+                and rec.catalog_kind is not None
+                and not rec.catalog_kind.self_terminating
+                and rec.signed_boot_id not in ("", hello.boot_id)
+            ):
+                self._finish(rec, State.FAILED, "interrupted: the node booted again and does not know it")
+
+    def _on_close(self, node_id: str, channel: wire.Channel, reason: str) -> None:
+        with self._cond:
+            self._channels.discard(channel)
+            node = self.nodes.get(node_id)
+            if node is not None and node.channel is channel:
+                node.connected = False
+                node.channel = None
+                self._event("disconnected", node_id, detail=reason)
+                for rec in self.commands.values():
+                    kind = rec.catalog_kind
+                    if (
+                        rec.node_id == node_id and rec.state is State.ACCEPTED
+                        and kind is not None and kind.self_terminating
+                    ):
+                        rec.state = State.AWAITING_REJOIN
+            self._cond.notify_all()
+
+    def _on_frame(self, node_id: str, channel: wire.Channel, frame: session_pb2.Frame) -> None:
+        if self.fault_hook is not None and self.fault_hook(node_id, frame) == "drop":
+            self._event("fault_drop", node_id, detail=f"cut the connection at a {wire.kind_of(frame)} frame")
+            channel.abort("fault_injected")
+            return
+        what = frame.WhichOneof("msg")
+        with self._cond:
+            node = self.nodes.get(node_id)
+            if node is None or node.channel is not channel:
+                return
+            if what == "accept":
+                self._handle_accept(node, frame.accept)
+            elif what == "reject":
+                rec = self.commands.get(frame.reject.command_id)
+                self._event("rejected", node_id, frame.reject.command_id,
+                            f"{frame.reject.reason}: {frame.reject.message}")
+                if rec is not None and not rec.state.final:
+                    rec.reject_reason, rec.reject_message = frame.reject.reason, frame.reject.message
+                    self._finish(rec, State.REJECTED, frame.reject.reason)
+            elif what == "progress":
+                rec = self.commands.get(frame.progress.command_id)
+                if rec is not None:
+                    rec.progress = frame.progress
+                self._event("progress", node_id, frame.progress.command_id,
+                            f"{frame.progress.fraction:.3f} {frame.progress.message}", quiet=True)
+            elif what == "log":
+                rec = self.commands.get(frame.log.command_id)
+                if rec is not None:
+                    rec.logs.append(frame.log)
+                self._event("log", node_id, frame.log.command_id,
+                            f"{frame.log.level} {frame.log.message}", quiet=True)
+            elif what == "result":
+                self._handle_result(node, frame.result)
+            elif what == "goodbye":
+                self._event("goodbye", node_id, detail=frame.goodbye.reason)
+            elif what == "error":
+                self._event("protocol_error", node_id, detail=f"{frame.error.code}: {frame.error.message}")
+            else:
+                self._event("unexpected_frame", node_id, detail=str(what))
+                channel.close(wire.UNEXPECTED_FRAME, error=wire.error_frame(
+                    wire.UNEXPECTED_FRAME, f"a gateway does not take {what} frames"))
+            self._cond.notify_all()
+
+    def _handle_accept(self, node: NodeRecord, accept: session_pb2.Accept) -> None:
+        rec = self.commands.get(accept.command_id)
+        state_name = session_pb2.CommandState.Name(accept.state) if accept.state else ""
+        self._event("accepted", node.node_id, accept.command_id, state_name)
+        if rec is None or rec.state.final:
+            return
+        if accept.state == session_pb2.AWAITING_REJOIN:
+            rec.state = State.AWAITING_REJOIN
+        elif rec.state is State.PENDING:
+            rec.state = State.ACCEPTED
+        if rec.accepted_at is None:
+            rec.accepted_at = time.monotonic()
+
+    def _handle_result(self, node: NodeRecord, signed: session_pb2.SignedResult) -> None:
+        body = session_pb2.ResultBody()
+        try:
+            body.ParseFromString(signed.body)
+        except DecodeError:
+            self._event("result_rejected", node.node_id, detail="result body does not parse")
+            return
+        cid = body.command_id
+        rec = self.commands.get(cid)
+        kind = catalog.KINDS.get(rec.kind if rec is not None else body.kind)
+        if kind is None:
+            self._event("result_rejected", node.node_id, cid, f"unknown kind {body.kind!r}")
+            return
+        if rec is not None and body.kind != rec.kind:
+            self._event("result_rejected", node.node_id, cid, f"result for {body.kind!r}, sent {rec.kind!r}")
+            return
+        if body.node_id != node.node_id:
+            self._event("result_rejected", node.node_id, cid, f"result names node {body.node_id!r}")
+            return
+        if kind.attested:
+            try:
+                verify_result(signed, node.public_key)
+            except Untrusted as exc:
+                # Not acknowledged and nothing marked: a forged result changes nothing.
+                self._event("result_rejected", node.node_id, cid, f"{exc.reason}: {exc}")
+                return
+        status = session_pb2.Status.Name(body.status)
+        self._ack(node, cid)
+        if rec is None:
+            self.orphan_results.append(body)
+            self._event("result_orphan", node.node_id, cid, status)
+            return
+        rec.results_received += 1
+        if rec.state.final:
+            self._event("result_duplicate", node.node_id, cid, status)
+            return
+        if kind.self_terminating and body.status == session_pb2.SUCCEEDED:
+            rec.interim_result = body
+            rec.state = State.AWAITING_REJOIN
+            self._event("result_interim", node.node_id, cid, "waiting for the node to rejoin")
+            return
+        rec.result = body
+        rec.result_message = _decode_result(body)
+        detail = status + (f" {body.reason}: {body.message}" if body.reason else "")
+        self._finish(rec, State.FINISHED, detail, event="result")
+
+    def _handle_completion(self, node: NodeRecord, completion: session_pb2.Completion) -> None:
+        cid = completion.command_id
+        self._ack(node, cid)
+        rec = self.commands.get(cid)
+        detail = "ok" if completion.ok else f"failed {completion.reason}: {completion.message}"
+        if rec is None:
+            self._event("completion_orphan", node.node_id, cid, detail)
+            return
+        if rec.state.final:
+            self._event("completion_duplicate", node.node_id, cid, detail)
+            return
+        rec.completion = completion
+        self._finish(rec, State.COMPLETED, detail, event="completed")
+
+    def _ack(self, node: NodeRecord, command_id: str) -> None:
+        if node.channel is not None:
+            node.channel.send(session_pb2.Frame(ack=session_pb2.Ack(command_id=command_id)))
+
+    def _finish(self, rec: CommandRecord, state: State, detail: str, *, event: str | None = None) -> None:
+        rec.state = state
+        rec.done.set()
+        self._event(event or str(state), rec.node_id, rec.command_id, detail)
+        self._cond.notify_all()
+
+    def _watchdog(self) -> None:
+        """Fail self-terminating commands whose node did not come back within their time."""
+        while not self._stop.wait(0.25):
+            now = time.monotonic()
+            with self._cond:
+                for rec in self.commands.values():
+                    kind = rec.catalog_kind
+                    if rec.state.final or kind is None or not kind.self_terminating:
+                        continue
+                    if rec.accepted_at is None:
+                        continue
+                    if now - rec.accepted_at > rec.rejoin_timeout:
+                        self._finish(rec, State.FAILED,
+                                     f"rejoin_timeout: node did not come back within {rec.rejoin_timeout:g}s")
+
+    # -- commands -------------------------------------------------------------------------
+
+    def build(
+        self,
+        node_id: str,
+        kind: str,
+        payload: Message | Mapping[str, Any] | str | bytes,
+        *,
+        command_id: str | None = None,
+        timeout_seconds: int = 0,
+        expires_in: float = 600.0,
+    ) -> session_pb2.CommandBody:
+        """The CommandBody for ``kind`` with ``payload`` (a message, a dict, JSON text or bytes)."""
+        if kind not in catalog.KINDS:
+            raise InvalidParameters(f"unknown kind {kind!r}; see `agent kinds`")
+        if isinstance(payload, bytes):
+            raw = payload
+        elif isinstance(payload, Message):
+            raw = payload.SerializeToString()
+        else:
+            raw = schema.payload_from_json(kind, dict(payload) if isinstance(payload, Mapping) else payload)
+            raw = raw.SerializeToString()
+        now_ms = int(time.time() * 1000)
+        return session_pb2.CommandBody(
+            command_id=command_id or f"{kind}-{secrets.token_hex(6)}",
+            kind=kind,
+            node_id=node_id,
+            payload=raw,
+            issued_at_unix_ms=now_ms,
+            expires_at_unix_ms=now_ms + int(expires_in * 1000) if expires_in else 0,
+            timeout_seconds=timeout_seconds,
+        )
+
+    def sign(self, body: session_pb2.CommandBody) -> session_pb2.SignedCommand:
+        if self.signing_key is None:
+            raise InvalidParameters("this gateway has no signing key (--signing-key)")
+        return self.signing_key.sign_command(body)
+
+    def send(
+        self,
+        node_id: str,
+        kind: str,
+        payload: Message | Mapping[str, Any] | str | bytes,
+        *,
+        sign: bool | None = None,
+        command_id: str | None = None,
+        timeout_seconds: int = 0,
+        expires_in: float = 600.0,
+    ) -> str:
+        """Build, sign (always for destructive kinds; by default whenever there is a key) and
+        send a command; queued until the node connects. Returns the command id."""
+        body = self.build(node_id, kind, payload, command_id=command_id,
+                          timeout_seconds=timeout_seconds, expires_in=expires_in)
+        destructive = catalog.KINDS[kind].destructive
+        if sign is None:
+            sign = destructive or self.signing_key is not None
+        if destructive and not sign:
+            raise InvalidParameters(f"{kind} is destructive: it must be signed (send_signed sends anything)")
+        signed = self.sign(body) if sign else session_pb2.SignedCommand(
+            body=body.SerializeToString(deterministic=True))
+        return self.send_signed(node_id, signed)
+
+    def send_signed(self, node_id: str, signed: session_pb2.SignedCommand) -> str:
+        """Send exactly these bytes (tests use it for forged, expired or unsigned commands)."""
+        body = session_pb2.CommandBody()
+        body.ParseFromString(signed.body)
+        with self._cond:
+            if body.command_id in self.commands and self.commands[body.command_id].state.final:
+                rec = self.commands[body.command_id]
+                rec.signed = signed
+                rec.state = State.PENDING
+                rec.done.clear()
+            rec = self.commands.setdefault(
+                body.command_id,
+                CommandRecord(command_id=body.command_id, node_id=node_id, kind=body.kind, signed=signed),
+            )
+            rec.signed = signed
+            rec.timeout_seconds = body.timeout_seconds
+            self._event("queued", node_id, body.command_id, body.kind)
+            node = self.nodes.get(node_id)
+            if node is not None and node.channel is not None:
+                rec.signed_boot_id = node.boot_id
+                self._deliver(rec)
+        return body.command_id
+
+    def _deliver(self, rec: CommandRecord) -> None:
+        node = self.nodes.get(rec.node_id)
+        if node is None or node.channel is None:
+            return
+        rec.deliveries += 1
+        rec.signed_boot_id = node.boot_id
+        node.channel.send(session_pb2.Frame(command=rec.signed))
+        self._event("sent", rec.node_id, rec.command_id, f"{rec.kind} delivery {rec.deliveries}")
+
+    def cancel(self, command_id: str, reason: str = "cancelled by the operator") -> None:
+        with self._cond:
+            rec = self.commands[command_id]
+            node = self.nodes.get(rec.node_id)
+            if node is None or node.channel is None:
+                raise InvalidParameters(f"node {rec.node_id} is not connected")
+            cancel = session_pb2.Cancel(command_id=command_id, reason=reason)
+            node.channel.send(session_pb2.Frame(cancel=cancel))
+            self._event("cancel_sent", rec.node_id, command_id, reason)
+
+    def drain(self, node_id: str, reason: str = "drain requested") -> None:
+        with self._cond:
+            node = self.nodes.get(node_id)
+            if node is None or node.channel is None:
+                raise InvalidParameters(f"node {node_id} is not connected")
+            node.channel.send(session_pb2.Frame(drain=session_pb2.Drain(reason=reason)))
+            self._event("drain_sent", node_id, detail=reason)
+
+    def drop(self, node_id: str) -> None:
+        """Cut a node's connection without a goodbye (tests: network faults)."""
+        with self._cond:
+            node = self.nodes.get(node_id)
+            channel = node.channel if node is not None else None
+        if channel is not None:
+            channel.abort("dropped_by_gateway")
+
+    def send_raw(self, node_id: str, frame: session_pb2.Frame) -> bool:
+        with self._cond:
+            node = self.nodes.get(node_id)
+            return bool(node is not None and node.channel is not None and node.channel.send(frame))
+
+    # -- waiting --------------------------------------------------------------------------
+
+    def wait_for(self, predicate: Callable[[], Any], timeout: float, what: str = "condition") -> Any:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                value = predicate()
+                if value:
+                    return value
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"gateway: timed out after {timeout:g}s waiting for {what}")
+                self._cond.wait(min(left, 0.25))
+
+    def wait_node(self, node_id: str, timeout: float, *, sessions: int = 1) -> NodeRecord:
+        """Wait until ``node_id`` is connected (for at least the ``sessions``-th time)."""
+        def ready() -> NodeRecord | None:
+            node = self.nodes.get(node_id)
+            return node if node is not None and node.connected and node.sessions >= sessions else None
+
+        rec: NodeRecord = self.wait_for(ready, timeout, f"node {node_id}")
+        return rec
+
+    def wait(self, command_id: str, timeout: float) -> CommandRecord:
+        """Wait until the command is settled (rejected, finished, completed or failed)."""
+        rec: CommandRecord = self.wait_for(
+            lambda: self.commands[command_id] if self.commands[command_id].state.final else None,
+            timeout, f"command {command_id}",
+        )
+        return rec
+
+    def wait_result(self, command_id: str, timeout: float) -> tuple[session_pb2.ResultBody, Message | None]:
+        """(result body, decoded result message); CommandRejected when the agent refused it.
+
+        For a self-terminating command the body is the one sent before the agent ended, with
+        its status set from the rejoin proof (Completion) and the proof in its details.
+        """
+        rec = self.wait(command_id, timeout)
+        if rec.state is State.REJECTED:
+            raise CommandRejected(command_id, rec.reject_reason, rec.reject_message)
+        if rec.state is State.COMPLETED and rec.completion is not None:
+            body = session_pb2.ResultBody()
+            if rec.interim_result is not None:
+                body.CopyFrom(rec.interim_result)
+            c = rec.completion
+            body.command_id, body.kind, body.node_id = c.command_id, rec.kind, rec.node_id
+            body.status = session_pb2.SUCCEEDED if c.ok else session_pb2.FAILED
+            body.reason, body.message = c.reason, c.message
+            for k in ("old_boot_id", "new_boot_id", "old_version", "new_version"):
+                if getattr(c, k):
+                    body.details[k] = getattr(c, k)
+            return body, _decode_result(body) if body.payload else None
+        if rec.state is State.FAILED:
+            body = session_pb2.ResultBody(
+                command_id=command_id, kind=rec.kind, node_id=rec.node_id, status=session_pb2.FAILED,
+                reason=self._last_detail(command_id).split(":")[0], message=self._last_detail(command_id),
+            )
+            return body, None
+        assert rec.result is not None
+        return rec.result, rec.result_message
+
+    def _last_detail(self, command_id: str) -> str:
+        for ev in reversed(self.events):
+            if ev.command_id == command_id and ev.what == "failed":
+                return ev.detail
+        return "failed"
+
+    def node_list(self) -> list[NodeRecord]:
+        with self._cond:
+            return sorted(self.nodes.values(), key=lambda n: n.node_id)
+
+    def events_for(self, command_id: str) -> list[Event]:
+        with self._cond:
+            return [e for e in self.events if e.command_id == command_id]
+
+    # -- timeline -------------------------------------------------------------------------
+
+    def _event(self, what: str, node_id: str = "", command_id: str = "", detail: str = "",
+               *, quiet: bool = False) -> None:
+        ev = Event(time.time(), what, node_id, command_id, detail)
+        with self._cond:
+            if not quiet:
+                self.events.append(ev)
+                log.info("gateway: %s", ev)
+            rec = self.commands.get(command_id)
+            listeners = list(self.listeners)
+        for fn in listeners:
+            try:
+                fn(ev, rec)
+            except Exception:
+                log.exception("gateway listener failed")
+
+
+def _decode_result(body: session_pb2.ResultBody) -> Message | None:
+    if not body.payload and not body.payload_type:
+        return None
+    try:
+        cls = schema.message_class(body.payload_type) if body.payload_type else schema.result_class(body.kind)
+        msg = cls()
+        msg.ParseFromString(body.payload)
+    except (KeyError, DecodeError):
+        return None
+    return msg
