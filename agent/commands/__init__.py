@@ -9,4 +9,7 @@ from agent.commands.base import Context, Handler, SelfTermination, handler_for
 __all__ = ["Context", "Handler", "SelfTermination", "handler_for"]
 
 # Handler modules (import for their registration side effect), one line each:
-from agent.commands import driver  # noqa: F401
+from agent.commands import (
+    driver,  # noqa: F401
+    snapshot,  # noqa: F401
+)

@@ -1,0 +1,344 @@
+"""instance.snapshot: stream a block device or a file to a URL, compressed, with its digests.
+
+No temporary copy: the source is read in 1 MiB chunks, hashed (sha256 of the raw source),
+compressed on the fly (zstd through the ``zstd`` binary, gzip through zlib, or none), hashed
+again (sha256 of the bytes sent), paced by a token bucket and PUT to the URL with chunked
+transfer encoding. Both digests and sizes are in the result; the receiver compares them with
+what it stored.
+
+Quiesce: with ``quiesce_mountpoint`` the filesystem is frozen (FIFREEZE, what ``fsfreeze -f``
+does) for the duration and thawed (FITHAW) in a ``finally``, whatever happened. The
+filesystem holding the agent's state directory and ``/`` are refused: freezing them would
+block the agent itself.
+
+Not retry-safe: a failure or an interruption is reported, never silently restarted.
+
+Sources a request may name: block devices under /dev, and regular files under the
+directories of ``bc.snapshot_allow`` (colon-separated; default SNAPSHOT_DIRS).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+import stat
+import subprocess
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from google.protobuf.message import Message
+
+from agent import proc
+from agent.commands import transfer
+from agent.commands.base import Context, Handler
+from agent.config import Config
+from agent.errors import InvalidParameters, NotFound, ProtectedDevice, SourceFailed, ToolFailed
+from agent.proto import agent_pb2, common_pb2
+
+CHUNK = 1 << 20
+SNAPSHOT_DIRS = (Path("/var/lib/libvirt/images"), Path("/var/lib/bettercompute/instances"))
+ZSTD_LEVEL = 3
+
+# linux/fs.h: _IOWR('X', 119, int) and _IOWR('X', 120, int)
+FIFREEZE = 0xC0045877
+FITHAW = 0xC0045878
+
+
+@dataclass(frozen=True)
+class SnapshotParams:
+    source: Path
+    url: str
+    compression: int                         # agent_pb2.Compression value
+    quiesce: Path | None
+    rate: int                                # bytes per second on the wire
+    headers: tuple[tuple[str, str], ...]
+    ca_pem: str
+
+
+def allowed_dirs(config: Config) -> tuple[Path, ...]:
+    raw = config.extra.get("snapshot_allow", "")
+    return tuple(Path(p) for p in raw.split(":") if p) or SNAPSHOT_DIRS
+
+
+# -------------------------------------------------------------------------- quiesce
+
+
+def freeze(mountpoint: Path) -> None:
+    fd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.ioctl(fd, FIFREEZE, 0)
+    except OSError as exc:
+        reason = "already frozen" if exc.errno == errno.EBUSY else exc.strerror
+        raise ToolFailed(f"cannot freeze {mountpoint}: {reason}", mountpoint=str(mountpoint)) from exc
+    finally:
+        os.close(fd)
+
+
+def thaw(mountpoint: Path) -> None:
+    fd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.ioctl(fd, FITHAW, 0)
+    finally:
+        os.close(fd)
+
+
+def is_frozen(mountpoint: Path) -> bool:
+    """True when the filesystem is frozen (FIFREEZE says EBUSY); it stays as it was."""
+    try:
+        freeze(mountpoint)
+    except ToolFailed as exc:
+        if isinstance(exc.__cause__, OSError) and exc.__cause__.errno == errno.EBUSY:
+            return True
+        raise
+    thaw(mountpoint)
+    return False
+
+
+@contextlib.contextmanager
+def frozen(ctx: Context, mountpoint: Path) -> Iterator[None]:
+    """The filesystem frozen for the body of the ``with``; always thawed after it."""
+    ctx.log.info("freezing %s", mountpoint)
+    freeze(mountpoint)
+    try:
+        yield
+    finally:
+        for attempt in range(3):
+            try:
+                thaw(mountpoint)
+                ctx.log.info("thawed %s", mountpoint)
+                break
+            except OSError as exc:
+                if exc.errno == errno.EINVAL:  # not frozen (any more): nothing to undo
+                    break
+                ctx.log.error("thaw of %s failed (attempt %d): %s", mountpoint, attempt + 1, exc)
+                time.sleep(0.5)
+
+
+def check_quiesce(config: Config, raw: str) -> Path:
+    if not os.path.isabs(raw):
+        raise InvalidParameters(f"quiesce_mountpoint {raw!r} must be absolute")
+    mountpoint = Path(os.path.realpath(raw))
+    if not os.path.ismount(mountpoint):
+        raise InvalidParameters(f"quiesce_mountpoint {raw!r} is not a mount point")
+    if mountpoint == Path("/"):
+        raise ProtectedDevice("refusing to freeze the root filesystem: it would block the agent")
+    state = config.state_dir if config.state_dir.exists() else config.state_dir.parent
+    with contextlib.suppress(OSError):
+        if os.stat(state).st_dev == os.stat(mountpoint).st_dev:
+            raise ProtectedDevice(
+                f"refusing to freeze {mountpoint}: it holds the agent's state directory {config.state_dir}"
+            )
+    return mountpoint
+
+
+# --------------------------------------------------------------------------- source
+
+
+def open_source(path: Path) -> tuple[int, int]:
+    """(fd, size in bytes) of a block device or a regular file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError as exc:
+        raise NotFound(f"snapshot source {path} does not exist", path=str(path)) from exc
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISBLK(mode):
+        size = os.lseek(fd, 0, os.SEEK_END)
+        os.lseek(fd, 0, os.SEEK_SET)
+    elif stat.S_ISREG(mode):
+        size = os.fstat(fd).st_size
+    else:
+        os.close(fd)
+        raise InvalidParameters(f"snapshot source {path} is neither a block device nor a regular file")
+    with contextlib.suppress(OSError):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    return fd, size
+
+
+class Source:
+    """Reads the source in chunks, counting and hashing what it read."""
+
+    def __init__(self, ctx: Context, fd: int) -> None:
+        self.ctx, self.fd = ctx, fd
+        self.sha256 = hashlib.sha256()
+        self.read_bytes = 0
+
+    def chunks(self) -> Iterator[bytes]:
+        while True:
+            self.ctx.check()
+            try:
+                data = os.read(self.fd, CHUNK)
+            except OSError as exc:
+                raise SourceFailed(f"read error at byte {self.read_bytes}: {exc.strerror}") from exc
+            if not data:
+                return
+            self.sha256.update(data)
+            self.read_bytes += len(data)
+            yield data
+
+
+def gzip_stream(raw: Iterator[bytes]) -> Iterator[bytes]:
+    z = zlib.compressobj(6, zlib.DEFLATED, 31)
+    for chunk in raw:
+        out = z.compress(chunk)
+        if out:
+            yield out
+    yield z.flush()
+
+
+class ZstdStream:
+    """The ``zstd`` binary as a filter: a thread feeds it the source, we read what it makes."""
+
+    def __init__(self, ctx: Context, raw: Iterator[bytes]) -> None:
+        self.ctx = ctx
+        self.raw = raw
+        self.error: BaseException | None = None
+        self.proc = ctx.spawn(
+            ["zstd", "-q", "-c", f"-{ZSTD_LEVEL}", "-T0"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        self.feeder = threading.Thread(target=self._feed, name="zstd-feed", daemon=True)
+        self.feeder.start()
+
+    def _feed(self) -> None:
+        stdin = self.proc.stdin
+        assert stdin is not None
+        try:
+            for chunk in self.raw:
+                stdin.write(chunk)
+        except BrokenPipeError:
+            pass  # zstd died; its exit status says why
+        except BaseException as exc:  # re-raised by the reader
+            self.error = exc
+        finally:
+            with contextlib.suppress(OSError):
+                stdin.close()
+
+    def __iter__(self) -> Iterator[bytes]:
+        stdout = self.proc.stdout
+        assert stdout is not None
+        while data := stdout.read1(CHUNK):  # type: ignore[attr-defined]
+            yield data
+        self.feeder.join()
+        if self.error is not None:
+            raise self.error
+        returncode = self.proc.wait()
+        if returncode != 0:
+            err = (self.proc.stderr.read() if self.proc.stderr else b"").decode("utf-8", "replace").strip()
+            raise ToolFailed(f"zstd failed (exit {returncode}): {err[-300:]}", tool="zstd")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            proc.kill_group(self.proc, grace=0.5)
+        self.feeder.join(10)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+# -------------------------------------------------------------------------- handler
+
+
+class InstanceSnapshot(Handler[SnapshotParams], kind="instance.snapshot"):
+    def parse(self, payload: Message) -> SnapshotParams:
+        assert isinstance(payload, agent_pb2.InstanceSnapshotRequest)
+        if not payload.source_path:
+            raise InvalidParameters("instance.snapshot: 'source_path' is required")
+        if not payload.upload_url:
+            raise InvalidParameters("instance.snapshot: 'upload_url' is required")
+        transfer.check_upload_request(payload.upload_url, payload.http_headers)
+        if payload.compression not in agent_pb2.Compression.values():
+            raise InvalidParameters(f"instance.snapshot: unknown compression {payload.compression}")
+        return SnapshotParams(
+            source=Path(payload.source_path),
+            url=payload.upload_url,
+            compression=payload.compression,
+            quiesce=Path(payload.quiesce_mountpoint) if payload.quiesce_mountpoint else None,
+            rate=payload.bandwidth_limit_bytes_per_second,
+            headers=tuple(sorted(payload.http_headers.items())),
+            ca_pem=payload.ca_bundle_pem,
+        )
+
+    def check_source(self, config: Config, raw: Path) -> Path:
+        real = Path(os.path.realpath(raw))
+        if transfer.within(real, Path("/dev")):
+            if not real.is_block_device():
+                raise InvalidParameters(f"snapshot source {raw} is under /dev but not a block device")
+            return real
+        return transfer.confine(str(raw), allowed_dirs(config), "snapshot source")
+
+    def run(self, ctx: Context, params: SnapshotParams) -> agent_pb2.InstanceSnapshotResult:
+        source_path = self.check_source(ctx.config, params.source)
+        mountpoint = check_quiesce(ctx.config, str(params.quiesce)) if params.quiesce else None
+        rate = params.rate or ctx.config.bulk_bandwidth_bytes_per_second
+        started = time.monotonic()
+        fd, size = open_source(source_path)
+        try:
+            with frozen(ctx, mountpoint) if mountpoint else contextlib.nullcontext():
+                result = self._stream(ctx, params, fd, size, rate)
+        finally:
+            os.close(fd)
+        result.quiesced = mountpoint is not None
+        result.seconds = time.monotonic() - started
+        return result
+
+    def _stream(
+        self, ctx: Context, params: SnapshotParams, fd: int, size: int, rate: int
+    ) -> agent_pb2.InstanceSnapshotResult:
+        source = Source(ctx, fd)
+        sent = hashlib.sha256()
+        counter = {"sent": 0}
+        zstd: ZstdStream | None = None
+        if params.compression == agent_pb2.ZSTD_COMPRESSION:
+            zstd = ZstdStream(ctx, source.chunks())
+            body: Iterator[bytes] = iter(zstd)
+        elif params.compression == agent_pb2.GZIP_COMPRESSION:
+            body = gzip_stream(source.chunks())
+        else:
+            body = source.chunks()
+
+        def on_chunk(chunk: bytes) -> None:
+            sent.update(chunk)
+            counter["sent"] += len(chunk)
+
+        def report() -> None:
+            elapsed = max(1e-6, time.monotonic() - begun)
+            speed = source.read_bytes / elapsed
+            ctx.progress(
+                done=source.read_bytes,
+                total=size,
+                rate=speed,
+                eta_seconds=(size - source.read_bytes) / speed if speed else -1.0,
+                message=f"{source.read_bytes} of {size} bytes read, {counter['sent']} sent",
+                subject=str(params.source),
+            )
+
+        begun = time.monotonic()
+        try:
+            transfer.upload(
+                ctx,
+                params.url,
+                transfer.throttled(ctx, body, rate, on_chunk=on_chunk, report=report),
+                headers=dict(params.headers),
+                ca_pem=params.ca_pem,
+            )
+        finally:
+            if zstd is not None:
+                zstd.close()
+        if source.read_bytes < size:
+            raise SourceFailed(f"source ended after {source.read_bytes} of {size} bytes")
+        return agent_pb2.InstanceSnapshotResult(
+            source_bytes=source.read_bytes,
+            uploaded_bytes=counter["sent"],
+            source_digest=common_pb2.Digest(algorithm="sha256", hex=source.sha256.hexdigest()),
+            uploaded_digest=common_pb2.Digest(algorithm="sha256", hex=sent.hexdigest()),
+            compression=params.compression,  # type: ignore[arg-type]
+        )
