@@ -532,26 +532,8 @@ class Gateway:
         timeout_seconds: int = 0,
         expires_in: float = 600.0,
     ) -> session_pb2.CommandBody:
-        """The CommandBody for ``kind`` with ``payload`` (a message, a dict, JSON text or bytes)."""
-        if kind not in catalog.KINDS:
-            raise InvalidParameters(f"unknown kind {kind!r}; see `agent kinds`")
-        if isinstance(payload, bytes):
-            raw = payload
-        elif isinstance(payload, Message):
-            raw = payload.SerializeToString()
-        else:
-            raw = schema.payload_from_json(kind, dict(payload) if isinstance(payload, Mapping) else payload)
-            raw = raw.SerializeToString()
-        now_ms = int(time.time() * 1000)
-        return session_pb2.CommandBody(
-            command_id=command_id or f"{kind}-{secrets.token_hex(6)}",
-            kind=kind,
-            node_id=node_id,
-            payload=raw,
-            issued_at_unix_ms=now_ms,
-            expires_at_unix_ms=now_ms + int(expires_in * 1000) if expires_in else 0,
-            timeout_seconds=timeout_seconds,
-        )
+        return build_command(node_id, kind, payload, command_id=command_id,
+                             timeout_seconds=timeout_seconds, expires_in=expires_in)
 
     def sign(self, body: session_pb2.CommandBody) -> session_pb2.SignedCommand:
         if self.signing_key is None:
@@ -736,6 +718,37 @@ class Gateway:
                 fn(ev, rec)
             except Exception:
                 log.exception("gateway listener failed")
+
+
+def build_command(
+    node_id: str,
+    kind: str,
+    payload: Message | Mapping[str, Any] | str | bytes,
+    *,
+    command_id: str | None = None,
+    timeout_seconds: int = 0,
+    expires_in: float = 600.0,
+) -> session_pb2.CommandBody:
+    """The CommandBody for ``kind`` with ``payload`` (a message, a dict, JSON text or bytes)."""
+    if kind not in catalog.KINDS:
+        raise InvalidParameters(f"unknown kind {kind!r}; see `agent kinds`")
+    if isinstance(payload, bytes):
+        raw = payload
+    elif isinstance(payload, Message):
+        raw = payload.SerializeToString()
+    else:
+        raw = schema.payload_from_json(kind, dict(payload) if isinstance(payload, Mapping) else payload)
+        raw = raw.SerializeToString()
+    now_ms = int(time.time() * 1000)
+    return session_pb2.CommandBody(
+        command_id=command_id or f"{kind}-{secrets.token_hex(6)}",
+        kind=kind,
+        node_id=node_id,
+        payload=raw,
+        issued_at_unix_ms=now_ms,
+        expires_at_unix_ms=now_ms + int(expires_in * 1000) if expires_in else 0,
+        timeout_seconds=timeout_seconds,
+    )
 
 
 def _decode_result(body: session_pb2.ResultBody) -> Message | None:

@@ -1,0 +1,262 @@
+"""``python -m agent.gateway`` / ``agent gateway``: the reference gateway from a shell.
+
+    keys  --out DIR [--host H]... [--node N]...   dev CA, gateway cert, client certs, signing key
+    send  --pki DIR --node N --kind K --payload JSON     wait for the node, send one command,
+                                                  show its progress, print the result as JSON
+    serve --pki DIR [--listen HOST:PORT]          a gateway with a line console on stdin:
+                                                  nodes | send NODE KIND JSON | cancel ID |
+                                                  drain NODE | wait ID | events | quit
+    sign  --signing-key F --node N --kind K --payload JSON --out FILE
+                                                  a signed command file for `agent exec`
+
+Exit codes of ``send``: 0 succeeded, 1 failed, 2 rejected or usage, 124 no node or no
+result within the time given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from google.protobuf import json_format
+
+from agent.errors import AgentError
+from agent.gateway.certs import DevPki, make_dev_pki
+from agent.gateway.server import CommandRecord, CommandRejected, Event, Gateway, build_command
+from agent.progressbar import ProgressBar
+from agent.proto import session_pb2
+from agent.trust import SigningKey
+
+log = logging.getLogger(__name__)
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _gateway_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pki", type=Path, metavar="DIR", help="directory made by `keys` (sets the four below)")
+    p.add_argument("--cert", type=Path, help="server certificate (PEM)")
+    p.add_argument("--key", type=Path, help="its private key")
+    p.add_argument("--client-ca", type=Path, help="CA that signs agents' client certificates")
+    p.add_argument("--signing-key", type=Path, help="control-plane Ed25519 private key (PEM)")
+    p.add_argument("--token", action="append", default=[], metavar="TOKEN[=NODE]",
+                   help="accept this enrollment token (for NODE only, when given)")
+    p.add_argument("--listen", default="127.0.0.1:7443", metavar="HOST:PORT")
+    p.add_argument("--heartbeat", type=float, default=5.0, metavar="SECONDS")
+
+
+def _make_gateway(args: argparse.Namespace) -> Gateway:
+    pki = DevPki(args.pki) if args.pki else None
+    cert = args.cert or (pki.gateway_cert if pki else None)
+    key = args.key or (pki.gateway_key if pki else None)
+    if cert is None or key is None:
+        raise SystemExit("gateway: give --pki DIR or --cert and --key")
+    client_ca = args.client_ca or (pki.ca if pki else None)
+    signing = args.signing_key or (pki.signing_key if pki and pki.signing_key.exists() else None)
+    tokens = dict(t.partition("=")[::2] for t in args.token)
+    host, port = _listen(args.listen)
+    return Gateway(cert=cert, key=key, client_ca=client_ca, signing_key=signing, tokens=tokens,
+                   host=host, port=port, heartbeat_seconds=args.heartbeat)
+
+
+def _record_json(rec: CommandRecord, gw: Gateway) -> dict[str, object]:
+    out: dict[str, object] = {"command_id": rec.command_id, "node_id": rec.node_id, "kind": rec.kind,
+                              "state": str(rec.state)}
+    if rec.reject_reason:
+        out.update(reason=rec.reject_reason, message=rec.reject_message)
+    if rec.state.final and rec.state != "rejected":
+        body, msg = gw.wait_result(rec.command_id, 0.1)
+        out["status"] = session_pb2.Status.Name(body.status)
+        if body.reason:
+            out.update(reason=body.reason, message=body.message)
+        if body.details:
+            out["details"] = dict(body.details)
+        if msg is not None:
+            out["result"] = json_format.MessageToDict(msg, preserving_proto_field_name=True)
+    return out
+
+
+# -- keys ------------------------------------------------------------------------------------
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    hosts = tuple(args.host) or ("localhost", "127.0.0.1", "::1")
+    pki = make_dev_pki(args.out, hosts=hosts, nodes=tuple(args.node))
+    for path in sorted(pki.dir.iterdir()):
+        print(path)
+    return 0
+
+
+# -- sign ------------------------------------------------------------------------------------
+
+
+def cmd_sign(args: argparse.Namespace) -> int:
+    key = SigningKey.load(args.signing_key)
+    body = build_command(args.node, args.kind, args.payload, command_id=args.command_id,
+                         expires_in=args.expires_in)
+    signed = key.sign_command(body)
+    args.out.write_text(json_format.MessageToJson(signed) + "\n")
+    print(f"{args.out}: {args.kind} {body.command_id} for {args.node}, signed by {key.key_id}")
+    return 0
+
+
+# -- send ------------------------------------------------------------------------------------
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    gw = _make_gateway(args)
+    bar = ProgressBar(sys.stderr, label=args.kind)
+
+    def show(ev: Event, rec: CommandRecord | None) -> None:
+        if ev.what == "progress" and rec is not None and rec.progress is not None:
+            bar.update(rec.progress)
+        elif ev.what == "log" and not bar.tty:
+            print(f"  log {ev.detail}", file=sys.stderr)
+
+    gw.listeners.append(show)
+    with gw:
+        print(f"gateway listening on {gw.address}; waiting for {args.node}", file=sys.stderr)
+        try:
+            gw.wait_node(args.node, args.wait_node)
+            cid = gw.send(args.node, args.kind, args.payload, timeout_seconds=args.timeout or 0,
+                          command_id=args.command_id)
+            rec = gw.wait(cid, args.wait_result)
+        except TimeoutError as exc:
+            bar.finish()
+            print(f"gateway: {exc}", file=sys.stderr)
+            return 124
+        except AgentError as exc:
+            print(f"gateway: {exc}", file=sys.stderr)
+            return 2
+        bar.finish()
+        print(json.dumps(_record_json(rec, gw), indent=2))
+        if rec.state == "rejected":
+            return 2
+        return 0 if rec.succeeded else 1
+
+
+# -- serve -----------------------------------------------------------------------------------
+
+HELP = "commands: nodes | send NODE KIND JSON [TIMEOUT] | cancel ID | drain NODE | wait ID | events | quit"
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    gw = _make_gateway(args)
+
+    def show(ev: Event, rec: CommandRecord | None) -> None:
+        if ev.what in ("progress", "log"):
+            if ev.what == "log" or (rec is not None and rec.progress is not None):
+                print(f"  [{ev.command_id}] {ev.what} {ev.detail}", flush=True)
+            return
+        print(f"* {ev}", flush=True)
+
+    gw.listeners.append(show)
+    with gw:
+        print(f"gateway listening on {gw.address}. {HELP}", flush=True)
+        for line in sys.stdin:
+            try:
+                words = shlex.split(line)
+            except ValueError as exc:
+                print(f"? {exc}")
+                continue
+            if not words:
+                continue
+            try:
+                if not _console(gw, words):
+                    break
+            except (AgentError, KeyError, TimeoutError, ValueError) as exc:
+                print(f"? {type(exc).__name__}: {exc}", flush=True)
+    return 0
+
+
+def _console(gw: Gateway, words: list[str]) -> bool:
+    cmd, rest = words[0], words[1:]
+    if cmd == "quit":
+        return False
+    if cmd == "nodes":
+        for n in gw.node_list():
+            h = n.hello
+            state = "connected" if n.connected else "gone"
+            print(f"{n.node_id} {state} {h.role} {h.agent_version} boot={h.boot_id} "
+                  f"key={n.public_key.hex()[:16]} kinds={','.join(h.kinds)}")
+    elif cmd == "send" and len(rest) in (3, 4):
+        timeout = int(rest[3]) if len(rest) == 4 else 0
+        print(gw.send(rest[0], rest[1], rest[2], timeout_seconds=timeout))
+    elif cmd == "cancel" and len(rest) == 1:
+        gw.cancel(rest[0])
+    elif cmd == "drain" and len(rest) == 1:
+        gw.drain(rest[0])
+    elif cmd == "wait" and len(rest) in (1, 2):
+        rec = gw.wait(rest[0], float(rest[1]) if len(rest) == 2 else 3600)
+        print(json.dumps(_record_json(rec, gw), indent=2))
+    elif cmd == "events":
+        for ev in gw.events:
+            print(ev)
+    else:
+        print(HELP)
+    sys.stdout.flush()
+    return True
+
+
+# -- main ------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agent gateway", description="The reference gateway for agents.")
+    parser.add_argument("--debug", action="store_true")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("keys", help="make a dev CA, gateway and client certificates, a signing key")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--host", action="append", default=[], help="gateway host name or IP (repeatable)")
+    p.add_argument("--node", action="append", default=[], help="make a client certificate for NODE")
+    p.set_defaults(func=cmd_keys)
+    p = sub.add_parser("send", help="wait for a node, send one command, print its result")
+    _gateway_options(p)
+    _command_options(p)
+    p.add_argument("--wait-node", type=float, default=300.0, metavar="SECONDS")
+    p.add_argument("--wait-result", type=float, default=6 * 3600.0, metavar="SECONDS")
+    p.add_argument("--timeout", type=int, metavar="SECONDS", help="ask for less than the kind's timeout")
+    p.set_defaults(func=cmd_send)
+    p = sub.add_parser("serve", help="run a gateway with a line console on stdin")
+    _gateway_options(p)
+    p.set_defaults(func=cmd_serve)
+    p = sub.add_parser("sign", help="write a signed command file (for agent exec --signed-command)")
+    p.add_argument("--signing-key", type=Path, required=True)
+    _command_options(p)
+    p.add_argument("--expires-in", type=float, default=3600.0, metavar="SECONDS")
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(func=cmd_sign)
+    return parser
+
+
+def _command_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--node", required=True, help="node id")
+    p.add_argument("--kind", required=True)
+    p.add_argument("--payload", default="{}", metavar="JSON")
+    p.add_argument("--command-id")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args))
+    except CommandRejected as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return 2
+    except AgentError as exc:
+        if args.debug:
+            raise
+        print(f"gateway: {exc.reason}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

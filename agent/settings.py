@@ -1,0 +1,188 @@
+"""Where the agent's settings come from, in this order (the first that sets a value wins):
+
+1. command-line flags (``agent run --gateway ... --node ...``)
+2. a config file (``--config FILE``): one JSON object whose keys are the names below
+3. the kernel command line (``bc.*`` parameters, read from /proc/cmdline or ``--cmdline-file``)
+4. the defaults in agent/config.py
+
+One table (``SETTINGS``) drives the argparse flags, the config-file keys and the kernel
+parameters, so the three cannot drift apart. Kernel parameters that are not in the table
+(``bc.rejoin=...`` and whatever handlers read) are kept in ``Config.extra``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent import catalog
+from agent.config import Config
+from agent.errors import InvalidParameters
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str              # Config field (or session option) and config-file key
+    flag: str             # command-line flag
+    param: str            # kernel command line parameter
+    parse: Callable[[str], Any]
+    help: str
+    multiple: bool = False  # a list: repeat the flag, a JSON list, or commas on the kernel line
+    session: bool = False   # a session option, not a Config field
+
+
+def _role(text: str) -> catalog.Role:
+    try:
+        role = catalog.Role(text)
+    except ValueError:
+        role = None
+    if role not in catalog.AGENT_ROLES:
+        raise InvalidParameters(f"role {text!r}: this agent runs as 'ramdisk' or 'node'")
+    assert role is not None
+    return role
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"{text} is not a positive number")
+    return value
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("gateway", "--gateway", "bc.gateway", str, "gateway address, host:port"),
+    Setting("node_id", "--node", "bc.node", str, "this node's id (default: the host name)"),
+    Setting("role", "--role", "bc.role", _role, "ramdisk or node (default: ramdisk)"),
+    Setting("ca_bundle", "--ca", "bc.ca", Path, "CA bundle (PEM) that signs the gateway's certificate"),
+    Setting("client_cert", "--cert", "bc.cert", Path, "client certificate (PEM) for mutual TLS"),
+    Setting("client_key", "--key", "bc.key", Path, "its private key (PEM)"),
+    Setting("enrollment_token", "--token", "bc.token", str, "per-boot enrollment token (no client cert)"),
+    Setting("state_dir", "--state-dir", "bc.state", Path, "journal and node key (tmpfs in the ramdisk)"),
+    Setting("cache_dir", "--cache-dir", "bc.cache", Path, "download cache"),
+    Setting("trusted_keys", "--trusted-key", "bc.trust", Path,
+            "control-plane Ed25519 public key file or directory (repeatable)", multiple=True),
+    Setting("log_file", "--log-file", "bc.log", Path, "also log to this file"),
+    Setting("heartbeat_seconds", "--heartbeat", "bc.heartbeat", _positive,
+            "heartbeat interval when the gateway does not set one"),
+    Setting("reconnect_min_seconds", "--reconnect-min", "bc.reconnect_min", _positive,
+            "base of the reconnect backoff (seconds)", session=True),
+    Setting("reconnect_max_seconds", "--reconnect-max", "bc.reconnect_max", _positive,
+            "cap of the reconnect backoff (seconds)", session=True),
+)
+BY_KEY = {s.key: s for s in SETTINGS}
+BY_PARAM = {s.param: s for s in SETTINGS}
+
+PRECEDENCE = "flags, then the --config JSON file, then kernel bc.* parameters, then defaults"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of every setting, plus --config and --cmdline-file."""
+    g = p.add_argument_group("settings", f"Precedence: {PRECEDENCE}.")
+    g.add_argument("--config", type=Path, metavar="FILE",
+                   help="JSON object of settings, keys: " + ", ".join(s.key for s in SETTINGS))
+    g.add_argument("--cmdline-file", type=Path, default=Path("/proc/cmdline"), metavar="FILE",
+                   help="kernel command line to read bc.* parameters from (default: /proc/cmdline)")
+    for s in SETTINGS:
+        g.add_argument(s.flag, dest=f"setting_{s.key}", action="append" if s.multiple else "store",
+                       metavar=s.key.upper(), help=f"{s.help} [{s.param}=]")
+
+
+def parse_cmdline(text: str) -> dict[str, str]:
+    """bc.* parameters of a kernel command line ("bc.node=n1 quiet bc.token=x" -> dict)."""
+    out: dict[str, str] = {}
+    try:
+        words = shlex.split(text)
+    except ValueError:
+        words = text.split()
+    for word in words:
+        name, sep, value = word.partition("=")
+        if name.startswith("bc.") and sep:
+            out[name] = value
+    return out
+
+
+def _convert(s: Setting, value: Any, source: str) -> Any:
+    try:
+        if s.multiple:
+            items = value if isinstance(value, list) else [v for v in str(value).split(",") if v]
+            return tuple(s.parse(str(v)) for v in items)
+        if isinstance(value, (dict, list)):
+            raise ValueError("expected a single value")
+        return s.parse(str(value))
+    except InvalidParameters as exc:
+        raise InvalidParameters(f"{source}: {exc}") from exc
+    except (ValueError, TypeError) as exc:
+        raise InvalidParameters(f"{source}: {s.key}: {exc}") from exc
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise InvalidParameters(f"config file {path}: {exc.strerror}") from exc
+    except ValueError as exc:
+        raise InvalidParameters(f"config file {path}: not JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise InvalidParameters(f"config file {path}: expected a JSON object")
+    unknown = sorted(set(data) - set(BY_KEY))
+    if unknown:
+        raise InvalidParameters(f"config file {path}: unknown keys {unknown}; known: {sorted(BY_KEY)}")
+    return data
+
+
+@dataclass(frozen=True)
+class Loaded:
+    config: Config
+    session: dict[str, float]     # SessionOptions keyword arguments
+    cmdline: str                  # the kernel command line text (core reads bc.rejoin from it)
+    sources: dict[str, str]       # key -> where its value came from ("flag", "file", "cmdline")
+
+
+def load(
+    flags: Mapping[str, Any],
+    config_file: Path | None = None,
+    cmdline_text: str = "",
+) -> Loaded:
+    """Merge the sources in precedence order into a Config (and the session options)."""
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    params = parse_cmdline(cmdline_text)
+    extra = {k[3:]: v for k, v in params.items() if k not in BY_PARAM}
+    layers: list[tuple[str, Mapping[str, Any]]] = [
+        ("cmdline", {BY_PARAM[k].key: v for k, v in params.items() if k in BY_PARAM}),
+    ]
+    if config_file is not None:
+        layers.append((f"file {config_file}", read_config_file(config_file)))
+    layers.append(("flag", {k: v for k, v in flags.items() if v is not None}))
+    for source, layer in layers:  # lowest precedence first; later layers override
+        for key, raw in layer.items():
+            values[key] = _convert(BY_KEY[key], raw, source)
+            sources[key] = source
+    session = {k: values.pop(k) for k in list(values) if BY_KEY[k].session}
+    if not values.get("node_id"):
+        values["node_id"] = socket.gethostname()
+        sources["node_id"] = "default (host name)"
+    if "state_dir" in values and "cache_dir" not in values:
+        values["cache_dir"] = values["state_dir"] / "cache"
+    config = Config(**values, extra=extra)
+    if (config.client_cert is None) != (config.client_key is None):
+        raise InvalidParameters("a client certificate needs its key and the other way round (--cert, --key)")
+    return Loaded(config=config, session=session, cmdline=cmdline_text, sources=sources)
+
+
+def load_from_args(args: argparse.Namespace) -> Loaded:
+    flags = {s.key: getattr(args, f"setting_{s.key}", None) for s in SETTINGS}
+    cmdline = ""
+    path: Path | None = getattr(args, "cmdline_file", None)
+    if path is not None:
+        try:
+            cmdline = path.read_text()
+        except OSError:
+            cmdline = ""
+    return load(flags, getattr(args, "config", None), cmdline)
