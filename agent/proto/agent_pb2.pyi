@@ -333,7 +333,7 @@ class GpuProcess(_message.Message):
     def __init__(self, pid: _Optional[int] = ..., used_memory_bytes: _Optional[int] = ..., name: _Optional[str] = ...) -> None: ...
 
 class GpuHealth(_message.Message):
-    __slots__ = ("index", "uuid", "serial", "name", "pci_bus_id", "vbios_version", "memory_total_bytes", "memory_used_bytes", "temperature_c", "temperature_slowdown_c", "temperature_shutdown_c", "power_draw_mw", "power_limit_mw", "clock_sm_mhz", "clock_mem_mhz", "clock_event_reasons", "pcie_generation", "pcie_generation_max", "pcie_width", "pcie_width_max", "ecc_enabled", "ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate", "ecc_uncorrected_aggregate", "retired_pages_single_bit", "retired_pages_double_bit", "retired_pages_pending", "remapped_rows_correctable", "remapped_rows_uncorrectable", "remapped_rows_pending", "remapped_rows_failure", "nvlinks", "persistence_mode", "processes", "verdict", "findings", "lost")
+    __slots__ = ("index", "uuid", "serial", "name", "pci_bus_id", "vbios_version", "memory_total_bytes", "memory_used_bytes", "temperature_c", "temperature_slowdown_c", "temperature_shutdown_c", "power_draw_mw", "power_limit_mw", "clock_sm_mhz", "clock_mem_mhz", "clock_event_reasons", "pcie_generation", "pcie_generation_max", "pcie_width", "pcie_width_max", "ecc_enabled", "ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate", "ecc_uncorrected_aggregate", "retired_pages_single_bit", "retired_pages_double_bit", "retired_pages_pending", "remapped_rows_correctable", "remapped_rows_uncorrectable", "remapped_rows_pending", "remapped_rows_failure", "nvlinks", "persistence_mode", "processes", "verdict", "findings", "lost", "unavailable")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     SERIAL_FIELD_NUMBER: _ClassVar[int]
@@ -372,6 +372,7 @@ class GpuHealth(_message.Message):
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     FINDINGS_FIELD_NUMBER: _ClassVar[int]
     LOST_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     serial: str
@@ -410,7 +411,8 @@ class GpuHealth(_message.Message):
     verdict: _common_pb2.Verdict
     findings: _containers.RepeatedCompositeFieldContainer[_common_pb2.Finding]
     lost: bool
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., serial: _Optional[str] = ..., name: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., vbios_version: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., temperature_c: _Optional[int] = ..., temperature_slowdown_c: _Optional[int] = ..., temperature_shutdown_c: _Optional[int] = ..., power_draw_mw: _Optional[int] = ..., power_limit_mw: _Optional[int] = ..., clock_sm_mhz: _Optional[int] = ..., clock_mem_mhz: _Optional[int] = ..., clock_event_reasons: _Optional[_Iterable[_Union[ClockEventReason, _Mapping]]] = ..., pcie_generation: _Optional[int] = ..., pcie_generation_max: _Optional[int] = ..., pcie_width: _Optional[int] = ..., pcie_width_max: _Optional[int] = ..., ecc_enabled: _Optional[bool] = ..., ecc_corrected_volatile: _Optional[int] = ..., ecc_uncorrected_volatile: _Optional[int] = ..., ecc_corrected_aggregate: _Optional[int] = ..., ecc_uncorrected_aggregate: _Optional[int] = ..., retired_pages_single_bit: _Optional[int] = ..., retired_pages_double_bit: _Optional[int] = ..., retired_pages_pending: _Optional[bool] = ..., remapped_rows_correctable: _Optional[int] = ..., remapped_rows_uncorrectable: _Optional[int] = ..., remapped_rows_pending: _Optional[bool] = ..., remapped_rows_failure: _Optional[bool] = ..., nvlinks: _Optional[_Iterable[_Union[NvLink, _Mapping]]] = ..., persistence_mode: _Optional[bool] = ..., processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ..., verdict: _Optional[_Union[_common_pb2.Verdict, str]] = ..., findings: _Optional[_Iterable[_Union[_common_pb2.Finding, _Mapping]]] = ..., lost: _Optional[bool] = ...) -> None: ...
+    unavailable: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., serial: _Optional[str] = ..., name: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., vbios_version: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., temperature_c: _Optional[int] = ..., temperature_slowdown_c: _Optional[int] = ..., temperature_shutdown_c: _Optional[int] = ..., power_draw_mw: _Optional[int] = ..., power_limit_mw: _Optional[int] = ..., clock_sm_mhz: _Optional[int] = ..., clock_mem_mhz: _Optional[int] = ..., clock_event_reasons: _Optional[_Iterable[_Union[ClockEventReason, _Mapping]]] = ..., pcie_generation: _Optional[int] = ..., pcie_generation_max: _Optional[int] = ..., pcie_width: _Optional[int] = ..., pcie_width_max: _Optional[int] = ..., ecc_enabled: _Optional[bool] = ..., ecc_corrected_volatile: _Optional[int] = ..., ecc_uncorrected_volatile: _Optional[int] = ..., ecc_corrected_aggregate: _Optional[int] = ..., ecc_uncorrected_aggregate: _Optional[int] = ..., retired_pages_single_bit: _Optional[int] = ..., retired_pages_double_bit: _Optional[int] = ..., retired_pages_pending: _Optional[bool] = ..., remapped_rows_correctable: _Optional[int] = ..., remapped_rows_uncorrectable: _Optional[int] = ..., remapped_rows_pending: _Optional[bool] = ..., remapped_rows_failure: _Optional[bool] = ..., nvlinks: _Optional[_Iterable[_Union[NvLink, _Mapping]]] = ..., persistence_mode: _Optional[bool] = ..., processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ..., verdict: _Optional[_Union[_common_pb2.Verdict, str]] = ..., findings: _Optional[_Iterable[_Union[_common_pb2.Finding, _Mapping]]] = ..., lost: _Optional[bool] = ..., unavailable: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DiagNvmlResult(_message.Message):
     __slots__ = ("driver_present", "driver_version", "cuda_driver_version", "nvml_version", "gpus", "verdict", "findings", "message")
@@ -470,7 +472,7 @@ class DcgmTestResult(_message.Message):
     def __init__(self, name: _Optional[str] = ..., category: _Optional[str] = ..., gpu_index: _Optional[int] = ..., status: _Optional[str] = ..., info: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ..., error_codes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DiagDcgmResult(_message.Message):
-    __slots__ = ("dcgm_version", "level", "tests", "verdict", "findings", "raw_json", "exit_code", "json_format")
+    __slots__ = ("dcgm_version", "level", "tests", "verdict", "findings", "raw_json", "exit_code", "json_format", "gpus", "hostengine_started")
     DCGM_VERSION_FIELD_NUMBER: _ClassVar[int]
     LEVEL_FIELD_NUMBER: _ClassVar[int]
     TESTS_FIELD_NUMBER: _ClassVar[int]
@@ -479,6 +481,8 @@ class DiagDcgmResult(_message.Message):
     RAW_JSON_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     JSON_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    HOSTENGINE_STARTED_FIELD_NUMBER: _ClassVar[int]
     dcgm_version: str
     level: int
     tests: _containers.RepeatedCompositeFieldContainer[DcgmTestResult]
@@ -487,7 +491,9 @@ class DiagDcgmResult(_message.Message):
     raw_json: str
     exit_code: int
     json_format: str
-    def __init__(self, dcgm_version: _Optional[str] = ..., level: _Optional[int] = ..., tests: _Optional[_Iterable[_Union[DcgmTestResult, _Mapping]]] = ..., verdict: _Optional[_Union[_common_pb2.Verdict, str]] = ..., findings: _Optional[_Iterable[_Union[_common_pb2.Finding, _Mapping]]] = ..., raw_json: _Optional[str] = ..., exit_code: _Optional[int] = ..., json_format: _Optional[str] = ...) -> None: ...
+    gpus: _containers.RepeatedScalarFieldContainer[int]
+    hostengine_started: bool
+    def __init__(self, dcgm_version: _Optional[str] = ..., level: _Optional[int] = ..., tests: _Optional[_Iterable[_Union[DcgmTestResult, _Mapping]]] = ..., verdict: _Optional[_Union[_common_pb2.Verdict, str]] = ..., findings: _Optional[_Iterable[_Union[_common_pb2.Finding, _Mapping]]] = ..., raw_json: _Optional[str] = ..., exit_code: _Optional[int] = ..., json_format: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ..., hostengine_started: _Optional[bool] = ...) -> None: ...
 
 class GpuResetRequest(_message.Message):
     __slots__ = ("gpu", "stop_processes", "thresholds")
@@ -500,14 +506,20 @@ class GpuResetRequest(_message.Message):
     def __init__(self, gpu: _Optional[str] = ..., stop_processes: _Optional[bool] = ..., thresholds: _Optional[_Union[GpuThresholds, _Mapping]] = ...) -> None: ...
 
 class GpuResetResult(_message.Message):
-    __slots__ = ("method", "stopped_processes", "health")
+    __slots__ = ("method", "stopped_processes", "health", "index", "uuid", "output")
     METHOD_FIELD_NUMBER: _ClassVar[int]
     STOPPED_PROCESSES_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
     method: str
     stopped_processes: _containers.RepeatedCompositeFieldContainer[GpuProcess]
     health: GpuHealth
-    def __init__(self, method: _Optional[str] = ..., stopped_processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ..., health: _Optional[_Union[GpuHealth, _Mapping]] = ...) -> None: ...
+    index: int
+    uuid: str
+    output: str
+    def __init__(self, method: _Optional[str] = ..., stopped_processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ..., health: _Optional[_Union[GpuHealth, _Mapping]] = ..., index: _Optional[int] = ..., uuid: _Optional[str] = ..., output: _Optional[str] = ...) -> None: ...
 
 class DriverArgument(_message.Message):
     __slots__ = ("string_value", "int_value", "bool_value")
