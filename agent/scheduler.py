@@ -1,0 +1,310 @@
+"""Lanes: control, provision and bulk, each with its own queue and its own worker threads.
+
+No lane waits behind another: a six-hour wipe on ``provision`` holds a provision worker, never a
+control one. Each job runs under a deadline (the kind's timeout from the catalog, or less if
+the command asked for less); a watchdog thread enforces it. At the deadline, or when the job is
+cancelled, the watchdog sets the context's cancel event, kills the whole process group of every
+child the handler started, and reports the job finished (TIMED_OUT / CANCELLED) without waiting
+for the handler thread: a handler that does not return is abandoned, and its lane gets a fresh
+worker in its place. Whatever the abandoned thread returns later is dropped.
+
+The scheduler knows nothing of journals or results: it calls ``Job.on_start`` before the body
+and ``Job.on_done`` exactly once with either the body's return value or the error.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import itertools
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.catalog import Kind, Lane
+from agent.commands.base import Context
+from agent.errors import AgentError, Cancelled, CommandTimeout, Reason
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WORKERS: Mapping[Lane, int] = {Lane.CONTROL: 4, Lane.PROVISION: 4, Lane.BULK: 2}
+
+_current = threading.local()
+
+
+def current_command_id() -> str | None:
+    """The id of the command the calling thread runs, if it is a lane worker running one."""
+    return getattr(_current, "command_id", None)
+
+
+class JobState(enum.StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+
+
+@dataclass(eq=False)
+class Job:
+    """One command on its lane. ``body(ctx)`` does the work; ``on_done`` hears how it ended."""
+
+    id: str
+    kind: Kind
+    ctx: Context
+    timeout: float                                      # seconds, from when it starts
+    body: Callable[[Context], Any]
+    on_done: Callable[[Job, Any, AgentError | None], None]
+    on_start: Callable[[Job], None] | None = None
+    state: JobState = JobState.QUEUED
+    phase: str = ""                                     # what it is doing, for timeout messages
+    queued_at: float = field(default_factory=time.monotonic)
+    started_at: float = 0.0
+    started_ms: int = 0                                 # wall clock, for the result
+    expiring: bool = False
+    expiry: AgentError | None = None                    # why the watchdog or a cancel stopped it
+    returned: threading.Event = field(default_factory=threading.Event)
+    worker: _Worker | None = None
+
+    @property
+    def lane(self) -> Lane:
+        return self.kind.lane
+
+
+class _Worker:
+    def __init__(self, scheduler: Scheduler, lane: Lane, n: int) -> None:
+        self.lane = lane
+        self.abandoned = False
+        self.thread = threading.Thread(
+            target=scheduler._work, args=(self,), name=f"lane-{lane}-{n}", daemon=True
+        )
+
+
+class Scheduler:
+    def __init__(
+        self,
+        workers: Mapping[Lane, int] | None = None,
+        *,
+        watchdog_interval: float = 0.25,
+    ) -> None:
+        self._workers_per_lane = dict(DEFAULT_WORKERS if workers is None else workers)
+        for lane in Lane:
+            if self._workers_per_lane.get(lane, 0) < 1:
+                raise ValueError(f"lane {lane} needs at least one worker")
+        self._interval = watchdog_interval
+        self._cond = threading.Condition()
+        self._queues: dict[Lane, collections.deque[Job]] = {lane: collections.deque() for lane in Lane}
+        self._jobs: dict[str, Job] = {}      # every job not yet done, queued or running
+        self._workers: list[_Worker] = []
+        self._names = itertools.count()
+        self._stopping = False
+        self._started = False
+        self._watchdog: threading.Thread | None = None
+        self.abandoned_workers = 0
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        with self._cond:
+            if self._started:
+                return
+            self._started = True
+            for lane, count in self._workers_per_lane.items():
+                for _ in range(count):
+                    self._add_worker(lane)
+            self._watchdog = threading.Thread(target=self._watch, name="lane-watchdog", daemon=True)
+            self._watchdog.start()
+
+    def _add_worker(self, lane: Lane) -> None:
+        worker = _Worker(self, lane, next(self._names))
+        self._workers.append(worker)
+        worker.thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop taking jobs from the queues; wait up to ``timeout`` for the workers to exit.
+
+        Running handlers are not cancelled (the process is going away, or the caller cancelled
+        them first); a worker busy past ``timeout`` is left behind as a daemon thread.
+        """
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            threads = [w.thread for w in self._workers]
+        end = time.monotonic() + timeout
+        for t in threads + ([self._watchdog] if self._watchdog else []):
+            if t is not threading.current_thread():
+                t.join(max(0.0, end - time.monotonic()))
+
+    # -- submitting, cancelling, observing -----------------------------------------------------
+
+    def submit(self, job: Job) -> None:
+        with self._cond:
+            if self._stopping:
+                raise AgentError("the scheduler is stopping", reason=Reason.DRAINING)
+            if job.id in self._jobs:
+                raise AgentError(f"command {job.id} is already on a lane", reason=Reason.REPLAYED)
+            job.state = JobState.QUEUED
+            self._jobs[job.id] = job
+            self._queues[job.lane].append(job)
+            self._cond.notify_all()
+
+    def cancel(self, command_id: str, reason: str = "") -> bool:
+        """Cancel a queued or running job; False when there is no such unfinished job."""
+        with self._cond:
+            job = self._jobs.get(command_id)
+            if job is None or job.expiring:
+                return job is not None
+            queued = job.state is JobState.QUEUED
+            if queued:
+                self._queues[job.lane].remove(job)
+        error = Cancelled(f"{job.kind.name}: cancelled" + (f" ({reason})" if reason else ""))
+        if queued:
+            job.ctx.cancel_event.set()
+            self._finish(job, None, error)
+        else:
+            self._expire(job, error)
+        return True
+
+    def get(self, command_id: str) -> Job | None:
+        with self._cond:
+            return self._jobs.get(command_id)
+
+    def busy(self, *, except_id: str | None = None) -> list[str]:
+        """Ids of the jobs that are queued or running, except ``except_id``."""
+        with self._cond:
+            return [cid for cid in self._jobs if cid != except_id]
+
+    def wait_idle(
+        self, *, except_id: str | None, deadline: float, cancel: threading.Event | None = None
+    ) -> list[str]:
+        """Wait until no job other than ``except_id`` is queued or running, or until
+        ``deadline`` (monotonic) or ``cancel``; return the ids still busy ([] when idle)."""
+        with self._cond:
+            while True:
+                busy = [cid for cid in self._jobs if cid != except_id]
+                left = deadline - time.monotonic()
+                if not busy or left <= 0 or (cancel is not None and cancel.is_set()):
+                    return busy
+                self._cond.wait(min(left, 0.2))
+
+    # -- workers -------------------------------------------------------------------------------
+
+    def _next(self, worker: _Worker) -> Job | None:
+        with self._cond:
+            while True:
+                if self._stopping or worker.abandoned:
+                    return None
+                queue = self._queues[worker.lane]
+                if queue:
+                    job = queue.popleft()
+                    job.state = JobState.RUNNING
+                    job.worker = worker
+                    job.started_at = time.monotonic()
+                    job.started_ms = int(time.time() * 1000)
+                    job.ctx.deadline = job.started_at + job.timeout
+                    self._cond.notify_all()  # the watchdog learns of the new deadline
+                    return job
+                self._cond.wait()
+
+    def _work(self, worker: _Worker) -> None:
+        while True:
+            job = self._next(worker)
+            if job is None:
+                return
+            _current.command_id = job.id
+            value: Any = None
+            error: AgentError | None = None
+            try:
+                if job.on_start is not None:
+                    job.on_start(job)
+                job.ctx.check()
+                value = job.body(job.ctx)
+            except AgentError as exc:
+                error = exc
+            except Exception as exc:
+                log.error("%s %s: handler crashed:\n%s", job.kind.name, job.id, traceback.format_exc())
+                error = AgentError(f"{job.kind.name}: internal error: {exc!r}", reason=Reason.INTERNAL)
+            finally:
+                _current.command_id = None
+                job.returned.set()
+            # Children a handler left behind end with it.
+            job.ctx.kill_children()
+            if job.expiry is not None:
+                value, error = None, job.expiry  # stopped from outside: say why, not how it unwound
+            elif job.ctx.timed_out.is_set() and error is None:
+                error = CommandTimeout(f"{job.kind.name}: deadline reached")
+            self._finish(job, value, error)
+            if worker.abandoned:
+                log.info("%s %s: abandoned worker returned, exiting", job.kind.name, job.id)
+                return
+
+    def _finish(self, job: Job, value: Any, error: AgentError | None) -> bool:
+        with self._cond:
+            if job.state is JobState.DONE:
+                return False
+            job.state = JobState.DONE
+            self._jobs.pop(job.id, None)
+            self._cond.notify_all()
+        try:
+            job.on_done(job, value, error)
+        except Exception:
+            log.exception("%s %s: reporting the outcome failed", job.kind.name, job.id)
+        return True
+
+    # -- deadlines and cancellation --------------------------------------------------------------
+
+    def _watch(self) -> None:
+        with self._cond:
+            while not self._stopping:
+                now = time.monotonic()
+                due: list[Job] = []
+                wait = self._interval
+                for job in self._jobs.values():
+                    if job.state is not JobState.RUNNING or job.expiring:
+                        continue
+                    if job.ctx.deadline <= now:
+                        due.append(job)
+                    else:
+                        wait = min(wait, job.ctx.deadline - now)
+                for job in due:
+                    timeout = job.timeout
+                    what = f" while {job.phase}" if job.phase else ""
+                    error = CommandTimeout(
+                        f"{job.kind.name}: deadline of {timeout:g}s reached{what}",
+                        timeout_seconds=f"{timeout:g}",
+                    )
+                    job.expiring = True
+                    job.expiry = error
+                    job.ctx.timed_out.set()
+                    threading.Thread(
+                        target=self._expire, args=(job, error), name=f"expire-{job.id}", daemon=True
+                    ).start()
+                self._cond.wait(max(wait, 0.01))
+
+    def _expire(self, job: Job, error: AgentError) -> None:
+        """Stop a running job now: cancel, kill its process groups, report, replace the worker."""
+        with self._cond:
+            if job.state is JobState.DONE:
+                return
+            job.expiring = True
+            if job.expiry is None:
+                job.expiry = error
+            error = job.expiry
+        if isinstance(error, CommandTimeout):
+            job.ctx.timed_out.set()
+        job.ctx.cancel_event.set()
+        job.ctx.kill_children()
+        with self._cond:
+            worker = job.worker
+            stuck = not job.returned.is_set() and job.state is not JobState.DONE
+            if stuck and worker is not None and not worker.abandoned and not self._stopping:
+                worker.abandoned = True
+                self.abandoned_workers += 1
+                self._add_worker(job.lane)
+                log.warning(
+                    "%s %s: handler still running after %s; its worker is abandoned and replaced",
+                    job.kind.name, job.id, "timeout" if isinstance(error, CommandTimeout) else "cancel",
+                )
+        self._finish(job, None, error)
