@@ -1,0 +1,731 @@
+"""The agent: admits commands, runs them on their lanes, journals them, and reports results.
+
+``Agent.submit`` checks a command in a fixed order (body, known id, kind, role, trust, timeout,
+payload, draining), writes "accepted" to the journal (fsync'ed) and only then returns Accept
+and puts the command on its lane. Results are journaled before anybody hears of them; the
+ones the gateway has not acknowledged travel again in every Hello. On start the journal is
+replayed: a retry-safe command that had not finished runs again, one that is not retry-safe and
+had started is reported INTERRUPTED (never run twice), and a self-terminating command waiting
+for its rejoin is completed by its proof (a new boot id, a new agent version), or by a
+``bc.rejoin=<kind>:<command id>:<old boot id>`` kernel parameter when the journal did not
+survive (kexec into a new ramdisk).
+
+Frames for subscribers (the session): progress (at most about two per second per command, the
+last one always delivered), the command's own log lines (token-bucket bounded, with the count of
+lines dropped), and results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.message import DecodeError, Message
+
+from agent import catalog, scheduler, schema, version
+from agent.commands.base import Context, Handler, ResourceLocks, SelfTermination
+from agent.config import Config
+from agent.errors import AgentError, Cancelled, CommandTimeout, Interrupted, InvalidParameters, Reason
+from agent.journal import Entry, Journal, Known, State
+from agent.proto import session_pb2
+from agent.trust import NodeKey, TrustStore, decode_command_body
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+CMDLINE_PATH = Path("/proc/cmdline")
+REJOIN_PARAM = "bc.rejoin"
+MAX_COMMAND_ID = 128
+PROGRESS_INTERVAL = 0.5        # seconds between progress frames of one command
+PROGRESS_MARKER_INTERVAL = 15.0  # seconds between journaled progress markers of one command
+LOG_RATE = 20.0                # log lines per second per command, sustained
+LOG_BURST = 50.0
+
+Frame = session_pb2.Frame
+Sink = Callable[[session_pb2.Frame], None]
+
+_STATE_WIRE = {
+    State.ACCEPTED: session_pb2.QUEUED,
+    State.STARTED: session_pb2.RUNNING,
+    State.FINISHED: session_pb2.FINISHED,
+    State.COMPLETED: session_pb2.FINISHED,
+    State.AWAITING_REJOIN: session_pb2.AWAITING_REJOIN,
+    State.ACKED: session_pb2.ACKNOWLEDGED,
+}
+
+
+def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError as exc:
+        log.warning("cannot read the boot id from %s (%s)", path, exc)
+        return ""
+
+
+def read_cmdline(path: Path = CMDLINE_PATH) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def rejoin_markers(cmdline: str) -> list[tuple[str, str, str]]:
+    """(kind, command id, old boot id) of every well-formed bc.rejoin= parameter."""
+    found = []
+    for token in cmdline.split():
+        name, sep, value = token.partition("=")
+        if name != REJOIN_PARAM or not sep:
+            continue
+        parts = value.split(":")
+        if len(parts) != 3 or not all(parts):
+            log.warning("ignoring malformed kernel parameter %r", token)
+            continue
+        found.append((parts[0], parts[1], parts[2]))
+    return found
+
+
+def body_digest(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()
+
+
+def _status_of(error: AgentError | None) -> int:
+    if error is None:
+        return session_pb2.SUCCEEDED
+    if isinstance(error, CommandTimeout):
+        return session_pb2.TIMED_OUT
+    if isinstance(error, Cancelled):
+        return session_pb2.CANCELLED
+    if isinstance(error, Interrupted):
+        return session_pb2.INTERRUPTED
+    return session_pb2.FAILED
+
+
+class _Rejoining:
+    """What the body of a self-terminating command returns once its action has been called."""
+
+
+_REJOINING = _Rejoining()
+
+
+class _Stream:
+    """Progress and log frames of one command, rate bounded."""
+
+    def __init__(self, agent: Agent, command_id: str) -> None:
+        self.agent = agent
+        self.command_id = command_id
+        self._lock = threading.Lock()
+        self._last_sent = 0.0
+        self._pending: session_pb2.Progress | None = None
+        self._timer: threading.Timer | None = None
+        self._last_marker = 0.0
+        self._tokens = LOG_BURST
+        self._refilled = time.monotonic()
+        self._dropped = 0
+        self._closed = False
+
+    def progress(self, p: session_pb2.Progress) -> None:
+        now = time.monotonic()
+        send: session_pb2.Progress | None = None
+        with self._lock:
+            if self._closed:
+                return
+            if self._timer is None and now - self._last_sent >= PROGRESS_INTERVAL:
+                send, self._last_sent = p, now
+            else:
+                self._pending = p
+                if self._timer is None:
+                    self._timer = threading.Timer(
+                        max(0.0, self._last_sent + PROGRESS_INTERVAL - now), self._on_timer
+                    )
+                    self._timer.daemon = True
+                    self._timer.start()
+            marker = now - self._last_marker >= PROGRESS_MARKER_INTERVAL
+            if marker:
+                self._last_marker = now
+        if send is not None:
+            self.agent._emit(Frame(progress=send))
+        if marker:
+            self.agent._journal_progress(self.command_id, p)
+
+    def _on_timer(self) -> None:
+        with self._lock:
+            p, self._pending, self._timer = self._pending, None, None
+            if p is None or self._closed:
+                return
+            self._last_sent = time.monotonic()
+        self.agent._emit(Frame(progress=p))
+
+    def log(self, level: str, message: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if self._closed:
+                return
+            self._tokens = min(LOG_BURST, self._tokens + (now - self._refilled) * LOG_RATE)
+            self._refilled = now
+            if self._tokens < 1.0:
+                self._dropped += 1
+                return
+            self._tokens -= 1.0
+            dropped, self._dropped = self._dropped, 0
+        self.agent._emit(Frame(log=session_pb2.LogLine(
+            command_id=self.command_id, level=level, message=message[:4096],
+            time_unix_ms=int(time.time() * 1000), dropped_before=dropped,
+        )))
+
+    def close(self) -> None:
+        """Deliver the last progress (if one is held back) and stop; called before the result."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            timer, p, self._pending, self._timer = self._timer, self._pending, None, None
+        if timer is not None:
+            timer.cancel()
+        if p is not None:
+            self.agent._emit(Frame(progress=p))
+
+
+class _CommandLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """ctx.log: goes to the agent's log as usual, and to the gateway as the command's log lines."""
+
+    def __init__(self, logger: logging.Logger, command_id: str, stream: _Stream) -> None:
+        super().__init__(logger, {"command_id": command_id, "bc_streamed": True})
+        self.stream = stream
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        kwargs["extra"] = {**self.extra, **kwargs.get("extra", {})}  # type: ignore[dict-item]
+        return msg, kwargs
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        if level >= logging.INFO:
+            try:
+                text = str(msg) % args if args else str(msg)
+            except (TypeError, ValueError):
+                text = f"{msg} {args}"
+            self.stream.log(logging.getLevelName(level).lower(), text)
+        super().log(level, msg, *args, **kwargs)
+
+
+class _ThreadLogForwarder(logging.Handler):
+    """Log records of other modules (proc, hw) emitted while a lane worker runs a command."""
+
+    def __init__(self, agent: Agent) -> None:
+        super().__init__(logging.INFO)
+        self.agent = agent
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "bc_streamed", False):
+            return
+        cid = scheduler.current_command_id()
+        if cid is None:
+            return
+        stream = self.agent._streams.get(cid)
+        if stream is not None:
+            with contextlib.suppress(Exception):  # logging must never fail the caller
+                stream.log(record.levelname.lower(), record.getMessage())
+
+
+class Agent:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        handlers: Mapping[str, Handler[Any]] | None = None,
+        boot_id: str | None = None,
+        cmdline: str | None = None,
+        version_string: str | None = None,
+        workers: Mapping[catalog.Lane, int] | None = None,
+        journal_compact_bytes: int | None = None,
+    ) -> None:
+        self.config = config
+        self.role = catalog.Role(config.role)
+        self.handlers: dict[str, Handler[Any]] = (
+            {k: cls() for k, cls in Handler.registry.items()} if handlers is None else dict(handlers)
+        )
+        self.boot_id = read_boot_id() if boot_id is None else boot_id
+        self.cmdline = read_cmdline() if cmdline is None else cmdline
+        self.version = version.__version__ if version_string is None else version_string
+        state_dir = Path(config.state_dir)
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.node_key = NodeKey.load_or_create(state_dir / "node.key")
+        self.trust = TrustStore.load(config.trusted_keys)
+        kwargs = {} if journal_compact_bytes is None else {"compact_bytes": journal_compact_bytes}
+        self.journal = Journal(state_dir / "journal", **kwargs)  # type: ignore[arg-type]
+        self.scheduler = scheduler.Scheduler(workers)
+        self.locks = ResourceLocks()
+        self._admit = threading.RLock()
+        self._sinks: list[Sink] = []
+        self._exit_hooks: list[Callable[[], None]] = []
+        self._streams: dict[str, _Stream] = {}
+        self._forwarder = _ThreadLogForwarder(self)
+        self._draining = False
+        self._terminating: str | None = None   # id of the self-terminating command under way
+        self._started = False
+        self._stopped = False
+        self._archive_sha256: str | None = None
+
+    # -- life cycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Open and replay the journal, resolve rejoins, start the lanes, re-run what must run."""
+        with self._admit:
+            if self._started:
+                return
+            self.journal.open()
+            rerun: list[Entry] = []
+            for entry in sorted(self.journal.entries.values(), key=lambda e: e.accepted_ms):
+                if entry.state in (State.ACCEPTED, State.STARTED):
+                    if self._replay_unfinished(entry):
+                        rerun.append(entry)
+                elif entry.state is State.AWAITING_REJOIN:
+                    self._resolve_rejoin(entry)
+            self._cmdline_rejoins()
+            logging.getLogger("agent").addHandler(self._forwarder)
+            self.scheduler.start()
+            self._started = True
+            for entry in rerun:
+                self._requeue(entry)
+        log.info(
+            "agent %s started: node %s, role %s, boot %s, %d command(s) re-run, %d unacked result(s)",
+            self.version, self.config.node_id, self.role, self.boot_id, len(rerun),
+            len(self.unacked_results()),
+        )
+
+    def drain(self, timeout: float | None = None) -> None:
+        """Accept nothing new; return when everything accepted has finished (or at ``timeout``)."""
+        with self._admit:
+            self._draining = True
+        self.wait_idle(timeout)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """True once no command is queued or running (False when ``timeout`` passed first)."""
+        deadline = time.monotonic() + (10 * 365 * 86400 if timeout is None else timeout)
+        return not self.scheduler.wait_idle(except_id=None, deadline=deadline)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the lanes and close the journal. Commands still running are not reported: the
+        next start finds them in the journal (re-run when retry-safe, else INTERRUPTED)."""
+        with self._admit:
+            self._draining = True
+            self._stopped = True
+        self.scheduler.stop(timeout)
+        logging.getLogger("agent").removeHandler(self._forwarder)
+        self.journal.close()
+
+    # -- the session's view --------------------------------------------------------------------
+
+    def served_kinds(self) -> list[str]:
+        return sorted(
+            name for name, kind in catalog.KINDS.items() if kind.serves(self.role) and name in self.handlers
+        )
+
+    def hello(self) -> session_pb2.Hello:
+        with self._admit:
+            entries = sorted(self.journal.entries.values(), key=lambda e: e.accepted_ms)
+            in_flight = [
+                session_pb2.CommandStatus(command_id=e.id, kind=e.kind, state=_STATE_WIRE[e.state])
+                for e in entries
+                if e.state in (State.ACCEPTED, State.STARTED, State.AWAITING_REJOIN)
+            ]
+            completions = [session_pb2.Completion.FromString(e.completion)
+                           for e in entries if e.state is State.COMPLETED]
+            return session_pb2.Hello(
+                protocol_version=PROTOCOL_VERSION,
+                node_id=self.config.node_id,
+                role=str(self.role),
+                agent_version=self.version,
+                boot_id=self.boot_id,
+                kinds=self.served_kinds(),
+                public_key=self.node_key.public_raw,
+                unacked_results=self.unacked_results(),
+                completions=completions,
+                in_flight=in_flight,
+                agent_sha256=self._archive_digest(),
+            )
+
+    def _archive_digest(self) -> str:
+        if self._archive_sha256 is None:
+            self._archive_sha256 = ""
+            if version.ARCHIVE:
+                try:
+                    with open(version.ARCHIVE, "rb") as f:
+                        self._archive_sha256 = hashlib.file_digest(f, "sha256").hexdigest()
+                except OSError as exc:
+                    log.warning("cannot hash the running archive %s: %s", version.ARCHIVE, exc)
+        return self._archive_sha256
+
+    def unacked_results(self) -> list[session_pb2.SignedResult]:
+        with self._admit:
+            entries = sorted(self.journal.entries.values(), key=lambda e: e.accepted_ms)
+            return [session_pb2.SignedResult.FromString(e.result)
+                    for e in entries if e.state is State.FINISHED and e.result]
+
+    def state_of(self, command_id: str) -> int:
+        """The wire CommandState of a command id (COMMAND_STATE_UNSPECIFIED when unknown)."""
+        found = self.journal.lookup(command_id)
+        if found is None:
+            return session_pb2.COMMAND_STATE_UNSPECIFIED
+        return session_pb2.ACKNOWLEDGED if isinstance(found, Known) else _STATE_WIRE[found.state]
+
+    def subscribe(self, sink: Sink) -> None:
+        with self._admit:
+            self._sinks.append(sink)
+
+    def unsubscribe(self, sink: Sink) -> None:
+        with self._admit:
+            if sink in self._sinks:
+                self._sinks.remove(sink)
+
+    def add_exit_hook(self, fn: Callable[[], None]) -> None:
+        with self._admit:
+            self._exit_hooks.append(fn)
+
+    def joined(self) -> None:
+        """The session was welcomed by the gateway: run the handlers' on_joined hooks."""
+        for name, handler in self.handlers.items():
+            hook = getattr(handler, "on_joined", None)
+            if hook is None:
+                continue
+            try:
+                hook(self.config)
+            except Exception:
+                log.exception("%s: on_joined hook failed", name)
+
+    def _emit(self, frame: session_pb2.Frame) -> None:
+        if self._stopped:
+            return
+        for sink in list(self._sinks):
+            try:
+                sink(frame)
+            except Exception:
+                log.exception("a frame subscriber failed")
+
+    # -- admission -----------------------------------------------------------------------------
+
+    def submit(self, cmd: session_pb2.SignedCommand) -> session_pb2.Accept | session_pb2.Reject:
+        try:
+            body = decode_command_body(cmd.body)
+        except InvalidParameters as exc:
+            return _reject("", exc)
+        cid = body.command_id
+        if not cid or len(cid) > MAX_COMMAND_ID or not cid.isprintable() or any(c.isspace() for c in cid):
+            return _reject(cid, InvalidParameters(
+                f"command id must be 1..{MAX_COMMAND_ID} printable characters without spaces"))
+        with self._admit:
+            if not self._started or self._stopped:
+                return _reject(cid, AgentError("the agent is not running", reason=Reason.DRAINING))
+            digest = body_digest(cmd.body)
+            known = self.journal.lookup(cid)
+            if known is not None:
+                return self._known(cid, known, digest)
+            try:
+                kind, params, timeout = self._admission(cmd, body)
+            except AgentError as exc:
+                log.info("refused %s %s: %s (%s)", body.kind, cid, exc, exc.reason)
+                return _reject(cid, exc)
+            try:
+                self.journal.accepted(cid, kind.name, digest, cmd.SerializeToString())
+            except (OSError, RuntimeError, ValueError) as exc:
+                log.error("cannot journal %s: %s", cid, exc)
+                return _reject(cid, AgentError(f"cannot journal the command: {exc}"))
+            self._enqueue(cid, kind, params, timeout)
+        log.info("accepted %s %s on lane %s", kind.name, cid, kind.lane)
+        return session_pb2.Accept(command_id=cid, state=session_pb2.QUEUED)
+
+    def _known(self, cid: str, found: Entry | Known, digest: str) -> session_pb2.Accept | session_pb2.Reject:
+        if found.digest and found.digest != digest:
+            return _reject(cid, AgentError(
+                f"command id {cid} is known with different contents; a command id is never reused",
+                reason=Reason.REPLAYED))
+        if isinstance(found, Known):
+            return session_pb2.Accept(command_id=cid, state=session_pb2.ACKNOWLEDGED)
+        if found.state is State.FINISHED and found.result:
+            self._emit(Frame(result=session_pb2.SignedResult.FromString(found.result)))
+        return session_pb2.Accept(command_id=cid, state=_STATE_WIRE[found.state])
+
+    def _admission(
+        self, cmd: session_pb2.SignedCommand, body: session_pb2.CommandBody
+    ) -> tuple[catalog.Kind, Any, float]:
+        kind = catalog.get(body.kind)
+        if kind is None:
+            raise AgentError(f"unknown kind {body.kind!r}", reason=Reason.UNKNOWN_KIND)
+        if not kind.serves(self.role):
+            if kind.site_only:
+                raise AgentError(f"{kind.name} belongs to the site daemon, not to this agent",
+                                 reason=Reason.NOT_THIS_DAEMON)
+            roles = ", ".join(sorted(str(r) for r in kind.roles))
+            raise AgentError(f"{kind.name} runs in role {roles}, this agent runs as {self.role}",
+                             reason=Reason.WRONG_ROLE)
+        self.trust.verify_command(cmd, node_id=self.config.node_id, now_ms=_now_ms(), kind=kind)
+        if body.timeout_seconds > kind.timeout_seconds:
+            raise InvalidParameters(
+                f"{kind.name}: timeout {body.timeout_seconds}s is over the kind's {kind.timeout_seconds}s")
+        timeout = float(body.timeout_seconds or kind.timeout_seconds)
+        params = self._parse(kind, body.payload)
+        if self._draining or self._terminating is not None:
+            why = "draining" if self._draining else f"{self._terminating} is ending the agent"
+            raise AgentError(f"not accepting commands: {why}", reason=Reason.DRAINING)
+        return kind, params, timeout
+
+    def _parse(self, kind: catalog.Kind, payload: bytes) -> Any:
+        handler = self.handlers.get(kind.name)
+        if handler is None:
+            raise AgentError(f"{kind.name}: no handler in this agent build", reason=Reason.UNSUPPORTED)
+        message = schema.decode_payload(kind.name, payload)
+        try:
+            return handler.parse(message)
+        except AgentError:
+            raise
+        except Exception as exc:
+            raise InvalidParameters(f"{kind.name}: invalid payload: {exc}") from exc
+
+    # -- running -------------------------------------------------------------------------------
+
+    def _enqueue(self, cid: str, kind: catalog.Kind, params: Any, timeout: float) -> None:
+        stream = _Stream(self, cid)
+        self._streams[cid] = stream
+        ctx = Context(
+            command_id=cid,
+            kind=kind,
+            config=self.config,
+            deadline=time.monotonic() + timeout,
+            progress_sink=stream.progress,
+            locks=self.locks,
+            log=_CommandLog(logging.getLogger(f"agent.command.{kind.name}"), cid, stream),
+        )
+        handler = self.handlers[kind.name]
+        job = scheduler.Job(
+            id=cid,
+            kind=kind,
+            ctx=ctx,
+            timeout=timeout,
+            body=lambda c: self._run(job, handler, params),
+            on_done=self._done,
+            on_start=self._on_start,
+        )
+        self.scheduler.submit(job)
+
+    def _on_start(self, job: scheduler.Job) -> None:
+        self.journal.started(job.id, self.boot_id)
+        entry = self.journal.entries.get(job.id)
+        job.ctx.log.debug("started %s %s (attempt %d)", job.kind.name, job.id, entry.attempts if entry else 1)
+
+    def _run(self, job: scheduler.Job, handler: Handler[Any], params: Any) -> Any:
+        value = handler.run(job.ctx, params)
+        if isinstance(value, SelfTermination):
+            return self._self_terminate(job, value)
+        return value
+
+    def _done(self, job: scheduler.Job, value: Any, error: AgentError | None) -> None:
+        stream = self._streams.pop(job.id, None)
+        if value is _REJOINING:
+            if stream is not None:
+                stream.close()
+            return
+        if error is None and not isinstance(value, Message):
+            error = AgentError(f"{job.kind.name}: handler returned {type(value).__name__}, not a result")
+        self._finish(job.id, job.kind, error, value, started_ms=job.started_ms, stream=stream)
+
+    def _finish(
+        self,
+        cid: str,
+        kind: catalog.Kind,
+        error: AgentError | None,
+        value: Message | None = None,
+        *,
+        started_ms: int = 0,
+        stream: _Stream | None = None,
+    ) -> session_pb2.SignedResult:
+        body = session_pb2.ResultBody(
+            command_id=cid,
+            kind=kind.name,
+            node_id=self.config.node_id,
+            boot_id=self.boot_id,
+            status=_status_of(error),  # type: ignore[arg-type]
+            started_at_unix_ms=started_ms,
+            finished_at_unix_ms=_now_ms(),
+            agent_version=self.version,
+        )
+        if error is not None:
+            reason, message, details = error.to_wire()
+            body.reason, body.message = reason, message
+            body.details.update(details)
+        if value is not None:
+            body.payload = value.SerializeToString()
+            body.payload_type = value.DESCRIPTOR.full_name
+        if kind.attested:
+            signed = self.node_key.sign_result(body)
+        else:
+            signed = session_pb2.SignedResult(body=body.SerializeToString(deterministic=True))
+        status = session_pb2.Status.Name(body.status)
+        try:
+            self.journal.result(cid, signed.SerializeToString(), status)
+        except (OSError, RuntimeError, ValueError) as exc:
+            log.error("%s %s: cannot journal the result (%s)", kind.name, cid, exc)
+            if self._stopped:
+                return signed
+        log.info("%s %s finished: %s%s", kind.name, cid, status, f" ({body.reason}: {body.message})"
+                 if body.reason else "")
+        if stream is not None:
+            stream.close()
+        self._emit(Frame(result=signed))
+        return signed
+
+    def cancel(self, command_id: str, reason: str = "") -> None:
+        if not self.scheduler.cancel(command_id, reason):
+            log.info("cancel of %s: not queued or running (%s)", command_id, self.state_of(command_id))
+
+    def ack(self, command_id: str) -> None:
+        with self._admit:
+            entry = self.journal.entries.get(command_id)
+            if entry is None or entry.state not in (State.FINISHED, State.COMPLETED):
+                log.debug("ack of %s ignored: nothing to acknowledge", command_id)
+                return
+            self.journal.acked(command_id)
+
+    def _journal_progress(self, cid: str, p: session_pb2.Progress) -> None:
+        try:
+            self.journal.progress(cid, {"fraction": p.fraction, "message": p.message[:200],
+                                        "done": p.done, "total": p.total})
+        except (OSError, RuntimeError, ValueError) as exc:
+            log.debug("progress marker of %s not journaled: %s", cid, exc)
+
+    # -- self-terminating commands -------------------------------------------------------------
+
+    def _self_terminate(self, job: scheduler.Job, st: SelfTermination) -> _Rejoining:
+        ctx = job.ctx
+        with self._admit:
+            if self._terminating is not None and self._terminating != job.id:
+                raise AgentError(f"{self._terminating} is already ending the agent", reason=Reason.DRAINING)
+            self._terminating = job.id
+        try:
+            job.phase = "waiting for the other lanes to go idle"
+            busy = self.scheduler.wait_idle(except_id=job.id, deadline=ctx.deadline, cancel=ctx.cancel_event)
+            if busy:
+                ctx.check()
+                names = ", ".join(sorted(busy))
+                raise CommandTimeout(
+                    f"{job.kind.name}: other commands still running at the deadline: {names}", busy=names
+                )
+            ctx.check()
+            proof = dict(st.proof)
+            if not proof.get("old_boot_id") and not proof.get("new_version"):
+                proof["old_boot_id"] = self.boot_id
+            job.phase = "ending the agent"
+            self.journal.awaiting_rejoin(job.id, proof)
+            ctx.progress(message=f"{job.kind.name}: ending the agent; completion is reported on rejoin",
+                         fraction=1.0)
+            stream = self._streams.get(job.id)
+            if stream is not None:
+                stream.close()
+            for hook in list(self._exit_hooks):
+                try:
+                    hook()
+                except Exception:
+                    log.exception("exit hook failed")
+            log.warning("%s %s: ending the agent now", job.kind.name, job.id)
+            st.action()
+        except BaseException:
+            with self._admit:
+                if self._terminating == job.id:
+                    self._terminating = None
+            raise
+        # The action returned: in production it does not (the process ends); tests get here.
+        log.warning("%s %s: the self-terminating action returned; awaiting rejoin", job.kind.name, job.id)
+        return _REJOINING
+
+    def _completion_rule(self, kind_name: str, proof: Mapping[str, str]) -> tuple[bool, str, str]:
+        handler = self.handlers.get(kind_name)
+        hook = getattr(handler, "completion", None) if handler is not None else None
+        if hook is not None:
+            try:
+                decided = hook(dict(proof), boot_id=self.boot_id, version=self.version)
+            except Exception as exc:
+                log.exception("%s: completion hook failed", kind_name)
+                return False, str(Reason.INTERNAL), f"completion check failed: {exc}"
+            if decided is not None:
+                ok, reason, message = decided
+                return bool(ok), str(reason), str(message)
+        if proof.get("new_version"):
+            new, old = proof["new_version"], proof.get("old_version", "")
+            if self.version == new:
+                return True, "", f"agent now runs version {new}"
+            return False, str(Reason.INTERRUPTED), (
+                f"agent runs version {self.version} after the upgrade from {old or '?'} to {new}")
+        old_boot = proof.get("old_boot_id", "")
+        if old_boot and self.boot_id and old_boot != self.boot_id:
+            return True, "", f"new boot {self.boot_id} (was {old_boot})"
+        return False, str(Reason.INTERRUPTED), (
+            f"the agent restarted in the same boot ({self.boot_id or 'unknown'}): the "
+            f"{kind_name} did not happen")
+
+    def _resolve_rejoin(self, entry: Entry) -> None:
+        ok, reason, message = self._completion_rule(entry.kind, entry.proof)
+        completion = session_pb2.Completion(
+            command_id=entry.id, kind=entry.kind, ok=ok,
+            old_boot_id=entry.proof.get("old_boot_id", ""), new_boot_id=self.boot_id,
+            old_version=entry.proof.get("old_version", ""), new_version=self.version,
+            reason=reason, message=message,
+        )
+        self.journal.completion(entry.id, completion.SerializeToString(), "SUCCEEDED" if ok else "FAILED")
+        (log.info if ok else log.warning)("%s %s: %s", entry.kind, entry.id, message)
+
+    def _cmdline_rejoins(self) -> None:
+        for kind_name, cid, old_boot in rejoin_markers(self.cmdline):
+            kind = catalog.get(kind_name)
+            if kind is None or not kind.self_terminating:
+                log.warning("ignoring %s=%s:%s: not a self-terminating kind", REJOIN_PARAM, kind_name, cid)
+                continue
+            if self.journal.lookup(cid) is not None:
+                continue  # the journal knows it (resolved above, or already acknowledged)
+            proof = {"old_boot_id": old_boot}
+            self._resolve_rejoin(Entry(cid, kind_name, "", State.AWAITING_REJOIN, proof=proof))
+
+    # -- replay --------------------------------------------------------------------------------
+
+    def _replay_unfinished(self, entry: Entry) -> bool:
+        """True when the command must run (again); otherwise its INTERRUPTED result is journaled."""
+        kind = catalog.get(entry.kind)
+        if kind is None:
+            return False
+        if entry.state is State.ACCEPTED and entry.command:
+            return True  # it never started: running it now is its first run
+        if kind.retry_safe and entry.command:
+            return True
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry.started_ms / 1000)) if entry.started_ms \
+            else "an unknown time"
+        self._finish(entry.id, kind, Interrupted(
+            f"the agent stopped while {kind.name} {entry.id} ran (started {when}, boot "
+            f"{entry.started_boot_id or '?'}); it is not retry-safe and was not run again",
+            started_boot_id=entry.started_boot_id,
+        ), started_ms=entry.started_ms)
+        return False
+
+    def _requeue(self, entry: Entry) -> None:
+        kind = catalog.KINDS[entry.kind]
+        try:
+            cmd = session_pb2.SignedCommand.FromString(entry.command)
+            body = decode_command_body(cmd.body)
+            timeout = float(body.timeout_seconds or kind.timeout_seconds)
+            params = self._parse(kind, body.payload)
+        except (AgentError, DecodeError) as exc:
+            error = exc if isinstance(exc, AgentError) else InvalidParameters(f"journaled command: {exc}")
+            self._finish(entry.id, kind, error, started_ms=entry.started_ms)
+            return
+        log.info("re-running %s %s (state %s at restart)", kind.name, entry.id, entry.state)
+        self._enqueue(entry.id, kind, params, timeout)
+
+
+def _reject(cid: str, error: AgentError) -> session_pb2.Reject:
+    return session_pb2.Reject(command_id=cid, reason=str(error.reason), message=error.message)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
