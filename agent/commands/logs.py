@@ -1,0 +1,492 @@
+"""logs.collect: the agent's logs, the kernel log, the system journal and named files, as one
+compressed tar with a manifest, uploaded by HTTP PUT (with its digest) or returned inline.
+
+What goes in, in this order (the size budget is spent first come, first served):
+
+1. ``agent/``: the agent's log file (``Config.log_file``) and the log and journal files in
+   ``Config.state_dir`` (names ``*.log``, ``*.log.N``, ``journal*``; never key files).
+2. ``kernel/kmsg.txt``: the kernel ring buffer, read from /dev/kmsg without blocking (or
+   ``dmesg`` where /dev/kmsg cannot be read), when ``include_kernel_log``.
+3. ``journal/system.txt``: ``journalctl`` output for the last ``since_seconds``, when
+   ``include_system_journal`` and journalctl is there.
+4. ``files/<path>``: the files the request names, and the files under the directories it
+   names. Each path must resolve (symlinks followed) inside ``Config.logs_allow``; a named
+   path outside it refuses the whole request; a file found under a named directory whose link
+   leads outside is skipped and listed in ``skipped``. Files are opened with O_NOFOLLOW and
+   the opened descriptor is checked again, so a link swapped in meanwhile is not followed.
+
+Every file keeps at most ``max_file_bytes`` (its tail: the newest lines) and the archive at
+most ``max_bytes``. Secrets of the agent's own configuration (enrollment token, key
+material, ``bc.*token=`` on a command line, Authorization headers, secret-looking ``bc.*``
+settings) are replaced before anything enters the archive; the manifest says which entries
+were redacted or truncated. ``manifest.json`` is the archive's last member (the tar is
+written as a stream).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from google.protobuf.message import Message
+
+from agent import http, proc
+from agent.commands import transfer
+from agent.commands.base import Context, Handler
+from agent.config import Config
+from agent.errors import AgentError, InvalidParameters, Reason
+from agent.proto import agent_pb2, common_pb2
+
+MiB = 1024 * 1024
+DEFAULT_MAX_BYTES = 64 * MiB
+DEFAULT_MAX_FILE_BYTES = 8 * MiB
+LIMIT_MAX_BYTES = 1024 * MiB
+MIN_MAX_BYTES = 1 * MiB
+INLINE_MAX_BYTES = 4 * MiB
+DEFAULT_SINCE_SECONDS = 24 * 3600
+MAX_FILES = 5000
+TAR_OVERHEAD = 1536                         # header blocks and padding per member, roughly
+AGENT_FILE = re.compile(r"(.*\.log(\.\d+)?|journal.*)")
+SECRET_FILE = re.compile(r".*\.(key|p12|pfx)$|^node\.key$")
+
+
+@dataclass(frozen=True)
+class LogsParams:
+    paths: tuple[str, ...]
+    url: str
+    max_bytes: int
+    max_file_bytes: int
+    kernel: bool
+    journal: bool
+    since_seconds: int
+    headers: tuple[tuple[str, str], ...]
+    ca_pem: str
+
+
+# ------------------------------------------------------------------------ redaction
+
+
+class Redactor:
+    """Replaces the secrets of the agent's own configuration in a byte string."""
+
+    MARK = b"[REDACTED]"
+    PATTERNS = (
+        (re.compile(rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?-----END [A-Z0-9 ]*PRIVATE KEY-----", re.S),
+         b"[REDACTED PRIVATE KEY]"),
+        (re.compile(rb"(\bbc\.[\w.]*(?:token|secret|password|passwd|key)\w*=)[^\s\"']+", re.I),
+         rb"\1[REDACTED]"),
+        (re.compile(rb"(\bauthorization\s*[:=]\s*)(?:\"[^\"\r\n]*\"|[^\r\n,}]+)", re.I), rb"\1[REDACTED]"),
+    )  # fmt: skip
+    SECRET_SETTING = re.compile(r"token|secret|password|passwd|key", re.I)
+
+    def __init__(self, config: Config) -> None:
+        literals: set[bytes] = set()
+        if config.enrollment_token:
+            literals.add(config.enrollment_token.encode())
+        for name, value in config.extra.items():
+            if self.SECRET_SETTING.search(name) and value:
+                literals.add(value.encode())
+        for key in (config.client_key, config.state_dir / "node.key"):
+            literals.update(self._key_lines(key))
+        # Longest first, so a secret that contains another is replaced whole; short values
+        # (under 6 bytes) would redact ordinary words and are left to the patterns.
+        self.literals = sorted((s for s in literals if len(s) >= 6), key=len, reverse=True)
+
+    @staticmethod
+    def _key_lines(path: Path | None) -> set[bytes]:
+        if path is None:
+            return set()
+        try:
+            text = path.read_bytes()
+        except OSError:
+            return set()
+        lines = (line.strip() for line in text.splitlines())
+        return {line for line in lines if len(line) >= 16 and b"-----" not in line}
+
+    def __call__(self, data: bytes) -> tuple[bytes, bool]:
+        out = data
+        for literal in self.literals:
+            out = out.replace(literal, self.MARK)
+        for pattern, replacement in self.PATTERNS:
+            out = pattern.sub(replacement, out)
+        return out, out != data
+
+
+# -------------------------------------------------------------------------- archive
+
+
+class _HashingWriter(io.RawIOBase):
+    """A write-only file that hashes and counts what passes through to ``out``."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self.out = out
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        self.out.write(data)
+        self.sha256.update(data)
+        self.size += len(data)
+        return len(data)
+
+
+class Archive:
+    """A streamed tar.gz with a budget and a manifest (written last, as manifest.json)."""
+
+    def __init__(self, out: BinaryIO, max_bytes: int, redact: Redactor) -> None:
+        self.sink = _HashingWriter(out)
+        self.tar = tarfile.open(fileobj=self.sink, mode="w|gz", format=tarfile.PAX_FORMAT)  # noqa: SIM115
+        # Room kept for the manifest and for gzip's worst case on incompressible data.
+        self.budget = max_bytes - max_bytes // 100 - 256 * 1024
+        self.redact = redact
+        self.entries: list[agent_pb2.ManifestEntry] = []
+        self.skipped: list[str] = []
+        self.names: set[str] = set()
+
+    def room(self) -> int:
+        return self.budget - TAR_OVERHEAD
+
+    def add(self, name: str, source: str, data: bytes, *, truncated: bool, mtime: float) -> None:
+        data, redacted = self.redact(data)
+        if len(data) > self.room():
+            self.skipped.append(f"{source}: archive size cap reached")
+            return
+        base, n = name, 1
+        while name in self.names:
+            n += 1
+            name = f"{base}.{n}"
+        self.names.add(name)
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode = len(data), int(mtime), 0o644
+        info.uname = info.gname = "root"
+        self.tar.addfile(info, io.BytesIO(data))
+        self.budget -= len(data) + TAR_OVERHEAD
+        self.entries.append(
+            agent_pb2.ManifestEntry(
+                name=name,
+                source=source,
+                size_bytes=len(data),
+                sha256=hashlib.sha256(data).hexdigest(),
+                truncated=truncated,
+                redacted=redacted,
+            )
+        )
+
+    def close(self) -> None:
+        manifest = {
+            "created_unix": int(time.time()),
+            "entries": [
+                {f.name: getattr(e, f.name) for f in e.DESCRIPTOR.fields} for e in self.entries
+            ],
+            "skipped": self.skipped,
+        }
+        data = json.dumps(manifest, indent=2, sort_keys=True).encode()
+        info = tarfile.TarInfo("manifest.json")
+        info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
+        self.tar.addfile(info, io.BytesIO(data))
+        self.tar.close()
+
+
+# -------------------------------------------------------------------------- readers
+
+
+def keep_tail(data: bytes, cap: int, *, truncated: bool) -> tuple[bytes, bool]:
+    """At most ``cap`` bytes from the end; a cut line at the start is dropped."""
+    if len(data) > cap:
+        data, truncated = data[len(data) - cap :], True
+    if truncated:
+        newline = data.find(b"\n")
+        if 0 <= newline < len(data) - 1:
+            data = data[newline + 1 :]
+    return data, truncated
+
+
+def read_confined(path: Path, roots: tuple[Path, ...], cap: int) -> tuple[bytes, bool, float]:
+    """(tail of the file, truncated, mtime). ``path`` is already resolved; raises OSError or
+    InvalidParameters (the opened file is not what the checked path named)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        transfer.confine(os.readlink(f"/proc/self/fd/{fd}"), roots)
+        start = max(0, st.st_size - cap)
+        os.lseek(fd, start, os.SEEK_SET)
+        chunks, left = [], cap
+        while left > 0 and (chunk := os.read(fd, min(left, MiB))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        data, truncated = keep_tail(b"".join(chunks), cap, truncated=start > 0)
+        return data, truncated, st.st_mtime
+    finally:
+        os.close(fd)
+
+
+def read_kmsg(cap: int) -> bytes | None:
+    """The kernel ring buffer from /dev/kmsg (non-blocking), formatted like dmesg; None if
+    /dev/kmsg cannot be read."""
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    lines: list[bytes] = []
+    size = 0
+    try:
+        while True:
+            try:
+                record = os.read(fd, 16384)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:  # overwritten while reading: continue with the next
+                    continue
+                raise
+            if not record:
+                break
+            head, _, text = record.partition(b";")
+            fields = head.split(b",")
+            usec = int(fields[2]) if len(fields) > 2 and fields[2].isdigit() else 0
+            message = text.split(b"\n", 1)[0]
+            line = b"[%12.6f] %s\n" % (usec / 1e6, message)
+            lines.append(line)
+            size += len(line)
+            while size > 2 * cap and lines:
+                size -= len(lines.pop(0))
+    finally:
+        os.close(fd)
+    return b"".join(lines)
+
+
+def stream_tail(ctx: Context, argv: list[str], cap: int) -> tuple[bytes, bool]:
+    """Run ``argv`` and keep the last ``cap`` bytes of its output, streamed."""
+    child = ctx.spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert child.stdout is not None
+    buf = bytearray()
+    dropped = False
+    try:
+        while chunk := child.stdout.read1(MiB):  # type: ignore[attr-defined]
+            ctx.check()
+            buf += chunk
+            if len(buf) > 2 * cap:
+                del buf[: len(buf) - cap]
+                dropped = True
+        child.wait()
+    finally:
+        if child.poll() is None:
+            proc.kill_group(child, grace=0.5)
+        child.stdout.close()
+    return keep_tail(bytes(buf), cap, truncated=dropped)
+
+
+# -------------------------------------------------------------------------- handler
+
+
+def _limit(value: int, default: int, name: str, lowest: int, highest: int) -> int:
+    if value == 0:
+        return default
+    if not lowest <= value <= highest:
+        raise InvalidParameters(
+            f"logs.collect: {name} must be between {lowest} and {highest} bytes (got {value})"
+        )
+    return value
+
+
+class LogsCollect(Handler[LogsParams], kind="logs.collect"):
+    def parse(self, payload: Message) -> LogsParams:
+        assert isinstance(payload, agent_pb2.LogsCollectRequest)
+        for raw in payload.paths:
+            if not raw or "\x00" in raw or not os.path.isabs(raw):
+                raise InvalidParameters(f"logs.collect: path {raw!r} must be absolute")
+        if payload.upload_url:
+            transfer.check_upload_request(payload.upload_url, payload.http_headers)
+        max_bytes = _limit(payload.max_bytes, DEFAULT_MAX_BYTES, "max_bytes", MIN_MAX_BYTES, LIMIT_MAX_BYTES)
+        max_file = _limit(payload.max_file_bytes, min(DEFAULT_MAX_FILE_BYTES, max_bytes), "max_file_bytes",
+                          4096, max_bytes)
+        return LogsParams(
+            paths=tuple(payload.paths),
+            url=payload.upload_url,
+            max_bytes=max_bytes,
+            max_file_bytes=max_file,
+            kernel=payload.include_kernel_log,
+            journal=payload.include_system_journal,
+            since_seconds=payload.since_seconds or DEFAULT_SINCE_SECONDS,
+            headers=tuple(sorted(payload.http_headers.items())),
+            ca_pem=payload.ca_bundle_pem,
+        )
+
+    def run(self, ctx: Context, params: LogsParams) -> agent_pb2.LogsCollectResult:
+        roots = tuple(ctx.config.logs_allow)
+        named = [transfer.confine(raw, roots, "logs.collect path") for raw in params.paths]
+        for raw, path in zip(params.paths, named, strict=True):
+            if not path.exists():
+                raise InvalidParameters(f"logs.collect: {raw!r} does not exist", path=raw)
+            if self._secret(ctx.config, path):
+                raise InvalidParameters(f"logs.collect: {raw!r} is key material and is never collected")
+        spool_dir = ctx.config.cache_dir if ctx.config.cache_dir.is_dir() else None
+        with tempfile.TemporaryFile(dir=spool_dir) as spool:
+            archive = Archive(spool, params.max_bytes, Redactor(ctx.config))  # type: ignore[arg-type]
+            self._agent_logs(ctx, archive, params)
+            if params.kernel:
+                self._kernel_log(ctx, archive, params)
+            if params.journal:
+                self._system_journal(ctx, archive, params)
+            for raw, path in zip(params.paths, named, strict=True):
+                self._named(ctx, archive, params, raw, path, roots)
+            archive.close()
+            size, digest = archive.sink.size, archive.sink.sha256
+            result = agent_pb2.LogsCollectResult(
+                manifest=archive.entries,
+                archive_bytes=size,
+                archive_digest=common_pb2.Digest(algorithm="sha256", hex=digest.hexdigest()),
+                skipped=archive.skipped,
+            )
+            spool.seek(0)
+            if not params.url:
+                if size > INLINE_MAX_BYTES:
+                    raise AgentError(
+                        f"logs.collect: the archive is {size} bytes, over the {INLINE_MAX_BYTES} bytes"
+                        " an inline result may carry; give an upload_url or a smaller max_bytes",
+                        reason=Reason.TOO_LARGE,
+                        archive_bytes=size,
+                    )
+                result.inline_archive = spool.read()
+                return result
+            rate = ctx.config.bulk_bandwidth_bytes_per_second
+
+            def sent() -> None:
+                ctx.progress(done=spool.tell(), total=size, message="uploading the log archive")
+
+            transfer.upload(
+                ctx,
+                params.url,
+                transfer.throttled(ctx, iter(lambda: spool.read(MiB), b""), rate, report=sent),
+                headers=dict(params.headers),
+                ca_pem=params.ca_pem,
+                length=size,
+                sha256=digest.digest(),
+                content_type="application/gzip",
+            )
+            result.uploaded_to = http.redact(params.url)
+            return result
+
+    # -- sources ------------------------------------------------------------------------
+
+    @staticmethod
+    def _secret(config: Config, path: Path) -> bool:
+        keys = {Path(os.path.realpath(p)) for p in (config.client_key, config.state_dir / "node.key") if p}
+        return path in keys or bool(SECRET_FILE.match(path.name))
+
+    def _add_file(
+        self,
+        ctx: Context,
+        archive: Archive,
+        params: LogsParams,
+        name: str,
+        path: Path,
+        roots: tuple[Path, ...],
+    ) -> None:
+        ctx.check()
+        if self._secret(ctx.config, path):
+            archive.skipped.append(f"{path}: key material, never collected")
+            return
+        cap = min(params.max_file_bytes, archive.room())
+        if cap < 4096:
+            archive.skipped.append(f"{path}: archive size cap reached")
+            return
+        try:
+            data, truncated, mtime = read_confined(path, roots, cap)
+        except InvalidParameters:
+            archive.skipped.append(f"{path}: outside the allowed directories")
+            return
+        except OSError as exc:
+            reason = "a symbolic link" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
+            archive.skipped.append(f"{path}: {reason}")
+            return
+        archive.add(name, str(path), data, truncated=truncated, mtime=mtime)
+        ctx.progress(done=len(archive.entries), message=f"collected {name}", subject=str(path))
+
+    def _agent_logs(self, ctx: Context, archive: Archive, params: LogsParams) -> None:
+        config = ctx.config
+        candidates: list[Path] = []
+        if config.log_file is not None and config.log_file.is_file():
+            candidates.append(config.log_file)
+        with contextlib.suppress(OSError):
+            for entry in sorted(os.scandir(config.state_dir), key=lambda e: e.name):
+                if entry.is_file(follow_symlinks=False) and AGENT_FILE.fullmatch(entry.name):
+                    candidates.append(Path(entry.path))
+        for path in dict.fromkeys(Path(os.path.realpath(p)) for p in candidates):
+            self._add_file(ctx, archive, params, f"agent/{path.name}", path, (path.parent,))
+
+    def _kernel_log(self, ctx: Context, archive: Archive, params: LogsParams) -> None:
+        cap = min(params.max_file_bytes, archive.room())
+        data = read_kmsg(cap)
+        source = "/dev/kmsg"
+        truncated = False
+        if data is None and shutil.which("dmesg"):
+            source = "dmesg"
+            data, truncated = stream_tail(ctx, ["dmesg"], cap)
+        if data is None:
+            archive.skipped.append("kernel log: neither /dev/kmsg nor dmesg can be read")
+            return
+        data, truncated = keep_tail(data, cap, truncated=truncated)
+        archive.add("kernel/kmsg.txt", source, data, truncated=truncated, mtime=time.time())
+
+    def _system_journal(self, ctx: Context, archive: Archive, params: LogsParams) -> None:
+        if shutil.which("journalctl") is None:
+            archive.skipped.append("system journal: journalctl is not installed")
+            return
+        since = int(time.time()) - params.since_seconds
+        argv = ["journalctl", "--no-pager", "--quiet", "-o", "short-iso", f"--since=@{since}"]
+        data, truncated = stream_tail(ctx, argv, min(params.max_file_bytes, archive.room()))
+        archive.add("journal/system.txt", "journalctl", data, truncated=truncated, mtime=time.time())
+
+    def _named(
+        self,
+        ctx: Context,
+        archive: Archive,
+        params: LogsParams,
+        raw: str,
+        path: Path,
+        roots: tuple[Path, ...],
+    ) -> None:
+        if not path.is_dir():
+            self._add_file(ctx, archive, params, "files" + str(path), path, roots)
+            return
+        count = 0
+        for file in self._walk(path):
+            count += 1
+            if count > MAX_FILES:
+                archive.skipped.append(f"{raw}: more than {MAX_FILES} files, the rest left out")
+                return
+            try:
+                real = transfer.confine(str(file), roots)
+            except InvalidParameters:
+                archive.skipped.append(f"{file}: link leads outside the allowed directories")
+                continue
+            self._add_file(ctx, archive, params, "files" + str(file), real, roots)
+
+    @staticmethod
+    def _walk(top: Path) -> Iterator[Path]:
+        for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
+            dirnames.sort()
+            for name in sorted(filenames):
+                yield Path(dirpath) / name
+
