@@ -76,30 +76,46 @@ def decode_body(body: bytes) -> session_pb2.Frame:
 
 
 class Decoder:
-    """Incremental decoder: ``feed`` bytes as they arrive, get the complete frames back."""
+    """Incremental decoder: ``feed`` bytes as they arrive, get the complete frames back.
+
+    A framing error raises WireError; frames decoded before the bad one in the same ``feed``
+    are returned first, and the error is raised by the next ``feed`` or ``check``.
+    """
 
     def __init__(self, max_bytes: int = MAX_FRAME_BYTES) -> None:
         self.max_bytes = max_bytes
         self._buf = bytearray()
+        self._error: WireError | None = None
 
     @property
     def buffered(self) -> int:
         return len(self._buf)
 
+    def check(self) -> None:
+        if self._error is not None:
+            raise self._error
+
     def feed(self, data: bytes) -> list[session_pb2.Frame]:
+        self.check()
         self._buf += data
-        frames = []
-        while len(self._buf) >= HEADER.size:
-            (length,) = HEADER.unpack_from(self._buf)
-            if length > self.max_bytes:
-                raise WireError(
-                    FRAME_TOO_LARGE, f"frame header announces {length} bytes, the limit is {self.max_bytes}"
-                )
-            if len(self._buf) < HEADER.size + length:
-                break
-            body = bytes(self._buf[HEADER.size : HEADER.size + length])
-            del self._buf[: HEADER.size + length]
-            frames.append(decode_body(body))
+        frames: list[session_pb2.Frame] = []
+        try:
+            while len(self._buf) >= HEADER.size:
+                (length,) = HEADER.unpack_from(self._buf)
+                if length > self.max_bytes:
+                    raise WireError(
+                        FRAME_TOO_LARGE,
+                        f"frame header announces {length} bytes, the limit is {self.max_bytes}",
+                    )
+                if len(self._buf) < HEADER.size + length:
+                    break
+                body = bytes(self._buf[HEADER.size : HEADER.size + length])
+                del self._buf[: HEADER.size + length]
+                frames.append(decode_body(body))
+        except WireError as exc:
+            self._error = exc
+            if not frames:
+                raise
         return frames
 
 
@@ -363,8 +379,7 @@ class Channel:
             try:
                 frames = self._decoder.feed(data)
             except WireError as exc:
-                log.warning("%s: %s; closing the session", self.name, exc)
-                self.close(exc.code, error=error_frame(exc.code, exc.message))
+                self._refuse(exc)
                 return None
             for frame in frames:
                 self.frames_in += 1
@@ -374,6 +389,15 @@ class Channel:
                     if self._closing is not None:
                         return None
                 self._on_frame(frame)
+            try:
+                self._decoder.check()
+            except WireError as exc:
+                self._refuse(exc)
+                return None
+
+    def _refuse(self, exc: WireError) -> None:
+        log.warning("%s: %s; closing the session", self.name, exc)
+        self.close(exc.code, error=error_frame(exc.code, exc.message))
 
     def _write(self) -> bool:
         """Write as much as the socket takes; True when it wants to be called again."""

@@ -1,0 +1,96 @@
+"""TEST-ONLY handlers for real kind names, loaded by the agent through BC_AGENT_TEST_HANDLERS.
+
+They do no real work. What each command does is read from ``$BC_TEST_DIR/spec/<command id>.json``
+(all keys optional; default: sleep 0.05 s):
+
+    sleep      seconds to sleep (cancellable)
+    hold       a file name: wait until $BC_TEST_DIR/<hold> exists (cancellable)
+    child      true: start `sleep 3600` as a child (pid in $BC_TEST_DIR/child-<id>.pid), then
+               wait until cancelled; the runtime must kill it
+    stuck      true: ignore cancellation entirely (a handler that never returns)
+    fail       a reason code: raise an AgentError with it
+    progress   how many progress reports to send
+    log        how many log lines to write through ctx.log
+
+Every start and every end is appended (O_APPEND, fsync) to $BC_TEST_DIR/executions.log as
+``start <id> <kind> <pid>`` / ``end <id>``, so a test can count how often a command ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.message import Message
+
+from agent import schema
+from agent.commands.base import Context, Handler
+from agent.errors import AgentError, Reason
+
+TEST_DIR = Path(os.environ.get("BC_TEST_DIR", "/nonexistent"))
+
+
+def record(line: str) -> None:
+    fd = os.open(TEST_DIR / "executions.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def spec_for(command_id: str) -> dict[str, Any]:
+    path = TEST_DIR / "spec" / f"{command_id}.json"
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+        return data
+    except FileNotFoundError:
+        return {"sleep": 0.05}
+
+
+class _TestHandler(Handler[Message]):
+    def parse(self, payload: Message) -> Message:
+        return payload
+
+    def run(self, ctx: Context, params: Message) -> Message:
+        spec = spec_for(ctx.command_id)
+        record(f"start {ctx.command_id} {ctx.kind.name} {os.getpid()}")
+        steps = int(spec.get("progress", 0))
+        for i in range(steps):
+            ctx.progress(done=i + 1, total=steps, message=f"step {i + 1}")
+        for i in range(int(spec.get("log", 0))):
+            ctx.log.info("test handler line %d of %s", i + 1, ctx.command_id)
+        if spec.get("sleep"):
+            ctx.sleep(float(spec["sleep"]))
+        if spec.get("hold"):
+            flag = TEST_DIR / str(spec["hold"])
+            while not flag.exists():
+                ctx.sleep(0.02)
+        if spec.get("child"):
+            child = ctx.spawn(["sleep", "3600"])
+            (TEST_DIR / f"child-{ctx.command_id}.pid").write_text(str(child.pid))
+            while True:
+                ctx.sleep(0.05)
+        if spec.get("stuck"):
+            while True:
+                time.sleep(0.05)
+        if spec.get("fail"):
+            raise AgentError(f"test handler failed as asked ({spec['fail']})", reason=Reason(spec["fail"]))
+        record(f"end {ctx.command_id}")
+        return schema.result_class(ctx.kind.name)()
+
+
+# One test handler class per real kind the runtime tests use (control, provision and bulk lanes;
+# retry-safe and not; attested; destructive).
+KINDS = (
+    "inventory.refresh", "diag.nvml", "diag.dcgm", "deploy.image", "disk.wipe", "driver.invoke",
+    "logs.collect", "gpu.reset", "instance.snapshot",
+)
+for _kind in KINDS:
+    type(f"Test_{_kind.replace('.', '_')}", (_TestHandler,), {}, kind=_kind)
+
+print(f"agent_test_handlers: serving {', '.join(KINDS)} with TEST handlers", file=sys.stderr)
