@@ -1,0 +1,417 @@
+"""A file named by a request (``FileSource``): from a URL, from a partition of a local disk, or
+from a local path, copied into a private work file and checked against its digest.
+
+    src = parse_source(request.kernel, "kernel")     # InvalidParameters on bad input
+    digest = fetch(src, dest, cancel=ctx.cancel_event, ca_file=config.ca_bundle)
+
+What is checked is what is used afterwards: the digest is computed over the bytes written to
+``dest`` (never over a file that could change after the check), and ``dest`` is removed when
+anything fails. A partition is mounted read-only (``ro,noexec,nosuid,nodev``, and ``noload``
+for ext4 so not even the journal is replayed) on a private temporary directory, and always
+unmounted; the path inside it is resolved without ever leaving that filesystem (symlinks are
+followed inside it, ``..`` stops at its root).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import stat
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO
+
+from agent import http, proc
+from agent.errors import (
+    AgentError,
+    Cancelled,
+    ChecksumMismatch,
+    InvalidParameters,
+    NotFound,
+    ProtectedDevice,
+    Reason,
+)
+from agent.proto import common_pb2
+
+log = logging.getLogger(__name__)
+
+ALGORITHMS = {"sha256": 64, "sha512": 128}
+CHUNK = 1 << 20
+MAX_SYMLINKS = 40
+
+
+@dataclass(frozen=True)
+class Digest:
+    algorithm: str
+    hex: str
+
+    def new(self) -> hashlib._Hash:
+        return hashlib.new(self.algorithm)
+
+
+@dataclass(frozen=True)
+class PartitionRef:
+    disk: common_pb2.DiskHints
+    number: int
+    label: str
+    path: str
+
+
+@dataclass(frozen=True)
+class Source:
+    digest: Digest
+    url: str = ""
+    local_path: Path | None = None
+    partition: PartitionRef | None = None
+
+    def describe(self) -> str:
+        if self.url:
+            return http.redact(self.url)
+        if self.partition is not None:
+            p = self.partition
+            where = f"partition {p.number}" if p.number else f"partition labelled {p.label!r}"
+            return f"{p.path} on {where}"
+        return str(self.local_path)
+
+
+def parse_digest(msg: common_pb2.Digest, what: str) -> Digest:
+    algorithm = (msg.algorithm or "sha256").lower()
+    if algorithm not in ALGORITHMS:
+        raise InvalidParameters(
+            f"{what}: digest algorithm must be one of {sorted(ALGORITHMS)}, not {algorithm!r}")
+    value = msg.hex.strip().lower()
+    if len(value) != ALGORITHMS[algorithm] or any(c not in "0123456789abcdef" for c in value):
+        raise InvalidParameters(f"{what}: {algorithm} digest must be {ALGORITHMS[algorithm]} hex digits")
+    return Digest(algorithm, value)
+
+
+def _check_inner_path(path: str, what: str) -> str:
+    if not path.startswith("/") or "\0" in path:
+        raise InvalidParameters(f"{what}: path inside the partition must be absolute, not {path!r}")
+    return path
+
+
+def _hints_set(hints: common_pb2.DiskHints) -> bool:
+    return any(hints.HasField(f.name) if f.has_presence else getattr(hints, f.name)
+               for f in hints.DESCRIPTOR.fields)
+
+
+def parse_source(msg: common_pb2.FileSource, what: str) -> Source:
+    """Validate a FileSource from the wire; InvalidParameters names ``what`` (e.g. "kernel")."""
+    which = msg.WhichOneof("source")
+    if which is None:
+        raise InvalidParameters(f"{what}: give a url, a partition_file or a local_path")
+    if not msg.HasField("digest") or not msg.digest.hex:
+        raise InvalidParameters(f"{what}: a digest is required")
+    digest = parse_digest(msg.digest, what)
+    if which == "url":
+        http.check_url(msg.url)
+        return Source(digest, url=msg.url)
+    if which == "local_path":
+        path = msg.local_path
+        if not path.startswith("/") or "\0" in path:
+            raise InvalidParameters(f"{what}: local_path must be absolute, not {path!r}")
+        return Source(digest, local_path=Path(path))
+    pf = msg.partition_file
+    if not _hints_set(pf.disk):
+        raise InvalidParameters(f"{what}: partition_file needs disk hints")
+    if not pf.partition_number and not pf.partition_label:
+        raise InvalidParameters(f"{what}: partition_file needs a partition_number or a partition_label")
+    return Source(digest, partition=PartitionRef(
+        disk=pf.disk, number=pf.partition_number, label=pf.partition_label,
+        path=_check_inner_path(pf.path, what),
+    ))
+
+
+# -- copying with a digest ------------------------------------------------------------------
+
+
+def file_digest(path: Path, algorithm: str = "sha256") -> str:
+    h = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _copy(reader: Callable[[int], bytes], dest: Path, digest: Digest,
+          cancel: threading.Event | None, progress: Callable[[int], None] | None) -> str:
+    h = digest.new()
+    done = 0
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        while chunk := reader(CHUNK):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("cancelled while copying")
+            h.update(chunk)
+            out.write(chunk)
+            done += len(chunk)
+            if progress is not None:
+                progress(done)
+        out.flush()
+        os.fsync(out.fileno())
+    return h.hexdigest()
+
+
+def fetch(
+    src: Source,
+    dest: Path,
+    *,
+    cancel: threading.Event | None = None,
+    ca_file: Path | None = None,
+    progress: Callable[[int], None] | None = None,
+    resolve_disk: Callable[[common_pb2.DiskHints], Path] | None = None,
+) -> str:
+    """Copy ``src`` to ``dest`` (mode 0600) and return its digest, which must match.
+
+    Raises ChecksumMismatch, NotFound, SourceFailed...; ``dest`` is gone when it raises.
+    """
+    try:
+        if src.url:
+            opts = http.HttpOptions(ca_file=ca_file, cancel=cancel)
+            with http.get(src.url, opts) as body:
+                got = _copy(body.read, dest, src.digest, cancel, progress)
+        elif src.local_path is not None:
+            with _open_regular(src.local_path) as f:
+                got = _copy(f.read, dest, src.digest, cancel, progress)
+        else:
+            assert src.partition is not None
+            resolve = resolve_disk or find_disk
+            with mounted_partition(resolve(src.partition.disk), src.partition) as root, \
+                    open_in_root(root, src.partition.path) as f:
+                got = _copy(f.read, dest, src.digest, cancel, progress)
+        if got != src.digest.hex:
+            raise ChecksumMismatch(
+                f"{src.describe()}: {src.digest.algorithm} is {got}, the request says {src.digest.hex}",
+                expected=src.digest.hex, actual=got,
+            )
+        return got
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            dest.unlink()
+        raise
+
+
+@contextlib.contextmanager
+def _open_regular(path: Path) -> Iterator[BinaryIO]:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError as exc:
+        raise NotFound(f"{path}: no such file", path=path) from exc
+    except OSError as exc:
+        raise NotFound(f"{path}: cannot open ({exc.strerror})", path=path) from exc
+    f = os.fdopen(fd, "rb")
+    with f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InvalidParameters(f"{path}: not a regular file")
+        yield f
+
+
+@contextlib.contextmanager
+def open_in_root(root: Path, inner: str) -> Iterator[BinaryIO]:
+    """Open ``inner`` (absolute, inside the filesystem at ``root``) without escaping ``root``.
+
+    Symlinks are followed as the booted system would see them, with ``root`` as ``/``.
+    """
+    parts = [p for p in PurePosixPath(inner).parts if p != "/"]
+    stack: list[str] = []  # resolved components below root
+    hops = 0
+    while parts:
+        name = parts.pop(0)
+        if name in ("", "."):
+            continue
+        if name == "..":
+            if stack:
+                stack.pop()
+            continue
+        candidate = root.joinpath(*stack, name)
+        try:
+            st = os.lstat(candidate)
+        except FileNotFoundError as exc:
+            raise NotFound(f"{inner}: no such file in the partition", path=inner) from exc
+        if stat.S_ISLNK(st.st_mode):
+            hops += 1
+            if hops > MAX_SYMLINKS:
+                raise NotFound(f"{inner}: too many levels of symbolic links", path=inner)
+            target = os.readlink(candidate)
+            if target.startswith("/"):
+                stack = []
+            parts = [p for p in PurePosixPath(target).parts if p != "/"] + parts
+            continue
+        stack.append(name)
+    final = root.joinpath(*stack)
+    fd = os.open(final, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    f = os.fdopen(fd, "rb")
+    with f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InvalidParameters(f"{inner}: not a regular file in the partition")
+        yield f
+
+
+# -- disks and partitions -------------------------------------------------------------------
+
+
+def _lsblk(device: Path | None = None) -> list[dict[str, object]]:
+    argv = ["lsblk", "--json", "--bytes", "--output",
+            "NAME,PATH,TYPE,SIZE,SERIAL,WWN,MODEL,VENDOR"]
+    if device is not None:
+        argv.append(str(device))
+    out = proc.run(argv, timeout=30).text
+    devices: list[dict[str, object]] = []
+
+    def walk(nodes: list[dict[str, object]]) -> None:
+        for node in nodes:
+            devices.append(node)
+            walk(node.get("children", []))  # type: ignore[arg-type]
+
+    walk(json.loads(out).get("blockdevices", []))
+    return devices
+
+
+def find_disk(hints: common_pb2.DiskHints) -> Path:
+    """The one whole disk every set hint matches.
+
+    Hint matching as agent/hw/block.py defines it will replace this when that module lands.
+    """
+    try:
+        from agent.hw import block  # type: ignore[attr-defined]
+
+        match = getattr(block, "match_disk", None)
+        if match is not None:
+            return Path(match(hints))
+    except ImportError:
+        pass
+    disks = [d for d in _lsblk() if d.get("type") in ("disk", "loop")]
+
+    def ok(d: dict[str, object]) -> bool:
+        s = lambda key: str(d.get(key) or "").strip()  # noqa: E731
+        size = int(d.get("size") or 0)  # type: ignore[call-overload]
+        return all((
+            not hints.name or s("name") == hints.name,
+            not hints.serial or s("serial") == hints.serial,
+            not hints.wwn or s("wwn").lower().endswith(hints.wwn.removeprefix("0x").lower()),
+            not hints.model or hints.model.lower() in s("model").lower(),
+            not hints.vendor or hints.vendor.lower() in s("vendor").lower(),
+            not hints.min_size_bytes or size >= hints.min_size_bytes,
+            not hints.max_size_bytes or size <= hints.max_size_bytes,
+            not hints.by_path or os.path.realpath(
+                hints.by_path if hints.by_path.startswith("/") else "/dev/disk/by-path/" + hints.by_path
+            ) == s("path"),
+        ))
+
+    found = [d for d in disks if ok(d)]
+    if not found:
+        raise NotFound("no disk matches the hints")
+    if len(found) > 1:
+        raise AgentError(f"{len(found)} disks match the hints: {', '.join(str(d['name']) for d in found)}",
+                         reason=Reason.AMBIGUOUS)
+    return Path(str(found[0]["path"]))
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str           # kernel name, "nvme0n1p2"
+    number: int
+    partname: str       # GPT partition name
+    devnum: str         # "major:minor"
+
+
+def _partitions(disk: Path, sys_block: Path) -> list[Partition]:
+    name = Path(os.path.realpath(disk)).name
+    base = sys_block / name
+    if not base.is_dir():
+        raise NotFound(f"{disk}: not a block device this kernel knows", disk=disk)
+    parts = []
+    for entry in sorted(base.iterdir()):
+        if not (entry / "partition").is_file():
+            continue
+        uevent = dict(
+            line.split("=", 1) for line in (entry / "uevent").read_text().splitlines() if "=" in line
+        )
+        parts.append(Partition(entry.name, int((entry / "partition").read_text()),
+                               uevent.get("PARTNAME", ""), (entry / "dev").read_text().strip()))
+    return parts
+
+
+def _blkid(node: Path, tag: str) -> str:
+    return proc.run(["blkid", "-o", "value", "-s", tag, str(node)], check=False, timeout=30).text.strip()
+
+
+def _node(part: Partition, private: Path) -> Path:
+    """The partition's device node: /dev/NAME, or one made in ``private`` where there is no udev."""
+    major, minor = (int(x) for x in part.devnum.split(":"))
+    dev = Path("/dev") / part.name
+    with contextlib.suppress(OSError):
+        st = os.stat(dev)
+        if stat.S_ISBLK(st.st_mode) and st.st_rdev == os.makedev(major, minor):
+            return dev
+    node = private / part.name
+    os.mknod(node, 0o600 | stat.S_IFBLK, os.makedev(major, minor))
+    return node
+
+
+def _mounted_devnums() -> set[str]:
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return set()
+    return {line.split()[2] for line in lines if len(line.split()) > 2}
+
+
+def find_partition(disk: Path, ref: PartitionRef, private: Path,
+                   sys_block: Path = Path("/sys/class/block")) -> tuple[Partition, Path]:
+    parts = _partitions(disk, sys_block)
+    if ref.number:
+        found = [(p, _node(p, private)) for p in parts if p.number == ref.number]
+    else:
+        found = []
+        for p in parts:
+            node = _node(p, private)
+            if ref.label == p.partname or ref.label == _blkid(node, "LABEL"):
+                found.append((p, node))
+    what = f"partition {ref.number}" if ref.number else f"a partition labelled {ref.label!r}"
+    if not found:
+        raise NotFound(f"{disk} has no {what}", disk=disk)
+    if len(found) > 1:
+        raise AgentError(f"{disk} has {len(found)} partitions labelled {ref.label!r}",
+                         reason=Reason.AMBIGUOUS, disk=disk)
+    return found[0]
+
+
+@contextlib.contextmanager
+def mounted_partition(disk: Path, ref: PartitionRef) -> Iterator[Path]:
+    """Mount the partition read-only on a private temporary directory; always unmounted."""
+    private = Path(tempfile.mkdtemp(prefix="bc-partfile-"))
+    os.chmod(private, 0o700)
+    where = private / "mnt"
+    where.mkdir()
+    try:
+        part, node = find_partition(disk, ref, private)
+        if part.devnum in _mounted_devnums():
+            # Mounted (maybe read-write) elsewhere: a second mount would read a filesystem in flux.
+            raise ProtectedDevice(f"{part.name} is mounted; refusing to mount it again", device=part.name)
+        fstype = _blkid(node, "TYPE")
+        options = "ro,noexec,nosuid,nodev" + (",noload" if fstype in ("ext3", "ext4") else "")
+        argv = ["mount", "-o", options, *(["-t", fstype] if fstype else []), str(node), str(where)]
+        try:
+            proc.run(argv, timeout=60)
+        except AgentError as exc:
+            raise AgentError(f"cannot mount {part.name} read-only: {exc.message}",
+                             reason=Reason.TOOL_FAILED, device=part.name) from exc
+        try:
+            yield where
+        finally:
+            try:
+                proc.run(["umount", str(where)], timeout=60)
+            except AgentError:
+                log.warning("umount %s failed; detaching lazily", where)
+                proc.run(["umount", "-l", str(where)], timeout=60, check=False)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
