@@ -1,0 +1,500 @@
+"""deploy.image: stream an OS image onto the disk the hints select, verified, as fast as the
+disk allows.
+
+Pipeline (threads, bounded queues; nothing is staged on tmpfs)::
+
+    source (HTTP with Range resume, or a local file) --hash of the published bytes-->
+      [decompressor: gzip/xz/bzip2 (stdlib) or `zstd -dc`] --raw chunks-->
+        assembler (fills 8 MiB page-aligned buffers; range check; progress) -->
+          DiskWriter thread (O_DIRECT when allowed; all-zero 64 KiB granules skipped when the
+          disk was discarded and reads zeros)
+
+Order of checks: parameters; disk hints (exactly one disk) and safety (not mounted, not
+holding the system, not held by RAID/LVM/dm); the source opens (404 and friends fail here,
+nothing touched); the format from the magic bytes agrees with the declared one; a raw image
+larger than the disk is refused. Only then is the disk discarded and written. A failure
+afterwards (checksum mismatch, truncated or corrupt stream, dropped download after all
+resumes, image larger than the disk, cancel, timeout) clears the start (4 MiB) and the end
+(1 MiB, the backup GPT) of the disk, so no half image can boot.
+
+qcow2 is not a stream format: it is converted by ``qemu-img convert -n`` straight onto the
+disk, from ``local_path`` only (qemu-img needs a seekable file; an HTTP source is refused
+with UNSUPPORTED). Its digest is checked over the whole file before the disk is touched.
+For qcow2 ``bytes_written`` is the virtual size (qemu-img skips zeros itself and does not
+say how many).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import queue
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent import http, image
+from agent.commands.base import Context, Handler
+from agent.errors import AgentError, ChecksumMismatch, InvalidParameters, Reason, SourceFailed, Unsupported
+from agent.hw import block, diskio, partitions
+from agent.proto import agent_pb2, common_pb2
+
+log = logging.getLogger(__name__)
+
+Fmt = agent_pb2.ImageFormat
+READ_CHUNK = 1 << 20
+ZERO_SAMPLES = 256
+_EOF = object()
+QCOW2_NEEDS_FILE = "qcow2 is converted by qemu-img, which needs a seekable file: use local_path"
+
+
+@dataclass(frozen=True)
+class DeployParams:
+    url: str
+    local_path: Path | None
+    format: int
+    algorithm: str
+    digest: str
+    hints: block.Hints
+    verify_readback: bool
+    zero_skip: bool
+    ca_pem: str
+    headers: dict[str, str] = field(default_factory=dict)
+    max_retries: int = 5
+
+
+def _local_path(raw: str) -> Path:
+    p = Path(raw)
+    if not p.is_absolute() or ".." in p.parts:
+        raise InvalidParameters(f"local_path must be an absolute path without '..': {raw!r}")
+    if not p.is_file():
+        raise InvalidParameters(f"local_path {raw!r} is not a regular file")
+    return p
+
+
+class DeployImage(Handler[DeployParams], kind="deploy.image"):
+    def __init__(self, disks: Callable[[], list[block.Disk]] | None = None) -> None:
+        self.disks = disks or block.list_disks
+
+    def parse(self, payload: agent_pb2.DeployImageRequest) -> DeployParams:  # type: ignore[override]
+        which = payload.WhichOneof("source")
+        if which is None:
+            raise InvalidParameters("deploy.image needs a source: url or local_path")
+        url = payload.url if which == "url" else ""
+        if url:
+            http.check_url(url)
+        local = _local_path(payload.local_path) if which == "local_path" else None
+        if payload.format == Fmt.QCOW2 and url:
+            raise Unsupported(QCOW2_NEEDS_FILE)
+        if not payload.HasField("digest"):
+            raise InvalidParameters("deploy.image needs the image's digest (sha256 or sha512)")
+        algo, hexdigest = image.check_digest(payload.digest.algorithm, payload.digest.hex)
+        if not payload.HasField("target"):
+            raise InvalidParameters("deploy.image needs target disk hints")
+        if payload.max_retries > 100:
+            raise InvalidParameters("max_retries is at most 100")
+        for name in payload.http_headers:
+            if not re.fullmatch(r"[A-Za-z0-9-]{1,64}", name) or name.lower() in ("range", "if-range", "host"):
+                raise InvalidParameters(f"HTTP header name {name!r} is not allowed")
+        return DeployParams(
+            url=url,
+            local_path=local,
+            format=payload.format,
+            algorithm=algo,
+            digest=hexdigest,
+            hints=block.Hints.from_proto(payload.target),
+            verify_readback=payload.verify_readback,
+            zero_skip=not payload.disable_zero_skip,
+            ca_pem=payload.ca_bundle_pem,
+            headers=dict(payload.http_headers),
+            max_retries=payload.max_retries or 5,
+        )
+
+    def run(self, ctx: Context, params: DeployParams) -> agent_pb2.DeployImageResult:
+        disk = block.select(self.disks(), params.hints)
+        block.check_safe(disk)
+        if params.local_path is not None and not disk.is_file and params.local_path.resolve() == disk.path:
+            raise InvalidParameters("local_path is the target disk itself")
+        with ctx.hold(f"disk:{disk.name}"):
+            return Deployment(ctx, params, disk).run()
+
+
+class Deployment:
+    """One deploy of one image onto one disk."""
+
+    def __init__(self, ctx: Context, params: DeployParams, disk: block.Disk) -> None:
+        self.ctx, self.params, self.disk = ctx, params, disk
+        self.started = time.monotonic()
+        self.result = agent_pb2.DeployImageResult(disk=disk.identity())
+        self._last_progress = 0.0
+
+    # -- source --------------------------------------------------------------------------
+
+    def _open_source(self) -> image.Source:
+        p = self.params
+        if p.local_path is not None:
+            return image.FileSource(p.local_path, p.algorithm)
+        opts = http.HttpOptions(
+            ca_pem=p.ca_pem,
+            ca_file=self.ctx.config.ca_bundle,
+            headers=p.headers,
+            max_retries=p.max_retries,
+            cancel=self.ctx.cancel_event,
+        )
+        return image.HttpSource(p.url, opts, p.algorithm)
+
+    def run(self) -> agent_pb2.DeployImageResult:
+        source = self._open_source()
+        try:
+            head = source.peek()
+            if not head:
+                raise SourceFailed("the image is empty")
+            fmt = image.detect(head)
+            declared = self.params.format
+            if declared != Fmt.IMAGE_FORMAT_AUTO and declared != fmt:
+                raise InvalidParameters(
+                    f"declared format {image.format_name(declared)} but the image is"
+                    f" {image.format_name(fmt)} (magic bytes {head[:8].hex()})"
+                )
+            self.result.format = fmt
+            if fmt == Fmt.RAW and source.total is not None and source.total > self.disk.size:
+                raise AgentError(
+                    f"image is {source.total} bytes, disk {self.disk.name} only {self.disk.size}",
+                    reason=Reason.TOO_LARGE,
+                )
+            if fmt == Fmt.QCOW2:
+                if self.params.local_path is None:
+                    raise Unsupported(QCOW2_NEEDS_FILE)
+                self._qcow2(source)
+            else:
+                self._stream(source, fmt)
+        finally:
+            source.close()
+        seconds = time.monotonic() - self.started
+        self.result.seconds = seconds
+        self.result.throughput_bytes_per_second = self.result.image_bytes / seconds if seconds else 0.0
+        return self.result
+
+    def _check_digest(self, source: image.Source) -> None:
+        got = source.hasher.hexdigest()
+        self.result.digest.CopyFrom(common_pb2.Digest(algorithm=self.params.algorithm, hex=got))
+        if got != self.params.digest:
+            raise ChecksumMismatch(
+                f"{self.params.algorithm} of the image is {got}, expected {self.params.digest}",
+                expected=self.params.digest, got=got,
+            )
+
+    # -- target --------------------------------------------------------------------------
+
+    def _prepare(self, fd: int) -> bool:
+        """Discard the disk and check that it reads zeros; True when zeros may be skipped."""
+        if not (self.params.zero_skip and self.disk.supports_discard):
+            return False
+        try:
+            block.discard(fd)
+        except OSError as exc:
+            log.info("%s: discard failed (%s); writing every block", self.disk.name, exc)
+            return False
+        offsets = block.sample_offsets(self.disk.size, ZERO_SAMPLES, 4096)
+        zeros = block.reads_zeros(fd, offsets, 4096)
+        self.result.discarded = zeros
+        if not zeros:
+            log.info("%s: discarded but does not read zeros; writing every block", self.disk.name)
+        return zeros
+
+    def _fail_cleanup(self, fd: int) -> None:
+        try:
+            block.clear_ends(fd, self.disk.size)
+            block.reread_partitions(fd)
+            log.warning("%s: deploy failed; start and end of the disk cleared", self.disk.name)
+        except OSError as exc:
+            log.error("%s: could not clear the disk after a failed deploy: %s", self.disk.name, exc)
+
+    def _finish(self, fd: int) -> None:
+        block.reread_partitions(fd)
+        parts = partitions.read_partitions(fd, self.disk.name, self.disk.logical_block_size)
+        self.result.partitions.extend(parts)
+
+    # -- streaming -----------------------------------------------------------------------
+
+    def _stream(self, source: image.Source, fmt: int) -> None:
+        fd = block.open_disk(self.disk, write=True)
+        dfd = block.try_direct(self.disk, write=True)
+        self.result.direct_io = dfd is not None
+        stop = threading.Event()
+        errors: list[BaseException] = []
+        threads: list[threading.Thread] = []
+        try:
+            skip = self._prepare(fd)
+            raw_q = self._start_pipeline(source, fmt, stop, errors, threads)
+            raw_hash = hashlib.sha256() if self.params.verify_readback else None
+            with diskio.DiskWriter(
+                fd, dfd, size=self.disk.size, skip_zeros=skip, cancel=self.ctx.cancel_event,
+                block=self.disk.logical_block_size,
+            ) as writer:
+                offset = self._assemble(raw_q, writer, source, raw_hash, errors)
+            self.result.bytes_written = writer.written
+            self.result.bytes_skipped = writer.skipped
+            self.result.image_bytes = offset
+            self.result.source_bytes = source.count
+            self.result.resumes = source.resumes
+            self._check_digest(source)
+            if raw_hash is not None:
+                self._readback(fd, dfd, offset, raw_hash.hexdigest())
+            self._finish(fd)
+        except BaseException:
+            stop.set()
+            for t in threads:
+                t.join(timeout=5)
+            self._fail_cleanup(fd)
+            raise
+        finally:
+            if dfd is not None:
+                os.close(dfd)
+            os.close(fd)
+
+    def _start_pipeline(
+        self, source: image.Source, fmt: int, stop: threading.Event,
+        errors: list[BaseException], threads: list[threading.Thread],
+    ) -> queue.Queue[object]:
+        ctx = self.ctx
+
+        def put(q: queue.Queue[object], item: object) -> None:
+            while not stop.is_set() and not ctx.cancel_event.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    return
+                except queue.Full:
+                    continue
+            raise _Stopped
+
+        def get(q: queue.Queue[object]) -> object:
+            while not stop.is_set() and not ctx.cancel_event.is_set():
+                try:
+                    return q.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+            raise _Stopped
+
+        def guarded(fn: Callable[[], None], out: queue.Queue[object]) -> Callable[[], None]:
+            def body() -> None:
+                try:
+                    fn()
+                except _Stopped:
+                    pass
+                except BaseException as exc:
+                    errors.append(exc)
+                    stop.set()
+                    with contextlib.suppress(queue.Full):
+                        out.put_nowait(_EOF)  # wake the consumer; it finds the error
+            return body
+
+        src_q: queue.Queue[object] = queue.Queue(maxsize=16)
+
+        def read_loop() -> None:
+            while data := source.read(READ_CHUNK):
+                put(src_q, data)
+            put(src_q, _EOF)
+
+        threads.append(threading.Thread(target=guarded(read_loop, src_q), name="deploy-read", daemon=True))
+        if fmt == Fmt.RAW:
+            out_q = src_q
+        else:
+            out_q = queue.Queue(maxsize=8)
+            dec = image.decompressor(fmt, ctx.spawn)
+
+            def decompress_loop() -> None:
+                try:
+                    while (item := get(src_q)) is not _EOF:
+                        for out in dec.feed(item):  # type: ignore[arg-type]
+                            put(out_q, out)
+                    for out in dec.finish():
+                        put(out_q, out)
+                    put(out_q, _EOF)
+                finally:
+                    close = getattr(dec, "close", None)
+                    if close is not None:
+                        close()
+
+            worker = threading.Thread(target=guarded(decompress_loop, out_q), name="deploy-inflate",
+                                      daemon=True)
+            threads.append(worker)
+        for t in threads:
+            t.start()
+        return out_q
+
+    def _assemble(
+        self, raw_q: queue.Queue[object], writer: diskio.DiskWriter, source: image.Source,
+        raw_hash: Any, errors: list[BaseException],
+    ) -> int:
+        """Pack raw chunks into aligned buffers and hand them to the writer; returns the size."""
+        offset = 0
+        buf = writer.take()
+        fill = 0
+        size = len(buf)
+        while True:
+            self.ctx.check()
+            try:
+                item = raw_q.get(timeout=0.2)
+            except queue.Empty:
+                if errors:
+                    raise errors[0] from None
+                continue
+            if item is _EOF:
+                if errors:
+                    raise errors[0]
+                break
+            data = memoryview(item)  # type: ignore[arg-type]
+            if raw_hash is not None:
+                raw_hash.update(data)
+            while data:
+                n = min(len(data), size - fill)
+                buf[fill : fill + n] = data[:n]
+                fill += n
+                data = data[n:]
+                if fill == size:
+                    writer.submit(buf, offset, fill)
+                    offset += fill
+                    buf, fill = writer.take(), 0
+            self._progress(source, offset + fill, writer.written, writer.skipped)
+        if fill:
+            writer.submit(buf, offset, fill)
+            offset += fill
+        else:
+            writer.give_back(buf)
+        return offset
+
+    def _progress(self, source: image.Source, image_bytes: int, written: int = 0, skipped: int = 0) -> None:
+        now = time.monotonic()
+        if now - self._last_progress < 1.0:
+            return
+        self._last_progress = now
+        elapsed = max(now - self.started, 1e-6)
+        rate = source.count / elapsed
+        total = source.total or 0
+        eta = (total - source.count) / rate if total and rate else -1.0
+        self.ctx.progress(
+            done=source.count, total=total, rate=rate, eta_seconds=eta, subject=self.disk.name,
+            message=f"{image_bytes} image bytes, {written} written, {skipped} skipped",
+        )
+
+    def _readback(self, fd: int, dfd: int | None, length: int, expected: str) -> None:
+        """Read the written image back (bypassing the page cache) and compare its sha256."""
+        h = hashlib.sha256()
+        import mmap
+
+        buf = mmap.mmap(-1, diskio.BUFFER)
+        view = memoryview(buf)
+        try:
+            if dfd is None:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, length, os.POSIX_FADV_DONTNEED)
+            pos = 0
+            block_size = self.disk.logical_block_size
+            while pos < length:
+                self.ctx.check()
+                want = min(len(view), length - pos)
+                aligned = want // block_size * block_size
+                if dfd is not None and aligned:
+                    n = os.preadv(dfd, [view[:aligned]], pos)
+                else:
+                    n = os.preadv(fd, [view[:want]], pos)
+                if n <= 0:
+                    raise SourceFailed(f"{self.disk.name}: read-back ended at byte {pos}")
+                h.update(view[:n])
+                pos += n
+        finally:
+            view.release()
+            buf.close()
+        if h.hexdigest() != expected:
+            raise ChecksumMismatch(
+                f"{self.disk.name}: read-back sha256 {h.hexdigest()} differs from the image's {expected}"
+            )
+        self.result.readback_verified = True
+
+    # -- qcow2 ---------------------------------------------------------------------------
+
+    def _qcow2(self, source: image.Source) -> None:
+        assert self.params.local_path is not None
+        path = self.params.local_path
+        while source.read(8 << 20):  # digest of the published file before touching the disk
+            self.ctx.check()
+            self._progress(source, 0)
+        self._check_digest(source)
+        virtual = image.qcow2_info(self.ctx.run, path)
+        if virtual > self.disk.size:
+            raise AgentError(
+                f"qcow2 virtual size {virtual} is larger than disk {self.disk.name} ({self.disk.size})",
+                reason=Reason.TOO_LARGE,
+            )
+        fd = block.open_disk(self.disk, write=True, exclusive=False)
+        dfd = block.try_direct(self.disk, write=False)
+        self.result.direct_io = dfd is not None
+        if dfd is not None:
+            os.close(dfd)
+        try:
+            zero = self._prepare(fd)
+            argv = ["qemu-img", "convert", "-p", "-f", "qcow2", "-O", "raw", "-n"]
+            if self.result.direct_io:
+                argv += ["-t", "none"]
+            if zero:
+                argv.append("--target-is-zero")
+            argv += [str(path), str(self.disk.path)]
+            self._run_qemu_img(argv, virtual)
+            self.result.image_bytes = virtual
+            self.result.bytes_written = virtual
+            self.result.source_bytes = source.count
+            self._finish(fd)
+        except BaseException:
+            self._fail_cleanup(fd)
+            raise
+        finally:
+            os.close(fd)
+
+    def _run_qemu_img(self, argv: list[str], virtual: int) -> None:
+        import subprocess
+
+        child = self.ctx.spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert child.stdout is not None and child.stderr is not None
+        stderr: list[bytes] = []
+        reader = threading.Thread(target=lambda: stderr.append(child.stderr.read()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        pending = b""
+        try:
+            while chunk := os.read(child.stdout.fileno(), 4096):
+                self.ctx.check()
+                pending += chunk
+                found = re.findall(rb"\((\d+(?:\.\d+)?)/100%\)", pending)
+                pending = pending[-64:]
+                if found:
+                    frac = float(found[-1]) / 100
+                    now = time.monotonic()
+                    if now - self._last_progress >= 1.0:
+                        self._last_progress = now
+                        self.ctx.progress(done=int(virtual * frac), total=virtual, subject=self.disk.name,
+                                          message="qemu-img convert")
+            rc = child.wait()
+        except BaseException:
+            from agent.proc import kill_group
+
+            kill_group(child)
+            raise
+        reader.join(5)
+        if rc != 0:
+            from agent.errors import ToolFailed
+            from agent.proc import describe_exit
+
+            tail = b"".join(stderr).decode("utf-8", "replace").strip().splitlines()[-2:]
+            raise ToolFailed(f"qemu-img convert failed ({describe_exit(rc)}): {' / '.join(tail)}",
+                             tool="qemu-img")
+
+
+class _Stopped(Exception):
+    """A pipeline thread noticed the stop event."""
+
