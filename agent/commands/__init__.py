@@ -11,6 +11,7 @@ __all__ = ["Context", "Handler", "SelfTermination", "handler_for"]
 # Handler modules (import for their registration side effect), one line each:
 from agent.commands import (
     driver,  # noqa: F401
+    gpu,  # noqa: F401
     kexec,  # noqa: F401
     logs,  # noqa: F401
     reboot,  # noqa: F401
