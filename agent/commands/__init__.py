@@ -16,5 +16,6 @@ from agent.commands import (
     logs,  # noqa: F401
     reboot,  # noqa: F401
     snapshot,  # noqa: F401
+    upgrade,  # noqa: F401
 )
 from agent.commands import deploy  # noqa: F401

@@ -506,7 +506,7 @@ def reread_partitions(fd: int) -> bool:
         fcntl.ioctl(fd, BLKRRPART)
         return True
     except OSError as exc:
-        log.warning("BLKRRPART failed: %s", exc)
+        log.info("BLKRRPART refused: %s", exc)
         return False
 
 
