@@ -19,3 +19,4 @@ from agent.commands import (
     upgrade,  # noqa: F401
 )
 from agent.commands import deploy  # noqa: F401
+from agent.commands import wipe  # noqa: F401
