@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from agent.errors import InvalidParameters
+from agent.hw.dcgm import DcgmTest
 from agent.hw.gpu import GpuState
 from agent.proto import agent_pb2, common_pb2
 
@@ -234,17 +235,6 @@ def missing(ref: str, why: str) -> Finding:
 
 
 # -- DCGM -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DcgmTest:
-    name: str
-    category: str
-    gpu_index: int          # -1: not tied to one GPU
-    status: str             # "pass", "fail", "warn", "skip"
-    info: str = ""
-    warnings: tuple[str, ...] = ()
-    error_codes: tuple[str, ...] = ()
 
 
 def judge_dcgm(tests: Sequence[DcgmTest], *, level: int, exit_code: int, gpus_seen: int | None,

@@ -10,6 +10,7 @@ __all__ = ["Context", "Handler", "SelfTermination", "handler_for"]
 
 # Handler modules (import for their registration side effect), one line each:
 from agent.commands import (
+    dcgm,  # noqa: F401
     driver,  # noqa: F401
     gpu,  # noqa: F401
     kexec,  # noqa: F401
