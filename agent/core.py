@@ -606,10 +606,12 @@ class Agent:
                 raise AgentError(f"{self._terminating} is already ending the agent", reason=Reason.DRAINING)
             self._terminating = job.id
         try:
-            job.phase = "waiting for the other lanes to go idle"
+            job.phase = lambda: "waiting for " + (
+                ", ".join(sorted(self.scheduler.busy(except_id=job.id))) or "the other lanes") + " to finish"
             busy = self.scheduler.wait_idle(except_id=job.id, deadline=ctx.deadline, cancel=ctx.cancel_event)
             if busy:
-                ctx.check()
+                if ctx.cancel_event.is_set() and not ctx.timed_out.is_set():
+                    ctx.check()
                 names = ", ".join(sorted(busy))
                 raise CommandTimeout(
                     f"{job.kind.name}: other commands still running at the deadline: {names}", busy=names
@@ -695,8 +697,9 @@ class Agent:
         kind = catalog.get(entry.kind)
         if kind is None:
             return False
-        if entry.state is State.ACCEPTED and entry.command:
-            return True  # it never started: running it now is its first run
+        damaged = self.journal.last_scan is not None and self.journal.last_scan.skipped > 0
+        if entry.state is State.ACCEPTED and entry.command and (kind.retry_safe or not damaged):
+            return True  # it never started (its fsync'ed "started" record would say): a first run
         if kind.retry_safe and entry.command:
             return True
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry.started_ms / 1000)) if entry.started_ms \

@@ -59,7 +59,7 @@ class Job:
     on_done: Callable[[Job, Any, AgentError | None], None]
     on_start: Callable[[Job], None] | None = None
     state: JobState = JobState.QUEUED
-    phase: str = ""                                     # what it is doing, for timeout messages
+    phase: str | Callable[[], str] = ""                 # what it is doing, for timeout messages
     queued_at: float = field(default_factory=time.monotonic)
     started_at: float = 0.0
     started_ms: int = 0                                 # wall clock, for the result
@@ -270,7 +270,8 @@ class Scheduler:
                         wait = min(wait, job.ctx.deadline - now)
                 for job in due:
                     timeout = job.timeout
-                    what = f" while {job.phase}" if job.phase else ""
+                    phase = job.phase() if callable(job.phase) else job.phase
+                    what = f" while {phase}" if phase else ""
                     error = CommandTimeout(
                         f"{job.kind.name}: deadline of {timeout:g}s reached{what}",
                         timeout_seconds=f"{timeout:g}",

@@ -1,0 +1,632 @@
+"""The Agent in process: admission, lanes, journal replay, self-termination, frames.
+
+Real threads, real journal files, real child processes. Test handlers serve real kind names
+and are passed through ``handlers=``; a "crash" is an Agent that is stopped (its journal
+closed) while its handler is still blocked, followed by a new Agent on the same state dir.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.protobuf.message import Message
+
+from agent import catalog, schema
+from agent.catalog import Lane, Role
+from agent.commands.base import Context, Handler, SelfTermination
+from agent.config import Config
+from agent.core import Agent, read_boot_id, rejoin_markers
+from agent.journal import Journal, State
+from agent.proto import agent_pb2, session_pb2
+from agent.trust import SigningKey, verify_result
+from tests.runtime.procs import kill_leftovers, wait_group_gone
+
+WAIT = 30.0
+NODE = "node-1"
+
+
+# -- test handlers ----------------------------------------------------------------------------
+
+
+class Blocking(Handler[Message]):
+    """Runs until the test sets ``release`` (or the command is cancelled / times out)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind_name = kind
+        self.release = threading.Event()
+        self.started = threading.Event()
+        self.calls: list[str] = []
+        self.lock = threading.Lock()
+
+    def parse(self, payload: Message) -> Message:
+        return payload
+
+    def run(self, ctx: Context, params: Message) -> Message:
+        with self.lock:
+            self.calls.append(ctx.command_id)
+        self.started.set()
+        while not self.release.wait(0.02):
+            ctx.check()
+        return schema.result_class(self.kind_name)()
+
+
+class Quick(Handler[Message]):
+    def __init__(self, kind: str, body: Callable[[Context], Message] | None = None) -> None:
+        self.kind_name = kind
+        self.calls: list[str] = []
+        self.body = body
+
+    def parse(self, payload: Message) -> Message:
+        return payload
+
+    def run(self, ctx: Context, params: Message) -> Message:
+        self.calls.append(ctx.command_id)
+        if self.body is not None:
+            return self.body(ctx)
+        return schema.result_class(self.kind_name)()
+
+
+class Picky(Quick):
+    def parse(self, payload: Message) -> Message:
+        assert isinstance(payload, agent_pb2.WipeRequest)
+        if not payload.disks:
+            from agent.errors import InvalidParameters
+
+            raise InvalidParameters("disk.wipe: at least one disk")
+        return payload
+
+
+class Terminating(Handler[Message]):
+    """A self-terminating handler whose action only records that it was called."""
+
+    def __init__(self, kind: str, proof: dict[str, str] | None = None) -> None:
+        self.kind_name = kind
+        self.proof = proof or {}
+        self.actions: list[float] = []
+        self.calls: list[str] = []
+
+    def parse(self, payload: Message) -> Message:
+        return payload
+
+    def run(self, ctx: Context, params: Message) -> SelfTermination:
+        self.calls.append(ctx.command_id)
+        return SelfTermination(proof=dict(self.proof), action=lambda: self.actions.append(time.monotonic()))
+
+
+# -- harness ----------------------------------------------------------------------------------
+
+
+class Frames:
+    def __init__(self) -> None:
+        self.frames: list[session_pb2.Frame] = []
+        self.cond = threading.Condition()
+
+    def __call__(self, frame: session_pb2.Frame) -> None:
+        with self.cond:
+            self.frames.append(frame)
+            self.cond.notify_all()
+
+    def of(self, what: str, cid: str | None = None) -> list[Any]:
+        with self.cond:
+            items = [getattr(f, what) for f in self.frames if f.WhichOneof("msg") == what]
+        if cid is None:
+            return items
+        if what == "result":
+            return [r for r in items if session_pb2.ResultBody.FromString(r.body).command_id == cid]
+        return [i for i in items if i.command_id == cid]
+
+    def result(self, cid: str, timeout: float = WAIT) -> session_pb2.ResultBody:
+        end = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                for f in self.frames:
+                    if f.WhichOneof("msg") == "result":
+                        body = session_pb2.ResultBody.FromString(f.result.body)
+                        if body.command_id == cid:
+                            return body
+                left = end - time.monotonic()
+                assert left > 0, f"no result for {cid}"
+                self.cond.wait(left)
+
+
+class World:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.cp = SigningKey.generate()
+        keys = tmp / "keys"
+        keys.mkdir()
+        self.cp.save_public(keys / "cp.pem")
+        self.keys = (keys,)
+        self.state = tmp / "state"
+        self.agents: list[Agent] = []
+        self.releases: list[threading.Event] = []
+
+    def agent(
+        self,
+        handlers: dict[str, Handler[Any]],
+        *,
+        role: Role = Role.RAMDISK,
+        boot_id: str = "boot-A",
+        cmdline: str = "",
+        **kwargs: Any,
+    ) -> tuple[Agent, Frames]:
+        for h in handlers.values():
+            if hasattr(h, "release"):
+                self.releases.append(h.release)
+        agent = Agent(
+            Config(state_dir=self.state, node_id=NODE, role=role, trusted_keys=self.keys),
+            handlers=handlers, boot_id=boot_id, cmdline=cmdline, **kwargs,
+        )
+        frames = Frames()
+        agent.subscribe(frames)
+        agent.start()
+        self.agents.append(agent)
+        return agent, frames
+
+    def command(
+        self, cid: str, kind: str, payload: Message | None = None, *, sign: bool | None = None,
+        timeout: int = 0, **fields: Any,
+    ) -> session_pb2.SignedCommand:
+        k = catalog.KINDS[kind]
+        body = session_pb2.CommandBody(
+            command_id=cid, kind=kind, node_id=NODE,
+            payload=(payload or schema.payload_class(kind)()).SerializeToString(),
+            issued_at_unix_ms=int(time.time() * 1000),
+            expires_at_unix_ms=int(time.time() * 1000) + 600_000,
+            timeout_seconds=timeout,
+        )
+        for name, value in fields.items():
+            setattr(body, name, value)
+        if sign if sign is not None else k.destructive:
+            return self.cp.sign_command(body)
+        return session_pb2.SignedCommand(body=body.SerializeToString())
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    w = World(tmp_path)
+    yield w
+    for ev in w.releases:
+        ev.set()
+    for a in w.agents:
+        a.stop(timeout=2)
+
+
+def accepted(answer: Any) -> session_pb2.Accept:
+    assert isinstance(answer, session_pb2.Accept), answer
+    return answer
+
+
+def rejected(answer: Any) -> str:
+    assert isinstance(answer, session_pb2.Reject), answer
+    return answer.reason
+
+
+# -- lanes --------------------------------------------------------------------------------------
+
+
+def test_control_command_completes_while_provision_is_held(world: World) -> None:
+    wipe = Blocking("disk.wipe")
+    inv = Quick("inventory.refresh")
+    agent, frames = world.agent({"disk.wipe": wipe, "inventory.refresh": inv})
+    accepted(agent.submit(world.command("w1", "disk.wipe")))
+    assert wipe.started.wait(WAIT)
+    assert accepted(agent.submit(world.command("i1", "inventory.refresh"))).state == session_pb2.QUEUED
+    body = frames.result("i1")
+    assert body.status == session_pb2.SUCCEEDED
+    assert not wipe.release.is_set() and frames.of("result", "w1") == []
+    wipe.release.set()
+    assert frames.result("w1").status == session_pb2.SUCCEEDED
+
+
+def test_timeout_kills_children_and_reports_timed_out(world: World) -> None:
+    groups: list[int] = []
+
+    def body(ctx: Context) -> Message:
+        child = ctx.spawn(["sh", "-c", "sleep 300 & sleep 300; wait"])
+        groups.append(child.pid)
+        ctx.run(["sleep", "300"])
+        return agent_pb2.InventoryRefreshResult()
+
+    agent, frames = world.agent({"inventory.refresh": Quick("inventory.refresh", body)})
+    accepted(agent.submit(world.command("t1", "inventory.refresh", timeout=1)))
+    result = frames.result("t1")
+    try:
+        assert result.status == session_pb2.TIMED_OUT and result.reason == "timeout"
+        assert groups and all(wait_group_gone(g, 5) == [] for g in groups)
+    finally:
+        for g in groups:
+            kill_leftovers(g)
+
+
+def test_cancel_kills_children_and_reports_cancelled(world: World) -> None:
+    groups: list[int] = []
+    started = threading.Event()
+
+    def body(ctx: Context) -> Message:
+        child = ctx.spawn(["sleep", "300"])
+        groups.append(child.pid)
+        started.set()
+        ctx.run(["sleep", "300"])
+        return agent_pb2.WipeResult()
+
+    agent, frames = world.agent({"disk.wipe": Quick("disk.wipe", body)})
+    accepted(agent.submit(world.command("c1", "disk.wipe")))
+    assert started.wait(WAIT)
+    agent.cancel("c1", "operator")
+    result = frames.result("c1")
+    try:
+        assert result.status == session_pb2.CANCELLED and result.reason == "cancelled"
+        assert "operator" in result.message
+        assert wait_group_gone(groups[0], 5) == []
+    finally:
+        kill_leftovers(groups[0])
+
+
+# -- admission ----------------------------------------------------------------------------------
+
+
+def test_role_and_kind_refusals_run_nothing(world: World) -> None:
+    handlers: dict[str, Handler[Any]] = {k: Quick(k) for k in ("bmc.power", "gpu.reset", "inventory.refresh")}
+    agent, _ = world.agent(handlers)
+    assert rejected(agent.submit(world.command("s1", "bmc.power"))) == "not_this_daemon"
+    assert rejected(agent.submit(world.command("g1", "gpu.reset"))) == "wrong_role"
+    unknown = session_pb2.CommandBody(command_id="u1", kind="gpu.overclock", node_id=NODE)
+    unknown_cmd = session_pb2.SignedCommand(body=unknown.SerializeToString())
+    assert rejected(agent.submit(unknown_cmd)) == "unknown_kind"
+    assert all(not h.calls for h in handlers.values())  # type: ignore[attr-defined]
+    assert agent.state_of("s1") == session_pb2.COMMAND_STATE_UNSPECIFIED
+
+
+def test_trust_refusals_through_submit(world: World) -> None:
+    wipe = Quick("disk.wipe")
+    agent, _ = world.agent({"disk.wipe": wipe})
+    stranger = SigningKey.generate()
+    now = int(time.time() * 1000)
+    unsigned = world.command("t-unsigned", "disk.wipe", sign=False)
+    assert rejected(agent.submit(unsigned)) == "signature_missing"
+    other = world.command("t-other", "disk.wipe", sign=False)
+    assert rejected(agent.submit(stranger.sign_command(session_pb2.CommandBody.FromString(other.body)))) \
+        == "signature_unknown_key"
+    good = world.command("t-mod", "disk.wipe")
+    body = session_pb2.CommandBody.FromString(good.body)
+    body.payload = agent_pb2.WipeRequest(passes=7).SerializeToString()
+    tampered = session_pb2.SignedCommand(body=body.SerializeToString(), key_id=good.key_id,
+                                         signature=good.signature)
+    assert rejected(agent.submit(tampered)) == "signature_invalid"
+    assert rejected(agent.submit(world.command("t-node", "disk.wipe", node_id="node-2"))) == "wrong_node"
+    expired = world.command("t-exp", "disk.wipe", expires_at_unix_ms=now - 1)
+    assert rejected(agent.submit(expired)) == "expired"
+    assert rejected(agent.submit(world.command("t-noexp", "disk.wipe", expires_at_unix_ms=0))) == "expired"
+    assert wipe.calls == []
+    # none of the refused ids is remembered: a correct command may use one of them later
+    assert accepted(agent.submit(world.command("t-unsigned", "disk.wipe")))
+
+
+def test_bad_input_is_refused_with_invalid_parameters(world: World) -> None:
+    agent, _ = world.agent({"disk.wipe": Picky("disk.wipe"), "inventory.refresh": Quick("inventory.refresh")})
+    assert rejected(agent.submit(session_pb2.SignedCommand(body=b"\xff\xff\xff"))) == "invalid_parameters"
+    no_id = session_pb2.CommandBody(kind="inventory.refresh")
+    assert rejected(agent.submit(session_pb2.SignedCommand(body=no_id.SerializeToString()))) \
+        == "invalid_parameters"
+    limit = catalog.KINDS["inventory.refresh"].timeout_seconds
+    assert rejected(agent.submit(world.command("x1", "inventory.refresh", timeout=limit + 1))) \
+        == "invalid_parameters"
+    assert rejected(agent.submit(world.command("x2", "disk.wipe"))) == "invalid_parameters"  # parse() refuses
+    bad = session_pb2.CommandBody(command_id="x3", kind="inventory.refresh", payload=b"\xff\xff")
+    assert rejected(agent.submit(session_pb2.SignedCommand(body=bad.SerializeToString()))) \
+        == "invalid_parameters"
+    # none of them ran, none is remembered
+    assert accepted(agent.submit(world.command("x1", "inventory.refresh", timeout=limit)))
+
+
+def test_no_handler_is_unsupported_and_not_in_hello(world: World) -> None:
+    agent, _ = world.agent({"inventory.refresh": Quick("inventory.refresh")})
+    assert rejected(agent.submit(world.command("d1", "diag.nvml"))) == "unsupported"
+    hello = agent.hello()
+    assert list(hello.kinds) == ["inventory.refresh"]
+
+
+def test_drain_refuses_new_commands_after_finishing(world: World) -> None:
+    wipe = Blocking("disk.wipe")
+    agent, frames = world.agent({"disk.wipe": wipe, "inventory.refresh": Quick("inventory.refresh")})
+    accepted(agent.submit(world.command("w1", "disk.wipe")))
+    assert wipe.started.wait(WAIT)
+    drained = threading.Thread(target=agent.drain)
+    drained.start()
+    end = time.monotonic() + WAIT
+    while rejected_or_none(agent.submit(world.command(f"late-{time.monotonic()}", "inventory.refresh"))) \
+            != "draining":
+        assert time.monotonic() < end
+        time.sleep(0.01)
+    assert drained.is_alive()  # still waiting for w1
+    wipe.release.set()
+    drained.join(WAIT)
+    assert not drained.is_alive()
+    assert frames.result("w1").status == session_pb2.SUCCEEDED
+
+
+def rejected_or_none(answer: Any) -> str | None:
+    return answer.reason if isinstance(answer, session_pb2.Reject) else None
+
+
+def test_accept_only_after_the_journal_has_it(world: World) -> None:
+    wipe = Blocking("disk.wipe")
+    agent, _ = world.agent({"disk.wipe": wipe})
+    accepted(agent.submit(world.command("j1", "disk.wipe")))
+    # another reader of the file sees the record as soon as submit returned
+    reader = Journal(world.state / "journal")
+    reader.open()
+    assert "j1" in reader.entries
+    reader.close()
+
+
+# -- known ids ------------------------------------------------------------------------------------
+
+
+def test_same_bytes_return_state_and_result_different_bytes_replayed(world: World) -> None:
+    inv = Quick("inventory.refresh")
+    agent, frames = world.agent({"inventory.refresh": inv, "disk.wipe": Quick("disk.wipe")})
+    cmd = world.command("k1", "inventory.refresh")
+    accepted(agent.submit(cmd))
+    frames.result("k1")
+    again = accepted(agent.submit(cmd))
+    assert again.state == session_pb2.FINISHED and len(frames.of("result", "k1")) == 2
+    assert inv.calls == ["k1"]
+    other = world.command("k1", "inventory.refresh", payload=agent_pb2.InventoryRefreshRequest())
+    other_body = session_pb2.CommandBody.FromString(other.body)
+    other_body.issued_at_unix_ms += 1
+    different = session_pb2.SignedCommand(body=other_body.SerializeToString())
+    assert rejected(agent.submit(different)) == "replayed"
+    agent.ack("k1")
+    assert accepted(agent.submit(cmd)).state == session_pb2.ACKNOWLEDGED
+    assert rejected(agent.submit(world.command("k1", "disk.wipe"))) == "replayed"
+    assert inv.calls == ["k1"]
+
+
+def test_concurrent_submits_of_one_id_run_it_once(world: World) -> None:
+    inv = Quick("inventory.refresh")
+    agent, frames = world.agent({"inventory.refresh": inv})
+    cmd = world.command("once", "inventory.refresh")
+    answers: list[Any] = []
+    threads = [threading.Thread(target=lambda: answers.append(agent.submit(cmd))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT)
+    assert len(answers) == 8 and all(isinstance(a, session_pb2.Accept) for a in answers)
+    frames.result("once")
+    assert agent.wait_idle(WAIT)
+    assert inv.calls == ["once"]
+
+
+# -- crash and replay -----------------------------------------------------------------------------
+
+
+def test_retry_safe_command_runs_again_after_a_crash(world: World) -> None:
+    dcgm = Blocking("diag.dcgm")
+    first, _ = world.agent({"diag.dcgm": dcgm})
+    accepted(first.submit(world.command("r1", "diag.dcgm")))
+    assert dcgm.started.wait(WAIT)
+    first.stop(timeout=0.2)  # the "crash": nothing more of this agent reaches the journal
+
+    again = Quick("diag.dcgm")
+    second, frames = world.agent({"diag.dcgm": again})
+    body = frames.result("r1")
+    assert body.status == session_pb2.SUCCEEDED and again.calls == ["r1"]
+    entry = second.journal.entries["r1"]
+    assert entry.attempts == 2
+    # attested: signed by the node key, which survived the restart
+    signed = second.unacked_results()[0]
+    assert verify_result(signed, first.node_key.public_raw).command_id == "r1"
+    dcgm.release.set()  # the old handler returns into a closed journal: nothing changes
+    time.sleep(0.2)
+    assert [session_pb2.ResultBody.FromString(r.body).command_id for r in second.unacked_results()] == ["r1"]
+
+
+def test_non_retry_safe_command_is_interrupted_and_not_run_again(world: World) -> None:
+    wipe = Blocking("disk.wipe")
+    first, _ = world.agent({"disk.wipe": wipe}, workers={Lane.CONTROL: 1, Lane.PROVISION: 1, Lane.BULK: 1})
+    n1 = world.command("n1", "disk.wipe")
+    accepted(first.submit(n1))
+    assert wipe.started.wait(WAIT)
+    accepted(first.submit(world.command("n2", "disk.wipe")))  # queued behind n1, never started
+    first.stop(timeout=0.2)
+
+    again = Quick("disk.wipe")
+    second, frames = world.agent({"disk.wipe": again})
+    hello = second.hello()
+    interrupted = [session_pb2.ResultBody.FromString(r.body) for r in hello.unacked_results]
+    assert [(b.command_id, b.status, b.reason) for b in interrupted][:1] == [
+        ("n1", session_pb2.INTERRUPTED, "interrupted")
+    ]
+    assert frames.result("n2").status == session_pb2.SUCCEEDED
+    assert again.calls == ["n2"] and wipe.calls == ["n1"]
+    # a resend of n1 returns its state, it does not run it
+    assert accepted(second.submit(n1)).state == session_pb2.FINISHED
+    assert again.calls == ["n2"]
+
+
+def test_unacked_results_are_kept_and_resent(world: World) -> None:
+    inv = Quick("inventory.refresh")
+    first, frames = world.agent({"inventory.refresh": inv})
+    cmds = {cid: world.command(cid, "inventory.refresh") for cid in ("u1", "u2")}
+    for cid, cmd in cmds.items():
+        accepted(first.submit(cmd))
+        frames.result(cid)
+    first.ack("u1")
+    first.stop()
+    second, _ = world.agent({"inventory.refresh": inv})
+    ids = [session_pb2.ResultBody.FromString(r.body).command_id for r in second.hello().unacked_results]
+    assert ids == ["u2"]
+    second.ack("u2")
+    second.stop()
+    third, _ = world.agent({"inventory.refresh": inv})
+    assert list(third.hello().unacked_results) == []
+    assert accepted(third.submit(cmds["u1"])).state == session_pb2.ACKNOWLEDGED
+    assert inv.calls == ["u1", "u2"]
+
+
+# -- self-terminating ------------------------------------------------------------------------------
+
+
+def test_self_terminating_waits_for_other_lanes_then_acts(world: World) -> None:
+    wipe = Blocking("disk.wipe")
+    kexec = Terminating("boot.kexec")
+    agent, frames = world.agent({"disk.wipe": wipe, "boot.kexec": kexec, "inventory.refresh": Quick("x")})
+    hooks: list[float] = []
+    agent.add_exit_hook(lambda: hooks.append(time.monotonic()))
+    accepted(agent.submit(world.command("w1", "disk.wipe")))
+    assert wipe.started.wait(WAIT)
+    accepted(agent.submit(world.command("k1", "boot.kexec")))
+    end = time.monotonic() + WAIT
+    while not kexec.calls:
+        assert time.monotonic() < end
+        time.sleep(0.01)
+    time.sleep(0.3)
+    assert kexec.actions == [] and hooks == []  # waiting for w1
+    assert rejected(agent.submit(world.command("i1", "inventory.refresh"))) == "draining"
+    released = time.monotonic()
+    wipe.release.set()
+    assert frames.result("w1").status == session_pb2.SUCCEEDED
+    end = time.monotonic() + WAIT
+    while not kexec.actions:
+        assert time.monotonic() < end
+        time.sleep(0.01)
+    assert hooks and hooks[0] <= kexec.actions[0] and kexec.actions[0] >= released
+    assert frames.of("result", "k1") == []
+    assert agent.journal.entries["k1"].state is State.AWAITING_REJOIN
+    assert agent.journal.entries["k1"].proof == {"old_boot_id": "boot-A"}
+    assert [s.state for s in agent.hello().in_flight if s.command_id == "k1"] == [session_pb2.AWAITING_REJOIN]
+    agent.stop()
+
+    # the next agent, in a new boot, reports the kexec complete
+    rebooted, _ = world.agent({"boot.kexec": Terminating("boot.kexec")}, boot_id="boot-B")
+    completions = list(rebooted.hello().completions)
+    assert [(c.command_id, c.ok, c.old_boot_id, c.new_boot_id) for c in completions] == [
+        ("k1", True, "boot-A", "boot-B")
+    ]
+    rebooted.ack("k1")
+    assert list(rebooted.hello().completions) == []
+    assert rejected(rebooted.submit(world.command("k1", "boot.kexec", payload=agent_pb2.KexecRequest(
+        cmdline="other")))) == "replayed"
+
+
+def test_self_terminating_in_the_same_boot_is_not_complete(world: World) -> None:
+    kexec = Terminating("boot.kexec")
+    agent, _ = world.agent({"boot.kexec": kexec})
+    accepted(agent.submit(world.command("k2", "boot.kexec")))
+    end = time.monotonic() + WAIT
+    while not kexec.actions:
+        assert time.monotonic() < end
+        time.sleep(0.01)
+    agent.stop()
+    same, _ = world.agent({"boot.kexec": kexec}, boot_id="boot-A")
+    (c,) = same.hello().completions
+    assert c.command_id == "k2" and not c.ok and c.reason == "interrupted" and "same boot" in c.message
+
+
+def test_self_terminating_fails_at_its_deadline_when_lanes_stay_busy(world: World) -> None:
+    wipe = Blocking("disk.wipe")
+    kexec = Terminating("boot.kexec")
+    agent, frames = world.agent({"disk.wipe": wipe, "boot.kexec": kexec, "inventory.refresh": Quick("x")})
+    accepted(agent.submit(world.command("w1", "disk.wipe")))
+    assert wipe.started.wait(WAIT)
+    accepted(agent.submit(world.command("k3", "boot.kexec", timeout=1)))
+    body = frames.result("k3")
+    assert body.status == session_pb2.TIMED_OUT and "w1" in body.message
+    assert kexec.actions == []
+    # the agent takes commands again
+    assert accepted(agent.submit(world.command("i2", "inventory.refresh")))
+
+
+def test_completion_from_kernel_command_line(world: World) -> None:
+    agent, _ = world.agent(
+        {"boot.kexec": Terminating("boot.kexec")}, boot_id="boot-new",
+        cmdline="console=ttyS0 bc.rejoin=boot.kexec:k-9:boot-old bc.rejoin=bogus quiet",
+    )
+    (c,) = agent.hello().completions
+    assert (c.command_id, c.kind, c.ok, c.old_boot_id, c.new_boot_id) == ("k-9", "boot.kexec", True,
+                                                                          "boot-old", "boot-new")
+    agent.ack("k-9")
+    agent.stop()
+    # the agent restarts in the same boot: the marker is still on the command line, but acked
+    again, _ = world.agent({}, boot_id="boot-new", cmdline="bc.rejoin=boot.kexec:k-9:boot-old")
+    assert list(again.hello().completions) == []
+
+
+def test_upgrade_completion_by_version(world: World) -> None:
+    up = Terminating("daemon.upgrade", proof={"old_version": "1.0", "new_version": "2.0"})
+    agent, _ = world.agent({"daemon.upgrade": up}, role=Role.NODE, version_string="1.0")
+    accepted(agent.submit(world.command("up1", "daemon.upgrade")))
+    end = time.monotonic() + WAIT
+    while not up.actions:
+        assert time.monotonic() < end
+        time.sleep(0.01)
+    agent.stop()
+    new, _ = world.agent({"daemon.upgrade": up}, role=Role.NODE, version_string="2.0")
+    (c,) = new.hello().completions
+    assert c.ok and c.new_version == "2.0" and c.old_version == "1.0"
+
+
+def test_upgrade_not_reached_is_a_failed_completion(world: World) -> None:
+    up = Terminating("daemon.upgrade", proof={"old_version": "1.0", "new_version": "2.0"})
+    agent, _ = world.agent({"daemon.upgrade": up}, role=Role.NODE, version_string="1.0")
+    accepted(agent.submit(world.command("up3", "daemon.upgrade")))
+    end = time.monotonic() + WAIT
+    while not up.actions:
+        assert time.monotonic() < end
+        time.sleep(0.01)
+    agent.stop()
+    old, _ = world.agent({"daemon.upgrade": up}, role=Role.NODE, version_string="1.0", boot_id="boot-Z")
+    (c,) = old.hello().completions
+    assert not c.ok and c.reason == "interrupted" and "2.0" in c.message
+
+
+# -- frames ----------------------------------------------------------------------------------------
+
+
+def test_progress_and_logs_are_rate_bounded_last_progress_kept(world: World) -> None:
+    def chatty(ctx: Context) -> Message:
+        for i in range(1, 201):
+            ctx.progress(done=i, total=200)
+        for i in range(500):
+            ctx.log.info("line %d", i)
+        return agent_pb2.InventoryRefreshResult()
+
+    agent, frames = world.agent({"inventory.refresh": Quick("inventory.refresh", chatty)})
+    accepted(agent.submit(world.command("p1", "inventory.refresh")))
+    frames.result("p1")
+    with frames.cond:
+        kinds = [f.WhichOneof("msg") for f in frames.frames]
+    progress = frames.of("progress", "p1")
+    assert 1 <= len(progress) < 200
+    assert progress[-1].done == 200  # the last one is always delivered...
+    last_progress = max(i for i, k in enumerate(kinds) if k == "progress")
+    assert kinds.index("result") > last_progress  # ...before the result
+    logs = frames.of("log", "p1")
+    assert 1 <= len(logs) < 500
+    assert logs[0].message == "line 0"
+    assert len(logs) + sum(line.dropped_before for line in logs) <= 500
+
+
+def test_hello_describes_the_agent(world: World, tmp_path: Path) -> None:
+    agent, _ = world.agent({"inventory.refresh": Quick("x"), "gpu.reset": Quick("y")})
+    hello = agent.hello()
+    assert hello.node_id == NODE and hello.role == "ramdisk" and hello.boot_id == "boot-A"
+    assert list(hello.kinds) == ["inventory.refresh"]  # gpu.reset is not a ramdisk kind
+    on_disk = SigningKey.load(world.state / "node.key").public_raw
+    assert hello.public_key == agent.node_key.public_raw == on_disk
+    real = Agent(Config(state_dir=tmp_path / "other", node_id=NODE), handlers={}, cmdline="")
+    assert real.boot_id == read_boot_id() and len(real.boot_id) == 36
+
+
+def test_rejoin_marker_parsing() -> None:
+    assert rejoin_markers("a bc.rejoin=node.reboot:c1:b1 bc.rejoin=x:y bc.rejoin= b") == [
+        ("node.reboot", "c1", "b1")
+    ]
