@@ -80,8 +80,8 @@ class DiagNvml(Handler[NvmlParams], kind="diag.nvml"):
                     for n, index in enumerate(indices):
                         ctx.check()
                         states.append(nvml.read(index))
-                        ctx.progress(done=n + 1, total=len(indices), subject=gpu_lock(index),
-                                     message=f"read GPU {index}")
+                        ctx.progress(fraction=(n + 1) / len(indices), subject=gpu_lock(index),
+                                     message=f"read GPU {index} ({n + 1} of {len(indices)})")
                 findings.extend(gpu_health.judge_count(count, th))
         except gpu.NoDriver as exc:
             result.driver_present = False

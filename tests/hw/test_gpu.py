@@ -149,3 +149,16 @@ def test_library_from_the_environment_in_a_subprocess(library: str, machine: Fak
                          env={**__import__("os").environ, gpu.LIBRARY_ENV: library}, check=True)
     assert out.stdout.strip() == "8"
     assert "Traceback" not in out.stderr
+
+
+def test_real_gpu_read_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a machine with an NVIDIA driver: read every GPU for real (never changes anything)."""
+    monkeypatch.delenv(gpu.LIBRARY_ENV, raising=False)
+    monkeypatch.delenv("FAKE_NVML_CONFIG", raising=False)
+    try:
+        system, count, states = gpu.read_gpus(None)
+    except gpu.NoDriver as exc:
+        pytest.skip(f"no real NVIDIA driver here: {exc}")
+    assert system.driver_version and count == len(states)
+    for s in states:
+        assert s.lost or (s.uuid.startswith(("GPU-", "MIG-")) and s.name and s.pci_bus_id), s
