@@ -11,13 +11,14 @@ __all__ = ["Context", "Handler", "SelfTermination", "handler_for"]
 # Handler modules (import for their registration side effect), one line each:
 from agent.commands import (
     dcgm,  # noqa: F401
+    deploy,  # noqa: F401
     driver,  # noqa: F401
     gpu,  # noqa: F401
+    inventory,  # noqa: F401
     kexec,  # noqa: F401
     logs,  # noqa: F401
     reboot,  # noqa: F401
     snapshot,  # noqa: F401
     upgrade,  # noqa: F401
+    wipe,  # noqa: F401
 )
-from agent.commands import deploy  # noqa: F401
-from agent.commands import wipe  # noqa: F401
