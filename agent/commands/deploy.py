@@ -230,9 +230,11 @@ class Deployment:
         stop = threading.Event()
         errors: list[BaseException] = []
         threads: list[threading.Thread] = []
+        touched = False
         try:
-            skip = self._prepare(fd)
             raw_q = self._start_pipeline(source, fmt, stop, errors, threads)
+            touched = True  # from here on the disk's old content is gone
+            skip = self._prepare(fd)
             raw_hash = hashlib.sha256() if self.params.verify_readback else None
             with diskio.DiskWriter(
                 fd, dfd, size=self.disk.size, skip_zeros=skip, cancel=self.ctx.cancel_event,
@@ -251,8 +253,10 @@ class Deployment:
         except BaseException:
             stop.set()
             for t in threads:
-                t.join(timeout=5)
-            self._fail_cleanup(fd)
+                if t.ident is not None:
+                    t.join(timeout=5)
+            if touched:
+                self._fail_cleanup(fd)
             raise
         finally:
             if dfd is not None:
@@ -302,12 +306,12 @@ class Deployment:
                 put(src_q, data)
             put(src_q, _EOF)
 
-        threads.append(threading.Thread(target=guarded(read_loop, src_q), name="deploy-read", daemon=True))
+        reader = threading.Thread(target=guarded(read_loop, src_q), name="deploy-read", daemon=True)
         if fmt == Fmt.RAW:
             out_q = src_q
         else:
             out_q = queue.Queue(maxsize=8)
-            dec = image.decompressor(fmt, ctx.spawn)
+            dec = image.decompressor(fmt, ctx.spawn)  # ToolMissing here: nothing touched yet
 
             def decompress_loop() -> None:
                 try:
@@ -325,6 +329,7 @@ class Deployment:
             worker = threading.Thread(target=guarded(decompress_loop, out_q), name="deploy-inflate",
                                       daemon=True)
             threads.append(worker)
+        threads.append(reader)
         for t in threads:
             t.start()
         return out_q
