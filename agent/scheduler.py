@@ -245,12 +245,16 @@ class Scheduler:
             if job.state is JobState.DONE:
                 return False
             job.state = JobState.DONE
-            self._jobs.pop(job.id, None)
-            self._cond.notify_all()
         try:
             job.on_done(job, value, error)
         except Exception:
             log.exception("%s %s: reporting the outcome failed", job.kind.name, job.id)
+        finally:
+            # Only now is the job gone: whoever waits for idle lanes (drain, a self-terminating
+            # command) finds its result already handed to the subscribers.
+            with self._cond:
+                self._jobs.pop(job.id, None)
+                self._cond.notify_all()
         return True
 
     # -- deadlines and cancellation --------------------------------------------------------------

@@ -348,7 +348,9 @@ def test_drain_refuses_new_commands_after_finishing(world: World) -> None:
     wipe.release.set()
     drained.join(WAIT)
     assert not drained.is_alive()
-    assert frames.result("w1").status == session_pb2.SUCCEEDED
+    # drain returned only once the result was handed to the subscribers (no waiting here)
+    (result,) = frames.of("result", "w1")
+    assert session_pb2.ResultBody.FromString(result.body).status == session_pb2.SUCCEEDED
 
 
 def rejected_or_none(answer: Any) -> str | None:

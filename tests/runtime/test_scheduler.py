@@ -199,3 +199,17 @@ def test_deadline_counts_from_start_not_from_queueing(sched: Scheduler) -> None:
     time.sleep(1.5)  # bulk-2 waits in the queue longer than its timeout
     release.set()
     assert out.wait("bulk-2") == ("ok", None)
+
+
+def test_a_job_counts_as_busy_until_its_outcome_is_reported(sched: Scheduler) -> None:
+    reported: list[str] = []
+
+    def slow_report(j: Job, value: Any, error: AgentError | None) -> None:
+        time.sleep(0.3)
+        reported.append(j.id)
+
+    ctx = Context.local("inventory.refresh", command_id="r")
+    sched.submit(Job(id="r", kind=catalog.KINDS["inventory.refresh"], ctx=ctx, timeout=60,
+                     body=lambda c: "ok", on_done=slow_report))
+    assert sched.wait_idle(except_id=None, deadline=time.monotonic() + WAIT) == []
+    assert reported == ["r"]
