@@ -9,7 +9,8 @@ One ``Session`` serves one ``Agent`` (agent/core.py) for the life of the process
               unacknowledged results, completions, in-flight states) -> Welcome, which sets
               the heartbeat interval and the dead-peer time.
     serve     command -> Agent.submit -> Accept/Reject; cancel -> Agent.cancel;
-              ack -> Agent.ack; drain -> Agent.drain, then Goodbye and the session ends.
+              ack -> Agent.ack; drain -> Agent.drain, wait (bounded) until every result is
+              acknowledged, then Goodbye and the session ends.
               Frames the agent emits (progress, log lines, results; Agent.subscribe) are
               sent as they come; heartbeats both ways; nothing received for dead_after
               (3 heartbeat intervals by default) -> the peer is dead.
@@ -31,6 +32,7 @@ import random
 import socket
 import ssl
 import threading
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -256,6 +258,11 @@ class Session:
         log.info("draining: %s", reason or "requested by the gateway")
         try:
             self.agent.drain()
+            # Results of what finished must reach the gateway (and be acknowledged) first.
+            deadline = time.monotonic() + 2 * self.options.exit_flush_seconds
+            unacked = getattr(self.agent, "unacked_results", None)
+            while unacked is not None and unacked() and time.monotonic() < deadline:
+                time.sleep(0.05)
         finally:
             self._drained.set()
             with self._lock:

@@ -243,6 +243,15 @@ class Channel:
         self._wake()
         return True
 
+    def send_bytes(self, data: bytes) -> bool:
+        """Queue raw bytes as they are (tests: malformed, truncated and oversized frames)."""
+        with self._lock:
+            if self._closing is not None or self.closed.is_set():
+                return False
+            self._out.append(bytes(data))
+        self._wake()
+        return True
+
     def close(
         self, reason: str, *, error: session_pb2.Frame | None = None, flush_seconds: float = 2.0
     ) -> None:

@@ -622,10 +622,15 @@ class Gateway:
         if channel is not None:
             channel.abort("dropped_by_gateway")
 
-    def send_raw(self, node_id: str, frame: session_pb2.Frame) -> bool:
+    def send_raw(self, node_id: str, frame: session_pb2.Frame | bytes) -> bool:
+        """Send one frame, or raw bytes as they are (tests: bad input at a live agent)."""
         with self._cond:
             node = self.nodes.get(node_id)
-            return bool(node is not None and node.channel is not None and node.channel.send(frame))
+            if node is None or node.channel is None:
+                return False
+            if isinstance(frame, bytes):
+                return node.channel.send_bytes(frame)
+            return node.channel.send(frame)
 
     # -- waiting --------------------------------------------------------------------------
 

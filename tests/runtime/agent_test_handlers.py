@@ -8,12 +8,15 @@ They do no real work. What each command does is read from ``$BC_TEST_DIR/spec/<c
     child      true: start `sleep 3600` as a child (pid in $BC_TEST_DIR/child-<id>.pid), then
                wait until cancelled; the runtime must kill it
     stuck      true: ignore cancellation entirely (a handler that never returns)
+    exit       boot.kexec only: end the agent (os._exit) as a self-terminating action
     fail       a reason code: raise an AgentError with it
     progress   how many progress reports to send
     log        how many log lines to write through ctx.log
 
-Every start and every end is appended (O_APPEND, fsync) to $BC_TEST_DIR/executions.log as
-``start <id> <kind> <pid>`` / ``end <id>``, so a test can count how often a command ran.
+If $BC_TEST_DIR/boot_id exists, the agent reads its boot id from there (a "new boot" for the
+self-terminating tests). Every start and every end is appended (O_APPEND, fsync) to
+$BC_TEST_DIR/executions.log as ``start <id> <kind> <pid>`` / ``end <id>``, so a test can count
+how often a command ran.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from typing import Any
 
 from google.protobuf.message import Message
 
+import agent.core
 from agent import schema
-from agent.commands.base import Context, Handler
+from agent.commands.base import Context, Handler, SelfTermination
 from agent.errors import AgentError, Reason
 
 TEST_DIR = Path(os.environ.get("BC_TEST_DIR", "/nonexistent"))
@@ -82,6 +86,28 @@ class _TestHandler(Handler[Message]):
             raise AgentError(f"test handler failed as asked ({spec['fail']})", reason=Reason(spec["fail"]))
         record(f"end {ctx.command_id}")
         return schema.result_class(ctx.kind.name)()
+
+
+class TestKexec(_TestHandler, kind="boot.kexec"):
+    """Self-terminating: the action ends the agent process, as a kexec would."""
+
+    def run(self, ctx: Context, params: Message) -> Message | SelfTermination:  # type: ignore[override]
+        spec = spec_for(ctx.command_id)
+        record(f"start {ctx.command_id} {ctx.kind.name} {os.getpid()}")
+        if spec.get("fail"):
+            raise AgentError("kexec refused as asked", reason=Reason(spec["fail"]))
+
+        def action() -> None:
+            record(f"end {ctx.command_id}")
+            os._exit(0)
+
+        return SelfTermination(proof={}, action=action, result=schema.result_class(ctx.kind.name)())
+
+
+_boot_file = TEST_DIR / "boot_id"
+if _boot_file.exists():
+    _boot = _boot_file.read_text().strip()
+    agent.core.read_boot_id = lambda *a, **k: _boot  # type: ignore[assignment]
 
 
 # One test handler class per real kind the runtime tests use (control, provision and bulk lanes;
