@@ -23,6 +23,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import logging
 import os
 import stat
 import subprocess
@@ -42,9 +43,12 @@ from agent.config import Config
 from agent.errors import InvalidParameters, NotFound, ProtectedDevice, SourceFailed, ToolFailed
 from agent.proto import agent_pb2, common_pb2
 
+log = logging.getLogger(__name__)
+
 CHUNK = 1 << 20
 SNAPSHOT_DIRS = (Path("/var/lib/libvirt/images"), Path("/var/lib/bettercompute/instances"))
 ZSTD_LEVEL = 3
+FROZEN_DIR = "frozen"                        # markers of filesystems frozen by a snapshot
 
 # linux/fs.h: _IOWR('X', 119, int) and _IOWR('X', 120, int)
 FIFREEZE = 0xC0045877
@@ -101,11 +105,60 @@ def is_frozen(mountpoint: Path) -> bool:
     return False
 
 
+def _marker(state_dir: Path, mountpoint: Path) -> Path:
+    return state_dir / FROZEN_DIR / hashlib.sha256(str(mountpoint).encode()).hexdigest()[:16]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def thaw_leftovers(state_dir: Path) -> list[Path]:
+    """Thaw what an agent that died mid-snapshot left frozen; the thawed mount points.
+
+    ``frozen`` writes a marker (mount point, pid) in ``state_dir/frozen`` before it freezes
+    and removes it after the thaw. A marker whose pid is no longer alive is a leftover. The
+    runtime may call this at start-up; every snapshot calls it before it begins.
+    """
+    thawed: list[Path] = []
+    with contextlib.suppress(OSError):
+        for marker in sorted((state_dir / FROZEN_DIR).iterdir()):
+            try:
+                mountpoint, pid = marker.read_text().split("\n")[:2]
+                if int(pid) == os.getpid() or _alive(int(pid)):
+                    continue
+            except (OSError, ValueError):
+                continue
+            try:
+                thaw(Path(mountpoint))
+                thawed.append(Path(mountpoint))
+                log.warning("thawed %s, left frozen by an interrupted snapshot", mountpoint)
+            except OSError as exc:
+                if exc.errno not in (errno.EINVAL, errno.ENOENT, errno.ENOTDIR):
+                    log.error("cannot thaw %s left frozen by an interrupted snapshot: %s", mountpoint, exc)
+                    continue
+            marker.unlink(missing_ok=True)
+    return thawed
+
+
 @contextlib.contextmanager
 def frozen(ctx: Context, mountpoint: Path) -> Iterator[None]:
     """The filesystem frozen for the body of the ``with``; always thawed after it."""
+    marker = _marker(ctx.config.state_dir, mountpoint)
+    marker.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    marker.write_text(f"{mountpoint}\n{os.getpid()}\n")
     ctx.log.info("freezing %s", mountpoint)
-    freeze(mountpoint)
+    try:
+        freeze(mountpoint)
+    except BaseException:
+        marker.unlink(missing_ok=True)
+        raise
     try:
         yield
     finally:
@@ -113,12 +166,13 @@ def frozen(ctx: Context, mountpoint: Path) -> Iterator[None]:
             try:
                 thaw(mountpoint)
                 ctx.log.info("thawed %s", mountpoint)
-                break
             except OSError as exc:
-                if exc.errno == errno.EINVAL:  # not frozen (any more): nothing to undo
-                    break
-                ctx.log.error("thaw of %s failed (attempt %d): %s", mountpoint, attempt + 1, exc)
-                time.sleep(0.5)
+                if exc.errno != errno.EINVAL:  # EINVAL: not frozen (any more), nothing to undo
+                    ctx.log.error("thaw of %s failed (attempt %d): %s", mountpoint, attempt + 1, exc)
+                    time.sleep(0.5)
+                    continue
+            marker.unlink(missing_ok=True)
+            break
 
 
 def check_quiesce(config: Config, raw: str) -> Path:
@@ -276,6 +330,7 @@ class InstanceSnapshot(Handler[SnapshotParams], kind="instance.snapshot"):
         return transfer.confine(str(raw), allowed_dirs(config), "snapshot source")
 
     def run(self, ctx: Context, params: SnapshotParams) -> agent_pb2.InstanceSnapshotResult:
+        thaw_leftovers(ctx.config.state_dir)
         source_path = self.check_source(ctx.config, params.source)
         mountpoint = check_quiesce(ctx.config, str(params.quiesce)) if params.quiesce else None
         rate = params.rate or ctx.config.bulk_bandwidth_bytes_per_second

@@ -6,6 +6,7 @@ import gzip
 import hashlib
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from agent import proc
 from agent.commands import transfer
 from agent.commands.base import Context
-from agent.commands.snapshot import InstanceSnapshot, is_frozen
+from agent.commands.snapshot import FROZEN_DIR, InstanceSnapshot, freeze, is_frozen, thaw_leftovers
 from agent.config import Config
 from agent.errors import InvalidParameters, NotFound, ProtectedDevice, SourceFailed
 from agent.proto import agent_pb2, session_pb2
@@ -190,6 +191,7 @@ def test_quiesce_freezes_for_the_duration_and_thaws_on_success(
     assert result.quiesced
     assert seen and all(seen), "the filesystem was not frozen while the snapshot streamed"
     assert not is_frozen(ext4_mount)
+    assert not any((tmp_path / "state" / FROZEN_DIR).iterdir())  # marker removed after the thaw
 
 
 def test_quiesce_thaws_even_when_the_upload_fails(ext4_mount: Path, images: Path, tmp_path: Path) -> None:
@@ -213,3 +215,35 @@ def test_quiesce_refuses_root_and_non_mountpoints(images: Path, tmp_path: Path) 
         snapshot(config, source, "http://127.0.0.1:9/x", quiesce_mountpoint="/")
     with pytest.raises(InvalidParameters, match="not a mount point"):
         snapshot(config, source, "http://127.0.0.1:9/x", quiesce_mountpoint=str(images))
+
+
+def test_bandwidth_limit_paces_the_upload(images: Path, tmp_path: Path) -> None:
+    source = images / "vm.raw"
+    data = os.urandom(5 << 20)
+    source.write_bytes(data)
+    rate = 2 << 20
+    with LoopbackServer() as srv:
+        started = time.monotonic()
+        snapshot(
+            config_for(images, tmp_path), source, srv.url("/slow"), agent_pb2.NO_COMPRESSION,
+            bandwidth_limit_bytes_per_second=rate,
+        )
+        elapsed = time.monotonic() - started
+        assert srv.uploads["/slow"] == data
+    # A lower bound only (a slow machine can only take longer): 5 MiB at 2 MiB/s after a burst
+    # of a quarter second's worth cannot take less than 2 s.
+    assert elapsed >= (len(data) - rate * transfer.BURST_SECONDS) / rate - 0.3
+
+
+def test_a_freeze_left_by_a_dead_agent_is_thawed(ext4_mount: Path, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    markers = state / FROZEN_DIR
+    markers.mkdir(parents=True)
+    dead = proc.spawn(["true"])
+    dead.wait()
+    freeze(ext4_mount)
+    (markers / "a").write_text(f"{ext4_mount}\n{dead.pid}\n")
+    (markers / "b").write_text(f"/nonexistent/mnt\n{os.getpid()}\n")  # a live snapshot's: kept
+    assert thaw_leftovers(state) == [ext4_mount]
+    assert not is_frozen(ext4_mount)
+    assert sorted(p.name for p in markers.iterdir()) == ["b"]
