@@ -125,6 +125,19 @@ def test_paths_outside_the_allow_list_are_refused(setup: tuple[Config, Path], tm
         collect(config, paths=[str(allowed / "missing.log")])
 
 
+def test_key_material_under_a_named_directory_is_left_out(setup: tuple[Config, Path]) -> None:
+    config, _ = setup
+    (config.state_dir / "client.key").write_text("not a log")
+    result = collect(config, paths=[str(config.state_dir)])
+    names = members(result.inline_archive)
+    assert f"files{config.state_dir}/agent.log" in names
+    assert not any(n.endswith((".key", "node.key")) for n in names)
+    assert sorted(s for s in result.skipped if "key material" in s) == [
+        f"{config.state_dir}/client.key: key material, never collected",
+        f"{config.state_dir}/node.key: key material, never collected",
+    ]
+
+
 def test_links_under_a_named_directory_do_not_escape(setup: tuple[Config, Path]) -> None:
     config, allowed = setup
     logs = allowed / "logs"
