@@ -20,7 +20,8 @@ def test_argv() -> None:
 
 def test_parameters_are_checked_and_sorted() -> None:
     assert list(dcgm.check_parameters({"z.y": "1", "a.b": "2.5"})) == ["a.b", "z.y"]
-    for bad in ({"a": "1"}, {"a.b": ""}, {"a.b": "1;c.d=2"}, {"a.b": "x y"}, {"-a.b": "1"}):
+    assert dcgm.check_parameters({"pcie.h2d_d2h_single_pinned.min_bandwidth": "20"})
+    for bad in ({"a": "1"}, {"a.b.c.d": "1"}, {"a.b": ""}, {"a.b": "1;c.d=2"}, {"a.b": "x y"}, {"-a.b": "1"}):
         with pytest.raises(InvalidParameters):
             dcgm.check_parameters(bad)
 
