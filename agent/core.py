@@ -47,6 +47,7 @@ PROGRESS_INTERVAL = 0.5        # seconds between progress frames of one command
 PROGRESS_MARKER_INTERVAL = 15.0  # seconds between journaled progress markers of one command
 LOG_RATE = 20.0                # log lines per second per command, sustained
 LOG_BURST = 50.0
+MAX_ATTEMPTS = 3               # starts of one retry-safe command before it is reported interrupted
 
 Frame = session_pb2.Frame
 Sink = Callable[[session_pb2.Frame], None]
@@ -700,8 +701,14 @@ class Agent:
         damaged = self.journal.last_scan is not None and self.journal.last_scan.skipped > 0
         if entry.state is State.ACCEPTED and entry.command and (kind.retry_safe or not damaged):
             return True  # it never started (its fsync'ed "started" record would say): a first run
-        if kind.retry_safe and entry.command:
+        if kind.retry_safe and entry.command and entry.attempts < MAX_ATTEMPTS:
             return True
+        if kind.retry_safe and entry.command:
+            self._finish(entry.id, kind, Interrupted(
+                f"{kind.name} {entry.id} was started {entry.attempts} times and the agent stopped each "
+                "time before it finished; not starting it again", attempts=entry.attempts,
+            ), started_ms=entry.started_ms)
+            return False
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry.started_ms / 1000)) if entry.started_ms \
             else "an unknown time"
         self._finish(entry.id, kind, Interrupted(

@@ -632,3 +632,55 @@ def test_rejoin_marker_parsing() -> None:
     assert rejoin_markers("a bc.rejoin=node.reboot:c1:b1 bc.rejoin=x:y bc.rejoin= b") == [
         ("node.reboot", "c1", "b1")
     ]
+
+
+def test_a_retry_safe_command_that_keeps_killing_the_agent_stops_being_retried(world: World) -> None:
+    from agent.core import MAX_ATTEMPTS
+
+    cmd = world.command("poison", "diag.dcgm")
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        dcgm = Blocking("diag.dcgm")
+        agent, _ = world.agent({"diag.dcgm": dcgm})
+        if attempt == 1:
+            accepted(agent.submit(cmd))
+        assert dcgm.started.wait(WAIT)
+        assert agent.journal.entries["poison"].attempts == attempt
+        agent.stop(timeout=0.2)
+    last = Quick("diag.dcgm")
+    agent, _ = world.agent({"diag.dcgm": last})
+    (result,) = agent.unacked_results()
+    body = verify_result(result, agent.node_key.public_raw)
+    assert body.status == session_pb2.INTERRUPTED and str(MAX_ATTEMPTS) in body.message
+    assert last.calls == []
+
+
+def test_log_lines_of_other_modules_reach_the_gateway_with_the_command(world: World) -> None:
+    import logging
+
+    def body(ctx: Context) -> Message:
+        logging.getLogger("agent.hw.example").warning("disk %s is busy", "sda")
+        return agent_pb2.InventoryRefreshResult()
+
+    agent, frames = world.agent({"inventory.refresh": Quick("inventory.refresh", body)})
+    accepted(agent.submit(world.command("l1", "inventory.refresh")))
+    frames.result("l1")
+    lines = [(line.level, line.message) for line in frames.of("log", "l1")]
+    assert lines == [("warning", "disk sda is busy")]
+
+
+def test_many_commands_with_a_small_journal_bound_survive_restart(world: World) -> None:
+    inv = Quick("inventory.refresh")
+    agent, _ = world.agent({"inventory.refresh": inv}, journal_compact_bytes=8 * 1024)
+    for i in range(150):
+        accepted(agent.submit(world.command(f"m{i}", "inventory.refresh")))
+    assert agent.wait_idle(WAIT)
+    for i in range(0, 150, 2):
+        agent.ack(f"m{i}")
+    assert agent.journal.compactions > 0
+    size = (world.state / "journal").stat().st_size
+    agent.stop()
+    again, _ = world.agent({"inventory.refresh": inv}, journal_compact_bytes=8 * 1024)
+    ids = sorted(session_pb2.ResultBody.FromString(r.body).command_id for r in again.unacked_results())
+    assert ids == sorted(f"m{i}" for i in range(1, 150, 2))
+    assert again.state_of("m0") == session_pb2.ACKNOWLEDGED
+    assert size < 200 * 1024
