@@ -6,6 +6,7 @@ GpuThresholds; a zero field means the documented default.
 
 Per GPU (NVML):
   fail  gpu_lost                 NVML reports the GPU lost (fell off the bus)
+  fail  gpu_unreadable           NVML cannot open the GPU at all (e.g. "Unknown Error")
   fail  gpu_missing              a GPU the request names is not there
   fail  model_mismatch           name does not contain expected_model
   fail  ecc_uncorrected          volatile uncorrected ECC errors > max_ecc_uncorrected_volatile (0)
@@ -45,7 +46,7 @@ from dataclasses import dataclass
 
 from agent.errors import InvalidParameters
 from agent.hw.dcgm import DcgmTest
-from agent.hw.gpu import GpuState
+from agent.hw.gpu import UNREADABLE, GpuState
 from agent.proto import agent_pb2, common_pb2
 
 
@@ -133,6 +134,10 @@ def judge_gpu(s: GpuState, th: Thresholds) -> list[Finding]:
     if s.lost:
         add(Level.FAIL, "gpu_lost", "NVML reports the GPU lost (fallen off the bus); it needs a reset "
             "or a reboot, and replacing if it happens again")
+        return out
+    if UNREADABLE in s.errors:
+        add(Level.FAIL, "gpu_unreadable", f"NVML cannot open the GPU ({s.errors[UNREADABLE]}); it may "
+            "have fallen off the bus")
         return out
     if th.expected_model and th.expected_model.lower() not in s.name.lower():
         add(Level.FAIL, "model_mismatch", f"is a {s.name!r}, expected {th.expected_model!r}")

@@ -27,7 +27,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from agent import deps
-from agent.errors import NotFound, Unsupported
+from agent.errors import NotFound, ToolFailed, Unsupported
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,9 @@ _FUNCTION_NOT_FOUND = 13
 _GPU_IS_LOST = 15
 _ARGUMENT_VERSION_MISMATCH = 25
 _UNAVAILABLE = {_NOT_SUPPORTED, _FUNCTION_NOT_FOUND, _ARGUMENT_VERSION_MISMATCH}
+
+
+UNREADABLE = "handle"  # GpuState.errors key when NVML cannot even open the GPU
 
 
 class NoDriver(Unsupported):
@@ -200,9 +203,11 @@ def _use_library(nv: ModuleType, library: str | None) -> None:
                     f"no NVIDIA driver: cannot load the NVML library {library} ({exc})", library=library
                 ) from exc
         # pynvml keeps the library and its function pointers in module globals.
-        with nv.libLoadLock:
+        with getattr(nv, "libLoadLock", contextlib.nullcontext()):
             nv.nvmlLib = handle
-            nv._nvmlGetFunctionPointer_cache.clear()
+            cache = getattr(nv, "_nvmlGetFunctionPointer_cache", None)
+            if cache is not None:
+                cache.clear()
         _loaded = library
 
 
@@ -232,6 +237,8 @@ def open_nvml(library: str | None = None) -> Iterator[Nvml]:
         raise NoDriver(f"NVML cannot be initialised: {exc}", nvml_error=code) from exc
     try:
         yield Nvml(nv)
+    except nv.NVMLError as exc:
+        raise ToolFailed(f"NVML call failed: {exc}", nvml_error=_code(exc)) from exc
     finally:
         with contextlib.suppress(nv.NVMLError):
             nv.nvmlShutdown()
@@ -328,8 +335,9 @@ class Nvml:
         except nv.NVMLError as exc:
             if _code(exc) == _GPU_IS_LOST:
                 state.lost = True
-                return state
-            raise
+            else:  # e.g. "Unknown Error": what a GPU that fell off the bus often gives instead
+                state.errors[UNREADABLE] = str(exc)
+            return state
         try:
             self._fill(state, handle, processes)
         except _Lost:

@@ -108,6 +108,7 @@ def test_driver_not_loaded(config: Config, machine: FakeMachine) -> None:
     [
         ({"lost": "handle"}, "gpu_lost", FAIL),
         ({"lost": "query"}, "gpu_lost", FAIL),
+        ({"lost": "unknown"}, "gpu_unreadable", FAIL),
         ({"ecc_uncorrected_volatile": 3}, "ecc_uncorrected", FAIL),
         ({"ecc_corrected_volatile": 12}, "ecc_corrected", WARN),
         ({"ecc_uncorrected_aggregate": 1}, "ecc_uncorrected_history", WARN),

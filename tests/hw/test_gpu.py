@@ -82,6 +82,12 @@ def test_lost_gpu_at_handle_and_at_query(library: str, machine: FakeMachine) -> 
     assert states[2].uuid == "" and states[3].lost is False
 
 
+def test_unopenable_gpu(library: str, machine: FakeMachine) -> None:
+    machine.set(1, lost="unknown")  # "Unable to determine the device handle ...: Unknown Error"
+    s = gpu.read_gpus(library, ["1"])[2][0]
+    assert not s.lost and s.errors == {gpu.UNREADABLE: "Unknown Error"}
+
+
 def test_missing_gpu_is_not_enumerated(library: str, machine: FakeMachine) -> None:
     machine.set(7, missing=True)
     assert len(gpu.list_gpus(library)) == 7

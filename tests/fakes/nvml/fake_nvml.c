@@ -6,7 +6,8 @@
  * the machine between two sessions. Faults: "lost" ("handle": the handle cannot be had,
  * "query": every query fails) with NVML_ERROR_GPU_IS_LOST, ECC counters, row remapping
  * pending/failure, retired pages, temperature, narrow or slow PCIe link, NVLink links down,
- * "missing" (the GPU is not enumerated), processes (listed while the pid is alive), and
+ * "lost": "unknown" (the handle fails with NVML_ERROR_UNKNOWN, as a GPU that fell off the bus
+ * often does), "missing" (the GPU is not enumerated), processes (listed while the pid is alive), and
  * "init_error" (nvmlInit returns that NVML code, e.g. 9 = driver not loaded).
  * Only what the agent calls is implemented; what a model lacks returns NOT_SUPPORTED.
  */
@@ -31,7 +32,7 @@ enum {
 typedef struct { unsigned pid; unsigned long long used; char name[256]; } fake_proc;
 
 typedef struct fake_gpu {
-    int lost;                                   /* 0, 1 = at handle, 2 = at every query */
+    int lost;                    /* 0; 1 = GPU_IS_LOST at handle, 2 = at every query, 3 = UNKNOWN at handle */
     char name[96], uuid[96], serial[32], vbios[32], bus_id[32];
     unsigned domain, bus, device, pci_device_id, pci_subsystem_id;
     unsigned long long mem_total, mem_used, mem_reserved;
@@ -213,7 +214,8 @@ static void gpu_from_json(fake_gpu *g, const jval *o, int i) {
     jstr(o, "model", model, sizeof model);
     model_defaults(g, model, i);
     const jval *lost = jget(o, "lost");
-    if (lost && lost->t == J_STR) g->lost = !strcmp(lost->str, "query") ? 2 : 1;
+    if (lost && lost->t == J_STR)
+        g->lost = !strcmp(lost->str, "query") ? 2 : !strcmp(lost->str, "unknown") ? 3 : 1;
     else if (lost && lost->t == J_BOOL) g->lost = lost->num ? 1 : 0;
     jstr(o, "name", g->name, sizeof g->name); jstr(o, "uuid", g->uuid, sizeof g->uuid);
     jstr(o, "serial", g->serial, sizeof g->serial); jstr(o, "vbios", g->vbios, sizeof g->vbios);
@@ -387,6 +389,7 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, void **device) {
     if (!g_refs) return NVML_ERROR_UNINITIALIZED;
     if (!device || index >= (unsigned)g_count) return NVML_ERROR_INVALID_ARGUMENT;
     if (g_gpus[index].lost == 1) return NVML_ERROR_GPU_IS_LOST;
+    if (g_gpus[index].lost == 3) return NVML_ERROR_UNKNOWN;
     *device = &g_gpus[index];
     return NVML_SUCCESS;
 }
@@ -397,6 +400,7 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, void **device) {
     for (int i = 0; i < g_count; i++)
         if (!strcmp(g_gpus[i].uuid, uuid)) {
             if (g_gpus[i].lost == 1) return NVML_ERROR_GPU_IS_LOST;
+            if (g_gpus[i].lost == 3) return NVML_ERROR_UNKNOWN;
             *device = &g_gpus[i];
             return NVML_SUCCESS;
         }
