@@ -47,7 +47,7 @@ PROGRESS_INTERVAL = 0.5        # seconds between progress frames of one command
 PROGRESS_MARKER_INTERVAL = 15.0  # seconds between journaled progress markers of one command
 LOG_RATE = 20.0                # log lines per second per command, sustained
 LOG_BURST = 50.0
-MAX_ATTEMPTS = 3               # starts of one retry-safe command before it is reported interrupted
+MAX_ATTEMPTS = 5               # starts of one retry-safe command before it is reported interrupted
 
 Frame = session_pb2.Frame
 Sink = Callable[[session_pb2.Frame], None]
