@@ -13,6 +13,7 @@ import contextlib
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +29,9 @@ from agent.proto import agent_pb2
 
 HOSTENGINE_START_SECONDS = 30.0
 RAW_JSON_LIMIT = 4 * 1024 * 1024
+PROGRESS_SECONDS = 10.0
+# Rough length of a run per level on an 8-GPU node, for the progress estimate only.
+EXPECTED_SECONDS = {1: 90.0, 2: 300.0, 3: 1800.0, 4: 5400.0}
 
 
 @dataclass(frozen=True)
@@ -60,13 +64,13 @@ class DiagDcgm(Handler[DcgmParams], kind="diag.dcgm"):
         started = False
         with ctx.hold(*(gpu_lock(i) for i in covered)):
             ctx.progress(message=f"dcgmi diag -r {params.level}", fraction=0.0)
-            done = _diag(ctx, dcgm.diag_argv(dcgmi, params.level, params.gpus, params.parameters))
+            argv = dcgm.diag_argv(dcgmi, params.level, params.gpus, params.parameters)
+            done = _diag(ctx, argv, params.level)
             if done.returncode != 0 and dcgm.connection_failed(_output(done)):
                 ctx.log.info("no DCGM host engine: starting %s for this run", hostengine)
                 with _host_engine(ctx, hostengine) as host:
                     started = True
-                    done = _diag(ctx, dcgm.diag_argv(dcgmi, params.level, params.gpus, params.parameters,
-                                                     host=host))
+                    done = _diag(ctx, [*argv, "--host", host], params.level)
         if done.returncode != 0 and dcgm.connection_failed(_output(done)):
             raise ToolFailed("dcgmi cannot reach a DCGM host engine: " + _tail(done), tool=dcgmi,
                              returncode=done.returncode)
@@ -106,12 +110,36 @@ def _tail(done: proc.Completed) -> str:
     return " / ".join(lines[-3:]) or "no output"
 
 
-def _diag(ctx: Context, argv: list[str]) -> proc.Completed:
-    try:
-        return ctx.run(argv, check=False)
-    except ToolMissing as exc:
+def _diag(ctx: Context, argv: list[str], level: int) -> proc.Completed:
+    """Run dcgmi (bounded by the command's deadline), reporting progress while it runs."""
+    box: dict[str, proc.Completed | BaseException] = {}
+
+    def work() -> None:
+        try:
+            box["done"] = ctx.run(argv, check=False)
+        except BaseException as exc:  # handed to the caller's thread below
+            box["error"] = exc
+
+    worker = threading.Thread(target=work, name="dcgmi", daemon=True)
+    started = time.monotonic()
+    worker.start()
+    expected = EXPECTED_SECONDS[level]
+    while True:
+        worker.join(PROGRESS_SECONDS)
+        if not worker.is_alive():
+            break
+        elapsed = time.monotonic() - started
+        ctx.progress(message=f"dcgmi diag -r {level}: running for {elapsed:.0f}s (about {expected:.0f}s)",
+                     fraction=min(0.99, elapsed / expected), eta_seconds=max(0.0, expected - elapsed))
+    error = box.get("error")
+    if isinstance(error, ToolMissing):
         raise ToolMissing(f"DCGM is not installed on this machine ({argv[0]} not found)",
-                          tool=argv[0]) from exc
+                          tool=argv[0]) from error
+    if isinstance(error, BaseException):
+        raise error
+    done = box["done"]
+    assert isinstance(done, proc.Completed)
+    return done
 
 
 def _gpu_count(ctx: Context) -> int:

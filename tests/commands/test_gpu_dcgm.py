@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from agent.commands import dcgm as dcgm_command
 from agent.commands.base import Context, handler_for
 from agent.config import Config
 from agent.errors import CommandTimeout, InvalidParameters, ToolFailed, ToolMissing
-from agent.proto import agent_pb2, common_pb2
+from agent.proto import agent_pb2, common_pb2, session_pb2
 from agent.schema import payload_from_json
 from tests.fakes.nvml.fakenvml import NoCompiler, build_library
 
@@ -194,6 +195,21 @@ def test_timeout_kills_dcgmi_and_its_children(config: Config, tmp_path: Path,
     while not all(gone(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert all(gone(p) for p in pids)
+
+
+def test_progress_while_dcgmi_runs(config: Config, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_DCGMI_MODE", "hang")
+    monkeypatch.setattr(dcgm_command, "PROGRESS_SECONDS", 0.2)
+    frames: list[session_pb2.Progress] = []
+    handler = handler_for("diag.dcgm")
+    assert handler is not None
+    params = handler.parse(payload_from_json("diag.dcgm", {"level": 3}))
+    ctx = Context.local("diag.dcgm", config, timeout=3, progress_sink=frames.append)
+    with pytest.raises(CommandTimeout):
+        handler.run(ctx, params)
+    ticks = [f for f in frames if "running for" in f.message]
+    assert ticks and all(0 < f.fraction < 0.01 and f.eta_seconds > 1700 for f in ticks)
+    assert "dcgmi diag -r 3" in ticks[0].message
 
 
 def test_unparsable_output(config: Config, monkeypatch: pytest.MonkeyPatch) -> None:

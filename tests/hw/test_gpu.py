@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -152,7 +153,7 @@ def test_library_from_the_environment_in_a_subprocess(library: str, machine: Fak
     code = "from agent.hw import gpu; print(len(gpu.list_gpus()))"
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
-                         env={**__import__("os").environ, gpu.LIBRARY_ENV: library}, check=True)
+                         env={**os.environ, gpu.LIBRARY_ENV: library}, check=True)
     assert out.stdout.strip() == "8"
     assert "Traceback" not in out.stderr
 
