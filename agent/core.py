@@ -47,6 +47,7 @@ PROGRESS_INTERVAL = 0.5        # seconds between progress frames of one command
 PROGRESS_MARKER_INTERVAL = 15.0  # seconds between journaled progress markers of one command
 LOG_RATE = 20.0                # log lines per second per command, sustained
 LOG_BURST = 50.0
+HELLO_RESULTS_BYTES = 1024 * 1024  # unacked results beyond this follow the Hello as result frames
 MAX_ATTEMPTS = 5               # starts of one retry-safe command before it is reported interrupted
 
 Frame = session_pb2.Frame
@@ -271,6 +272,9 @@ class Agent:
         self._started = False
         self._stopped = False
         self._archive_sha256: str | None = None
+        self.hello_results_bytes = HELLO_RESULTS_BYTES
+        if self.role not in catalog.AGENT_ROLES:
+            raise InvalidParameters(f"this agent runs as ramdisk or node, not {self.role}")
 
     # -- life cycle ----------------------------------------------------------------------------
 
@@ -328,6 +332,9 @@ class Agent:
         )
 
     def hello(self) -> session_pb2.Hello:
+        """The session's first frame. Unacknowledged results go in it up to a byte budget
+        (``hello_results_bytes``, so the Hello stays far below the frame limit); the others are
+        emitted to the subscribers as result frames right away, to follow the Hello."""
         with self._admit:
             entries = sorted(self.journal.entries.values(), key=lambda e: e.accepted_ms)
             in_flight = [
@@ -337,7 +344,13 @@ class Agent:
             ]
             completions = [session_pb2.Completion.FromString(e.completion)
                            for e in entries if e.state is State.COMPLETED]
-            return session_pb2.Hello(
+            in_hello: list[session_pb2.SignedResult] = []
+            overflow: list[session_pb2.SignedResult] = []
+            budget = self.hello_results_bytes
+            for signed in self.unacked_results():
+                budget -= signed.ByteSize() + 8
+                (in_hello if budget >= 0 and not overflow else overflow).append(signed)
+            hello = session_pb2.Hello(
                 protocol_version=PROTOCOL_VERSION,
                 node_id=self.config.node_id,
                 role=str(self.role),
@@ -345,11 +358,14 @@ class Agent:
                 boot_id=self.boot_id,
                 kinds=self.served_kinds(),
                 public_key=self.node_key.public_raw,
-                unacked_results=self.unacked_results(),
+                unacked_results=in_hello,
                 completions=completions,
                 in_flight=in_flight,
                 agent_sha256=self._archive_digest(),
             )
+            for signed in overflow:
+                self._emit(Frame(result=signed))
+            return hello
 
     def _archive_digest(self) -> str:
         if self._archive_sha256 is None:

@@ -684,3 +684,27 @@ def test_many_commands_with_a_small_journal_bound_survive_restart(world: World) 
     assert ids == sorted(f"m{i}" for i in range(1, 150, 2))
     assert again.state_of("m0") == session_pb2.ACKNOWLEDGED
     assert size < 200 * 1024
+
+
+def test_hello_carries_unacked_results_up_to_a_budget_and_the_rest_follow(world: World) -> None:
+    inv = Quick("inventory.refresh")
+    agent, frames = world.agent({"inventory.refresh": inv})
+    for i in range(20):
+        accepted(agent.submit(world.command(f"h{i:02d}", "inventory.refresh")))
+    assert agent.wait_idle(WAIT)
+    agent.stop()
+    again, frames = world.agent({"inventory.refresh": inv})
+    one = again.unacked_results()[0].ByteSize()
+    again.hello_results_bytes = 5 * (one + 8)
+    hello = again.hello()
+    in_hello = [session_pb2.ResultBody.FromString(r.body).command_id for r in hello.unacked_results]
+    following = [session_pb2.ResultBody.FromString(r.body).command_id for r in frames.of("result")]
+    assert in_hello == [f"h{i:02d}" for i in range(5)]
+    assert following == [f"h{i:02d}" for i in range(5, 20)]
+
+
+def test_site_role_is_not_an_agent_role(tmp_path: Path) -> None:
+    from agent.errors import InvalidParameters
+
+    with pytest.raises(InvalidParameters):
+        Agent(Config(state_dir=tmp_path, node_id=NODE, role=Role.SITE), handlers={}, boot_id="b", cmdline="")
