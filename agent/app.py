@@ -140,6 +140,7 @@ def _exec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--confirm", action="append", default=[], metavar="TARGET",
                    help="destructive kinds without a signed command: name each target (repeatable)")
     p.add_argument("--timeout", type=float, metavar="SECONDS", help="less than the kind's timeout")
+    p.add_argument("--command-id", metavar="ID", help="an id for the logs (default: exec-PID-TIME)")
     p.epilog = (
         "Exit codes: 0 succeeded, 1 failed, 2 refused before running, 69 tool missing, "
         f"124 timed out, 130 interrupted. Settings precedence: {settings.PRECEDENCE}."
@@ -160,11 +161,11 @@ def targets_of(msg: Message) -> list[str]:
         if field.message_type is not None:
             if field.message_type.GetOptions().map_entry:
                 continue
-            items = value if field.label == field.LABEL_REPEATED else [value]
+            items = value if field.is_repeated else [value]
             for item in items:
                 found.extend(targets_of(item))
         elif field.name in ("gpu", "gpus"):
-            found.extend(value if field.label == field.LABEL_REPEATED else [value])
+            found.extend(value if field.is_repeated else [value])
     return found
 
 
@@ -209,7 +210,7 @@ def _authorize(args: argparse.Namespace, kind: catalog.Kind, config: Any) -> tup
                 f"({', '.join(repr(t) for t in targets)}), or run a signed command (--signed-command)",
                 targets=",".join(targets),
             )
-    return payload, f"exec-{os.getpid()}-{int(time.time())}"
+    return payload, args.command_id or f"exec-{os.getpid()}-{int(time.time())}"
 
 
 @command("exec", "run one command here without a gateway (recovery at the console)", _exec_args)
@@ -273,6 +274,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
         bar.finish()
         return _print_outcome(kind, command_id, started,
                               CommandTimeout(f"{kind.name}: deadline reached"), None, EXIT_TIMEOUT)
+    ctx.kill_children()  # whatever the handler left behind ends with it
     bar.finish()
     error = outcome.get("error")
     if error is not None:
