@@ -350,12 +350,20 @@ class Journal:
         with self._lock:
             if self._fd is None:
                 raise RuntimeError(f"journal {self.path} is not open")
-            view = memoryview(data)
-            while view:
-                written = os.write(self._fd, view)
-                view = view[written:]
-            if sync:
-                self._fsync(self._fd)
+            start = self._size
+            try:
+                view = memoryview(data)
+                while view:
+                    written = os.write(self._fd, view)
+                    view = view[written:]
+                if sync:
+                    self._fsync(self._fd)
+            except BaseException:
+                # Not durable, so not written: a record that failed must not come back on replay
+                # (the caller has told nobody about it).
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, start)
+                raise
             self._size += len(data)
             self._apply(obj)
             if self._size > self.compact_bytes and self._size > 2 * self._compacted_size:

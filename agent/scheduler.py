@@ -164,7 +164,10 @@ class Scheduler:
             job.ctx.cancel_event.set()
             self._finish(job, None, error)
         else:
-            self._expire(job, error)
+            # Killing the children may take the SIGTERM grace: not on the caller's thread.
+            threading.Thread(
+                target=self._expire, args=(job, error), name=f"cancel-{job.id}", daemon=True
+            ).start()
         return True
 
     def get(self, command_id: str) -> Job | None:

@@ -708,3 +708,50 @@ def test_site_role_is_not_an_agent_role(tmp_path: Path) -> None:
 
     with pytest.raises(InvalidParameters):
         Agent(Config(state_dir=tmp_path, node_id=NODE, role=Role.SITE), handlers={}, boot_id="b", cmdline="")
+
+
+def test_a_command_whose_acceptance_cannot_be_journaled_is_rejected_and_never_runs(world: World) -> None:
+    wipe = Quick("disk.wipe")
+    agent, _ = world.agent({"disk.wipe": wipe})
+
+    def broken_fsync(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    agent.journal._fsync = broken_fsync  # the tmpfs is full
+    assert rejected(agent.submit(world.command("f1", "disk.wipe"))) == "internal"
+    agent.stop()
+    again, _ = world.agent({"disk.wipe": wipe})
+    assert again.state_of("f1") == session_pb2.COMMAND_STATE_UNSPECIFIED
+    assert again.wait_idle(WAIT) and wipe.calls == []
+
+
+def test_resource_locks_serialize_commands_across_lanes(world: World) -> None:
+    order: list[str] = []
+    inside = threading.Event()
+    release = threading.Event()
+
+    def wipe_body(ctx: Context) -> Message:
+        with ctx.hold("disk:S-1"):
+            order.append("wipe in")
+            inside.set()
+            while not release.wait(0.02):
+                ctx.check()
+            order.append("wipe out")
+        return agent_pb2.WipeResult()
+
+    def inventory_body(ctx: Context) -> Message:
+        with ctx.hold("disk:S-1"):
+            order.append("inventory in")
+        return agent_pb2.InventoryRefreshResult()
+
+    world.releases.append(release)
+    agent, frames = world.agent({"disk.wipe": Quick("disk.wipe", wipe_body),
+                                 "inventory.refresh": Quick("inventory.refresh", inventory_body)})
+    accepted(agent.submit(world.command("w", "disk.wipe")))
+    assert inside.wait(WAIT)
+    accepted(agent.submit(world.command("i", "inventory.refresh")))
+    time.sleep(0.3)
+    assert order == ["wipe in"]  # the control command waits for the disk, not for the lane
+    release.set()
+    frames.result("i")
+    assert order == ["wipe in", "wipe out", "inventory in"]

@@ -219,3 +219,26 @@ def test_record_checksum_covers_length() -> None:
     assert scan(bytes(rec)).records == []
     with pytest.raises(ValueError):
         Entry.from_json({"id": "x", "state": "nonsense"})
+
+
+def test_a_record_whose_fsync_failed_is_not_replayed(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    failing = {"on": False}
+
+    def fsync(fd: int) -> None:
+        if failing["on"]:
+            raise OSError(5, "Input/output error")
+        os.fsync(fd)
+
+    j = open_journal(path, fsync=fsync)
+    j.accepted("ok", "inventory.refresh", "d1", b"c1")
+    failing["on"] = True
+    with pytest.raises(OSError):
+        j.accepted("lost", "disk.wipe", "d2", b"c2")
+    assert "lost" not in j.entries
+    failing["on"] = False
+    j.acked("ok")
+    j.close()
+    again = open_journal(path)
+    assert "lost" not in again.entries and "ok" in again.known
+    assert again.last_scan is not None and again.last_scan.skipped == 0
