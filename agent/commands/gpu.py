@@ -2,7 +2,9 @@
 
 Both hold "gpu:<index>" for each GPU they touch, so a reset and a diagnostic of the same GPU
 never overlap, and "nvml" while NVML is open in this process: an open NVML session keeps the
-device files open, and nvidia-smi refuses to reset a GPU that any client holds.
+device files open, and nvidia-smi refuses to reset a GPU that any client holds. Every command
+takes its gpu locks and "nvml" in one hold() (sorted: gpu:N before nvml), or "nvml" alone for
+a moment, so no two commands wait on each other in a circle.
 """
 
 from __future__ import annotations
@@ -61,28 +63,29 @@ class DiagNvml(Handler[NvmlParams], kind="diag.nvml"):
         result = agent_pb2.DiagNvmlResult()
         findings: list[gpu_health.Finding] = []
         states: list[gpu.GpuState] = []
+        library = gpu.library_path(ctx.config.extra)
         try:
-            with ctx.hold(NVML_LOCK), gpu.open_nvml(gpu.library_path(ctx.config.extra)) as nvml:
+            with ctx.hold(NVML_LOCK), gpu.open_nvml(library) as nvml:
                 system = nvml.system()
                 result.driver_present = True
                 result.driver_version = system.driver_version
                 result.cuda_driver_version = system.cuda_driver_version
                 result.nvml_version = system.nvml_version
                 count = nvml.count()
-                indices: list[int] = []
+                indices: set[int] = set()
                 for ref in params.gpus or tuple(str(i) for i in range(count)):
                     try:
-                        indices.append(nvml.resolve(ref))
+                        indices.add(nvml.resolve(ref))
                     except NotFound as exc:
                         findings.append(gpu_health.missing(ref, exc.message))
-                indices = sorted(set(indices))
-                with ctx.hold(*(gpu_lock(i) for i in indices)):
-                    for n, index in enumerate(indices):
-                        ctx.check()
-                        states.append(nvml.read(index))
-                        ctx.progress(fraction=(n + 1) / len(indices), subject=gpu_lock(index),
-                                     message=f"read GPU {index} ({n + 1} of {len(indices)})")
-                findings.extend(gpu_health.judge_count(count, th))
+            findings.extend(gpu_health.judge_count(count, th))
+            # Locks in one call (sorted: every gpu:N before nvml), as gpu.reset and diag.dcgm take them.
+            with ctx.hold(*(gpu_lock(i) for i in indices), NVML_LOCK), gpu.open_nvml(library) as nvml:
+                for n, index in enumerate(sorted(indices)):
+                    ctx.check()
+                    states.append(nvml.read(index))
+                    ctx.progress(fraction=(n + 1) / len(indices), subject=gpu_lock(index),
+                                 message=f"read GPU {index} ({n + 1} of {len(indices)})")
         except gpu.NoDriver as exc:
             result.driver_present = False
             result.message = exc.message
@@ -123,41 +126,42 @@ class GpuReset(Handler[ResetParams], kind="gpu.reset"):
     def run(self, ctx: Context, params: ResetParams) -> agent_pb2.GpuResetResult:
         library = gpu.library_path(ctx.config.extra)
         tool = ctx.config.extra.get("nvidia_smi", "nvidia-smi")
-        with ctx.hold(NVML_LOCK):
+        with ctx.hold(NVML_LOCK), gpu.open_nvml(library) as nvml:
+            index = nvml.resolve(params.gpu)
+        # nvml stays held through the reset: no NVML session of this agent may hold the GPU open.
+        with ctx.hold(gpu_lock(index), NVML_LOCK):
             with gpu.open_nvml(library) as nvml:
-                index = nvml.resolve(params.gpu)
                 before = nvml.read(index)
-            with ctx.hold(gpu_lock(index)):
-                stopped: list[gpu.GpuProcess] = []
-                if before.processes:
-                    if not params.stop_processes:
-                        listed = ", ".join(f"{p.pid} ({p.name or '?'})" for p in before.processes)
-                        raise ProtectedDevice(
-                            f"GPU {index} is in use by {len(before.processes)} process(es): {listed}; "
-                            "stop them or send stop_processes",
-                            gpu=index,
-                            processes=",".join(str(p.pid) for p in before.processes),
-                        )
-                    stopped = stop_processes(ctx, before.processes)
-                    with gpu.open_nvml(library) as nvml:
-                        left = nvml.processes(index)
-                    if left:
-                        raise ProtectedDevice(
-                            f"GPU {index} is still in use after stopping its processes: "
-                            + ", ".join(str(p.pid) for p in left),
-                            gpu=index,
-                        )
-                ctx.progress(message=f"resetting GPU {index}", subject=gpu_lock(index))
-                done = ctx.run([tool, "--gpu-reset", "-i", str(index)], check=False)
-                output = (done.text + done.stderr.decode("utf-8", "replace")).strip()
-                if done.returncode != 0:
-                    raise ToolFailed(
-                        f"{tool} --gpu-reset -i {index} failed (exit {done.returncode}): "
-                        + " / ".join(output.splitlines()[-3:]),
-                        tool=tool, returncode=done.returncode, gpu=index,
+            stopped: list[gpu.GpuProcess] = []
+            if before.processes:
+                if not params.stop_processes:
+                    listed = ", ".join(f"{p.pid} ({p.name or '?'})" for p in before.processes)
+                    raise ProtectedDevice(
+                        f"GPU {index} is in use by {len(before.processes)} process(es): {listed}; "
+                        "stop them or send stop_processes",
+                        gpu=index,
+                        processes=",".join(str(p.pid) for p in before.processes),
                     )
+                stopped = stop_processes(ctx, before.processes)
                 with gpu.open_nvml(library) as nvml:
-                    after = nvml.read(index)
+                    left = nvml.processes(index)
+                if left:
+                    raise ProtectedDevice(
+                        f"GPU {index} is still in use after stopping its processes: "
+                        + ", ".join(str(p.pid) for p in left),
+                        gpu=index,
+                    )
+            ctx.progress(message=f"resetting GPU {index}", subject=gpu_lock(index))
+            done = ctx.run([tool, "--gpu-reset", "-i", str(index)], check=False)
+            output = (done.text + done.stderr.decode("utf-8", "replace")).strip()
+            if done.returncode != 0:
+                raise ToolFailed(
+                    f"{tool} --gpu-reset -i {index} failed (exit {done.returncode}): "
+                    + " / ".join(output.splitlines()[-3:]),
+                    tool=tool, returncode=done.returncode, gpu=index,
+                )
+            with gpu.open_nvml(library) as nvml:
+                after = nvml.read(index)
         result = agent_pb2.GpuResetResult(
             method="nvidia-smi",
             health=gpu_health.health_proto(after, params.thresholds),

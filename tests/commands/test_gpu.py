@@ -305,3 +305,21 @@ def test_reset_missing_tool(library: str, machine: FakeMachine, tmp_path: Path) 
     config = Config(extra={"nvml_library": library, "nvidia_smi": str(tmp_path / "no-nvidia-smi")})
     with pytest.raises(Exception, match="not installed"):
         reset(config, {"gpu": "0"})
+
+
+def test_reset_waits_for_a_diagnostic_of_the_same_gpu(config: Config, machine: FakeMachine,
+                                                      tmp_path: Path) -> None:
+    handler = handler_for("gpu.reset")
+    assert handler is not None
+    params = handler.parse(payload_from_json("gpu.reset", {"gpu": "1"}))
+    ctx = Context.local("gpu.reset", config, timeout=0.5)
+    held = ctx.locks.hold([gpu_commands.gpu_lock(1)], threading.Event(), time.monotonic() + 60)
+    with held, pytest.raises(CommandTimeout, match="waiting for gpu:1"):
+        handler.run(ctx, params)
+    assert smi_calls(tmp_path) == []
+    other = Context.local("gpu.reset", config, timeout=30)
+    other.locks = ctx.locks
+    held = ctx.locks.hold([gpu_commands.gpu_lock(1)], threading.Event(), time.monotonic() + 60)
+    with held:  # another GPU is not held up
+        result = handler.run(other, handler.parse(payload_from_json("gpu.reset", {"gpu": "2"})))
+    assert isinstance(result, agent_pb2.GpuResetResult) and result.index == 2
