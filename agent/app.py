@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 
 TEST_HANDLERS_ENV = "BC_AGENT_TEST_HANDLERS"
 EXIT_TIMEOUT, EXIT_INTERRUPTED = 124, 130
+SWITCH_INTERVAL_SECONDS = 0.0005
 
 
 def load_test_handlers() -> str | None:
@@ -100,6 +101,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     import agent.commands
     from agent.core import Agent
 
+    # A handler that computes in Python holds the GIL; hand it over more often than the default
+    # 5 ms so the control lane and the session stay responsive (bench/lane_latency.py).
+    sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
     agent = Agent(loaded.config, cmdline=loaded.cmdline)
     session = Session(agent, loaded.config, SessionOptions(**loaded.session))
     stopping = threading.Event()

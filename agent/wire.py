@@ -222,6 +222,10 @@ class Channel:
     # -- API ------------------------------------------------------------------------------
 
     def start(self) -> Channel:
+        if self.sock.family in (socket.AF_INET, socket.AF_INET6):
+            # Small frames must not wait for Nagle + delayed ACK (40 ms a round trip).
+            with contextlib.suppress(OSError):
+                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.setblocking(False)
         self._thread.start()
         return self

@@ -8,6 +8,8 @@ They do no real work. What each command does is read from ``$BC_TEST_DIR/spec/<c
     child      true: start `sleep 3600` as a child (pid in $BC_TEST_DIR/child-<id>.pid), then
                wait until cancelled; the runtime must kill it
     stuck      true: ignore cancellation entirely (a handler that never returns)
+    spin       seconds of busy Python work in the handler thread (holds the GIL; benchmarks)
+    burn       true: run `sha256sum /dev/zero` as a child until the hold file appears (CPU load)
     exit       boot.kexec only: end the agent (os._exit) as a self-terminating action
     fail       a reason code: raise an AgentError with it
     progress   how many progress reports to send
@@ -70,6 +72,14 @@ class _TestHandler(Handler[Message]):
             ctx.log.info("test handler line %d of %s", i + 1, ctx.command_id)
         if spec.get("sleep"):
             ctx.sleep(float(spec["sleep"]))
+        if spec.get("spin"):
+            end = time.monotonic() + float(spec["spin"])
+            n = 0
+            while time.monotonic() < end:
+                n += sum(i * i for i in range(2000))
+                ctx.check()
+        if spec.get("burn"):
+            ctx.spawn(["sha256sum", "/dev/zero"])
         if spec.get("hold"):
             flag = TEST_DIR / str(spec["hold"])
             while not flag.exists():

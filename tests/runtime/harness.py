@@ -49,12 +49,13 @@ class AgentProcess:
         token: str | None = None,
         extra_args: tuple[str, ...] = (),
         cmdline: str = "",
+        state_dir: Path | None = None,
     ) -> None:
         self.pki, self.gateway, self.dir = pki, gateway, test_dir
         self.node_id, self.role, self.token = node_id, role, token
         self.extra_args = extra_args
         (self.dir / "spec").mkdir(parents=True, exist_ok=True)
-        self.state_dir = self.dir / "state"
+        self.state_dir = state_dir or self.dir / "state"
         self.cmdline_file = self.dir / "cmdline"
         self.cmdline_file.write_text(cmdline)
         self.proc: subprocess.Popen[bytes] | None = None
