@@ -245,8 +245,12 @@ class Journal:
                     self.path, result.skipped, result.torn_tail,
                 )
             if result.skipped:
-                self._compact_locked()
-                return
+                try:
+                    self._compact_locked()
+                    return
+                except OSError as exc:
+                    # Corrupt stretches stay in the file; scan() skips them again next time.
+                    log.warning("journal %s: cannot rewrite it (%s); appending after it", self.path, exc)
             if result.torn_tail:
                 with open(self.path, "r+b") as f:
                     f.truncate(result.valid_end)
@@ -367,7 +371,12 @@ class Journal:
             self._size += len(data)
             self._apply(obj)
             if self._size > self.compact_bytes and self._size > 2 * self._compacted_size:
-                self._compact_locked()
+                try:
+                    self._compact_locked()
+                except OSError as exc:
+                    # The record is durable; a failed compaction only postpones the next one.
+                    self._compacted_size = self._size
+                    log.warning("journal %s: compaction failed, will retry later: %s", self.path, exc)
 
     def accepted(self, command_id: str, kind: str, digest: str, command: bytes) -> None:
         self._append(
@@ -447,9 +456,18 @@ class Journal:
                 tmp.unlink()
             raise
         os.close(fd)
-        os.replace(tmp, self.path)
-        self._fsync_dir()
+        try:
+            os.replace(tmp, self.path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+        # From here on the new file is the journal: append to it whatever else fails.
         self._open_append()
+        try:
+            self._fsync_dir()
+        except OSError as exc:
+            log.warning("journal %s: fsync of its directory failed: %s", self.path, exc)
         self._compacted_size = self._size
         self.compactions += 1
         log.debug("journal %s compacted to %d bytes", self.path, self._size)

@@ -148,7 +148,8 @@ def test_empty_and_missing_journal(tmp_path: Path) -> None:
 
 def test_compaction_keeps_state_and_bounds_size(tmp_path: Path) -> None:
     path = tmp_path / "journal"
-    j = open_journal(path, compact_bytes=16 * 1024, max_known=50)
+    # fsync is beside the point here (and slow on a busy disk): it is tested on its own below
+    j = open_journal(path, compact_bytes=16 * 1024, max_known=50, fsync=lambda fd: None)
     fill(j)
     sizes = []
     for i in range(2000):
@@ -242,3 +243,24 @@ def test_a_record_whose_fsync_failed_is_not_replayed(tmp_path: Path) -> None:
     again = open_journal(path)
     assert "lost" not in again.entries and "ok" in again.known
     assert again.last_scan is not None and again.last_scan.skipped == 0
+
+
+def test_failed_compaction_keeps_the_record_and_the_journal_usable(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    broken = {"on": True}
+
+    def fsync(fd: int) -> None:
+        if broken["on"] and os.readlink(f"/proc/self/fd/{fd}").endswith(".compact"):
+            raise OSError(28, "No space left on device")
+        os.fsync(fd)
+
+    j = open_journal(path, fsync=fsync, compact_bytes=2048)
+    for i in range(40):
+        j.accepted(f"c{i}", "inventory.refresh", f"d{i}", b"x" * 100)  # never raises
+    assert j.compactions == 0 and not (tmp_path / ".journal.compact").exists()
+    broken["on"] = False
+    for i in range(40, 80):
+        j.accepted(f"c{i}", "inventory.refresh", f"d{i}", b"x" * 100)
+    assert j.compactions >= 1
+    j.close()
+    assert set(open_journal(path).entries) == {f"c{i}" for i in range(80)}
