@@ -6,15 +6,20 @@ drain, enrollment tokens, self-terminating completion across a restart.
 
 from __future__ import annotations
 
+import itertools
+import socket
+import threading
+import time
+import types
 from pathlib import Path
 
 import pytest
 
-from agent import trust
+from agent import trust, wire
 from agent.gateway import CommandRejected, Gateway, State
-from agent.gateway.certs import DevPki
+from agent.gateway.certs import DevPki, server_context
 from agent.proto import session_pb2
-from tests.runtime.harness import AgentProcess, pid_alive, wait_until
+from tests.runtime.harness import AgentProcess, make_pki, pid_alive, start_gateway, wait_until
 
 WIPE = {"disks": [{"serial": "S-1"}]}
 TIMEOUT = 60.0
@@ -275,3 +280,57 @@ def test_agent_reconnects_after_the_gateway_restarts(agent_proc: AgentProcess, g
     gateway.wait_node("node-1", TIMEOUT, sessions=2)
     cid = gateway.send("node-1", "inventory.refresh", {})
     assert gateway.wait_result(cid, TIMEOUT)[0].status == session_pb2.SUCCEEDED
+
+
+def test_agent_refuses_a_gateway_its_ca_did_not_sign(pki: DevPki, tmp_path: Path) -> None:
+    other = make_pki(tmp_path / "other-pki")
+    impostor = start_gateway(other)  # a gateway with a certificate from another CA
+    agent = AgentProcess(pki, impostor, tmp_path / "agent")
+    try:
+        agent.start()
+        wait_until(lambda: "CERTIFICATE_VERIFY_FAILED" in agent.logs(), TIMEOUT, "the agent to refuse it")
+        assert "node-1" not in impostor.nodes and agent.alive
+    finally:
+        agent.kill()
+        impostor.stop()
+
+
+def test_agent_detects_a_silent_gateway_and_reconnects(pki: DevPki, tmp_path: Path) -> None:
+    """A gateway that welcomes, then never sends another byte: dead within 3 intervals."""
+    ctx = server_context(pki.gateway_cert, pki.gateway_key, pki.ca)
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    accepted: list[float] = []
+    stop = threading.Event()
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            tls = ctx.wrap_socket(conn, server_side=True)
+            wire.recv_frame(tls, 10)
+            welcome = session_pb2.Welcome(gateway_id="silent", heartbeat_interval_ms=200, dead_after_ms=600)
+            wire.send_frame(tls, session_pb2.Frame(welcome=welcome))
+            accepted.append(time.monotonic())
+            held.append(tls)  # keep it open, say nothing
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    silent = types.SimpleNamespace(address=f"127.0.0.1:{server.getsockname()[1]}")
+    agent = AgentProcess(pki, silent, tmp_path / "agent")  # type: ignore[arg-type]
+    try:
+        agent.start()
+        wait_until(lambda: len(accepted) >= 3, TIMEOUT, "the agent to give up on the silent gateway twice")
+        assert "peer_dead" in agent.logs()
+        gaps = [b - a for a, b in itertools.pairwise(accepted)]
+        print(f"silent gateway: reconnects after {[round(g, 2) for g in gaps]} s (dead_after 0.6 s)")
+    finally:
+        agent.kill()
+        stop.set()
+        thread.join(5)
+        server.close()
+        for s in held:
+            s.close()
