@@ -237,7 +237,7 @@ class Journal:
             for obj in result.records:
                 try:
                     self._apply(obj)
-                except (KeyError, ValueError, TypeError) as exc:
+                except (KeyError, ValueError, TypeError, AttributeError) as exc:
                     log.warning("journal %s: ignoring a record that does not apply (%s)", self.path, exc)
             if result.skipped or result.torn_tail:
                 log.warning(

@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agent.journal import MAGIC, Entry, Journal, Known, State, encode_record, scan
 
@@ -264,3 +266,46 @@ def test_failed_compaction_keeps_the_record_and_the_journal_usable(tmp_path: Pat
     assert j.compactions >= 1
     j.close()
     assert set(open_journal(path).entries) == {f"c{i}" for i in range(80)}
+
+
+_OPS = ("accepted", "started", "progress", "result", "acked", "rejoin", "completion")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    ops=st.lists(st.tuples(st.sampled_from(_OPS), st.integers(0, 5)), min_size=1, max_size=30),
+    damage=st.lists(st.tuples(st.floats(0, 1), st.integers(1, 255)), max_size=4),
+    cut=st.floats(0, 1),
+)
+def test_any_damage_is_never_fatal(tmp_path: Path, ops: list[tuple[str, int]],
+                                   damage: list[tuple[float, int]], cut: float) -> None:
+    path = tmp_path / f"journal-{os.urandom(4).hex()}"
+    j = open_journal(path, fsync=lambda fd: None)
+    for op, n in ops:
+        cid = f"c{n}"
+        if op == "accepted":
+            j.accepted(cid, "inventory.refresh", f"d{n}", b"cmd")
+        elif op == "started":
+            j.started(cid, "boot")
+        elif op == "progress":
+            j.progress(cid, {"fraction": 0.5})
+        elif op == "result":
+            j.result(cid, b"res", "SUCCEEDED")
+        elif op == "acked":
+            j.acked(cid)
+        elif op == "rejoin":
+            j.awaiting_rejoin(cid, {"old_boot_id": "boot"})
+        else:
+            j.completion(cid, b"done", "SUCCEEDED")
+    j.close()
+    data = bytearray(path.read_bytes())
+    for where, xor in damage:
+        if data:
+            data[min(len(data) - 1, int(where * len(data)))] ^= xor
+    path.write_bytes(bytes(data[: int(cut * len(data)) if damage else len(data)]))
+    again = open_journal(path, fsync=lambda fd: None)  # never raises
+    for entry in again.entries.values():
+        assert isinstance(entry.state, State)
+    again.accepted("after", "inventory.refresh", "dz", b"z")  # and stays writable
+    again.close()
+    assert "after" in open_journal(path).entries
