@@ -1,0 +1,521 @@
+"""Build the ramdisk: a Debian kernel and a zstd-compressed cpio initramfs that runs the agent.
+
+    python -m initramfs.build [--agent dist/agent.pyz] [--out initramfs/out] [--kernel PATH]
+
+The userland is assembled from Debian bookworm packages, downloaded with ``apt-get download``
+and unpacked with ``dpkg-deb -x`` (no maintainer scripts, no dpkg database: a ramdisk never
+installs anything), then pruned hard: documentation, locales, man pages, the parts of the
+Python standard library an agent never imports, and the libraries only the dropped parts
+needed. A check that every ELF file in it finds its shared libraries keeps the pruning honest.
+
+Cached under initramfs/out/: the .deb files (by name), the pruned root (by a key of the .deb
+files, this script, /init and the kernel modules), and the final image. Outputs:
+
+    initramfs/out/vmlinuz          the kernel (a copy of /boot/vmlinuz-*-cloud-amd64)
+    initramfs/out/initramfs.img    the ramdisk (cpio, zstd), with dist/agent.pyz inside
+    initramfs/out/base.img         the userland alone, without /init and the agent (tests append
+                                   their own, see top_entries() and initramfs/cpio.py)
+
+The compressed size of kernel + initramfs is printed (target: at most 30 MB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.proc import run
+from initramfs import cpio
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+OUT = HERE / "out"
+BUILD_VERSION = "1"  # bump to invalidate the cached root after a change in the pruning rules
+
+# What the ramdisk needs; their dependencies are resolved from the apt cache.
+PACKAGES = (
+    "python3.11-minimal", "libpython3.11-stdlib",   # the interpreter and its standard library
+    # The agent's native dependencies, from Debian: the ramdisk's agent zipapp is built without
+    # native wheels (a 4.7 MB wheel against a 1 MB package that shares the system's libcrypto).
+    "python3-cryptography", "python3-cffi-backend",
+    "busybox",                                     # sh, udhcpc, mount, the small tools
+    "util-linux", "fdisk",                         # lsblk, blkdiscard, wipefs, blockdev, sfdisk
+    "nvme-cli", "kexec-tools", "e2fsprogs", "zstd", "hdparm",
+    # No iproute2: busybox's ip configures the network, and the agent reads links from sysfs.
+)
+# Never unpacked: package machinery, login/PAM, Perl, and the libraries only those pull in.
+EXCLUDE = frozenset({
+    "adduser", "cdebconf", "debconf", "dpkg", "install-info", "passwd", "tar", "perl",
+    "perl-base", "perl-modules-5.36", "libperl5.36", "libpam-modules", "libpam-modules-bin",
+    "libpam0g", "libpam-runtime", "libsemanage2", "libsemanage-common", "libsepol2",
+    "libdebian-installer4", "libnewt0.52", "libslang2", "libtextwrap1", "libgdbm6",
+    "libgdbm-compat4", "libdb5.3", "mailcap", "mime-support", "media-types", "libelogind0",
+    "libaudit1", "libaudit-common", "libcap2-bin", "libnsl2", "libtirpc3", "libtirpc-common",
+    "libgssapi-krb5-2", "libkrb5-3", "libk5crypto3", "libkrb5support0", "libkeyutils1",
+    "readline-common", "gcc-12-base", "tzdata", "sensible-utils", "dbus",
+    "util-linux-extra", "uuid-runtime", "logsave", "libncursesw6", "libstdc++6", "libsqlite3-0",
+    "python3", "python3-minimal", "libpython3-stdlib", "python3.11",
+})
+# Kernel modules loaded by /init, dependencies first (the rest is built into the cloud kernel).
+MODULES = ("virtio_pci", "virtio_net", "virtio_blk", "virtio_rng", "virtio_console")
+
+# Pruned from the unpacked root (globs relative to it).
+PRUNE = (
+    "usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "usr/share/lintian",
+    "usr/share/bug", "usr/share/bash-completion", "usr/share/zsh", "usr/share/pixmaps",
+    "usr/share/applications", "usr/share/binfmts", "usr/share/menu", "usr/share/python3",
+    "usr/share/gcc", "usr/share/gdb", "usr/share/common-licenses", "usr/share/debconf",
+    "usr/share/util-linux", "usr/share/initramfs-tools", "usr/share/readline", "usr/lib/valgrind",
+    "etc/init.d", "etc/cron.daily", "etc/logrotate.d", "etc/bash_completion.d", "etc/systemd",
+    "lib/systemd", "usr/lib/systemd", "usr/lib/udev", "lib/udev", "usr/lib/tmpfiles.d",
+    "var/lib/dpkg", "var/cache", "var/log",
+    "usr/lib/python3.11/test", "usr/lib/python3.11/idlelib", "usr/lib/python3.11/tkinter",
+    "usr/lib/python3.11/turtledemo", "usr/lib/python3.11/ensurepip", "usr/lib/python3.11/lib2to3",
+    "usr/lib/python3.11/pydoc_data", "usr/lib/python3.11/distutils", "usr/lib/python3.11/venv",
+    "usr/lib/python3.11/unittest", "usr/lib/python3.11/config-3.11-x86_64-linux-gnu",
+    "usr/lib/python3.11/turtle.py", "usr/lib/python3.11/pydoc.py", "usr/lib/python3.11/doctest.py",
+    "usr/lib/python3.11/lib-dynload/_test*", "usr/lib/python3.11/lib-dynload/_ctypes_test*",
+    "usr/lib/python3.11/lib-dynload/xxlimited*", "usr/lib/python3.11/lib-dynload/_xxtestfuzz*",
+    "usr/lib/python3.11/lib-dynload/_tkinter*", "usr/lib/python3.11/lib-dynload/_curses*",
+    "usr/lib/python3.11/lib-dynload/readline*", "usr/lib/python3.11/lib-dynload/_dbm*",
+    "usr/lib/python3.11/lib-dynload/_gdbm*", "usr/lib/python3.11/lib-dynload/nis*",
+    "usr/lib/python3.11/lib-dynload/_crypt*", "usr/lib/python3.11/lib-dynload/audioop*",
+    "usr/lib/python3.11/curses", "usr/lib/python3.11/dbm", "usr/lib/python3.11/sqlite3/test",
+    "usr/lib/python3.11/ctypes/test", "usr/lib/python3.11/email/architecture.rst",
+    "usr/lib/python3.11/msilib", "usr/lib/python3.11/wsgiref", "usr/lib/python3.11/xmlrpc",
+    "usr/lib/python3.11/lib-dynload/_codecs_*", "usr/lib/python3.11/lib-dynload/_multibytecodec*",
+    "usr/lib/python3.11/LICENSE.txt", "usr/lib/python3.11/sitecustomize.py",
+    "usr/lib/python3.11/sqlite3", "usr/lib/python3.11/lib-dynload/_sqlite3*",
+    "usr/lib/python3.11/lib-dynload/ossaudiodev*", "usr/lib/python3.11/lib-dynload/_xxsubinterp*",
+    "usr/lib/python3.11/lib-dynload/_lsprof*", "usr/lib/python3.11/lib-dynload/_decimal*",
+    "usr/lib/x86_64-linux-gnu/libmvec*", "usr/bin/lslogins", "usr/bin/ss", "usr/sbin/tc",
+    "usr/lib/x86_64-linux-gnu/tc", "usr/sbin/arpd", "usr/sbin/sulogin", "usr/bin/lsns",
+    "usr/lib/x86_64-linux-gnu/libxenlight*", "usr/lib/x86_64-linux-gnu/libxlutil*",
+    "usr/lib/x86_64-linux-gnu/libxenguest*", "usr/lib/x86_64-linux-gnu/libxenstat*",
+    "usr/lib/x86_64-linux-gnu/kexec-tools", "usr/lib/x86_64-linux-gnu/xen*",
+    # Tools the agent never runs from these packages.
+    "usr/bin/nsenter", "usr/bin/unshare", "usr/bin/setarch", "usr/bin/script*", "usr/bin/su*",
+    "usr/bin/chfn", "usr/bin/chsh", "usr/bin/newgrp", "usr/sbin/runuser", "sbin/runuser",
+    "usr/bin/zstdgrep", "usr/bin/zstdless", "usr/bin/pzstd", "usr/sbin/mkfs.minix",
+    "usr/sbin/fsck.minix", "sbin/mkfs.minix", "sbin/fsck.minix", "usr/sbin/cfdisk", "sbin/cfdisk",
+    "usr/sbin/e2scrub*", "sbin/e2scrub*", "usr/lib/e2fsprogs", "usr/sbin/vmcore-dmesg",
+    "usr/sbin/bridge", "sbin/bridge", "usr/sbin/dcb", "sbin/dcb", "usr/sbin/devlink",
+    "sbin/devlink", "usr/sbin/rdma", "sbin/rdma", "usr/sbin/tipc", "sbin/tipc", "usr/sbin/vdpa",
+    "sbin/vdpa", "usr/lib/x86_64-linux-gnu/gconv", "usr/share/zoneinfo",
+    "usr/sbin/debugfs", "sbin/debugfs", "usr/sbin/e2image", "sbin/e2image", "usr/sbin/e4defrag",
+    "usr/sbin/e4crypt", "sbin/e4crypt", "usr/sbin/badblocks", "sbin/badblocks",
+    "usr/bin/pg", "usr/bin/more", "usr/bin/hexdump", "usr/bin/lslocks", "usr/bin/lsipc",
+    "usr/bin/lsirq", "usr/bin/irqtop", "usr/bin/wall", "usr/bin/mesg", "usr/bin/ipcs",
+    "usr/bin/ipcmk", "usr/bin/ipcrm", "usr/bin/choom", "usr/bin/uclampset", "usr/bin/fincore",
+    "usr/sbin/zramctl", "sbin/zramctl", "usr/sbin/swaplabel", "sbin/swaplabel",
+    "usr/sbin/ctrlaltdel", "sbin/ctrlaltdel", "usr/sbin/fsfreeze", "usr/sbin/isosize",
+    "usr/sbin/chcpu", "sbin/chcpu", "usr/sbin/readprofile", "usr/sbin/ldattach",
+    "usr/sbin/rtcwake", "usr/bin/setterm", "usr/bin/utmpdump", "usr/bin/last*",
+    "etc/iproute2/*", "usr/lib/x86_64-linux-gnu/audit", "lib/x86_64-linux-gnu/security",
+)
+
+
+def _run(argv: list[str], **kw: object) -> str:
+    return run(argv, **kw).stdout.decode()  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# Packages
+
+
+def resolve(roots: Iterable[str], exclude: frozenset[str] = EXCLUDE) -> list[str]:
+    """The packages ``roots`` need (Depends and Pre-Depends, first fitting alternative)."""
+    wanted: set[str] = set()
+    todo = [p for p in roots if p not in exclude]
+    while todo:
+        batch = sorted(set(todo) - wanted)
+        todo = []
+        if not batch:
+            break
+        wanted.update(batch)
+        text = _run(["apt-cache", "depends", "--no-recommends", "--no-suggests", "--no-conflicts",
+                     "--no-breaks", "--no-replaces", "--no-enhances", *batch])
+        for group in _dependency_groups(text):
+            if any(alt in wanted or alt in todo for alt in group):
+                continue
+            choice = next((alt for alt in group if alt not in exclude), None)
+            if choice is not None:
+                todo.append(choice)
+    return sorted(wanted)
+
+
+def _dependency_groups(text: str) -> list[list[str]]:
+    """``apt-cache depends`` output -> one list of alternatives per dependency (virtual ones
+    replaced by their providers)."""
+    groups: list[list[str]] = []
+    current: list[str] = []
+    virtual = False
+    for line in text.splitlines():
+        m = re.match(r"^ (\|| )(PreDepends|Depends): (.*)$", line)
+        if m:
+            name = m.group(3).strip()
+            virtual = name.startswith("<")
+            if not virtual:
+                current.append(name.split(":")[0])
+            if m.group(1) != "|":
+                groups.append(current)
+                current = []
+            continue
+        if virtual and line.startswith("    "):
+            # A provider of the virtual package just named; it joins the last group.
+            target = groups[-1] if groups and not current else current
+            target.append(line.strip().split(":")[0])
+            continue
+        virtual = False
+    return [g for g in groups if g]
+
+
+def download(packages: list[str], dest: Path) -> list[Path]:
+    """The .deb of each package, downloaded once into ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    missing = [p for p in packages if not _deb(dest, p)]
+    if missing:
+        print(f"initramfs: downloading {len(missing)} packages", flush=True)
+        run(["apt-get", "download", "-q", *missing], cwd=str(dest), timeout=900)
+    debs = []
+    for p in packages:
+        deb = _deb(dest, p)
+        if deb is None:
+            sys.exit(f"initramfs: apt-get download gave no .deb for {p}")
+        debs.append(deb)
+    return debs
+
+
+def _deb(dest: Path, package: str) -> Path | None:
+    found = sorted(dest.glob(f"{package}_*.deb"))
+    return found[-1] if found else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel
+
+
+@dataclass(frozen=True)
+class Kernel:
+    image: Path
+    release: str
+
+    @property
+    def modules(self) -> Path:
+        return Path("/lib/modules") / self.release
+
+
+def find_kernel(path: Path | None = None) -> Kernel:
+    """The Debian cloud kernel (the newest installed one unless ``path`` names one)."""
+    if path is None:
+        found = sorted(Path("/boot").glob("vmlinuz-*-cloud-amd64"), key=_release_key)
+        if not found:
+            sys.exit("initramfs: no /boot/vmlinuz-*-cloud-amd64; apt-get install linux-image-cloud-amd64")
+        path = found[-1]
+    release = path.name.removeprefix("vmlinuz-")
+    if not (Path("/lib/modules") / release).is_dir():
+        sys.exit(f"initramfs: /lib/modules/{release} is missing for {path}")
+    return Kernel(path, release)
+
+
+def _release_key(path: Path) -> list[int]:
+    return [int(n) for n in re.findall(r"\d+", path.name)]
+
+
+def module_files(kernel: Kernel, names: Iterable[str] = MODULES) -> list[str]:
+    """Paths (relative to /lib/modules/RELEASE) of ``names`` and what they depend on, in load
+    order. Modules built into the kernel are skipped."""
+    deps: dict[str, list[str]] = {}
+    for line in (kernel.modules / "modules.dep").read_text().splitlines():
+        mod, _, rest = line.partition(":")
+        deps[mod] = rest.split()
+    by_name = {Path(m).name.split(".ko")[0].replace("-", "_"): m for m in deps}
+    order: list[str] = []
+
+    def visit(mod: str) -> None:
+        for dep in reversed(deps[mod]):
+            visit(dep)
+        if mod not in order:
+            order.append(mod)
+
+    for name in names:
+        if name in by_name:
+            visit(by_name[name])
+    return order
+
+
+# ---------------------------------------------------------------------------------------------
+# The root
+
+
+def build_root(debs: list[Path], kernel: Kernel, dest: Path, agent: Path | None) -> None:
+    """Unpack, prune and complete the root in ``dest`` (built in a sibling, renamed at the end)."""
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for deb in debs:
+        run(["dpkg-deb", "-x", str(deb), str(tmp)], timeout=300)
+    _merge_usr(tmp)
+    for pattern in PRUNE:
+        for path in tmp.glob(pattern):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+    for cache in list(tmp.rglob("__pycache__")):
+        shutil.rmtree(cache)
+    for d in ("proc", "sys", "dev", "run", "tmp", "root", "sysroot", "etc/bettercompute",
+              "usr/lib/bettercompute", "var/lib", "mnt"):
+        (tmp / d).mkdir(parents=True, exist_ok=True)
+    (tmp / "tmp").chmod(0o1777)
+    (tmp / "root").chmod(0o700)
+    _busybox_links(tmp)
+    (tmp / "usr/bin/python3").unlink(missing_ok=True)
+    (tmp / "usr/bin/python3").symlink_to("python3.11")
+    _install(tmp / "etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n", 0o644)
+    _install(tmp / "etc/group", b"root:x:0:\n", 0o644)
+    _install(tmp / "etc/nsswitch.conf", b"passwd: files\ngroup: files\nhosts: files dns\n", 0o644)
+    _install(tmp / "etc/hosts", b"127.0.0.1 localhost\n", 0o644)
+    _install(tmp / "etc/os-release", b'NAME="Better Compute ramdisk"\nID=bc-ramdisk\nID_LIKE=debian\n',
+             0o644)
+    _compile_imported(tmp, agent)
+    mods = module_files(kernel)
+    for mod in mods:
+        target = tmp / "lib/modules" / mod
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(kernel.modules / mod, target)
+    _install(tmp / "etc/bettercompute/modules", "".join(f"{m}\n" for m in mods).encode(), 0o644)
+    missing = check_libraries(tmp)
+    if missing:
+        sys.exit("initramfs: pruned too much, missing shared libraries:\n  " + "\n  ".join(missing))
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+
+
+def _merge_usr(root: Path) -> None:
+    """bookworm's packages still ship some files in /bin, /sbin, /lib: fold them into /usr and
+    link the top-level names, as a merged-/usr system does."""
+    for top in ("bin", "sbin", "lib", "lib64"):
+        src = root / top
+        dst = root / "usr" / top
+        if src.is_dir() and not src.is_symlink():
+            dst.mkdir(parents=True, exist_ok=True)
+            for item in src.rglob("*"):
+                rel = item.relative_to(src)
+                target = dst / rel
+                if item.is_dir() and not item.is_symlink():
+                    target.mkdir(parents=True, exist_ok=True)
+                elif not target.exists() and not target.is_symlink():
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    os.rename(item, target)
+            shutil.rmtree(src)
+        if not src.exists():
+            dst.mkdir(parents=True, exist_ok=True)
+            src.symlink_to(f"usr/{top}")
+
+
+IMPORT_PROBE = """
+import sys
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/_vendor"]
+import agent.cli, agent.app, agent.core, agent.session, agent.settings, agent.commands
+import cryptography.hazmat.primitives.asymmetric.ed25519, cryptography.x509, ssl, json, http.client
+for name in list(sys.modules):
+    f = getattr(sys.modules[name], "__file__", None) or ""
+    if f.startswith(("/usr/lib/python3.11/", "/usr/lib/python3/")) and f.endswith(".py"):
+        print(f)
+"""
+
+
+def _compile_imported(root: Path, agent: Path | None) -> None:
+    """Bytecode for the standard library modules (and Debian's cryptography) the agent imports,
+    compiled by the ramdisk's own interpreter: without it every boot compiles them again, which
+    is slow under emulation. Only those: all of the standard library would cost ~2.5 MB."""
+    if agent is None:
+        return
+    shutil.copyfile(agent, root / "tmp/probe.pyz")
+    try:
+        files = _guest_python(root, ["-c", IMPORT_PROBE, "/tmp/probe.pyz"])
+    finally:
+        (root / "tmp/probe.pyz").unlink()
+    run(["chroot", str(root), "/usr/bin/python3.11", "-I", "-m", "compileall", "-q",
+         "--invalidation-mode", "unchecked-hash", "-i", "-"], input=files.encode(), timeout=900)
+
+
+def _guest_python(root: Path, args: list[str]) -> str:
+    """Run the root's python3.11 (in a chroot: we are root wherever images are built)."""
+    if os.geteuid() != 0:
+        sys.exit("initramfs: building the ramdisk needs root (chroot to compile its bytecode)")
+    return _run(["chroot", str(root), "/usr/bin/python3.11", "-I", *args], timeout=900)
+
+
+def precompile_agent(root: Path, agent: Path, out: Path) -> Path:
+    """``agent`` with bytecode added (initramfs/pyc.py run by the root's python), cached by
+    the agent's digest."""
+    digest = hashlib.sha256(agent.read_bytes()).hexdigest()[:16]
+    target = out / f"agent-{digest}.pyz"
+    if target.is_file():
+        return target
+    work = root / "tmp"
+    shutil.copyfile(HERE / "pyc.py", work / "pyc.py")
+    shutil.copyfile(agent, work / "in.pyz")
+    try:
+        _guest_python(root, ["/tmp/pyc.py", "/tmp/in.pyz", "/tmp/out.pyz"])
+        for old in out.glob("agent-*.pyz"):
+            old.unlink()
+        shutil.move(work / "out.pyz", target)
+    finally:
+        for name in ("pyc.py", "in.pyz", "out.pyz"):
+            (work / name).unlink(missing_ok=True)
+    return target
+
+
+def _busybox_links(root: Path) -> None:
+    """A link for every busybox applet that no unpacked package provides."""
+    applets = _run([str(root / "usr/bin/busybox"), "--list-full"]).split()
+    for applet in applets:
+        name = Path(applet).name
+        if any((root / d / name).exists() or (root / d / name).is_symlink()
+               for d in ("usr/bin", "usr/sbin")):
+            continue
+        link = root / "usr" / ("sbin" if "sbin" in applet else "bin") / name
+        link.symlink_to("/usr/bin/busybox")
+
+
+def _install(path: Path, data: bytes, mode: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    path.chmod(mode)
+
+
+def check_libraries(root: Path) -> list[str]:
+    """Each ELF file's shared libraries that the root lacks ("FILE: libfoo.so.1")."""
+    missing = []
+    loader = "/usr/lib64/ld-linux-x86-64.so.2"
+    if os.geteuid() != 0:
+        print("initramfs: not root, skipping the shared library check", file=sys.stderr)
+        return []
+    for path in sorted(root.rglob("*")):
+        if path.is_symlink() or not path.is_file():
+            continue
+        with path.open("rb") as f:
+            if f.read(4) != b"\x7fELF":
+                continue
+        if path.suffix == ".ko":
+            continue
+        rel = "/" + path.relative_to(root).as_posix()
+        done = subprocess.run(["chroot", str(root), loader, "--list", rel],
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0 and "not a dynamic executable" not in done.stderr + done.stdout:
+            missing.append(f"{rel}: {done.stderr.strip() or done.stdout.strip()}")
+    return missing
+
+
+# ---------------------------------------------------------------------------------------------
+# The image
+
+
+def compress(data: bytes, level: int = 19) -> bytes:
+    return run(["zstd", f"-{level}", "-T0", "-q", "-c", "--no-progress"], input=data, timeout=900).stdout
+
+
+def top_entries(agent: Path) -> list[cpio.Entry]:
+    """What changes most often (the agent, /init), archived apart from the cached base."""
+    return [
+        cpio.file("init", (HERE / "init.sh").read_bytes(), 0o755),
+        cpio.file("etc/bettercompute/udhcpc.script", (HERE / "udhcpc.script").read_bytes(), 0o755),
+        cpio.file("usr/lib/bettercompute/agent.pyz", agent.read_bytes(), 0o644),
+    ]
+
+
+def build_agent(out: Path, version: str | None = None) -> Path:
+    """The agent zipapp for the ramdisk: this tree, pure-Python dependencies only (the native
+    ones come from Debian's python3-cryptography and python3-cffi-backend)."""
+    argv = [sys.executable, str(ROOT / "build/zipapp.py"), "--arch", "none", "--out", str(out)]
+    if version:
+        argv += ["--version", version]
+    run(argv, timeout=300)
+    return out
+
+
+def root_key(debs: list[Path], kernel: Kernel) -> str:
+    h = hashlib.sha256(BUILD_VERSION.encode())
+    for deb in debs:
+        h.update(deb.name.encode() + b"\0")
+    h.update((HERE / "build.py").read_bytes())
+    h.update((HERE / "pyc.py").read_bytes())
+    h.update(kernel.release.encode())
+    return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Built:
+    kernel: Path
+    initramfs: Path      # with the agent
+    agent: Path | None   # the agent zipapp in it, with bytecode
+    base: Path           # without it
+    root: Path           # the unpacked root, for tests that build images from it
+
+
+def build(agent: Path | None, out: Path = OUT, kernel_path: Path | None = None) -> Built:
+    kernel = find_kernel(kernel_path)
+    packages = resolve(PACKAGES)
+    debs = download(packages, out / "debs")
+    key = root_key(debs, kernel)
+    rootfs = out / f"root-{key}"
+    if not rootfs.is_dir():
+        print(f"initramfs: assembling the root from {len(debs)} packages", flush=True)
+        build_root(debs, kernel, rootfs, agent)
+        for old in out.glob("root-*"):
+            if old != rootfs:
+                shutil.rmtree(old, ignore_errors=True)
+    entries = [*cpio.tree(rootfs), cpio.chardev("dev/console", 5, 1), cpio.chardev("dev/null", 1, 3, 0o666)]
+    base = out / "base.img"
+    stamp = out / "base.key"
+    if not base.is_file() or not stamp.is_file() or stamp.read_text() != key:
+        print("initramfs: compressing", flush=True)
+        base.write_bytes(compress(cpio.archive(entries)))
+        stamp.write_text(key)
+    vmlinuz = out / "vmlinuz"
+    if not vmlinuz.is_file() or vmlinuz.read_bytes() != kernel.image.read_bytes():
+        shutil.copyfile(kernel.image, vmlinuz)
+    (out / "kernel.release").write_text(kernel.release + "\n")
+    image = out / "initramfs.img"
+    if agent is not None:
+        agent = precompile_agent(rootfs, agent, out)
+        # /init and the agent go in their own archive appended to the base (the kernel unpacks
+        # concatenated archives in order), so a new agent does not recompress the base.
+        image.write_bytes(base.read_bytes() + compress(cpio.archive(top_entries(agent)), 3))
+    return Built(vmlinuz, image, agent, base, rootfs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m initramfs.build", description=__doc__.split("\n")[0])
+    parser.add_argument("--agent", type=Path,
+                        help="the agent zipapp to put in the ramdisk (default: built from this tree "
+                        "without native wheels, into OUT/agent.pyz: the ramdisk has Debian's)")
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--kernel", type=Path, help="the kernel image (default: the newest cloud kernel)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    agent = args.agent or build_agent(args.out / "agent.pyz")
+    built = build(agent, args.out, args.kernel)
+    k, i = built.kernel.stat().st_size, built.initramfs.stat().st_size
+    print(f"{built.kernel}: {k / 1e6:.1f} MB")
+    print(f"{built.initramfs}: {i / 1e6:.1f} MB (base {built.base.stat().st_size / 1e6:.1f} MB + agent)")
+    print(f"kernel + initramfs, compressed: {(k + i) / 1e6:.1f} MB ({k + i} bytes; target <= 30 MB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

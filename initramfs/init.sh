@@ -1,0 +1,87 @@
+#!/bin/sh
+# /init of the Better Compute ramdisk (PID 1). Mounts the pseudo-filesystems, loads the
+# modules for virtio disks and networking, brings the network up by DHCP, then runs the
+# agent and restarts it whenever it exits. Settings come from the kernel command line
+# (bc.* parameters), which the agent reads itself from /proc/cmdline.
+#
+# Node role (an installed OS booted with this ramdisk as its userland): when the command line
+# names bc.root=DEVICE, that filesystem is mounted on /sysroot and the agent, its settings
+# and its state are taken from there (see initramfs/README.md).
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+export LANG=C.UTF-8 PYTHONUNBUFFERED=1 HOME=/root
+
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev 2>/dev/null
+mkdir -p /dev/pts /dev/shm
+mount -t devpts devpts /dev/pts
+mount -t tmpfs -o mode=0755,nosuid,nodev run /run
+mount -t tmpfs -o mode=1777,nosuid,nodev tmp /tmp
+exec </dev/console >/dev/console 2>&1
+
+say() { echo "bc-init [$(cut -d" " -f1 /proc/uptime)]: $*"; }
+arg() {  # arg NAME -> value of NAME= on the kernel command line (last one wins)
+	v=""
+	for w in $(cat /proc/cmdline); do
+		case "$w" in "$1="*) v="${w#*=}" ;; esac
+	done
+	echo "$v"
+}
+
+say "up $(cut -d' ' -f1 /proc/uptime)s, kernel $(uname -r)"
+for m in $(cat /etc/bettercompute/modules); do
+	insmod "/lib/modules/$m" 2>/dev/null || say "module $m did not load"
+done
+hostname "$(arg bc.hostname || true)" 2>/dev/null
+[ -n "$(arg bc.hostname)" ] || hostname bc-ramdisk
+ip link set lo up
+
+# The network: DHCP on every wired interface, in parallel; the first lease wins the route.
+for dev in /sys/class/net/*; do
+	n="${dev##*/}"
+	[ "$n" = lo ] && continue
+	ip link set "$n" up
+	udhcpc -i "$n" -s /etc/bettercompute/udhcpc.script -t 20 -T 1 -A 2 -q -n -f >/run/udhcpc.$n.log 2>&1 &
+done
+i=0
+while [ ! -e /run/bc-net-up ] && [ $i -lt 300 ]; do  # at most ~30 s
+	sleep 0.1
+	i=$((i + 1))
+done
+say "network: $(ip -4 -o addr show scope global | awk '{print $2, $4}' | tr '\n' ' ')"
+
+AGENT=/usr/lib/bettercompute/agent.pyz
+set -- run
+root="$(arg bc.root)"
+if [ -n "$root" ]; then
+	mkdir -p /sysroot
+	for i in $(seq 1 50); do
+		mount -o rw "$root" /sysroot 2>/dev/null && break
+		[ -b "$root" ] || root="$(findfs "$root" 2>/dev/null || echo "$root")"
+		sleep 0.2
+	done
+	if mountpoint -q /sysroot; then
+		say "node root $root mounted on /sysroot"
+		[ -f /sysroot/opt/bettercompute/agent.pyz ] && AGENT=/sysroot/opt/bettercompute/agent.pyz
+		[ -f /sysroot/etc/bettercompute/agent.conf ] && set -- run --config /sysroot/etc/bettercompute/agent.conf
+	else
+		say "could not mount $root; staying in the ramdisk"
+	fi
+fi
+
+mkdir -p -m 0700 /run/bettercompute-agent
+# Test ramdisks only (tests/e2e): extra environment for the agent, and a root shell on the
+# second serial port through which the harness drives the guest. Production images carry
+# neither file.
+[ -f /etc/bettercompute/agent.env ] && . /etc/bettercompute/agent.env
+if [ -e /etc/bettercompute/debug-shell ]; then
+	say "TEST RAMDISK: root shell on ttyS1"
+	(stty -F /dev/ttyS1 115200 raw -echo 2>/dev/null; exec setsid sh </dev/ttyS1 >/dev/ttyS1 2>&1) &
+fi
+say "starting agent $AGENT $*"
+while :; do
+	python3 "$AGENT" "$@"
+	rc=$?
+	say "agent exited with status $rc; restarting in 1s"
+	sleep 1
+done

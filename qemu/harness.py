@@ -1,0 +1,333 @@
+"""Boot the ramdisk in QEMU: NVMe and virtio disks, a serial console log, and a user-mode
+network that reaches nothing but the test gateway (and, for a PXE boot, a boot file server)
+on the host's loopback.
+
+    with Machine(MachineSpec(workdir, kernel=..., initrd=..., append=..., forwards={443: port})) as m:
+        m.start()
+        m.wait_console(r"agent .* serving", timeout=120)
+
+The network is ``-netdev user,restrict=on`` (the guest cannot reach the host or the outside)
+with one ``guestfwd`` per forwarded port: a connection the guest opens to 10.0.2.100:PORT runs
+qemu/forward.py, which dials 127.0.0.1:HOSTPORT. (A ``guestfwd`` to a ``tcp:`` chardev would
+connect only once, when QEMU starts; the ``cmd:`` form runs one forwarder per connection.)
+
+Software emulation (TCG) unless ``kvm=True`` is asked for: nested KVM on CI machines hangs
+rather than fails. Every wait is bounded; on a timeout the guest is killed and the error
+carries the tail of its console log. The console log is kept in the work directory.
+
+PXE: ``MachineSpec.pxe`` boots from the network the way production does: QEMU's iPXE ROM gets
+``boot.ipxe`` from the user network's built-in TFTP server; that script fetches the kernel and
+initramfs over HTTP from a server on the host's loopback (through guestfwd) and boots them
+with the given kernel command line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import http.server
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.proc import kill_group, run, spawn
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+GUEST_HOST = "10.0.2.100"   # the address the guest dials for every forwarded service
+HTTP_PORT = 80              # guest-side port of the PXE boot file server
+QEMU = "qemu-system-x86_64"
+
+
+class BootError(RuntimeError):
+    """The guest did not do what was awaited in time, or QEMU died; the message carries the
+    tail of the console log."""
+
+
+@dataclass(frozen=True)
+class Disk:
+    path: Path
+    serial: str
+    interface: str = "nvme"       # "nvme" or "virtio"
+    size: int = 64 * 1024 * 1024  # bytes; used only when the file is created
+
+    def create(self) -> None:
+        if not self.path.exists():
+            with self.path.open("wb") as f:
+                f.truncate(self.size)
+
+
+@dataclass(frozen=True)
+class MachineSpec:
+    workdir: Path
+    kernel: Path
+    initrd: Path
+    append: str = ""
+    disks: Sequence[Disk] = ()
+    forwards: Mapping[int, int] = field(default_factory=dict)  # guest port on GUEST_HOST -> host port
+    memory_mb: int = 1024
+    cpus: int = 2
+    kvm: bool = False
+    pxe: bool = False             # boot by iPXE over the network instead of -kernel
+    name: str = "node"
+
+    @property
+    def console_log(self) -> Path:
+        return self.workdir / f"{self.name}-console.log"
+
+
+def qemu_available() -> str | None:
+    """Why QEMU boots cannot run here, or None when they can."""
+    if shutil.which(QEMU) is None:
+        return f"{QEMU} is not installed (apt-get install qemu-system-x86)"
+    return None
+
+
+def kvm_wanted() -> bool:
+    return os.environ.get("BC_QEMU_KVM", "") == "1" and os.access("/dev/kvm", os.R_OK | os.W_OK)
+
+
+def kernel_args(**params: str) -> str:
+    """``bc.*`` kernel parameters (values must not contain spaces) after the console ones."""
+    words = ["console=ttyS0,115200", "panic=-1", "quiet", "loglevel=4"]
+    for key, value in params.items():
+        if any(c.isspace() for c in value):
+            raise ValueError(f"bc.{key}: a kernel parameter cannot hold spaces: {value!r}")
+        words.append(f"bc.{key}={value}")
+    return " ".join(words)
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class BootFileServer:
+    """An HTTP server on 127.0.0.1 serving one directory (the PXE boot files)."""
+
+    def __init__(self, directory: Path) -> None:
+        handler = functools.partial(_QuietHandler, directory=str(directory))
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name="pxe-http")
+
+    def start(self) -> BootFileServer:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class Machine:
+    """One QEMU guest. Use as a context manager: leaving it kills the guest."""
+
+    def __init__(self, spec: MachineSpec) -> None:
+        self.spec = spec
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
+        self.http: BootFileServer | None = None
+        self.shell_socket = spec.workdir / f"{spec.name}-shell.sock"
+        self._shell: socket.socket | None = None
+        self._shell_buf = b""
+        self._shell_seq = 0
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def argv(self) -> list[str]:
+        spec = self.spec
+        fwd = dict(spec.forwards)
+        netdev = "user,id=net0,restrict=on,net=10.0.2.0/24,host=10.0.2.2"
+        if spec.pxe:
+            assert self.http is not None
+            fwd[HTTP_PORT] = self.http.port
+            netdev += f",tftp={self._pxe_dir()},bootfile=boot.ipxe"
+        for guest_port, host_port in sorted(fwd.items()):
+            cmd = f"{sys.executable} -I -S {HERE / 'forward.py'} {int(host_port)}"
+            netdev += f",guestfwd=tcp:{GUEST_HOST}:{int(guest_port)}-cmd:{cmd}"
+        accel = "kvm" if spec.kvm else "tcg,thread=multi"
+        cpu = "host" if spec.kvm else os.environ.get("BC_QEMU_CPU", "max")
+        argv = [
+            QEMU, "-machine", "q35", "-accel", accel, "-cpu", cpu,
+            "-m", str(spec.memory_mb), "-smp", str(spec.cpus),
+            "-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none",
+            "-chardev", f"file,id=con0,path={spec.console_log}", "-serial", "chardev:con0",
+            "-chardev", f"socket,id=sh0,path={self.shell_socket},server=on,wait=off",
+            "-serial", "chardev:sh0",
+            "-netdev", netdev,
+            "-device", "virtio-net-pci,netdev=net0,mac=52:54:00:12:34:56"
+            + (",bootindex=1" if spec.pxe else ",romfile="),
+            "-device", "virtio-rng-pci",
+        ]
+        for i, disk in enumerate(spec.disks):
+            disk.create()
+            argv += ["-drive", f"file={disk.path},if=none,id=d{i},format=raw,cache=unsafe,discard=unmap"]
+            if disk.interface == "nvme":
+                argv += ["-device", f"nvme,serial={disk.serial},drive=d{i}"]
+            else:
+                argv += ["-device", f"virtio-blk-pci,serial={disk.serial},drive=d{i}"]
+        if not spec.pxe:
+            argv += ["-kernel", str(spec.kernel), "-initrd", str(spec.initrd), "-append", spec.append]
+        return argv
+
+    def _pxe_dir(self) -> Path:
+        return self.spec.workdir / f"{self.spec.name}-pxe"
+
+    def _prepare_pxe(self) -> None:
+        d = self._pxe_dir()
+        d.mkdir(parents=True, exist_ok=True)
+        for src, name in ((self.spec.kernel, "vmlinuz"), (self.spec.initrd, "initrd.img")):
+            target = d / name
+            if target.exists() or target.is_symlink():
+                target.unlink()
+            os.link(src, target) if src.stat().st_dev == d.stat().st_dev else shutil.copyfile(src, target)
+        base = f"http://{GUEST_HOST}:{HTTP_PORT}"
+        (d / "boot.ipxe").write_text(
+            "#!ipxe\n"
+            "echo bc-pxe: fetching the ramdisk over HTTP\n"
+            f"kernel {base}/vmlinuz initrd=initrd.img {self.spec.append}\n"
+            f"initrd {base}/initrd.img\n"
+            "boot\n"
+        )
+        self.http = BootFileServer(d).start()
+
+    def start(self) -> Machine:
+        self.spec.workdir.mkdir(parents=True, exist_ok=True)
+        self.spec.console_log.unlink(missing_ok=True)
+        self.shell_socket.unlink(missing_ok=True)
+        if self.spec.pxe:
+            self._prepare_pxe()
+        log = (self.spec.workdir / f"{self.spec.name}-qemu.log").open("wb")
+        self.started_at = time.monotonic()
+        self.proc = spawn(self.argv(), stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        return self
+
+    def stop(self) -> None:
+        if self._shell is not None:
+            self._shell.close()
+            self._shell = None
+        if self.proc is not None and self.proc.poll() is None:
+            kill_group(self.proc, grace=1.0)
+        if self.http is not None:
+            self.http.stop()
+            self.http = None
+
+    def __enter__(self) -> Machine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started_at
+
+    # -- console --------------------------------------------------------------------------
+
+    def console(self) -> str:
+        try:
+            return self.spec.console_log.read_bytes().decode("utf-8", "replace")
+        except FileNotFoundError:
+            return ""
+
+    def console_tail(self, lines: int = 40) -> str:
+        tail = self.console().replace("\r", "").splitlines()[-lines:]
+        qlog = self.spec.workdir / f"{self.spec.name}-qemu.log"
+        qemu_out = qlog.read_text(errors="replace").strip() if qlog.exists() else ""
+        text = "\n".join(tail)
+        if qemu_out:
+            text += "\n-- qemu --\n" + qemu_out[-2000:]
+        return text
+
+    def fail(self, what: str) -> BootError:
+        """Kill the guest and describe the failure with the console's tail."""
+        tail = self.console_tail()
+        self.stop()
+        return BootError(f"{self.spec.name}: {what} (after {self.elapsed():.0f}s); "
+                         f"console log {self.spec.console_log}:\n{tail}")
+
+    def wait_console(self, pattern: str, timeout: float, *, after: int = 0) -> re.Match[str]:
+        """Wait until the console log (from offset ``after``) matches ``pattern``."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while True:
+            m = regex.search(self.console(), after)
+            if m:
+                return m
+            if not self.alive:
+                raise self.fail(f"QEMU exited while waiting for /{pattern}/")
+            if time.monotonic() > deadline:
+                raise self.fail(f"timed out after {timeout:g}s waiting for /{pattern}/ on the console")
+            time.sleep(0.2)
+
+    # -- the debug shell (test ramdisks only) ---------------------------------------------
+
+    def shell(self, command: str, timeout: float = 60.0) -> tuple[int, str]:
+        """Run a shell command in the guest through its second serial port (a test ramdisk
+        starts a shell there, see tests/e2e/conftest.py); (exit status, output)."""
+        if self._shell is None:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    s.connect(str(self.shell_socket))
+                    break
+                except OSError:
+                    s.close()
+                    if time.monotonic() > deadline or not self.alive:
+                        raise self.fail("the guest's debug shell socket did not open") from None
+                    time.sleep(0.2)
+            self._shell = s
+        self._shell_seq += 1
+        tag = f"__BC_DONE_{self._shell_seq}__"
+        self._shell.sendall(f"{command}; echo {tag} $?\n".encode())
+        regex = re.compile(rf"(?m)^{tag} (\d+)\s*$")
+        deadline = time.monotonic() + timeout
+        self._shell.settimeout(0.5)
+        while True:
+            text = self._shell_buf.decode("utf-8", "replace").replace("\r", "")
+            m = regex.search(text)
+            if m:
+                out = text[: m.start()]
+                self._shell_buf = self._shell_buf[len(text[: m.end()].encode()):]
+                return int(m.group(1)), out
+            if time.monotonic() > deadline:
+                raise self.fail(f"shell command timed out after {timeout:g}s: {command}")
+            with contextlib.suppress(TimeoutError):
+                chunk = self._shell.recv(65536)
+                if not chunk:
+                    raise self.fail("the guest's debug shell closed")
+                self._shell_buf += chunk
+
+
+def make_disk_image(path: Path, size: int) -> Path:
+    """A sparse raw file of ``size`` bytes."""
+    with path.open("wb") as f:
+        f.truncate(size)
+    return path
+
+
+@contextlib.contextmanager
+def booted(spec: MachineSpec) -> Iterator[Machine]:
+    machine = Machine(spec)
+    try:
+        yield machine.start()
+    finally:
+        machine.stop()
+
+
+def qemu_version() -> str:
+    return run([QEMU, "--version"], timeout=30).text().splitlines()[0]

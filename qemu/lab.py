@@ -1,0 +1,176 @@
+"""A test lab: the reference gateway on the host's loopback, a development PKI, and ramdisk
+nodes booted in QEMU that dial it. Shared by tests/e2e and the demo.
+
+    with Lab(workdir) as lab:
+        node = lab.boot("node-1", disks=lab.standard_disks("node-1"))
+        lab.gateway.wait_node("node-1", timeout=120)
+        cid = lab.gateway.send("node-1", "inventory.refresh", {})
+
+Each node gets a small archive appended to the prebuilt ramdisk (initramfs/out/base.img): /init,
+the agent zipapp, the CA and the control-plane public key, and for test ramdisks a debug
+shell on the second serial port and any extra files (the fake NVML library). The settings go
+on the kernel command line as production passes them (bc.gateway, bc.node, bc.token, bc.ca,
+bc.trust).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.gateway import Gateway
+from agent.gateway.certs import DevPki, make_dev_pki
+from initramfs import build as ramdisk
+from initramfs import cpio
+from qemu.harness import GUEST_HOST, Disk, Machine, MachineSpec, kernel_args, kvm_wanted
+
+GATEWAY_PORT = 443                       # as the guest sees it, on GUEST_HOST
+GUEST_CA = "/etc/bettercompute/ca.pem"
+GUEST_TRUST = "/etc/bettercompute/signing.pub"
+
+
+@dataclass(frozen=True)
+class Ramdisk:
+    kernel: Path
+    base: Path      # the compressed userland without /init and the agent
+    agent: Path     # the agent zipapp for the ramdisk (no native wheels; bytecode added)
+
+
+def ensure_ramdisk(out: Path = ramdisk.OUT, *, rebuild_agent: bool = True) -> Ramdisk:
+    """The prebuilt ramdisk pieces, built (cached) if missing; the agent from this tree."""
+    agent = ramdisk.build_agent(out / "agent.pyz") if rebuild_agent or not (out / "agent.pyz").exists() \
+        else out / "agent.pyz"
+    built = ramdisk.build(agent, out)
+    assert built.agent is not None
+    return Ramdisk(built.kernel, built.base, built.agent)
+
+
+def missing_prerequisites() -> str | None:
+    """Why the QEMU lab cannot run on this machine, or None."""
+    import shutil
+
+    for tool in ("qemu-system-x86_64", "apt-get", "dpkg-deb", "zstd"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    if not list(Path("/boot").glob("vmlinuz-*-cloud-amd64")):
+        return "no /boot/vmlinuz-*-cloud-amd64 (apt-get install linux-image-cloud-amd64)"
+    return None
+
+
+class Lab:
+    def __init__(self, workdir: Path, ramdisk_parts: Ramdisk | None = None) -> None:
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.ramdisk = ramdisk_parts or ensure_ramdisk()
+        self.pki: DevPki = make_dev_pki(workdir / "pki", hosts=(GUEST_HOST, "127.0.0.1"))
+        self.tokens: dict[str, str] = {}
+        self.gateway = Gateway(cert=self.pki.gateway_cert, key=self.pki.gateway_key,
+                               client_ca=self.pki.ca, signing_key=self.pki.signing_key,
+                               tokens=self.tokens, heartbeat_seconds=5.0).start()
+        self.machines: list[Machine] = []
+
+    def __enter__(self) -> Lab:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for m in self.machines:
+            m.stop()
+        self.gateway.stop()
+
+    # -- nodes ----------------------------------------------------------------------------
+
+    def standard_disks(self, name: str, *, size: int = 256 * 1024 * 1024) -> list[Disk]:
+        """Two NVMe disks with distinct serials and one virtio disk."""
+        d = self.workdir / f"{name}-disks"
+        d.mkdir(parents=True, exist_ok=True)
+        tag = name.upper().replace("-", "")[:8]
+        return [
+            Disk(d / "nvme0.img", f"NVME{tag}A", "nvme", size),
+            Disk(d / "nvme1.img", f"NVME{tag}B", "nvme", size),
+            Disk(d / "vd0.img", f"VIRT{tag}C", "virtio", 64 * 1024 * 1024),
+        ]
+
+    def token_for(self, node_id: str) -> str:
+        for token, node in self.tokens.items():
+            if node == node_id:
+                return token
+        token = secrets.token_urlsafe(18)
+        self.tokens[token] = node_id
+        self.gateway.tokens[token] = node_id
+        return token
+
+    def settings(self, node_id: str, **extra: str) -> dict[str, str]:
+        """The bc.* settings a node boots with (without the ``bc.`` prefix)."""
+        return {"gateway": f"{GUEST_HOST}:{GATEWAY_PORT}", "node": node_id,
+                "token": self.token_for(node_id), "ca": GUEST_CA, "trust": GUEST_TRUST,
+                "reconnect_min": "0.5", "reconnect_max": "3", **extra}
+
+    def overlay(self, *, test: bool = True, files: Mapping[str, bytes] | None = None,
+                env: Mapping[str, str] | None = None) -> bytes:
+        """The archive appended to the base ramdisk for a node (compressed)."""
+        entries = ramdisk.top_entries(self.ramdisk.agent)
+        entries += [cpio.file(GUEST_CA, self.pki.ca.read_bytes()),
+                    cpio.file(GUEST_TRUST, self.pki.signing_pub.read_bytes())]
+        if test:
+            entries.append(cpio.file("/etc/bettercompute/debug-shell", b""))
+        if env:
+            text = "".join(f"export {k}='{v}'\n" for k, v in env.items())
+            entries.append(cpio.file("/etc/bettercompute/agent.env", text.encode()))
+        for path, data in (files or {}).items():
+            entries.append(cpio.file(path, data, 0o755 if path.endswith((".so", ".so.1")) else 0o644))
+        return ramdisk.compress(cpio.archive(entries), 3)
+
+    def initrd(self, name: str, overlay: bytes) -> Path:
+        path = self.workdir / f"{name}-initrd.img"
+        path.write_bytes(self.ramdisk.base.read_bytes() + overlay)
+        return path
+
+    def boot(
+        self,
+        node_id: str,
+        *,
+        disks: Sequence[Disk] = (),
+        pxe: bool = False,
+        test: bool = True,
+        files: Mapping[str, bytes] | None = None,
+        env: Mapping[str, str] | None = None,
+        settings: Mapping[str, str] | None = None,
+        memory_mb: int = 1024,
+    ) -> Machine:
+        """Start a ramdisk node (returns at once; wait with gateway.wait_node)."""
+        initrd = self.initrd(node_id, self.overlay(test=test, files=files, env=env))
+        append = kernel_args(**(settings or self.settings(node_id)))
+        spec = MachineSpec(self.workdir, kernel=self.ramdisk.kernel, initrd=initrd, append=append,
+                           disks=tuple(disks), forwards={GATEWAY_PORT: self.gateway.port},
+                           kvm=kvm_wanted(), pxe=pxe, name=node_id, memory_mb=memory_mb)
+        machine = Machine(spec)
+        self.machines.append(machine)
+        return machine.start()
+
+    def wait_joined(self, machine: Machine, node_id: str, timeout: float, *, sessions: int = 1) -> float:
+        """Seconds from QEMU start until the node's session is up; on a timeout the guest is
+        killed and the error carries its console."""
+        try:
+            self.gateway.wait_node(node_id, timeout, sessions=sessions)
+        except TimeoutError:
+            raise machine.fail(f"{node_id} did not join the gateway within {timeout:g}s") from None
+        return machine.elapsed()
+
+
+def wait_until(predicate, timeout: float, what: str, machine: Machine | None = None):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            if machine is not None:
+                raise machine.fail(f"timed out after {timeout:g}s waiting for {what}")
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.2)
