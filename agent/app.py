@@ -111,7 +111,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     def on_signal(signum: int, frame: object) -> None:
         log.info("%s: stopping", signal.Signals(signum).name)
         stopping.set()
-        session.stop()
+        # Not in the handler itself: the interrupted main thread may hold the session's lock.
+        threading.Thread(target=session.stop, name="stop", daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)

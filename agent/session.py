@@ -129,6 +129,8 @@ class Session:
                 channel = self._connect()
             except (OSError, ssl.SSLError, wire.WireError) as exc:
                 log.warning("gateway %s:%d: %s", self.host, self.port, exc)
+            except Exception:  # never let one bad session end the agent's loop
+                log.exception("gateway %s:%d: session set-up failed", self.host, self.port)
             else:
                 self.attempt = 0
                 channel.closed.wait()
@@ -156,6 +158,7 @@ class Session:
             with self._lock:
                 self._buffer.clear()  # what finished so far travels in the Hello
             hello = self.agent.hello()
+            later = _fit_hello(hello, self.options.max_frame_bytes)
             if not hello.protocol_version:
                 hello.protocol_version = PROTOCOL_VERSION
             if self.config.client_cert is None:
@@ -186,6 +189,8 @@ class Session:
         with self._lock:
             self._channel = channel
             channel.start()
+            for result in later:  # unacked results that did not fit in the Hello
+                channel.send(session_pb2.Frame(result=result))
             while self._buffer:
                 channel.send(self._buffer.popleft())
         self.sessions += 1
@@ -297,3 +302,26 @@ class Session:
         channel.send(session_pb2.Frame(goodbye=session_pb2.Goodbye(reason="self_terminating")))
         if not channel.flush(self.options.exit_flush_seconds):
             log.warning("exit: the session queue did not drain within %.1fs", self.options.exit_flush_seconds)
+
+
+HELLO_HEADROOM = 64 * 1024
+
+
+def _fit_hello(hello: session_pb2.Hello, max_frame_bytes: int) -> list[session_pb2.SignedResult]:
+    """Keep the Hello under the frame limit: unacked results that do not fit are returned, to
+    be sent as result frames right after the Welcome (each result fits a frame on its own)."""
+    if hello.ByteSize() + HELLO_HEADROOM <= max_frame_bytes:
+        return []
+    results = list(hello.unacked_results)
+    del hello.unacked_results[:]
+    size = hello.ByteSize() + HELLO_HEADROOM
+    later = []
+    for result in results:
+        need = result.ByteSize() + 8
+        if size + need <= max_frame_bytes:
+            hello.unacked_results.append(result)
+            size += need
+        else:
+            later.append(result)
+    log.info("hello: %d unacked result(s) follow as separate frames", len(later))
+    return later
