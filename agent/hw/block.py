@@ -293,8 +293,8 @@ class Hints:
         if self.max_size and disk.size > self.max_size:
             return False
         if self.by_path:
-            want = self.by_path if self.by_path.startswith("/") else f"/dev/disk/by-path/{self.by_path}"
-            if disk.by_path != want:
+            have = disk.by_path if "/" in self.by_path else os.path.basename(disk.by_path)
+            if not disk.by_path or have != self.by_path:
                 return False
         return True
 
