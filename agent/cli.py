@@ -95,7 +95,7 @@ def _load_subcommands() -> None:
     """Modules that add subcommands (run, exec, install, ...) register on import."""
     import importlib
 
-    for module in ("agent.app",):
+    for module in ("agent.app", "agent.install"):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:
