@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -38,6 +37,7 @@ from agent.errors import (
     ProtectedDevice,
     Reason,
 )
+from agent.hw.partitions import FsInfo, probe_fs
 from agent.proto import common_pb2
 
 log = logging.getLogger(__name__)
@@ -98,11 +98,6 @@ def _check_inner_path(path: str, what: str) -> str:
     return path
 
 
-def _hints_set(hints: common_pb2.DiskHints) -> bool:
-    return any(hints.HasField(f.name) if f.has_presence else getattr(hints, f.name)
-               for f in hints.DESCRIPTOR.fields)
-
-
 def parse_source(msg: common_pb2.FileSource, what: str) -> Source:
     """Validate a FileSource from the wire; InvalidParameters names ``what`` (e.g. "kernel")."""
     which = msg.WhichOneof("source")
@@ -120,8 +115,9 @@ def parse_source(msg: common_pb2.FileSource, what: str) -> Source:
             raise InvalidParameters(f"{what}: local_path must be absolute, not {path!r}")
         return Source(digest, local_path=Path(path))
     pf = msg.partition_file
-    if not _hints_set(pf.disk):
-        raise InvalidParameters(f"{what}: partition_file needs disk hints")
+    from agent.hw import block
+
+    block.Hints.from_proto(pf.disk)  # InvalidParameters when empty or malformed
     if not pf.partition_number and not pf.partition_label:
         raise InvalidParameters(f"{what}: partition_file needs a partition_number or a partition_label")
     return Source(digest, partition=PartitionRef(
@@ -258,61 +254,11 @@ def open_in_root(root: Path, inner: str) -> Iterator[BinaryIO]:
 # -- disks and partitions -------------------------------------------------------------------
 
 
-def _lsblk(device: Path | None = None) -> list[dict[str, object]]:
-    argv = ["lsblk", "--json", "--bytes", "--output",
-            "NAME,PATH,TYPE,SIZE,SERIAL,WWN,MODEL,VENDOR"]
-    if device is not None:
-        argv.append(str(device))
-    out = proc.run(argv, timeout=30).text
-    devices: list[dict[str, object]] = []
-
-    def walk(nodes: list[dict[str, object]]) -> None:
-        for node in nodes:
-            devices.append(node)
-            walk(node.get("children", []))  # type: ignore[arg-type]
-
-    walk(json.loads(out).get("blockdevices", []))
-    return devices
-
-
 def find_disk(hints: common_pb2.DiskHints) -> Path:
-    """The one whole disk every set hint matches.
+    """The one disk every set hint matches (agent.hw.block's root-device-hint matching)."""
+    from agent.hw import block
 
-    Hint matching as agent/hw/block.py defines it will replace this when that module lands.
-    """
-    try:
-        from agent.hw import block  # type: ignore[attr-defined]
-
-        match = getattr(block, "match_disk", None)
-        if match is not None:
-            return Path(match(hints))
-    except ImportError:
-        pass
-    disks = [d for d in _lsblk() if d.get("type") in ("disk", "loop")]
-
-    def ok(d: dict[str, object]) -> bool:
-        s = lambda key: str(d.get(key) or "").strip()  # noqa: E731
-        size = int(d.get("size") or 0)  # type: ignore[call-overload]
-        return all((
-            not hints.name or s("name") == hints.name,
-            not hints.serial or s("serial") == hints.serial,
-            not hints.wwn or s("wwn").lower().endswith(hints.wwn.removeprefix("0x").lower()),
-            not hints.model or hints.model.lower() in s("model").lower(),
-            not hints.vendor or hints.vendor.lower() in s("vendor").lower(),
-            not hints.min_size_bytes or size >= hints.min_size_bytes,
-            not hints.max_size_bytes or size <= hints.max_size_bytes,
-            not hints.by_path or os.path.realpath(
-                hints.by_path if hints.by_path.startswith("/") else "/dev/disk/by-path/" + hints.by_path
-            ) == s("path"),
-        ))
-
-    found = [d for d in disks if ok(d)]
-    if not found:
-        raise NotFound("no disk matches the hints")
-    if len(found) > 1:
-        raise AgentError(f"{len(found)} disks match the hints: {', '.join(str(d['name']) for d in found)}",
-                         reason=Reason.AMBIGUOUS)
-    return Path(str(found[0]["path"]))
+    return block.select(block.list_disks(), block.Hints.from_proto(hints)).path
 
 
 @dataclass(frozen=True)
@@ -340,8 +286,18 @@ def _partitions(disk: Path, sys_block: Path) -> list[Partition]:
     return parts
 
 
-def _blkid(node: Path, tag: str) -> str:
-    return proc.run(["blkid", "-o", "value", "-s", tag, str(node)], check=False, timeout=30).text.strip()
+def _probe(node: Path) -> FsInfo | None:
+    """The filesystem on a partition (type and label) from its superblock, or None."""
+    try:
+        fd = os.open(node, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return probe_fs(fd, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _node(part: Partition, private: Path) -> Path:
@@ -374,7 +330,8 @@ def find_partition(disk: Path, ref: PartitionRef, private: Path,
         found = []
         for p in parts:
             node = _node(p, private)
-            if ref.label == p.partname or ref.label == _blkid(node, "LABEL"):
+            fs = _probe(node)
+            if ref.label == p.partname or (fs is not None and ref.label == fs.label):
                 found.append((p, node))
     what = f"partition {ref.number}" if ref.number else f"a partition labelled {ref.label!r}"
     if not found:
@@ -397,7 +354,8 @@ def mounted_partition(disk: Path, ref: PartitionRef) -> Iterator[Path]:
         if part.devnum in _mounted_devnums():
             # Mounted (maybe read-write) elsewhere: a second mount would read a filesystem in flux.
             raise ProtectedDevice(f"{part.name} is mounted; refusing to mount it again", device=part.name)
-        fstype = _blkid(node, "TYPE")
+        fs = _probe(node)
+        fstype = fs.type if fs is not None else ""
         options = "ro,noexec,nosuid,nodev" + (",noload" if fstype in ("ext3", "ext4") else "")
         argv = ["mount", "-o", options, *(["-t", fstype] if fstype else []), str(node), str(where)]
         try:
