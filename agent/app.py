@@ -96,6 +96,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from agent.session import Session, SessionOptions
 
     loaded = settings.load_from_args(args)
+    Session.check_config(loaded.config)  # before anything is created on disk
     _setup_file_log(loaded.config.log_file)
     load_test_handlers()
     import agent.commands

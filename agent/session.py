@@ -89,15 +89,10 @@ def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random | No
 
 class Session:
     def __init__(self, agent: AgentLike, config: Config, options: SessionOptions | None = None) -> None:
-        if not config.gateway:
-            raise InvalidParameters("no gateway address (--gateway, config file, or bc.gateway=)")
-        if config.ca_bundle is None:
-            raise InvalidParameters("no CA bundle to verify the gateway (--ca, config file, or bc.ca=)")
+        self.host, self.port, self._ssl = self.check_config(config)
         self.agent = agent
         self.config = config
         self.options = options or SessionOptions()
-        self.host, self.port = parse_address(config.gateway)
-        self._ssl = client_context(config.ca_bundle, config.client_cert, config.client_key)
         self._lock = threading.Lock()
         self._channel: wire.Channel | None = None
         self._buffer: collections.deque[session_pb2.Frame] = collections.deque()
@@ -108,6 +103,20 @@ class Session:
         self.dropped_offline = 0
         agent.subscribe(self._sink)
         agent.add_exit_hook(self._exit_hook)
+
+    @staticmethod
+    def check_config(config: Config) -> tuple[str, int, ssl.SSLContext]:
+        """(host, port, TLS context) or InvalidParameters naming what is missing or unreadable."""
+        if not config.gateway:
+            raise InvalidParameters("no gateway address (--gateway, config file, or bc.gateway=)")
+        if config.ca_bundle is None:
+            raise InvalidParameters("no CA bundle to verify the gateway (--ca, config file, or bc.ca=)")
+        host, port = parse_address(config.gateway)
+        try:
+            context = client_context(config.ca_bundle, config.client_cert, config.client_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise InvalidParameters(f"TLS set-up: cannot load the CA bundle or client cert: {exc}") from exc
+        return host, port, context
 
     # -- the loop -------------------------------------------------------------------------
 
