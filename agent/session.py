@@ -187,11 +187,13 @@ class Session:
         welcome = reply.welcome
         interval = (welcome.heartbeat_interval_ms or int(self.config.heartbeat_seconds * 1000)) / 1000
         dead_after = (welcome.dead_after_ms / 1000) if welcome.dead_after_ms else 3 * interval
+        send_limit = min(self.options.max_frame_bytes, welcome.max_frame_bytes or wire.MAX_FRAME_BYTES)
         channel = wire.Channel(
             tls,
             on_frame=self._on_frame,
             name="session",
-            max_frame_bytes=self.options.max_frame_bytes,
+            max_frame_bytes=send_limit,  # what the gateway takes; what we take is our own limit
+            decoder=wire.Decoder(self.options.max_frame_bytes),
             heartbeat_interval=interval,
             dead_after=dead_after,
         )
