@@ -272,6 +272,7 @@ class Agent:
         self._started = False
         self._stopped = False
         self._archive_sha256: str | None = None
+        self._own_rejoins: set[str] = set()     # self-terminating commands this process ended
         self.hello_results_bytes = HELLO_RESULTS_BYTES
         if self.role not in catalog.AGENT_ROLES:
             raise InvalidParameters(f"this agent runs as ramdisk or node, not {self.role}")
@@ -290,7 +291,8 @@ class Agent:
                     if self._replay_unfinished(entry):
                         rerun.append(entry)
                 elif entry.state is State.AWAITING_REJOIN:
-                    self._resolve_rejoin(entry)
+                    ok, _, message = self._completion_rule(entry.kind, entry.proof)
+                    (log.info if ok else log.warning)("%s %s: %s", entry.kind, entry.id, message)
             self._cmdline_rejoins()
             logging.getLogger("agent").addHandler(self._forwarder)
             self.scheduler.start()
@@ -340,10 +342,10 @@ class Agent:
             in_flight = [
                 session_pb2.CommandStatus(command_id=e.id, kind=e.kind, state=_STATE_WIRE[e.state])
                 for e in entries
-                if e.state in (State.ACCEPTED, State.STARTED, State.AWAITING_REJOIN)
+                if e.state in (State.ACCEPTED, State.STARTED)
+                or (e.state is State.AWAITING_REJOIN and e.id in self._own_rejoins)
             ]
-            completions = [session_pb2.Completion.FromString(e.completion)
-                           for e in entries if e.state is State.COMPLETED]
+            completions = self.completions()
             in_hello: list[session_pb2.SignedResult] = []
             overflow: list[session_pb2.SignedResult] = []
             budget = self.hello_results_bytes
@@ -366,6 +368,22 @@ class Agent:
             for signed in overflow:
                 self._emit(Frame(result=signed))
             return hello
+
+    def completions(self) -> list[session_pb2.Completion]:
+        """Self-terminating commands of an earlier agent, judged now by their proof, until acked.
+
+        The judgement is made afresh each time (never stored): an upgraded agent that is later
+        rolled back must not leave behind a "complete" that the older version would contradict.
+        """
+        with self._admit:
+            entries = sorted(self.journal.entries.values(), key=lambda e: e.accepted_ms)
+            found = []
+            for e in entries:
+                if e.state is State.COMPLETED and e.completion:
+                    found.append(session_pb2.Completion.FromString(e.completion))
+                elif e.state is State.AWAITING_REJOIN and e.id not in self._own_rejoins:
+                    found.append(self._judge(e))
+            return found
 
     def _archive_digest(self) -> str:
         if self._archive_sha256 is None:
@@ -602,7 +620,10 @@ class Agent:
     def ack(self, command_id: str) -> None:
         with self._admit:
             entry = self.journal.entries.get(command_id)
-            if entry is None or entry.state not in (State.FINISHED, State.COMPLETED):
+            if entry is None or not (
+                entry.state in (State.FINISHED, State.COMPLETED)
+                or (entry.state is State.AWAITING_REJOIN and entry.id not in self._own_rejoins)
+            ):
                 log.debug("ack of %s ignored: nothing to acknowledge", command_id)
                 return
             self.journal.acked(command_id)
@@ -638,6 +659,7 @@ class Agent:
             if not proof.get("old_boot_id") and not proof.get("new_version"):
                 proof["old_boot_id"] = self.boot_id
             job.phase = "ending the agent"
+            self._own_rejoins.add(job.id)
             self.journal.awaiting_rejoin(job.id, proof)
             ctx.progress(message=f"{job.kind.name}: ending the agent; completion is reported on rejoin",
                          fraction=1.0)
@@ -685,16 +707,14 @@ class Agent:
             f"the agent restarted in the same boot ({self.boot_id or 'unknown'}): the "
             f"{kind_name} did not happen")
 
-    def _resolve_rejoin(self, entry: Entry) -> None:
+    def _judge(self, entry: Entry) -> session_pb2.Completion:
         ok, reason, message = self._completion_rule(entry.kind, entry.proof)
-        completion = session_pb2.Completion(
+        return session_pb2.Completion(
             command_id=entry.id, kind=entry.kind, ok=ok,
             old_boot_id=entry.proof.get("old_boot_id", ""), new_boot_id=self.boot_id,
             old_version=entry.proof.get("old_version", ""), new_version=self.version,
             reason=reason, message=message,
         )
-        self.journal.completion(entry.id, completion.SerializeToString(), "SUCCEEDED" if ok else "FAILED")
-        (log.info if ok else log.warning)("%s %s: %s", entry.kind, entry.id, message)
 
     def _cmdline_rejoins(self) -> None:
         for kind_name, cid, old_boot in rejoin_markers(self.cmdline):
@@ -703,9 +723,11 @@ class Agent:
                 log.warning("ignoring %s=%s:%s: not a self-terminating kind", REJOIN_PARAM, kind_name, cid)
                 continue
             if self.journal.lookup(cid) is not None:
-                continue  # the journal knows it (resolved above, or already acknowledged)
-            proof = {"old_boot_id": old_boot}
-            self._resolve_rejoin(Entry(cid, kind_name, "", State.AWAITING_REJOIN, proof=proof))
+                continue  # the journal knows it (waiting for its ack, or already acknowledged)
+            # Journaled like the rejoin record the previous agent wrote to a journal that did
+            # not survive, so that the gateway's ack is remembered.
+            self.journal.awaiting_rejoin(cid, {"old_boot_id": old_boot}, kind=kind_name)
+            log.info("%s %s: rejoin marker on the kernel command line", kind_name, cid)
 
     # -- replay --------------------------------------------------------------------------------
 

@@ -402,10 +402,12 @@ class Journal:
              "digest": entry.digest if entry else "", "result": _b64(signed_result), "status": status}
         )
 
-    def awaiting_rejoin(self, command_id: str, proof: dict[str, str], signed_result: bytes = b"") -> None:
+    def awaiting_rejoin(
+        self, command_id: str, proof: dict[str, str], signed_result: bytes = b"", *, kind: str = ""
+    ) -> None:
         entry = self.entries.get(command_id)
         self._append(
-            {"t": "rejoin", "id": command_id, "kind": entry.kind if entry else "",
+            {"t": "rejoin", "id": command_id, "kind": entry.kind if entry else kind,
              "digest": entry.digest if entry else "", "proof": dict(proof), "result": _b64(signed_result)}
         )
 

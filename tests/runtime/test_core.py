@@ -755,3 +755,49 @@ def test_resource_locks_serialize_commands_across_lanes(world: World) -> None:
     release.set()
     frames.result("i")
     assert order == ["wipe in", "wipe out", "inventory in"]
+
+
+class RollbackAware(Terminating):
+    """daemon.upgrade-like: its completion hook reports a rollback the launcher recorded."""
+
+    def __init__(self, marker: Path) -> None:
+        super().__init__("daemon.upgrade", proof={"old_version": "1.0", "new_version": "2.0"})
+        self.marker = marker
+        self.joined: list[str] = []
+
+    def completion(
+        self, proof: dict[str, str], *, boot_id: str, version: str
+    ) -> tuple[bool, str, str] | None:
+        if version != proof["new_version"] and self.marker.exists():
+            return False, "bad_image", f"rolled back to {version}: {self.marker.read_text()}"
+        return None
+
+    def on_joined(self, config: Config) -> None:
+        self.joined.append(config.node_id)
+
+
+def test_completion_is_judged_by_the_agent_that_reports_it(world: World) -> None:
+    marker = world.tmp / "rolled-back"
+    up = RollbackAware(marker)
+    old, _ = world.agent({"daemon.upgrade": up}, role=Role.NODE, version_string="1.0")
+    accepted(old.submit(world.command("up9", "daemon.upgrade")))
+    end = time.monotonic() + WAIT
+    while not up.actions:
+        assert time.monotonic() < end
+        time.sleep(0.01)
+    assert list(old.hello().completions) == []  # the agent that ends does not report itself
+    old.stop()
+    # the new version starts and would call it complete, but never reaches the gateway...
+    trial, _ = world.agent({"daemon.upgrade": up}, role=Role.NODE, version_string="2.0")
+    assert [c.ok for c in trial.hello().completions] == [True]
+    trial.stop()
+    # ...so the launcher rolls back; the old version reports what really happened
+    marker.write_text("new version did not reach the gateway within 120 s")
+    back, _ = world.agent({"daemon.upgrade": up}, role=Role.NODE, version_string="1.0")
+    (c,) = back.hello().completions
+    assert not c.ok and c.reason == "bad_image" and "did not reach the gateway" in c.message
+    back.joined()
+    assert up.joined == [NODE]
+    back.ack("up9")
+    assert list(back.hello().completions) == []
+    assert back.state_of("up9") == session_pb2.ACKNOWLEDGED
