@@ -180,14 +180,9 @@ def test_upgrade_replaces_and_reexecs_then_completes(gateway: Gateway, pki: DevP
     assert sha(node.archive) == sha(builds["new"])
 
 
-STALE_OK = pytest.mark.xfail(
-    reason="core keeps the new agent's journaled 'ok' after a rollback (runtime-contract request 3: "
-           "re-resolve COMPLETED version proofs on start)", strict=False)
-
-
 @pytest.mark.parametrize(("variant", "reason", "words"), [
     ("crash", "bad_image", "did not stay up"),
-    pytest.param("no_gateway", "timeout", "did not reach the gateway", marks=STALE_OK),
+    ("no_gateway", "timeout", "did not reach the gateway"),
 ])
 def test_failed_upgrade_is_rolled_back_and_reported(gateway: Gateway, pki: DevPki, node: Node,
                                                     builds: dict[str, Path], variant: str, reason: str,
