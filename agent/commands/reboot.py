@@ -58,7 +58,7 @@ class RebootHandler(Handler[RebootParams], kind="node.reboot"):
         return RebootParams(payload.mode, payload.target, entry)
 
     def run(self, ctx: Context, params: RebootParams) -> SelfTermination:
-        old_boot_id = boot_id()
+        old_boot_id = getattr(ctx, "boot_id", "") or boot_id()
         pw = self.power
         if params.target == agent_pb2.FIRMWARE_SETUP:
             ctx.progress(message="asking the firmware to enter its setup on the next boot")
@@ -69,6 +69,5 @@ class RebootHandler(Handler[RebootParams], kind="node.reboot"):
         mode = _MODES[params.mode]
         result = agent_pb2.NodeRebootResult(old_boot_id=old_boot_id, mode=params.mode, target=params.target)
         log.info("node.reboot prepared (%s); rebooting once the agent is quiet", mode)
-        return SelfTermination(
-            proof={"old_boot_id": old_boot_id}, action=lambda: pw.reboot(mode), result=result
-        )
+        # An empty proof: the core records its own boot id as the one that must change.
+        return SelfTermination(proof={}, action=lambda: pw.reboot(mode), result=result)
