@@ -3,10 +3,12 @@ command line really serves a gateway in the node role from it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -109,7 +111,8 @@ def test_the_units_command_serves_the_gateway_in_the_node_role(tmp_path: Path, a
     env["BC_AGENT_CACHE"] = str(tmp_path / "cache")
     with (tmp_path / "service.log").open("wb") as log:
         service = subprocess.Popen([*argv, "--cmdline-file", "/dev/null"], env=env, stdout=log,
-                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
     try:
         node = gateway.wait_node("node-7", 60)
         assert node.hello.role == "node" and node.hello.agent_version == "4.5.6"
@@ -127,4 +130,7 @@ def test_the_units_command_serves_the_gateway_in_the_node_role(tmp_path: Path, a
             service.wait()
             log = (tmp_path / "service.log").read_text()
             raise AssertionError("the service did not stop:\n" + log) from exc
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(service.pid, signal.SIGKILL)
     assert service.returncode == 0, (tmp_path / "service.log").read_text()

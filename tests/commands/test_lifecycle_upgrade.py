@@ -8,10 +8,12 @@ with the reason; a build that does not even start is refused before anything is 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import zipfile
@@ -123,7 +125,7 @@ def node(tmp_path: Path, pki: DevPki, gateway: Gateway, builds: dict[str, Path])
     log = tmp_path / "node.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, start_new_session=True)
     n = Node(lib, proc, log)
     try:
         gateway.wait_node("node-1", 60)
@@ -137,6 +139,8 @@ def node(tmp_path: Path, pki: DevPki, gateway: Gateway, builds: dict[str, Path])
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # nothing of the launcher's group outlives the test
 
 
 def upgrade(gateway: Gateway, pki: DevPki, srv: LoopbackServer, build: Path, *, rejoin: int = 60,
@@ -180,15 +184,15 @@ def test_upgrade_replaces_and_reexecs_then_completes(gateway: Gateway, pki: DevP
     assert sha(node.archive) == sha(builds["new"])
 
 
-@pytest.mark.parametrize(("variant", "reason", "words"), [
-    ("crash", "bad_image", "did not stay up"),
-    ("no_gateway", "timeout", "did not reach the gateway"),
+@pytest.mark.parametrize(("variant", "rejoin", "reason", "words"), [
+    ("crash", 120, "bad_image", "did not stay up"),
+    ("no_gateway", 8, "timeout", "did not reach the gateway"),
 ])
 def test_failed_upgrade_is_rolled_back_and_reported(gateway: Gateway, pki: DevPki, node: Node,
-                                                    builds: dict[str, Path], variant: str, reason: str,
-                                                    words: str) -> None:
+                                                    builds: dict[str, Path], variant: str, rejoin: int,
+                                                    reason: str, words: str) -> None:
     with LoopbackServer() as srv:
-        cid = upgrade(gateway, pki, srv, builds[variant], rejoin=8)
+        cid = upgrade(gateway, pki, srv, builds[variant], rejoin=rejoin)
         rec = gateway.wait(cid, 180)
     assert rec.state is State.COMPLETED, (rec, node.logs())
     assert rec.completion is not None and not rec.completion.ok, node.logs()
