@@ -78,9 +78,28 @@ if [ -e /etc/bettercompute/debug-shell ]; then
 	say "TEST RAMDISK: root shell on ttyS1"
 	(stty -F /dev/ttyS1 115200 raw -echo 2>/dev/null; exec setsid sh </dev/ttyS1 >/dev/ttyS1 2>&1) &
 fi
+# busybox reboot/poweroff/halt signal PID 1 (TERM/USR2/USR1): stop the agent, sync, unmount
+# the node root, then do it. The agent runs in the background so that `wait` lets the trap in.
+pid=""
+finish() {
+	say "$1 requested: stopping the agent"
+	[ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null
+	i=0
+	while [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+	sync
+	mountpoint -q /sysroot && umount /sysroot
+	"$1" -f
+}
+trap 'finish reboot' TERM
+trap 'finish poweroff' USR2
+trap 'finish halt' USR1
+
 say "starting agent $AGENT $*"
 while :; do
-	python3 "$AGENT" "$@"
+	python3 "$AGENT" "$@" &
+	pid=$!
+	echo "$pid" >/run/bettercompute-agent.pid
+	wait "$pid"
 	rc=$?
 	say "agent exited with status $rc; restarting in 1s"
 	sleep 1

@@ -106,15 +106,22 @@ def kernel_args(**params: str) -> str:
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    served: list[str]
+
     def log_message(self, format: str, *args: object) -> None:
         pass
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        self.served.append(f"{self.command} {self.path} {code}")
 
 
 class BootFileServer:
     """An HTTP server on 127.0.0.1 serving one directory (the PXE boot files)."""
 
     def __init__(self, directory: Path) -> None:
-        handler = functools.partial(_QuietHandler, directory=str(directory))
+        self.served: list[str] = []   # "GET /vmlinuz 200", in order
+        handler = functools.partial(type("Handler", (_QuietHandler,), {"served": self.served}),
+                                    directory=str(directory))
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name="pxe-http")
@@ -136,6 +143,7 @@ class Machine:
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
         self.http: BootFileServer | None = None
+        self.pxe_served: list[str] = []  # the PXE HTTP requests of the last boot
         self.shell_socket = spec.workdir / f"{spec.name}-shell.sock"
         self._shell: socket.socket | None = None
         self._shell_buf = b""
@@ -199,6 +207,7 @@ class Machine:
             "boot\n"
         )
         self.http = BootFileServer(d).start()
+        self.pxe_served = self.http.served
 
     def start(self) -> Machine:
         self.spec.workdir.mkdir(parents=True, exist_ok=True)

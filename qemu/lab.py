@@ -25,9 +25,10 @@ from agent.gateway import Gateway
 from agent.gateway.certs import DevPki, make_dev_pki
 from initramfs import build as ramdisk
 from initramfs import cpio
-from qemu.harness import GUEST_HOST, Disk, Machine, MachineSpec, kernel_args, kvm_wanted
+from qemu.harness import GUEST_HOST, BootFileServer, Disk, Machine, MachineSpec, kernel_args, kvm_wanted
 
 GATEWAY_PORT = 443                       # as the guest sees it, on GUEST_HOST
+FILES_PORT = 8080                        # the lab's file server (images), on GUEST_HOST
 GUEST_CA = "/etc/bettercompute/ca.pem"
 GUEST_TRUST = "/etc/bettercompute/signing.pub"
 
@@ -70,7 +71,14 @@ class Lab:
         self.gateway = Gateway(cert=self.pki.gateway_cert, key=self.pki.gateway_key,
                                client_ca=self.pki.ca, signing_key=self.pki.signing_key,
                                tokens=self.tokens, heartbeat_seconds=5.0).start()
+        self.www = workdir / "www"
+        self.www.mkdir(exist_ok=True)
+        self.files = BootFileServer(self.www).start()
         self.machines: list[Machine] = []
+
+    def url(self, name: str) -> str:
+        """The URL under which the guest reaches ``self.www / name``."""
+        return f"http://{GUEST_HOST}:{FILES_PORT}/{name}"
 
     def __enter__(self) -> Lab:
         return self
@@ -82,6 +90,7 @@ class Lab:
         for m in self.machines:
             m.stop()
         self.gateway.stop()
+        self.files.stop()
 
     # -- nodes ----------------------------------------------------------------------------
 
@@ -142,12 +151,19 @@ class Lab:
         env: Mapping[str, str] | None = None,
         settings: Mapping[str, str] | None = None,
         memory_mb: int = 1024,
+        kernel: Path | None = None,
+        initrd: Path | None = None,
+        append: str | None = None,
     ) -> Machine:
-        """Start a ramdisk node (returns at once; wait with gateway.wait_node)."""
-        initrd = self.initrd(node_id, self.overlay(test=test, files=files, env=env))
-        append = kernel_args(**(settings or self.settings(node_id)))
-        spec = MachineSpec(self.workdir, kernel=self.ramdisk.kernel, initrd=initrd, append=append,
-                           disks=tuple(disks), forwards={GATEWAY_PORT: self.gateway.port},
+        """Start a ramdisk node (returns at once; wait with gateway.wait_node). ``kernel``,
+        ``initrd`` and ``append`` boot something else (an installed node's kernel)."""
+        if initrd is None:
+            initrd = self.initrd(node_id, self.overlay(test=test, files=files, env=env))
+        if append is None:
+            append = kernel_args(**(settings or self.settings(node_id)))
+        forwards = {GATEWAY_PORT: self.gateway.port, FILES_PORT: self.files.port}
+        spec = MachineSpec(self.workdir, kernel=kernel or self.ramdisk.kernel, initrd=initrd,
+                           append=append, disks=tuple(disks), forwards=forwards,
                            kvm=kvm_wanted(), pxe=pxe, name=node_id, memory_mb=memory_mb)
         machine = Machine(spec)
         self.machines.append(machine)
