@@ -184,9 +184,11 @@ def fetch(
                     open_in_root(root, src.partition.path) as f:
                 got = _copy(f.read, dest, src.digest, cancel, progress)
         if got != src.digest.hex:
+            # The digest of a local file is not told: it would confirm guesses of its content.
+            actual = got if src.url else "(not shown for a local file)"
             raise ChecksumMismatch(
-                f"{src.describe()}: {src.digest.algorithm} is {got}, the request says {src.digest.hex}",
-                expected=src.digest.hex, actual=got,
+                f"{src.describe()}: {src.digest.algorithm} is {actual}, the request says {src.digest.hex}",
+                expected=src.digest.hex, actual=actual,
             )
         return got
     except BaseException:
@@ -321,9 +323,26 @@ def _mounted_devnums() -> set[str]:
     return {line.split()[2] for line in lines if len(line.split()) > 2}
 
 
+def _reread(disk: Path) -> None:
+    """Ask the kernel to read the partition table again (a disk just written by deploy.image)."""
+    from agent.hw import block
+
+    try:
+        fd = os.open(disk, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        block.reread_partitions(fd)
+    finally:
+        os.close(fd)
+
+
 def find_partition(disk: Path, ref: PartitionRef, private: Path,
                    sys_block: Path = Path("/sys/class/block")) -> tuple[Partition, Path]:
     parts = _partitions(disk, sys_block)
+    if not parts:
+        _reread(disk)
+        parts = _partitions(disk, sys_block)
     if ref.number:
         found = [(p, _node(p, private)) for p in parts if p.number == ref.number]
     else:
