@@ -28,7 +28,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError, Message
 
-from agent import catalog, scheduler, schema, version
+from agent import bootid, catalog, scheduler, schema, version
 from agent.commands.base import Context, Handler, ResourceLocks, SelfTermination
 from agent.config import Config
 from agent.errors import AgentError, Cancelled, CommandTimeout, Interrupted, InvalidParameters, Reason
@@ -39,7 +39,7 @@ from agent.trust import NodeKey, TrustStore, decode_command_body
 log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
-BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+BOOT_ID_PATH = bootid.BOOT_ID
 CMDLINE_PATH = Path("/proc/cmdline")
 REJOIN_PARAM = "bc.rejoin"
 MAX_COMMAND_ID = 128
@@ -64,18 +64,14 @@ _STATE_WIRE = {
 
 
 def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
-    try:
-        return path.read_text().strip()
-    except OSError as exc:
-        log.warning("cannot read the boot id from %s (%s)", path, exc)
-        return ""
+    found = bootid.boot_id(path)
+    if not found:
+        log.warning("no boot id at %s: self-terminating commands cannot be proven by a new boot", path)
+    return found
 
 
 def read_cmdline(path: Path = CMDLINE_PATH) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
+    return bootid.kernel_cmdline(path)
 
 
 def rejoin_markers(cmdline: str) -> list[tuple[str, str, str]]:
@@ -535,6 +531,7 @@ class Agent:
             locks=self.locks,
             log=_CommandLog(logging.getLogger(f"agent.command.{kind.name}"), cid, stream),
         )
+        ctx.boot_id = self.boot_id  # type: ignore[attr-defined]  # for a handler's rejoin proof
         handler = self.handlers[kind.name]
         job = scheduler.Job(
             id=cid,
@@ -578,6 +575,32 @@ class Agent:
         started_ms: int = 0,
         stream: _Stream | None = None,
     ) -> session_pb2.SignedResult:
+        signed = self._result(cid, kind, error, value, started_ms=started_ms)
+        body = session_pb2.ResultBody.FromString(signed.body)
+        status = session_pb2.Status.Name(body.status)
+        try:
+            self.journal.result(cid, signed.SerializeToString(), status)
+        except (OSError, RuntimeError, ValueError) as exc:
+            log.error("%s %s: cannot journal the result (%s)", kind.name, cid, exc)
+            if self._stopped:
+                return signed
+        log.info("%s %s finished: %s%s", kind.name, cid, status, f" ({body.reason}: {body.message})"
+                 if body.reason else "")
+        if stream is not None:
+            stream.close()
+        self._emit(Frame(result=signed))
+        return signed
+
+    def _result(
+        self,
+        cid: str,
+        kind: catalog.Kind,
+        error: AgentError | None,
+        value: Message | None = None,
+        *,
+        started_ms: int = 0,
+    ) -> session_pb2.SignedResult:
+        """The SignedResult of a command; signed by the node key for attested kinds."""
         body = session_pb2.ResultBody(
             command_id=cid,
             kind=kind.name,
@@ -596,22 +619,8 @@ class Agent:
             body.payload = value.SerializeToString()
             body.payload_type = value.DESCRIPTOR.full_name
         if kind.attested:
-            signed = self.node_key.sign_result(body)
-        else:
-            signed = session_pb2.SignedResult(body=body.SerializeToString(deterministic=True))
-        status = session_pb2.Status.Name(body.status)
-        try:
-            self.journal.result(cid, signed.SerializeToString(), status)
-        except (OSError, RuntimeError, ValueError) as exc:
-            log.error("%s %s: cannot journal the result (%s)", kind.name, cid, exc)
-            if self._stopped:
-                return signed
-        log.info("%s %s finished: %s%s", kind.name, cid, status, f" ({body.reason}: {body.message})"
-                 if body.reason else "")
-        if stream is not None:
-            stream.close()
-        self._emit(Frame(result=signed))
-        return signed
+            return self.node_key.sign_result(body)
+        return session_pb2.SignedResult(body=body.SerializeToString(deterministic=True))
 
     def cancel(self, command_id: str, reason: str = "") -> None:
         if not self.scheduler.cancel(command_id, reason):
@@ -659,13 +668,17 @@ class Agent:
             if not proof.get("old_boot_id") and not proof.get("new_version"):
                 proof["old_boot_id"] = self.boot_id
             job.phase = "ending the agent"
+            # What the handler prepared (KexecResult, DaemonUpgradeResult...) goes out as the
+            # command's interim result; the Completion after the rejoin says whether it worked.
+            interim = self._result(job.id, job.kind, None, st.result, started_ms=job.started_ms)
             self._own_rejoins.add(job.id)
-            self.journal.awaiting_rejoin(job.id, proof)
+            self.journal.awaiting_rejoin(job.id, proof, interim.SerializeToString())
             ctx.progress(message=f"{job.kind.name}: ending the agent; completion is reported on rejoin",
                          fraction=1.0)
             stream = self._streams.get(job.id)
             if stream is not None:
                 stream.close()
+            self._emit(Frame(result=interim))
             for hook in list(self._exit_hooks):
                 try:
                     hook()

@@ -89,13 +89,16 @@ class Terminating(Handler[Message]):
         self.proof = proof or {}
         self.actions: list[float] = []
         self.calls: list[str] = []
+        self.boot_ids: list[str] = []
 
     def parse(self, payload: Message) -> Message:
         return payload
 
     def run(self, ctx: Context, params: Message) -> SelfTermination:
         self.calls.append(ctx.command_id)
-        return SelfTermination(proof=dict(self.proof), action=lambda: self.actions.append(time.monotonic()))
+        self.boot_ids.append(getattr(ctx, "boot_id", ""))
+        return SelfTermination(proof=dict(self.proof), action=lambda: self.actions.append(time.monotonic()),
+                               result=schema.result_class(self.kind_name)())
 
 
 # -- harness ----------------------------------------------------------------------------------
@@ -482,7 +485,13 @@ def test_self_terminating_waits_for_other_lanes_then_acts(world: World) -> None:
     kexec = Terminating("boot.kexec")
     agent, frames = world.agent({"disk.wipe": wipe, "boot.kexec": kexec, "inventory.refresh": Quick("x")})
     hooks: list[float] = []
-    agent.add_exit_hook(lambda: hooks.append(time.monotonic()))
+    results_at_hook: list[int] = []
+
+    def exit_hook() -> None:
+        hooks.append(time.monotonic())
+        results_at_hook.append(len(frames.of("result", "k1")))
+
+    agent.add_exit_hook(exit_hook)
     accepted(agent.submit(world.command("w1", "disk.wipe")))
     assert wipe.started.wait(WAIT)
     accepted(agent.submit(world.command("k1", "boot.kexec")))
@@ -501,7 +510,14 @@ def test_self_terminating_waits_for_other_lanes_then_acts(world: World) -> None:
         assert time.monotonic() < end
         time.sleep(0.01)
     assert hooks and hooks[0] <= kexec.actions[0] and kexec.actions[0] >= released
-    assert frames.of("result", "k1") == []
+    assert kexec.boot_ids == ["boot-A"]  # the core's boot id, for the handler's own rejoin marker
+    # the handler's prepared result went out as the interim result, before the exit hooks ran
+    (interim,) = frames.of("result", "k1")
+    assert results_at_hook == [1]
+    interim_body = session_pb2.ResultBody.FromString(interim.body)
+    assert interim_body.status == session_pb2.SUCCEEDED
+    assert interim_body.payload_type == "bettercompute.agent.v1.KexecResult"
+    agent.ack("k1")  # the interim result's ack does not end the wait for the rejoin
     assert agent.journal.entries["k1"].state is State.AWAITING_REJOIN
     assert agent.journal.entries["k1"].proof == {"old_boot_id": "boot-A"}
     assert [s.state for s in agent.hello().in_flight if s.command_id == "k1"] == [session_pb2.AWAITING_REJOIN]
