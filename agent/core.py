@@ -17,7 +17,6 @@ lines dropped), and results.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import threading
@@ -34,6 +33,7 @@ from agent.config import Config
 from agent.errors import AgentError, Cancelled, CommandTimeout, Interrupted, InvalidParameters, Reason
 from agent.journal import Entry, Journal, Known, State
 from agent.proto import session_pb2
+from agent.streams import CommandLog, CommandStream, ThreadLogForwarder
 from agent.trust import NodeKey, TrustStore, decode_command_body
 
 log = logging.getLogger(__name__)
@@ -43,10 +43,6 @@ BOOT_ID_PATH = bootid.BOOT_ID
 CMDLINE_PATH = Path("/proc/cmdline")
 REJOIN_PARAM = "bc.rejoin"
 MAX_COMMAND_ID = 128
-PROGRESS_INTERVAL = 0.5        # seconds between progress frames of one command
-PROGRESS_MARKER_INTERVAL = 15.0  # seconds between journaled progress markers of one command
-LOG_RATE = 20.0                # log lines per second per command, sustained
-LOG_BURST = 50.0
 HELLO_RESULTS_BYTES = 1024 * 1024  # unacked results beyond this follow the Hello as result frames
 MAX_ATTEMPTS = 5               # starts of one retry-safe command before it is reported interrupted
 
@@ -112,124 +108,6 @@ class _Rejoining:
 _REJOINING = _Rejoining()
 
 
-class _Stream:
-    """Progress and log frames of one command, rate bounded."""
-
-    def __init__(self, agent: Agent, command_id: str) -> None:
-        self.agent = agent
-        self.command_id = command_id
-        self._lock = threading.Lock()
-        self._last_sent = 0.0
-        self._pending: session_pb2.Progress | None = None
-        self._timer: threading.Timer | None = None
-        self._last_marker = 0.0
-        self._tokens = LOG_BURST
-        self._refilled = time.monotonic()
-        self._dropped = 0
-        self._closed = False
-
-    def progress(self, p: session_pb2.Progress) -> None:
-        now = time.monotonic()
-        send: session_pb2.Progress | None = None
-        with self._lock:
-            if self._closed:
-                return
-            if self._timer is None and now - self._last_sent >= PROGRESS_INTERVAL:
-                send, self._last_sent = p, now
-            else:
-                self._pending = p
-                if self._timer is None:
-                    self._timer = threading.Timer(
-                        max(0.0, self._last_sent + PROGRESS_INTERVAL - now), self._on_timer
-                    )
-                    self._timer.daemon = True
-                    self._timer.start()
-            marker = now - self._last_marker >= PROGRESS_MARKER_INTERVAL
-            if marker:
-                self._last_marker = now
-        if send is not None:
-            self.agent._emit(Frame(progress=send))
-        if marker:
-            self.agent._journal_progress(self.command_id, p)
-
-    def _on_timer(self) -> None:
-        with self._lock:
-            p, self._pending, self._timer = self._pending, None, None
-            if p is None or self._closed:
-                return
-            self._last_sent = time.monotonic()
-        self.agent._emit(Frame(progress=p))
-
-    def log(self, level: str, message: str) -> None:
-        now = time.monotonic()
-        with self._lock:
-            if self._closed:
-                return
-            self._tokens = min(LOG_BURST, self._tokens + (now - self._refilled) * LOG_RATE)
-            self._refilled = now
-            if self._tokens < 1.0:
-                self._dropped += 1
-                return
-            self._tokens -= 1.0
-            dropped, self._dropped = self._dropped, 0
-        self.agent._emit(Frame(log=session_pb2.LogLine(
-            command_id=self.command_id, level=level, message=message[:4096],
-            time_unix_ms=int(time.time() * 1000), dropped_before=dropped,
-        )))
-
-    def close(self) -> None:
-        """Deliver the last progress (if one is held back) and stop; called before the result."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            timer, p, self._pending, self._timer = self._timer, self._pending, None, None
-        if timer is not None:
-            timer.cancel()
-        if p is not None:
-            self.agent._emit(Frame(progress=p))
-
-
-class _CommandLog(logging.LoggerAdapter):  # type: ignore[type-arg]
-    """ctx.log: goes to the agent's log as usual, and to the gateway as the command's log lines."""
-
-    def __init__(self, logger: logging.Logger, command_id: str, stream: _Stream) -> None:
-        super().__init__(logger, {"command_id": command_id, "bc_streamed": True})
-        self.stream = stream
-
-    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
-        kwargs["extra"] = {**self.extra, **kwargs.get("extra", {})}  # type: ignore[dict-item]
-        return msg, kwargs
-
-    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
-        if level >= logging.INFO:
-            try:
-                text = str(msg) % args if args else str(msg)
-            except (TypeError, ValueError):
-                text = f"{msg} {args}"
-            self.stream.log(logging.getLevelName(level).lower(), text)
-        super().log(level, msg, *args, **kwargs)
-
-
-class _ThreadLogForwarder(logging.Handler):
-    """Log records of other modules (proc, hw) emitted while a lane worker runs a command."""
-
-    def __init__(self, agent: Agent) -> None:
-        super().__init__(logging.INFO)
-        self.agent = agent
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if getattr(record, "bc_streamed", False):
-            return
-        cid = scheduler.current_command_id()
-        if cid is None:
-            return
-        stream = self.agent._streams.get(cid)
-        if stream is not None:
-            with contextlib.suppress(Exception):  # logging must never fail the caller
-                stream.log(record.levelname.lower(), record.getMessage())
-
-
 class Agent:
     def __init__(
         self,
@@ -261,8 +139,8 @@ class Agent:
         self._admit = threading.RLock()
         self._sinks: list[Sink] = []
         self._exit_hooks: list[Callable[[], None]] = []
-        self._streams: dict[str, _Stream] = {}
-        self._forwarder = _ThreadLogForwarder(self)
+        self._streams: dict[str, CommandStream] = {}
+        self._forwarder = ThreadLogForwarder(self._streams.get)
         self._draining = False
         self._terminating: str | None = None   # id of the self-terminating command under way
         self._started = False
@@ -520,7 +398,7 @@ class Agent:
     # -- running -------------------------------------------------------------------------------
 
     def _enqueue(self, cid: str, kind: catalog.Kind, params: Any, timeout: float) -> None:
-        stream = _Stream(self, cid)
+        stream = CommandStream(cid, self._emit, self._journal_progress)
         self._streams[cid] = stream
         ctx = Context(
             command_id=cid,
@@ -529,7 +407,7 @@ class Agent:
             deadline=time.monotonic() + timeout,
             progress_sink=stream.progress,
             locks=self.locks,
-            log=_CommandLog(logging.getLogger(f"agent.command.{kind.name}"), cid, stream),
+            log=CommandLog(logging.getLogger(f"agent.command.{kind.name}"), cid, stream),
         )
         ctx.boot_id = self.boot_id  # type: ignore[attr-defined]  # for a handler's rejoin proof
         handler = self.handlers[kind.name]
@@ -573,7 +451,7 @@ class Agent:
         value: Message | None = None,
         *,
         started_ms: int = 0,
-        stream: _Stream | None = None,
+        stream: CommandStream | None = None,
     ) -> session_pb2.SignedResult:
         signed = self._result(cid, kind, error, value, started_ms=started_ms)
         body = session_pb2.ResultBody.FromString(signed.body)
