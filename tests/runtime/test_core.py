@@ -1,4 +1,4 @@
-"""The Agent in process: admission, lanes, journal replay, self-termination, frames.
+"""The Agent in process: admission, lanes, journal replay, frames (self-termination: test_core_rejoin).
 
 Real threads, real journal files, real child processes. Test handlers serve real kind names
 and are passed through ``handlers=``; a "crash" is an Agent that is stopped (its journal
@@ -9,205 +9,38 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from google.protobuf.message import Message
 
-from agent import catalog, schema
+from agent import catalog
 from agent.catalog import Lane, Role
-from agent.commands.base import Context, Handler, SelfTermination
+from agent.commands.base import Context, Handler
 from agent.config import Config
 from agent.core import Agent, read_boot_id, rejoin_markers
-from agent.journal import Journal, State
+from agent.journal import Journal
 from agent.proto import agent_pb2, session_pb2
 from agent.trust import SigningKey, verify_result
+from tests.runtime.core_harness import (
+    NODE,
+    WAIT,
+    Blocking,
+    Picky,
+    Quick,
+    World,
+    accepted,
+    rejected,
+    world_in,
+)
 from tests.runtime.procs import kill_leftovers, wait_group_gone
-
-WAIT = 30.0
-NODE = "node-1"
-
-
-# -- test handlers ----------------------------------------------------------------------------
-
-
-class Blocking(Handler[Message]):
-    """Runs until the test sets ``release`` (or the command is cancelled / times out)."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind_name = kind
-        self.release = threading.Event()
-        self.started = threading.Event()
-        self.calls: list[str] = []
-        self.lock = threading.Lock()
-
-    def parse(self, payload: Message) -> Message:
-        return payload
-
-    def run(self, ctx: Context, params: Message) -> Message:
-        with self.lock:
-            self.calls.append(ctx.command_id)
-        self.started.set()
-        while not self.release.wait(0.02):
-            ctx.check()
-        return schema.result_class(self.kind_name)()
-
-
-class Quick(Handler[Message]):
-    def __init__(self, kind: str, body: Callable[[Context], Message] | None = None) -> None:
-        self.kind_name = kind
-        self.calls: list[str] = []
-        self.body = body
-
-    def parse(self, payload: Message) -> Message:
-        return payload
-
-    def run(self, ctx: Context, params: Message) -> Message:
-        self.calls.append(ctx.command_id)
-        if self.body is not None:
-            return self.body(ctx)
-        return schema.result_class(self.kind_name)()
-
-
-class Picky(Quick):
-    def parse(self, payload: Message) -> Message:
-        assert isinstance(payload, agent_pb2.WipeRequest)
-        if not payload.disks:
-            from agent.errors import InvalidParameters
-
-            raise InvalidParameters("disk.wipe: at least one disk")
-        return payload
-
-
-class Terminating(Handler[Message]):
-    """A self-terminating handler whose action only records that it was called."""
-
-    def __init__(self, kind: str, proof: dict[str, str] | None = None) -> None:
-        self.kind_name = kind
-        self.proof = proof or {}
-        self.actions: list[float] = []
-        self.calls: list[str] = []
-        self.boot_ids: list[str] = []
-
-    def parse(self, payload: Message) -> Message:
-        return payload
-
-    def run(self, ctx: Context, params: Message) -> SelfTermination:
-        self.calls.append(ctx.command_id)
-        self.boot_ids.append(getattr(ctx, "boot_id", ""))
-        return SelfTermination(proof=dict(self.proof), action=lambda: self.actions.append(time.monotonic()),
-                               result=schema.result_class(self.kind_name)())
-
-
-# -- harness ----------------------------------------------------------------------------------
-
-
-class Frames:
-    def __init__(self) -> None:
-        self.frames: list[session_pb2.Frame] = []
-        self.cond = threading.Condition()
-
-    def __call__(self, frame: session_pb2.Frame) -> None:
-        with self.cond:
-            self.frames.append(frame)
-            self.cond.notify_all()
-
-    def of(self, what: str, cid: str | None = None) -> list[Any]:
-        with self.cond:
-            items = [getattr(f, what) for f in self.frames if f.WhichOneof("msg") == what]
-        if cid is None:
-            return items
-        if what == "result":
-            return [r for r in items if session_pb2.ResultBody.FromString(r.body).command_id == cid]
-        return [i for i in items if i.command_id == cid]
-
-    def result(self, cid: str, timeout: float = WAIT) -> session_pb2.ResultBody:
-        end = time.monotonic() + timeout
-        with self.cond:
-            while True:
-                for f in self.frames:
-                    if f.WhichOneof("msg") == "result":
-                        body = session_pb2.ResultBody.FromString(f.result.body)
-                        if body.command_id == cid:
-                            return body
-                left = end - time.monotonic()
-                assert left > 0, f"no result for {cid}"
-                self.cond.wait(left)
-
-
-class World:
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.cp = SigningKey.generate()
-        keys = tmp / "keys"
-        keys.mkdir()
-        self.cp.save_public(keys / "cp.pem")
-        self.keys = (keys,)
-        self.state = tmp / "state"
-        self.agents: list[Agent] = []
-        self.releases: list[threading.Event] = []
-
-    def agent(
-        self,
-        handlers: dict[str, Handler[Any]],
-        *,
-        role: Role = Role.RAMDISK,
-        boot_id: str = "boot-A",
-        cmdline: str = "",
-        **kwargs: Any,
-    ) -> tuple[Agent, Frames]:
-        for h in handlers.values():
-            if hasattr(h, "release"):
-                self.releases.append(h.release)
-        agent = Agent(
-            Config(state_dir=self.state, node_id=NODE, role=role, trusted_keys=self.keys),
-            handlers=handlers, boot_id=boot_id, cmdline=cmdline, **kwargs,
-        )
-        frames = Frames()
-        agent.subscribe(frames)
-        agent.start()
-        self.agents.append(agent)
-        return agent, frames
-
-    def command(
-        self, cid: str, kind: str, payload: Message | None = None, *, sign: bool | None = None,
-        timeout: int = 0, **fields: Any,
-    ) -> session_pb2.SignedCommand:
-        k = catalog.KINDS[kind]
-        body = session_pb2.CommandBody(
-            command_id=cid, kind=kind, node_id=NODE,
-            payload=(payload or schema.payload_class(kind)()).SerializeToString(),
-            issued_at_unix_ms=int(time.time() * 1000),
-            expires_at_unix_ms=int(time.time() * 1000) + 600_000,
-            timeout_seconds=timeout,
-        )
-        for name, value in fields.items():
-            setattr(body, name, value)
-        if sign if sign is not None else k.destructive:
-            return self.cp.sign_command(body)
-        return session_pb2.SignedCommand(body=body.SerializeToString())
 
 
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[World]:
-    w = World(tmp_path)
-    yield w
-    for ev in w.releases:
-        ev.set()
-    for a in w.agents:
-        a.stop(timeout=2)
-
-
-def accepted(answer: Any) -> session_pb2.Accept:
-    assert isinstance(answer, session_pb2.Accept), answer
-    return answer
-
-
-def rejected(answer: Any) -> str:
-    assert isinstance(answer, session_pb2.Reject), answer
-    return answer.reason
+    yield from world_in(tmp_path)
 
 
 # -- lanes --------------------------------------------------------------------------------------
@@ -477,135 +310,6 @@ def test_unacked_results_are_kept_and_resent(world: World) -> None:
     assert inv.calls == ["u1", "u2"]
 
 
-# -- self-terminating ------------------------------------------------------------------------------
-
-
-def test_self_terminating_waits_for_other_lanes_then_acts(world: World) -> None:
-    wipe = Blocking("disk.wipe")
-    kexec = Terminating("boot.kexec")
-    agent, frames = world.agent({"disk.wipe": wipe, "boot.kexec": kexec, "inventory.refresh": Quick("x")})
-    hooks: list[float] = []
-    results_at_hook: list[int] = []
-
-    def exit_hook() -> None:
-        hooks.append(time.monotonic())
-        results_at_hook.append(len(frames.of("result", "k1")))
-
-    agent.add_exit_hook(exit_hook)
-    accepted(agent.submit(world.command("w1", "disk.wipe")))
-    assert wipe.started.wait(WAIT)
-    accepted(agent.submit(world.command("k1", "boot.kexec")))
-    end = time.monotonic() + WAIT
-    while not kexec.calls:
-        assert time.monotonic() < end
-        time.sleep(0.01)
-    time.sleep(0.3)
-    assert kexec.actions == [] and hooks == []  # waiting for w1
-    assert rejected(agent.submit(world.command("i1", "inventory.refresh"))) == "draining"
-    released = time.monotonic()
-    wipe.release.set()
-    assert frames.result("w1").status == session_pb2.SUCCEEDED
-    end = time.monotonic() + WAIT
-    while not kexec.actions:
-        assert time.monotonic() < end
-        time.sleep(0.01)
-    assert hooks and hooks[0] <= kexec.actions[0] and kexec.actions[0] >= released
-    assert kexec.boot_ids == ["boot-A"]  # the core's boot id, for the handler's own rejoin marker
-    # the handler's prepared result went out as the interim result, before the exit hooks ran
-    (interim,) = frames.of("result", "k1")
-    assert results_at_hook == [1]
-    interim_body = session_pb2.ResultBody.FromString(interim.body)
-    assert interim_body.status == session_pb2.SUCCEEDED
-    assert interim_body.payload_type == "bettercompute.agent.v1.KexecResult"
-    agent.ack("k1")  # the interim result's ack does not end the wait for the rejoin
-    assert agent.journal.entries["k1"].state is State.AWAITING_REJOIN
-    assert agent.journal.entries["k1"].proof == {"old_boot_id": "boot-A"}
-    assert [s.state for s in agent.hello().in_flight if s.command_id == "k1"] == [session_pb2.AWAITING_REJOIN]
-    agent.stop()
-
-    # the next agent, in a new boot, reports the kexec complete
-    rebooted, _ = world.agent({"boot.kexec": Terminating("boot.kexec")}, boot_id="boot-B")
-    completions = list(rebooted.hello().completions)
-    assert [(c.command_id, c.ok, c.old_boot_id, c.new_boot_id) for c in completions] == [
-        ("k1", True, "boot-A", "boot-B")
-    ]
-    rebooted.ack("k1")
-    assert list(rebooted.hello().completions) == []
-    assert rejected(rebooted.submit(world.command("k1", "boot.kexec", payload=agent_pb2.KexecRequest(
-        cmdline="other")))) == "replayed"
-
-
-def test_self_terminating_in_the_same_boot_is_not_complete(world: World) -> None:
-    kexec = Terminating("boot.kexec")
-    agent, _ = world.agent({"boot.kexec": kexec})
-    accepted(agent.submit(world.command("k2", "boot.kexec")))
-    end = time.monotonic() + WAIT
-    while not kexec.actions:
-        assert time.monotonic() < end
-        time.sleep(0.01)
-    agent.stop()
-    same, _ = world.agent({"boot.kexec": kexec}, boot_id="boot-A")
-    (c,) = same.hello().completions
-    assert c.command_id == "k2" and not c.ok and c.reason == "interrupted" and "same boot" in c.message
-
-
-def test_self_terminating_fails_at_its_deadline_when_lanes_stay_busy(world: World) -> None:
-    wipe = Blocking("disk.wipe")
-    kexec = Terminating("boot.kexec")
-    agent, frames = world.agent({"disk.wipe": wipe, "boot.kexec": kexec, "inventory.refresh": Quick("x")})
-    accepted(agent.submit(world.command("w1", "disk.wipe")))
-    assert wipe.started.wait(WAIT)
-    accepted(agent.submit(world.command("k3", "boot.kexec", timeout=1)))
-    body = frames.result("k3")
-    assert body.status == session_pb2.TIMED_OUT and "w1" in body.message
-    assert kexec.actions == []
-    # the agent takes commands again
-    assert accepted(agent.submit(world.command("i2", "inventory.refresh")))
-
-
-def test_completion_from_kernel_command_line(world: World) -> None:
-    agent, _ = world.agent(
-        {"boot.kexec": Terminating("boot.kexec")}, boot_id="boot-new",
-        cmdline="console=ttyS0 bc.rejoin=boot.kexec:k-9:boot-old bc.rejoin=bogus quiet",
-    )
-    (c,) = agent.hello().completions
-    assert (c.command_id, c.kind, c.ok, c.old_boot_id, c.new_boot_id) == ("k-9", "boot.kexec", True,
-                                                                          "boot-old", "boot-new")
-    agent.ack("k-9")
-    agent.stop()
-    # the agent restarts in the same boot: the marker is still on the command line, but acked
-    again, _ = world.agent({}, boot_id="boot-new", cmdline="bc.rejoin=boot.kexec:k-9:boot-old")
-    assert list(again.hello().completions) == []
-
-
-def test_upgrade_completion_by_version(world: World) -> None:
-    up = Terminating("daemon.upgrade", proof={"old_version": "1.0", "new_version": "2.0"})
-    agent, _ = world.agent({"daemon.upgrade": up}, role=Role.NODE, version_string="1.0")
-    accepted(agent.submit(world.command("up1", "daemon.upgrade")))
-    end = time.monotonic() + WAIT
-    while not up.actions:
-        assert time.monotonic() < end
-        time.sleep(0.01)
-    agent.stop()
-    new, _ = world.agent({"daemon.upgrade": up}, role=Role.NODE, version_string="2.0")
-    (c,) = new.hello().completions
-    assert c.ok and c.new_version == "2.0" and c.old_version == "1.0"
-
-
-def test_upgrade_not_reached_is_a_failed_completion(world: World) -> None:
-    up = Terminating("daemon.upgrade", proof={"old_version": "1.0", "new_version": "2.0"})
-    agent, _ = world.agent({"daemon.upgrade": up}, role=Role.NODE, version_string="1.0")
-    accepted(agent.submit(world.command("up3", "daemon.upgrade")))
-    end = time.monotonic() + WAIT
-    while not up.actions:
-        assert time.monotonic() < end
-        time.sleep(0.01)
-    agent.stop()
-    old, _ = world.agent({"daemon.upgrade": up}, role=Role.NODE, version_string="1.0", boot_id="boot-Z")
-    (c,) = old.hello().completions
-    assert not c.ok and c.reason == "interrupted" and "2.0" in c.message
-
-
 # -- frames ----------------------------------------------------------------------------------------
 
 
@@ -771,49 +475,3 @@ def test_resource_locks_serialize_commands_across_lanes(world: World) -> None:
     release.set()
     frames.result("i")
     assert order == ["wipe in", "wipe out", "inventory in"]
-
-
-class RollbackAware(Terminating):
-    """daemon.upgrade-like: its completion hook reports a rollback the launcher recorded."""
-
-    def __init__(self, marker: Path) -> None:
-        super().__init__("daemon.upgrade", proof={"old_version": "1.0", "new_version": "2.0"})
-        self.marker = marker
-        self.joined: list[str] = []
-
-    def completion(
-        self, proof: dict[str, str], *, boot_id: str, version: str
-    ) -> tuple[bool, str, str] | None:
-        if version != proof["new_version"] and self.marker.exists():
-            return False, "bad_image", f"rolled back to {version}: {self.marker.read_text()}"
-        return None
-
-    def on_joined(self, config: Config) -> None:
-        self.joined.append(config.node_id)
-
-
-def test_completion_is_judged_by_the_agent_that_reports_it(world: World) -> None:
-    marker = world.tmp / "rolled-back"
-    up = RollbackAware(marker)
-    old, _ = world.agent({"daemon.upgrade": up}, role=Role.NODE, version_string="1.0")
-    accepted(old.submit(world.command("up9", "daemon.upgrade")))
-    end = time.monotonic() + WAIT
-    while not up.actions:
-        assert time.monotonic() < end
-        time.sleep(0.01)
-    assert list(old.hello().completions) == []  # the agent that ends does not report itself
-    old.stop()
-    # the new version starts and would call it complete, but never reaches the gateway...
-    trial, _ = world.agent({"daemon.upgrade": up}, role=Role.NODE, version_string="2.0")
-    assert [c.ok for c in trial.hello().completions] == [True]
-    trial.stop()
-    # ...so the launcher rolls back; the old version reports what really happened
-    marker.write_text("new version did not reach the gateway within 120 s")
-    back, _ = world.agent({"daemon.upgrade": up}, role=Role.NODE, version_string="1.0")
-    (c,) = back.hello().completions
-    assert not c.ok and c.reason == "bad_image" and "did not reach the gateway" in c.message
-    back.joined()
-    assert up.joined == [NODE]
-    back.ack("up9")
-    assert list(back.hello().completions) == []
-    assert back.state_of("up9") == session_pb2.ACKNOWLEDGED
