@@ -94,12 +94,19 @@ def test_pxe_booted_node_joins_and_reports_nvme_serials(lab: Lab, node: Machine,
     assert by_serial[disks[2].serial].transport == "virtio"
 
 
-def test_deploy_image_to_the_disk_chosen_by_serial(lab: Lab, node: Machine, disks: list[Disk],
-                                                   image: NodeImage) -> None:
+@pytest.fixture(scope="module")
+def deployed(lab: Lab, node: Machine, disks: list[Disk], image: NodeImage):  # type: ignore[no-untyped-def]
+    """deploy.image of the node image onto the first NVMe disk, chosen by its serial."""
     payload = {"url": lab.url("node.img.zst"), "format": "ZSTD",
                "digest": {"algorithm": "sha256", "hex": image.zst_sha256},
                "target": {"serial": disks[0].serial}, "verify_readback": True}
     _, _, result = run_command(lab, node, "deploy.image", payload)
+    return result
+
+
+def test_deploy_image_to_the_disk_chosen_by_serial(deployed, disks: list[Disk],  # type: ignore[no-untyped-def]
+                                                   image: NodeImage) -> None:
+    result = deployed
     assert result.disk.serial == disks[0].serial
     assert result.digest.hex == image.zst_sha256
     assert result.image_bytes == image.raw.stat().st_size
@@ -170,8 +177,8 @@ def test_agent_killed_mid_command_is_restarted_and_reruns_it(lab: Lab, node: Mac
     node.wait_console(r"1 command\(s\) re-run", 30, after=mark)
 
 
-def test_kexec_into_the_deployed_node_rejoins_with_a_new_boot_id(lab: Lab, node: Machine, disks: list[Disk],
-                                                                 image: NodeImage) -> None:
+def test_kexec_into_the_deployed_node_rejoins_with_a_new_boot_id(  # type: ignore[no-untyped-def]
+        lab: Lab, node: Machine, disks: list[Disk], image: NodeImage, deployed) -> None:
     old = lab.gateway.nodes[NODE]
     old_boot, sessions = old.boot_id, old.sessions
 
