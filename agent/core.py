@@ -308,8 +308,8 @@ class Agent:
                 log.exception("%s: on_joined hook failed", name)
 
     def _emit(self, frame: session_pb2.Frame) -> None:
-        if self._stopped:
-            return
+        if self._stopped or not self._started:
+            return  # results decided while starting travel in the Hello, not twice
         for sink in list(self._sinks):
             try:
                 sink(frame)

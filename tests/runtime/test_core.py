@@ -284,6 +284,7 @@ def test_non_retry_safe_command_is_interrupted_and_not_run_again(world: World) -
         ("n1", session_pb2.INTERRUPTED, "interrupted")
     ]
     assert frames.result("n2").status == session_pb2.SUCCEEDED
+    assert frames.of("result", "n1") == []  # decided while starting: it travels in the Hello only
     assert again.calls == ["n2"] and wipe.calls == ["n1"]
     # a resend of n1 returns its state, it does not run it
     assert accepted(second.submit(n1)).state == session_pb2.FINISHED
