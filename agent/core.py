@@ -190,12 +190,15 @@ class Agent:
         deadline = time.monotonic() + (10 * 365 * 86400 if timeout is None else timeout)
         return not self.scheduler.wait_idle(except_id=None, deadline=deadline)
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def stop(self, timeout: float = 5.0, *, kill_running: bool = True) -> None:
         """Stop the lanes and close the journal. Commands still running are not reported: the
-        next start finds them in the journal (re-run when retry-safe, else INTERRUPTED)."""
+        next start finds them in the journal (re-run when retry-safe, else INTERRUPTED). Their
+        child processes are killed (``kill_running``), so none outlives the agent."""
         with self._admit:
             self._draining = True
             self._stopped = True
+        if kill_running:
+            self.scheduler.abort_running(timeout)
         self.scheduler.stop(timeout)
         logging.getLogger("agent").removeHandler(self._forwarder)
         self.journal.close()
@@ -456,12 +459,14 @@ class Agent:
         signed = self._result(cid, kind, error, value, started_ms=started_ms)
         body = session_pb2.ResultBody.FromString(signed.body)
         status = session_pb2.Status.Name(body.status)
+        if self._stopped:
+            # Stopping cut it short: the journal still says it ran, and the next start decides.
+            log.info("%s %s ended by the agent's stop (%s); left to the journal", kind.name, cid, status)
+            return signed
         try:
             self.journal.result(cid, signed.SerializeToString(), status)
         except (OSError, RuntimeError, ValueError) as exc:
             log.error("%s %s: cannot journal the result (%s)", kind.name, cid, exc)
-            if self._stopped:
-                return signed
         log.info("%s %s finished: %s%s", kind.name, cid, status, f" ({body.reason}: {body.message})"
                  if body.reason else "")
         if stream is not None:

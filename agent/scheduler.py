@@ -137,6 +137,21 @@ class Scheduler:
             if t is not threading.current_thread():
                 t.join(max(0.0, end - time.monotonic()))
 
+    def abort_running(self, timeout: float = 10.0) -> None:
+        """Cancel every running job and kill its children's process groups, without reporting
+        anything: the process is going away, and no child of a command may outlive it."""
+        with self._cond:
+            running = [j for j in self._jobs.values() if j.state is JobState.RUNNING]
+        killers = []
+        for job in running:
+            job.ctx.cancel_event.set()
+            t = threading.Thread(target=job.ctx.kill_children, name=f"abort-{job.id}", daemon=True)
+            t.start()
+            killers.append(t)
+        end = time.monotonic() + timeout
+        for t in killers:
+            t.join(max(0.0, end - time.monotonic()))
+
     # -- submitting, cancelling, observing -----------------------------------------------------
 
     def submit(self, job: Job) -> None:

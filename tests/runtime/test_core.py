@@ -476,3 +476,29 @@ def test_resource_locks_serialize_commands_across_lanes(world: World) -> None:
     release.set()
     frames.result("i")
     assert order == ["wipe in", "wipe out", "inventory in"]
+
+
+def test_stop_kills_the_children_of_running_commands_and_leaves_them_to_the_journal(world: World) -> None:
+    groups: list[int] = []
+    started = threading.Event()
+
+    def body(ctx: Context) -> Message:
+        child = ctx.spawn(["sleep", "300"])
+        groups.append(child.pid)
+        started.set()
+        ctx.run(["sleep", "300"])
+        return agent_pb2.DiagDcgmResult()
+
+    agent, frames = world.agent({"diag.dcgm": Quick("diag.dcgm", body)})
+    accepted(agent.submit(world.command("s1", "diag.dcgm")))
+    assert started.wait(WAIT)
+    agent.stop(timeout=10)
+    try:
+        assert wait_group_gone(groups[0], 5) == []
+    finally:
+        kill_leftovers(groups[0])
+    assert frames.of("result", "s1") == []
+    after, _ = world.agent({"diag.dcgm": Quick("diag.dcgm")})
+    assert after.wait_idle(WAIT)
+    (result,) = after.unacked_results()
+    assert session_pb2.ResultBody.FromString(result.body).status == session_pb2.SUCCEEDED  # re-run
