@@ -98,6 +98,26 @@ class Source:
             raise SourceFailed(f"source ended at byte {self.count} of {self.total}")
         return data
 
+    def _readinto(self, view: memoryview) -> int:
+        data = self._read(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+    def readinto(self, buf: memoryview) -> int:
+        """Like read(), into ``buf``; 0 only at the end."""
+        if self._pushback:
+            n = min(len(buf), len(self._pushback))
+            buf[:n] = self._pushback[:n]
+            self._pushback = self._pushback[n:]
+            return n
+        n = self._readinto(buf)
+        if n:
+            self.hasher.update(buf[:n])
+            self.count += n
+        elif self.total is not None and self.count != self.total:
+            raise SourceFailed(f"source ended at byte {self.count} of {self.total}")
+        return n
+
     def peek(self, n: int = MAGIC_LEN) -> bytes:
         """The first ``n`` bytes (fewer for a shorter source), left in place for read()."""
         head = self._pushback
@@ -127,6 +147,9 @@ class FileSource(Source):
 
     def _read(self, size: int) -> bytes:
         return self._f.read(size) or b""
+
+    def _readinto(self, view: memoryview) -> int:
+        return self._f.readinto(view) or 0
 
     def close(self) -> None:
         self._f.close()

@@ -48,7 +48,7 @@ from agent.proto import agent_pb2, common_pb2
 log = logging.getLogger(__name__)
 
 Fmt = agent_pb2.ImageFormat
-READ_CHUNK = 1 << 20
+READ_CHUNK = 4 << 20
 ZERO_SAMPLES = 256
 _EOF = object()
 QCOW2_NEEDS_FILE = "qcow2 is converted by qemu-img, which needs a seekable file: use local_path"
@@ -232,7 +232,7 @@ class Deployment:
         threads: list[threading.Thread] = []
         touched = False
         try:
-            raw_q = self._start_pipeline(source, fmt, stop, errors, threads)
+            raw_q = None if fmt == Fmt.RAW else self._start_pipeline(source, fmt, stop, errors, threads)
             touched = True  # from here on the disk's old content is gone
             skip = self._prepare(fd)
             raw_hash = hashlib.sha256() if self.params.verify_readback else None
@@ -240,7 +240,10 @@ class Deployment:
                 fd, dfd, size=self.disk.size, skip_zeros=skip, cancel=self.ctx.cancel_event,
                 block=self.disk.logical_block_size,
             ) as writer:
-                offset = self._assemble(raw_q, writer, source, raw_hash, errors)
+                if raw_q is None:
+                    offset = self._copy_raw(source, writer, raw_hash)
+                else:
+                    offset = self._assemble(raw_q, writer, source, raw_hash, errors)
             self.result.bytes_written = writer.written
             self.result.bytes_skipped = writer.skipped
             self.result.image_bytes = offset
@@ -333,6 +336,30 @@ class Deployment:
         for t in threads:
             t.start()
         return out_q
+
+    def _copy_raw(self, source: image.Source, writer: diskio.DiskWriter, raw_hash: Any) -> int:
+        """A raw image: read straight into the writer's aligned buffers (hashed there), no
+        copy and no queue; the writer threads keep the disk busy meanwhile."""
+        offset = 0
+        while True:
+            self.ctx.check()
+            buf = writer.take()
+            fill = 0
+            while fill < len(buf):
+                n = source.readinto(buf[fill:])
+                if n == 0:
+                    break
+                fill += n
+            if fill == 0:
+                writer.give_back(buf)
+                return offset
+            if raw_hash is not None:
+                raw_hash.update(buf[:fill])
+            writer.submit(buf, offset, fill)
+            offset += fill
+            self._progress(source, offset, writer.written, writer.skipped)
+            if fill < len(buf):
+                return offset
 
     def _assemble(
         self, raw_q: queue.Queue[object], writer: diskio.DiskWriter, source: image.Source,

@@ -162,7 +162,7 @@ class Wipe(Handler[WipeParams], kind="disk.wipe"):
         caps.supported[M.OVERWRITE_RANDOM] = overwrite + " AES-CTR"
         caps.supported[M.METADATA] = "agent metadata wipe"
         if disk.supports_discard:
-            caps.supported[M.DISCARD] = "ioctl BLKDISCARD" if not disk.is_file else "truncate"
+            caps.supported[M.DISCARD] = "ioctl BLKDISCARD" if not disk.is_file else "fallocate punch hole"
         else:
             caps.why_not[M.DISCARD] = "the device does not support discard"
         nvme_methods = (M.NVME_FORMAT_USER_DATA, M.NVME_FORMAT_CRYPTO, *CONTROLLER_WIDE)
@@ -241,6 +241,10 @@ class Wipe(Handler[WipeParams], kind="disk.wipe"):
             block.check_safe(disk)
             targets.append(disk)
         plans = [self.plan(run, d, params) for d in targets]
+        wide_controllers = [p.disk.controller for p in plans if p.method in CONTROLLER_WIDE]
+        if len(wide_controllers) != len(set(wide_controllers)):
+            raise InvalidParameters("two namespaces of one controller with a controller-wide sanitize:"
+                                    " name one of them (sanitize erases them all)")
         for p in plans:
             wide = p.method in CONTROLLER_WIDE or (
                 p.method in (M.NVME_FORMAT_USER_DATA, M.NVME_FORMAT_CRYPTO)
@@ -323,6 +327,10 @@ class DiskWipe:
         except OSError as exc:
             self.cert.error = f"{self.disk.name}: {exc.strerror or exc}"
             self.cert.verified = False
+        except Exception as exc:
+            log.exception("%s: wipe failed", self.disk.name)
+            self.cert.error = f"{self.disk.name}: internal error: {type(exc).__name__}: {exc}"
+            self.cert.verified = False
         finally:
             self.cert.finished_at_unix_ms = int(time.time() * 1000)
         self.progress(self.disk.size, self.disk.size, "done" if not self.cert.error else "failed", force=True)
@@ -358,6 +366,7 @@ class DiskWipe:
             raise Unsupported(f"{M.Name(m)} is not implemented")
         if m not in (M.OVERWRITE_ZEROS, M.OVERWRITE_RANDOM, M.METADATA, M.DISCARD):
             with block.opened(self.disk, write=False) as fd:
+                block.flush_buffers(fd)  # the controller erased behind the page cache
                 block.reread_partitions(fd)
 
     def _sanitize(self, method: int) -> None:

@@ -470,19 +470,30 @@ def block_sizes(fd: int) -> tuple[int, int]:
 
 
 def discard(fd: int, start: int = 0, length: int | None = None) -> None:
-    """BLKDISCARD the range; a regular file gets the range deallocated (reads zeros after)."""
+    """BLKDISCARD the range; a regular file gets the range deallocated (punched: it reads
+    zeros after, and keeps its size)."""
     st = os.fstat(fd)
     if length is None:
         length = size_of(fd) - start
     if stat.S_ISREG(st.st_mode):
-        if start == 0 and length >= st.st_size:
-            size = st.st_size
-            os.ftruncate(fd, 0)
-            os.ftruncate(fd, size)
-        else:
+        try:
+            _punch_hole(fd, start, length)
+        except OSError:
             zero_out(fd, start, length)
         return
     fcntl.ioctl(fd, BLKDISCARD, struct.pack("QQ", start, length))
+
+
+def _punch_hole(fd: int, start: int, length: int) -> None:
+    """fallocate(PUNCH_HOLE | KEEP_SIZE): deallocate a file range; it reads zeros after."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    if libc.fallocate(fd, 0x02 | 0x01, start, length) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
 
 
 def zero_out(fd: int, start: int, length: int) -> None:
@@ -496,6 +507,16 @@ def zero_out(fd: int, start: int, length: int) -> None:
             done += n
         return
     fcntl.ioctl(fd, BLKZEROOUT, struct.pack("QQ", start, length))
+
+
+def flush_buffers(fd: int) -> None:
+    """BLKFLSBUF: drop the kernel's cached blocks of a device erased behind its back
+    (NVMe format/sanitize, ATA erase); nothing for a regular file."""
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        try:
+            fcntl.ioctl(fd, BLKFLSBUF)
+        except OSError as exc:
+            log.info("BLKFLSBUF refused: %s", exc)
 
 
 def reread_partitions(fd: int) -> bool:

@@ -7,8 +7,10 @@ where the device allows it, and zero skipping.
         w.submit(buf, offset, n)     # written (or skipped) by the writer thread
     w.written, w.skipped
 
-The producer fills the next buffer while the writer thread writes the previous one, so
-decompression or data generation overlaps the device's write time. ``dfd`` is an O_DIRECT
+The producer fills the next buffer while the writer threads write the previous ones (two
+writes in flight by default: a sparse image makes many small writes, and one at a time
+would wait out each one's latency), so decompression or data generation overlaps the
+device's write time. Writes never overlap each other, so their order does not matter. ``dfd`` is an O_DIRECT
 fd (or None): aligned whole blocks go through it, a tail that is not a multiple of the
 logical block size goes through the buffered ``fd``. ``close`` fsyncs.
 """
@@ -42,9 +44,10 @@ class DiskWriter:
         size: int,
         skip_zeros: bool = False,
         cancel: threading.Event | None = None,
-        buffers: int = 4,
+        buffers: int = 6,
         buffer_size: int = BUFFER,
         block: int = 4096,
+        writers: int = 2,
     ) -> None:
         self.fd, self.dfd, self.size = fd, dfd, size
         self.skip_zeros = skip_zeros
@@ -60,9 +63,13 @@ class DiskWriter:
         self._todo: queue.Queue[tuple[int, int, int] | None] = queue.Queue()
         self.written = 0
         self.skipped = 0
+        self._count = threading.Lock()
         self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._loop, name="disk-writer", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._loop, name=f"disk-writer-{k}", daemon=True) for k in range(writers)
+        ]
+        for t in self._threads:
+            t.start()
         self._closed = False
 
     # -- producer side -------------------------------------------------------------------
@@ -111,7 +118,8 @@ class DiskWriter:
                 ):
                     self._write(self._views[i], offset, length)
             except BaseException as exc:
-                self.error = exc
+                if self.error is None:
+                    self.error = exc
                 break
             finally:
                 self._free.put(i)
@@ -133,7 +141,8 @@ class DiskWriter:
                 if run_start >= 0:
                     self._pwrite(view, offset, run_start, pos)
                     run_start = -1
-                self.skipped += end - pos
+                with self._count:
+                    self.skipped += end - pos
             elif run_start < 0:
                 run_start = pos
             pos = end
@@ -149,7 +158,8 @@ class DiskWriter:
                 pos += os.pwrite(self.dfd, view[pos:aligned_end], base + pos)
         while pos < end:
             pos += os.pwrite(self.fd, view[pos:end], base + pos)
-        self.written += end - start
+        with self._count:
+            self.written += end - start
 
     # -- end -----------------------------------------------------------------------------
 
@@ -158,8 +168,10 @@ class DiskWriter:
         if self._closed:
             return
         self._closed = True
-        self._todo.put(None)
-        self._thread.join()
+        for _ in self._threads:
+            self._todo.put(None)
+        for t in self._threads:
+            t.join()
         for v in self._views:
             v.release()
         for m in self._maps:

@@ -1,0 +1,226 @@
+"""deploy.image and disk.wipe against dd, side by side on one target, median of several runs.
+
+    python bench/disk_bench.py                       # 2 GiB images, 3 runs, file target in /var/tmp
+    python bench/disk_bench.py --size 256M --runs 5  # quick
+    python bench/disk_bench.py --target /dev/loop7   # a block device (its content is destroyed)
+
+Scenarios (each: the agent's handler through Context.local, and the dd pipeline, alternating,
+with the same target state before every run):
+
+- dense:  raw image with no zero runs, checksum on   vs  dd if=img bs=4M oflag=direct
+- gzip:   the same image gzip -1'd, checksum on      vs  gzip -dc img.gz | dd bs=4M oflag=direct
+- sparse: raw image, 1 MiB data then 3 MiB zeros     vs  dd if=img bs=4M oflag=direct
+- wipe:   disk.wipe OVERWRITE_ZEROS, sampled verify  vs  dd if=/dev/zero bs=4M oflag=direct
+
+dd runs with conv=fsync (and notrunc), as the agent fsyncs too. A file target is recreated
+(sparse, same size) before each run; a block device target is used as it is. Images are read
+from the page cache by both sides (generated once, read once before timing). The ratio is agent
+throughput / dd throughput (higher is better for the agent): the median of the per-pair
+ratios (dd and agent run back to back, alternating who goes first), which cancels the slow
+drift of a shared virtual disk; the MB/s columns are medians of each side's runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip  # noqa: F401  (documents that the gzip image is made by the gzip binary below)
+import hashlib
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from agent.commands.base import Context
+from agent.commands.deploy import DeployImage
+from agent.commands.wipe import Wipe
+from agent.hw import block
+from agent.proto import agent_pb2, common_pb2
+
+MiB = 1 << 20
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().removesuffix("IB").removesuffix("B")
+    if text[-1:] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def keystream(n: int, seed: bytes) -> bytes:
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    return Cipher(algorithms.AES(hashlib.sha256(seed).digest()), modes.CTR(bytes(16))).encryptor().update(
+        bytes(n)
+    )
+
+
+def make_images(work: Path, size: int) -> dict[str, Path]:
+    """dense: every 4 KiB block half random, half text (compresses about 2:1, no zero runs);
+    sparse: 1 MiB of random data then 3 MiB of zeros, repeated."""
+    dense, sparse = work / "dense.img", work / "sparse.img"
+    chunk = 64 * MiB
+    text = (b"bettercompute deploy benchmark line of text 0123456789\n" * 40)[:2048]
+    zeros3 = bytes(3 * MiB)
+    with dense.open("wb") as d, sparse.open("wb") as s:
+        for off in range(0, size, chunk):
+            n = min(chunk, size - off)
+            rnd = keystream(n, off.to_bytes(8, "big"))
+            d.write(b"".join(rnd[i : i + 2048] + text for i in range(0, n, 4096)))
+            s.write(b"".join(rnd[i : i + MiB] + zeros3 for i in range(0, n, 4 * MiB)))
+    gz = work / "dense.img.gz"
+    with gz.open("wb") as out:
+        subprocess.run(["gzip", "-1", "-c", str(dense)], stdout=out, check=True)
+    for p in (dense, sparse, gz):  # into the page cache for both sides
+        with p.open("rb") as f:
+            while f.read(16 * MiB):
+                pass
+    return {"dense": dense, "sparse": sparse, "gzip": gz}
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while data := f.read(16 * MiB):
+            h.update(data)
+    return h.hexdigest()
+
+
+class Bench:
+    def __init__(self, target: Path, size: int, runs: int) -> None:
+        self.target, self.size, self.runs = target, size, runs
+        self.is_file = not target.exists() or target.is_file()
+        self.disk_size = size if self.is_file else block.disk_for_path(target).size
+
+    def reset(self) -> None:
+        if self.is_file:
+            self.target.unlink(missing_ok=True)
+            with self.target.open("wb") as f:
+                f.truncate(self.disk_size)
+        subprocess.run(["sync"], check=True)
+
+    def disks(self) -> list[block.Disk]:
+        return [block.disk_for_path(self.target)]
+
+    def dd(self, cmd: str) -> float:
+        self.reset()
+        t = time.perf_counter()
+        subprocess.run(["sh", "-c", cmd], check=True, stderr=subprocess.DEVNULL)
+        return time.perf_counter() - t
+
+    def agent(self, fn: Callable[[], object]) -> float:
+        self.reset()
+        t = time.perf_counter()
+        fn()
+        return time.perf_counter() - t
+
+    def deploy(self, image: Path) -> Callable[[], object]:
+        def go() -> object:
+            h = DeployImage(disks=self.disks)
+            req = agent_pb2.DeployImageRequest(
+                local_path=str(image),
+                digest=common_pb2.Digest(algorithm="sha256", hex=self.digests[image]),
+                target=common_pb2.DiskHints(name=self.disks()[0].name),
+            )
+            r = h.run(Context.local("deploy.image"), h.parse(req))
+            self.last = r
+            return r
+        return go
+
+    def wipe(self) -> object:
+        h = Wipe(disks=self.disks)
+        req = agent_pb2.WipeRequest(disks=[common_pb2.DiskHints(name=self.disks()[0].name)],
+                                    method=agent_pb2.OVERWRITE_ZEROS)
+        r = h.run(Context.local("disk.wipe"), h.parse(req))
+        assert r.certificates[0].verified, r
+        self.last = r
+        return r
+
+    def pair(self, name: str, dd_cmd: str, agent_fn: Callable[[], object], nbytes: int) -> dict[str, object]:
+        """Runs dd and the agent back to back, alternating who goes first. The disk's speed
+        drifts (a virtual disk shares its host), so the ratio is the median of the per-pair
+        ratios, each pair measured within seconds."""
+        dd_times, agent_times, ratios = [], [], []
+        for i in range(self.runs):
+            if i % 2 == 0:
+                d, a = self.dd(dd_cmd), self.agent(agent_fn)
+            else:
+                a, d = self.agent(agent_fn), self.dd(dd_cmd)
+            dd_times.append(d)
+            agent_times.append(a)
+            ratios.append(d / a)
+        dd_t, ag_t = statistics.median(dd_times), statistics.median(agent_times)
+        row = {
+            "scenario": name,
+            "dd_MBps": nbytes / dd_t / 1e6,
+            "agent_MBps": nbytes / ag_t / 1e6,
+            "ratio": statistics.median(ratios),
+            "dd_runs": [round(x, 2) for x in dd_times],
+            "agent_runs": [round(x, 2) for x in agent_times],
+        }
+        extra = ""
+        last = getattr(self, "last", None)
+        if isinstance(last, agent_pb2.DeployImageResult):
+            extra = f" written={last.bytes_written} skipped={last.bytes_skipped} direct={last.direct_io}"
+        print(f"{name:7s} dd {row['dd_MBps']:8.1f} MB/s  agent {row['agent_MBps']:8.1f} MB/s"
+              f"  ratio {row['ratio']:.2f}  (seconds: dd {row['dd_runs']} agent {row['agent_runs']}){extra}",
+              flush=True)
+        return row
+
+
+def main() -> int:
+    # As `agent run` does (agent/app.py): a short GIL switch interval, so a thread coming back
+    # from a write or a hash gets the interpreter sooner.
+    from agent.app import SWITCH_INTERVAL_SECONDS
+
+    sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="2G", help="image size (default 2G)")
+    ap.add_argument("--runs", type=int, default=3, help="runs per side (median; default 3)")
+    ap.add_argument("--target", default="", help="file or block device (default: a file in --workdir)")
+    ap.add_argument("--workdir", default="/var/tmp", help="where images (and the file target) go")
+    ap.add_argument("--only", default="dense,gzip,sparse,wipe", help="comma-separated scenarios")
+    args = ap.parse_args()
+    size = parse_size(args.size)
+    size -= size % (4 * MiB)
+    work = Path(tempfile.mkdtemp(prefix="disk-bench-", dir=args.workdir))
+    try:
+        target = Path(args.target) if args.target else work / "target.disk"
+        t = time.perf_counter()
+        images = make_images(work, size)
+        print(f"images: {size / MiB:.0f} MiB each, made in {time.perf_counter() - t:.1f}s; "
+              f"gzip {images['gzip'].stat().st_size / MiB:.0f} MiB; target {target}; "
+              f"{os.cpu_count()} CPUs", flush=True)
+        b = Bench(target, size, args.runs)
+        b.digests = {p: sha256(p) for p in images.values()}  # type: ignore[attr-defined]
+        dd = f"of={target} bs=4M oflag=direct conv=fsync,notrunc"
+        rows = []
+        only = args.only.split(",")
+        if "dense" in only:
+            rows.append(b.pair("dense", f"dd if={images['dense']} {dd}", b.deploy(images["dense"]), size))
+        if "gzip" in only:
+            rows.append(b.pair("gzip", f"gzip -dc {images['gzip']} | dd iflag=fullblock {dd}",
+                               b.deploy(images["gzip"]), size))
+        if "sparse" in only:
+            rows.append(b.pair("sparse", f"dd if={images['sparse']} {dd}", b.deploy(images["sparse"]), size))
+        if "wipe" in only:
+            count = b.disk_size // (4 * MiB)
+            rows.append(b.pair("wipe", f"dd if=/dev/zero count={count} {dd}", b.wipe, b.disk_size))
+        print("\n| scenario | dd MB/s (median) | agent MB/s (median) | agent/dd (median of pairs) |")
+        print("|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['scenario']} | {r['dd_MBps']:.0f} | {r['agent_MBps']:.0f} | {r['ratio']:.2f} |")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
