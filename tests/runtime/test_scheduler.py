@@ -195,8 +195,8 @@ def test_deadline_counts_from_start_not_from_queueing(sched: Scheduler) -> None:
     out = Outcomes()
     release = threading.Event()
     sched.submit(job("bulk-1", "logs.collect", lambda c: release.wait(WAIT) and "ok", out))
-    sched.submit(job("bulk-2", "logs.collect", lambda c: c.sleep(0.3) or "ok", out, timeout=1.0))
-    time.sleep(1.5)  # bulk-2 waits in the queue longer than its timeout
+    sched.submit(job("bulk-2", "logs.collect", lambda c: c.sleep(0.1) or "ok", out, timeout=3.0))
+    time.sleep(3.5)  # bulk-2 waits in the queue longer than its timeout
     release.set()
     assert out.wait("bulk-2") == ("ok", None)
 
