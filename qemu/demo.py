@@ -1,0 +1,214 @@
+"""The demo: one node's life in QEMU, driven through the reference gateway, as a timeline.
+
+    python -m qemu.demo [--workdir qemu/out/demo] [--no-install]
+
+On a fresh Debian bookworm machine (as root) it installs the Debian packages it needs, builds
+what is missing (the agent zipapp, the ramdisk, a bootable node image), then:
+
+  1. boots a bare-metal-like guest by PXE (iPXE, kernel and initramfs over HTTP) with two NVMe
+     disks and a virtio disk; the ramdisk agent joins the gateway;
+  2. inventory.refresh: the disks with their serials;
+  3. deploy.image of the node image onto the first NVMe disk, chosen by serial, with progress;
+  4. disk.wipe of the second NVMe disk, best available method, with its erasure certificate;
+  5. diag.nvml against a fake NVML library (when a C compiler is there to build it);
+  6. boot.kexec into the deployed kernel; the node agent rejoins from the disk with a new boot id.
+
+TCG by default (BC_QEMU_KVM=1 uses KVM where /dev/kvm works). Takes a few minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from qemu.harness import Machine
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+NODE = "demo-node"
+PACKAGES = ("qemu-system-x86", "ipxe-qemu", "linux-image-cloud-amd64", "zstd", "fdisk", "e2fsprogs",
+            "dpkg", "apt")
+TOOLS = {"qemu-system-x86_64": "qemu-system-x86", "zstd": "zstd", "sfdisk": "fdisk", "mkfs.ext4": "e2fsprogs"}
+
+
+class Timeline:
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+
+    def say(self, what: str) -> None:
+        print(f"[{time.monotonic() - self.t0:7.1f}s] {what}", flush=True)
+
+
+def install_packages() -> None:
+    missing = sorted({pkg for tool, pkg in TOOLS.items() if shutil.which(tool) is None})
+    if not list(Path("/boot").glob("vmlinuz-*-cloud-amd64")):
+        missing.append("linux-image-cloud-amd64")
+    if not Path("/usr/lib/ipxe/qemu").is_dir():
+        missing.append("ipxe-qemu")
+    if not missing:
+        return
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        sys.exit(f"demo: missing Debian packages {missing}; install them (as root: apt-get install ...)")
+    from agent.proc import run
+
+    print(f"demo: installing {' '.join(missing)}", flush=True)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    run(["apt-get", "update", "-q"], timeout=900, env=env)
+    run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], timeout=1800, env=env)
+
+
+def fake_nvml(workdir: Path) -> bytes | None:
+    path = ROOT / "tests" / "fakes" / "nvml" / "fakenvml.py"
+    if not path.exists() or shutil.which("gcc") is None:
+        return None
+    spec = importlib.util.spec_from_file_location("fakenvml_demo", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return Path(module.build_library(workdir / "nvml")).read_bytes()
+
+
+def wait_result(lab, machine: Machine, cid: str, what: str, timeout: float = 1800.0):  # type: ignore[no-untyped-def]
+    from agent.proto import session_pb2
+
+    try:
+        body, result = lab.gateway.wait_result(cid, timeout)
+    except TimeoutError:
+        raise machine.fail(f"{what} did not finish in {timeout:g}s") from None
+    if body.status != session_pb2.SUCCEEDED:
+        raise machine.fail(f"{what} {session_pb2.Status.Name(body.status)}: {body.reason}: {body.message}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m qemu.demo", description=__doc__.split("\n")[0])
+    parser.add_argument("--workdir", type=Path, default=HERE / "out" / "demo")
+    parser.add_argument("--no-install", action="store_true", help="do not apt-get install what is missing")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        sys.exit("demo: run as root (the ramdisk builder chroots into the ramdisk's root)")
+    if not args.no_install:
+        install_packages()
+
+    from agent.proto import session_pb2
+    from qemu.lab import Lab, ensure_ramdisk
+    from qemu.nodeimage import build_node_image
+
+    tl = Timeline()
+    shutil.rmtree(args.workdir, ignore_errors=True)
+    args.workdir.mkdir(parents=True)
+    tl.say("building the agent zipapp and the ramdisk (cached under initramfs/out/)")
+    parts = ensure_ramdisk()
+    size = parts.kernel.stat().st_size + (ROOT / "initramfs/out/initramfs.img").stat().st_size
+    tl.say(f"ramdisk ready: kernel + initramfs {size / 1e6:.1f} MB compressed")
+
+    with Lab(args.workdir, parts) as lab:
+        image = build_node_image(lab, NODE, args.workdir / "node-image")
+        os.link(image.zst, lab.www / "node.img.zst")
+        tl.say(f"node image built: {image.raw.stat().st_size // 2**20} MiB GPT disk, ext4 root with kernel, "
+               f"initramfs and the node agent ({image.zst.stat().st_size / 1e6:.1f} MB zstd)")
+        last_step: dict[str, int] = {}
+
+        def on_event(ev, rec) -> None:  # type: ignore[no-untyped-def]
+            if ev.what == "progress" and rec is not None and rec.progress is not None:
+                p = rec.progress
+                step = int(p.fraction * 10) if p.fraction >= 0 else -1
+                if step > last_step.get(ev.command_id, -1) or (step < 0 and ev.command_id not in last_step):
+                    last_step[ev.command_id] = step
+                    pct = f"{p.fraction * 100:5.1f}%" if p.fraction >= 0 else "   ?  "
+                    rate = f" {p.rate / 1e6:.1f} MB/s" if p.rate > 0 else ""
+                    tl.say(f"  {rec.kind} {pct} {p.message}{rate}")
+
+        lab.gateway.listeners.append(on_event)
+        disks = lab.standard_disks(NODE, size=160 * 2**20)
+        nvml = fake_nvml(args.workdir)
+        files = {}
+        env = {}
+        if nvml is not None:
+            files["/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"] = nvml
+            gpus = {"gpus": [{"model": "H100"}] * 2}
+            files["/etc/bettercompute/fake-nvml.json"] = json.dumps(gpus).encode()
+            env["FAKE_NVML_CONFIG"] = "/etc/bettercompute/fake-nvml.json"
+        tl.say(f"powering on {NODE}: PXE boot (iPXE over the user network), disks "
+               + ", ".join(f"{d.interface}:{d.serial}" for d in disks))
+        machine = lab.boot(NODE, disks=disks, pxe=True, files=files, env=env)
+        joined = lab.wait_joined(machine, NODE, 600)
+        hello = lab.gateway.nodes[NODE].hello
+        tl.say(f"JOINED: {NODE} in role {hello.role}, agent {hello.agent_version}, boot id "
+               f"{hello.boot_id[:8]} ({joined:.1f}s after power-on; iPXE fetched "
+               f"{', '.join(r.split()[1] for r in machine.pxe_served)} over HTTP)")
+
+        cid = lab.gateway.send(NODE, "inventory.refresh", {})
+        inv = wait_result(lab, machine, cid, "inventory.refresh")
+        for d in inv.inventory.disks:
+            i = d.identity
+            tl.say(f"INVENTORY: disk {i.name} {i.transport} serial {i.serial} {i.size_bytes // 2**20} MiB")
+        tl.say(f"INVENTORY: {inv.inventory.cpu.threads} CPU threads, {len(inv.inventory.nics)} NIC(s), "
+               f"collected in {inv.seconds:.2f}s")
+
+        target, wipe_disk = disks[0], disks[1]
+        tl.say(f"DEPLOYING node.img.zst to the disk with serial {target.serial}")
+        cid = lab.gateway.send(NODE, "deploy.image", {
+            "url": lab.url("node.img.zst"), "format": "ZSTD",
+            "digest": {"algorithm": "sha256", "hex": image.zst_sha256},
+            "target": {"serial": target.serial}, "verify_readback": True})
+        dep = wait_result(lab, machine, cid, "deploy.image")
+        mib = 2**20
+        tl.say(f"DEPLOYED: {dep.image_bytes // mib} MiB to {dep.disk.name}, {dep.bytes_written // mib} MiB "
+               f"written, {dep.bytes_skipped // mib} MiB of zero blocks skipped, sha256 "
+               f"{dep.digest.hex[:12]}... verified, read back "
+               f"{'verified' if dep.readback_verified else 'not checked'}")
+
+        tl.say(f"WIPING the disk with serial {wipe_disk.serial} (best available method)")
+        cid = lab.gateway.send(NODE, "disk.wipe", {"disks": [{"serial": wipe_disk.serial}],
+                                                   "method": "BEST_AVAILABLE", "verify": "FULL"})
+        wipe = wait_result(lab, machine, cid, "disk.wipe")
+        from agent.proto import agent_pb2, common_pb2
+
+        for c in wipe.certificates:
+            tl.say(f"WIPED: certificate for {c.disk.serial}: {agent_pb2.WipeMethod.Name(c.method)} "
+                   f"(NIST {agent_pb2.NistLevel.Name(c.level)}), verified={c.verified} "
+                   f"({c.verification_detail}), signed by the node key and checked by the gateway")
+
+        if nvml is not None:
+            cid = lab.gateway.send(NODE, "diag.nvml", {"thresholds": {"expected_gpu_count": 2}})
+            diag = wait_result(lab, machine, cid, "diag.nvml")
+            tl.say(f"DIAG: {len(diag.gpus)} GPU(s) through NVML (fake library), verdict "
+                   f"{common_pb2.Verdict.Name(diag.verdict)}")
+        else:
+            tl.say("DIAG: skipped (no gcc to build the fake NVML library)")
+
+        old_boot = hello.boot_id
+        sessions = lab.gateway.nodes[NODE].sessions
+
+        def part_file(path: str, digest: str) -> dict:  # type: ignore[type-arg]
+            return {"partition_file": {"disk": {"serial": target.serial}, "partition_label": "bcroot",
+                                       "path": path}, "digest": {"algorithm": "sha256", "hex": digest}}
+
+        tl.say("KEXEC into the deployed kernel (/boot/vmlinuz on the bcroot partition)")
+        cid = lab.gateway.send(NODE, "boot.kexec", {
+            "kernel": part_file("/boot/vmlinuz", image.kernel_sha256),
+            "initrd": part_file("/boot/initrd.img", image.initrd_sha256),
+            "cmdline": image.kexec_cmdline(), "allow_kexec_tools": True})
+        try:
+            rec = lab.gateway.wait(cid, 900)
+        except TimeoutError:
+            raise machine.fail("boot.kexec did not complete") from None
+        node = lab.gateway.nodes[NODE]
+        if rec.completion is None or not rec.completion.ok or node.sessions <= sessions:
+            raise machine.fail(f"boot.kexec ended {rec.state}: {lab.gateway.events_for(cid)}")
+        tl.say(f"REJOINED: {NODE} in role {node.hello.role} from its disk, boot id {old_boot[:8]} -> "
+               f"{node.boot_id[:8]}; boot.kexec {rec.state} "
+               f"({session_pb2.Status.Name(session_pb2.SUCCEEDED)} by rejoin proof)")
+        tl.say(f"done; console log: {machine.spec.console_log}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
