@@ -1,0 +1,74 @@
+"""Measure the ramdisk: compressed size, QEMU start -> agent joined, idle RSS, inventory time.
+
+    python bench/ramdisk_boot.py [--runs 3] [--pxe] [--idle 20]
+
+Builds (cached) the ramdisk, then boots it ``--runs`` times in QEMU (TCG unless
+BC_QEMU_KVM=1) against the reference gateway, each time: seconds from QEMU start to the
+agent's session being up at the gateway; the agent's resident memory after ``--idle`` seconds
+of idling (VmRSS, with its anonymous and file-backed parts, read in the guest through the test
+ramdisk's debug shell); inventory.refresh timed by the agent (result.seconds) and end to end
+through the gateway. Prints a Markdown table for docs/performance.md. Needs root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from agent.proto import session_pb2  # noqa: E402
+from qemu.lab import Lab, ensure_ramdisk  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--pxe", action="store_true", help="boot by iPXE instead of -kernel")
+    parser.add_argument("--idle", type=float, default=20.0, help="seconds of idling before reading RSS")
+    args = parser.parse_args()
+    parts = ensure_ramdisk()
+    image = ROOT / "initramfs/out/initramfs.img"
+    size = parts.kernel.stat().st_size + image.stat().st_size
+    k, i = parts.kernel.stat().st_size, image.stat().st_size
+    print(f"kernel {k / 1e6:.1f} MB + initramfs {i / 1e6:.1f} MB = {size / 1e6:.1f} MB compressed")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bc-bench-") as tmp, Lab(Path(tmp), parts) as lab:
+        for run in range(args.runs):
+            node = f"bench-{run}"
+            machine = lab.boot(node, disks=lab.standard_disks(node), pxe=args.pxe)
+            joined = lab.wait_joined(machine, node, 600)
+            time.sleep(args.idle)
+            _, out = machine.shell("grep -E '^(VmRSS|RssAnon|RssFile)' "
+                                        "/proc/$(cat /run/bettercompute-agent.pid)/status")
+            rss = {k: int(v) / 1024 for k, v in re.findall(r"(\w+):\s+(\d+) kB", out)}
+            t0 = time.monotonic()
+            cid = lab.gateway.send(node, "inventory.refresh", {})
+            body, result = lab.gateway.wait_result(cid, 600)
+            round_trip = time.monotonic() - t0
+            assert body.status == session_pb2.SUCCEEDED, body.message
+            rows.append((joined, rss.get("VmRSS", 0), rss.get("RssAnon", 0), rss.get("RssFile", 0),
+                         result.seconds, round_trip))
+            print(f"run {run}: joined {joined:.1f}s, RSS {rss}, inventory {result.seconds:.2f}s "
+                  f"(round trip {round_trip:.2f}s)", flush=True)
+            machine.stop()
+    print()
+    print("| run | boot | joined after (s) | VmRSS idle (MiB) | anon / file (MiB) | inventory (s) "
+          "| round trip (s) |")
+    print("|---|---|---|---|---|---|---|")
+    for i, (j, rss, anon, file_, inv, rt) in enumerate(rows):
+        print(f"| {i} | {'PXE' if args.pxe else '-kernel'} | {j:.1f} | {rss:.1f} | {anon:.1f} / {file_:.1f} "
+              f"| {inv:.2f} | {rt:.2f} |")
+    print(f"\nmedian joined {statistics.median(r[0] for r in rows):.1f}s, "
+          f"median VmRSS {statistics.median(r[1] for r in rows):.1f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
