@@ -321,6 +321,8 @@ class DiskWipe:
             self.ctx.check()
             if self.params.verify != V.NO_VERIFY or self.plan.method == M.METADATA:
                 self._verify()
+            else:
+                self.cert.verification_detail = "not verified (NO_VERIFY requested)"
         except AgentError as exc:  # cancel and timeout too: run() re-raises them after the join
             self.cert.error = exc.message
             self.cert.verified = False

@@ -136,7 +136,9 @@ class DiskWriter:
         pos = 0
         while pos < length:
             end = min(pos + GRANULE, length)
-            is_zero = view[pos:end].tobytes() == _ZERO[: end - pos]
+            # Data almost never starts or ends a 64 KiB granule with a zero byte: decide those
+            # without copying; only candidate zero granules are compared in full.
+            is_zero = view[pos] == 0 and view[end - 1] == 0 and view[pos:end].tobytes() == _ZERO[: end - pos]
             if is_zero:
                 if run_start >= 0:
                     self._pwrite(view, offset, run_start, pos)
