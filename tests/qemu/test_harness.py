@@ -1,0 +1,84 @@
+"""The QEMU harness without booting: its command line keeps the guest's network closed, the
+forwarder relays one connection to the loopback, kernel parameters are checked."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from qemu import harness
+from qemu.harness import Disk, Machine, MachineSpec
+
+
+def spec(tmp_path: Path, **kw: object) -> MachineSpec:
+    base = {"workdir": tmp_path, "kernel": tmp_path / "vmlinuz", "initrd": tmp_path / "initrd",
+            "append": "console=ttyS0", "forwards": {443: 40443}}
+    base.update(kw)
+    return MachineSpec(**base)  # type: ignore[arg-type]
+
+
+def test_network_is_restricted_and_only_forwards_reach_the_host(tmp_path: Path) -> None:
+    argv = Machine(spec(tmp_path)).argv()
+    netdev = argv[argv.index("-netdev") + 1]
+    assert "restrict=on" in netdev
+    assert "hostfwd" not in netdev
+    (fwd,) = [p for p in netdev.split(",") if p.startswith("guestfwd=")]
+    assert fwd.startswith(f"guestfwd=tcp:{harness.GUEST_HOST}:443-cmd:")
+    assert fwd.endswith("forward.py 40443")
+    assert "tcg" in argv[argv.index("-accel") + 1]
+
+
+def test_disks_get_their_serials_and_files(tmp_path: Path) -> None:
+    disks = [Disk(tmp_path / "a.img", "SERA", "nvme", 1 << 20),
+             Disk(tmp_path / "b.img", "SERB", "virtio", 1 << 20)]
+    argv = Machine(spec(tmp_path, disks=disks)).argv()
+    devices = [argv[i + 1] for i, a in enumerate(argv) if a == "-device"]
+    assert "nvme,serial=SERA,drive=d0" in devices
+    assert "virtio-blk-pci,serial=SERB,drive=d1" in devices
+    assert (tmp_path / "a.img").stat().st_size == 1 << 20
+
+
+def test_kernel_args_refuse_spaces() -> None:
+    assert "bc.node=n1" in harness.kernel_args(node="n1")
+    with pytest.raises(ValueError, match="spaces"):
+        harness.kernel_args(node="n 1")
+
+
+def test_forwarder_relays_a_connection_to_the_loopback_port() -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def echo() -> None:
+        conn, _ = server.accept()
+        with conn:
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = conn.recv(100)
+                if not chunk:
+                    break
+                data += chunk
+            conn.sendall(data.upper())
+
+    threading.Thread(target=echo, daemon=True).start()
+    guest, qemu_side = socket.socketpair()
+    proc = subprocess.Popen([sys.executable, "-I", "-S", str(Path(harness.__file__).parent / "forward.py"),
+                             str(port)], stdin=qemu_side.fileno(), stdout=qemu_side.fileno(),
+                            stderr=subprocess.DEVNULL, pass_fds=())
+    qemu_side.close()
+    guest.sendall(b"hello gateway\n")
+    guest.settimeout(30)
+    reply = b""
+    while not reply.endswith(b"\n"):
+        chunk = guest.recv(100)
+        if not chunk:
+            break
+        reply += chunk
+    assert reply == b"HELLO GATEWAY\n"
+    guest.close()
+    assert proc.wait(30) == 0
+    server.close()
