@@ -86,16 +86,21 @@ class Source:
     def _read(self, size: int) -> bytes:
         raise NotImplementedError
 
-    def read(self, size: int) -> bytes:
-        if self._pushback:
-            data, self._pushback = self._pushback, b""
-            return data
+    def _fetch(self, size: int) -> bytes:
+        """Bytes from the source, counted, not hashed (they are hashed when delivered)."""
         data = self._read(size)
         if data:
-            self.hasher.update(data)
             self.count += len(data)
         elif self.total is not None and self.count != self.total:
             raise SourceFailed(f"source ended at byte {self.count} of {self.total}")
+        return data
+
+    def read(self, size: int) -> bytes:
+        if self._pushback:
+            data, self._pushback = self._pushback, b""
+        else:
+            data = self._fetch(size)
+        self.hasher.update(data)
         return data
 
     def _readinto(self, view: memoryview) -> int:
@@ -103,32 +108,31 @@ class Source:
         view[: len(data)] = data
         return len(data)
 
-    def readinto(self, buf: memoryview) -> int:
-        """Like read(), into ``buf``; 0 only at the end."""
+    def readinto(self, buf: memoryview, *, hash: bool = True) -> int:
+        """Like read(), into ``buf``; 0 only at the end. With ``hash=False`` the caller
+        feeds ``hasher`` with what it got, in order."""
         if self._pushback:
             n = min(len(buf), len(self._pushback))
             buf[:n] = self._pushback[:n]
             self._pushback = self._pushback[n:]
-            return n
-        n = self._readinto(buf)
-        if n:
+        else:
+            n = self._readinto(buf)
+            if n:
+                self.count += n
+            elif self.total is not None and self.count != self.total:
+                raise SourceFailed(f"source ended at byte {self.count} of {self.total}")
+        if hash and n:
             self.hasher.update(buf[:n])
-            self.count += n
-        elif self.total is not None and self.count != self.total:
-            raise SourceFailed(f"source ended at byte {self.count} of {self.total}")
         return n
 
     def peek(self, n: int = MAGIC_LEN) -> bytes:
         """The first ``n`` bytes (fewer for a shorter source), left in place for read()."""
-        head = self._pushback
-        while len(head) < n:
-            self._pushback = b""
-            data = self.read(n - len(head))
+        while len(self._pushback) < n:
+            data = self._fetch(n - len(self._pushback))
             if not data:
                 break
-            head += data
-        self._pushback = head
-        return head
+            self._pushback += data
+        return self._pushback
 
     def close(self) -> None:
         pass

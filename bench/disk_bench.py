@@ -93,6 +93,16 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def sha256_speed() -> float:
+    """GB/s of hashlib's sha256 right now: the floor of a checksummed deploy's CPU time."""
+    data = bytes(8 * MiB)
+    t = time.perf_counter()
+    h = hashlib.sha256()
+    for _ in range(32):
+        h.update(data)
+    return 32 * len(data) / (time.perf_counter() - t) / 1e9
+
+
 class Bench:
     def __init__(self, target: Path, size: int, runs: int) -> None:
         self.target, self.size, self.runs = target, size, runs
@@ -197,7 +207,8 @@ def main() -> int:
         images = make_images(work, size)
         print(f"images: {size / MiB:.0f} MiB each, made in {time.perf_counter() - t:.1f}s; "
               f"gzip {images['gzip'].stat().st_size / MiB:.0f} MiB; target {target}; "
-              f"{os.cpu_count()} CPUs", flush=True)
+              f"{os.cpu_count()} CPUs; sha256 {sha256_speed():.2f} GB/s; "
+              f"load average {os.getloadavg()[0]:.1f}", flush=True)
         b = Bench(target, size, args.runs)
         b.digests = {p: sha256(p) for p in images.values()}  # type: ignore[attr-defined]
         dd = f"of={target} bs=4M oflag=direct conv=fsync,notrunc"
@@ -217,6 +228,7 @@ def main() -> int:
         print("|---|---|---|---|")
         for r in rows:
             print(f"| {r['scenario']} | {r['dd_MBps']:.0f} | {r['agent_MBps']:.0f} | {r['ratio']:.2f} |")
+        print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
