@@ -134,8 +134,17 @@ def _run(argv: list[str], **kw: object) -> str:
 # Packages
 
 
+def ensure_apt_lists() -> None:
+    """``apt-get update`` once when the package lists do not know the interpreter (a fresh
+    machine, or one whose lists were cleaned)."""
+    if run(["apt-cache", "show", "--no-all-versions", PACKAGES[0]], check=False, timeout=120).returncode != 0:
+        print("initramfs: apt-get update (the package lists are missing)", flush=True)
+        run(["apt-get", "update", "-q"], timeout=900)
+
+
 def resolve(roots: Iterable[str], exclude: frozenset[str] = EXCLUDE) -> list[str]:
     """The packages ``roots`` need (Depends and Pre-Depends, first fitting alternative)."""
+    ensure_apt_lists()
     wanted: set[str] = set()
     todo = [p for p in roots if p not in exclude]
     while todo:
