@@ -476,7 +476,8 @@ class Built:
     root: Path           # the unpacked root, for tests that build images from it
 
 
-def build(agent: Path | None, out: Path = OUT, kernel_path: Path | None = None) -> Built:
+def build(agent: Path | None, out: Path = OUT, kernel_path: Path | None = None,
+          extra: dict[str, bytes] | None = None) -> Built:
     kernel = find_kernel(kernel_path)
     packages = resolve(PACKAGES)
     debs = download(packages, out / "debs")
@@ -504,7 +505,8 @@ def build(agent: Path | None, out: Path = OUT, kernel_path: Path | None = None) 
         agent = precompile_agent(rootfs, agent, out)
         # /init and the agent go in their own archive appended to the base (the kernel unpacks
         # concatenated archives in order), so a new agent does not recompress the base.
-        image.write_bytes(base.read_bytes() + compress(cpio.archive(top_entries(agent)), 3))
+        site = [cpio.file(dest, data, 0o644) for dest, data in sorted((extra or {}).items())]
+        image.write_bytes(base.read_bytes() + compress(cpio.archive(top_entries(agent) + site), 3))
     return Built(vmlinuz, image, agent, base, rootfs)
 
 
@@ -515,10 +517,19 @@ def main(argv: list[str] | None = None) -> int:
                         "without native wheels, into OUT/agent.pyz: the ramdisk has Debian's)")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--kernel", type=Path, help="the kernel image (default: the newest cloud kernel)")
+    parser.add_argument("--add", action="append", default=[], metavar="SRC:DEST",
+                        help="put file SRC at DEST in the ramdisk, e.g. the site's gateway CA: "
+                        "--add ca.pem:/etc/bettercompute/ca.pem (then boot with bc.ca=that path)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     agent = args.agent or build_agent(args.out / "agent.pyz")
-    built = build(agent, args.out, args.kernel)
+    extra: dict[str, bytes] = {}
+    for spec in args.add:
+        src, sep, dest = spec.partition(":")
+        if not sep or not dest.startswith("/") or ".." in Path(dest).parts:
+            parser.error(f"--add {spec}: expected SRC:/absolute/destination")
+        extra[dest] = Path(src).read_bytes()
+    built = build(agent, args.out, args.kernel, extra)
     k, i = built.kernel.stat().st_size, built.initramfs.stat().st_size
     print(f"{built.kernel}: {k / 1e6:.1f} MB")
     print(f"{built.initramfs}: {i / 1e6:.1f} MB (base {built.base.stat().st_size / 1e6:.1f} MB + agent)")
