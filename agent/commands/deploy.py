@@ -352,6 +352,9 @@ class Deployment:
                 if n == 0:
                     break
                 fill += n
+                if fill < len(buf):  # a slow source: stay responsive within a buffer
+                    self.ctx.check()
+                    self._progress(source, offset + fill, writer.written, writer.skipped)
             if fill == 0:
                 writer.give_back(buf)
                 return offset

@@ -22,6 +22,7 @@ from agent.errors import (
     AgentError,
     Cancelled,
     ChecksumMismatch,
+    CommandTimeout,
     InvalidParameters,
     NotFound,
     ProtectedDevice,
@@ -361,6 +362,17 @@ def test_cancel_clears_disk(tmp_path: Path) -> None:
     with LoopbackServer() as srv:
         url = srv.add("/img", img, Fault(delay=0.02))
         with pytest.raises(Cancelled):
+            deploy(request(url, img), t.disks, ctx=ctx)
+    assert t.ends_cleared()
+
+
+def test_deadline_stops_and_clears_disk(tmp_path: Path) -> None:
+    t = Target(tmp_path)
+    img = os.urandom(8 * MiB)
+    ctx = Context.local("deploy.image", timeout=1.5)
+    with LoopbackServer() as srv:
+        url = srv.add("/img", img, Fault(delay=0.05))
+        with pytest.raises(CommandTimeout):
             deploy(request(url, img), t.disks, ctx=ctx)
     assert t.ends_cleared()
 
