@@ -487,9 +487,8 @@ def discard(fd: int, start: int = 0, length: int | None = None) -> None:
 def _punch_hole(fd: int, start: int, length: int) -> None:
     """fallocate(PUNCH_HOLE | KEEP_SIZE): deallocate a file range; it reads zeros after."""
     import ctypes
-    import ctypes.util
 
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc = ctypes.CDLL(None, use_errno=True)  # the process's own symbols: libc is among them
     libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
     if libc.fallocate(fd, 0x02 | 0x01, start, length) != 0:
         err = ctypes.get_errno()
