@@ -97,6 +97,10 @@ PRUNE = (
     "usr/lib/python3.11/lib-dynload/_codecs_*", "usr/lib/python3.11/lib-dynload/_multibytecodec*",
     "usr/lib/python3.11/LICENSE.txt", "usr/lib/python3.11/sitecustomize.py",
     "usr/lib/python3.11/sqlite3", "usr/lib/python3.11/lib-dynload/_sqlite3*",
+    "usr/lib/python3.11/asyncio", "usr/lib/python3.11/lib-dynload/_asyncio*",
+    "usr/lib/python3.11/xml", "usr/lib/python3.11/lib-dynload/pyexpat*",
+    "usr/lib/python3.11/multiprocessing", "usr/lib/python3.11/lib-dynload/_multiprocessing*",
+    "usr/lib/python3.11/lib-dynload/_posixshmem*",
     "usr/lib/python3.11/lib-dynload/ossaudiodev*", "usr/lib/python3.11/lib-dynload/_xxsubinterp*",
     "usr/lib/python3.11/lib-dynload/_lsprof*", "usr/lib/python3.11/lib-dynload/_decimal*",
     "usr/lib/x86_64-linux-gnu/libmvec*", "usr/bin/lslogins", "usr/bin/ss", "usr/sbin/tc",
@@ -124,6 +128,15 @@ PRUNE = (
     "usr/sbin/rtcwake", "usr/bin/setterm", "usr/bin/utmpdump", "usr/bin/last*",
     "etc/iproute2/*", "usr/lib/x86_64-linux-gnu/audit", "lib/x86_64-linux-gnu/security",
 )
+
+
+# The text codecs kept (the rest are legacy code pages and CJK tables nothing here reads).
+KEEP_CODECS = frozenset({
+    "__init__", "aliases", "ascii", "latin_1", "utf_8", "utf_8_sig", "utf_16", "utf_16_le",
+    "utf_16_be", "utf_32", "utf_32_le", "utf_32_be", "idna", "punycode", "raw_unicode_escape",
+    "unicode_escape", "charmap", "cp437", "cp1252", "iso8859_1", "iso8859_15", "base64_codec",
+    "hex_codec", "zlib_codec", "bz2_codec", "quopri_codec", "uu_codec", "rot_13", "undefined",
+})
 
 
 def _run(argv: list[str], **kw: object) -> str:
@@ -282,6 +295,9 @@ def build_root(debs: list[Path], kernel: Kernel, dest: Path, agent: Path | None)
                 shutil.rmtree(path)
             else:
                 path.unlink()
+    for codec in (tmp / "usr/lib/python3.11/encodings").glob("*.py"):
+        if codec.stem not in KEEP_CODECS:
+            codec.unlink()
     for cache in list(tmp.rglob("__pycache__")):
         shutil.rmtree(cache)
     for d in ("proc", "sys", "dev", "run", "tmp", "root", "sysroot", "etc/bettercompute",
