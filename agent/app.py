@@ -99,7 +99,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     Session.check_config(loaded.config)  # before anything is created on disk
     _setup_file_log(loaded.config.log_file)
     load_test_handlers()
-    import agent.commands
     from agent.core import Agent
 
     # A handler that computes in Python holds the GIL; hand it over more often than the default
@@ -221,13 +220,13 @@ def _authorize(args: argparse.Namespace, kind: catalog.Kind, config: Any) -> tup
 
 @command("exec", "run one command here without a gateway (recovery at the console)", _exec_args)
 def cmd_exec(args: argparse.Namespace) -> int:
-    from agent.commands.base import Context, Handler, SelfTermination
+    from agent.commands.base import Context, SelfTermination
     from agent.progressbar import ProgressBar
 
     loaded = settings.load_from_args(args)
     config = loaded.config
     load_test_handlers()
-    import agent.commands  # noqa: F401  (registers the handlers)
+    from agent.commands import handler_class
 
     kind = catalog.KINDS.get(args.kind)
     try:
@@ -237,7 +236,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
         if not kind.serves(config.role):
             reason = Reason.NOT_THIS_DAEMON if kind.site_only else Reason.WRONG_ROLE
             raise InvalidParameters(f"{kind.name} does not run in role {config.role}", reason=reason)
-        cls = Handler.registry.get(kind.name)
+        cls = handler_class(kind.name)
         if cls is None:
             raise ToolMissing(f"no handler for {kind.name} in this build", reason=Reason.UNSUPPORTED)
         handler = cls()

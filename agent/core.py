@@ -28,6 +28,7 @@ from typing import Any
 from google.protobuf.message import DecodeError, Message
 
 from agent import bootid, catalog, scheduler, schema, version
+from agent.commands import JOIN_HOOKS, HandlerTable
 from agent.commands.base import Context, Handler, ResourceLocks, SelfTermination
 from agent.config import Config
 from agent.errors import AgentError, Cancelled, CommandTimeout, Interrupted, InvalidParameters, Reason
@@ -122,8 +123,8 @@ class Agent:
     ) -> None:
         self.config = config
         self.role = catalog.Role(config.role)
-        self.handlers: dict[str, Handler[Any]] = (
-            {k: cls() for k, cls in Handler.registry.items()} if handlers is None else dict(handlers)
+        self.handlers: Mapping[str, Handler[Any]] = (
+            HandlerTable() if handlers is None else dict(handlers)
         )
         self.boot_id = read_boot_id() if boot_id is None else boot_id
         self.cmdline = read_cmdline() if cmdline is None else cmdline
@@ -301,8 +302,10 @@ class Agent:
 
     def joined(self) -> None:
         """The session was welcomed by the gateway: run the handlers' on_joined hooks."""
-        for name, handler in self.handlers.items():
-            hook = getattr(handler, "on_joined", None)
+        # The table imports handlers lazily: only the kinds that declare a join hook are loaded.
+        kinds = JOIN_HOOKS if isinstance(self.handlers, HandlerTable) else tuple(self.handlers)
+        for name in kinds:
+            hook = getattr(self.handlers.get(name), "on_joined", None)
             if hook is None:
                 continue
             try:
