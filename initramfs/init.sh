@@ -50,8 +50,17 @@ while [ ! -e /run/bc-net-up ] && [ $i -lt 300 ]; do  # at most ~30 s
 done
 say "network: $(ip -4 -o addr show scope global | awk '{print $2, $4}' | tr '\n' ' ')"
 
+# Test ramdisks only (tests/e2e): extra environment for the agent, and a root shell on the
+# second serial port through which the harness drives the guest. Production images carry
+# neither file.
+[ -f /etc/bettercompute/agent.env ] && . /etc/bettercompute/agent.env
+if [ -e /etc/bettercompute/debug-shell ]; then
+	say "TEST RAMDISK: root shell on ttyS1"
+	(stty -F /dev/ttyS1 115200 raw -echo 2>/dev/null; exec setsid sh </dev/ttyS1 >/dev/ttyS1 2>&1) &
+fi
 AGENT=/usr/lib/bettercompute/agent.pyz
-set -- run
+NODE_DIRS="/etc/bettercompute /usr/lib/bettercompute /var/lib/bettercompute-agent"
+set -- "$AGENT" run
 root="$(arg bc.root)"
 if [ -n "$root" ]; then
 	mkdir -p /sysroot
@@ -61,23 +70,24 @@ if [ -n "$root" ]; then
 		sleep 0.2
 	done
 	if mountpoint -q /sysroot; then
+		# An installed node (`agent install --root`): its agent, settings and state are on
+		# the disk at the paths its agent.json names; bind them into place and run the agent
+		# the way its systemd unit does, through the launcher (daemon.upgrade's A/B half).
 		say "node root $root mounted on /sysroot"
-		[ -f /sysroot/opt/bettercompute/agent.pyz ] && AGENT=/sysroot/opt/bettercompute/agent.pyz
-		[ -f /sysroot/etc/bettercompute/agent.conf ] && set -- run --config /sysroot/etc/bettercompute/agent.conf
+		for d in $NODE_DIRS; do
+			[ -d "/sysroot$d" ] || continue
+			mkdir -p "$d"
+			mount --bind "/sysroot$d" "$d"
+		done
+		if [ -f /usr/lib/bettercompute/launcher.py ] && [ -f /etc/bettercompute/agent.json ]; then
+			set -- /usr/lib/bettercompute/launcher.py "$AGENT" run --config /etc/bettercompute/agent.json
+		fi
 	else
 		say "could not mount $root; staying in the ramdisk"
 	fi
 fi
 
 mkdir -p -m 0700 /run/bettercompute-agent
-# Test ramdisks only (tests/e2e): extra environment for the agent, and a root shell on the
-# second serial port through which the harness drives the guest. Production images carry
-# neither file.
-[ -f /etc/bettercompute/agent.env ] && . /etc/bettercompute/agent.env
-if [ -e /etc/bettercompute/debug-shell ]; then
-	say "TEST RAMDISK: root shell on ttyS1"
-	(stty -F /dev/ttyS1 115200 raw -echo 2>/dev/null; exec setsid sh </dev/ttyS1 >/dev/ttyS1 2>&1) &
-fi
 # busybox reboot/poweroff/halt signal PID 1 (TERM/USR2/USR1): stop the agent, sync, unmount
 # the node root, then do it. The agent runs in the background so that `wait` lets the trap in.
 pid=""
@@ -87,16 +97,17 @@ finish() {
 	i=0
 	while [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
 	sync
-	mountpoint -q /sysroot && umount /sysroot
+	for d in $NODE_DIRS; do mountpoint -q "$d" && umount "$d"; done
+	mountpoint -q /sysroot && { umount /sysroot || mount -o remount,ro /sysroot; }
 	"$1" -f
 }
 trap 'finish reboot' TERM
 trap 'finish poweroff' USR2
 trap 'finish halt' USR1
 
-say "starting agent $AGENT $*"
+say "starting agent: python3 $*"
 while :; do
-	python3 "$AGENT" "$@" &
+	python3 "$@" &
 	pid=$!
 	echo "$pid" >/run/bettercompute-agent.pid
 	wait "$pid"

@@ -3,21 +3,22 @@
 The image is a GPT disk with one ext4 partition (label ``bcroot``) holding:
 
     /boot/vmlinuz, /boot/initrd.img     the kernel, and the ramdisk userland as its initramfs
-    /opt/bettercompute/agent.pyz         the agent, run in the node role
-    /etc/bettercompute/agent.conf        its settings (JSON), state on the disk
+    what `agent install --root` writes  /usr/lib/bettercompute/{agent.pyz,launcher.py},
+                                         /etc/bettercompute/agent.json (role node), the systemd
+                                         unit, /var/lib/bettercompute-agent/ (journal, node key)
     /etc/bettercompute/ca.pem, signing.pub
-    /var/lib/bettercompute-agent/        the node agent's journal and key (survive a reboot)
 
 Booted with ``bc.root=LABEL=bcroot`` on its command line, the initramfs' /init mounts the
-partition on /sysroot and runs the agent from there (see initramfs/init.sh). Built without
-mounting anything: sfdisk writes the table, mkfs.ext4 -d fills the filesystem at its offset.
+partition, binds those directories into place and runs the launcher as the unit would (see
+initramfs/init.sh): the ramdisk's userland stands in for a full OS. Built without mounting
+anything: sfdisk writes the table, mkfs.ext4 -d fills the filesystem at its offset.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +32,7 @@ LABEL = "bcroot"
 SECTOR = 512
 START_SECTOR = 2048                  # 1 MiB
 FS_BYTES = 96 * 1024 * 1024
-ROOT = "/sysroot"                    # where /init mounts the partition
+REPO = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
@@ -74,27 +75,15 @@ def build_node_image(lab: Lab, node_id: str, out: Path) -> NodeImage:
     initrd = lab.ramdisk.base.read_bytes() + ramdisk.compress(
         cpio.archive(ramdisk.top_entries(lab.ramdisk.agent)), 3)
     (boot / "initrd.img").write_bytes(initrd)
-    (tree / "opt/bettercompute").mkdir(parents=True)
-    shutil.copyfile(lab.ramdisk.agent, tree / "opt/bettercompute/agent.pyz")
     etc = tree / "etc/bettercompute"
     etc.mkdir(parents=True)
     shutil.copyfile(lab.pki.ca, etc / "ca.pem")
     shutil.copyfile(lab.pki.signing_pub, etc / "signing.pub")
-    state = tree / "var/lib/bettercompute-agent"
-    state.mkdir(parents=True)
-    state.chmod(0o700)
-    conf = {
-        "role": "node",
-        "node_id": node_id,
-        "gateway": f"{GUEST_HOST}:{GATEWAY_PORT}",
-        "enrollment_token": lab.token_for(node_id),
-        "ca_bundle": f"{ROOT}/etc/bettercompute/ca.pem",
-        "trusted_keys": [f"{ROOT}/etc/bettercompute/signing.pub"],
-        "state_dir": f"{ROOT}/var/lib/bettercompute-agent",
-        "reconnect_min_seconds": 0.5,
-        "reconnect_max_seconds": 3,
-    }
-    (etc / "agent.conf").write_text(json.dumps(conf, indent=1) + "\n")
+    run([sys.executable, "-m", "agent", "install", "--root", str(tree), "--no-enable",
+         "--archive", str(lab.ramdisk.agent), "--node", node_id,
+         "--gateway", f"{GUEST_HOST}:{GATEWAY_PORT}", "--token", lab.token_for(node_id),
+         "--ca", "/etc/bettercompute/ca.pem", "--trusted-key", "/etc/bettercompute/signing.pub",
+         "--reconnect-min", "0.5", "--reconnect-max", "3"], cwd=str(REPO), timeout=120)
 
     raw = out / "node.img"
     raw.unlink(missing_ok=True)
