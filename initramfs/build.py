@@ -353,8 +353,15 @@ def _merge_usr(root: Path) -> None:
 IMPORT_PROBE = """
 import sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/_vendor"]
-import agent.cli, agent.app, agent.core, agent.session, agent.settings, agent.commands
+import importlib, pkgutil
+import agent.cli, agent.app, agent.core, agent.session, agent.settings, agent.commands, agent.hw
 import cryptography.hazmat.primitives.asymmetric.ed25519, cryptography.x509, ssl, json, http.client
+for pkg in (agent.commands, agent.hw):  # handlers are imported on first use: import them all here
+    for m in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + "."):
+        try:
+            importlib.import_module(m.name)
+        except Exception:
+            pass
 for name in list(sys.modules):
     f = getattr(sys.modules[name], "__file__", None) or ""
     if f.startswith(("/usr/lib/python3.11/", "/usr/lib/python3/")) and f.endswith(".py"):
