@@ -17,17 +17,9 @@ from agent.config import Config
 from agent.errors import CommandTimeout, InvalidParameters, NotFound, ProtectedDevice, ToolFailed
 from agent.proto import agent_pb2, common_pb2
 from agent.schema import payload_from_json
-from tests.fakes.nvml.fakenvml import FAKE_NVIDIA_SMI, FakeMachine, NoCompiler, build_library
+from tests.fakes.nvml.fakenvml import FAKE_NVIDIA_SMI, FakeMachine
 
 PASS, WARN, FAIL = common_pb2.PASS, common_pb2.WARN, common_pb2.FAIL
-
-
-@pytest.fixture(scope="session")
-def library(tmp_path_factory: pytest.TempPathFactory) -> str:
-    try:
-        return str(build_library(tmp_path_factory.mktemp("nvml")))
-    except NoCompiler as exc:
-        pytest.skip(str(exc))
 
 
 @pytest.fixture
@@ -39,8 +31,8 @@ def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeMachine:
 
 
 @pytest.fixture
-def config(library: str) -> Config:
-    return Config(extra={"nvml_library": library, "nvidia_smi": str(FAKE_NVIDIA_SMI)})
+def config(nvml_library: str) -> Config:
+    return Config(extra={"nvml_library": nvml_library, "nvidia_smi": str(FAKE_NVIDIA_SMI)})
 
 
 @pytest.fixture
@@ -301,8 +293,8 @@ def test_reset_of_an_unknown_gpu(config: Config, machine: FakeMachine, tmp_path:
     assert smi_calls(tmp_path) == []
 
 
-def test_reset_missing_tool(library: str, machine: FakeMachine, tmp_path: Path) -> None:
-    config = Config(extra={"nvml_library": library, "nvidia_smi": str(tmp_path / "no-nvidia-smi")})
+def test_reset_missing_tool(nvml_library: str, machine: FakeMachine, tmp_path: Path) -> None:
+    config = Config(extra={"nvml_library": nvml_library, "nvidia_smi": str(tmp_path / "no-nvidia-smi")})
     with pytest.raises(Exception, match="not installed"):
         reset(config, {"gpu": "0"})
 

@@ -16,30 +16,21 @@ from agent.config import Config
 from agent.errors import CommandTimeout, InvalidParameters, ToolFailed, ToolMissing
 from agent.proto import agent_pb2, common_pb2, session_pb2
 from agent.schema import payload_from_json
-from tests.fakes.nvml.fakenvml import NoCompiler, build_library
 
 PASS, WARN, FAIL = common_pb2.PASS, common_pb2.WARN, common_pb2.FAIL
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
 SAMPLES = FAKES / "dcgm"
 
 
-@pytest.fixture(scope="session")
-def library(tmp_path_factory: pytest.TempPathFactory) -> str:
-    try:
-        return str(build_library(tmp_path_factory.mktemp("nvml")))
-    except NoCompiler as exc:
-        pytest.skip(str(exc))
-
-
 @pytest.fixture
-def config(library: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Config:
+def config(nvml_library: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Config:
     monkeypatch.delenv("FAKE_NVML_CONFIG", raising=False)  # the fake's default: 8 H100s
     for name in ("FAKE_DCGMI_MODE", "FAKE_DCGMI_SAMPLE", "FAKE_DCGMI_EXIT", "FAKE_HOSTENGINE_MODE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("FAKE_DCGMI_LOG", str(tmp_path / "dcgmi.log"))
     monkeypatch.setenv("FAKE_HOSTENGINE_LOG", str(tmp_path / "hostengine.log"))
     monkeypatch.setenv("FAKE_DCGMI_PIDS", str(tmp_path / "dcgmi.pids"))
-    return Config(extra={"nvml_library": library, "dcgmi": str(FAKES / "dcgmi"),
+    return Config(extra={"nvml_library": nvml_library, "dcgmi": str(FAKES / "dcgmi"),
                          "nv_hostengine": str(FAKES / "nv-hostengine")})
 
 

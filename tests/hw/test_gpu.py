@@ -11,15 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent.hw import gpu
-from tests.fakes.nvml.fakenvml import FakeMachine, NoCompiler, build_library
-
-
-@pytest.fixture(scope="session")
-def library(tmp_path_factory: pytest.TempPathFactory) -> str:
-    try:
-        return str(build_library(tmp_path_factory.mktemp("nvml")))
-    except NoCompiler as exc:
-        pytest.skip(str(exc))
+from tests.fakes.nvml.fakenvml import FakeMachine
 
 
 @pytest.fixture
@@ -37,8 +29,8 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
     child.wait()
 
 
-def test_reads_every_field_of_an_h100(library: str, machine: FakeMachine) -> None:
-    system, count, states = gpu.read_gpus(library)
+def test_reads_every_field_of_an_h100(nvml_library: str, machine: FakeMachine) -> None:
+    system, count, states = gpu.read_gpus(nvml_library)
     assert (system.driver_version, system.cuda_driver_version, system.nvml_version) == (
         "550.90.07", "12.4", "12.550.90.07")
     assert count == 8 and [s.index for s in states] == list(range(8))
@@ -56,10 +48,10 @@ def test_reads_every_field_of_an_h100(library: str, machine: FakeMachine) -> Non
     assert s.clock_event_names() == [("gpu_idle", False)]
 
 
-def test_not_supported_is_not_available_not_an_error(library: str, machine: FakeMachine) -> None:
+def test_not_supported_is_not_available_not_an_error(nvml_library: str, machine: FakeMachine) -> None:
     # H100 has no page retirement (row remapping instead); V100 the other way round.
     machine.set(1, model="V100", retired_sbe=2, retired_dbe=1, retired_pending=True)
-    _, _, states = gpu.read_gpus(library)
+    _, _, states = gpu.read_gpus(nvml_library)
     h100, v100 = states[0], states[1]
     assert h100.retired_pages_single_bit is None and h100.retired_pages_pending is None
     assert v100.remapped_rows_pending is None and v100.remapped_rows_failure is None
@@ -68,34 +60,34 @@ def test_not_supported_is_not_available_not_an_error(library: str, machine: Fake
     assert h100.errors == {} and v100.errors == {}
 
 
-def test_no_ecc_and_no_nvlink(library: str, machine: FakeMachine) -> None:
+def test_no_ecc_and_no_nvlink(nvml_library: str, machine: FakeMachine) -> None:
     machine.set(0, ecc_supported=False, nvlinks=0)
-    s = gpu.read_gpus(library, ["0"])[2][0]
+    s = gpu.read_gpus(nvml_library, ["0"])[2][0]
     assert s.ecc_enabled is None and s.ecc_corrected_volatile is None and s.nvlinks == []
     assert s.errors == {}
 
 
-def test_lost_gpu_at_handle_and_at_query(library: str, machine: FakeMachine) -> None:
+def test_lost_gpu_at_handle_and_at_query(nvml_library: str, machine: FakeMachine) -> None:
     machine.set(2, lost="handle").set(5, lost="query")
-    _, count, states = gpu.read_gpus(library)
+    _, count, states = gpu.read_gpus(nvml_library)
     assert count == 8
     assert [s.index for s in states if s.lost] == [2, 5]
     assert states[2].uuid == "" and states[3].lost is False
 
 
-def test_unopenable_gpu(library: str, machine: FakeMachine) -> None:
+def test_unopenable_gpu(nvml_library: str, machine: FakeMachine) -> None:
     machine.set(1, lost="unknown")  # "Unable to determine the device handle ...: Unknown Error"
-    s = gpu.read_gpus(library, ["1"])[2][0]
+    s = gpu.read_gpus(nvml_library, ["1"])[2][0]
     assert not s.lost and s.errors == {gpu.UNREADABLE: "Unknown Error"}
 
 
-def test_missing_gpu_is_not_enumerated(library: str, machine: FakeMachine) -> None:
+def test_missing_gpu_is_not_enumerated(nvml_library: str, machine: FakeMachine) -> None:
     machine.set(7, missing=True)
-    assert len(gpu.list_gpus(library)) == 7
+    assert len(gpu.list_gpus(nvml_library)) == 7
 
 
-def test_resolve_by_index_and_uuid(library: str, machine: FakeMachine) -> None:
-    with gpu.open_nvml(library) as nvml:
+def test_resolve_by_index_and_uuid(nvml_library: str, machine: FakeMachine) -> None:
+    with gpu.open_nvml(nvml_library) as nvml:
         uuid = nvml.read(4).uuid
         assert nvml.resolve(uuid) == 4 and nvml.resolve("4") == 4
         with pytest.raises(gpu.NotFound):
@@ -103,44 +95,44 @@ def test_resolve_by_index_and_uuid(library: str, machine: FakeMachine) -> None:
         with pytest.raises(gpu.NotFound):
             nvml.resolve("GPU-00000000-0000-0000-0000-000000000000")
     machine.set(4, lost="handle")
-    with gpu.open_nvml(library) as nvml:
+    with gpu.open_nvml(nvml_library) as nvml:
         assert nvml.resolve(uuid) == 4  # the one lost GPU
 
 
-def test_processes_are_listed_while_alive(library: str, machine: FakeMachine,
+def test_processes_are_listed_while_alive(nvml_library: str, machine: FakeMachine,
                                           sleeper: subprocess.Popen[bytes]) -> None:
     machine.set(1, processes=[{"pid": sleeper.pid, "used_memory": 1 << 30},
                               {"pid": 2**22 + 12345, "used_memory": 1}])  # no such pid
-    with gpu.open_nvml(library) as nvml:
+    with gpu.open_nvml(nvml_library) as nvml:
         procs = nvml.processes(1)
     assert [(p.pid, p.used_memory_bytes, p.name) for p in procs] == [(sleeper.pid, 1 << 30, "sleep")]
     sleeper.kill()
     sleeper.wait()
-    with gpu.open_nvml(library) as nvml:
+    with gpu.open_nvml(nvml_library) as nvml:
         assert nvml.processes(1) == []
 
 
-def test_list_gpus_for_the_inventory(library: str, machine: FakeMachine) -> None:
+def test_list_gpus_for_the_inventory(nvml_library: str, machine: FakeMachine) -> None:
     machine.set(0, model="H200")
-    gpus = gpu.list_gpus(library)
+    gpus = gpu.list_gpus(nvml_library)
     assert gpus[0].name == "NVIDIA H200" and gpus[0].memory_total_bytes == 150754820096
     assert (gpus[0].vendor_id, gpus[0].device_id) == ("10de", "2335")
     assert (gpus[1].vendor_id, gpus[1].device_id) == ("10de", "2330")
     assert len({g.uuid for g in gpus}) == 8
 
 
-def test_no_driver_is_a_clean_error(library: str, machine: FakeMachine, tmp_path: Path) -> None:
+def test_no_driver_is_a_clean_error(nvml_library: str, machine: FakeMachine, tmp_path: Path) -> None:
     with pytest.raises(gpu.NoDriver, match="cannot load the NVML library"):
         gpu.list_gpus(str(tmp_path / "libnvidia-ml.so.1"))
     machine.update(init_error=9)  # NVML_ERROR_DRIVER_NOT_LOADED
     with pytest.raises(gpu.NoDriver, match="kernel driver is not loaded"):
-        gpu.list_gpus(library)
+        gpu.list_gpus(nvml_library)
 
 
-def test_default_library_absent_here(library: str, machine: FakeMachine,
+def test_default_library_absent_here(nvml_library: str, machine: FakeMachine,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(gpu.LIBRARY_ENV, raising=False)
-    gpu.list_gpus(library)  # loaded once: switching back must still find nothing by default
+    gpu.list_gpus(nvml_library)  # loaded once: switching back must still find nothing by default
     try:
         gpu.list_gpus(None)
     except gpu.NoDriver as exc:
@@ -149,11 +141,11 @@ def test_default_library_absent_here(library: str, machine: FakeMachine,
         pytest.skip("this machine has a real libnvidia-ml.so.1")
 
 
-def test_library_from_the_environment_in_a_subprocess(library: str, machine: FakeMachine) -> None:
+def test_library_from_the_environment_in_a_subprocess(nvml_library: str, machine: FakeMachine) -> None:
     code = "from agent.hw import gpu; print(len(gpu.list_gpus()))"
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
-                         env={**os.environ, gpu.LIBRARY_ENV: library}, check=True)
+                         env={**os.environ, gpu.LIBRARY_ENV: nvml_library}, check=True)
     assert out.stdout.strip() == "8"
     assert "Traceback" not in out.stderr
 
