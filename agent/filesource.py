@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
-from agent import http, proc
+from agent import http, image, proc
 from agent.errors import (
     AgentError,
     Cancelled,
@@ -42,7 +42,6 @@ from agent.proto import common_pb2
 
 log = logging.getLogger(__name__)
 
-ALGORITHMS = {"sha256": 64, "sha512": 128}
 CHUNK = 1 << 20
 MAX_SYMLINKS = 40
 
@@ -82,13 +81,11 @@ class Source:
 
 
 def parse_digest(msg: common_pb2.Digest, what: str) -> Digest:
-    algorithm = (msg.algorithm or "sha256").lower()
-    if algorithm not in ALGORITHMS:
-        raise InvalidParameters(
-            f"{what}: digest algorithm must be one of {sorted(ALGORITHMS)}, not {algorithm!r}")
-    value = msg.hex.strip().lower()
-    if len(value) != ALGORITHMS[algorithm] or any(c not in "0123456789abcdef" for c in value):
-        raise InvalidParameters(f"{what}: {algorithm} digest must be {ALGORITHMS[algorithm]} hex digits")
+    """A request's digest, checked by the one validator (image.check_digest); sha256 by default."""
+    try:
+        algorithm, value = image.check_digest(msg.algorithm or "sha256", msg.hex)
+    except InvalidParameters as exc:
+        raise InvalidParameters(f"{what}: {exc}") from exc
     return Digest(algorithm, value)
 
 
