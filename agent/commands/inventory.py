@@ -28,7 +28,7 @@ from google.protobuf.message import DecodeError, Message
 
 from agent.commands.base import Context, Handler
 from agent.errors import AgentError
-from agent.hw import block, gpu, lldp, system
+from agent.hw import block, gpu, lldp, sysfs, system
 from agent.proto import agent_pb2
 
 log = logging.getLogger(__name__)
@@ -63,8 +63,8 @@ def disks(root: Path = system.ROOT) -> list[agent_pb2.DiskInfo]:
         found.append(
             agent_pb2.DiskInfo(
                 identity=disk.identity(),
-                removable=system.read(sysdir / "removable") == "1",
-                read_only=system.read(sysdir / "ro") == "1",
+                removable=sysfs.read(sysdir / "removable") == "1",
+                read_only=sysfs.read(sysdir / "ro") == "1",
                 holder=",".join(holders),
             )
         )

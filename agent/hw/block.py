@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.errors import AgentError, InvalidParameters, NotFound, ProtectedDevice, Reason
+from agent.hw import sysfs
 from agent.proto import common_pb2
 
 log = logging.getLogger(__name__)
@@ -86,20 +87,6 @@ class Disk:
 # ---------------------------------------------------------------------------- discovery
 
 
-def _read(path: Path, default: str = "") -> str:
-    try:
-        return path.read_text(errors="replace").strip()
-    except OSError:
-        return default
-
-
-def _int(path: Path, default: int = 0) -> int:
-    try:
-        return int(_read(path) or default)
-    except ValueError:
-        return default
-
-
 def _transport(name: str, devpath: str) -> str:
     if name.startswith("nvme"):
         return "nvme"
@@ -120,7 +107,7 @@ def _transport(name: str, devpath: str) -> str:
 
 def _serial(sysdir: Path) -> str:
     for candidate in (sysdir / "device" / "serial", sysdir / "serial"):
-        value = _read(candidate)
+        value = sysfs.read(candidate)
         if value:
             return value
     try:  # SCSI VPD page 0x80: 4 header bytes, then the serial.
@@ -132,7 +119,7 @@ def _serial(sysdir: Path) -> str:
 
 def _wwn(sysdir: Path) -> str:
     for candidate in (sysdir / "wwid", sysdir / "device" / "wwid"):
-        value = _read(candidate)
+        value = sysfs.read(candidate)
         if value:
             return value
     return ""
@@ -160,9 +147,9 @@ def read_disk(name: str, sys_root: Path = Path("/sys"), dev_root: Path = Path("/
               by_path: dict[str, str] | None = None) -> Disk | None:
     """The disk ``name`` as sysfs describes it; None when it is not a usable disk."""
     sysdir = sys_root / "block" / name
-    if not sysdir.exists() or _read(sysdir / "hidden") == "1":
+    if not sysdir.exists() or sysfs.read(sysdir / "hidden") == "1":
         return None
-    size = _int(sysdir / "size") * 512
+    size = sysfs.read_int(sysdir / "size") * 512
     if name.startswith("loop") and not (sysdir / "loop" / "backing_file").exists():
         return None
     if size == 0:
@@ -173,24 +160,24 @@ def read_disk(name: str, sys_root: Path = Path("/sys"), dev_root: Path = Path("/
         controller = os.path.basename(os.path.realpath(sysdir / "device"))
         if not controller.startswith("nvme"):
             controller = name[: name.rindex("n")]
-        nsid = _int(sysdir / "nsid") or int(name.rsplit("n", 1)[1] or 0)
+        nsid = sysfs.read_int(sysdir / "nsid") or int(name.rsplit("n", 1)[1] or 0)
     links = by_path if by_path is not None else _by_path_links(dev_root)
     device = sysdir / "device"
     return Disk(
         name=name,
         path=dev_root / name,
         size=size,
-        logical_block_size=_int(sysdir / "queue" / "logical_block_size", 512),
-        physical_block_size=_int(sysdir / "queue" / "physical_block_size", 512),
-        model=_read(device / "model"),
+        logical_block_size=sysfs.read_int(sysdir / "queue" / "logical_block_size", 512),
+        physical_block_size=sysfs.read_int(sysdir / "queue" / "physical_block_size", 512),
+        model=sysfs.read(device / "model"),
         serial=_serial(sysdir),
         wwn=_wwn(sysdir),
-        vendor=_read(device / "vendor"),
-        firmware=_read(device / "firmware_rev") or _read(device / "rev"),
+        vendor=sysfs.read(device / "vendor"),
+        firmware=sysfs.read(device / "firmware_rev") or sysfs.read(device / "rev"),
         transport=_transport(name, devpath),
         by_path=links.get(name, ""),
-        rotational=_read(sysdir / "queue" / "rotational") == "1",
-        discard_max_bytes=_int(sysdir / "queue" / "discard_max_bytes"),
+        rotational=sysfs.read(sysdir / "queue" / "rotational") == "1",
+        discard_max_bytes=sysfs.read_int(sysdir / "queue" / "discard_max_bytes"),
         controller=controller,
         nsid=nsid,
     )
@@ -369,12 +356,12 @@ class SystemUse:
         for slave_dir in (node / "slaves",):
             with contextlib.suppress(OSError):
                 for slave in slave_dir.iterdir():
-                    sdev = _devnum(_read(slave / "dev"))
+                    sdev = _devnum(sysfs.read(slave / "dev"))
                     if sdev is not None:
                         self.add(sdev, why + f" (through {node.name})", sys_root, depth + 1)
         # A partition is used: its parent disk holds it.
         if (node / "partition").exists():
-            pdev = _devnum(_read(node.parent / "dev"))
+            pdev = _devnum(sysfs.read(node.parent / "dev"))
             if pdev is not None:
                 self.uses.setdefault(pdev, f"{node.name} {why}")
 
@@ -389,13 +376,13 @@ def check_safe(disk: Disk, sys_root: Path = Path("/sys"), proc_root: Path = Path
         return
     sysdir = _sysdir(disk, sys_root)
     devs: list[tuple[str, tuple[int, int]]] = []
-    own = _devnum(_read(sysdir / "dev"))
+    own = _devnum(sysfs.read(sysdir / "dev"))
     if own is not None:
         devs.append((disk.name, own))
     with contextlib.suppress(OSError):
         for part in sorted(sysdir.iterdir()):
             if (part / "partition").exists():
-                pdev = _devnum(_read(part / "dev"))
+                pdev = _devnum(sysfs.read(part / "dev"))
                 if pdev is not None:
                     devs.append((part.name, pdev))
     use = SystemUse.scan(proc_root, sys_root)

@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.hw import sysfs
+
 log = logging.getLogger(__name__)
 
 ROOT = Path("/")
@@ -45,20 +47,6 @@ NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0x0302", "0x0300")           # 3D controller, VGA controller
 PCI_ADDRESS = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 PCI_IDS = (Path("/usr/share/misc/pci.ids"), Path("/usr/share/hwdata/pci.ids"))
-
-
-def read(path: Path, default: str = "") -> str:
-    try:
-        return path.read_text(errors="replace").strip()
-    except OSError:
-        return default
-
-
-def read_int(path: Path, default: int = 0) -> int:
-    try:
-        return int(read(path), 0)
-    except ValueError:
-        return default
 
 
 def _clean(value: str) -> str:
@@ -84,15 +72,15 @@ class Dmi:
 def read_dmi(root: Path = ROOT) -> Dmi:
     d = root / "sys/class/dmi/id"
     return Dmi(
-        vendor=_clean(read(d / "sys_vendor")),
-        product=_clean(read(d / "product_name")),
-        serial=_clean(read(d / "product_serial")),
-        uuid=_clean(read(d / "product_uuid")).lower(),
-        firmware_vendor=_clean(read(d / "bios_vendor")),
-        firmware_version=_clean(read(d / "bios_version")),
-        firmware_date=_clean(read(d / "bios_date")),
-        board_vendor=_clean(read(d / "board_vendor")),
-        board_product=_clean(read(d / "board_name")),
+        vendor=_clean(sysfs.read(d / "sys_vendor")),
+        product=_clean(sysfs.read(d / "product_name")),
+        serial=_clean(sysfs.read(d / "product_serial")),
+        uuid=_clean(sysfs.read(d / "product_uuid")).lower(),
+        firmware_vendor=_clean(sysfs.read(d / "bios_vendor")),
+        firmware_version=_clean(sysfs.read(d / "bios_version")),
+        firmware_date=_clean(sysfs.read(d / "bios_date")),
+        board_vendor=_clean(sysfs.read(d / "board_vendor")),
+        board_product=_clean(sysfs.read(d / "board_name")),
     )
 
 
@@ -101,11 +89,11 @@ def boot_mode(root: Path = ROOT) -> str:
 
 
 def kernel_release(root: Path = ROOT) -> str:
-    return read(root / "proc/sys/kernel/osrelease") or platform.release()
+    return sysfs.read(root / "proc/sys/kernel/osrelease") or platform.release()
 
 
 def hostname(root: Path = ROOT) -> str:
-    return read(root / "proc/sys/kernel/hostname") or socket.gethostname()
+    return sysfs.read(root / "proc/sys/kernel/hostname") or socket.gethostname()
 
 
 # ------------------------------------------------------------------------------ CPU
@@ -125,7 +113,7 @@ class Cpu:
 def read_cpu(root: Path = ROOT) -> Cpu:
     model, flags, mhz = "", set[str](), 0.0
     processors = 0
-    for block in read(root / "proc/cpuinfo").split("\n\n"):
+    for block in sysfs.read(root / "proc/cpuinfo").split("\n\n"):
         fields: dict[str, str] = {}
         for line in block.splitlines():
             key, sep, value = line.partition(":")
@@ -151,10 +139,10 @@ def read_cpu(root: Path = ROOT) -> Cpu:
             if not topo.is_dir():
                 continue
             threads += 1
-            package = read(topo / "physical_package_id", "0")
+            package = sysfs.read(topo / "physical_package_id", "0")
             packages.add(package)
-            cores.add((package, read(topo / "core_id", entry.name)))
-    max_khz = read_int(cpu_dir / "cpu0/cpufreq/cpuinfo_max_freq")
+            cores.add((package, sysfs.read(topo / "core_id", entry.name)))
+    max_khz = sysfs.read_int(cpu_dir / "cpu0/cpufreq/cpuinfo_max_freq")
     return Cpu(
         model=model,
         sockets=len(packages) or 1,
@@ -262,7 +250,7 @@ def parse_dimms(table: bytes) -> list[Dimm]:
 
 def read_memory(root: Path = ROOT) -> Memory:
     total = 0
-    for line in read(root / "proc/meminfo").splitlines():
+    for line in sysfs.read(root / "proc/meminfo").splitlines():
         if line.startswith("MemTotal:"):
             total = int(line.split()[1]) * 1024
             break
@@ -303,7 +291,7 @@ def pci_address_of(device: Path) -> str:
 
 def _ipv6_addresses(root: Path) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
-    for line in read(root / "proc/net/if_inet6").splitlines():
+    for line in sysfs.read(root / "proc/net/if_inet6").splitlines():
         fields = line.split()
         if len(fields) != 6:
             continue
@@ -344,17 +332,17 @@ def read_nics(root: Path = ROOT) -> list[Nic]:
         d = base / name
         if not (d / "device").exists():
             continue  # virtual: loopback, bridge, bond, veth, ifb...
-        speed = read_int(d / "speed", -1)  # EINVAL while the link is down
+        speed = sysfs.read_int(d / "speed", -1)  # EINVAL while the link is down
         addresses = [a for a in [_ipv4_address(name) if root == ROOT else ""] if a] + ipv6.get(name, [])
         nics.append(
             Nic(
                 name=name,
-                mac=read(d / "address").lower(),
+                mac=sysfs.read(d / "address").lower(),
                 driver=_driver(d / "device"),
                 speed_mbps=speed if speed > 0 else 0,
-                link=read(d / "carrier") == "1",
+                link=sysfs.read(d / "carrier") == "1",
                 pci_address=pci_address_of(d / "device"),
-                mtu=read_int(d / "mtu"),
+                mtu=sysfs.read_int(d / "mtu"),
                 addresses=tuple(addresses),
             )
         )
@@ -389,15 +377,16 @@ def read_infiniband(root: Path = ROOT) -> list[IbPort]:
             with contextlib.suppress(OSError):
                 for port in sorted(os.listdir(port_dir), key=lambda p: int(p) if p.isdigit() else 0):
                     p = port_dir / port
-                    state = read(p / "state")  # "4: ACTIVE"
+                    state = sysfs.read(p / "state")  # "4: ACTIVE"
                     ports.append(
                         IbPort(
                             device=device,
                             port=int(port) if port.isdigit() else 0,
                             state=state.split(":", 1)[-1].strip(),
-                            rate=read(p / "rate"),
-                            guid=_gid_guid(read(p / "gids/0")) or read(base / device / "node_guid"),
-                            link_layer=read(p / "link_layer"),
+                            rate=sysfs.read(p / "rate"),
+                            guid=_gid_guid(sysfs.read(p / "gids/0"))
+                            or sysfs.read(base / device / "node_guid"),
+                            link_layer=sysfs.read(p / "link_layer"),
                         )
                     )
     return ports
@@ -443,11 +432,11 @@ def read_pci_gpus(root: Path = ROOT, vendor: str = NVIDIA_VENDOR) -> list[PciGpu
     with contextlib.suppress(OSError):
         for address in sorted(os.listdir(base)):
             d = base / address
-            if read(d / "vendor").lower() != vendor:
+            if sysfs.read(d / "vendor").lower() != vendor:
                 continue
-            if not read(d / "class").lower().startswith(GPU_CLASSES):
+            if not sysfs.read(d / "class").lower().startswith(GPU_CLASSES):
                 continue
-            found.append((address.lower(), read(d / "device").lower().removeprefix("0x")))
+            found.append((address.lower(), sysfs.read(d / "device").lower().removeprefix("0x")))
     names = pci_device_names(vendor.removeprefix("0x"), {dev for _, dev in found}) if found else {}
     return [
         PciGpu(address, vendor.removeprefix("0x"), dev, names.get(dev, "")) for address, dev in found
