@@ -338,33 +338,60 @@ class Deployment:
         return out_q
 
     def _copy_raw(self, source: image.Source, writer: diskio.DiskWriter, raw_hash: Any) -> int:
-        """A raw image: read straight into the writer's aligned buffers and hash them there
-        (no copy, no queue of chunks); the writer threads keep the disk busy meanwhile.
-        (Reading in a thread of its own was slower here: on 2 cores the copy from the page
-        cache and the hash slow each other down more than they overlap.)"""
+        """A raw image: a reader thread fills the writer's aligned buffers straight from the
+        source (no copy, no queue of chunks); this thread hashes each full buffer and then
+        hands it to the writer threads. Reading (the copy out of the page cache or the
+        socket), hashing and writing each have a thread, so the slowest of them sets the pace;
+        a buffer is refilled only after it was hashed and written."""
+        filled: queue.Queue[tuple[memoryview, int] | BaseException] = queue.Queue()
+        halt = threading.Event()
+
+        def read_loop() -> None:
+            try:
+                while not halt.is_set():
+                    buf = writer.take()
+                    fill = 0
+                    while fill < len(buf) and not halt.is_set():
+                        n = source.readinto(buf[fill:], hash=False)
+                        if n == 0:
+                            break
+                        fill += n
+                    filled.put((buf, fill))
+                    if fill < len(buf):
+                        return
+            except BaseException as exc:
+                filled.put(exc)
+
+        reader = threading.Thread(target=read_loop, name="deploy-read", daemon=True)
+        reader.start()
         offset = 0
-        while True:
-            self.ctx.check()
-            buf = writer.take()
-            fill = 0
-            while fill < len(buf):
-                n = source.readinto(buf[fill:])
-                if n == 0:
-                    break
-                fill += n
-                if fill < len(buf):  # a slow source: stay responsive within a buffer
-                    self.ctx.check()
-                    self._progress(source, offset + fill, writer.written, writer.skipped)
-            if fill == 0:
-                writer.give_back(buf)
-                return offset
-            if raw_hash is not None:
-                raw_hash.update(buf[:fill])
-            writer.submit(buf, offset, fill)
-            offset += fill
-            self._progress(source, offset, writer.written, writer.skipped)
-            if fill < len(buf):
-                return offset
+        try:
+            while True:
+                self.ctx.check()
+                try:
+                    item = filled.get(timeout=0.2)
+                except queue.Empty:  # a slow source: stay responsive, keep reporting
+                    self._progress(source, offset, writer.written, writer.skipped)
+                    continue
+                if isinstance(item, BaseException):
+                    raise item
+                buf, fill = item
+                if fill == 0:
+                    writer.give_back(buf)
+                    return offset
+                source.hasher.update(buf[:fill])
+                if raw_hash is not None:
+                    raw_hash.update(buf[:fill])
+                writer.submit(buf, offset, fill)
+                offset += fill
+                self._progress(source, offset, writer.written, writer.skipped)
+                if fill < len(buf):
+                    return offset
+        finally:
+            halt.set()
+            if reader.is_alive():
+                writer.stop.set()  # a reader waiting for a buffer wakes up and leaves
+            reader.join(timeout=10)
 
     def _assemble(
         self, raw_q: queue.Queue[object], writer: diskio.DiskWriter, source: image.Source,

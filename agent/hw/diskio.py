@@ -18,6 +18,7 @@ logical block size goes through the buffered ``fd``. ``close`` fsyncs.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import mmap
 import os
 import queue
@@ -28,7 +29,24 @@ from agent.errors import AgentError, Cancelled, Reason
 
 BUFFER = 8 * 1024 * 1024     # bytes per write buffer
 GRANULE = 64 * 1024          # zero-skip granularity
-_ZERO = bytes(GRANULE)
+
+# libc's memcmp through ctypes: it compares without a copy and without the GIL (ctypes lets it
+# go for the call), where ``view[a:b].tobytes() == zeros`` copies every granule and holds the
+# GIL, which the thread hashing the image needs (4 GB/s against 16 GB/s here).
+_memcmp = ctypes.CDLL(None).memcmp
+_memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+_memcmp.restype = ctypes.c_int
+
+
+def all_zero(view: memoryview, address: int, start: int, end: int) -> bool:
+    """Whether ``view[start:end]`` (at ``address`` in memory) is all zeros: its first byte is,
+    and every byte equals the next one (one pass over the memory, no second buffer)."""
+    if end <= start:
+        return True
+    # Data almost never starts or ends a granule with a zero byte: those cost nothing.
+    if view[start] != 0 or view[end - 1] != 0:
+        return False
+    return _memcmp(address + start, address + start + 1, end - start - 1) == 0
 
 
 class _Stop(Exception):
@@ -60,6 +78,8 @@ class DiskWriter:
         for i in range(buffers):
             self._free.put(i)
         self._views = [memoryview(m) for m in self._maps]
+        self._pins = [ctypes.c_char.from_buffer(m) for m in self._maps]  # for the addresses
+        self._addresses = [ctypes.addressof(c) for c in self._pins]
         self._todo: queue.Queue[tuple[int, int, int] | None] = queue.Queue()
         self.written = 0
         self.skipped = 0
@@ -116,7 +136,7 @@ class DiskWriter:
                 if self.error is None and not self.stop.is_set() and not (
                     self.cancel is not None and self.cancel.is_set()
                 ):
-                    self._write(self._views[i], offset, length)
+                    self._write(i, offset, length)
             except BaseException as exc:
                 if self.error is None:
                     self.error = exc
@@ -128,7 +148,8 @@ class DiskWriter:
         while self._todo.get() is not None:  # keep the producer from blocking
                 pass
 
-    def _write(self, view: memoryview, offset: int, length: int) -> None:
+    def _write(self, i: int, offset: int, length: int) -> None:
+        view = self._views[i]
         if not self.skip_zeros:
             self._pwrite(view, offset, 0, length)
             return
@@ -136,10 +157,7 @@ class DiskWriter:
         pos = 0
         while pos < length:
             end = min(pos + GRANULE, length)
-            # Data almost never starts or ends a 64 KiB granule with a zero byte: decide those
-            # without copying; only candidate zero granules are compared in full.
-            is_zero = view[pos] == 0 and view[end - 1] == 0 and view[pos:end].tobytes() == _ZERO[: end - pos]
-            if is_zero:
+            if all_zero(view, self._addresses[i], pos, end):
                 if run_start >= 0:
                     self._pwrite(view, offset, run_start, pos)
                     run_start = -1
@@ -176,6 +194,7 @@ class DiskWriter:
             t.join()
         for v in self._views:
             v.release()
+        self._pins.clear()  # a mapping with exported pointers cannot be closed
         for m in self._maps:
             m.close()
         if self.error is not None:
