@@ -87,15 +87,35 @@ def cmd_version(args: argparse.Namespace) -> int:
             print(f"{module}: {exc}")
             missing += 1
     if missing == 0:
-        need("cryptography.hazmat.primitives.asymmetric.ed25519")  # the native part loads
+        need("cryptography.hazmat.primitives.ciphers")  # the native part loads
+    from agent import ed25519
+
+    try:
+        ed25519.PrivateKey.generate().sign(b"")  # signatures go through libcrypto (agent/ed25519.py)
+        print(f"libcrypto Ed25519 ({ed25519.library_path()})")
+    except MissingDependency as exc:
+        print(f"libcrypto: {exc}")
+        missing += 1
     return EXIT_UNAVAILABLE if missing else EXIT_OK
 
 
-def _load_subcommands() -> None:
-    """Modules that add subcommands (run, exec, install, ...) register on import."""
+# Modules that add subcommands (``command``), by the subcommand. Only the one asked for is
+# imported: ``agent run`` starts the ramdisk's agent, where every import is slow (emulation,
+# a cold cache) and ``agent install`` has no use. Help and usage errors load them all.
+SUBCOMMAND_MODULES: dict[str, str] = {
+    "run": "agent.app", "exec": "agent.app", "gateway": "agent.app", "install": "agent.install",
+}
+
+
+def _load_subcommands(argv: Sequence[str]) -> None:
     import importlib
 
-    for module in ("agent.app", "agent.install"):
+    name = next((a for a in argv if not a.startswith("-")), "")
+    if name in SUBCOMMAND_MODULES:
+        wanted = [SUBCOMMAND_MODULES[name]]
+    else:
+        wanted = sorted(set(SUBCOMMAND_MODULES.values()))
+    for module in wanted:
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:
@@ -128,7 +148,9 @@ def setup_logging(debug: bool) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    _load_subcommands()
+    if argv is None:
+        argv = sys.argv[1:]
+    _load_subcommands(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -22,8 +22,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from agent import catalog
-from agent.deps import need
+from agent import catalog, ed25519
 from agent.errors import InvalidParameters, Reason, Untrusted
 from agent.proto import session_pb2
 
@@ -42,36 +41,11 @@ def key_id(public_key_raw: bytes) -> str:
     return hashlib.sha256(public_key_raw).hexdigest()[:16]
 
 
-def _ed25519() -> Any:
-    return need("cryptography.hazmat.primitives.asymmetric.ed25519")
-
-
-def _serialization() -> Any:
-    return need("cryptography.hazmat.primitives.serialization")
-
-
-def _verify(public_raw: bytes, signature: bytes, data: bytes) -> bool:
-    exceptions = need("cryptography.exceptions")
-    try:
-        _ed25519().Ed25519PublicKey.from_public_bytes(public_raw).verify(signature, data)
-    except (exceptions.InvalidSignature, ValueError):
-        return False
-    return True
-
-
 def parse_public_key(data: bytes, *, source: str = "key") -> bytes:
     """A raw 32-byte Ed25519 public key from PEM, raw 32 bytes, or 64 hex characters."""
     text = data.strip()
     if text.startswith(b"-----BEGIN"):
-        ser = _serialization()
-        try:
-            key = ser.load_pem_public_key(text)
-        except ValueError as exc:
-            raise InvalidParameters(f"{source}: not a PEM public key ({exc})") from exc
-        if not isinstance(key, _ed25519().Ed25519PublicKey):
-            raise InvalidParameters(f"{source}: PEM public key is not Ed25519")
-        raw: bytes = key.public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
-        return raw
+        return ed25519.public_from_pem(text, source=source)
     if len(data) == RAW_KEY_BYTES:
         return bytes(data)
     if len(text) == 2 * RAW_KEY_BYTES:
@@ -87,28 +61,18 @@ def parse_public_key(data: bytes, *, source: str = "key") -> bytes:
 class SigningKey:
     """An Ed25519 private key: the node key, or a control-plane key (gateway, tests)."""
 
-    def __init__(self, private_key: Any) -> None:
+    def __init__(self, private_key: ed25519.PrivateKey) -> None:
         self._key = private_key
-        ser = _serialization()
-        self.public_raw: bytes = private_key.public_key().public_bytes(
-            ser.Encoding.Raw, ser.PublicFormat.Raw
-        )
+        self.public_raw: bytes = private_key.public
         self.key_id: str = key_id(self.public_raw)
 
     @classmethod
     def generate(cls) -> SigningKey:
-        return cls(_ed25519().Ed25519PrivateKey.generate())
+        return cls(ed25519.PrivateKey.generate())
 
     @classmethod
     def load(cls, path: Path) -> SigningKey:
-        ser = _serialization()
-        try:
-            key = ser.load_pem_private_key(Path(path).read_bytes(), password=None)
-        except (ValueError, TypeError) as exc:
-            raise InvalidParameters(f"{path}: not an unencrypted PEM private key ({exc})") from exc
-        if not isinstance(key, _ed25519().Ed25519PrivateKey):
-            raise InvalidParameters(f"{path}: private key is not Ed25519")
-        return cls(key)
+        return cls(ed25519.PrivateKey.from_pem(Path(path).read_bytes(), source=str(path)))
 
     @classmethod
     def load_or_create(cls, path: Path) -> SigningKey:
@@ -122,18 +86,10 @@ class SigningKey:
         return key
 
     def private_pem(self) -> bytes:
-        ser = _serialization()
-        pem: bytes = self._key.private_bytes(
-            ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption()
-        )
-        return pem
+        return self._key.pem()
 
     def public_pem(self) -> bytes:
-        ser = _serialization()
-        pem: bytes = self._key.public_key().public_bytes(
-            ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo
-        )
-        return pem
+        return ed25519.public_pem(self.public_raw)
 
     def save(self, path: Path) -> None:
         """Write the private key as PEM, mode 0600, through a temporary file and a rename."""
@@ -143,8 +99,7 @@ class SigningKey:
         _write_atomic(Path(path), self.public_pem(), 0o644)
 
     def sign(self, domain: bytes, data: bytes) -> bytes:
-        sig: bytes = self._key.sign(domain + data)
-        return sig
+        return self._key.sign(domain + data)
 
     def sign_command(self, body: session_pb2.CommandBody) -> session_pb2.SignedCommand:
         raw = body.SerializeToString(deterministic=True)
@@ -247,7 +202,7 @@ class TrustStore:
                 f"signed by key {key or '(none named)'!r}, which this agent does not trust",
                 key_id=key,
             )
-        if not _verify(public, signature, domain + data):
+        if not ed25519.verify(public, signature, domain + data):
             raise _refuse(
                 Reason.SIGNATURE_INVALID,
                 f"signature by key {key} does not match the signed bytes (modified or wrong key)",
@@ -321,7 +276,7 @@ def verify_result(signed: session_pb2.SignedResult, node_public_raw: bytes) -> s
     """The result's body when the node key signed it; Untrusted otherwise (attested kinds)."""
     if not signed.signature:
         raise _refuse(Reason.SIGNATURE_MISSING, "result carries no node signature")
-    if not _verify(node_public_raw, signed.signature, RESULT_DOMAIN + signed.body):
+    if not ed25519.verify(node_public_raw, signed.signature, RESULT_DOMAIN + signed.body):
         raise _refuse(
             Reason.SIGNATURE_INVALID,
             f"result signature does not match node key {key_id(node_public_raw)} (forged or modified)",
