@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 
 from agent import catalog, schema, settings
@@ -175,6 +174,8 @@ def targets_of(msg: Message) -> list[str]:
 
 
 def _read_signed(path: Path) -> session_pb2.SignedCommand:
+    from google.protobuf import json_format
+
     data = path.read_bytes()
     signed = session_pb2.SignedCommand()
     try:
@@ -326,6 +327,8 @@ def _print_outcome(
         out.update(reason=reason, message=message, details=details)
     out["seconds"] = round(time.time() - started, 3)
     if result is not None:
+        from google.protobuf import json_format
+
         out["result"] = json_format.MessageToDict(result, preserving_proto_field_name=True)
     if proof is not None:
         out["proof"] = proof

@@ -27,8 +27,8 @@ from typing import Any
 
 from google.protobuf.message import DecodeError, Message
 
-from agent import bootid, catalog, scheduler, schema, version
-from agent.commands import JOIN_HOOKS, HandlerTable
+from agent import bootid, catalog, launcher, scheduler, schema, version
+from agent.commands import HandlerTable
 from agent.commands.base import Context, Handler, ResourceLocks, SelfTermination
 from agent.config import Config
 from agent.errors import AgentError, Cancelled, CommandTimeout, Interrupted, InvalidParameters, Reason
@@ -301,11 +301,16 @@ class Agent:
             self._exit_hooks.append(fn)
 
     def joined(self) -> None:
-        """The session was welcomed by the gateway: run the handlers' on_joined hooks."""
-        # The table imports handlers lazily: only the kinds that declare a join hook are loaded.
-        kinds = JOIN_HOOKS if isinstance(self.handlers, HandlerTable) else tuple(self.handlers)
-        for name in kinds:
-            hook = getattr(self.handlers.get(name), "on_joined", None)
+        """The session was welcomed by the gateway: a pending daemon.upgrade trial of this very
+        build is confirmed to the launcher, then the on_joined hooks of the handlers created so
+        far run (a handler module is not imported for its hook)."""
+        try:
+            launcher.confirm_trial(version.ARCHIVE, version.__version__)
+        except Exception:
+            log.exception("daemon.upgrade: confirming the trial failed")
+        handlers = self.handlers.loaded() if isinstance(self.handlers, HandlerTable) else self.handlers
+        for name, handler in handlers.items():
+            hook = getattr(handler, "on_joined", None)
             if hook is None:
                 continue
             try:

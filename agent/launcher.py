@@ -11,7 +11,7 @@ imported can never stop it from working. It is the "A/B" half of daemon.upgrade:
    steps, writes the trial marker ``agent.pyz.upgrade.json`` (state "trial", a deadline), renames
    ``agent.pyz.new`` over ``agent.pyz`` and re-executes itself (same process, same argv).
 2. B starts, reads the journal, reports the upgrade complete and, once the gateway has welcomed
-   it, marks the trial "confirmed" (daemon.upgrade's on_joined hook).
+   it, marks the trial "confirmed" (``confirm_trial``, called by the agent's core at every join).
 3. This launcher supervises the agent process the whole time. While a trial is pending it
    restarts B when B exits (at most ``max_starts`` starts in all) and, when B has exited too
    often or the deadline passes unconfirmed, it kills B and puts A back: state
@@ -101,6 +101,20 @@ def read_marker(archive: str) -> dict[str, Any] | None:
 
 def write_marker(archive: str, marker: dict[str, Any]) -> None:
     write_atomic(marker_path(archive), json.dumps(marker, indent=1, sort_keys=True).encode() + b"\n")
+
+
+def confirm_trial(archive: str | None, running_version: str) -> bool:
+    """The agent reached its gateway: a pending trial of the version it runs is confirmed (the
+    old build must never confirm the new one). False when there was nothing to confirm."""
+    if not archive:
+        return False
+    marker = read_marker(archive)
+    if marker is None or marker.get("state") != TRIAL or marker.get("new_version") != running_version:
+        return False
+    marker.update(state=CONFIRMED, confirmed_unix=time.time())
+    write_marker(archive, marker)
+    log.info("daemon.upgrade: version %s confirmed (reached the gateway)", running_version)
+    return True
 
 
 def link_atomic(src: str, dst: str) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import logging
 import random
 import socket
@@ -34,6 +35,7 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from google.protobuf.message import DecodeError
@@ -41,10 +43,25 @@ from google.protobuf.message import DecodeError
 from agent import wire
 from agent.config import Config
 from agent.errors import InvalidParameters
-from agent.gateway.certs import client_context
 from agent.proto import session_pb2
 
 log = logging.getLogger(__name__)
+
+TLS_MIN = ssl.TLSVersion.TLSv1_3
+
+
+def client_context(ca: Path, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
+    """TLS 1.3 only, the gateway verified against ``ca`` and its host name; mutual TLS with cert.
+    (Here, not with the gateway's server context in agent/gateway/certs.py: the agent must not
+    import the reference gateway to dial it.)"""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = TLS_MIN
+    ctx.check_hostname = True
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx.load_verify_locations(cafile=str(ca))
+    if cert is not None:
+        ctx.load_cert_chain(cert, key)
+    return ctx
 
 PROTOCOL_VERSION = 1
 
@@ -79,6 +96,15 @@ def parse_address(address: str) -> tuple[str, int]:
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     return host, int(port)
+
+
+def network_not_up(exc: BaseException) -> bool:
+    """A dial that failed because this machine has no route or no name server yet (the ramdisk
+    starts the agent while DHCP runs): nothing reached the gateway, so it is retried at the
+    minimum delay instead of backing off, and the agent joins as soon as the network is up."""
+    if isinstance(exc, socket.gaierror):
+        return exc.errno == socket.EAI_AGAIN
+    return isinstance(exc, OSError) and exc.errno in (errno.ENETUNREACH, errno.EADDRNOTAVAIL)
 
 
 def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
@@ -134,10 +160,15 @@ class Session:
     def run(self) -> None:
         """Serve until stop() or a drain; reconnects on any failure."""
         while not self._stop.is_set() and not self._drained.is_set():
+            no_network = False
             try:
                 channel = self._connect()
             except (OSError, ssl.SSLError, wire.WireError) as exc:
-                log.warning("gateway %s:%d: %s", self.host, self.port, exc)
+                no_network = network_not_up(exc)
+                if no_network:
+                    log.info("gateway %s:%d: %s: the network is not up yet", self.host, self.port, exc)
+                else:
+                    log.warning("gateway %s:%d: %s", self.host, self.port, exc)
             except Exception:  # never let one bad session end the agent's loop
                 log.exception("gateway %s:%d: session set-up failed", self.host, self.port)
             else:
@@ -148,6 +179,9 @@ class Session:
                 log.info("session ended: %s", channel.close_reason)
             if self._stop.is_set() or self._drained.is_set():
                 break
+            if no_network:
+                self._stop.wait(self.options.reconnect_min_seconds)
+                continue
             delay = backoff_delay(
                 self.attempt, self.options.reconnect_min_seconds, self.options.reconnect_max_seconds
             )
@@ -208,7 +242,7 @@ class Session:
         joined = getattr(self.agent, "joined", None)
         if joined is not None:
             try:
-                joined()  # handlers' on_joined hooks (daemon.upgrade confirms its trial here)
+                joined()  # a daemon.upgrade trial is confirmed here, and handlers' on_joined hooks run
             except Exception:
                 log.exception("Agent.joined failed")
         log.info(

@@ -8,18 +8,14 @@ temporary sibling that is renamed into place. Where no wheel fits this machine, 
 falls back to what the system has; a module that is still missing is reported in one line
 by agent.deps where it is needed.
 
-Standard library only, and nothing here may fail loudly: at worst the cache is skipped.
+Standard library only, and nothing here may fail loudly: at worst the cache is skipped. And
+nothing is imported that a start does not need: an archive without native wheels (the
+ramdisk's, which uses the system's) is read through zipimport, already loaded, because
+zipfile and its company cost over a second of a start under emulation.
 """
 
-import fcntl
-import hashlib
-import json
 import os
-import platform
-import shutil
 import sys
-import tempfile
-import zipfile
 
 ARCHIVE = os.path.dirname(os.path.abspath(__file__))
 
@@ -35,7 +31,7 @@ def _cache_root():
 
 
 def _fits(wheel):
-    if wheel["arch"] != platform.machine():
+    if wheel["arch"] != os.uname().machine:
         return False
     py = "{}.{}".format(*sys.version_info[:2])
     # abi3 wheels work on their minimum Python and later; others need an exact match.
@@ -45,6 +41,12 @@ def _fits(wheel):
 
 
 def _unpack(zf, manifest, wheels, target):
+    import fcntl
+    import hashlib
+    import shutil
+    import tempfile
+    import zipfile
+
     parent = os.path.dirname(target)
     os.makedirs(parent, mode=0o700, exist_ok=True)
     for path in (os.path.dirname(parent), parent):
@@ -75,17 +77,28 @@ def _unpack(zf, manifest, wheels, target):
 
 def _native_path():
     try:
-        with zipfile.ZipFile(ARCHIVE) as zf:
-            manifest = json.loads(zf.read("_native/MANIFEST.json"))
-            wheels = [w for w in manifest["wheels"] if _fits(w)]
-            if not wheels:
-                return None
-            tag = "{}-py{}{}".format(platform.machine(), *sys.version_info[:2])
-            target = os.path.join(_cache_root(), manifest["build_id"], tag)
-            if not os.path.isfile(os.path.join(target, ".complete")):
-                _unpack(zf, manifest, wheels, target)
-            return target
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
+        data = __loader__.get_data(os.path.join(ARCHIVE, "_native", "MANIFEST.json"))
+    except (OSError, AttributeError):
+        return None  # no native wheels in this archive: the system's are used
+    import json
+
+    try:
+        manifest = json.loads(data)
+        wheels = [w for w in manifest["wheels"] if _fits(w)]
+        if not wheels:
+            return None
+        tag = "{}-py{}{}".format(os.uname().machine, *sys.version_info[:2])
+        target = os.path.join(_cache_root(), manifest["build_id"], tag)
+        if not os.path.isfile(os.path.join(target, ".complete")):
+            import zipfile
+
+            try:
+                with zipfile.ZipFile(ARCHIVE) as zf:
+                    _unpack(zf, manifest, wheels, target)
+            except zipfile.BadZipFile as exc:
+                raise OSError(f"bad archive: {exc}") from exc
+        return target
+    except (OSError, KeyError, ValueError) as exc:
         sys.stderr.write(f"agent: bundled native dependencies not usable ({exc}); using the system's\n")
         return None
 

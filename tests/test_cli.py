@@ -50,3 +50,18 @@ def test_version_and_usage_exit_codes() -> None:
     assert agent().returncode == 2
     assert agent("no-such-command").returncode == 2
     assert agent("kinds", "--help").returncode == 0
+
+
+def test_a_subcommand_imports_only_its_own_module_and_help_lists_them_all() -> None:
+    """`agent run` (the ramdisk's start) must not pay for `agent install`'s imports."""
+    probe = ("import sys; from agent import cli; cli._load_subcommands({argv}); "
+             "print(sorted(m for m in ('agent.app', 'agent.install') if m in sys.modules))")
+    for argv, loaded in ((["--debug", "run"], ["agent.app"]), (["install", "--help"], ["agent.install"]),
+                         ([], ["agent.app", "agent.install"]), (["--help"], ["agent.app", "agent.install"])):
+        out = subprocess.run([sys.executable, "-c", probe.format(argv=argv)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == str(loaded), argv
+    helptext = agent("--help").stdout
+    for name in ("run", "exec", "gateway", "install", "kinds", "version"):
+        assert name in helptext

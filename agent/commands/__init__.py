@@ -18,7 +18,7 @@ from typing import Any
 from agent.commands.base import Context, Handler, SelfTermination
 from agent.errors import MissingDependency
 
-__all__ = ["JOIN_HOOKS", "MODULES", "Context", "Handler", "HandlerTable", "SelfTermination", "handler_for"]
+__all__ = ["MODULES", "Context", "Handler", "HandlerTable", "SelfTermination", "handler_for"]
 
 # kind -> the module whose Handler serves it.
 MODULES: dict[str, str] = {
@@ -35,11 +35,6 @@ MODULES: dict[str, str] = {
     "logs.collect": "agent.commands.logs",
     "node.reboot": "agent.commands.reboot",
 }
-
-# Kinds whose handler has an ``on_joined`` hook that must run at every join, loaded or not
-# (daemon.upgrade confirms a trial version to the launcher once the gateway is reached).
-JOIN_HOOKS: tuple[str, ...] = ("daemon.upgrade",)
-
 
 def handler_class(kind: str) -> type[Handler[Any]] | None:
     """The Handler class serving ``kind``, importing its module; None if no module serves it."""
@@ -80,6 +75,11 @@ class HandlerTable(Mapping[str, Handler[Any]]):
 
     def __len__(self) -> int:
         return len(set(self._classes) | set(MODULES))
+
+    def loaded(self) -> dict[str, Handler[Any]]:
+        """The handlers created so far (their modules are imported), by kind."""
+        with self._lock:
+            return dict(self._instances)
 
     def __getitem__(self, kind: str) -> Handler[Any]:
         with self._lock:

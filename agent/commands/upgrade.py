@@ -8,11 +8,12 @@ it imports and reports the requested version, and keep the running build as
 build over the archive and re-executes the same Python with the same arguments.
 
 The new agent reports the upgrade complete when it runs the requested version (the core's rule
-for a version proof), and confirms its trial once the gateway has welcomed it
-(``on_joined``). If it does not, agent/launcher.py (which supervises the agent and survives
-any new build) puts the previous build back, and the previous agent reports the command FAILED
-with the launcher's reason (``completion``). So the upgrade needs the agent to run under the
-launcher, as ``agent install`` sets it up; without it the command is refused.
+for a version proof), and confirms its trial once the gateway has welcomed it (the core calls
+``launcher.confirm_trial`` at every join). If it does not, agent/launcher.py (which supervises
+the agent and survives any new build) puts the previous build back, and the previous agent
+reports the command FAILED with the launcher's reason (``completion``). So the upgrade needs
+the agent to run under the launcher, as ``agent install`` sets it up; without it the command
+is refused.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from google.protobuf.message import Message
 
 from agent import filesource, http, launcher, version
 from agent.commands.base import Context, Handler, SelfTermination
-from agent.config import Config
 from agent.errors import AgentError, InvalidParameters, Reason, Unsupported
 from agent.proto import agent_pb2
 
@@ -166,24 +166,6 @@ class UpgradeHandler(Handler[UpgradeParams], kind="daemon.upgrade"):
             return False, str(marker.get("reason") or Reason.INTERRUPTED), (
                 f"rolled back to {version}: {marker.get('message', '')}")
         return None
-
-    def on_joined(self, config: Config) -> None:
-        """The gateway welcomed this agent: a pending trial of this very build is confirmed."""
-        confirm_trial(version.ARCHIVE, version.__version__)
-
-
-def confirm_trial(archive: str | None, running_version: str) -> bool:
-    if not archive:
-        return False
-    marker = launcher.read_marker(archive)
-    if marker is None or marker.get("state") != launcher.TRIAL:
-        return False
-    if marker.get("new_version") != running_version:
-        return False
-    marker.update(state=launcher.CONFIRMED, confirmed_unix=time.time())
-    launcher.write_marker(archive, marker)
-    log.info("daemon.upgrade: version %s confirmed (reached the gateway)", running_version)
-    return True
 
 
 def switch_and_reexec(archive: str, new: str, trial: dict[str, object]) -> None:

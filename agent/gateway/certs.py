@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.deps import need
-
-TLS_MIN = ssl.TLSVersion.TLSv1_3
+from agent.session import TLS_MIN
 
 
 @dataclass(frozen=True)
@@ -172,18 +171,6 @@ def server_context(cert: Path, key: Path, client_ca: Path | None) -> ssl.SSLCont
     if client_ca is not None:
         ctx.load_verify_locations(cafile=str(client_ca))
         ctx.verify_mode = ssl.CERT_OPTIONAL
-    return ctx
-
-
-def client_context(ca: Path, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
-    """TLS 1.3 only, the server verified against ``ca`` and its hostname; mutual TLS with cert."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.minimum_version = TLS_MIN
-    ctx.check_hostname = True
-    ctx.verify_mode = ssl.CERT_REQUIRED
-    ctx.load_verify_locations(cafile=str(ca))
-    if cert is not None:
-        ctx.load_cert_chain(cert, key)
     return ctx
 
 

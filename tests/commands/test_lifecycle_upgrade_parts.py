@@ -1,5 +1,5 @@
 """daemon.upgrade's parts, fast: request validation, refusals before anything is fetched, and
-the two hooks the core calls (completion after a rollback, on_joined confirming a trial)."""
+the two hooks the core calls (completion after a rollback, the core's join confirming a trial)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import pytest
 
 from agent import launcher, schema, version
 from agent.commands.base import Context
-from agent.commands.upgrade import UpgradeHandler, confirm_trial
+from agent.commands.upgrade import UpgradeHandler
 from agent.config import Config
 from agent.errors import InvalidParameters, Unsupported
+from agent.launcher import confirm_trial
 
 GOOD = {"version": "2.0.0", "url": "http://127.0.0.1:9/agent.pyz", "digest": {"hex": "0" * 64},
         "signature": base64.b64encode(b"s" * 64).decode(), "keyId": "k1"}

@@ -12,8 +12,9 @@ import pytest
 
 from agent import wire
 from agent.gateway import Gateway, State
-from agent.gateway.certs import DevPki, client_context
+from agent.gateway.certs import DevPki
 from agent.proto import session_pb2
+from agent.session import client_context
 from agent.trust import SigningKey
 
 TIMEOUT = 30.0
