@@ -68,7 +68,8 @@ EXCLUDE = frozenset({
     "python3", "python3-minimal", "libpython3-stdlib", "python3.11",
 })
 # Kernel modules loaded by /init, dependencies first (the rest is built into the cloud kernel).
-MODULES = ("virtio_pci", "virtio_net", "virtio_blk", "virtio_rng", "virtio_console")
+# The NIC's last: /init relies on every other driver being loaded once the network is up.
+MODULES = ("virtio_pci", "virtio_blk", "virtio_rng", "virtio_console", "virtio_net")
 
 # Pruned from the unpacked root (globs relative to it).
 PRUNE = (

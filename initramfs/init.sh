@@ -29,26 +29,33 @@ arg() {  # arg NAME -> value of NAME= on the kernel command line (last one wins)
 }
 
 say "up $(cut -d' ' -f1 /proc/uptime)s, kernel $(uname -r)"
-for m in $(cat /etc/bettercompute/modules); do
-	insmod "/lib/modules/$m" 2>/dev/null || say "module $m did not load"
-done
 hostname "$(arg bc.hostname || true)" 2>/dev/null
 [ -n "$(arg bc.hostname)" ] || hostname bc-ramdisk
 ip link set lo up
 
-# The network: DHCP on every wired interface, in parallel; the first lease wins the route.
-for dev in /sys/class/net/*; do
-	n="${dev##*/}"
-	[ "$n" = lo ] && continue
-	ip link set "$n" up
-	udhcpc -i "$n" -s /etc/bettercompute/udhcpc.script -t 20 -T 1 -A 2 -q -n -f >/run/udhcpc.$n.log 2>&1 &
-done
-i=0
-while [ ! -e /run/bc-net-up ] && [ $i -lt 300 ]; do  # at most ~30 s
-	sleep 0.1
-	i=$((i + 1))
-done
-say "network: $(ip -4 -o addr show scope global | awk '{print $2, $4}' | tr '\n' ' ')"
+# Drivers, then the network by DHCP on every wired interface (in parallel; the first lease wins
+# the route), in the background: the agent starts meanwhile, on the other CPU. The NIC driver
+# is the last module of the list, so every other driver is loaded before the network can come
+# up, and no command can reach the agent before that: it only joins over the network. A dial
+# that finds no route yet is retried at the minimum delay, not backed off.
+(
+	for m in $(cat /etc/bettercompute/modules); do
+		insmod "/lib/modules/$m" 2>/dev/null || say "module $m did not load"
+	done
+	: >/run/bc-modules-loaded
+	for dev in /sys/class/net/*; do
+		n="${dev##*/}"
+		[ "$n" = lo ] && continue
+		ip link set "$n" up
+		udhcpc -i "$n" -s /etc/bettercompute/udhcpc.script -t 20 -T 1 -A 2 -q -n -f >/run/udhcpc.$n.log 2>&1 &
+	done
+	i=0
+	while [ ! -e /run/bc-net-up ] && [ $i -lt 300 ]; do  # at most ~30 s
+		sleep 0.1
+		i=$((i + 1))
+	done
+	say "network: $(ip -4 -o addr show scope global | awk '{print $2, $4}' | tr '\n' ' ')"
+) &
 
 # Test ramdisks only (tests/e2e): extra environment for the agent, and a root shell on the
 # second serial port through which the harness drives the guest. Production images carry
@@ -63,6 +70,11 @@ NODE_DIRS="/etc/bettercompute /usr/lib/bettercompute /var/lib/bettercompute-agen
 set -- "$AGENT" run
 root="$(arg bc.root)"
 if [ -n "$root" ]; then
+	i=0
+	while [ ! -e /run/bc-modules-loaded ] && [ $i -lt 300 ]; do  # the disk's driver
+		sleep 0.1
+		i=$((i + 1))
+	done
 	mkdir -p /sysroot
 	for i in $(seq 1 50); do
 		mount -o rw "$root" /sysroot 2>/dev/null && break
