@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from agent import catalog
 from agent.errors import AgentError, MissingDependency, ToolMissing
@@ -123,9 +125,31 @@ def _load_subcommands(argv: Sequence[str]) -> None:
                 raise
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's, given its width from os.get_terminal_size: argparse's own default imports
+    shutil for it (and shutil bz2, lzma and more), at the first add_argument of every start."""
+
+    def __init__(self, prog: str, **kwargs: Any) -> None:
+        if kwargs.get("width") is None:
+            kwargs["width"] = max(_terminal_columns() - 2, 40)
+        super().__init__(prog, **kwargs)
+
+
+def _terminal_columns() -> int:
+    """What shutil.get_terminal_size would say: $COLUMNS, the terminal's width, or 80."""
+    try:
+        return int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        pass
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns
+    except (OSError, AttributeError, ValueError):
+        return 80
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="agent",
+        prog="agent", formatter_class=HelpFormatter,
         description="Better Compute machine agent: serves provisioning commands from its gateway "
         "in the ramdisk and node roles.",
     )
@@ -133,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="debug logging and tracebacks")
     sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
     for name, (help_text, add_arguments, fn) in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
         add_arguments(p)
         p.set_defaults(func=fn)
     return parser
