@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,54 @@ def test_writer_refuses_beyond_end_and_stops_on_cancel(tmp_path: Path) -> None:
         os.close(fd2)
     finally:
         os.close(fd)
+
+
+def test_all_zero_reads_the_buffer_in_place() -> None:
+    import ctypes
+    import mmap
+
+    m = mmap.mmap(-1, 3 * diskio.GRANULE)
+    view = memoryview(m)
+    pin = ctypes.c_char.from_buffer(m)
+    address = ctypes.addressof(pin)
+    g = diskio.GRANULE
+    assert diskio.all_zero(view, address, 0, 3 * g)
+    for pos in (0, g // 2, g - 1):  # first byte, middle, last byte of a granule
+        view[pos] = 1
+        assert not diskio.all_zero(view, address, 0, g)
+        assert diskio.all_zero(view, address, g, 2 * g)
+        view[pos] = 0
+    assert diskio.all_zero(view, address, 5, 5)  # empty range
+    del pin
+    view.release()
+    m.close()
+
+
+def test_writer_flushes_in_the_background_every_sync_every_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The device is flushed along the way (fdatasync from the sync thread), not only by the
+    fsync at the end: the final fsync then has little left to wait for."""
+    monkeypatch.setattr(diskio, "SYNC_EVERY", MiB)
+    synced: list[int] = []
+    real = os.fdatasync
+
+    def counting(fd: int) -> None:
+        synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(diskio.os, "fdatasync", counting)
+    path = tmp_path / "d"
+    path.write_bytes(bytes(8 * MiB))
+    fd, w = _writer(path, 8 * MiB)
+    try:
+        with w:
+            for i in range(8):
+                buf = w.take()
+                buf[:MiB] = os.urandom(MiB)
+                w.submit(buf, i * MiB, MiB)
+                time.sleep(0.05)  # let the sync thread see each megabyte
+    finally:
+        os.close(fd)
+    assert len(synced) >= 3
+    assert w.written == 8 * MiB
