@@ -321,7 +321,9 @@ def build_root(debs: list[Path], kernel: Kernel, dest: Path, agent: Path | None)
         target = tmp / "lib/modules" / mod
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(kernel.modules / mod, target)
-    _install(tmp / "etc/bettercompute/modules", "".join(f"{m}\n" for m in mods).encode(), 0o644)
+    # /usr/share/bettercompute: the ramdisk's own files, outside the directories /init binds
+    # from an installed node's disk (etc/bettercompute among them) while DHCP may still run.
+    _install(tmp / "usr/share/bettercompute/modules", "".join(f"{m}\n" for m in mods).encode(), 0o644)
     missing = check_libraries(tmp)
     if missing:
         sys.exit("initramfs: pruned too much, missing shared libraries:\n  " + "\n  ".join(missing))
@@ -466,7 +468,7 @@ def top_entries(agent: Path) -> list[cpio.Entry]:
     """What changes most often (the agent, /init), archived apart from the cached base."""
     return [
         cpio.file("init", (HERE / "init.sh").read_bytes(), 0o755),
-        cpio.file("etc/bettercompute/udhcpc.script", (HERE / "udhcpc.script").read_bytes(), 0o755),
+        cpio.file("usr/share/bettercompute/udhcpc.script", (HERE / "udhcpc.script").read_bytes(), 0o755),
         cpio.file("usr/lib/bettercompute/agent.pyz", agent.read_bytes(), 0o644),
     ]
 

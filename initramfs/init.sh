@@ -37,9 +37,11 @@ ip link set lo up
 # the route), in the background: the agent starts meanwhile, on the other CPU. The NIC driver
 # is the last module of the list, so every other driver is loaded before the network can come
 # up, and no command can reach the agent before that: it only joins over the network. A dial
-# that finds no route yet is retried at the minimum delay, not backed off.
+# that finds no route yet is retried at the minimum delay, not backed off. (Its files are in
+# /usr/share/bettercompute: an installed node's directories are bound over /etc/bettercompute
+# and /usr/lib/bettercompute below, maybe before DHCP has started.)
 (
-	for m in $(cat /etc/bettercompute/modules); do
+	for m in $(cat /usr/share/bettercompute/modules); do
 		insmod "/lib/modules/$m" 2>/dev/null || say "module $m did not load"
 	done
 	: >/run/bc-modules-loaded
@@ -47,7 +49,7 @@ ip link set lo up
 		n="${dev##*/}"
 		[ "$n" = lo ] && continue
 		ip link set "$n" up
-		udhcpc -i "$n" -s /etc/bettercompute/udhcpc.script -t 20 -T 1 -A 2 -q -n -f >/run/udhcpc.$n.log 2>&1 &
+		udhcpc -i "$n" -s /usr/share/bettercompute/udhcpc.script -t 20 -T 1 -A 2 -q -n -f >/run/udhcpc.$n.log 2>&1 &
 	done
 	i=0
 	while [ ! -e /run/bc-net-up ] && [ $i -lt 300 ]; do  # at most ~30 s
