@@ -48,6 +48,7 @@ from agent.proto import session_pb2
 log = logging.getLogger(__name__)
 
 TLS_MIN = ssl.TLSVersion.TLSv1_3
+PROTOCOL_VERSION = 1
 
 
 def client_context(ca: Path, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
@@ -63,7 +64,6 @@ def client_context(ca: Path, cert: Path | None = None, key: Path | None = None) 
         ctx.load_cert_chain(cert, key)
     return ctx
 
-PROTOCOL_VERSION = 1
 
 
 class AgentLike(Protocol):

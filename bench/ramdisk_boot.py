@@ -27,12 +27,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agent.proto import session_pb2  # noqa: E402
+from qemu.harness import Machine  # noqa: E402
 from qemu.lab import Lab, ensure_ramdisk  # noqa: E402
 
 
-def agent_rss(machine: object) -> dict[str, float]:
+def agent_rss(machine: Machine) -> dict[str, float]:
     """The agent's VmRSS and its parts, in MiB, read in the guest through the debug shell."""
-    _, out = machine.shell("grep -E '^(VmRSS|RssAnon|RssFile|RssShmem)' "  # type: ignore[attr-defined]
+    _, out = machine.shell("grep -E '^(VmRSS|RssAnon|RssFile|RssShmem)' "
                            "/proc/$(cat /run/bettercompute-agent.pid)/status")
     return {k: int(v) / 1024 for k, v in re.findall(r"(\w+):\s+(\d+) kB", out)}
 

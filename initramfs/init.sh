@@ -28,6 +28,14 @@ arg() {  # arg NAME -> value of NAME= on the kernel command line (last one wins)
 	echo "$v"
 }
 
+wait_for() {  # wait_for FILE: until it exists, at most ~30 s
+	i=0
+	while [ ! -e "$1" ] && [ $i -lt 300 ]; do
+		sleep 0.1
+		i=$((i + 1))
+	done
+}
+
 say "up $(cut -d' ' -f1 /proc/uptime)s, kernel $(uname -r)"
 hostname "$(arg bc.hostname || true)" 2>/dev/null
 [ -n "$(arg bc.hostname)" ] || hostname bc-ramdisk
@@ -51,11 +59,7 @@ ip link set lo up
 		ip link set "$n" up
 		udhcpc -i "$n" -s /usr/share/bettercompute/udhcpc.script -t 20 -T 1 -A 2 -q -n -f >/run/udhcpc.$n.log 2>&1 &
 	done
-	i=0
-	while [ ! -e /run/bc-net-up ] && [ $i -lt 300 ]; do  # at most ~30 s
-		sleep 0.1
-		i=$((i + 1))
-	done
+	wait_for /run/bc-net-up
 	say "network: $(ip -4 -o addr show scope global | awk '{print $2, $4}' | tr '\n' ' ')"
 ) &
 
@@ -72,11 +76,7 @@ NODE_DIRS="/etc/bettercompute /usr/lib/bettercompute /var/lib/bettercompute-agen
 set -- "$AGENT" run
 root="$(arg bc.root)"
 if [ -n "$root" ]; then
-	i=0
-	while [ ! -e /run/bc-modules-loaded ] && [ $i -lt 300 ]; do  # the disk's driver
-		sleep 0.1
-		i=$((i + 1))
-	done
+	wait_for /run/bc-modules-loaded  # the disk's driver
 	mkdir -p /sysroot
 	for i in $(seq 1 50); do
 		mount -o rw "$root" /sysroot 2>/dev/null && break
