@@ -6,28 +6,31 @@
 #
 # Node role (an installed OS booted with this ramdisk as its userland): when the command line
 # names bc.root=DEVICE, that filesystem is mounted on /sysroot and the agent, its settings
-# and its state are taken from there (see initramfs/README.md).
+# and its state are taken from there (see qemu/README.md).
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 export LANG=C.UTF-8 PYTHONUNBUFFERED=1 HOME=/root
+# Until the agent runs, everything here is on the boot's critical path, and under software
+# emulation each program started costs ~0.1 s: so only the mounts start programs before it;
+# the rest is shell built-ins (read, echo to /proc) or runs in the background.
 
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev 2>/dev/null
-mkdir -p /dev/pts /dev/shm
-mount -t devpts devpts /dev/pts
 mount -t tmpfs -o mode=0755,nosuid,nodev run /run
 mount -t tmpfs -o mode=1777,nosuid,nodev tmp /tmp
 exec </dev/console >/dev/console 2>&1
 
-say() { echo "bc-init [$(cut -d" " -f1 /proc/uptime)]: $*"; }
-arg() {  # arg NAME -> value of NAME= on the kernel command line (last one wins)
+read -r CMDLINE </proc/cmdline
+say() {
+	read -r up _ </proc/uptime
+	echo "bc-init [$up]: $*"
+}
+arg() {  # arg NAME: $v = the value of NAME= on the kernel command line (last one wins)
 	v=""
-	for w in $(cat /proc/cmdline); do
+	for w in $CMDLINE; do
 		case "$w" in "$1="*) v="${w#*=}" ;; esac
 	done
-	echo "$v"
 }
-
 wait_for() {  # wait_for FILE: until it exists, at most ~30 s
 	i=0
 	while [ ! -e "$1" ] && [ $i -lt 300 ]; do
@@ -36,10 +39,10 @@ wait_for() {  # wait_for FILE: until it exists, at most ~30 s
 	done
 }
 
-say "up $(cut -d' ' -f1 /proc/uptime)s, kernel $(uname -r)"
-hostname "$(arg bc.hostname || true)" 2>/dev/null
-[ -n "$(arg bc.hostname)" ] || hostname bc-ramdisk
-ip link set lo up
+read -r release </proc/sys/kernel/osrelease
+say "up, kernel $release"
+arg bc.hostname
+echo "${v:-bc-ramdisk}" >/proc/sys/kernel/hostname  # the agent's node id when bc.node is not given
 
 # Drivers, then the network by DHCP on every wired interface (in parallel; the first lease wins
 # the route), in the background: the agent starts meanwhile, on the other CPU. The NIC driver
@@ -47,11 +50,15 @@ ip link set lo up
 # up, and no command can reach the agent before that: it only joins over the network. A dial
 # that finds no route yet is retried at the minimum delay, not backed off. (Its files are in
 # /usr/share/bettercompute: an installed node's directories are bound over /etc/bettercompute
-# and /usr/lib/bettercompute below, maybe before DHCP has started.)
+# and /usr/lib/bettercompute below, maybe before DHCP has started.) The script says on the
+# console which address each interface got.
 (
-	for m in $(cat /usr/share/bettercompute/modules); do
+	mkdir -p /dev/pts /dev/shm
+	mount -t devpts devpts /dev/pts
+	ip link set lo up
+	while read -r m; do
 		insmod "/lib/modules/$m" 2>/dev/null || say "module $m did not load"
-	done
+	done </usr/share/bettercompute/modules
 	: >/run/bc-modules-loaded
 	for dev in /sys/class/net/*; do
 		n="${dev##*/}"
@@ -59,8 +66,6 @@ ip link set lo up
 		ip link set "$n" up
 		udhcpc -i "$n" -s /usr/share/bettercompute/udhcpc.script -t 20 -T 1 -A 2 -q -n -f >/run/udhcpc.$n.log 2>&1 &
 	done
-	wait_for /run/bc-net-up
-	say "network: $(ip -4 -o addr show scope global | awk '{print $2, $4}' | tr '\n' ' ')"
 ) &
 
 # Test ramdisks only (tests/e2e): extra environment for the agent, and a root shell on the
@@ -74,11 +79,14 @@ fi
 AGENT=/usr/lib/bettercompute/agent.pyz
 NODE_DIRS="/etc/bettercompute /usr/lib/bettercompute /var/lib/bettercompute-agent"
 set -- "$AGENT" run
-root="$(arg bc.root)"
+arg bc.root
+root="$v"
 if [ -n "$root" ]; then
 	wait_for /run/bc-modules-loaded  # the disk's driver
 	mkdir -p /sysroot
-	for i in $(seq 1 50); do
+	i=0
+	while [ $i -lt 50 ]; do
+		i=$((i + 1))
 		mount -o rw "$root" /sysroot 2>/dev/null && break
 		[ -b "$root" ] || root="$(findfs "$root" 2>/dev/null || echo "$root")"
 		sleep 0.2
@@ -101,7 +109,6 @@ if [ -n "$root" ]; then
 	fi
 fi
 
-mkdir -p -m 0700 /run/bettercompute-agent
 # busybox reboot/poweroff/halt signal PID 1 (TERM/USR2/USR1): stop the agent, sync, unmount
 # the node root, then do it. The agent runs in the background so that `wait` lets the trap in.
 pid=""
