@@ -108,6 +108,17 @@ def kernel_args(**params: str) -> str:
     return " ".join(words)
 
 
+def tied_to_this_process(argv: list[str]) -> list[str]:
+    """``argv`` run so that it is killed when this process dies, however it dies: a test run
+    stopped by a timeout's SIGTERM or a SIGKILL skips every ``finally`` and ``stop()``, and
+    its QEMU would go on spinning a host core (with ``panic=-1`` a guest that cannot boot
+    reboots forever), slowing every later boot and benchmark on the machine. util-linux's
+    setpriv sets the parent-death signal and execs. The tie is to the thread that starts the
+    machine: start machines from threads that outlive them (the main one here)."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--", *argv] if setpriv else argv
+
+
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     served: list[str]
 
@@ -223,7 +234,7 @@ class Machine:
             self._prepare_pxe()
         log = (self.spec.workdir / f"{self.spec.name}-qemu.log").open("wb")
         self.started_at = time.monotonic()
-        self.proc = spawn(self.argv(), stdout=log, stderr=subprocess.STDOUT)
+        self.proc = spawn(tied_to_this_process(self.argv()), stdout=log, stderr=subprocess.STDOUT)
         log.close()
         return self
 

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,42 @@ def test_forwarder_relays_a_connection_to_the_loopback_port() -> None:
     guest.close()
     assert proc.wait(30) == 0
     server.close()
+
+
+def test_qemu_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    """A test runner killed outright (a timeout's SIGKILL) must not leave its QEMU running."""
+    fake = tmp_path / "fake-qemu"
+    fake.write_text("#!/bin/sh\nexec sleep 600\n")
+    fake.chmod(0o755)
+    starter = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from qemu import harness\n"
+        f"harness.QEMU = {str(fake)!r}\n"
+        f"m = harness.Machine(harness.MachineSpec(Path({str(tmp_path)!r}), Path('k'), Path('i')))\n"
+        "m.start()\n"
+        "print(m.proc.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    runner = subprocess.Popen([sys.executable, "-c", starter], cwd=Path(harness.ROOT),
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert runner.stdout is not None
+        qemu_pid = int(runner.stdout.readline())
+        assert Path(f"/proc/{qemu_pid}").exists()
+        runner.kill()
+        runner.wait(10)
+        deadline = time.monotonic() + 10
+        while _running(qemu_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(qemu_pid), "QEMU outlived the process that started it"
+    finally:
+        runner.kill()
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (it is not our child, so nobody here reaps it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
