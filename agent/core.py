@@ -302,21 +302,11 @@ class Agent:
 
     def joined(self) -> None:
         """The session was welcomed by the gateway: a pending daemon.upgrade trial of this very
-        build is confirmed to the launcher, then the on_joined hooks of the handlers created so
-        far run (a handler module is not imported for its hook)."""
+        build is confirmed to the launcher (the new build reached its gateway)."""
         try:
             launcher.confirm_trial(version.ARCHIVE, version.__version__)
         except Exception:
             log.exception("daemon.upgrade: confirming the trial failed")
-        handlers = self.handlers.loaded() if isinstance(self.handlers, HandlerTable) else self.handlers
-        for name, handler in handlers.items():
-            hook = getattr(handler, "on_joined", None)
-            if hook is None:
-                continue
-            try:
-                hook(self.config)
-            except Exception:
-                log.exception("%s: on_joined hook failed", name)
 
     def _emit(self, frame: session_pb2.Frame) -> None:
         if self._stopped or not self._started:

@@ -242,7 +242,7 @@ class Session:
         joined = getattr(self.agent, "joined", None)
         if joined is not None:
             try:
-                joined()  # a daemon.upgrade trial is confirmed here, and handlers' on_joined hooks run
+                joined()  # a daemon.upgrade trial is confirmed here
             except Exception:
                 log.exception("Agent.joined failed")
         log.info(

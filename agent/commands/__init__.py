@@ -76,11 +76,6 @@ class HandlerTable(Mapping[str, Handler[Any]]):
     def __len__(self) -> int:
         return len(set(self._classes) | set(MODULES))
 
-    def loaded(self) -> dict[str, Handler[Any]]:
-        """The handlers created so far (their modules are imported), by kind."""
-        with self._lock:
-            return dict(self._instances)
-
     def __getitem__(self, kind: str) -> Handler[Any]:
         with self._lock:
             handler = self._instances.get(kind)

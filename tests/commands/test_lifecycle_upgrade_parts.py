@@ -83,7 +83,7 @@ def test_completion_reports_the_launchers_reason_after_a_rollback(tmp_path: Path
     assert "did not reach the gateway" in message
 
 
-def test_on_joined_confirms_only_a_trial_of_the_running_version(tmp_path: Path) -> None:
+def test_joining_confirms_only_a_trial_of_the_running_version(tmp_path: Path) -> None:
     archive = tmp_path / "agent.pyz"
     assert not confirm_trial(str(archive), "2.0.0")  # no marker
     launcher.write_marker(str(archive), {"state": launcher.TRIAL, "new_version": "2.0.0"})

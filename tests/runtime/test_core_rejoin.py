@@ -10,11 +10,9 @@ from pathlib import Path
 import pytest
 
 from agent.catalog import Role
-from agent.config import Config
 from agent.journal import State
 from agent.proto import agent_pb2, session_pb2
 from tests.runtime.core_harness import (
-    NODE,
     WAIT,
     Blocking,
     Quick,
@@ -166,7 +164,6 @@ class RollbackAware(Terminating):
     def __init__(self, marker: Path) -> None:
         super().__init__("daemon.upgrade", proof={"old_version": "1.0", "new_version": "2.0"})
         self.marker = marker
-        self.joined: list[str] = []
 
     def completion(
         self, proof: dict[str, str], *, boot_id: str, version: str
@@ -174,9 +171,6 @@ class RollbackAware(Terminating):
         if version != proof["new_version"] and self.marker.exists():
             return False, "bad_image", f"rolled back to {version}: {self.marker.read_text()}"
         return None
-
-    def on_joined(self, config: Config) -> None:
-        self.joined.append(config.node_id)
 
 
 def test_completion_is_judged_by_the_agent_that_reports_it(world: World) -> None:
@@ -199,8 +193,6 @@ def test_completion_is_judged_by_the_agent_that_reports_it(world: World) -> None
     back, _ = world.agent({"daemon.upgrade": up}, role=Role.NODE, version_string="1.0")
     (c,) = back.hello().completions
     assert not c.ok and c.reason == "bad_image" and "did not reach the gateway" in c.message
-    back.joined()
-    assert up.joined == [NODE]
     back.ack("up9")
     assert list(back.hello().completions) == []
     assert back.state_of("up9") == session_pb2.ACKNOWLEDGED
