@@ -27,9 +27,11 @@ say() {
 }
 arg() {  # arg NAME: $v = the value of NAME= on the kernel command line (last one wins)
 	v=""
+	set -f  # split the command line into words, but never expand a * or ? in it into file names
 	for w in $CMDLINE; do
 		case "$w" in "$1="*) v="${w#*=}" ;; esac
 	done
+	set +f
 }
 wait_for() {  # wait_for FILE: until it exists, at most ~30 s
 	i=0
