@@ -65,7 +65,6 @@ def client_context(ca: Path, cert: Path | None = None, key: Path | None = None) 
     return ctx
 
 
-
 class AgentLike(Protocol):
     """What the session needs of agent.core.Agent."""
 
