@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -175,6 +176,17 @@ def test_agent_killed_mid_command_is_restarted_and_reruns_it(lab: Lab, node: Mac
     assert body.status == session_pb2.SUCCEEDED, body.message
     assert result.inventory.disks
     node.wait_console(r"1 command\(s\) re-run", 30, after=mark)
+
+
+def test_no_python_module_was_compiled_in_the_guest(node: Machine) -> None:
+    # Every module the agent imported since boot (join, deploy, wipe, NVML, a restart) came
+    # with bytecode the guest could use: a .pyc written here is one compiled at every boot.
+    # The archive's files all carry mtime 0, as /init does.
+    status, out = node.shell("new=$(find / -xdev -name '*.pyc' -newer /init); echo \"$new\";"
+                             " echo \"pyc files written: $(echo -n \"$new\" | grep -c .)\"")
+    assert status == 0, out
+    m = re.search(r"pyc files written: (\d+)", out)
+    assert m and m.group(1) == "0", out
 
 
 def test_kexec_into_the_deployed_node_rejoins_with_a_new_boot_id(  # type: ignore[no-untyped-def]
