@@ -86,13 +86,22 @@ def agent_files(version: str | None) -> dict[str, bytes]:
     return files
 
 
+# Wheel files nothing imports from a zip: nvidia-ml-py's sample script; pynvml 13's smi helpers
+# with their tests, and its .pth redirector (twice), which only a site-packages install runs.
+# pynvml 13 is a shim over nvidia-ml-py, whose pynvml module is the one the agent imports.
+NOT_VENDORED = ("example.py", "pynvml_utils/", "_pynvml_redirector.", "site-packages/")
+
+
 def vendor_files(wheel_path: Path) -> dict[str, bytes]:
     files = {}
     with zipfile.ZipFile(wheel_path) as whl:
         for info in whl.infolist():
-            if info.is_dir() or ".dist-info/" in info.filename or info.filename.endswith(".pyi"):
+            name = info.filename
+            if info.is_dir() or ".dist-info/" in name or name.endswith(".pyi"):
                 continue
-            files["_vendor/" + info.filename] = whl.read(info)
+            if name.startswith(NOT_VENDORED):
+                continue
+            files["_vendor/" + name] = whl.read(info)
     # zipimport cannot import implicit namespace packages (google.protobuf): make it explicit.
     for name in list(files):
         if name.startswith("_vendor/google/"):

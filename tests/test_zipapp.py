@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,11 @@ def test_missing_native_dependency_is_one_line(tmp_path: Path) -> None:
     line = next(line for line in out.stdout.splitlines() if line.startswith("cryptography"))
     assert "missing Python dependency 'cryptography'" in line and "pip install cryptography" in line
     assert "Traceback" not in out.stdout + out.stderr
+
+
+def test_vendors_only_what_the_agent_can_import(pyz: Path) -> None:
+    with zipfile.ZipFile(pyz) as z:
+        top = {n.split("/")[1] for n in z.namelist() if n.startswith("_vendor/")}
+    # protobuf (google/), nvidia-ml-py's pynvml module; not the wheels' samples, tests and
+    # site-packages hooks (zipimport never runs a .pth)
+    assert top == {"google", "pynvml.py"}, top
