@@ -6,7 +6,9 @@ zipimport never writes a bytecode cache: without .pyc entries every start compil
 and its vendored protobuf from source, which costs tens of seconds under emulation. Each
 ``x.py`` entry gets an ``x.pyc`` beside it (unchecked hash-based, so the fixed 1980 timestamps
 do not matter), compiled by the interpreter that runs this script: run it with the ramdisk's
-own python3.11 (the builder does, in a chroot). Standard library only.
+own python3.11 (the builder does, in a chroot). That includes ``__main__.py``: runpy finds
+``__main__.pyc`` first, and the archive's ``__file__`` then ends in ``.pyc`` (the bootstrap
+only takes its directory, the archive). Standard library only.
 """
 
 import importlib.util
@@ -28,7 +30,7 @@ def add_bytecode(src: str, dst: str) -> int:
                 body = zin.read(info)
                 zout.writestr(info, body)
                 pyc = info.filename + "c"
-                if not info.filename.endswith(".py") or pyc in names or info.filename == "__main__.py":
+                if not info.filename.endswith(".py") or pyc in names:
                     continue
                 code = compile(body, info.filename, "exec", dont_inherit=True, optimize=0)
                 source_hash = importlib.util.source_hash(body)
