@@ -401,7 +401,7 @@ def _compile_imported(root: Path, agent: Path | None) -> None:
 def checked_bytecode(root: Path) -> list[str]:
     """The .pyc files under ``root`` that Python checks against their source: in the archive
     every source has the same fixed mtime, so a timestamp-based .pyc never matches and the
-    module is compiled again at every boot. Only unchecked hash-based ones are kept."""
+    module is compiled again at every boot. Only unchecked hash-based ones pass."""
     stale = []
     for pyc in sorted(root.glob("usr/lib/python3*/**/__pycache__/*.pyc")):
         with pyc.open("rb") as f:
