@@ -36,6 +36,9 @@ class Reason(enum.StrEnum):
     BAD_IMAGE = "bad_image"  # a kernel/agent build that cannot be loaded or started
     SOURCE_FAILED = "source_failed"  # download/stream error, truncated input
     TOO_LARGE = "too_large"
+    AUTH_FAILED = "auth_failed"  # a BMC (or other peer) refused the credentials
+    UNREACHABLE = "unreachable"  # a BMC (or other peer) could not be reached within the retries
+    BMC_REFUSED = "bmc_refused"  # the BMC answered and refused; its own message is kept
     TIMEOUT = "timeout"
     CANCELLED = "cancelled"
     INTERRUPTED = "interrupted"  # agent died while a non-retry-safe command ran
@@ -96,6 +99,20 @@ class ToolMissing(AgentError):
 
 class ToolFailed(AgentError):
     reason = Reason.TOOL_FAILED
+
+
+class AuthFailed(AgentError):
+    reason = Reason.AUTH_FAILED
+
+
+class BmcUnreachable(AgentError):
+    reason = Reason.UNREACHABLE
+
+
+class BmcRefused(AgentError):
+    """The BMC answered and refused; ``bmc_message`` in the details is its own message."""
+
+    reason = Reason.BMC_REFUSED
 
 
 class SourceFailed(AgentError):

@@ -2,7 +2,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -31,8 +31,130 @@ class BmcOperationRequest(_message.Message):
     verify_tls: bool
     def __init__(self, node_id: _Optional[str] = ..., bmc_address: _Optional[str] = ..., protocol: _Optional[str] = ..., operation: _Optional[str] = ..., parameters: _Optional[_Mapping[str, str]] = ..., credentials_ref: _Optional[str] = ..., verify_tls: _Optional[bool] = ...) -> None: ...
 
+class BmcSystem(_message.Message):
+    __slots__ = ("manufacturer", "model", "serial", "bios_version", "bmc_firmware_version", "health", "uuid")
+    MANUFACTURER_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SERIAL_FIELD_NUMBER: _ClassVar[int]
+    BIOS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BMC_FIRMWARE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    manufacturer: str
+    model: str
+    serial: str
+    bios_version: str
+    bmc_firmware_version: str
+    health: str
+    uuid: str
+    def __init__(self, manufacturer: _Optional[str] = ..., model: _Optional[str] = ..., serial: _Optional[str] = ..., bios_version: _Optional[str] = ..., bmc_firmware_version: _Optional[str] = ..., health: _Optional[str] = ..., uuid: _Optional[str] = ...) -> None: ...
+
+class BmcNic(_message.Message):
+    __slots__ = ("id", "mac_address", "link_status")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    MAC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LINK_STATUS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    mac_address: str
+    link_status: str
+    def __init__(self, id: _Optional[str] = ..., mac_address: _Optional[str] = ..., link_status: _Optional[str] = ...) -> None: ...
+
+class BmcSensor(_message.Message):
+    __slots__ = ("name", "kind", "reading", "units", "health", "has_reading")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    READING_FIELD_NUMBER: _ClassVar[int]
+    UNITS_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    HAS_READING_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kind: str
+    reading: float
+    units: str
+    health: str
+    has_reading: bool
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., reading: _Optional[float] = ..., units: _Optional[str] = ..., health: _Optional[str] = ..., has_reading: _Optional[bool] = ...) -> None: ...
+
+class BmcBootDevice(_message.Message):
+    __slots__ = ("device", "persistent", "mode")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    PERSISTENT_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    persistent: bool
+    mode: str
+    def __init__(self, device: _Optional[str] = ..., persistent: _Optional[bool] = ..., mode: _Optional[str] = ...) -> None: ...
+
+class BmcDrive(_message.Message):
+    __slots__ = ("id", "model", "serial", "capacity_bytes", "media_type", "protocol", "health")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SERIAL_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEDIA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    model: str
+    serial: str
+    capacity_bytes: int
+    media_type: str
+    protocol: str
+    health: str
+    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., serial: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., media_type: _Optional[str] = ..., protocol: _Optional[str] = ..., health: _Optional[str] = ...) -> None: ...
+
+class BmcVolume(_message.Message):
+    __slots__ = ("id", "name", "capacity_bytes", "raid_type", "drives")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RAID_TYPE_FIELD_NUMBER: _ClassVar[int]
+    DRIVES_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    capacity_bytes: int
+    raid_type: str
+    drives: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., raid_type: _Optional[str] = ..., drives: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class BmcStorageController(_message.Message):
+    __slots__ = ("id", "name", "drives", "volumes")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DRIVES_FIELD_NUMBER: _ClassVar[int]
+    VOLUMES_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    drives: _containers.RepeatedCompositeFieldContainer[BmcDrive]
+    volumes: _containers.RepeatedCompositeFieldContainer[BmcVolume]
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., drives: _Optional[_Iterable[_Union[BmcDrive, _Mapping]]] = ..., volumes: _Optional[_Iterable[_Union[BmcVolume, _Mapping]]] = ...) -> None: ...
+
+class BmcVirtualMedia(_message.Message):
+    __slots__ = ("id", "image", "inserted", "media_types")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    INSERTED_FIELD_NUMBER: _ClassVar[int]
+    MEDIA_TYPES_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    image: str
+    inserted: bool
+    media_types: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., image: _Optional[str] = ..., inserted: _Optional[bool] = ..., media_types: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class BmcFirmwareTask(_message.Message):
+    __slots__ = ("task_uri", "state", "percent", "messages")
+    TASK_URI_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PERCENT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    task_uri: str
+    state: str
+    percent: int
+    messages: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, task_uri: _Optional[str] = ..., state: _Optional[str] = ..., percent: _Optional[int] = ..., messages: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class BmcOperationResult(_message.Message):
-    __slots__ = ("operation", "state", "values")
+    __slots__ = ("operation", "state", "values", "power_state", "system", "nics", "sensors", "boot", "storage", "virtual_media", "firmware", "bmc_message", "attempts", "settle_seconds")
     class ValuesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -43,10 +165,32 @@ class BmcOperationResult(_message.Message):
     OPERATION_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
+    POWER_STATE_FIELD_NUMBER: _ClassVar[int]
+    SYSTEM_FIELD_NUMBER: _ClassVar[int]
+    NICS_FIELD_NUMBER: _ClassVar[int]
+    SENSORS_FIELD_NUMBER: _ClassVar[int]
+    BOOT_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_FIELD_NUMBER: _ClassVar[int]
+    VIRTUAL_MEDIA_FIELD_NUMBER: _ClassVar[int]
+    FIRMWARE_FIELD_NUMBER: _ClassVar[int]
+    BMC_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    SETTLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     operation: str
     state: str
     values: _containers.ScalarMap[str, str]
-    def __init__(self, operation: _Optional[str] = ..., state: _Optional[str] = ..., values: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    power_state: str
+    system: BmcSystem
+    nics: _containers.RepeatedCompositeFieldContainer[BmcNic]
+    sensors: _containers.RepeatedCompositeFieldContainer[BmcSensor]
+    boot: BmcBootDevice
+    storage: _containers.RepeatedCompositeFieldContainer[BmcStorageController]
+    virtual_media: _containers.RepeatedCompositeFieldContainer[BmcVirtualMedia]
+    firmware: BmcFirmwareTask
+    bmc_message: str
+    attempts: int
+    settle_seconds: float
+    def __init__(self, operation: _Optional[str] = ..., state: _Optional[str] = ..., values: _Optional[_Mapping[str, str]] = ..., power_state: _Optional[str] = ..., system: _Optional[_Union[BmcSystem, _Mapping]] = ..., nics: _Optional[_Iterable[_Union[BmcNic, _Mapping]]] = ..., sensors: _Optional[_Iterable[_Union[BmcSensor, _Mapping]]] = ..., boot: _Optional[_Union[BmcBootDevice, _Mapping]] = ..., storage: _Optional[_Iterable[_Union[BmcStorageController, _Mapping]]] = ..., virtual_media: _Optional[_Iterable[_Union[BmcVirtualMedia, _Mapping]]] = ..., firmware: _Optional[_Union[BmcFirmwareTask, _Mapping]] = ..., bmc_message: _Optional[str] = ..., attempts: _Optional[int] = ..., settle_seconds: _Optional[float] = ...) -> None: ...
 
 class BootCleanUpRequest(_message.Message):
     __slots__ = ("node_id", "mac_addresses", "keep_ramdisk_cache")
