@@ -25,9 +25,6 @@ class Role(enum.StrEnum):
     SITE = "site"
 
 
-# The roles this agent can run in; site belongs to the site daemon.
-AGENT_ROLES: frozenset[Role] = frozenset({Role.RAMDISK, Role.NODE})
-
 
 @dataclass(frozen=True)
 class Kind:

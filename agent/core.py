@@ -149,8 +149,6 @@ class Agent:
         self._archive_sha256: str | None = None
         self._own_rejoins: set[str] = set()     # self-terminating commands this process ended
         self.hello_results_bytes = HELLO_RESULTS_BYTES
-        if self.role not in catalog.AGENT_ROLES:
-            raise InvalidParameters(f"this agent runs as ramdisk or node, not {self.role}")
 
     # -- life cycle ----------------------------------------------------------------------------
 

@@ -39,13 +39,10 @@ class Setting:
 
 def _role(text: str) -> catalog.Role:
     try:
-        role = catalog.Role(text)
+        return catalog.Role(text)
     except ValueError:
-        role = None
-    if role not in catalog.AGENT_ROLES:
-        raise InvalidParameters(f"role {text!r}: this agent runs as 'ramdisk' or 'node'")
-    assert role is not None
-    return role
+        roles = ", ".join(repr(str(r)) for r in catalog.Role)
+        raise InvalidParameters(f"role {text!r}: the agent runs as one of {roles}") from None
 
 
 def _positive(text: str) -> float:
@@ -58,7 +55,7 @@ def _positive(text: str) -> float:
 SETTINGS: tuple[Setting, ...] = (
     Setting("gateway", "--gateway", "bc.gateway", str, "gateway address, host:port"),
     Setting("node_id", "--node", "bc.node", str, "this node's id (default: the host name)"),
-    Setting("role", "--role", "bc.role", _role, "ramdisk or node (default: ramdisk)"),
+    Setting("role", "--role", "bc.role", _role, "ramdisk, node or site (default: ramdisk)"),
     Setting("ca_bundle", "--ca", "bc.ca", Path, "CA bundle (PEM) that signs the gateway's certificate"),
     Setting("client_cert", "--cert", "bc.cert", Path, "client certificate (PEM) for mutual TLS"),
     Setting("client_key", "--key", "bc.key", Path, "its private key (PEM)"),

@@ -90,11 +90,12 @@ def test_seed_sentences_hold() -> None:
     assert catalog.KINDS["deploy.image"].destructive
 
 
-def test_site_only_kinds_are_known_and_not_served() -> None:
+def test_site_only_kinds_are_served_by_the_site_role_alone() -> None:
     site_only = {k.name for k in catalog.KINDS.values() if k.site_only}
     assert site_only == {
         "bmc.boot", "bmc.firmware", "bmc.power", "bmc.query", "bmc.rotate", "bmc.storage",
         "boot.cleanUp", "boot.prepareRamdisk", "site.httpProxy",
     }
     for name in site_only:
-        assert not any(catalog.KINDS[name].serves(r) for r in catalog.AGENT_ROLES)
+        assert not any(catalog.KINDS[name].serves(r) for r in (catalog.Role.RAMDISK, catalog.Role.NODE))
+        assert catalog.KINDS[name].serves(catalog.Role.SITE)

@@ -51,7 +51,7 @@ def test_defaults_node_id_is_the_host_name() -> None:
         ("{not json", "not JSON"),
         ("[1]", "JSON object"),
         ('{"gatway": "x:1"}', "unknown keys"),
-        ('{"role": "site"}', "ramdisk' or 'node"),
+        ('{"role": "rack"}', "'ramdisk', 'node', 'site'"),
         ('{"heartbeat_seconds": -1}', "positive"),
         ('{"gateway": ["a"]}', "single value"),
     ],

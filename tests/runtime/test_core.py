@@ -424,11 +424,12 @@ def test_hello_carries_unacked_results_up_to_a_budget_and_the_rest_follow(world:
     assert following == [f"h{i:02d}" for i in range(5, 20)]
 
 
-def test_site_role_is_not_an_agent_role(tmp_path: Path) -> None:
-    from agent.errors import InvalidParameters
-
-    with pytest.raises(InvalidParameters):
-        Agent(Config(state_dir=tmp_path, node_id=NODE, role=Role.SITE), handlers={}, boot_id="b", cmdline="")
+def test_the_site_role_serves_only_the_kinds_it_has_handlers_for(tmp_path: Path) -> None:
+    agent = Agent(Config(state_dir=tmp_path, node_id=NODE, role=Role.SITE),
+                  handlers={"inventory.refresh": Quick("inventory.refresh"),
+                            "deploy.image": Quick("deploy.image")},
+                  boot_id="b", cmdline="")
+    assert agent.served_kinds() == ["inventory.refresh"]
 
 
 def test_a_command_whose_acceptance_cannot_be_journaled_is_rejected_and_never_runs(world: World) -> None:
