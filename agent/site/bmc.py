@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import enum
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from agent.proto import site_pb2
@@ -114,6 +116,35 @@ class BmcClient(Protocol):
         """True when ``credentials`` are accepted; False when refused (AuthFailed is not
         raised here); other failures raise."""
         ...
+
+    # -- firmware, storage, virtual media: Redfish; IPMI raises Unsupported ----------------
+
+    def firmware_update(
+        self,
+        *,
+        image_uri: str = "",
+        file: Path | None = None,
+        sha256: str = "",
+        transfer_protocol: str = "",
+        progress: Callable[[int, str], None] | None = None,
+    ) -> site_pb2.BmcFirmwareTask:
+        """SimpleUpdate from ``image_uri``, or a multipart push of ``file`` (its ``sha256``
+        checked first); follows the task monitor to its end, ``progress(percent, message)``."""
+        ...
+
+    def storage(self) -> list[site_pb2.BmcStorageController]: ...
+
+    def virtual_media(self) -> list[site_pb2.BmcVirtualMedia]: ...
+
+    def insert_media(self, image_url: str, *, media_type: str = "CD") -> None: ...
+
+    def eject_media(self) -> None: ...
+
+    def create_volume(
+        self, controller_id: str, *, name: str, raid_type: str, drives: list[str], capacity_bytes: int
+    ) -> site_pb2.BmcVolume: ...
+
+    def delete_volume(self, volume_id: str) -> None: ...
 
     def close(self) -> None: ...
 
