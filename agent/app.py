@@ -4,74 +4,57 @@ Settings for both come from agent/settings.py: flags, then a JSON config file, t
 kernel command line's ``bc.*`` parameters, then the defaults.
 
 ``agent exec KIND --payload JSON`` runs one command here, without a gateway, for a person
-doing a recovery at the console. It shows a progress bar on a terminal (plain lines when
-stderr is not one) and prints the result as JSON on stdout. A destructive kind runs only
-with ``--signed-command FILE`` (a SignedCommand verified against the trusted keys, bound to
-this node) or ``--confirm TARGET`` naming every target of the payload (disk serial, WWN or
-name; GPU index or UUID; for kinds without a target, the node id). Exit codes: 0 succeeded,
-1 ran and failed, 2 refused before running (bad payload, no confirmation, untrusted),
-69 a tool or dependency is missing, 124 timed out, 130 interrupted.
-
-TEST ONLY: ``BC_AGENT_TEST_HANDLERS=<module or file.py>`` is imported at start, before the
-handlers are collected, so tests can serve real kind names with test handlers. It is logged
-loudly and must never be set on a real machine.
+doing a recovery at the console. It goes through the same admission, lanes, deadlines and
+result code as a gateway's command (an Agent with a private, temporary journal), so the two
+can never disagree. It shows a progress bar on a terminal (plain lines when stderr is not
+one) and prints the result as JSON on stdout. A destructive kind runs only with
+``--signed-command FILE`` (a SignedCommand verified against the trusted keys, bound to this
+node) or ``--confirm TARGET`` naming every target of the payload (disk serial, WWN or name;
+GPU index or UUID; for kinds without a target, the node id), checked after the payload is
+validated. Exit codes: 0 succeeded, 1 ran and failed, 2 refused before running (bad payload,
+no confirmation, untrusted, wrong role), 69 a tool or dependency is missing, 124 timed out,
+130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
 import logging
+import math
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf.message import DecodeError, Message
 
 from agent import catalog, schema, settings
-from agent.cli import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, command
+from agent.cli import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, command
 from agent.errors import (
     AgentError,
     Cancelled,
-    CommandTimeout,
     InvalidParameters,
-    MissingDependency,
     Reason,
-    ToolMissing,
-    Untrusted,
 )
 from agent.proto import session_pb2
+from agent.trust import decode_command_body
+
+if TYPE_CHECKING:
+    from agent.core import Agent
+    from agent.progressbar import ProgressBar
 
 log = logging.getLogger(__name__)
 
-TEST_HANDLERS_ENV = "BC_AGENT_TEST_HANDLERS"
 EXIT_TIMEOUT, EXIT_INTERRUPTED = 124, 130
 SWITCH_INTERVAL_SECONDS = 0.0005
-
-
-def load_test_handlers() -> str | None:
-    """Import the module named by BC_AGENT_TEST_HANDLERS (tests only); its name or None."""
-    spec = os.environ.get(TEST_HANDLERS_ENV, "")
-    if not spec:
-        return None
-    log.warning("%s=%s: loading TEST-ONLY handlers; never set this on a real machine",
-                TEST_HANDLERS_ENV, spec)
-    if spec.endswith(".py") or os.sep in spec:
-        module_spec = importlib.util.spec_from_file_location("agent_test_handlers", spec)
-        if module_spec is None or module_spec.loader is None:
-            raise InvalidParameters(f"{TEST_HANDLERS_ENV}: cannot load {spec}")
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[module_spec.name] = module
-        module_spec.loader.exec_module(module)
-    else:
-        importlib.import_module(spec)
-    return spec
 
 
 def _setup_file_log(path: Path | None) -> None:
@@ -97,7 +80,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     loaded = settings.load_from_args(args)
     Session.check_config(loaded.config)  # before anything is created on disk
     _setup_file_log(loaded.config.log_file)
-    load_test_handlers()
     from agent.core import Agent
 
     # A handler that computes in Python holds the GIL; hand it over more often than the default
@@ -190,112 +172,112 @@ def _read_signed(path: Path) -> session_pb2.SignedCommand:
     return signed
 
 
-def _authorize(args: argparse.Namespace, kind: catalog.Kind, config: Any) -> tuple[Message, str]:
-    """The payload to run and the command id; raises when the command may not run."""
-    from agent.trust import TrustStore
-
+def _signed_command(args: argparse.Namespace, kind_name: str, node_id: str) -> tuple[
+        session_pb2.SignedCommand, Callable[[catalog.Kind, Message], None] | None]:
+    """The command to submit, and the console's authorisation when it is not signed."""
     if args.signed_command is not None:
         signed = _read_signed(args.signed_command)
-        if not config.trusted_keys:
-            raise Untrusted("no trusted control-plane keys configured (--trusted-key)",
-                            reason=Reason.SIGNATURE_UNKNOWN_KEY)
-        store = TrustStore.load(config.trusted_keys)
-        if kind.destructive and not signed.signature:
-            raise Untrusted(f"{kind.name} is destructive: the command file is not signed",
-                            reason=Reason.SIGNATURE_MISSING)
-        body = store.verify_command(signed, node_id=config.node_id, now_ms=int(time.time() * 1000), kind=kind)
-        return schema.decode_payload(kind.name, body.payload), body.command_id
+        body = decode_command_body(signed.body)
+        if body.kind != kind_name:
+            raise InvalidParameters(f"{args.signed_command} is a {body.kind} command, not {kind_name}")
+        return signed, None
     text = args.payload_file.read_text() if args.payload_file else (args.payload or "{}")
-    payload = schema.payload_from_json(kind.name, text)
-    if kind.destructive:
-        targets = sorted(set(targets_of(payload))) or [config.node_id]
-        missing = [t for t in targets if t not in args.confirm]
-        if missing:
-            raise InvalidParameters(
-                f"{kind.name} is destructive: confirm by naming every target with --confirm "
-                f"({', '.join(repr(t) for t in targets)}), or run a signed command (--signed-command)",
-                targets=",".join(targets),
-            )
-    return payload, args.command_id or f"exec-{os.getpid()}-{int(time.time())}"
+    kind = catalog.KINDS.get(kind_name)
+    payload = schema.payload_from_json(kind_name, text).SerializeToString() if kind else b""
+    body = session_pb2.CommandBody(
+        command_id=args.command_id or f"exec-{os.getpid()}-{int(time.time())}",
+        kind=kind_name, node_id=node_id, payload=payload,
+        issued_at_unix_ms=int(time.time() * 1000),
+        timeout_seconds=math.ceil(args.timeout) if args.timeout else 0,
+    )
+    signed = session_pb2.SignedCommand(body=body.SerializeToString())
+    return signed, partial(_confirmed, args.confirm, node_id)
+
+
+def _confirmed(confirmed: list[str], node_id: str, kind: catalog.Kind, payload: Message) -> None:
+    """A person at the console authorises a destructive kind by naming each of its targets."""
+    if not kind.destructive:
+        return
+    targets = sorted(set(targets_of(payload))) or [node_id]
+    if missing := [t for t in targets if t not in confirmed]:
+        raise InvalidParameters(
+            f"{kind.name} is destructive: confirm by naming every target with --confirm "
+            f"({', '.join(repr(t) for t in targets)}), or run a signed command (--signed-command)",
+            targets=",".join(targets), missing=",".join(missing),
+        )
+
+
+class _ConsoleRun:
+    """One command submitted to an in-process Agent, followed to its result."""
+
+    def __init__(self, bar: ProgressBar) -> None:
+        self.bar = bar
+        self.command_id = ""
+        self.result: session_pb2.ResultBody | None = None
+        self.done = threading.Event()
+
+    def on_frame(self, frame: session_pb2.Frame) -> None:
+        what = frame.WhichOneof("msg")
+        if what == "progress" and frame.progress.command_id == self.command_id:
+            self.bar.update(frame.progress)
+        elif what == "result":
+            body = session_pb2.ResultBody.FromString(frame.result.body)
+            if body.command_id == self.command_id:
+                self.result = body
+                self.done.set()
+
+
+_EXIT_OF_STATUS = {
+    session_pb2.SUCCEEDED: EXIT_OK, session_pb2.TIMED_OUT: EXIT_TIMEOUT,
+    session_pb2.CANCELLED: EXIT_INTERRUPTED,
+}
+
+
+def _exit_code(body: session_pb2.ResultBody) -> int:
+    if body.reason == Reason.TOOL_MISSING:
+        return EXIT_UNAVAILABLE
+    return _EXIT_OF_STATUS.get(body.status, EXIT_FAILED)
 
 
 @command("exec", "run one command here without a gateway (recovery at the console)", _exec_args)
 def cmd_exec(args: argparse.Namespace) -> int:
-    from agent.commands.base import Context, SelfTermination
+    from agent.core import Agent
     from agent.progressbar import ProgressBar
 
-    loaded = settings.load_from_args(args)
-    config = loaded.config
-    load_test_handlers()
-    from agent.commands import handler_class
-
-    kind = catalog.KINDS.get(args.kind)
-    try:
-        if kind is None:
-            raise InvalidParameters(f"unknown kind {args.kind!r}; see `agent kinds`",
-                                    reason=Reason.UNKNOWN_KIND)
-        if not kind.serves(config.role):
-            reason = Reason.NOT_THIS_DAEMON if kind.site_only else Reason.WRONG_ROLE
-            raise InvalidParameters(f"{kind.name} does not run in role {config.role}", reason=reason)
-        cls = handler_class(kind.name)
-        if cls is None:
-            raise ToolMissing(f"no handler for {kind.name} in this build", reason=Reason.UNSUPPORTED)
-        handler = cls()
-        payload, command_id = _authorize(args, kind, config)
-        params = handler.parse(payload)
-    except (MissingDependency, ToolMissing) as exc:
-        return _print_refusal(args.kind, exc, EXIT_UNAVAILABLE)
-    except (AgentError, OSError) as exc:
-        return _print_refusal(args.kind, exc, EXIT_USAGE)
-
-    bar = ProgressBar(sys.stderr, label=kind.name)
-    ctx = Context.local(kind.name, config, timeout=args.timeout, progress_sink=bar.update,
-                        command_id=command_id)
-    outcome: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            outcome["result"] = handler.run(ctx, params)
-        except BaseException as exc:
-            outcome["error"] = exc
-
-    worker = threading.Thread(target=work, name=f"exec-{kind.name}", daemon=True)
     started = time.time()
-    worker.start()
-    try:
-        while worker.is_alive() and time.monotonic() < ctx.deadline:
-            worker.join(0.1)
-    except KeyboardInterrupt:
-        ctx.cancel_event.set()
-        ctx.kill_children()
-        worker.join(5)
-        bar.finish()
-        return _print_outcome(kind, command_id, started, Cancelled("interrupted at the console"),
-                              None, EXIT_INTERRUPTED)
-    if worker.is_alive():
-        ctx.timed_out.set()
-        ctx.cancel_event.set()
-        ctx.kill_children()
-        worker.join(5)
-        bar.finish()
-        return _print_outcome(kind, command_id, started,
-                              CommandTimeout(f"{kind.name}: deadline reached"), None, EXIT_TIMEOUT)
-    ctx.kill_children()  # whatever the handler left behind ends with it
-    bar.finish()
-    error = outcome.get("error")
-    if error is not None:
-        if isinstance(error, AgentError):
-            code = {Reason.TIMEOUT: EXIT_TIMEOUT, Reason.CANCELLED: EXIT_INTERRUPTED,
-                    Reason.TOOL_MISSING: EXIT_UNAVAILABLE}.get(error.reason, EXIT_FAILED)
-            return _print_outcome(kind, command_id, started, error, None, code)
-        raise error
-    result = outcome.get("result")
-    if isinstance(result, SelfTermination):
-        _print_outcome(kind, command_id, started, None, result.result, EXIT_OK, proof=result.proof)
-        sys.stdout.flush()
-        result.action()  # does not return when it works
-        raise AgentError(f"{kind.name}: the self-terminating action returned")
-    return _print_outcome(kind, command_id, started, None, result, EXIT_OK)
+    with tempfile.TemporaryDirectory(prefix="bc-agent-exec-") as state:
+        try:
+            loaded = settings.load_from_args(args)
+            signed, console = _signed_command(args, args.kind, loaded.config.node_id)
+            agent = Agent(replace(loaded.config, state_dir=Path(state)), cmdline="")
+        except (AgentError, OSError) as exc:
+            return _print_refusal(args.kind, exc, EXIT_USAGE)
+        run = _ConsoleRun(ProgressBar(sys.stderr, label=args.kind))
+        run.command_id = decode_command_body(signed.body).command_id
+        agent.subscribe(run.on_frame)
+        # A self-terminating command prints its outcome before its action ends this process.
+        agent.add_exit_hook(lambda: _print_result(run, agent, started, proof=True))
+        agent.start()
+        try:
+            reply = agent.submit(signed, console=console)
+            if isinstance(reply, session_pb2.Reject):
+                code = EXIT_UNAVAILABLE if reply.reason == Reason.TOOL_MISSING else EXIT_USAGE
+                return _print_refusal(args.kind, AgentError(reply.message, reason=Reason(reply.reason)),
+                                      code)
+            while not run.done.wait(0.1):
+                pass
+            if agent.state_of(run.command_id) == session_pb2.AWAITING_REJOIN:
+                agent.wait_idle()  # its action ends this process: getting past it means it returned
+                raise AgentError(f"{args.kind}: the self-terminating action returned")
+        except KeyboardInterrupt:
+            agent.cancel(run.command_id, "interrupted at the console")
+            run.done.wait(10)
+        finally:
+            agent.stop(10.0)
+            run.bar.finish()
+        if run.result is None:
+            return _print_refusal(args.kind, Cancelled("interrupted at the console"), EXIT_INTERRUPTED)
+        return _print_result(run, agent, started)
 
 
 def _print_refusal(kind: str, exc: BaseException, code: int) -> int:
@@ -308,33 +290,28 @@ def _print_refusal(kind: str, exc: BaseException, code: int) -> int:
     return code
 
 
-def _print_outcome(
-    kind: catalog.Kind,
-    command_id: str,
-    started: float,
-    error: AgentError | None,
-    result: Message | None,
-    code: int,
-    proof: dict[str, str] | None = None,
-) -> int:
-    out: dict[str, Any] = {"kind": kind.name, "command_id": command_id}
-    if error is None:
-        out["status"] = "SUCCEEDED"
-    else:
-        reason, message, details = error.to_wire()
-        statuses = {Reason.TIMEOUT: "TIMED_OUT", Reason.CANCELLED: "CANCELLED"}
-        out["status"] = statuses.get(error.reason, "FAILED")
-        out.update(reason=reason, message=message, details=details)
+def _print_result(run: _ConsoleRun, agent: Agent, started: float, *, proof: bool = False) -> int:
+    """Print the command's result as JSON on stdout; its exit code."""
+    body = run.result
+    if body is None:
+        return EXIT_INTERNAL
+    out: dict[str, Any] = {"kind": body.kind, "command_id": body.command_id,
+                           "status": session_pb2.Status.Name(body.status)}
+    if body.reason:
+        out.update(reason=body.reason, message=body.message, details=dict(body.details))
     out["seconds"] = round(time.time() - started, 3)
-    if result is not None:
+    if body.payload:
         from google.protobuf import json_format
 
+        result = schema.message_class(body.payload_type).FromString(body.payload)
         out["result"] = json_format.MessageToDict(result, preserving_proto_field_name=True)
-    if proof is not None:
-        out["proof"] = proof
+    entry = agent.journal.entries.get(body.command_id)
+    if proof and entry is not None:
+        out["proof"] = dict(entry.proof)
     json.dump(out, sys.stdout, indent=2)
     sys.stdout.write("\n")
-    return code
+    sys.stdout.flush()
+    return _exit_code(body)
 
 
 # -- agent gateway -----------------------------------------------------------------------------

@@ -41,7 +41,7 @@ def _kinds_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--role", choices=[str(r) for r in catalog.Role], help="only kinds this role serves")
 
 
-@command("kinds", "print the command catalog (all 21 kinds)", _kinds_args)
+@command("kinds", "print the command catalog: every kind, its lane, roles, flags and timeout", _kinds_args)
 def cmd_kinds(args: argparse.Namespace) -> int:
     kinds = sorted(catalog.KINDS.values(), key=lambda k: k.name)
     if args.role:

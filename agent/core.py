@@ -27,11 +27,22 @@ from typing import Any
 
 from google.protobuf.message import DecodeError, Message
 
-from agent import bootid, catalog, launcher, scheduler, schema, version
+from agent import bootid, catalog, launcher, scheduler, schema, version, wire
 from agent.commands import HandlerTable
 from agent.commands.base import Context, Handler, ResourceLocks, SelfTermination
 from agent.config import Config
-from agent.errors import AgentError, Cancelled, CommandTimeout, Interrupted, InvalidParameters, Reason
+from agent.errors import (
+    AgentError,
+    Cancelled,
+    CommandTimeout,
+    Draining,
+    Interrupted,
+    InvalidParameters,
+    Reason,
+    UnknownKind,
+    Unsupported,
+    WrongRole,
+)
 from agent.journal import Entry, Journal, Known, State
 from agent.proto import session_pb2
 from agent.streams import CommandLog, CommandStream, ThreadLogForwarder
@@ -39,16 +50,16 @@ from agent.trust import NodeKey, TrustStore, decode_command_body
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 1
 BOOT_ID_PATH = bootid.BOOT_ID
 CMDLINE_PATH = Path("/proc/cmdline")
-REJOIN_PARAM = "bc.rejoin"
 MAX_COMMAND_ID = 128
 HELLO_RESULTS_BYTES = 1024 * 1024  # unacked results beyond this follow the Hello as result frames
 MAX_ATTEMPTS = 5               # starts of one retry-safe command before it is reported interrupted
 
 Frame = session_pb2.Frame
 Sink = Callable[[session_pb2.Frame], None]
+# `agent exec`'s authorisation of a command at the console (see Agent.submit); raises to refuse.
+Authorize = Callable[[catalog.Kind, Message], None]
 
 _STATE_WIRE = {
     State.ACCEPTED: session_pb2.QUEUED,
@@ -71,26 +82,12 @@ def read_cmdline(path: Path = CMDLINE_PATH) -> str:
     return bootid.kernel_cmdline(path)
 
 
-def rejoin_markers(cmdline: str) -> list[tuple[str, str, str]]:
-    """(kind, command id, old boot id) of every well-formed bc.rejoin= parameter."""
-    found = []
-    for token in cmdline.split():
-        name, sep, value = token.partition("=")
-        if name != REJOIN_PARAM or not sep:
-            continue
-        parts = value.split(":")
-        if len(parts) != 3 or not all(parts):
-            log.warning("ignoring malformed kernel parameter %r", token)
-            continue
-        found.append((parts[0], parts[1], parts[2]))
-    return found
-
-
 def body_digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
 
 
-def _status_of(error: AgentError | None) -> int:
+def status_of(error: AgentError | None) -> int:
+    """The wire Status of a command that ended with ``error`` (None: it succeeded)."""
     if error is None:
         return session_pb2.SUCCEEDED
     if isinstance(error, CommandTimeout):
@@ -114,7 +111,7 @@ class Agent:
         self,
         config: Config,
         *,
-        handlers: Mapping[str, Handler[Any]] | None = None,
+        handlers: Mapping[str, Handler[Any, Any]] | None = None,
         boot_id: str | None = None,
         cmdline: str | None = None,
         version_string: str | None = None,
@@ -123,7 +120,7 @@ class Agent:
     ) -> None:
         self.config = config
         self.role = catalog.Role(config.role)
-        self.handlers: Mapping[str, Handler[Any]] = (
+        self.handlers: Mapping[str, Handler[Any, Any]] = (
             HandlerTable() if handlers is None else dict(handlers)
         )
         self.boot_id = read_boot_id() if boot_id is None else boot_id
@@ -148,7 +145,6 @@ class Agent:
         self._stopped = False
         self._archive_sha256: str | None = None
         self._own_rejoins: set[str] = set()     # self-terminating commands this process ended
-        self.hello_results_bytes = HELLO_RESULTS_BYTES
 
     # -- life cycle ----------------------------------------------------------------------------
 
@@ -209,10 +205,11 @@ class Agent:
             name for name, kind in catalog.KINDS.items() if kind.serves(self.role) and name in self.handlers
         )
 
-    def hello(self) -> session_pb2.Hello:
+    def hello(self, *, results_bytes: int = HELLO_RESULTS_BYTES) -> session_pb2.Hello:
         """The session's first frame. Unacknowledged results go in it up to a byte budget
-        (``hello_results_bytes``, so the Hello stays far below the frame limit); the others are
-        emitted to the subscribers as result frames right away, to follow the Hello."""
+        (at most ``results_bytes`` and HELLO_RESULTS_BYTES, so the Hello stays below the frame
+        limit); the others are emitted to the subscribers as result frames right away, to
+        follow the Hello."""
         with self._admit:
             entries = sorted(self.journal.entries.values(), key=lambda e: e.accepted_ms)
             in_flight = [
@@ -224,12 +221,12 @@ class Agent:
             completions = self.completions()
             in_hello: list[session_pb2.SignedResult] = []
             overflow: list[session_pb2.SignedResult] = []
-            budget = self.hello_results_bytes
+            budget = min(results_bytes, HELLO_RESULTS_BYTES)
             for signed in self.unacked_results():
                 budget -= signed.ByteSize() + 8
                 (in_hello if budget >= 0 and not overflow else overflow).append(signed)
             hello = session_pb2.Hello(
-                protocol_version=PROTOCOL_VERSION,
+                protocol_version=wire.PROTOCOL_VERSION,
                 node_id=self.config.node_id,
                 role=str(self.role),
                 agent_version=self.version,
@@ -289,11 +286,6 @@ class Agent:
         with self._admit:
             self._sinks.append(sink)
 
-    def unsubscribe(self, sink: Sink) -> None:
-        with self._admit:
-            if sink in self._sinks:
-                self._sinks.remove(sink)
-
     def add_exit_hook(self, fn: Callable[[], None]) -> None:
         with self._admit:
             self._exit_hooks.append(fn)
@@ -317,7 +309,15 @@ class Agent:
 
     # -- admission -----------------------------------------------------------------------------
 
-    def submit(self, cmd: session_pb2.SignedCommand) -> session_pb2.Accept | session_pb2.Reject:
+    def submit(
+        self, cmd: session_pb2.SignedCommand, *, console: Authorize | None = None
+    ) -> session_pb2.Accept | session_pb2.Reject:
+        """Admit a command: the one path for the gateway's commands and `agent exec`'s.
+
+        ``console`` is for `agent exec` alone: the authorisation of a person at the console
+        (agent/app.py: every target named), checked on the validated payload in place of the
+        control plane's signature; every other check is the same.
+        """
         try:
             body = decode_command_body(cmd.body)
         except InvalidParameters as exc:
@@ -328,13 +328,13 @@ class Agent:
                 f"command id must be 1..{MAX_COMMAND_ID} printable characters without spaces"))
         with self._admit:
             if not self._started or self._stopped:
-                return _reject(cid, AgentError("the agent is not running", reason=Reason.DRAINING))
+                return _reject(cid, Draining("the agent is not running"))
             digest = body_digest(cmd.body)
             known = self.journal.lookup(cid)
             if known is not None:
                 return self._known(cid, known, digest)
             try:
-                kind, params, timeout = self._admission(cmd, body)
+                kind, params, timeout = self._admission(cmd, body, console=console)
             except AgentError as exc:
                 log.info("refused %s %s: %s (%s)", body.kind, cid, exc, exc.reason)
                 return _reject(cid, exc)
@@ -359,36 +359,38 @@ class Agent:
         return session_pb2.Accept(command_id=cid, state=_STATE_WIRE[found.state])
 
     def _admission(
-        self, cmd: session_pb2.SignedCommand, body: session_pb2.CommandBody
+        self, cmd: session_pb2.SignedCommand, body: session_pb2.CommandBody, *, console: Authorize | None
     ) -> tuple[catalog.Kind, Any, float]:
         kind = catalog.get(body.kind)
         if kind is None:
-            raise AgentError(f"unknown kind {body.kind!r}", reason=Reason.UNKNOWN_KIND)
+            raise UnknownKind(f"unknown kind {body.kind!r}; see `agent kinds`")
         if not kind.serves(self.role):
             if kind.site_only:
-                raise AgentError(f"{kind.name} belongs to the site daemon, not to this agent",
-                                 reason=Reason.NOT_THIS_DAEMON)
+                raise WrongRole(f"{kind.name} belongs to the site daemon (role site), "
+                                f"this agent runs as {self.role}", reason=Reason.NOT_THIS_DAEMON)
             roles = ", ".join(sorted(str(r) for r in kind.roles))
-            raise AgentError(f"{kind.name} runs in role {roles}, this agent runs as {self.role}",
-                             reason=Reason.WRONG_ROLE)
-        self.trust.verify_command(cmd, node_id=self.config.node_id, now_ms=_now_ms(), kind=kind)
+            raise WrongRole(f"{kind.name} runs in role {roles}, this agent runs as {self.role}")
+        if console is None:
+            self.trust.verify_command(cmd, node_id=self.config.node_id, now_ms=_now_ms(), kind=kind)
         if body.timeout_seconds > kind.timeout_seconds:
             raise InvalidParameters(
                 f"{kind.name}: timeout {body.timeout_seconds}s is over the kind's {kind.timeout_seconds}s")
         timeout = float(body.timeout_seconds or kind.timeout_seconds)
-        params = self._parse(kind, body.payload)
+        payload = schema.decode_payload(kind.name, body.payload)
+        params = self._parse(kind, payload)
+        if console is not None:
+            console(kind, payload)
         if self._draining or self._terminating is not None:
             why = "draining" if self._draining else f"{self._terminating} is ending the agent"
-            raise AgentError(f"not accepting commands: {why}", reason=Reason.DRAINING)
+            raise Draining(f"not accepting commands: {why}")
         return kind, params, timeout
 
-    def _parse(self, kind: catalog.Kind, payload: bytes) -> Any:
+    def _parse(self, kind: catalog.Kind, payload: Message) -> Any:
         handler = self.handlers.get(kind.name)
         if handler is None:
-            raise AgentError(f"{kind.name}: no handler in this agent build", reason=Reason.UNSUPPORTED)
-        message = schema.decode_payload(kind.name, payload)
+            raise Unsupported(f"{kind.name}: no handler in this agent build")
         try:
-            return handler.parse(message)
+            return handler.parse(payload)
         except AgentError:
             raise
         except Exception as exc:
@@ -404,11 +406,11 @@ class Agent:
             kind=kind,
             config=self.config,
             deadline=time.monotonic() + timeout,
+            boot_id=self.boot_id,
             progress_sink=stream.progress,
             locks=self.locks,
             log=CommandLog(logging.getLogger(f"agent.command.{kind.name}"), cid, stream),
         )
-        ctx.boot_id = self.boot_id  # type: ignore[attr-defined]  # for a handler's rejoin proof
         handler = self.handlers[kind.name]
         job = scheduler.Job(
             id=cid,
@@ -426,7 +428,7 @@ class Agent:
         entry = self.journal.entries.get(job.id)
         job.ctx.log.debug("started %s %s (attempt %d)", job.kind.name, job.id, entry.attempts if entry else 1)
 
-    def _run(self, job: scheduler.Job, handler: Handler[Any], params: Any) -> Any:
+    def _run(self, job: scheduler.Job, handler: Handler[Any, Any], params: Any) -> Any:
         value = handler.run(job.ctx, params)
         if isinstance(value, SelfTermination):
             return self._self_terminate(job, value)
@@ -485,7 +487,7 @@ class Agent:
             kind=kind.name,
             node_id=self.config.node_id,
             boot_id=self.boot_id,
-            status=_status_of(error),  # type: ignore[arg-type]
+            status=status_of(error),  # type: ignore[arg-type]
             started_at_unix_ms=started_ms,
             finished_at_unix_ms=_now_ms(),
             agent_version=self.version,
@@ -529,7 +531,7 @@ class Agent:
         ctx = job.ctx
         with self._admit:
             if self._terminating is not None and self._terminating != job.id:
-                raise AgentError(f"{self._terminating} is already ending the agent", reason=Reason.DRAINING)
+                raise Draining(f"{self._terminating} is already ending the agent")
             self._terminating = job.id
         try:
             job.phase = lambda: "waiting for " + (
@@ -576,16 +578,14 @@ class Agent:
 
     def _completion_rule(self, kind_name: str, proof: Mapping[str, str]) -> tuple[bool, str, str]:
         handler = self.handlers.get(kind_name)
-        hook = getattr(handler, "completion", None) if handler is not None else None
-        if hook is not None:
+        if handler is not None:
             try:
-                decided = hook(dict(proof), boot_id=self.boot_id, version=self.version)
+                decided = handler.completion(proof, boot_id=self.boot_id, version=self.version)
             except Exception as exc:
                 log.exception("%s: completion hook failed", kind_name)
                 return False, str(Reason.INTERNAL), f"completion check failed: {exc}"
             if decided is not None:
-                ok, reason, message = decided
-                return bool(ok), str(reason), str(message)
+                return decided
         if proof.get("new_version"):
             new, old = proof["new_version"], proof.get("old_version", "")
             if self.version == new:
@@ -609,10 +609,11 @@ class Agent:
         )
 
     def _cmdline_rejoins(self) -> None:
-        for kind_name, cid, old_boot in rejoin_markers(self.cmdline):
+        for kind_name, cid, old_boot in bootid.rejoin_markers(self.cmdline):
             kind = catalog.get(kind_name)
             if kind is None or not kind.self_terminating:
-                log.warning("ignoring %s=%s:%s: not a self-terminating kind", REJOIN_PARAM, kind_name, cid)
+                log.warning("ignoring %s=%s:%s: not a self-terminating kind",
+                            bootid.REJOIN_PARAM, kind_name, cid)
                 continue
             if self.journal.lookup(cid) is not None:
                 continue  # the journal knows it (waiting for its ack, or already acknowledged)
@@ -654,7 +655,7 @@ class Agent:
             cmd = session_pb2.SignedCommand.FromString(entry.command)
             body = decode_command_body(cmd.body)
             timeout = float(body.timeout_seconds or kind.timeout_seconds)
-            params = self._parse(kind, body.payload)
+            params = self._parse(kind, schema.decode_payload(kind.name, body.payload))
         except (AgentError, DecodeError) as exc:
             error = exc if isinstance(exc, AgentError) else InvalidParameters(f"journaled command: {exc}")
             self._finish(entry.id, kind, error, started_ms=entry.started_ms)

@@ -69,10 +69,20 @@ class InvalidParameters(AgentError):
     reason = Reason.INVALID_PARAMETERS
 
 
-class Refused(AgentError):
-    """The command is refused before it runs (role, kind, draining)."""
+class UnknownKind(AgentError):
+    reason = Reason.UNKNOWN_KIND
 
-    reason = Reason.INVALID_PARAMETERS
+
+class WrongRole(AgentError):
+    """The kind does not list this agent's role (NOT_THIS_DAEMON for a site-only kind)."""
+
+    reason = Reason.WRONG_ROLE
+
+
+class Draining(AgentError):
+    """The agent accepts nothing new: it is stopping, or a command is ending it."""
+
+    reason = Reason.DRAINING
 
 
 class Untrusted(AgentError):

@@ -57,7 +57,6 @@ class State(enum.StrEnum):
     ACKED = "acked"                  # the gateway acknowledged the result or completion
 
 
-FINAL_STATES = frozenset({State.FINISHED, State.COMPLETED, State.ACKED})
 
 
 @dataclass

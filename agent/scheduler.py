@@ -27,7 +27,7 @@ from typing import Any
 
 from agent.catalog import Kind, Lane
 from agent.commands.base import Context
-from agent.errors import AgentError, Cancelled, CommandTimeout, Reason
+from agent.errors import AgentError, Cancelled, CommandTimeout, Draining, Reason
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ class Scheduler:
     def submit(self, job: Job) -> None:
         with self._cond:
             if self._stopping:
-                raise AgentError("the scheduler is stopping", reason=Reason.DRAINING)
+                raise Draining("the scheduler is stopping")
             if job.id in self._jobs:
                 raise AgentError(f"command {job.id} is already on a lane", reason=Reason.REPLAYED)
             job.state = JobState.QUEUED

@@ -1,12 +1,13 @@
 """Which protobuf message each kind takes and returns.
 
-The catalog names each kind's payload type; this module resolves names to message classes
-(through the descriptor pool, so nothing is listed twice) and names each kind's result type.
+The catalog names each kind's payload and result types; this module resolves those names to
+message classes through the descriptor pool, so nothing is listed twice.
 """
 
 from __future__ import annotations
 
 import importlib
+import re
 
 from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.message import DecodeError, Message
@@ -24,32 +25,6 @@ PACKAGE_MODULES: dict[str, str] = {
     "bettercompute.gateway.v1.": "agent.proto.session_pb2",
 }
 
-# Result message of each kind. Site kinds have theirs for completeness.
-RESULT_TYPES: dict[str, str] = {
-    "bmc.boot": "bettercompute.site.v1.BmcOperationResult",
-    "bmc.firmware": "bettercompute.site.v1.BmcOperationResult",
-    "bmc.power": "bettercompute.site.v1.BmcOperationResult",
-    "bmc.query": "bettercompute.site.v1.BmcOperationResult",
-    "bmc.rotate": "bettercompute.site.v1.BmcOperationResult",
-    "bmc.storage": "bettercompute.site.v1.BmcOperationResult",
-    "boot.cleanUp": "bettercompute.site.v1.BootCleanUpResult",
-    "boot.kexec": "bettercompute.agent.v1.KexecResult",
-    "boot.prepareRamdisk": "bettercompute.site.v1.ProxyDhcpResult",
-    "daemon.upgrade": "bettercompute.agent.v1.DaemonUpgradeResult",
-    "deploy.image": "bettercompute.agent.v1.DeployImageResult",
-    "diag.dcgm": "bettercompute.agent.v1.DiagDcgmResult",
-    "diag.nvml": "bettercompute.agent.v1.DiagNvmlResult",
-    "disk.wipe": "bettercompute.agent.v1.WipeResult",
-    "driver.invoke": "bettercompute.agent.v1.DriverInvokeResult",
-    "gpu.reset": "bettercompute.agent.v1.GpuResetResult",
-    "instance.snapshot": "bettercompute.agent.v1.InstanceSnapshotResult",
-    "inventory.refresh": "bettercompute.agent.v1.InventoryRefreshResult",
-    "logs.collect": "bettercompute.agent.v1.LogsCollectResult",
-    "node.reboot": "bettercompute.agent.v1.NodeRebootResult",
-    "site.httpProxy": "bettercompute.site.v1.HttpProxyResult",
-}
-
-
 def message_class(full_name: str) -> type[Message]:
     for prefix, module in PACKAGE_MODULES.items():
         if full_name.startswith(prefix):
@@ -64,7 +39,7 @@ def payload_class(kind: str) -> type[Message]:
 
 
 def result_class(kind: str) -> type[Message]:
-    return message_class(RESULT_TYPES[kind])
+    return message_class(catalog.KINDS[kind].result)
 
 
 def decode_payload(kind: str, data: bytes) -> Message:
@@ -88,10 +63,25 @@ def payload_from_json(kind: str, text: str | dict[str, object]) -> Message:
         obj = json.loads(text) if isinstance(text, str) else text
         json_format.ParseDict(obj, msg)
     except (ValueError, json_format.ParseError) as exc:
-        raise InvalidParameters(
-            f"{kind}: payload JSON does not fit {msg.DESCRIPTOR.full_name}: {exc}"
-        ) from exc
+        raise InvalidParameters(_json_error(kind, msg, exc)) from exc
     return msg
+
+
+_NO_FIELD = re.compile(
+    r'Message type "(?P<type>[\w.]+)" has no field named "(?P<field>[^"]*)" at "(?P<at>[^"]*)"')
+
+
+def _json_error(kind: str, msg: Message, exc: Exception) -> str:
+    """protobuf's parse error in an operator's words: which field, and what the message takes."""
+    found = _NO_FIELD.search(str(exc))
+    if found is None:
+        return f"{kind}: payload JSON does not fit {msg.DESCRIPTOR.full_name}: {str(exc).splitlines()[0]}"
+    descriptor = descriptor_pool.Default().FindMessageTypeByName(found["type"])
+    fields = ", ".join(f.name for f in descriptor.fields)
+    path = found["at"].split(".", 1)[1] if "." in found["at"] else ""
+    where = f" in {path!r}" if path else ""
+    return (f"{kind}: the payload has no field {found['field']!r}{where} "
+            f"({descriptor.name}'s fields: {fields})")
 
 
 def to_json(msg: Message) -> str:

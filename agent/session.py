@@ -48,7 +48,6 @@ from agent.proto import session_pb2
 log = logging.getLogger(__name__)
 
 TLS_MIN = ssl.TLSVersion.TLSv1_3
-PROTOCOL_VERSION = 1
 
 
 def client_context(ca: Path, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
@@ -199,10 +198,8 @@ class Session:
         try:
             with self._lock:
                 self._buffer.clear()  # what finished so far travels in the Hello
-            hello = self.agent.hello()
-            later = _fit_hello(hello, self.options.max_frame_bytes)
-            if not hello.protocol_version:
-                hello.protocol_version = PROTOCOL_VERSION
+            # Unacked results that do not fit follow the Welcome as result frames (buffered).
+            hello = self.agent.hello(results_bytes=self.options.max_frame_bytes - HELLO_HEADROOM)
             if self.config.client_cert is None:
                 hello.enrollment_token = self.config.enrollment_token
             tls.settimeout(timeout)
@@ -233,8 +230,6 @@ class Session:
         with self._lock:
             self._channel = channel
             channel.start()
-            for result in later:  # unacked results that did not fit in the Hello
-                channel.send(session_pb2.Frame(result=result))
             while self._buffer:
                 channel.send(self._buffer.popleft())
         self.sessions += 1
@@ -351,24 +346,4 @@ class Session:
             log.warning("exit: the session queue did not drain within %.1fs", self.options.exit_flush_seconds)
 
 
-HELLO_HEADROOM = 64 * 1024
-
-
-def _fit_hello(hello: session_pb2.Hello, max_frame_bytes: int) -> list[session_pb2.SignedResult]:
-    """Keep the Hello under the frame limit: unacked results that do not fit are returned, to
-    be sent as result frames right after the Welcome (each result fits a frame on its own)."""
-    if hello.ByteSize() + HELLO_HEADROOM <= max_frame_bytes:
-        return []
-    results = list(hello.unacked_results)
-    del hello.unacked_results[:]
-    size = hello.ByteSize() + HELLO_HEADROOM
-    later = []
-    for result in results:
-        need = result.ByteSize() + 8
-        if size + need <= max_frame_bytes:
-            hello.unacked_results.append(result)
-            size += need
-        else:
-            later.append(result)
-    log.info("hello: %d unacked result(s) follow as separate frames", len(later))
-    return later
+HELLO_HEADROOM = 64 * 1024  # room in the first frame for the Hello's fields beside its results

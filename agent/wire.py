@@ -34,6 +34,7 @@ from agent.proto import session_pb2
 
 log = logging.getLogger(__name__)
 
+PROTOCOL_VERSION = 1                     # the session protocol the Hello announces
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 HEADER = struct.Struct(">I")
 
@@ -229,13 +230,6 @@ class Channel:
         self.sock.setblocking(False)
         self._thread.start()
         return self
-
-    def set_heartbeat(self, interval: float | None, dead_after: float | None) -> None:
-        with self._lock:
-            self._heartbeat_interval = interval
-            self._dead_after = dead_after
-            self._last_recv = time.monotonic()
-        self._wake()
 
     def send(self, frame: session_pb2.Frame) -> bool:
         """Queue a frame; False when the channel is closing or closed (the frame is dropped)."""

@@ -13,7 +13,7 @@ import pytest
 from agent.app import targets_of
 from agent.gateway.certs import DevPki, make_dev_pki
 from agent.schema import payload_from_json
-from tests.runtime.harness import HANDLERS, ROOT, pid_alive, wait_until
+from tests.runtime.harness import AGENT_MAIN, ROOT, pid_alive, wait_until
 
 WIPE = json.dumps({"disks": [{"serial": "S-1"}, {"name": "sdb"}]})
 
@@ -25,10 +25,10 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> DevPki:
 
 def agent_exec(test_dir: Path, *args: str, timeout: float = 60) -> tuple[int, dict[str, object], str]:
     (test_dir / "spec").mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, BC_AGENT_TEST_HANDLERS=str(HANDLERS), BC_TEST_DIR=str(test_dir),
+    env = dict(os.environ, BC_TEST_DIR=str(test_dir),
                PYTHONPATH=str(ROOT))
     proc = subprocess.run(
-        [sys.executable, "-m", "agent", "exec", "--cmdline-file", "/dev/null", "--node", "n1", *args],
+        [sys.executable, str(AGENT_MAIN), "exec", "--cmdline-file", "/dev/null", "--node", "n1", *args],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False,
     )
     out = json.loads(proc.stdout) if proc.stdout.strip() else {}

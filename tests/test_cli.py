@@ -12,7 +12,7 @@ from agent.version import __version__
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = ["kind", "lane", "roles", "retry_safe", "self_terminating", "attested", "destructive",
-        "timeout_seconds", "payload"]
+        "timeout_seconds", "payload", "result"]
 
 
 def agent(*args: str) -> subprocess.CompletedProcess[str]:
@@ -24,7 +24,7 @@ def test_kinds_json_has_the_documented_keys() -> None:
     out = agent("kinds", "--json")
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
-    assert len(rows) == 21
+    assert len(rows) == len(catalog.KINDS)
     for row in rows:
         assert list(row) == KEYS
         assert row == catalog.KINDS[row["kind"]].as_dict()

@@ -1,13 +1,17 @@
 """What a command handler is, and what it is given while it runs.
 
-A handler serves one kind. It subclasses ``Handler`` with ``kind=...`` (registered in
-``Handler.registry``, keyed by the catalog's kind name), turns the protobuf payload into a
-typed, validated parameter object in ``parse`` (before any work starts, so bad input is
-refused cleanly), and does the work in ``run`` with a ``Context``.
+A handler serves one kind: ``class DeployImage(Handler[agent_pb2.DeployImageRequest,
+DeployParams], kind="deploy.image")``. The request type is declared there, once, and checked
+against the kind's catalog row when the class is made; the class is registered in
+``Handler.registry`` under the kind's name. ``parse`` turns the request into a typed,
+validated parameter object before any work starts (bad input is refused cleanly), and ``run``
+does the work with a ``Context``.
 
 ``run`` returns the kind's result message, or for a self-terminating kind a
 ``SelfTermination``: the runtime then waits for the other lanes to go idle, writes the proof
-to the journal, flushes it, sends a last progress frame and only then calls ``action``.
+to the journal, flushes it, sends a last progress frame and only then calls ``action``. A
+self-terminating kind may also judge its own rejoin (``completion``); by default the runtime
+compares boot ids (kexec, reboot) or versions (upgrade).
 """
 
 from __future__ import annotations
@@ -17,18 +21,20 @@ import logging
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+import typing
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 from google.protobuf.message import Message
 
-from agent import catalog, proc
+from agent import bootid, catalog, proc
 from agent.config import Config
 from agent.errors import Cancelled, CommandTimeout
 from agent.proto import session_pb2
 
-P = TypeVar("P")
+Request = TypeVar("Request", bound=Message)
+Params = TypeVar("Params")
 
 ProgressSink = Callable[[session_pb2.Progress], None]
 
@@ -76,6 +82,7 @@ class Context:
     kind: catalog.Kind
     config: Config
     deadline: float                          # time.monotonic() value
+    boot_id: str = ""                        # the boot the command runs in (a rejoin's proof)
     cancel_event: threading.Event = field(default_factory=threading.Event)
     timed_out: threading.Event = field(default_factory=threading.Event)
     progress_sink: ProgressSink | None = None
@@ -95,6 +102,7 @@ class Context:
         timeout: float | None = None,
         progress_sink: ProgressSink | None = None,
         command_id: str = "local",
+        boot_id: str | None = None,
     ) -> Context:
         k = catalog.KINDS[kind]
         limit = k.timeout_seconds if timeout is None else min(timeout, k.timeout_seconds)
@@ -103,6 +111,7 @@ class Context:
             kind=k,
             config=config or Config(),
             deadline=time.monotonic() + limit,
+            boot_id=bootid.boot_id() if boot_id is None else boot_id,
             progress_sink=progress_sink,
         )
 
@@ -210,29 +219,44 @@ class SelfTermination:
     result: Message | None = None
 
 
-class Handler(Generic[P]):
-    """Base of every command handler; ``class X(Handler[Params], kind="deploy.image")``."""
+# What a self-terminating kind's ``completion`` decides: (complete?, reason code, message).
+Verdict = tuple[bool, str, str]
 
-    registry: ClassVar[dict[str, type[Handler[Any]]]] = {}
+
+class Handler(Generic[Request, Params]):
+    """Base of every command handler; see the module's docstring."""
+
+    registry: ClassVar[dict[str, type[Handler[Any, Any]]]] = {}
     kind: ClassVar[str]
+    request_type: ClassVar[type[Message]] = Message
 
     def __init_subclass__(cls, kind: str | None = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        for base in getattr(cls, "__orig_bases__", ()):
+            if typing.get_origin(base) is Handler:
+                declared = typing.get_args(base)[0]
+                if isinstance(declared, type) and issubclass(declared, Message):
+                    cls.request_type = declared
         if kind is None:
             return
-        if kind not in catalog.KINDS:
-            raise ValueError(f"{cls.__name__}: {kind!r} is not a kind of the catalog")
+        row = catalog.get(kind)
+        if row is None:
+            raise TypeError(f"{cls.__name__}: {kind!r} is not a kind of the catalog")
+        # A concrete request type must be the catalog's; test handlers declare Message itself.
+        declared_name = getattr(cls.request_type, "DESCRIPTOR", None)
+        if declared_name is not None and declared_name.full_name != row.payload:
+            raise TypeError(f"{cls.__name__}: {kind} takes {row.payload}, "
+                            f"not {declared_name.full_name}")
         cls.kind = kind
         Handler.registry[kind] = cls
 
-    def parse(self, payload: Message) -> P:
-        """Validate the payload into typed parameters; raise InvalidParameters."""
+    def parse(self, request: Request) -> Params:
+        """Validate the request into typed parameters; raise InvalidParameters."""
         raise NotImplementedError
 
-    def run(self, ctx: Context, params: P) -> Message | SelfTermination:
+    def run(self, ctx: Context, params: Params) -> Message | SelfTermination:
         raise NotImplementedError
 
-
-def handler_for(kind: str) -> Handler[Any] | None:
-    cls = Handler.registry.get(kind)
-    return cls() if cls is not None else None
+    def completion(self, proof: Mapping[str, str], *, boot_id: str, version: str) -> Verdict | None:
+        """A self-terminating kind's own verdict on its rejoin, or None for the runtime's."""
+        return None

@@ -42,8 +42,8 @@ class DcgmParams:
     thresholds: Thresholds
 
 
-class DiagDcgm(Handler[DcgmParams], kind="diag.dcgm"):
-    def parse(self, payload: agent_pb2.DiagDcgmRequest) -> DcgmParams:  # type: ignore[override]
+class DiagDcgm(Handler[agent_pb2.DiagDcgmRequest, DcgmParams], kind="diag.dcgm"):
+    def parse(self, payload: agent_pb2.DiagDcgmRequest) -> DcgmParams:
         level = payload.level or 1  # unset: the quick level
         if level not in (1, 2, 3, 4):
             raise InvalidParameters(f"DCGM diagnostic level {payload.level} is not 1 to 4")

@@ -78,11 +78,11 @@ def _local_path(raw: str) -> Path:
     return p
 
 
-class DeployImage(Handler[DeployParams], kind="deploy.image"):
+class DeployImage(Handler[agent_pb2.DeployImageRequest, DeployParams], kind="deploy.image"):
     def __init__(self, disks: Callable[[], list[block.Disk]] | None = None) -> None:
         self.disks = disks or block.list_disks
 
-    def parse(self, payload: agent_pb2.DeployImageRequest) -> DeployParams:  # type: ignore[override]
+    def parse(self, payload: agent_pb2.DeployImageRequest) -> DeployParams:
         which = payload.WhichOneof("source")
         if which is None:
             raise InvalidParameters("deploy.image needs a source: url or local_path")

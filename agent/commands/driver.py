@@ -12,8 +12,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from google.protobuf.message import Message
-
 from agent import drivers
 from agent.commands.base import Context, Handler
 from agent.errors import InvalidParameters
@@ -38,9 +36,8 @@ def _value(arg: agent_pb2.DriverArgument) -> drivers.base.Value:
     return value
 
 
-class DriverInvoke(Handler[DriverParams], kind="driver.invoke"):
-    def parse(self, payload: Message) -> DriverParams:
-        assert isinstance(payload, agent_pb2.DriverInvokeRequest)
+class DriverInvoke(Handler[agent_pb2.DriverInvokeRequest, DriverParams], kind="driver.invoke"):
+    def parse(self, payload: agent_pb2.DriverInvokeRequest) -> DriverParams:
         if not payload.driver:
             raise InvalidParameters("driver.invoke: 'driver' is required")
         if not payload.operation:

@@ -51,8 +51,8 @@ class NvmlParams:
     thresholds: Thresholds
 
 
-class DiagNvml(Handler[NvmlParams], kind="diag.nvml"):
-    def parse(self, payload: agent_pb2.DiagNvmlRequest) -> NvmlParams:  # type: ignore[override]
+class DiagNvml(Handler[agent_pb2.DiagNvmlRequest, NvmlParams], kind="diag.nvml"):
+    def parse(self, payload: agent_pb2.DiagNvmlRequest) -> NvmlParams:
         if len(payload.gpus) > 64:
             raise InvalidParameters("at most 64 GPUs may be named")
         refs = tuple(dict.fromkeys(parse_gpu_ref(r) for r in payload.gpus))
@@ -116,8 +116,8 @@ class ResetParams:
     thresholds: Thresholds
 
 
-class GpuReset(Handler[ResetParams], kind="gpu.reset"):
-    def parse(self, payload: agent_pb2.GpuResetRequest) -> ResetParams:  # type: ignore[override]
+class GpuReset(Handler[agent_pb2.GpuResetRequest, ResetParams], kind="gpu.reset"):
+    def parse(self, payload: agent_pb2.GpuResetRequest) -> ResetParams:
         if not payload.gpu:
             raise InvalidParameters("gpu.reset needs the GPU to reset (its index or UUID)")
         return ResetParams(gpu=parse_gpu_ref(payload.gpu), stop_processes=payload.stop_processes,

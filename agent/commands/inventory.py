@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from google.protobuf import json_format
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import DecodeError
 
 from agent.commands.base import Context, Handler
 from agent.errors import AgentError
@@ -305,11 +305,10 @@ def store(state_dir: Path, inv: agent_pb2.Inventory) -> None:
 # --------------------------------------------------------------------------- handler
 
 
-class InventoryRefresh(Handler[InventoryParams], kind="inventory.refresh"):
+class InventoryRefresh(Handler[agent_pb2.InventoryRefreshRequest, InventoryParams], kind="inventory.refresh"):
     root: Path = system.ROOT                 # tests point it at a fake tree
 
-    def parse(self, payload: Message) -> InventoryParams:
-        assert isinstance(payload, agent_pb2.InventoryRefreshRequest)
+    def parse(self, payload: agent_pb2.InventoryRefreshRequest) -> InventoryParams:
         return InventoryParams(include_lldp=payload.include_lldp, skip_gpus=payload.skip_gpus)
 
     def run(self, ctx: Context, params: InventoryParams) -> agent_pb2.InventoryRefreshResult:

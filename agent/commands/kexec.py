@@ -16,19 +16,13 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from google.protobuf.message import Message
-
-from agent import filesource
-from agent.bootid import boot_id
+from agent import bootid, filesource
 from agent.commands.base import Context, Handler, SelfTermination
 from agent.errors import InvalidParameters
 from agent.hw import kexec as hw_kexec
 from agent.proto import agent_pb2
 
 log = logging.getLogger(__name__)
-
-REJOIN_PARAM = "bc.rejoin"
-
 
 @dataclass(frozen=True)
 class KexecParams:
@@ -38,15 +32,7 @@ class KexecParams:
     allow_kexec_tools: bool
 
 
-def rejoin_param(kind: str, command_id: str, old_boot_id: str) -> str:
-    """The kernel parameter that lets the next agent complete a self-terminating command."""
-    for part in (command_id, old_boot_id):
-        if not part or any(c.isspace() or c in ':"' or not c.isprintable() for c in part):
-            raise InvalidParameters(f"cannot carry {part!r} on a kernel command line")
-    return f"{REJOIN_PARAM}={kind}:{command_id}:{old_boot_id}"
-
-
-class KexecHandler(Handler[KexecParams], kind="boot.kexec"):
+class KexecHandler(Handler[agent_pb2.KexecRequest, KexecParams], kind="boot.kexec"):
     def __init__(self, kexec: hw_kexec.Kexec | None = None) -> None:
         self._kexec = kexec
 
@@ -56,8 +42,7 @@ class KexecHandler(Handler[KexecParams], kind="boot.kexec"):
             self._kexec = hw_kexec.Kexec()
         return self._kexec
 
-    def parse(self, payload: Message) -> KexecParams:
-        assert isinstance(payload, agent_pb2.KexecRequest)
+    def parse(self, payload: agent_pb2.KexecRequest) -> KexecParams:
         if not payload.HasField("kernel"):
             raise InvalidParameters("boot.kexec: kernel is required")
         kernel = filesource.parse_source(payload.kernel, "kernel")
@@ -70,9 +55,9 @@ class KexecHandler(Handler[KexecParams], kind="boot.kexec"):
 
     def run(self, ctx: Context, params: KexecParams) -> SelfTermination:
         # The boot id the core judges rejoins by (the same file in production; injected in tests).
-        old_boot_id = getattr(ctx, "boot_id", "") or boot_id()
+        old_boot_id = ctx.boot_id
         cmdline = hw_kexec.append_params(
-            params.cmdline, [rejoin_param(self.kind, ctx.command_id, old_boot_id)]
+            params.cmdline, [bootid.rejoin_param(self.kind, ctx.command_id, old_boot_id)]
         )
         work = ctx.config.cache_dir / "kexec" / ctx.command_id.replace("/", "_")
         shutil.rmtree(work, ignore_errors=True)

@@ -43,8 +43,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from google.protobuf.message import Message
-
 from agent import http, proc
 from agent.commands import transfer
 from agent.commands.base import Context, Handler
@@ -309,9 +307,8 @@ def _limit(value: int, default: int, name: str, lowest: int, highest: int) -> in
     return value
 
 
-class LogsCollect(Handler[LogsParams], kind="logs.collect"):
-    def parse(self, payload: Message) -> LogsParams:
-        assert isinstance(payload, agent_pb2.LogsCollectRequest)
+class LogsCollect(Handler[agent_pb2.LogsCollectRequest, LogsParams], kind="logs.collect"):
+    def parse(self, payload: agent_pb2.LogsCollectRequest) -> LogsParams:
         for raw in payload.paths:
             if not raw or "\x00" in raw or not os.path.isabs(raw):
                 raise InvalidParameters(f"logs.collect: path {raw!r} must be absolute")

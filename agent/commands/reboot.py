@@ -12,9 +12,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from google.protobuf.message import Message
-
-from agent.bootid import boot_id
 from agent.commands.base import Context, Handler, SelfTermination
 from agent.errors import InvalidParameters
 from agent.hw import power
@@ -32,7 +29,7 @@ class RebootParams:
     boot_entry: str
 
 
-class RebootHandler(Handler[RebootParams], kind="node.reboot"):
+class RebootHandler(Handler[agent_pb2.NodeRebootRequest, RebootParams], kind="node.reboot"):
     def __init__(self, power_control: power.Power | None = None) -> None:
         self._power = power_control
 
@@ -42,8 +39,7 @@ class RebootHandler(Handler[RebootParams], kind="node.reboot"):
             self._power = power.Power()
         return self._power
 
-    def parse(self, payload: Message) -> RebootParams:
-        assert isinstance(payload, agent_pb2.NodeRebootRequest)
+    def parse(self, payload: agent_pb2.NodeRebootRequest) -> RebootParams:
         if payload.mode not in _MODES:
             raise InvalidParameters(f"node.reboot: unknown mode {payload.mode}")
         if payload.target not in agent_pb2.RebootTarget.values():
@@ -58,7 +54,7 @@ class RebootHandler(Handler[RebootParams], kind="node.reboot"):
         return RebootParams(payload.mode, payload.target, entry)
 
     def run(self, ctx: Context, params: RebootParams) -> SelfTermination:
-        old_boot_id = getattr(ctx, "boot_id", "") or boot_id()
+        old_boot_id = ctx.boot_id
         pw = self.power
         if params.target == agent_pb2.FIRMWARE_SETUP:
             ctx.progress(message="asking the firmware to enter its setup on the next boot")

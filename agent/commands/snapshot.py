@@ -34,8 +34,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from google.protobuf.message import Message
-
 from agent import proc
 from agent.commands import transfer
 from agent.commands.base import Context, Handler
@@ -301,9 +299,8 @@ class ZstdStream:
 # -------------------------------------------------------------------------- handler
 
 
-class InstanceSnapshot(Handler[SnapshotParams], kind="instance.snapshot"):
-    def parse(self, payload: Message) -> SnapshotParams:
-        assert isinstance(payload, agent_pb2.InstanceSnapshotRequest)
+class InstanceSnapshot(Handler[agent_pb2.InstanceSnapshotRequest, SnapshotParams], kind="instance.snapshot"):
+    def parse(self, payload: agent_pb2.InstanceSnapshotRequest) -> SnapshotParams:
         if not payload.source_path:
             raise InvalidParameters("instance.snapshot: 'source_path' is required")
         if not payload.upload_url:

@@ -23,14 +23,15 @@ import os
 import re
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from google.protobuf.message import Message
 
 from agent import filesource, http, launcher, version
-from agent.commands.base import Context, Handler, SelfTermination
-from agent.errors import AgentError, InvalidParameters, Reason, Unsupported
+from agent.commands.base import Context, Handler, SelfTermination, Verdict
+from agent.errors import AgentError, Draining, InvalidParameters, Reason, Unsupported
 from agent.proto import agent_pb2
 
 log = logging.getLogger(__name__)
@@ -56,9 +57,8 @@ def running_archive() -> str:
     return os.path.abspath(version.ARCHIVE)
 
 
-class UpgradeHandler(Handler[UpgradeParams], kind="daemon.upgrade"):
-    def parse(self, payload: Message) -> UpgradeParams:
-        assert isinstance(payload, agent_pb2.DaemonSection)
+class UpgradeHandler(Handler[agent_pb2.DaemonSection, UpgradeParams], kind="daemon.upgrade"):
+    def parse(self, payload: agent_pb2.DaemonSection) -> UpgradeParams:
         if not _VERSION.fullmatch(payload.version):
             raise InvalidParameters(
                 f"daemon.upgrade: version {payload.version!r} is not a version string")
@@ -98,8 +98,7 @@ class UpgradeHandler(Handler[UpgradeParams], kind="daemon.upgrade"):
                               "failed upgrade back (install it with `agent install`)")
         marker = launcher.read_marker(archive)
         if marker is not None and marker.get("state") in (launcher.TRIAL, launcher.ROLLING_BACK):
-            raise AgentError(f"an upgrade to {marker.get('new_version')} is still being tried",
-                             reason=Reason.DRAINING)
+            raise Draining(f"an upgrade to {marker.get('new_version')} is still being tried")
         new = Path(archive + launcher.NEW_SUFFIX)
         try:
             new_sha = self._fetch_and_verify(ctx, params, new)
@@ -152,9 +151,7 @@ class UpgradeHandler(Handler[UpgradeParams], kind="daemon.upgrade"):
 
     # -- hooks the core calls -----------------------------------------------------------------
 
-    def completion(
-        self, proof: dict[str, str], *, boot_id: str, version: str
-    ) -> tuple[bool, str, str] | None:
+    def completion(self, proof: Mapping[str, str], *, boot_id: str, version: str) -> Verdict | None:
         """After a rollback, the launcher's reason; otherwise the core's rule (None)."""
         archive = proof.get("archive", "")
         if not archive or version == proof.get("new_version"):

@@ -112,7 +112,7 @@ class Capabilities:
     namespace: nvme.Namespace | None = None
 
 
-class Wipe(Handler[WipeParams], kind="disk.wipe"):
+class Wipe(Handler[agent_pb2.WipeRequest, WipeParams], kind="disk.wipe"):
     def __init__(
         self,
         disks: Callable[[], list[block.Disk]] | None = None,
@@ -121,7 +121,7 @@ class Wipe(Handler[WipeParams], kind="disk.wipe"):
         self.disks = disks or block.list_disks
         self.runner = runner  # runs nvme/hdparm; default: the command context's run()
 
-    def parse(self, payload: agent_pb2.WipeRequest) -> WipeParams:  # type: ignore[override]
+    def parse(self, payload: agent_pb2.WipeRequest) -> WipeParams:
         if not payload.disks:
             raise InvalidParameters("disk.wipe needs at least one disk")
         if len(payload.disks) > 64:

@@ -28,7 +28,6 @@ from agent.trust import SigningKey, verify_result
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 1
 
 
 class State(enum.StrEnum):
@@ -314,10 +313,10 @@ class Gateway:
     def _authenticate(self, tls: ssl.SSLSocket, hello: session_pb2.Hello) -> str:
         if not hello.node_id:
             raise wire.WireError(wire.UNAUTHENTICATED, "hello carries no node id")
-        if hello.protocol_version != PROTOCOL_VERSION:
+        if hello.protocol_version != wire.PROTOCOL_VERSION:
             raise wire.WireError(
                 "unsupported_protocol",
-                f"protocol {hello.protocol_version}; this gateway speaks {PROTOCOL_VERSION}",
+                f"protocol {hello.protocol_version}; this gateway speaks {wire.PROTOCOL_VERSION}",
             )
         cn = certs.peer_common_name(tls)
         if cn is not None:

@@ -52,10 +52,6 @@ def all_zero(view: memoryview, address: int, start: int, end: int) -> bool:
     return _memcmp(address + start, address + start + 1, end - start - 1) == 0
 
 
-class _Stop(Exception):
-    pass
-
-
 class DiskWriter:
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""TEST-ONLY handlers for real kind names, loaded by the agent through BC_AGENT_TEST_HANDLERS.
+"""TEST-ONLY handlers for real kind names, registered by the test entry point tests/runtime/agent_main.py.
 
 They do no real work. What each command does is read from ``$BC_TEST_DIR/spec/<command id>.json``
 (all keys optional; default: sleep 0.05 s):
@@ -58,7 +58,7 @@ def spec_for(command_id: str) -> dict[str, Any]:
         return {"sleep": 0.05}
 
 
-class _TestHandler(Handler[Message]):
+class _TestHandler(Handler[Message, Message]):
     def parse(self, payload: Message) -> Message:
         return payload
 

@@ -28,7 +28,7 @@ NODE = "node-1"
 # -- test handlers ----------------------------------------------------------------------------
 
 
-class Blocking(Handler[Message]):
+class Blocking(Handler[Message, Message]):
     """Runs until the test sets ``release`` (or the command is cancelled / times out)."""
 
     def __init__(self, kind: str) -> None:
@@ -50,7 +50,7 @@ class Blocking(Handler[Message]):
         return schema.result_class(self.kind_name)()
 
 
-class Quick(Handler[Message]):
+class Quick(Handler[Message, Message]):
     def __init__(self, kind: str, body: Callable[[Context], Message] | None = None) -> None:
         self.kind_name = kind
         self.calls: list[str] = []
@@ -74,7 +74,7 @@ class Picky(Quick):
         return payload
 
 
-class Terminating(Handler[Message]):
+class Terminating(Handler[Message, Message]):
     """A self-terminating handler whose action only records that it was called."""
 
     def __init__(self, kind: str, proof: dict[str, str] | None = None) -> None:

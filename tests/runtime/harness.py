@@ -1,7 +1,8 @@
-"""The agent as a real subprocess (`python -m agent run`) against an in-process Gateway.
+"""The agent as a real subprocess (`agent run`) against an in-process Gateway.
 
-Used by the runtime tests and bench/lane_latency.py. The agent gets the test-only handlers
-(tests/runtime/agent_test_handlers.py) through BC_AGENT_TEST_HANDLERS and a test directory
+Used by the runtime tests and bench/lane_latency.py. The agent runs through the test entry
+point tests/runtime/agent_main.py, which registers the test-only handlers
+(tests/runtime/agent_test_handlers.py), and gets a test directory
 ($BC_TEST_DIR) where each command's behaviour is described and each execution recorded.
 """
 
@@ -22,7 +23,7 @@ from agent.gateway import Gateway
 from agent.gateway.certs import DevPki, make_dev_pki
 
 ROOT = Path(__file__).resolve().parents[2]
-HANDLERS = Path(__file__).with_name("agent_test_handlers.py")
+AGENT_MAIN = Path(__file__).with_name("agent_main.py")  # `agent` with the test handlers
 
 
 def make_pki(path: Path, nodes: tuple[str, ...] = ("node-1",)) -> DevPki:
@@ -63,7 +64,7 @@ class AgentProcess:
 
     def argv(self) -> list[str]:
         args = [
-            sys.executable, "-m", "agent", "run",
+            sys.executable, str(AGENT_MAIN), "run",
             "--gateway", self.gateway.address, "--node", self.node_id, "--role", self.role,
             "--ca", str(self.pki.ca), "--state-dir", str(self.state_dir),
             "--trusted-key", str(self.pki.signing_pub), "--cmdline-file", str(self.cmdline_file),
@@ -77,7 +78,7 @@ class AgentProcess:
         return args + list(self.extra_args)
 
     def start(self) -> AgentProcess:
-        env = dict(os.environ, BC_AGENT_TEST_HANDLERS=str(HANDLERS), BC_TEST_DIR=str(self.dir),
+        env = dict(os.environ, BC_TEST_DIR=str(self.dir),
                    PYTHONPATH=str(ROOT))
         self.starts += 1
         log = open(self.dir / f"agent-{self.starts}.log", "wb")  # noqa: SIM115 (kept by the child)

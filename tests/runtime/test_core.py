@@ -17,10 +17,11 @@ import pytest
 from google.protobuf.message import Message
 
 from agent import catalog
+from agent.bootid import rejoin_markers
 from agent.catalog import Lane, Role
 from agent.commands.base import Context, Handler
 from agent.config import Config
-from agent.core import Agent, read_boot_id, rejoin_markers
+from agent.core import Agent, read_boot_id
 from agent.journal import Journal
 from agent.proto import agent_pb2, session_pb2
 from agent.trust import SigningKey, verify_result
@@ -416,8 +417,7 @@ def test_hello_carries_unacked_results_up_to_a_budget_and_the_rest_follow(world:
     agent.stop()
     again, frames = world.agent({"inventory.refresh": inv})
     one = again.unacked_results()[0].ByteSize()
-    again.hello_results_bytes = 5 * (one + 8)
-    hello = again.hello()
+    hello = again.hello(results_bytes=5 * (one + 8))
     in_hello = [session_pb2.ResultBody.FromString(r.body).command_id for r in hello.unacked_results]
     following = [session_pb2.ResultBody.FromString(r.body).command_id for r in frames.of("result")]
     assert in_hello == [f"h{i:02d}" for i in range(5)]

@@ -14,11 +14,9 @@ from pathlib import Path
 import pytest
 
 from agent import session as session_module
-from agent import wire
 from agent.config import Config
 from agent.errors import InvalidParameters
-from agent.proto import session_pb2
-from agent.session import Session, SessionOptions, _fit_hello, backoff_delay, parse_address
+from agent.session import Session, SessionOptions, backoff_delay, parse_address
 from tests.runtime.harness import make_pki
 
 
@@ -39,17 +37,6 @@ def test_backoff_is_full_jitter_exponential_and_capped() -> None:
         assert max(samples) > 0.8 * ceiling  # spread over the whole range (full jitter)
         assert min(samples) < 0.2 * ceiling
     assert backoff_delay(1000, 0.5, 30.0) <= 30.0
-
-
-def test_hello_keeps_under_the_frame_limit() -> None:
-    big = [session_pb2.SignedResult(body=bytes([i]) * (1024 * 1024)) for i in range(6)]
-    hello = session_pb2.Hello(node_id="n", unacked_results=big)
-    later = _fit_hello(hello, wire.MAX_FRAME_BYTES)
-    assert len(hello.unacked_results) + len(later) == 6
-    assert later and len(hello.unacked_results) >= 2
-    assert len(wire.encode(session_pb2.Frame(hello=hello))) <= wire.MAX_FRAME_BYTES
-    small = session_pb2.Hello(node_id="n", unacked_results=big[:1])
-    assert _fit_hello(small, wire.MAX_FRAME_BYTES) == [] and len(small.unacked_results) == 1
 
 
 class _QuietAgent:
