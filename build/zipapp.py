@@ -112,9 +112,24 @@ def vendor_files(wheel_path: Path) -> dict[str, bytes]:
     return files
 
 
+# What would let the product load code that is not its own: test modules, or a loader of code
+# named by the environment (tests register their handlers through tests/runtime/agent_main.py).
+TEST_HOOKS = (b"BC_AGENT_TEST_HANDLERS", b"spec_from_file_location", b"agent_test_handlers")
+
+
+def check_no_test_hooks(files: dict[str, bytes]) -> None:
+    """Refuse to build an archive that carries tests or a hook that loads outside code."""
+    for name, data in files.items():
+        if name.startswith("tests/"):
+            raise SystemExit(f"build/zipapp.py: {name}: test code must not ship")
+        if name.startswith("agent/") and any(hook in data for hook in TEST_HOOKS):
+            raise SystemExit(f"build/zipapp.py: {name} carries a test hook; tests have their own entry point")
+
+
 def build(out: Path, arches: set[str], version: str | None) -> str:
     files: dict[str, bytes] = {"__main__.py": (ROOT / "build" / "bootstrap.py").read_bytes()}
     files.update(agent_files(version))
+    check_no_test_hooks(files)
     manifest: list[dict[str, object]] = []
     for wheel in read_lock():
         if wheel.native and wheel.arch not in arches:

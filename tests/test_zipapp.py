@@ -87,3 +87,23 @@ def test_vendors_only_what_the_agent_can_import(pyz: Path) -> None:
     # protobuf (google/), nvidia-ml-py's pynvml module; not the wheels' samples, tests and
     # site-packages hooks (zipimport never runs a .pth)
     assert top == {"google", "pynvml.py"}, top
+
+
+def test_the_archive_carries_no_test_hook(pyz: Path) -> None:
+    """Nothing in the product loads code named by its environment; the build refuses it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("zipapp_build", ROOT / "build" / "zipapp.py")
+    assert spec is not None and spec.loader is not None
+    build = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = build  # its dataclasses look their module up
+    spec.loader.exec_module(build)
+    with zipfile.ZipFile(pyz) as zf:
+        names = zf.namelist()
+        agent_code = {n: zf.read(n) for n in names if n.startswith("agent/")}
+    assert not [n for n in names if n.startswith("tests/")]
+    build.check_no_test_hooks(agent_code)  # what shipped passes the build's own check
+    with pytest.raises(SystemExit, match="carries a test hook"):
+        build.check_no_test_hooks({"agent/app.py": b"os.environ['BC_AGENT_TEST_HANDLERS']"})
+    with pytest.raises(SystemExit, match="test code must not ship"):
+        build.check_no_test_hooks({"tests/runtime/agent_test_handlers.py": b""})
