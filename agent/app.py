@@ -138,10 +138,9 @@ def targets_of(msg: Message) -> list[str]:
     """What a destructive payload acts on: disks (serial, WWN, name, path), GPUs."""
     found: list[str] = []
     if msg.DESCRIPTOR.full_name == "bettercompute.agent.v1.DiskHints":
-        for field in ("serial", "wwn", "name", "by_path", "model"):
-            value = getattr(msg, field)
-            if value:
-                return [value]
+        for name in ("serial", "wwn", "name", "by_path", "model"):
+            if value := getattr(msg, name):
+                return [str(value)]
         return ["(any disk)"]
     for field, value in msg.ListFields():
         if field.message_type is not None:
@@ -255,8 +254,11 @@ def cmd_exec(args: argparse.Namespace) -> int:
         run = _ConsoleRun(ProgressBar(sys.stderr, label=args.kind))
         run.command_id = decode_command_body(signed.body).command_id
         agent.subscribe(run.on_frame)
+        def print_before_the_end() -> None:
+            _print_result(run, agent, started, proof=True)
+
         # A self-terminating command prints its outcome before its action ends this process.
-        agent.add_exit_hook(lambda: _print_result(run, agent, started, proof=True))
+        agent.add_exit_hook(print_before_the_end)
         agent.start()
         try:
             reply = agent.submit(signed, console=console)

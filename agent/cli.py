@@ -142,7 +142,7 @@ def _terminal_columns() -> int:
     except (KeyError, ValueError):
         pass
     try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]  # None: caught below
     except (OSError, AttributeError, ValueError):
         return 80
 

@@ -41,6 +41,7 @@ DCGM:
 from __future__ import annotations
 
 import enum
+import typing
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -54,6 +55,11 @@ class Level(enum.IntEnum):
     PASS = common_pb2.PASS
     WARN = common_pb2.WARN
     FAIL = common_pb2.FAIL
+
+    @property
+    def wire(self) -> common_pb2.Verdict:
+        """The protobuf Verdict of this level (the same number)."""
+        return typing.cast(common_pb2.Verdict, int(self))
 
 
 NODE = -1  # gpu_index of a node-wide finding
@@ -70,7 +76,7 @@ class Finding:
     subject: str = ""
 
     def to_proto(self) -> common_pb2.Finding:
-        return common_pb2.Finding(verdict=int(self.level), code=self.code, message=self.message,
+        return common_pb2.Finding(verdict=self.level.wire, code=self.code, message=self.message,
                                   gpu_index=self.gpu_index, subject=self.subject)
 
 
@@ -281,7 +287,7 @@ def health_proto(s: GpuState, th: Thresholds) -> agent_pb2.GpuHealth:
         pci_bus_id=s.pci_bus_id,
         vbios_version=s.vbios_version or "",
         lost=s.lost,
-        verdict=int(verdict(findings, th)),
+        verdict=verdict(findings, th).wire,
         findings=[f.to_proto() for f in findings],
     )
     for name in ("memory_total_bytes", "memory_used_bytes", "temperature_c", "temperature_slowdown_c",

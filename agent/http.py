@@ -50,7 +50,7 @@ import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from agent.errors import Cancelled, InvalidParameters, SourceFailed
 
@@ -64,7 +64,7 @@ _RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 class HttpError(SourceFailed):
     """A non-success HTTP status (``status``) or a transport failure (``status`` 0)."""
 
-    def __init__(self, message: str, *, status: int = 0, **details: object) -> None:
+    def __init__(self, message: str, *, status: int = 0, **details: Any) -> None:
         super().__init__(message, status=status, **details)
         self.status = status
 
@@ -386,7 +386,7 @@ def put(
         reader = source
 
         def chunks() -> Iterator[bytes]:
-            while data := reader.read(1 << 20):  # type: ignore[union-attr]
+            while data := reader.read(1 << 20):
                 if opts.cancel is not None and opts.cancel.is_set():
                     raise Cancelled("upload cancelled")
                 yield data

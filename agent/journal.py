@@ -333,9 +333,9 @@ class Journal:
             entry.command = b""
         elif t == "acked":
             cid = str(obj["id"])
-            entry = self.entries.pop(cid, None)
-            if entry is not None:
-                self._remember(Known(cid, entry.kind, entry.digest, entry.status or str(entry.state)))
+            acked = self.entries.pop(cid, None)
+            if acked is not None:
+                self._remember(Known(cid, acked.kind, acked.digest, acked.status or str(acked.state)))
         else:
             raise ValueError(f"unknown record type {t!r}")
 

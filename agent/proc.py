@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import IO, Any
 
 from agent.errors import Cancelled, CommandTimeout, ToolFailed, ToolMissing
 
@@ -80,9 +81,9 @@ def describe_exit(returncode: int) -> str:
 def spawn(
     argv: Sequence[str],
     *,
-    stdin: int | None = subprocess.DEVNULL,
-    stdout: int | None = subprocess.PIPE,
-    stderr: int | None = subprocess.PIPE,
+    stdin: int | IO[Any] | None = subprocess.DEVNULL,
+    stdout: int | IO[Any] | None = subprocess.PIPE,
+    stderr: int | IO[Any] | None = subprocess.PIPE,
     env: dict[str, str] | None = None,
     cwd: str | None = None,
     on_spawn: Callable[[subprocess.Popen[bytes]], None] | None = None,

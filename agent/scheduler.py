@@ -321,7 +321,7 @@ class Scheduler:
         job.ctx.kill_children()
         with self._cond:
             worker = job.worker
-            stuck = not job.returned.is_set() and job.state is not JobState.DONE
+            stuck = not job.returned.is_set() and job.state is not JobState.DONE  # type: ignore[comparison-overlap]  # set by another thread since the check above
             if stuck and worker is not None and not worker.abandoned and not self._stopping:
                 worker.abandoned = True
                 self.abandoned_workers += 1

@@ -136,7 +136,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Loaded:
     config: Config
-    session: dict[str, float]     # SessionOptions keyword arguments
+    session: dict[str, Any]       # SessionOptions keyword arguments
     cmdline: str                  # the kernel command line text (core reads bc.rejoin from it)
     sources: dict[str, str]       # key -> where its value came from ("flag", "file", "cmdline")
 

@@ -17,10 +17,13 @@ zipfile and its company cost over a second of a start under emulation.
 import os
 import sys
 
+if False:  # for the type checker only: a start imports nothing it does not need
+    import zipfile
+
 ARCHIVE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _cache_root():
+def _cache_root() -> str:
     env = os.environ.get("BC_AGENT_CACHE")
     if env:
         return env
@@ -30,17 +33,19 @@ def _cache_root():
     return os.path.join(base, "bettercompute-agent")
 
 
-def _fits(wheel):
+def _fits(wheel: "dict[str, object]") -> bool:
     if wheel["arch"] != os.uname().machine:
         return False
     py = "{}.{}".format(*sys.version_info[:2])
     # abi3 wheels work on their minimum Python and later; others need an exact match.
     if wheel["abi3"]:
-        return tuple(map(int, py.split("."))) >= tuple(map(int, wheel["python"].split(".")))
+        return tuple(map(int, py.split("."))) >= tuple(map(int, str(wheel["python"]).split(".")))
     return py == wheel["python"]
 
 
-def _unpack(zf, manifest, wheels, target):
+def _unpack(
+    zf: "zipfile.ZipFile", manifest: "dict[str, object]", wheels: "list[dict[str, object]]", target: str
+) -> None:
     import fcntl
     import hashlib
     import shutil
@@ -58,9 +63,9 @@ def _unpack(zf, manifest, wheels, target):
         tmp = tempfile.mkdtemp(prefix=".unpack-", dir=parent)
         try:
             for wheel in wheels:
-                data = zf.read("_native/" + wheel["file"])
+                data = zf.read("_native/" + str(wheel["file"]))
                 if hashlib.sha256(data).hexdigest() != wheel["sha256"]:
-                    raise OSError("hash mismatch for bundled " + wheel["file"])
+                    raise OSError("hash mismatch for bundled " + str(wheel["file"]))
                 path = os.path.join(tmp, ".whl")
                 with open(path, "wb") as f:
                     f.write(data)
@@ -68,16 +73,16 @@ def _unpack(zf, manifest, wheels, target):
                     whl.extractall(tmp)
                 os.unlink(path)
             with open(os.path.join(tmp, ".complete"), "w") as f:
-                f.write(manifest["build_id"] + "\n")
+                f.write(str(manifest["build_id"]) + "\n")
             os.rename(tmp, target)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
 
 
-def _native_path():
+def _native_path() -> "str | None":
     try:
-        data = __loader__.get_data(os.path.join(ARCHIVE, "_native", "MANIFEST.json"))
+        data = __loader__.get_data(os.path.join(ARCHIVE, "_native", "MANIFEST.json"))  # type: ignore[name-defined]  # zipimport's, for __main__
     except (OSError, AttributeError):
         return None  # no native wheels in this archive: the system's are used
     import json
@@ -103,7 +108,7 @@ def _native_path():
         return None
 
 
-def main():
+def main() -> None:
     sys.path.insert(1, os.path.join(ARCHIVE, "_vendor"))
     native = _native_path()
     if native:

@@ -34,7 +34,8 @@ def add_bytecode(src: str, dst: str) -> int:
                     continue
                 code = compile(body, info.filename, "exec", dont_inherit=True, optimize=0)
                 source_hash = importlib.util.source_hash(body)
-                blob = importlib._bootstrap_external._code_to_hash_pyc(code, source_hash, False)
+                blob = importlib._bootstrap_external._code_to_hash_pyc(  # type: ignore[attr-defined]  # private: no stub
+                    code, source_hash, False)
                 pinfo = zipfile.ZipInfo(pyc, date_time=info.date_time)
                 pinfo.external_attr = info.external_attr
                 pinfo.compress_type = zipfile.ZIP_DEFLATED

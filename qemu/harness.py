@@ -356,4 +356,4 @@ def booted(spec: MachineSpec) -> Iterator[Machine]:
 
 
 def qemu_version() -> str:
-    return run([QEMU, "--version"], timeout=30).text().splitlines()[0]
+    return run([QEMU, "--version"], timeout=30).text.splitlines()[0]

@@ -25,8 +25,8 @@ from pathlib import Path
 from agent.proc import run
 from initramfs import build as ramdisk
 from initramfs import cpio
-from qemu.harness import kernel_args
-from qemu.lab import GATEWAY_PORT, GUEST_HOST, Lab
+from qemu.harness import GUEST_HOST, kernel_args
+from qemu.lab import GATEWAY_PORT, Lab
 
 LABEL = "bcroot"
 SECTOR = 512

@@ -162,7 +162,7 @@ class Deployment:
                     f"declared format {image.format_name(declared)} but the image is"
                     f" {image.format_name(fmt)} (magic bytes {head[:8].hex()})"
                 )
-            self.result.format = fmt
+            self.result.format = fmt  # type: ignore[assignment]  # image.detect gives the enum's number
             if fmt == Fmt.RAW and source.total is not None and source.total > self.disk.size:
                 raise AgentError(
                     f"image is {source.total} bytes, disk {self.disk.name} only {self.disk.size}",

@@ -94,14 +94,14 @@ class DiagNvml(Handler[agent_pb2.DiagNvmlRequest, NvmlParams], kind="diag.nvml")
             result.gpus.append(gpu_health.health_proto(state, th))
         all_findings = findings + [f for s in states for f in gpu_health.judge_gpu(s, th)]
         result.findings.extend(f.to_proto() for f in findings)
-        result.verdict = int(gpu_health.verdict(all_findings, th))
+        result.verdict = gpu_health.verdict(all_findings, th).wire
         if not result.message:
             result.message = _summary(result, all_findings)
         return result
 
 
 def _summary(result: agent_pb2.DiagNvmlResult, findings: list[gpu_health.Finding]) -> str:
-    bad = sum(1 for g in result.gpus if g.verdict != Level.PASS)
+    bad = sum(1 for g in result.gpus if g.verdict != Level.PASS.wire)
     worst = gpu_health.verdict(findings, Thresholds())
     return f"{len(result.gpus)} GPU(s) read, {bad} with findings; worst: {worst.name.lower()}"
 

@@ -339,7 +339,7 @@ class LogsCollect(Handler[agent_pb2.LogsCollectRequest, LogsParams], kind="logs.
                 raise InvalidParameters(f"logs.collect: {raw!r} is key material and is never collected")
         spool_dir = ctx.config.cache_dir if ctx.config.cache_dir.is_dir() else None
         with tempfile.TemporaryFile(dir=spool_dir) as spool:
-            archive = Archive(spool, params.max_bytes, Redactor(ctx.config))  # type: ignore[arg-type]
+            archive = Archive(spool, params.max_bytes, Redactor(ctx.config))
             self._agent_logs(ctx, archive, params)
             if params.kernel:
                 self._kernel_log(ctx, archive, params)

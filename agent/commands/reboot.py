@@ -24,8 +24,8 @@ _MODES = {agent_pb2.GRACEFUL: power.Mode.GRACEFUL, agent_pb2.FORCED: power.Mode.
 
 @dataclass(frozen=True)
 class RebootParams:
-    mode: int                 # agent_pb2.RebootMode
-    target: int               # agent_pb2.RebootTarget
+    mode: agent_pb2.RebootMode
+    target: agent_pb2.RebootTarget
     boot_entry: str
 
 

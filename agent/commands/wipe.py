@@ -42,6 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from agent.commands.base import Context, Handler
 from agent.errors import AgentError, InvalidParameters, ProtectedDevice, Reason, Unsupported
@@ -88,17 +89,17 @@ _MiB = 1 << 20
 @dataclass(frozen=True)
 class WipeParams:
     disks: tuple[block.Hints, ...]
-    method: int
+    method: agent_pb2.WipeMethod
     passes: int
-    verify: int
-    minimum_level: int
+    verify: agent_pb2.WipeVerify
+    minimum_level: agent_pb2.NistLevel
     samples: int
 
 
 @dataclass(frozen=True)
 class Plan:
     disk: block.Disk
-    method: int
+    method: agent_pb2.WipeMethod
     tool: str
     controller: nvme.Controller | None = None
     namespace: nvme.Namespace | None = None
@@ -371,7 +372,7 @@ class DiskWipe:
                 block.flush_buffers(fd)  # the controller erased behind the page cache
                 block.reread_partitions(fd)
 
-    def _sanitize(self, method: int) -> None:
+    def _sanitize(self, method: agent_pb2.WipeMethod) -> None:
         action = {
             M.NVME_SANITIZE_BLOCK: nvme.SANACT_BLOCK,
             M.NVME_SANITIZE_CRYPTO: nvme.SANACT_CRYPTO,
@@ -565,9 +566,10 @@ class Keystream:
         need("cryptography")
         from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-        self._cipher = lambda counter: Cipher(
-            algorithms.AES(key), modes.CTR(counter.to_bytes(16, "big"))
-        ).encryptor()
+        def cipher(counter: int) -> Any:  # cryptography's CipherContext
+            return Cipher(algorithms.AES(key), modes.CTR(counter.to_bytes(16, "big"))).encryptor()
+
+        self._cipher = cipher
         self._zeros = bytes(diskio.BUFFER)
         self._scratch = bytearray(diskio.BUFFER + 15)  # update_into wants block_size - 1 spare
 
@@ -584,4 +586,5 @@ class Keystream:
 
     def at(self, offset: int, n: int) -> bytes:
         assert offset % 16 == 0
-        return self._cipher(offset // 16).update(bytes(n))
+        data: bytes = self._cipher(offset // 16).update(bytes(n))
+        return data

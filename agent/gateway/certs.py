@@ -180,7 +180,7 @@ def peer_common_name(sock: ssl.SSLSocket) -> str | None:
     if not cert:
         return None
     for rdn in cert.get("subject", ()):
-        for attr, value in rdn:
-            if attr == "commonName":
-                return str(value)
+        for pair in rdn:
+            if pair[0] == "commonName":
+                return str(pair[1])
     return None

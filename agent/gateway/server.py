@@ -741,8 +741,8 @@ def build_command(
     elif isinstance(payload, Message):
         raw = payload.SerializeToString()
     else:
-        raw = schema.payload_from_json(kind, dict(payload) if isinstance(payload, Mapping) else payload)
-        raw = raw.SerializeToString()
+        message = schema.payload_from_json(kind, dict(payload) if isinstance(payload, Mapping) else payload)
+        raw = message.SerializeToString()
     now_ms = int(time.time() * 1000)
     return session_pb2.CommandBody(
         command_id=command_id or f"{kind}-{secrets.token_hex(6)}",

@@ -435,13 +435,15 @@ def try_direct(disk: Disk, *, write: bool, exclusive: bool = False) -> int | Non
 def _ioctl_u64(fd: int, request: int) -> int:
     buf = bytearray(8)
     fcntl.ioctl(fd, request, buf)
-    return struct.unpack("Q", buf)[0]
+    value: int = struct.unpack("Q", buf)[0]
+    return value
 
 
 def _ioctl_int(fd: int, request: int) -> int:
     buf = bytearray(4)
     fcntl.ioctl(fd, request, buf)
-    return struct.unpack("i", buf)[0]
+    value: int = struct.unpack("i", buf)[0]
+    return value
 
 
 def size_of(fd: int) -> int:

@@ -178,7 +178,9 @@ def parse(text: str) -> DcgmReport:
                 tests.extend(_test(str(category.get("category", "")), test))
     except (AttributeError, TypeError, ValueError) as exc:
         raise DcgmOutputError(f"dcgmi's JSON is not shaped like a diagnostic report ({exc})") from exc
-    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    meta = doc.get("metadata")
+    if not isinstance(meta, dict):
+        meta = {}
     version = str(meta.get("version") or doc.get("version") or body.get("version") or "")
     driver = str(meta.get("Driver Version Detected") or doc.get("Driver Version Detected") or "")
     return DcgmReport(

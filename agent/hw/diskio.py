@@ -49,7 +49,7 @@ def all_zero(view: memoryview, address: int, start: int, end: int) -> bool:
     # Data almost never starts or ends a granule with a zero byte: those cost nothing.
     if view[start] != 0 or view[end - 1] != 0:
         return False
-    return _memcmp(address + start, address + start + 1, end - start - 1) == 0
+    return bool(_memcmp(address + start, address + start + 1, end - start - 1) == 0)
 
 
 class DiskWriter:

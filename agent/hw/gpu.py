@@ -204,7 +204,7 @@ def _use_library(nv: ModuleType, library: str | None) -> None:
                 ) from exc
         # pynvml keeps the library and its function pointers in module globals.
         with getattr(nv, "libLoadLock", contextlib.nullcontext()):
-            nv.nvmlLib = handle
+            nv.nvmlLib = handle  # type: ignore[attr-defined]  # a module global pynvml sets at run time
             cache = getattr(nv, "_nvmlGetFunctionPointer_cache", None)
             if cache is not None:
                 cache.clear()

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from agent.commands import gpu as gpu_commands
-from agent.commands.base import Context, handler_for
+from agent.commands import handler_for
+from agent.commands.base import Context
 from agent.config import Config
 from agent.errors import CommandTimeout, InvalidParameters, NotFound, ProtectedDevice, ToolFailed
 from agent.proto import agent_pb2, common_pb2

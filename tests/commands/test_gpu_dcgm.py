@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from agent.commands import dcgm as dcgm_command
-from agent.commands.base import Context, handler_for
+from agent.commands import handler_for
+from agent.commands.base import Context
 from agent.config import Config
 from agent.errors import CommandTimeout, InvalidParameters, ToolFailed, ToolMissing
 from agent.proto import agent_pb2, common_pb2, session_pb2
