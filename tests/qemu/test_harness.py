@@ -14,6 +14,7 @@ import pytest
 
 from qemu import harness
 from qemu.harness import Disk, Machine, MachineSpec
+from tests.runtime.harness import wait_until
 
 
 def spec(tmp_path: Path, **kw: object) -> MachineSpec:
@@ -106,6 +107,10 @@ def test_qemu_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
         assert runner.stdout is not None
         qemu_pid = int(runner.stdout.readline())
         assert Path(f"/proc/{qemu_pid}").exists()
+        # setpriv sets the parent-death signal before it execs: kill the starter only once the
+        # fake QEMU runs (on a loaded machine setpriv may not have got that far yet).
+        wait_until(lambda: Path(f"/proc/{qemu_pid}/comm").read_text().strip() == "sleep", 10,
+                   "the fake QEMU to start")
         runner.kill()
         runner.wait(10)
         deadline = time.monotonic() + 10
