@@ -121,3 +121,27 @@ def test_exec_timeout_kills_the_children(tmp_path: Path) -> None:
     assert code == 124 and out["status"] == "TIMED_OUT"
     pid = int((tmp_path / "child-slow.pid").read_text())
     wait_until(lambda: not pid_alive(pid), 15, "the child to be killed")
+
+
+def real_exec(*args: str) -> tuple[int, dict[str, object], str]:
+    """`agent exec` with the product's own handlers (no test entry point)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "agent", "exec", "--cmdline-file", "/dev/null", "--node", "n1", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )
+    return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {}, proc.stderr
+
+
+def test_exec_validates_the_payload_before_asking_for_a_confirmation() -> None:
+    code, out, _ = real_exec("disk.wipe", "--payload", "{}")
+    assert (code, out["reason"]) == (2, "invalid_parameters")
+    assert "needs at least one disk" in str(out["message"])
+
+
+def test_exec_usage_errors_exit_2_and_the_site_role_is_a_role(tmp_path: Path) -> None:
+    code, out, _ = real_exec("inventory.refresh", "--role", "rack")
+    assert (code, out["reason"]) == (2, "invalid_parameters")
+    code, out, _ = real_exec("deploy.image", "--role", "site", "--payload", "{}")
+    assert (code, out["reason"]) == (2, "wrong_role")
+    code, out, _ = real_exec("inventory.refresh", "--payload", '{"nope": 1}')
+    assert code == 2 and "has no field 'nope'" in str(out["message"])
