@@ -38,12 +38,7 @@ from google.protobuf.message import DecodeError, Message
 
 from agent import catalog, schema, settings
 from agent.cli import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, command
-from agent.errors import (
-    AgentError,
-    Cancelled,
-    InvalidParameters,
-    Reason,
-)
+from agent.errors import AgentError, Cancelled, InvalidParameters, MissingDependency, Reason
 from agent.proto import session_pb2
 from agent.trust import decode_command_body
 
@@ -325,6 +320,13 @@ def _gateway_args(p: argparse.ArgumentParser) -> None:
 
 @command("gateway", "the reference gateway (same as python -m agent.gateway)", _gateway_args)
 def cmd_gateway(args: argparse.Namespace) -> int:
-    from agent.gateway.cli import main
-
+    try:
+        from agent.gateway.cli import main
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("agent.gateway"):
+            raise
+        # The ramdisk's agent is built without it (build/zipapp.py --without-gateway).
+        raise MissingDependency("the reference gateway is not in this build of the agent; run it "
+                                "from dist/agent.pyz or a source tree (python -m agent.gateway)",
+                                module="agent.gateway") from None
     return main(args.gateway_args)

@@ -1,21 +1,31 @@
 """Build dist/agent.pyz: the agent, its pure-Python dependencies and native wheels, one file.
 
     python3 build/zipapp.py [--out dist/agent.pyz] [--arch x86_64,aarch64] [--version V]
+                            [--without-gateway]
 
 Reproducible: entries sorted, fixed timestamps and modes, wheels pinned by sha256 in
 build/wheels.lock (downloaded once into build/.wheels with pip). Two builds of the same tree
 are byte-identical. ``--version`` overrides agent/version.py inside the archive only (the
-upgrade tests build two versions from one tree). Prints the size and the build id.
+upgrade tests build two versions from one tree). ``--without-gateway`` leaves out the
+reference gateway (agent/gateway/), a test and demo tool: the ramdisk's agent is built so.
+Prints the size and the build id.
+
+Every wheel's licence files travel in the archive under ``_legal/licenses/NAME-VERSION/``
+(deflated, like every entry but the stored wheels), with a CycloneDX SBOM of the archive,
+``_legal/sbom.cdx.json``, also written beside it (OUT.cdx.json): every wheel with its version,
+licence and sha256, and where its files are in the archive.
 """
 
 from __future__ import annotations
 
 import argparse
+import email.parser
 import hashlib
 import io
 import json
 import subprocess
 import sys
+import uuid
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,10 +80,16 @@ def fetch(wheel: Wheel) -> Path:
     sys.exit(f"build/zipapp.py: no wheel for {wheel.requirement} ({wheel.platform}) matches its pin")
 
 
-def agent_files(version: str | None) -> dict[str, bytes]:
+# The reference gateway: a test and demo tool, left out by --without-gateway.
+GATEWAY = "agent/gateway/"
+
+
+def agent_files(version: str | None, gateway: bool = True) -> dict[str, bytes]:
     files: dict[str, bytes] = {}
     for path in sorted((ROOT / "agent").rglob("*.py")):
         if "__pycache__" in path.parts:
+            continue
+        if not gateway and path.relative_to(ROOT).as_posix().startswith(GATEWAY):
             continue
         name = path.relative_to(ROOT).as_posix()
         data = path.read_bytes()
@@ -81,8 +97,11 @@ def agent_files(version: str | None) -> dict[str, bytes]:
             data = data.replace(b'__version__ = "', b'__version__ = "' + version.encode() + b'"  # ', 1)
         files[name] = data
     for path in sorted((ROOT / "agent").rglob("*")):
+        name = path.relative_to(ROOT).as_posix()
+        if not gateway and name.startswith(GATEWAY):
+            continue
         if path.is_file() and path.suffix in {".service", ".json"} and "__pycache__" not in path.parts:
-            files[path.relative_to(ROOT).as_posix()] = path.read_bytes()
+            files[name] = path.read_bytes()
     return files
 
 
@@ -126,15 +145,126 @@ def check_no_test_hooks(files: dict[str, bytes]) -> None:
             raise SystemExit(f"build/zipapp.py: {name} carries a test hook; tests have their own entry point")
 
 
-def build(out: Path, arches: set[str], version: str | None) -> str:
+LEGAL = "_legal/"  # every wheel's licence files and the archive's SBOM: one place
+
+# Licence files in a wheel's .dist-info (PEP 639 puts them under licenses/; older wheels
+# beside METADATA), and the SBOMs some wheels carry of what they link in (cryptography's Rust).
+LICENCE_NAMES = ("LICENSE", "LICENCE", "COPYING", "NOTICE", "AUTHORS")
+# Wheels whose .dist-info has no licence file: the file whose leading comment is the notice.
+NOTICE_IN_SOURCE = {"nvidia-ml-py": "pynvml.py"}
+
+
+@dataclass(frozen=True)
+class WheelLegal:
+    """What a wheel says about itself: name, version, licence, and its licence files."""
+
+    name: str
+    version: str
+    licence: dict[str, object]  # a CycloneDX licence choice
+    files: dict[str, bytes]     # path under _legal/licenses/NAME-VERSION/ -> bytes
+
+    @property
+    def folder(self) -> str:
+        return f"{LEGAL}licenses/{self.name}-{self.version}/"
+
+
+def wheel_legal(wheel_path: Path) -> WheelLegal:
+    with zipfile.ZipFile(wheel_path) as whl:
+        names = whl.namelist()
+        meta_name = next(n for n in names if n.count("/") == 1 and n.endswith(".dist-info/METADATA"))
+        dist_info = meta_name.removesuffix("METADATA")
+        meta = email.parser.BytesHeaderParser().parsebytes(whl.read(meta_name))
+        name, version = str(meta["Name"]).lower(), str(meta["Version"])
+        files: dict[str, bytes] = {}
+        for n in names:
+            rel = n.removeprefix(dist_info)
+            if not n.startswith(dist_info) or n.endswith("/"):
+                continue
+            base = rel.rsplit("/", 1)[-1].upper()
+            if rel.startswith("sboms/"):  # of what this platform's build links in
+                platform = wheel_path.stem.rsplit("-", 1)[-1]
+                files[f"sboms/{platform}/{rel.removeprefix('sboms/')}"] = whl.read(n)
+            elif rel.startswith("licenses/") or base.startswith(LICENCE_NAMES):
+                files[rel.removeprefix("licenses/")] = whl.read(n)
+        source = NOTICE_IN_SOURCE.get(name)
+        if source is not None and not files:
+            files[f"NOTICE-{source}.txt"] = _leading_comment(whl.read(source))
+    if not files:
+        sys.exit(f"build/zipapp.py: {wheel_path.name} carries no licence file; name the file that "
+                 "holds its notice in NOTICE_IN_SOURCE")
+    if meta["License-Expression"]:
+        licence: dict[str, object] = {"expression": str(meta["License-Expression"])}
+    else:
+        licence = {"license": {"name": str(meta["License"] or "NOASSERTION")}}
+    return WheelLegal(name, version, licence, files)
+
+
+def _leading_comment(source: bytes) -> bytes:
+    lines = []
+    for line in source.splitlines(keepends=True):
+        if not line.startswith(b"#"):
+            break
+        lines.append(line)
+    return b"".join(lines)
+
+
+def sbom(build_id: str, version: str, gateway: bool,
+         wheels: list[tuple[Wheel, Path, WheelLegal]]) -> dict[str, object]:
+    """A CycloneDX 1.5 document of the archive: the agent, and every wheel in it with its
+    version, licence and sha256, and where its files are (vendored under _vendor/ or stored
+    under _native/). Deterministic: no timestamp; the serial number comes from the build id."""
+    components = []
+    for wheel, path, legal in wheels:
+        purl = f"pkg:pypi/{legal.name}@{legal.version}?file_name={path.name}"
+        location = f"_native/{path.name}" if wheel.native else "_vendor/"
+        components.append({
+            "type": "library", "bom-ref": purl, "name": legal.name, "version": legal.version,
+            "purl": purl, "hashes": [{"alg": "SHA-256", "content": wheel.sha256}],
+            "licenses": [legal.licence],
+            "properties": [
+                {"name": "bettercompute:location", "value": location},
+                {"name": "bettercompute:licence-files", "value": legal.folder},
+                {"name": "bettercompute:wheel", "value": path.name},
+            ],
+        })
+    return {
+        "bomFormat": "CycloneDX", "specVersion": "1.5", "version": 1,
+        "serialNumber": f"urn:uuid:{uuid.uuid5(uuid.NAMESPACE_URL, 'bettercompute-agent/' + build_id)}",
+        "metadata": {
+            "component": {
+                "type": "application", "bom-ref": "bettercompute-agent", "name": "bettercompute-agent",
+                "version": version,
+                "properties": [{"name": "bettercompute:build-id", "value": build_id},
+                               {"name": "bettercompute:gateway", "value": "yes" if gateway else "no"}],
+            },
+        },
+        "components": sorted(components, key=lambda c: str(c["bom-ref"])),
+    }
+
+
+def agent_version(files: dict[str, bytes]) -> str:
+    for line in files["agent/version.py"].decode().splitlines():
+        if line.startswith("__version__"):
+            return line.split('"')[1]
+    raise ValueError("agent/version.py has no __version__")
+
+
+def build(out: Path, arches: set[str], version: str | None, gateway: bool = True) -> str:
     files: dict[str, bytes] = {"__main__.py": (ROOT / "build" / "bootstrap.py").read_bytes()}
-    files.update(agent_files(version))
+    files.update(agent_files(version, gateway))
     check_no_test_hooks(files)
     manifest: list[dict[str, object]] = []
+    carried: list[tuple[Wheel, Path, WheelLegal]] = []
     for wheel in read_lock():
         if wheel.native and wheel.arch not in arches:
             continue
         path = fetch(wheel)
+        legal = wheel_legal(path)
+        carried.append((wheel, path, legal))
+        for rel, data in legal.files.items():
+            if files.setdefault(legal.folder + rel, data) != data:
+                sys.exit(f"build/zipapp.py: {path.name}: {rel} differs from another wheel's of "
+                         f"{legal.name} {legal.version}")
         if not wheel.native:
             files.update(vendor_files(path))
             continue
@@ -151,6 +281,9 @@ def build(out: Path, arches: set[str], version: str | None) -> str:
         {"build_id": build_id, "wheels": sorted(manifest, key=lambda w: str(w["file"]))},
         indent=1, sort_keys=True,
     ).encode()
+    bom = json.dumps(sbom(build_id, agent_version(files), gateway, carried), indent=1,
+                     sort_keys=True).encode() + b"\n"
+    files[LEGAL + "sbom.cdx.json"] = bom
 
     buf = io.BytesIO()
     buf.write(b"#!/usr/bin/env python3\n")
@@ -166,7 +299,13 @@ def build(out: Path, arches: set[str], version: str | None) -> str:
     tmp.write_bytes(buf.getvalue())
     tmp.chmod(0o755)
     tmp.replace(out)
+    sbom_path(out).write_bytes(bom)
     return build_id
+
+
+def sbom_path(artifact: Path) -> Path:
+    """Where the SBOM of an artifact is written beside it: OUT.cdx.json."""
+    return artifact.with_name(artifact.name + ".cdx.json")
 
 
 def main() -> None:
@@ -175,8 +314,10 @@ def main() -> None:
     parser.add_argument("--arch", default="x86_64,aarch64",
                         help="native wheels to carry (comma-separated; default both)")
     parser.add_argument("--version", help="override the version inside the archive (tests)")
+    parser.add_argument("--without-gateway", action="store_true",
+                        help="leave out the reference gateway (agent/gateway/; the ramdisk's agent)")
     args = parser.parse_args()
-    build_id = build(args.out, set(args.arch.split(",")), args.version)
+    build_id = build(args.out, set(args.arch.split(",")), args.version, not args.without_gateway)
     size = args.out.stat().st_size
     print(f"{args.out}: {size} bytes ({size / 1048576:.1f} MiB), build id {build_id}")
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.proc import run
-from initramfs import cpio
+from initramfs import cpio, licences
 
 log = logging.getLogger(__name__)
 
@@ -290,6 +290,10 @@ def build_root(debs: list[Path], kernel: Kernel, dest: Path, agent: Path | None)
     for deb in debs:
         run(["dpkg-deb", "-x", str(deb), str(tmp)], timeout=300)
     _merge_usr(tmp)
+    # The copyright files, kept compressed in usr/share/licenses before the docs are pruned.
+    licences.install_copyrights(tmp, [d.name.split("_")[0] for d in debs],
+                                lambda name: download([name], debs[0].parent)[0],
+                                licences.kernel_copyright(kernel.image))
     for pattern in PRUNE:
         for path in tmp.glob(pattern):
             if path.is_dir() and not path.is_symlink():
@@ -507,8 +511,10 @@ def top_entries(agent: Path) -> list[cpio.Entry]:
 
 def build_agent(out: Path, version: str | None = None) -> Path:
     """The agent zipapp for the ramdisk: this tree, pure-Python dependencies only (the native
-    ones come from Debian's python3-cryptography and python3-cffi-backend)."""
-    argv = [sys.executable, str(ROOT / "build/zipapp.py"), "--arch", "none", "--out", str(out)]
+    ones come from Debian's python3-cryptography and python3-cffi-backend), without the
+    reference gateway (a test and demo tool, run from the host)."""
+    argv = [sys.executable, str(ROOT / "build/zipapp.py"), "--arch", "none", "--without-gateway",
+            "--out", str(out)]
     if version:
         argv += ["--version", version]
     run(argv, timeout=300)
@@ -521,6 +527,7 @@ def root_key(debs: list[Path], kernel: Kernel) -> str:
         h.update(deb.name.encode() + b"\0")
     h.update((HERE / "build.py").read_bytes())
     h.update((HERE / "pyc.py").read_bytes())
+    h.update((HERE / "licences.py").read_bytes())
     h.update(kernel.release.encode())
     return h.hexdigest()[:16]
 
@@ -564,7 +571,10 @@ def build(agent: Path | None, out: Path = OUT, kernel_path: Path | None = None,
         # /init and the agent go in their own archive appended to the base (the kernel unpacks
         # concatenated archives in order), so a new agent does not recompress the base.
         site = [cpio.file(dest, data, 0o644) for dest, data in sorted((extra or {}).items())]
-        image.write_bytes(base.read_bytes() + compress(cpio.archive(top_entries(agent) + site), 3))
+        bom = licences.image_sbom(debs, kernel.image, agent, rootfs, key)
+        top = [*top_entries(agent), cpio.file(licences.SBOM, bom, 0o644)]
+        image.write_bytes(base.read_bytes() + compress(cpio.archive(top + site), 3))
+        image.with_name(image.name + ".cdx.json").write_bytes(bom)  # and beside it
     return Built(vmlinuz, image, agent, base, rootfs)
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -107,3 +109,97 @@ def test_the_archive_carries_no_test_hook(pyz: Path) -> None:
         build.check_no_test_hooks({"agent/app.py": b"os.environ['BC_AGENT_TEST_HANDLERS']"})
     with pytest.raises(SystemExit, match="test code must not ship"):
         build.check_no_test_hooks({"tests/runtime/agent_test_handlers.py": b""})
+
+
+# -- licences and the SBOM (issue 19) -----------------------------------------------------------
+
+WHEELS = ROOT / "build" / ".wheels"
+
+
+def sbom_of(z: zipfile.ZipFile) -> dict[str, Any]:
+    bom: dict[str, Any] = json.loads(z.read("_legal/sbom.cdx.json"))
+    assert bom["bomFormat"] == "CycloneDX" and bom["specVersion"] == "1.5"
+    return bom
+
+
+def prop(component: dict[str, Any], name: str) -> str:
+    return next(str(p["value"]) for p in component["properties"] if p["name"] == name)
+
+
+def wheel_by_hash(sha256: str) -> Path:
+    """The wheel the build fetched (build/.wheels) with this hash."""
+    for path in WHEELS.glob("*.whl"):
+        if hashlib.sha256(path.read_bytes()).hexdigest() == sha256:
+            return path
+    raise AssertionError(f"no wheel in {WHEELS} has sha256 {sha256}")
+
+
+def test_sbom_lists_every_wheel_the_archive_carries_with_its_hash(pyz: Path) -> None:
+    with zipfile.ZipFile(pyz) as z:
+        bom = sbom_of(z)
+        names = set(z.namelist())
+        stored = {n: hashlib.sha256(z.read(n)).hexdigest() for n in names
+                  if n.startswith("_native/") and n.endswith(".whl")}
+        vendored = {n: z.read(n) for n in names if n.startswith("_vendor/")}
+        manifest = json.loads(z.read("_native/MANIFEST.json"))
+    assert pyz.with_name(pyz.name + ".cdx.json").read_bytes() == json.dumps(bom, indent=1, sort_keys=True) \
+        .encode() + b"\n"  # the same document beside the archive and inside it
+    assert prop(bom["metadata"]["component"], "bettercompute:build-id") == manifest["build_id"]
+    components = bom["components"]
+    native = {prop(c, "bettercompute:location"): c["hashes"][0]["content"] for c in components
+              if prop(c, "bettercompute:location").startswith("_native/")}
+    assert native == stored  # every stored wheel listed, with the hash of the bytes carried
+
+    # Every vendored file is one of a listed wheel's, byte for byte, and nothing else is.
+    from_wheels: set[str] = set()
+    for c in components:
+        assert c["version"] and c["licenses"], c["name"]
+        if prop(c, "bettercompute:location") != "_vendor/":
+            continue
+        wheel = wheel_by_hash(c["hashes"][0]["content"])
+        assert f"{c['name'].replace('-', '_')}-{c['version']}" in wheel.name
+        with zipfile.ZipFile(wheel) as whl:
+            for info in whl.infolist():
+                name = "_vendor/" + info.filename
+                if name in vendored:
+                    assert vendored[name] == whl.read(info), name
+                    from_wheels.add(name)
+    synthesized = {"_vendor/google/__init__.py"}  # makes the namespace package importable
+    assert set(vendored) - synthesized == from_wheels
+
+
+def test_every_wheel_carries_its_licence_files(pyz: Path) -> None:
+    with zipfile.ZipFile(pyz) as z:
+        bom = sbom_of(z)
+        legal = {n: z.read(n) for n in z.namelist() if n.startswith("_legal/licenses/")}
+        infos = {i.filename: i for i in z.infolist()}
+    for c in bom["components"]:
+        folder = prop(c, "bettercompute:licence-files")
+        texts = [data for name, data in legal.items() if name.startswith(folder)]
+        assert texts and sum(map(len, texts)) > 500, folder  # a licence text, not a stub
+    for name in legal:
+        assert infos[name].compress_type == zipfile.ZIP_DEFLATED, name
+    # the notices whose licences ask for them in binary copies
+    assert b"Redistributions in binary form" in legal["_legal/licenses/protobuf-7.36.2/LICENSE"]
+    nvml = legal["_legal/licenses/nvidia-ml-py-13.615.71/NOTICE-pynvml.py.txt"]
+    assert b"NVIDIA Corporation" in nvml and b"Redistributions in binary form" in nvml
+    names = {c["name"] for c in bom["components"]}
+    assert names == {"cryptography", "cffi", "protobuf", "nvidia-ml-py", "pynvml"}
+
+
+def test_without_gateway_leaves_the_reference_gateway_out(pyz: Path, tmp_path: Path) -> None:
+    """The ramdisk's agent (initramfs.build.build_agent) is built so; dist/agent.pyz keeps it
+    for operators (`agent gateway`)."""
+    small = tmp_path / "ramdisk-agent.pyz"
+    build(small, "--arch", "none", "--without-gateway")
+    with zipfile.ZipFile(small) as z:
+        assert not [n for n in z.namelist() if n.startswith("agent/gateway/")]
+        assert prop(sbom_of(z)["metadata"]["component"], "bettercompute:gateway") == "no"
+    with zipfile.ZipFile(pyz) as z:
+        assert "agent/gateway/server.py" in z.namelist()
+        assert prop(sbom_of(z)["metadata"]["component"], "bettercompute:gateway") == "yes"
+    kinds = bare(small, "kinds", "--json", cache=tmp_path / "cache")
+    assert kinds.returncode == 0, kinds.stderr
+    out = bare(small, "gateway", "serve", cache=tmp_path / "cache")
+    assert out.returncode == 69, out.stdout + out.stderr
+    assert "reference gateway is not in this build" in out.stderr and "Traceback" not in out.stderr
