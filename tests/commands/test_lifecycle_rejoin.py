@@ -8,10 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from agent.catalog import Role
 from agent.commands.kexec import KexecHandler
@@ -19,15 +16,7 @@ from agent.commands.reboot import RebootHandler
 from agent.hw import kexec, power
 from agent.proto import agent_pb2, common_pb2, session_pb2
 from tests.hw.test_kexec import RecordingRunner, RecordingSyscalls
-from tests.runtime.test_core import World
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    w = World(tmp_path)
-    yield w
-    for a in w.agents:
-        a.stop(timeout=2)
+from tests.runtime.core_harness import World
 
 
 def wait_for(predicate: object, timeout: float = 30.0) -> None:

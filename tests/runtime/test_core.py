@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from google.protobuf.message import Message
 
 from agent import catalog
@@ -33,15 +31,8 @@ from tests.runtime.core_harness import (
     World,
     accepted,
     rejected,
-    world_in,
 )
 from tests.runtime.procs import kill_leftovers, wait_group_gone
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    yield from world_in(tmp_path)
-
 
 # -- lanes --------------------------------------------------------------------------------------
 

@@ -4,10 +4,7 @@ hooks, and completion after the rejoin (new boot id, new version, kernel command
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from agent.catalog import Role
 from agent.journal import State
@@ -20,14 +17,7 @@ from tests.runtime.core_harness import (
     World,
     accepted,
     rejected,
-    world_in,
 )
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    yield from world_in(tmp_path)
-
 
 # -- self-terminating ------------------------------------------------------------------------------
 
