@@ -7,13 +7,13 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from qemu import harness
 from qemu.harness import Disk, Machine, MachineSpec
+from tests.runtime.harness import wait_until
 
 
 def spec(tmp_path: Path, **kw: object) -> MachineSpec:
@@ -108,10 +108,7 @@ def test_qemu_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
         assert Path(f"/proc/{qemu_pid}").exists()
         runner.kill()
         runner.wait(10)
-        deadline = time.monotonic() + 10
-        while _running(qemu_pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _running(qemu_pid), "QEMU outlived the process that started it"
+        wait_until(lambda: not _running(qemu_pid), 10, "QEMU to end with the process that started it")
     finally:
         runner.kill()
 
