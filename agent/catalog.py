@@ -2,9 +2,9 @@
 
 This table is the single source of truth that the scheduler (lanes, timeouts), the role
 check and the trust check (destructive -> signature required; attested -> signed result)
-read. It follows ../shared/catalog.md, the project's reading of the seed table in which
-the export lost which flag column each "yes" stood in; tests/test_catalog.py checks every
-row against the seed itself.
+read. It follows docs/command-kinds.md: the seed table (the export lost which flag column
+each "yes" stood in) and the project's reading of it; tests/test_catalog.py checks every row
+against both.
 """
 
 from __future__ import annotations
