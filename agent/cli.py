@@ -118,6 +118,7 @@ def _load_subcommands(argv: Sequence[str]) -> dict[str, MissingDependency]:
     import importlib
 
     name = next((a for a in argv if not a.startswith("-")), "")
+    wanted: list[str]
     if name in SUBCOMMANDS:
         wanted = []
     elif name in SUBCOMMAND_MODULES:
