@@ -315,10 +315,10 @@ def _print_result(run: _ConsoleRun, agent: Agent, started: float, *, proof: bool
 
 
 def _gateway_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("gateway_args", nargs=argparse.REMAINDER, help="see `python -m agent.gateway --help`")
+    p.add_argument("gateway_args", nargs=argparse.REMAINDER, help="keys, send, serve or sign and its options")
 
 
-@command("gateway", "the reference gateway (same as python -m agent.gateway)", _gateway_args)
+@command("gateway", "the reference gateway (`agent gateway COMMAND --help` for each)", _gateway_args)
 def cmd_gateway(args: argparse.Namespace) -> int:
     try:
         from agent.gateway.cli import main

@@ -3,9 +3,9 @@
 A kind's row here is the one place that names it: the scheduler (lanes, timeouts), the role
 check, the trust check (destructive -> signature required; attested -> signed result), the
 schema (request and result types) and the handler table (which module serves it) all read it;
-docs/adding-a-kind.md walks through adding one. The flags follow ../shared/catalog.md, the
-project's reading of the seed table in which the export lost which flag column each "yes"
-stood in; tests/test_catalog.py checks every row against the project's copy of that table.
+docs/adding-a-kind.md walks through adding one. The flags follow docs/command-kinds.md: the
+seed table (the export lost which flag column each "yes" stood in) and the project's reading
+of it; tests/test_catalog.py checks every row against both.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agent import catalog
@@ -103,26 +103,44 @@ def cmd_version(args: argparse.Namespace) -> int:
 
 # Modules that add subcommands (``command``), by the subcommand. Only the one asked for is
 # imported: ``agent run`` starts the ramdisk's agent, where every import is slow (emulation,
-# a cold cache) and ``agent install`` has no use. Help and usage errors load them all.
+# a cold cache) and ``agent install`` has no use; ``kinds`` and ``version`` (defined here)
+# import none, so they work where protobuf and the rest are missing. Help and usage errors
+# load them all.
 SUBCOMMAND_MODULES: dict[str, str] = {
     "run": "agent.app", "exec": "agent.app", "gateway": "agent.app", "install": "agent.install",
 }
 
 
-def _load_subcommands(argv: Sequence[str]) -> None:
+def _load_subcommands(argv: Sequence[str]) -> dict[str, MissingDependency]:
+    """Import the modules of the subcommand in ``argv`` (all of them for help or a usage
+    error). Returns the subcommands that cannot be had here, each with the dependency its
+    module lacks; they are listed in the help as unavailable."""
     import importlib
 
     name = next((a for a in argv if not a.startswith("-")), "")
-    if name in SUBCOMMAND_MODULES:
+    wanted: list[str]
+    if name in SUBCOMMANDS:
+        wanted = []
+    elif name in SUBCOMMAND_MODULES:
         wanted = [SUBCOMMAND_MODULES[name]]
     else:
         wanted = sorted(set(SUBCOMMAND_MODULES.values()))
+    unavailable: dict[str, MissingDependency] = {}
     for module in wanted:
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:
-            if exc.name != module:
+            if exc.name == module:
+                continue
+            from agent.deps import missing_from
+
+            missing = missing_from(exc)
+            if missing is None:
                 raise
+            for sub, mod in SUBCOMMAND_MODULES.items():
+                if mod == module and sub not in SUBCOMMANDS:
+                    unavailable[sub] = missing
+    return unavailable
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -147,7 +165,7 @@ def _terminal_columns() -> int:
         return 80
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(unavailable: Mapping[str, MissingDependency] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agent", formatter_class=HelpFormatter,
         description="Better Compute machine agent: serves provisioning commands from its gateway "
@@ -160,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
         add_arguments(p)
         p.set_defaults(func=fn)
+    for name, missing in (unavailable or {}).items():
+        dependency = missing.details.get("module", "?")
+        sub.add_parser(name, help=f"unavailable here: missing Python dependency {dependency!r}")
     return parser
 
 
@@ -174,8 +195,21 @@ def setup_logging(debug: bool) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
-    _load_subcommands(argv)
-    parser = build_parser()
+    debug = "--debug" in argv
+    try:
+        unavailable = _load_subcommands(argv)
+    except ModuleNotFoundError as exc:  # the agent's own module is missing: a broken build
+        if debug:
+            raise
+        print(f"agent: internal error: {exc} (run with --debug for details)", file=sys.stderr)
+        return EXIT_INTERNAL
+    name = next((a for a in argv if not a.startswith("-")), "")
+    if name in unavailable:
+        if debug:
+            raise unavailable[name]
+        print(f"agent {name}: {unavailable[name]}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    parser = build_parser(unavailable)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
@@ -195,6 +229,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"agent: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    except ModuleNotFoundError as exc:  # a lazy import inside the subcommand
+        if args.debug:
+            raise
+        from agent.deps import missing_from
+
+        missing = missing_from(exc)
+        if missing is None:
+            print(f"agent: internal error: {exc} (run with --debug for details)", file=sys.stderr)
+            return EXIT_INTERNAL
+        print(f"agent: {missing}", file=sys.stderr)
         return EXIT_UNAVAILABLE
     except AgentError as exc:
         if args.debug:

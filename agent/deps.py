@@ -22,7 +22,25 @@ def need(module: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as exc:
         top = next((name for name in _HOW if module == name or module.startswith(name + ".")), module)
-        raise MissingDependency(
-            f"missing Python dependency {top!r} ({exc}); to get it: {_HOW.get(top, 'pip install ' + top)}",
-            module=top,
-        ) from exc
+        raise _missing(top, exc) from exc
+
+
+def missing_from(exc: ModuleNotFoundError) -> MissingDependency | None:
+    """The MissingDependency an import of a module not found stands for (``exc.name``, e.g.
+    ``google`` for ``from google.protobuf import ...``); None when the module is the agent's
+    own, which is a bug and not a missing dependency."""
+    name = exc.name or ""
+    if not name or name == "agent" or name.startswith("agent."):
+        return None
+    top = next(
+        (dep for dep in _HOW if name == dep or dep.startswith(name + ".") or name.startswith(dep + ".")),
+        name.partition(".")[0],
+    )
+    return _missing(top, exc)
+
+
+def _missing(top: str, exc: ImportError) -> MissingDependency:
+    return MissingDependency(
+        f"missing Python dependency {top!r} ({exc}); to get it: {_HOW.get(top, 'pip install ' + top)}",
+        module=top,
+    )

@@ -29,6 +29,8 @@ def describe(p: session_pb2.Progress) -> str:
         parts.append(p.subject)
     if p.total:
         parts.append(f"{_human(p.done)}/{_human(p.total)}")
+    elif p.done:
+        parts.append(_human(p.done))
     if p.rate > 0:
         parts.append(f"{_human(p.rate)}/s")
     if p.eta_seconds >= 0 and p.fraction < 1:
@@ -60,8 +62,9 @@ class ProgressBar:
         decile = int(p.fraction * 10) if p.fraction >= 0 else -1
         if p.message != self._last_message or decile != self._last_decile or now - self._last_line >= 5:
             self._last_message, self._last_decile, self._last_line = p.message, decile, now
-            pct = f"{p.fraction * 100:5.1f}%" if p.fraction >= 0 else "    ?"
-            self.stream.write(f"{self.label + ' ' if self.label else ''}{pct} {describe(p)}".rstrip() + "\n")
+            # No percentage where the command knows none (a kexec's fetch): describe() has its bytes.
+            pct = f"{p.fraction * 100:5.1f}% " if p.fraction >= 0 else ""
+            self.stream.write(f"{self.label + ' ' if self.label else ''}{pct}{describe(p)}".rstrip() + "\n")
             self.stream.flush()
 
     def _draw(self, p: session_pb2.Progress) -> None:
@@ -76,7 +79,7 @@ class ProgressBar:
         else:
             pos = int(time.monotonic() * 8) % bar_width
             bar = "-" * pos + "#" + "-" * (bar_width - pos - 1)
-            pct = "    ?"
+            pct = "      "  # the moving mark says it is working; no percentage is known
         line = f"{label}[{bar}] {pct} {text}"[: width - 1]
         self.stream.write("\r" + line.ljust(width - 1))
         self.stream.flush()

@@ -22,10 +22,12 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from qemu.harness import Machine
 
@@ -35,6 +37,46 @@ NODE = "demo-node"
 PACKAGES = ("qemu-system-x86", "ipxe-qemu", "linux-image-cloud-amd64", "zstd", "fdisk", "e2fsprogs",
             "dpkg", "apt")
 TOOLS = {"qemu-system-x86_64": "qemu-system-x86", "zstd": "zstd", "sfdisk": "fdisk", "mkfs.ext4": "e2fsprogs"}
+
+
+MIB = 2**20
+# deploy.image's progress message (agent/commands/deploy.py): the image's own bytes so far,
+# while done/total count the bytes read of the (compressed) source.
+_DEPLOYED_SO_FAR = re.compile(r"(\d+) image bytes, (\d+) written, (\d+) skipped")
+
+
+def mib(n: float) -> str:
+    """Every size and rate of the demo in one unit."""
+    return f"{n / MIB:.1f} MiB"
+
+
+def deployed(image: int, written: int, skipped: int) -> str:
+    """The same words for deploy.image's progress and its result."""
+    return f"{mib(image)} of image ({mib(written)} written, {mib(skipped)} of zero blocks skipped)"
+
+
+def progress_line(kind: str, p: Any) -> str:
+    """A session_pb2.Progress as one timeline line: a percentage only where the command knows
+    one (a kexec's fetch does not: it shows the bytes fetched), sizes in MiB. done/total are
+    bytes, except a few counts (disk.wipe's "verifying samples"), told apart by a total
+    under 1 MiB and shown as they are."""
+    parts = [kind]
+    if p.fraction >= 0:
+        parts.append(f"{p.fraction * 100:5.1f}%")
+    so_far = _DEPLOYED_SO_FAR.fullmatch(p.message)
+    if so_far:
+        parts.append(deployed(*map(int, so_far.groups())) + " so far;")
+    elif p.message:
+        parts.append(p.message + ("," if p.done or p.rate > 0 else ""))
+    if p.total >= MIB:
+        parts.append(f"{mib(p.done)} of {mib(p.total)} {'read' if so_far else 'done'}")
+    elif p.total:
+        parts.append(f"{p.done} of {p.total}")
+    elif p.done:
+        parts.append(f"{mib(p.done)} so far")
+    if p.rate > 0:
+        parts.append(f"at {mib(p.rate)}/s")
+    return " ".join(parts)
 
 
 class Timeline:
@@ -106,13 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     tl.say("building the agent zipapp and the ramdisk (cached under initramfs/out/)")
     parts = ensure_ramdisk()
     size = parts.kernel.stat().st_size + (ROOT / "initramfs/out/initramfs.img").stat().st_size
-    tl.say(f"ramdisk ready: kernel + initramfs {size / 1e6:.1f} MB compressed")
+    tl.say(f"ramdisk ready: kernel + initramfs {mib(size)} compressed")
 
     with Lab(args.workdir, parts) as lab:
         image = build_node_image(lab, NODE, args.workdir / "node-image")
         os.link(image.zst, lab.www / "node.img.zst")
-        tl.say(f"node image built: {image.raw.stat().st_size // 2**20} MiB GPT disk, ext4 root with kernel, "
-               f"initramfs and the node agent ({image.zst.stat().st_size / 1e6:.1f} MB zstd)")
+        tl.say(f"node image built: {mib(image.raw.stat().st_size)} GPT disk, ext4 root with kernel, "
+               f"initramfs and the node agent ({mib(image.zst.stat().st_size)} as node.img.zst)")
         last_step: dict[str, int] = {}
 
         def on_event(ev, rec) -> None:  # type: ignore[no-untyped-def]
@@ -121,9 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 step = int(p.fraction * 10) if p.fraction >= 0 else -1
                 if step > last_step.get(ev.command_id, -1) or (step < 0 and ev.command_id not in last_step):
                     last_step[ev.command_id] = step
-                    pct = f"{p.fraction * 100:5.1f}%" if p.fraction >= 0 else "   ?  "
-                    rate = f" {p.rate / 1e6:.1f} MB/s" if p.rate > 0 else ""
-                    tl.say(f"  {rec.kind} {pct} {p.message}{rate}")
+                    tl.say("  " + progress_line(rec.kind, p))
 
         lab.gateway.listeners.append(on_event)
         disks = lab.standard_disks(NODE, size=160 * 2**20)
@@ -148,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         inv = wait_result(lab, machine, cid, "inventory.refresh")
         for d in inv.inventory.disks:
             i = d.identity
-            tl.say(f"INVENTORY: disk {i.name} {i.transport} serial {i.serial} {i.size_bytes // 2**20} MiB")
+            tl.say(f"INVENTORY: disk {i.name} {i.transport} serial {i.serial} {mib(i.size_bytes)}")
         tl.say(f"INVENTORY: {inv.inventory.cpu.threads} CPU threads, {len(inv.inventory.nics)} NIC(s), "
                f"collected in {inv.seconds:.2f}s")
 
@@ -159,10 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             "digest": {"algorithm": "sha256", "hex": image.zst_sha256},
             "target": {"serial": target.serial}, "verify_readback": True})
         dep = wait_result(lab, machine, cid, "deploy.image")
-        mib = 2**20
-        tl.say(f"DEPLOYED: {dep.image_bytes // mib} MiB to {dep.disk.name}, {dep.bytes_written // mib} MiB "
-               f"written, {dep.bytes_skipped // mib} MiB of zero blocks skipped, sha256 "
-               f"{dep.digest.hex[:12]}... verified, read back "
+        tl.say(f"DEPLOYED: {deployed(dep.image_bytes, dep.bytes_written, dep.bytes_skipped)} to "
+               f"{dep.disk.name}, sha256 {dep.digest.hex[:12]}... verified, read back "
                f"{'verified' if dep.readback_verified else 'not checked'}")
 
         tl.say(f"WIPING the disk with serial {wipe_disk.serial} (best available method)")

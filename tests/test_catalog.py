@@ -10,9 +10,8 @@ import pytest
 from agent import catalog
 from agent.catalog import Lane, Role
 
-SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
-SEED = SHARED / "seed" / "command-kinds.txt"
-READING = SHARED / "catalog.md"
+DOC = Path(__file__).resolve().parent.parent / "docs" / "command-kinds.md"
+SHARED = Path(__file__).resolve().parent.parent.parent / "shared"  # where the copy came from
 UNITS = {"m": 60, "h": 3600, "s": 1}
 
 
@@ -22,10 +21,24 @@ def seconds(text: str) -> int:
     return int(m.group(1)) * UNITS[m.group(2)]
 
 
+def section(title: str) -> str:
+    """The text of one ``## `` section of docs/command-kinds.md."""
+    text = DOC.read_text()
+    start = text.index(f"\n## {title}\n") + len(title) + 5
+    end = text.find("\n## ", start)
+    return text[start:] if end < 0 else text[start:end]
+
+
+def seed_text() -> str:
+    """The seed, verbatim: the fenced block of its section."""
+    block = section("The seed, verbatim")
+    return block[block.index("```text\n") + 8:block.rindex("```")]
+
+
 def seed_rows() -> dict[str, list[str]]:
     """Rows of the seed as cells; the seed lost its empty cells, not their order."""
     rows = {}
-    for line in SEED.read_text().splitlines():
+    for line in seed_text().splitlines():
         cells = [c.strip() for c in line.split("|")]
         cells = [c for c in cells if c]
         if len(cells) < 5 or cells[0] in ("Kind",) or set(cells[0]) <= {"-"}:
@@ -34,9 +47,9 @@ def seed_rows() -> dict[str, list[str]]:
     return rows
 
 
-def reading_rows() -> dict[str, list[str]]:
+def reading_rows(text: str | None = None) -> dict[str, list[str]]:
     rows = {}
-    for line in READING.read_text().splitlines():
+    for line in (section("The project's reading of it") if text is None else text).splitlines():
         if not line.startswith("| ") or line.startswith("| Kind"):
             continue
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -46,9 +59,15 @@ def reading_rows() -> dict[str, list[str]]:
 
 @pytest.fixture(scope="module")
 def seed() -> dict[str, list[str]]:
-    if not SEED.exists():
-        pytest.fail(f"{SEED} is missing: the catalog must be checked against the seed")
     return seed_rows()
+
+
+def test_the_copy_is_the_shared_table_where_that_is_there() -> None:
+    """docs/command-kinds.md is a copy: where ../shared is beside the checkout, they agree."""
+    if not (SHARED / "seed" / "command-kinds.txt").exists():
+        pytest.skip(f"no {SHARED} beside this checkout: the project's copy is all there is")
+    assert seed_text() == (SHARED / "seed" / "command-kinds.txt").read_text().rstrip("\n") + "\n"
+    assert reading_rows() == reading_rows((SHARED / "catalog.md").read_text())
 
 
 def test_exactly_the_seed_kinds(seed: dict[str, list[str]]) -> None:

@@ -65,3 +65,39 @@ def test_a_subcommand_imports_only_its_own_module_and_help_lists_them_all() -> N
     helptext = agent("--help").stdout
     for name in ("run", "exec", "gateway", "install", "kinds", "version"):
         assert name in helptext
+
+
+# A source tree without the venv: the third-party packages cannot be imported.
+WITHOUT_DEPENDENCIES = """
+import runpy, sys
+
+class NotInstalled:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("google", "cryptography", "pynvml"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, NotInstalled())
+sys.argv = ["agent", *sys.argv[1:]]
+runpy.run_module("agent", run_name="__main__", alter_sys=True)
+"""
+
+
+def without_dependencies(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", WITHOUT_DEPENDENCIES, *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_without_dependencies_kinds_works_and_the_others_name_what_is_missing() -> None:
+    out = without_dependencies("kinds")
+    assert out.returncode == 0, out.stderr
+    assert {line.split()[0] for line in out.stdout.splitlines()[1:]} == set(catalog.KINDS)
+    assert without_dependencies("version").stdout.strip() == __version__
+    for argv in (["run", "--gateway", "gw:7443"], ["exec", "inventory.refresh"], ["gateway", "--help"]):
+        out = without_dependencies(*argv)
+        assert out.returncode == 69, (argv, out.stderr)
+        (line,) = out.stderr.splitlines()  # one line, no traceback
+        assert line.startswith(f"agent {argv[0]}: missing Python dependency 'google.protobuf'"), line
+        assert "pip install protobuf" in line
+    helptext = without_dependencies("--help")
+    assert helptext.returncode == 0
+    assert "unavailable here: missing Python dependency 'google.protobuf'" in helptext.stdout

@@ -34,3 +34,11 @@ def test_terminal_bar_is_redrawn_in_place() -> None:
     text = out.getvalue()
     assert text.count("\r") == 2 and text.endswith("\nok\n")
     assert "[" + "#" * 10 in text and "100.0%" in text and "done" in text
+
+
+def test_no_percentage_where_the_command_knows_none() -> None:
+    out = io.StringIO()
+    ProgressBar(out, label="boot.kexec", tty=False).update(
+        session_pb2.Progress(fraction=-1, done=5 << 20, subject="kernel", message="fetching the kernel",
+                             eta_seconds=-1))
+    assert out.getvalue() == "boot.kexec kernel 5.0 MiB fetching the kernel\n"

@@ -41,15 +41,23 @@ def _listen(text: str) -> tuple[str, int]:
 
 
 def _gateway_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--pki", type=Path, metavar="DIR", help="directory made by `keys` (sets the four below)")
-    p.add_argument("--cert", type=Path, help="server certificate (PEM)")
-    p.add_argument("--key", type=Path, help="its private key")
-    p.add_argument("--client-ca", type=Path, help="CA that signs agents' client certificates")
-    p.add_argument("--signing-key", type=Path, help="control-plane Ed25519 private key (PEM)")
+    p.add_argument("--pki", type=Path, metavar="DIR",
+                   help="directory made by `keys`: gives the four below unless they are given")
+    p.add_argument("--cert", type=Path, metavar="PEM", help="server certificate (default: DIR/gateway.pem)")
+    p.add_argument("--key", type=Path, metavar="PEM", help="its private key (default: DIR/gateway.key)")
+    p.add_argument("--client-ca", type=Path, metavar="PEM",
+                   help="CA that signs agents' client certificates (default: DIR/ca.pem)")
+    p.add_argument("--signing-key", type=Path, metavar="PEM",
+                   help="control-plane Ed25519 private key that signs commands "
+                   "(default: DIR/signing.key where it exists; without one, commands go unsigned "
+                   "and destructive kinds cannot be sent)")
     p.add_argument("--token", action="append", default=[], metavar="TOKEN[=NODE]",
-                   help="accept this enrollment token (for NODE only, when given)")
-    p.add_argument("--listen", default="127.0.0.1:7443", metavar="HOST:PORT")
-    p.add_argument("--heartbeat", type=float, default=5.0, metavar="SECONDS")
+                   help="accept this enrollment token, for NODE only when given (repeatable; default: none)")
+    p.add_argument("--listen", default="127.0.0.1:7443", metavar="HOST:PORT",
+                   help="address to listen on (default: %(default)s)")
+    p.add_argument("--heartbeat", type=float, default=5.0, metavar="SECONDS",
+                   help="heartbeat interval asked of agents; a session silent for 3 intervals is "
+                   "dropped (default: %(default)g)")
 
 
 def _make_gateway(args: argparse.Namespace) -> Gateway:
@@ -210,37 +218,48 @@ def _console(gw: Gateway, words: list[str]) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agent gateway", description="The reference gateway for agents.")
-    parser.add_argument("--debug", action="store_true")
+    parser.add_argument("--debug", action="store_true", help="debug logging and tracebacks")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("keys", help="make a dev CA, gateway and client certificates, a signing key")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--host", action="append", default=[], help="gateway host name or IP (repeatable)")
-    p.add_argument("--node", action="append", default=[], help="make a client certificate for NODE")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR",
+                   help="directory to write them to (created); give it to --pki later")
+    p.add_argument("--host", action="append", default=[],
+                   help="a name or IP the gateway certificate is valid for (repeatable; "
+                   "default: localhost, 127.0.0.1, ::1)")
+    p.add_argument("--node", action="append", default=[],
+                   help="make a client certificate for NODE (repeatable; default: none)")
     p.set_defaults(func=cmd_keys)
     p = sub.add_parser("send", help="wait for a node, send one command, print its result")
     _gateway_options(p)
     _command_options(p)
-    p.add_argument("--wait-node", type=float, default=300.0, metavar="SECONDS")
-    p.add_argument("--wait-result", type=float, default=6 * 3600.0, metavar="SECONDS")
-    p.add_argument("--timeout", type=int, metavar="SECONDS", help="ask for less than the kind's timeout")
+    p.add_argument("--wait-node", type=float, default=300.0, metavar="SECONDS",
+                   help="how long to wait for the node to connect; exit 124 after (default: %(default)g)")
+    p.add_argument("--wait-result", type=float, default=6 * 3600.0, metavar="SECONDS",
+                   help="how long to wait for the result; exit 124 after (default: %(default)g, 6 h)")
+    p.add_argument("--timeout", type=int, metavar="SECONDS",
+                   help="ask for less than the kind's timeout (default: the kind's, `agent kinds`)")
     p.set_defaults(func=cmd_send)
     p = sub.add_parser("serve", help="run a gateway with a line console on stdin")
     _gateway_options(p)
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("sign", help="write a signed command file (for agent exec --signed-command)")
-    p.add_argument("--signing-key", type=Path, required=True)
+    p.add_argument("--signing-key", type=Path, required=True, metavar="PEM",
+                   help="control-plane Ed25519 private key (`keys` writes DIR/signing.key)")
     _command_options(p)
-    p.add_argument("--expires-in", type=float, default=3600.0, metavar="SECONDS")
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--expires-in", type=float, default=3600.0, metavar="SECONDS",
+                   help="the agent refuses the command after this long (default: %(default)g)")
+    p.add_argument("--out", type=Path, required=True, metavar="FILE",
+                   help="where to write the signed command (JSON)")
     p.set_defaults(func=cmd_sign)
     return parser
 
 
 def _command_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--node", required=True, help="node id")
-    p.add_argument("--kind", required=True)
-    p.add_argument("--payload", default="{}", metavar="JSON")
-    p.add_argument("--command-id")
+    p.add_argument("--node", required=True, help="node id (as in its client certificate)")
+    p.add_argument("--kind", required=True, help="command kind (`agent kinds` lists them)")
+    p.add_argument("--payload", default="{}", metavar="JSON",
+                   help="the kind's request as JSON (default: %(default)s)")
+    p.add_argument("--command-id", metavar="ID", help="(default: KIND-<12 random hex digits>)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

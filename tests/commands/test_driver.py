@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from agent.commands.base import Context
 from agent.commands.driver import DriverInvoke
 from agent.errors import CommandTimeout, InvalidParameters, ToolMissing
 from agent.proto import agent_pb2
+from tests.runtime.harness import wait_until
 
 
 def request(driver: str, operation: str, **arguments: str | int | bool) -> agent_pb2.DriverInvokeRequest:
@@ -149,10 +149,7 @@ def test_deadline_kills_the_whole_process_tree(bindir: Path) -> None:
     with pytest.raises(CommandTimeout):
         invoke(request("ipmitool", "sel_list"), timeout=1.5)
     pid = int(pidfile.read_text())
-    end = time.monotonic() + 30
-    while not _dead(pid) and time.monotonic() < end:
-        time.sleep(0.1)
-    assert _dead(pid), f"grandchild {pid} survived the deadline"
+    wait_until(lambda: _dead(pid), 30, f"grandchild {pid} to end with the deadline")
 
 
 @pytest.mark.skipif(shutil.which("ethtool") is None, reason="ethtool not installed")

@@ -17,6 +17,7 @@ from agent.config import Config
 from agent.errors import CommandTimeout, InvalidParameters, ToolFailed, ToolMissing
 from agent.proto import agent_pb2, common_pb2, session_pb2
 from agent.schema import payload_from_json
+from tests.runtime.harness import wait_until
 
 PASS, WARN, FAIL = common_pb2.PASS, common_pb2.WARN, common_pb2.FAIL
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
@@ -181,10 +182,7 @@ def test_timeout_kills_dcgmi_and_its_children(config: Config, tmp_path: Path,
         run(config, timeout=5)
     pids = [int(p) for p in (tmp_path / "dcgmi.pids").read_text().split()]
     assert len(pids) == 2
-    deadline = time.monotonic() + 10
-    while not all(gone(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert all(gone(p) for p in pids)
+    wait_until(lambda: all(gone(p) for p in pids), 10, f"dcgmi and its child ({pids}) to be gone")
 
 
 def test_progress_while_dcgmi_runs(config: Config, monkeypatch: pytest.MonkeyPatch) -> None:

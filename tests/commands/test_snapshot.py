@@ -99,6 +99,7 @@ def test_snapshot_of_a_file_arrives_whole_with_matching_digests(
     assert progress and progress[-1].done == len(data) and progress[-1].total == len(data)
 
 
+@pytest.mark.root
 def test_snapshot_of_a_block_device(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root for a loop device")
@@ -161,6 +162,7 @@ def test_token_bucket_paces_to_its_rate() -> None:
     assert 1.9 < wait <= 2.0 + 1e-3  # then the rate holds: 2 MB at 1 MB/s
 
 
+@pytest.mark.root
 def test_quiesce_freezes_for_the_duration_and_thaws_on_success(
     ext4_mount: Path, images: Path, tmp_path: Path
 ) -> None:
@@ -194,6 +196,7 @@ def test_quiesce_freezes_for_the_duration_and_thaws_on_success(
     assert not any((tmp_path / "state" / FROZEN_DIR).iterdir())  # marker removed after the thaw
 
 
+@pytest.mark.root
 def test_quiesce_thaws_even_when_the_upload_fails(ext4_mount: Path, images: Path, tmp_path: Path) -> None:
     source = images / "vm.raw"
     disk_image(source, 1 << 20)
@@ -235,6 +238,7 @@ def test_bandwidth_limit_paces_the_upload(images: Path, tmp_path: Path) -> None:
     assert elapsed >= (len(data) - rate * transfer.BURST_SECONDS) / rate - 0.3
 
 
+@pytest.mark.root
 def test_a_freeze_left_by_a_dead_agent_is_thawed(ext4_mount: Path, tmp_path: Path) -> None:
     state = tmp_path / "state"
     markers = state / FROZEN_DIR

@@ -17,7 +17,7 @@ from qemu.lab import Lab
 from qemu.nodeimage import build_node_image, node_cmdline
 from tests.e2e.conftest import COMMAND_TIMEOUT, JOIN_TIMEOUT
 
-pytestmark = [pytest.mark.qemu, pytest.mark.slow]
+pytestmark = [pytest.mark.qemu, pytest.mark.slow, pytest.mark.root]
 
 NODE = "node-7"
 

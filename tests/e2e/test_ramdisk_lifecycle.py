@@ -29,7 +29,7 @@ from qemu.lab import Lab
 from qemu.nodeimage import NodeImage, build_node_image, sha256
 from tests.e2e.conftest import COMMAND_TIMEOUT, JOIN_TIMEOUT
 
-pytestmark = [pytest.mark.qemu, pytest.mark.slow]
+pytestmark = [pytest.mark.qemu, pytest.mark.slow, pytest.mark.root]
 
 NODE = "ram-1"
 NVML_JSON = "/etc/bettercompute/fake-nvml.json"

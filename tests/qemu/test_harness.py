@@ -7,7 +7,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -113,10 +112,7 @@ def test_qemu_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
                    "the fake QEMU to start")
         runner.kill()
         runner.wait(10)
-        deadline = time.monotonic() + 10
-        while _running(qemu_pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _running(qemu_pid), "QEMU outlived the process that started it"
+        wait_until(lambda: not _running(qemu_pid), 10, "QEMU to end with the process that started it")
     finally:
         runner.kill()
 

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from google.protobuf.message import Message
 
 from agent import catalog
 from agent.bootid import rejoin_markers
 from agent.catalog import Lane, Role
-from agent.commands.base import Context, Handler
+from agent.commands.base import Context, Handler, ResourceLocks
 from agent.config import Config
 from agent.core import Agent, read_boot_id
 from agent.journal import Journal
@@ -34,15 +32,9 @@ from tests.runtime.core_harness import (
     World,
     accepted,
     rejected,
-    world_in,
 )
+from tests.runtime.harness import wait_until
 from tests.runtime.procs import kill_leftovers, wait_group_gone
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    yield from world_in(tmp_path)
-
 
 # -- lanes --------------------------------------------------------------------------------------
 
@@ -176,11 +168,10 @@ def test_drain_refuses_new_commands_after_finishing(world: World) -> None:
     assert wipe.started.wait(WAIT)
     drained = threading.Thread(target=agent.drain)
     drained.start()
-    end = time.monotonic() + WAIT
-    while rejected_or_none(agent.submit(world.command(f"late-{time.monotonic()}", "inventory.refresh"))) \
-            != "draining":
-        assert time.monotonic() < end
-        time.sleep(0.01)
+    wait_until(
+        lambda: rejected_or_none(agent.submit(world.command(f"late-{time.monotonic()}", "inventory.refresh")))
+        == "draining", WAIT, "the agent to refuse new commands while draining",
+    )
     assert drained.is_alive()  # still waiting for w1
     wipe.release.set()
     drained.join(WAIT)
@@ -188,6 +179,43 @@ def test_drain_refuses_new_commands_after_finishing(world: World) -> None:
     # drain returned only once the result was handed to the subscribers (no waiting here)
     (result,) = frames.of("result", "w1")
     assert session_pb2.ResultBody.FromString(result.body).status == session_pb2.SUCCEEDED
+
+
+class NotingThread(Blocking):
+    """Blocking, noting the worker threads it runs on (to wait for them to end)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.threads: list[threading.Thread] = []
+
+    def run(self, ctx: Context, params: Message) -> Message:
+        self.threads.append(threading.current_thread())
+        return super().run(ctx, params)
+
+
+class NotingContention(ResourceLocks):
+    """The agent's resource locks, setting ``contended`` when a hold finds its lock taken."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.contended = threading.Event()
+
+    def _lock(self, name: str) -> Any:
+        return _NotedLock(super()._lock(name), self.contended)
+
+
+class _NotedLock:
+    def __init__(self, lock: threading.Lock, contended: threading.Event) -> None:
+        self.lock, self.contended = lock, contended
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        got = self.lock.acquire(blocking, timeout)
+        if not got:
+            self.contended.set()
+        return got
+
+    def release(self) -> None:
+        self.lock.release()
 
 
 def rejected_or_none(answer: Any) -> str | None:
@@ -248,7 +276,7 @@ def test_concurrent_submits_of_one_id_run_it_once(world: World) -> None:
 
 
 def test_retry_safe_command_runs_again_after_a_crash(world: World) -> None:
-    dcgm = Blocking("diag.dcgm")
+    dcgm = NotingThread("diag.dcgm")
     first, _ = world.agent({"diag.dcgm": dcgm})
     accepted(first.submit(world.command("r1", "diag.dcgm")))
     assert dcgm.started.wait(WAIT)
@@ -264,7 +292,9 @@ def test_retry_safe_command_runs_again_after_a_crash(world: World) -> None:
     signed = second.unacked_results()[0]
     assert verify_result(signed, first.node_key.public_raw).command_id == "r1"
     dcgm.release.set()  # the old handler returns into a closed journal: nothing changes
-    time.sleep(0.2)
+    (old_worker,) = dcgm.threads
+    old_worker.join(WAIT)  # its worker has handed on the outcome and exited
+    assert not old_worker.is_alive()
     assert [session_pb2.ResultBody.FromString(r.body).command_id for r in second.unacked_results()] == ["r1"]
 
 
@@ -469,10 +499,11 @@ def test_resource_locks_serialize_commands_across_lanes(world: World) -> None:
     world.releases.append(release)
     agent, frames = world.agent({"disk.wipe": Quick("disk.wipe", wipe_body),
                                  "inventory.refresh": Quick("inventory.refresh", inventory_body)})
+    agent.locks = locks = NotingContention()
     accepted(agent.submit(world.command("w", "disk.wipe")))
     assert inside.wait(WAIT)
     accepted(agent.submit(world.command("i", "inventory.refresh")))
-    time.sleep(0.3)
+    assert locks.contended.wait(WAIT)  # inventory asked for disk:S-1 and found it taken
     assert order == ["wipe in"]  # the control command waits for the disk, not for the lane
     release.set()
     frames.result("i")

@@ -4,12 +4,10 @@ hooks, and completion after the rejoin (new boot id, new version, kernel command
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from agent.catalog import Role
+from agent.core import Agent
 from agent.journal import State
 from agent.proto import agent_pb2, session_pb2
 from tests.runtime.core_harness import (
@@ -20,13 +18,15 @@ from tests.runtime.core_harness import (
     World,
     accepted,
     rejected,
-    world_in,
 )
+from tests.runtime.harness import wait_until
 
 
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    yield from world_in(tmp_path)
+def phase_of(agent: Agent, cid: str) -> str:
+    """What the command is doing, as its timeout message would say."""
+    job = agent.scheduler.get(cid)
+    phase = job.phase if job is not None else ""
+    return phase() if callable(phase) else phase
 
 
 # -- self-terminating ------------------------------------------------------------------------------
@@ -47,20 +47,13 @@ def test_self_terminating_waits_for_other_lanes_then_acts(world: World) -> None:
     accepted(agent.submit(world.command("w1", "disk.wipe")))
     assert wipe.started.wait(WAIT)
     accepted(agent.submit(world.command("k1", "boot.kexec")))
-    end = time.monotonic() + WAIT
-    while not kexec.calls:
-        assert time.monotonic() < end
-        time.sleep(0.01)
-    time.sleep(0.3)
-    assert kexec.actions == [] and hooks == []  # waiting for w1
+    wait_until(lambda: phase_of(agent, "k1") == "waiting for w1 to finish", WAIT, "k1 to wait for w1")
+    assert kexec.calls == ["k1"] and kexec.actions == [] and hooks == []  # waiting for w1
     assert rejected(agent.submit(world.command("i1", "inventory.refresh"))) == "draining"
     released = time.monotonic()
     wipe.release.set()
     assert frames.result("w1").status == session_pb2.SUCCEEDED
-    end = time.monotonic() + WAIT
-    while not kexec.actions:
-        assert time.monotonic() < end
-        time.sleep(0.01)
+    wait_until(lambda: kexec.actions, WAIT, "the kexec action")
     assert hooks and hooks[0] <= kexec.actions[0] and kexec.actions[0] >= released
     assert kexec.boot_ids == ["boot-A"]  # the core's boot id, for the handler's own rejoin marker
     # the handler's prepared result went out as the interim result, before the exit hooks ran
@@ -91,10 +84,7 @@ def test_self_terminating_in_the_same_boot_is_not_complete(world: World) -> None
     kexec = Terminating("boot.kexec")
     agent, _ = world.agent({"boot.kexec": kexec})
     accepted(agent.submit(world.command("k2", "boot.kexec")))
-    end = time.monotonic() + WAIT
-    while not kexec.actions:
-        assert time.monotonic() < end
-        time.sleep(0.01)
+    wait_until(lambda: kexec.actions, WAIT, "the kexec action")
     agent.stop()
     same, _ = world.agent({"boot.kexec": kexec}, boot_id="boot-A")
     (c,) = same.hello().completions
@@ -134,10 +124,7 @@ def test_upgrade_completion_by_version(world: World) -> None:
     up = Terminating("daemon.upgrade", proof={"old_version": "1.0", "new_version": "2.0"})
     agent, _ = world.agent({"daemon.upgrade": up}, role=Role.NODE, version_string="1.0")
     accepted(agent.submit(world.command("up1", "daemon.upgrade")))
-    end = time.monotonic() + WAIT
-    while not up.actions:
-        assert time.monotonic() < end
-        time.sleep(0.01)
+    wait_until(lambda: up.actions, WAIT, "the upgrade action")
     agent.stop()
     new, _ = world.agent({"daemon.upgrade": up}, role=Role.NODE, version_string="2.0")
     (c,) = new.hello().completions
@@ -148,10 +135,7 @@ def test_upgrade_not_reached_is_a_failed_completion(world: World) -> None:
     up = Terminating("daemon.upgrade", proof={"old_version": "1.0", "new_version": "2.0"})
     agent, _ = world.agent({"daemon.upgrade": up}, role=Role.NODE, version_string="1.0")
     accepted(agent.submit(world.command("up3", "daemon.upgrade")))
-    end = time.monotonic() + WAIT
-    while not up.actions:
-        assert time.monotonic() < end
-        time.sleep(0.01)
+    wait_until(lambda: up.actions, WAIT, "the upgrade action")
     agent.stop()
     old, _ = world.agent({"daemon.upgrade": up}, role=Role.NODE, version_string="1.0", boot_id="boot-Z")
     (c,) = old.hello().completions
@@ -178,10 +162,7 @@ def test_completion_is_judged_by_the_agent_that_reports_it(world: World) -> None
     up = RollbackAware(marker)
     old, _ = world.agent({"daemon.upgrade": up}, role=Role.NODE, version_string="1.0")
     accepted(old.submit(world.command("up9", "daemon.upgrade")))
-    end = time.monotonic() + WAIT
-    while not up.actions:
-        assert time.monotonic() < end
-        time.sleep(0.01)
+    wait_until(lambda: up.actions, WAIT, "the upgrade action")
     assert list(old.hello().completions) == []  # the agent that ends does not report itself
     old.stop()
     # the new version starts and would call it complete, but never reaches the gateway...

@@ -13,7 +13,8 @@ from agent import catalog
 from agent.catalog import Lane
 from agent.commands.base import Context
 from agent.errors import AgentError, Cancelled, CommandTimeout, Reason
-from agent.scheduler import Job, Scheduler
+from agent.scheduler import Job, JobState, Scheduler
+from tests.runtime.harness import wait_until
 from tests.runtime.procs import kill_leftovers, wait_group_gone
 
 WAIT = 30.0  # generous bound for anything that should happen "at once" on a slow CI machine
@@ -138,8 +139,10 @@ def test_stuck_handler_is_abandoned_and_its_lane_keeps_working(sched: Scheduler)
     out = Outcomes()
     stuck = threading.Event()
     returned = threading.Event()
+    workers: list[threading.Thread] = []
 
     def ignores_cancel(ctx: Context) -> str:
+        workers.append(threading.current_thread())
         stuck.wait(WAIT)  # does not look at ctx.cancel_event
         returned.set()
         return "late"
@@ -156,7 +159,10 @@ def test_stuck_handler_is_abandoned_and_its_lane_keeps_working(sched: Scheduler)
     assert sched.abandoned_workers == 2
     stuck.set()
     assert returned.wait(WAIT)
-    time.sleep(0.2)
+    # an abandoned worker exits once it has handed on what its handler returned
+    for worker in workers:
+        worker.join(WAIT)
+        assert not worker.is_alive()
     # whatever the abandoned handler returned later was dropped: still the timeout
     assert isinstance(out.done["stuck-1"][1], CommandTimeout)
 
@@ -195,10 +201,16 @@ def test_deadline_counts_from_start_not_from_queueing(sched: Scheduler) -> None:
     out = Outcomes()
     release = threading.Event()
     sched.submit(job("bulk-1", "logs.collect", lambda c: release.wait(WAIT) and "ok", out))
-    sched.submit(job("bulk-2", "logs.collect", lambda c: c.sleep(0.1) or "ok", out, timeout=3.0))
-    time.sleep(3.5)  # bulk-2 waits in the queue longer than its timeout
+    bulk2 = job("bulk-2", "logs.collect", lambda c: c.sleep(0.1) or "ok", out, timeout=1.0)
+    sched.submit(bulk2)
+    # bulk-2 waits in the queue (the lane's one worker is busy) longer than its timeout, plus
+    # a few rounds of the watchdog (0.05 s): it is still queued, not timed out
+    wait_until(lambda: time.monotonic() - bulk2.queued_at > bulk2.timeout + 0.25, WAIT,
+               "bulk-2 to be queued longer than its timeout")
+    assert bulk2.state is JobState.QUEUED and "bulk-2" not in out.done
     release.set()
     assert out.wait("bulk-2") == ("ok", None)
+    assert bulk2.ctx.deadline == bulk2.started_at + bulk2.timeout
 
 
 def test_a_job_counts_as_busy_until_its_outcome_is_reported(sched: Scheduler) -> None:
