@@ -203,7 +203,11 @@ def _authorize(args: argparse.Namespace, kind: catalog.Kind, config: Any) -> tup
         if kind.destructive and not signed.signature:
             raise Untrusted(f"{kind.name} is destructive: the command file is not signed",
                             reason=Reason.SIGNATURE_MISSING)
-        body = store.verify_command(signed, node_id=config.node_id, now_ms=int(time.time() * 1000), kind=kind)
+        from agent.bootid import boot_id
+
+        body = store.verify_command(signed, node_id=config.node_id, now_ms=int(time.time() * 1000), kind=kind,
+                                    boot_id=boot_id(),
+                                    max_lifetime_ms=int(config.max_signature_lifetime_seconds * 1000))
         return schema.decode_payload(kind.name, body.payload), body.command_id
     text = args.payload_file.read_text() if args.payload_file else (args.payload or "{}")
     payload = schema.payload_from_json(kind.name, text)

@@ -339,7 +339,8 @@ class Agent:
                 log.info("refused %s %s: %s (%s)", body.kind, cid, exc, exc.reason)
                 return _reject(cid, exc)
             try:
-                self.journal.accepted(cid, kind.name, digest, cmd.SerializeToString())
+                self.journal.accepted(cid, kind.name, digest, cmd.SerializeToString(),
+                                      expires_ms=body.expires_at_unix_ms)
             except (OSError, RuntimeError, ValueError) as exc:
                 log.error("cannot journal %s: %s", cid, exc)
                 return _reject(cid, AgentError(f"cannot journal the command: {exc}"))
@@ -371,7 +372,9 @@ class Agent:
             roles = ", ".join(sorted(str(r) for r in kind.roles))
             raise AgentError(f"{kind.name} runs in role {roles}, this agent runs as {self.role}",
                              reason=Reason.WRONG_ROLE)
-        self.trust.verify_command(cmd, node_id=self.config.node_id, now_ms=_now_ms(), kind=kind)
+        self.trust.verify_command(cmd, node_id=self.config.node_id, now_ms=_now_ms(), kind=kind,
+                                  boot_id=self.boot_id,
+                                  max_lifetime_ms=int(self.config.max_signature_lifetime_seconds * 1000))
         if body.timeout_seconds > kind.timeout_seconds:
             raise InvalidParameters(
                 f"{kind.name}: timeout {body.timeout_seconds}s is over the kind's {kind.timeout_seconds}s")

@@ -67,6 +67,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("log_file", "--log-file", "bc.log", Path, "also log to this file"),
     Setting("heartbeat_seconds", "--heartbeat", "bc.heartbeat", _positive,
             "heartbeat interval when the gateway does not set one"),
+    Setting("max_signature_lifetime_seconds", "--max-signature-lifetime", "bc.max_sig_lifetime", _positive,
+            "longest signature lifetime accepted: a command expiring further out is refused (900)"),
     Setting("reconnect_min_seconds", "--reconnect-min", "bc.reconnect_min", _positive,
             "base of the reconnect backoff (seconds)", session=True),
     Setting("reconnect_max_seconds", "--reconnect-max", "bc.reconnect_max", _positive,

@@ -100,7 +100,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
 def cmd_sign(args: argparse.Namespace) -> int:
     key = SigningKey.load(args.signing_key)
     body = build_command(args.node, args.kind, args.payload, command_id=args.command_id,
-                         expires_in=args.expires_in)
+                         expires_in=args.expires_in, boot_id=args.boot_id)
     signed = key.sign_command(body)
     args.out.write_text(json_format.MessageToJson(signed) + "\n")
     print(f"{args.out}: {args.kind} {body.command_id} for {args.node}, signed by {key.key_id}")
@@ -230,7 +230,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sign", help="write a signed command file (for agent exec --signed-command)")
     p.add_argument("--signing-key", type=Path, required=True)
     _command_options(p)
-    p.add_argument("--expires-in", type=float, default=3600.0, metavar="SECONDS")
+    p.add_argument("--expires-in", type=float, default=600.0, metavar="SECONDS",
+                   help="signature lifetime (default 600; the agent refuses more than its "
+                        "max_signature_lifetime_seconds, 900 by default)")
+    p.add_argument("--boot-id", default="", metavar="ID",
+                   help="the node's /proc/sys/kernel/random/boot_id (destructive kinds need it)")
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=cmd_sign)
     return parser

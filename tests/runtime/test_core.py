@@ -144,6 +144,27 @@ def test_trust_refusals_through_submit(world: World) -> None:
     assert accepted(agent.submit(world.command("t-unsigned", "disk.wipe")))
 
 
+def test_a_destructive_command_captured_in_one_boot_is_refused_in_the_next(world: World) -> None:
+    """The journal (tmpfs) does not survive a reboot; the boot id in the signed body does the
+    job it can no longer do: the same signed bytes, resent after the reboot, are refused."""
+    first = Quick("disk.wipe")
+    agent, frames = world.agent({"disk.wipe": first}, boot_id="boot-A")
+    captured = world.command("w-once", "disk.wipe")
+    accepted(agent.submit(captured))
+    assert frames.result("w-once").status == session_pb2.SUCCEEDED
+    agent.stop()
+    (world.state / "journal").unlink()  # the reboot: /run is gone with what it remembered
+    again = Quick("disk.wipe")
+    agent, _ = world.agent({"disk.wipe": again, "inventory.refresh": Quick("inventory.refresh")},
+                           boot_id="boot-B")
+    answer = agent.submit(captured)
+    assert isinstance(answer, session_pb2.Reject) and answer.reason == "wrong_boot", answer
+    assert "boot-A" in answer.message and "boot-B" in answer.message
+    assert first.calls == ["w-once"] and again.calls == []
+    # A non-destructive command without a boot id still runs (older control planes).
+    accepted(agent.submit(world.command("inv", "inventory.refresh")))
+
+
 def test_bad_input_is_refused_with_invalid_parameters(world: World) -> None:
     agent, _ = world.agent({"disk.wipe": Picky("disk.wipe"), "inventory.refresh": Quick("inventory.refresh")})
     assert rejected(agent.submit(session_pb2.SignedCommand(body=b"\xff\xff\xff"))) == "invalid_parameters"
