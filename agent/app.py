@@ -247,6 +247,9 @@ def cmd_exec(args: argparse.Namespace) -> int:
         handler = cls()
         payload, command_id = _authorize(args, kind, config)
         params = handler.parse(payload)
+        admit = getattr(handler, "admit", None)  # a check that needs the config (logs.collect)
+        if admit is not None:
+            admit(config, params)
     except (MissingDependency, ToolMissing) as exc:
         return _print_refusal(args.kind, exc, EXIT_UNAVAILABLE)
     except (AgentError, OSError) as exc:

@@ -391,7 +391,11 @@ class Agent:
             raise AgentError(f"{kind.name}: no handler in this agent build", reason=Reason.UNSUPPORTED)
         message = schema.decode_payload(kind.name, payload)
         try:
-            return handler.parse(message)
+            params = handler.parse(message)
+            admit = getattr(handler, "admit", None)  # a check that needs the config (logs.collect)
+            if admit is not None:
+                admit(self.config, params)
+            return params
         except AgentError:
             raise
         except Exception as exc:

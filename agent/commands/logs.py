@@ -332,6 +332,16 @@ class LogsCollect(Handler[LogsParams], kind="logs.collect"):
             ca_pem=payload.ca_bundle_pem,
         )
 
+    def admit(self, config: Config, params: LogsParams) -> None:
+        """At admission, before anything is accepted: every named path must lie inside
+        ``config.logs_allow`` and not be key material. ``run`` checks again (a link may have
+        been swapped in since), and opens each file without following links."""
+        roots = tuple(config.logs_allow)
+        for raw in params.paths:
+            path = transfer.confine(raw, roots, "logs.collect path")
+            if self._secret(config, path):
+                raise InvalidParameters(f"logs.collect: {raw!r} is key material, never collected", path=raw)
+
     def run(self, ctx: Context, params: LogsParams) -> agent_pb2.LogsCollectResult:
         roots = tuple(ctx.config.logs_allow)
         named = [transfer.confine(raw, roots, "logs.collect path") for raw in params.paths]

@@ -165,6 +165,22 @@ def test_a_destructive_command_captured_in_one_boot_is_refused_in_the_next(world
     accepted(agent.submit(world.command("inv", "inventory.refresh")))
 
 
+def test_logs_collect_outside_its_allow_list_is_refused_at_admission(world: World) -> None:
+    """Refused before it is accepted (nothing journaled, nothing queued), not failed when it runs."""
+    from agent.commands.logs import LogsCollect
+
+    agent, _ = world.agent({"logs.collect": LogsCollect()})
+    for cid, path in (("l-etc", "/etc/shadow"), ("l-up", "/var/log/../../etc/passwd"),
+                      ("l-key", str(world.state / "node.key"))):
+        payload = agent_pb2.LogsCollectRequest(paths=[path])
+        answer = agent.submit(world.command(cid, "logs.collect", payload))
+        assert isinstance(answer, session_pb2.Reject), (path, answer)
+        assert answer.reason == "invalid_parameters"
+        assert agent.journal.lookup(cid) is None
+    inside = agent_pb2.LogsCollectRequest(paths=["/var/log/no-such-file.log"])  # it exists or not at run time
+    accepted(agent.submit(world.command("l-ok", "logs.collect", inside)))
+
+
 def test_bad_input_is_refused_with_invalid_parameters(world: World) -> None:
     agent, _ = world.agent({"disk.wipe": Picky("disk.wipe"), "inventory.refresh": Quick("inventory.refresh")})
     assert rejected(agent.submit(session_pb2.SignedCommand(body=b"\xff\xff\xff"))) == "invalid_parameters"
