@@ -34,7 +34,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError, Message
 
-from agent import catalog, schema, settings
+from agent import catalog, limits, schema, settings
 from agent.cli import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, command
 from agent.errors import (
     AgentError,
@@ -176,13 +176,15 @@ def targets_of(msg: Message) -> list[str]:
 def _read_signed(path: Path) -> session_pb2.SignedCommand:
     from google.protobuf import json_format
 
-    data = path.read_bytes()
+    data = limits.read_bounded(path, what="signed command file", max_bytes=limits.MAX_CONFIG_BYTES)
     signed = session_pb2.SignedCommand()
-    try:
-        json_format.Parse(data.decode("utf-8"), signed)
+    if data.lstrip()[:1] == b"{":
+        obj = limits.loads_json(data, what=f"signed command file {path}", max_bytes=limits.MAX_CONFIG_BYTES)
+        try:
+            json_format.ParseDict(obj, signed)
+        except (json_format.ParseError, ValueError, TypeError, AttributeError) as exc:
+            raise InvalidParameters(f"{path}: not a SignedCommand in JSON ({exc})") from exc
         return signed
-    except (UnicodeDecodeError, json_format.ParseError):
-        pass
     try:
         signed.ParseFromString(data)
     except DecodeError as exc:
@@ -209,7 +211,8 @@ def _authorize(args: argparse.Namespace, kind: catalog.Kind, config: Any) -> tup
                                     boot_id=boot_id(),
                                     max_lifetime_ms=int(config.max_signature_lifetime_seconds * 1000))
         return schema.decode_payload(kind.name, body.payload), body.command_id
-    text = args.payload_file.read_text() if args.payload_file else (args.payload or "{}")
+    text = (limits.read_bounded(args.payload_file, what="payload file", max_bytes=limits.MAX_JSON_BYTES)
+            .decode("utf-8", "replace") if args.payload_file else (args.payload or "{}"))
     payload = schema.payload_from_json(kind.name, text)
     if kind.destructive:
         targets = sorted(set(targets_of(payload))) or [config.node_id]

@@ -171,7 +171,7 @@ def _record_at(data: bytes, offset: int) -> tuple[dict[str, Any], int] | None:
         return None
     try:
         obj = json.loads(payload.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("t"), str):
         return None
