@@ -22,7 +22,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from agent import catalog, ed25519
+from agent import catalog, ed25519, limits
 from agent.errors import InvalidParameters, Reason, Untrusted
 from agent.proto import session_pb2
 
@@ -34,6 +34,7 @@ ARTIFACT_DOMAIN = b"bettercompute.artifact.v1\0"
 
 RAW_KEY_BYTES = 32
 SIGNATURE_BYTES = 64
+MAX_KEY_FILE_BYTES = 64 * 1024  # a PEM public key is a few hundred bytes
 
 
 def key_id(public_key_raw: bytes) -> str:
@@ -173,7 +174,8 @@ class TrustStore:
             path = Path(path)
             files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
             for f in files:
-                store.add(parse_public_key(f.read_bytes(), source=str(f)))
+                data = limits.read_bounded(f, what="trusted key file", max_bytes=MAX_KEY_FILE_BYTES)
+                store.add(parse_public_key(data, source=str(f)))
         return store
 
     def add(self, public_raw: bytes) -> str:

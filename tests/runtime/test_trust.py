@@ -302,3 +302,12 @@ def test_a_signature_valid_for_longer_than_the_agent_allows_is_refused() -> None
             store.verify_command(cp.sign_command(far), node_id=NODE, now_ms=now_ms(), max_lifetime_ms=limit)
         assert (info.value.reason, info.value.details["problem"]) == (Reason.EXPIRED, "too_long")
         assert "at most 900s" in info.value.message
+
+
+def test_a_huge_trusted_key_file_is_refused_without_reading_it_all(tmp_path: Path) -> None:
+    huge = tmp_path / "keys" / "huge.pem"
+    huge.parent.mkdir()
+    with open(huge, "wb") as f:
+        f.truncate(1 << 40)  # sparse: a terabyte that must never be read into memory
+    with pytest.raises(InvalidParameters, match="over its limit"):
+        TrustStore.load([huge.parent])
