@@ -35,7 +35,7 @@ from agent.errors import AgentError, Cancelled, CommandTimeout, Interrupted, Inv
 from agent.journal import Entry, Journal, Known, State
 from agent.proto import session_pb2
 from agent.streams import CommandLog, CommandStream, ThreadLogForwarder
-from agent.trust import NodeKey, TrustStore, decode_command_body
+from agent.trust import NodeKey, TrustStore, check_boot, decode_command_body
 
 log = logging.getLogger(__name__)
 
@@ -660,6 +660,7 @@ class Agent:
         try:
             cmd = session_pb2.SignedCommand.FromString(entry.command)
             body = decode_command_body(cmd.body)
+            check_boot(body, kind, self.boot_id)  # a journal that outlived a reboot (node role)
             timeout = float(body.timeout_seconds or kind.timeout_seconds)
             params = self._parse(kind, body.payload)
         except (AgentError, DecodeError) as exc:

@@ -304,6 +304,21 @@ def test_retry_safe_command_runs_again_after_a_crash(world: World) -> None:
     assert [session_pb2.ResultBody.FromString(r.body).command_id for r in second.unacked_results()] == ["r1"]
 
 
+def test_a_destructive_command_of_an_earlier_boot_is_not_rerun_from_a_surviving_journal(world: World) -> None:
+    """Node role, the journal on disk: a retry-safe gpu.reset under way when the node rebooted
+    is not run again in the new boot (it was issued for the old one); it fails wrong_boot."""
+    reset = Blocking("gpu.reset")
+    first, _ = world.agent({"gpu.reset": reset}, role=Role.NODE, boot_id="boot-A")
+    accepted(first.submit(world.command("g1", "gpu.reset")))
+    assert reset.started.wait(WAIT)
+    first.stop(timeout=0.2)
+    again = Quick("gpu.reset")
+    _, frames = world.agent({"gpu.reset": again}, role=Role.NODE, boot_id="boot-B")
+    body = frames.result("g1")
+    assert (body.status, body.reason) == (session_pb2.FAILED, "wrong_boot") and again.calls == []
+    reset.release.set()
+
+
 def test_non_retry_safe_command_is_interrupted_and_not_run_again(world: World) -> None:
     wipe = Blocking("disk.wipe")
     first, _ = world.agent({"disk.wipe": wipe}, workers={Lane.CONTROL: 1, Lane.PROVISION: 1, Lane.BULK: 1})
