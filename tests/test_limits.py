@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import socket
 import struct
 import subprocess
@@ -14,13 +15,17 @@ import threading
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent import catalog, http, limits, schema
 from agent import settings as agent_settings
+from agent.commands import HandlerTable
 from agent.errors import AgentError, InvalidParameters
 from agent.journal import MAGIC, scan
 from agent.trust import decode_command_body
@@ -117,6 +122,72 @@ def test_decode_payload_parses_or_refuses(kind: str, data: bytes) -> None:
 def test_command_body_parses_or_refuses(data: bytes) -> None:
     with contextlib.suppress(InvalidParameters):
         decode_command_body(data)
+
+
+STRINGS = ["", "/", "/dev/sda", "../../etc/passwd", "\x00", "a" * 5000, "-rf", "--help", "http://127.0.0.1:1/x",
+           "https://[::1]/", "file:///etc/shadow", "é☃", "0" * 64, "nvme0n1", " ", "1", "a;reboot", "$(id)"]
+INTEGERS = [0, 1, -1, 7, 2**31 - 1, -2**31, 2**32 - 1, 2**63 - 1, -2**63, 2**64 - 1, 10**12]
+
+
+def _scalar(field: Any, rnd: random.Random) -> Any:  # a FieldDescriptor (two implementations)
+    t = field.type
+    if t == FieldDescriptor.TYPE_STRING:
+        return rnd.choice(STRINGS)
+    if t == FieldDescriptor.TYPE_BYTES:
+        return rnd.choice([b"", b"\x00" * 32, b"x" * 100])
+    if t == FieldDescriptor.TYPE_BOOL:
+        return rnd.random() < 0.5
+    if t in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
+        return rnd.choice([0.0, -1.0, 1e308, float("inf"), float("nan"), 0.5])
+    if t == FieldDescriptor.TYPE_ENUM:
+        return rnd.choice([v.number for v in field.enum_type.values] + [99])
+    return rnd.choice(INTEGERS)
+
+
+def fill(msg: Message, rnd: random.Random, depth: int = 0) -> None:
+    """Set a random subset of a message's fields to adversarial values, recursively."""
+    for field in msg.DESCRIPTOR.fields:
+        if rnd.random() < 0.4:
+            continue
+        entry: Any = field.message_type
+        with contextlib.suppress(TypeError, ValueError):  # a value out of the field's range
+            if entry is not None and entry.GetOptions().map_entry:
+                entries = getattr(msg, field.name)
+                value_field = entry.fields_by_name["value"]
+                for _ in range(rnd.randrange(3)):
+                    key = _scalar(entry.fields_by_name["key"], rnd)
+                    if value_field.message_type is not None:
+                        fill(entries[key], rnd, depth + 1)
+                    else:
+                        entries[key] = _scalar(value_field, rnd)
+            elif field.is_repeated:
+                items = getattr(msg, field.name)
+                for _ in range(rnd.randrange(4)):
+                    if field.message_type is None:
+                        items.append(_scalar(field, rnd))
+                    elif depth < 4:
+                        fill(items.add(), rnd, depth + 1)
+            elif field.message_type is not None:
+                if depth < 4:
+                    fill(getattr(msg, field.name), rnd, depth + 1)
+                    getattr(msg, field.name).SetInParent()
+            else:
+                setattr(msg, field.name, _scalar(field, rnd))
+
+
+HANDLERS_BY_KIND = HandlerTable()
+
+
+@FUZZ
+@given(st.sampled_from(sorted(HANDLERS_BY_KIND)), st.randoms(use_true_random=False))
+def test_every_handler_parse_accepts_or_refuses_adversarial_payloads(kind: str, rnd: random.Random) -> None:
+    """The handler's parse is each kind's parser: typed parameters or InvalidParameters (and
+    ``agent exec`` turns that into exit 2), never another exception."""
+    handler = HANDLERS_BY_KIND[kind]
+    msg = schema.payload_class(kind)()
+    fill(msg, rnd)
+    with contextlib.suppress(InvalidParameters, AgentError):
+        handler.parse(msg)
 
 
 # -- config file and kernel command line -------------------------------------------------------
