@@ -6,8 +6,9 @@
     serve --pki DIR [--listen HOST:PORT]          a gateway with a line console on stdin:
                                                   nodes | send NODE KIND JSON | cancel ID |
                                                   drain NODE | wait ID | events | quit
-    sign  --signing-key F --node N --kind K --payload JSON --out FILE
+    sign  --signing-key F --node N --kind K --payload JSON [--boot-id ID] --out FILE
                                                   a signed command file for `agent exec`
+                                                  (destructive kinds: the node's boot id)
 
 Exit codes of ``send``: 0 succeeded, 1 failed, 2 rejected or usage, 124 no node or no
 result within the time given.
