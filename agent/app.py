@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from google.protobuf.message import DecodeError, Message
 
-from agent import catalog, schema, settings
+from agent import catalog, limits, schema, settings
 from agent.cli import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, command
 from agent.errors import AgentError, Cancelled, InvalidParameters, MissingDependency, Reason
 from agent.proto import session_pb2
@@ -152,13 +152,15 @@ def targets_of(msg: Message) -> list[str]:
 def _read_signed(path: Path) -> session_pb2.SignedCommand:
     from google.protobuf import json_format
 
-    data = path.read_bytes()
+    data = limits.read_bounded(path, what="signed command file", max_bytes=limits.MAX_CONFIG_BYTES)
     signed = session_pb2.SignedCommand()
-    try:
-        json_format.Parse(data.decode("utf-8"), signed)
+    if data.lstrip()[:1] == b"{":
+        obj = limits.loads_json(data, what=f"signed command file {path}", max_bytes=limits.MAX_CONFIG_BYTES)
+        try:
+            json_format.ParseDict(obj, signed)
+        except (json_format.ParseError, ValueError, TypeError, AttributeError) as exc:
+            raise InvalidParameters(f"{path}: not a SignedCommand in JSON ({exc})") from exc
         return signed
-    except (UnicodeDecodeError, json_format.ParseError):
-        pass
     try:
         signed.ParseFromString(data)
     except DecodeError as exc:
@@ -175,7 +177,8 @@ def _signed_command(args: argparse.Namespace, kind_name: str, node_id: str) -> t
         if body.kind != kind_name:
             raise InvalidParameters(f"{args.signed_command} is a {body.kind} command, not {kind_name}")
         return signed, None
-    text = args.payload_file.read_text() if args.payload_file else (args.payload or "{}")
+    text = (limits.read_bounded(args.payload_file, what="payload file", max_bytes=limits.MAX_JSON_BYTES)
+            .decode("utf-8", "replace") if args.payload_file else (args.payload or "{}"))
     kind = catalog.KINDS.get(kind_name)
     payload = schema.payload_from_json(kind_name, text).SerializeToString() if kind else b""
     body = session_pb2.CommandBody(

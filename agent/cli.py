@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agent import catalog
-from agent.errors import AgentError, MissingDependency, ToolMissing
+from agent.errors import AgentError, InvalidParameters, MissingDependency, ToolMissing
 from agent.version import __version__
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INTERNAL = 0, 1, 2, 69, 70
@@ -241,6 +241,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_INTERNAL
         print(f"agent: {missing}", file=sys.stderr)
         return EXIT_UNAVAILABLE
+    except InvalidParameters as exc:
+        if args.debug:
+            raise
+        print(f"agent: {exc.reason}: {exc}", file=sys.stderr)
+        return EXIT_USAGE  # bad input (a config file, the kernel command line): a usage error
     except AgentError as exc:
         if args.debug:
             raise

@@ -46,7 +46,7 @@ from agent.errors import (
 from agent.journal import Entry, Journal, Known, State
 from agent.proto import session_pb2
 from agent.streams import CommandLog, CommandStream, ThreadLogForwarder
-from agent.trust import NodeKey, TrustStore, decode_command_body
+from agent.trust import NodeKey, TrustStore, check_boot, decode_command_body
 
 log = logging.getLogger(__name__)
 
@@ -339,7 +339,8 @@ class Agent:
                 log.info("refused %s %s: %s (%s)", body.kind, cid, exc, exc.reason)
                 return _reject(cid, exc)
             try:
-                self.journal.accepted(cid, kind.name, digest, cmd.SerializeToString())
+                self.journal.accepted(cid, kind.name, digest, cmd.SerializeToString(),
+                                      expires_ms=body.expires_at_unix_ms)
             except (OSError, RuntimeError, ValueError) as exc:
                 log.error("cannot journal %s: %s", cid, exc)
                 return _reject(cid, AgentError(f"cannot journal the command: {exc}"))
@@ -371,7 +372,9 @@ class Agent:
             roles = ", ".join(sorted(str(r) for r in kind.roles))
             raise WrongRole(f"{kind.name} runs in role {roles}, this agent runs as {self.role}")
         if console is None:
-            self.trust.verify_command(cmd, node_id=self.config.node_id, now_ms=_now_ms(), kind=kind)
+            self.trust.verify_command(cmd, node_id=self.config.node_id, now_ms=_now_ms(), kind=kind,
+                                      boot_id=self.boot_id,
+                                      max_lifetime_ms=int(self.config.max_signature_lifetime_seconds * 1000))
         if body.timeout_seconds > kind.timeout_seconds:
             raise InvalidParameters(
                 f"{kind.name}: timeout {body.timeout_seconds}s is over the kind's {kind.timeout_seconds}s")
@@ -390,7 +393,9 @@ class Agent:
         if handler is None:
             raise Unsupported(f"{kind.name}: no handler in this agent build")
         try:
-            return handler.parse(payload)
+            params = handler.parse(payload)
+            handler.admit(self.config, params)
+            return params
         except AgentError:
             raise
         except Exception as exc:
@@ -654,6 +659,7 @@ class Agent:
         try:
             cmd = session_pb2.SignedCommand.FromString(entry.command)
             body = decode_command_body(cmd.body)
+            check_boot(body, kind, self.boot_id)  # a journal that outlived a reboot (node role)
             timeout = float(body.timeout_seconds or kind.timeout_seconds)
             params = self._parse(kind, schema.decode_payload(kind.name, body.payload))
         except (AgentError, DecodeError) as exc:

@@ -22,6 +22,7 @@ class Reason(enum.StrEnum):
     SIGNATURE_UNKNOWN_KEY = "signature_unknown_key"
     SIGNATURE_INVALID = "signature_invalid"  # modified payload or wrong key
     WRONG_NODE = "wrong_node"
+    WRONG_BOOT = "wrong_boot"  # signed for another boot of this node (or, destructive, for none)
     EXPIRED = "expired"
     REPLAYED = "replayed"
     DRAINING = "draining"

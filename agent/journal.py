@@ -77,6 +77,7 @@ class Entry:
     proof: dict[str, str] = field(default_factory=dict)
     completion: bytes = b""          # serialized Completion once proven
     progress: dict[str, Any] = field(default_factory=dict)  # the last progress marker
+    expires_ms: int = 0              # the signed expiry: the id is remembered at least until then
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -94,6 +95,7 @@ class Entry:
             "proof": dict(self.proof),
             "completion": _b64(self.completion),
             "progress": dict(self.progress),
+            "expires_ms": self.expires_ms,
         }
 
     @classmethod
@@ -113,6 +115,7 @@ class Entry:
             proof={str(k): str(v) for k, v in dict(obj.get("proof", {})).items()},
             completion=_unb64(obj.get("completion", "")),
             progress=dict(obj.get("progress", {})),
+            expires_ms=int(obj.get("expires_ms", 0)),
         )
 
 
@@ -124,6 +127,7 @@ class Known:
     kind: str
     digest: str
     status: str
+    expires_ms: int = 0   # while its signature could still be valid it is never forgotten
 
 
 def _b64(data: bytes) -> str:
@@ -166,7 +170,7 @@ def _record_at(data: bytes, offset: int) -> tuple[dict[str, Any], int] | None:
         return None
     try:
         obj = json.loads(payload.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("t"), str):
         return None
@@ -205,11 +209,13 @@ class Journal:
         compact_bytes: int = DEFAULT_COMPACT_BYTES,
         max_known: int = DEFAULT_MAX_KNOWN,
         fsync: Callable[[int], None] = os.fsync,
+        clock: Callable[[], int] | None = None,
     ) -> None:
         self.path = Path(path)
         self.compact_bytes = compact_bytes
         self.max_known = max_known
         self._fsync = fsync
+        self._clock: Callable[[], int] = clock or _now_ms   # unix ms, for the expiry of known ids
         self._lock = threading.RLock()
         self._fd: int | None = None
         self._size = 0
@@ -295,13 +301,15 @@ class Journal:
             entry = Entry.from_json(obj["entry"])
             self.entries[entry.id] = entry
         elif t == "known":
-            self._remember(Known(str(obj["id"]), str(obj["kind"]), str(obj["digest"]), str(obj["status"])))
+            self._remember(Known(str(obj["id"]), str(obj["kind"]), str(obj["digest"]), str(obj["status"]),
+                                 int(obj.get("expires_ms", 0))))
         elif t == "accepted":
             cid = str(obj["id"])
             self.known.pop(cid, None)
             self.entries[cid] = Entry(
                 cid, str(obj["kind"]), str(obj["digest"]), State.ACCEPTED,
                 command=_unb64(obj["command"]), accepted_ms=int(obj.get("ms", 0)),
+                expires_ms=int(obj.get("expires_ms", 0)),
             )
         elif t == "started":
             entry = self._entry(obj)
@@ -335,15 +343,28 @@ class Journal:
             cid = str(obj["id"])
             acked = self.entries.pop(cid, None)
             if acked is not None:
-                self._remember(Known(cid, acked.kind, acked.digest, acked.status or str(acked.state)))
+                self._remember(Known(cid, acked.kind, acked.digest, acked.status or str(acked.state),
+                                     acked.expires_ms))
         else:
             raise ValueError(f"unknown record type {t!r}")
 
     def _remember(self, known: Known) -> None:
+        """Keep ``known``; beyond ``max_known`` ids the oldest are forgotten, but never one whose
+        signature could still be valid (its expiry not passed): that one could be replayed."""
         self.known.pop(known.id, None)
         self.known[known.id] = known
-        while len(self.known) > self.max_known:
-            self.known.popitem(last=False)
+        excess = len(self.known) - self.max_known
+        if excess <= 0:
+            return
+        now = self._clock()
+        victims = []
+        for cid, k in self.known.items():
+            if k.expires_ms < now:
+                victims.append(cid)
+                if len(victims) >= excess:
+                    break
+        for cid in victims:
+            del self.known[cid]
 
     # -- appending ---------------------------------------------------------------------------
 
@@ -377,10 +398,12 @@ class Journal:
                     self._compacted_size = self._size
                     log.warning("journal %s: compaction failed, will retry later: %s", self.path, exc)
 
-    def accepted(self, command_id: str, kind: str, digest: str, command: bytes) -> None:
+    def accepted(
+        self, command_id: str, kind: str, digest: str, command: bytes, *, expires_ms: int = 0
+    ) -> None:
         self._append(
             {"t": "accepted", "id": command_id, "kind": kind, "digest": digest,
-             "command": _b64(command), "ms": _now_ms()}
+             "command": _b64(command), "ms": _now_ms(), "expires_ms": expires_ms}
         )
 
     def started(self, command_id: str, boot_id: str) -> None:
@@ -442,7 +465,7 @@ class Journal:
         try:
             chunks = [
                 encode_record({"t": "known", "id": k.id, "kind": k.kind, "digest": k.digest,
-                               "status": k.status})
+                               "status": k.status, "expires_ms": k.expires_ms})
                 for k in self.known.values()
             ]
             chunks += [encode_record({"t": "entry", "entry": e.to_json()}) for e in self.entries.values()]

@@ -34,6 +34,7 @@ class Completed:
     returncode: int
     stdout: bytes
     stderr: bytes
+    dropped: int = 0   # bytes of output beyond ``max_output`` that were read and not kept
 
     @property
     def text(self) -> str:
@@ -110,6 +111,42 @@ def spawn(
     return proc
 
 
+def _bounded_communicate(
+    proc: subprocess.Popen[bytes], input: bytes | None, cap: int
+) -> tuple[bytes, bytes, int]:
+    """Like ``communicate``, keeping at most ``cap`` bytes of each stream (and counting the rest)."""
+    kept = {"out": bytearray(), "err": bytearray()}
+    over = {"out": 0, "err": 0}
+
+    def pump(name: str, stream: IO[bytes] | None) -> None:
+        if stream is None:
+            return
+        buf = kept[name]
+        with stream:
+            while chunk := stream.read(1 << 16):
+                room = cap - len(buf)
+                if room > 0:
+                    buf += chunk[:room]
+                over[name] += max(0, len(chunk) - max(room, 0))
+
+    def feed() -> None:
+        if proc.stdin is None:
+            return
+        with contextlib.suppress(BrokenPipeError, OSError), proc.stdin:
+            if input:
+                proc.stdin.write(input)
+
+    threads = [threading.Thread(target=pump, args=("out", proc.stdout), daemon=True),
+               threading.Thread(target=pump, args=("err", proc.stderr), daemon=True),
+               threading.Thread(target=feed, daemon=True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    proc.wait()
+    return bytes(kept["out"]), bytes(kept["err"]), over["out"] + over["err"]
+
+
 def run(
     argv: Sequence[str],
     *,
@@ -120,8 +157,13 @@ def run(
     env: dict[str, str] | None = None,
     cwd: str | None = None,
     on_spawn: Callable[[subprocess.Popen[bytes]], None] | None = None,
+    max_output: int | None = None,
 ) -> Completed:
     """Run ``argv`` to completion, capturing output.
+
+    ``max_output`` bounds what is held in memory: only the first that many bytes of each
+    stream are kept, the rest is read and dropped (counted in ``Completed.dropped``), so a
+    tool that prints gigabytes costs no more than the cap.
 
     ``timeout`` (seconds) and ``cancel`` both kill the whole process group and raise
     CommandTimeout or Cancelled. ``check`` turns a non-zero exit into ToolFailed with the
@@ -137,9 +179,14 @@ def run(
     deadline = None if timeout is None else time.monotonic() + timeout
     result: dict[str, bytes] = {}
 
+    dropped = [0]
+
     def communicate() -> None:
-        out, err = proc.communicate(input)
-        result["out"], result["err"] = out or b"", err or b""
+        if max_output is None:
+            out, err = proc.communicate(input)
+            result["out"], result["err"] = out or b"", err or b""
+            return
+        result["out"], result["err"], dropped[0] = _bounded_communicate(proc, input, max_output)
 
     reader = threading.Thread(target=communicate, daemon=True)
     reader.start()
@@ -164,7 +211,7 @@ def run(
         if proc.poll() is None:
             kill_group(proc)
         raise
-    done = Completed(tuple(str(a) for a in argv), proc.returncode, result["out"], result["err"])
+    done = Completed(tuple(str(a) for a in argv), proc.returncode, result["out"], result["err"], dropped[0])
     if check and proc.returncode != 0:
         tail = done.stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
         raise ToolFailed(

@@ -12,7 +12,7 @@ import re
 from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.message import DecodeError, Message
 
-from agent import catalog
+from agent import catalog, limits
 from agent.errors import InvalidParameters
 
 # The generated module that registers each protobuf package's types, imported when a type of
@@ -53,16 +53,15 @@ def decode_payload(kind: str, data: bytes) -> Message:
 
 
 def payload_from_json(kind: str, text: str | dict[str, object]) -> Message:
-    """A kind's payload from JSON (the gateway CLI and `agent exec` take JSON)."""
-    import json
-
+    """A kind's payload from JSON (the gateway CLI and `agent exec` take JSON); text over
+    limits.MAX_JSON_BYTES or nested deeper than limits.MAX_JSON_DEPTH is refused."""
     from google.protobuf import json_format
 
     msg = payload_class(kind)()
+    obj = limits.loads_json(text, what=f"{kind}: payload") if isinstance(text, str) else text
     try:
-        obj = json.loads(text) if isinstance(text, str) else text
         json_format.ParseDict(obj, msg)
-    except (ValueError, json_format.ParseError) as exc:
+    except (ValueError, TypeError, AttributeError, RecursionError, json_format.ParseError) as exc:
         raise InvalidParameters(_json_error(kind, msg, exc)) from exc
     return msg
 

@@ -13,7 +13,7 @@ parameters, so the three cannot drift apart. Kernel parameters that are not in t
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import shlex
 import socket
 from collections.abc import Callable, Mapping
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent import catalog
+from agent import catalog, limits
 from agent.config import Config
 from agent.errors import InvalidParameters
 
@@ -67,6 +67,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("log_file", "--log-file", "bc.log", Path, "also log to this file"),
     Setting("heartbeat_seconds", "--heartbeat", "bc.heartbeat", _positive,
             "heartbeat interval when the gateway does not set one"),
+    Setting("max_signature_lifetime_seconds", "--max-signature-lifetime", "bc.max_sig_lifetime", _positive,
+            "longest signature lifetime accepted: a command expiring further out is refused (900)"),
     Setting("reconnect_min_seconds", "--reconnect-min", "bc.reconnect_min", _positive,
             "base of the reconnect backoff (seconds)", session=True),
     Setting("reconnect_max_seconds", "--reconnect-max", "bc.reconnect_max", _positive,
@@ -119,12 +121,10 @@ def _convert(s: Setting, value: Any, source: str) -> Any:
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise InvalidParameters(f"config file {path}: {exc.strerror}") from exc
-    except ValueError as exc:
-        raise InvalidParameters(f"config file {path}: not JSON ({exc})") from exc
+    """The settings of a JSON config file; refused when over limits.MAX_CONFIG_BYTES, nested
+    too deeply, not JSON, or with unknown keys."""
+    raw = limits.read_bounded(Path(path), what="config file", max_bytes=limits.MAX_CONFIG_BYTES)
+    data = limits.loads_json(raw, what=f"config file {path}", max_bytes=limits.MAX_CONFIG_BYTES)
     if not isinstance(data, dict):
         raise InvalidParameters(f"config file {path}: expected a JSON object")
     unknown = sorted(set(data) - set(BY_KEY))
@@ -177,9 +177,7 @@ def load_from_args(args: argparse.Namespace) -> Loaded:
     flags = {s.key: getattr(args, f"setting_{s.key}", None) for s in SETTINGS}
     cmdline = ""
     path: Path | None = getattr(args, "cmdline_file", None)
-    if path is not None:
-        try:
-            cmdline = path.read_text()
-        except OSError:
-            cmdline = ""
+    if path is not None and os.path.exists(path):
+        raw = limits.read_bounded(path, what="kernel command line", max_bytes=limits.MAX_CMDLINE_BYTES)
+        cmdline = raw.decode("utf-8", "replace")
     return load(flags, getattr(args, "config", None), cmdline)

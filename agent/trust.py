@@ -22,7 +22,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from agent import catalog, ed25519
+from agent import catalog, ed25519, limits
 from agent.errors import InvalidParameters, Reason, Untrusted
 from agent.proto import session_pb2
 
@@ -34,6 +34,7 @@ ARTIFACT_DOMAIN = b"bettercompute.artifact.v1\0"
 
 RAW_KEY_BYTES = 32
 SIGNATURE_BYTES = 64
+MAX_KEY_FILE_BYTES = 64 * 1024  # a PEM public key is a few hundred bytes
 
 
 def key_id(public_key_raw: bytes) -> str:
@@ -173,7 +174,8 @@ class TrustStore:
             path = Path(path)
             files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
             for f in files:
-                store.add(parse_public_key(f.read_bytes(), source=str(f)))
+                data = limits.read_bounded(f, what="trusted key file", max_bytes=MAX_KEY_FILE_BYTES)
+                store.add(parse_public_key(data, source=str(f)))
         return store
 
     def add(self, public_raw: bytes) -> str:
@@ -216,6 +218,8 @@ class TrustStore:
         node_id: str,
         now_ms: int,
         kind: catalog.Kind | str | None = None,
+        boot_id: str | None = None,
+        max_lifetime_ms: int | None = None,
     ) -> session_pb2.CommandBody:
         """The command's body once every check passed; Untrusted with its reason otherwise.
 
@@ -223,6 +227,13 @@ class TrustStore:
         from the body. Destructive kinds need a signature by a trusted key, this node's id and
         an expiry; any command that is signed must verify, and any command past its expiry or
         bound to another node is refused.
+
+        ``boot_id`` is this agent's boot id: a destructive command must name it (so a captured
+        command cannot be replayed after a reboot, when the journal of the ids already run is
+        gone), and any command that names a boot must name this one. ``max_lifetime_ms`` is
+        the longest signature lifetime this agent accepts: an expiry further out than that
+        from now is refused, whatever the signer chose. None skips either check (callers that
+        do not know them, e.g. a gateway verifying its own commands).
         """
         body = decode_command_body(signed.body)
         if kind is None or isinstance(kind, str):
@@ -263,6 +274,17 @@ class TrustStore:
                 command_id=cid,
                 problem="past",
             )
+        if max_lifetime_ms is not None and body.expires_at_unix_ms - now_ms > max_lifetime_ms:
+            raise _refuse(
+                Reason.EXPIRED,
+                f"command {cid} expires {(body.expires_at_unix_ms - now_ms) / 1000:.0f}s from now; this "
+                f"agent accepts signatures valid for at most {max_lifetime_ms / 1000:.0f}s",
+                command_id=cid,
+                problem="too_long",
+                max_lifetime_seconds=max_lifetime_ms // 1000,
+            )
+        if boot_id is not None:
+            check_boot(body, kind, boot_id)
         return body
 
     def verify_artifact(self, sha256: bytes, signature: bytes, key_id: str) -> None:
@@ -270,6 +292,31 @@ class TrustStore:
         if not signature:
             raise _refuse(Reason.SIGNATURE_MISSING, "artifact carries no signature")
         self._check_signature(key_id, signature, ARTIFACT_DOMAIN, sha256)
+
+
+def check_boot(body: session_pb2.CommandBody, kind: catalog.Kind, boot_id: str) -> None:
+    """Refuse (``wrong_boot``) a command for another boot, or a destructive one for none.
+
+    The journal of the command ids already run lives on tmpfs and is gone after a reboot; the
+    boot binding is what keeps a captured destructive command from running again then.
+    """
+    cid = body.command_id
+    if kind.destructive and not body.boot_id:
+        raise _refuse(
+            Reason.WRONG_BOOT,
+            f"{kind.name} is destructive and must name the boot it is for (boot_id, from the Hello)",
+            command_id=cid,
+            problem="missing",
+        )
+    if body.boot_id and body.boot_id != boot_id:
+        raise _refuse(
+            Reason.WRONG_BOOT,
+            f"command {cid} was issued for boot {body.boot_id!r}; this node now runs boot "
+            f"{boot_id or '(unknown)'!r}",
+            command_id=cid,
+            problem="other",
+            boot_id=body.boot_id,
+        )
 
 
 def verify_result(signed: session_pb2.SignedResult, node_public_raw: bytes) -> session_pb2.ResultBody:

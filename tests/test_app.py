@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent.app import targets_of
+from agent.bootid import boot_id
 from agent.gateway.certs import DevPki, make_dev_pki
 from agent.schema import payload_from_json
 from tests.runtime.harness import AGENT_MAIN, ROOT, pid_alive, wait_until
@@ -80,12 +81,20 @@ def test_exec_with_a_signed_command_file(tmp_path: Path, pki: DevPki) -> None:
     from agent.gateway.cli import main as gateway_main
 
     cmd = tmp_path / "cmd.json"
-    assert gateway_main(["sign", "--signing-key", str(pki.signing_key), "--node", "n1", "--kind", "disk.wipe",
-                         "--payload", WIPE, "--out", str(cmd)]) == 0
+    sign = ["sign", "--signing-key", str(pki.signing_key), "--node", "n1", "--kind", "disk.wipe",
+            "--payload", WIPE]
+    assert gateway_main([*sign, "--boot-id", boot_id(), "--out", str(cmd)]) == 0
     trusted = ("--trusted-key", str(pki.signing_pub))
     code, out, err = agent_exec(tmp_path, "disk.wipe", "--signed-command", str(cmd), *trusted)
     assert code == 0, err
     assert out["status"] == "SUCCEEDED"
+    # Bound to this boot: a file for no boot or for another is refused, as is a lifetime over 15 min.
+    for name, extra, reason in (("unbound.json", [], "wrong_boot"),
+                                ("other-boot", ["--boot-id", "0-other"], "wrong_boot"),
+                                ("far.json", ["--boot-id", boot_id(), "--expires-in", "1000"], "expired")):
+        assert gateway_main([*sign, *extra, "--out", str(tmp_path / name)]) == 0
+        code, out, _ = agent_exec(tmp_path, "disk.wipe", "--signed-command", str(tmp_path / name), *trusted)
+        assert (code, out["reason"]) == (2, reason), out
     # Bound to n1: another node refuses it; an untrusted key is refused; a modified file too.
     code, out, _ = agent_exec(tmp_path, "disk.wipe", "--signed-command", str(cmd), *trusted, "--node", "n2")
     assert (code, out["reason"]) == (2, "wrong_node")

@@ -254,6 +254,10 @@ class Handler(Generic[Request, Params]):
         """Validate the request into typed parameters; raise InvalidParameters."""
         raise NotImplementedError
 
+    def admit(self, config: Config, params: Params) -> None:
+        """Checks at admission that need this agent's settings (logs.collect's allow-list);
+        raise to refuse. ``parse`` has already run."""
+
     def run(self, ctx: Context, params: Params) -> Message | SelfTermination:
         raise NotImplementedError
 

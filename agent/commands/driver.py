@@ -52,8 +52,9 @@ class DriverInvoke(Handler[agent_pb2.DriverInvokeRequest, DriverParams], kind="d
         argv = [driver.executable(), *params.tail]
         ctx.log.info("driver %s.%s: %s", params.driver, params.operation, argv)
         started = time.monotonic()
-        done = ctx.run(argv, check=False)
-        truncated = len(done.stdout) > OUTPUT_CAP_BYTES or len(done.stderr) > OUTPUT_CAP_BYTES
+        # Only the cap is ever held in memory: the rest of a chatty tool's output is read and dropped.
+        done = ctx.run(argv, check=False, max_output=OUTPUT_CAP_BYTES)
+        truncated = done.dropped > 0 or max(len(done.stdout), len(done.stderr)) > OUTPUT_CAP_BYTES
         return agent_pb2.DriverInvokeResult(
             driver=params.driver,
             operation=params.operation,

@@ -57,8 +57,12 @@ LIMIT_MAX_BYTES = 1024 * MiB
 MIN_MAX_BYTES = 1 * MiB
 INLINE_MAX_BYTES = 2 * MiB                  # the result must fit a 4 MiB session frame (agent.wire)
 DEFAULT_SINCE_SECONDS = 24 * 3600
-MAX_FILES = 5000
+MAX_FILES = 5000                            # per named directory, and members in the whole archive
+MAX_PATHS = 64                              # named paths in one request
+MAX_PATH_BYTES = 4096                       # PATH_MAX
+MAX_SKIPPED = 200                           # reasons listed in the manifest and result; the rest counted
 TAR_OVERHEAD = 1536                         # header blocks and padding per member, roughly
+MANIFEST_ENTRY_BYTES = 256                  # a manifest entry beside its name and source
 AGENT_FILE = re.compile(r"(.*\.log(\.\d+)?|journal.*)")
 SECRET_FILE = re.compile(r".*\.(key|p12|pfx)$|^node\.key$")
 
@@ -157,15 +161,34 @@ class Archive:
         self.redact = redact
         self.entries: list[agent_pb2.ManifestEntry] = []
         self.skipped: list[str] = []
+        self.more_skipped = 0                # beyond MAX_SKIPPED: counted, not listed
         self.names: set[str] = set()
 
-    def room(self) -> int:
-        return self.budget - TAR_OVERHEAD
+    def room(self, name: str = "", source: str = "") -> int:
+        """Bytes of data that still fit for a member of this name and source."""
+        return self.budget - self.cost(name, source)
+
+    def skip(self, why: str) -> None:
+        """Say what was left out and why; beyond MAX_SKIPPED lines only a count is kept, so
+        the manifest and the result stay bounded however many files a request reaches."""
+        if len(self.skipped) < MAX_SKIPPED:
+            self.skipped.append(why[:MAX_PATH_BYTES + 200])
+        else:
+            self.more_skipped += 1
+
+    @staticmethod
+    def cost(name: str, source: str) -> int:
+        """What a member costs beside its data: tar headers (a PAX header holds a long name)
+        and its manifest entry (name and source again)."""
+        return TAR_OVERHEAD + MANIFEST_ENTRY_BYTES + 2 * len(name.encode()) + 2 * len(source.encode())
 
     def add(self, name: str, source: str, data: bytes, *, truncated: bool, mtime: float) -> None:
         data, redacted = self.redact(data)
-        if len(data) > self.room():
-            self.skipped.append(f"{source}: archive size cap reached")
+        if len(self.entries) >= MAX_FILES:
+            self.skip(f"{source}: more than {MAX_FILES} files in the archive")
+            return
+        if len(data) + self.cost(name, source) > self.budget:
+            self.skip(f"{source}: archive size cap reached")
             return
         base, n = name, 1
         while name in self.names:
@@ -176,7 +199,7 @@ class Archive:
         info.size, info.mtime, info.mode = len(data), int(mtime), 0o644
         info.uname = info.gname = "root"
         self.tar.addfile(info, io.BytesIO(data))
-        self.budget -= len(data) + TAR_OVERHEAD
+        self.budget -= len(data) + self.cost(name, source)
         self.entries.append(
             agent_pb2.ManifestEntry(
                 name=name,
@@ -189,6 +212,9 @@ class Archive:
         )
 
     def close(self) -> None:
+        if self.more_skipped:
+            self.skipped.append(f"... and {self.more_skipped} more left out")
+            self.more_skipped = 0
         manifest = {
             "created_unix": int(time.time()),
             "entries": [
@@ -309,7 +335,11 @@ def _limit(value: int, default: int, name: str, lowest: int, highest: int) -> in
 
 class LogsCollect(Handler[agent_pb2.LogsCollectRequest, LogsParams], kind="logs.collect"):
     def parse(self, payload: agent_pb2.LogsCollectRequest) -> LogsParams:
+        if len(payload.paths) > MAX_PATHS:
+            raise InvalidParameters(f"logs.collect: at most {MAX_PATHS} paths (got {len(payload.paths)})")
         for raw in payload.paths:
+            if len(raw.encode()) > MAX_PATH_BYTES:
+                raise InvalidParameters(f"logs.collect: a path is longer than {MAX_PATH_BYTES} bytes")
             if not raw or "\x00" in raw or not os.path.isabs(raw):
                 raise InvalidParameters(f"logs.collect: path {raw!r} must be absolute")
         if payload.upload_url:
@@ -328,6 +358,16 @@ class LogsCollect(Handler[agent_pb2.LogsCollectRequest, LogsParams], kind="logs.
             headers=tuple(sorted(payload.http_headers.items())),
             ca_pem=payload.ca_bundle_pem,
         )
+
+    def admit(self, config: Config, params: LogsParams) -> None:
+        """At admission, before anything is accepted: every named path must lie inside
+        ``config.logs_allow`` and not be key material. ``run`` checks again (a link may have
+        been swapped in since), and opens each file without following links."""
+        roots = tuple(config.logs_allow)
+        for raw in params.paths:
+            path = transfer.confine(raw, roots, "logs.collect path")
+            if self._secret(config, path):
+                raise InvalidParameters(f"logs.collect: {raw!r} is key material, never collected", path=raw)
 
     def run(self, ctx: Context, params: LogsParams) -> agent_pb2.LogsCollectResult:
         roots = tuple(ctx.config.logs_allow)
@@ -402,20 +442,20 @@ class LogsCollect(Handler[agent_pb2.LogsCollectRequest, LogsParams], kind="logs.
     ) -> None:
         ctx.check()
         if self._secret(ctx.config, path):
-            archive.skipped.append(f"{path}: key material, never collected")
+            archive.skip(f"{path}: key material, never collected")
             return
-        cap = min(params.max_file_bytes, archive.room())
+        cap = min(params.max_file_bytes, archive.room(name, str(path)))
         if cap < 4096:
-            archive.skipped.append(f"{path}: archive size cap reached")
+            archive.skip(f"{path}: archive size cap reached")
             return
         try:
             data, truncated, mtime = read_confined(path, roots, cap)
         except InvalidParameters:
-            archive.skipped.append(f"{path}: outside the allowed directories")
+            archive.skip(f"{path}: outside the allowed directories")
             return
         except OSError as exc:
             reason = "a symbolic link" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
-            archive.skipped.append(f"{path}: {reason}")
+            archive.skip(f"{path}: {reason}")
             return
         archive.add(name, str(path), data, truncated=truncated, mtime=mtime)
         ctx.progress(done=len(archive.entries), message=f"collected {name}", subject=str(path))
@@ -433,7 +473,7 @@ class LogsCollect(Handler[agent_pb2.LogsCollectRequest, LogsParams], kind="logs.
             self._add_file(ctx, archive, params, f"agent/{path.name}", path, (path.parent,))
 
     def _kernel_log(self, ctx: Context, archive: Archive, params: LogsParams) -> None:
-        cap = min(params.max_file_bytes, archive.room())
+        cap = min(params.max_file_bytes, archive.room("kernel/kmsg.txt", "/dev/kmsg"))
         data = read_kmsg(cap)
         source = "/dev/kmsg"
         truncated = False
@@ -441,18 +481,19 @@ class LogsCollect(Handler[agent_pb2.LogsCollectRequest, LogsParams], kind="logs.
             source = "dmesg"
             data, truncated = stream_tail(ctx, ["dmesg"], cap)
         if data is None:
-            archive.skipped.append("kernel log: neither /dev/kmsg nor dmesg can be read")
+            archive.skip("kernel log: neither /dev/kmsg nor dmesg can be read")
             return
         data, truncated = keep_tail(data, cap, truncated=truncated)
         archive.add("kernel/kmsg.txt", source, data, truncated=truncated, mtime=time.time())
 
     def _system_journal(self, ctx: Context, archive: Archive, params: LogsParams) -> None:
         if shutil.which("journalctl") is None:
-            archive.skipped.append("system journal: journalctl is not installed")
+            archive.skip("system journal: journalctl is not installed")
             return
         since = int(time.time()) - params.since_seconds
         argv = ["journalctl", "--no-pager", "--quiet", "-o", "short-iso", f"--since=@{since}"]
-        data, truncated = stream_tail(ctx, argv, min(params.max_file_bytes, archive.room()))
+        cap = min(params.max_file_bytes, archive.room("journal/system.txt", "journalctl"))
+        data, truncated = stream_tail(ctx, argv, cap)
         archive.add("journal/system.txt", "journalctl", data, truncated=truncated, mtime=time.time())
 
     def _named(
@@ -471,12 +512,12 @@ class LogsCollect(Handler[agent_pb2.LogsCollectRequest, LogsParams], kind="logs.
         for file in self._walk(path):
             count += 1
             if count > MAX_FILES:
-                archive.skipped.append(f"{raw}: more than {MAX_FILES} files, the rest left out")
+                archive.skip(f"{raw}: more than {MAX_FILES} files, the rest left out")
                 return
             try:
                 real = transfer.confine(str(file), roots)
             except InvalidParameters:
-                archive.skipped.append(f"{file}: link leads outside the allowed directories")
+                archive.skip(f"{file}: link leads outside the allowed directories")
                 continue
             self._add_file(ctx, archive, params, "files" + str(file), real, roots)
 

@@ -6,8 +6,9 @@
     serve --pki DIR [--listen HOST:PORT]          a gateway with a line console on stdin:
                                                   nodes | send NODE KIND JSON | cancel ID |
                                                   drain NODE | wait ID | events | quit
-    sign  --signing-key F --node N --kind K --payload JSON --out FILE
+    sign  --signing-key F --node N --kind K --payload JSON [--boot-id ID] --out FILE
                                                   a signed command file for `agent exec`
+                                                  (destructive kinds: the node's boot id)
 
 Exit codes of ``send``: 0 succeeded, 1 failed, 2 rejected or usage, 124 no node or no
 result within the time given.
@@ -108,7 +109,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
 def cmd_sign(args: argparse.Namespace) -> int:
     key = SigningKey.load(args.signing_key)
     body = build_command(args.node, args.kind, args.payload, command_id=args.command_id,
-                         expires_in=args.expires_in)
+                         expires_in=args.expires_in, boot_id=args.boot_id)
     signed = key.sign_command(body)
     args.out.write_text(json_format.MessageToJson(signed) + "\n")
     print(f"{args.out}: {args.kind} {body.command_id} for {args.node}, signed by {key.key_id}")
@@ -246,8 +247,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--signing-key", type=Path, required=True, metavar="PEM",
                    help="control-plane Ed25519 private key (`keys` writes DIR/signing.key)")
     _command_options(p)
-    p.add_argument("--expires-in", type=float, default=3600.0, metavar="SECONDS",
-                   help="the agent refuses the command after this long (default: %(default)g)")
+    p.add_argument("--expires-in", type=float, default=600.0, metavar="SECONDS",
+                   help="the agent refuses the command after this long (default: %(default)g; "
+                        "it refuses more than its max_signature_lifetime_seconds, 900 by default)")
+    p.add_argument("--boot-id", default="", metavar="ID",
+                   help="the node's /proc/sys/kernel/random/boot_id (destructive kinds need it)")
     p.add_argument("--out", type=Path, required=True, metavar="FILE",
                    help="where to write the signed command (JSON)")
     p.set_defaults(func=cmd_sign)

@@ -88,6 +88,8 @@ class CommandRecord:
     logs: list[session_pb2.LogLine] = field(default_factory=list)
     results_received: int = 0
     signed_boot_id: str = ""              # the node's boot id when the command was delivered
+    body: session_pb2.CommandBody | None = None  # built here: bound (and signed) at delivery
+    sign_body: bool = False               # ... and signed with the gateway's key
     timeout_seconds: int = 0              # as the command asked (0: the kind's)
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -531,8 +533,12 @@ class Gateway:
         timeout_seconds: int = 0,
         expires_in: float = 600.0,
     ) -> session_pb2.CommandBody:
+        """The body, bound to the boot the node last announced (send binds it again at delivery)."""
+        with self._cond:
+            node = self.nodes.get(node_id)
+            boot_id = node.boot_id if node is not None else ""
         return build_command(node_id, kind, payload, command_id=command_id,
-                             timeout_seconds=timeout_seconds, expires_in=expires_in)
+                             timeout_seconds=timeout_seconds, expires_in=expires_in, boot_id=boot_id)
 
     def sign(self, body: session_pb2.CommandBody) -> session_pb2.SignedCommand:
         if self.signing_key is None:
@@ -561,12 +567,28 @@ class Gateway:
             raise InvalidParameters(f"{kind} is destructive: it must be signed (send_signed sends anything)")
         signed = self.sign(body) if sign else session_pb2.SignedCommand(
             body=body.SerializeToString(deterministic=True))
-        return self.send_signed(node_id, signed)
+        return self.send_signed(node_id, signed, body=body, sign_body=sign)
 
-    def send_signed(self, node_id: str, signed: session_pb2.SignedCommand) -> str:
-        """Send exactly these bytes (tests use it for forged, expired or unsigned commands)."""
-        body = session_pb2.CommandBody()
-        body.ParseFromString(signed.body)
+    def send_signed(
+        self,
+        node_id: str,
+        signed: session_pb2.SignedCommand,
+        *,
+        body: session_pb2.CommandBody | None = None,
+        sign_body: bool = False,
+    ) -> str:
+        """Send exactly these bytes (tests use it for forged, expired or unsigned commands).
+
+        With ``body`` (what ``send`` built), the command is bound at each delivery to the boot
+        id the node announced in its Hello, and signed again when that changed it: the agent
+        refuses a destructive command for another boot. Within one boot the bytes stay the same.
+        """
+        if body is None:
+            body = session_pb2.CommandBody()
+            body.ParseFromString(signed.body)
+            rebind = None
+        else:
+            rebind = body
         with self._cond:
             if body.command_id in self.commands and self.commands[body.command_id].state.final:
                 rec = self.commands[body.command_id]
@@ -578,6 +600,7 @@ class Gateway:
                 CommandRecord(command_id=body.command_id, node_id=node_id, kind=body.kind, signed=signed),
             )
             rec.signed = signed
+            rec.body, rec.sign_body = rebind, sign_body
             rec.timeout_seconds = body.timeout_seconds
             self._event("queued", node_id, body.command_id, body.kind)
             node = self.nodes.get(node_id)
@@ -592,6 +615,10 @@ class Gateway:
             return
         rec.deliveries += 1
         rec.signed_boot_id = node.boot_id
+        if rec.body is not None and rec.body.boot_id != node.boot_id:
+            rec.body.boot_id = node.boot_id
+            rec.signed = self.sign(rec.body) if rec.sign_body else session_pb2.SignedCommand(
+                body=rec.body.SerializeToString(deterministic=True))
         node.channel.send(session_pb2.Frame(command=rec.signed))
         self._event("sent", rec.node_id, rec.command_id, f"{rec.kind} delivery {rec.deliveries}")
 
@@ -732,8 +759,10 @@ def build_command(
     command_id: str | None = None,
     timeout_seconds: int = 0,
     expires_in: float = 600.0,
+    boot_id: str = "",
 ) -> session_pb2.CommandBody:
-    """The CommandBody for ``kind`` with ``payload`` (a message, a dict, JSON text or bytes)."""
+    """The CommandBody for ``kind`` with ``payload`` (a message, a dict, JSON text or bytes),
+    bound to the node's ``boot_id`` when it is known (destructive kinds need it)."""
     if kind not in catalog.KINDS:
         raise InvalidParameters(f"unknown kind {kind!r}; see `agent kinds`")
     if isinstance(payload, bytes):
@@ -752,6 +781,7 @@ def build_command(
         issued_at_unix_ms=now_ms,
         expires_at_unix_ms=now_ms + int(expires_in * 1000) if expires_in else 0,
         timeout_seconds=timeout_seconds,
+        boot_id=boot_id,
     )
 
 

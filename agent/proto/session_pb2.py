@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61gent/proto/session.proto\x12\x18\x62\x65ttercompute.gateway.v1\"\xfc\x05\n\x05\x46rame\x12\x30\n\x05hello\x18\x01 \x01(\x0b\x32\x1f.bettercompute.gateway.v1.HelloH\x00\x12\x34\n\x07welcome\x18\x02 \x01(\x0b\x32!.bettercompute.gateway.v1.WelcomeH\x00\x12:\n\x07\x63ommand\x18\x03 \x01(\x0b\x32\'.bettercompute.gateway.v1.SignedCommandH\x00\x12\x32\n\x06\x61\x63\x63\x65pt\x18\x04 \x01(\x0b\x32 .bettercompute.gateway.v1.AcceptH\x00\x12\x32\n\x06reject\x18\x05 \x01(\x0b\x32 .bettercompute.gateway.v1.RejectH\x00\x12\x36\n\x08progress\x18\x06 \x01(\x0b\x32\".bettercompute.gateway.v1.ProgressH\x00\x12\x30\n\x03log\x18\x07 \x01(\x0b\x32!.bettercompute.gateway.v1.LogLineH\x00\x12\x38\n\x06result\x18\x08 \x01(\x0b\x32&.bettercompute.gateway.v1.SignedResultH\x00\x12,\n\x03\x61\x63k\x18\t \x01(\x0b\x32\x1d.bettercompute.gateway.v1.AckH\x00\x12\x32\n\x06\x63\x61ncel\x18\n \x01(\x0b\x32 .bettercompute.gateway.v1.CancelH\x00\x12\x38\n\theartbeat\x18\x0b \x01(\x0b\x32#.bettercompute.gateway.v1.HeartbeatH\x00\x12\x30\n\x05\x64rain\x18\x0c \x01(\x0b\x32\x1f.bettercompute.gateway.v1.DrainH\x00\x12\x34\n\x07goodbye\x18\r \x01(\x0b\x32!.bettercompute.gateway.v1.GoodbyeH\x00\x12\x38\n\x05\x65rror\x18\x0e \x01(\x0b\x32\'.bettercompute.gateway.v1.ProtocolErrorH\x00\x42\x05\n\x03msg\"\xf3\x02\n\x05Hello\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x15\n\ragent_version\x18\x04 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x05 \x01(\t\x12\r\n\x05kinds\x18\x06 \x03(\t\x12\x12\n\npublic_key\x18\x07 \x01(\x0c\x12?\n\x0funacked_results\x18\x08 \x03(\x0b\x32&.bettercompute.gateway.v1.SignedResult\x12\x39\n\x0b\x63ompletions\x18\t \x03(\x0b\x32$.bettercompute.gateway.v1.Completion\x12:\n\tin_flight\x18\n \x03(\x0b\x32\'.bettercompute.gateway.v1.CommandStatus\x12\x18\n\x10\x65nrollment_token\x18\x0b \x01(\t\x12\x14\n\x0c\x61gent_sha256\x18\x0c \x01(\t\"\xaf\x01\n\nCompletion\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\x13\n\x0bold_boot_id\x18\x04 \x01(\t\x12\x13\n\x0bnew_boot_id\x18\x05 \x01(\t\x12\x13\n\x0bold_version\x18\x06 \x01(\t\x12\x13\n\x0bnew_version\x18\x07 \x01(\t\x12\x0e\n\x06reason\x18\x08 \x01(\t\x12\x0f\n\x07message\x18\t \x01(\t\"h\n\rCommandStatus\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x35\n\x05state\x18\x03 \x01(\x0e\x32&.bettercompute.gateway.v1.CommandState\"l\n\x07Welcome\x12\x12\n\ngateway_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\x12\x15\n\rdead_after_ms\x18\x03 \x01(\r\x12\x17\n\x0fmax_frame_bytes\x18\x04 \x01(\r\"\xa1\x01\n\x0b\x43ommandBody\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x19\n\x11issued_at_unix_ms\x18\x05 \x01(\x03\x12\x1a\n\x12\x65xpires_at_unix_ms\x18\x06 \x01(\x03\x12\x17\n\x0ftimeout_seconds\x18\x07 \x01(\r\"@\n\rSignedCommand\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x0e\n\x06key_id\x18\x02 \x01(\t\x12\x11\n\tsignature\x18\x03 \x01(\x0c\"S\n\x06\x41\x63\x63\x65pt\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x35\n\x05state\x18\x02 \x01(\x0e\x32&.bettercompute.gateway.v1.CommandState\"=\n\x06Reject\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"\xa8\x01\n\x08Progress\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x10\n\x08\x66raction\x18\x02 \x01(\x01\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x0c\n\x04\x64one\x18\x04 \x01(\x04\x12\r\n\x05total\x18\x05 \x01(\x04\x12\x0c\n\x04rate\x18\x06 \x01(\x01\x12\x13\n\x0b\x65ta_seconds\x18\x07 \x01(\x01\x12\x14\n\x0ctime_unix_ms\x18\x08 \x01(\x03\x12\x0f\n\x07subject\x18\t \x01(\t\"k\n\x07LogLine\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\r\n\x05level\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x14\n\x0ctime_unix_ms\x18\x04 \x01(\x03\x12\x16\n\x0e\x64ropped_before\x18\x05 \x01(\r\"\x8e\x03\n\nResultBody\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x04 \x01(\t\x12\x30\n\x06status\x18\x05 \x01(\x0e\x32 .bettercompute.gateway.v1.Status\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x0f\n\x07message\x18\x07 \x01(\t\x12\x42\n\x07\x64\x65tails\x18\x08 \x03(\x0b\x32\x31.bettercompute.gateway.v1.ResultBody.DetailsEntry\x12\x0f\n\x07payload\x18\t \x01(\x0c\x12\x14\n\x0cpayload_type\x18\n \x01(\t\x12\x1a\n\x12started_at_unix_ms\x18\x0b \x01(\x03\x12\x1b\n\x13\x66inished_at_unix_ms\x18\x0c \x01(\x03\x12\x15\n\ragent_version\x18\r \x01(\t\x1a.\n\x0c\x44\x65tailsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"/\n\x0cSignedResult\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x11\n\tsignature\x18\x02 \x01(\x0c\"\x19\n\x03\x41\x63k\x12\x12\n\ncommand_id\x18\x01 \x01(\t\",\n\x06\x43\x61ncel\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\".\n\tHeartbeat\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x14\n\x0ctime_unix_ms\x18\x02 \x01(\x03\"\x17\n\x05\x44rain\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x19\n\x07Goodbye\x12\x0e\n\x06reason\x18\x01 \x01(\t\".\n\rProtocolError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t*{\n\x0c\x43ommandState\x12\x1d\n\x19\x43OMMAND_STATE_UNSPECIFIED\x10\x00\x12\n\n\x06QUEUED\x10\x01\x12\x0b\n\x07RUNNING\x10\x02\x12\x0c\n\x08\x46INISHED\x10\x03\x12\x10\n\x0c\x41\x43KNOWLEDGED\x10\x04\x12\x13\n\x0f\x41WAITING_REJOIN\x10\x05*j\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\r\n\tSUCCEEDED\x10\x01\x12\n\n\x06\x46\x41ILED\x10\x02\x12\r\n\tTIMED_OUT\x10\x03\x12\r\n\tCANCELLED\x10\x04\x12\x0f\n\x0bINTERRUPTED\x10\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61gent/proto/session.proto\x12\x18\x62\x65ttercompute.gateway.v1\"\xfc\x05\n\x05\x46rame\x12\x30\n\x05hello\x18\x01 \x01(\x0b\x32\x1f.bettercompute.gateway.v1.HelloH\x00\x12\x34\n\x07welcome\x18\x02 \x01(\x0b\x32!.bettercompute.gateway.v1.WelcomeH\x00\x12:\n\x07\x63ommand\x18\x03 \x01(\x0b\x32\'.bettercompute.gateway.v1.SignedCommandH\x00\x12\x32\n\x06\x61\x63\x63\x65pt\x18\x04 \x01(\x0b\x32 .bettercompute.gateway.v1.AcceptH\x00\x12\x32\n\x06reject\x18\x05 \x01(\x0b\x32 .bettercompute.gateway.v1.RejectH\x00\x12\x36\n\x08progress\x18\x06 \x01(\x0b\x32\".bettercompute.gateway.v1.ProgressH\x00\x12\x30\n\x03log\x18\x07 \x01(\x0b\x32!.bettercompute.gateway.v1.LogLineH\x00\x12\x38\n\x06result\x18\x08 \x01(\x0b\x32&.bettercompute.gateway.v1.SignedResultH\x00\x12,\n\x03\x61\x63k\x18\t \x01(\x0b\x32\x1d.bettercompute.gateway.v1.AckH\x00\x12\x32\n\x06\x63\x61ncel\x18\n \x01(\x0b\x32 .bettercompute.gateway.v1.CancelH\x00\x12\x38\n\theartbeat\x18\x0b \x01(\x0b\x32#.bettercompute.gateway.v1.HeartbeatH\x00\x12\x30\n\x05\x64rain\x18\x0c \x01(\x0b\x32\x1f.bettercompute.gateway.v1.DrainH\x00\x12\x34\n\x07goodbye\x18\r \x01(\x0b\x32!.bettercompute.gateway.v1.GoodbyeH\x00\x12\x38\n\x05\x65rror\x18\x0e \x01(\x0b\x32\'.bettercompute.gateway.v1.ProtocolErrorH\x00\x42\x05\n\x03msg\"\xf3\x02\n\x05Hello\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x15\n\ragent_version\x18\x04 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x05 \x01(\t\x12\r\n\x05kinds\x18\x06 \x03(\t\x12\x12\n\npublic_key\x18\x07 \x01(\x0c\x12?\n\x0funacked_results\x18\x08 \x03(\x0b\x32&.bettercompute.gateway.v1.SignedResult\x12\x39\n\x0b\x63ompletions\x18\t \x03(\x0b\x32$.bettercompute.gateway.v1.Completion\x12:\n\tin_flight\x18\n \x03(\x0b\x32\'.bettercompute.gateway.v1.CommandStatus\x12\x18\n\x10\x65nrollment_token\x18\x0b \x01(\t\x12\x14\n\x0c\x61gent_sha256\x18\x0c \x01(\t\"\xaf\x01\n\nCompletion\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\x13\n\x0bold_boot_id\x18\x04 \x01(\t\x12\x13\n\x0bnew_boot_id\x18\x05 \x01(\t\x12\x13\n\x0bold_version\x18\x06 \x01(\t\x12\x13\n\x0bnew_version\x18\x07 \x01(\t\x12\x0e\n\x06reason\x18\x08 \x01(\t\x12\x0f\n\x07message\x18\t \x01(\t\"h\n\rCommandStatus\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x35\n\x05state\x18\x03 \x01(\x0e\x32&.bettercompute.gateway.v1.CommandState\"l\n\x07Welcome\x12\x12\n\ngateway_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\x12\x15\n\rdead_after_ms\x18\x03 \x01(\r\x12\x17\n\x0fmax_frame_bytes\x18\x04 \x01(\r\"\xb2\x01\n\x0b\x43ommandBody\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x19\n\x11issued_at_unix_ms\x18\x05 \x01(\x03\x12\x1a\n\x12\x65xpires_at_unix_ms\x18\x06 \x01(\x03\x12\x17\n\x0ftimeout_seconds\x18\x07 \x01(\r\x12\x0f\n\x07\x62oot_id\x18\x08 \x01(\t\"@\n\rSignedCommand\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x0e\n\x06key_id\x18\x02 \x01(\t\x12\x11\n\tsignature\x18\x03 \x01(\x0c\"S\n\x06\x41\x63\x63\x65pt\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x35\n\x05state\x18\x02 \x01(\x0e\x32&.bettercompute.gateway.v1.CommandState\"=\n\x06Reject\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"\xa8\x01\n\x08Progress\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x10\n\x08\x66raction\x18\x02 \x01(\x01\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x0c\n\x04\x64one\x18\x04 \x01(\x04\x12\r\n\x05total\x18\x05 \x01(\x04\x12\x0c\n\x04rate\x18\x06 \x01(\x01\x12\x13\n\x0b\x65ta_seconds\x18\x07 \x01(\x01\x12\x14\n\x0ctime_unix_ms\x18\x08 \x01(\x03\x12\x0f\n\x07subject\x18\t \x01(\t\"k\n\x07LogLine\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\r\n\x05level\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x14\n\x0ctime_unix_ms\x18\x04 \x01(\x03\x12\x16\n\x0e\x64ropped_before\x18\x05 \x01(\r\"\x8e\x03\n\nResultBody\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x04 \x01(\t\x12\x30\n\x06status\x18\x05 \x01(\x0e\x32 .bettercompute.gateway.v1.Status\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x0f\n\x07message\x18\x07 \x01(\t\x12\x42\n\x07\x64\x65tails\x18\x08 \x03(\x0b\x32\x31.bettercompute.gateway.v1.ResultBody.DetailsEntry\x12\x0f\n\x07payload\x18\t \x01(\x0c\x12\x14\n\x0cpayload_type\x18\n \x01(\t\x12\x1a\n\x12started_at_unix_ms\x18\x0b \x01(\x03\x12\x1b\n\x13\x66inished_at_unix_ms\x18\x0c \x01(\x03\x12\x15\n\ragent_version\x18\r \x01(\t\x1a.\n\x0c\x44\x65tailsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"/\n\x0cSignedResult\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x11\n\tsignature\x18\x02 \x01(\x0c\"\x19\n\x03\x41\x63k\x12\x12\n\ncommand_id\x18\x01 \x01(\t\",\n\x06\x43\x61ncel\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\".\n\tHeartbeat\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x14\n\x0ctime_unix_ms\x18\x02 \x01(\x03\"\x17\n\x05\x44rain\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x19\n\x07Goodbye\x12\x0e\n\x06reason\x18\x01 \x01(\t\".\n\rProtocolError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t*{\n\x0c\x43ommandState\x12\x1d\n\x19\x43OMMAND_STATE_UNSPECIFIED\x10\x00\x12\n\n\x06QUEUED\x10\x01\x12\x0b\n\x07RUNNING\x10\x02\x12\x0c\n\x08\x46INISHED\x10\x03\x12\x10\n\x0c\x41\x43KNOWLEDGED\x10\x04\x12\x13\n\x0f\x41WAITING_REJOIN\x10\x05*j\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\r\n\tSUCCEEDED\x10\x01\x12\n\n\x06\x46\x41ILED\x10\x02\x12\r\n\tTIMED_OUT\x10\x03\x12\r\n\tCANCELLED\x10\x04\x12\x0f\n\x0bINTERRUPTED\x10\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,10 +33,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_RESULTBODY_DETAILSENTRY']._loaded_options = None
   _globals['_RESULTBODY_DETAILSENTRY']._serialized_options = b'8\001'
-  _globals['_COMMANDSTATE']._serialized_start=2919
-  _globals['_COMMANDSTATE']._serialized_end=3042
-  _globals['_STATUS']._serialized_start=3044
-  _globals['_STATUS']._serialized_end=3150
+  _globals['_COMMANDSTATE']._serialized_start=2936
+  _globals['_COMMANDSTATE']._serialized_end=3059
+  _globals['_STATUS']._serialized_start=3061
+  _globals['_STATUS']._serialized_end=3167
   _globals['_FRAME']._serialized_start=56
   _globals['_FRAME']._serialized_end=820
   _globals['_HELLO']._serialized_start=823
@@ -48,33 +48,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WELCOME']._serialized_start=1480
   _globals['_WELCOME']._serialized_end=1588
   _globals['_COMMANDBODY']._serialized_start=1591
-  _globals['_COMMANDBODY']._serialized_end=1752
-  _globals['_SIGNEDCOMMAND']._serialized_start=1754
-  _globals['_SIGNEDCOMMAND']._serialized_end=1818
-  _globals['_ACCEPT']._serialized_start=1820
-  _globals['_ACCEPT']._serialized_end=1903
-  _globals['_REJECT']._serialized_start=1905
-  _globals['_REJECT']._serialized_end=1966
-  _globals['_PROGRESS']._serialized_start=1969
-  _globals['_PROGRESS']._serialized_end=2137
-  _globals['_LOGLINE']._serialized_start=2139
-  _globals['_LOGLINE']._serialized_end=2246
-  _globals['_RESULTBODY']._serialized_start=2249
-  _globals['_RESULTBODY']._serialized_end=2647
-  _globals['_RESULTBODY_DETAILSENTRY']._serialized_start=2601
-  _globals['_RESULTBODY_DETAILSENTRY']._serialized_end=2647
-  _globals['_SIGNEDRESULT']._serialized_start=2649
-  _globals['_SIGNEDRESULT']._serialized_end=2696
-  _globals['_ACK']._serialized_start=2698
-  _globals['_ACK']._serialized_end=2723
-  _globals['_CANCEL']._serialized_start=2725
-  _globals['_CANCEL']._serialized_end=2769
-  _globals['_HEARTBEAT']._serialized_start=2771
-  _globals['_HEARTBEAT']._serialized_end=2817
-  _globals['_DRAIN']._serialized_start=2819
-  _globals['_DRAIN']._serialized_end=2842
-  _globals['_GOODBYE']._serialized_start=2844
-  _globals['_GOODBYE']._serialized_end=2869
-  _globals['_PROTOCOLERROR']._serialized_start=2871
-  _globals['_PROTOCOLERROR']._serialized_end=2917
+  _globals['_COMMANDBODY']._serialized_end=1769
+  _globals['_SIGNEDCOMMAND']._serialized_start=1771
+  _globals['_SIGNEDCOMMAND']._serialized_end=1835
+  _globals['_ACCEPT']._serialized_start=1837
+  _globals['_ACCEPT']._serialized_end=1920
+  _globals['_REJECT']._serialized_start=1922
+  _globals['_REJECT']._serialized_end=1983
+  _globals['_PROGRESS']._serialized_start=1986
+  _globals['_PROGRESS']._serialized_end=2154
+  _globals['_LOGLINE']._serialized_start=2156
+  _globals['_LOGLINE']._serialized_end=2263
+  _globals['_RESULTBODY']._serialized_start=2266
+  _globals['_RESULTBODY']._serialized_end=2664
+  _globals['_RESULTBODY_DETAILSENTRY']._serialized_start=2618
+  _globals['_RESULTBODY_DETAILSENTRY']._serialized_end=2664
+  _globals['_SIGNEDRESULT']._serialized_start=2666
+  _globals['_SIGNEDRESULT']._serialized_end=2713
+  _globals['_ACK']._serialized_start=2715
+  _globals['_ACK']._serialized_end=2740
+  _globals['_CANCEL']._serialized_start=2742
+  _globals['_CANCEL']._serialized_end=2786
+  _globals['_HEARTBEAT']._serialized_start=2788
+  _globals['_HEARTBEAT']._serialized_end=2834
+  _globals['_DRAIN']._serialized_start=2836
+  _globals['_DRAIN']._serialized_end=2859
+  _globals['_GOODBYE']._serialized_start=2861
+  _globals['_GOODBYE']._serialized_end=2886
+  _globals['_PROTOCOLERROR']._serialized_start=2888
+  _globals['_PROTOCOLERROR']._serialized_end=2934
 # @@protoc_insertion_point(module_scope)

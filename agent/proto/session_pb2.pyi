@@ -142,7 +142,7 @@ class Welcome(_message.Message):
     def __init__(self, gateway_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., dead_after_ms: _Optional[int] = ..., max_frame_bytes: _Optional[int] = ...) -> None: ...
 
 class CommandBody(_message.Message):
-    __slots__ = ("command_id", "kind", "node_id", "payload", "issued_at_unix_ms", "expires_at_unix_ms", "timeout_seconds")
+    __slots__ = ("command_id", "kind", "node_id", "payload", "issued_at_unix_ms", "expires_at_unix_ms", "timeout_seconds", "boot_id")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -150,6 +150,7 @@ class CommandBody(_message.Message):
     ISSUED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     command_id: str
     kind: str
     node_id: str
@@ -157,7 +158,8 @@ class CommandBody(_message.Message):
     issued_at_unix_ms: int
     expires_at_unix_ms: int
     timeout_seconds: int
-    def __init__(self, command_id: _Optional[str] = ..., kind: _Optional[str] = ..., node_id: _Optional[str] = ..., payload: _Optional[bytes] = ..., issued_at_unix_ms: _Optional[int] = ..., expires_at_unix_ms: _Optional[int] = ..., timeout_seconds: _Optional[int] = ...) -> None: ...
+    boot_id: str
+    def __init__(self, command_id: _Optional[str] = ..., kind: _Optional[str] = ..., node_id: _Optional[str] = ..., payload: _Optional[bytes] = ..., issued_at_unix_ms: _Optional[int] = ..., expires_at_unix_ms: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., boot_id: _Optional[str] = ...) -> None: ...
 
 class SignedCommand(_message.Message):
     __slots__ = ("body", "key_id", "signature")

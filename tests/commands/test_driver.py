@@ -167,3 +167,16 @@ def test_real_nvme_cli() -> None:
     missing = "/dev/nvme" + str(max(900, len(os.listdir("/dev"))))
     result = invoke(request("nvme", "id_ctrl", device=missing))
     assert result.exit_code != 0
+
+
+def test_a_chatty_tool_costs_no_more_memory_than_the_cap(bindir: Path) -> None:
+    """The output is capped while it is read, not after: 200 MiB of it never sit in memory."""
+    import resource
+
+    fake_tool(bindir, "ethtool", "head -c 209715200 /dev/zero; head -c 5000000 /dev/zero >&2")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = invoke(request("ethtool", "show", interface="eth9"))
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert result.exit_code == 0 and result.truncated
+    assert len(result.stdout) == len(result.stderr) == 1024 * 1024
+    assert grown_mib < 64, f"peak memory grew by {grown_mib:.0f} MiB"

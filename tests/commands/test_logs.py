@@ -243,3 +243,24 @@ def test_system_journal_is_included_or_explained(setup: tuple[Config, Path]) -> 
         assert any("journalctl" in s for s in result.skipped)
     else:
         assert "journal/system.txt" in members(result.inline_archive)
+
+
+def test_what_a_request_can_reach_is_bounded(setup: tuple[Config, Path]) -> None:
+    """A directory named many times over a small budget: the archive stays under max_bytes and
+    the list of what was left out (in the manifest and in the result frame) stays short."""
+    from agent.commands import logs
+
+    config, allowed = setup
+    big = allowed / "many"
+    big.mkdir()
+    for i in range(300):
+        (big / f"{i:04d}-{'n' * 200}.log").write_bytes(os.urandom(8192))
+    result = collect(config, paths=[str(big)] * logs.MAX_PATHS, max_bytes=1 << 20, max_file_bytes=8192)
+    assert result.archive_bytes <= 1 << 20
+    assert len(result.skipped) == logs.MAX_SKIPPED + 1 and result.skipped[-1].startswith("... and ")
+    assert result.ByteSize() < (1 << 20) + 64 * 1024
+    assert members(result.inline_archive)  # a valid archive with its manifest last
+    with pytest.raises(InvalidParameters, match="at most"):
+        collect(config, paths=[str(big)] * (logs.MAX_PATHS + 1))
+    with pytest.raises(InvalidParameters, match="longer than"):
+        collect(config, paths=["/var/log/" + "x/" * 3000])

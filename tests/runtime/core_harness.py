@@ -140,6 +140,7 @@ class World:
         self.keys = (keys,)
         self.state = tmp / "state"
         self.agents: list[Agent] = []
+        self.boot_id = "boot-A"   # the boot of the latest agent: destructive commands name it
         self.releases: list[threading.Event] = []
 
     def agent(
@@ -154,6 +155,7 @@ class World:
         for h in handlers.values():
             if hasattr(h, "release"):
                 self.releases.append(h.release)
+        self.boot_id = boot_id
         agent = Agent(
             Config(state_dir=self.state, node_id=NODE, role=role, trusted_keys=self.keys),
             handlers=handlers, boot_id=boot_id, cmdline=cmdline, **kwargs,
@@ -175,6 +177,7 @@ class World:
             issued_at_unix_ms=int(time.time() * 1000),
             expires_at_unix_ms=int(time.time() * 1000) + 600_000,
             timeout_seconds=timeout,
+            boot_id=self.boot_id if k.destructive else "",
         )
         for name, value in fields.items():
             setattr(body, name, value)

@@ -137,6 +137,43 @@ def test_trust_refusals_through_submit(world: World) -> None:
     assert accepted(agent.submit(world.command("t-unsigned", "disk.wipe")))
 
 
+def test_a_destructive_command_captured_in_one_boot_is_refused_in_the_next(world: World) -> None:
+    """The journal (tmpfs) does not survive a reboot; the boot id in the signed body does the
+    job it can no longer do: the same signed bytes, resent after the reboot, are refused."""
+    first = Quick("disk.wipe")
+    agent, frames = world.agent({"disk.wipe": first}, boot_id="boot-A")
+    captured = world.command("w-once", "disk.wipe")
+    accepted(agent.submit(captured))
+    assert frames.result("w-once").status == session_pb2.SUCCEEDED
+    agent.stop()
+    (world.state / "journal").unlink()  # the reboot: /run is gone with what it remembered
+    again = Quick("disk.wipe")
+    agent, _ = world.agent({"disk.wipe": again, "inventory.refresh": Quick("inventory.refresh")},
+                           boot_id="boot-B")
+    answer = agent.submit(captured)
+    assert isinstance(answer, session_pb2.Reject) and answer.reason == "wrong_boot", answer
+    assert "boot-A" in answer.message and "boot-B" in answer.message
+    assert first.calls == ["w-once"] and again.calls == []
+    # A non-destructive command without a boot id still runs (older control planes).
+    accepted(agent.submit(world.command("inv", "inventory.refresh")))
+
+
+def test_logs_collect_outside_its_allow_list_is_refused_at_admission(world: World) -> None:
+    """Refused before it is accepted (nothing journaled, nothing queued), not failed when it runs."""
+    from agent.commands.logs import LogsCollect
+
+    agent, _ = world.agent({"logs.collect": LogsCollect()})
+    for cid, path in (("l-etc", "/etc/shadow"), ("l-up", "/var/log/../../etc/passwd"),
+                      ("l-key", str(world.state / "node.key"))):
+        payload = agent_pb2.LogsCollectRequest(paths=[path])
+        answer = agent.submit(world.command(cid, "logs.collect", payload))
+        assert isinstance(answer, session_pb2.Reject), (path, answer)
+        assert answer.reason == "invalid_parameters"
+        assert agent.journal.lookup(cid) is None
+    inside = agent_pb2.LogsCollectRequest(paths=["/var/log/no-such-file.log"])  # it exists or not at run time
+    accepted(agent.submit(world.command("l-ok", "logs.collect", inside)))
+
+
 def test_bad_input_is_refused_with_invalid_parameters(world: World) -> None:
     agent, _ = world.agent({"disk.wipe": Picky("disk.wipe"), "inventory.refresh": Quick("inventory.refresh")})
     assert rejected(agent.submit(session_pb2.SignedCommand(body=b"\xff\xff\xff"))) == "invalid_parameters"
@@ -296,6 +333,21 @@ def test_retry_safe_command_runs_again_after_a_crash(world: World) -> None:
     old_worker.join(WAIT)  # its worker has handed on the outcome and exited
     assert not old_worker.is_alive()
     assert [session_pb2.ResultBody.FromString(r.body).command_id for r in second.unacked_results()] == ["r1"]
+
+
+def test_a_destructive_command_of_an_earlier_boot_is_not_rerun_from_a_surviving_journal(world: World) -> None:
+    """Node role, the journal on disk: a retry-safe gpu.reset under way when the node rebooted
+    is not run again in the new boot (it was issued for the old one); it fails wrong_boot."""
+    reset = Blocking("gpu.reset")
+    first, _ = world.agent({"gpu.reset": reset}, role=Role.NODE, boot_id="boot-A")
+    accepted(first.submit(world.command("g1", "gpu.reset")))
+    assert reset.started.wait(WAIT)
+    first.stop(timeout=0.2)
+    again = Quick("gpu.reset")
+    _, frames = world.agent({"gpu.reset": again}, role=Role.NODE, boot_id="boot-B")
+    body = frames.result("g1")
+    assert (body.status, body.reason) == (session_pb2.FAILED, "wrong_boot") and again.calls == []
+    reset.release.set()
 
 
 def test_non_retry_safe_command_is_interrupted_and_not_run_again(world: World) -> None:

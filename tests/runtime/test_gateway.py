@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import time
 
 import pytest
 
@@ -14,7 +15,7 @@ from agent.gateway import Gateway, State
 from agent.gateway.certs import DevPki
 from agent.proto import session_pb2
 from agent.session import client_context
-from agent.trust import SigningKey
+from agent.trust import SigningKey, TrustStore
 
 TIMEOUT = 30.0
 
@@ -182,3 +183,30 @@ def test_destructive_commands_are_always_signed(gateway: Gateway, pki: DevPki) -
     body = session_pb2.CommandBody.FromString(signed.body)
     assert signed.signature and signed.key_id == SigningKey.load(pki.signing_key).key_id
     assert body.node_id == "node-1" and body.expires_at_unix_ms > body.issued_at_unix_ms
+
+
+def test_every_command_is_signed_for_the_boot_the_node_announced(gateway: Gateway, pki: DevPki) -> None:
+    """Queued before the node connected, it is bound (and signed) at delivery to the Hello's boot
+    id; resent within the same boot it keeps its bytes; resent to a new boot it is signed again
+    for that boot (it never ran: it was never accepted)."""
+    control = SigningKey.load(pki.signing_key)
+    cid = gateway.send("node-2", "disk.wipe", {"disks": [{"serial": "S"}]})
+    c = Client(gateway, pki, "node-2", boot_id="boot-A")
+    first = c.recv("command").command
+    assert session_pb2.CommandBody.FromString(first.body).boot_id == "boot-A"
+    store = TrustStore([control.public_raw])
+    now = int(time.time() * 1000)
+    assert store.verify_command(first, node_id="node-2", now_ms=now, boot_id="boot-A",
+                                max_lifetime_ms=900_000)
+    c.close()
+    gateway.wait_for(lambda: not gateway.nodes["node-2"].connected, TIMEOUT, "disconnect")
+    c = Client(gateway, pki, "node-2", boot_id="boot-A")
+    assert c.recv("command").command == first
+    c.close()
+    gateway.wait_for(lambda: not gateway.nodes["node-2"].connected, TIMEOUT, "disconnect")
+    c = Client(gateway, pki, "node-2", boot_id="boot-B")
+    again = c.recv("command").command
+    assert session_pb2.CommandBody.FromString(again.body).boot_id == "boot-B"
+    assert store.verify_command(again, node_id="node-2", now_ms=now, boot_id="boot-B")
+    assert gateway.commands[cid].deliveries == 3
+    c.close()

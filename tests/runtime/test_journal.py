@@ -309,3 +309,28 @@ def test_any_damage_is_never_fatal(tmp_path: Path, ops: list[tuple[str, int]],
     again.accepted("after", "inventory.refresh", "dz", b"z")  # and stays writable
     again.close()
     assert "after" in open_journal(path).entries
+
+
+def test_an_id_is_remembered_while_its_signature_could_be_valid(tmp_path: Path) -> None:
+    """Beyond max_known the oldest acknowledged ids are forgotten, but never one whose signed
+    expiry has not passed: forgetting it would let the same signed bytes run again."""
+    path = tmp_path / "journal"
+    now = [1_000_000]
+    j = open_journal(path, compact_bytes=1024, max_known=3, fsync=lambda fd: None, clock=lambda: now[0])
+    for i in range(10):
+        cid = f"live-{i}"
+        j.accepted(cid, "disk.wipe", f"d{i}", b"cmd", expires_ms=now[0] + 900_000)
+        j.result(cid, b"r", "SUCCEEDED")
+        j.acked(cid)
+    assert set(j.known) == {f"live-{i}" for i in range(10)}
+    assert j.compactions > 0  # they survive compaction, with their expiry
+    j.close()
+    j = open_journal(path, compact_bytes=1024, max_known=3, clock=lambda: now[0])
+    assert len(j.known) == 10 and all(k.expires_ms == 1_900_000 for k in j.known.values())
+    now[0] += 900_001  # every signature has expired: the bound applies again
+    for i in range(2):
+        j.accepted(f"late-{i}", "inventory.refresh", "d", b"cmd")  # unsigned, no expiry
+        j.result(f"late-{i}", b"r", "SUCCEEDED")
+        j.acked(f"late-{i}")
+    assert list(j.known) == ["live-9", "late-0", "late-1"]
+    j.close()

@@ -107,6 +107,11 @@ def test_trust_matrix_every_refusal_has_its_reason_and_nothing_runs(
     cases["t-other-node"] = (control.sign_command(body("t-other-node", node_id="node-2")), "wrong_node")
     cases["t-expired"] = (control.sign_command(body("t-expired", expires_at_unix_ms=1000)), "expired")
     cases["t-no-expiry"] = (control.sign_command(body("t-no-expiry", expires_at_unix_ms=0)), "expired")
+    far = int(time.time() * 1000) + 16 * 60_000  # beyond the agent's 15-minute signature lifetime
+    cases["t-too-far"] = (control.sign_command(body("t-too-far", expires_at_unix_ms=far)), "expired")
+    earlier = body("t-other-boot", boot_id="an-earlier-boot")
+    cases["t-other-boot"] = (control.sign_command(earlier), "wrong_boot")
+    cases["t-no-boot"] = (control.sign_command(body("t-no-boot", boot_id="")), "wrong_boot")
     cases["t-site-kind"] = (control.sign_command(body("t-site-kind", kind="bmc.power")), "not_this_daemon")
     cases["t-wrong-role"] = (control.sign_command(body("t-wrong-role", kind="gpu.reset")), "wrong_role")
     cases["t-too-long"] = (

@@ -258,3 +258,56 @@ def test_artifact_signature() -> None:
     with pytest.raises(Untrusted) as info:
         store.verify_artifact(digest, b"", key.key_id)
     assert info.value.reason is Reason.SIGNATURE_MISSING
+
+
+BOOT = "3f0c2a9e-boot-of-node-7"
+
+
+def test_destructive_command_is_bound_to_the_boot_it_was_issued_for() -> None:
+    """After a reboot the journal of the ids already run is gone (tmpfs): the boot binding is
+    what stops a captured, still unexpired destructive command from running again."""
+    cp = SigningKey.generate()
+    store = TrustStore([cp.public_raw])
+
+    def check(body: session_pb2.CommandBody, kind: str = "disk.wipe") -> session_pb2.CommandBody:
+        signed = cp.sign_command(body)
+        return store.verify_command(signed, node_id=NODE, now_ms=now_ms(), kind=kind, boot_id=BOOT)
+
+    assert check(wipe_body(boot_id=BOOT)).boot_id == BOOT
+    for body, problem in ((wipe_body(), "missing"), (wipe_body(boot_id="an-earlier-boot"), "other")):
+        with pytest.raises(Untrusted) as info:
+            check(body)
+        assert (info.value.reason, info.value.details["problem"]) == (Reason.WRONG_BOOT, problem)
+    # A non-destructive command without a boot id still runs (older control planes); one that
+    # names a boot must name this one.
+    inventory = wipe_body(kind="inventory.refresh", payload=b"")
+    assert check(inventory, "inventory.refresh").boot_id == ""
+    inventory.boot_id = "an-earlier-boot"
+    with pytest.raises(Untrusted) as info:
+        check(inventory, "inventory.refresh")
+    assert info.value.reason is Reason.WRONG_BOOT
+    # Without a boot id to compare (a caller that does not know it), the check is skipped.
+    assert store.verify_command(cp.sign_command(wipe_body()), node_id=NODE, now_ms=now_ms(), kind="disk.wipe")
+
+
+def test_a_signature_valid_for_longer_than_the_agent_allows_is_refused() -> None:
+    cp = SigningKey.generate()
+    store = TrustStore([cp.public_raw])
+    limit = 15 * 60_000
+    ok = wipe_body(expires_at_unix_ms=now_ms() + limit - 5_000)
+    assert store.verify_command(cp.sign_command(ok), node_id=NODE, now_ms=now_ms(), max_lifetime_ms=limit)
+    for kind in ("disk.wipe", "inventory.refresh"):
+        far = wipe_body(kind=kind, payload=b"", expires_at_unix_ms=now_ms() + 24 * 3600_000)
+        with pytest.raises(Untrusted) as info:
+            store.verify_command(cp.sign_command(far), node_id=NODE, now_ms=now_ms(), max_lifetime_ms=limit)
+        assert (info.value.reason, info.value.details["problem"]) == (Reason.EXPIRED, "too_long")
+        assert "at most 900s" in info.value.message
+
+
+def test_a_huge_trusted_key_file_is_refused_without_reading_it_all(tmp_path: Path) -> None:
+    huge = tmp_path / "keys" / "huge.pem"
+    huge.parent.mkdir()
+    with open(huge, "wb") as f:
+        f.truncate(1 << 40)  # sparse: a terabyte that must never be read into memory
+    with pytest.raises(InvalidParameters, match="over its limit"):
+        TrustStore.load([huge.parent])

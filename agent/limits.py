@@ -1,0 +1,76 @@
+"""Bounds on what the agent reads from outside, in one place.
+
+Every text the agent parses has a size limit, and JSON a nesting limit as well: a payload,
+a config file, a signed-command file or a kernel command line over its limit is refused with
+InvalidParameters (``invalid_parameters`` on the wire, exit 2 for ``agent exec``), never an
+internal error (RecursionError, MemoryError). Protobuf input needs no limit of its own here:
+frames are bounded by wire.MAX_FRAME_BYTES, and both protobuf implementations refuse nesting
+deeper than 100 with a DecodeError, which the callers already turn into a refusal.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from agent.errors import InvalidParameters
+
+MAX_JSON_BYTES = 4 * 1024 * 1024       # a command payload in JSON: as large as a frame
+MAX_JSON_DEPTH = 32                    # objects and arrays inside each other; payloads use < 8
+MAX_CONFIG_BYTES = 1024 * 1024         # a --config file, a --signed-command file
+MAX_CMDLINE_BYTES = 64 * 1024          # the kernel allows 2-4 KiB; a --cmdline-file a little more
+
+
+def read_bounded(path: Path, *, what: str, max_bytes: int) -> bytes:
+    """The bytes of ``path``, refused when there are more than ``max_bytes``."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as exc:
+        raise InvalidParameters(f"{what} {path}: {exc.strerror or exc}") from exc
+    if len(data) > max_bytes:
+        raise InvalidParameters(f"{what} {path} is over its limit of {max_bytes} bytes", limit=max_bytes)
+    return data
+
+
+def depth(value: Any) -> int:
+    """How deeply objects and arrays nest in a parsed JSON value (a scalar is 0); iterative."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        level += 1
+        deepest = max(deepest, level)
+        stack.extend((child, level) for child in children)
+    return deepest
+
+
+def loads_json(
+    text: str | bytes,
+    *,
+    what: str,
+    max_bytes: int = MAX_JSON_BYTES,
+    max_depth: int = MAX_JSON_DEPTH,
+) -> Any:
+    """Parse JSON text, refusing (InvalidParameters) what is too large, too deep or not JSON."""
+    size = len(text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text)
+    if size > max_bytes:
+        raise InvalidParameters(f"{what}: {size} bytes of JSON, over the limit of {max_bytes}",
+                                limit=max_bytes)
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise InvalidParameters(f"{what}: JSON nested deeper than {max_depth} levels",
+                                limit=max_depth) from None
+    except (ValueError, TypeError) as exc:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
+        raise InvalidParameters(f"{what}: not JSON ({exc})") from exc
+    if depth(value) > max_depth:
+        raise InvalidParameters(f"{what}: JSON nested deeper than {max_depth} levels", limit=max_depth)
+    return value
