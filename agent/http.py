@@ -414,7 +414,7 @@ def put(
         reader = source
 
         def chunks() -> Iterator[bytes]:
-            while data := reader.read(1 << 20):  # type: ignore[union-attr]
+            while data := reader.read(1 << 20):
                 if opts.cancel is not None and opts.cancel.is_set():
                     raise Cancelled("upload cancelled")
                 yield data
