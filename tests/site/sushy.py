@@ -151,3 +151,94 @@ class SushyEmulator:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+
+
+class NodeHook:
+    """The emulator's external-notification hook, turned into power and boot changes of a real
+    QEMU node (qemu/powered.py). sushy's fake driver PUTs the whole System, as JSON, at each
+    change: once when a reset is asked for (``pending_power`` set) and once when it applies
+    (``power_state`` changed, ``pending_power`` null). This hook, as a BMC would:
+
+    - a pending restart (ForceRestart, GracefulRestart) re-boots the running guest (QMP
+      system_reset);
+    - a pending Off presses the power button (graceful); Off applied pulls the power (forced);
+    - On applied starts QEMU;
+    - BootSourceOverrideTarget Pxe makes the next start boot by PXE, anything else from disk
+      (the node's disk boot: the kernel and initrd given directly).
+
+    The emulator calls the hook inside its request and waits for it: the hook answers at once
+    and a worker thread drives the node, in order. ``events`` keeps what it did.
+    """
+
+    def __init__(self, node: Any) -> None:
+        import queue
+        import threading
+
+        from tests.loopback_http import ScriptedServer
+
+        self.node = node
+        self.events: list[str] = []
+        self.errors: list[str] = []
+        self.queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.server = ScriptedServer()
+        self.server.route("PUT", "/notify", self._notified)
+        self.worker = threading.Thread(target=self._work, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return self.server.url("/notify")
+
+    def _notified(self, seen: Any) -> tuple[int, dict[str, str], bytes]:
+        import json
+
+        self.queue.put(json.loads(seen.body))
+        return 200, {"Content-Type": "application/json"}, b"{}"
+
+    def _work(self) -> None:
+        while (system := self.queue.get()) is not None:
+            try:
+                self._apply(system)
+            except Exception as exc:  # reported by the test, never lost in a thread
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+            finally:
+                self.queue.task_done()
+
+    def _apply(self, system: dict[str, Any]) -> None:
+        boot = "pxe" if system.get("boot_device") == "Pxe" else "disk"
+        if boot != self.node.boot_device():
+            self.node.set_boot(boot)
+            self.events.append(f"boot {boot}")
+        pending = (system.get("pending_power") or {}).get("power_state", "")
+        state = system.get("power_state")
+        on = self.node.status() == "on"
+        if "Restart" in pending:
+            if on:
+                self.node.reset()
+                self.events.append("reset")
+            else:
+                self.node.start()
+                self.events.append("start")
+        elif pending == "Off":
+            if on:
+                self.node.stop(force=False)
+                self.events.append("power button")
+        elif not pending and state == "On" and not on:
+            self.node.start()
+            self.events.append("start")
+        elif not pending and state == "Off" and on:
+            self.node.stop(force=True)
+            self.events.append("power pulled")
+
+    def settle(self) -> None:
+        """Wait until every notification so far has been applied."""
+        self.queue.join()
+
+    def __enter__(self) -> NodeHook:
+        self.server.__enter__()
+        self.worker.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.queue.put(None)
+        self.worker.join(30)
+        self.server.__exit__()
