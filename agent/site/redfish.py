@@ -149,6 +149,8 @@ class RedfishClient:
         if parts.path != ROOT or parts.query or parts.username:
             raise InvalidParameters(f"BMC address must be host or host:port, not {address!r}")
         self._netloc = parts.netloc.lower()
+        if scheme == "http":
+            log.warning("Redfish %s: plain http, no TLS (a lab BMC or an emulator only)", address)
         pacing = call.pacing
         self.opts = http.HttpOptions(
             timeout=REQUEST_TIMEOUT, max_retries=MAX_RETRIES, backoff=pacing.min_interval,

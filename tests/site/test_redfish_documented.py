@@ -204,3 +204,24 @@ def test_links_off_the_bmcs_host_are_refused(bmc: DocumentedBmc) -> None:
         200, {"Content-Type": "application/json"}, b'{"Members": [{"@odata.id": "http://10.9.9.9/redfish/v1/x"}]}'))
     with pytest.raises(BmcRefused, match="outside itself"):
         client.power_state()
+
+
+def test_busy_answers_are_retried_with_pacing(bmc: DocumentedBmc) -> None:
+    from tests.site.redfish_documented import error_body
+
+    left = [2]
+    original = bmc._reset
+
+    def busy_twice(seen: object) -> tuple[int, dict[str, str], bytes]:
+        if left[0]:
+            left[0] -= 1
+            return 409, {"Content-Type": "application/json"}, error_body(
+                "The service is temporarily unavailable", "Base.1.8.ServiceTemporarilyUnavailable")
+        return original(seen)  # type: ignore[arg-type]
+
+    bmc.route("POST", f"{SYS}/Actions/ComputerSystem.Reset", busy_twice)
+    client = client_for(bmc)
+    start = time.monotonic()
+    client.set_power(PowerAction.ON, graceful_timeout=5)
+    assert bmc.resets == ["On"] and left == [0]
+    assert time.monotonic() - start >= 0.3 + 0.6  # backoff from Pacing.min_interval, doubling
