@@ -13,6 +13,8 @@ It is not a BMC and proves only that the client speaks the documented protocol:
 - Storage Volumes: POST to the collection -> 201 + Location; DELETE a volume -> 204; or 405
   where ``volumes_offered`` is False (the collection's Allow header says GET only).
 - Errors: a body ``{"error": {"message", "@Message.ExtendedInfo": [{"MessageId","Message"}]}}``.
+- VirtualMedia on the Manager without actions (older BMCs): PATCH Image and Inserted.
+- ResetType AllowableValues given through ``@Redfish.ActionInfo`` when ``action_info``.
 - Chassis with the newer Sensors collection (Sensor schema: ReadingType, Reading, ReadingUnits)
   instead of Thermal/Power.
 Faults on request: ``fail`` maps (method, path) to a status or "badjson" answered every time.
@@ -66,6 +68,8 @@ class DocumentedBmc:
         self.task_seen = 0
         self.pushed: bytes = b""
         self.fail: dict[tuple[str, str], int | str] = {}
+        self.media: dict[str, Any] = {"Inserted": False, "Image": None}
+        self.action_info = False            # Reset's ResetTypes in @Redfish.ActionInfo instead
         self._routes()
 
     # -- plumbing ------------------------------------------------------------------------
@@ -136,7 +140,18 @@ class DocumentedBmc:
         self.route("GET", SYS, lambda s: ok(self._system()))
         self.route("POST", f"{SYS}/Actions/ComputerSystem.Reset", self._reset)
         self.route("GET", MGR, lambda s: ok({"@odata.id": MGR, "FirmwareVersion": "2.81",
+                                             "VirtualMedia": {"@odata.id": f"{MGR}/VirtualMedia"},
                                              "Links": {"ManagerForServers": [{"@odata.id": SYS}]}}))
+        # virtual media on the Manager, an older BMC's: no actions, PATCH Image and Inserted
+        self.route("GET", f"{MGR}/VirtualMedia", lambda s: ok({"Members": [
+            {"@odata.id": f"{MGR}/VirtualMedia/Floppy"}, {"@odata.id": f"{MGR}/VirtualMedia/CD"}]}))
+        self.route("GET", f"{MGR}/VirtualMedia/Floppy", lambda s: ok(
+            {"Id": "Floppy", "MediaTypes": ["Floppy", "USBStick"], "Inserted": False, "Image": None}))
+        self.route("GET", f"{MGR}/VirtualMedia/CD", lambda s: ok(
+            {"Id": "CD", "MediaTypes": ["CD", "DVD"], **self.media}))
+        self.route("PATCH", f"{MGR}/VirtualMedia/CD", self._patch_media)
+        self.route("GET", f"{SYS}/ResetActionInfo", lambda s: ok({"Parameters": [
+            {"Name": "ResetType", "AllowableValues": ["On", "ForceOff", "ForceRestart"]}]}))
         self.route("GET", CHA, lambda s: ok({"@odata.id": CHA, "Sensors": {"@odata.id": f"{CHA}/Sensors"}}))
         sensors = {
             "CPU1Temp": {"ReadingType": "Temperature", "Reading": 48.5, "ReadingUnits": "Cel"},
@@ -184,6 +199,10 @@ class DocumentedBmc:
         self.route("POST", VOLUMES, self._create_volume)
 
     def _system(self) -> dict[str, Any]:
+        reset: dict[str, Any] = (
+            {"@Redfish.ActionInfo": f"{SYS}/ResetActionInfo"} if self.action_info else
+            {"ResetType@Redfish.AllowableValues": ["On", "ForceOff", "GracefulShutdown", "PowerCycle"]}
+        )
         return {
             "@odata.id": SYS, "Id": "1", "Manufacturer": "Contoso", "Model": "GPU-8", "SerialNumber": "SN123",
             "BiosVersion": "1.4.2", "UUID": "00000000-0000-0000-0000-000000000001", "PowerState": self.power,
@@ -191,15 +210,18 @@ class DocumentedBmc:
             "EthernetInterfaces": {"@odata.id": f"{SYS}/EthernetInterfaces"},
             "Storage": {"@odata.id": f"{SYS}/Storage"},
             "Links": {"Chassis": [{"@odata.id": CHA}]},
-            "Actions": {"#ComputerSystem.Reset": {
-                "target": f"{SYS}/Actions/ComputerSystem.Reset",
-                "ResetType@Redfish.AllowableValues": ["On", "ForceOff", "GracefulShutdown", "PowerCycle"]}},
+            "Actions": {"#ComputerSystem.Reset": {"target": f"{SYS}/Actions/ComputerSystem.Reset", **reset}},
         }
 
     def _reset(self, seen: Seen) -> Reply:
         kind = json.loads(seen.body)["ResetType"]
         self.resets.append(kind)
-        self.power = {"On": "On", "ForceOff": "Off", "GracefulShutdown": "Off", "PowerCycle": "On"}[kind]
+        self.power = {"On": "On", "ForceOff": "Off", "GracefulShutdown": "Off", "PowerCycle": "On",
+                      "ForceRestart": "On"}[kind]
+        return 204, {}, b""
+
+    def _patch_media(self, seen: Seen) -> Reply:
+        self.media.update(json.loads(seen.body))
         return 204, {}, b""
 
     def _login(self, seen: Seen) -> Reply:

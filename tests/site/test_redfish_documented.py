@@ -225,3 +225,24 @@ def test_busy_answers_are_retried_with_pacing(bmc: DocumentedBmc) -> None:
     client.set_power(PowerAction.ON, graceful_timeout=5)
     assert bmc.resets == ["On"] and left == [0]
     assert time.monotonic() - start >= 0.3 + 0.6  # backoff from Pacing.min_interval, doubling
+
+
+def test_reset_types_from_action_info(bmc: DocumentedBmc) -> None:
+    bmc.action_info = True
+    client = client_for(bmc)
+    client.set_power(PowerAction.ON, graceful_timeout=5)
+    client.set_power(PowerAction.CYCLE, graceful_timeout=5)   # no PowerCycle listed: off, settle, on
+    client.set_power(PowerAction.RESET, graceful_timeout=5)
+    assert bmc.resets == ["On", "ForceOff", "On", "ForceRestart"]
+
+
+def test_virtual_media_on_the_manager_by_patch(bmc: DocumentedBmc) -> None:
+    client = client_for(bmc)
+    client.insert_media("http://10.0.0.1/boot.iso")
+    assert bmc.media == {"Inserted": True, "Image": "http://10.0.0.1/boot.iso"}
+    cd = next(m for m in client.virtual_media() if m.id == "CD")
+    assert cd.inserted and cd.image == "http://10.0.0.1/boot.iso" and list(cd.media_types) == ["CD", "DVD"]
+    client.eject_media()
+    assert bmc.media == {"Inserted": False, "Image": None}
+    with pytest.raises(Unsupported, match="no virtual Floppy2 drive"):
+        client.insert_media("http://10.0.0.1/x.img", media_type="Floppy2")
