@@ -58,6 +58,7 @@ class DocumentedBmc:
         self.accounts = {username: password}
         self.sessions_offered = sessions
         self.tokens: dict[str, str] = {}           # token -> session path
+        self.issued: list[str] = []                # every token ever handed out
         self.deleted_sessions: list[str] = []
         self.power = "Off"
         self.resets: list[str] = []
@@ -231,6 +232,7 @@ class DocumentedBmc:
         token = secrets.token_hex(16)
         path = f"{SESSIONS}/{len(self.tokens) + 1}"
         self.tokens[token] = path
+        self.issued.append(token)
         self.server.route("DELETE", path, lambda s, t=token, p=path: self._logout(s, t, p))
         return self.ok({"@odata.id": path, "UserName": body["UserName"]}, 201,
                        {"X-Auth-Token": token, "Location": path})

@@ -24,10 +24,20 @@ from tests.site.sushy import fast_call
 USER, PASSWORD = "root", "old-Passw0rd-91"
 
 
+NEW_PASSWORDS = ("new-Passw0rd-22", "short")
+
+
 @pytest.fixture
-def bmc() -> Iterator[DocumentedBmc]:
+def bmc(caplog: pytest.LogCaptureFixture) -> Iterator[DocumentedBmc]:
+    """The documented BMC; after the test, no password or session token in any log record."""
+    caplog.set_level(logging.DEBUG)
     with DocumentedBmc(username=USER, password=PASSWORD) as server:
         yield server
+    records = caplog.get_records("setup") + caplog.get_records("call")
+    assert records  # the client logged its requests: the check below has something to read
+    logged = "".join(r.getMessage() + repr(r.args) for r in records)
+    for secret in (PASSWORD, *NEW_PASSWORDS, *server.issued):
+        assert secret not in logged
 
 
 def client_for(bmc: DocumentedBmc, password: str = PASSWORD, seconds: float = 30.0) -> RedfishClient:
