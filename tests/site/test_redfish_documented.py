@@ -256,3 +256,13 @@ def test_virtual_media_on_the_manager_by_patch(bmc: DocumentedBmc) -> None:
     assert bmc.media == {"Inserted": False, "Image": None}
     with pytest.raises(Unsupported, match="no virtual Floppy2 drive"):
         client.insert_media("http://10.0.0.1/x.img", media_type="Floppy2")
+
+
+def test_task_still_running_at_the_deadline_is_a_timeout(bmc: DocumentedBmc) -> None:
+    from agent.errors import CommandTimeout
+
+    bmc.task_polls = 10**6
+    start = time.monotonic()
+    with pytest.raises(CommandTimeout, match=r"still Running at \d+% at the deadline"):
+        client_for(bmc, seconds=2.5).firmware_update(image_uri="https://files.example/fw.bin")
+    assert time.monotonic() - start < 3.0
