@@ -22,6 +22,12 @@ __all__ = ["MODULES", "Context", "Handler", "HandlerTable", "SelfTermination", "
 
 # kind -> the module whose Handler serves it.
 MODULES: dict[str, str] = {
+    "bmc.boot": "agent.commands.bmc",
+    "bmc.firmware": "agent.commands.bmc",
+    "bmc.power": "agent.commands.bmc",
+    "bmc.query": "agent.commands.bmc",
+    "bmc.rotate": "agent.commands.bmc",
+    "bmc.storage": "agent.commands.bmc",
     "boot.kexec": "agent.commands.kexec",
     "daemon.upgrade": "agent.commands.upgrade",
     "deploy.image": "agent.commands.deploy",
