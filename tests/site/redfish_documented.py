@@ -52,8 +52,9 @@ def error_body(message: str, message_id: str = "Base.1.8.GeneralError") -> bytes
 
 class DocumentedBmc:
     def __init__(self, *, username: str, password: str, sessions: bool = True,
-                 volumes_offered: bool = True, task_polls: int = 2, task_fails: bool = False) -> None:
-        self.server = ScriptedServer()
+                 volumes_offered: bool = True, task_polls: int = 2, task_fails: bool = False,
+                 tls: tuple[str, str] | None = None) -> None:
+        self.server = ScriptedServer(tls=tls)
         self.guard = threading.Lock()
         self.accounts = {username: password}
         self.sessions_offered = sessions
@@ -84,7 +85,8 @@ class DocumentedBmc:
 
     @property
     def address(self) -> str:
-        return f"http://{self.server.address}"
+        """The server's URL root (http, or https with ``tls``)."""
+        return f"{self.server.scheme}://{self.server.address}"
 
     @property
     def seen(self) -> list[Seen]:
