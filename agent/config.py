@@ -28,4 +28,5 @@ class Config:
     bulk_bandwidth_bytes_per_second: int = 200 * 1024 * 1024
     heartbeat_seconds: float = 5.0
     max_signature_lifetime_seconds: float = 900.0  # a command expiring further out is refused
+    secrets_dir: Path = Path("/var/lib/bettercompute-agent/secrets")  # site role: BMC credentials
     extra: dict[str, str] = field(default_factory=dict)  # unknown bc.* settings, kept for handlers

@@ -29,7 +29,7 @@ from agent.commands import HandlerTable
 from agent.errors import AgentError, InvalidParameters
 from agent.journal import MAGIC, scan
 from agent.trust import decode_command_body
-from tests.runtime.harness import HANDLERS, ROOT
+from tests.runtime.harness import AGENT_MAIN, ROOT
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 KINDS = sorted(catalog.KINDS)
@@ -321,11 +321,10 @@ def test_http_responses_with_unbounded_headers_are_refused(bad_server: tuple[str
 
 
 def agent_exec(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, BC_AGENT_TEST_HANDLERS=str(HANDLERS), BC_TEST_DIR=str(tmp_path),
-               PYTHONPATH=str(ROOT))
+    env = dict(os.environ, BC_TEST_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
     (tmp_path / "spec").mkdir(exist_ok=True)
     return subprocess.run(
-        [sys.executable, "-m", "agent", "exec", "--node", "n1", "--state-dir", str(tmp_path / "st"), *args],
+        [sys.executable, str(AGENT_MAIN), "exec", "--node", "n1", "--state-dir", str(tmp_path / "st"), *args],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
     )
 
