@@ -56,7 +56,7 @@ class IpmiSim:
     def ipmitool(self, *args: str, password: str = PASSWORD) -> proc.Completed:
         """ipmitool straight at the emulator (the test's own check, not the client's)."""
         return proc.run(["ipmitool", "-I", "lanplus", "-H", "127.0.0.1", "-p", str(self.port),
-                         "-U", USERNAME, "-E", "-N", "1", "-R", "1", *args],
+                         "-U", USERNAME, "-E", "-C", "3", "-N", "1", "-R", "1", *args],
                         check=False, timeout=20, env=proc.clean_env({"IPMI_PASSWORD": password}))
 
     def stop(self) -> None:
