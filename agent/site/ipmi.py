@@ -29,6 +29,7 @@ things: Unsupported, use Redfish.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import os
 import re
@@ -110,7 +111,12 @@ def split_address(address: str) -> tuple[str, int]:
     elif address.count(":") == 1:
         host, text = address.split(":")
         port = _port(text, address)
-    if not host or not re.fullmatch(r"[A-Za-z0-9._:-]+", host) or host.startswith("-"):
+    if ":" in host:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise InvalidParameters(f"bmc_address {address!r}: not an IPv6 address") from None
+    elif not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", host):
         raise InvalidParameters(f"bmc_address {address!r}: not a host name or IP address")
     return host, port
 
