@@ -237,7 +237,9 @@ def parse_user_id(text: str, username: str) -> int | None:
 class IpmiClient:
     """One BMC over IPMI 2.0 lanplus. ``attempts`` counts the ipmitool runs made."""
 
-    def __init__(self, target: Target, call: CallContext, *, channel: int = 1) -> None:
+    def __init__(self, target: Target, call: CallContext, *, channel: int = 1,
+                 ipmitool: str = IPMITOOL) -> None:
+        self.ipmitool = ipmitool
         self.target = target
         self.call = call
         self.host, self.port = split_address(target.address)
@@ -266,7 +268,7 @@ class IpmiClient:
         return text
 
     def _once(self, args: list[str], creds: Credentials) -> proc.Completed:
-        argv = [IPMITOOL, "-v", "-I", "lanplus", "-H", self.host, "-p", str(self.port),
+        argv = [self.ipmitool, "-v", "-I", "lanplus", "-H", self.host, "-p", str(self.port),
                 "-U", creds.username, "-E", "-C", CIPHER_SUITE, "-N", "2", "-R", "1", *args]
         env = proc.clean_env({"IPMI_PASSWORD": creds.password})
         self.attempts += 1
