@@ -264,6 +264,11 @@ def test_power_and_pxe_boot_drive_a_real_guest(powered_sim: IpmiSim, site_config
     run_kind("bmc.power", site_config, request(sim.address, "reset"))
     wait_for(lambda: sum(b.how == "pxe-fetch" for b in node.boots()) >= 2, 120, "the PXE fetch after reset")
     assert [b.how for b in node.boots()][:2] == ["start", "pxe-fetch"]
+    # A power cycle is off then on: a new QEMU (a second "start"), booting by PXE again.
+    cycle = run_kind("bmc.power", site_config, request(sim.address, "cycle"))
+    assert cycle.power_state == "on"
+    assert [b.how for b in node.boots()].count("start") == 2
+    wait_for(lambda: sum(b.how == "pxe-fetch" for b in node.boots()) >= 3, 120, "the PXE fetch after cycle")
     # Graceful first: this guest ignores the power button, so it is forced at the deadline.
     started = time.monotonic()
     off = run_kind("bmc.power", site_config,
