@@ -113,10 +113,16 @@ def test_redfish_without_its_client_fails_clearly(site_config: Config) -> None:
 def test_query_gives_typed_system_and_power(sim: IpmiSim, site_config: Config) -> None:
     result = run_kind("bmc.query", site_config, request(sim.address, "query"))
     assert result.power_state == "off" and result.state == "off"
-    assert result.system.manufacturer == "MontaVista Software, Inc."
+    # FRU 0 and the SDR sensors as qemu/ipmisim.py configures the emulated BMC.
+    assert (result.system.manufacturer, result.system.model, result.system.serial) == \
+        ("Better Compute", "BC-QEMU-1", "BCQ0001")
     assert result.system.bmc_firmware_version == "9.08"
     assert result.values["ipmi_version"] == "2.0"
-    assert result.attempts >= 3
+    sensors = {s.name: (s.kind, s.reading, s.units, s.health, s.has_reading) for s in result.sensors}
+    assert sensors == {"CPU Temp": ("temperature", 45.0, "Cel", "OK", True),
+                       "FAN1": ("fan", 5400.0, "RPM", "OK", True),
+                       "PSU1 Power": ("power", 320.0, "W", "OK", True)}
+    assert result.attempts >= 5
 
 
 def test_status_of_a_node_that_is_off(sim: IpmiSim, site_config: Config) -> None:
