@@ -245,7 +245,6 @@ class IpmiClient:
         self.host, self.port = split_address(target.address)
         self.channel = channel
         self.attempts = 0
-        self._last_request = 0.0
 
     # -- running ipmitool -----------------------------------------------------------------
 
@@ -273,7 +272,6 @@ class IpmiClient:
                 "-C", CIPHER_SUITE, "-N", "2", "-R", "1", *args]
         env = proc.clean_env({"IPMI_PASSWORD": creds.password})
         self.attempts += 1
-        self._last_request = time.monotonic()
         return proc.run(argv, check=False, env=env, cancel=self.call.cancel,
                         timeout=min(CALL_TIMEOUT, self._remaining()))
 

@@ -19,7 +19,8 @@ from agent.errors import BmcRefused
 from agent.proto import site_pb2
 from agent.site.bmc import CallContext, Credentials, Pacing, PowerState, Target
 from agent.site.ipmi import IpmiClient
-from tests.site.conftest import REF
+from agent.site.secrets import SecretStore
+from tests.site.conftest import PASSWORD, REF
 
 SECRET = "Busy-Secret-5gH"
 
@@ -125,3 +126,30 @@ echo "Chassis Power is on"
         assert second[0] >= first[1], f"two operations overlapped on {host}"
     a, b = sorted(spans["10.0.0.1"])[0], sorted(spans["10.0.0.2"])[0]
     assert a[0] < b[1] and b[0] < a[1], "the two BMCs were not driven in parallel"
+
+
+def test_a_bmc_that_refuses_the_new_password_keeps_the_old_one(tmp_path: Path, site_config: Config,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """bmc.rotate halfway: the password is staged, the BMC refuses the change. The store keeps
+    the working password, drops the pending one, and the error carries the BMC's words."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "ipmitool").write_text(f"""#!/bin/sh
+if [ "$IPMI_PASSWORD" != "{PASSWORD}" ]; then echo "> RAKP 2 HMAC is invalid" >&2; exit 1; fi
+case "$*" in
+  *"user list"*) echo "2   bcadmin          true    false      true       ADMINISTRATOR";;
+  *exec*) echo "Set User Password command failed (user 2): Invalid data field in request" >&2; exit 1;;
+  *) echo "Chassis Power is on";;
+esac
+""")
+    (bindir / "ipmitool").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    handler = handler_for("bmc.rotate")
+    assert handler is not None
+    params = handler.parse(site_pb2.BmcOperationRequest(
+        bmc_address="10.0.0.3", protocol="ipmi", operation="rotate", credentials_ref=REF))
+    with pytest.raises(BmcRefused) as info:
+        handler.run(Context.local("bmc.rotate", site_config), params)
+    assert "Invalid data field in request" in info.value.details["bmc_message"]
+    store = SecretStore(site_config.secrets_dir)
+    assert store.get(REF).password == PASSWORD and store.pending(REF) is None
