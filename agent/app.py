@@ -130,8 +130,13 @@ def _exec_args(p: argparse.ArgumentParser) -> None:
 
 
 def targets_of(msg: Message) -> list[str]:
-    """What a destructive payload acts on: disks (serial, WWN, name, path), GPUs."""
+    """What a destructive payload acts on: disks (serial, WWN, name, path), GPUs, a BMC."""
     found: list[str] = []
+    if msg.DESCRIPTOR.full_name == "bettercompute.site.v1.BmcOperationRequest":
+        from agent.proto import site_pb2
+
+        assert isinstance(msg, site_pb2.BmcOperationRequest)
+        return [msg.bmc_address]  # the BMC, whichever node it serves
     if msg.DESCRIPTOR.full_name == "bettercompute.agent.v1.DiskHints":
         for name in ("serial", "wwn", "name", "by_path", "model"):
             if value := getattr(msg, name):

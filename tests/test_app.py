@@ -46,6 +46,7 @@ def test_targets_of_a_payload() -> None:
     assert targets_of(payload_from_json("deploy.image", {"target": {"wwn": "0x5000"}})) == ["0x5000"]
     assert targets_of(payload_from_json("gpu.reset", {"gpu": "GPU-1234"})) == ["GPU-1234"]
     assert targets_of(payload_from_json("node.reboot", {})) == []
+    assert targets_of(payload_from_json("bmc.boot", {"bmc_address": "10.0.0.9:623"})) == ["10.0.0.9:623"]
 
 
 def test_exec_runs_a_command_and_prints_its_result(tmp_path: Path) -> None:
