@@ -22,7 +22,9 @@ __all__ = ["MODULES", "Context", "Handler", "HandlerTable", "SelfTermination", "
 
 # kind -> the module whose Handler serves it.
 MODULES: dict[str, str] = {
+    "boot.cleanUp": "agent.commands.boot",
     "boot.kexec": "agent.commands.kexec",
+    "boot.prepareRamdisk": "agent.commands.boot",
     "daemon.upgrade": "agent.commands.upgrade",
     "deploy.image": "agent.commands.deploy",
     "diag.dcgm": "agent.commands.dcgm",
@@ -34,6 +36,7 @@ MODULES: dict[str, str] = {
     "inventory.refresh": "agent.commands.inventory",
     "logs.collect": "agent.commands.logs",
     "node.reboot": "agent.commands.reboot",
+    "site.httpProxy": "agent.commands.proxy",
 }
 
 def handler_class(kind: str) -> type[Handler[Any]] | None:
