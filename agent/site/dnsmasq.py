@@ -79,13 +79,13 @@ def render_config(s: DnsmasqSettings) -> str:
         f"dhcp-ignore=tag:!{BootFile.BIOS.tag},tag:!{BootFile.UEFI.tag}",
         "dhcp-userclass=set:ipxe,iPXE",
         "dhcp-match=set:ipxe,175",
+        # BIOS PXE ROMs: a boot menu of one item, answered by the boot server (port 4011).
         'pxe-prompt="bettercompute",0',
         f'pxe-service=tag:!ipxe,tag:{BootFile.BIOS.tag},x86PC,"bettercompute",{BootFile.BIOS}',
-        f'pxe-service=tag:!ipxe,tag:{BootFile.UEFI.tag},X86-64_EFI,"bettercompute",{BootFile.UEFI}',
-        f'pxe-service=tag:!ipxe,tag:{BootFile.UEFI.tag},BC_EFI,"bettercompute",{BootFile.UEFI}',
         f'pxe-service=tag:ipxe,x86PC,"bettercompute",{boot}',
-        f'pxe-service=tag:ipxe,X86-64_EFI,"bettercompute",{boot}',
-        f'pxe-service=tag:ipxe,BC_EFI,"bettercompute",{boot}',
+        # UEFI PXE: the file in the proxy offer itself (dnsmasq sends no menu to UEFI).
+        f"dhcp-boot=tag:!ipxe,tag:{BootFile.UEFI.tag},{BootFile.UEFI}",
+        # iPXE, once chained (either firmware): the site's chain script over HTTP.
         f"dhcp-boot=tag:ipxe,{boot}",
         "enable-tftp",
         f"tftp-root={s.tftp_dir}",

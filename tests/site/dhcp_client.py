@@ -3,6 +3,8 @@
 Run inside a network namespace on an interface without an address:
 
     python tests/site/dhcp_client.py --iface cli0 --mac 52:54:00:00:00:01 [--arch 0|7] [--ipxe]
+        [--ciaddr ADDR]       # and then ask the proxy's boot server (port 4011) for the file
+    python tests/site/dhcp_client.py --tftp SERVER FILE   # read a file by TFTP: size, sha256
 
 It is what a PXE ROM sends (option 60 "PXEClient:Arch:...", 93 client architecture, 94 the
 UNDI version, 97 a machine UUID) and, with --ipxe, what iPXE adds (77 user class "iPXE", 175).
@@ -12,6 +14,7 @@ Each offer: server (the source address), yiaddr, siaddr, file, and the options b
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import select
@@ -79,15 +82,46 @@ def parse(packet: bytes) -> dict[str, object]:
             "options": options}
 
 
+def tftp_get(server: str, name: str, timeout: float = 3.0) -> dict[str, object]:
+    """Read ``name`` from ``server`` by TFTP (RFC 1350, 512-byte blocks); its size and sha256,
+    or the server's error."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(timeout)
+    s.sendto(b"\0\1" + name.encode() + b"\0octet\0", (server, 69))
+    data = bytearray()
+    expected = 1
+    while True:
+        try:
+            packet, peer = s.recvfrom(4 + 65536)
+        except TimeoutError:
+            return {"error": "timeout"}
+        op = struct.unpack("!H", packet[:2])[0]
+        if op == 5:
+            return {"error": packet[4:].split(b"\0", 1)[0].decode("latin-1")}
+        block = struct.unpack("!H", packet[2:4])[0]
+        if op != 3:
+            return {"error": f"opcode {op}"}
+        if block == expected:
+            data += packet[4:]
+            expected = (expected + 1) & 0xFFFF
+        s.sendto(struct.pack("!HH", 4, block), peer)
+        if block == (expected - 1) & 0xFFFF and len(packet) - 4 < 512:
+            return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--iface", required=True)
-    p.add_argument("--mac", required=True)
+    p.add_argument("--iface", default="")
+    p.add_argument("--mac", default="")
+    p.add_argument("--tftp", nargs=2, metavar=("SERVER", "FILE"), help="read FILE by TFTP instead")
     p.add_argument("--arch", type=int, default=0)
     p.add_argument("--ipxe", action="store_true")
     p.add_argument("--wait", type=float, default=3.0)
     p.add_argument("--ciaddr", default="", help="this address: also ask the boot server (4011)")
     a = p.parse_args()
+    if a.tftp:
+        json.dump(tftp_get(*a.tftp), sys.stdout)
+        return 0
     mac = bytes.fromhex(a.mac.replace(":", ""))
     xid = int.from_bytes(os.urandom(4), "big")
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -115,7 +149,7 @@ def main() -> int:
         reply["server"] = addr
         if reply not in offers:
             offers.append(reply)
-    proxy = [o for o in offers if o["yiaddr"] == "0.0.0.0" and "43" in o["options"]]
+    proxy = [o for o in offers if o["yiaddr"] == "0.0.0.0" and "43" in o["options"]]  # type: ignore[operator]
     if a.ciaddr and proxy:
         server = str(proxy[0]["server"])
         request = boot_request(mac, xid, a.arch, a.ciaddr)

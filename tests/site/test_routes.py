@@ -7,6 +7,7 @@ import http.client
 import os
 import time
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,10 +46,10 @@ def request(url: str, method: str = "GET", headers: dict[str, str] | None = None
 
 
 @pytest.fixture
-def upstream() -> LoopbackServer:
+def upstream() -> Iterator[LoopbackServer]:
     with LoopbackServer() as srv:
         srv.add("/image.raw", DATA)
-        yield srv  # type: ignore[misc]
+        yield srv
 
 
 def test_get_streams_the_upstream(site: SiteServices, upstream: LoopbackServer) -> None:
