@@ -116,6 +116,8 @@ def start(config: Config) -> SiteServices | None:
     if not config.site_address:
         log.warning("site role without site_address: the boot service and proxy routes are off")
         return None
+    if _current is not None:
+        raise RuntimeError("the site services are already running")
     return install(SiteServices(ServiceSettings.from_config(config)))
 
 
