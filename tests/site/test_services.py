@@ -60,3 +60,9 @@ def test_bad_port_refused(port: str) -> None:
 def test_kernel_command_line_sets_them() -> None:
     loaded = settings.load({}, cmdline_text="bc.site_address=10.0.0.2 bc.site_interface=eth1")
     assert loaded.config.site_address == "10.0.0.2" and loaded.config.site_interface == "eth1"
+
+
+def test_site_address_must_be_an_address(tmp_path: Path) -> None:
+    with pytest.raises(InvalidParameters, match="site_address"):
+        services.start(Config(role=Role.SITE, site_address="10.0.0.2\ndhcp-range=x",
+                              state_dir=tmp_path))
