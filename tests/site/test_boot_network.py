@@ -126,6 +126,7 @@ def test_expired_and_removed_entries_get_no_offer(net: Net, site: SiteServices) 
     assert h is not None
     h.run(Context.local("boot.cleanUp"), h.parse(site_pb2.BootCleanUpRequest(node_id="n1")))
     assert not proxy_offers(ask(net, other)), "a cleaned-up entry still gets a boot offer"
+    assert site.dnsmasq is not None and site.dnsmasq.restarts == 0, "dnsmasq died on a reload"
 
 
 def test_dnsmasq_restarted_and_no_stray_left(net: Net, tmp_path: Path) -> None:
