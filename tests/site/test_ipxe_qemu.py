@@ -40,7 +40,7 @@ class SiteDaemon:
             [*net.exec(net.site), sys.executable, str(HERE / "site_daemon.py"),
              "--root", str(workdir / "site"), "--address", SITE, "--port", str(PORT),
              "--interface", "eth0"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log.fileno())
         assert self._recv().get("ready"), self.log()
 
     def _recv(self) -> dict[str, Any]:
