@@ -271,7 +271,10 @@ class _Handler(BaseHTTPRequestHandler):
         ``length`` when the upstream ended early (the caller cuts the connection)."""
         assert resp.fp is not None
         sent = 0
-        pending = resp.fp.peek(1)[: length] if length else b""  # read with the headers
+        try:
+            pending = resp.fp.peek(1)[: length] if length else b""  # read with the headers
+        except OSError as exc:
+            raise _Upstream(f"upstream failed mid-body: {type(exc).__name__}") from exc
         if pending:
             self.wfile.write(resp.fp.read(len(pending)))
             sent = len(pending)
