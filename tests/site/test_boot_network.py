@@ -149,8 +149,10 @@ def test_dnsmasq_restarted_and_no_stray_left(net: Net, tmp_path: Path) -> None:
         # The daemon dies without stopping its child: the next start kills the stray.
         first.dnsmasq._stopping.set()
         first.http.stop()
-    finally:
-        services._current = None
+    except BaseException:
+        services.stop()  # a failure here must not leave this dnsmasq behind
+        raise
+    services._current = None
     assert restarted is not None
     second = services.install(SiteServices(settings))
     try:
