@@ -29,4 +29,9 @@ class Config:
     heartbeat_seconds: float = 5.0
     max_signature_lifetime_seconds: float = 900.0  # a command expiring further out is refused
     secrets_dir: Path = Path("/var/lib/bettercompute-agent/secrets")  # site role: BMC credentials
+    # The site role's boot service and proxy routes (agent/site/services.py).
+    site_address: str = ""                  # the site's address on the provisioning network
+    site_http_port: int = 8088              # its HTTP service (iPXE scripts, routes)
+    site_interface: str = ""                # dnsmasq's interface; "" = no proxy DHCP/TFTP
+    site_ipxe_dir: Path = Path("/usr/lib/ipxe")  # undionly.kpxe, ipxe.efi (Debian's ipxe)
     extra: dict[str, str] = field(default_factory=dict)  # unknown bc.* settings, kept for handlers
