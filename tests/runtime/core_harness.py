@@ -89,7 +89,7 @@ class Terminating(Handler[Message, Message]):
 
     def run(self, ctx: Context, params: Message) -> SelfTermination:
         self.calls.append(ctx.command_id)
-        self.boot_ids.append(getattr(ctx, "boot_id", ""))
+        self.boot_ids.append(ctx.boot_id)
         return SelfTermination(proof=dict(self.proof), action=lambda: self.actions.append(time.monotonic()),
                                result=schema.result_class(self.kind_name)())
 

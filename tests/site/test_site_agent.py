@@ -66,7 +66,7 @@ def site_agent(world: World, config: Config) -> tuple[Agent, Frames]:
         handlers[kind] = h
     agent = Agent(Config(role=Role.SITE, node_id=NODE, state_dir=config.state_dir,
                          trusted_keys=world.keys, secrets_dir=config.secrets_dir),
-                  handlers=handlers, boot_id="boot-site", cmdline="")
+                  handlers=handlers, boot_id=world.boot_id, cmdline="")
     frames = Frames()
     agent.subscribe(frames)
     agent.start()
