@@ -55,7 +55,8 @@ BAD_IMAGE, TIMEOUT, INTERRUPTED, INTERNAL = "bad_image", "timeout", "interrupted
 # -- files ------------------------------------------------------------------------------------
 
 
-def fsync_dir(path: str) -> None:
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """fsync the directory that holds ``path`` (a rename or an unlink there is then durable)."""
     fd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -63,16 +64,34 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str, data: bytes, mode: int = 0o644) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+def write_atomic(
+    path: str | os.PathLike[str], data: bytes, mode: int = 0o644, *,
+    tmp_dir: str | os.PathLike[str] | None = None,
+) -> None:
+    """Write ``path`` whole or not at all, the agent's one way to do it: a new temporary file
+    (in ``tmp_dir`` when given: a folder on the same file system that nobody watches), written
+    with ``mode`` whatever the umask, fsync'ed, renamed over ``path``, and the directory
+    fsync'ed. A failure leaves ``path`` as it was and no temporary file behind."""
+    target = os.fspath(path)
+    folder, name = os.path.split(os.path.abspath(target))
+    tmp = os.path.join(os.fspath(tmp_dir) if tmp_dir is not None else folder,
+                       f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path)
+        try:
+            os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(target)
 
 
 def sha256_file(path: str) -> str:

@@ -12,17 +12,15 @@ or an artifact signature, and the other way round.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
-import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from agent import catalog, ed25519, limits
+from agent import catalog, ed25519, launcher, limits
 from agent.errors import InvalidParameters, Reason, Untrusted
 from agent.proto import session_pb2
 
@@ -93,11 +91,13 @@ class SigningKey:
         return ed25519.public_pem(self.public_raw)
 
     def save(self, path: Path) -> None:
-        """Write the private key as PEM, mode 0600, through a temporary file and a rename."""
-        _write_atomic(Path(path), self.private_pem(), 0o600)
+        """Write the private key as PEM, mode 0600, whole or not at all."""
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        launcher.write_atomic(path, self.private_pem(), 0o600)
 
     def save_public(self, path: Path) -> None:
-        _write_atomic(Path(path), self.public_pem(), 0o644)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        launcher.write_atomic(path, self.public_pem(), 0o644)
 
     def sign(self, domain: bytes, data: bytes) -> bytes:
         return self._key.sign(domain + data)
@@ -120,29 +120,6 @@ class SigningKey:
 
 # The node's own key is a SigningKey kept at state_dir / "node.key".
 NodeKey = SigningKey
-
-
-def _write_atomic(path: Path, data: bytes, mode: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.fchmod(fd, mode)
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def _refuse(reason: Reason, message: str, **details: Any) -> Untrusted:

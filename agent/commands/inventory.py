@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -26,6 +25,7 @@ from typing import Any, TypeVar
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
+from agent import launcher
 from agent.commands.base import Context, Handler
 from agent.errors import AgentError
 from agent.hw import block, gpu, lldp, sysfs, system
@@ -287,22 +287,9 @@ def load_previous(state_dir: Path) -> agent_pb2.Inventory | None:
 
 
 def store(state_dir: Path, inv: agent_pb2.Inventory) -> None:
-    """Write the inventory atomically: a temporary file, fsync, rename."""
+    """Write the inventory whole or not at all."""
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd, tmp = tempfile.mkstemp(prefix=".inventory.", dir=state_dir)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(inv.SerializeToString(deterministic=True))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, state_dir / STATE_FILE)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-# --------------------------------------------------------------------------- handler
+    launcher.write_atomic(state_dir / STATE_FILE, inv.SerializeToString(deterministic=True), 0o600)
 
 
 class InventoryRefresh(Handler[agent_pb2.InventoryRefreshRequest, InventoryParams], kind="inventory.refresh"):

@@ -31,7 +31,8 @@ from pathlib import Path
 
 from agent import proc
 from agent.errors import ToolFailed, ToolMissing
-from agent.site.pxe import BootFile, write_atomic
+from agent.launcher import write_atomic
+from agent.site.pxe import BootFile
 
 log = logging.getLogger(__name__)
 

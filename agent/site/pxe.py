@@ -22,7 +22,6 @@ A MAC without a host line gets no answer from the proxy DHCP (``dhcp-ignore`` of
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import hashlib
 import json
@@ -38,6 +37,7 @@ from pathlib import Path
 
 from agent import http
 from agent.errors import InvalidParameters, NotFound
+from agent.launcher import write_atomic
 from agent.proto import site_pb2
 
 log = logging.getLogger(__name__)
@@ -187,23 +187,6 @@ class BootEntry:
 
 def cache_key(url: str) -> str:
     return hashlib.sha256(url.encode()).hexdigest()
-
-
-def write_atomic(path: Path, data: bytes, mode: int = 0o644, tmp_dir: Path | None = None) -> None:
-    """Write ``path`` through a temporary file renamed into place (in ``tmp_dir`` when given:
-    a folder on the same file system that no one watches)."""
-    tmp = (tmp_dir or path.parent) / f".{path.name}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
 
 
 def _unlink(path: Path) -> bool:

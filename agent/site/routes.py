@@ -31,8 +31,9 @@ from pathlib import Path
 
 from agent import http as agent_http
 from agent.errors import InvalidParameters
+from agent.launcher import write_atomic
 from agent.proto import site_pb2
-from agent.site.pxe import parse_node_id, parse_ttl, write_atomic
+from agent.site.pxe import parse_node_id, parse_ttl
 
 log = logging.getLogger(__name__)
 

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import AgentError, InvalidParameters, NotFound, Reason, Unsupported
+from agent.launcher import fsync_dir, write_atomic
 from agent.site.bmc import Credentials
 
 log = logging.getLogger(__name__)
@@ -91,31 +92,6 @@ class PasswordPolicy:
             pw = "".join(_random.choice(alphabet) for _ in range(n))
             if all(any(c in cls for c in pw) for cls in classes):
                 return pw
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{_random.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
 
 
 class SecretStore:
@@ -237,7 +213,7 @@ class SecretStore:
 
     def put(self, ref: str, creds: Credentials) -> None:
         """Create or replace an entry (enrolment of a BMC)."""
-        _write_atomic(self._writable_entry(ref) / CURRENT, self._encode(creds))
+        write_atomic(self._writable_entry(ref) / CURRENT, self._encode(creds), 0o600)
         log.info("secret store: %s written", ref)
 
     def stage(self, ref: str, creds: Credentials) -> None:
@@ -245,7 +221,7 @@ class SecretStore:
         entry = self._writable_entry(ref)
         if self._load(ref, CURRENT) is None:
             raise NotFound(f"credentials_ref {ref!r}: no current entry to rotate", credentials_ref=ref)
-        _write_atomic(entry / PENDING, self._encode(creds))
+        write_atomic(entry / PENDING, self._encode(creds), 0o600)
         log.info("secret store: %s: new password staged (pending)", ref)
 
     def promote(self, ref: str) -> None:
@@ -254,7 +230,7 @@ class SecretStore:
         if self._load(ref, PENDING) is None:
             raise NotFound(f"credentials_ref {ref!r}: nothing pending to promote", credentials_ref=ref)
         os.replace(entry / PENDING, entry / CURRENT)
-        _fsync_dir(entry)
+        fsync_dir(entry / CURRENT)
         log.info("secret store: %s: pending password promoted", ref)
 
     def discard(self, ref: str) -> None:
@@ -262,7 +238,7 @@ class SecretStore:
         entry = self._entry(ref)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(entry / PENDING)
-            _fsync_dir(entry)
+            fsync_dir(entry / PENDING)
             log.info("secret store: %s: pending password discarded", ref)
 
     def reconcile(self, ref: str, accepted: Callable[[Credentials], bool]) -> Credentials:
