@@ -12,10 +12,14 @@ Booted with ``bc.root=LABEL=bcroot`` on its command line, the initramfs' /init m
 partition, binds those directories into place and runs the launcher as the unit would (see
 initramfs/init.sh): the ramdisk's userland stands in for a full OS. Built without mounting
 anything: sfdisk writes the table, mkfs.ext4 -d fills the filesystem at its offset.
+
+arm64: /boot/vmlinuz is the uncompressed Image (the ramdisk's boot file is gzipped, but
+kexec_file_load on arm64 reads only an Image), and the console is ttyAMA0.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import shutil
 import sys
@@ -25,7 +29,7 @@ from pathlib import Path
 from agent.proc import run
 from initramfs import build as ramdisk
 from initramfs import cpio
-from qemu.harness import kernel_args
+from qemu.harness import PLATFORMS, kernel_args
 from qemu.lab import GATEWAY_PORT, GUEST_HOST, Lab
 
 LABEL = "bcroot"
@@ -45,14 +49,15 @@ class NodeImage:
     initrd: Path
     kernel_sha256: str
     initrd_sha256: str
+    arch: str = "amd64"
 
     def kexec_cmdline(self) -> str:
-        return node_cmdline()
+        return node_cmdline(self.arch)
 
 
-def node_cmdline() -> str:
+def node_cmdline(arch: str = "amd64") -> str:
     """The installed node's kernel command line (its settings are in agent.conf)."""
-    return kernel_args(root=f"LABEL={LABEL}")
+    return kernel_args(PLATFORMS[arch].console, root=f"LABEL={LABEL}")
 
 
 def sha256(path: Path) -> str:
@@ -70,7 +75,10 @@ def build_node_image(lab: Lab, node_id: str, out: Path) -> NodeImage:
     shutil.rmtree(tree, ignore_errors=True)
     boot = tree / "boot"
     boot.mkdir(parents=True)
-    shutil.copyfile(lab.ramdisk.kernel, boot / "vmlinuz")
+    kernel_bytes = lab.ramdisk.kernel.read_bytes()
+    if kernel_bytes[:2] == b"\x1f\x8b":  # arm64's gzipped Image: kexec_file_load wants the Image
+        kernel_bytes = gzip.decompress(kernel_bytes)
+    (boot / "vmlinuz").write_bytes(kernel_bytes)
     # The node's initramfs: the ramdisk userland with /init (the agent comes from the disk).
     initrd = lab.ramdisk.base.read_bytes() + ramdisk.compress(
         cpio.archive(ramdisk.top_entries(lab.ramdisk.agent)), 3)
@@ -102,4 +110,4 @@ def build_node_image(lab: Lab, node_id: str, out: Path) -> NodeImage:
     shutil.copyfile(boot / "initrd.img", initrd_path)
     shutil.rmtree(tree)
     return NodeImage(raw, zst, sha256(raw), sha256(zst), kernel, initrd_path, sha256(kernel),
-                     sha256(initrd_path))
+                     sha256(initrd_path), lab.ramdisk.arch)
