@@ -13,6 +13,11 @@ partition, binds those directories into place and runs the launcher as the unit 
 initramfs/init.sh): the ramdisk's userland stands in for a full OS. Built without mounting
 anything: sfdisk writes the table, mkfs.ext4 -d fills the filesystem at its offset.
 
+``esp=True`` (UEFI firmware boots it from the disk, amd64): an EFI system partition comes
+first, FAT32 filled with mtools (no mount either), with systemd-boot as the removable-media
+loader (EFI/BOOT/BOOTX64.EFI, Debian's systemd-boot-efi), one loader entry, and the kernel and
+initramfs beside it: systemd-boot reads only FAT. The bcroot partition is the same.
+
 arm64: /boot/vmlinuz is the uncompressed Image (the ramdisk's boot file is gzipped, but
 kexec_file_load on arm64 reads only an Image), and the console is ttyAMA0.
 """
@@ -36,6 +41,9 @@ LABEL = "bcroot"
 SECTOR = 512
 START_SECTOR = 2048                  # 1 MiB
 FS_BYTES = 96 * 1024 * 1024
+ESP_BYTES = 64 * 1024 * 1024         # FAT32's smallest comfortable size, kernel + initramfs fit
+ESP_TYPE = "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"
+SYSTEMD_BOOT = Path("/usr/lib/systemd/boot/efi/systemd-bootx64.efi")
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -50,6 +58,7 @@ class NodeImage:
     kernel_sha256: str
     initrd_sha256: str
     arch: str = "amd64"
+    esp: bool = False        # an EFI system partition: UEFI firmware boots it from the disk
 
     def kexec_cmdline(self) -> str:
         return node_cmdline(self.arch)
@@ -68,8 +77,11 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def build_node_image(lab: Lab, node_id: str, out: Path) -> NodeImage:
-    """The image of an installed node ``node_id`` that dials ``lab``'s gateway."""
+def build_node_image(lab: Lab, node_id: str, out: Path, *, esp: bool = False) -> NodeImage:
+    """The image of an installed node ``node_id`` that dials ``lab``'s gateway; with ``esp``,
+    bootable by UEFI firmware from the disk (amd64 only: the loader is systemd-bootx64.efi)."""
+    if esp and lab.ramdisk.arch != "amd64":
+        raise ValueError(f"an EFI system partition is built for amd64 only, not {lab.ramdisk.arch}")
     out.mkdir(parents=True, exist_ok=True)
     tree = out / "tree"
     shutil.rmtree(tree, ignore_errors=True)
@@ -95,14 +107,20 @@ def build_node_image(lab: Lab, node_id: str, out: Path) -> NodeImage:
 
     raw = out / "node.img"
     raw.unlink(missing_ok=True)
-    total = START_SECTOR * SECTOR + FS_BYTES + 1024 * 1024
+    root_start = START_SECTOR + (ESP_BYTES // SECTOR if esp else 0)
+    total = root_start * SECTOR + FS_BYTES + 1024 * 1024
     with raw.open("wb") as f:
         f.truncate(total)
-    table = (f"label: gpt\nstart={START_SECTOR}, size={FS_BYTES // SECTOR}, "
-             f"type=0FC63DAF-8483-4772-8E79-3D69D8477DE4, name={LABEL}\n")
+    table = "label: gpt\n"
+    if esp:
+        table += f"start={START_SECTOR}, size={ESP_BYTES // SECTOR}, type={ESP_TYPE}, name=ESP\n"
+    table += (f"start={root_start}, size={FS_BYTES // SECTOR}, "
+              f"type=0FC63DAF-8483-4772-8E79-3D69D8477DE4, name={LABEL}\n")
     run(["sfdisk", "--quiet", "--no-reread", "--no-tell-kernel", str(raw)], input=table.encode(), timeout=60)
+    if esp:
+        _write_esp(raw, START_SECTOR * SECTOR, boot, node_cmdline(lab.ramdisk.arch))
     run(["mkfs.ext4", "-F", "-q", "-L", LABEL, "-d", str(tree), "-E",
-         f"offset={START_SECTOR * SECTOR}", str(raw), f"{FS_BYTES // 1024}k"], timeout=120)
+         f"offset={root_start * SECTOR}", str(raw), f"{FS_BYTES // 1024}k"], timeout=120)
     zst = out / "node.img.zst"
     run(["zstd", "-q", "-f", "-T0", "-6", str(raw), "-o", str(zst)], timeout=300)
     kernel, initrd_path = out / "vmlinuz", out / "initrd.img"
@@ -110,4 +128,34 @@ def build_node_image(lab: Lab, node_id: str, out: Path) -> NodeImage:
     shutil.copyfile(boot / "initrd.img", initrd_path)
     shutil.rmtree(tree)
     return NodeImage(raw, zst, sha256(raw), sha256(zst), kernel, initrd_path, sha256(kernel),
-                     sha256(initrd_path), lab.ramdisk.arch)
+                     sha256(initrd_path), lab.ramdisk.arch, esp)
+
+
+def _write_esp(raw: Path, offset: int, boot: Path, cmdline: str) -> None:
+    """An EFI system partition at ``offset`` in ``raw``: systemd-boot, its entry, and the
+    kernel and initramfs in ``boot``."""
+    if not SYSTEMD_BOOT.is_file():
+        raise FileNotFoundError(f"{SYSTEMD_BOOT} is missing (apt-get install systemd-boot-efi)")
+    esp = raw.with_name("esp.img")
+    esp.unlink(missing_ok=True)
+    with esp.open("wb") as f:
+        f.truncate(ESP_BYTES)
+    run(["mkfs.vfat", "-F", "32", "-n", "ESP", str(esp)], timeout=60)
+    files = raw.with_name("esp-files")
+    shutil.rmtree(files, ignore_errors=True)
+    (files / "entries").mkdir(parents=True)
+    (files / "loader.conf").write_text("default bc.conf\ntimeout 0\n")
+    (files / "entries/bc.conf").write_text(
+        f"title Better Compute node\nlinux /vmlinuz\ninitrd /initrd.img\noptions {cmdline}\n")
+    img = ["-i", str(esp)]
+    run(["mmd", *img, "::/EFI", "::/EFI/BOOT", "::/loader", "::/loader/entries"], timeout=60)
+    for src, dest in ((SYSTEMD_BOOT, "::/EFI/BOOT/BOOTX64.EFI"),
+                      (files / "loader.conf", "::/loader/loader.conf"),
+                      (files / "entries/bc.conf", "::/loader/entries/bc.conf"),
+                      (boot / "vmlinuz", "::/vmlinuz"), (boot / "initrd.img", "::/initrd.img")):
+        run(["mcopy", *img, str(src), dest], timeout=60)
+    with raw.open("r+b") as out, esp.open("rb") as f:
+        out.seek(offset)
+        shutil.copyfileobj(f, out, 1 << 20)
+    esp.unlink()
+    shutil.rmtree(files)
