@@ -220,6 +220,9 @@ class Machine:
 
     def argv(self) -> list[str]:
         spec = self.spec
+        if spec.pxe and spec.arch != "amd64":
+            # QEMU's NIC ROMs (ipxe-qemu) are x86 builds; arm64's firmware would find no iPXE.
+            raise ValueError(f"{spec.name}: PXE boots are x86 only here, not {spec.arch}")
         fwd = dict(spec.forwards)
         netdev = "user,id=net0,restrict=on,net=10.0.2.0/24,host=10.0.2.2"
         if spec.pxe:

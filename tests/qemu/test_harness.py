@@ -132,6 +132,8 @@ def test_arm64_is_a_virt_machine_booted_by_uefi_with_a_virtio_console_shell(tmp_
     assert "virtconsole,chardev=sh0" in argv
     assert argv.count("-serial") == 1  # virt has one UART: the console
     assert "console=ttyAMA0,115200" in harness.kernel_args(harness.PLATFORMS["arm64"].console)
+    with pytest.raises(ValueError, match="x86 only"):
+        Machine(spec(tmp_path, arch="arm64", pxe=True)).argv()
 
 
 def test_uefi_on_amd64_is_ovmf_and_disk_boot_boots_the_first_disk(tmp_path: Path) -> None:
