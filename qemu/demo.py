@@ -17,8 +17,8 @@ TCG by default (BC_QEMU_KVM=1 uses KVM where /dev/kvm works). Takes a few minute
 
 ``--uefi``: the machine boots OVMF (UEFI) and PXE is done by the EFI build of the iPXE ROM;
 the node image carries an EFI system partition (systemd-boot) too. ``--arch arm64``: an arm64
-node (``-M virt``, UEFI firmware, Debian's arm64 ramdisk), booted by the firmware from
-``-kernel`` rather than PXE, without the fake NVML library (built for x86 only).
+node (``-M virt``, UEFI firmware, Debian's arm64 ramdisk; its PXE loads GRUB, which fetches
+the ramdisk over HTTP), without the fake NVML library (built for x86 only).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def install_packages(arch: str = "amd64", uefi: bool = False) -> None:
     plat = PLATFORMS[arch]
     tools = {**TOOLS, plat.qemu: plat.package}
     if arch != "amd64":
-        tools["qemu-aarch64-static"] = "qemu-user-static"
+        tools.update({"qemu-aarch64-static": "qemu-user-static", "grub-mkimage": "grub-common"})
     if uefi:
         tools.update({"mkfs.vfat": "dosfstools", "mcopy": "mtools"})
     missing = sorted({pkg for tool, pkg in tools.items() if shutil.which(tool) is None})
@@ -110,13 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--uefi", action="store_true",
                         help="UEFI firmware (OVMF) and PXE by iPXE's EFI build; an ESP on the node image")
     parser.add_argument("--arch", choices=("amd64", "arm64"), default="amd64",
-                        help="the node's architecture (arm64: -M virt under UEFI, booted from -kernel)")
+                        help="the node's architecture (arm64: -M virt, UEFI PXE through GRUB)")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         sys.exit("demo: run as root (the ramdisk builder chroots into the ramdisk's root)")
     if not args.no_install:
         install_packages(args.arch, args.uefi)
-    pxe = args.arch == "amd64"  # the user network's iPXE ROMs are x86's
 
     from agent.proto import session_pb2
     from qemu.lab import Lab, ensure_ramdisk
@@ -160,14 +159,13 @@ def main(argv: list[str] | None = None) -> int:
             files["/etc/bettercompute/fake-nvml.json"] = json.dumps(gpus).encode()
             env["FAKE_NVML_CONFIG"] = "/etc/bettercompute/fake-nvml.json"
         firmware = "UEFI" if args.uefi or args.arch != "amd64" else "BIOS"
-        how = "PXE boot (iPXE over the user network)" if pxe else "the firmware boots -kernel"
+        how = "PXE boot (" + ("iPXE" if args.arch == "amd64" else "GRUB") + " over the user network)"
         tl.say(f"powering on {NODE} ({args.arch}, {firmware}): {how}, disks "
                + ", ".join(f"{d.interface}:{d.serial}" for d in disks))
-        machine = lab.boot(NODE, disks=disks, pxe=pxe, uefi=args.uefi, files=files, env=env)
+        machine = lab.boot(NODE, disks=disks, pxe=True, uefi=args.uefi, files=files, env=env)
         joined = lab.wait_joined(machine, NODE, 600)
         hello = lab.gateway.nodes[NODE].hello
-        fetched = (f"; iPXE fetched {', '.join(r.split()[1] for r in machine.pxe_served)} over HTTP"
-                   if pxe else "")
+        fetched = f"; fetched {', '.join(r.split()[1] for r in machine.pxe_served)} over HTTP"
         tl.say(f"JOINED: {NODE} in role {hello.role}, agent {hello.agent_version}, boot id "
                f"{hello.boot_id[:8]} ({joined:.1f}s after power-on{fetched})")
 

@@ -25,7 +25,9 @@ machine with SeaBIOS, or OVMF (Debian's ``ovmf``) with ``uefi=True``, its PXE th
 EFI build of the same iPXE ROM; arm64 is ``-M virt`` with a Cortex-A72 and always UEFI (Debian's
 ``qemu-efi-aarch64``), which boots ``-kernel`` through QEMU's fw_cfg as a boot loader would.
 Its console is the PL011 (ttyAMA0) and the test ramdisk's shell is on a virtio console (hvc0):
-``virt`` has one UART. ``disk_boot=True`` boots the first disk through the firmware (an
+``virt`` has one UART. arm64 PXE: QEMU's NIC ROMs are x86 iPXE builds, so the firmware's own
+PXE (edk2) fetches a GRUB EFI image by TFTP whose script does what boot.ipxe does (see
+grub_netboot()). ``disk_boot=True`` boots the first disk through the firmware (an
 installed node's ESP under UEFI) instead of ``-kernel`` or the network.
 """
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gzip
 import http.server
 import os
 import re
@@ -67,6 +70,7 @@ class Platform:
     package: str             # what installs ``qemu``
     firmware_package: str    # what installs ``uefi_firmware``
     always_uefi: bool = False
+    pxe_bootfile: str = "boot.ipxe"   # what the user network's DHCP names (TFTP)
 
 
 PLATFORMS = {
@@ -79,7 +83,7 @@ PLATFORMS = {
     # baseline is ARMv8.0.
     "arm64": Platform("qemu-system-aarch64", "virt", "cortex-a72", "ttyAMA0", "hvc0",
                       "/usr/share/qemu-efi-aarch64/QEMU_EFI.fd", "qemu-system-arm",
-                      "qemu-efi-aarch64", always_uefi=True),
+                      "qemu-efi-aarch64", always_uefi=True, pxe_bootfile="bootaa64.efi"),
 }
 
 
@@ -220,15 +224,12 @@ class Machine:
 
     def argv(self) -> list[str]:
         spec = self.spec
-        if spec.pxe and spec.arch != "amd64":
-            # QEMU's NIC ROMs (ipxe-qemu) are x86 builds; arm64's firmware would find no iPXE.
-            raise ValueError(f"{spec.name}: PXE boots are x86 only here, not {spec.arch}")
         fwd = dict(spec.forwards)
         netdev = "user,id=net0,restrict=on,net=10.0.2.0/24,host=10.0.2.2"
         if spec.pxe:
             assert self.http is not None
             fwd[HTTP_PORT] = self.http.port
-            netdev += f",tftp={self._pxe_dir()},bootfile=boot.ipxe"
+            netdev += f",tftp={self._pxe_dir()},bootfile={spec.platform.pxe_bootfile}"
         for guest_port, host_port in sorted(fwd.items()):
             cmd = f"{sys.executable} -I -S {HERE / 'forward.py'} {int(host_port)}"
             netdev += f",guestfwd=tcp:{GUEST_HOST}:{int(guest_port)}-cmd:{cmd}"
@@ -251,7 +252,9 @@ class Machine:
         argv += [
             "-netdev", netdev,
             "-device", "virtio-net-pci,netdev=net0,mac=52:54:00:12:34:56"
-            + (",bootindex=1" if spec.pxe else ",romfile="),
+            + (",bootindex=1" if spec.pxe else "")
+            # QEMU's NIC ROM is iPXE for x86: arm64's firmware does PXE itself.
+            + ("" if spec.pxe and spec.arch == "amd64" else ",romfile="),
             "-device", "virtio-rng-pci",
         ]
         for i, disk in enumerate(spec.disks):
@@ -278,6 +281,12 @@ class Machine:
                 target.unlink()
             os.link(src, target) if src.stat().st_dev == d.stat().st_dev else shutil.copyfile(src, target)
         base = f"http://{GUEST_HOST}:{HTTP_PORT}"
+        if self.spec.arch == "arm64":
+            grub_netboot(d / self.spec.platform.pxe_bootfile, self.spec.append)
+            kernel = (d / "vmlinuz").read_bytes()
+            if kernel[:2] == b"\x1f\x8b":  # GRUB's gzio cannot size a gzipped file over HTTP
+                (d / "vmlinuz").unlink()
+                (d / "vmlinuz").write_bytes(gzip.decompress(kernel))
         (d / "boot.ipxe").write_text(
             "#!ipxe\n"
             "echo bc-pxe: fetching the ramdisk over HTTP\n"
@@ -399,6 +408,42 @@ class Machine:
                 if not chunk:
                     raise self.fail("the guest's debug shell closed")
                 self._shell_buf += chunk
+
+
+GRUB_MODULES = ("efinet", "tftp", "http", "linux", "gzio", "echo", "boot")
+
+
+def grub_netboot(target: Path, append: str) -> Path:
+    """arm64's PXE boot loader: the firmware's own PXE (edk2's, over the virtio NIC) fetches
+    ``target`` by TFTP and runs it: a GRUB EFI image (Debian's grub-efi-arm64-bin modules,
+    the .deb downloaded and unpacked, not installed; the host's grub-mkimage) whose embedded
+    script fetches the kernel and initramfs over HTTP and boots them with ``append``, as
+    boot.ipxe does on x86. The kernel is served as the Image, unpacked: GRUB's gzio cannot
+    size a gzipped file over HTTP ("out of memory")."""
+    from initramfs import build as ramdisk
+
+    arch = ramdisk.ARCHES["arm64"]
+    if shutil.which("grub-mkimage") is None:
+        raise FileNotFoundError("grub-mkimage is missing (apt-get install grub-common)")
+    out = ramdisk.out_dir(arch)
+    (deb,) = ramdisk.download(["grub-efi-arm64-bin"], out / "debs", arch)
+    tree = out / "grub"
+    stamp = tree / ".deb"
+    if not stamp.is_file() or stamp.read_text() != deb.name:
+        shutil.rmtree(tree, ignore_errors=True)
+        run(["dpkg-deb", "-x", str(deb), str(tree)], timeout=120)
+        stamp.write_text(deb.name)
+    if any(c in append for c in "\"'$;{}|&<>\\\n"):
+        raise ValueError(f"kernel command line with characters GRUB's script would parse: {append!r}")
+    script = target.with_suffix(".cfg")
+    server = f"(http,{GUEST_HOST})"
+    script.write_text("echo bc-pxe: GRUB fetching the ramdisk over HTTP\n"
+                      f"linux {server}/vmlinuz {append}\n"
+                      f"initrd {server}/initrd.img\n"
+                      "boot\n")
+    run(["grub-mkimage", "-O", "arm64-efi", "-d", str(tree / "usr/lib/grub/arm64-efi"), "-o", str(target),
+         "-p", "/", "-c", str(script), *GRUB_MODULES], timeout=120)
+    return target
 
 
 def make_disk_image(path: Path, size: int) -> Path:

@@ -1,5 +1,6 @@
-"""An arm64 (Grace-class) ramdisk node in ``qemu-system-aarch64 -M virt`` under TCG, booted by
-UEFI firmware (Debian's qemu-efi-aarch64): it joins, inventory.refresh reports an aarch64
+"""An arm64 (Grace-class) ramdisk node in ``qemu-system-aarch64 -M virt`` under TCG, network
+booted by UEFI firmware (Debian's qemu-efi-aarch64: its PXE fetches a GRUB EFI image by TFTP,
+which fetches the kernel and initramfs over HTTP): it joins, inventory.refresh reports an aarch64
 machine booted in EFI mode with its NVMe and virtio disks, deploy.image writes the arm64 node
 image to the disk chosen by its serial, and boot.kexec (the uncompressed Image on that disk,
 loaded by kexec-tools: Debian's arm64 kernel has no kexec_file_load) boots it and the node
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -33,6 +35,8 @@ MiB = 1024 * 1024
 @pytest.fixture(scope="module")
 def arm_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     reason = skip_reason("arm64")
+    if reason is None and shutil.which("grub-mkimage") is None:
+        reason = "grub-mkimage is not installed (apt-get install grub-common): arm64's PXE loader"
     if reason:
         pytest.skip(reason)
     with Lab(tmp_path_factory.mktemp("lab-arm64"), ensure_ramdisk(arch="arm64")) as lab:
@@ -46,7 +50,7 @@ def disks(arm_lab: Lab) -> list[Disk]:
 
 @pytest.fixture(scope="module")
 def node(arm_lab: Lab, disks: list[Disk]) -> Iterator[Machine]:
-    machine = arm_lab.boot(NODE, disks=disks)
+    machine = arm_lab.boot(NODE, disks=disks, pxe=True)
     arm_lab.wait_joined(machine, NODE, JOIN_TIMEOUT)
     yield machine
     machine.stop()
@@ -74,7 +78,10 @@ def test_arm64_node_joins_under_uefi_and_reports_an_aarch64_machine(arm_lab: Lab
                                                                       disks: list[Disk]) -> None:
     rec = arm_lab.gateway.nodes[NODE]
     assert rec.hello.role == "ramdisk"
-    assert "-M virt" in " ".join(node.argv()).replace("-machine virt", "-M virt")
+    assert "-machine virt" in " ".join(node.argv())
+    # Network boot: the firmware's PXE ran GRUB, which fetched both files over HTTP.
+    assert node.pxe_served[:2] == ["GET /vmlinuz 200", "GET /initrd.img 200"], node.pxe_served
+    assert "UEFI PXEv4" in node.console()
     status, out = node.shell("uname -m; ls /sys/firmware/efi >/dev/null && echo efi")
     assert status == 0 and "aarch64" in out and "efi" in out, out
     result = run_command(arm_lab, node, "inventory.refresh", {})

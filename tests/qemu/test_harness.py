@@ -132,8 +132,19 @@ def test_arm64_is_a_virt_machine_booted_by_uefi_with_a_virtio_console_shell(tmp_
     assert "virtconsole,chardev=sh0" in argv
     assert argv.count("-serial") == 1  # virt has one UART: the console
     assert "console=ttyAMA0,115200" in harness.kernel_args(harness.PLATFORMS["arm64"].console)
-    with pytest.raises(ValueError, match="x86 only"):
-        Machine(spec(tmp_path, arch="arm64", pxe=True)).argv()
+
+
+def test_arm64_pxe_is_the_firmwares_own_loading_grub_not_an_x86_nic_rom(tmp_path: Path) -> None:
+    machine = Machine(spec(tmp_path, arch="arm64", pxe=True))
+    machine.http = harness.BootFileServer(tmp_path)  # as start() would have, not started
+    try:
+        argv = machine.argv()
+    finally:
+        machine.http.httpd.server_close()
+    netdev = argv[argv.index("-netdev") + 1]
+    assert ",bootfile=bootaa64.efi" in netdev
+    nic = [argv[i + 1] for i, a in enumerate(argv) if a == "-device" and argv[i + 1].startswith("virtio-net")]
+    assert nic == ["virtio-net-pci,netdev=net0,mac=52:54:00:12:34:56,bootindex=1,romfile="]
 
 
 def test_uefi_on_amd64_is_ovmf_and_disk_boot_boots_the_first_disk(tmp_path: Path) -> None:
