@@ -208,7 +208,9 @@ def main(argv: list[str] | None = None) -> int:
             tl.say(f"DIAG: {len(diag.gpus)} GPU(s) through NVML (fake library), verdict "
                    f"{common_pb2.Verdict.Name(diag.verdict)}")
         else:
-            tl.say("DIAG: skipped (no gcc to build the fake NVML library)")
+            why = "no gcc to build the fake NVML library" if args.arch == "amd64" else \
+                "the fake NVML library is built for the host, x86"
+            tl.say(f"DIAG: skipped ({why})")
 
         old_boot = hello.boot_id
         sessions = lab.gateway.nodes[NODE].sessions
