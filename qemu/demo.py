@@ -130,8 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     tl.say(f"ramdisk ready: kernel + initramfs {size / 1e6:.1f} MB compressed")
 
     with Lab(args.workdir, parts) as lab:
-        esp = args.uefi and args.arch == "amd64"  # systemd-boot for x86 only
-        image = build_node_image(lab, NODE, args.workdir / "node-image", esp=esp)
+        image = build_node_image(lab, NODE, args.workdir / "node-image", esp=args.uefi)
         os.link(image.zst, lab.www / "node.img.zst")
         tl.say(f"node image built: {image.raw.stat().st_size // 2**20} MiB GPT disk, "
                f"{'an EFI system partition with systemd-boot, ' if image.esp else ''}ext4 root with kernel, "

@@ -13,10 +13,11 @@ partition, binds those directories into place and runs the launcher as the unit 
 initramfs/init.sh): the ramdisk's userland stands in for a full OS. Built without mounting
 anything: sfdisk writes the table, mkfs.ext4 -d fills the filesystem at its offset.
 
-``esp=True`` (UEFI firmware boots it from the disk, amd64): an EFI system partition comes
-first, FAT32 filled with mtools (no mount either), with systemd-boot as the removable-media
-loader (EFI/BOOT/BOOTX64.EFI, Debian's systemd-boot-efi), one loader entry, and the kernel and
-initramfs beside it: systemd-boot reads only FAT. The bcroot partition is the same.
+``esp=True`` (UEFI firmware boots it from the disk): an EFI system partition comes first,
+FAT32 filled with mtools (no mount either), with systemd-boot as the removable-media loader
+(EFI/BOOT/BOOTX64.EFI or BOOTAA64.EFI: Debian's systemd-boot-efi, installed on x86, its arm64
+.deb downloaded and unpacked), one loader entry, and the kernel and initramfs beside it:
+systemd-boot reads only FAT. The bcroot partition is the same.
 
 arm64: /boot/vmlinuz is the uncompressed Image (the ramdisk's boot file is gzipped, but
 kexec_file_load on arm64 reads only an Image), and the console is ttyAMA0.
@@ -79,9 +80,7 @@ def sha256(path: Path) -> str:
 
 def build_node_image(lab: Lab, node_id: str, out: Path, *, esp: bool = False) -> NodeImage:
     """The image of an installed node ``node_id`` that dials ``lab``'s gateway; with ``esp``,
-    bootable by UEFI firmware from the disk (amd64 only: the loader is systemd-bootx64.efi)."""
-    if esp and lab.ramdisk.arch != "amd64":
-        raise ValueError(f"an EFI system partition is built for amd64 only, not {lab.ramdisk.arch}")
+    bootable by UEFI firmware from the disk."""
     out.mkdir(parents=True, exist_ok=True)
     tree = out / "tree"
     shutil.rmtree(tree, ignore_errors=True)
@@ -118,7 +117,7 @@ def build_node_image(lab: Lab, node_id: str, out: Path, *, esp: bool = False) ->
               f"type=0FC63DAF-8483-4772-8E79-3D69D8477DE4, name={LABEL}\n")
     run(["sfdisk", "--quiet", "--no-reread", "--no-tell-kernel", str(raw)], input=table.encode(), timeout=60)
     if esp:
-        _write_esp(raw, START_SECTOR * SECTOR, boot, node_cmdline(lab.ramdisk.arch))
+        _write_esp(raw, START_SECTOR * SECTOR, boot, lab.ramdisk.arch)
     run(["mkfs.ext4", "-F", "-q", "-L", LABEL, "-d", str(tree), "-E",
          f"offset={root_start * SECTOR}", str(raw), f"{FS_BYTES // 1024}k"], timeout=120)
     zst = out / "node.img.zst"
@@ -131,11 +130,29 @@ def build_node_image(lab: Lab, node_id: str, out: Path, *, esp: bool = False) ->
                      sha256(initrd_path), lab.ramdisk.arch, esp)
 
 
-def _write_esp(raw: Path, offset: int, boot: Path, cmdline: str) -> None:
+def systemd_boot(arch: str) -> tuple[Path, str]:
+    """systemd-boot for ``arch`` and its removable-media path on the ESP."""
+    if arch == "amd64":
+        if not SYSTEMD_BOOT.is_file():
+            raise FileNotFoundError(f"{SYSTEMD_BOOT} is missing (apt-get install systemd-boot-efi)")
+        return SYSTEMD_BOOT, "BOOTX64.EFI"
+    target = ramdisk.ARCHES[arch]
+    out = ramdisk.out_dir(target)
+    (deb,) = ramdisk.download(["systemd-boot-efi"], out / "debs", target)
+    tree = out / "systemd-boot"
+    stamp = tree / ".deb"
+    if not stamp.is_file() or stamp.read_text() != deb.name:
+        shutil.rmtree(tree, ignore_errors=True)
+        run(["dpkg-deb", "-x", str(deb), str(tree)], timeout=120)
+        stamp.write_text(deb.name)
+    return tree / "usr/lib/systemd/boot/efi/systemd-bootaa64.efi", "BOOTAA64.EFI"
+
+
+def _write_esp(raw: Path, offset: int, boot: Path, arch: str) -> None:
     """An EFI system partition at ``offset`` in ``raw``: systemd-boot, its entry, and the
     kernel and initramfs in ``boot``."""
-    if not SYSTEMD_BOOT.is_file():
-        raise FileNotFoundError(f"{SYSTEMD_BOOT} is missing (apt-get install systemd-boot-efi)")
+    loader, loader_name = systemd_boot(arch)
+    cmdline = node_cmdline(arch)
     esp = raw.with_name("esp.img")
     esp.unlink(missing_ok=True)
     with esp.open("wb") as f:
@@ -149,7 +166,7 @@ def _write_esp(raw: Path, offset: int, boot: Path, cmdline: str) -> None:
         f"title Better Compute node\nlinux /vmlinuz\ninitrd /initrd.img\noptions {cmdline}\n")
     img = ["-i", str(esp)]
     run(["mmd", *img, "::/EFI", "::/EFI/BOOT", "::/loader", "::/loader/entries"], timeout=60)
-    for src, dest in ((SYSTEMD_BOOT, "::/EFI/BOOT/BOOTX64.EFI"),
+    for src, dest in ((loader, f"::/EFI/BOOT/{loader_name}"),
                       (files / "loader.conf", "::/loader/loader.conf"),
                       (files / "entries/bc.conf", "::/loader/entries/bc.conf"),
                       (boot / "vmlinuz", "::/vmlinuz"), (boot / "initrd.img", "::/initrd.img")):

@@ -4,7 +4,8 @@ which fetches the kernel and initramfs over HTTP): it joins, inventory.refresh r
 machine booted in EFI mode with its NVMe and virtio disks, deploy.image writes the arm64 node
 image to the disk chosen by its serial, and boot.kexec (the uncompressed Image on that disk,
 loaded by kexec-tools: Debian's arm64 kernel has no kexec_file_load) boots it and the node
-agent rejoins with a new boot id.
+agent rejoins with a new boot id; powered off and on, the firmware boots that disk's EFI
+system partition (systemd-boot) and the node rejoins again.
 
 The ramdisk is built on this x86 host from Debian's arm64 packages (initramfs/out/arm64/,
 ``python -m initramfs.build --arch arm64``). One guest for the module; the tests run in order.
@@ -35,8 +36,9 @@ MiB = 1024 * 1024
 @pytest.fixture(scope="module")
 def arm_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     reason = skip_reason("arm64")
-    if reason is None and shutil.which("grub-mkimage") is None:
-        reason = "grub-mkimage is not installed (apt-get install grub-common): arm64's PXE loader"
+    for tool, package in (("grub-mkimage", "grub-common"), ("mkfs.vfat", "dosfstools"), ("mcopy", "mtools")):
+        if reason is None and shutil.which(tool) is None:
+            reason = f"{tool} is not installed (apt-get install {package})"
     if reason:
         pytest.skip(reason)
     with Lab(tmp_path_factory.mktemp("lab-arm64"), ensure_ramdisk(arch="arm64")) as lab:
@@ -45,7 +47,7 @@ def arm_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
 
 @pytest.fixture(scope="module")
 def disks(arm_lab: Lab) -> list[Disk]:
-    return arm_lab.standard_disks(NODE, size=160 * MiB)
+    return arm_lab.standard_disks(NODE, size=224 * MiB)  # the image with its ESP: 162 MiB
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +60,7 @@ def node(arm_lab: Lab, disks: list[Disk]) -> Iterator[Machine]:
 
 @pytest.fixture(scope="module")
 def image(arm_lab: Lab) -> NodeImage:
-    img = build_node_image(arm_lab, NODE, arm_lab.workdir / "node-image")
+    img = build_node_image(arm_lab, NODE, arm_lab.workdir / "node-image", esp=True)
     os.link(img.zst, arm_lab.www / "node.img.zst")
     return img
 
@@ -138,3 +140,21 @@ def test_arm64_deploy_image_by_serial_then_kexec_rejoins(arm_lab: Lab, node: Mac
     assert new.boot_id and new.boot_id != old_boot
     assert rec.completion is not None and rec.completion.ok
     assert "console=ttyAMA0" in image.kexec_cmdline()
+
+
+def test_arm64_deployed_disk_boots_by_uefi_from_its_esp(arm_lab: Lab, node: Machine,
+                                                        disks: list[Disk]) -> None:
+    # Power off the kexec'd node; power on with the firmware booting the deployed disk:
+    # systemd-boot (EFI/BOOT/BOOTAA64.EFI) starts the node's Image, and the node rejoins.
+    sessions = arm_lab.gateway.nodes[NODE].sessions
+    node.stop()
+    again = arm_lab.boot(NODE, disks=disks, disk_boot=True, kernel=node.spec.kernel, initrd=node.spec.initrd,
+                         append="")
+    assert "-kernel" not in again.argv()
+    arm_lab.wait_joined(again, NODE, JOIN_TIMEOUT, sessions=sessions + 1)
+    assert arm_lab.gateway.nodes[NODE].hello.role == "node"
+    again.wait_console(r"node root .* mounted on /sysroot", 30)
+    result = run_command(arm_lab, again, "inventory.refresh", {})
+    assert result.inventory.system.boot_mode == "efi", result.inventory.system
+    assert result.inventory.cpu.architecture == "aarch64"
+    again.stop()
