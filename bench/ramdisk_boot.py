@@ -1,6 +1,6 @@
 """Measure the ramdisk: compressed size, QEMU start -> agent joined, idle RSS, inventory time.
 
-    python bench/ramdisk_boot.py [--runs 3] [--pxe] [--idle 20]
+    python bench/ramdisk_boot.py [--runs 3] [--pxe] [--uefi] [--arch amd64|arm64] [--idle 20]
 
 Builds (cached) the ramdisk, then boots it ``--runs`` times in QEMU (TCG unless
 BC_QEMU_KVM=1) against the reference gateway, each time: seconds from QEMU start to the
@@ -10,7 +10,8 @@ mapped from the tmpfs root count as shmem, read in the guest through the test ra
 debug shell); inventory.refresh timed by the agent (result.seconds) and end to end through
 the gateway; and VmRSS again after ``--idle`` more seconds (the inventory handler and the
 kinds' messages are loaded by then). Prints a Markdown table for docs/performance.md. Needs
-root.
+root. ``--uefi``: OVMF instead of SeaBIOS on x86; ``--arch arm64``: the arm64 ramdisk in
+``-M virt`` under TCG, always UEFI (``--pxe``: the firmware's PXE loads GRUB, see harness).
 """
 
 from __future__ import annotations
@@ -42,10 +43,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--pxe", action="store_true", help="boot by iPXE instead of -kernel")
+    parser.add_argument("--uefi", action="store_true", help="UEFI firmware (OVMF; always on arm64)")
+    parser.add_argument("--arch", choices=("amd64", "arm64"), default="amd64")
     parser.add_argument("--idle", type=float, default=20.0, help="seconds of idling before reading RSS")
     args = parser.parse_args()
-    parts = ensure_ramdisk()
-    image = ROOT / "initramfs/out/initramfs.img"
+    parts = ensure_ramdisk(arch=args.arch)
+    image = parts.kernel.parent / "initramfs.img"
+    uefi = args.uefi or args.arch != "amd64"
+    boot = ("PXE" if args.pxe else "-kernel") + (" UEFI" if uefi else "") + f" {args.arch}"
     size = parts.kernel.stat().st_size + image.stat().st_size
     k, i = parts.kernel.stat().st_size, image.stat().st_size
     print(f"kernel {k / 1e6:.1f} MB + initramfs {i / 1e6:.1f} MB = {size / 1e6:.1f} MB compressed")
@@ -53,7 +58,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bc-bench-") as tmp, Lab(Path(tmp), parts) as lab:
         for run in range(args.runs):
             node = f"bench-{run}"
-            machine = lab.boot(node, disks=lab.standard_disks(node), pxe=args.pxe)
+            machine = lab.boot(node, disks=lab.standard_disks(node), pxe=args.pxe, uefi=args.uefi)
             joined = lab.wait_joined(machine, node, 600)
             time.sleep(args.idle)
             rss = agent_rss(machine)
@@ -75,7 +80,7 @@ def main() -> int:
           "| round trip (s) | VmRSS idle after it (MiB) |")
     print("|---|---|---|---|---|---|---|---|")
     for i, (j, rss, anon, shmem, inv, rt, after) in enumerate(rows):
-        print(f"| {i} | {'PXE' if args.pxe else '-kernel'} | {j:.1f} | {rss:.1f} | {anon:.1f} / {shmem:.1f} "
+        print(f"| {i} | {boot} | {j:.1f} | {rss:.1f} | {anon:.1f} / {shmem:.1f} "
               f"| {inv:.2f} | {rt:.2f} | {after:.1f} |")
     print(f"\nmedian joined {statistics.median(r[0] for r in rows):.1f}s, "
           f"median VmRSS {statistics.median(r[1] for r in rows):.1f} MiB "

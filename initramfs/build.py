@@ -1,6 +1,6 @@
 """Build the ramdisk: a Debian kernel and a zstd-compressed cpio initramfs that runs the agent.
 
-    python -m initramfs.build [--agent dist/agent.pyz] [--out initramfs/out] [--kernel PATH]
+    python -m initramfs.build [--arch amd64|arm64] [--agent dist/agent.pyz] [--out DIR] [--kernel PATH]
 
 The userland is assembled from Debian bookworm packages, downloaded with ``apt-get download``
 and unpacked with ``dpkg-deb -x`` (no maintainer scripts, no dpkg database: a ramdisk never
@@ -17,19 +17,32 @@ files, this script, /init and the kernel modules), and the final image. Outputs:
                                    their own, see top_entries() and initramfs/cpio.py)
 
 The compressed size of kernel + initramfs is printed (target: at most 30 MB).
+
+``--arch arm64`` builds the ramdisk of arm64 (Grace) servers on any host, into
+initramfs/out/arm64/: the same packages for Debian's arm64 (``dpkg --add-architecture arm64``,
+``apt-get download``), Debian's arm64 cloud kernel downloaded and unpacked rather than
+installed, and what must run in the root at build time (busybox's applet list, the import
+probe, compileall, the library check) run by the root's own programs under qemu-user
+(``qemu-aarch64-static`` copied into the root for the while and removed). Debian ships the
+arm64 kernel as an uncompressed Image (27 MB): out/arm64/vmlinuz is that Image gzipped, which
+QEMU, GRUB and U-Boot take; kexec_file_load on arm64 wants the Image itself (qemu/nodeimage.py
+puts it uncompressed on the node's disk).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gzip
 import hashlib
 import logging
 import os
+import platform
 import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,6 +83,39 @@ EXCLUDE = frozenset({
 # Kernel modules loaded by /init, dependencies first (the rest is built into the cloud kernel).
 # The NIC's last: /init relies on every other driver being loaded once the network is up.
 MODULES = ("virtio_pci", "virtio_blk", "virtio_rng", "virtio_console", "virtio_net")
+
+
+@dataclass(frozen=True)
+class Arch:
+    """What differs between the ramdisk's architectures (Debian's name is the key)."""
+    name: str                    # Debian's: amd64, arm64
+    machine: str                 # the kernel's (uname -m): x86_64, aarch64
+    triplet: str                 # the multiarch library directory
+    loader: str                  # the dynamic loader, in the root
+    modules: tuple[str, ...]     # MODULES for this architecture's cloud kernel
+    emulator: str                # the qemu-user program that runs the root's programs elsewhere
+    gzip_kernel: bool = False    # Debian ships an uncompressed Image: gzip it for the boot files
+
+    @property
+    def kernel_glob(self) -> str:
+        return f"vmlinuz-*-cloud-{self.name}"
+
+    def native(self) -> bool:
+        return platform.machine() == self.machine
+
+
+ARCHES = {
+    "amd64": Arch("amd64", "x86_64", "x86_64-linux-gnu", "/usr/lib64/ld-linux-x86-64.so.2", MODULES,
+                  "qemu-x86_64-static"),
+    "arm64": Arch("arm64", "aarch64", "aarch64-linux-gnu", "/usr/lib/ld-linux-aarch64.so.1", MODULES,
+                  "qemu-aarch64-static", gzip_kernel=True),
+}
+AMD64 = ARCHES["amd64"]
+
+
+def out_dir(arch: Arch) -> Path:
+    """Where ``arch``'s ramdisk is built by default: x86's in OUT, the others beside it."""
+    return OUT if arch is AMD64 else OUT / arch.name
 
 # Pruned from the unpacked root (globs relative to it).
 PRUNE = (
@@ -148,17 +194,23 @@ def _run(argv: list[str], **kw: object) -> str:
 # Packages
 
 
-def ensure_apt_lists() -> None:
+def ensure_apt_lists(arch: Arch = AMD64) -> None:
     """``apt-get update`` once when the package lists do not know the interpreter (a fresh
-    machine, or one whose lists were cleaned)."""
-    if run(["apt-cache", "show", "--no-all-versions", PACKAGES[0]], check=False, timeout=120).returncode != 0:
+    machine, or one whose lists were cleaned), after adding ``arch`` to dpkg's architectures
+    when it is a foreign one (for ``apt-get download`` only: nothing is installed)."""
+    probe = ["apt-cache", "show", "--no-all-versions", f"{PACKAGES[0]}:{arch.name}"]
+    if run(probe, check=False, timeout=120).returncode != 0:
+        native = _run(["dpkg", "--print-architecture"]).strip()
+        if arch.name != native and arch.name not in _run(["dpkg", "--print-foreign-architectures"]).split():
+            print(f"initramfs: dpkg --add-architecture {arch.name}", flush=True)
+            run(["dpkg", "--add-architecture", arch.name], timeout=60)
         print("initramfs: apt-get update (the package lists are missing)", flush=True)
         run(["apt-get", "update", "-q"], timeout=900)
 
 
-def resolve(roots: Iterable[str], exclude: frozenset[str] = EXCLUDE) -> list[str]:
+def resolve(roots: Iterable[str], exclude: frozenset[str] = EXCLUDE, arch: Arch = AMD64) -> list[str]:
     """The packages ``roots`` need (Depends and Pre-Depends, first fitting alternative)."""
-    ensure_apt_lists()
+    ensure_apt_lists(arch)
     wanted: set[str] = set()
     todo = [p for p in roots if p not in exclude]
     while todo:
@@ -168,7 +220,7 @@ def resolve(roots: Iterable[str], exclude: frozenset[str] = EXCLUDE) -> list[str
             break
         wanted.update(batch)
         text = _run(["apt-cache", "depends", "--no-recommends", "--no-suggests", "--no-conflicts",
-                     "--no-breaks", "--no-replaces", "--no-enhances", *batch])
+                     "--no-breaks", "--no-replaces", "--no-enhances", *_qualified(batch, arch)])
         for group in _dependency_groups(text):
             if any(alt in wanted or alt in todo for alt in group):
                 continue
@@ -204,13 +256,13 @@ def _dependency_groups(text: str) -> list[list[str]]:
     return [g for g in groups if g]
 
 
-def download(packages: list[str], dest: Path) -> list[Path]:
+def download(packages: list[str], dest: Path, arch: Arch = AMD64) -> list[Path]:
     """The .deb of each package, downloaded once into ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
     missing = [p for p in packages if not _deb(dest, p)]
     if missing:
         print(f"initramfs: downloading {len(missing)} packages", flush=True)
-        run(["apt-get", "download", "-q", *missing], cwd=str(dest), timeout=900)
+        run(["apt-get", "download", "-q", *_qualified(missing, arch)], cwd=str(dest), timeout=900)
     debs = []
     for p in packages:
         deb = _deb(dest, p)
@@ -218,6 +270,16 @@ def download(packages: list[str], dest: Path) -> list[Path]:
             sys.exit(f"initramfs: apt-get download gave no .deb for {p}")
         debs.append(deb)
     return debs
+
+
+def _qualified(packages: list[str], arch: Arch) -> list[str]:
+    """``packages`` as apt must be asked for them: NAME:ARCH, but NAME for an ``Architecture:
+    all`` package (apt knows no lsb-base:arm64). The host's own architecture: NAME."""
+    if arch.native():
+        return list(packages)
+    text = _run(["apt-cache", "show", "--no-all-versions", *packages])
+    arch_all = set(re.findall(r"(?m)^Package: (\S+)\n(?:[^\n]+\n)*?Architecture: all$", text))
+    return [p if p in arch_all else f"{p}:{arch.name}" for p in packages]
 
 
 def _deb(dest: Path, package: str) -> Path | None:
@@ -233,23 +295,56 @@ def _deb(dest: Path, package: str) -> Path | None:
 class Kernel:
     image: Path
     release: str
+    root: Path = Path("/")   # where its /lib/modules is: / for the installed one
 
     @property
     def modules(self) -> Path:
-        return Path("/lib/modules") / self.release
+        return self.root / "lib/modules" / self.release
 
 
-def find_kernel(path: Path | None = None) -> Kernel:
-    """The Debian cloud kernel (the newest installed one unless ``path`` names one)."""
+def find_kernel(path: Path | None = None, arch: Arch = AMD64, out: Path = OUT) -> Kernel:
+    """The Debian cloud kernel (the newest installed one unless ``path`` names one). For a
+    foreign architecture: Debian's current one, downloaded and unpacked under ``out``."""
+    if path is None and not arch.native():
+        return unpack_kernel(arch, out)
     if path is None:
-        found = sorted(Path("/boot").glob("vmlinuz-*-cloud-amd64"), key=_release_key)
+        found = sorted(Path("/boot").glob(arch.kernel_glob), key=_release_key)
         if not found:
-            sys.exit("initramfs: no /boot/vmlinuz-*-cloud-amd64; apt-get install linux-image-cloud-amd64")
+            sys.exit(f"initramfs: no /boot/{arch.kernel_glob}; apt-get install linux-image-cloud-{arch.name}")
         path = found[-1]
     release = path.name.removeprefix("vmlinuz-")
-    if not (Path("/lib/modules") / release).is_dir():
-        sys.exit(f"initramfs: /lib/modules/{release} is missing for {path}")
-    return Kernel(path, release)
+    root = path.parent.parent if path.parent.name == "boot" and path.parent != Path("/boot") else Path("/")
+    if not (root / "lib/modules" / release).is_dir():
+        sys.exit(f"initramfs: {root}/lib/modules/{release} is missing for {path}")
+    return Kernel(path, release, root)
+
+
+def unpack_kernel(arch: Arch, out: Path) -> Kernel:
+    """Debian's cloud kernel for ``arch`` (linux-image-cloud-ARCH's dependency), its .deb
+    downloaded and unpacked (``dpkg-deb -x``) into ``out``/kernel once."""
+    ensure_apt_lists(arch)
+    meta = f"linux-image-cloud-{arch.name}"
+    groups = _dependency_groups(_run(["apt-cache", "depends", "--no-recommends", "--no-suggests",
+                                      f"{meta}:{arch.name}"]))
+    image = next((p for g in groups for p in g if p.startswith("linux-image-")), None)
+    if image is None:
+        sys.exit(f"initramfs: apt-cache finds no kernel package that {meta}:{arch.name} depends on")
+    (deb,) = download([image], out / "debs", arch)
+    dest = out / "kernel"
+    stamp = dest / ".deb"
+    if not stamp.is_file() or stamp.read_text() != deb.name:
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp = dest.with_name("kernel.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        run(["dpkg-deb", "-x", str(deb), str(tmp)], timeout=300)
+        for modules in (tmp / "lib/modules").iterdir():  # modules.dep: made by depmod at install
+            run(["depmod", "-b", str(tmp), modules.name], timeout=300)
+        (tmp / ".deb").write_text(deb.name)
+        tmp.rename(dest)
+    found = sorted((dest / "boot").glob(arch.kernel_glob), key=_release_key)
+    if not found:
+        sys.exit(f"initramfs: {deb.name} holds no boot/{arch.kernel_glob}")
+    return find_kernel(found[-1], arch, out)
 
 
 def _release_key(path: Path) -> list[int]:
@@ -282,7 +377,7 @@ def module_files(kernel: Kernel, names: Iterable[str] = MODULES) -> list[str]:
 # The root
 
 
-def build_root(debs: list[Path], kernel: Kernel, dest: Path, agent: Path | None) -> None:
+def build_root(debs: list[Path], kernel: Kernel, dest: Path, agent: Path | None, arch: Arch = AMD64) -> None:
     """Unpack, prune and complete the root in ``dest`` (built in a sibling, renamed at the end)."""
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -295,7 +390,8 @@ def build_root(debs: list[Path], kernel: Kernel, dest: Path, agent: Path | None)
                                 lambda name: download([name], debs[0].parent)[0],
                                 licences.kernel_copyright(kernel.image))
     for pattern in PRUNE:
-        for path in tmp.glob(pattern):
+        # PRUNE names x86's multiarch directories; the same files under the target's.
+        for path in tmp.glob(pattern.replace("x86_64-linux-gnu", arch.triplet)):
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
             else:
@@ -310,7 +406,7 @@ def build_root(debs: list[Path], kernel: Kernel, dest: Path, agent: Path | None)
         (tmp / d).mkdir(parents=True, exist_ok=True)
     (tmp / "tmp").chmod(0o1777)
     (tmp / "root").chmod(0o700)
-    _busybox_links(tmp)
+    _busybox_links(tmp, arch)
     (tmp / "usr/bin/python3").unlink(missing_ok=True)
     (tmp / "usr/bin/python3").symlink_to("python3.11")
     _install(tmp / "etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n", 0o644)
@@ -319,8 +415,8 @@ def build_root(debs: list[Path], kernel: Kernel, dest: Path, agent: Path | None)
     _install(tmp / "etc/hosts", b"127.0.0.1 localhost\n", 0o644)
     _install(tmp / "etc/os-release", b'NAME="Better Compute ramdisk"\nID=bc-ramdisk\nID_LIKE=debian\n',
              0o644)
-    _compile_imported(tmp, agent)
-    mods = module_files(kernel)
+    _compile_imported(tmp, agent, arch)
+    mods = module_files(kernel, arch.modules)
     for mod in mods:
         target = tmp / "lib/modules" / mod
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -328,7 +424,7 @@ def build_root(debs: list[Path], kernel: Kernel, dest: Path, agent: Path | None)
     # /usr/share/bettercompute: the ramdisk's own files, outside the directories /init binds
     # from an installed node's disk (etc/bettercompute among them) while DHCP may still run.
     _install(tmp / "usr/share/bettercompute/modules", "".join(f"{m}\n" for m in mods).encode(), 0o644)
-    missing = check_libraries(tmp)
+    missing = check_libraries(tmp, arch)
     if missing:
         sys.exit("initramfs: pruned too much, missing shared libraries:\n  " + "\n  ".join(missing))
     shutil.rmtree(dest, ignore_errors=True)
@@ -379,7 +475,7 @@ for name in list(sys.modules):
 """
 
 
-def _compile_imported(root: Path, agent: Path | None) -> None:
+def _compile_imported(root: Path, agent: Path | None, arch: Arch = AMD64) -> None:
     """Bytecode for the standard library modules (and Debian's cryptography) the agent imports,
     compiled by the ramdisk's own interpreter: without it every boot compiles them again, which
     is slow under emulation. Only those: all of the standard library would cost ~2.5 MB."""
@@ -391,11 +487,12 @@ def _compile_imported(root: Path, agent: Path | None) -> None:
         # that compileall then took as up to date went stale in the archive (its entries
         # have fixed mtimes), and every boot compiled them again: argparse, typing, inspect,
         # logging and ~20 more, 2.4-2.9 s of the join under emulation.
-        files = _guest_python(root, ["-B", "-c", IMPORT_PROBE, "/tmp/probe.pyz"])
+        files = _guest_python(root, ["-B", "-c", IMPORT_PROBE, "/tmp/probe.pyz"], arch)
     finally:
         (root / "tmp/probe.pyz").unlink()
-    run(["chroot", str(root), "/usr/bin/python3.11", "-I", "-B", "-m", "compileall", "-q", "-f",
-         "--invalidation-mode", "unchecked-hash", "-i", "-"], input=files.encode(), timeout=900)
+    with in_root(root, arch) as argv:
+        run([*argv, "/usr/bin/python3.11", "-I", "-B", "-m", "compileall", "-q", "-f",
+             "--invalidation-mode", "unchecked-hash", "-i", "-"], input=files.encode(), timeout=1800)
     stale = checked_bytecode(root)
     if stale:
         sys.exit("initramfs: bytecode that the ramdisk would compile again at every boot:\n  "
@@ -415,14 +512,36 @@ def checked_bytecode(root: Path) -> list[str]:
     return stale
 
 
-def _guest_python(root: Path, args: list[str]) -> str:
+def _guest_python(root: Path, args: list[str], arch: Arch = AMD64) -> str:
     """Run the root's python3.11 (in a chroot: we are root wherever images are built)."""
     if os.geteuid() != 0:
         sys.exit("initramfs: building the ramdisk needs root (chroot to compile its bytecode)")
-    return _run(["chroot", str(root), "/usr/bin/python3.11", "-I", *args], timeout=900)
+    with in_root(root, arch) as argv:
+        return _run([*argv, "/usr/bin/python3.11", "-I", *args], timeout=1800)
 
 
-def precompile_agent(root: Path, agent: Path, out: Path) -> Path:
+@contextlib.contextmanager
+def in_root(root: Path, arch: Arch) -> Iterator[list[str]]:
+    """The argv prefix that runs one of the root's programs in a chroot: on a host of another
+    architecture through qemu-user, whose static binary is copied into the root for the while
+    (no binfmt_misc needed, which containers often lack)."""
+    if arch.native():
+        yield ["chroot", str(root)]
+        return
+    emulator = shutil.which(arch.emulator)
+    if emulator is None:
+        sys.exit(f"initramfs: {arch.emulator} is missing (apt-get install qemu-user-static): "
+                 f"it runs the {arch.name} root's programs at build time")
+    inside = root / "usr/bin" / arch.emulator
+    shutil.copyfile(emulator, inside)
+    inside.chmod(0o755)
+    try:
+        yield ["chroot", str(root), f"/usr/bin/{arch.emulator}"]
+    finally:
+        inside.unlink(missing_ok=True)
+
+
+def precompile_agent(root: Path, agent: Path, out: Path, arch: Arch = AMD64) -> Path:
     """``agent`` with bytecode added (initramfs/pyc.py run by the root's python), cached by
     the agent's digest."""
     digest = hashlib.sha256(agent.read_bytes()).hexdigest()[:16]
@@ -433,7 +552,7 @@ def precompile_agent(root: Path, agent: Path, out: Path) -> Path:
     shutil.copyfile(HERE / "pyc.py", work / "pyc.py")
     shutil.copyfile(agent, work / "in.pyz")
     try:
-        _guest_python(root, ["/tmp/pyc.py", "/tmp/in.pyz", "/tmp/out.pyz"])
+        _guest_python(root, ["/tmp/pyc.py", "/tmp/in.pyz", "/tmp/out.pyz"], arch)
         for old in out.glob("agent-*.pyz"):
             old.unlink()
         shutil.move(work / "out.pyz", target)
@@ -451,9 +570,13 @@ def precompile_agent(root: Path, agent: Path, out: Path) -> Path:
 NO_APPLETS = frozenset({"modprobe"})
 
 
-def _busybox_links(root: Path) -> None:
+def _busybox_links(root: Path, arch: Arch = AMD64) -> None:
     """A link for every busybox applet that no unpacked package provides (but NO_APPLETS)."""
-    applets = _run([str(root / "usr/bin/busybox"), "--list-full"]).split()
+    if arch.native():
+        applets = _run([str(root / "usr/bin/busybox"), "--list-full"]).split()
+    else:
+        with in_root(root, arch) as argv:
+            applets = _run([*argv, "/usr/bin/busybox", "--list-full"]).split()
     for applet in applets:
         name = Path(applet).name
         if name in NO_APPLETS or any((root / d / name).exists() or (root / d / name).is_symlink()
@@ -469,23 +592,27 @@ def _install(path: Path, data: bytes, mode: int) -> None:
     path.chmod(mode)
 
 
-def check_libraries(root: Path) -> list[str]:
+def check_libraries(root: Path, arch: Arch = AMD64) -> list[str]:
     """Each ELF file's shared libraries that the root lacks ("FILE: libfoo.so.1")."""
-    missing = []
-    loader = "/usr/lib64/ld-linux-x86-64.so.2"
     if os.geteuid() != 0:
         print("initramfs: not root, skipping the shared library check", file=sys.stderr)
         return []
+    with in_root(root, arch) as argv:
+        return _check_libraries(root, [*argv, arch.loader, "--list"], arch)
+
+
+def _check_libraries(root: Path, list_argv: list[str], arch: Arch) -> list[str]:
+    missing = []
     for path in sorted(root.rglob("*")):
         if path.is_symlink() or not path.is_file():
             continue
         with path.open("rb") as f:
             if f.read(4) != b"\x7fELF":
                 continue
-        if path.suffix == ".ko":
+        if path.suffix == ".ko" or path.name == arch.emulator:
             continue
         rel = "/" + path.relative_to(root).as_posix()
-        done = subprocess.run(["chroot", str(root), loader, "--list", rel],
+        done = subprocess.run([*list_argv, rel],
                               capture_output=True, text=True, check=False)
         if done.returncode != 0 and "not a dynamic executable" not in done.stderr + done.stdout:
             missing.append(f"{rel}: {done.stderr.strip() or done.stdout.strip()}")
@@ -521,8 +648,10 @@ def build_agent(out: Path, version: str | None = None) -> Path:
     return out
 
 
-def root_key(debs: list[Path], kernel: Kernel) -> str:
+def root_key(debs: list[Path], kernel: Kernel, arch: Arch = AMD64) -> str:
     h = hashlib.sha256(BUILD_VERSION.encode())
+    if arch is not AMD64:  # x86's key as it was, so that its cached roots stay valid
+        h.update(arch.name.encode())
     for deb in debs:
         h.update(deb.name.encode() + b"\0")
     h.update((HERE / "build.py").read_bytes())
@@ -541,16 +670,17 @@ class Built:
     root: Path           # the unpacked root, for tests that build images from it
 
 
-def build(agent: Path | None, out: Path = OUT, kernel_path: Path | None = None,
-          extra: dict[str, bytes] | None = None) -> Built:
-    kernel = find_kernel(kernel_path)
-    packages = resolve(PACKAGES)
-    debs = download(packages, out / "debs")
-    key = root_key(debs, kernel)
+def build(agent: Path | None, out: Path | None = None, kernel_path: Path | None = None,
+          extra: dict[str, bytes] | None = None, arch: Arch = AMD64) -> Built:
+    out = out_dir(arch) if out is None else out
+    kernel = find_kernel(kernel_path, arch, out)
+    packages = resolve(PACKAGES, EXCLUDE, arch)
+    debs = download(packages, out / "debs", arch)
+    key = root_key(debs, kernel, arch)
     rootfs = out / f"root-{key}"
     if not rootfs.is_dir():
-        print(f"initramfs: assembling the root from {len(debs)} packages", flush=True)
-        build_root(debs, kernel, rootfs, agent)
+        print(f"initramfs: assembling the {arch.name} root from {len(debs)} packages", flush=True)
+        build_root(debs, kernel, rootfs, agent, arch)
         for old in out.glob("root-*"):
             if old != rootfs:
                 shutil.rmtree(old, ignore_errors=True)
@@ -562,12 +692,16 @@ def build(agent: Path | None, out: Path = OUT, kernel_path: Path | None = None,
         base.write_bytes(compress(cpio.archive(entries)))
         stamp.write_text(key)
     vmlinuz = out / "vmlinuz"
-    if not vmlinuz.is_file() or vmlinuz.read_bytes() != kernel.image.read_bytes():
+    release = out / "kernel.release"
+    if arch.gzip_kernel:
+        if not vmlinuz.is_file() or not release.is_file() or release.read_text().strip() != kernel.release:
+            vmlinuz.write_bytes(gzip.compress(kernel.image.read_bytes(), 9, mtime=0))
+    elif not vmlinuz.is_file() or vmlinuz.read_bytes() != kernel.image.read_bytes():
         shutil.copyfile(kernel.image, vmlinuz)
-    (out / "kernel.release").write_text(kernel.release + "\n")
+    release.write_text(kernel.release + "\n")
     image = out / "initramfs.img"
     if agent is not None:
-        agent = precompile_agent(rootfs, agent, out)
+        agent = precompile_agent(rootfs, agent, out, arch)
         # /init and the agent go in their own archive appended to the base (the kernel unpacks
         # concatenated archives in order), so a new agent does not recompress the base.
         site = [cpio.file(dest, data, 0o644) for dest, data in sorted((extra or {}).items())]
@@ -583,21 +717,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agent", type=Path,
                         help="the agent zipapp to put in the ramdisk (default: built from this tree "
                         "without native wheels, into OUT/agent.pyz: the ramdisk has Debian's)")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--arch", choices=sorted(ARCHES), default=AMD64.name,
+                        help="the target's Debian architecture (default: amd64)")
+    parser.add_argument("--out", type=Path, help="the output directory (default: initramfs/out, "
+                        "initramfs/out/ARCH for another architecture than amd64)")
     parser.add_argument("--kernel", type=Path, help="the kernel image (default: the newest cloud kernel)")
     parser.add_argument("--add", action="append", default=[], metavar="SRC:DEST",
                         help="put file SRC at DEST in the ramdisk, e.g. the site's gateway CA: "
                         "--add ca.pem:/etc/bettercompute/ca.pem (then boot with bc.ca=that path)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    agent = args.agent or build_agent(args.out / "agent.pyz")
+    arch = ARCHES[args.arch]
+    out = args.out or out_dir(arch)
+    agent = args.agent or build_agent(out / "agent.pyz")
     extra: dict[str, bytes] = {}
     for spec in args.add:
         src, sep, dest = spec.partition(":")
         if not sep or not dest.startswith("/") or ".." in Path(dest).parts:
             parser.error(f"--add {spec}: expected SRC:/absolute/destination")
         extra[dest] = Path(src).read_bytes()
-    built = build(agent, args.out, args.kernel, extra)
+    built = build(agent, out, args.kernel, extra, arch)
     k, i = built.kernel.stat().st_size, built.initramfs.stat().st_size
     print(f"{built.kernel}: {k / 1e6:.1f} MB")
     print(f"{built.initramfs}: {i / 1e6:.1f} MB (base {built.base.stat().st_size / 1e6:.1f} MB + agent)")

@@ -71,12 +71,15 @@ echo "${v:-bc-ramdisk}" >/proc/sys/kernel/hostname  # the agent's node id when b
 ) &
 
 # Test ramdisks only (tests/e2e): extra environment for the agent, and a root shell on the
-# second serial port through which the harness drives the guest. Production images carry
-# neither file.
+# second serial port (or on the port the marker file names: hvc0, a virtio console, on arm64's
+# one-UART machine; its driver loads in the background), through which the harness drives the
+# guest. Production images carry neither file.
 [ -f /etc/bettercompute/agent.env ] && . /etc/bettercompute/agent.env
 if [ -e /etc/bettercompute/debug-shell ]; then
-	say "TEST RAMDISK: root shell on ttyS1"
-	(stty -F /dev/ttyS1 115200 raw -echo 2>/dev/null; exec setsid sh </dev/ttyS1 >/dev/ttyS1 2>&1) &
+	read -r tty </etc/bettercompute/debug-shell
+	tty="/dev/${tty:-ttyS1}"
+	say "TEST RAMDISK: root shell on ${tty#/dev/}"
+	(wait_for "$tty"; stty -F "$tty" 115200 raw -echo 2>/dev/null; exec setsid sh <"$tty" >"$tty" 2>&1) &
 fi
 AGENT=/usr/lib/bettercompute/agent.pyz
 NODE_DIRS="/etc/bettercompute /usr/lib/bettercompute /var/lib/bettercompute-agent"

@@ -1,6 +1,6 @@
 """The demo: one node's life in QEMU, driven through the reference gateway, as a timeline.
 
-    python -m qemu.demo [--workdir qemu/out/demo] [--no-install]
+    python -m qemu.demo [--workdir qemu/out/demo] [--no-install] [--uefi] [--arch arm64]
 
 On a fresh Debian bookworm machine (as root) it installs the Debian packages it needs, builds
 what is missing (the agent zipapp, the ramdisk, a bootable node image), then:
@@ -14,6 +14,11 @@ what is missing (the agent zipapp, the ramdisk, a bootable node image), then:
   6. boot.kexec into the deployed kernel; the node agent rejoins from the disk with a new boot id.
 
 TCG by default (BC_QEMU_KVM=1 uses KVM where /dev/kvm works). Takes a few minutes.
+
+``--uefi``: the machine boots OVMF (UEFI) and PXE is done by the EFI build of the iPXE ROM;
+the node image carries an EFI system partition (systemd-boot) too. ``--arch arm64``: an arm64
+node (``-M virt``, UEFI firmware, Debian's arm64 ramdisk; its PXE loads GRUB, which fetches
+the ramdisk over HTTP), without the fake NVML library (built for x86 only).
 """
 
 from __future__ import annotations
@@ -87,8 +92,20 @@ class Timeline:
         print(f"[{time.monotonic() - self.t0:7.1f}s] {what}", flush=True)
 
 
-def install_packages() -> None:
-    missing = sorted({pkg for tool, pkg in TOOLS.items() if shutil.which(tool) is None})
+def install_packages(arch: str = "amd64", uefi: bool = False) -> None:
+    from qemu.harness import PLATFORMS
+
+    plat = PLATFORMS[arch]
+    tools = {**TOOLS, plat.qemu: plat.package}
+    if arch != "amd64":
+        tools.update({"qemu-aarch64-static": "qemu-user-static", "grub-mkimage": "grub-common"})
+    if uefi:
+        tools.update({"mkfs.vfat": "dosfstools", "mcopy": "mtools"})
+    missing = sorted({pkg for tool, pkg in tools.items() if shutil.which(tool) is None})
+    if (uefi or plat.always_uefi) and not Path(plat.uefi_firmware).is_file():
+        missing.append(plat.firmware_package)
+    if uefi and not Path("/usr/lib/systemd/boot/efi/systemd-bootx64.efi").is_file():
+        missing.append("systemd-boot-efi")
     if not list(Path("/boot").glob("vmlinuz-*-cloud-amd64")):
         missing.append("linux-image-cloud-amd64")
     if not Path("/usr/lib/ipxe/qemu").is_dir():
@@ -132,11 +149,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m qemu.demo", description=__doc__.split("\n")[0])
     parser.add_argument("--workdir", type=Path, default=HERE / "out" / "demo")
     parser.add_argument("--no-install", action="store_true", help="do not apt-get install what is missing")
+    parser.add_argument("--uefi", action="store_true",
+                        help="UEFI firmware (OVMF) and PXE by iPXE's EFI build; an ESP on the node image")
+    parser.add_argument("--arch", choices=("amd64", "arm64"), default="amd64",
+                        help="the node's architecture (arm64: -M virt, UEFI PXE through GRUB)")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         sys.exit("demo: run as root (the ramdisk builder chroots into the ramdisk's root)")
     if not args.no_install:
-        install_packages()
+        install_packages(args.arch, args.uefi)
 
     from agent.proto import session_pb2
     from qemu.lab import Lab, ensure_ramdisk
@@ -145,15 +166,16 @@ def main(argv: list[str] | None = None) -> int:
     tl = Timeline()
     shutil.rmtree(args.workdir, ignore_errors=True)
     args.workdir.mkdir(parents=True)
-    tl.say("building the agent zipapp and the ramdisk (cached under initramfs/out/)")
-    parts = ensure_ramdisk()
-    size = parts.kernel.stat().st_size + (ROOT / "initramfs/out/initramfs.img").stat().st_size
+    tl.say(f"building the agent zipapp and the {args.arch} ramdisk (cached under initramfs/out/)")
+    parts = ensure_ramdisk(arch=args.arch)
+    size = parts.kernel.stat().st_size + (parts.kernel.parent / "initramfs.img").stat().st_size
     tl.say(f"ramdisk ready: kernel + initramfs {mib(size)} compressed")
 
     with Lab(args.workdir, parts) as lab:
-        image = build_node_image(lab, NODE, args.workdir / "node-image")
+        image = build_node_image(lab, NODE, args.workdir / "node-image", esp=args.uefi)
         os.link(image.zst, lab.www / "node.img.zst")
-        tl.say(f"node image built: {mib(image.raw.stat().st_size)} GPT disk, ext4 root with kernel, "
+        tl.say(f"node image built: {mib(image.raw.stat().st_size)} GPT disk, "
+               f"{'an EFI system partition with systemd-boot, ' if image.esp else ''}ext4 root with kernel, "
                f"initramfs and the node agent ({mib(image.zst.stat().st_size)} as node.img.zst)")
         last_step: dict[str, int] = {}
 
@@ -166,8 +188,8 @@ def main(argv: list[str] | None = None) -> int:
                     tl.say("  " + progress_line(rec.kind, p))
 
         lab.gateway.listeners.append(on_event)
-        disks = lab.standard_disks(NODE, size=160 * 2**20)
-        nvml = fake_nvml(args.workdir)
+        disks = lab.standard_disks(NODE, size=(224 if args.uefi else 160) * 2**20)
+        nvml = fake_nvml(args.workdir) if args.arch == "amd64" else None
         files = {}
         env = {}
         if nvml is not None:
@@ -175,21 +197,24 @@ def main(argv: list[str] | None = None) -> int:
             gpus = {"gpus": [{"model": "H100"}] * 2}
             files["/etc/bettercompute/fake-nvml.json"] = json.dumps(gpus).encode()
             env["FAKE_NVML_CONFIG"] = "/etc/bettercompute/fake-nvml.json"
-        tl.say(f"powering on {NODE}: PXE boot (iPXE over the user network), disks "
+        firmware = "UEFI" if args.uefi or args.arch != "amd64" else "BIOS"
+        how = "PXE boot (" + ("iPXE" if args.arch == "amd64" else "GRUB") + " over the user network)"
+        tl.say(f"powering on {NODE} ({args.arch}, {firmware}): {how}, disks "
                + ", ".join(f"{d.interface}:{d.serial}" for d in disks))
-        machine = lab.boot(NODE, disks=disks, pxe=True, files=files, env=env)
+        machine = lab.boot(NODE, disks=disks, pxe=True, uefi=args.uefi, files=files, env=env)
         joined = lab.wait_joined(machine, NODE, 600)
         hello = lab.gateway.nodes[NODE].hello
+        fetched = f"; fetched {', '.join(r.split()[1] for r in machine.pxe_served)} over HTTP"
         tl.say(f"JOINED: {NODE} in role {hello.role}, agent {hello.agent_version}, boot id "
-               f"{hello.boot_id[:8]} ({joined:.1f}s after power-on; iPXE fetched "
-               f"{', '.join(r.split()[1] for r in machine.pxe_served)} over HTTP)")
+               f"{hello.boot_id[:8]} ({joined:.1f}s after power-on{fetched})")
 
         cid = lab.gateway.send(NODE, "inventory.refresh", {})
         inv = wait_result(lab, machine, cid, "inventory.refresh")
         for d in inv.inventory.disks:
             i = d.identity
             tl.say(f"INVENTORY: disk {i.name} {i.transport} serial {i.serial} {mib(i.size_bytes)}")
-        tl.say(f"INVENTORY: {inv.inventory.cpu.threads} CPU threads, {len(inv.inventory.nics)} NIC(s), "
+        tl.say(f"INVENTORY: {inv.inventory.cpu.architecture}, {inv.inventory.system.boot_mode} boot, "
+               f"{inv.inventory.cpu.threads} CPU threads, {len(inv.inventory.nics)} NIC(s), "
                f"collected in {inv.seconds:.2f}s")
 
         target, wipe_disk = disks[0], disks[1]
@@ -220,7 +245,9 @@ def main(argv: list[str] | None = None) -> int:
             tl.say(f"DIAG: {len(diag.gpus)} GPU(s) through NVML (fake library), verdict "
                    f"{common_pb2.Verdict.Name(diag.verdict)}")
         else:
-            tl.say("DIAG: skipped (no gcc to build the fake NVML library)")
+            why = "no gcc to build the fake NVML library" if args.arch == "amd64" else \
+                "the fake NVML library is built for the host, x86"
+            tl.say(f"DIAG: skipped ({why})")
 
         old_boot = hello.boot_id
         sessions = lab.gateway.nodes[NODE].sessions

@@ -19,12 +19,23 @@ PXE: ``MachineSpec.pxe`` boots from the network the way production does: QEMU's 
 ``boot.ipxe`` from the user network's built-in TFTP server; that script fetches the kernel and
 initramfs over HTTP from a server on the host's loopback (through guestfwd) and boots them
 with the given kernel command line.
+
+Architectures and firmware (``MachineSpec.arch``, ``MachineSpec.uefi``): amd64 is a q35
+machine with SeaBIOS, or OVMF (Debian's ``ovmf``) with ``uefi=True``, its PXE then done by the
+EFI build of the same iPXE ROM; arm64 is ``-M virt`` with a Cortex-A72 and always UEFI (Debian's
+``qemu-efi-aarch64``), which boots ``-kernel`` through QEMU's fw_cfg as a boot loader would.
+Its console is the PL011 (ttyAMA0) and the test ramdisk's shell is on a virtio console (hvc0):
+``virt`` has one UART. arm64 PXE: QEMU's NIC ROMs are x86 iPXE builds, so the firmware's own
+PXE (edk2) fetches a GRUB EFI image by TFTP whose script does what boot.ipxe does (see
+grub_netboot()). ``disk_boot=True`` boots the first disk through the firmware (an
+installed node's ESP under UEFI) instead of ``-kernel`` or the network.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import gzip
 import http.server
 import os
 import re
@@ -45,6 +56,35 @@ ROOT = HERE.parent
 GUEST_HOST = "10.0.2.100"   # the address the guest dials for every forwarded service
 HTTP_PORT = 80              # guest-side port of the PXE boot file server
 QEMU = "qemu-system-x86_64"
+
+
+@dataclass(frozen=True)
+class Platform:
+    """How QEMU emulates one architecture (Debian's name is the key)."""
+    qemu: str
+    machine: str
+    cpu: str                 # under TCG
+    console: str             # the kernel's name for the first serial port
+    shell_tty: str           # the test ramdisk's debug shell's port
+    uefi_firmware: str       # Debian's UEFI build for it
+    package: str             # what installs ``qemu``
+    firmware_package: str    # what installs ``uefi_firmware``
+    always_uefi: bool = False
+    pxe_bootfile: str = "boot.ipxe"   # what the user network's DHCP names (TFTP)
+
+
+PLATFORMS = {
+    # qemu64 rather than max under TCG: glibc and OpenSSL then take their SSE2 paths, which
+    # TCG translates and runs faster than the AVX2 ones (join 19.3 s against 20.7 s, median of
+    # 3 boots); the guest needs nothing newer (Debian's baseline is x86-64).
+    "amd64": Platform(QEMU, "q35", "qemu64", "ttyS0", "ttyS1", "/usr/share/ovmf/OVMF.fd", "qemu-system-x86",
+                      "ovmf"),
+    # cortex-a72 rather than max: max's pointer authentication is slow under TCG, and Debian's
+    # baseline is ARMv8.0.
+    "arm64": Platform("qemu-system-aarch64", "virt", "cortex-a72", "ttyAMA0", "hvc0",
+                      "/usr/share/qemu-efi-aarch64/QEMU_EFI.fd", "qemu-system-arm",
+                      "qemu-efi-aarch64", always_uefi=True, pxe_bootfile="bootaa64.efi"),
+}
 
 
 class BootError(RuntimeError):
@@ -78,16 +118,32 @@ class MachineSpec:
     kvm: bool = False
     pxe: bool = False             # boot by iPXE over the network instead of -kernel
     name: str = "node"
+    arch: str = "amd64"           # a key of PLATFORMS
+    uefi: bool = False            # UEFI firmware (always on arm64)
+    disk_boot: bool = False       # the firmware boots the first disk (kernel, initrd unused)
+
+    @property
+    def platform(self) -> Platform:
+        return PLATFORMS[self.arch]
+
+    @property
+    def firmware(self) -> str | None:
+        """The UEFI firmware image, or None for QEMU's default BIOS."""
+        p = self.platform
+        return p.uefi_firmware if self.uefi or p.always_uefi else None
 
     @property
     def console_log(self) -> Path:
         return self.workdir / f"{self.name}-console.log"
 
 
-def qemu_available() -> str | None:
-    """Why QEMU boots cannot run here, or None when they can."""
-    if shutil.which(QEMU) is None:
-        return f"{QEMU} is not installed (apt-get install qemu-system-x86)"
+def qemu_available(arch: str = "amd64", *, uefi: bool = False) -> str | None:
+    """Why QEMU boots of ``arch`` cannot run here, or None when they can."""
+    p = PLATFORMS[arch]
+    if shutil.which(p.qemu) is None:
+        return f"{p.qemu} is not installed (apt-get install {p.package})"
+    if (uefi or p.always_uefi) and not Path(p.uefi_firmware).is_file():
+        return f"no UEFI firmware {p.uefi_firmware} (apt-get install {p.firmware_package})"
     return None
 
 
@@ -95,12 +151,13 @@ def kvm_wanted() -> bool:
     return os.environ.get("BC_QEMU_KVM", "") == "1" and os.access("/dev/kvm", os.R_OK | os.W_OK)
 
 
-def kernel_args(**params: str) -> str:
+def kernel_args(console: str = "ttyS0", **params: str) -> str:
     """``bc.*`` kernel parameters (values must not contain spaces) after the console ones.
     ``cryptomgr.notests``: the kernel's boot-time self-tests of its crypto algorithms took
     ~0.9 s of the boot under TCG; nothing in the ramdisk relies on kernel crypto being
-    re-verified at boot (TLS, hashes and signatures are userspace OpenSSL)."""
-    words = ["console=ttyS0,115200", "panic=-1", "quiet", "loglevel=4", "cryptomgr.notests"]
+    re-verified at boot (TLS, hashes and signatures are userspace OpenSSL). ``console``: the
+    serial port's name (ttyAMA0 on arm64, see PLATFORMS)."""
+    words = [f"console={console},115200", "panic=-1", "quiet", "loglevel=4", "cryptomgr.notests"]
     for key, value in params.items():
         if any(c.isspace() for c in value):
             raise ValueError(f"bc.{key}: a kernel parameter cannot hold spaces: {value!r}")
@@ -172,35 +229,43 @@ class Machine:
         if spec.pxe:
             assert self.http is not None
             fwd[HTTP_PORT] = self.http.port
-            netdev += f",tftp={self._pxe_dir()},bootfile=boot.ipxe"
+            netdev += f",tftp={self._pxe_dir()},bootfile={spec.platform.pxe_bootfile}"
         for guest_port, host_port in sorted(fwd.items()):
             cmd = f"{sys.executable} -I -S {HERE / 'forward.py'} {int(host_port)}"
             netdev += f",guestfwd=tcp:{GUEST_HOST}:{int(guest_port)}-cmd:{cmd}"
         accel = "kvm" if spec.kvm else "tcg,thread=multi"
-        # qemu64 rather than max under TCG: glibc and OpenSSL then take their SSE2 paths, which
-        # TCG translates and runs faster than the AVX2 ones (join 19.3 s against 20.7 s,
-        # median of 3 boots); the guest needs nothing newer (Debian's baseline is x86-64).
-        cpu = "host" if spec.kvm else os.environ.get("BC_QEMU_CPU", "qemu64")
+        plat = spec.platform
+        cpu = "host" if spec.kvm else os.environ.get("BC_QEMU_CPU", plat.cpu)
         argv = [
-            QEMU, "-machine", "q35", "-accel", accel, "-cpu", cpu,
+            plat.qemu, "-machine", plat.machine, "-accel", accel, "-cpu", cpu,
             "-m", str(spec.memory_mb), "-smp", str(spec.cpus),
             "-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none",
             "-chardev", f"file,id=con0,path={spec.console_log}", "-serial", "chardev:con0",
             "-chardev", f"socket,id=sh0,path={self.shell_socket},server=on,wait=off",
-            "-serial", "chardev:sh0",
+        ]
+        if plat.shell_tty.startswith("hvc"):
+            argv += ["-device", "virtio-serial-pci", "-device", "virtconsole,chardev=sh0"]
+        else:
+            argv += ["-serial", "chardev:sh0"]
+        if spec.firmware is not None:
+            argv += ["-bios", spec.firmware]
+        argv += [
             "-netdev", netdev,
             "-device", "virtio-net-pci,netdev=net0,mac=52:54:00:12:34:56"
-            + (",bootindex=1" if spec.pxe else ",romfile="),
+            + (",bootindex=1" if spec.pxe else "")
+            # QEMU's NIC ROM is iPXE for x86: arm64's firmware does PXE itself.
+            + ("" if spec.pxe and spec.arch == "amd64" else ",romfile="),
             "-device", "virtio-rng-pci",
         ]
         for i, disk in enumerate(spec.disks):
             disk.create()
             argv += ["-drive", f"file={disk.path},if=none,id=d{i},format=raw,cache=unsafe,discard=unmap"]
+            boot = ",bootindex=1" if spec.disk_boot and i == 0 else ""
             if disk.interface == "nvme":
-                argv += ["-device", f"nvme,serial={disk.serial},drive=d{i}"]
+                argv += ["-device", f"nvme,serial={disk.serial},drive=d{i}{boot}"]
             else:
-                argv += ["-device", f"virtio-blk-pci,serial={disk.serial},drive=d{i}"]
-        if not spec.pxe:
+                argv += ["-device", f"virtio-blk-pci,serial={disk.serial},drive=d{i}{boot}"]
+        if not spec.pxe and not spec.disk_boot:
             argv += ["-kernel", str(spec.kernel), "-initrd", str(spec.initrd), "-append", spec.append]
         return argv
 
@@ -216,6 +281,12 @@ class Machine:
                 target.unlink()
             os.link(src, target) if src.stat().st_dev == d.stat().st_dev else shutil.copyfile(src, target)
         base = f"http://{GUEST_HOST}:{HTTP_PORT}"
+        if self.spec.arch == "arm64":
+            grub_netboot(d / self.spec.platform.pxe_bootfile, self.spec.append)
+            kernel = (d / "vmlinuz").read_bytes()
+            if kernel[:2] == b"\x1f\x8b":  # GRUB's gzio cannot size a gzipped file over HTTP
+                (d / "vmlinuz").unlink()
+                (d / "vmlinuz").write_bytes(gzip.decompress(kernel))
         (d / "boot.ipxe").write_text(
             "#!ipxe\n"
             "echo bc-pxe: fetching the ramdisk over HTTP\n"
@@ -339,6 +410,42 @@ class Machine:
                 self._shell_buf += chunk
 
 
+GRUB_MODULES = ("efinet", "tftp", "http", "linux", "gzio", "echo", "boot")
+
+
+def grub_netboot(target: Path, append: str) -> Path:
+    """arm64's PXE boot loader: the firmware's own PXE (edk2's, over the virtio NIC) fetches
+    ``target`` by TFTP and runs it: a GRUB EFI image (Debian's grub-efi-arm64-bin modules,
+    the .deb downloaded and unpacked, not installed; the host's grub-mkimage) whose embedded
+    script fetches the kernel and initramfs over HTTP and boots them with ``append``, as
+    boot.ipxe does on x86. The kernel is served as the Image, unpacked: GRUB's gzio cannot
+    size a gzipped file over HTTP ("out of memory")."""
+    from initramfs import build as ramdisk
+
+    arch = ramdisk.ARCHES["arm64"]
+    if shutil.which("grub-mkimage") is None:
+        raise FileNotFoundError("grub-mkimage is missing (apt-get install grub-common)")
+    out = ramdisk.out_dir(arch)
+    (deb,) = ramdisk.download(["grub-efi-arm64-bin"], out / "debs", arch)
+    tree = out / "grub"
+    stamp = tree / ".deb"
+    if not stamp.is_file() or stamp.read_text() != deb.name:
+        shutil.rmtree(tree, ignore_errors=True)
+        run(["dpkg-deb", "-x", str(deb), str(tree)], timeout=120)
+        stamp.write_text(deb.name)
+    if any(c in append for c in "\"'$;{}|&<>\\\n"):
+        raise ValueError(f"kernel command line with characters GRUB's script would parse: {append!r}")
+    script = target.with_suffix(".cfg")
+    server = f"(http,{GUEST_HOST})"
+    script.write_text("echo bc-pxe: GRUB fetching the ramdisk over HTTP\n"
+                      f"linux {server}/vmlinuz {append}\n"
+                      f"initrd {server}/initrd.img\n"
+                      "boot\n")
+    run(["grub-mkimage", "-O", "arm64-efi", "-d", str(tree / "usr/lib/grub/arm64-efi"), "-o", str(target),
+         "-p", "/", "-c", str(script), *GRUB_MODULES], timeout=120)
+    return target
+
+
 def make_disk_image(path: Path, size: int) -> Path:
     """A sparse raw file of ``size`` bytes."""
     with path.open("wb") as f:
@@ -355,5 +462,5 @@ def booted(spec: MachineSpec) -> Iterator[Machine]:
         machine.stop()
 
 
-def qemu_version() -> str:
-    return run([QEMU, "--version"], timeout=30).text.splitlines()[0]
+def qemu_version(arch: str = "amd64") -> str:
+    return run([PLATFORMS[arch].qemu, "--version"], timeout=30).text.splitlines()[0]

@@ -25,7 +25,17 @@ from agent.gateway import Gateway
 from agent.gateway.certs import DevPki, make_dev_pki
 from initramfs import build as ramdisk
 from initramfs import cpio
-from qemu.harness import GUEST_HOST, BootFileServer, Disk, Machine, MachineSpec, kernel_args, kvm_wanted
+from qemu.harness import (
+    GUEST_HOST,
+    PLATFORMS,
+    BootFileServer,
+    Disk,
+    Machine,
+    MachineSpec,
+    kernel_args,
+    kvm_wanted,
+    qemu_available,
+)
 
 GATEWAY_PORT = 443                       # as the guest sees it, on GUEST_HOST
 FILES_PORT = 8080                        # the lab's file server (images), on GUEST_HOST
@@ -38,27 +48,35 @@ class Ramdisk:
     kernel: Path
     base: Path      # the compressed userland without /init and the agent
     agent: Path     # the agent zipapp for the ramdisk (no native wheels; bytecode added)
+    arch: str = "amd64"
 
 
-def ensure_ramdisk(out: Path = ramdisk.OUT, *, rebuild_agent: bool = True) -> Ramdisk:
-    """The prebuilt ramdisk pieces, built (cached) if missing; the agent from this tree."""
+def ensure_ramdisk(out: Path | None = None, *, rebuild_agent: bool = True, arch: str = "amd64") -> Ramdisk:
+    """The prebuilt ramdisk pieces for ``arch``, built (cached) if missing; the agent from
+    this tree."""
+    target = ramdisk.ARCHES[arch]
+    out = ramdisk.out_dir(target) if out is None else out
     agent = ramdisk.build_agent(out / "agent.pyz") if rebuild_agent or not (out / "agent.pyz").exists() \
         else out / "agent.pyz"
-    built = ramdisk.build(agent, out)
+    built = ramdisk.build(agent, out, arch=target)
     assert built.agent is not None
-    return Ramdisk(built.kernel, built.base, built.agent)
+    return Ramdisk(built.kernel, built.base, built.agent, arch)
 
 
-def missing_prerequisites() -> str | None:
-    """Why the QEMU lab cannot run on this machine, or None."""
+def missing_prerequisites(arch: str = "amd64", *, uefi: bool = False) -> str | None:
+    """Why the QEMU lab cannot boot ``arch`` on this machine, or None."""
     import shutil
 
-    for tool in ("qemu-system-x86_64", "apt-get", "dpkg-deb", "zstd"):
+    for tool in ("apt-get", "dpkg-deb", "zstd"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed"
-    if not list(Path("/boot").glob("vmlinuz-*-cloud-amd64")):
-        return "no /boot/vmlinuz-*-cloud-amd64 (apt-get install linux-image-cloud-amd64)"
-    return None
+    if not ramdisk.ARCHES[arch].native():
+        emulator = ramdisk.ARCHES[arch].emulator
+        if shutil.which(emulator) is None:
+            return f"{emulator} is not installed (apt-get install qemu-user-static)"
+    elif not list(Path("/boot").glob(f"vmlinuz-*-cloud-{arch}")):
+        return f"no /boot/vmlinuz-*-cloud-{arch} (apt-get install linux-image-cloud-{arch})"
+    return qemu_available(arch, uefi=uefi)
 
 
 class Lab:
@@ -126,8 +144,9 @@ class Lab:
         entries = ramdisk.top_entries(self.ramdisk.agent)
         entries += [cpio.file(GUEST_CA, self.pki.ca.read_bytes()),
                     cpio.file(GUEST_TRUST, self.pki.signing_pub.read_bytes())]
-        if test:
-            entries.append(cpio.file("/etc/bettercompute/debug-shell", b""))
+        if test:  # the marker names the shell's port
+            tty = PLATFORMS[self.ramdisk.arch].shell_tty
+            entries.append(cpio.file("/etc/bettercompute/debug-shell", f"{tty}\n".encode()))
         if env:
             text = "".join(f"export {k}='{v}'\n" for k, v in env.items())
             entries.append(cpio.file("/etc/bettercompute/agent.env", text.encode()))
@@ -154,17 +173,23 @@ class Lab:
         kernel: Path | None = None,
         initrd: Path | None = None,
         append: str | None = None,
+        uefi: bool = False,
+        disk_boot: bool = False,
     ) -> Machine:
         """Start a ramdisk node (returns at once; wait with gateway.wait_node). ``kernel``,
-        ``initrd`` and ``append`` boot something else (an installed node's kernel)."""
+        ``initrd`` and ``append`` boot something else (an installed node's kernel);
+        ``disk_boot`` lets the firmware boot the first disk. The architecture is the ramdisk's;
+        ``uefi`` (always on arm64) boots UEFI firmware."""
+        arch = self.ramdisk.arch
         if initrd is None:
             initrd = self.initrd(node_id, self.overlay(test=test, files=files, env=env))
         if append is None:
-            append = kernel_args(**(settings or self.settings(node_id)))
+            append = kernel_args(PLATFORMS[arch].console, **(settings or self.settings(node_id)))
         forwards = {GATEWAY_PORT: self.gateway.port, FILES_PORT: self.files.port}
         spec = MachineSpec(self.workdir, kernel=kernel or self.ramdisk.kernel, initrd=initrd,
                            append=append, disks=tuple(disks), forwards=forwards,
-                           kvm=kvm_wanted(), pxe=pxe, name=node_id, memory_mb=memory_mb)
+                           kvm=kvm_wanted() and ramdisk.ARCHES[arch].native(), pxe=pxe, name=node_id,
+                           memory_mb=memory_mb, arch=arch, uefi=uefi, disk_boot=disk_boot)
         machine = Machine(spec)
         self.machines.append(machine)
         return machine.start()

@@ -12,10 +12,20 @@ Booted with ``bc.root=LABEL=bcroot`` on its command line, the initramfs' /init m
 partition, binds those directories into place and runs the launcher as the unit would (see
 initramfs/init.sh): the ramdisk's userland stands in for a full OS. Built without mounting
 anything: sfdisk writes the table, mkfs.ext4 -d fills the filesystem at its offset.
+
+``esp=True`` (UEFI firmware boots it from the disk): an EFI system partition comes first,
+FAT32 filled with mtools (no mount either), with systemd-boot as the removable-media loader
+(EFI/BOOT/BOOTX64.EFI or BOOTAA64.EFI: Debian's systemd-boot-efi, installed on x86, its arm64
+.deb downloaded and unpacked), one loader entry, and the kernel and initramfs beside it:
+systemd-boot reads only FAT. The bcroot partition is the same.
+
+arm64: /boot/vmlinuz is the uncompressed Image (the ramdisk's boot file is gzipped, but
+kexec_file_load on arm64 reads only an Image), and the console is ttyAMA0.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import shutil
 import sys
@@ -25,13 +35,16 @@ from pathlib import Path
 from agent.proc import run
 from initramfs import build as ramdisk
 from initramfs import cpio
-from qemu.harness import GUEST_HOST, kernel_args
+from qemu.harness import GUEST_HOST, PLATFORMS, kernel_args
 from qemu.lab import GATEWAY_PORT, Lab
 
 LABEL = "bcroot"
 SECTOR = 512
 START_SECTOR = 2048                  # 1 MiB
 FS_BYTES = 96 * 1024 * 1024
+ESP_BYTES = 64 * 1024 * 1024         # FAT32's smallest comfortable size, kernel + initramfs fit
+ESP_TYPE = "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"
+SYSTEMD_BOOT = Path("/usr/lib/systemd/boot/efi/systemd-bootx64.efi")
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -45,14 +58,16 @@ class NodeImage:
     initrd: Path
     kernel_sha256: str
     initrd_sha256: str
+    arch: str = "amd64"
+    esp: bool = False        # an EFI system partition: UEFI firmware boots it from the disk
 
     def kexec_cmdline(self) -> str:
-        return node_cmdline()
+        return node_cmdline(self.arch)
 
 
-def node_cmdline() -> str:
+def node_cmdline(arch: str = "amd64") -> str:
     """The installed node's kernel command line (its settings are in agent.conf)."""
-    return kernel_args(root=f"LABEL={LABEL}")
+    return kernel_args(PLATFORMS[arch].console, root=f"LABEL={LABEL}")
 
 
 def sha256(path: Path) -> str:
@@ -63,14 +78,18 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def build_node_image(lab: Lab, node_id: str, out: Path) -> NodeImage:
-    """The image of an installed node ``node_id`` that dials ``lab``'s gateway."""
+def build_node_image(lab: Lab, node_id: str, out: Path, *, esp: bool = False) -> NodeImage:
+    """The image of an installed node ``node_id`` that dials ``lab``'s gateway; with ``esp``,
+    bootable by UEFI firmware from the disk."""
     out.mkdir(parents=True, exist_ok=True)
     tree = out / "tree"
     shutil.rmtree(tree, ignore_errors=True)
     boot = tree / "boot"
     boot.mkdir(parents=True)
-    shutil.copyfile(lab.ramdisk.kernel, boot / "vmlinuz")
+    kernel_bytes = lab.ramdisk.kernel.read_bytes()
+    if kernel_bytes[:2] == b"\x1f\x8b":  # arm64's gzipped Image: kexec_file_load wants the Image
+        kernel_bytes = gzip.decompress(kernel_bytes)
+    (boot / "vmlinuz").write_bytes(kernel_bytes)
     # The node's initramfs: the ramdisk userland with /init (the agent comes from the disk).
     initrd = lab.ramdisk.base.read_bytes() + ramdisk.compress(
         cpio.archive(ramdisk.top_entries(lab.ramdisk.agent)), 3)
@@ -87,14 +106,20 @@ def build_node_image(lab: Lab, node_id: str, out: Path) -> NodeImage:
 
     raw = out / "node.img"
     raw.unlink(missing_ok=True)
-    total = START_SECTOR * SECTOR + FS_BYTES + 1024 * 1024
+    root_start = START_SECTOR + (ESP_BYTES // SECTOR if esp else 0)
+    total = root_start * SECTOR + FS_BYTES + 1024 * 1024
     with raw.open("wb") as f:
         f.truncate(total)
-    table = (f"label: gpt\nstart={START_SECTOR}, size={FS_BYTES // SECTOR}, "
-             f"type=0FC63DAF-8483-4772-8E79-3D69D8477DE4, name={LABEL}\n")
+    table = "label: gpt\n"
+    if esp:
+        table += f"start={START_SECTOR}, size={ESP_BYTES // SECTOR}, type={ESP_TYPE}, name=ESP\n"
+    table += (f"start={root_start}, size={FS_BYTES // SECTOR}, "
+              f"type=0FC63DAF-8483-4772-8E79-3D69D8477DE4, name={LABEL}\n")
     run(["sfdisk", "--quiet", "--no-reread", "--no-tell-kernel", str(raw)], input=table.encode(), timeout=60)
+    if esp:
+        _write_esp(raw, START_SECTOR * SECTOR, boot, lab.ramdisk.arch)
     run(["mkfs.ext4", "-F", "-q", "-L", LABEL, "-d", str(tree), "-E",
-         f"offset={START_SECTOR * SECTOR}", str(raw), f"{FS_BYTES // 1024}k"], timeout=120)
+         f"offset={root_start * SECTOR}", str(raw), f"{FS_BYTES // 1024}k"], timeout=120)
     zst = out / "node.img.zst"
     run(["zstd", "-q", "-f", "-T0", "-6", str(raw), "-o", str(zst)], timeout=300)
     kernel, initrd_path = out / "vmlinuz", out / "initrd.img"
@@ -102,4 +127,52 @@ def build_node_image(lab: Lab, node_id: str, out: Path) -> NodeImage:
     shutil.copyfile(boot / "initrd.img", initrd_path)
     shutil.rmtree(tree)
     return NodeImage(raw, zst, sha256(raw), sha256(zst), kernel, initrd_path, sha256(kernel),
-                     sha256(initrd_path))
+                     sha256(initrd_path), lab.ramdisk.arch, esp)
+
+
+def systemd_boot(arch: str) -> tuple[Path, str]:
+    """systemd-boot for ``arch`` and its removable-media path on the ESP."""
+    if arch == "amd64":
+        if not SYSTEMD_BOOT.is_file():
+            raise FileNotFoundError(f"{SYSTEMD_BOOT} is missing (apt-get install systemd-boot-efi)")
+        return SYSTEMD_BOOT, "BOOTX64.EFI"
+    target = ramdisk.ARCHES[arch]
+    out = ramdisk.out_dir(target)
+    (deb,) = ramdisk.download(["systemd-boot-efi"], out / "debs", target)
+    tree = out / "systemd-boot"
+    stamp = tree / ".deb"
+    if not stamp.is_file() or stamp.read_text() != deb.name:
+        shutil.rmtree(tree, ignore_errors=True)
+        run(["dpkg-deb", "-x", str(deb), str(tree)], timeout=120)
+        stamp.write_text(deb.name)
+    return tree / "usr/lib/systemd/boot/efi/systemd-bootaa64.efi", "BOOTAA64.EFI"
+
+
+def _write_esp(raw: Path, offset: int, boot: Path, arch: str) -> None:
+    """An EFI system partition at ``offset`` in ``raw``: systemd-boot, its entry, and the
+    kernel and initramfs in ``boot``."""
+    loader, loader_name = systemd_boot(arch)
+    cmdline = node_cmdline(arch)
+    esp = raw.with_name("esp.img")
+    esp.unlink(missing_ok=True)
+    with esp.open("wb") as f:
+        f.truncate(ESP_BYTES)
+    run(["mkfs.vfat", "-F", "32", "-n", "ESP", str(esp)], timeout=60)
+    files = raw.with_name("esp-files")
+    shutil.rmtree(files, ignore_errors=True)
+    (files / "entries").mkdir(parents=True)
+    (files / "loader.conf").write_text("default bc.conf\ntimeout 0\n")
+    (files / "entries/bc.conf").write_text(
+        f"title Better Compute node\nlinux /vmlinuz\ninitrd /initrd.img\noptions {cmdline}\n")
+    img = ["-i", str(esp)]
+    run(["mmd", *img, "::/EFI", "::/EFI/BOOT", "::/loader", "::/loader/entries"], timeout=60)
+    for src, dest in ((loader, f"::/EFI/BOOT/{loader_name}"),
+                      (files / "loader.conf", "::/loader/loader.conf"),
+                      (files / "entries/bc.conf", "::/loader/entries/bc.conf"),
+                      (boot / "vmlinuz", "::/vmlinuz"), (boot / "initrd.img", "::/initrd.img")):
+        run(["mcopy", *img, str(src), dest], timeout=60)
+    with raw.open("r+b") as out, esp.open("rb") as f:
+        out.seek(offset)
+        shutil.copyfileobj(f, out, 1 << 20)
+    esp.unlink()
+    shutil.rmtree(files)

@@ -24,15 +24,15 @@ COMMAND_TIMEOUT = 900.0
 FAKES = Path(__file__).resolve().parent.parent / "fakes"
 
 
-def _skip_reason() -> str | None:
+def skip_reason(arch: str = "amd64", *, uefi: bool = False) -> str | None:
     if os.geteuid() != 0:
         return "needs root (the ramdisk builder chroots into its root)"
-    return missing_prerequisites()
+    return missing_prerequisites(arch, uefi=uefi)
 
 
 @pytest.fixture(scope="session")
 def ramdisk_parts() -> Ramdisk:
-    reason = _skip_reason()
+    reason = skip_reason()
     if reason:
         pytest.skip(reason)
     return ensure_ramdisk()

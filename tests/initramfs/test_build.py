@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import py_compile
+import shutil
+import subprocess
 from pathlib import Path
 
-from initramfs.build import checked_bytecode
+import pytest
+
+from initramfs.build import ARCHES, OUT, checked_bytecode, find_kernel, out_dir
+from initramfs.build import _qualified as qualified
 
 
 def test_only_unchecked_hash_bytecode_passes(tmp_path: Path) -> None:
@@ -21,3 +26,29 @@ def test_only_unchecked_hash_bytecode_passes(tmp_path: Path) -> None:
     stale = checked_bytecode(tmp_path)
     assert [Path(p).name.split(".")[0] for p in stale] == ["checked", "stamped", "decoder"]
     assert all(p.startswith("usr/lib/python3.11/") for p in stale)
+
+
+def test_a_kernel_unpacked_from_its_deb_brings_its_own_modules(tmp_path: Path) -> None:
+    release = "6.1.0-99-cloud-arm64"
+    (tmp_path / "boot").mkdir()
+    (tmp_path / "boot" / f"vmlinuz-{release}").write_bytes(b"MZ")
+    (tmp_path / "lib/modules" / release).mkdir(parents=True)
+    kernel = find_kernel(tmp_path / "boot" / f"vmlinuz-{release}", ARCHES["arm64"], tmp_path)
+    assert kernel.release == release
+    assert kernel.modules == tmp_path / "lib/modules" / release
+
+
+def test_each_architecture_builds_into_its_own_directory() -> None:
+    assert out_dir(ARCHES["amd64"]) == OUT
+    assert out_dir(ARCHES["arm64"]) == OUT / "arm64"
+    assert {a.machine for a in ARCHES.values()} == {"x86_64", "aarch64"}
+
+
+def test_foreign_packages_are_asked_for_by_architecture_but_arch_all_ones_are_not() -> None:
+    if shutil.which("apt-cache") is None:
+        pytest.skip("no apt-cache")
+    known = subprocess.run(["apt-cache", "show", "--no-all-versions", "busybox:arm64"],
+                           capture_output=True, check=False)
+    if known.returncode != 0:
+        pytest.skip("apt does not know arm64 packages here (dpkg --add-architecture arm64; apt-get update)")
+    assert qualified(["busybox", "lsb-base"], ARCHES["arm64"]) == ["busybox:arm64", "lsb-base"]

@@ -123,3 +123,39 @@ def _running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
+
+
+def test_arm64_is_a_virt_machine_booted_by_uefi_with_a_virtio_console_shell(tmp_path: Path) -> None:
+    argv = Machine(spec(tmp_path, arch="arm64")).argv()
+    assert argv[0] == "qemu-system-aarch64"
+    assert argv[argv.index("-machine") + 1] == "virt"
+    assert argv[argv.index("-bios") + 1] == "/usr/share/qemu-efi-aarch64/QEMU_EFI.fd"
+    assert "virtconsole,chardev=sh0" in argv
+    assert argv.count("-serial") == 1  # virt has one UART: the console
+    assert "console=ttyAMA0,115200" in harness.kernel_args(harness.PLATFORMS["arm64"].console)
+
+
+def test_arm64_pxe_is_the_firmwares_own_loading_grub_not_an_x86_nic_rom(tmp_path: Path) -> None:
+    machine = Machine(spec(tmp_path, arch="arm64", pxe=True))
+    machine.http = harness.BootFileServer(tmp_path)  # as start() would have, not started
+    try:
+        argv = machine.argv()
+    finally:
+        machine.http.httpd.server_close()
+    netdev = argv[argv.index("-netdev") + 1]
+    assert ",bootfile=bootaa64.efi" in netdev
+    nic = [argv[i + 1] for i, a in enumerate(argv) if a == "-device" and argv[i + 1].startswith("virtio-net")]
+    assert nic == ["virtio-net-pci,netdev=net0,mac=52:54:00:12:34:56,bootindex=1,romfile="]
+
+
+def test_uefi_on_amd64_is_ovmf_and_disk_boot_boots_the_first_disk(tmp_path: Path) -> None:
+    plain = Machine(spec(tmp_path)).argv()
+    assert "-bios" not in plain and "-kernel" in plain
+    disks = [Disk(tmp_path / "a.img", "SERA", "nvme", 1 << 20),
+             Disk(tmp_path / "b.img", "SERB", "nvme", 1 << 20)]
+    argv = Machine(spec(tmp_path, uefi=True, disk_boot=True, disks=disks)).argv()
+    assert argv[argv.index("-bios") + 1] == "/usr/share/ovmf/OVMF.fd"
+    assert "-kernel" not in argv
+    devices = [argv[i + 1] for i, a in enumerate(argv) if a == "-device"]
+    assert "nvme,serial=SERA,drive=d0,bootindex=1" in devices
+    assert "nvme,serial=SERB,drive=d1" in devices
