@@ -91,10 +91,11 @@ def test_qemu_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
     fake.write_text("#!/bin/sh\nexec sleep 600\n")
     fake.chmod(0o755)
     starter = (
-        "import sys, time\n"
+        "import dataclasses, sys, time\n"
         "from pathlib import Path\n"
         "from qemu import harness\n"
-        f"harness.QEMU = {str(fake)!r}\n"
+        "amd64 = harness.PLATFORMS['amd64']\n"
+        f"harness.PLATFORMS['amd64'] = dataclasses.replace(amd64, qemu={str(fake)!r})\n"
         f"m = harness.Machine(harness.MachineSpec(Path({str(tmp_path)!r}), Path('k'), Path('i')))\n"
         "m.start()\n"
         "print(m.proc.pid, flush=True)\n"
