@@ -106,6 +106,7 @@ def cmd_version(args: argparse.Namespace) -> int:
 # a cold cache) and ``agent install`` has no use. Help and usage errors load them all.
 SUBCOMMAND_MODULES: dict[str, str] = {
     "run": "agent.app", "exec": "agent.app", "gateway": "agent.app", "install": "agent.install",
+    "manifest": "agent.manifest",
 }
 
 

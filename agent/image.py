@@ -4,7 +4,8 @@ bytes, and decompress a stream of published bytes into raw image bytes.
 A ``Source`` yields the published bytes (HTTP download with Range resume, or a local file)
 and hashes them on the fly. ``Decompressor``\\ s turn those chunks into bounded pieces of raw
 image (never more than ``max_out`` bytes per step, so a 1000:1 compressed run of zeros cannot
-blow up memory). zstd runs the ``zstd`` binary (no stdlib module); qcow2 is not a stream
+blow up memory); ``RawStream`` reads the raw bytes of any stream format in order. zstd runs
+the ``zstd`` binary (no stdlib module); qcow2 is not a stream
 format and is converted by ``qemu-img`` from a local file (see agent/commands/deploy.py).
 """
 
@@ -95,12 +96,13 @@ class Source:
             raise SourceFailed(f"source ended at byte {self.count} of {self.total}")
         return data
 
-    def read(self, size: int) -> bytes:
+    def read(self, size: int, *, hash: bool = True) -> bytes:
         if self._pushback:
             data, self._pushback = self._pushback, b""
         else:
             data = self._fetch(size)
-        self.hasher.update(data)
+        if hash:
+            self.hasher.update(data)
         return data
 
     def _readinto(self, view: memoryview) -> int:
@@ -259,92 +261,155 @@ class _StdlibDecompressor:
         return iter(())
 
 
-class _ZstdDecompressor:
-    """``zstd -dc`` as a child process: a feeder thread writes, ``feed`` reads what is ready."""
+def decompressor(fmt: int, max_out: int = 4 << 20) -> Decompressor:
+    """gzip, xz or bzip2 in this process (zstd runs as a child: see RawStream)."""
+    if fmt in (Fmt.GZIP, Fmt.XZ, Fmt.BZIP2):
+        return _StdlibDecompressor(fmt, max_out)
+    raise AgentError(f"no in-process decompressor for {format_name(fmt)}")
 
-    def __init__(self, spawn: Callable[..., object], max_out: int) -> None:
-        import subprocess
 
-        self.max_out = max_out
-        self._proc = spawn(["zstd", "-dc", "-q", "--no-progress"], stdin=subprocess.PIPE,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self._in: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
-        self._feeder_error: BaseException | None = None
-        self._out: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
-        threading.Thread(target=self._feed_loop, name="zstd-feed", daemon=True).start()
-        threading.Thread(target=self._read_loop, name="zstd-read", daemon=True).start()
+STREAM_PIECE = 4 << 20  # bytes of source read per step, and of stdlib output per piece
 
-    def _feed_loop(self) -> None:
+
+class RawStream:
+    """The raw image bytes of a Source, in order, through ``readinto``.
+
+    RAW: the source itself. gzip, xz, bzip2: a thread decompresses into a short queue of
+    pieces. zstd: the ``zstd -dc`` child, fed by a thread, its output read straight into the
+    caller's buffer (no queue, no copy in Python: the decompressor's own speed). In both
+    threaded cases the feeding thread reads the source, so the published bytes are hashed
+    there (``source.hasher``), beside the caller's work. ``readinto`` returns 0 only at the
+    true end, after the source was read to its end; a corrupt or truncated stream raises
+    SourceFailed. ``close`` stops the threads and the child.
+    """
+
+    def __init__(self, source: Source, fmt: int, spawn: Callable[..., object] | None = None, *,
+                 hash_published: bool = True) -> None:
+        self.source, self.fmt = source, fmt
+        self.hash_published = hash_published  # False: a manifest verifies the raw chunks instead
+        self.count = 0                     # raw bytes delivered
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._proc: object = None
+        self._pieces: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=8)
+        self._piece = memoryview(b"")
+        self._done = False
+        if fmt == Fmt.RAW:
+            return
+        if fmt == Fmt.ZSTD:
+            import subprocess
+
+            from agent import proc
+
+            self._proc = (spawn or proc.spawn)(
+                ["zstd", "-dc", "-q", "--no-progress"], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            )
+            target = self._feed_zstd
+        elif fmt in (Fmt.GZIP, Fmt.XZ, Fmt.BZIP2):
+            self._dec = decompressor(fmt)
+            target = self._inflate
+        else:
+            raise AgentError(f"no stream decompressor for {format_name(fmt)}")
+        self._thread = threading.Thread(target=target, name=f"{format_name(fmt)}-feed", daemon=True)
+        self._thread.start()
+
+    # -- threads -------------------------------------------------------------------------
+
+    def _feed_zstd(self) -> None:
         stdin = self._proc.stdin  # type: ignore[attr-defined]
         try:
-            while (chunk := self._in.get()) is not None:
-                stdin.write(chunk)
-        except BaseException as exc:  # broken pipe when zstd died: reported by finish()
-            self._feeder_error = exc
-            while self._in.get() is not None:
-                pass
+            while not self._stop.is_set():
+                data = self.source.read(STREAM_PIECE, hash=self.hash_published)
+                if not data:
+                    break
+                stdin.write(data)
+        except BaseException as exc:  # a broken pipe when zstd died: see _end_zstd
+            self._error = exc
         finally:
             with contextlib.suppress(OSError):
                 stdin.close()
 
-    def _read_loop(self) -> None:
-        fd = self._proc.stdout.fileno()  # type: ignore[attr-defined]
-        while data := os.read(fd, self.max_out):
-            self._out.put(data)
-        self._out.put(None)
-
-    def _drain(self, block: bool) -> Iterator[bytes]:
-        while True:
+    def _put(self, item: bytes | BaseException | None) -> bool:
+        while not self._stop.is_set():
             try:
-                data = self._out.get(block=block, timeout=None)
-            except queue.Empty:
-                return
-            if data is None:
-                self._out.put(None)
-                return
-            yield data
-
-    def _put(self, item: bytes | None) -> Iterator[bytes]:
-        while True:
-            if self._feeder_error is not None:
-                yield from self.finish(fed=True)  # zstd stopped reading: it failed
-                raise SourceFailed("zstd stopped reading its input")
-            try:
-                self._in.put(item, timeout=0.01)
-                return
+                self._pieces.put(item, timeout=0.1)  # wakes as soon as there is room
+                return True
             except queue.Full:
-                yield from self._drain(block=False)
+                continue
+        return False
 
-    def feed(self, data: bytes) -> Iterator[bytes]:
-        yield from self._put(data)
-        yield from self._drain(block=False)
+    def _inflate(self) -> None:
+        try:
+            while data := self.source.read(STREAM_PIECE, hash=self.hash_published):
+                for out in self._dec.feed(data):
+                    if not self._put(out):
+                        return
+            for out in self._dec.finish():
+                if not self._put(out):
+                    return
+            self._put(None)
+        except BaseException as exc:  # handed to the reader
+            self._put(exc)
 
-    def finish(self, fed: bool = False) -> Iterator[bytes]:
-        if not fed:
-            yield from self._put(None)
+    # -- reading -------------------------------------------------------------------------
+
+    def readinto(self, view: memoryview) -> int:
+        if self._done or not len(view):
+            return 0
+        if self.fmt == Fmt.RAW:
+            n = self.source.readinto(view, hash=self.hash_published)
+        elif self.fmt == Fmt.ZSTD:
+            n = os.readv(self._proc.stdout.fileno(), [view])  # type: ignore[attr-defined]
+            if n == 0:
+                self._end_zstd()
         else:
-            self._in.put(None)  # the feeder is draining _in: this cannot block for long
-        yield from self._drain(block=True)
+            n = self._from_pieces(view)
+        if n == 0:
+            self._done = True
+        self.count += n
+        return n
+
+    def _from_pieces(self, view: memoryview) -> int:
+        while not self._piece:
+            item = self._pieces.get()
+            if item is None:
+                return 0
+            if isinstance(item, BaseException):
+                raise item
+            self._piece = memoryview(item)
+        n = min(len(view), len(self._piece))
+        view[:n] = self._piece[:n]
+        self._piece = self._piece[n:]
+        return n
+
+    def _end_zstd(self) -> None:
         proc = self._proc
         rc = proc.wait()  # type: ignore[attr-defined]
         err = proc.stderr.read().decode("utf-8", "replace").strip()  # type: ignore[attr-defined]
+        if self._thread is not None:
+            self._thread.join()
+        if isinstance(self._error, AgentError):  # the source failed (a download cut short...)
+            raise self._error
         if rc != 0:
             raise SourceFailed(f"corrupt or truncated zstd stream (zstd {describe_exit(rc)}: {err[-200:]})")
+        if self._error is not None:
+            raise SourceFailed(f"reading the zstd image failed: {self._error}") from self._error
+        if self.source.read(1, hash=self.hash_published):  # the feeder reads to the end: never
+            raise SourceFailed("zstd ended before the end of the published file")
 
     def close(self) -> None:
-        proc = self._proc
-        if proc.poll() is None:  # type: ignore[attr-defined]
+        self._stop.set()
+        if self._proc is not None and self._proc.poll() is None:  # type: ignore[attr-defined]
             from agent.proc import kill_group
 
-            kill_group(proc)  # type: ignore[arg-type]
-
-
-def decompressor(fmt: int, spawn: Callable[..., object], max_out: int = 4 << 20) -> Decompressor:
-    if fmt in (Fmt.GZIP, Fmt.XZ, Fmt.BZIP2):
-        return _StdlibDecompressor(fmt, max_out)
-    if fmt == Fmt.ZSTD:
-        return _ZstdDecompressor(spawn, max_out)
-    raise AgentError(f"no stream decompressor for {format_name(fmt)}")
+            kill_group(self._proc)  # type: ignore[arg-type]
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._pieces.get_nowait()  # a feeder blocked on a full queue sees the stop
+        if self._thread is not None:
+            self._thread.join(timeout=5)
 
 
 def qcow2_info(run: Callable[..., object], path: Path) -> int:
