@@ -73,6 +73,7 @@ class Plan:
     segments: tuple[Segment, ...]
     published: common_pb2.Digest | None = None
     published_size: int = 0
+    published_format: int = -1       # of the file the manifest was made from (-1: not said)
 
     @property
     def data_segments(self) -> int:
@@ -146,7 +147,8 @@ def from_proto(m: agent_pb2.ImageManifest, what: str = "manifest") -> Plan:
 
         algo, hx = check_digest(m.published.algorithm or "sha256", m.published.hex)
         published = common_pb2.Digest(algorithm=algo, hex=hx)
-    return Plan("manifest", m.algorithm, m.image_size, chunk, tuple(segments), published, m.published_size)
+    return Plan("manifest", m.algorithm, m.image_size, chunk, tuple(segments), published, m.published_size,
+                m.published_format if m.HasField("published") else -1)
 
 
 def parse_bmap(data: bytes, what: str = "bmap") -> Plan:

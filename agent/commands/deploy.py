@@ -231,11 +231,6 @@ class Deployment:
         if plan.image_size > self.disk.size:
             raise AgentError(f"the manifest's image is {plan.image_size} bytes, disk {self.disk.name} only"
                              f" {self.disk.size}", reason=Reason.TOO_LARGE)
-        if p.digest and plan.published is not None and (
-            plan.published.algorithm != p.algorithm or plan.published.hex != p.digest
-        ):
-            raise InvalidParameters("the request's digest is not the one its manifest gives for the"
-                                    " published image")
         return plan
 
     def _run_manifest(self, plan: Plan) -> None:
@@ -253,7 +248,7 @@ class Deployment:
                     ranged, total = probe.ranged, probe.total
                 fmt = self._check_format(head)
                 if fmt == Fmt.RAW and ranged:
-                    dv.check_against_source(plan, total, fmt, 0)
+                    dv.check_against_source(plan, total, fmt, (p.algorithm, p.digest))
                     reader = dv.RangeReader(p.url, self._http_options(), plan)
                 else:
                     source = self._open_source(algorithm="sha256")
@@ -263,7 +258,7 @@ class Deployment:
                 fmt = self._check_format(source.peek())
             if source is not None:
                 self._check_fits(fmt, source.total)
-                dv.check_against_source(plan, source.total, fmt, plan.published_size)
+                dv.check_against_source(plan, source.total, fmt, (p.algorithm, p.digest))
                 if fmt == Fmt.QCOW2:
                     raise Unsupported("a manifest describes a raw image's bytes: deploy a qcow2 image without"
                                       " one (its digest), or publish the image raw or compressed")

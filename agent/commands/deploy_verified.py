@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from agent import http, image
-from agent.errors import AgentError, Cancelled, ChecksumMismatch, SourceFailed
+from agent.errors import Cancelled, ChecksumMismatch, InvalidParameters, SourceFailed
 from agent.hw import block, diskio
 from agent.manifest import Plan, Segment
 
@@ -302,7 +302,7 @@ class VerifiedCopy:
                 if self._halt.is_set():
                     return
                 if seg.digest is None:
-                    self.reader.pass_zeros(seg.offset, seg.length)
+                    self._read(seg, seg.offset, None)
                     self._put(_Item(seg, seg.offset, seg.length))
                     continue
                 if seg.length <= piece_size:
@@ -332,12 +332,19 @@ class VerifiedCopy:
             with contextlib.suppress(Cancelled):
                 self._put(exc)
 
-    def _read(self, seg: Segment, offset: int, view: memoryview) -> None:
+    def _read(self, seg: Segment, offset: int, view: memoryview | None) -> None:
+        """The piece's bytes into ``view`` (None: the zero segment's bytes, checked); a source
+        that fails names the chunk and its offset."""
         try:
-            self.reader.read_data(offset, view)
-        except SourceFailed as exc:
-            raise SourceFailed(f"chunk {seg.index} at offset {seg.offset}: {exc.message}",
-                               chunk=seg.index, offset=seg.offset) from exc
+            if view is None:
+                self.reader.pass_zeros(seg.offset, seg.length)
+            else:
+                self.reader.read_data(offset, view)
+        except (SourceFailed, ChecksumMismatch) as exc:
+            what = "chunk" if self.plan.kind == "manifest" else "range"
+            err = type(exc)(f"{what} {seg.index} at offset {seg.offset}: {exc.message}")
+            err.details = {**exc.details, "chunk": str(seg.index), "offset": str(seg.offset)}
+            raise err from exc
 
     # -- consumer ------------------------------------------------------------------------
 
@@ -421,11 +428,18 @@ class VerifiedCopy:
         return written
 
 
-def check_against_source(plan: Plan, total: int | None, fmt: int, published_size: int) -> None:
-    """Refuse, before anything is written, a manifest whose size disagrees with the image."""
+def check_against_source(plan: Plan, total: int | None, fmt: int, digest: tuple[str, str] | None) -> None:
+    """Refuse, before anything is written, a manifest that disagrees with the image: its raw
+    size, or (when it was made from a file of this format) the published file's size, or the
+    request's digest of the published file."""
     if fmt == image.Fmt.RAW and total is not None and total != plan.image_size:
-        raise AgentError(f"the image is {total} bytes, its manifest says {plan.image_size}",
-                         reason=ChecksumMismatch.reason, size=total, manifest_size=plan.image_size)
-    if fmt != image.Fmt.RAW and plan.published_size and total is not None and total != plan.published_size:
-        raise AgentError(f"the published image is {total} bytes, its manifest says {plan.published_size}",
-                         reason=ChecksumMismatch.reason, size=total, manifest_size=plan.published_size)
+        raise ChecksumMismatch(f"the image is {total} bytes, its manifest says {plan.image_size}",
+                               size=total, manifest_size=plan.image_size)
+    if plan.published_format != fmt:
+        return  # a manifest of the raw image serves its compressed copies too
+    if plan.published_size and total is not None and total != plan.published_size:
+        raise ChecksumMismatch(f"the published image is {total} bytes, its manifest says"
+                               f" {plan.published_size}", size=total, manifest_size=plan.published_size)
+    if digest is not None and digest[1] and plan.published is not None and (
+        plan.published.algorithm, plan.published.hex) != digest:
+        raise InvalidParameters("the request's digest of the image is not the one its manifest gives")
