@@ -3,7 +3,8 @@ chunk before it writes it, hashes on every core, and never hashes nor downloads 
 
     plan = manifest.parse(data)              # an ImageManifest or a bmaptool .bmap v2 file
     plan.segments                            # [Segment(offset, length, digest or None)]
-    m = manifest.build(path, spawn)          # ImageManifest of a raw or compressed image
+    m = manifest.build(path)                 # ImageManifest of a raw or compressed image
+    path, sha256, m = manifest.write(image)  # ... written beside it (what `agent manifest` does)
     agent manifest IMAGE [-o FILE]           # writes IMAGE.manifest, prints its sha256
 
 The format is ``ImageManifest`` (agent/proto/agent.proto), serialized protobuf: version 1,
@@ -26,6 +27,7 @@ import argparse
 import functools
 import hashlib
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable
@@ -151,35 +153,44 @@ def from_proto(m: agent_pb2.ImageManifest, what: str = "manifest") -> Plan:
                 m.published_format if m.HasField("published") else -1)
 
 
+_BMAP_FIELD = re.compile(r"<(\w+)>([^<]*)</\1>")
+_BMAP_RANGE = re.compile(r'<Range(?:\s+chksum\s*=\s*"([^"]*)")?\s*>\s*([^<]*?)\s*</Range>')
+
+
 def parse_bmap(data: bytes, what: str = "bmap") -> Plan:
     """A bmaptool block map, format 2.x with sha256: mapped ranges carry a digest, the rest is
-    zeros. Its BmapFileChecksum (sha256 of the file with that value zeroed) is checked."""
-    import re
-    import xml.etree.ElementTree as ET
+    zeros. Its BmapFileChecksum (sha256 of the file with that value zeroed) is checked.
 
-    if b"<!DOCTYPE" in data or b"<!ENTITY" in data:
-        raise InvalidParameters(f"{what}: a .bmap has no DOCTYPE or entities; refused")
+    Read with a strict pattern of bmaptool's small fixed layout rather than an XML parser: the
+    ramdisk carries no XML library, and a .bmap has no entities, namespaces or nesting beyond
+    <bmap>, its fields and <BlockMap>'s <Range>s; anything else is refused."""
     try:
-        root = ET.fromstring(data)  # noqa: S314  (no DTD, no entities: checked above)
-    except ET.ParseError as exc:
-        raise InvalidParameters(f"{what}: not a valid .bmap XML file ({exc})") from exc
-    version = root.get("version", "")
-    if root.tag != "bmap" or not version.startswith("2."):
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidParameters(f"{what}: not a UTF-8 .bmap file") from exc
+    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
+    text = re.sub(r"\A\s*<\?xml[^>]*\?>", "", text)
+    root = re.fullmatch(r'\s*<bmap\s+version\s*=\s*"([^"]*)"\s*>(.*)</bmap>\s*', text, flags=re.S)
+    if root is None:
+        raise InvalidParameters(f"{what}: not a .bmap file (no <bmap version=...> element)")
+    version, body = root.group(1), root.group(2)
+    if not version.startswith("2."):
         raise InvalidParameters(f"{what}: bmap version {version!r}; version 2.x (sha256 per range) is needed")
-
-    def field(name: str) -> str:
-        node = root.find(name)
-        if node is None or not (node.text or "").strip():
-            raise InvalidParameters(f"{what}: no <{name}>")
-        return (node.text or "").strip()
+    block_map = re.search(r"<BlockMap>(.*)</BlockMap>", body, flags=re.S)
+    if block_map is None:
+        raise InvalidParameters(f"{what}: no <BlockMap>")
+    rest = body[: block_map.start()] + body[block_map.end() :]
+    fields = {name: value.strip() for name, value in _BMAP_FIELD.findall(rest)}
+    if _BMAP_FIELD.sub("", rest).strip():
+        raise InvalidParameters(f"{what}: unexpected content in the .bmap file")
 
     def number(name: str) -> int:
-        text = field(name)
+        text = fields.get(name, "")
         if not text.isdigit():
-            raise InvalidParameters(f"{what}: <{name}> is not a number: {text!r}")
+            raise InvalidParameters(f"{what}: <{name}> is missing or not a number: {text!r}")
         return int(text)
 
-    algorithm = field("ChecksumType").lower()
+    algorithm = fields.get("ChecksumType", "").lower()
     if algorithm not in ALGORITHMS:
         raise InvalidParameters(f"{what}: checksum type {algorithm!r}; only sha256 is accepted")
     image_size, block_size, blocks = number("ImageSize"), number("BlockSize"), number("BlocksCount")
@@ -187,18 +198,17 @@ def parse_bmap(data: bytes, what: str = "bmap") -> Plan:
     if not image_size or not power_of_two or blocks != -(-image_size // block_size):
         raise InvalidParameters(f"{what}: image size {image_size}, block size {block_size} and"
                                 f" {blocks} blocks disagree")
-    declared = field("BmapFileChecksum").lower()
+    declared = fields.get("BmapFileChecksum", "").lower()
     zeroed = re.sub(rb"(<BmapFileChecksum>\s*)[0-9A-Fa-f]+", lambda m_: m_.group(1) + b"0" * len(declared),
                     data, count=1)
-    if hashlib.sha256(zeroed).hexdigest() != declared:
+    if not declared or hashlib.sha256(zeroed).hexdigest() != declared:
         raise InvalidParameters(f"{what}: its BmapFileChecksum does not match its content (damaged file)")
-    block_map = root.find("BlockMap")
-    if block_map is None:
-        raise InvalidParameters(f"{what}: no <BlockMap>")
+    ranges = block_map.group(1)
+    if _BMAP_RANGE.sub("", ranges).strip():
+        raise InvalidParameters(f"{what}: unexpected content in <BlockMap>")
     segments: list[Segment] = []
     pos = 0
-    for node in block_map.findall("Range"):
-        text = (node.text or "").strip()
+    for chksum_raw, text in _BMAP_RANGE.findall(ranges):
         first_s, _, last_s = text.partition("-")
         if not first_s.isdigit() or (last_s and not last_s.isdigit()):
             raise InvalidParameters(f"{what}: bad range {text!r}")
@@ -207,7 +217,7 @@ def parse_bmap(data: bytes, what: str = "bmap") -> Plan:
         if last < first or last >= blocks or start < pos:
             raise InvalidParameters(f"{what}: range {text!r} is out of order, overlaps or lies outside"
                                     " the image")
-        chksum = (node.get("chksum") or "").lower()
+        chksum = chksum_raw.lower()
         if len(chksum) != 2 * ALGORITHMS[algorithm] or any(c not in "0123456789abcdef" for c in chksum):
             raise InvalidParameters(f"{what}: range {text!r} has no valid {algorithm} chksum")
         if start > pos:
@@ -313,10 +323,12 @@ def _size(text: str) -> int:
     return int(digits) * mult
 
 
-@command("manifest", "make the chunk manifest of an image (prints its sha256 for the deploy payload)", _args)
-def cmd_manifest(args: argparse.Namespace) -> int:
-    out: Path = args.output or args.image.with_name(args.image.name + ".manifest")
-    m = build(args.image, chunk_size=args.chunk_size)
+def write(image_path: Path, out: Path | None = None, *, chunk_size: int = DEFAULT_CHUNK
+          ) -> tuple[Path, str, agent_pb2.ImageManifest]:
+    """Build the manifest of ``image_path`` and write it (atomically) to ``out`` (default:
+    beside the image, IMAGE.manifest); returns the path, the file's sha256 and the manifest."""
+    out = out or image_path.with_name(image_path.name + ".manifest")
+    m = build(image_path, chunk_size=chunk_size)
     data = m.SerializeToString(deterministic=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
@@ -328,8 +340,14 @@ def cmd_manifest(args: argparse.Namespace) -> int:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    return out, hashlib.sha256(data).hexdigest(), m
+
+
+@command("manifest", "make the chunk manifest of an image (prints its sha256 for the deploy payload)", _args)
+def cmd_manifest(args: argparse.Namespace) -> int:
+    out, digest, m = write(args.image, args.output, chunk_size=args.chunk_size)
     zeros = sum(1 for s in from_proto(m).segments if s.digest is None)
-    print(f"sha256:{hashlib.sha256(data).hexdigest()}  {out}")
+    print(f"sha256:{digest}  {out}")
     print(f"{m.image_size} bytes raw, {m.chunk_count} chunks of {m.chunk_size}, {zeros} of them zeros;"
           f" published {image_format_name(m.published_format)} sha256:{m.published.hex}", file=sys.stderr)
     return EXIT_OK
