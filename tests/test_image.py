@@ -82,13 +82,22 @@ def read_stream(tmp_path: Path, published: bytes, fmt: int, piece: int = 100_000
     return bytes(out)
 
 
-def test_zstd_stream(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["libzstd", "zstd child"])
+def test_zstd_stream(tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if shutil.which("zstd") is None:
         pytest.skip("zstd not installed")
+    if how == "libzstd" and image._libzstd() is None:
+        pytest.skip("no libzstd.so.1 here")
+    if how == "zstd child":
+        monkeypatch.setattr(image, "_libzstd", lambda: None)
     published = proc.run(["zstd", "-q", "-c"], input=RAW).stdout
     assert read_stream(tmp_path, published, Fmt.ZSTD) == RAW
     with pytest.raises(SourceFailed, match="zstd"):
         read_stream(tmp_path, published[: len(published) // 2], Fmt.ZSTD)
+    two = published + proc.run(["zstd", "-q", "-c"], input=RAW[:1000]).stdout  # two frames
+    assert read_stream(tmp_path, two, Fmt.ZSTD, piece=4096) == RAW + RAW[:1000]
+    with pytest.raises(SourceFailed, match="zstd"):
+        read_stream(tmp_path, published + b"garbage!", Fmt.ZSTD)
 
 
 @pytest.mark.parametrize("fmt", [Fmt.RAW, Fmt.GZIP, Fmt.XZ, Fmt.BZIP2])
