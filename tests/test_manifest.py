@@ -82,7 +82,7 @@ def test_refusals(tmp_path: Path, change: object, message: str) -> None:
 def test_garbage_refused() -> None:
     with pytest.raises(InvalidParameters):
         manifest.parse(b"\xff\xff\xff not a manifest")
-    with pytest.raises(InvalidParameters, match="not a .bmap"):
+    with pytest.raises(InvalidParameters, match=r"not a \.bmap"):
         manifest.parse(b'<?xml version="1.0"?><!DOCTYPE x [<!ENTITY a "b">]><bmap version="2.0"/>')
 
 

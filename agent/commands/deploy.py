@@ -139,6 +139,26 @@ class DeployImage(Handler[DeployParams], kind="deploy.image"):
         with ctx.hold(f"disk:{disk.name}"):
             return Deployment(ctx, params, disk).run()
 
+    def on_interrupted(self, params: DeployParams) -> None:
+        """After a crash (the journal replayed, the deploy reported interrupted): clear the start
+        and end of its target, so that nothing the killed deploy wrote can boot. The deploy
+        writes the partition tables last, so a kill before that leaves none; this covers a kill
+        between its last write and its result. (For core's replay to call: see the report.)"""
+        try:
+            disk = block.select(self.disks(), params.hints)
+            block.check_safe(disk)
+        except AgentError as exc:
+            log.warning("interrupted deploy: its target cannot be cleared: %s", exc.message)
+            return
+        fd = block.open_disk(disk, write=True)
+        try:
+            block.clear_ends(fd, disk.size)
+            os.fsync(fd)
+            block.reread_partitions(fd)
+            log.warning("%s: start and end cleared after the interrupted deploy", disk.name)
+        finally:
+            os.close(fd)
+
 
 class Deployment:
     """One deploy of one image onto one disk."""

@@ -19,11 +19,12 @@ A zero chunk is written by nobody when the disk was discarded and reads zeros, w
 (or zeros, for a file) otherwise. The chunks that hold the partition tables (those overlapping
 the first and the last MiB of the image: the MBR and primary GPT, the backup GPT) are kept in
 memory and written at the very end, after everything else was verified, written and flushed:
-the end first, then the start, each flushed. Until then the disk has no partition table (the
-caller discarded or cleared its ends first), so a crash, a cancel or a failure leaves nothing
-bootable. A .bmap's mapped range longer than one buffer (8 MiB) is hashed in order across its
-pieces and checked at its last piece (as bmaptool does), so its earlier pieces may be written
-before the mismatch is known; the partition table is still written last.
+the end first, then the start, its first page (MBR, GPT header) last, each flushed. Until then
+the disk has no partition table (the caller discarded or cleared its ends first), so a crash,
+a cancel or a failure leaves nothing bootable. A .bmap's mapped range longer than one buffer
+(8 MiB) is hashed in order across its pieces and checked at its last piece (as bmaptool does),
+so its earlier pieces may be written before the mismatch is known; the partition table is
+still written last.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 
 HOLD = 1 << 20            # bytes at each end of the image whose chunks are written last
 SCRATCH = 4 << 20         # bytes read at a time when the source's zeros are checked
+FIRST_PAGE = 4096         # the MBR and the primary GPT header, written after everything else
 _END = object()
 
 
@@ -412,10 +414,21 @@ class VerifiedCopy:
 
     def write_held(self, direct_fd: int | None) -> int:
         """After the writer was closed (all else written and flushed): the end of the image,
-        flushed, then its start, flushed. Returns the bytes written."""
+        flushed, then its start but for the first 4 KiB, flushed, then those 4 KiB (the MBR and
+        the primary GPT header: one page, so a kill cannot leave half of it), flushed. Returns
+        the bytes written."""
         written = 0
         half = self.plan.image_size // 2
-        for part in ([h for h in self.held if h[0] >= half], [h for h in self.held if h[0] < half]):
+        held: list[tuple[int, bytes]] = []
+        for offset, data in self.held:
+            if offset == 0 and len(data) > FIRST_PAGE:
+                held += [(FIRST_PAGE, data[FIRST_PAGE:]), (0, data[:FIRST_PAGE])]
+            else:
+                held.append((offset, data))
+        tail = [h for h in held if h[0] >= half]
+        start = [h for h in held if 0 < h[0] < half]
+        first = [h for h in held if h[0] == 0]
+        for part in (tail, start, first):
             for offset, data in part:
                 pos = 0
                 while pos < len(data):

@@ -257,3 +257,17 @@ def test_bmap_from_bmaptool(tmp_path: Path) -> None:
     with pytest.raises(ChecksumMismatch, match=f"range 2 at offset {2 * MiB}"):
         deploy(with_manifest(path, bmap, tmp_path), t2.disks)
     assert no_partition_table(t2)
+
+
+def test_on_interrupted_clears_the_target(tmp_path: Path) -> None:
+    """What core's replay calls for a deploy it reports interrupted: the target's ends cleared."""
+    from agent.commands.deploy import DeployImage
+
+    t = Target(tmp_path)
+    img = image_with_gaps()
+    m = make_manifest(tmp_path, img)
+    deploy(with_manifest(tmp_path / "img", m, tmp_path), t.disks)
+    assert t.data()[: len(img)] == img
+    handler = DeployImage(disks=t.disks)
+    handler.on_interrupted(handler.parse(with_manifest(tmp_path / "img", m, tmp_path)))
+    assert t.ends_cleared() and t.data()[4 * MiB : len(img) - MiB] == img[4 * MiB : len(img) - MiB]
