@@ -20,8 +20,10 @@ sparse file (holes) whose 4 MiB chunks are a quarter data (every fourth one), th
                                                         qemu-img convert -t none
 - zstd:     sparse4 zstd -3'd, no manifest          vs  zstd -dc | dd
 - zstd-m:   the same with its manifest              vs  zstd -dc | dd, bmaptool copy
-- qcow2:    sparse4 as qcow2 (no manifest: qcow2 and manifests do not mix yet)
+- qcow2-m:  sparse4 as qcow2 with its manifest (read through its tables)
                                                     vs  qemu-img convert -O raw (-t none too)
+- qcow2:    the same without a manifest (qemu-img convert by the agent)
+                                                    vs  the same peers
 - http-m:   sparse4 raw over HTTP on 127.0.0.1, with its manifest
                                                     vs  curl URL | dd; prints the bytes served
 
@@ -340,8 +342,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3, help="runs per side (median; default 3)")
     ap.add_argument("--target", default="", help="file or block device (default: a file in --workdir)")
     ap.add_argument("--workdir", default="/var/tmp", help="where images (and the file target) go")
-    ap.add_argument("--only", default="dense,gzip,sparse,wipe,dense-m,sparse-m,zstd,zstd-m,qcow2,http-m",
-                    help="comma-separated scenarios")
+    ap.add_argument("--only", default="dense,gzip,sparse,wipe,dense-m,sparse-m,zstd,zstd-m,qcow2-m,qcow2,"
+                    "http-m", help="comma-separated scenarios")
     args = ap.parse_args()
     size = parse_size(args.size)
     size -= size % (4 * MiB)
@@ -399,7 +401,7 @@ def manifest_scenarios(b: Bench, work: Path, images: dict[str, Path], size: int,
     """The issue-18 scenarios: manifests, and the peers side by side."""
     from agent import manifest
 
-    wanted = [k for k in ("dense-m", "sparse-m", "zstd", "zstd-m", "qcow2", "http-m") if k in only]
+    wanted = [k for k in ("dense-m", "sparse-m", "zstd", "zstd-m", "qcow2-m", "qcow2", "http-m") if k in only]
     if not wanted:
         return []
     t = time.perf_counter()
@@ -443,6 +445,11 @@ def manifest_scenarios(b: Bench, work: Path, images: dict[str, Path], size: int,
                         {"zstd -dc | dd": f"zstd -dc -q {zst} | dd iflag=fullblock {dd}",
                          "bmaptool copy": bmaptool.format(zst)},
                         size, ">= 3")
+    if "qcow2-m" in wanted:
+        rows += b.group("qcow2-m", b.deploy_manifest(qcow, mf[sparse4]),
+                        {"qemu-img convert -O raw": f"qemu-img convert -O raw -n -f qcow2 {qcow} {target}",
+                         "qemu-img convert -t none": qemu.format(f"-f qcow2 {qcow}")},
+                        size, ">= 1 (qemu-img convert -O raw)")
     if "qcow2" in wanted:
         rows += b.group("qcow2", b.deploy(qcow),
                         {"qemu-img convert -O raw": f"qemu-img convert -O raw -n -f qcow2 {qcow} {target}",

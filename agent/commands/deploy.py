@@ -22,6 +22,14 @@ disk, from ``local_path`` only (qemu-img needs a seekable file; an HTTP source i
 with UNSUPPORTED). Its digest is checked over the whole file before the disk is touched.
 For qcow2 ``bytes_written`` is the virtual size (qemu-img skips zeros itself and does not
 say how many).
+
+With a manifest (``manifest`` or ``manifest_inline``: an ImageManifest from ``agent
+manifest``, or a bmaptool .bmap) the whole-image digest is not needed: every chunk of the raw
+image is verified before it is written, on a pool of threads, zero chunks are never hashed
+(nor downloaded: a raw image over HTTP is fetched by Range, data runs only), and the
+partition tables are written last (agent/commands/deploy_verified.py). A qcow2 file is then
+read through its own tables (agent/qcow2.py), not by qemu-img. ``verification`` in the
+result says which check ran: "manifest", "bmap" or "digest".
 """
 
 from __future__ import annotations
@@ -280,9 +288,12 @@ class Deployment:
                 self._check_fits(fmt, source.total)
                 dv.check_against_source(plan, source.total, fmt, (p.algorithm, p.digest))
                 if fmt == Fmt.QCOW2:
-                    raise Unsupported("a manifest describes a raw image's bytes: deploy a qcow2 image without"
-                                      " one (its digest), or publish the image raw or compressed")
-                if fmt == Fmt.RAW and p.local_path is not None:
+                    if p.local_path is None:
+                        raise Unsupported(QCOW2_NEEDS_FILE)
+                    qcow = dv.Qcow2Reader(str(p.local_path))
+                    reader = qcow
+                    dv.check_against_source(plan, qcow.q.size, Fmt.RAW, None)
+                elif fmt == Fmt.RAW and p.local_path is not None:
                     reader = dv.FileReader(str(p.local_path))
                 else:
                     stream = image.RawStream(source, fmt, self.ctx.spawn, hash_published=False)

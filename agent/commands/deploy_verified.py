@@ -38,6 +38,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from agent import http, image
@@ -203,6 +204,41 @@ class FileReader:
         actual = os.fstat(self.fd).st_size
         if actual != size:
             raise SourceFailed(f"the image is {actual} bytes, the manifest says {size}", size=actual)
+
+
+class Qcow2Reader:
+    """A local qcow2 file, read by guest offset through its tables: a zero chunk whose clusters
+    are unallocated (or zero clusters) is not read at all, an allocated one is checked."""
+
+    resumes = 0
+
+    def __init__(self, path: str) -> None:
+        from agent.qcow2 import Qcow2File
+
+        self.q = Qcow2File(Path(path))
+        self._scratch = bytearray(SCRATCH)
+
+    @property
+    def fetched(self) -> int:
+        return self.q.fetched
+
+    def read_data(self, offset: int, view: memoryview) -> None:
+        self.q.read(offset, view)
+
+    def pass_zeros(self, offset: int, length: int) -> None:
+        view = memoryview(self._scratch)
+        for pos in range(offset, offset + length, len(view)):
+            n = min(len(view), offset + length - pos)
+            if self.q.allocated(pos, n):
+                self.q.read(pos, view[:n])
+                _check_zeros(view[:n], pos)
+
+    def finish(self, size: int) -> None:
+        if self.q.size != size:
+            raise SourceFailed(f"the qcow2 image's virtual size is {self.q.size}, the manifest says {size}")
+
+    def close(self) -> None:
+        self.q.close()
 
 
 class RangeReader:
