@@ -126,3 +126,19 @@ def test_agent_manifest_command(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "agent", "manifest", str(tmp_path / "nope")],
                          capture_output=True, text=True, cwd=root)
     assert bad.returncode == 1 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_gateway_deploy_payload(tmp_path: Path) -> None:
+    """The reference gateway's payload: the image's digest and its manifest, named and signed."""
+    from google.protobuf import json_format
+
+    from agent.gateway.images import deploy_payload
+
+    img = sparse(tmp_path / "img")
+    payload = deploy_payload(tmp_path / "img", "http://h/img", target={"serial": "S1"})
+    data = (tmp_path / "img.manifest").read_bytes()
+    assert payload["manifest"] == {"url": "http://h/img.manifest",
+                                   "digest": {"algorithm": "sha256", "hex": hashlib.sha256(data).hexdigest()}}
+    assert payload["digest"]["hex"] == hashlib.sha256(img).hexdigest()
+    req = json_format.ParseDict(payload, agent_pb2.DeployImageRequest())
+    assert req.manifest.url == "http://h/img.manifest" and req.target.serial == "S1"
