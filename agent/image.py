@@ -377,6 +377,7 @@ class RawStream:
         self._zstd: _ZstdStream | None = None
         if fmt == Fmt.RAW:
             return
+        target: Callable[[], None]
         if fmt == Fmt.ZSTD and (lib := _libzstd()) is not None:
             self._zstd = _ZstdStream(lib)
             target = self._read_ahead
@@ -417,27 +418,40 @@ class RawStream:
             with contextlib.suppress(OSError):
                 stdin.close()
 
-    def _put(self, item: bytes | BaseException | None) -> bool:
+    def _put(self, item: bytes | BaseException | None,
+             q: queue.Queue[bytes | BaseException | None] | None = None) -> bool:
+        q = self._pieces if q is None else q
         while not self._stop.is_set():
             try:
-                self._pieces.put(item, timeout=0.1)  # wakes as soon as there is room
+                q.put(item, timeout=0.1)  # wakes as soon as there is room
                 return True
             except queue.Full:
                 continue
         return False
 
-    def _read_ahead(self) -> None:
+    def _read_ahead(self, q: queue.Queue[bytes | BaseException | None] | None = None) -> None:
+        """The published bytes, read (and hashed) in pieces into ``q`` (default: the pieces the
+        reader takes), so that reading and hashing overlap the decompression."""
         try:
             while data := self.source.read(STREAM_PIECE, hash=self.hash_published):
-                if not self._put(data):
+                if not self._put(data, q):
                     return
-            self._put(None)
-        except BaseException as exc:  # handed to the reader
-            self._put(exc)
+            self._put(None, q)
+        except BaseException as exc:  # handed on
+            self._put(exc, q)
 
     def _inflate(self) -> None:
+        compressed: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=4)
+        reader = threading.Thread(target=self._read_ahead, args=(compressed,), name="stream-read",
+                                  daemon=True)
+        reader.start()
         try:
-            while data := self.source.read(STREAM_PIECE, hash=self.hash_published):
+            while True:
+                data = compressed.get()
+                if isinstance(data, BaseException):
+                    raise data
+                if data is None:
+                    break
                 for out in self._dec.feed(data):
                     if not self._put(out):
                         return
@@ -447,6 +461,11 @@ class RawStream:
             self._put(None)
         except BaseException as exc:  # handed to the reader
             self._put(exc)
+        finally:
+            if reader.is_alive():  # stopped early: let the read-ahead see the stop and leave
+                with contextlib.suppress(queue.Empty):
+                    while True:
+                        compressed.get_nowait()
 
     # -- reading -------------------------------------------------------------------------
 
