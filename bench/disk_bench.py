@@ -466,8 +466,8 @@ def manifest_scenarios(b: Bench, work: Path, images: dict[str, Path], size: int,
             rounds = b.runs * 2
             data = sum(s_.length for s_ in manifest.parse(mf[sparse4].read_bytes()).segments if s_.digest)
             print(f"http-m: served {srv.sent('/sparse4.img')} bytes in {rounds} downloads (curl and agent);"
-                  f" the agent's last: {b.last.source_bytes} bytes for {data} bytes of data chunks"  # type: ignore[attr-defined]
-                  f" ({b.last.source_bytes / data - 1:+.2%})", flush=True)  # type: ignore[attr-defined]
+                  f" the agent's last: {b.last.source_bytes} bytes for {data} bytes of data chunks"
+                  f" ({b.last.source_bytes / data - 1:+.2%})", flush=True)
     return rows
 
 

@@ -58,6 +58,12 @@ def with_manifest(source: str | Path, m: agent_pb2.ImageManifest | bytes, tmp: P
     return req
 
 
+def fresh_target(tmp: Path, name: str) -> Target:
+    """A second target disk, in a directory of its own."""
+    (tmp / name).mkdir()
+    return Target(tmp / name)
+
+
 def no_partition_table(t: Target) -> bool:
     data = t.data()
     return not data[:MiB].strip(b"\0")
@@ -124,8 +130,7 @@ def test_request_digest_must_agree(tmp_path: Path) -> None:
     req.digest.algorithm, req.digest.hex = "sha256", hashlib.sha256(img).hexdigest()
     deploy(req, t.disks)  # agrees
     req.digest.hex = "0" * 64
-    t2 = Target(tmp_path / "2") if (tmp_path / "2").mkdir() is None else None
-    assert t2 is not None
+    t2 = fresh_target(tmp_path, "2")
     with pytest.raises(InvalidParameters, match="digest"):
         deploy(req, t2.disks)
     assert t2.untouched()
@@ -168,8 +173,7 @@ def test_manifest_for_another_image(tmp_path: Path) -> None:
         deploy(with_manifest(tmp_path / "img", other, tmp_path), t.disks)
     assert no_partition_table(t)
     longer = make_manifest(tmp_path, image_with_gaps(chunks=13), name="longer")
-    t2 = Target(tmp_path / "t2") if (tmp_path / "t2").mkdir() is None else None
-    assert t2 is not None
+    t2 = fresh_target(tmp_path, "t2")
     with pytest.raises(AgentError, match="manifest says"):  # refused before anything is written
         deploy(with_manifest(tmp_path / "img", longer, tmp_path), t2.disks)
     assert t2.untouched()
@@ -189,8 +193,7 @@ def test_short_or_long_stream(tmp_path: Path, how: str) -> None:
     if how == "truncated":
         assert info.value.details["chunk"] == "9" and info.value.details["offset"] == str(9 * CHUNK)
     assert no_partition_table(t)
-    t2 = Target(tmp_path / "t2") if (tmp_path / "t2").mkdir() is None else None
-    assert t2 is not None
+    t2 = fresh_target(tmp_path, "t2")
     (tmp_path / "wrong").write_bytes(wrong)  # a raw file: its size is known before writing
     with pytest.raises(AgentError, match="manifest says"):
         deploy(with_manifest(tmp_path / "wrong", m, tmp_path), t2.disks)
@@ -238,8 +241,7 @@ def test_qcow2_with_manifest(tmp_path: Path, compressed: bool) -> None:
     lie[4 * CHUNK + 5] ^= 1
     (tmp_path / "lie").write_bytes(lie)
     proc.run([*argv, str(tmp_path / "lie"), str(tmp_path / "q")])
-    t2 = Target(tmp_path / "t2") if (tmp_path / "t2").mkdir() is None else None
-    assert t2 is not None
+    t2 = fresh_target(tmp_path, "t2")
     with pytest.raises(ChecksumMismatch, match=f"chunk 4 at offset {4 * CHUNK}"):
         deploy(with_manifest(tmp_path / "q", m, tmp_path), t2.disks)
     assert no_partition_table(t2)
@@ -265,8 +267,7 @@ def test_bmap_from_bmaptool(tmp_path: Path) -> None:
     lie = bytearray(img)
     lie[5 * MiB] ^= 1
     path.write_bytes(lie)
-    t2 = Target(tmp_path / "t2") if (tmp_path / "t2").mkdir() is None else None
-    assert t2 is not None
+    t2 = fresh_target(tmp_path, "t2")
     with pytest.raises(ChecksumMismatch, match=f"range 2 at offset {2 * MiB}"):
         deploy(with_manifest(path, bmap, tmp_path), t2.disks)
     assert no_partition_table(t2)
