@@ -335,7 +335,7 @@ class Deployment:
             self.result.chunks_verified = copy.chunks_verified
             self.result.zero_chunks = copy.zero_chunks
             if self.params.verify_readback:
-                self._readback_chunks(fd, dfd, plan)
+                self._readback_chunks(fd, plan)
             self._finish(fd)
         except BaseException:
             self._fail_cleanup(fd)
@@ -356,21 +356,23 @@ class Deployment:
             subject=self.disk.name, message=f"{done} image bytes verified, {writer.written} written",
         )
 
-    def _readback_chunks(self, fd: int, dfd: int | None, plan: Plan) -> None:
-        """Read every data chunk back from the disk (past the page cache) and compare its digest."""
-        if dfd is None:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, plan.image_size, os.POSIX_FADV_DONTNEED)
-        with open(os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC), "rb", buffering=0) as f:
-            for seg in plan.segments:
-                self.ctx.check()
-                if seg.digest is None:
-                    continue
-                data = os.pread(f.fileno(), seg.length, seg.offset)
-                if hashlib.new(plan.algorithm, data).digest() != seg.digest:
-                    raise ChecksumMismatch(f"{self.disk.name}: read back, chunk {seg.index} at offset"
-                                           f" {seg.offset} differs from the manifest",
-                                           chunk=seg.index, offset=seg.offset)
+    def _readback_chunks(self, fd: int, plan: Plan) -> None:
+        """Read every data chunk back from the disk (the page cache dropped first) and compare
+        its digest with the manifest's."""
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, plan.image_size, os.POSIX_FADV_DONTNEED)
+        for seg in plan.segments:
+            self.ctx.check()
+            if seg.digest is None:
+                continue
+            h = hashlib.new(plan.algorithm)
+            for pos in range(seg.offset, seg.end, diskio.BUFFER):
+                data = os.pread(fd, min(diskio.BUFFER, seg.end - pos), pos)
+                h.update(data)
+            if h.digest() != seg.digest:
+                raise ChecksumMismatch(f"{self.disk.name}: read back, chunk {seg.index} at offset"
+                                       f" {seg.offset} differs from the manifest",
+                                       chunk=seg.index, offset=seg.offset)
         self.result.readback_verified = True
 
     def _check_digest(self, source: image.Source) -> None:
