@@ -285,3 +285,20 @@ def test_on_interrupted_clears_the_target(tmp_path: Path) -> None:
     handler = DeployImage(disks=t.disks)
     handler.on_interrupted(handler.parse(with_manifest(tmp_path / "img", m, tmp_path)))
     assert t.ends_cleared() and t.data()[4 * MiB : len(img) - MiB] == img[4 * MiB : len(img) - MiB]
+
+
+def test_chunk_that_never_downloads_is_named(tmp_path: Path) -> None:
+    """A data chunk whose download is always cut short fails the deploy after the retries,
+    naming the chunk and its offset; the disk has no partition table."""
+    from tests.loopback_http import Fault
+
+    t = Target(tmp_path)
+    img = image_with_gaps()
+    m = make_manifest(tmp_path, img)
+    with LoopbackServer() as srv:
+        url = srv.add("/img", img, fault=Fault(reset_after=100_000))
+        req = with_manifest(url, m, tmp_path, max_retries=2)
+        with pytest.raises(SourceFailed, match=r"chunk 0 at offset 0: .*after 2 resumes") as info:
+            deploy(req, t.disks)
+    assert info.value.details["chunk"] == "0"
+    assert no_partition_table(t)
