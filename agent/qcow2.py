@@ -72,7 +72,7 @@ class Qcow2File:
                 self.compression = head[104]
         self.cluster = 1 << cluster_bits
         self.cluster_bits = cluster_bits
-        self.size = size
+        self.size: int = size
         self.l2_entries = self.cluster // 8
         if l1_size * self.l2_entries * self.cluster < size:
             raise InvalidParameters("qcow2: the L1 table is too small for the virtual size")

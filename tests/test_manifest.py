@@ -142,3 +142,15 @@ def test_gateway_deploy_payload(tmp_path: Path) -> None:
     assert payload["digest"]["hex"] == hashlib.sha256(img).hexdigest()
     req = json_format.ParseDict(payload, agent_pb2.DeployImageRequest())
     assert req.manifest.url == "http://h/img.manifest" and req.target.serial == "S1"
+
+
+def test_build_qcow2(tmp_path: Path) -> None:
+    """A qcow2 file's manifest is its guest (raw) bytes' one; the published digest is the file's."""
+    if shutil.which("qemu-img") is None:
+        pytest.skip("qemu-img not installed")
+    img = sparse(tmp_path / "img", size=2 * MiB)
+    proc.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", "-c", str(tmp_path / "img"),
+              str(tmp_path / "q")])
+    m = manifest.build(tmp_path / "q", chunk_size=CHUNK)
+    assert m.digests == b"".join(digests(img)) and m.published_format == agent_pb2.QCOW2
+    assert m.published.hex == hashlib.sha256((tmp_path / "q").read_bytes()).hexdigest()
