@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 
 Fmt = agent_pb2.ImageFormat
 ZERO_SAMPLES = 256
+MAX_INLINE_MANIFEST = 1 << 20  # 128 GiB of image in 4 MiB chunks; larger ones travel as a file
 QCOW2_NEEDS_FILE = "qcow2 is converted by qemu-img, which needs a seekable file: use local_path"
 
 
@@ -110,6 +111,9 @@ class DeployImage(Handler[DeployParams], kind="deploy.image"):
             manifest = filesource.parse_source(payload.manifest, "manifest")
         if manifest is not None and payload.manifest_inline:
             raise InvalidParameters("give the manifest as a file or inline, not both")
+        if len(payload.manifest_inline) > MAX_INLINE_MANIFEST:
+            raise InvalidParameters(f"an inline manifest is at most {MAX_INLINE_MANIFEST} bytes (this one"
+                                    f" {len(payload.manifest_inline)}): give it as a file, `manifest`")
         if payload.HasField("digest"):
             algo, hexdigest = image.check_digest(payload.digest.algorithm, payload.digest.hex)
         elif manifest is None and not payload.manifest_inline:

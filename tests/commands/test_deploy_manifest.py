@@ -302,3 +302,14 @@ def test_chunk_that_never_downloads_is_named(tmp_path: Path) -> None:
             deploy(req, t.disks)
     assert info.value.details["chunk"] == "0"
     assert no_partition_table(t)
+
+
+def test_inline_manifest_too_large(tmp_path: Path) -> None:
+    from agent.commands.deploy import DeployImage
+
+    (tmp_path / "img").write_bytes(bytes(4096))
+    req = agent_pb2.DeployImageRequest(local_path=str(tmp_path / "img"),
+                                       target=common_pb2.DiskHints(name="disk"),
+                                       manifest_inline=bytes((1 << 20) + 1))
+    with pytest.raises(InvalidParameters, match="at most"):
+        DeployImage(disks=list).parse(req)
