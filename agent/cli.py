@@ -108,6 +108,7 @@ def cmd_version(args: argparse.Namespace) -> int:
 # load them all.
 SUBCOMMAND_MODULES: dict[str, str] = {
     "run": "agent.app", "exec": "agent.app", "gateway": "agent.app", "install": "agent.install",
+    "manifest": "agent.manifest",
 }
 
 

@@ -645,6 +645,7 @@ class Agent:
                 "time before it finished; not starting it again", attempts=entry.attempts,
             ), started_ms=entry.started_ms)
             return False
+        self._clean_up_interrupted(kind, entry)
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry.started_ms / 1000)) if entry.started_ms \
             else "an unknown time"
         self._finish(entry.id, kind, Interrupted(
@@ -653,6 +654,18 @@ class Agent:
             started_boot_id=entry.started_boot_id,
         ), started_ms=entry.started_ms)
         return False
+
+    def _clean_up_interrupted(self, kind: catalog.Kind, entry: Entry) -> None:
+        """Let the handler undo a half-done command that will not run again (its on_interrupted)."""
+        if not entry.command or entry.state is not State.STARTED:
+            return
+        try:
+            cmd = session_pb2.SignedCommand.FromString(entry.command)
+            payload = schema.decode_payload(kind.name, decode_command_body(cmd.body).payload)
+            params = self._parse(kind, payload)
+            self.handlers[kind.name].on_interrupted(params)
+        except (AgentError, DecodeError, OSError, KeyError) as exc:
+            log.warning("%s %s: the clean-up after the interruption failed: %s", kind.name, entry.id, exc)
 
     def _requeue(self, entry: Entry) -> None:
         kind = catalog.KINDS[entry.kind]

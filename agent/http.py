@@ -17,7 +17,8 @@ API::
         body.total                             # full length in bytes, or None if unknown
         for chunk in body.iter_chunks(1 << 20): ...     # or body.read(n) / readinto(buf)
         body.received, body.resumes            # bytes delivered so far, Range resumes used
-    # get(url, opts, offset=N) starts at byte N (Range: bytes=N-).
+    # get(url, opts, offset=N) starts at byte N (Range: bytes=N-); with length=L it asks for
+    # bytes N to N+L-1 only (Range: bytes=N-M) and ends there.
 
     resp = http.put(url, source, opts, length=None, content_type="application/octet-stream")
         # source: bytes, a binary file object, or an iterable of bytes (chunked when length is
@@ -195,10 +196,12 @@ _TRANSPORT_ERRORS = (OSError, http.client.HTTPException, ssl.SSLError)
 class Download:
     """The body of a GET, read in order; resumes by Range when the connection drops."""
 
-    def __init__(self, url: str, opts: HttpOptions, offset: int = 0) -> None:
+    def __init__(self, url: str, opts: HttpOptions, offset: int = 0, length: int | None = None) -> None:
         self.url = url
         self.opts = opts
         self.start = offset
+        self.length = length           # only these bytes from ``start`` (Range: bytes=a-b)
+        self.ranged = False            # the server answered a Range request with 206
         self.received = 0              # bytes delivered to the caller (after ``start``)
         self.resumes = 0
         self.total: int | None = None  # full size of the resource, when known
@@ -236,8 +239,9 @@ class Download:
         for _hop in range(MAX_REDIRECTS + 1):
             parts = check_url(url)
             extra: dict[str, str] = {}
-            if position:
-                extra["Range"] = f"bytes={position}-"
+            if position or self.length is not None:
+                last = "" if self.length is None else str(self.start + self.length - 1)
+                extra["Range"] = f"bytes={position}-{last}"
                 if self._validator:
                     extra["If-Range"] = self._validator
             conn = _connect(parts, self.opts)
@@ -280,6 +284,9 @@ class Download:
                 raise HttpError(f"{redact(self.url)}: server resumed at {start}, asked for {position}")
             if total is not None:
                 self._set_total(total)
+                if self.length is not None:  # a range past the end: the server sends what there is
+                    self.length = min(self.length, max(total - self.start, 0))
+            self.ranged = True
         else:
             # A full body: skip what was already delivered (a server that ignores Range).
             if body_len is not None:
@@ -310,6 +317,8 @@ class Download:
 
     @property
     def remaining(self) -> int | None:
+        if self.length is not None:
+            return self.length - self.received
         return None if self.total is None else self.total - self.start - self.received
 
     def read(self, size: int = 1 << 20) -> bytes:
@@ -384,10 +393,11 @@ def _content_range(value: str) -> tuple[int, int | None]:
         raise SourceFailed(f"bad Content-Range {value!r}") from exc
 
 
-def get(url: str, opts: HttpOptions | None = None, *, offset: int = 0) -> Download:
-    """Open ``url`` for streaming from byte ``offset``; see the module docstring."""
+def get(url: str, opts: HttpOptions | None = None, *, offset: int = 0, length: int | None = None) -> Download:
+    """Open ``url`` for streaming from byte ``offset`` (only ``length`` bytes when given: a
+    bounded Range request, for the data chunks of a sparse image); see the module docstring."""
     check_url(url)
-    return Download(url, opts or HttpOptions(), offset)
+    return Download(url, opts or HttpOptions(), offset, length)
 
 
 def put(

@@ -4,7 +4,8 @@ bytes, and decompress a stream of published bytes into raw image bytes.
 A ``Source`` yields the published bytes (HTTP download with Range resume, or a local file)
 and hashes them on the fly. ``Decompressor``\\ s turn those chunks into bounded pieces of raw
 image (never more than ``max_out`` bytes per step, so a 1000:1 compressed run of zeros cannot
-blow up memory). zstd runs the ``zstd`` binary (no stdlib module); qcow2 is not a stream
+blow up memory); ``RawStream`` reads the raw bytes of any stream format in order. zstd runs
+the ``zstd`` binary (no stdlib module); qcow2 is not a stream
 format and is converted by ``qemu-img`` from a local file (see agent/commands/deploy.py).
 """
 
@@ -12,6 +13,9 @@ from __future__ import annotations
 
 import bz2
 import contextlib
+import ctypes
+import fcntl
+import functools
 import hashlib
 import lzma
 import os
@@ -95,12 +99,13 @@ class Source:
             raise SourceFailed(f"source ended at byte {self.count} of {self.total}")
         return data
 
-    def read(self, size: int) -> bytes:
+    def read(self, size: int, *, hash: bool = True) -> bytes:
         if self._pushback:
             data, self._pushback = self._pushback, b""
         else:
             data = self._fetch(size)
-        self.hasher.update(data)
+        if hash:
+            self.hasher.update(data)
         return data
 
     def _readinto(self, view: memoryview) -> int:
@@ -259,92 +264,292 @@ class _StdlibDecompressor:
         return iter(())
 
 
-class _ZstdDecompressor:
-    """``zstd -dc`` as a child process: a feeder thread writes, ``feed`` reads what is ready."""
+def decompressor(fmt: int, max_out: int = 4 << 20) -> Decompressor:
+    """gzip, xz or bzip2 in this process (zstd runs as a child: see RawStream)."""
+    if fmt in (Fmt.GZIP, Fmt.XZ, Fmt.BZIP2):
+        return _StdlibDecompressor(fmt, max_out)
+    raise AgentError(f"no in-process decompressor for {format_name(fmt)}")
 
-    def __init__(self, spawn: Callable[..., object], max_out: int) -> None:
-        import subprocess
 
-        self.max_out = max_out
-        self._proc = spawn(["zstd", "-dc", "-q", "--no-progress"], stdin=subprocess.PIPE,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self._in: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
-        self._feeder_error: BaseException | None = None
-        self._out: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
-        threading.Thread(target=self._feed_loop, name="zstd-feed", daemon=True).start()
-        threading.Thread(target=self._read_loop, name="zstd-read", daemon=True).start()
+STREAM_PIECE = 4 << 20
+F_SETPIPE_SZ = 1031
 
-    def _feed_loop(self) -> None:
+
+class _InBuffer(ctypes.Structure):
+    _fields_ = (("src", ctypes.c_void_p), ("size", ctypes.c_size_t), ("pos", ctypes.c_size_t))
+
+
+class _OutBuffer(ctypes.Structure):
+    _fields_ = (("dst", ctypes.c_void_p), ("size", ctypes.c_size_t), ("pos", ctypes.c_size_t))
+
+
+@functools.cache
+def _libzstd() -> ctypes.CDLL | None:
+    """libzstd.so.1 through ctypes, or None where it is not installed (then: the zstd binary)."""
+    try:
+        lib = ctypes.CDLL("libzstd.so.1")
+    except OSError:
+        return None
+    lib.ZSTD_createDStream.restype = ctypes.c_void_p
+    lib.ZSTD_freeDStream.argtypes = [ctypes.c_void_p]
+    lib.ZSTD_initDStream.argtypes = [ctypes.c_void_p]
+    lib.ZSTD_initDStream.restype = ctypes.c_size_t
+    lib.ZSTD_decompressStream.argtypes = [
+        ctypes.c_void_p, ctypes.POINTER(_OutBuffer), ctypes.POINTER(_InBuffer),
+    ]
+    lib.ZSTD_decompressStream.restype = ctypes.c_size_t
+    lib.ZSTD_isError.argtypes = [ctypes.c_size_t]
+    lib.ZSTD_isError.restype = ctypes.c_uint
+    lib.ZSTD_getErrorName.argtypes = [ctypes.c_size_t]
+    lib.ZSTD_getErrorName.restype = ctypes.c_char_p
+    return lib
+
+
+class _ZstdStream:
+    """One ZSTD_DStream: compressed pieces in (``feed``), raw bytes out straight into the
+    caller's buffer (``decompress``); ctypes lets the GIL go for each call. Frames follow each
+    other (the stream starts the next one by itself); ``frame_done`` says the last one ended."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.lib = lib
+        self.ds = lib.ZSTD_createDStream()
+        if not self.ds:
+            raise AgentError("libzstd: cannot create a decompression stream")
+        lib.ZSTD_initDStream(self.ds)
+        self._in = _InBuffer()
+        self._data = b""
+        self.frame_done = False
+
+    def feed(self, data: bytes) -> None:
+        self._data = data  # kept alive while zstd reads it
+        self._in.src = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p)
+        self._in.size, self._in.pos = len(data), 0
+
+    def has_input(self) -> bool:
+        return bool(self._in.pos < self._in.size)
+
+    def decompress(self, view: memoryview) -> int:
+        target = (ctypes.c_char * len(view)).from_buffer(view)
+        try:
+            out = _OutBuffer(ctypes.addressof(target), len(view), 0)
+            ret = self.lib.ZSTD_decompressStream(self.ds, ctypes.byref(out), ctypes.byref(self._in))
+            if self.lib.ZSTD_isError(ret):
+                name = self.lib.ZSTD_getErrorName(ret).decode("ascii", "replace")
+                raise SourceFailed(f"corrupt zstd stream: {name}")
+            self.frame_done = ret == 0
+            return int(out.pos)
+        finally:
+            del target
+
+    def free(self) -> None:
+        if self.ds:
+            self.lib.ZSTD_freeDStream(self.ds)
+            self.ds = None
+  # bytes of source read per step, and of stdlib output per piece
+
+
+class RawStream:
+    """The raw image bytes of a Source, in order, through ``readinto``.
+
+    RAW: the source itself. gzip, xz, bzip2: a thread decompresses into a short queue of
+    pieces. zstd: libzstd (through ctypes, the GIL let go) decompresses straight into the
+    caller's buffer, from compressed pieces a thread reads ahead; where there is no libzstd,
+    the ``zstd -dc`` child, fed by a thread, its output read straight into the caller's buffer
+    through a 1 MiB pipe (no queue, no copy in Python: the decompressor's own speed). In all
+    threaded cases the feeding thread reads the source, so the published bytes are hashed
+    there (``source.hasher``), beside the caller's work. ``readinto`` returns 0 only at the
+    true end, after the source was read to its end; a corrupt or truncated stream raises
+    SourceFailed. ``close`` stops the threads and the child.
+    """
+
+    def __init__(self, source: Source, fmt: int, spawn: Callable[..., object] | None = None, *,
+                 hash_published: bool = True) -> None:
+        self.source, self.fmt = source, fmt
+        self.hash_published = hash_published  # False: a manifest verifies the raw chunks instead
+        self.count = 0                     # raw bytes delivered
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._proc: object = None
+        self._pieces: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=8)
+        self._piece = memoryview(b"")
+        self._done = False
+        self._zstd: _ZstdStream | None = None
+        if fmt == Fmt.RAW:
+            return
+        target: Callable[[], None]
+        if fmt == Fmt.ZSTD and (lib := _libzstd()) is not None:
+            self._zstd = _ZstdStream(lib)
+            target = self._read_ahead
+        elif fmt == Fmt.ZSTD:
+            import subprocess
+
+            from agent import proc
+
+            self._proc = (spawn or proc.spawn)(
+                ["zstd", "-dc", "-q", "--no-progress"], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            )
+            for pipe in (self._proc.stdin, self._proc.stdout):  # type: ignore[attr-defined]
+                with contextlib.suppress(OSError):  # 64 KiB by default: a syscall per 64 KiB
+                    fcntl.fcntl(pipe.fileno(), F_SETPIPE_SZ, 1 << 20)
+            target = self._feed_zstd
+        elif fmt in (Fmt.GZIP, Fmt.XZ, Fmt.BZIP2):
+            self._dec = decompressor(fmt)
+            target = self._inflate
+        else:
+            raise AgentError(f"no stream decompressor for {format_name(fmt)}")
+        self._thread = threading.Thread(target=target, name=f"{format_name(fmt)}-feed", daemon=True)
+        self._thread.start()
+
+    # -- threads -------------------------------------------------------------------------
+
+    def _feed_zstd(self) -> None:
         stdin = self._proc.stdin  # type: ignore[attr-defined]
         try:
-            while (chunk := self._in.get()) is not None:
-                stdin.write(chunk)
-        except BaseException as exc:  # broken pipe when zstd died: reported by finish()
-            self._feeder_error = exc
-            while self._in.get() is not None:
-                pass
+            while not self._stop.is_set():
+                data = self.source.read(STREAM_PIECE, hash=self.hash_published)
+                if not data:
+                    break
+                stdin.write(data)
+        except BaseException as exc:  # a broken pipe when zstd died: see _end_zstd
+            self._error = exc
         finally:
             with contextlib.suppress(OSError):
                 stdin.close()
 
-    def _read_loop(self) -> None:
-        fd = self._proc.stdout.fileno()  # type: ignore[attr-defined]
-        while data := os.read(fd, self.max_out):
-            self._out.put(data)
-        self._out.put(None)
-
-    def _drain(self, block: bool) -> Iterator[bytes]:
-        while True:
+    def _put(self, item: bytes | BaseException | None,
+             q: queue.Queue[bytes | BaseException | None] | None = None) -> bool:
+        q = self._pieces if q is None else q
+        while not self._stop.is_set():
             try:
-                data = self._out.get(block=block, timeout=None)
-            except queue.Empty:
-                return
-            if data is None:
-                self._out.put(None)
-                return
-            yield data
-
-    def _put(self, item: bytes | None) -> Iterator[bytes]:
-        while True:
-            if self._feeder_error is not None:
-                yield from self.finish(fed=True)  # zstd stopped reading: it failed
-                raise SourceFailed("zstd stopped reading its input")
-            try:
-                self._in.put(item, timeout=0.01)
-                return
+                q.put(item, timeout=0.1)  # wakes as soon as there is room
+                return True
             except queue.Full:
-                yield from self._drain(block=False)
+                continue
+        return False
 
-    def feed(self, data: bytes) -> Iterator[bytes]:
-        yield from self._put(data)
-        yield from self._drain(block=False)
+    def _read_ahead(self, q: queue.Queue[bytes | BaseException | None] | None = None) -> None:
+        """The published bytes, read (and hashed) in pieces into ``q`` (default: the pieces the
+        reader takes), so that reading and hashing overlap the decompression."""
+        try:
+            while data := self.source.read(STREAM_PIECE, hash=self.hash_published):
+                if not self._put(data, q):
+                    return
+            self._put(None, q)
+        except BaseException as exc:  # handed on
+            self._put(exc, q)
 
-    def finish(self, fed: bool = False) -> Iterator[bytes]:
-        if not fed:
-            yield from self._put(None)
+    def _inflate(self) -> None:
+        compressed: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=4)
+        reader = threading.Thread(target=self._read_ahead, args=(compressed,), name="stream-read",
+                                  daemon=True)
+        reader.start()
+        try:
+            while True:
+                data = compressed.get()
+                if isinstance(data, BaseException):
+                    raise data
+                if data is None:
+                    break
+                for out in self._dec.feed(data):
+                    if not self._put(out):
+                        return
+            for out in self._dec.finish():
+                if not self._put(out):
+                    return
+            self._put(None)
+        except BaseException as exc:  # handed to the reader
+            self._put(exc)
+        finally:
+            if reader.is_alive():  # stopped early: let the read-ahead see the stop and leave
+                with contextlib.suppress(queue.Empty):
+                    while True:
+                        compressed.get_nowait()
+
+    # -- reading -------------------------------------------------------------------------
+
+    def readinto(self, view: memoryview) -> int:
+        if self._done or not len(view):
+            return 0
+        if self.fmt == Fmt.RAW:
+            n = self.source.readinto(view, hash=self.hash_published)
+        elif self._zstd is not None:
+            n = self._from_libzstd(view)
+        elif self.fmt == Fmt.ZSTD:
+            n = os.readv(self._proc.stdout.fileno(), [view])  # type: ignore[attr-defined]
+            if n == 0:
+                self._end_zstd()
         else:
-            self._in.put(None)  # the feeder is draining _in: this cannot block for long
-        yield from self._drain(block=True)
+            n = self._from_pieces(view)
+        if n == 0:
+            self._done = True
+        self.count += n
+        return n
+
+    def _from_libzstd(self, view: memoryview) -> int:
+        z = self._zstd
+        assert z is not None
+        while True:
+            if z.has_input():
+                n = z.decompress(view)
+                if n:
+                    return n
+                continue  # the input was consumed without output: take the next piece
+            item = self._pieces.get()
+            if item is None:
+                self._pieces.put(None)  # the end stays the end for the next call
+                if z.frame_done:
+                    return 0
+                n = z.decompress(view)  # output it still holds, if any
+                if n:
+                    return n
+                raise SourceFailed("zstd stream ended early (truncated image)")
+            if isinstance(item, BaseException):
+                raise item
+            z.feed(item)
+
+    def _from_pieces(self, view: memoryview) -> int:
+        while not self._piece:
+            item = self._pieces.get()
+            if item is None:
+                return 0
+            if isinstance(item, BaseException):
+                raise item
+            self._piece = memoryview(item)
+        n = min(len(view), len(self._piece))
+        view[:n] = self._piece[:n]
+        self._piece = self._piece[n:]
+        return n
+
+    def _end_zstd(self) -> None:
         proc = self._proc
         rc = proc.wait()  # type: ignore[attr-defined]
         err = proc.stderr.read().decode("utf-8", "replace").strip()  # type: ignore[attr-defined]
+        if self._thread is not None:
+            self._thread.join()
+        if isinstance(self._error, AgentError):  # the source failed (a download cut short...)
+            raise self._error
         if rc != 0:
             raise SourceFailed(f"corrupt or truncated zstd stream (zstd {describe_exit(rc)}: {err[-200:]})")
+        if self._error is not None:
+            raise SourceFailed(f"reading the zstd image failed: {self._error}") from self._error
+        if self.source.read(1, hash=self.hash_published):  # the feeder reads to the end: never
+            raise SourceFailed("zstd ended before the end of the published file")
 
     def close(self) -> None:
-        proc = self._proc
-        if proc.poll() is None:  # type: ignore[attr-defined]
+        self._stop.set()
+        if self._zstd is not None:
+            self._zstd.free()
+        if self._proc is not None and self._proc.poll() is None:  # type: ignore[attr-defined]
             from agent.proc import kill_group
 
-            kill_group(proc)  # type: ignore[arg-type]
-
-
-def decompressor(fmt: int, spawn: Callable[..., object], max_out: int = 4 << 20) -> Decompressor:
-    if fmt in (Fmt.GZIP, Fmt.XZ, Fmt.BZIP2):
-        return _StdlibDecompressor(fmt, max_out)
-    if fmt == Fmt.ZSTD:
-        return _ZstdDecompressor(spawn, max_out)
-    raise AgentError(f"no stream decompressor for {format_name(fmt)}")
+            kill_group(self._proc)  # type: ignore[arg-type]
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._pieces.get_nowait()  # a feeder blocked on a full queue sees the stop
+        if self._thread is not None:
+            self._thread.join(timeout=5)
 
 
 def qcow2_info(run: Callable[..., object], path: Path) -> int:

@@ -12,6 +12,21 @@ with the same target state before every run):
 - sparse: raw image, 1 MiB data then 3 MiB zeros     vs  dd if=img bs=4M oflag=direct
 - wipe:   disk.wipe OVERWRITE_ZEROS, sampled verify  vs  dd if=/dev/zero bs=4M oflag=direct
 
+With a manifest (issue 18; `agent manifest` of each image, chunks of 4 MiB), on "sparse4", a
+sparse file (holes) whose 4 MiB chunks are a quarter data (every fourth one), the rest zeros:
+
+- dense-m:  dense raw with its manifest             vs  dd, qemu-img convert -t none
+- sparse-m: sparse4 raw with its manifest           vs  dd, bmaptool copy (with its .bmap),
+                                                        qemu-img convert -t none
+- zstd:     sparse4 zstd -3'd, no manifest          vs  zstd -dc | dd
+- zstd-m:   the same with its manifest              vs  zstd -dc | dd, bmaptool copy
+- qcow2-m:  sparse4 as qcow2 with its manifest (read through its tables)
+                                                    vs  qemu-img convert -O raw (-t none too)
+- qcow2:    the same without a manifest (qemu-img convert by the agent)
+                                                    vs  the same peers
+- http-m:   sparse4 raw over HTTP on 127.0.0.1, with its manifest
+                                                    vs  curl URL | dd; prints the bytes served
+
 dd runs with conv=fsync (and notrunc), as the agent fsyncs too. A file target is recreated
 (sparse, same size) before each run; a block device target is used as it is. Images are read
 from the page cache by both sides (generated once, read once before timing). The ratio is agent
@@ -67,6 +82,18 @@ def keystream(n: int, seed: bytes) -> bytes:
     return Cipher(algorithms.AES(hashlib.sha256(seed).digest()), modes.CTR(bytes(16))).encryptor().update(
         bytes(n)
     )
+
+
+def make_sparse4(work: Path, size: int) -> Path:
+    """A sparse file (holes, as a filesystem image is published): every fourth 4 MiB chunk
+    random data, the others never written."""
+    path = work / "sparse4.img"
+    with path.open("wb") as f:
+        f.truncate(size)
+        for off in range(0, size, 16 * MiB):
+            f.seek(off)
+            f.write(keystream(4 * MiB, b"s4" + off.to_bytes(8, "big")))
+    return path
 
 
 def make_images(work: Path, size: int) -> dict[str, Path]:
@@ -208,6 +235,60 @@ class Bench:
         self.last = r
         return r
 
+    def deploy_manifest(self, image: Path, manifest: Path, url: str = "") -> Callable[[], object]:
+        def go() -> object:
+            h = DeployImage(disks=self.disks)
+            data = manifest.read_bytes()
+            req = agent_pb2.DeployImageRequest(target=common_pb2.DiskHints(name=self.disks()[0].name))
+            if url:
+                req.url = url
+            else:
+                req.local_path = str(image)
+            req.manifest.local_path = str(manifest)
+            req.manifest.digest.algorithm = "sha256"
+            req.manifest.digest.hex = hashlib.sha256(data).hexdigest()
+            r = h.run(Context.local("deploy.image"), h.parse(req))
+            assert r.verification == "manifest", r
+            self.last = r
+            return r
+        return go
+
+    def group(self, name: str, agent_fn: Callable[[], object], peers: dict[str, str], nbytes: int,
+              target: str = "") -> list[dict[str, object]]:
+        """The agent and each peer command, one run of each per round, the order rotated every
+        round; per peer, the median of the per-round ratios (peer seconds / agent seconds)."""
+        names = list(peers)
+        agent_times: list[float] = []
+        times: dict[str, list[float]] = {k: [] for k in names}
+        for i in range(self.runs):
+            order = ["agent", *names]
+            k = i % len(order)
+            for who in order[k:] + order[:k]:
+                if who == "agent":
+                    agent_times.append(self.agent(agent_fn))
+                else:
+                    times[who].append(self.dd(peers[who]))
+        ag = statistics.median(agent_times)
+        last = getattr(self, "last", None)
+        extra = ""
+        if isinstance(last, agent_pb2.DeployImageResult):
+            extra = (f" written={last.bytes_written} skipped={last.bytes_skipped}"
+                     f" source_bytes={last.source_bytes} verification={last.verification or 'digest'}"
+                     f" chunks={last.chunks_verified}"
+                     f" zero_chunks={last.zero_chunks}")
+        print(f"{name:8s} agent {nbytes / ag / 1e6:8.1f} MB/s (seconds {[round(x, 2) for x in agent_times]})"
+              f"{extra}", flush=True)
+        rows = []
+        for peer in names:
+            ratio = statistics.median(p / a for p, a in zip(times[peer], agent_times, strict=True))
+            pt = statistics.median(times[peer])
+            print(f"{'':8s}   vs {peer:28s} {nbytes / pt / 1e6:8.1f} MB/s  agent is {ratio:.2f}x"
+                  f" (seconds {[round(x, 2) for x in times[peer]]})", flush=True)
+            rows.append({"scenario": name, "peer": peer, "agent_MBps": nbytes / ag / 1e6,
+                         "peer_MBps": nbytes / pt / 1e6, "ratio": ratio,
+                         "target": target if peer == names[0] else ""})
+        return rows
+
     def pair(self, name: str, dd_cmd: str, agent_fn: Callable[[], object], nbytes: int,
              ceilings: dict[str, Callable[[], object]] | None = None) -> dict[str, object]:
         """Runs dd and the agent back to back, alternating who goes first. The disk's speed
@@ -261,7 +342,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3, help="runs per side (median; default 3)")
     ap.add_argument("--target", default="", help="file or block device (default: a file in --workdir)")
     ap.add_argument("--workdir", default="/var/tmp", help="where images (and the file target) go")
-    ap.add_argument("--only", default="dense,gzip,sparse,wipe", help="comma-separated scenarios")
+    ap.add_argument("--only", default="dense,gzip,sparse,wipe,dense-m,sparse-m,zstd,zstd-m,qcow2-m,qcow2,"
+                    "http-m", help="comma-separated scenarios")
     args = ap.parse_args()
     size = parse_size(args.size)
     size -= size % (4 * MiB)
@@ -292,6 +374,7 @@ def main() -> int:
         if "wipe" in only:
             count = b.disk_size // (4 * MiB)
             rows.append(b.pair("wipe", f"dd if=/dev/zero count={count} {dd}", b.wipe, b.disk_size))
+        groups = manifest_scenarios(b, work, images, size, target, dd, only)
         names = list(dict.fromkeys(k for r in rows for k in r["ceilings"]))  # in the order measured
         print("\n| scenario | dd MB/s (median) | agent MB/s (median) | agent/dd (median of pairs) | "
               + " | ".join(f"ceiling: {n}" for n in names) + " |")
@@ -300,10 +383,92 @@ def main() -> int:
             cells = [f"{r['ceilings'][n]:.2f}" if n in r["ceilings"] else "" for n in names]
             print(f"| {r['scenario']} | {r['dd_MBps']:.0f} | {r['agent_MBps']:.0f} | {r['ratio']:.2f} | "
                   + " | ".join(cells) + " |")
+        if groups:
+            print("\n| scenario | agent MB/s (median) | peer | peer MB/s (median) |"
+                  " agent speed-up over the peer (median of rounds) | target |")
+            print("|---|---|---|---|---|---|")
+            for g in groups:
+                print(f"| {g['scenario']} | {g['agent_MBps']:.0f} | {g['peer']} | {g['peer_MBps']:.0f} |"
+                      f" {g['ratio']:.2f} | {g['target']} |")
         print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def manifest_scenarios(b: Bench, work: Path, images: dict[str, Path], size: int, target: Path,
+                       dd: str, only: list[str]) -> list[dict[str, object]]:
+    """The issue-18 scenarios: manifests, and the peers side by side."""
+    from agent import manifest
+
+    wanted = [k for k in ("dense-m", "sparse-m", "zstd", "zstd-m", "qcow2-m", "qcow2", "http-m") if k in only]
+    if not wanted:
+        return []
+    t = time.perf_counter()
+    sparse4 = make_sparse4(work, size)
+    zst = work / "sparse4.img.zst"
+    subprocess.run(["zstd", "-q", "-3", "-f", str(sparse4), "-o", str(zst)], check=True)
+    qcow = work / "sparse4.qcow2"
+    subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", str(sparse4), str(qcow)], check=True)
+    bmap = work / "sparse4.img.bmap"
+    with bmap.open("wb") as f:
+        subprocess.run(["bmaptool", "create", str(sparse4)], stdout=f, check=True)
+    mf = {p: manifest.write(p)[0] for p in (images["dense"], sparse4, zst)}
+    for p in (sparse4, zst, qcow):
+        with p.open("rb") as f:
+            while f.read(16 * MiB):
+                pass
+    b.digests[zst] = sha256(zst)  # type: ignore[attr-defined]
+    b.digests[qcow] = sha256(qcow)  # type: ignore[attr-defined]
+    print(f"manifest images made in {time.perf_counter() - t:.1f}s:"
+          f" sparse4.zst {zst.stat().st_size / MiB:.0f} MiB, qcow2 {qcow.stat().st_size / MiB:.0f} MiB",
+          flush=True)
+    qemu = f"qemu-img convert -O raw -n -t none {{}} {target}"
+    bmaptool = f"bmaptool -q copy --bmap {bmap} {{}} {target}"
+    rows: list[dict[str, object]] = []
+    if "dense-m" in wanted:
+        d = images["dense"]
+        rows += b.group("dense-m", b.deploy_manifest(d, mf[d]),
+                        {"dd": f"dd if={d} {dd}", "qemu-img convert -t none": qemu.format(f"-f raw {d}")},
+                        size, ">= 0.95")
+    if "sparse-m" in wanted:
+        rows += b.group("sparse-m", b.deploy_manifest(sparse4, mf[sparse4]),
+                        {"dd": f"dd if={sparse4} {dd}", "bmaptool copy": bmaptool.format(sparse4),
+                         "qemu-img convert -t none": qemu.format(f"-f raw {sparse4}")},
+                        size, ">= 3 (dd), >= 1.5 (bmaptool)")
+    if "zstd" in wanted:
+        rows += b.group("zstd", b.deploy(zst),
+                        {"zstd -dc | dd": f"zstd -dc -q {zst} | dd iflag=fullblock {dd}"},
+                        size, "decompressor's speed")
+    if "zstd-m" in wanted:
+        rows += b.group("zstd-m", b.deploy_manifest(zst, mf[zst]),
+                        {"zstd -dc | dd": f"zstd -dc -q {zst} | dd iflag=fullblock {dd}",
+                         "bmaptool copy": bmaptool.format(zst)},
+                        size, ">= 3")
+    if "qcow2-m" in wanted:
+        rows += b.group("qcow2-m", b.deploy_manifest(qcow, mf[sparse4]),
+                        {"qemu-img convert -O raw": f"qemu-img convert -O raw -n -f qcow2 {qcow} {target}",
+                         "qemu-img convert -t none": qemu.format(f"-f qcow2 {qcow}")},
+                        size, ">= 1 (qemu-img convert -O raw)")
+    if "qcow2" in wanted:
+        rows += b.group("qcow2", b.deploy(qcow),
+                        {"qemu-img convert -O raw": f"qemu-img convert -O raw -n -f qcow2 {qcow} {target}",
+                         "qemu-img convert -t none": qemu.format(f"-f qcow2 {qcow}")},
+                        size, ">= 1 (qemu-img)")
+    if "http-m" in wanted:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from tests.loopback_http import LoopbackServer
+
+        with LoopbackServer() as srv:
+            url = srv.add("/sparse4.img", sparse4.read_bytes())
+            rows += b.group("http-m", b.deploy_manifest(sparse4, mf[sparse4], url),
+                            {"curl | dd": f"curl -s {url} | dd iflag=fullblock {dd}"}, size, ">= 2.5")
+            rounds = b.runs * 2
+            data = sum(s_.length for s_ in manifest.parse(mf[sparse4].read_bytes()).segments if s_.digest)
+            print(f"http-m: served {srv.sent('/sparse4.img')} bytes in {rounds} downloads (curl and agent);"
+                  f" the agent's last: {b.last.source_bytes} bytes for {data} bytes of data chunks"
+                  f" ({b.last.source_bytes / data - 1:+.2%})", flush=True)
+    return rows
 
 
 if __name__ == "__main__":

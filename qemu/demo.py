@@ -8,7 +8,8 @@ what is missing (the agent zipapp, the ramdisk, a bootable node image), then:
   1. boots a bare-metal-like guest by PXE (iPXE, kernel and initramfs over HTTP) with two NVMe
      disks and a virtio disk; the ramdisk agent joins the gateway;
   2. inventory.refresh: the disks with their serials;
-  3. deploy.image of the node image onto the first NVMe disk, chosen by serial, with progress;
+  3. deploy.image of the node image onto the first NVMe disk, chosen by serial, with progress,
+     each chunk verified against the image's manifest (`agent manifest`) before it is written;
   4. disk.wipe of the second NVMe disk, best available method, with its erasure certificate;
   5. diag.nvml against a fake NVML library (when a C compiler is there to build it);
   6. boot.kexec into the deployed kernel; the node agent rejoins from the disk with a new boot id.
@@ -219,13 +220,16 @@ def main(argv: list[str] | None = None) -> int:
 
         target, wipe_disk = disks[0], disks[1]
         tl.say(f"DEPLOYING node.img.zst to the disk with serial {target.serial}")
-        cid = lab.gateway.send(NODE, "deploy.image", {
-            "url": lab.url("node.img.zst"), "format": "ZSTD",
-            "digest": {"algorithm": "sha256", "hex": image.zst_sha256},
-            "target": {"serial": target.serial}, "verify_readback": True})
+        from agent.gateway.images import deploy_payload
+
+        payload = deploy_payload(lab.www / "node.img.zst", lab.url("node.img.zst"), format="ZSTD",
+                                 target={"serial": target.serial}, verify_readback=True)
+        assert payload["digest"]["hex"] == image.zst_sha256
+        cid = lab.gateway.send(NODE, "deploy.image", payload)
         dep = wait_result(lab, machine, cid, "deploy.image")
         tl.say(f"DEPLOYED: {deployed(dep.image_bytes, dep.bytes_written, dep.bytes_skipped)} to "
-               f"{dep.disk.name}, sha256 {dep.digest.hex[:12]}... verified, read back "
+               f"{dep.disk.name}; {dep.verification}: {dep.chunks_verified} chunks verified before "
+               f"writing, {dep.zero_chunks} zero chunks never hashed; read back "
                f"{'verified' if dep.readback_verified else 'not checked'}")
 
         tl.say(f"WIPING the disk with serial {wipe_disk.serial} (best available method)")

@@ -5,6 +5,7 @@
         url = srv.url("/img")
         ... srv.requests  # list of (method, path, headers) seen
         ... srv.uploads["/up"]  # bodies received by PUT
+        ... srv.sent("/img")    # body bytes sent (Range bytes=a-b is honoured to b)
 
 Faults: ``status`` (e.g. 404, 500) answered ``times`` times then normal service; ``reset_after``
 (bytes sent, then the socket is reset), ``truncate_after`` (bytes sent with the full
@@ -75,10 +76,12 @@ class _Handler(BaseHTTPRequestHandler):
         if fault.status:
             self._status(fault.status)
             return
-        start = 0
+        start, end = 0, len(data)
         rng = self.headers.get("Range", "")
         if rng.startswith("bytes=") and not fault.ignore_range:
-            start = int(rng[6:].split("-", 1)[0])
+            first, _, last = rng[6:].partition("-")
+            start = int(first)
+            end = min(int(last) + 1, len(data)) if last else len(data)
             if start >= len(data):
                 self.send_response(416)
                 self.send_header("Content-Range", f"bytes */{len(data)}")
@@ -86,10 +89,10 @@ class _Handler(BaseHTTPRequestHandler):
                 self.end_headers()
                 return
             self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
         else:
             self.send_response(200)
-        body = memoryview(data)[start:]
+        body = memoryview(data)[start:end]
         self.send_header("Content-Length", str(len(body)))
         self.send_header("ETag", '"v1"')
         self.send_header("Accept-Ranges", "bytes")
@@ -109,6 +112,8 @@ class _Handler(BaseHTTPRequestHandler):
                 n = min(step, limit - sent)
                 self.wfile.write(body[sent : sent + n])
                 sent += n
+                with self.server.guard:
+                    self.server.sent[path] = self.server.sent.get(path, 0) + n
             self.wfile.flush()
         except OSError:
             return
@@ -164,6 +169,7 @@ class _Server(ThreadingHTTPServer):
     redirects: dict[str, str]
     requests: list[tuple[str, str, dict[str, str]]]
     uploads: dict[str, bytes]
+    sent: dict[str, int]
 
 
 class LoopbackServer:
@@ -172,6 +178,7 @@ class LoopbackServer:
         self.server.guard = threading.Lock()
         self.server.files, self.server.faults, self.server.fault_count = {}, {}, {}
         self.server.redirects, self.server.requests, self.server.uploads = {}, [], {}
+        self.server.sent = {}
         self.scheme = "http"
         if tls is not None:
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -199,6 +206,10 @@ class LoopbackServer:
     @property
     def uploads(self) -> dict[str, bytes]:
         return self.server.uploads
+
+    def sent(self, path: str) -> int:
+        """Body bytes sent for ``path`` so far (every GET, Range requests included)."""
+        return self.server.sent.get(path, 0)
 
     def __enter__(self) -> LoopbackServer:
         self.thread.start()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import hashlib
 import lzma
 import os
 import shutil
@@ -20,7 +21,7 @@ RAW = os.urandom(300_000) + bytes(5_000_000) + os.urandom(1000)
 
 
 def inflate(fmt: int, published: bytes, step: int = 65536, max_out: int = 1 << 20) -> bytes:
-    dec = image.decompressor(fmt, proc.spawn, max_out=max_out)
+    dec = image.decompressor(fmt, max_out=max_out)
     out = []
     for i in range(0, len(published), step):
         for piece in dec.feed(published[i : i + step]):
@@ -64,13 +65,48 @@ def test_stdlib_round_trip_bounded(fmt: int, compress: object) -> None:
         inflate(fmt, published + b"garbage")
 
 
-def test_zstd_stream() -> None:
+def read_stream(tmp_path: Path, published: bytes, fmt: int, piece: int = 100_000) -> bytes:
+    p = tmp_path / "published"
+    p.write_bytes(published)
+    src = image.FileSource(p, "sha256")
+    stream = image.RawStream(src, fmt)
+    out = bytearray()
+    buf = memoryview(bytearray(piece))
+    try:
+        while n := stream.readinto(buf):
+            out += buf[:n]
+    finally:
+        stream.close()
+        src.close()
+    assert src.hasher.hexdigest() == hashlib.sha256(published).hexdigest()  # the published bytes, all
+    return bytes(out)
+
+
+@pytest.mark.parametrize("how", ["libzstd", "zstd child"])
+def test_zstd_stream(tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if shutil.which("zstd") is None:
         pytest.skip("zstd not installed")
+    if how == "libzstd" and image._libzstd() is None:
+        pytest.skip("no libzstd.so.1 here")
+    if how == "zstd child":
+        monkeypatch.setattr(image, "_libzstd", lambda: None)
     published = proc.run(["zstd", "-q", "-c"], input=RAW).stdout
-    assert inflate(Fmt.ZSTD, published, step=5000) == RAW
+    assert read_stream(tmp_path, published, Fmt.ZSTD) == RAW
     with pytest.raises(SourceFailed, match="zstd"):
-        inflate(Fmt.ZSTD, published[: len(published) // 2])
+        read_stream(tmp_path, published[: len(published) // 2], Fmt.ZSTD)
+    two = published + proc.run(["zstd", "-q", "-c"], input=RAW[:1000]).stdout  # two frames
+    assert read_stream(tmp_path, two, Fmt.ZSTD, piece=4096) == RAW + RAW[:1000]
+    with pytest.raises(SourceFailed, match="zstd"):
+        read_stream(tmp_path, published + b"garbage!", Fmt.ZSTD)
+
+
+@pytest.mark.parametrize("fmt", [Fmt.RAW, Fmt.GZIP, Fmt.XZ, Fmt.BZIP2])
+def test_raw_stream_stdlib(tmp_path: Path, fmt: int) -> None:
+    compress = {Fmt.RAW: bytes, Fmt.GZIP: gzip.compress, Fmt.XZ: lzma.compress, Fmt.BZIP2: bz2.compress}[fmt]
+    assert read_stream(tmp_path, compress(RAW), fmt, piece=77_777) == RAW
+    if fmt != Fmt.RAW:
+        with pytest.raises(SourceFailed):
+            read_stream(tmp_path, compress(RAW)[:-20], fmt)
 
 
 def test_sources(tmp_path: Path) -> None:

@@ -261,6 +261,12 @@ class Handler(Generic[Request, Params]):
     def run(self, ctx: Context, params: Params) -> Message | SelfTermination:
         raise NotImplementedError
 
+    def on_interrupted(self, params: Params) -> None:
+        """The agent stopped while this command ran and it is not run again (not retry-safe):
+        undo what must not stay half done (deploy.image clears its target's partition tables).
+        Called once, at the restart that reports it interrupted; it must not raise for a target
+        that is gone."""
+
     def completion(self, proof: Mapping[str, str], *, boot_id: str, version: str) -> Verdict | None:
         """A self-terminating kind's own verdict on its rejoin, or None for the runtime's."""
         return None

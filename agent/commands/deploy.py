@@ -22,11 +22,18 @@ disk, from ``local_path`` only (qemu-img needs a seekable file; an HTTP source i
 with UNSUPPORTED). Its digest is checked over the whole file before the disk is touched.
 For qcow2 ``bytes_written`` is the virtual size (qemu-img skips zeros itself and does not
 say how many).
+
+With a manifest (``manifest`` or ``manifest_inline``: an ImageManifest from ``agent
+manifest``, or a bmaptool .bmap) the whole-image digest is not needed: every chunk of the raw
+image is verified before it is written, on a pool of threads, zero chunks are never hashed
+(nor downloaded: a raw image over HTTP is fetched by Range, data runs only), and the
+partition tables are written last (agent/commands/deploy_verified.py). A qcow2 file is then
+read through its own tables (agent/qcow2.py), not by qemu-img. ``verification`` in the
+result says which check ran: "manifest", "bmap" or "digest".
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
@@ -39,18 +46,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import http, image
+from agent import filesource, http, image, manifest
+from agent.commands import deploy_verified
 from agent.commands.base import Context, Handler
 from agent.errors import AgentError, ChecksumMismatch, InvalidParameters, Reason, SourceFailed, Unsupported
 from agent.hw import block, diskio, partitions
+from agent.manifest import Plan
 from agent.proto import agent_pb2, common_pb2
 
 log = logging.getLogger(__name__)
 
 Fmt = agent_pb2.ImageFormat
-READ_CHUNK = 4 << 20
 ZERO_SAMPLES = 256
-_EOF = object()
+MAX_INLINE_MANIFEST = 1 << 20  # 128 GiB of image in 4 MiB chunks; larger ones travel as a file
 QCOW2_NEEDS_FILE = "qcow2 is converted by qemu-img, which needs a seekable file: use local_path"
 
 
@@ -67,6 +75,12 @@ class DeployParams:
     ca_pem: str
     headers: dict[str, str] = field(default_factory=dict)
     max_retries: int = 5
+    manifest: filesource.Source | None = None   # a manifest file, checked against its signed digest
+    manifest_inline: bytes = b""                 # or the manifest itself, inside the signed payload
+
+    @property
+    def has_manifest(self) -> bool:
+        return self.manifest is not None or bool(self.manifest_inline)
 
 
 def _local_path(raw: str) -> Path:
@@ -92,9 +106,20 @@ class DeployImage(Handler[agent_pb2.DeployImageRequest, DeployParams], kind="dep
         local = _local_path(payload.local_path) if which == "local_path" else None
         if payload.format == Fmt.QCOW2 and url:
             raise Unsupported(QCOW2_NEEDS_FILE)
-        if not payload.HasField("digest"):
-            raise InvalidParameters("deploy.image needs the image's digest (sha256 or sha512)")
-        algo, hexdigest = image.check_digest(payload.digest.algorithm, payload.digest.hex)
+        manifest = None
+        if payload.HasField("manifest"):
+            manifest = filesource.parse_source(payload.manifest, "manifest")
+        if manifest is not None and payload.manifest_inline:
+            raise InvalidParameters("give the manifest as a file or inline, not both")
+        if len(payload.manifest_inline) > MAX_INLINE_MANIFEST:
+            raise InvalidParameters(f"an inline manifest is at most {MAX_INLINE_MANIFEST} bytes (this one"
+                                    f" {len(payload.manifest_inline)}): give it as a file, `manifest`")
+        if payload.HasField("digest"):
+            algo, hexdigest = image.check_digest(payload.digest.algorithm, payload.digest.hex)
+        elif manifest is None and not payload.manifest_inline:
+            raise InvalidParameters("deploy.image needs the image's digest (sha256 or sha512) or a manifest")
+        else:
+            algo, hexdigest = "sha256", ""
         if not payload.HasField("target"):
             raise InvalidParameters("deploy.image needs target disk hints")
         if payload.max_retries > 100:
@@ -114,6 +139,8 @@ class DeployImage(Handler[agent_pb2.DeployImageRequest, DeployParams], kind="dep
             ca_pem=payload.ca_bundle_pem,
             headers=dict(payload.http_headers),
             max_retries=payload.max_retries or 5,
+            manifest=manifest,
+            manifest_inline=payload.manifest_inline,
         )
 
     def run(self, ctx: Context, params: DeployParams) -> agent_pb2.DeployImageResult:
@@ -123,6 +150,26 @@ class DeployImage(Handler[agent_pb2.DeployImageRequest, DeployParams], kind="dep
             raise InvalidParameters("local_path is the target disk itself")
         with ctx.hold(f"disk:{disk.name}"):
             return Deployment(ctx, params, disk).run()
+
+    def on_interrupted(self, params: DeployParams) -> None:
+        """After a crash (the journal replayed, the deploy reported interrupted): clear the start
+        and end of its target, so that nothing the killed deploy wrote can boot. The deploy
+        writes the partition tables last, so a kill before that leaves none; this covers a kill
+        between its last write and its result. (For core's replay to call: see the report.)"""
+        try:
+            disk = block.select(self.disks(), params.hints)
+            block.check_safe(disk)
+        except AgentError as exc:
+            log.warning("interrupted deploy: its target cannot be cleared: %s", exc.message)
+            return
+        fd = block.open_disk(disk, write=True)
+        try:
+            block.clear_ends(fd, disk.size)
+            os.fsync(fd)
+            block.reread_partitions(fd)
+            log.warning("%s: start and end cleared after the interrupted deploy", disk.name)
+        finally:
+            os.close(fd)
 
 
 class Deployment:
@@ -136,38 +183,59 @@ class Deployment:
 
     # -- source --------------------------------------------------------------------------
 
-    def _open_source(self) -> image.Source:
+    def _http_options(self) -> http.HttpOptions:
         p = self.params
-        if p.local_path is not None:
-            return image.FileSource(p.local_path, p.algorithm)
-        opts = http.HttpOptions(
+        return http.HttpOptions(
             ca_pem=p.ca_pem,
             ca_file=self.ctx.config.ca_bundle,
             headers=p.headers,
             max_retries=p.max_retries,
             cancel=self.ctx.cancel_event,
         )
-        return image.HttpSource(p.url, opts, p.algorithm)
+
+    def _open_source(self, *, algorithm: str | None = None) -> image.Source:
+        p = self.params
+        if p.local_path is not None:
+            return image.FileSource(p.local_path, algorithm or p.algorithm)
+        return image.HttpSource(p.url, self._http_options(), algorithm or p.algorithm)
+
+    def _check_format(self, head: bytes) -> int:
+        if not head:
+            raise SourceFailed("the image is empty")
+        fmt = image.detect(head)
+        declared = self.params.format
+        if declared != Fmt.IMAGE_FORMAT_AUTO and declared != fmt:
+            raise InvalidParameters(
+                f"declared format {image.format_name(declared)} but the image is"
+                f" {image.format_name(fmt)} (magic bytes {head[:8].hex()})"
+            )
+        self.result.format = fmt  # type: ignore[assignment]
+        return fmt
+
+    def _check_fits(self, fmt: int, total: int | None) -> None:
+        if fmt == Fmt.RAW and total is not None and total > self.disk.size:
+            raise AgentError(
+                f"image is {total} bytes, disk {self.disk.name} only {self.disk.size}",
+                reason=Reason.TOO_LARGE,
+            )
 
     def run(self) -> agent_pb2.DeployImageResult:
+        if self.params.has_manifest:
+            self._run_manifest(self._load_plan())
+        else:
+            self._run_digest()
+        seconds = time.monotonic() - self.started
+        self.result.seconds = seconds
+        self.result.throughput_bytes_per_second = self.result.image_bytes / seconds if seconds else 0.0
+        return self.result
+
+    def _run_digest(self) -> None:
+        """Without a manifest: the digest of the whole published image, as old control planes send."""
+        self.result.verification = "digest"
         source = self._open_source()
         try:
-            head = source.peek()
-            if not head:
-                raise SourceFailed("the image is empty")
-            fmt = image.detect(head)
-            declared = self.params.format
-            if declared != Fmt.IMAGE_FORMAT_AUTO and declared != fmt:
-                raise InvalidParameters(
-                    f"declared format {image.format_name(declared)} but the image is"
-                    f" {image.format_name(fmt)} (magic bytes {head[:8].hex()})"
-                )
-            self.result.format = fmt  # type: ignore[assignment]  # image.detect gives the enum's number
-            if fmt == Fmt.RAW and source.total is not None and source.total > self.disk.size:
-                raise AgentError(
-                    f"image is {source.total} bytes, disk {self.disk.name} only {self.disk.size}",
-                    reason=Reason.TOO_LARGE,
-                )
+            fmt = self._check_format(source.peek())
+            self._check_fits(fmt, source.total)
             if fmt == Fmt.QCOW2:
                 if self.params.local_path is None:
                     raise Unsupported(QCOW2_NEEDS_FILE)
@@ -176,10 +244,140 @@ class Deployment:
                 self._stream(source, fmt)
         finally:
             source.close()
-        seconds = time.monotonic() - self.started
-        self.result.seconds = seconds
-        self.result.throughput_bytes_per_second = self.result.image_bytes / seconds if seconds else 0.0
-        return self.result
+
+    # -- with a manifest -----------------------------------------------------------------
+
+    def _load_plan(self) -> Plan:
+        """The manifest, checked against its signed digest and parsed; nothing is touched yet."""
+        p = self.params
+        data = p.manifest_inline
+        if p.manifest is not None:
+            import tempfile
+
+            with tempfile.TemporaryDirectory(prefix="bc-manifest-") as private:
+                dest = Path(private) / "manifest"
+                filesource.fetch(p.manifest, dest, cancel=self.ctx.cancel_event,
+                                 ca_file=self.ctx.config.ca_bundle)
+                data = dest.read_bytes()
+        plan = manifest.parse(data)
+        if plan.image_size > self.disk.size:
+            raise AgentError(f"the manifest's image is {plan.image_size} bytes, disk {self.disk.name} only"
+                             f" {self.disk.size}", reason=Reason.TOO_LARGE)
+        return plan
+
+    def _run_manifest(self, plan: Plan) -> None:
+        dv = deploy_verified
+        p = self.params
+        self.result.verification = plan.kind
+        source: image.Source | None = None
+        reader: dv.ChunkReader | None = None
+        try:
+            if p.url:
+                # A 16-byte Range probe: the format, the size, and whether Range works, without
+                # starting a download of the whole image.
+                with http.get(p.url, self._http_options(), offset=0, length=image.MAGIC_LEN) as probe:
+                    head = probe.read(image.MAGIC_LEN)
+                    ranged, total = probe.ranged, probe.total
+                fmt = self._check_format(head)
+                if fmt == Fmt.RAW and ranged:
+                    dv.check_against_source(plan, total, fmt, (p.algorithm, p.digest))
+                    reader = dv.RangeReader(p.url, self._http_options(), plan)
+                else:
+                    source = self._open_source(algorithm="sha256")
+                    fmt = self._check_format(source.peek())
+            else:
+                source = self._open_source(algorithm="sha256")
+                fmt = self._check_format(source.peek())
+            if source is not None:
+                self._check_fits(fmt, source.total)
+                dv.check_against_source(plan, source.total, fmt, (p.algorithm, p.digest))
+                if fmt == Fmt.QCOW2:
+                    if p.local_path is None:
+                        raise Unsupported(QCOW2_NEEDS_FILE)
+                    qcow = dv.Qcow2Reader(str(p.local_path))
+                    reader = qcow
+                    dv.check_against_source(plan, qcow.q.size, Fmt.RAW, None)
+                elif fmt == Fmt.RAW and p.local_path is not None:
+                    reader = dv.FileReader(str(p.local_path))
+                else:
+                    stream = image.RawStream(source, fmt, self.ctx.spawn, hash_published=False)
+                    reader = dv.StreamReader(stream)
+            assert reader is not None
+            self._write_verified(plan, reader)
+            self.result.source_bytes = reader.fetched
+            reader.close()
+            self.result.resumes = reader.resumes
+        finally:
+            if reader is not None:
+                reader.close()
+            if source is not None:
+                source.close()
+
+    def _write_verified(self, plan: Plan, reader: deploy_verified.ChunkReader) -> None:
+        dv = deploy_verified
+        fd = block.open_disk(self.disk, write=True)
+        dfd = block.try_direct(self.disk, write=True)
+        self.result.direct_io = dfd is not None
+        try:
+            skip = self._prepare(fd)
+            if not skip:  # the old partition table goes before anything new is written
+                block.clear_ends(fd, self.disk.size)
+            buffers = max(4, min(32, (128 << 20) // plan.chunk_size))
+            with diskio.DiskWriter(
+                fd, dfd, size=self.disk.size, skip_zeros=skip, cancel=self.ctx.cancel_event,
+                block=self.disk.logical_block_size, buffer_size=plan.chunk_size, buffers=buffers,
+            ) as writer:
+                copy = dv.VerifiedCopy(
+                    plan, reader, writer, fd, skip_zeros=skip, check=self.ctx.check,
+                    progress=lambda done: self._progress_raw(done, plan.image_size, writer),
+                )
+                copy.run()
+            held = copy.write_held(dfd)
+            self.result.bytes_written = writer.written + held
+            self.result.bytes_skipped = writer.skipped + copy.zeros_skipped
+            self.result.image_bytes = plan.image_size
+            self.result.chunks_verified = copy.chunks_verified
+            self.result.zero_chunks = copy.zero_chunks
+            if self.params.verify_readback:
+                self._readback_chunks(fd, plan)
+            self._finish(fd)
+        except BaseException:
+            self._fail_cleanup(fd)
+            raise
+        finally:
+            if dfd is not None:
+                os.close(dfd)
+            os.close(fd)
+
+    def _progress_raw(self, done: int, total: int, writer: diskio.DiskWriter) -> None:
+        now = time.monotonic()
+        if now - self._last_progress < 1.0:
+            return
+        self._last_progress = now
+        rate = done / max(now - self.started, 1e-6)
+        self.ctx.progress(
+            done=done, total=total, rate=rate, eta_seconds=(total - done) / rate if rate else -1.0,
+            subject=self.disk.name, message=f"{done} image bytes verified, {writer.written} written",
+        )
+
+    def _readback_chunks(self, fd: int, plan: Plan) -> None:
+        """Read every data chunk back from the disk (the page cache dropped first) and compare
+        its digest with the manifest's."""
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, plan.image_size, os.POSIX_FADV_DONTNEED)
+        for seg in plan.segments:
+            self.ctx.check()
+            if seg.digest is None:
+                continue
+            h = hashlib.new(plan.algorithm)
+            for pos in range(seg.offset, seg.end, diskio.BUFFER):
+                data = os.pread(fd, min(diskio.BUFFER, seg.end - pos), pos)
+                h.update(data)
+            if h.digest() != seg.digest:
+                raise ChecksumMismatch(f"{self.disk.name}: read back, chunk {seg.index} at offset"
+                                       f" {seg.offset} differs from the manifest",
+                                       chunk=seg.index, offset=seg.offset)
+        self.result.readback_verified = True
 
     def _check_digest(self, source: image.Source) -> None:
         got = source.hasher.hexdigest()
@@ -227,12 +425,11 @@ class Deployment:
         fd = block.open_disk(self.disk, write=True)
         dfd = block.try_direct(self.disk, write=True)
         self.result.direct_io = dfd is not None
-        stop = threading.Event()
-        errors: list[BaseException] = []
-        threads: list[threading.Thread] = []
+        stream: image.RawStream | None = None
         touched = False
         try:
-            raw_q = None if fmt == Fmt.RAW else self._start_pipeline(source, fmt, stop, errors, threads)
+            if fmt != Fmt.RAW:  # ToolMissing here (no zstd): nothing touched yet
+                stream = image.RawStream(source, fmt, self.ctx.spawn)
             touched = True  # from here on the disk's old content is gone
             skip = self._prepare(fd)
             raw_hash = hashlib.sha256() if self.params.verify_readback else None
@@ -240,10 +437,7 @@ class Deployment:
                 fd, dfd, size=self.disk.size, skip_zeros=skip, cancel=self.ctx.cancel_event,
                 block=self.disk.logical_block_size,
             ) as writer:
-                if raw_q is None:
-                    offset = self._copy_raw(source, writer, raw_hash)
-                else:
-                    offset = self._assemble(raw_q, writer, source, raw_hash, errors)
+                offset = self._copy(source, stream, writer, raw_hash)
             self.result.bytes_written = writer.written
             self.result.bytes_skipped = writer.skipped
             self.result.image_bytes = offset
@@ -254,10 +448,8 @@ class Deployment:
                 self._readback(fd, dfd, offset, raw_hash.hexdigest())
             self._finish(fd)
         except BaseException:
-            stop.set()
-            for t in threads:
-                if t.ident is not None:
-                    t.join(timeout=5)
+            if stream is not None:
+                stream.close()
             if touched:
                 self._fail_cleanup(fd)
             raise
@@ -266,85 +458,21 @@ class Deployment:
                 os.close(dfd)
             os.close(fd)
 
-    def _start_pipeline(
-        self, source: image.Source, fmt: int, stop: threading.Event,
-        errors: list[BaseException], threads: list[threading.Thread],
-    ) -> queue.Queue[object]:
-        ctx = self.ctx
-
-        def put(q: queue.Queue[object], item: object) -> None:
-            while not stop.is_set() and not ctx.cancel_event.is_set():
-                try:
-                    q.put(item, timeout=0.1)
-                    return
-                except queue.Full:
-                    continue
-            raise _Stopped
-
-        def get(q: queue.Queue[object]) -> object:
-            while not stop.is_set() and not ctx.cancel_event.is_set():
-                try:
-                    return q.get(timeout=0.1)
-                except queue.Empty:
-                    continue
-            raise _Stopped
-
-        def guarded(fn: Callable[[], None], out: queue.Queue[object]) -> Callable[[], None]:
-            def body() -> None:
-                try:
-                    fn()
-                except _Stopped:
-                    pass
-                except BaseException as exc:
-                    errors.append(exc)
-                    stop.set()
-                    with contextlib.suppress(queue.Full):
-                        out.put_nowait(_EOF)  # wake the consumer; it finds the error
-            return body
-
-        src_q: queue.Queue[object] = queue.Queue(maxsize=16)
-
-        def read_loop() -> None:
-            while data := source.read(READ_CHUNK):
-                put(src_q, data)
-            put(src_q, _EOF)
-
-        reader = threading.Thread(target=guarded(read_loop, src_q), name="deploy-read", daemon=True)
-        if fmt == Fmt.RAW:
-            out_q = src_q
-        else:
-            out_q = queue.Queue(maxsize=8)
-            dec = image.decompressor(fmt, ctx.spawn)  # ToolMissing here: nothing touched yet
-
-            def decompress_loop() -> None:
-                try:
-                    while (item := get(src_q)) is not _EOF:
-                        for out in dec.feed(item):  # type: ignore[arg-type]
-                            put(out_q, out)
-                    for out in dec.finish():
-                        put(out_q, out)
-                    put(out_q, _EOF)
-                finally:
-                    close = getattr(dec, "close", None)
-                    if close is not None:
-                        close()
-
-            worker = threading.Thread(target=guarded(decompress_loop, out_q), name="deploy-inflate",
-                                      daemon=True)
-            threads.append(worker)
-        threads.append(reader)
-        for t in threads:
-            t.start()
-        return out_q
-
-    def _copy_raw(self, source: image.Source, writer: diskio.DiskWriter, raw_hash: Any) -> int:
-        """A raw image: a reader thread fills the writer's aligned buffers straight from the
-        source (no copy, no queue of chunks); this thread hashes each full buffer and then
-        hands it to the writer threads. Reading (the copy out of the page cache or the
-        socket), hashing and writing each have a thread, so the slowest of them sets the pace;
-        a buffer is refilled only after it was hashed and written."""
+    def _copy(self, source: image.Source, stream: image.RawStream | None, writer: diskio.DiskWriter,
+              raw_hash: Any) -> int:
+        """A reader thread fills the writer's aligned buffers straight from the source (raw)
+        or the decompressor (``stream``: zstd's output is read into them, no queue); this
+        thread hashes each full buffer of a raw image (a compressed one is hashed by the
+        stream's feeding thread as it is read) and hands it to the writer threads. Reading,
+        hashing and writing each have a thread, so the slowest of them sets the pace; a buffer
+        is refilled only after it was hashed and written."""
         filled: queue.Queue[tuple[memoryview, int] | BaseException] = queue.Queue()
         halt = threading.Event()
+        if stream is None:
+            def read(view: memoryview) -> int:
+                return source.readinto(view, hash=False)
+        else:
+            read = stream.readinto
 
         def read_loop() -> None:
             try:
@@ -352,7 +480,7 @@ class Deployment:
                     buf = writer.take()
                     fill = 0
                     while fill < len(buf) and not halt.is_set():
-                        n = source.readinto(buf[fill:], hash=False)
+                        n = read(buf[fill:])
                         if n == 0:
                             break
                         fill += n
@@ -379,7 +507,8 @@ class Deployment:
                 if fill == 0:
                     writer.give_back(buf)
                     return offset
-                source.hasher.update(buf[:fill])
+                if stream is None:
+                    source.hasher.update(buf[:fill])
                 if raw_hash is not None:
                     raw_hash.update(buf[:fill])
                 writer.submit(buf, offset, fill)
@@ -391,48 +520,9 @@ class Deployment:
             halt.set()
             if reader.is_alive():
                 writer.stop.set()  # a reader waiting for a buffer wakes up and leaves
+                if stream is not None:
+                    stream.close()  # a reader waiting for the decompressor wakes up too
             reader.join(timeout=10)
-
-    def _assemble(
-        self, raw_q: queue.Queue[object], writer: diskio.DiskWriter, source: image.Source,
-        raw_hash: Any, errors: list[BaseException],
-    ) -> int:
-        """Pack raw chunks into aligned buffers and hand them to the writer; returns the size."""
-        offset = 0
-        buf = writer.take()
-        fill = 0
-        size = len(buf)
-        while True:
-            self.ctx.check()
-            try:
-                item = raw_q.get(timeout=0.2)
-            except queue.Empty:
-                if errors:
-                    raise errors[0] from None
-                continue
-            if item is _EOF:
-                if errors:
-                    raise errors[0]
-                break
-            data = memoryview(item)  # type: ignore[arg-type]
-            if raw_hash is not None:
-                raw_hash.update(data)
-            while data:
-                n = min(len(data), size - fill)
-                buf[fill : fill + n] = data[:n]
-                fill += n
-                data = data[n:]
-                if fill == size:
-                    writer.submit(buf, offset, fill)
-                    offset += fill
-                    buf, fill = writer.take(), 0
-            self._progress(source, offset + fill, writer.written, writer.skipped)
-        if fill:
-            writer.submit(buf, offset, fill)
-            offset += fill
-        else:
-            writer.give_back(buf)
-        return offset
 
     def _progress(self, source: image.Source, image_bytes: int, written: int = 0, skipped: int = 0) -> None:
         now = time.monotonic()
@@ -557,8 +647,3 @@ class Deployment:
             tail = b"".join(stderr).decode("utf-8", "replace").strip().splitlines()[-2:]
             raise ToolFailed(f"qemu-img convert failed ({describe_exit(rc)}): {' / '.join(tail)}",
                              tool="qemu-img")
-
-
-class _Stopped(Exception):
-    """A pipeline thread noticed the stop event."""
-

@@ -54,10 +54,14 @@ class Quick(Handler[Message, Message]):
     def __init__(self, kind: str, body: Callable[[Context], Message] | None = None) -> None:
         self.kind_name = kind
         self.calls: list[str] = []
+        self.interrupted: list[Message] = []  # the params on_interrupted was given
         self.body = body
 
     def parse(self, payload: Message) -> Message:
         return payload
+
+    def on_interrupted(self, params: Message) -> None:
+        self.interrupted.append(params)
 
     def run(self, ctx: Context, params: Message) -> Message:
         self.calls.append(ctx.command_id)

@@ -39,6 +39,8 @@ def start_gateway(pki: DevPki, **kwargs: Any) -> Gateway:
 class AgentProcess:
     """One agent: start, SIGKILL, restart with the same state directory."""
 
+    entry: tuple[str, ...] = (str(AGENT_MAIN),)   # with the test handlers; ("-m", "agent"): the real ones
+
     def __init__(
         self,
         pki: DevPki,
@@ -64,7 +66,7 @@ class AgentProcess:
 
     def argv(self) -> list[str]:
         args = [
-            sys.executable, str(AGENT_MAIN), "run",
+            sys.executable, *self.entry, "run",
             "--gateway", self.gateway.address, "--node", self.node_id, "--role", self.role,
             "--ca", str(self.pki.ca), "--state-dir", str(self.state_dir),
             "--trusted-key", str(self.pki.signing_pub), "--cmdline-file", str(self.cmdline_file),

@@ -369,6 +369,7 @@ def test_non_retry_safe_command_is_interrupted_and_not_run_again(world: World) -
     assert frames.result("n2").status == session_pb2.SUCCEEDED
     assert frames.of("result", "n1") == []  # decided while starting: it travels in the Hello only
     assert again.calls == ["n2"] and wipe.calls == ["n1"]
+    assert len(again.interrupted) == 1  # n1's handler undid what it left half done, once
     # a resend of n1 returns its state, it does not run it
     assert accepted(second.submit(n1)).state == session_pb2.FINISHED
     assert again.calls == ["n2"]

@@ -1,0 +1,500 @@
+"""deploy.image with a manifest: every chunk verified before it is written, hashed on every core,
+zero chunks never hashed (nor downloaded), the partition table written last.
+
+    copy = VerifiedCopy(plan, reader, writer, fd, skip_zeros=..., check=ctx.check, ...)
+    copy.run()            # raises ChecksumMismatch / SourceFailed naming the chunk and offset
+
+Three threads of work, in order of the image::
+
+    reader (this module's producer thread): for a data chunk, fill a writer buffer from the
+        source (a local file by offset, HTTP Range requests of the data runs only, or the
+        decompressed stream); for a zero chunk, check the source's bytes are zeros (memcmp) or
+        skip them (a hole of the local file, not downloaded at all over HTTP)
+    hash pool (a thread per core; hashlib lets the GIL go): the chunk's digest
+    the caller's thread: takes the chunks in image order, compares each digest, and only then
+        hands the buffer to the DiskWriter. The first mismatch stops everything: no chunk
+        from the bad one on is ever written.
+
+A zero chunk is written by nobody when the disk was discarded and reads zeros, with BLKZEROOUT
+(or zeros, for a file) otherwise. The chunks that hold the partition tables (those overlapping
+the first and the last MiB of the image: the MBR and primary GPT, the backup GPT) are kept in
+memory and written at the very end, after everything else was verified, written and flushed:
+the end first, then the start, its first page (MBR, GPT header) last, each flushed. Until then
+the disk has no partition table (the caller discarded or cleared its ends first), so a crash,
+a cancel or a failure leaves nothing bootable. A .bmap's mapped range longer than one buffer
+(8 MiB) is hashed in order across its pieces and checked at its last piece (as bmaptool does),
+so its earlier pieces may be written before the mismatch is known; the partition table is
+still written last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from agent import http, image
+from agent.errors import Cancelled, ChecksumMismatch, InvalidParameters, SourceFailed
+from agent.hw import block, diskio
+from agent.manifest import Plan, Segment
+
+log = logging.getLogger(__name__)
+
+HOLD = 1 << 20            # bytes at each end of the image whose chunks are written last
+SCRATCH = 4 << 20         # bytes read at a time when the source's zeros are checked
+CONSUME = 256 << 10       # bytes decompressed at a time for a zero chunk (stays in the cache)
+FIRST_PAGE = 4096         # the MBR and the primary GPT header, written after everything else
+_END = object()
+
+
+class ChunkReader(Protocol):
+    """The raw image's bytes for the producer, asked for in image order."""
+
+    @property
+    def fetched(self) -> int:
+        """Bytes taken from the source (downloaded or read)."""
+        ...
+
+    @property
+    def resumes(self) -> int:
+        """Downloads resumed by Range after a dropped connection."""
+        ...
+
+    def read_data(self, offset: int, view: memoryview) -> None:
+        """Exactly len(view) bytes of the raw image at ``offset``; SourceFailed when short."""
+        ...
+
+    def pass_zeros(self, offset: int, length: int) -> None:
+        """The source's bytes of a zero chunk: checked for zeros, skipped or consumed."""
+        ...
+
+    def finish(self, size: int) -> None:
+        """The source ends exactly at ``size``."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+def _not_zeros(offset: int) -> ChecksumMismatch:
+    return ChecksumMismatch(f"the image has data at byte {offset}, in a chunk the manifest says is zeros",
+                            offset=offset)
+
+
+def _check_zeros(view: memoryview, offset: int) -> None:
+    import ctypes
+
+    n = len(view)
+    if not n:
+        return
+    buf = (ctypes.c_char * n).from_buffer(view)
+    if not diskio.all_zero(view, ctypes.addressof(buf), 0, n):
+        raise _not_zeros(offset)
+    del buf
+
+
+class StreamReader:
+    """A raw stream read in order (a decompressed image, or a raw one without Range)."""
+
+    def __init__(self, stream: image.RawStream) -> None:
+        self.stream = stream
+        self.pos = 0
+        self._scratch = bytearray(SCRATCH)
+
+    @property
+    def fetched(self) -> int:
+        return self.stream.source.count
+
+    @property
+    def resumes(self) -> int:
+        return self.stream.source.resumes
+
+    def close(self) -> None:
+        self.stream.close()
+
+    def _fill(self, view: memoryview) -> None:
+        got = 0
+        while got < len(view):
+            n = self.stream.readinto(view[got:])
+            if n == 0:
+                at = self.pos + got
+                raise SourceFailed(f"the image ended at byte {at}, shorter than the manifest says", offset=at)
+            got += n
+        self.pos += got
+
+    def read_data(self, offset: int, view: memoryview) -> None:
+        assert offset == self.pos, (offset, self.pos)
+        self._fill(view)
+
+    def pass_zeros(self, offset: int, length: int) -> None:
+        """A raw stream's zeros are checked (memcmp); a decompressed stream's are consumed only:
+        what the disk gets there is the manifest's zeros either way, and decompressing into a
+        small buffer that stays in the cache is most of the cost already."""
+        assert offset == self.pos, (offset, self.pos)
+        check = self.stream.fmt == image.Fmt.RAW
+        view = memoryview(self._scratch)[: SCRATCH if check else CONSUME]
+        while length:
+            n = min(length, len(view))
+            start = self.pos
+            self._fill(view[:n])
+            if check:
+                _check_zeros(view[:n], start)
+            length -= n
+
+    def finish(self, size: int) -> None:
+        if self.stream.readinto(memoryview(bytearray(1))):
+            raise SourceFailed(f"the image goes on past byte {size}, longer than the manifest says",
+                               offset=size)
+
+
+class FileReader:
+    """A raw local file, read by offset: a zero chunk in a hole of the file is not read at all."""
+
+    resumes = 0
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self.fetched = 0
+        self._scratch = bytearray(SCRATCH)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def read_data(self, offset: int, view: memoryview) -> None:
+        got = 0
+        while got < len(view):
+            n = os.preadv(self.fd, [view[got:]], offset + got)
+            if n == 0:
+                raise SourceFailed(f"the image ended at byte {offset + got}, shorter than the manifest says",
+                                   offset=offset + got)
+            got += n
+        self.fetched += got
+
+    def _data_extents(self, offset: int, end: int) -> list[tuple[int, int]]:
+        """The parts of [offset, end) that are not holes (SEEK_DATA / SEEK_HOLE)."""
+        out = []
+        pos = offset
+        while pos < end:
+            try:
+                start = os.lseek(self.fd, pos, os.SEEK_DATA)
+            except OSError:  # ENXIO: only a hole from here to the end of the file
+                break
+            if start >= end:
+                break
+            stop = min(os.lseek(self.fd, start, os.SEEK_HOLE), end)
+            out.append((start, stop))
+            pos = stop
+        return out
+
+    def pass_zeros(self, offset: int, length: int) -> None:
+        view = memoryview(self._scratch)
+        for start, stop in self._data_extents(offset, offset + length):
+            pos = start
+            while pos < stop:
+                n = min(stop - pos, len(view))
+                self.read_data(pos, view[:n])
+                _check_zeros(view[:n], pos)
+                pos += n
+
+    def finish(self, size: int) -> None:
+        actual = os.fstat(self.fd).st_size
+        if actual != size:
+            raise SourceFailed(f"the image is {actual} bytes, the manifest says {size}", size=actual)
+
+
+class Qcow2Reader:
+    """A local qcow2 file, read by guest offset through its tables: a zero chunk whose clusters
+    are unallocated (or zero clusters) is not read at all, an allocated one is checked."""
+
+    resumes = 0
+
+    def __init__(self, path: str) -> None:
+        from agent.qcow2 import Qcow2File
+
+        self.q = Qcow2File(Path(path))
+        self._scratch = bytearray(SCRATCH)
+
+    @property
+    def fetched(self) -> int:
+        return self.q.fetched
+
+    def read_data(self, offset: int, view: memoryview) -> None:
+        self.q.read(offset, view)
+
+    def pass_zeros(self, offset: int, length: int) -> None:
+        view = memoryview(self._scratch)
+        for pos in range(offset, offset + length, len(view)):
+            n = min(len(view), offset + length - pos)
+            if self.q.allocated(pos, n):
+                self.q.read(pos, view[:n])
+                _check_zeros(view[:n], pos)
+
+    def finish(self, size: int) -> None:
+        if self.q.size != size:
+            raise SourceFailed(f"the qcow2 image's virtual size is {self.q.size}, the manifest says {size}")
+
+    def close(self) -> None:
+        self.q.close()
+
+
+class RangeReader:
+    """A raw image over HTTP: only the data chunks are downloaded, a Range request per run of
+    consecutive data chunks; zero chunks are not downloaded at all."""
+
+    def __init__(self, url: str, opts: http.HttpOptions, plan: Plan) -> None:
+        self.url, self.opts = url, opts
+        self.fetched = 0
+        self._runs: dict[int, int] = {}     # start of a run of data -> its end
+        run_start = -1
+        for seg in plan.segments:
+            if seg.digest is not None and run_start < 0:
+                run_start = seg.offset
+            elif seg.digest is None and run_start >= 0:
+                self._runs[run_start] = seg.offset
+                run_start = -1
+        if run_start >= 0:
+            self._runs[run_start] = plan.image_size
+        self._body: http.Download | None = None
+        self._pos = -1
+        self.resumes = 0
+
+    def read_data(self, offset: int, view: memoryview) -> None:
+        if self._body is None or offset != self._pos:
+            self.close()
+            end = self._runs.get(offset, offset + len(view))
+            self._body = http.get(self.url, self.opts, offset=offset, length=end - offset)
+            self._pos = offset
+        got = 0
+        while got < len(view):
+            n = self._body.readinto(view[got:])
+            if n == 0:
+                raise SourceFailed(f"the download ended at byte {offset + got}", offset=offset + got)
+            got += n
+        self._pos += got
+        self.fetched += got
+
+    def pass_zeros(self, offset: int, length: int) -> None:
+        pass
+
+    def finish(self, size: int) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._body is not None:
+            self.resumes += self._body.resumes
+            self._body.close()
+            self._body = None
+
+
+@dataclass
+class _Item:
+    seg: Segment
+    offset: int                     # of this piece
+    length: int
+    buf: memoryview | None = None   # a whole writer buffer (the piece is its first ``length``); None: zeros
+    future: Future[bytes | None] | None = None
+    last: bool = True               # the segment's last piece (its digest is checked here)
+
+
+class VerifiedCopy:
+    def __init__(
+        self, plan: Plan, reader: ChunkReader, writer: diskio.DiskWriter, fd: int, *,
+        skip_zeros: bool, check: Callable[[], None], progress: Callable[[int], None],
+        workers: int | None = None,
+    ) -> None:
+        self.plan, self.reader, self.writer, self.fd = plan, reader, writer, fd
+        self.skip_zeros = skip_zeros
+        self.check, self.progress = check, progress
+        self.workers = workers or os.cpu_count() or 1
+        self.chunks_verified = 0
+        self.zero_chunks = 0
+        self.zeros_skipped = 0
+        self.held: list[tuple[int, bytes]] = []
+        self._items: queue.Queue[_Item | BaseException | object] = queue.Queue(maxsize=4096)
+        self._halt = threading.Event()
+
+    # -- producer ------------------------------------------------------------------------
+
+    def _put(self, item: _Item | BaseException | object) -> None:
+        while not self._halt.is_set():
+            try:
+                self._items.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+        raise Cancelled("stopped")
+
+    def _produce(self, pool: ThreadPoolExecutor, chain: ThreadPoolExecutor) -> None:
+        algorithm = self.plan.algorithm
+        piece_size = self.writer.buffer_size
+
+        def digest(view: memoryview) -> bytes | None:
+            return hashlib.new(algorithm, view).digest()
+
+        try:
+            for seg in self.plan.segments:
+                if self._halt.is_set():
+                    return
+                if seg.digest is None:
+                    self._read(seg, seg.offset, None)
+                    self._put(_Item(seg, seg.offset, seg.length))
+                    continue
+                if seg.length <= piece_size:
+                    buf = self.writer.take()
+                    self._read(seg, seg.offset, buf[: seg.length])
+                    self._put(_Item(seg, seg.offset, seg.length, buf, pool.submit(digest, buf[: seg.length])))
+                    continue
+                h = hashlib.new(algorithm)   # a long .bmap range: hashed in order, piece by piece
+                for pos in range(seg.offset, seg.end, piece_size):
+                    n = min(piece_size, seg.end - pos)
+                    buf = self.writer.take()
+                    self._read(seg, pos, buf[:n])
+                    last = pos + n == seg.end
+
+                    def update(view: memoryview = buf[:n], last: bool = last,
+                               h: hashlib._Hash = h) -> bytes | None:
+                        h.update(view)
+                        return h.digest() if last else None
+
+                    self._put(_Item(seg, pos, n, buf, chain.submit(update), last))
+            self.reader.finish(self.plan.image_size)
+            self._put(_END)
+        except Cancelled:
+            if not self._halt.is_set():
+                self._put(Cancelled("write stopped"))
+        except BaseException as exc:
+            with contextlib.suppress(Cancelled):
+                self._put(exc)
+
+    def _read(self, seg: Segment, offset: int, view: memoryview | None) -> None:
+        """The piece's bytes into ``view`` (None: the zero segment's bytes, checked); a source
+        that fails names the chunk and its offset."""
+        try:
+            if view is None:
+                self.reader.pass_zeros(seg.offset, seg.length)
+            else:
+                self.reader.read_data(offset, view)
+        except (SourceFailed, ChecksumMismatch) as exc:
+            what = "chunk" if self.plan.kind == "manifest" else "range"
+            err = type(exc)(f"{what} {seg.index} at offset {seg.offset}: {exc.message}")
+            err.details = {**exc.details, "chunk": str(seg.index), "offset": str(seg.offset)}
+            raise err from exc
+
+    # -- consumer ------------------------------------------------------------------------
+
+    def run(self) -> None:
+        pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="deploy-hash")
+        chain = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deploy-hash-range")
+        producer = threading.Thread(target=self._produce, args=(pool, chain), name="deploy-read", daemon=True)
+        producer.start()
+        done = 0
+        try:
+            while True:
+                self.check()
+                try:
+                    item = self._items.get(timeout=0.2)
+                except queue.Empty:
+                    continue
+                if item is _END:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                assert isinstance(item, _Item)
+                self._consume(item)
+                done = item.offset + item.length
+                self.progress(done)
+        finally:
+            self._halt.set()
+            if producer.is_alive():
+                self.writer.stop.set()  # a producer waiting for a buffer wakes up and leaves
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    self._items.get_nowait()
+            producer.join(timeout=10)
+            pool.shutdown(wait=True, cancel_futures=True)
+            chain.shutdown(wait=True, cancel_futures=True)
+
+    def _held(self, offset: int, length: int) -> bool:
+        return offset < HOLD or offset + length > self.plan.image_size - HOLD
+
+    def _consume(self, item: _Item) -> None:
+        seg = item.seg
+        if item.buf is None:
+            self.zero_chunks += 1
+            if self.skip_zeros:
+                self.zeros_skipped += seg.length
+            else:
+                block.zero_out(self.fd, seg.offset, seg.length)
+            return
+        assert item.future is not None
+        got = item.future.result()
+        if item.last and got != seg.digest:
+            self.writer.give_back(item.buf)
+            what = "chunk" if self.plan.kind == "manifest" else "range"
+            raise ChecksumMismatch(
+                f"{what} {seg.index} at offset {seg.offset} ({seg.length} bytes): {self.plan.algorithm}"
+                f" {got.hex() if got else '?'}, the manifest says {seg.digest.hex() if seg.digest else '?'}",
+                chunk=seg.index, offset=seg.offset,
+            )
+        if item.last:
+            self.chunks_verified += 1
+        if self._held(item.offset, item.length):
+            self.held.append((item.offset, bytes(item.buf[: item.length])))
+            self.writer.give_back(item.buf)
+        else:
+            self.writer.submit(item.buf, item.offset, item.length)
+
+    def write_held(self, direct_fd: int | None) -> int:
+        """After the writer was closed (all else written and flushed): the end of the image,
+        flushed, then its start but for the first 4 KiB, flushed, then those 4 KiB (the MBR and
+        the primary GPT header: one page, so a kill cannot leave half of it), flushed. Returns
+        the bytes written."""
+        written = 0
+        half = self.plan.image_size // 2
+        held: list[tuple[int, bytes]] = []
+        for offset, data in self.held:
+            if offset == 0 and len(data) > FIRST_PAGE:
+                held += [(FIRST_PAGE, data[FIRST_PAGE:]), (0, data[:FIRST_PAGE])]
+            else:
+                held.append((offset, data))
+        tail = [h for h in held if h[0] >= half]
+        start = [h for h in held if 0 < h[0] < half]
+        first = [h for h in held if h[0] == 0]
+        for part in (tail, start, first):
+            for offset, data in part:
+                pos = 0
+                while pos < len(data):
+                    pos += os.pwrite(self.fd, data[pos:], offset + pos)
+                written += len(data)
+            if part:
+                os.fsync(self.fd)
+                if direct_fd is not None:
+                    os.fsync(direct_fd)
+        return written
+
+
+def check_against_source(plan: Plan, total: int | None, fmt: int, digest: tuple[str, str] | None) -> None:
+    """Refuse, before anything is written, a manifest that disagrees with the image: its raw
+    size, or (when it was made from a file of this format) the published file's size, or the
+    request's digest of the published file."""
+    if fmt == image.Fmt.RAW and total is not None and total != plan.image_size:
+        raise ChecksumMismatch(f"the image is {total} bytes, its manifest says {plan.image_size}",
+                               size=total, manifest_size=plan.image_size)
+    if plan.published_format != fmt:
+        return  # a manifest of the raw image serves its compressed copies too
+    if plan.published_size and total is not None and total != plan.published_size:
+        raise ChecksumMismatch(f"the published image is {total} bytes, its manifest says"
+                               f" {plan.published_size}", size=total, manifest_size=plan.published_size)
+    if digest is not None and digest[1] and plan.published is not None and (
+        plan.published.algorithm, plan.published.hex) != digest:
+        raise InvalidParameters("the request's digest of the image is not the one its manifest gives")
