@@ -27,4 +27,5 @@ class Config:
     logs_allow: tuple[Path, ...] = (Path("/var/log"), Path("/run/bettercompute-agent"))
     bulk_bandwidth_bytes_per_second: int = 200 * 1024 * 1024
     heartbeat_seconds: float = 5.0
+    secrets_dir: Path = Path("/var/lib/bettercompute-agent/secrets")  # site role: BMC credentials
     extra: dict[str, str] = field(default_factory=dict)  # unknown bc.* settings, kept for handlers

@@ -1,8 +1,11 @@
-"""A small HTTP(S) client on the standard library: streaming GET with resume, streaming PUT.
+"""A small HTTP(S) client on the standard library: streaming GET with resume, streaming PUT,
+requests to JSON APIs, multipart uploads.
 
-Used by deploy.image (image download), logs.collect and instance.snapshot (uploads) and
-daemon.upgrade (agent download). Only ``http://`` and ``https://`` URLs; TLS always verifies
-the server's certificate and host name.
+Used by deploy.image (image download), logs.collect and instance.snapshot (uploads),
+daemon.upgrade (agent download) and the site role's Redfish client (``request``,
+``post_multipart``). Only ``http://`` and ``https://`` URLs; TLS verifies the server's
+certificate and host name unless ``HttpOptions.verify`` is False (only the Redfish client sets
+it, when a request says ``verify_tls: false`` for a BMC with a self-signed certificate).
 
 API::
 
@@ -21,7 +24,21 @@ API::
         # None and the source is not bytes); returns Response(status, headers, body) for 2xx,
         # raises HttpError (status set) otherwise.
 
-    http.ssl_context(ca_pem="", ca_file=None)  # the TLS context both use
+    resp = http.request("PATCH", url, opts, json_body={"a": 1}, deadline=time.monotonic() + 30,
+                        busy=lambda r: r.status == 409 and b"busy" in r.body)
+        # one request to a JSON API; returns Response(status, headers, body, attempts) whatever
+        # the status: the caller reads 4xx/5xx bodies (a BMC's own error message). Retried, with
+        # backoff bounded by opts.cancel and ``deadline``: connection errors, 408/429/5xx and
+        # answers ``busy`` says are "busy"; the last such answer is returned when retries end.
+        # 4xx is never retried. A transport failure after the retries raises HttpError
+        # (status 0); a TLS certificate that does not verify raises it at once (``tls`` detail).
+
+    resp = http.post_multipart(url, [Part("UpdateParameters", json_bytes, "application/json")],
+                               Part("UpdateFile", path=Path("fw.bin")), opts)
+        # multipart/form-data with the file streamed from disk (Content-Length computed first);
+        # no retry, like put.
+
+    http.ssl_context(ca_pem="", ca_file=None, verify=True)  # the TLS context all of them use
 
 Behaviour of ``get``:
 
@@ -47,7 +64,8 @@ import ssl
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterable, Iterator, Mapping
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -76,15 +94,18 @@ class HttpOptions:
     headers: Mapping[str, str] = field(default_factory=dict)
     timeout: float = 30.0               # per connect / per read, seconds
     max_retries: int = 5
-    backoff: float = 0.5                # first retry delay, doubled each time, capped at 8 s
+    backoff: float = 0.5                # first retry delay, doubled each time, up to max_backoff
     cancel: threading.Event | None = None
+    verify: bool = True                 # False: no certificate or host name check (BMCs only)
+    max_backoff: float = 8.0
 
 
 @dataclass(frozen=True)
 class Response:
     status: int
-    headers: dict[str, str]
+    headers: dict[str, str]             # names in lower case
     body: bytes
+    attempts: int = 1                   # requests made, retries included
 
 
 def redact(url: str) -> str:
@@ -113,10 +134,15 @@ def check_url(url: str) -> urllib.parse.SplitResult:
     return parts
 
 
-def ssl_context(ca_pem: str = "", ca_file: Path | None = None) -> ssl.SSLContext:
-    """System trust store plus the given CAs; certificate and host name always verified."""
+def ssl_context(ca_pem: str = "", ca_file: Path | None = None, *, verify: bool = True) -> ssl.SSLContext:
+    """System trust store plus the given CAs; certificate and host name verified unless
+    ``verify`` is False (then nothing is checked: the caller asked for it by name)."""
     ctx = ssl.create_default_context()
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if not verify:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        return ctx
     try:
         if ca_file is not None:
             ctx.load_verify_locations(cafile=str(ca_file))
@@ -127,13 +153,15 @@ def ssl_context(ca_pem: str = "", ca_file: Path | None = None) -> ssl.SSLContext
     return ctx
 
 
-def _connect(parts: urllib.parse.SplitResult, opts: HttpOptions) -> http.client.HTTPConnection:
+def _connect(
+    parts: urllib.parse.SplitResult, opts: HttpOptions, timeout: float | None = None
+) -> http.client.HTTPConnection:
     host = parts.hostname or ""
+    timeout = opts.timeout if timeout is None else timeout
     if parts.scheme == "https":
-        return http.client.HTTPSConnection(
-            host, parts.port, timeout=opts.timeout, context=ssl_context(opts.ca_pem, opts.ca_file)
-        )
-    return http.client.HTTPConnection(host, parts.port, timeout=opts.timeout)
+        context = ssl_context(opts.ca_pem, opts.ca_file, verify=opts.verify)
+        return http.client.HTTPSConnection(host, parts.port, timeout=timeout, context=context)
+    return http.client.HTTPConnection(host, parts.port, timeout=timeout)
 
 
 def _target(parts: urllib.parse.SplitResult) -> str:
@@ -153,7 +181,7 @@ def _headers(opts: HttpOptions, extra: Mapping[str, str] | None = None) -> dict[
 
 
 def _sleep(opts: HttpOptions, attempt: int) -> None:
-    delay = min(8.0, opts.backoff * (2 ** max(0, attempt - 1)))
+    delay = min(opts.max_backoff, opts.backoff * (2 ** max(0, attempt - 1)))
     if opts.cancel is not None:
         if opts.cancel.wait(delay):
             raise Cancelled("download cancelled")
@@ -417,5 +445,189 @@ def put(
     return Response(resp.status, headers, data)
 
 
-__all__ = ["Download", "HttpError", "HttpOptions", "Response", "check_url", "get", "put", "redact",
-           "ssl_context"]
+# -- JSON APIs ---------------------------------------------------------------------------
+
+_IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+
+
+def _tls_refused(exc: BaseException) -> bool:
+    return isinstance(exc, ssl.SSLCertVerificationError) or (
+        isinstance(exc, ssl.SSLError) and "CERTIFICATE_VERIFY_FAILED" in str(exc)
+    )
+
+
+def request(
+    method: str,
+    url: str,
+    opts: HttpOptions | None = None,
+    *,
+    json_body: object = None,
+    body: bytes | None = None,
+    headers: Mapping[str, str] | None = None,
+    deadline: float | None = None,
+    busy: Callable[[Response], bool] | None = None,
+) -> Response:
+    """One request to a JSON API, retried when the server is down, failing or busy.
+
+    Returns the final Response whatever its status (see the module docstring). A request that
+    is not idempotent (POST, PATCH) is retried after a transport error only when the error came
+    before the request was sent (the connection could not be made): a BMC that may have acted
+    on it is never asked twice. ``deadline`` (a time.monotonic() value) bounds every wait.
+    """
+    import json
+
+    opts = opts or HttpOptions()
+    method = method.upper()
+    parts = check_url(url)
+    if json_body is not None and body is not None:
+        raise InvalidParameters("request: give json_body or body, not both")
+    extra: dict[str, str] = {"Accept": "application/json"}
+    payload: bytes | None = body
+    if json_body is not None:
+        payload = json.dumps(json_body).encode()
+        extra["Content-Type"] = "application/json"
+    if headers:
+        extra.update(headers)
+    hdrs = _headers(opts, extra)
+    where = f"{method} {redact(url)}"
+    attempt = 0
+    while True:
+        attempt += 1
+        if opts.cancel is not None and opts.cancel.is_set():
+            raise Cancelled(f"{where}: cancelled")
+        timeout = opts.timeout
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise HttpError(f"{where}: deadline passed before attempt {attempt}", attempts=attempt - 1)
+            timeout = min(timeout, left)
+        conn = _connect(parts, opts, timeout)
+        sent = False
+        retry_why = ""
+        last: Response | None = None
+        try:
+            conn.connect()
+            sent = True
+            conn.request(method, _target(parts), body=payload, headers=hdrs)
+            resp = conn.getresponse()
+            data = resp.read()
+            last = Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data, attempt)
+        except _TRANSPORT_ERRORS as exc:
+            if _tls_refused(exc):
+                raise HttpError(
+                    f"{where}: the server's TLS certificate is not trusted: {exc}", tls="untrusted"
+                ) from exc
+            if sent and method not in _IDEMPOTENT:
+                raise HttpError(
+                    f"{where}: {type(exc).__name__}: {exc} (after the request was sent; not repeated)",
+                    attempts=attempt,
+                ) from exc
+            retry_why = f"{type(exc).__name__}: {exc}"
+        finally:
+            conn.close()
+        if last is not None:
+            log.debug("%s: HTTP %d (attempt %d)", where, last.status, attempt)
+            if last.status in _RETRY_STATUS:
+                retry_why = f"HTTP {last.status}"
+            elif busy is not None and busy(last):
+                retry_why = f"HTTP {last.status}, busy"
+            else:
+                return last
+        delay = min(opts.max_backoff, opts.backoff * (2 ** (attempt - 1)))
+        out_of_time = deadline is not None and time.monotonic() + delay >= deadline
+        if attempt > opts.max_retries or out_of_time:
+            if last is not None:
+                return last
+            raise HttpError(
+                f"{where}: giving up after {attempt} attempts"
+                + (" (deadline)" if out_of_time else "") + f": {retry_why}",
+                attempts=attempt,
+            )
+        log.warning("%s: %s; retrying in %.1f s", where, retry_why, delay)
+        if opts.cancel is not None:
+            if opts.cancel.wait(delay):
+                raise Cancelled(f"{where}: cancelled")
+        else:
+            time.sleep(delay)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of a multipart/form-data body: ``data`` in memory or the file at ``path``."""
+
+    name: str
+    data: bytes = b""
+    content_type: str = "application/octet-stream"
+    path: Path | None = None
+    filename: str = ""
+
+
+def _part_head(boundary: str, part: Part) -> bytes:
+    for text in (part.name, part.filename, part.content_type):
+        if any(c in text for c in '\r\n"'):
+            raise InvalidParameters(f"multipart: bad character in part {part.name!r}")
+    disposition = f'form-data; name="{part.name}"'
+    filename = part.filename or (part.path.name if part.path is not None else "")
+    if filename:
+        if any(c in filename for c in '\r\n"'):
+            raise InvalidParameters("multipart: bad character in a file name")
+        disposition += f'; filename="{filename}"'
+    return (
+        f"--{boundary}\r\nContent-Disposition: {disposition}\r\n"
+        f"Content-Type: {part.content_type}\r\n\r\n"
+    ).encode()
+
+
+def post_multipart(url: str, parts: Iterable[Part], opts: HttpOptions | None = None) -> Response:
+    """POST a multipart/form-data body, files streamed from disk in 1 MiB chunks (the length is
+    computed first, so no chunked encoding: BMCs rarely accept it). Returns the Response
+    whatever its status; a transport failure raises HttpError. No retry: the caller decides."""
+    opts = opts or HttpOptions()
+    target = check_url(url)
+    boundary = f"bettercompute-{uuid.uuid4().hex}"
+    pieces: list[tuple[bytes, Part]] = [(_part_head(boundary, p), p) for p in parts]
+    tail = f"--{boundary}--\r\n".encode()
+    length = len(tail)
+    for head, part in pieces:
+        try:
+            size = part.path.stat().st_size if part.path is not None else len(part.data)
+        except OSError as exc:
+            raise InvalidParameters(f"multipart: cannot read {part.path}: {exc.strerror}") from exc
+        length += len(head) + size + 2
+
+    def stream() -> Iterator[bytes]:
+        for head, part in pieces:
+            yield head
+            if part.path is None:
+                yield part.data
+            else:
+                with part.path.open("rb") as f:
+                    while data := f.read(1 << 20):
+                        if opts.cancel is not None and opts.cancel.is_set():
+                            raise Cancelled("upload cancelled")
+                        yield data
+            yield b"\r\n"
+        yield tail
+
+    hdrs = _headers(opts, {
+        "Content-Type": f"multipart/form-data; boundary={boundary}",
+        "Content-Length": str(length),
+        "Accept": "application/json",
+    })
+    where = f"POST {redact(url)}"
+    conn = _connect(target, opts)
+    try:
+        conn.request("POST", _target(target), body=stream(), headers=hdrs)
+        resp = conn.getresponse()
+        data = resp.read()
+    except _TRANSPORT_ERRORS as exc:
+        tls = "untrusted" if _tls_refused(exc) else ""
+        raise HttpError(f"{where}: {type(exc).__name__}: {exc}", tls=tls) from exc
+    finally:
+        conn.close()
+    log.debug("%s: HTTP %d, %d bytes sent", where, resp.status, length)
+    return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data)
+
+
+__all__ = ["Download", "HttpError", "HttpOptions", "Part", "Response", "check_url", "get", "post_multipart",
+           "put", "redact", "request", "ssl_context"]

@@ -65,6 +65,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("trusted_keys", "--trusted-key", "bc.trust", Path,
             "control-plane Ed25519 public key file or directory (repeatable)", multiple=True),
     Setting("log_file", "--log-file", "bc.log", Path, "also log to this file"),
+    Setting("secrets_dir", "--secrets-dir", "bc.secrets", Path,
+            "site role: the secret store of BMC credentials (docs/site.md)"),
     Setting("heartbeat_seconds", "--heartbeat", "bc.heartbeat", _positive,
             "heartbeat interval when the gateway does not set one"),
     Setting("reconnect_min_seconds", "--reconnect-min", "bc.reconnect_min", _positive,

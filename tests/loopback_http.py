@@ -255,3 +255,101 @@ def self_signed_cert(directory: str) -> tuple[str, str]:
             )
         )
     return certfile, keyfile
+
+
+# -- a scripted server for JSON APIs -------------------------------------------------------
+
+Reply = tuple[int, dict[str, str], bytes]
+Route = Any  # Callable[[Seen], Reply]
+
+
+@dataclass
+class Seen:
+    """One request as the scripted server saw it."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+class _ScriptedHandler(BaseHTTPRequestHandler):
+    server: _ScriptedServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _any(self) -> None:
+        length = int(self.headers.get("Content-Length", "0") or "0")
+        body = self.rfile.read(length) if length else b""
+        seen = Seen(self.command, self.path, dict(self.headers.items()), body)
+        with self.server.guard:
+            self.server.seen.append(seen)
+            route = self.server.routes.get((self.command, self.path.split("?", 1)[0]))
+            route = route or self.server.fallback
+        status, headers, data = route(seen)
+        if status == -1:  # drop the connection without an answer
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.close_connection = True
+            return
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _any
+
+
+class _ScriptedServer(ThreadingHTTPServer):
+    daemon_threads = True
+    guard: threading.Lock
+    routes: dict[tuple[str, str], Route]
+    fallback: Route
+    seen: list[Seen]
+
+
+class ScriptedServer:
+    """Answers each (method, path) with a function of the request: ``srv.route("GET", "/x",
+    fn)``, ``fn(seen) -> (status, headers, body)``; status -1 drops the connection. Unrouted
+    requests get 404. ``srv.seen`` lists every request. Only 127.0.0.1; TLS with ``tls``."""
+
+    def __init__(self, tls: tuple[str, str] | None = None) -> None:
+        self.server = _ScriptedServer(("127.0.0.1", 0), _ScriptedHandler)
+        self.server.guard = threading.Lock()
+        self.server.routes, self.server.seen = {}, []
+        self.server.fallback = lambda seen: (404, {"Content-Type": "application/json"}, b'{"error": {}}')
+        self.scheme = "http"
+        if tls is not None:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*tls)
+            self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+            self.scheme = "https"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def route(self, method: str, path: str, fn: Route) -> None:
+        with self.server.guard:
+            self.server.routes[(method, path)] = fn
+
+    @property
+    def seen(self) -> list[Seen]:
+        return self.server.seen
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server.server_address[1]}"
+
+    def url(self, path: str) -> str:
+        return f"{self.scheme}://{self.address}{path}"
+
+    def __enter__(self) -> ScriptedServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        with contextlib.suppress(OSError):
+            self.server.server_close()
+        self.thread.join(5)

@@ -1,0 +1,188 @@
+"""Redfish UpdateService for RedfishClient.firmware_update, and the task monitor it follows.
+
+Two ways in, as the schema (UpdateService v1.6+) documents them:
+
+- SimpleUpdate: POST ``{"ImageURI": ..., "TransferProtocol": ...}`` to the action's target; the
+  BMC fetches the image itself.
+- A multipart push: POST multipart/form-data to ``MultipartHttpPushUri`` with the parts
+  ``UpdateParameters`` (JSON) and ``UpdateFile`` (the image, streamed from disk after its
+  sha256 has been checked against the one the request gave).
+
+Either answers 202 with a Location (a task monitor, or the Task itself), or with the Task in
+its body. ``follow_task`` polls it never faster than ``Pacing.min_interval`` (growing to
+``max_interval``, and never faster than a Retry-After the BMC asks for) until TaskState is
+final: Completed is success; Exception, Killed or Cancelled raise BmcRefused with the task's
+messages; the command's deadline raises CommandTimeout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agent import http
+from agent.errors import (
+    BmcRefused,
+    BmcUnreachable,
+    Cancelled,
+    ChecksumMismatch,
+    CommandTimeout,
+    InvalidParameters,
+    Unsupported,
+)
+from agent.proto import site_pb2
+
+if TYPE_CHECKING:
+    from agent.site.redfish import RedfishClient
+
+log = logging.getLogger(__name__)
+
+FINAL_OK = frozenset({"Completed"})
+FINAL_BAD = frozenset({"Exception", "Killed", "Cancelled"})
+
+
+def update(
+    client: RedfishClient,
+    *,
+    image_uri: str = "",
+    file: Path | None = None,
+    sha256: str = "",
+    transfer_protocol: str = "",
+    progress: Callable[[int, str], None] | None = None,
+) -> site_pb2.BmcFirmwareTask:
+    if bool(image_uri) == (file is not None):
+        raise InvalidParameters("firmware: give image_uri or file, one of them")
+    where = f"Redfish BMC {client.target.address}"
+    ref = _link(client.root(), "UpdateService")
+    if not ref:
+        raise Unsupported(f"{where} has no UpdateService")
+    service = client.get(ref)
+    if image_uri:
+        http.check_url(image_uri)
+        action = service.get("Actions", {}).get("#UpdateService.SimpleUpdate", {})
+        if not isinstance(action, dict) or not action.get("target"):
+            raise Unsupported(f"{where}: its UpdateService has no SimpleUpdate")
+        body: dict[str, Any] = {"ImageURI": image_uri}
+        if transfer_protocol:
+            allowed = action.get("TransferProtocol@Redfish.AllowableValues")
+            if isinstance(allowed, list) and transfer_protocol not in allowed:
+                raise Unsupported(f"{where}: TransferProtocol {transfer_protocol} not in {allowed}")
+            body["TransferProtocol"] = transfer_protocol
+        log.info("%s: SimpleUpdate from %s", where, http.redact(image_uri))
+        answer = client.send("POST", action["target"], json_body=body)
+        status, headers, doc = answer.status, answer.headers, answer.doc
+    else:
+        assert file is not None
+        status, headers, doc = _push(client, service, file, sha256)
+    location = headers.get("location", "") or str(doc.get("@odata.id", "") if "TaskState" in doc else "")
+    if not location:
+        if status in (200, 204):  # applied synchronously
+            return site_pb2.BmcFirmwareTask(state="Completed", percent=100)
+        raise BmcRefused(f"{where}: the update was accepted (HTTP {status}) without a task to follow")
+    return follow_task(client, location, progress)
+
+
+def _push(
+    client: RedfishClient, service: dict[str, Any], file: Path, sha256: str
+) -> tuple[int, dict[str, str], dict[str, Any]]:
+    where = f"Redfish BMC {client.target.address}"
+    push = service.get("MultipartHttpPushUri")
+    if not isinstance(push, str) or not push:
+        raise Unsupported(f"{where}: its UpdateService offers no MultipartHttpPushUri (multipart push)")
+    want = sha256.strip().lower()
+    if len(want) != 64 or any(c not in "0123456789abcdef" for c in want):
+        raise InvalidParameters("firmware push: sha256 must be 64 hex digits")
+    digest = hashlib.sha256()
+    try:
+        with file.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    except OSError as exc:
+        raise InvalidParameters(f"firmware push: cannot read {file}: {exc.strerror}") from exc
+    if digest.hexdigest() != want:
+        raise ChecksumMismatch(f"firmware push: {file.name} has sha256 {digest.hexdigest()}, expected {want}")
+    params = json.dumps({"Targets": [], "@Redfish.OperationApplyTime": "Immediate"}).encode()
+    headers = dict(client._login())
+    opts = http.HttpOptions(timeout=300.0, verify=client.opts.verify, ca_file=client.opts.ca_file,
+                            cancel=client.call.cancel, headers=headers)
+    log.info("%s: pushing %s (%d bytes)", where, file.name, file.stat().st_size)
+    try:
+        resp = http.post_multipart(client.url(push), [
+            http.Part("UpdateParameters", params, "application/json"),
+            http.Part("UpdateFile", path=file),
+        ], opts)
+    except http.HttpError as exc:
+        raise BmcUnreachable(f"{where}: firmware push failed: {exc.message}",
+                             tls=exc.details.get("tls", "")) from exc
+    client.attempts += 1
+    answer = client._answer("POST", client.url(push), resp, ())
+    return answer.status, answer.headers, answer.doc
+
+
+def follow_task(
+    client: RedfishClient, location: str, progress: Callable[[int, str], None] | None
+) -> site_pb2.BmcFirmwareTask:
+    """Poll a task monitor or Task resource until it ends; see the module docstring."""
+    where = f"Redfish BMC {client.target.address}"
+    task = site_pb2.BmcFirmwareTask(task_uri=location)
+    seen = (-1, "")
+    pacing = client.call.pacing
+    interval = pacing.min_interval
+    while True:
+        answer = client.send("GET", location, ok=(404,))
+        if answer.status == 404:
+            raise BmcRefused(f"{where}: the task {location} is gone (HTTP 404)")
+        doc = answer.doc
+        state = doc.get("TaskState")
+        if isinstance(state, str):
+            task.state = state
+        elif answer.status in (200, 201, 204):
+            task.state = "Completed"    # a monitor that answers the final result has no TaskState
+        else:
+            task.state = task.state or "Running"
+        percent = doc.get("PercentComplete")
+        if isinstance(percent, int) and 0 <= percent <= 100:
+            task.percent = percent
+        messages = [m.get("Message", "") for m in doc.get("Messages", []) if isinstance(m, dict)]
+        messages = [client.hide(m) for m in messages if isinstance(m, str) and m]
+        del task.messages[:]
+        task.messages.extend(messages)
+        if task.state in FINAL_OK:
+            task.percent = 100
+        if progress is not None and (task.percent, task.state) != seen:
+            seen = (task.percent, task.state)
+            progress(task.percent, task.state + (f": {messages[-1]}" if messages else ""))
+        if task.state in FINAL_OK:
+            return task
+        if task.state in FINAL_BAD:
+            raise BmcRefused(
+                f"{where}: task {location} ended {task.state}"
+                + (f": {'; '.join(messages)}" if messages else ""),
+                bmc_message="; ".join(messages), task_state=task.state,
+            )
+        wait = max(interval, _retry_after(answer.headers.get("retry-after", "")))
+        if time.monotonic() + wait >= client.call.deadline:
+            raise CommandTimeout(
+                f"{where}: task {location} still {task.state} at {task.percent}% at the deadline"
+            )
+        if client.call.cancel.wait(wait):
+            raise Cancelled("cancelled")
+        interval = min(pacing.max_interval, interval * pacing.factor)
+
+
+def _retry_after(value: str) -> float:
+    try:
+        return min(60.0, max(0.0, float(value)))
+    except ValueError:
+        return 0.0
+
+
+def _link(doc: dict[str, Any], name: str) -> str:
+    value = doc.get(name)
+    ref = value.get("@odata.id", "") if isinstance(value, dict) else ""
+    return ref if isinstance(ref, str) else ""

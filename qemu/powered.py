@@ -1,0 +1,409 @@
+"""A QEMU node whose power and next boot device are driven from outside, the way a BMC
+drives a server: by short-lived programs (ipmi_sim's ``chassis_control``, the Redfish
+emulator's hook, a test) that share nothing but one directory, the node directory.
+
+Interface (stable: the IPMI and Redfish emulator fixtures both use it)::
+
+    node = PoweredNode(Path(dir))
+    node.configure(NodeSpec(kernel=..., initrd=..., append=..., owner_pid=os.getpid()))
+    node.set_boot("pxe")           # next start boots by PXE ("pxe") or from "disk"
+    node.start()                   # power on: QEMU starts (no-op when already on)
+    node.status()                  # "on" | "off"
+    node.reset()                   # QMP system_reset: the guest re-boots, QEMU stays
+    node.stop(force=False)         # QMP system_powerdown: ACPI power button (the guest decides)
+    node.stop(force=True)          # QMP quit, then SIGKILL: power pulled
+    node.boots()                   # one BootRecord per start or reset, oldest first
+
+The same from a shell (what an emulator runs)::
+
+    python -m qemu.powered DIR status | start | stop [--force] | reset | boot [pxe|disk]
+    python -m qemu.powered DIR chassis-control MC get power boot
+    python -m qemu.powered DIR chassis-control MC set power 1 | power 0 | shutdown 1 | reset 1
+                                                   | boot pxe|default|cdrom|bios|none
+
+``chassis-control`` speaks OpenIPMI ipmi_sim's chassis_control protocol: ``get`` prints one
+``parm:value`` line per parameter, ``set`` prints nothing on success; on error a message on
+stdout and exit 1. ipmi_sim maps ``chassis power soft`` to ``set shutdown 1``, ``power off``
+to ``set power 0``, ``reset`` to ``set reset 1`` and ``cycle`` to off then on.
+
+The node directory holds ``node.json`` (the NodeSpec), ``boot`` (the next boot device),
+``supervisor.pid``, ``qmp.sock``, ``boots.log`` (one line per boot: time, device, how) and
+the harness's console and QEMU logs. A start runs a small supervisor, detached from the
+caller (the chassis_control process exits at once), which runs qemu/harness.py's Machine
+with a QMP socket added, serves the PXE files when booting by PXE, records each PXE boot in
+``boots.log`` and ends with QEMU. It also ends QEMU when ``owner_pid`` (the test run) dies,
+so that no guest outlives the run that made it, however that run ends.
+
+"disk" stands for the installed OS: QEMU boots the kernel and initrd directly (-kernel), no
+network boot. "pxe" boots through QEMU's iPXE ROM, which fetches the kernel and initrd over
+HTTP from the supervisor (qemu/harness.py's PXE set-up); each fetch of the kernel is a boot
+from the network, recorded as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from qemu.harness import Disk, Machine, MachineSpec
+
+BOOT_DEVICES = ("pxe", "disk")
+# ipmi_sim's boot values -> ours; what the node cannot do (cdrom, bios) boots from disk.
+IPMI_BOOT = {"pxe": "pxe", "default": "disk", "none": "disk", "cdrom": "disk", "bios": "disk"}
+
+
+def default_boot_files() -> tuple[Path, Path] | None:
+    """A kernel and an initrd to boot: the project's ramdisk (initramfs/out/) when built,
+    else the host's Debian cloud kernel and its initrd; None when neither is there."""
+    out = Path(__file__).resolve().parent.parent / "initramfs" / "out"
+    if (out / "vmlinuz").is_file() and (out / "initramfs.img").is_file():
+        return out / "vmlinuz", out / "initramfs.img"
+    for kernel in sorted(Path("/boot").glob("vmlinuz-*-cloud-amd64"), reverse=True):
+        initrd = kernel.with_name(kernel.name.replace("vmlinuz-", "initrd.img-"))
+        if initrd.is_file():
+            return kernel, initrd
+    return None
+
+
+class PowerError(RuntimeError):
+    """The node could not be driven as asked; the message says why."""
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    kernel: str
+    initrd: str
+    append: str = ""
+    memory_mb: int = 512
+    cpus: int = 1
+    kvm: bool = False
+    disks: list[str] = field(default_factory=list)   # raw image paths (virtio, created 64 MiB)
+    owner_pid: int = 0       # the guest is killed when this process dies (0: never)
+    name: str = "node"
+
+
+@dataclass(frozen=True)
+class BootRecord:
+    time: float
+    device: str              # "pxe" | "disk"
+    how: str                 # "start" | "pxe-fetch"
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is not alive: its parent (not us) has not reaped it yet.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class PoweredNode:
+    def __init__(self, directory: Path) -> None:
+        self.dir = Path(directory)
+
+    # -- files ----------------------------------------------------------------------------
+
+    @property
+    def qmp_socket(self) -> Path:
+        return self.dir / "qmp.sock"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.dir / "supervisor.pid"
+
+    @property
+    def boots_log(self) -> Path:
+        return self.dir / "boots.log"
+
+    def spec(self) -> NodeSpec:
+        try:
+            data = json.loads((self.dir / "node.json").read_text())
+        except FileNotFoundError:
+            raise PowerError(f"{self.dir}: not a configured node (no node.json)") from None
+        return NodeSpec(**data)
+
+    def configure(self, spec: NodeSpec) -> PoweredNode:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / "node.json.tmp"
+        tmp.write_text(json.dumps(asdict(spec), indent=2))
+        tmp.replace(self.dir / "node.json")
+        if not (self.dir / "boot").exists():
+            self.set_boot("disk")
+        return self
+
+    def set_boot(self, device: str) -> None:
+        if device not in BOOT_DEVICES:
+            raise PowerError(f"boot device {device!r}: one of {', '.join(BOOT_DEVICES)}")
+        tmp = self.dir / "boot.tmp"
+        tmp.write_text(device + "\n")
+        tmp.replace(self.dir / "boot")
+
+    def boot_device(self) -> str:
+        try:
+            device = (self.dir / "boot").read_text().strip()
+        except FileNotFoundError:
+            return "disk"
+        return device if device in BOOT_DEVICES else "disk"
+
+    def boots(self) -> list[BootRecord]:
+        try:
+            lines = self.boots_log.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in lines:
+            when, device, how = line.split()
+            out.append(BootRecord(float(when), device, how))
+        return out
+
+    def _supervisor_pid(self) -> int:
+        try:
+            return int(self.pid_file.read_text().strip() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    # -- power ----------------------------------------------------------------------------
+
+    def status(self) -> str:
+        return "on" if _pid_alive(self._supervisor_pid()) else "off"
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Power on; returns once QEMU's QMP socket answers. No-op when already on."""
+        if self.status() == "on":
+            return
+        spec = self.spec()
+        self.qmp_socket.unlink(missing_ok=True)
+        log = (self.dir / "supervisor.log").open("ab")
+        # Detached: the caller (a chassis_control run) exits at once; the supervisor lives
+        # until QEMU ends. Not tied to the caller's death, but to spec.owner_pid's.
+        child = subprocess.Popen(
+            [sys.executable, "-m", "qemu.powered", str(self.dir), "_supervise"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            cwd=str(Path(__file__).resolve().parent.parent), start_new_session=True,
+        )
+        log.close()
+        self.pid_file.write_text(f"{child.pid}\n")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if child.poll() is not None:
+                raise PowerError(f"{spec.name}: QEMU did not start; see {self.dir / 'supervisor.log'}")
+            with contextlib.suppress(OSError, PowerError):
+                self._qmp("query-status")
+                return
+            time.sleep(0.1)
+        raise PowerError(f"{spec.name}: QEMU's QMP socket did not answer within {timeout:g}s")
+
+    def stop(self, *, force: bool, timeout: float = 10.0) -> None:
+        """Graceful: the ACPI power button (the guest may ignore it; the node stays on).
+        Forced: QMP quit, then SIGTERM/SIGKILL of the supervisor's group at ``timeout``."""
+        pid = self._supervisor_pid()
+        if not _pid_alive(pid):
+            return
+        if not force:
+            self._qmp("system_powerdown")
+            return
+        with contextlib.suppress(OSError, PowerError):
+            self._qmp("quit")
+        deadline = time.monotonic() + timeout
+        while _pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if not _pid_alive(pid):
+                break
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)
+            end = time.monotonic() + 3
+            while _pid_alive(pid) and time.monotonic() < end:
+                time.sleep(0.1)
+        if _pid_alive(pid):
+            raise PowerError(f"supervisor {pid} of {self.dir} would not die")
+
+    def reset(self) -> None:
+        if self.status() != "on":
+            raise PowerError("the node is off: nothing to reset")
+        self._record(self.boot_device_of_running(), "reset")
+        self._qmp("system_reset")
+
+    def boot_device_of_running(self) -> str:
+        try:
+            return (self.dir / "running-boot").read_text().strip()
+        except FileNotFoundError:
+            return self.boot_device()
+
+    def _record(self, device: str, how: str) -> None:
+        with self.boots_log.open("a") as f:
+            f.write(f"{time.time():.3f} {device} {how}\n")
+
+    # -- QMP ------------------------------------------------------------------------------
+
+    def _qmp(self, command: str, timeout: float = 5.0) -> dict[str, object]:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(str(self.qmp_socket))
+            f = s.makefile("rwb")
+            json.loads(f.readline() or b"{}")  # greeting
+            for cmd in ("qmp_capabilities", command):
+                f.write(json.dumps({"execute": cmd}).encode() + b"\n")
+                f.flush()
+                while True:
+                    line = f.readline()
+                    if not line:
+                        if cmd == "quit":
+                            return {}
+                        raise PowerError(f"QMP {cmd}: connection closed")
+                    reply = json.loads(line)
+                    if "event" in reply:
+                        continue
+                    if "error" in reply:
+                        raise PowerError(f"QMP {cmd}: {reply['error']}")
+                    break
+            return reply if isinstance(reply, dict) else {}
+
+    # -- the supervisor (runs detached, one per power-on) ---------------------------------
+
+    def supervise(self) -> int:
+        spec = self.spec()
+        device = self.boot_device()
+        (self.dir / "running-boot").write_text(device + "\n")
+        mspec = MachineSpec(
+            workdir=self.dir, kernel=Path(spec.kernel), initrd=Path(spec.initrd),
+            append=spec.append, memory_mb=spec.memory_mb, cpus=spec.cpus, kvm=spec.kvm,
+            pxe=device == "pxe", name=spec.name,
+            disks=[Disk(Path(p), serial=f"disk{i}", interface="virtio") for i, p in enumerate(spec.disks)],
+        )
+        machine = _QmpMachine(mspec, self.qmp_socket)
+        self._record(device, "start")
+        machine.start()
+        seen = 0
+        try:
+            while machine.alive:
+                if spec.owner_pid and not _pid_alive(spec.owner_pid):
+                    break
+                served = machine.pxe_served
+                for entry in served[seen:]:
+                    if entry.startswith("GET /vmlinuz "):
+                        self._record("pxe", "pxe-fetch")
+                seen = len(served)
+                time.sleep(0.2)
+        finally:
+            machine.stop()
+            self.qmp_socket.unlink(missing_ok=True)
+        return 0
+
+    # -- ipmi_sim's chassis_control -------------------------------------------------------
+
+    def chassis_control(self, op: str, args: list[str]) -> tuple[int, str]:
+        """(exit status, stdout) for one ipmi_sim chassis_control call."""
+        if op == "get":
+            out = []
+            for parm in args:
+                if parm == "power":
+                    out.append(f"power:{1 if self.status() == 'on' else 0}")
+                elif parm == "boot":
+                    out.append(f"boot:{'pxe' if self.boot_device() == 'pxe' else 'default'}")
+                else:
+                    return 1, f"invalid parameter: {parm}"
+            return 0, "\n".join(out)
+        if op == "set":
+            if len(args) % 2:
+                return 1, "parameter and value pairs are required"
+            for parm, value in zip(args[::2], args[1::2], strict=True):
+                try:
+                    if parm == "power":
+                        self.start() if value == "1" else self.stop(force=True)
+                    elif parm == "shutdown":
+                        if value == "1":
+                            self.stop(force=False)
+                    elif parm == "reset":
+                        if value == "1":
+                            self.reset()
+                    elif parm == "boot":
+                        if value not in IPMI_BOOT:
+                            return 1, f"invalid boot value: {value}"
+                        self.set_boot(IPMI_BOOT[value])
+                    elif parm == "identify":
+                        pass
+                    else:
+                        return 1, f"invalid parameter: {parm}"
+                except (PowerError, OSError) as exc:
+                    return 1, str(exc)
+            return 0, ""
+        return 1, f"unknown operation: {op}"
+
+
+class _QmpMachine(Machine):
+    """The harness's Machine with a QMP socket (power button, reset, quit from outside)."""
+
+    def __init__(self, spec: MachineSpec, qmp: Path) -> None:
+        super().__init__(spec)
+        self.qmp = qmp
+
+    def argv(self) -> list[str]:
+        return [*super().argv(), "-qmp", f"unix:{self.qmp},server=on,wait=off"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m qemu.powered", description=__doc__.split("\n\n")[0])
+    p.add_argument("dir", type=Path, help="the node directory")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("status")
+    sub.add_parser("start")
+    stop = sub.add_parser("stop")
+    stop.add_argument("--force", action="store_true")
+    sub.add_parser("reset")
+    boot = sub.add_parser("boot")
+    boot.add_argument("device", nargs="?", choices=BOOT_DEVICES)
+    cc = sub.add_parser("chassis-control")
+    cc.add_argument("mc")
+    cc.add_argument("op")
+    cc.add_argument("args", nargs="*")
+    sub.add_parser("_supervise")
+    args = p.parse_args(argv)
+    node = PoweredNode(args.dir)
+    try:
+        if args.cmd == "status":
+            print(node.status())
+        elif args.cmd == "start":
+            node.start()
+        elif args.cmd == "stop":
+            node.stop(force=args.force)
+        elif args.cmd == "reset":
+            node.reset()
+        elif args.cmd == "boot":
+            if args.device:
+                node.set_boot(args.device)
+            else:
+                print(node.boot_device())
+        elif args.cmd == "chassis-control":
+            rc, out = node.chassis_control(args.op, args.args)
+            if out:
+                print(out)
+            return rc
+        elif args.cmd == "_supervise":
+            return node.supervise()
+    except PowerError as exc:
+        print(f"qemu.powered: {exc}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""qemu/powered.py: a QEMU node powered and re-booted from outside, through the same
+command line ipmi_sim's chassis_control and the Redfish emulator's hook use."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from qemu.harness import qemu_available
+from qemu.powered import NodeSpec, PoweredNode, default_boot_files
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(node_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "qemu.powered", str(node_dir), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+def wait_for(predicate: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[PoweredNode]:
+    reason = qemu_available()
+    files = default_boot_files()
+    if reason or files is None:
+        pytest.skip(reason or "no kernel and initrd to boot (initramfs/out/ or /boot)")
+    kernel, initrd = files
+    n = PoweredNode(tmp_path / "node").configure(
+        NodeSpec(kernel=str(kernel), initrd=str(initrd), append="console=ttyS0 panic=-1",
+                 owner_pid=os.getpid()))
+    try:
+        yield n
+    finally:
+        n.stop(force=True)
+
+
+def test_chassis_control_protocol_without_booting(tmp_path: Path) -> None:
+    PoweredNode(tmp_path).configure(NodeSpec(kernel="/nonexistent", initrd="/nonexistent"))
+    assert cli(tmp_path, "chassis-control", "0x20", "get", "power", "boot").stdout.split() == [
+        "power:0", "boot:default"]
+    assert cli(tmp_path, "chassis-control", "0x20", "set", "boot", "pxe").returncode == 0
+    assert cli(tmp_path, "chassis-control", "0x20", "get", "boot").stdout.strip() == "boot:pxe"
+    bad = cli(tmp_path, "chassis-control", "0x20", "set", "boot", "floppy")
+    assert bad.returncode == 1 and "invalid boot value" in bad.stdout
+    assert cli(tmp_path, "chassis-control", "0x20", "get", "voltage").returncode == 1
+    assert cli(tmp_path, "chassis-control", "0x20", "set", "power").returncode == 1
+    # Power-on of a node whose kernel is missing fails clearly and leaves it off.
+    on = cli(tmp_path, "chassis-control", "0x20", "set", "power", "1")
+    assert on.returncode == 1 and "did not start" in on.stdout
+    assert cli(tmp_path, "status").stdout.strip() == "off"
+
+
+@pytest.mark.qemu
+def test_power_on_pxe_reset_and_off_from_outside(node: PoweredNode) -> None:
+    assert cli(node.dir, "boot", "pxe").returncode == 0
+    assert cli(node.dir, "chassis-control", "0x20", "set", "power", "1").returncode == 0
+    assert node.status() == "on"
+    # The guest really boots from the network: iPXE fetches the kernel from the node's server.
+    wait_for(lambda: any(b.how == "pxe-fetch" for b in node.boots()), 90, "the PXE fetch")
+    assert cli(node.dir, "chassis-control", "0x20", "set", "reset", "1").returncode == 0
+    wait_for(lambda: sum(b.how == "pxe-fetch" for b in node.boots()) == 2, 90, "the PXE fetch after reset")
+    assert cli(node.dir, "chassis-control", "0x20", "set", "power", "0").returncode == 0
+    assert node.status() == "off"
+    assert cli(node.dir, "chassis-control", "0x20", "get", "power").stdout.strip() == "power:0"
+
+
+@pytest.mark.qemu
+def test_disk_boot_and_the_guest_dies_with_its_owner(node: PoweredNode, tmp_path: Path) -> None:
+    spec = node.spec()
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        node.configure(NodeSpec(**{**spec.__dict__, "owner_pid": owner.pid}))
+        node.set_boot("disk")
+        node.start()
+        wait_for(lambda: "Linux version" in (node.dir / "node-console.log").read_text(errors="replace"),
+                 90, "the kernel's banner on the console")
+        assert not any(b.how == "pxe-fetch" for b in node.boots())
+    finally:
+        owner.kill()
+        owner.wait()
+    wait_for(lambda: node.status() == "off", 15, "the node to power off with its owner")

@@ -1,0 +1,227 @@
+"""RedfishClient against DOCUMENTED RESPONSES only (tests/site/redfish_documented.py, a loopback
+test server written from the DMTF specification and schema, not an emulator): the paths
+sushy-emulator lacks (sessions, AccountService, PowerCycle, UpdateService with a task monitor,
+multipart push, volumes, the Sensors collection) and the faults a BMC shows (500, invalid
+JSON, links off its host, a session it drops)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.errors import AuthFailed, BmcRefused, ChecksumMismatch, Unsupported
+from agent.site.bmc import Credentials, PowerAction, PowerState, Target
+from agent.site.redfish import RedfishClient
+from tests.site.redfish_documented import ACCOUNTS, SESSIONS, SYS, UPDATE, VOLUMES, DocumentedBmc
+from tests.site.sushy import fast_call
+
+USER, PASSWORD = "root", "old-Passw0rd-91"
+
+
+@pytest.fixture
+def bmc() -> Iterator[DocumentedBmc]:
+    with DocumentedBmc(username=USER, password=PASSWORD) as server:
+        yield server
+
+
+def client_for(bmc: DocumentedBmc, password: str = PASSWORD, seconds: float = 30.0) -> RedfishClient:
+    return RedfishClient(Target(bmc.address, Credentials(USER, password)), fast_call(seconds))
+
+
+def test_session_opened_used_and_deleted_on_close(bmc: DocumentedBmc) -> None:
+    client = client_for(bmc)
+    assert client.power_state() is PowerState.OFF
+    posts = [s for s in bmc.seen if s.method == "POST" and s.path == SESSIONS]
+    assert len(posts) == 1
+    gets = [s for s in bmc.seen if s.method == "GET" and s.path == SYS]
+    assert gets and all("X-Auth-Token" in s.headers and "Authorization" not in s.headers for s in gets)
+    client.close()
+    assert bmc.deleted_sessions == [f"{SESSIONS}/1"] and not bmc.tokens
+
+
+def test_dropped_session_is_opened_again_once(bmc: DocumentedBmc) -> None:
+    client = client_for(bmc)
+    client.power_state()
+    bmc.tokens.clear()                       # the BMC forgets the session (reboot, timeout)
+    assert client.power_state() is PowerState.OFF
+    assert len([s for s in bmc.seen if s.path == SESSIONS]) == 2
+    client.close()
+
+
+def test_wrong_password_auth_failed_after_one_attempt(bmc: DocumentedBmc) -> None:
+    client = client_for(bmc, password="wrong-one")
+    with pytest.raises(AuthFailed, match="refused the credentials of user 'root'") as err:
+        client.query()
+    assert "wrong-one" not in str(err.value)
+    assert len([s for s in bmc.seen if s.path == SESSIONS]) == 1
+
+
+def test_query_with_the_sensors_collection(bmc: DocumentedBmc) -> None:
+    result = client_for(bmc).query()
+    system = result.system
+    assert (system.manufacturer, system.model, system.serial) == ("Contoso", "GPU-8", "SN123")
+    assert result.system.bios_version == "1.4.2" and result.system.bmc_firmware_version == "2.81"
+    assert result.system.health == "Warning"
+    nics = [(n.id, n.mac_address, n.link_status) for n in result.nics]
+    assert nics == [("NIC.1", "b8:ce:f6:00:11:22", "LinkUp")]
+    by_name = {s.name: s for s in result.sensors}
+    assert (by_name["CPU1Temp"].kind, by_name["CPU1Temp"].reading, by_name["CPU1Temp"].units) == (
+        "temperature", 48.5, "Cel")
+    assert (by_name["Fan1"].kind, by_name["Fan1"].reading) == ("fan", 7200.0)
+    assert by_name["PSU1Power"].kind == "power" and not by_name["PSU1Power"].has_reading
+    assert result.attempts >= 8
+
+
+def test_power_cycle_used_when_offered_and_off_is_graceful_first(bmc: DocumentedBmc) -> None:
+    client = client_for(bmc)
+    client.set_power(PowerAction.ON, graceful_timeout=5)
+    client.set_power(PowerAction.CYCLE, graceful_timeout=5)
+    client.set_power(PowerAction.OFF, graceful_timeout=5)
+    client.set_power(PowerAction.OFF, graceful_timeout=5)   # already off: nothing sent
+    assert bmc.resets == ["On", "PowerCycle", "GracefulShutdown"]
+
+
+def test_rotation_patches_the_account_and_check_login_proves_it(bmc: DocumentedBmc) -> None:
+    client = client_for(bmc)
+    client.set_password(USER, "new-Passw0rd-22")
+    patch = next(s for s in bmc.seen if s.method == "PATCH")
+    assert patch.path == f"{ACCOUNTS}/2" and b"new-Passw0rd-22" in patch.body
+    assert client.check_login(Credentials(USER, "new-Passw0rd-22")) is True
+    assert client.check_login(Credentials(USER, PASSWORD)) is False
+    client.close()
+    assert not bmc.tokens  # the probe sessions were closed too
+
+
+def test_rotation_refused_keeps_the_bmc_words_but_not_the_password(
+    bmc: DocumentedBmc, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(BmcRefused, match="does not meet the policy") as err:
+        client_for(bmc).set_password(USER, "short")
+    assert "short'" not in str(err.value) and "<hidden>" in str(err.value)
+    assert "short'" not in err.value.details["bmc_message"]
+    assert PASSWORD not in caplog.text and "X-Auth-Token" not in caplog.text
+
+
+def test_simple_update_follows_the_task_monitor_with_progress(bmc: DocumentedBmc) -> None:
+    seen: list[tuple[int, str]] = []
+    client = client_for(bmc)
+    start = time.monotonic()
+    task = client.firmware_update(image_uri="https://files.example/fw.bin", transfer_protocol="HTTPS",
+                                  progress=lambda p, m: seen.append((p, m)))
+    assert task.state == "Completed" and task.percent == 100 and list(task.messages) == ["Update done"]
+    assert seen == [(30, "Running: Flashing image"), (60, "Running: Flashing image"),
+                    (100, "Completed: Update done")]
+    polls = [s for s in bmc.seen if s.path == "/redfish/v1/TaskMonitors/7"]
+    assert len(polls) == 3
+    assert time.monotonic() - start >= 0.3 + 0.45   # paced: min_interval, then growing
+
+
+def test_task_exception_is_refused_with_its_messages(bmc: DocumentedBmc) -> None:
+    bmc.task_fails = True
+    with pytest.raises(BmcRefused, match="ended Exception: Image signature verification failed"):
+        client_for(bmc).firmware_update(image_uri="https://files.example/fw.bin")
+
+
+def test_unknown_transfer_protocol_unsupported(bmc: DocumentedBmc) -> None:
+    with pytest.raises(Unsupported, match="TransferProtocol NFS"):
+        client_for(bmc).firmware_update(image_uri="https://files.example/fw.bin", transfer_protocol="NFS")
+
+
+def test_multipart_push_checks_the_digest_first(bmc: DocumentedBmc, tmp_path: Path) -> None:
+    image = tmp_path / "bmc-fw.bin"
+    data = os.urandom(2 * 1024 * 1024 + 3)
+    image.write_bytes(data)
+    client = client_for(bmc)
+    with pytest.raises(ChecksumMismatch):
+        client.firmware_update(file=image, sha256="0" * 64)
+    assert not bmc.pushed
+    task = client.firmware_update(file=image, sha256=hashlib.sha256(data).hexdigest())
+    assert task.state == "Completed"
+    assert data in bmc.pushed and b'name="UpdateParameters"' in bmc.pushed
+    push = next(s for s in bmc.seen if s.path == f"{UPDATE}/upload")
+    assert "X-Auth-Token" in push.headers
+
+
+def test_volumes_created_listed_and_deleted(bmc: DocumentedBmc) -> None:
+    client = client_for(bmc)
+    vol = client.create_volume("RAID.1", name="scratch", raid_type="RAID1", drives=["D0", "D1"],
+                               capacity_bytes=500 * 10**9)
+    assert (vol.id, vol.name, vol.raid_type, list(vol.drives)) == ("V0", "scratch", "RAID1", ["D0", "D1"])
+    (ctl,) = client.storage()
+    assert [v.id for v in ctl.volumes] == ["V0"] and [d.id for d in ctl.drives] == ["D0", "D1"]
+    client.delete_volume("V0")
+    assert not bmc.volumes
+    with pytest.raises(BmcRefused, match="no drive"):
+        client.create_volume("RAID.1", name="x", raid_type="RAID0", drives=["D9"], capacity_bytes=0)
+
+
+def test_volumes_not_offered_is_unsupported() -> None:
+    with DocumentedBmc(username=USER, password=PASSWORD, volumes_offered=False) as bmc:
+        with pytest.raises(Unsupported, match="does not create volumes"):
+            client_for(bmc).create_volume("RAID.1", name="x", raid_type="RAID0", drives=["D0"],
+                                          capacity_bytes=0)
+        assert not [s for s in bmc.seen if s.method == "POST" and s.path == VOLUMES]
+
+
+def test_basic_auth_when_no_session_service() -> None:
+    with DocumentedBmc(username=USER, password=PASSWORD, sessions=False) as bmc:
+        client = client_for(bmc)
+        assert client.power_state() is PowerState.OFF
+        assert all("X-Auth-Token" not in s.headers for s in bmc.seen)
+        assert client.check_login(Credentials(USER, "nope")) is False
+        client.close()
+
+
+def test_500_retried_a_bounded_number_of_times_then_its_message(bmc: DocumentedBmc) -> None:
+    bmc.fail[("GET", SYS)] = 500
+    with pytest.raises(BmcRefused, match=r"HTTP 500 after 5 attempts: A general error .*; injected HTTP 500"):
+        client_for(bmc).power_state()
+    assert len([s for s in bmc.seen if s.path == SYS]) == 5
+
+
+def test_invalid_json_retried_then_clear_error(bmc: DocumentedBmc) -> None:
+    bmc.fail[("GET", SYS)] = "badjson"
+    with pytest.raises(BmcRefused, match="invalid JSON"):
+        client_for(bmc).power_state()
+    assert len([s for s in bmc.seen if s.path == SYS]) == 5
+
+
+def test_links_off_the_bmcs_host_are_refused(bmc: DocumentedBmc) -> None:
+    client = client_for(bmc)
+    for bad in ("http://169.254.169.254/latest/meta-data", "//evil.example/x", "/redfish/v1/../../etc",
+                "https://127.0.0.1:1/redfish/v1/"):
+        with pytest.raises(BmcRefused):
+            client.url(bad)
+    assert client.url(f"{bmc.address}/redfish/v1/Systems/1").endswith("/redfish/v1/Systems/1")
+    bmc.server.route("GET", "/redfish/v1/Systems", lambda s: (
+        200, {"Content-Type": "application/json"}, b'{"Members": [{"@odata.id": "http://10.9.9.9/redfish/v1/x"}]}'))
+    with pytest.raises(BmcRefused, match="outside itself"):
+        client.power_state()
+
+
+def test_busy_answers_are_retried_with_pacing(bmc: DocumentedBmc) -> None:
+    from tests.site.redfish_documented import error_body
+
+    left = [2]
+    original = bmc._reset
+
+    def busy_twice(seen: object) -> tuple[int, dict[str, str], bytes]:
+        if left[0]:
+            left[0] -= 1
+            return 409, {"Content-Type": "application/json"}, error_body(
+                "The service is temporarily unavailable", "Base.1.8.ServiceTemporarilyUnavailable")
+        return original(seen)  # type: ignore[arg-type]
+
+    bmc.route("POST", f"{SYS}/Actions/ComputerSystem.Reset", busy_twice)
+    client = client_for(bmc)
+    start = time.monotonic()
+    client.set_power(PowerAction.ON, graceful_timeout=5)
+    assert bmc.resets == ["On"] and left == [0]
+    assert time.monotonic() - start >= 0.3 + 0.6  # backoff from Pacing.min_interval, doubling
