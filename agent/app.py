@@ -92,6 +92,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    # -- site role: its boot service and proxy routes (agent/site/services.py) --
+    site = loaded.config.role == catalog.Role.SITE
+    if site:
+        from agent.site import services as site_services
+
+        site_services.start(loaded.config)
+    # -- end site role --
     agent.start()
     log.info("agent %s serving as %s in role %s, gateway %s", _version(), loaded.config.node_id,
              loaded.config.role, loaded.config.gateway)
@@ -99,6 +106,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         session.run()
     finally:
         agent.stop(10.0)
+        if site:
+            site_services.stop()
     return EXIT_OK
 
 

@@ -28,4 +28,9 @@ class Config:
     bulk_bandwidth_bytes_per_second: int = 200 * 1024 * 1024
     heartbeat_seconds: float = 5.0
     secrets_dir: Path = Path("/var/lib/bettercompute-agent/secrets")  # site role: BMC credentials
+    # The site role's boot service and proxy routes (agent/site/services.py).
+    site_address: str = ""                  # the site's address on the provisioning network
+    site_http_port: int = 8088              # its HTTP service (iPXE scripts, routes)
+    site_interface: str = ""                # dnsmasq's interface; "" = no proxy DHCP/TFTP
+    site_ipxe_dir: Path = Path("/usr/lib/ipxe")  # undionly.kpxe, ipxe.efi (Debian's ipxe)
     extra: dict[str, str] = field(default_factory=dict)  # unknown bc.* settings, kept for handlers

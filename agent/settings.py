@@ -52,6 +52,13 @@ def _positive(text: str) -> float:
     return value
 
 
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 < value < 65536:
+        raise ValueError(f"{text} is not a TCP port")
+    return value
+
+
 SETTINGS: tuple[Setting, ...] = (
     Setting("gateway", "--gateway", "bc.gateway", str, "gateway address, host:port"),
     Setting("node_id", "--node", "bc.node", str, "this node's id (default: the host name)"),
@@ -69,6 +76,14 @@ SETTINGS: tuple[Setting, ...] = (
             "site role: the secret store of BMC credentials (docs/site.md)"),
     Setting("heartbeat_seconds", "--heartbeat", "bc.heartbeat", _positive,
             "heartbeat interval when the gateway does not set one"),
+    Setting("site_address", "--site-address", "bc.site_address", str,
+            "site role: its address on the provisioning network (boot service, proxy routes)"),
+    Setting("site_http_port", "--site-http-port", "bc.site_http_port", _port,
+            "site role: the port of its HTTP service (default 8088)"),
+    Setting("site_interface", "--site-interface", "bc.site_interface", str,
+            "site role: the provisioning interface for proxy DHCP and TFTP (dnsmasq)"),
+    Setting("site_ipxe_dir", "--site-ipxe-dir", "bc.site_ipxe_dir", Path,
+            "site role: where undionly.kpxe and ipxe.efi are (default /usr/lib/ipxe)"),
     Setting("reconnect_min_seconds", "--reconnect-min", "bc.reconnect_min", _positive,
             "base of the reconnect backoff (seconds)", session=True),
     Setting("reconnect_max_seconds", "--reconnect-max", "bc.reconnect_max", _positive,

@@ -1,0 +1,22 @@
+"""site.httpProxy: a scoped route through the site for one node to one upstream URL
+(agent/site/routes.py says what a route allows; agent/site/web.py serves it)."""
+
+from __future__ import annotations
+
+from google.protobuf.message import Message
+
+from agent.commands.base import Context, Handler
+from agent.proto import site_pb2
+from agent.site import services
+from agent.site.routes import RouteRequest
+
+
+class HttpProxyHandler(Handler[RouteRequest], kind="site.httpProxy"):
+    def parse(self, payload: Message) -> RouteRequest:
+        assert isinstance(payload, site_pb2.HttpProxyRequest)
+        return RouteRequest.from_proto(payload)
+
+    def run(self, ctx: Context, params: RouteRequest) -> site_pb2.HttpProxyResult:
+        site = services.require()
+        _route, url = site.routes.add(params)
+        return site_pb2.HttpProxyResult(proxy_url=url)

@@ -1,0 +1,253 @@
+"""dnsmasq as the site's proxy DHCP and TFTP server, supervised by the site daemon.
+
+dnsmasq runs in proxy-DHCP mode (``dhcp-range=<site address>,proxy``): it never hands out an
+address (the provisioning network's own DHCP server does), it only tells PXE and iPXE clients
+where to boot from, and it does so only for the MACs that have a host file in ``hosts/``
+(``dhcp-ignore`` of every client without one of our tags). The PXE ROM gets ``undionly.kpxe``
+(BIOS) or ``ipxe.efi`` (UEFI) over TFTP, from a folder that holds those two files and nothing
+else; iPXE, once chained (user class "iPXE"), gets the URL of the site's ``/boot.ipxe``.
+
+The supervisor starts dnsmasq in the foreground in its own process group, logs its output,
+restarts it when it dies (with a backoff), reloads it with SIGHUP after every change of the
+host files (dnsmasq rereads ``dhcp-hostsdir`` then) and stops it with the daemon. The child's
+pid is recorded on disk, so a daemon that was killed leaves no stray dnsmasq behind: the next
+start kills the recorded one (when it is still our dnsmasq, checked by its command line).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent import proc
+from agent.errors import ToolFailed, ToolMissing
+from agent.site.pxe import BootFile, write_atomic
+
+log = logging.getLogger(__name__)
+
+RESTART_BACKOFF_MAX = 30.0
+STABLE_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class DnsmasqSettings:
+    interface: str              # the provisioning network's interface
+    address: str                # the site's address on it (the proxy's subnet, the TFTP server)
+    http_base_url: str          # the site's HTTP service, as the nodes reach it
+    root: Path                  # the boot service's folder (hosts/ inside it)
+    ipxe_dir: Path = Path("/usr/lib/ipxe")   # where undionly.kpxe and ipxe.efi come from
+    binary: str = "dnsmasq"
+    argv_prefix: tuple[str, ...] = ()        # e.g. ("ip", "netns", "exec", "site") in tests
+
+    @property
+    def conf_path(self) -> Path:
+        return self.root / "dnsmasq.conf"
+
+    @property
+    def tftp_dir(self) -> Path:
+        return self.root / "tftp"
+
+    @property
+    def hosts_dir(self) -> Path:
+        return self.root / "hosts"
+
+    @property
+    def pid_path(self) -> Path:
+        return self.root / "dnsmasq.pid"
+
+
+def render_config(s: DnsmasqSettings) -> str:
+    boot = f"{s.http_base_url.rstrip('/')}/boot.ipxe"
+    lines = [
+        "# Written by the bettercompute site daemon at each start; edits are lost.",
+        "port=0",                                   # no DNS
+        f"interface={s.interface}",
+        "bind-interfaces",
+        f"dhcp-range={s.address},proxy",            # proxy DHCP: never an address
+        "leasefile-ro",
+        f"dhcp-hostsdir={s.hosts_dir}",
+        # Only the MACs with a host file (which sets one of these tags) get an answer.
+        f"dhcp-ignore=tag:!{BootFile.BIOS.tag},tag:!{BootFile.UEFI.tag}",
+        "dhcp-userclass=set:ipxe,iPXE",
+        "dhcp-match=set:ipxe,175",
+        # BIOS PXE ROMs: a boot menu of one item, answered by the boot server (port 4011).
+        'pxe-prompt="bettercompute",0',
+        f'pxe-service=tag:!ipxe,tag:{BootFile.BIOS.tag},x86PC,"bettercompute",{BootFile.BIOS}',
+        f'pxe-service=tag:ipxe,x86PC,"bettercompute",{boot}',
+        # UEFI PXE: the file in the proxy offer itself (dnsmasq sends no menu to UEFI).
+        f"dhcp-boot=tag:!ipxe,tag:{BootFile.UEFI.tag},{BootFile.UEFI}",
+        # iPXE, once chained (either firmware): the site's chain script over HTTP.
+        f"dhcp-boot=tag:ipxe,{boot}",
+        "enable-tftp",
+        f"tftp-root={s.tftp_dir}",
+        "log-dhcp",
+        "",
+    ]
+    return "\n".join(line for line in lines if line != "") + "\n"
+
+
+def prepare(s: DnsmasqSettings) -> None:
+    """Write the configuration and the TFTP folder (only the served binaries)."""
+    for name in ("interface", "address"):
+        value = getattr(s, name)
+        if not value or any(c.isspace() or c in ",#\"'" for c in value):
+            raise ToolFailed(f"boot service: bad {name} {value!r} for dnsmasq")
+    s.tftp_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(s.tftp_dir, 0o755)  # noqa: S103  (the iPXE binaries are public)
+    served = {b.value for b in BootFile}
+    for path in s.tftp_dir.iterdir():
+        if path.name not in served:
+            path.unlink()
+    for name in sorted(served):
+        src = s.ipxe_dir / name
+        if not src.is_file():
+            raise ToolMissing(
+                f"{src}: missing; install Debian's ipxe package (apt-get install ipxe)", tool="ipxe"
+            )
+        dst = s.tftp_dir / name
+        if not dst.is_file() or dst.read_bytes() != src.read_bytes():
+            tmp = s.tftp_dir / f".{name}.tmp"
+            shutil.copyfile(src, tmp)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, dst)
+    write_atomic(s.conf_path, render_config(s).encode())
+
+
+def _ours(pid: int, conf: Path) -> bool:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return f"--conf-file={conf}".encode() in argv
+
+
+def kill_stray(s: DnsmasqSettings) -> bool:
+    """Kill a dnsmasq left by an earlier daemon (its pid recorded, its command line ours)."""
+    try:
+        pid = int(s.pid_path.read_text().strip() or "0")
+    except (OSError, ValueError):
+        return False
+    with contextlib.suppress(FileNotFoundError):
+        s.pid_path.unlink()
+    if pid <= 1 or not _ours(pid, s.conf_path):
+        return False
+    log.warning("killing dnsmasq %d left behind by an earlier site daemon", pid)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGTERM)
+    for _ in range(50):
+        if not _ours(pid, s.conf_path):
+            return True
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    return True
+
+
+class DnsmasqSupervisor:
+    """Start, watch, reload and stop one dnsmasq."""
+
+    def __init__(self, settings: DnsmasqSettings) -> None:
+        self.settings = settings
+        self.restarts = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._started = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def argv(self) -> list[str]:
+        s = self.settings
+        argv = [*s.argv_prefix, s.binary, "--keep-in-foreground", f"--conf-file={s.conf_path}",
+                "--log-facility=-", "--pid-file="]
+        if os.geteuid() == 0:
+            # Its files live in the daemon's private state folder: it keeps the daemon's user.
+            argv.append("--user=root")
+        return argv
+
+    @property
+    def pid(self) -> int | None:
+        with self._lock:
+            return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    def start(self) -> None:
+        kill_stray(self.settings)
+        prepare(self.settings)
+        self._spawn()
+        self._thread = threading.Thread(target=self._watch, name="dnsmasq", daemon=True)
+        self._thread.start()
+
+    def _spawn(self) -> None:
+        child = proc.spawn(self.argv(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        with self._lock:
+            self._proc = child
+        write_atomic(self.settings.pid_path, f"{child.pid}\n".encode(), 0o600)
+        threading.Thread(target=self._log_output, args=(child,), name="dnsmasq-log",
+                         daemon=True).start()
+        log.info("dnsmasq %d started: proxy DHCP on %s, TFTP from %s", child.pid,
+                 self.settings.interface, self.settings.tftp_dir)
+
+    @staticmethod
+    def _log_output(child: subprocess.Popen[bytes]) -> None:
+        assert child.stderr is not None
+        for raw in child.stderr:
+            line = raw.decode("utf-8", "replace").rstrip()
+            if line:
+                log.debug("dnsmasq: %s", line)
+
+    def _watch(self) -> None:
+        backoff = 0.5
+        while not self._stopping.is_set():
+            with self._lock:
+                child = self._proc
+            assert child is not None
+            started = time.monotonic()
+            while child.poll() is None:
+                if self._stopping.wait(0.2):
+                    return
+            if self._stopping.is_set():
+                return
+            log.error("dnsmasq %d exited (%s); restarting in %.1fs", child.pid,
+                      proc.describe_exit(child.returncode), backoff)
+            if self._stopping.wait(backoff):
+                return
+            backoff = 0.5 if time.monotonic() - started > STABLE_SECONDS else min(
+                backoff * 2, RESTART_BACKOFF_MAX)
+            try:
+                self._spawn()
+                self.restarts += 1
+            except Exception:
+                log.exception("dnsmasq: restart failed")
+
+    def reload(self) -> None:
+        """SIGHUP: dnsmasq rereads the host files (added, changed and removed ones)."""
+        with self._lock:
+            child = self._proc
+            if child is not None and child.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.send_signal(signal.SIGHUP)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        with self._lock:
+            child, self._proc = self._proc, None
+        if child is not None:
+            proc.kill_group(child)
+            log.info("dnsmasq %d stopped", child.pid)
+        with contextlib.suppress(FileNotFoundError):
+            self.settings.pid_path.unlink()
+
+
+def stray_children(settings: DnsmasqSettings, pids: Sequence[int]) -> list[int]:
+    """Those of ``pids`` still running our dnsmasq (for tests and checks)."""
+    return [p for p in pids if _ours(p, settings.conf_path)]

@@ -1,0 +1,459 @@
+"""The site's PXE boot entries: one per registered MAC, state on disk, each with its own TTL.
+
+An entry says how one NIC boots the ramdisk: which iPXE binary the PXE ROM gets over TFTP
+(``undionly.kpxe`` for BIOS, ``ipxe.efi`` for UEFI) and what the chained iPXE then runs: the
+entry's own script URL, or a kernel and initrd (downloaded once into a cache shared by every
+entry with the same URL, served by the site's HTTP service) with a kernel command line.
+
+On disk, under the boot service's directory (every file written to a temporary sibling and
+renamed into place, as Ironic's dnsmasq PXE filter writes its host files)::
+
+    entries/<mac hex>.json    the entry (the source of truth, reconciled at start)
+    hosts/<mac hex>           dnsmasq's dhcp-hostsdir line for the MAC: "<mac>,set:bc-bios"
+    scripts/<mac-hyphen>.ipxe the per-node iPXE script, served at /pxe/<mac-hyphen>.ipxe
+    cache/<sha256 of URL>     a kernel or initrd, shared
+
+A MAC without a host file gets no answer from the proxy DHCP (``dhcp-ignore`` of untagged
+clients), so an expired or removed entry means the node falls through to its disk. The
+``on_change`` callback (the dnsmasq supervisor's reload) runs after every change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import hashlib
+import json
+import logging
+import os
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from agent import http
+from agent.errors import InvalidParameters, NotFound
+from agent.proto import site_pb2
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TTL_SECONDS = 3600
+MAX_TTL_SECONDS = 7 * 24 * 3600
+MAX_CMDLINE = 2048
+
+_MAC = re.compile(r"^[0-9a-f]{2}([:-])[0-9a-f]{2}(\1[0-9a-f]{2}){4}$")
+_NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+# What may stand in an iPXE script line unquoted: no whitespace or control characters, no "$"
+# (iPXE expands ${...}), no quotes or backslash, no "|" or "&&" (iPXE's command separators).
+_URL_CHARS = re.compile(r"^[A-Za-z0-9\-._~:/?#\[\]@!&()*+,;=%]+$")
+_CMDLINE_CHARS = re.compile(r"^[A-Za-z0-9 ._,:=/+@%~\-]*$")
+
+
+class BootFile(enum.StrEnum):
+    """The iPXE binaries the TFTP server serves (Debian's ``ipxe`` package)."""
+
+    BIOS = "undionly.kpxe"
+    UEFI = "ipxe.efi"
+
+    @property
+    def tag(self) -> str:
+        """The dnsmasq tag a host line sets, which selects the pxe-service of this binary."""
+        return "bc-bios" if self is BootFile.BIOS else "bc-efi"
+
+
+def parse_mac(text: str) -> str:
+    """A unicast Ethernet MAC, "aa:bb:cc:dd:ee:ff" (colons or hyphens) -> lower case, colons."""
+    mac = text.strip().lower()
+    if not _MAC.match(mac):
+        raise InvalidParameters(f"malformed MAC address {text[:40]!r}: expected aa:bb:cc:dd:ee:ff")
+    mac = mac.replace("-", ":")
+    if int(mac[:2], 16) & 1:
+        raise InvalidParameters(f"MAC address {mac} is a multicast address, not a NIC's")
+    return mac
+
+
+def parse_node_id(text: str) -> str:
+    if not _NODE_ID.match(text):
+        raise InvalidParameters(
+            f"node_id {text[:40]!r}: 1-128 characters of letters, digits and . _ : @ -"
+        )
+    return text
+
+
+def script_safe_url(url: str, field: str) -> str:
+    """An http(s) URL that can stand in an iPXE script line without changing its meaning."""
+    try:
+        http.check_url(url)
+    except InvalidParameters as exc:
+        raise InvalidParameters(f"{field}: {exc.message}") from exc
+    if not _URL_CHARS.match(url) or "&&" in url:
+        raise InvalidParameters(
+            f"{field}: characters that would break the iPXE script (whitespace, quotes, $, |, "
+            "&&, backslash): percent-encode them"
+        )
+    return url
+
+
+def parse_ttl(seconds: int, field: str = "ttl_seconds") -> int:
+    if seconds == 0:
+        return DEFAULT_TTL_SECONDS
+    if not 0 < seconds <= MAX_TTL_SECONDS:
+        raise InvalidParameters(f"{field} {seconds}: at most {MAX_TTL_SECONDS} (7 days)")
+    return seconds
+
+
+@dataclass(frozen=True)
+class EntryRequest:
+    """A validated boot.prepareRamdisk payload."""
+
+    node_id: str
+    mac: str
+    boot_file: BootFile
+    script_url: str
+    kernel_url: str
+    initrd_url: str
+    cmdline: str
+    ttl_seconds: int
+
+    @classmethod
+    def from_proto(cls, msg: site_pb2.ProxyDhcpEntry) -> EntryRequest:
+        node_id = parse_node_id(msg.node_id)
+        mac = parse_mac(msg.mac_address)
+        try:
+            boot_file = BootFile(msg.boot_file)
+        except ValueError:
+            served = ", ".join(b.value for b in BootFile)
+            raise InvalidParameters(
+                f"boot_file {msg.boot_file[:40]!r} is not served; one of: {served}"
+            ) from None
+        script = msg.ipxe_script_url.strip()
+        kernel = msg.kernel_url.strip()
+        initrd = msg.initrd_url.strip()
+        cmdline = msg.kernel_cmdline.strip()
+        if script:
+            script_safe_url(script, "ipxe_script_url")
+            if kernel or initrd or cmdline:
+                raise InvalidParameters(
+                    "give either ipxe_script_url or kernel_url (with initrd_url, kernel_cmdline)"
+                )
+        elif kernel:
+            script_safe_url(kernel, "kernel_url")
+            if initrd:
+                script_safe_url(initrd, "initrd_url")
+        else:
+            raise InvalidParameters("an entry needs ipxe_script_url or kernel_url")
+        if len(cmdline) > MAX_CMDLINE or not _CMDLINE_CHARS.match(cmdline):
+            raise InvalidParameters(
+                "kernel_cmdline: only letters, digits, spaces and . _ , : = / + @ % ~ - "
+                f"(at most {MAX_CMDLINE} characters): anything else could change the iPXE script"
+            )
+        return cls(node_id, mac, boot_file, script, kernel, initrd, cmdline,
+                   parse_ttl(msg.ttl_seconds))
+
+
+@dataclass(frozen=True)
+class BootEntry:
+    entry_id: str
+    node_id: str
+    mac: str
+    boot_file: BootFile
+    script_url: str
+    kernel_url: str
+    initrd_url: str
+    cmdline: str
+    expires_at: float          # time.time()
+
+    @property
+    def mac_hex(self) -> str:
+        return self.mac.replace(":", "")
+
+    @property
+    def mac_hyphen(self) -> str:
+        return self.mac.replace(":", "-")
+
+    def expired(self, now: float | None = None) -> bool:
+        return (time.time() if now is None else now) >= self.expires_at
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> BootEntry:
+        data = json.loads(text)
+        data["boot_file"] = BootFile(data["boot_file"])
+        data["mac"] = parse_mac(data["mac"])
+        return cls(**data)
+
+
+def cache_key(url: str) -> str:
+    return hashlib.sha256(url.encode()).hexdigest()
+
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+
+
+def _unlink(path: Path) -> bool:
+    try:
+        path.unlink()
+        return True
+    except FileNotFoundError:
+        return False
+
+
+class BootEntries:
+    """The registered entries, their dnsmasq host files, scripts and the shared cache.
+
+    ``base_url`` is the site's HTTP service as the nodes reach it ("http://10.0.0.2:8088").
+    Thread-safe; ``on_change`` (e.g. the dnsmasq reload) runs after each change, outside the lock.
+    """
+
+    def __init__(self, root: Path, base_url: str,
+                 on_change: Callable[[], None] | None = None,
+                 http_options: http.HttpOptions | None = None) -> None:
+        self.root = root
+        self.base_url = base_url.rstrip("/")
+        self.on_change = on_change
+        self.http_options = http_options or http.HttpOptions(timeout=30.0, max_retries=3)
+        self.entries_dir = root / "entries"
+        self.hosts_dir = root / "hosts"
+        self.scripts_dir = root / "scripts"
+        self.cache_dir = root / "cache"
+        self._lock = threading.RLock()
+        self._entries: dict[str, BootEntry] = {}   # by MAC
+
+    # -- start -------------------------------------------------------------------------
+
+    def reconcile(self) -> list[str]:
+        """Load the entries on disk, drop the expired and malformed, and rewrite the host
+        files and scripts from the entries (anything else in those folders is removed).
+        Returns the MACs dropped."""
+        for d, mode in ((self.root, 0o700), (self.entries_dir, 0o700), (self.hosts_dir, 0o755),
+                        (self.scripts_dir, 0o755), (self.cache_dir, 0o755)):
+            d.mkdir(parents=True, exist_ok=True)
+            os.chmod(d, mode)
+        dropped: list[str] = []
+        now = time.time()
+        with self._lock:
+            self._entries.clear()
+            for path in sorted(self.entries_dir.glob("*.json")):
+                try:
+                    entry = BootEntry.from_json(path.read_text())
+                except (OSError, ValueError, TypeError, KeyError, InvalidParameters) as exc:
+                    log.warning("boot entry %s unreadable, dropped: %s", path.name, exc)
+                    _unlink(path)
+                    continue
+                if entry.expired(now) or path.name != f"{entry.mac_hex}.json":
+                    log.info("boot entry for %s (node %s) expired while the daemon was away; "
+                             "dropped", entry.mac, entry.node_id)
+                    _unlink(path)
+                    dropped.append(entry.mac)
+                    continue
+                self._entries[entry.mac] = entry
+            for leftover in self.entries_dir.glob(".*.tmp"):
+                _unlink(leftover)
+            wanted_hosts = {e.mac_hex for e in self._entries.values()}
+            wanted_scripts = {f"{e.mac_hyphen}.ipxe" for e in self._entries.values()}
+            for path in self.hosts_dir.iterdir():
+                if path.name not in wanted_hosts:
+                    _unlink(path)
+            for path in self.scripts_dir.iterdir():
+                if path.name not in wanted_scripts:
+                    _unlink(path)
+            for entry in self._entries.values():
+                self._write_files(entry)
+            for path in self.cache_dir.glob(".*.tmp"):
+                _unlink(path)
+        return dropped
+
+    # -- what the handlers do ----------------------------------------------------------
+
+    def register(self, req: EntryRequest, cancel: threading.Event | None = None) -> BootEntry:
+        """Add the entry for ``req.mac``, replacing any earlier one of that MAC."""
+        if req.kernel_url:
+            self._cache(req.kernel_url, cancel)
+            if req.initrd_url:
+                self._cache(req.initrd_url, cancel)
+        entry = BootEntry(
+            entry_id=f"{req.mac.replace(':', '')}-{secrets.token_hex(4)}",
+            node_id=req.node_id, mac=req.mac, boot_file=req.boot_file,
+            script_url=req.script_url, kernel_url=req.kernel_url, initrd_url=req.initrd_url,
+            cmdline=req.cmdline, expires_at=time.time() + req.ttl_seconds,
+        )
+        with self._lock:
+            previous = self._entries.get(entry.mac)
+            if previous is not None and previous.node_id != entry.node_id:
+                log.warning("MAC %s moves from node %s to node %s", entry.mac, previous.node_id,
+                            entry.node_id)
+            write_atomic(self.entries_dir / f"{entry.mac_hex}.json", entry.to_json().encode(),
+                         0o600)
+            self._write_files(entry)
+            self._entries[entry.mac] = entry
+        log.info("boot entry %s: node %s, MAC %s, %s, for %ds", entry.entry_id, entry.node_id,
+                 entry.mac, entry.boot_file, req.ttl_seconds)
+        self._changed()
+        return entry
+
+    def remove(self, node_id: str, macs: Iterable[str] = (), keep_cache: bool = False) -> list[str]:
+        """Remove the node's entries (all of them, or those of ``macs``) and their files;
+        the cached kernels and initrds no entry uses any more unless ``keep_cache``. Returns
+        what was removed ("entry <mac>", "cache <key>"); nothing to remove is no error."""
+        wanted = {parse_mac(m) for m in macs}
+        removed: list[str] = []
+        with self._lock:
+            for entry in list(self._entries.values()):
+                if entry.node_id != node_id or (wanted and entry.mac not in wanted):
+                    continue
+                self._drop(entry)
+                removed.append(f"entry {entry.mac}")
+            # A MAC asked for by name whose entry is on disk but not loaded (or of another
+            # node id after a re-registration) is left alone: it belongs to that node now.
+            if not keep_cache:
+                removed += [f"cache {k}" for k in self._prune_cache()]
+        if removed:
+            self._changed()
+        return removed
+
+    def expire(self, now: float | None = None) -> list[BootEntry]:
+        """Drop the expired entries; called by the service's timer."""
+        now = time.time() if now is None else now
+        with self._lock:
+            gone = [e for e in self._entries.values() if e.expired(now)]
+            for entry in gone:
+                log.info("boot entry %s (node %s, MAC %s) expired", entry.entry_id,
+                         entry.node_id, entry.mac)
+                self._drop(entry)
+        if gone:
+            self._changed()
+        return gone
+
+    def get(self, mac: str) -> BootEntry | None:
+        with self._lock:
+            entry = self._entries.get(mac)
+        return entry if entry is not None and not entry.expired() else None
+
+    def all(self) -> list[BootEntry]:
+        with self._lock:
+            return sorted(self._entries.values(), key=lambda e: e.mac)
+
+    def next_expiry(self) -> float | None:
+        with self._lock:
+            return min((e.expires_at for e in self._entries.values()), default=None)
+
+    # -- what the HTTP service serves --------------------------------------------------
+
+    def chain_script(self) -> bytes:
+        """/boot.ipxe: what every chained iPXE runs first; fetches its node's own script by
+        MAC, and when there is none (expired, removed) leaves iPXE so the firmware boots
+        the next device (the disk)."""
+        return (
+            "#!ipxe\n"
+            f"chain {self.base_url}/pxe/${{mac:hexhyp}}.ipxe || goto none\n"
+            ":none\n"
+            "echo bettercompute: no boot entry for ${mac}; booting the next device\n"
+            "exit 1\n"
+        ).encode()
+
+    def script_path(self, name: str) -> Path:
+        """The per-node script served as /pxe/<name>; NotFound unless its entry is live."""
+        stem, dot, ext = name.partition(".")
+        if ext != "ipxe" or not dot:
+            raise NotFound(f"no such script {name[:40]!r}")
+        try:
+            mac = parse_mac(stem)
+        except InvalidParameters:
+            raise NotFound(f"no such script {name[:40]!r}") from None
+        if self.get(mac) is None:
+            raise NotFound(f"no live boot entry for {mac}")
+        return self.scripts_dir / f"{mac.replace(':', '-')}.ipxe"
+
+    def cache_path(self, key: str) -> Path:
+        if not re.fullmatch(r"[0-9a-f]{64}", key):
+            raise NotFound(f"no such cached file {key[:70]!r}")
+        path = self.cache_dir / key
+        if not path.is_file():
+            raise NotFound(f"no such cached file {key}")
+        return path
+
+    # -- inside ------------------------------------------------------------------------
+
+    def script(self, entry: BootEntry) -> str:
+        lines = ["#!ipxe", f"# bettercompute: node {entry.node_id}, entry {entry.entry_id}"]
+        if entry.script_url:
+            lines.append(f"chain {entry.script_url} || goto failed")
+        else:
+            kernel = f"{self.base_url}/cache/{cache_key(entry.kernel_url)}"
+            args = entry.cmdline
+            if entry.initrd_url:
+                args = f"{args} initrd=initrd.img".strip()
+            lines.append(f"kernel --name vmlinuz {kernel} {args}".rstrip() + " || goto failed")
+            if entry.initrd_url:
+                initrd = f"{self.base_url}/cache/{cache_key(entry.initrd_url)}"
+                lines.append(f"initrd --name initrd.img {initrd} || goto failed")
+            lines.append("boot || goto failed")
+        lines += [":failed", "echo bettercompute: the ramdisk did not boot; next device",
+                  "exit 1", ""]
+        return "\n".join(lines)
+
+    def _write_files(self, entry: BootEntry) -> None:
+        write_atomic(self.hosts_dir / entry.mac_hex,
+                     f"{entry.mac},set:{entry.boot_file.tag}\n".encode())
+        write_atomic(self.scripts_dir / f"{entry.mac_hyphen}.ipxe", self.script(entry).encode())
+
+    def _drop(self, entry: BootEntry) -> None:
+        _unlink(self.hosts_dir / entry.mac_hex)
+        _unlink(self.scripts_dir / f"{entry.mac_hyphen}.ipxe")
+        _unlink(self.entries_dir / f"{entry.mac_hex}.json")
+        self._entries.pop(entry.mac, None)
+
+    def _prune_cache(self) -> list[str]:
+        used = {cache_key(u) for e in self._entries.values()
+                for u in (e.kernel_url, e.initrd_url) if u}
+        gone = []
+        for path in self.cache_dir.iterdir():
+            if path.name not in used and not path.name.startswith("."):
+                _unlink(path)
+                gone.append(path.name)
+        return sorted(gone)
+
+    def _cache(self, url: str, cancel: threading.Event | None) -> Path:
+        """Download ``url`` into the shared cache unless it is there already."""
+        path = self.cache_dir / cache_key(url)
+        if path.is_file():
+            return path
+        tmp = self.cache_dir / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        opts = http.HttpOptions(
+            ca_pem=self.http_options.ca_pem, ca_file=self.http_options.ca_file,
+            timeout=self.http_options.timeout, max_retries=self.http_options.max_retries,
+            cancel=cancel,
+        )
+        log.info("caching %s", http.redact(url))
+        try:
+            with http.get(url, opts) as body, open(tmp, "wb") as f:
+                for chunk in body.iter_chunks(1 << 20):
+                    f.write(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        finally:
+            _unlink(tmp)
+        return path
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()

@@ -1,0 +1,239 @@
+"""The boot service on a real network: the site's dnsmasq in proxy-DHCP mode and a plain DHCP
+server (a second dnsmasq) on a bridge in network namespaces made here, asked by a scripted
+PXE/iPXE client (tests/site/dhcp_client.py) from a third namespace.
+
+    lan   br0 ── p-site ── site: eth0 10.99.0.2  the site daemon's dnsmasq (proxy DHCP, TFTP)
+              ├─ p-dhcp ── dhcp: eth0 10.99.0.1  plain dnsmasq: addresses 10.99.0.100-200
+              └─ p-cli  ── cli:  eth0 10.99.0.50 the PXE client
+
+Nothing leaves the namespaces; they are removed at the end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent import proc
+from agent.commands import handler_for
+from agent.commands.base import Context
+from agent.proto import site_pb2
+from agent.site import services
+from agent.site.dnsmasq import stray_children
+from agent.site.services import ServiceSettings, SiteServices
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+HERE = Path(__file__).resolve().parent
+IPXE = Path("/usr/lib/ipxe")
+SITE, DHCP, CLIENT = "10.99.0.2", "10.99.0.1", "10.99.0.50"
+
+
+def _need() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (network namespaces)")
+    for tool in ("ip", "dnsmasq"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} not installed (apt-get install iproute2 dnsmasq-base)")
+    if not (IPXE / "undionly.kpxe").is_file():
+        pytest.skip("Debian's ipxe package is not installed")
+
+
+class Net:
+    def __init__(self) -> None:
+        tag = f"bcs{os.getpid() % 100000}"
+        self.lan, self.site, self.dhcp, self.cli = (f"{tag}-{n}" for n in ("lan", "site", "dhcp", "cli"))
+        self.made: list[str] = []
+
+    def ip(self, *args: str) -> None:
+        proc.run(["ip", *args], timeout=10)
+
+    def up(self) -> None:
+        for ns in (self.lan, self.site, self.dhcp, self.cli):
+            self.ip("netns", "add", ns)
+            self.made.append(ns)
+        self.ip("-n", self.lan, "link", "add", "br0", "type", "bridge")
+        self.ip("-n", self.lan, "link", "set", "br0", "up")
+        for name, ns, addr in (("site", self.site, SITE), ("dhcp", self.dhcp, DHCP),
+                               ("cli", self.cli, CLIENT)):
+            self.ip("-n", self.lan, "link", "add", f"p-{name}", "type", "veth", "peer", "name",
+                    "eth0", "netns", ns)
+            self.ip("-n", self.lan, "link", "set", f"p-{name}", "master", "br0", "up")
+            self.ip("-n", ns, "link", "set", "lo", "up")
+            self.ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
+            self.ip("-n", ns, "link", "set", "eth0", "up")
+
+    def down(self) -> None:
+        for ns in reversed(self.made):
+            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+
+    def exec(self, ns: str) -> tuple[str, ...]:
+        return ("ip", "netns", "exec", ns)
+
+
+@pytest.fixture
+def net(tmp_path: Path) -> Iterator[Net]:
+    _need()
+    n = Net()
+    plain: subprocess.Popen[bytes] | None = None
+    try:
+        n.up()
+        # --no-ping: dnsmasq would otherwise ping an address for 3 s before offering it.
+        plain = proc.spawn([*n.exec(n.dhcp), "dnsmasq", "--keep-in-foreground",
+                            "--conf-file=/dev/null", "--port=0", "--interface=eth0",
+                            "--bind-interfaces", "--pid-file=", "--no-ping", "--user=root",
+                            "--dhcp-range=10.99.0.100,10.99.0.200,1h",
+                            f"--dhcp-leasefile={tmp_path / 'leases'}"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_listening(n, n.dhcp)
+        yield n
+    finally:
+        if plain is not None:
+            proc.kill_group(plain)
+        n.down()
+
+
+@pytest.fixture
+def site(net: Net, tmp_path: Path) -> Iterator[SiteServices]:
+    running = services.install(SiteServices(ServiceSettings(
+        address=SITE, port=0, bind="127.0.0.1", root=tmp_path / "site", interface="eth0",
+        dnsmasq_argv_prefix=net.exec(net.site))))
+    try:
+        _wait_listening(net)
+        yield running
+    finally:
+        services.stop()
+
+
+def _wait_listening(net: Net, ns: str = "") -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        out = proc.run([*net.exec(ns or net.site), "ss", "-Hlun", "sport", "=", ":67"], check=False).text
+        if out.strip():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"dnsmasq did not start listening on port 67 in {ns or net.site}")
+
+
+def ask(net: Net, mac: str, *, arch: int = 0, ipxe: bool = False) -> list[dict[str, object]]:
+    argv = [*net.exec(net.cli), sys.executable, str(HERE / "dhcp_client.py"), "--iface", "eth0",
+            "--mac", mac, "--arch", str(arch), "--ciaddr", CLIENT, "--wait", "2.5"]
+    if ipxe:
+        argv.append("--ipxe")
+    offers = json.loads(proc.run(argv, timeout=30).text)
+    assert isinstance(offers, list)
+    return offers
+
+
+def proxy_offers(offers: list[dict[str, object]]) -> list[dict[str, object]]:
+    return [o for o in offers if o["server"] == SITE]
+
+
+def plain_offers(offers: list[dict[str, object]]) -> list[dict[str, object]]:
+    return [o for o in offers if o["server"] == DHCP]
+
+
+def prepare(mac: str, boot_file: str = "undionly.kpxe", ttl: int = 600) -> None:
+    h = handler_for("boot.prepareRamdisk")
+    assert h is not None
+    h.run(Context.local("boot.prepareRamdisk"), h.parse(site_pb2.ProxyDhcpEntry(
+        node_id="n1", mac_address=mac, boot_file=boot_file, ttl_seconds=ttl,
+        ipxe_script_url="http://10.99.0.9/ramdisk.ipxe")))
+
+
+def test_registered_macs_get_the_boot_offer_others_fall_through(net: Net, site: SiteServices) -> None:
+    bios, efi, stranger = "52:54:00:00:00:01", "52:54:00:00:00:02", "52:54:00:00:00:03"
+    prepare(bios)
+    prepare(efi, "ipxe.efi")
+
+    offers = ask(net, bios)
+    assert plain_offers(offers), "the plain DHCP server hands out the address"
+    proxy = proxy_offers(offers)
+    assert proxy, f"no proxy offer for a registered MAC: {offers}"
+    # The proxy never hands out an address; its boot server gives the BIOS binary.
+    assert all(o["yiaddr"] in ("0.0.0.0", CLIENT) for o in proxy)
+    discover = [o for o in proxy if not o.get("boot_server")]
+    assert discover and discover[0]["yiaddr"] == "0.0.0.0"
+    assert bytes.fromhex(str(discover[0]["options"]["60"])) == b"PXEClient"  # type: ignore[index]
+    boot = [o for o in proxy if o.get("boot_server")]
+    assert boot and boot[0]["file"] == "undionly.kpxe" and boot[0]["siaddr"] == SITE
+
+    # UEFI gets its binary in the proxy offer itself (no boot menu for UEFI in dnsmasq).
+    efi_offers = proxy_offers(ask(net, efi, arch=7))
+    assert efi_offers and efi_offers[0]["file"] == "ipxe.efi", json.dumps(efi_offers)
+    assert efi_offers[0]["yiaddr"] == "0.0.0.0" and efi_offers[0]["siaddr"] == SITE
+
+    # iPXE, once chained, is sent to the site's HTTP script.
+    chained = [o for o in proxy_offers(ask(net, bios, ipxe=True)) if not o.get("boot_server")]
+    assert chained and chained[0]["file"] == f"{site.base_url}/boot.ipxe"
+    chained = proxy_offers(ask(net, efi, arch=7, ipxe=True))
+    assert chained and chained[0]["file"] == f"{site.base_url}/boot.ipxe"
+
+    offers = ask(net, stranger)
+    assert plain_offers(offers) and not proxy_offers(offers), "an unregistered MAC gets no boot offer"
+
+    # TFTP serves the binaries and nothing else.
+    for name in ("undionly.kpxe", "ipxe.efi"):
+        got = json.loads(proc.run([*net.exec(net.cli), sys.executable, str(HERE / "dhcp_client.py"),
+                                   "--tftp", SITE, name], timeout=60).text)
+        assert got["sha256"] == hashlib.sha256((IPXE / name).read_bytes()).hexdigest(), got
+    for name in ("snponly.efi", "../dnsmasq.conf", "/etc/passwd"):
+        got = json.loads(proc.run([*net.exec(net.cli), sys.executable, str(HERE / "dhcp_client.py"),
+                                   "--tftp", SITE, name], timeout=30).text)
+        assert "error" in got, name
+
+
+def test_expired_and_removed_entries_get_no_offer(net: Net, site: SiteServices) -> None:
+    mac, other = "52:54:00:00:00:11", "52:54:00:00:00:12"
+    prepare(mac, ttl=2)
+    prepare(other)
+    assert proxy_offers(ask(net, mac))
+    time.sleep(2.5)
+    assert not proxy_offers(ask(net, mac)), "an expired entry still gets a boot offer"
+    h = handler_for("boot.cleanUp")
+    assert h is not None
+    h.run(Context.local("boot.cleanUp"), h.parse(site_pb2.BootCleanUpRequest(node_id="n1")))
+    assert not proxy_offers(ask(net, other)), "a cleaned-up entry still gets a boot offer"
+
+
+def test_dnsmasq_restarted_and_no_stray_left(net: Net, tmp_path: Path) -> None:
+    settings = ServiceSettings(address=SITE, port=0, bind="127.0.0.1", root=tmp_path / "site",
+                               interface="eth0", dnsmasq_argv_prefix=net.exec(net.site))
+    first = services.install(SiteServices(settings))
+    try:
+        prepare("52:54:00:00:00:21")
+        assert first.dnsmasq is not None
+        pid = first.dnsmasq.pid
+        assert pid is not None
+        os.kill(pid, 9)
+        deadline = time.monotonic() + 10
+        while (first.dnsmasq.pid in (None, pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        restarted = first.dnsmasq.pid
+        assert restarted not in (None, pid) and first.dnsmasq.restarts == 1
+        _wait_listening(net)
+        assert proxy_offers(ask(net, "52:54:00:00:00:21")), "the restarted dnsmasq answers"
+        # The daemon dies without stopping its child: the next start kills the stray.
+        first.dnsmasq._stopping.set()
+        first.http.stop()
+    finally:
+        services._current = None
+    assert restarted is not None
+    second = services.install(SiteServices(settings))
+    try:
+        assert stray_children(second.dnsmasq.settings, [restarted]) == []  # type: ignore[union-attr]
+        _wait_listening(net)
+        assert proxy_offers(ask(net, "52:54:00:00:00:21")), "the entry survived the restart"
+        last = second.dnsmasq.pid  # type: ignore[union-attr]
+    finally:
+        services.stop()
+    assert last is not None and stray_children(second.dnsmasq.settings, [last]) == []  # type: ignore[union-attr]

@@ -1,0 +1,198 @@
+"""Boot entries: validation, TTL, replacement, state on disk and its reconciliation, clean-up,
+the scripts and cache the HTTP service serves; through the handlers where a handler decides."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from agent.commands import handler_for
+from agent.commands.base import Context
+from agent.errors import InvalidParameters, Unsupported
+from agent.proto import site_pb2
+from agent.site.pxe import BootEntries, EntryRequest, cache_key, parse_mac
+from agent.site.services import SiteServices
+from tests.loopback_http import LoopbackServer
+
+MAC = "52:54:00:12:34:56"
+
+
+def entry(**fields: object) -> site_pb2.ProxyDhcpEntry:
+    base: dict[str, object] = {"node_id": "n1", "mac_address": MAC, "boot_file": "undionly.kpxe",
+                               "ipxe_script_url": "http://10.0.0.1/ramdisk.ipxe",
+                               "ttl_seconds": 60}
+    base.update(fields)
+    return site_pb2.ProxyDhcpEntry(**base)  # type: ignore[arg-type]
+
+
+def prepare(msg: site_pb2.ProxyDhcpEntry) -> site_pb2.ProxyDhcpResult:
+    h = handler_for("boot.prepareRamdisk")
+    assert h is not None
+    result = h.run(Context.local("boot.prepareRamdisk"), h.parse(msg))
+    assert isinstance(result, site_pb2.ProxyDhcpResult)
+    return result
+
+
+def cleanup(node_id: str, macs: tuple[str, ...] = (), keep: bool = False) -> list[str]:
+    h = handler_for("boot.cleanUp")
+    assert h is not None
+    msg = site_pb2.BootCleanUpRequest(node_id=node_id, mac_addresses=macs, keep_ramdisk_cache=keep)
+    result = h.run(Context.local("boot.cleanUp"), h.parse(msg))
+    assert isinstance(result, site_pb2.BootCleanUpResult)
+    return list(result.removed)
+
+
+def fetch(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+@pytest.mark.parametrize("mac", ["52:54:00:12:34:5", "52:54:00:12:34:567", "zz:54:00:12:34:56",
+                                 "52:54:00-12:34:56", "01:00:5e:00:00:01", "", "52 54 00 12 34 56"])
+def test_malformed_mac_refused(mac: str) -> None:
+    with pytest.raises(InvalidParameters):
+        parse_mac(mac)
+
+
+def test_mac_normalised() -> None:
+    assert parse_mac("52-54-00-AB-CD-EF") == "52:54:00:ab:cd:ef"
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"mac_address": "nope"}, "malformed MAC"),
+    ({"boot_file": "pxelinux.0"}, "not served"),
+    ({"boot_file": "../../etc/passwd"}, "not served"),
+    ({"boot_file": ""}, "not served"),
+    ({"ipxe_script_url": "tftp://10.0.0.1/x"}, "http or https"),
+    ({"ipxe_script_url": "file:///etc/passwd"}, "http or https"),
+    ({"ipxe_script_url": "http://10.0.0.1/a b"}, "whitespace"),
+    ({"ipxe_script_url": "http://10.0.0.1/x\nshell"}, "whitespace"),
+    ({"ipxe_script_url": "http://10.0.0.1/${net0/ip}"}, "iPXE script"),
+    ({"ipxe_script_url": "http://10.0.0.1/x||shell"}, "iPXE script"),
+    ({"ipxe_script_url": "", "kernel_url": ""}, "needs ipxe_script_url or kernel_url"),
+    ({"ipxe_script_url": "", "kernel_url": "http://h/k", "kernel_cmdline": "a\nshell"}, "kernel_cmdline"),
+    ({"ipxe_script_url": "", "kernel_url": "http://h/k", "kernel_cmdline": "x || shell"}, "kernel_cmdline"),
+    ({"ipxe_script_url": "", "kernel_url": "http://h/k", "kernel_cmdline": "x=${y}"}, "kernel_cmdline"),
+    ({"ipxe_script_url": "", "kernel_url": "http://h/k", "kernel_cmdline": 'a="b c"'}, "kernel_cmdline"),
+    ({"ipxe_script_url": "", "kernel_url": "http://h/k", "kernel_cmdline": "a;b"}, "kernel_cmdline"),
+    ({"kernel_url": "http://h/k"}, "either ipxe_script_url or kernel_url"),
+    ({"node_id": ""}, "node_id"),
+    ({"node_id": "../x"}, "node_id"),
+    ({"ttl_seconds": 30 * 24 * 3600}, "at most"),
+])
+def test_bad_entries_refused_before_anything(fields: dict[str, object], words: str) -> None:
+    h = handler_for("boot.prepareRamdisk")
+    assert h is not None
+    with pytest.raises(InvalidParameters) as info:
+        h.parse(entry(**fields))
+    assert words in info.value.message
+
+
+def test_handlers_say_when_the_service_is_not_running() -> None:
+    with pytest.raises(Unsupported, match="not running"):
+        prepare(entry())
+
+
+def test_register_writes_host_file_and_script(site: SiteServices) -> None:
+    result = prepare(entry())
+    root = site.settings.root / "boot"
+    assert (root / "hosts" / "525400123456").read_text() == f"{MAC},set:bc-bios\n"
+    assert json.loads((root / "entries" / "525400123456.json").read_text())["entry_id"] == result.entry_id
+    status, body = fetch(f"{site.base_url}/boot.ipxe")
+    assert status == 200 and b"chain " + site.base_url.encode() + b"/pxe/${mac:hexhyp}.ipxe" in body
+    status, body = fetch(f"{site.base_url}/pxe/52-54-00-12-34-56.ipxe")
+    assert status == 200
+    assert body.startswith(b"#!ipxe\n") and b"chain http://10.0.0.1/ramdisk.ipxe || goto failed" in body
+    assert fetch(f"{site.base_url}/pxe/52-54-00-12-34-57.ipxe")[0] == 404
+    assert fetch(f"{site.base_url}/pxe/..%2Fentries%2F525400123456.json")[0] == 404
+    assert fetch(f"{site.base_url}/etc/passwd")[0] == 404
+
+
+def test_reregistering_replaces(site: SiteServices) -> None:
+    first = prepare(entry())
+    second = prepare(entry(boot_file="ipxe.efi", ipxe_script_url="http://10.0.0.9/other.ipxe"))
+    assert first.entry_id != second.entry_id
+    assert [e.entry_id for e in site.entries.all()] == [second.entry_id]
+    root = site.settings.root / "boot"
+    assert (root / "hosts" / "525400123456").read_text() == f"{MAC},set:bc-efi\n"
+    assert b"other.ipxe" in fetch(f"{site.base_url}/pxe/52-54-00-12-34-56.ipxe")[1]
+
+
+def test_entry_expires_by_itself(site: SiteServices) -> None:
+    prepare(entry(ttl_seconds=1))
+    root = site.settings.root / "boot"
+    assert (root / "hosts" / "525400123456").exists()
+    deadline = time.monotonic() + 5
+    while (root / "hosts" / "525400123456").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not (root / "hosts" / "525400123456").exists()
+    assert not (root / "entries" / "525400123456.json").exists()
+    assert fetch(f"{site.base_url}/pxe/52-54-00-12-34-56.ipxe")[0] == 404
+
+
+def test_reconcile_keeps_live_drops_expired_and_strays(tmp_path: Path) -> None:
+    store = BootEntries(tmp_path, "http://10.0.0.2:8088")
+    store.reconcile()
+    store.register(EntryRequest.from_proto(entry(ttl_seconds=600)))
+    store.register(EntryRequest.from_proto(entry(mac_address="52:54:00:00:00:02", ttl_seconds=1)))
+    (tmp_path / "hosts" / "deadbeef0000").write_text("de:ad:be:ef:00:00,set:bc-bios\n")
+    (tmp_path / "entries" / "garbage.json").write_text("{not json")
+    (tmp_path / "scripts" / "52-54-00-12-34-56.ipxe").unlink()
+    time.sleep(1.1)
+    again = BootEntries(tmp_path, "http://10.0.0.2:8088")
+    assert again.reconcile() == ["52:54:00:00:00:02"]
+    assert [e.mac for e in again.all()] == [MAC]
+    assert sorted(p.name for p in (tmp_path / "hosts").iterdir()) == ["525400123456"]
+    assert sorted(p.name for p in (tmp_path / "entries").iterdir()) == ["525400123456.json"]
+    assert (tmp_path / "scripts" / "52-54-00-12-34-56.ipxe").is_file()
+
+
+def test_kernel_and_initrd_cached_shared_and_cleaned(site: SiteServices) -> None:
+    with LoopbackServer() as upstream:
+        upstream.add("/vmlinuz", b"K" * 1000)
+        upstream.add("/initrd", b"I" * 3000)
+        cmdline = "console=ttyS0,115200 bc.gateway=10.0.0.1:8443"
+        kernel = {"ipxe_script_url": "", "kernel_url": upstream.url("/vmlinuz"),
+                  "initrd_url": upstream.url("/initrd"), "kernel_cmdline": cmdline}
+        prepare(entry(**kernel))
+        prepare(entry(node_id="n2", mac_address="52:54:00:00:00:02", **kernel))
+        gets = [r for r in upstream.requests if r[0] == "GET"]
+        assert len(gets) == 2, "each file fetched once, shared by the two entries"
+    _, script = fetch(f"{site.base_url}/pxe/52-54-00-12-34-56.ipxe")
+    k, i = cache_key(kernel["kernel_url"]), cache_key(kernel["initrd_url"])
+    line = f"kernel --name vmlinuz {site.base_url}/cache/{k} {cmdline} initrd=initrd.img"
+    assert line.encode() in script
+    assert f"initrd --name initrd.img {site.base_url}/cache/{i}".encode() in script
+    assert fetch(f"{site.base_url}/cache/{k}") == (200, b"K" * 1000)
+    assert fetch(f"{site.base_url}/cache/{'0' * 64}")[0] == 404
+    # n1 leaves; n2 still uses the cache.
+    assert cleanup("n1") == [f"entry {MAC}"]
+    assert fetch(f"{site.base_url}/cache/{k}")[0] == 200
+    # n2 leaves, keeping the cache; then a later clean-up without keep removes it.
+    assert cleanup("n2", keep=True) == ["entry 52:54:00:00:00:02"]
+    assert fetch(f"{site.base_url}/cache/{i}")[0] == 200
+    assert sorted(cleanup("n2")) == sorted([f"cache {i}", f"cache {k}"])
+    assert fetch(f"{site.base_url}/cache/{k}")[0] == 404
+
+
+def test_cleanup_idempotent_and_by_mac(site: SiteServices) -> None:
+    prepare(entry())
+    prepare(entry(mac_address="52:54:00:00:00:02"))
+    prepare(entry(node_id="other", mac_address="52:54:00:00:00:03"))
+    assert cleanup("n1", ("52:54:00:00:00:02",)) == ["entry 52:54:00:00:00:02"]
+    assert cleanup("n1") == [f"entry {MAC}"]
+    assert cleanup("n1") == []
+    assert cleanup("nobody") == []
+    assert [e.mac for e in site.entries.all()] == ["52:54:00:00:00:03"]
+    h = handler_for("boot.cleanUp")
+    assert h is not None
+    with pytest.raises(InvalidParameters):
+        h.parse(site_pb2.BootCleanUpRequest(node_id="n1", mac_addresses=["bad"]))

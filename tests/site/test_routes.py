@@ -1,0 +1,166 @@
+"""Proxy routes (site.httpProxy) through the site's real HTTP service to a real loopback
+upstream: streaming, Range, the refusals, and an upstream that fails mid-body."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import time
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent import http as agent_http
+from agent.commands import handler_for
+from agent.commands.base import Context
+from agent.errors import InvalidParameters, SourceFailed
+from agent.proto import site_pb2
+from agent.site.routes import RouteTable
+from agent.site.services import SiteServices
+from tests.loopback_http import Fault, LoopbackServer
+
+DATA = os.urandom(3 * 1024 * 1024 + 17)
+
+
+def route(upstream_url: str, **fields: object) -> str:
+    h = handler_for("site.httpProxy")
+    assert h is not None
+    msg = site_pb2.HttpProxyRequest(node_id="n1", upstream_url=upstream_url, **fields)  # type: ignore[arg-type]
+    result = h.run(Context.local("site.httpProxy"), h.parse(msg))
+    assert isinstance(result, site_pb2.HttpProxyResult)
+    return result.proxy_url
+
+
+def request(url: str, method: str = "GET", headers: dict[str, str] | None = None,
+            path: str | None = None) -> tuple[int, dict[str, str], bytes]:
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=10)
+    try:
+        conn.request(method, path if path is not None else parts.path, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, dict(resp.getheaders()), resp.read()
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def upstream() -> Iterator[LoopbackServer]:
+    with LoopbackServer() as srv:
+        srv.add("/image.raw", DATA)
+        yield srv
+
+
+def test_get_streams_the_upstream(site: SiteServices, upstream: LoopbackServer) -> None:
+    url = route(upstream.url("/image.raw"))
+    assert url.startswith(site.base_url + "/r/") and len(url.rsplit("/", 1)[1]) >= 40
+    status, headers, body = request(url)
+    assert status == 200 and body == DATA and headers["Content-Length"] == str(len(DATA))
+    # agent/http.py (what deploy.image uses) reads through it, and resumes by Range.
+    with agent_http.get(url, agent_http.HttpOptions(timeout=10), offset=1000) as dl:
+        assert b"".join(dl.iter_chunks()) == DATA[1000:]
+    r = site.routes.lookup(url.rsplit("/", 1)[1])
+    assert r is not None and r.requests == 2 and r.bytes_used == 2 * len(DATA) - 1000
+
+
+def test_range_passed_through(site: SiteServices, upstream: LoopbackServer) -> None:
+    url = route(upstream.url("/image.raw"))
+    status, headers, body = request(url, headers={"Range": "bytes=100-", "If-Range": '"v1"'})
+    assert status == 206 and body == DATA[100:]
+    assert headers["Content-Range"] == f"bytes 100-{len(DATA) - 1}/{len(DATA)}"
+    assert headers["ETag"] == '"v1"' and headers["Accept-Ranges"] == "bytes"
+    assert upstream.requests[-1][2]["Range"] == "bytes=100-"
+    assert upstream.requests[-1][2]["If-Range"] == '"v1"'
+    assert request(url, headers={"Range": f"bytes={len(DATA)}-"})[0] == 416
+
+
+def test_nothing_else_reachable(site: SiteServices, upstream: LoopbackServer) -> None:
+    upstream.add("/secret", b"not for the node")
+    url = route(upstream.url("/image.raw"))
+    path = urllib.parse.urlsplit(url).path
+    for other in (path + "/../secret", path + "?u=/secret", path + "x", path[:-1],
+                  "/r/", "/r/" + "A" * 43, "/secret", "http://127.0.0.1/secret"):
+        status, _, _ = request(url, path=other)
+        assert status == 404, other
+    assert [r for r in upstream.requests if r[1] == "/secret"] == []
+
+
+def test_expired_route_refused(site: SiteServices, upstream: LoopbackServer) -> None:
+    url = route(upstream.url("/image.raw"), ttl_seconds=1)
+    assert request(url)[0] == 200
+    time.sleep(1.1)
+    assert request(url)[0] in (404, 410)
+
+
+def test_methods_outside_the_route_refused(site: SiteServices, upstream: LoopbackServer) -> None:
+    url = route(upstream.url("/image.raw"), allowed_methods=["GET"])
+    status, headers, _ = request(url, "HEAD")
+    assert status == 405 and headers["Allow"] == "GET"
+    for method in ("POST", "PUT", "DELETE"):
+        assert request(url, method)[0] == 405
+    with pytest.raises(InvalidParameters, match="not carried"):
+        route(upstream.url("/image.raw"), allowed_methods=["CONNECT"])
+
+
+def test_max_bytes(site: SiteServices, upstream: LoopbackServer) -> None:
+    url = route(upstream.url("/image.raw"), max_bytes=len(DATA) + 500)
+    assert request(url)[0] == 200
+    assert request(url, headers={"Range": f"bytes={len(DATA) - 400}-"})[2] == DATA[-400:]
+    status, _, body = request(url, headers={"Range": f"bytes={len(DATA) - 200}-"})
+    assert status == 403 and b"max_bytes" in body
+    assert request(url, headers={"Range": f"bytes={len(DATA) - 100}-"})[2] == DATA[-100:]
+
+
+def test_redirect_to_another_host_not_followed(site: SiteServices, upstream: LoopbackServer) -> None:
+    with LoopbackServer() as elsewhere:
+        elsewhere.add("/x", b"elsewhere")
+        upstream.redirect("/away", elsewhere.url("/x"))
+        upstream.redirect("/moved", "/image.raw")
+        assert request(route(upstream.url("/moved")))[2] == DATA  # same host: followed
+        status, _, body = request(route(upstream.url("/away")))
+        assert status == 502 and b"another host" in body
+        assert elsewhere.requests == []
+
+
+def test_upstream_failing_mid_body_is_a_failure(site: SiteServices, upstream: LoopbackServer) -> None:
+    upstream.add("/reset", DATA, fault=Fault(reset_after=1 << 20))
+    upstream.add("/short", DATA, fault=Fault(truncate_after=1 << 20))
+    for name in ("/reset", "/short"):
+        url = route(upstream.url(name))
+        with pytest.raises(http.client.IncompleteRead):
+            request(url)
+        # and the agent's own client, which resumes, never reports a short success
+        with pytest.raises(SourceFailed), agent_http.get(
+                url, agent_http.HttpOptions(timeout=5, max_retries=1, backoff=0.01)) as dl:
+            b"".join(dl.iter_chunks())
+
+
+def test_upstream_down_is_502(site: SiteServices) -> None:
+    status, _, _ = request(route("http://127.0.0.1:9/nothing"))
+    assert status == 502
+
+
+@pytest.mark.parametrize("url", ["ftp://h/x", "file:///etc/passwd", "http:///x", "http://h:99999/x",
+                                 "http://h/a b", ""])
+def test_bad_upstream_refused(url: str) -> None:
+    h = handler_for("site.httpProxy")
+    assert h is not None
+    with pytest.raises(InvalidParameters):
+        h.parse(site_pb2.HttpProxyRequest(node_id="n1", upstream_url=url))
+
+
+def test_routes_survive_a_restart(tmp_path: Path, upstream: LoopbackServer) -> None:
+    from agent.site.routes import RouteRequest
+
+    table = RouteTable(tmp_path, "http://s")
+    table.reconcile()
+    live, _ = table.add(RouteRequest("n1", upstream.url("/image.raw"), frozenset({"GET"}),  # type: ignore[arg-type]
+                                       600, 0))
+    table.add(RouteRequest("n1", upstream.url("/image.raw"), frozenset({"GET"}), 1, 0))  # type: ignore[arg-type]
+    time.sleep(1.1)
+    again = RouteTable(tmp_path, "http://s")
+    assert again.reconcile() == 1
+    assert again.lookup(live.token) is not None
+    assert len(list(tmp_path.iterdir())) == 1
+    assert oct(next(tmp_path.iterdir()).stat().st_mode & 0o777) == "0o600"
