@@ -11,17 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from google.protobuf.message import Message
-
 from agent.commands.base import Context, Handler
 from agent.proto import site_pb2
 from agent.site import services
 from agent.site.pxe import EntryRequest, parse_mac, parse_node_id
 
 
-class PrepareRamdiskHandler(Handler[EntryRequest], kind="boot.prepareRamdisk"):
-    def parse(self, payload: Message) -> EntryRequest:
-        assert isinstance(payload, site_pb2.ProxyDhcpEntry)
+class PrepareRamdiskHandler(Handler[site_pb2.ProxyDhcpEntry, EntryRequest], kind="boot.prepareRamdisk"):
+    def parse(self, payload: site_pb2.ProxyDhcpEntry) -> EntryRequest:
         return EntryRequest.from_proto(payload)
 
     def run(self, ctx: Context, params: EntryRequest) -> site_pb2.ProxyDhcpResult:
@@ -40,9 +37,8 @@ class CleanUpParams:
     keep_ramdisk_cache: bool
 
 
-class CleanUpHandler(Handler[CleanUpParams], kind="boot.cleanUp"):
-    def parse(self, payload: Message) -> CleanUpParams:
-        assert isinstance(payload, site_pb2.BootCleanUpRequest)
+class CleanUpHandler(Handler[site_pb2.BootCleanUpRequest, CleanUpParams], kind="boot.cleanUp"):
+    def parse(self, payload: site_pb2.BootCleanUpRequest) -> CleanUpParams:
         return CleanUpParams(parse_node_id(payload.node_id),
                              tuple(parse_mac(m) for m in payload.mac_addresses),
                              payload.keep_ramdisk_cache)

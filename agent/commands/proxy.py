@@ -3,17 +3,14 @@
 
 from __future__ import annotations
 
-from google.protobuf.message import Message
-
 from agent.commands.base import Context, Handler
 from agent.proto import site_pb2
 from agent.site import services
 from agent.site.routes import RouteRequest
 
 
-class HttpProxyHandler(Handler[RouteRequest], kind="site.httpProxy"):
-    def parse(self, payload: Message) -> RouteRequest:
-        assert isinstance(payload, site_pb2.HttpProxyRequest)
+class HttpProxyHandler(Handler[site_pb2.HttpProxyRequest, RouteRequest], kind="site.httpProxy"):
+    def parse(self, payload: site_pb2.HttpProxyRequest) -> RouteRequest:
         return RouteRequest.from_proto(payload)
 
     def run(self, ctx: Context, params: RouteRequest) -> site_pb2.HttpProxyResult:
