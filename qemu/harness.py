@@ -78,6 +78,11 @@ class MachineSpec:
     kvm: bool = False
     pxe: bool = False             # boot by iPXE over the network instead of -kernel
     name: str = "node"
+    # A tap device (made by the caller, e.g. on a bridge in a network namespace: qemu/sitelab.py)
+    # instead of the user network: no guestfwd, no built-in TFTP; with ``pxe`` the NIC's iPXE
+    # ROM boots from whatever DHCP and boot servers that network has.
+    tap: str = ""
+    mac: str = "52:54:00:12:34:56"
 
     @property
     def console_log(self) -> Path:
@@ -168,14 +173,17 @@ class Machine:
     def argv(self) -> list[str]:
         spec = self.spec
         fwd = dict(spec.forwards)
-        netdev = "user,id=net0,restrict=on,net=10.0.2.0/24,host=10.0.2.2"
-        if spec.pxe:
-            assert self.http is not None
-            fwd[HTTP_PORT] = self.http.port
-            netdev += f",tftp={self._pxe_dir()},bootfile=boot.ipxe"
-        for guest_port, host_port in sorted(fwd.items()):
-            cmd = f"{sys.executable} -I -S {HERE / 'forward.py'} {int(host_port)}"
-            netdev += f",guestfwd=tcp:{GUEST_HOST}:{int(guest_port)}-cmd:{cmd}"
+        if spec.tap:
+            netdev = f"tap,id=net0,ifname={spec.tap},script=no,downscript=no"
+        else:
+            netdev = "user,id=net0,restrict=on,net=10.0.2.0/24,host=10.0.2.2"
+            if spec.pxe:
+                assert self.http is not None
+                fwd[HTTP_PORT] = self.http.port
+                netdev += f",tftp={self._pxe_dir()},bootfile=boot.ipxe"
+            for guest_port, host_port in sorted(fwd.items()):
+                cmd = f"{sys.executable} -I -S {HERE / 'forward.py'} {int(host_port)}"
+                netdev += f",guestfwd=tcp:{GUEST_HOST}:{int(guest_port)}-cmd:{cmd}"
         accel = "kvm" if spec.kvm else "tcg,thread=multi"
         # qemu64 rather than max under TCG: glibc and OpenSSL then take their SSE2 paths, which
         # TCG translates and runs faster than the AVX2 ones (join 19.3 s against 20.7 s,
@@ -189,7 +197,7 @@ class Machine:
             "-chardev", f"socket,id=sh0,path={self.shell_socket},server=on,wait=off",
             "-serial", "chardev:sh0",
             "-netdev", netdev,
-            "-device", "virtio-net-pci,netdev=net0,mac=52:54:00:12:34:56"
+            "-device", f"virtio-net-pci,netdev=net0,mac={spec.mac}"
             + (",bootindex=1" if spec.pxe else ",romfile="),
             "-device", "virtio-rng-pci",
         ]
@@ -230,7 +238,7 @@ class Machine:
         self.spec.workdir.mkdir(parents=True, exist_ok=True)
         self.spec.console_log.unlink(missing_ok=True)
         self.shell_socket.unlink(missing_ok=True)
-        if self.spec.pxe:
+        if self.spec.pxe and not self.spec.tap:
             self._prepare_pxe()
         log = (self.spec.workdir / f"{self.spec.name}-qemu.log").open("wb")
         self.started_at = time.monotonic()
