@@ -1,0 +1,463 @@
+"""IPMI 2.0 (lanplus) through ``ipmitool``: the BmcClient of old and simple BMCs.
+
+Every call is one ``ipmitool -I lanplus -H HOST -p PORT -U USER -E ...`` run with the
+project's subprocess helper (agent/proc.py): the password travels in the child's environment
+(``IPMI_PASSWORD``, read by ``-E``), never on its command line; a new password for
+``user set password`` travels in a 0600 file that ``ipmitool exec`` reads, in a 0700
+directory removed at once.
+
+Failures are told apart from ipmitool's verbose (``-v``) messages:
+
+- wrong user or password (RAKP 2 "HMAC is invalid", "unauthorized name"): AuthFailed at
+  once, never retried (a BMC locks an account after a few bad logins);
+- no answer ("Get Auth Capabilities error", "No response", name lookup failures): retried a
+  few times, paced, then BmcUnreachable;
+- busy ("Node busy", "Insufficient resources for session", initialization in progress):
+  retried with backoff within the command's deadline;
+- anything else the BMC answers: BmcRefused with the BMC's own words.
+
+Between retries and polls the client waits at least ``Pacing.min_interval`` (frequent
+polling hangs real BMCs), backing off by ``Pacing.factor`` up to ``max_interval``.
+
+Boot devices: ``chassis bootdev DEV options=persistent,efiboot`` then, as Ironic does,
+``raw 0x00 0x08 0x03 0x08`` (System Boot Options parameter 3, "boot flag valid bit
+clearing": don't clear) so the flag survives the 60 s timeout the IPMI spec gives it; read
+back with ``chassis bootparam get 5``. Firmware, storage and virtual media are not IPMI
+things: Unsupported, use Redfish.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from agent import proc
+from agent.errors import (
+    AuthFailed,
+    BmcRefused,
+    BmcUnreachable,
+    Cancelled,
+    CommandTimeout,
+    InvalidParameters,
+    Unsupported,
+)
+from agent.proto import site_pb2
+from agent.site.bmc import (
+    BootDevice,
+    BootMode,
+    BootSetting,
+    CallContext,
+    Credentials,
+    PowerAction,
+    PowerState,
+    Target,
+)
+
+log = logging.getLogger(__name__)
+
+IPMITOOL = "ipmitool"
+CALL_TIMEOUT = 30.0          # one ipmitool run, at most
+UNREACHABLE_ATTEMPTS = 3     # an unreachable BMC is tried this many times, paced
+BUSY_ATTEMPTS = 8            # a busy one this many, within the deadline
+MAX_PASSWORD_BYTES = 20      # IPMI 2.0
+
+AUTH_PATTERNS = ("rakp 2 hmac is invalid", "unauthorized name", "invalid user name",
+                 "rakp 4 message has invalid integrity check", "password invalid",
+                 "invalid password", "unauthorized role or privilege level")
+UNREACHABLE_PATTERNS = ("get auth capabilities error", "no response from remote controller",
+                        "address lookup for", "could not open socket", "unable to send",
+                        "connection refused", "network is unreachable", "no route to host")
+BUSY_PATTERNS = ("node busy", "insufficient resources for session", "initialization in progress",
+                 "temporarily unavailable", "out of space", "command not supported in present state")
+NOT_IPMI = "not over IPMI; use redfish"
+
+# ipmitool's "Boot Device Selector" wording -> ours.
+_BOOT_SELECTOR = (
+    ("pxe", BootDevice.PXE),
+    ("hard-drive", BootDevice.DISK),
+    ("hard drive", BootDevice.DISK),
+    ("cd/dvd", BootDevice.CDROM),
+    ("bios setup", BootDevice.BIOS),
+    ("no override", BootDevice.NONE),
+)
+_BOOTDEV = {BootDevice.PXE: "pxe", BootDevice.DISK: "disk", BootDevice.CDROM: "cdrom",
+            BootDevice.BIOS: "bios", BootDevice.NONE: "none"}
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host``, ``host:port``, ``[v6]`` or ``[v6]:port`` -> (host, port); port 623 default."""
+    host, port = address, 623
+    if address.startswith("["):
+        end = address.find("]")
+        if end < 0:
+            raise InvalidParameters(f"bmc_address {address!r}: unbalanced '['")
+        host, rest = address[1:end], address[end + 1:]
+        if rest:
+            if not rest.startswith(":"):
+                raise InvalidParameters(f"bmc_address {address!r}: expected [host]:port")
+            port = _port(rest[1:], address)
+    elif address.count(":") == 1:
+        host, text = address.split(":")
+        port = _port(text, address)
+    if not host or not re.fullmatch(r"[A-Za-z0-9._:-]+", host) or host.startswith("-"):
+        raise InvalidParameters(f"bmc_address {address!r}: not a host name or IP address")
+    return host, port
+
+
+def _port(text: str, address: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise InvalidParameters(f"bmc_address {address!r}: port must be 1-65535")
+    return int(text)
+
+
+def check_ipmi_password(password: str) -> None:
+    """What an IPMI BMC can take and ``ipmitool exec`` can carry (no quoting there)."""
+    if not password or len(password.encode()) > MAX_PASSWORD_BYTES:
+        raise InvalidParameters(f"an IPMI password is 1 to {MAX_PASSWORD_BYTES} bytes")
+    if any(c.isspace() or c in "\"'\\#" or not c.isprintable() for c in password):
+        raise InvalidParameters("an IPMI password here cannot hold spaces, quotes, '\\' or '#'")
+
+
+# -- parsing ipmitool's output (pure functions, tested on recorded output) ----------------
+
+
+def _fields(text: str) -> dict[str, str]:
+    """``Key   : value`` lines -> {key: value} (first occurrence wins)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() and key.strip() not in out:
+            out[key.strip()] = value.strip()
+    return out
+
+
+def parse_power(text: str) -> PowerState:
+    m = re.search(r"Chassis Power is (on|off)", text)
+    if not m:
+        raise BmcRefused(f"unexpected answer to 'chassis power status': {text.strip()[:200]!r}")
+    return PowerState(m.group(1))
+
+
+def parse_bootparam5(text: str) -> BootSetting:
+    """``chassis bootparam get 5`` -> the boot setting. Like Ironic, the selector is read
+    whatever the valid bit says (ipmi_sim, and some BMCs once the flag was consumed, leave
+    it clear while keeping the selector)."""
+    lower = text.lower()
+    device = BootDevice.NONE
+    m = re.search(r"boot device selector\s*:\s*(.+)", lower)
+    if m:
+        for word, dev in _BOOT_SELECTOR:
+            if word in m.group(1):
+                device = dev
+                break
+    persistent = "all future boots" in lower
+    mode = BootMode.UEFI if "efi boot" in lower else BootMode.LEGACY if "legacy" in lower else None
+    return BootSetting(device, persistent, mode)
+
+
+def parse_mc_info(text: str) -> dict[str, str]:
+    f = _fields(text)
+    return {"firmware": f.get("Firmware Revision", ""), "manufacturer": f.get("Manufacturer Name", ""),
+            "product": f.get("Product Name", ""), "ipmi_version": f.get("IPMI Version", "")}
+
+
+def parse_fru(text: str) -> dict[str, str]:
+    f = _fields(text)
+    return {
+        "manufacturer": f.get("Product Manufacturer") or f.get("Board Mfg", ""),
+        "model": f.get("Product Name") or f.get("Board Product", ""),
+        "serial": f.get("Product Serial") or f.get("Chassis Serial") or f.get("Board Serial", ""),
+    }
+
+
+_UNITS = {  # ipmitool unit words -> (kind, our unit)
+    "degrees c": ("temperature", "Cel"),
+    "rpm": ("fan", "RPM"),
+    "volts": ("voltage", "V"),
+    "watts": ("power", "W"),
+    "amps": ("current", "A"),
+    "percent": ("percent", "%"),
+}
+_HEALTH = {"ok": "OK", "nc": "Warning", "cr": "Critical", "nr": "Critical"}
+
+
+def parse_sdr(text: str) -> list[site_pb2.BmcSensor]:
+    """``sdr elist full`` lines: ``name | id | status | entity | reading``."""
+    sensors = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) < 5 or not cells[0]:
+            continue
+        name, status, reading = cells[0], cells[2].lower(), cells[4]
+        sensor = site_pb2.BmcSensor(name=name, health=_HEALTH.get(status, ""))
+        m = re.fullmatch(r"(-?\d+(?:\.\d+)?)\s+(.+)", reading)
+        if m and m.group(2).lower() in _UNITS:
+            sensor.kind, sensor.units = _UNITS[m.group(2).lower()]
+            sensor.reading = float(m.group(1))
+            sensor.has_reading = True
+        elif "power supply" in name.lower() or name.lower().startswith("ps"):
+            sensor.kind = "power_supply"
+        else:
+            continue
+        sensors.append(sensor)
+    return sensors
+
+
+def parse_lan_mac(text: str) -> str:
+    m = re.search(r"MAC Address\s*:\s*([0-9a-fA-F:]{17})", text)
+    return m.group(1).lower() if m else ""
+
+
+def parse_user_id(text: str, username: str) -> int | None:
+    """``user list CHANNEL`` -> the id of ``username``."""
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0].isdigit() and parts[1] == username:
+            return int(parts[0])
+    return None
+
+
+class IpmiClient:
+    """One BMC over IPMI 2.0 lanplus. ``attempts`` counts the ipmitool runs made."""
+
+    def __init__(self, target: Target, call: CallContext, *, channel: int = 1) -> None:
+        self.target = target
+        self.call = call
+        self.host, self.port = split_address(target.address)
+        self.channel = channel
+        self.attempts = 0
+        self._last_request = 0.0
+
+    # -- running ipmitool -----------------------------------------------------------------
+
+    def _remaining(self) -> float:
+        left = self.call.deadline - time.monotonic()
+        if left <= 0:
+            raise CommandTimeout(f"BMC {self.target.address}: deadline reached")
+        return left
+
+    def _wait(self, seconds: float) -> None:
+        """Sleep, woken by cancel; never past the deadline."""
+        if self.call.cancel.wait(min(seconds, self._remaining())):
+            raise Cancelled(f"BMC {self.target.address}: cancelled")
+        self._remaining()
+
+    def _redact(self, text: str, *secrets: str) -> str:
+        for s in (self.target.credentials.password, *secrets):
+            if s:
+                text = text.replace(s, "<hidden>")
+        return text
+
+    def _once(self, args: list[str], creds: Credentials) -> proc.Completed:
+        argv = [IPMITOOL, "-v", "-I", "lanplus", "-H", self.host, "-p", str(self.port),
+                "-U", creds.username, "-E", "-N", "2", "-R", "1", *args]
+        env = proc.clean_env({"IPMI_PASSWORD": creds.password})
+        self.attempts += 1
+        self._last_request = time.monotonic()
+        return proc.run(argv, check=False, env=env, cancel=self.call.cancel,
+                        timeout=min(CALL_TIMEOUT, self._remaining()))
+
+    def run(self, *args: str, creds: Credentials | None = None, secrets: tuple[str, ...] = ()) -> str:
+        """One ipmitool command against the BMC, with the retries its failure allows.
+        Returns stdout. ``secrets`` are also redacted from any message."""
+        creds = creds or self.target.credentials
+        what = " ".join(args[:3])
+        unreachable = busy = 0
+        delay = self.call.pacing.min_interval
+        while True:
+            try:
+                done = self._once(list(args), creds)
+            except CommandTimeout:
+                if time.monotonic() >= self.call.deadline:
+                    raise CommandTimeout(f"BMC {self.target.address}: no answer to {what!r} "
+                                         "before the deadline") from None
+                done = None
+            if done is not None and done.returncode == 0:
+                return done.text
+            err = "" if done is None else done.stderr.decode("utf-8", "replace")
+            out = "" if done is None else done.text
+            lower = (err + "\n" + out).lower()
+            if any(p in lower for p in AUTH_PATTERNS):
+                raise AuthFailed(
+                    f"BMC {self.target.address}: user {creds.username!r} was refused "
+                    "(wrong username or password); not retried",
+                    bmc_address=self.target.address,
+                )
+            if done is None or any(p in lower for p in UNREACHABLE_PATTERNS):
+                unreachable += 1
+                if unreachable >= UNREACHABLE_ATTEMPTS:
+                    raise BmcUnreachable(
+                        f"BMC {self.target.address}: no answer over IPMI lanplus after "
+                        f"{unreachable} attempts ({what})", bmc_address=self.target.address,
+                        attempts=self.attempts)
+            elif any(p in lower for p in BUSY_PATTERNS):
+                busy += 1
+                if busy >= BUSY_ATTEMPTS:
+                    raise BmcRefused(f"BMC {self.target.address}: still busy after {busy} attempts",
+                                     bmc_message=self._redact(_tail(err)))
+            else:
+                message = self._redact(_tail(err) or _tail(out), *secrets)
+                raise BmcRefused(f"BMC {self.target.address} refused {what!r}: {message}",
+                                 bmc_message=message, bmc_address=self.target.address)
+            log.info("BMC %s: %s failed (%s), retrying in %.1fs", self.target.address, what,
+                     "no answer" if unreachable and not busy else "busy", delay)
+            self._wait(delay)
+            delay = min(delay * self.call.pacing.factor, self.call.pacing.max_interval)
+
+    # -- BmcClient ------------------------------------------------------------------------
+
+    def power_state(self) -> PowerState:
+        return parse_power(self.run("chassis", "power", "status"))
+
+    def set_power(self, action: PowerAction, *, graceful_timeout: float) -> None:
+        if action is PowerAction.STATUS:
+            return
+        state = self.power_state()
+        if action is PowerAction.ON:
+            if state is not PowerState.ON:
+                self.run("chassis", "power", "on")
+            return
+        if action is PowerAction.OFF:
+            if state is PowerState.OFF:
+                return
+            if graceful_timeout > 0:
+                self.run("chassis", "power", "soft")
+                end = time.monotonic() + graceful_timeout
+                delay = self.call.pacing.min_interval
+                while time.monotonic() < end:
+                    self._wait(min(delay, max(0.0, end - time.monotonic())))
+                    if self.power_state() is PowerState.OFF:
+                        return
+                    delay = min(delay * self.call.pacing.factor, self.call.pacing.max_interval)
+                log.info("BMC %s: no graceful shutdown within %.0fs; forcing power off",
+                         self.target.address, graceful_timeout)
+            self.run("chassis", "power", "off")
+            return
+        # cycle and reset of a node that is off: power it on (what an operator means).
+        if state is PowerState.OFF:
+            self.run("chassis", "power", "on")
+        else:
+            self.run("chassis", "power", "cycle" if action is PowerAction.CYCLE else "reset")
+
+    def boot_device(self) -> BootSetting:
+        return parse_bootparam5(self.run("chassis", "bootparam", "get", "5"))
+
+    def set_boot_device(self, setting: BootSetting) -> None:
+        if setting.device is BootDevice.HTTP:
+            raise Unsupported(f"HTTP boot is {NOT_IPMI}")
+        options = []
+        if setting.persistent:
+            options.append("persistent")
+        if setting.mode is BootMode.UEFI:
+            options.append("efiboot")
+        args = ["chassis", "bootdev", _BOOTDEV[setting.device]]
+        if options:
+            args.append("options=" + ",".join(options))
+        self.run(*args)
+        # Keep the boot flag valid past the 60 s the spec gives it (as Ironic does).
+        self.run("raw", "0x00", "0x08", "0x03", "0x08")
+
+    def query(self) -> site_pb2.BmcOperationResult:
+        result = site_pb2.BmcOperationResult()
+        result.power_state = str(self.power_state())
+        mc = parse_mc_info(self.run("mc", "info"))
+        fru: dict[str, str] = {}
+        with contextlib.suppress(BmcRefused):   # many BMCs (and ipmi_sim) have no FRU 0
+            fru = parse_fru(self.run("fru", "print", "0"))
+        result.system.CopyFrom(site_pb2.BmcSystem(
+            manufacturer=fru.get("manufacturer") or mc["manufacturer"],
+            model=fru.get("model") or mc["product"],
+            serial=fru.get("serial", ""),
+            bmc_firmware_version=mc["firmware"],
+        ))
+        with contextlib.suppress(BmcRefused):   # an empty SDR repository is an error to ipmitool
+            result.sensors.extend(parse_sdr(self.run("sdr", "elist", "full")))
+        mac = parse_lan_mac(self.run("lan", "print", str(self.channel)))
+        if mac and mac != "00:00:00:00:00:00":
+            # The BMC's own LAN port: IPMI has no portable way to list the host's NICs.
+            result.nics.append(site_pb2.BmcNic(id=f"bmc-lan{self.channel}", mac_address=mac))
+        result.values["ipmi_version"] = mc["ipmi_version"]
+        return result
+
+    def user_id(self, username: str) -> int:
+        uid = parse_user_id(self.run("user", "list", str(self.channel)), username)
+        if uid is None:
+            raise BmcRefused(f"BMC {self.target.address}: no user {username!r} on channel {self.channel}",
+                             bmc_message="user not found")
+        return uid
+
+    def set_password(self, username: str, new_password: str) -> None:
+        check_ipmi_password(new_password)
+        uid = self.user_id(username)
+        size = 20 if len(new_password.encode()) > 16 else 16
+        workdir = Path(tempfile.mkdtemp(prefix="bc-ipmi-"))   # 0700
+        try:
+            script = workdir / "set-password"
+            fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(f"user set password {uid} {new_password} {size}\n")
+            out = self.run("exec", str(script), secrets=(new_password,))
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        if "successful" not in out.lower():
+            raise BmcRefused(f"BMC {self.target.address}: password change not confirmed",
+                             bmc_message=self._redact(_tail(out), new_password))
+
+    def check_login(self, credentials: Credentials) -> bool:
+        try:
+            self.run("chassis", "power", "status", creds=credentials, secrets=(credentials.password,))
+        except AuthFailed:
+            return False
+        return True
+
+    # -- not IPMI -------------------------------------------------------------------------
+
+    def firmware_update(
+        self,
+        *,
+        image_uri: str = "",
+        file: Path | None = None,
+        sha256: str = "",
+        transfer_protocol: str = "",
+        progress: Callable[[int, str], None] | None = None,
+    ) -> site_pb2.BmcFirmwareTask:
+        raise Unsupported(f"firmware update is {NOT_IPMI}")
+
+    def storage(self) -> list[site_pb2.BmcStorageController]:
+        raise Unsupported(f"storage inventory is {NOT_IPMI}")
+
+    def virtual_media(self) -> list[site_pb2.BmcVirtualMedia]:
+        raise Unsupported(f"virtual media is {NOT_IPMI}")
+
+    def insert_media(self, image_url: str, *, media_type: str = "CD") -> None:
+        raise Unsupported(f"virtual media is {NOT_IPMI}")
+
+    def eject_media(self) -> None:
+        raise Unsupported(f"virtual media is {NOT_IPMI}")
+
+    def create_volume(
+        self, controller_id: str, *, name: str, raid_type: str, drives: list[str], capacity_bytes: int
+    ) -> site_pb2.BmcVolume:
+        raise Unsupported(f"volume management is {NOT_IPMI}")
+
+    def delete_volume(self, volume_id: str) -> None:
+        raise Unsupported(f"volume management is {NOT_IPMI}")
+
+    def close(self) -> None:
+        pass
+
+
+def _tail(text: str, lines: int = 3) -> str:
+    """The last meaningful lines of ipmitool's output, without its noise."""
+    noise = ("loading iana pen registry", "unable to get channel cipher suites", "running get ")
+    kept = [ln.strip() for ln in text.splitlines()
+            if ln.strip() and not ln.strip().lower().startswith(noise)]
+    return " / ".join(kept[-lines:])
+
