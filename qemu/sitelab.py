@@ -212,7 +212,7 @@ class SiteLab(Lab):
         empty.write_text("")
         argv = [sys.executable, "-m", "agent", "run", "--role", "site", "--cmdline-file", str(empty),
                 "--gateway", f"{GATEWAY_ADDRESS}:{GATEWAY_PORT}", "--node", SITE_NODE_ID,
-                "--token", self.token_for(SITE_NODE_ID), "--ca", str(self.pki.ca),
+                f"--token={self.token_for(SITE_NODE_ID)}", "--ca", str(self.pki.ca),
                 "--trusted-key", str(self.pki.signing_pub), "--state-dir", str(self.site_state),
                 "--secrets-dir", str(self.secrets_dir), "--site-address", SITE_ADDRESS,
                 "--site-interface", BRIDGE, "--site-http-port", str(SITE_HTTP_PORT),
