@@ -1,4 +1,4 @@
-"""``agent install``: the node role as a systemd service.
+"""``agent install``: the node role (or with ``--role site``, the site daemon) as a systemd service.
 
     agent install --gateway gw.example:7443 --ca /etc/bettercompute/ca.pem \\
         --cert /etc/bettercompute/node.pem --key /etc/bettercompute/node.key \\
@@ -11,6 +11,10 @@ writes ``/etc/bettercompute/agent.json`` (role "node", the journal in
 everything goes under DIR and the unit is enabled by its symlink (what ``systemctl enable``
 does), for building a node image offline; without it, systemd is asked to reload, enable and
 (re)start the service. Running it again updates the files in place (each write is atomic).
+
+``--role site`` installs the site daemon the same way: its config also names the secret store
+of BMC credentials (``secrets_dir``, default /var/lib/bettercompute-agent/secrets), created
+root-only (0700); docs/site.md says how entries are put there.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ LIBDIR = Path("/usr/lib/bettercompute")
 CONFIG = Path("/etc/bettercompute/agent.json")
 UNIT_DIR = Path("/etc/systemd/system")
 STATE_DIR = Path("/var/lib/bettercompute-agent")
+SECRETS_DIR = STATE_DIR / "secrets"
+ROLES = ("node", "site")
 
 
 def _args(p: argparse.ArgumentParser) -> None:
@@ -48,18 +54,19 @@ def _args(p: argparse.ArgumentParser) -> None:
     settings.add_arguments(p)
 
 
-def unit_text(python: str, libdir: Path = LIBDIR, config: Path = CONFIG) -> str:
+def unit_text(python: str, libdir: Path = LIBDIR, config: Path = CONFIG, role: str = "node") -> str:
     data = pkgutil.get_data("agent", "data/" + UNIT_NAME)
     if data is None:
         raise InvalidParameters(f"{UNIT_NAME} is missing from this build")
     text = data.decode()
+    text = text.replace("(node role)", f"({role} role)")
     for key, value in (("@PYTHON@", python), ("@LIBDIR@", str(libdir)), ("@CONFIG@", str(config))):
         text = text.replace(key, value)
     return text
 
 
 def config_values(args: argparse.Namespace) -> dict[str, Any]:
-    """The settings given as flags, over the node role's defaults, validated like `agent run`."""
+    """The settings given as flags, over the role's defaults, validated like `agent run`."""
     values: dict[str, Any] = {"role": "node", "state_dir": str(STATE_DIR)}
     if getattr(args, "config", None) is not None:
         values.update(settings.read_config_file(args.config))
@@ -67,9 +74,12 @@ def config_values(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, f"setting_{s.key}", None)
         if value is not None:
             values[s.key] = [str(v) for v in value] if s.multiple else str(value)
+    if values["role"] == "site":
+        values.setdefault("secrets_dir", str(SECRETS_DIR))
     loaded = settings.load(values, None, "")
-    if str(loaded.config.role) != "node":
-        raise InvalidParameters("agent install sets up the node role (--role node)")
+    if str(loaded.config.role) not in ROLES:
+        raise InvalidParameters("agent install sets up the node role (--role node) or the site "
+                                "daemon (--role site); the ramdisk role is never installed")
     return values
 
 
@@ -89,6 +99,13 @@ def install(args: argparse.Namespace) -> list[Path]:
         d.mkdir(parents=True, exist_ok=True)
     state = _under(root, Path(values["state_dir"]))
     state.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if values["role"] == "site":
+        secrets = _under(root, Path(values["secrets_dir"]))
+        secrets.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(secrets, 0o700)
+        if shutil.which("ipmitool") is None:
+            log.warning("ipmitool is not installed: bmc.* over IPMI will fail until it is "
+                        "(apt-get install ipmitool)")
     written = []
     target = libdir / "agent.pyz"
     if not target.exists() or os.path.realpath(target) != os.path.realpath(archive):
@@ -101,7 +118,7 @@ def install(args: argparse.Namespace) -> list[Path]:
     launcher.write_atomic(str(config), json.dumps(values, indent=2, sort_keys=True).encode() + b"\n", 0o600)
     written.append(config)
     unit = unit_dir / UNIT_NAME
-    launcher.write_atomic(str(unit), unit_text(args.python).encode(), 0o644)
+    launcher.write_atomic(str(unit), unit_text(args.python, role=values["role"]).encode(), 0o644)
     written.append(unit)
     if args.no_enable:
         return written
@@ -121,7 +138,7 @@ def install(args: argparse.Namespace) -> list[Path]:
     return written
 
 
-@command("install", "install this agent as the node role's systemd service", _args)
+@command("install", "install this agent as a systemd service (node role, or --role site)", _args)
 def cmd_install(args: argparse.Namespace) -> int:
     for path in install(args):
         print(path)

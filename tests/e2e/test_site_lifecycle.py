@@ -22,10 +22,11 @@ import pytest
 
 from agent.site.bmc import Credentials
 from agent.site.secrets import SecretStore
+from qemu.ipmisim import IpmiSim, start_ipmi_sim
 from qemu.lab import Ramdisk
 from qemu.sitelab import SiteLab, missing_network_prerequisites
 from qemu.sitelife import Bmc, Lifecycle, SiteNode, Step, make_node
-from tests.site.conftest import PASSWORD, REF, USERNAME, IpmiSim, start_ipmi_sim
+from tests.site.conftest import PASSWORD, REF, USERNAME
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow]
 
@@ -55,7 +56,7 @@ def ipmi(site_lab: SiteLab, node: SiteNode) -> Iterator[IpmiSim]:
     """The node's BMC: ipmi_sim in the lab's namespace (the site daemon reaches it on the
     namespace's loopback), its credentials in the site daemon's secret store."""
     SecretStore(site_lab.secrets_dir).put(REF, Credentials(USERNAME, PASSWORD))
-    sim = site_lab.in_lan(start_ipmi_sim, site_lab.workdir / "ipmi", node.power)
+    sim = site_lab.in_lan(start_ipmi_sim, site_lab.workdir / "ipmi", node.power, USERNAME, PASSWORD)
     yield sim
     sim.stop()
 

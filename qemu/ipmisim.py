@@ -1,0 +1,154 @@
+"""OpenIPMI's ipmi_sim as a node's BMC: IPMI 2.0 lanplus on 127.0.0.1 (a free UDP port), one
+admin user, its state (users, passwords) in a directory, and a ``chassis_control`` program
+that powers, resets and sets the boot device of a qemu/powered.py node.
+
+    sim = start_ipmi_sim(workdir, PoweredNode(node_dir), username, password)
+    sim.address            # "127.0.0.1:PORT", what a BmcOperationRequest names
+    sim.stop()
+
+By hand (README: "The site daemon against an emulator")::
+
+    python -m qemu.ipmisim --dir /tmp/bmc --secrets-dir /tmp/secrets --ref rack1-n01 [--boot]
+
+generates the BMC's password, writes it only to the emulator's config (0600) and to the
+site's secret store entry ``--ref`` (0600), prints the address and runs until interrupted.
+With ``--boot`` the node boots the project's ramdisk (or the host's cloud kernel); without,
+power-on fails cleanly (no kernel) and everything else works.
+
+Debian packages: openipmi (ipmi_sim), ipmitool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent import proc
+from qemu.powered import NodeSpec, PoweredNode, default_boot_files
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class IpmiSim:
+    port: int
+    node: PoweredNode
+    workdir: Path
+    username: str
+    password: str
+    process: subprocess.Popen[bytes]
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def ipmitool(self, *args: str, password: str | None = None) -> proc.Completed:
+        """ipmitool straight at the emulator (a check of its own, not the agent's client)."""
+        return proc.run(["ipmitool", "-I", "lanplus", "-H", "127.0.0.1", "-p", str(self.port),
+                         "-U", self.username, "-E", "-C", "3", "-N", "1", "-R", "1", *args],
+                        check=False, timeout=20,
+                        env=proc.clean_env({"IPMI_PASSWORD": password or self.password}))
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            proc.kill_group(self.process, grace=2.0)
+        self.node.stop(force=True)
+
+
+def start_ipmi_sim(workdir: Path, node: PoweredNode, username: str, password: str) -> IpmiSim:
+    workdir.mkdir(parents=True, exist_ok=True)
+    control = workdir / "chassis-control"
+    control.write_text(
+        "#!/bin/sh\n"
+        f"cd {ROOT} || exit 1\n"
+        f"exec {sys.executable} -m qemu.powered {node.dir} chassis-control \"$@\"\n"
+    )
+    control.chmod(0o700)
+    port = free_udp_port()
+    conf = workdir / "lan.conf"
+    fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"""\
+name "bcsim"
+set_working_mc 0x20
+  startlan 1
+    addr 127.0.0.1 {port}
+    priv_limit admin
+    allowed_auths_callback md5 straight
+    allowed_auths_user md5 straight
+    allowed_auths_operator md5 straight
+    allowed_auths_admin md5 straight
+    guid a6c1e0d0b2c34f8e9d7a1b2c3d4e5f60
+  endlan
+  chassis_control "{control} 0x20"
+  user 2 true "{username}" "{password}" admin 10 md5 straight
+""")
+    (workdir / "sim.emu").write_text(
+        "mc_setbmc 0x20\n"
+        "mc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02 persist_sdr\n"
+        "sel_enable 0x20 1000 0x0a\n"
+        "mc_enable 0x20\n"
+    )
+    state = workdir / "state"
+    state.mkdir(exist_ok=True, mode=0o700)
+    log = (workdir / "ipmi_sim.log").open("wb")
+    process = proc.spawn(["ipmi_sim", "-n", "-c", str(conf), "-f", str(workdir / "sim.emu"),
+                          "-s", str(state)], stdout=log.fileno(), stderr=subprocess.STDOUT)
+    log.close()
+    sim = IpmiSim(port, node, workdir, username, password, process)
+    deadline = time.monotonic() + 20
+    while True:
+        if sim.ipmitool("chassis", "power", "status").returncode == 0:
+            return sim
+        if process.poll() is not None or time.monotonic() > deadline:
+            sim.stop()
+            raise RuntimeError(f"ipmi_sim did not answer; see {workdir / 'ipmi_sim.log'}:\n"
+                               + (workdir / "ipmi_sim.log").read_text(errors="replace")[-2000:])
+        time.sleep(0.3)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from agent.site.bmc import Credentials
+    from agent.site.secrets import PasswordPolicy, SecretStore
+
+    p = argparse.ArgumentParser(prog="python -m qemu.ipmisim", description=__doc__.split("\n\n")[0])
+    p.add_argument("--dir", type=Path, required=True, help="work directory (emulator and node state)")
+    p.add_argument("--secrets-dir", type=Path, required=True, help="the site's secret store")
+    p.add_argument("--ref", default="rack1-n01", help="the entry to write (credentials_ref)")
+    p.add_argument("--username", default="bcadmin")
+    p.add_argument("--boot", action="store_true", help="power-on boots a real guest")
+    args = p.parse_args(argv)
+    files = default_boot_files() if args.boot else None
+    if args.boot and files is None:
+        p.error("no kernel and initrd to boot (initramfs/out/ or /boot/vmlinuz-*-cloud-amd64)")
+    kernel, initrd = files if files else (Path("/nonexistent/vmlinuz"), Path("/nonexistent/initrd"))
+    node = PoweredNode(args.dir / "node").configure(NodeSpec(
+        kernel=str(kernel), initrd=str(initrd), append="console=ttyS0 panic=-1", owner_pid=os.getpid()))
+    password = PasswordPolicy(min_length=12, max_length=20).generate()
+    SecretStore(args.secrets_dir).put(args.ref, Credentials(args.username, password))
+    sim = start_ipmi_sim(args.dir / "ipmi", node, args.username, password)
+    print(f"ipmi_sim: {sim.address} (user {args.username}, password in {args.secrets_dir}/{args.ref}); "
+          f"node {node.dir}; Ctrl-C stops both", flush=True)
+    try:
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    finally:
+        sim.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    sys.exit(main())
