@@ -13,6 +13,8 @@ It is not a BMC and proves only that the client speaks the documented protocol:
 - Storage Volumes: POST to the collection -> 201 + Location; DELETE a volume -> 204; or 405
   where ``volumes_offered`` is False (the collection's Allow header says GET only).
 - Errors: a body ``{"error": {"message", "@Message.ExtendedInfo": [{"MessageId","Message"}]}}``.
+- VirtualMedia on the Manager without actions (older BMCs): PATCH Image and Inserted.
+- ResetType AllowableValues given through ``@Redfish.ActionInfo`` when ``action_info``.
 - Chassis with the newer Sensors collection (Sensor schema: ReadingType, Reading, ReadingUnits)
   instead of Thermal/Power.
 Faults on request: ``fail`` maps (method, path) to a status or "badjson" answered every time.
@@ -50,12 +52,14 @@ def error_body(message: str, message_id: str = "Base.1.8.GeneralError") -> bytes
 
 class DocumentedBmc:
     def __init__(self, *, username: str, password: str, sessions: bool = True,
-                 volumes_offered: bool = True, task_polls: int = 2, task_fails: bool = False) -> None:
-        self.server = ScriptedServer()
+                 volumes_offered: bool = True, task_polls: int = 2, task_fails: bool = False,
+                 tls: tuple[str, str] | None = None) -> None:
+        self.server = ScriptedServer(tls=tls)
         self.guard = threading.Lock()
         self.accounts = {username: password}
         self.sessions_offered = sessions
         self.tokens: dict[str, str] = {}           # token -> session path
+        self.issued: list[str] = []                # every token ever handed out
         self.deleted_sessions: list[str] = []
         self.power = "Off"
         self.resets: list[str] = []
@@ -66,6 +70,8 @@ class DocumentedBmc:
         self.task_seen = 0
         self.pushed: bytes = b""
         self.fail: dict[tuple[str, str], int | str] = {}
+        self.media: dict[str, Any] = {"Inserted": False, "Image": None}
+        self.action_info = False            # Reset's ResetTypes in @Redfish.ActionInfo instead
         self._routes()
 
     # -- plumbing ------------------------------------------------------------------------
@@ -79,7 +85,8 @@ class DocumentedBmc:
 
     @property
     def address(self) -> str:
-        return f"http://{self.server.address}"
+        """The server's URL root (http, or https with ``tls``)."""
+        return f"{self.server.scheme}://{self.server.address}"
 
     @property
     def seen(self) -> list[Seen]:
@@ -136,7 +143,18 @@ class DocumentedBmc:
         self.route("GET", SYS, lambda s: ok(self._system()))
         self.route("POST", f"{SYS}/Actions/ComputerSystem.Reset", self._reset)
         self.route("GET", MGR, lambda s: ok({"@odata.id": MGR, "FirmwareVersion": "2.81",
+                                             "VirtualMedia": {"@odata.id": f"{MGR}/VirtualMedia"},
                                              "Links": {"ManagerForServers": [{"@odata.id": SYS}]}}))
+        # virtual media on the Manager, an older BMC's: no actions, PATCH Image and Inserted
+        self.route("GET", f"{MGR}/VirtualMedia", lambda s: ok({"Members": [
+            {"@odata.id": f"{MGR}/VirtualMedia/Floppy"}, {"@odata.id": f"{MGR}/VirtualMedia/CD"}]}))
+        self.route("GET", f"{MGR}/VirtualMedia/Floppy", lambda s: ok(
+            {"Id": "Floppy", "MediaTypes": ["Floppy", "USBStick"], "Inserted": False, "Image": None}))
+        self.route("GET", f"{MGR}/VirtualMedia/CD", lambda s: ok(
+            {"Id": "CD", "MediaTypes": ["CD", "DVD"], **self.media}))
+        self.route("PATCH", f"{MGR}/VirtualMedia/CD", self._patch_media)
+        self.route("GET", f"{SYS}/ResetActionInfo", lambda s: ok({"Parameters": [
+            {"Name": "ResetType", "AllowableValues": ["On", "ForceOff", "ForceRestart"]}]}))
         self.route("GET", CHA, lambda s: ok({"@odata.id": CHA, "Sensors": {"@odata.id": f"{CHA}/Sensors"}}))
         sensors = {
             "CPU1Temp": {"ReadingType": "Temperature", "Reading": 48.5, "ReadingUnits": "Cel"},
@@ -184,6 +202,10 @@ class DocumentedBmc:
         self.route("POST", VOLUMES, self._create_volume)
 
     def _system(self) -> dict[str, Any]:
+        reset: dict[str, Any] = (
+            {"@Redfish.ActionInfo": f"{SYS}/ResetActionInfo"} if self.action_info else
+            {"ResetType@Redfish.AllowableValues": ["On", "ForceOff", "GracefulShutdown", "PowerCycle"]}
+        )
         return {
             "@odata.id": SYS, "Id": "1", "Manufacturer": "Contoso", "Model": "GPU-8", "SerialNumber": "SN123",
             "BiosVersion": "1.4.2", "UUID": "00000000-0000-0000-0000-000000000001", "PowerState": self.power,
@@ -191,15 +213,18 @@ class DocumentedBmc:
             "EthernetInterfaces": {"@odata.id": f"{SYS}/EthernetInterfaces"},
             "Storage": {"@odata.id": f"{SYS}/Storage"},
             "Links": {"Chassis": [{"@odata.id": CHA}]},
-            "Actions": {"#ComputerSystem.Reset": {
-                "target": f"{SYS}/Actions/ComputerSystem.Reset",
-                "ResetType@Redfish.AllowableValues": ["On", "ForceOff", "GracefulShutdown", "PowerCycle"]}},
+            "Actions": {"#ComputerSystem.Reset": {"target": f"{SYS}/Actions/ComputerSystem.Reset", **reset}},
         }
 
     def _reset(self, seen: Seen) -> Reply:
         kind = json.loads(seen.body)["ResetType"]
         self.resets.append(kind)
-        self.power = {"On": "On", "ForceOff": "Off", "GracefulShutdown": "Off", "PowerCycle": "On"}[kind]
+        self.power = {"On": "On", "ForceOff": "Off", "GracefulShutdown": "Off", "PowerCycle": "On",
+                      "ForceRestart": "On"}[kind]
+        return 204, {}, b""
+
+    def _patch_media(self, seen: Seen) -> Reply:
+        self.media.update(json.loads(seen.body))
         return 204, {}, b""
 
     def _login(self, seen: Seen) -> Reply:
@@ -209,6 +234,7 @@ class DocumentedBmc:
         token = secrets.token_hex(16)
         path = f"{SESSIONS}/{len(self.tokens) + 1}"
         self.tokens[token] = path
+        self.issued.append(token)
         self.server.route("DELETE", path, lambda s, t=token, p=path: self._logout(s, t, p))
         return self.ok({"@odata.id": path, "UserName": body["UserName"]}, 201,
                        {"X-Auth-Token": token, "Location": path})

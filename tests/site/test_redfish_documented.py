@@ -24,10 +24,20 @@ from tests.site.sushy import fast_call
 USER, PASSWORD = "root", "old-Passw0rd-91"
 
 
+NEW_PASSWORDS = ("new-Passw0rd-22", "short")
+
+
 @pytest.fixture
-def bmc() -> Iterator[DocumentedBmc]:
+def bmc(caplog: pytest.LogCaptureFixture) -> Iterator[DocumentedBmc]:
+    """The documented BMC; after the test, no password or session token in any log record."""
+    caplog.set_level(logging.DEBUG)
     with DocumentedBmc(username=USER, password=PASSWORD) as server:
         yield server
+    records = caplog.get_records("setup") + caplog.get_records("call")
+    assert records  # the client logged its requests: the check below has something to read
+    logged = "".join(r.getMessage() + repr(r.args) for r in records)
+    for secret in (PASSWORD, *NEW_PASSWORDS, *server.issued):
+        assert secret not in logged
 
 
 def client_for(bmc: DocumentedBmc, password: str = PASSWORD, seconds: float = 30.0) -> RedfishClient:
@@ -225,3 +235,34 @@ def test_busy_answers_are_retried_with_pacing(bmc: DocumentedBmc) -> None:
     client.set_power(PowerAction.ON, graceful_timeout=5)
     assert bmc.resets == ["On"] and left == [0]
     assert time.monotonic() - start >= 0.3 + 0.6  # backoff from Pacing.min_interval, doubling
+
+
+def test_reset_types_from_action_info(bmc: DocumentedBmc) -> None:
+    bmc.action_info = True
+    client = client_for(bmc)
+    client.set_power(PowerAction.ON, graceful_timeout=5)
+    client.set_power(PowerAction.CYCLE, graceful_timeout=5)   # no PowerCycle listed: off, settle, on
+    client.set_power(PowerAction.RESET, graceful_timeout=5)
+    assert bmc.resets == ["On", "ForceOff", "On", "ForceRestart"]
+
+
+def test_virtual_media_on_the_manager_by_patch(bmc: DocumentedBmc) -> None:
+    client = client_for(bmc)
+    client.insert_media("http://10.0.0.1/boot.iso")
+    assert bmc.media == {"Inserted": True, "Image": "http://10.0.0.1/boot.iso"}
+    cd = next(m for m in client.virtual_media() if m.id == "CD")
+    assert cd.inserted and cd.image == "http://10.0.0.1/boot.iso" and list(cd.media_types) == ["CD", "DVD"]
+    client.eject_media()
+    assert bmc.media == {"Inserted": False, "Image": None}
+    with pytest.raises(Unsupported, match="no virtual Floppy2 drive"):
+        client.insert_media("http://10.0.0.1/x.img", media_type="Floppy2")
+
+
+def test_task_still_running_at_the_deadline_is_a_timeout(bmc: DocumentedBmc) -> None:
+    from agent.errors import CommandTimeout
+
+    bmc.task_polls = 10**6
+    start = time.monotonic()
+    with pytest.raises(CommandTimeout, match=r"still Running at \d+% at the deadline"):
+        client_for(bmc, seconds=2.5).firmware_update(image_uri="https://files.example/fw.bin")
+    assert time.monotonic() - start < 3.0
