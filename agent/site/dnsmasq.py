@@ -185,10 +185,11 @@ class DnsmasqSupervisor:
         self._thread = threading.Thread(target=self._watch, name="dnsmasq", daemon=True)
         self._thread.start()
 
-    def _spawn(self) -> None:
+    def _spawn(self, *, restart: bool = False) -> None:
         child = proc.spawn(self.argv(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         with self._lock:
             self._proc = child
+            self.restarts += restart
         write_atomic(self.settings.pid_path, f"{child.pid}\n".encode(), 0o600)
         threading.Thread(target=self._log_output, args=(child,), name="dnsmasq-log",
                          daemon=True).start()
@@ -222,8 +223,7 @@ class DnsmasqSupervisor:
             backoff = 0.5 if time.monotonic() - started > STABLE_SECONDS else min(
                 backoff * 2, RESTART_BACKOFF_MAX)
             try:
-                self._spawn()
-                self.restarts += 1
+                self._spawn(restart=True)
             except Exception:
                 log.exception("dnsmasq: restart failed")
 

@@ -15,6 +15,7 @@ started and the boot and proxy kinds answer that the service is not running.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import threading
 import time
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from agent import http
 from agent.config import Config
-from agent.errors import Unsupported
+from agent.errors import InvalidParameters, Unsupported
 from agent.site.dnsmasq import DnsmasqSettings, DnsmasqSupervisor
 from agent.site.pxe import BootEntries
 from agent.site.routes import RouteTable
@@ -54,6 +55,12 @@ class ServiceSettings:
 
 class SiteServices:
     def __init__(self, settings: ServiceSettings) -> None:
+        try:
+            ipaddress.ip_address(settings.address)
+        except ValueError:
+            raise InvalidParameters(
+                f"site_address {settings.address[:60]!r}: the site's IP address on the "
+                "provisioning network (e.g. 10.0.0.2)") from None
         self.settings = settings
         self.dnsmasq: DnsmasqSupervisor | None = None
         self._stop = threading.Event()
@@ -116,6 +123,8 @@ def start(config: Config) -> SiteServices | None:
     if not config.site_address:
         log.warning("site role without site_address: the boot service and proxy routes are off")
         return None
+    if _current is not None:
+        raise RuntimeError("the site services are already running")
     return install(SiteServices(ServiceSettings.from_config(config)))
 
 

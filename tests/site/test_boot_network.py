@@ -14,8 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -30,76 +28,11 @@ from agent.proto import site_pb2
 from agent.site import services
 from agent.site.dnsmasq import stray_children
 from agent.site.services import ServiceSettings, SiteServices
+from tests.site.netns import CLIENT, DHCP, IPXE, SITE, Net, wait_listening
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 HERE = Path(__file__).resolve().parent
-IPXE = Path("/usr/lib/ipxe")
-SITE, DHCP, CLIENT = "10.99.0.2", "10.99.0.1", "10.99.0.50"
-
-
-def _need() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root (network namespaces)")
-    for tool in ("ip", "dnsmasq"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} not installed (apt-get install iproute2 dnsmasq-base)")
-    if not (IPXE / "undionly.kpxe").is_file():
-        pytest.skip("Debian's ipxe package is not installed")
-
-
-class Net:
-    def __init__(self) -> None:
-        tag = f"bcs{os.getpid() % 100000}"
-        self.lan, self.site, self.dhcp, self.cli = (f"{tag}-{n}" for n in ("lan", "site", "dhcp", "cli"))
-        self.made: list[str] = []
-
-    def ip(self, *args: str) -> None:
-        proc.run(["ip", *args], timeout=10)
-
-    def up(self) -> None:
-        for ns in (self.lan, self.site, self.dhcp, self.cli):
-            self.ip("netns", "add", ns)
-            self.made.append(ns)
-        self.ip("-n", self.lan, "link", "add", "br0", "type", "bridge")
-        self.ip("-n", self.lan, "link", "set", "br0", "up")
-        for name, ns, addr in (("site", self.site, SITE), ("dhcp", self.dhcp, DHCP),
-                               ("cli", self.cli, CLIENT)):
-            self.ip("-n", self.lan, "link", "add", f"p-{name}", "type", "veth", "peer", "name",
-                    "eth0", "netns", ns)
-            self.ip("-n", self.lan, "link", "set", f"p-{name}", "master", "br0", "up")
-            self.ip("-n", ns, "link", "set", "lo", "up")
-            self.ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
-            self.ip("-n", ns, "link", "set", "eth0", "up")
-
-    def down(self) -> None:
-        for ns in reversed(self.made):
-            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
-
-    def exec(self, ns: str) -> tuple[str, ...]:
-        return ("ip", "netns", "exec", ns)
-
-
-@pytest.fixture
-def net(tmp_path: Path) -> Iterator[Net]:
-    _need()
-    n = Net()
-    plain: subprocess.Popen[bytes] | None = None
-    try:
-        n.up()
-        # --no-ping: dnsmasq would otherwise ping an address for 3 s before offering it.
-        plain = proc.spawn([*n.exec(n.dhcp), "dnsmasq", "--keep-in-foreground",
-                            "--conf-file=/dev/null", "--port=0", "--interface=eth0",
-                            "--bind-interfaces", "--pid-file=", "--no-ping", "--user=root",
-                            "--dhcp-range=10.99.0.100,10.99.0.200,1h",
-                            f"--dhcp-leasefile={tmp_path / 'leases'}"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_listening(n, n.dhcp)
-        yield n
-    finally:
-        if plain is not None:
-            proc.kill_group(plain)
-        n.down()
 
 
 @pytest.fixture
@@ -108,20 +41,10 @@ def site(net: Net, tmp_path: Path) -> Iterator[SiteServices]:
         address=SITE, port=0, bind="127.0.0.1", root=tmp_path / "site", interface="eth0",
         dnsmasq_argv_prefix=net.exec(net.site))))
     try:
-        _wait_listening(net)
+        wait_listening(net)
         yield running
     finally:
         services.stop()
-
-
-def _wait_listening(net: Net, ns: str = "") -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        out = proc.run([*net.exec(ns or net.site), "ss", "-Hlun", "sport", "=", ":67"], check=False).text
-        if out.strip():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"dnsmasq did not start listening on port 67 in {ns or net.site}")
 
 
 def ask(net: Net, mac: str, *, arch: int = 0, ipxe: bool = False) -> list[dict[str, object]]:
@@ -220,7 +143,7 @@ def test_dnsmasq_restarted_and_no_stray_left(net: Net, tmp_path: Path) -> None:
             time.sleep(0.1)
         restarted = first.dnsmasq.pid
         assert restarted not in (None, pid) and first.dnsmasq.restarts == 1
-        _wait_listening(net)
+        wait_listening(net)
         assert proxy_offers(ask(net, "52:54:00:00:00:21")), "the restarted dnsmasq answers"
         # The daemon dies without stopping its child: the next start kills the stray.
         first.dnsmasq._stopping.set()
@@ -231,7 +154,7 @@ def test_dnsmasq_restarted_and_no_stray_left(net: Net, tmp_path: Path) -> None:
     second = services.install(SiteServices(settings))
     try:
         assert stray_children(second.dnsmasq.settings, [restarted]) == []  # type: ignore[union-attr]
-        _wait_listening(net)
+        wait_listening(net)
         assert proxy_offers(ask(net, "52:54:00:00:00:21")), "the entry survived the restart"
         last = second.dnsmasq.pid  # type: ignore[union-attr]
     finally:
