@@ -179,6 +179,9 @@ class SiteLab(Lab):
             self.net.down()
             raise
 
+    def __enter__(self) -> SiteLab:
+        return self
+
     # -- the images' upstream -----------------------------------------------------------
 
     @property

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.gateway import State
 from agent.proto import session_pb2
 from qemu.harness import Machine, MachineSpec, kernel_args
 from qemu.nodeimage import NodeImage, build_node_image, node_cmdline
@@ -55,6 +56,7 @@ class Bmc:
     protocol: str        # "ipmi" | "redfish"
     address: str
     credentials_ref: str
+    verify_tls: bool = True   # Redfish: False for an emulator's self-signed certificate
 
 
 @dataclass
@@ -126,7 +128,7 @@ class Lifecycle:
         return self.site(kind, {"node_id": self.node.name, "bmc_address": self.bmc.address,
                                 "protocol": self.bmc.protocol, "operation": operation,
                                 "credentials_ref": self.bmc.credentials_ref,
-                                "parameters": parameters})
+                                "verify_tls": self.bmc.verify_tls, "parameters": parameters})
 
     def step(self, name: str, started: float, evidence: str) -> None:
         s = Step(name, time.monotonic() - started, evidence)
@@ -172,8 +174,10 @@ class Lifecycle:
             raise self.fail(f"bmc.query: the node should be off, the BMC says {result.power_state!r}")
         macs = [n.mac_address.lower() for n in result.nics]
         system = result.system
-        if self.node.mac in macs:
-            found = f"MAC {self.node.mac} found"
+        if macs:
+            if self.node.mac not in macs:
+                raise self.fail(f"bmc.query: the BMC lists NICs {macs}, not the node's {self.node.mac}")
+            found = f"host NIC MAC {self.node.mac} found"
         else:
             # IPMI has no portable way to list the host's NICs (agent/site/ipmi.py): the MAC
             # is the one the site's inventory holds for the node.
@@ -319,6 +323,102 @@ class Lifecycle:
         self.step("disk boot + join", t, f"booted from disk (no boot offer), root LABEL=bcroot on "
                                          f"disk0; joined as {rec.hello.role}, new boot "
                                          f"{rec.boot_id[:8]}")
+
+
+@dataclass(frozen=True)
+class UploadTarget:
+    """An HTTP PUT target the node reaches (tests: tests/loopback_http.LoopbackServer on the
+    lab's bridge): ``url(path)`` to send to, ``uploads()`` what arrived, by path."""
+
+    url: Callable[[str], str]
+    uploads: Callable[[], dict[str, bytes]]
+
+
+class NodeRoleSteps:
+    """In role node on the deployed disk: driver.invoke of a real driver, logs.collect and
+    instance.snapshot uploaded to ``upload``, then daemon.upgrade to a newer build fetched
+    through a site route (the node rejoins with the new version)."""
+
+    def __init__(self, life: Lifecycle, upload: UploadTarget) -> None:
+        self.life = life
+        self.upload = upload
+
+    def run_all(self, new_build: Path, new_version: str) -> list[Step]:
+        self.driver_invoke()
+        self.logs_collect()
+        self.snapshot()
+        self.upgrade(new_build, new_version)
+        return self.life.node.steps
+
+    def driver_invoke(self) -> None:
+        life, t = self.life, time.monotonic()
+        # nvme-cli is in the node's userland (the ramdisk's: ethtool, ipmitool, nvidia-smi are
+        # not); the node's disks are virtio, so the version query is what it can answer.
+        result = life.command(life.node.name, "driver.invoke", {
+            "driver": "nvme", "operation": "version", "arguments": {}})[1]
+        out = bytes(result.stdout).decode(errors="replace").strip()
+        if result.exit_code != 0 or "nvme version" not in out:
+            raise life.fail(f"driver.invoke nvme version: {result}")
+        life.step("driver.invoke", t, f"{' '.join(result.argv)} -> {out.splitlines()[0]}")
+
+    def logs_collect(self) -> None:
+        life, t = self.life, time.monotonic()
+        path = f"/logs/{life.node.name}.tar"
+        result = life.command(life.node.name, "logs.collect", {
+            "upload_url": self.upload.url(path),   # the agent's own logs, and the kernel's
+            "include_kernel_log": True})[1]
+        got = self.upload.uploads().get(path)
+        if got is None or hashlib.sha256(got).hexdigest() != result.archive_digest.hex:
+            raise life.fail(f"logs.collect: upload {'missing' if got is None else 'differs'}: {result}")
+        life.step("logs.collect", t, f"{len(result.manifest)} files, {len(got)} bytes uploaded, "
+                                     f"sha256 {result.archive_digest.hex[:12]}… matches")
+
+    def snapshot(self) -> None:
+        life, t = self.life, time.monotonic()
+        path = f"/snapshots/{life.node.name}-disk1.zst"
+        result = life.command(life.node.name, "instance.snapshot", {
+            "source_path": "/dev/vdb", "upload_url": self.upload.url(path),
+            "compression": "ZSTD_COMPRESSION"})[1]
+        got = self.upload.uploads().get(path)
+        raw = life.node.wipe_disk.stat().st_size
+        if (got is None or hashlib.sha256(got).hexdigest() != result.uploaded_digest.hex
+                or result.source_bytes != raw
+                or result.source_digest.hex != hashlib.sha256(bytes(raw)).hexdigest()):
+            raise life.fail(f"instance.snapshot: {result}")
+        life.step("instance.snapshot", t, f"/dev/vdb ({raw // MiB} MiB, the wiped disk: its "
+                                          f"zeros' digest) -> {len(got)} bytes zstd uploaded")
+
+    def upgrade(self, new_build: Path, new_version: str) -> None:
+        from agent.proto import agent_pb2, common_pb2
+        from agent.trust import SigningKey
+
+        life, t = self.life, time.monotonic()
+        lab, name = life.lab, life.node.name
+        os.link(new_build, lab.www / f"{name}-agent.pyz")
+        route = life.site("site.httpProxy", {
+            "node_id": name, "upstream_url": lab.upstream_url(f"{name}-agent.pyz"),
+            "ttl_seconds": 600})
+        data = new_build.read_bytes()
+        sha = hashlib.sha256(data)
+        key = SigningKey.load(lab.pki.signing_key)
+        before = lab.gateway.nodes[name]
+        old_version, sessions = before.hello.agent_version, before.sessions
+        cid = lab.gateway.send(name, "daemon.upgrade", agent_pb2.DaemonSection(
+            version=new_version, url=route.proxy_url,
+            digest=common_pb2.Digest(algorithm="sha256", hex=sha.hexdigest()),
+            signature=key.sign_artifact(sha.digest()), key_id=key.key_id,
+            rejoin_timeout_seconds=300))
+        try:
+            rec = lab.gateway.wait(cid, COMMAND_TIMEOUT)
+        except TimeoutError:
+            raise life.fail("daemon.upgrade did not complete") from None
+        after = lab.gateway.nodes[name]
+        if (rec.state is not State.COMPLETED or after.hello.agent_version != new_version
+                or after.sessions <= sessions or after.hello.role != "node"):
+            raise life.fail(f"daemon.upgrade: {rec.state} {lab.gateway.events_for(cid)}; "
+                            f"rejoined as {after.hello.role} {after.hello.agent_version}")
+        life.step("daemon.upgrade", t, f"{old_version} -> {new_version} through a site route, "
+                                       f"signed build verified; rejoined in role node")
 
 
 def guest_shell(node: SiteNode, command: str, timeout: float = 60.0) -> tuple[int, str]:

@@ -11,26 +11,43 @@ runs and checks each step:
 
 Every step is a command through the reference gateway, to the site daemon or to the node;
 bmc.boot, deploy.image and disk.wipe are destructive and go signed.
+
+The same sequence runs once more over Redfish: sushy-tools' emulator (fake driver, HTTPS with
+a self-signed certificate, so ``verify_tls: false``) whose notification hook powers a second
+QEMU node (tests/site/sushy.py). Its System lists the node's NIC, so there bmc.query finds the
+MAC the boot entry is made for. BIOS mode both times (no OVMF in qemu/powered.py yet).
 """
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from agent.site.bmc import Credentials
 from agent.site.secrets import SecretStore
+from initramfs import build as ramdisk
 from qemu.ipmisim import IpmiSim, start_ipmi_sim
 from qemu.lab import Ramdisk
-from qemu.sitelab import SiteLab, missing_network_prerequisites
-from qemu.sitelife import Bmc, Lifecycle, SiteNode, Step, make_node
+from qemu.sitelab import GATEWAY_ADDRESS, SiteLab, missing_network_prerequisites
+from qemu.sitelife import Bmc, Lifecycle, NodeRoleSteps, SiteNode, Step, UploadTarget, make_node
+from tests.loopback_http import LoopbackServer, self_signed_cert
 from tests.site.conftest import PASSWORD, REF, USERNAME
+from tests.site.sushy import NODE_MAC, USER, NodeHook, SushyEmulator
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow]
 
 NODE = "site-n1"
+RF_NODE = "site-n2"
+NEW_VERSION = "0.2.0"
+RF_PASSWORD = "Redfish-Emu-Pass-7731"
+RF_REF = "rack1-rf02"
+STEPS = ["bmc.query", "boot.prepareRamdisk", "bmc.boot pxe", "bmc.power on", "PXE boot + join",
+         "site.httpProxy", "deploy.image", "disk.wipe", "boot.cleanUp", "bmc.boot disk",
+         "bmc.power cycle", "disk boot + join"]
 
 
 @pytest.fixture(scope="module")
@@ -61,22 +78,72 @@ def ipmi(site_lab: SiteLab, node: SiteNode) -> Iterator[IpmiSim]:
     sim.stop()
 
 
-def test_site_driven_lifecycle_over_ipmi(site_lab: SiteLab, node: SiteNode, ipmi: IpmiSim) -> None:
+def run_and_show(life: Lifecycle, then: Callable[[], object] | None = None) -> list[Step]:
     shown: list[Step] = []
-    life = Lifecycle(site_lab, node, Bmc("ipmi", ipmi.address, REF), on_step=shown.append)
+    life.on_step = shown.append
     try:
         life.run_all()
+        if then is not None:
+            then()
     finally:
         for s in shown:
             print(f"{s.seconds:7.1f}s  {s.name:22} {s.evidence}")
-    names = [s.name for s in shown]
-    assert names == ["bmc.query", "boot.prepareRamdisk", "bmc.boot pxe", "bmc.power on",
-                     "PXE boot + join", "site.httpProxy", "deploy.image", "disk.wipe",
-                     "boot.cleanUp", "bmc.boot disk", "bmc.power cycle", "disk boot + join"]
-    # The destructive kinds went signed, and none was refused for it.
-    gw = site_lab.gateway
+        life.node.power.stop(force=True)   # one QEMU at a time on a shared machine
+    return shown
+
+
+def check_common(lab: SiteLab, node: SiteNode, shown: list[Step]) -> None:
+    assert [s.name for s in shown][:len(STEPS)] == STEPS
+    # The destructive kinds went signed (the agent refuses them unsigned).
     for kind in ("bmc.boot", "deploy.image", "disk.wipe"):
-        recs = [r for r in gw.commands.values() if r.kind == kind]
+        recs = [r for r in lab.gateway.commands.values() if r.kind == kind]
         assert recs and all(r.signed.signature for r in recs), kind
-    # The image came from the upstream once, to the site daemon (the route relays it).
-    assert [line for line in site_lab.upstream.served if line.startswith("GET /site-n1.img.zst")]
+    # The image came from the upstream to the site daemon (the route relays it).
+    assert [line for line in lab.upstream.served if line.startswith(f"GET /{node.name}.img.zst")]
+
+
+@pytest.fixture(scope="module")
+def upload(site_lab: SiteLab) -> Iterator[LoopbackServer]:
+    """The upload target beside the gateway, on its address on the bridge (the node reaches it)."""
+    srv = site_lab.in_lan(lambda: LoopbackServer(host=GATEWAY_ADDRESS).__enter__())
+    yield srv
+    srv.__exit__()
+
+
+def test_site_driven_lifecycle_over_ipmi(site_lab: SiteLab, node: SiteNode, ipmi: IpmiSim,
+                                         upload: LoopbackServer, tmp_path: Path) -> None:
+    """The whole life over IPMI, then in role node on the deployed disk: driver.invoke,
+    logs.collect and instance.snapshot uploaded, daemon.upgrade to a newer build."""
+    life = Lifecycle(site_lab, node, Bmc("ipmi", ipmi.address, REF))
+    new_build = ramdisk.build_agent(tmp_path / "agent-new.pyz", version=NEW_VERSION)
+    target = UploadTarget(upload.url, lambda: dict(upload.uploads))
+    shown = run_and_show(life, lambda: NodeRoleSteps(life, target).run_all(new_build, NEW_VERSION))
+    check_common(site_lab, node, shown)
+    assert [s.name for s in shown][len(STEPS):] == ["driver.invoke", "logs.collect",
+                                                   "instance.snapshot", "daemon.upgrade"]
+
+
+def test_site_driven_lifecycle_over_redfish(site_lab: SiteLab, tmp_path: Path) -> None:
+    if shutil.which("sushy-emulator", path=str(Path(sys.executable).parent)) is None \
+            and shutil.which("sushy-emulator") is None:
+        pytest.skip("sushy-emulator is not installed (pip install sushy-tools: the dev extra)")
+    node = make_node(site_lab, RF_NODE, mac=NODE_MAC)
+    SecretStore(site_lab.secrets_dir).put(RF_REF, Credentials(USER, RF_PASSWORD))
+    cert, key = self_signed_cert(str(tmp_path))
+    # The emulator and its hook in the lab's namespace: the hook's worker thread (born there)
+    # powers the node on, so QEMU finds its tap device.
+    hook = site_lab.in_lan(lambda: NodeHook(node.power).__enter__())
+    try:
+        emu = site_lab.in_lan(lambda: SushyEmulator(tmp_path / "emu", password=RF_PASSWORD,
+                                                    tls=(cert, key), notify_url=hook.url).__enter__())
+        try:
+            life = Lifecycle(site_lab, node, Bmc("redfish", f"127.0.0.1:{emu.port}", RF_REF,
+                                                 verify_tls=False))
+            shown = run_and_show(life)
+        finally:
+            emu.__exit__()
+    finally:
+        hook.__exit__()
+    check_common(site_lab, node, shown)
+    assert not hook.errors, hook.errors
+    assert "MAC" in shown[0].evidence and "found" in shown[0].evidence
