@@ -1,9 +1,12 @@
 """The demo: one node's life in QEMU, driven through the reference gateway, as a timeline.
 
-    python -m qemu.demo [--workdir qemu/out/demo] [--no-install]
+    python -m qemu.demo [--workdir qemu/out/demo] [--no-install] [--user-net]
 
 On a fresh Debian bookworm machine (as root) it installs the Debian packages it needs, builds
-what is missing (the agent zipapp, the ramdisk, a bootable node image), then:
+what is missing (the agent zipapp, the ramdisk, a bootable node image), then runs the
+site-driven lifecycle (qemu/sitedemo.py: BMC, the site's PXE boot service and proxy routes,
+the gateway; every step with its duration and evidence). With ``--user-net``, the former
+sequence on QEMU's user network:
 
   1. boots a bare-metal-like guest by PXE (iPXE, kernel and initramfs over HTTP) with two NVMe
      disks and a virtio disk; the ramdisk agent joins the gateway;
@@ -25,8 +28,10 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
+from qemu import sitedemo
 from qemu.harness import Machine
 
 HERE = Path(__file__).resolve().parent
@@ -45,8 +50,9 @@ class Timeline:
         print(f"[{time.monotonic() - self.t0:7.1f}s] {what}", flush=True)
 
 
-def install_packages() -> None:
+def install_packages(extra: Sequence[str] = ()) -> None:
     missing = sorted({pkg for tool, pkg in TOOLS.items() if shutil.which(tool) is None})
+    missing += extra
     if not list(Path("/boot").glob("vmlinuz-*-cloud-amd64")):
         missing.append("linux-image-cloud-amd64")
     if not Path("/usr/lib/ipxe/qemu").is_dir():
@@ -90,11 +96,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m qemu.demo", description=__doc__.split("\n")[0])
     parser.add_argument("--workdir", type=Path, default=HERE / "out" / "demo")
     parser.add_argument("--no-install", action="store_true", help="do not apt-get install what is missing")
+    parser.add_argument("--user-net", action="store_true",
+                        help="the former demo: PXE from QEMU's user network, then kexec")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         sys.exit("demo: run as root (the ramdisk builder chroots into the ramdisk's root)")
     if not args.no_install:
-        install_packages()
+        install_packages(() if args.user_net else sitedemo.missing_packages())
+    if not args.user_net:
+        shutil.rmtree(args.workdir, ignore_errors=True)
+        sitedemo.run(args.workdir, Timeline().say)
+        return 0
 
     from agent.proto import session_pb2
     from qemu.lab import Lab, ensure_ramdisk

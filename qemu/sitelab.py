@@ -192,6 +192,11 @@ class SiteLab(Lab):
         """``self.www / name`` as the site daemon reaches it (never the node)."""
         return f"http://127.0.0.1:{self.files.port}/{name}"
 
+    def start_upload_target(self) -> UploadTarget:
+        target = self.lan.call(UploadTarget)
+        self.closers.append(target.stop)
+        return target
+
     # -- the site daemon ----------------------------------------------------------------
 
     @property
@@ -294,6 +299,55 @@ class SiteLab(Lab):
         finally:
             self.lan.close()
             self.net.down()
+
+
+class UploadTarget:
+    """An HTTP PUT target beside the gateway (logs.collect, instance.snapshot upload there):
+    on GATEWAY_ADDRESS, bound from inside the lab's namespace, so the node reaches it. Keeps
+    each upload's bytes by path (small in the lab: logs, a snapshot of zeros)."""
+
+    def __init__(self, host: str = GATEWAY_ADDRESS) -> None:
+        import http.server
+        import threading
+
+        received: dict[str, bytes] = {}
+        self.received = received
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def do_PUT(self) -> None:
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    chunks = []
+                    while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
+                        chunks.append(self.rfile.read(size))
+                        self.rfile.readline()
+                    self.rfile.readline()
+                    body = b"".join(chunks)
+                else:
+                    body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                received[self.path.split("?", 1)[0]] = body
+                self.send_response(201)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.host = host
+        self.httpd = http.server.ThreadingHTTPServer((host, 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name="uploads")
+        self.thread.start()
+
+    def url(self, path: str) -> str:
+        return f"http://{self.host}:{self.port}{path}"
+
+    def uploads(self) -> dict[str, bytes]:
+        return dict(self.received)
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
 
 
 def wait_for(predicate: Callable[[], T | None], timeout: float, what: str,

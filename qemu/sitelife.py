@@ -29,7 +29,7 @@ from agent.proto import session_pb2
 from qemu.harness import Machine, MachineSpec, kernel_args
 from qemu.nodeimage import NodeImage, build_node_image, node_cmdline
 from qemu.powered import PoweredNode
-from qemu.sitelab import SITE_NODE_ID, SiteLab
+from qemu.sitelab import SITE_NODE_ID, SiteLab, UploadTarget
 
 MiB = 1024 * 1024
 NODE_MAC = "52:54:00:5e:00:01"
@@ -323,15 +323,6 @@ class Lifecycle:
         self.step("disk boot + join", t, f"booted from disk (no boot offer), root LABEL=bcroot on "
                                          f"disk0; joined as {rec.hello.role}, new boot "
                                          f"{rec.boot_id[:8]}")
-
-
-@dataclass(frozen=True)
-class UploadTarget:
-    """An HTTP PUT target the node reaches (tests: tests/loopback_http.LoopbackServer on the
-    lab's bridge): ``url(path)`` to send to, ``uploads()`` what arrived, by path."""
-
-    url: Callable[[str], str]
-    uploads: Callable[[], dict[str, bytes]]
 
 
 class NodeRoleSteps:

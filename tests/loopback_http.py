@@ -167,11 +167,8 @@ class _Server(ThreadingHTTPServer):
 
 
 class LoopbackServer:
-    def __init__(self, tls: tuple[str, str] | None = None, host: str = "127.0.0.1") -> None:
-        """``host``: the address to listen on (the site lab's upload target listens on its
-        bridge, from a thread inside the lab's network namespace)."""
-        self.host = host
-        self.server = _Server((host, 0), _Handler)
+    def __init__(self, tls: tuple[str, str] | None = None) -> None:
+        self.server = _Server(("127.0.0.1", 0), _Handler)
         self.server.guard = threading.Lock()
         self.server.files, self.server.faults, self.server.fault_count = {}, {}, {}
         self.server.redirects, self.server.requests, self.server.uploads = {}, [], {}
@@ -193,7 +190,7 @@ class LoopbackServer:
         self.server.redirects[path] = to
 
     def url(self, path: str) -> str:
-        return f"{self.scheme}://{self.host}:{self.server.server_address[1]}{path}"
+        return f"{self.scheme}://127.0.0.1:{self.server.server_address[1]}{path}"
 
     @property
     def requests(self) -> list[tuple[str, str, dict[str, str]]]:

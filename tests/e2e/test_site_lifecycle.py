@@ -32,9 +32,9 @@ from agent.site.secrets import SecretStore
 from initramfs import build as ramdisk
 from qemu.ipmisim import IpmiSim, start_ipmi_sim
 from qemu.lab import Ramdisk
-from qemu.sitelab import GATEWAY_ADDRESS, SiteLab, missing_network_prerequisites
-from qemu.sitelife import Bmc, Lifecycle, NodeRoleSteps, SiteNode, Step, UploadTarget, make_node
-from tests.loopback_http import LoopbackServer, self_signed_cert
+from qemu.sitelab import SiteLab, missing_network_prerequisites
+from qemu.sitelife import Bmc, Lifecycle, NodeRoleSteps, SiteNode, Step, make_node
+from tests.loopback_http import self_signed_cert
 from tests.site.conftest import PASSWORD, REF, USERNAME
 from tests.site.sushy import NODE_MAC, USER, NodeHook, SushyEmulator
 
@@ -102,21 +102,13 @@ def check_common(lab: SiteLab, node: SiteNode, shown: list[Step]) -> None:
     assert [line for line in lab.upstream.served if line.startswith(f"GET /{node.name}.img.zst")]
 
 
-@pytest.fixture(scope="module")
-def upload(site_lab: SiteLab) -> Iterator[LoopbackServer]:
-    """The upload target beside the gateway, on its address on the bridge (the node reaches it)."""
-    srv = site_lab.in_lan(lambda: LoopbackServer(host=GATEWAY_ADDRESS).__enter__())
-    yield srv
-    srv.__exit__()
-
-
 def test_site_driven_lifecycle_over_ipmi(site_lab: SiteLab, node: SiteNode, ipmi: IpmiSim,
-                                         upload: LoopbackServer, tmp_path: Path) -> None:
+                                         tmp_path: Path) -> None:
     """The whole life over IPMI, then in role node on the deployed disk: driver.invoke,
     logs.collect and instance.snapshot uploaded, daemon.upgrade to a newer build."""
     life = Lifecycle(site_lab, node, Bmc("ipmi", ipmi.address, REF))
     new_build = ramdisk.build_agent(tmp_path / "agent-new.pyz", version=NEW_VERSION)
-    target = UploadTarget(upload.url, lambda: dict(upload.uploads))
+    target = site_lab.start_upload_target()
     shown = run_and_show(life, lambda: NodeRoleSteps(life, target).run_all(new_build, NEW_VERSION))
     check_common(site_lab, node, shown)
     assert [s.name for s in shown][len(STEPS):] == ["driver.invoke", "logs.collect",
