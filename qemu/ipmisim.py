@@ -68,6 +68,78 @@ class IpmiSim:
         self.node.stop(force=True)
 
 
+# (sensor number, name, IPMI sensor type, base unit code, M, raw value): what the emulated
+# BMC reports in its SDR, read back by bmc.query as typed sensors.
+SENSORS = (
+    (1, "CPU Temp", 0x01, 1, 1, 45),        # temperature, degrees C, 45
+    (2, "FAN1", 0x04, 18, 100, 54),         # fan, RPM, 5400
+    (3, "PSU1 Power", 0x08, 6, 2, 160),     # power supply, Watts, 320
+)
+
+
+def full_sensor_record(record_id: int, number: int, name: str, sensor_type: int, unit: int,
+                       m: int) -> bytes:
+    """An IPMI 2.0 Full Sensor Record (SDR type 0x01): a linear threshold sensor whose
+    reading is ``m * raw``."""
+    body = bytes([
+        0x20, 0x00, number,          # owner (the BMC), LUN, sensor number
+        0x07, 0x01,                  # entity: system board, instance 1
+        0x7f, 0x68,                  # initialization, capabilities
+        sensor_type, 0x01,           # type; event/reading type: threshold
+        0x00, 0x00, 0x00, 0x00, 0x3f, 0x3f,   # assertion, deassertion, readable thresholds masks
+        0x00, unit, 0x00,            # units 1 (unsigned), base unit, modifier
+        0x00,                        # linear
+        m & 0xff, (m >> 8) << 6,     # M (10 bits), tolerance
+        0x00, 0x00, 0x00, 0x00,      # B, accuracy, exponents
+        0x00, 0x00, 0xff, 0x00,      # flags, nominal, normal max, normal min
+        0xff, 0x00,                  # sensor max, min reading
+        0xff, 0xff, 0xff, 0x00, 0x00, 0x00,   # thresholds (upper nr/c/nc, lower nr/c/nc)
+        0x00, 0x00, 0x00, 0x00, 0x00,         # hysteresis +/-, reserved x2, OEM
+        0xc0 | len(name),            # ID string: 8-bit ASCII
+    ]) + name.encode()
+    return bytes([record_id & 0xff, record_id >> 8, 0x51, 0x01, len(body)]) + body
+
+
+# The product the emulated BMC's FRU 0 describes.
+PRODUCT = {"manufacturer": "Better Compute", "model": "BC-QEMU-1", "serial": "BCQ0001"}
+
+
+def _checksum(data: bytes) -> int:
+    return (-sum(data)) & 0xff
+
+
+def fru_data() -> bytes:
+    """An IPMI Platform Management FRU image: the common header and a product info area."""
+    fields = [PRODUCT["manufacturer"], PRODUCT["model"], "", "1.0", PRODUCT["serial"], "", ""]
+    area = bytes([0x01, 0x00, 0x00])                    # version, length (set below), English
+    for text in fields:
+        area += bytes([0xc0 | len(text)]) + text.encode()
+    area += b"\xc1"                                     # end of fields
+    area += bytes(-(len(area) + 1) % 8)                 # pad to a multiple of 8 with the checksum
+    area = area[:1] + bytes([(len(area) + 1) // 8]) + area[2:]
+    area += bytes([_checksum(area)])
+    header = bytes([0x01, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00])   # product area at offset 8
+    return header + bytes([_checksum(header)]) + area
+
+
+def emu_commands() -> str:
+    """ipmi_sim's command file: the BMC at 0x20 with SENSORS."""
+    lines = ["mc_setbmc 0x20",
+             "mc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02 persist_sdr",
+             "sel_enable 0x20 1000 0x0a"]
+    for i, (number, name, sensor_type, unit, m, raw) in enumerate(SENSORS, start=1):
+        record = full_sensor_record(i, number, name, sensor_type, unit, m)
+        lines += [f"sensor_add 0x20 0 {number} {sensor_type:#04x} 0x01",
+                  "main_sdr_add 0x20 " + " ".join(f"{b:#04x}" for b in record),
+                  f"sensor_set_value 0x20 0 {number} {raw:#04x} 0",
+                  f"sensor_set_event_support 0x20 0 {number} enable scanning per-state "
+                  + " ".join(["000000000000000"] * 4)]
+    fru = fru_data()
+    lines.append(f"mc_add_fru_data 0x20 0 {len(fru):#x} data " + " ".join(f"{b:#04x}" for b in fru))
+    lines.append("mc_enable 0x20")
+    return "\n".join(lines) + "\n"
+
+
 def start_ipmi_sim(workdir: Path, node: PoweredNode, username: str, password: str) -> IpmiSim:
     workdir.mkdir(parents=True, exist_ok=True)
     control = workdir / "chassis-control"
@@ -96,12 +168,7 @@ set_working_mc 0x20
   chassis_control "{control} 0x20"
   user 2 true "{username}" "{password}" admin 10 md5 straight
 """)
-    (workdir / "sim.emu").write_text(
-        "mc_setbmc 0x20\n"
-        "mc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02 persist_sdr\n"
-        "sel_enable 0x20 1000 0x0a\n"
-        "mc_enable 0x20\n"
-    )
+    (workdir / "sim.emu").write_text(emu_commands())
     state = workdir / "state"
     state.mkdir(exist_ok=True, mode=0o700)
     log = (workdir / "ipmi_sim.log").open("wb")

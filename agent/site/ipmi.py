@@ -245,7 +245,6 @@ class IpmiClient:
         self.host, self.port = split_address(target.address)
         self.channel = channel
         self.attempts = 0
-        self._last_request = 0.0
 
     # -- running ipmitool -----------------------------------------------------------------
 
@@ -267,25 +266,28 @@ class IpmiClient:
                 text = text.replace(s, "<hidden>")
         return text
 
-    def _once(self, args: list[str], creds: Credentials) -> proc.Completed:
-        argv = [self.ipmitool, "-v", "-I", "lanplus", "-H", self.host, "-p", str(self.port),
-                "-U", creds.username, "-E", "-C", CIPHER_SUITE, "-N", "2", "-R", "1", *args]
+    def _once(self, args: list[str], creds: Credentials, verbose: bool) -> proc.Completed:
+        argv = [self.ipmitool, *(["-v"] if verbose else []), "-I", "lanplus",
+                "-H", self.host, "-p", str(self.port), "-U", creds.username, "-E",
+                "-C", CIPHER_SUITE, "-N", "2", "-R", "1", *args]
         env = proc.clean_env({"IPMI_PASSWORD": creds.password})
         self.attempts += 1
-        self._last_request = time.monotonic()
         return proc.run(argv, check=False, env=env, cancel=self.call.cancel,
                         timeout=min(CALL_TIMEOUT, self._remaining()))
 
-    def run(self, *args: str, creds: Credentials | None = None, secrets: tuple[str, ...] = ()) -> str:
+    def run(self, *args: str, creds: Credentials | None = None, secrets: tuple[str, ...] = (),
+            verbose: bool = True) -> str:
         """One ipmitool command against the BMC, with the retries its failure allows.
-        Returns stdout. ``secrets`` are also redacted from any message."""
+        Returns stdout. ``secrets`` are also redacted from any message. ``verbose`` (-v) is
+        what tells a refused login from no answer; off only for commands whose output it
+        changes (sdr), run after a login has been proven."""
         creds = creds or self.target.credentials
         what = " ".join(args[:3])
         unreachable = busy = 0
         delay = self.call.pacing.min_interval
         while True:
             try:
-                done = self._once(list(args), creds)
+                done = self._once(list(args), creds, verbose)
             except CommandTimeout:
                 if time.monotonic() >= self.call.deadline:
                     raise CommandTimeout(f"BMC {self.target.address}: no answer to {what!r} "
@@ -390,7 +392,7 @@ class IpmiClient:
             bmc_firmware_version=mc["firmware"],
         ))
         with contextlib.suppress(BmcRefused):   # an empty SDR repository is an error to ipmitool
-            result.sensors.extend(parse_sdr(self.run("sdr", "elist", "full")))
+            result.sensors.extend(parse_sdr(self.run("sdr", "elist", "full", verbose=False)))
         mac = parse_lan_mac(self.run("lan", "print", str(self.channel)))
         if mac and mac != "00:00:00:00:00:00":
             # The BMC's own LAN port: IPMI has no portable way to list the host's NICs.

@@ -113,10 +113,16 @@ def test_redfish_without_its_client_fails_clearly(site_config: Config) -> None:
 def test_query_gives_typed_system_and_power(sim: IpmiSim, site_config: Config) -> None:
     result = run_kind("bmc.query", site_config, request(sim.address, "query"))
     assert result.power_state == "off" and result.state == "off"
-    assert result.system.manufacturer == "MontaVista Software, Inc."
+    # FRU 0 and the SDR sensors as qemu/ipmisim.py configures the emulated BMC.
+    assert (result.system.manufacturer, result.system.model, result.system.serial) == \
+        ("Better Compute", "BC-QEMU-1", "BCQ0001")
     assert result.system.bmc_firmware_version == "9.08"
     assert result.values["ipmi_version"] == "2.0"
-    assert result.attempts >= 3
+    sensors = {s.name: (s.kind, s.reading, s.units, s.health, s.has_reading) for s in result.sensors}
+    assert sensors == {"CPU Temp": ("temperature", 45.0, "Cel", "OK", True),
+                       "FAN1": ("fan", 5400.0, "RPM", "OK", True),
+                       "PSU1 Power": ("power", 320.0, "W", "OK", True)}
+    assert result.attempts >= 5
 
 
 def test_status_of_a_node_that_is_off(sim: IpmiSim, site_config: Config) -> None:
@@ -264,6 +270,11 @@ def test_power_and_pxe_boot_drive_a_real_guest(powered_sim: IpmiSim, site_config
     run_kind("bmc.power", site_config, request(sim.address, "reset"))
     wait_for(lambda: sum(b.how == "pxe-fetch" for b in node.boots()) >= 2, 120, "the PXE fetch after reset")
     assert [b.how for b in node.boots()][:2] == ["start", "pxe-fetch"]
+    # A power cycle is off then on: a new QEMU (a second "start"), booting by PXE again.
+    cycle = run_kind("bmc.power", site_config, request(sim.address, "cycle"))
+    assert cycle.power_state == "on"
+    assert [b.how for b in node.boots()].count("start") == 2
+    wait_for(lambda: sum(b.how == "pxe-fetch" for b in node.boots()) >= 3, 120, "the PXE fetch after cycle")
     # Graceful first: this guest ignores the power button, so it is forced at the deadline.
     started = time.monotonic()
     off = run_kind("bmc.power", site_config,

@@ -1,19 +1,26 @@
-"""How the IPMI client treats a BMC that is busy or refuses: ipmi_sim cannot be made busy, so
-a stand-in ``ipmitool`` (a script) answers like a busy BMC for its first calls, then like a
-healthy one, and records each call's argv and whether the password came by environment."""
+"""What ipmi_sim cannot be made to do: be busy, refuse with its own words, be slow. A
+stand-in ``ipmitool`` (a script) answers like such a BMC and records each call's argv, time,
+and whether the password came by environment."""
 
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from agent.commands import handler_for
+from agent.commands.base import Context, ResourceLocks
+from agent.config import Config
 from agent.errors import BmcRefused
+from agent.proto import site_pb2
 from agent.site.bmc import CallContext, Credentials, Pacing, PowerState, Target
 from agent.site.ipmi import IpmiClient
+from agent.site.secrets import SecretStore
+from tests.site.conftest import PASSWORD, REF
 
 SECRET = "Busy-Secret-5gH"
 
@@ -69,3 +76,80 @@ def test_a_bmc_busy_for_ever_is_given_up_within_bounds(tmp_path: Path) -> None:
     with pytest.raises(BmcRefused, match="still busy after 8 attempts"):
         c.power_state()
     assert c.attempts == 8
+
+
+def test_one_operation_at_a_time_per_bmc_and_bmcs_in_parallel(tmp_path: Path, site_config: Config,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four bmc.power status commands on two BMCs, sharing the runtime's resource locks: the
+    stand-in ipmitool (found first on PATH) takes 0.4 s a call and records when each ran."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "ipmitool").write_text(f"""#!/bin/sh
+for a; do case $prev in -H) host=$a;; esac; prev=$a; done
+echo "$host start $(date +%s.%N)" >> {tmp_path}/spans
+sleep 0.4
+echo "$host end $(date +%s.%N)" >> {tmp_path}/spans
+echo "Chassis Power is on"
+""")
+    (bindir / "ipmitool").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    locks = ResourceLocks()
+    handler = handler_for("bmc.power")
+    assert handler is not None
+    errors: list[BaseException] = []
+
+    def one(address: str) -> None:
+        ctx = Context.local("bmc.power", site_config, timeout=60)
+        ctx.locks = locks
+        try:
+            handler.run(ctx, handler.parse(site_pb2.BmcOperationRequest(
+                bmc_address=address, protocol="ipmi", operation="status", credentials_ref=REF)))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(a,)) for a in ("10.0.0.1", "10.0.0.2") * 2]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    spans: dict[str, list[tuple[float, float]]] = {}
+    starts: dict[str, list[float]] = {}
+    for line in (tmp_path / "spans").read_text().splitlines():
+        host, what, when = line.split()
+        if what == "start":
+            starts.setdefault(host, []).append(float(when))
+        else:
+            spans.setdefault(host, []).append((starts[host].pop(0), float(when)))
+    assert sorted(spans) == ["10.0.0.1", "10.0.0.2"] and all(len(v) == 2 for v in spans.values())
+    for host, (first, second) in ((h, sorted(v)) for h, v in spans.items()):
+        assert second[0] >= first[1], f"two operations overlapped on {host}"
+    a, b = sorted(spans["10.0.0.1"])[0], sorted(spans["10.0.0.2"])[0]
+    assert a[0] < b[1] and b[0] < a[1], "the two BMCs were not driven in parallel"
+
+
+def test_a_bmc_that_refuses_the_new_password_keeps_the_old_one(tmp_path: Path, site_config: Config,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """bmc.rotate halfway: the password is staged, the BMC refuses the change. The store keeps
+    the working password, drops the pending one, and the error carries the BMC's words."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "ipmitool").write_text(f"""#!/bin/sh
+if [ "$IPMI_PASSWORD" != "{PASSWORD}" ]; then echo "> RAKP 2 HMAC is invalid" >&2; exit 1; fi
+case "$*" in
+  *"user list"*) echo "2   bcadmin          true    false      true       ADMINISTRATOR";;
+  *exec*) echo "Set User Password command failed (user 2): Invalid data field in request" >&2; exit 1;;
+  *) echo "Chassis Power is on";;
+esac
+""")
+    (bindir / "ipmitool").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    handler = handler_for("bmc.rotate")
+    assert handler is not None
+    params = handler.parse(site_pb2.BmcOperationRequest(
+        bmc_address="10.0.0.3", protocol="ipmi", operation="rotate", credentials_ref=REF))
+    with pytest.raises(BmcRefused) as info:
+        handler.run(Context.local("bmc.rotate", site_config), params)
+    assert "Invalid data field in request" in info.value.details["bmc_message"]
+    store = SecretStore(site_config.secrets_dir)
+    assert store.get(REF).password == PASSWORD and store.pending(REF) is None
