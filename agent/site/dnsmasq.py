@@ -2,10 +2,11 @@
 
 dnsmasq runs in proxy-DHCP mode (``dhcp-range=<site address>,proxy``): it never hands out an
 address (the provisioning network's own DHCP server does), it only tells PXE and iPXE clients
-where to boot from, and it does so only for the MACs that have a host file in ``hosts/``
-(``dhcp-ignore`` of every client without one of our tags). The PXE ROM gets ``undionly.kpxe``
-(BIOS) or ``ipxe.efi`` (UEFI) over TFTP, from a folder that holds those two files and nothing
-else; iPXE, once chained (user class "iPXE"), gets the URL of the site's ``/boot.ipxe``.
+where to boot from, and it does so only for the MACs that have a line in ``hosts/``
+(``dhcp-ignore`` of every client not "known"). The PXE ROM gets ``undionly.kpxe`` (BIOS,
+client architecture 0) or ``ipxe.efi`` (UEFI x86-64, architecture 7 or 9) over TFTP, from a
+folder that holds those two files and nothing else; iPXE, once chained (user class "iPXE"),
+gets the URL of the site's ``/boot.ipxe``.
 
 The supervisor starts dnsmasq in the foreground in its own process group, logs its output,
 restarts it when it dies (with a backoff), reloads it with SIGHUP after every change of the
@@ -75,16 +76,20 @@ def render_config(s: DnsmasqSettings) -> str:
         f"dhcp-range={s.address},proxy",            # proxy DHCP: never an address
         "leasefile-ro",
         f"dhcp-hostsdir={s.hosts_dir}",
-        # Only the MACs with a host file (which sets one of these tags) get an answer.
-        f"dhcp-ignore=tag:!{BootFile.BIOS.tag},tag:!{BootFile.UEFI.tag}",
+        # Only the MACs with a host line ("known") get an answer. The lines carry no tags:
+        # dnsmasq 2.90 aborts (a double free) when it reloads dhcp-host lines with set:<tag>
+        # after it has answered a PXE client, so the binary follows the client's architecture.
+        "dhcp-ignore=tag:!known",
         "dhcp-userclass=set:ipxe,iPXE",
         "dhcp-match=set:ipxe,175",
+        "dhcp-match=set:efi64,option:client-arch,7",
+        "dhcp-match=set:efi64,option:client-arch,9",
         # BIOS PXE ROMs: a boot menu of one item, answered by the boot server (port 4011).
         'pxe-prompt="bettercompute",0',
-        f'pxe-service=tag:!ipxe,tag:{BootFile.BIOS.tag},x86PC,"bettercompute",{BootFile.BIOS}',
+        f'pxe-service=tag:!ipxe,x86PC,"bettercompute",{BootFile.BIOS}',
         f'pxe-service=tag:ipxe,x86PC,"bettercompute",{boot}',
         # UEFI PXE: the file in the proxy offer itself (dnsmasq sends no menu to UEFI).
-        f"dhcp-boot=tag:!ipxe,tag:{BootFile.UEFI.tag},{BootFile.UEFI}",
+        f"dhcp-boot=tag:!ipxe,tag:efi64,{BootFile.UEFI}",
         # iPXE, once chained (either firmware): the site's chain script over HTTP.
         f"dhcp-boot=tag:ipxe,{boot}",
         "enable-tftp",

@@ -1,7 +1,8 @@
 """The site's PXE boot entries: one per registered MAC, state on disk, each with its own TTL.
 
-An entry says how one NIC boots the ramdisk: which iPXE binary the PXE ROM gets over TFTP
-(``undionly.kpxe`` for BIOS, ``ipxe.efi`` for UEFI) and what the chained iPXE then runs: the
+An entry says how one NIC boots the ramdisk: which iPXE binary its firmware takes over TFTP
+(``undionly.kpxe`` for BIOS, ``ipxe.efi`` for UEFI: dnsmasq serves each by the architecture
+the client reports, see agent/site/dnsmasq.py) and what the chained iPXE then runs: the
 entry's own script URL, or a kernel and initrd (downloaded once into a cache shared by every
 entry with the same URL, served by the site's HTTP service) with a kernel command line.
 
@@ -9,12 +10,13 @@ On disk, under the boot service's directory (every file written to a temporary s
 renamed into place, as Ironic's dnsmasq PXE filter writes its host files)::
 
     entries/<mac hex>.json    the entry (the source of truth, reconciled at start)
-    hosts/<mac hex>           dnsmasq's dhcp-hostsdir line for the MAC: "<mac>,set:bc-bios"
+    hosts/<mac hex>           dnsmasq's dhcp-hostsdir line for the MAC: "<mac>" (empty once the
+                              entry is gone; removed at the next start)
     scripts/<mac-hyphen>.ipxe the per-node iPXE script, served at /pxe/<mac-hyphen>.ipxe
     cache/<sha256 of URL>     a kernel or initrd, shared
 
-A MAC without a host file gets no answer from the proxy DHCP (``dhcp-ignore`` of untagged
-clients), so an expired or removed entry means the node falls through to its disk. The
+A MAC without a host line gets no answer from the proxy DHCP (``dhcp-ignore`` of clients not
+"known"), so an expired or removed entry means the node falls through to its disk. The
 ``on_change`` callback (the dnsmasq supervisor's reload) runs after every change.
 """
 
@@ -57,11 +59,6 @@ class BootFile(enum.StrEnum):
 
     BIOS = "undionly.kpxe"
     UEFI = "ipxe.efi"
-
-    @property
-    def tag(self) -> str:
-        """The dnsmasq tag a host line sets, which selects the pxe-service of this binary."""
-        return "bc-bios" if self is BootFile.BIOS else "bc-efi"
 
 
 def parse_mac(text: str) -> str:
@@ -192,8 +189,10 @@ def cache_key(url: str) -> str:
     return hashlib.sha256(url.encode()).hexdigest()
 
 
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+def write_atomic(path: Path, data: bytes, mode: int = 0o644, tmp_dir: Path | None = None) -> None:
+    """Write ``path`` through a temporary file renamed into place (in ``tmp_dir`` when given:
+    a folder on the same file system that no one watches)."""
+    tmp = (tmp_dir or path.parent) / f".{path.name}.{secrets.token_hex(4)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -264,7 +263,7 @@ class BootEntries:
                     dropped.append(entry.mac)
                     continue
                 self._entries[entry.mac] = entry
-            for leftover in self.entries_dir.glob(".*.tmp"):
+            for leftover in [*self.entries_dir.glob(".*.tmp"), *self.root.glob(".*.tmp")]:
                 _unlink(leftover)
             wanted_hosts = {e.mac_hex for e in self._entries.values()}
             wanted_scripts = {f"{e.mac_hyphen}.ipxe" for e in self._entries.values()}
@@ -411,11 +410,14 @@ class BootEntries:
 
     def _write_files(self, entry: BootEntry) -> None:
         write_atomic(self.hosts_dir / entry.mac_hex,
-                     f"{entry.mac},set:{entry.boot_file.tag}\n".encode())
+                     f"{entry.mac}\n".encode(), tmp_dir=self.root)
         write_atomic(self.scripts_dir / f"{entry.mac_hyphen}.ipxe", self.script(entry).encode())
 
     def _drop(self, entry: BootEntry) -> None:
-        _unlink(self.hosts_dir / entry.mac_hex)
+        # The host file is emptied, not removed (a precaution: dnsmasq 2.90 has crashed on
+        # reloads of dhcp-hostsdir, see agent/site/dnsmasq.py); the empty files are removed at
+        # the next start, before dnsmasq runs.
+        write_atomic(self.hosts_dir / entry.mac_hex, b"", tmp_dir=self.root)
         _unlink(self.scripts_dir / f"{entry.mac_hyphen}.ipxe")
         _unlink(self.entries_dir / f"{entry.mac_hex}.json")
         self._entries.pop(entry.mac, None)

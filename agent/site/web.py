@@ -196,12 +196,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._account(route, method, number, exc.status, 0, str(exc))
             return
         try:
-            status, sent, note = self._relay(route, method, resp)
+            status, sent, note = self._relay(route, method, number, resp)
         finally:
             close_quietly(conn)
         self._account(route, method, number, status, sent, note)
 
-    def _relay(self, route: Route, method: str,
+    def _relay(self, route: Route, method: str, number: int,
                resp: http.client.HTTPResponse) -> tuple[int, int, str]:
         length_header = resp.getheader("Content-Length")
         length = int(length_header) if length_header and length_header.isdigit() else None
@@ -257,8 +257,7 @@ class _Handler(BaseHTTPRequestHandler):
         except _Upstream as exc:
             if reserved:
                 route.release(reserved - sent)
-            self._account(route, method, route.requests, resp.status, sent,
-                          f"cut: {exc}")
+            self._account(route, method, number, resp.status, sent, f"cut: {exc}")
             raise _Cut() from exc
         except (ConnectionError, TimeoutError):
             if reserved:
@@ -272,7 +271,10 @@ class _Handler(BaseHTTPRequestHandler):
         ``length`` when the upstream ended early (the caller cuts the connection)."""
         assert resp.fp is not None
         sent = 0
-        pending = resp.fp.peek(1)[: length] if length else b""  # read with the headers
+        try:
+            pending = resp.fp.peek(1)[: length] if length else b""  # read with the headers
+        except OSError as exc:
+            raise _Upstream(f"upstream failed mid-body: {type(exc).__name__}") from exc
         if pending:
             self.wfile.write(resp.fp.read(len(pending)))
             sent = len(pending)

@@ -36,7 +36,7 @@ def main() -> int:
     p.add_argument("--port", type=int, default=8088)
     p.add_argument("--interface", default="")
     a = p.parse_args()
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+    logging.basicConfig(level=logging.DEBUG, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(message)s")
     services.install(SiteServices(ServiceSettings(address=a.address, port=a.port, root=a.root,
                                                   interface=a.interface)))

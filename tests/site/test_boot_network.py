@@ -126,6 +126,7 @@ def test_expired_and_removed_entries_get_no_offer(net: Net, site: SiteServices) 
     assert h is not None
     h.run(Context.local("boot.cleanUp"), h.parse(site_pb2.BootCleanUpRequest(node_id="n1")))
     assert not proxy_offers(ask(net, other)), "a cleaned-up entry still gets a boot offer"
+    assert site.dnsmasq is not None and site.dnsmasq.restarts == 0, "dnsmasq died on a reload"
 
 
 def test_dnsmasq_restarted_and_no_stray_left(net: Net, tmp_path: Path) -> None:
@@ -148,8 +149,10 @@ def test_dnsmasq_restarted_and_no_stray_left(net: Net, tmp_path: Path) -> None:
         # The daemon dies without stopping its child: the next start kills the stray.
         first.dnsmasq._stopping.set()
         first.http.stop()
-    finally:
-        services._current = None
+    except BaseException:
+        services.stop()  # a failure here must not leave this dnsmasq behind
+        raise
+    services._current = None
     assert restarted is not None
     second = services.install(SiteServices(settings))
     try:

@@ -104,7 +104,7 @@ def test_handlers_say_when_the_service_is_not_running() -> None:
 def test_register_writes_host_file_and_script(site: SiteServices) -> None:
     result = prepare(entry())
     root = site.settings.root / "boot"
-    assert (root / "hosts" / "525400123456").read_text() == f"{MAC},set:bc-bios\n"
+    assert (root / "hosts" / "525400123456").read_text() == f"{MAC}\n"
     assert json.loads((root / "entries" / "525400123456.json").read_text())["entry_id"] == result.entry_id
     status, body = fetch(f"{site.base_url}/boot.ipxe")
     assert status == 200 and b"chain " + site.base_url.encode() + b"/pxe/${mac:hexhyp}.ipxe" in body
@@ -122,7 +122,8 @@ def test_reregistering_replaces(site: SiteServices) -> None:
     assert first.entry_id != second.entry_id
     assert [e.entry_id for e in site.entries.all()] == [second.entry_id]
     root = site.settings.root / "boot"
-    assert (root / "hosts" / "525400123456").read_text() == f"{MAC},set:bc-efi\n"
+    assert (root / "hosts" / "525400123456").read_text() == f"{MAC}\n"
+    assert json.loads((root / "entries" / "525400123456.json").read_text())["boot_file"] == "ipxe.efi"
     assert b"other.ipxe" in fetch(f"{site.base_url}/pxe/52-54-00-12-34-56.ipxe")[1]
 
 
@@ -131,9 +132,9 @@ def test_entry_expires_by_itself(site: SiteServices) -> None:
     root = site.settings.root / "boot"
     assert (root / "hosts" / "525400123456").exists()
     deadline = time.monotonic() + 5
-    while (root / "hosts" / "525400123456").exists() and time.monotonic() < deadline:
+    while (root / "hosts" / "525400123456").read_text() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not (root / "hosts" / "525400123456").exists()
+    assert (root / "hosts" / "525400123456").read_text() == "", "emptied, not removed (dnsmasq)"
     assert not (root / "entries" / "525400123456.json").exists()
     assert fetch(f"{site.base_url}/pxe/52-54-00-12-34-56.ipxe")[0] == 404
 
@@ -143,7 +144,7 @@ def test_reconcile_keeps_live_drops_expired_and_strays(tmp_path: Path) -> None:
     store.reconcile()
     store.register(EntryRequest.from_proto(entry(ttl_seconds=600)))
     store.register(EntryRequest.from_proto(entry(mac_address="52:54:00:00:00:02", ttl_seconds=1)))
-    (tmp_path / "hosts" / "deadbeef0000").write_text("de:ad:be:ef:00:00,set:bc-bios\n")
+    (tmp_path / "hosts" / "deadbeef0000").write_text("de:ad:be:ef:00:00\n")
     (tmp_path / "entries" / "garbage.json").write_text("{not json")
     (tmp_path / "scripts" / "52-54-00-12-34-56.ipxe").unlink()
     time.sleep(1.1)

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import http.client
 import os
+import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -164,3 +167,63 @@ def test_routes_survive_a_restart(tmp_path: Path, upstream: LoopbackServer) -> N
     assert again.lookup(live.token) is not None
     assert len(list(tmp_path.iterdir())) == 1
     assert oct(next(tmp_path.iterdir()).stat().st_mode & 0o777) == "0o600"
+
+
+class _ChunkedUpstream(BaseHTTPRequestHandler):
+    """HEAD with headers only; GET as a chunked body of unknown length (``/cut`` stops
+    without the last chunk)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_HEAD(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(DATA)))
+        self.send_header("ETag", '"h1"')
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for i in range(0, len(DATA), 1 << 20):
+            piece = DATA[i:i + (1 << 20)]
+            self.wfile.write(b"%x\r\n" % len(piece) + piece + b"\r\n")
+            if self.path == "/cut":
+                self.close_connection = True
+                return
+        self.wfile.write(b"0\r\n\r\n")
+
+
+@pytest.fixture
+def chunked() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ChunkedUpstream)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_head_passes_headers_only(site: SiteServices, chunked: str) -> None:
+    url = route(chunked + "/x")
+    status, headers, body = request(url, "HEAD")
+    assert status == 200 and body == b"" and headers["ETag"] == '"h1"'
+    assert headers["Content-Length"] == str(len(DATA))
+    r = site.routes.lookup(url.rsplit("/", 1)[1])
+    assert r is not None and r.bytes_used == 0
+
+
+def test_unknown_length_streams_chunked_and_is_cut_on_failure(site: SiteServices, chunked: str) -> None:
+    status, headers, body = request(route(chunked + "/x"))
+    assert status == 200 and body == DATA and headers["Transfer-Encoding"] == "chunked"
+    with pytest.raises(http.client.IncompleteRead):
+        request(route(chunked + "/cut"))
+    # past max_bytes with no length known up front: cut, never a short success
+    with pytest.raises(http.client.IncompleteRead):
+        request(route(chunked + "/x", max_bytes=len(DATA) // 2))
