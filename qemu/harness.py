@@ -83,6 +83,7 @@ class MachineSpec:
     # ROM boots from whatever DHCP and boot servers that network has.
     tap: str = ""
     mac: str = "52:54:00:12:34:56"
+    firmware: str = ""            # e.g. OVMF.fd: UEFI instead of SeaBIOS (QEMU -bios)
 
     @property
     def console_log(self) -> Path:
@@ -201,6 +202,8 @@ class Machine:
             + (",bootindex=1" if spec.pxe else ",romfile="),
             "-device", "virtio-rng-pci",
         ]
+        if spec.firmware:
+            argv += ["-bios", spec.firmware]
         for i, disk in enumerate(spec.disks):
             disk.create()
             argv += ["-drive", f"file={disk.path},if=none,id=d{i},format=raw,cache=unsafe,discard=unmap"]

@@ -91,6 +91,7 @@ class NodeSpec:
     name: str = "node"
     tap: str = ""            # a tap device to attach the NIC to (harness MachineSpec.tap); "" = user network
     mac: str = "52:54:00:12:34:56"
+    firmware: str = ""       # UEFI firmware (OVMF.fd) for QEMU's -bios; "" = SeaBIOS
 
 
 @dataclass(frozen=True)
@@ -288,7 +289,7 @@ class PoweredNode:
         mspec = MachineSpec(
             workdir=self.dir, kernel=Path(spec.kernel), initrd=Path(spec.initrd),
             append=spec.append, memory_mb=spec.memory_mb, cpus=spec.cpus, kvm=spec.kvm,
-            pxe=device == "pxe", name=spec.name, tap=spec.tap, mac=spec.mac,
+            pxe=device == "pxe", name=spec.name, tap=spec.tap, mac=spec.mac, firmware=spec.firmware,
             disks=[Disk(Path(p), serial=f"disk{i}", interface="virtio") for i, p in enumerate(spec.disks)],
         )
         machine = _QmpMachine(mspec, self.qmp_socket)

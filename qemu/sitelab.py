@@ -54,6 +54,7 @@ SITE_HTTP_PORT = 8088
 SITE_NODE_ID = "site-1"
 BRIDGE = "br0"
 CLONE_NEWNET = 0x40000000
+OVMF = "/usr/share/ovmf/OVMF.fd"      # Debian's ovmf: UEFI firmware for a node
 
 
 def missing_network_prerequisites() -> str | None:
@@ -251,7 +252,7 @@ class SiteLab(Lab):
 
     def powered_node(self, name: str, *, kernel: Path, initrd: Path, append: str,
                      disks: Sequence[Path] = (), mac: str = "52:54:00:12:34:56",
-                     memory_mb: int = 1024) -> PoweredNode:
+                     memory_mb: int = 1024, firmware: str = "") -> PoweredNode:
         """A node on a new tap device on br0, off, its next boot from disk: ``kernel``,
         ``initrd``, ``append`` are what a "disk" boot runs (the installed OS); a "pxe" boot
         runs what the site's boot service offers."""
@@ -259,7 +260,7 @@ class SiteLab(Lab):
         node = PoweredNode(self.workdir / name).configure(NodeSpec(
             kernel=str(kernel), initrd=str(initrd), append=append, memory_mb=memory_mb, cpus=1,
             kvm=kvm_wanted(), disks=[str(d) for d in disks], owner_pid=os.getpid(), name=name,
-            tap=tap, mac=mac))
+            tap=tap, mac=mac, firmware=firmware))
         self.nodes.append(node)
         return node
 

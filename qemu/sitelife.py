@@ -29,7 +29,7 @@ from agent.proto import session_pb2
 from qemu.harness import Machine, MachineSpec, kernel_args
 from qemu.nodeimage import NodeImage, build_node_image, node_cmdline
 from qemu.powered import PoweredNode
-from qemu.sitelab import SITE_NODE_ID, SiteLab, UploadTarget
+from qemu.sitelab import OVMF, SITE_NODE_ID, SiteLab, UploadTarget
 
 MiB = 1024 * 1024
 NODE_MAC = "52:54:00:5e:00:01"
@@ -69,10 +69,11 @@ class SiteNode:
     wipe_disk: Path              # serial disk1: disk.wipe's target
     image: NodeImage
     mac: str = NODE_MAC
+    uefi: bool = False           # OVMF firmware, ipxe.efi, boot mode uefi
     steps: list[Step] = field(default_factory=list)
 
 
-def make_node(lab: SiteLab, name: str, *, mac: str = NODE_MAC) -> SiteNode:
+def make_node(lab: SiteLab, name: str, *, mac: str = NODE_MAC, uefi: bool = False) -> SiteNode:
     """A powered-off node with two virtio disks (the second full of old data) and the image
     of its installed OS, which a "disk" boot runs (the image's kernel and initramfs, its root
     on the first disk: qemu/nodeimage.py)."""
@@ -87,8 +88,8 @@ def make_node(lab: SiteLab, name: str, *, mac: str = NODE_MAC) -> SiteNode:
         for _ in range(64):
             f.write(OLD_DATA)
     power = lab.powered_node(name, kernel=image.kernel, initrd=image.initrd, append=node_cmdline(),
-                             disks=[deploy, wipe], mac=mac)
-    return SiteNode(name, power, deploy, wipe, image, mac)
+                             disks=[deploy, wipe], mac=mac, firmware=OVMF if uefi else "")
+    return SiteNode(name, power, deploy, wipe, image, mac, uefi)
 
 
 class Lifecycle:
@@ -194,7 +195,8 @@ class Lifecycle:
         initrd.unlink(missing_ok=True)
         os.link(lab.initrd(name, lab.overlay(test=True)), initrd)
         result = self.site("boot.prepareRamdisk", {
-            "node_id": name, "mac_address": self.node.mac, "boot_file": "undionly.kpxe",
+            "node_id": name, "mac_address": self.node.mac,
+            "boot_file": "ipxe.efi" if self.node.uefi else "undionly.kpxe",
             "ttl_seconds": 1800, "kernel_url": lab.upstream_url(kernel.name),
             "initrd_url": lab.upstream_url(initrd.name),
             "kernel_cmdline": kernel_args(**lab.settings(name))})
@@ -204,7 +206,8 @@ class Lifecycle:
 
     def boot_device(self, device: str) -> None:
         t = time.monotonic()
-        result = self.bmc_op("bmc.boot", "set_boot_device", device=device, persistent="true")
+        mode = {"mode": "uefi"} if self.node.uefi else {}
+        result = self.bmc_op("bmc.boot", "set_boot_device", device=device, persistent="true", **mode)
         seen = self.node.power.boot_device()
         if result.boot.device != device or seen != device:
             raise self.fail(f"bmc.boot {device}: the BMC says {result.boot.device!r}, the node "
@@ -232,9 +235,15 @@ class Lifecycle:
         if not boots or boots[0].device != "pxe":
             raise self.fail(f"the node's boots since power on: {boots}")
         lease = self.lab.leases().get(self.node.mac, "?")
-        self.step("PXE boot + join", t, f"proxy DHCP offer -> iPXE chained /boot.ipxe and the "
-                                        f"node's script; address {lease} from the plain DHCP; "
-                                        f"joined as {rec.hello.role}, boot {rec.boot_id[:8]}")
+        firmware = "BIOS"
+        if self.node.uefi:
+            status, out = guest_shell(self.node, "test -d /sys/firmware/efi && echo efi=yes")
+            if status != 0 or "efi=yes" not in out:
+                raise self.fail(f"a UEFI node's ramdisk sees no /sys/firmware/efi: {out!r}")
+            firmware = "UEFI (OVMF, /sys/firmware/efi in the ramdisk)"
+        self.step("PXE boot + join", t, f"{firmware}: proxy DHCP offer -> iPXE chained /boot.ipxe "
+                                        f"and the node's script; address {lease} from the plain "
+                                        f"DHCP; joined as {rec.hello.role}, boot {rec.boot_id[:8]}")
 
     def http_proxy(self) -> None:
         t = time.monotonic()

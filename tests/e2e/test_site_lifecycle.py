@@ -15,11 +15,13 @@ bmc.boot, deploy.image and disk.wipe are destructive and go signed.
 The same sequence runs once more over Redfish: sushy-tools' emulator (fake driver, HTTPS with
 a self-signed certificate, so ``verify_tls: false``) whose notification hook powers a second
 QEMU node (tests/site/sushy.py). Its System lists the node's NIC, so there bmc.query finds the
-MAC the boot entry is made for. BIOS mode both times (no OVMF in qemu/powered.py yet).
+MAC the boot entry is made for. That run is in UEFI mode where Debian's ovmf is installed
+(OVMF firmware, an ipxe.efi entry, boot mode uefi; the ramdisk checks /sys/firmware/efi).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from collections.abc import Callable, Iterator
@@ -32,7 +34,7 @@ from agent.site.secrets import SecretStore
 from initramfs import build as ramdisk
 from qemu.ipmisim import IpmiSim, start_ipmi_sim
 from qemu.lab import Ramdisk
-from qemu.sitelab import SiteLab, missing_network_prerequisites
+from qemu.sitelab import OVMF, SiteLab, missing_network_prerequisites
 from qemu.sitelife import Bmc, Lifecycle, NodeRoleSteps, SiteNode, Step, make_node
 from tests.loopback_http import self_signed_cert
 from tests.site.conftest import PASSWORD, REF, USERNAME
@@ -119,7 +121,8 @@ def test_site_driven_lifecycle_over_redfish(site_lab: SiteLab, tmp_path: Path) -
     if shutil.which("sushy-emulator", path=str(Path(sys.executable).parent)) is None \
             and shutil.which("sushy-emulator") is None:
         pytest.skip("sushy-emulator is not installed (pip install sushy-tools: the dev extra)")
-    node = make_node(site_lab, RF_NODE, mac=NODE_MAC)
+    uefi = os.path.exists(OVMF)
+    node = make_node(site_lab, RF_NODE, mac=NODE_MAC, uefi=uefi)
     SecretStore(site_lab.secrets_dir).put(RF_REF, Credentials(USER, RF_PASSWORD))
     cert, key = self_signed_cert(str(tmp_path))
     # The emulator and its hook in the lab's namespace: the hook's worker thread (born there)
