@@ -100,6 +100,10 @@ def check_common(lab: SiteLab, node: SiteNode, shown: list[Step]) -> None:
     for kind in ("bmc.boot", "deploy.image", "disk.wipe"):
         recs = [r for r in lab.gateway.commands.values() if r.kind == kind]
         assert recs and all(r.signed.signature for r in recs), kind
+    # The site's dnsmasq ran through it all (entries added and removed by SIGHUP) without dying:
+    # an earlier configuration of it segfaulted at boot.cleanUp and was restarted.
+    assert " exited " not in "".join(line for line in lab.site_log_text().splitlines()
+                                     if "agent.site.dnsmasq" in line)
     # The image came from the upstream to the site daemon (the route relays it).
     assert [line for line in lab.upstream.served if line.startswith(f"GET /{node.name}.img.zst")]
 
