@@ -1,9 +1,12 @@
 """The demo: one node's life in QEMU, driven through the reference gateway, as a timeline.
 
-    python -m qemu.demo [--workdir qemu/out/demo] [--no-install] [--uefi] [--arch arm64]
+    python -m qemu.demo [--workdir qemu/out/demo] [--no-install] [--user-net] [--uefi] [--arch arm64]
 
 On a fresh Debian bookworm machine (as root) it installs the Debian packages it needs, builds
-what is missing (the agent zipapp, the ramdisk, a bootable node image), then:
+what is missing (the agent zipapp, the ramdisk, a bootable node image), then runs the
+site-driven lifecycle (qemu/sitedemo.py: BMC, the site's PXE boot service and proxy routes,
+the gateway; every step with its duration and evidence). With ``--user-net``, the former
+sequence on QEMU's user network:
 
   1. boots a bare-metal-like guest by PXE (iPXE, kernel and initramfs over HTTP) with two NVMe
      disks and a virtio disk; the ramdisk agent joins the gateway;
@@ -16,8 +19,9 @@ what is missing (the agent zipapp, the ramdisk, a bootable node image), then:
 
 TCG by default (BC_QEMU_KVM=1 uses KVM where /dev/kvm works). Takes a few minutes.
 
-``--uefi``: the machine boots OVMF (UEFI) and PXE is done by the EFI build of the iPXE ROM;
-the node image carries an EFI system partition (systemd-boot) too. ``--arch arm64``: an arm64
+``--uefi`` and ``--arch arm64`` run that former sequence. ``--uefi``: the machine boots OVMF
+(UEFI) and PXE is done by the EFI build of the iPXE ROM; the node image carries an EFI system
+partition (systemd-boot) too. ``--arch arm64``: an arm64
 node (``-M virt``, UEFI firmware, Debian's arm64 ramdisk; its PXE loads GRUB, which fetches
 the ramdisk over HTTP), without the fake NVML library (built for x86 only).
 """
@@ -32,9 +36,11 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from qemu import sitedemo
 from qemu.harness import Machine
 
 HERE = Path(__file__).resolve().parent
@@ -93,7 +99,7 @@ class Timeline:
         print(f"[{time.monotonic() - self.t0:7.1f}s] {what}", flush=True)
 
 
-def install_packages(arch: str = "amd64", uefi: bool = False) -> None:
+def install_packages(arch: str = "amd64", uefi: bool = False, extra: Sequence[str] = ()) -> None:
     from qemu.harness import PLATFORMS
 
     plat = PLATFORMS[arch]
@@ -103,6 +109,7 @@ def install_packages(arch: str = "amd64", uefi: bool = False) -> None:
     if uefi:
         tools.update({"mkfs.vfat": "dosfstools", "mcopy": "mtools"})
     missing = sorted({pkg for tool, pkg in tools.items() if shutil.which(tool) is None})
+    missing += extra
     if (uefi or plat.always_uefi) and not Path(plat.uefi_firmware).is_file():
         missing.append(plat.firmware_package)
     if uefi and not Path("/usr/lib/systemd/boot/efi/systemd-bootx64.efi").is_file():
@@ -150,15 +157,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m qemu.demo", description=__doc__.split("\n")[0])
     parser.add_argument("--workdir", type=Path, default=HERE / "out" / "demo")
     parser.add_argument("--no-install", action="store_true", help="do not apt-get install what is missing")
+    parser.add_argument("--user-net", action="store_true",
+                        help="the former demo: PXE from QEMU's user network, then kexec")
     parser.add_argument("--uefi", action="store_true",
-                        help="UEFI firmware (OVMF) and PXE by iPXE's EFI build; an ESP on the node image")
+                        help="the former demo under UEFI (OVMF), PXE by iPXE's EFI build; an ESP on the node "
+                             "image")
     parser.add_argument("--arch", choices=("amd64", "arm64"), default="amd64",
-                        help="the node's architecture (arm64: -M virt, UEFI PXE through GRUB)")
+                        help="the node's architecture (arm64: the former demo on -M virt, UEFI PXE through "
+                             "GRUB)")
     args = parser.parse_args(argv)
+    user_net = args.user_net or args.uefi or args.arch != "amd64"
     if os.geteuid() != 0:
         sys.exit("demo: run as root (the ramdisk builder chroots into the ramdisk's root)")
     if not args.no_install:
-        install_packages(args.arch, args.uefi)
+        install_packages(args.arch, args.uefi, () if user_net else sitedemo.missing_packages())
+    if not user_net:
+        shutil.rmtree(args.workdir, ignore_errors=True)
+        sitedemo.run(args.workdir, Timeline().say)
+        return 0
 
     from agent.proto import session_pb2
     from qemu.lab import Lab, ensure_ramdisk

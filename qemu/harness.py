@@ -131,6 +131,11 @@ class MachineSpec:
         """The UEFI firmware image, or None for QEMU's default BIOS."""
         p = self.platform
         return p.uefi_firmware if self.uefi or p.always_uefi else None
+    # A tap device (made by the caller, e.g. on a bridge in a network namespace: qemu/sitelab.py)
+    # instead of the user network: no guestfwd, no built-in TFTP; with ``pxe`` the NIC's iPXE
+    # ROM boots from whatever DHCP and boot servers that network has.
+    tap: str = ""
+    mac: str = "52:54:00:12:34:56"
 
     @property
     def console_log(self) -> Path:
@@ -225,14 +230,17 @@ class Machine:
     def argv(self) -> list[str]:
         spec = self.spec
         fwd = dict(spec.forwards)
-        netdev = "user,id=net0,restrict=on,net=10.0.2.0/24,host=10.0.2.2"
-        if spec.pxe:
-            assert self.http is not None
-            fwd[HTTP_PORT] = self.http.port
-            netdev += f",tftp={self._pxe_dir()},bootfile={spec.platform.pxe_bootfile}"
-        for guest_port, host_port in sorted(fwd.items()):
-            cmd = f"{sys.executable} -I -S {HERE / 'forward.py'} {int(host_port)}"
-            netdev += f",guestfwd=tcp:{GUEST_HOST}:{int(guest_port)}-cmd:{cmd}"
+        if spec.tap:
+            netdev = f"tap,id=net0,ifname={spec.tap},script=no,downscript=no"
+        else:
+            netdev = "user,id=net0,restrict=on,net=10.0.2.0/24,host=10.0.2.2"
+            if spec.pxe:
+                assert self.http is not None
+                fwd[HTTP_PORT] = self.http.port
+                netdev += f",tftp={self._pxe_dir()},bootfile={spec.platform.pxe_bootfile}"
+            for guest_port, host_port in sorted(fwd.items()):
+                cmd = f"{sys.executable} -I -S {HERE / 'forward.py'} {int(host_port)}"
+                netdev += f",guestfwd=tcp:{GUEST_HOST}:{int(guest_port)}-cmd:{cmd}"
         accel = "kvm" if spec.kvm else "tcg,thread=multi"
         plat = spec.platform
         cpu = "host" if spec.kvm else os.environ.get("BC_QEMU_CPU", plat.cpu)
@@ -251,7 +259,7 @@ class Machine:
             argv += ["-bios", spec.firmware]
         argv += [
             "-netdev", netdev,
-            "-device", "virtio-net-pci,netdev=net0,mac=52:54:00:12:34:56"
+            "-device", f"virtio-net-pci,netdev=net0,mac={spec.mac}"
             + (",bootindex=1" if spec.pxe else "")
             # QEMU's NIC ROM is iPXE for x86: arm64's firmware does PXE itself.
             + ("" if spec.pxe and spec.arch == "amd64" else ",romfile="),
@@ -301,7 +309,7 @@ class Machine:
         self.spec.workdir.mkdir(parents=True, exist_ok=True)
         self.spec.console_log.unlink(missing_ok=True)
         self.shell_socket.unlink(missing_ok=True)
-        if self.spec.pxe:
+        if self.spec.pxe and not self.spec.tap:
             self._prepare_pxe()
         log = (self.spec.workdir / f"{self.spec.name}-qemu.log").open("wb")
         self.started_at = time.monotonic()

@@ -80,7 +80,10 @@ def missing_prerequisites(arch: str = "amd64", *, uefi: bool = False) -> str | N
 
 
 class Lab:
-    def __init__(self, workdir: Path, ramdisk_parts: Ramdisk | None = None) -> None:
+    def __init__(self, workdir: Path, ramdisk_parts: Ramdisk | None = None, *,
+                 gateway_host: str = "127.0.0.1", gateway_port: int = 0) -> None:
+        """``gateway_host``/``gateway_port``: where the gateway listens (qemu/sitelab.py
+        binds it on the provisioning bridge, at GUEST_HOST:GATEWAY_PORT)."""
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         self.ramdisk = ramdisk_parts or ensure_ramdisk()
@@ -88,7 +91,8 @@ class Lab:
         self.tokens: dict[str, str] = {}
         self.gateway = Gateway(cert=self.pki.gateway_cert, key=self.pki.gateway_key,
                                client_ca=self.pki.ca, signing_key=self.pki.signing_key,
-                               tokens=self.tokens, heartbeat_seconds=5.0).start()
+                               tokens=self.tokens, heartbeat_seconds=5.0,
+                               host=gateway_host, port=gateway_port).start()
         self.www = workdir / "www"
         self.www.mkdir(exist_ok=True)
         self.files = BootFileServer(self.www).start()

@@ -100,7 +100,7 @@ def build_node_image(lab: Lab, node_id: str, out: Path, *, esp: bool = False) ->
     shutil.copyfile(lab.pki.signing_pub, etc / "signing.pub")
     run([sys.executable, "-m", "agent", "install", "--root", str(tree), "--no-enable",
          "--archive", str(lab.ramdisk.agent), "--node", node_id,
-         "--gateway", f"{GUEST_HOST}:{GATEWAY_PORT}", "--token", lab.token_for(node_id),
+         "--gateway", f"{GUEST_HOST}:{GATEWAY_PORT}", f"--token={lab.token_for(node_id)}",
          "--ca", "/etc/bettercompute/ca.pem", "--trusted-key", "/etc/bettercompute/signing.pub",
          "--reconnect-min", "0.5", "--reconnect-max", "3"], cwd=str(REPO), timeout=120)
 

@@ -89,6 +89,9 @@ class NodeSpec:
     disks: list[str] = field(default_factory=list)   # raw image paths (virtio, created 64 MiB)
     owner_pid: int = 0       # the guest is killed when this process dies (0: never)
     name: str = "node"
+    tap: str = ""            # a tap device to attach the NIC to (harness MachineSpec.tap); "" = user network
+    mac: str = "52:54:00:12:34:56"
+    uefi: bool = False       # UEFI firmware (OVMF on amd64) instead of SeaBIOS
 
 
 @dataclass(frozen=True)
@@ -286,7 +289,7 @@ class PoweredNode:
         mspec = MachineSpec(
             workdir=self.dir, kernel=Path(spec.kernel), initrd=Path(spec.initrd),
             append=spec.append, memory_mb=spec.memory_mb, cpus=spec.cpus, kvm=spec.kvm,
-            pxe=device == "pxe", name=spec.name,
+            pxe=device == "pxe", name=spec.name, tap=spec.tap, mac=spec.mac, uefi=spec.uefi,
             disks=[Disk(Path(p), serial=f"disk{i}", interface="virtio") for i, p in enumerate(spec.disks)],
         )
         machine = _QmpMachine(mspec, self.qmp_socket)

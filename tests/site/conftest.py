@@ -1,6 +1,7 @@
-"""Fixtures of the site role's tests: OpenIPMI's ipmi_sim on 127.0.0.1 (qemu/ipmisim.py: a free
-UDP port, its state in tmp), whose chassis_control program drives a qemu/powered.py node, and
-the site's secret store holding the emulator's credentials.
+"""Fixtures of the site role's tests: the boot service and proxy routes (``site``); OpenIPMI's
+ipmi_sim on 127.0.0.1 (qemu/ipmisim.py: a free UDP port, its state in tmp), whose
+chassis_control program drives a qemu/powered.py node, and the site's secret store holding the
+emulator's credentials.
 
 Tests that only talk to the emulator run without QEMU (chassis_control answers power and
 boot queries from the node directory without starting anything); those that power the node

@@ -1,0 +1,82 @@
+"""The demo's main sequence: a node's life driven through the site daemon, as a timeline.
+
+    python -m qemu.demo              # this (./dev demo)
+    python -m qemu.demo --user-net   # the former demo: PXE from QEMU's user network, kexec
+
+Nothing reaches the node but its BMC (OpenIPMI's ipmi_sim), the site daemon's boot service on
+the provisioning network (network namespaces, a bridge, a plain DHCP server: qemu/sitelab.py)
+and its gateway session. Each step is a command through the reference gateway
+(qemu/sitelife.py runs and checks it) and is shown with its duration and its evidence:
+
+    bmc.query -> boot.prepareRamdisk -> bmc.boot pxe -> bmc.power on -> PXE boot + join ->
+    site.httpProxy -> deploy.image -> disk.wipe -> boot.cleanUp -> bmc.boot disk ->
+    bmc.power cycle -> disk boot + join -> driver.invoke -> logs.collect -> instance.snapshot
+    -> daemon.upgrade
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+NODE = "demo-node"
+REF = "demo-bmc"
+BMC_USER = "bcadmin"
+NEW_VERSION = "0.2.0"
+# Debian packages the site demo needs beyond the user-network demo's, by the tool they give.
+TOOLS = {"dnsmasq": "dnsmasq-base", "ipmi_sim": "openipmi", "ipmitool": "ipmitool", "ip": "iproute2"}
+
+
+def missing_packages() -> list[str]:
+    missing = sorted({pkg for tool, pkg in TOOLS.items() if shutil.which(tool) is None})
+    if not Path("/usr/lib/ipxe/undionly.kpxe").is_file():
+        missing.append("ipxe")
+    return missing
+
+
+def run(workdir: Path, say: Callable[[str], None]) -> None:
+    import secrets
+
+    from agent.site.bmc import Credentials
+    from agent.site.secrets import SecretStore
+    from initramfs import build as ramdisk
+    from qemu.ipmisim import start_ipmi_sim
+    from qemu.lab import ensure_ramdisk
+    from qemu.sitelab import BRIDGE, DHCP_RANGE, SITE_ADDRESS, SITE_HTTP_PORT, SiteLab
+    from qemu.sitelife import Bmc, Lifecycle, NodeRoleSteps, Step, make_node
+
+    say("building the agent zipapp and the ramdisk (cached under initramfs/out/)")
+    parts = ensure_ramdisk()
+    size = parts.kernel.stat().st_size + parts.base.stat().st_size
+    say(f"ramdisk ready: kernel + userland {size / 1e6:.1f} MB compressed")
+    with SiteLab(workdir, parts) as lab:
+        say(f"provisioning network: namespace {lab.net.lan}, bridge {BRIDGE}; plain DHCP "
+            f"{DHCP_RANGE[0]}-{DHCP_RANGE[1]} in {lab.net.dhcp}; gateway on "
+            f"{lab.gateway.address}; images' upstream on the namespace's loopback only")
+        lab.start_site()
+        site = lab.gateway.nodes["site-1"].hello
+        say(f"SITE DAEMON joined: site-1 in role {site.role}, agent {site.agent_version}; boot "
+            f"service on {BRIDGE} {SITE_ADDRESS} (dnsmasq proxy DHCP + TFTP, HTTP "
+            f":{SITE_HTTP_PORT})")
+        node = make_node(lab, NODE)
+        say(f"node image built: {node.image.raw.stat().st_size // 2**20} MiB GPT disk with the "
+            f"node agent; {NODE} is off, NIC {node.mac} on a tap device of {BRIDGE}")
+        password = secrets.token_urlsafe(12)
+        SecretStore(lab.secrets_dir).put(REF, Credentials(BMC_USER, password))
+        sim = lab.in_lan(start_ipmi_sim, workdir / "ipmi", node.power, BMC_USER, password)
+        lab.closers.append(sim.stop)
+        say(f"BMC: ipmi_sim at {sim.address}, credentials in the site's secret store as {REF!r}")
+        upload = lab.start_upload_target()
+        new_build = ramdisk.build_agent(workdir / "agent-new.pyz", version=NEW_VERSION)
+
+        def shown(step: Step) -> None:
+            say(f"{step.name.upper()} ({step.seconds:.1f}s): {step.evidence}")
+
+        life = Lifecycle(lab, node, Bmc("ipmi", sim.address, REF), on_step=shown)
+        life.run_all()
+        NodeRoleSteps(life, upload).run_all(new_build, NEW_VERSION)
+        total = sum(s.seconds for s in node.steps)
+        say(f"done: {len(node.steps)} steps in {total:.0f}s; console log "
+            f"{node.power.dir / (NODE + '-console.log')}, site daemon log {lab.site_log}")
+        node.power.stop(force=True)

@@ -1,0 +1,364 @@
+"""A lab for the site-driven lifecycle: a provisioning network in network namespaces made
+here, the reference gateway and the site daemon on it, and a QEMU node on a tap device that is
+powered and booted from outside (qemu/powered.py).
+
+    lan namespace (bcl-PID)                                  dhcp namespace (bcd-PID)
+      br0  10.0.2.100  the reference gateway (:443, TLS)     eth0 10.0.2.1  plain dnsmasq:
+           10.0.2.2    the site daemon: its HTTP service          addresses 10.0.2.150-199,
+                       (:8088) and dnsmasq (proxy DHCP, TFTP)     nothing else
+      tap-node         the QEMU node's NIC  ────────────── br0 ── p-dhcp
+      lo   127.0.0.1   the images' upstream (an HTTP server): the site daemon reaches it,
+                       the node cannot (no route to another namespace's loopback)
+                       ipmi_sim (the node's BMC, tests/site/conftest.py) where a test starts one
+
+    with SiteLab(workdir) as lab:
+        lab.start_site()                      # `agent run --role site` inside the namespace
+        node = lab.powered_node("site-n1", kernel=..., initrd=..., append=..., disks=[...])
+        lab.in_lan(start_ipmi_sim, workdir, node)   # anything that must live in the namespace
+
+The gateway is the test's (the same in-process reference gateway as qemu/lab.py), bound on
+the bridge from a thread that entered the namespace (``NetnsThread``): a socket stays in the
+namespace it was made in, so the test drives it as usual. The node dials it at GUEST_HOST:443,
+the address the user-network labs use, so the development certificate and qemu/nodeimage.py
+serve unchanged. Processes started through ``in_lan`` (the site daemon, dnsmasq, ipmi_sim and
+the QEMU it powers on) inherit the namespace. Nothing is routed out of the namespaces; they
+are deleted on close, with every process started here.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import ctypes
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+from agent import proc
+from qemu.harness import PLATFORMS, BootFileServer, kvm_wanted
+from qemu.lab import GATEWAY_PORT, Lab, Ramdisk
+from qemu.powered import NodeSpec, PoweredNode
+
+T = TypeVar("T")
+
+REPO = Path(__file__).resolve().parent.parent
+GATEWAY_ADDRESS = "10.0.2.100"        # = qemu.harness.GUEST_HOST, on br0
+SITE_ADDRESS = "10.0.2.2"             # the site daemon's address on br0
+DHCP_ADDRESS = "10.0.2.1"             # the plain DHCP server (its own namespace)
+DHCP_RANGE = ("10.0.2.150", "10.0.2.199")
+SITE_HTTP_PORT = 8088
+SITE_NODE_ID = "site-1"
+BRIDGE = "br0"
+CLONE_NEWNET = 0x40000000
+OVMF = PLATFORMS["amd64"].uefi_firmware   # Debian's ovmf: a UEFI node's firmware
+
+
+def missing_network_prerequisites() -> str | None:
+    """Why the site lab cannot run here, or None."""
+    import shutil
+
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, a bridge, a tap device)"
+    for tool in ("ip", "dnsmasq"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (apt-get install iproute2 dnsmasq-base)"
+    if not Path("/usr/lib/ipxe/undionly.kpxe").is_file():
+        return "Debian's ipxe package is not installed (the site's TFTP serves its binaries)"
+    if not os.path.exists("/dev/net/tun"):
+        return "no /dev/net/tun (tap devices)"
+    return None
+
+
+def _setns(name: str) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/run/netns/{name}", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns into {name}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+class NetnsThread:
+    """One thread that lives in network namespace ``name`` and runs what it is given there.
+    Sockets it makes stay in the namespace; processes it starts are born in it. It lives as
+    long as the lab, so a child tied to its starting thread's death is not killed early."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"netns-{name}", initializer=_setns, initargs=(name,))
+
+    def call(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+        return self._pool.submit(fn, *args, **kwargs).result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+class ProvisioningNet:
+    """The namespaces, the bridge, the plain DHCP server and the node's tap device."""
+
+    def __init__(self, workdir: Path) -> None:
+        tag = f"{os.getpid() % 100000}"
+        self.lan, self.dhcp = f"bcl-{tag}", f"bcd-{tag}"
+        self.workdir = workdir
+        self.made: list[str] = []
+        self.plain_dhcp: subprocess.Popen[bytes] | None = None
+
+    @staticmethod
+    def ip(*args: str) -> None:
+        proc.run(["ip", *args], timeout=10)
+
+    def exec_prefix(self, ns: str) -> list[str]:
+        return ["ip", "netns", "exec", ns]
+
+    def up(self) -> ProvisioningNet:
+        for ns in (self.lan, self.dhcp):
+            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+            self.ip("netns", "add", ns)
+            self.made.append(ns)
+        lan = ("-n", self.lan)
+        self.ip(*lan, "link", "set", "lo", "up")
+        self.ip(*lan, "link", "add", BRIDGE, "type", "bridge", "stp_state", "0", "forward_delay", "0")
+        for addr in (GATEWAY_ADDRESS, SITE_ADDRESS):
+            self.ip(*lan, "addr", "add", f"{addr}/24", "dev", BRIDGE)
+        self.ip(*lan, "link", "set", BRIDGE, "up")
+        self.ip(*lan, "link", "add", "p-dhcp", "type", "veth", "peer", "name", "eth0", "netns", self.dhcp)
+        self.ip(*lan, "link", "set", "p-dhcp", "master", BRIDGE, "up")
+        self.ip("-n", self.dhcp, "link", "set", "lo", "up")
+        self.ip("-n", self.dhcp, "addr", "add", f"{DHCP_ADDRESS}/24", "dev", "eth0")
+        self.ip("-n", self.dhcp, "link", "set", "eth0", "up")
+        # The plain DHCP server: addresses only (--no-ping: no 3 s probe before an offer).
+        log = (self.workdir / "dhcp.log").open("wb")
+        self.plain_dhcp = proc.spawn(
+            [*self.exec_prefix(self.dhcp), "dnsmasq", "--keep-in-foreground", "--conf-file=/dev/null",
+             "--port=0", "--interface=eth0", "--bind-interfaces", "--pid-file=", "--no-ping",
+             "--user=root", "--log-dhcp", "--log-facility=-",
+             f"--dhcp-range={DHCP_RANGE[0]},{DHCP_RANGE[1]},1h",
+             f"--dhcp-leasefile={self.workdir / 'dhcp.leases'}"],
+            stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        return self
+
+    def add_tap(self, name: str) -> str:
+        self.ip("-n", self.lan, "tuntap", "add", "dev", name, "mode", "tap")
+        self.ip("-n", self.lan, "link", "set", name, "master", BRIDGE, "up")
+        return name
+
+    def down(self) -> None:
+        if self.plain_dhcp is not None:
+            proc.kill_group(self.plain_dhcp)
+            self.plain_dhcp = None
+        for ns in reversed(self.made):
+            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+        self.made.clear()
+
+
+class SiteLab(Lab):
+    """qemu/lab.py's Lab (gateway, PKI, ramdisk overlays, tokens) on a provisioning network."""
+
+    def __init__(self, workdir: Path, ramdisk_parts: Ramdisk | None = None) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.net = ProvisioningNet(workdir).up()
+        self.lan = NetnsThread(self.net.lan)
+        self.site: subprocess.Popen[bytes] | None = None
+        self.nodes: list[PoweredNode] = []
+        self.closers: list[Callable[[], object]] = []
+        try:
+            # The gateway listens on the bridge; the file server (the images' upstream) on
+            # the namespace's loopback, where only the site daemon reaches it.
+            self.lan.call(Lab.__init__, self, workdir, ramdisk_parts,
+                          gateway_host=GATEWAY_ADDRESS, gateway_port=GATEWAY_PORT)
+        except BaseException:
+            self.lan.close()
+            self.net.down()
+            raise
+
+    def __enter__(self) -> SiteLab:
+        return self
+
+    # -- the images' upstream -----------------------------------------------------------
+
+    @property
+    def upstream(self) -> BootFileServer:
+        return self.files
+
+    def upstream_url(self, name: str) -> str:
+        """``self.www / name`` as the site daemon reaches it (never the node)."""
+        return f"http://127.0.0.1:{self.files.port}/{name}"
+
+    def start_upload_target(self) -> UploadTarget:
+        target = self.lan.call(UploadTarget)
+        self.closers.append(target.stop)
+        return target
+
+    # -- the site daemon ----------------------------------------------------------------
+
+    @property
+    def site_log(self) -> Path:
+        return self.workdir / "site-daemon.log"
+
+    @property
+    def site_state(self) -> Path:
+        return self.workdir / "site-state"
+
+    @property
+    def secrets_dir(self) -> Path:
+        return self.workdir / "site-secrets"
+
+    def start_site(self, timeout: float = 60.0) -> None:
+        """`agent run --role site` in the namespace, joined to the gateway as SITE_NODE_ID,
+        its boot service on br0 (proxy DHCP, TFTP, HTTP at SITE_ADDRESS:SITE_HTTP_PORT)."""
+        self.site_state.mkdir(parents=True, exist_ok=True)
+        self.secrets_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        empty = self.workdir / "site-cmdline"
+        empty.write_text("")
+        argv = [sys.executable, "-m", "agent", "run", "--role", "site", "--cmdline-file", str(empty),
+                "--gateway", f"{GATEWAY_ADDRESS}:{GATEWAY_PORT}", "--node", SITE_NODE_ID,
+                f"--token={self.token_for(SITE_NODE_ID)}", "--ca", str(self.pki.ca),
+                "--trusted-key", str(self.pki.signing_pub), "--state-dir", str(self.site_state),
+                "--secrets-dir", str(self.secrets_dir), "--site-address", SITE_ADDRESS,
+                "--site-interface", BRIDGE, "--site-http-port", str(SITE_HTTP_PORT),
+                "--reconnect-min", "0.5", "--reconnect-max", "3"]
+        log = self.site_log.open("ab")
+        env = proc.clean_env({"PYTHONPATH": str(REPO)})
+        self.site = self.lan.call(proc.spawn, argv, stdout=log, stderr=subprocess.STDOUT,
+                                  cwd=str(REPO), env=env)
+        log.close()
+        try:
+            self.gateway.wait_node(SITE_NODE_ID, timeout)
+        except TimeoutError:
+            raise RuntimeError(f"the site daemon did not join within {timeout:g}s; "
+                               f"{self.site_log}:\n{self.site_log_text()[-3000:]}") from None
+
+    def site_log_text(self) -> str:
+        try:
+            return self.site_log.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def stop_site(self) -> None:
+        if self.site is not None:
+            proc.kill_group(self.site, grace=10.0)
+            self.site = None
+
+    # -- the node -----------------------------------------------------------------------
+
+    def powered_node(self, name: str, *, kernel: Path, initrd: Path, append: str,
+                     disks: Sequence[Path] = (), mac: str = "52:54:00:12:34:56",
+                     memory_mb: int = 1024, uefi: bool = False) -> PoweredNode:
+        """A node on a new tap device on br0, off, its next boot from disk: ``kernel``,
+        ``initrd``, ``append`` are what a "disk" boot runs (the installed OS); a "pxe" boot
+        runs what the site's boot service offers."""
+        tap = self.net.add_tap(f"tap{len(self.nodes)}")
+        node = PoweredNode(self.workdir / name).configure(NodeSpec(
+            kernel=str(kernel), initrd=str(initrd), append=append, memory_mb=memory_mb, cpus=1,
+            kvm=kvm_wanted(), disks=[str(d) for d in disks], owner_pid=os.getpid(), name=name,
+            tap=tap, mac=mac, uefi=uefi))
+        self.nodes.append(node)
+        return node
+
+    def in_lan(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+        """Run ``fn`` in the lan namespace (its sockets and children are made there)."""
+        return self.lan.call(fn, *args, **kwargs)
+
+    def console(self, node: PoweredNode) -> str:
+        path = node.dir / f"{node.spec().name}-console.log"
+        try:
+            return path.read_bytes().decode("utf-8", "replace")
+        except FileNotFoundError:
+            return ""
+
+    def leases(self) -> dict[str, str]:
+        """MAC -> address handed out by the plain DHCP server."""
+        out: dict[str, str] = {}
+        with contextlib.suppress(FileNotFoundError):
+            for line in (self.workdir / "dhcp.leases").read_text().splitlines():
+                parts = line.split()
+                if len(parts) >= 3:
+                    out[parts[1].lower()] = parts[2]
+        return out
+
+    # -- teardown -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        for closer in reversed(self.closers):
+            with contextlib.suppress(Exception):
+                closer()
+        for node in self.nodes:
+            with contextlib.suppress(Exception):
+                node.stop(force=True)
+        self.stop_site()
+        try:
+            super().close()
+        finally:
+            self.lan.close()
+            self.net.down()
+
+
+class UploadTarget:
+    """An HTTP PUT target beside the gateway (logs.collect, instance.snapshot upload there):
+    on GATEWAY_ADDRESS, bound from inside the lab's namespace, so the node reaches it. Keeps
+    each upload's bytes by path (small in the lab: logs, a snapshot of zeros)."""
+
+    def __init__(self, host: str = GATEWAY_ADDRESS) -> None:
+        import http.server
+        import threading
+
+        received: dict[str, bytes] = {}
+        self.received = received
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def do_PUT(self) -> None:
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    chunks = []
+                    while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
+                        chunks.append(self.rfile.read(size))
+                        self.rfile.readline()
+                    self.rfile.readline()
+                    body = b"".join(chunks)
+                else:
+                    body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                received[self.path.split("?", 1)[0]] = body
+                self.send_response(201)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.host = host
+        self.httpd = http.server.ThreadingHTTPServer((host, 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name="uploads")
+        self.thread.start()
+
+    def url(self, path: str) -> str:
+        return f"http://{self.host}:{self.port}{path}"
+
+    def uploads(self) -> dict[str, bytes]:
+        return dict(self.received)
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def wait_for(predicate: Callable[[], T | None], timeout: float, what: str,
+              on_timeout: Callable[[], str] | None = None) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            extra = on_timeout() if on_timeout is not None else ""
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}\n{extra}")
+        time.sleep(0.3)

@@ -1,0 +1,433 @@
+"""A node's life driven through the site daemon, each step a command through the reference
+gateway: what tests/e2e/test_site_lifecycle.py runs and checks, and what the demo shows.
+
+    bmc.query -> boot.prepareRamdisk -> bmc.boot pxe -> bmc.power on -> (PXE boot through the
+    site's proxy DHCP, iPXE, the ramdisk joins) -> site.httpProxy -> deploy.image through the
+    route -> disk.wipe of the second disk -> boot.cleanUp -> bmc.boot disk -> bmc.power cycle
+    -> (the node boots its deployed disk and joins in role node)
+
+Each step is checked where it happens and again from outside where it can be (the node
+directory's boot device and power, the site daemon's HTTP log, the plain DHCP server's leases,
+the disk images' bytes); a failed check raises ``StepFailed`` with what was seen. Every
+completed step is a ``Step`` (its duration and one line of evidence), handed to ``on_step``
+as it completes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.gateway import State
+from agent.proto import session_pb2
+from qemu.harness import Machine, MachineSpec, kernel_args
+from qemu.nodeimage import NodeImage, build_node_image, node_cmdline
+from qemu.powered import PoweredNode
+from qemu.sitelab import SITE_NODE_ID, SiteLab, UploadTarget
+
+MiB = 1024 * 1024
+NODE_MAC = "52:54:00:5e:00:01"
+JOIN_TIMEOUT = 420.0
+COMMAND_TIMEOUT = 900.0
+OLD_DATA = hashlib.sha256(b"old tenant data").digest() * (MiB // 32)
+
+
+class StepFailed(AssertionError):
+    """A step did not do what it should; the message says what was seen."""
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str            # "bmc.query", "pxe boot + join", ...
+    seconds: float
+    evidence: str
+
+
+@dataclass(frozen=True)
+class Bmc:
+    """How the site daemon reaches the node's BMC."""
+
+    protocol: str        # "ipmi" | "redfish"
+    address: str
+    credentials_ref: str
+    verify_tls: bool = True   # Redfish: False for an emulator's self-signed certificate
+
+
+@dataclass
+class SiteNode:
+    """The node of the lifecycle: its power, its disks, its image."""
+
+    name: str
+    power: PoweredNode
+    deploy_disk: Path            # serial disk0: deploy.image's target
+    wipe_disk: Path              # serial disk1: disk.wipe's target
+    image: NodeImage
+    mac: str = NODE_MAC
+    uefi: bool = False           # OVMF firmware, ipxe.efi, boot mode uefi
+    steps: list[Step] = field(default_factory=list)
+
+
+def make_node(lab: SiteLab, name: str, *, mac: str = NODE_MAC, uefi: bool = False) -> SiteNode:
+    """A powered-off node with two virtio disks (the second full of old data) and the image
+    of its installed OS, which a "disk" boot runs (the image's kernel and initramfs, its root
+    on the first disk: qemu/nodeimage.py)."""
+    image = build_node_image(lab, name, lab.workdir / f"{name}-image")
+    os.link(image.zst, lab.www / f"{name}.img.zst")
+    disks = lab.workdir / f"{name}-disks"
+    disks.mkdir(parents=True, exist_ok=True)
+    deploy, wipe = disks / "disk0.img", disks / "disk1.img"
+    with deploy.open("wb") as f:
+        f.truncate(256 * MiB)
+    with wipe.open("wb") as f:
+        for _ in range(64):
+            f.write(OLD_DATA)
+    power = lab.powered_node(name, kernel=image.kernel, initrd=image.initrd, append=node_cmdline(),
+                             disks=[deploy, wipe], mac=mac, uefi=uefi)
+    return SiteNode(name, power, deploy, wipe, image, mac, uefi)
+
+
+class Lifecycle:
+    def __init__(self, lab: SiteLab, node: SiteNode, bmc: Bmc,
+                 on_step: Callable[[Step], None] | None = None) -> None:
+        self.lab = lab
+        self.node = node
+        self.bmc = bmc
+        self.on_step = on_step
+        self.proxy_url = ""
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def fail(self, what: str) -> StepFailed:
+        console = self.lab.console(self.node.power)[-3000:]
+        site = self.lab.site_log_text()[-3000:]
+        return StepFailed(f"{what}\n-- node console (tail) --\n{console}\n-- site daemon (tail) --\n{site}")
+
+    def command(self, target: str, kind: str, payload: dict[str, Any],
+                timeout: float = COMMAND_TIMEOUT) -> tuple[session_pb2.ResultBody, Any]:
+        gw = self.lab.gateway
+        cid = gw.send(target, kind, payload)
+        try:
+            body, result = gw.wait_result(cid, timeout)
+        except TimeoutError:
+            raise self.fail(f"{kind} on {target}: no result within {timeout:g}s; "
+                            f"events {gw.events_for(cid)}") from None
+        if body.status != session_pb2.SUCCEEDED:
+            raise self.fail(f"{kind} on {target}: {session_pb2.Status.Name(body.status)} "
+                            f"{body.reason}: {body.message}")
+        return body, result
+
+    def site(self, kind: str, payload: dict[str, Any]) -> Any:
+        return self.command(SITE_NODE_ID, kind, payload)[1]
+
+    def bmc_op(self, kind: str, operation: str, **parameters: str) -> Any:
+        return self.site(kind, {"node_id": self.node.name, "bmc_address": self.bmc.address,
+                                "protocol": self.bmc.protocol, "operation": operation,
+                                "credentials_ref": self.bmc.credentials_ref,
+                                "verify_tls": self.bmc.verify_tls, "parameters": parameters})
+
+    def step(self, name: str, started: float, evidence: str) -> None:
+        s = Step(name, time.monotonic() - started, evidence)
+        self.node.steps.append(s)
+        if self.on_step is not None:
+            self.on_step(s)
+
+    def wait_joined(self, role: str, sessions: int, timeout: float = JOIN_TIMEOUT) -> Any:
+        gw = self.lab.gateway
+
+        def joined() -> Any:
+            rec = gw.nodes.get(self.node.name)
+            if rec is not None and rec.connected and rec.sessions >= sessions and rec.hello.role == role:
+                return rec
+            return None
+
+        try:
+            return gw.wait_for(joined, timeout, f"{self.node.name} joined in role {role}")
+        except TimeoutError:
+            raise self.fail(f"{self.node.name} did not join in role {role} within {timeout:g}s") from None
+
+    # -- the steps ------------------------------------------------------------------------
+
+    def run_all(self) -> list[Step]:
+        self.query()
+        self.prepare_ramdisk()
+        self.boot_device("pxe")
+        self.power_on()
+        self.pxe_join()
+        self.http_proxy()
+        self.deploy()
+        self.wipe()
+        self.clean_up()
+        self.boot_device("disk")
+        self.power_cycle()
+        self.disk_join()
+        return self.node.steps
+
+    def query(self) -> None:
+        t = time.monotonic()
+        result = self.bmc_op("bmc.query", "query")
+        if result.power_state != "off":
+            raise self.fail(f"bmc.query: the node should be off, the BMC says {result.power_state!r}")
+        macs = [n.mac_address.lower() for n in result.nics]
+        system = result.system
+        if macs:
+            if self.node.mac not in macs:
+                raise self.fail(f"bmc.query: the BMC lists NICs {macs}, not the node's {self.node.mac}")
+            found = f"host NIC MAC {self.node.mac} found"
+        else:
+            # IPMI has no portable way to list the host's NICs (agent/site/ipmi.py): the MAC
+            # is the one the site's inventory holds for the node.
+            found = f"no host NIC over {self.bmc.protocol}; MAC {self.node.mac} from the inventory"
+        self.step("bmc.query", t, f"{system.manufacturer} {system.model}, BMC firmware "
+                                  f"{system.bmc_firmware_version}, power off; {found}")
+
+    def prepare_ramdisk(self) -> None:
+        t = time.monotonic()
+        lab, name = self.lab, self.node.name
+        kernel, initrd = lab.www / "vmlinuz", lab.www / f"{name}-ramdisk.img"
+        if not kernel.exists():
+            os.link(lab.ramdisk.kernel, kernel)
+        initrd.unlink(missing_ok=True)
+        os.link(lab.initrd(name, lab.overlay(test=True)), initrd)
+        result = self.site("boot.prepareRamdisk", {
+            "node_id": name, "mac_address": self.node.mac,
+            "boot_file": "ipxe.efi" if self.node.uefi else "undionly.kpxe",
+            "ttl_seconds": 1800, "kernel_url": lab.upstream_url(kernel.name),
+            "initrd_url": lab.upstream_url(initrd.name),
+            "kernel_cmdline": kernel_args(**lab.settings(name))})
+        if not result.entry_id:
+            raise self.fail(f"boot.prepareRamdisk: no entry id in {result}")
+        self.step("boot.prepareRamdisk", t, f"entry {result.entry_id} registered for {self.node.mac}")
+
+    def boot_device(self, device: str) -> None:
+        t = time.monotonic()
+        mode = {"mode": "uefi"} if self.node.uefi else {}
+        result = self.bmc_op("bmc.boot", "set_boot_device", device=device, persistent="true", **mode)
+        seen = self.node.power.boot_device()
+        if result.boot.device != device or seen != device:
+            raise self.fail(f"bmc.boot {device}: the BMC says {result.boot.device!r}, the node "
+                            f"will boot from {seen!r}")
+        self.step(f"bmc.boot {device}", t, f"boot device read back: {result.boot.device}")
+
+    def power_on(self) -> None:
+        t = time.monotonic()
+        self.boots_before = len(self.node.power.boots())
+        result = self.bmc_op("bmc.power", "on")
+        if result.power_state != "on" or self.node.power.status() != "on":
+            raise self.fail(f"bmc.power on: the BMC says {result.power_state!r}, the node is "
+                            f"{self.node.power.status()}")
+        self.step("bmc.power on", t, f"power state read back: {result.power_state}")
+
+    def pxe_join(self) -> None:
+        t = time.monotonic()
+        rec = self.wait_joined("ramdisk", 1)
+        log = self.lab.site_log_text()
+        script = f"GET /pxe/{self.node.mac.replace(':', '-')}.ipxe -> 200"
+        for wanted in ("GET /boot.ipxe -> 200", script):
+            if wanted not in log:
+                raise self.fail(f"joined, but the site's HTTP service never served {wanted!r}")
+        boots = self.node.power.boots()[self.boots_before:]
+        if not boots or boots[0].device != "pxe":
+            raise self.fail(f"the node's boots since power on: {boots}")
+        lease = self.lab.leases().get(self.node.mac, "?")
+        firmware = "BIOS"
+        if self.node.uefi:
+            status, out = guest_shell(self.node, "test -d /sys/firmware/efi && echo efi=yes")
+            if status != 0 or "efi=yes" not in out:
+                raise self.fail(f"a UEFI node's ramdisk sees no /sys/firmware/efi: {out!r}")
+            firmware = "UEFI (OVMF, /sys/firmware/efi in the ramdisk)"
+        self.step("PXE boot + join", t, f"{firmware}: proxy DHCP offer -> iPXE chained /boot.ipxe "
+                                        f"and the node's script; address {lease} from the plain "
+                                        f"DHCP; joined as {rec.hello.role}, boot {rec.boot_id[:8]}")
+
+    def http_proxy(self) -> None:
+        t = time.monotonic()
+        upstream = self.lab.upstream_url(f"{self.node.name}.img.zst")
+        result = self.site("site.httpProxy", {
+            "node_id": self.node.name, "upstream_url": upstream, "ttl_seconds": 1800,
+            "max_bytes": 2 * self.node.image.zst.stat().st_size})
+        self.proxy_url = result.proxy_url
+        if not re.match(r"^http://10\.0\.2\.2:\d+/r/", self.proxy_url):
+            raise self.fail(f"site.httpProxy: unexpected proxy_url {self.proxy_url!r}")
+        # From the node itself: the upstream's port on every address of the lab's namespace
+        # is closed to it (the upstream listens on that namespace's loopback only).
+        port = self.lab.upstream.port
+        status, out = guest_shell(self.node, " ; ".join(
+            f"wget -q -T 5 -O /dev/null http://{a}:{port}/{self.node.name}.img.zst; echo {a}=$?"
+            for a in ("10.0.2.100", "10.0.2.2")), timeout=60)
+        direct = dict(re.findall(r"(10\.0\.2\.\d+)=(\d+)", out))
+        if status != 0 or len(direct) != 2 or {"0", "127"} & set(direct.values()):
+            raise self.fail(f"the node reached the upstream directly, or could not be asked: {out!r}")
+        self.step("site.httpProxy", t, f"route {self.proxy_url.split('/r/')[0]}/r/… -> the "
+                                       f"images' upstream; the node's own wget to it fails")
+
+    def deploy(self) -> None:
+        t = time.monotonic()
+        image = self.node.image
+        result = self.command(self.node.name, "deploy.image", {
+            "url": self.proxy_url, "format": "ZSTD",
+            "digest": {"algorithm": "sha256", "hex": image.zst_sha256},
+            "target": {"serial": "disk0"}, "verify_readback": True})[1]
+        if result.digest.hex != image.zst_sha256 or result.image_bytes != image.raw.stat().st_size:
+            raise self.fail(f"deploy.image: {result}")
+        with self.node.deploy_disk.open("rb") as f:
+            written = hashlib.sha256(f.read(result.image_bytes)).hexdigest()
+        if written != image.raw_sha256:
+            raise self.fail("deploy.image succeeded but the disk does not hold the image")
+        served = re.findall(r"route \w+ \(node " + re.escape(self.node.name) + r"\) request \d+: "
+                            r"GET \S+ -> 20[06], (\d+) bytes", self.lab.site_log_text())
+        if not served or sum(int(n) for n in served) < image.zst.stat().st_size:
+            raise self.fail(f"deploy.image succeeded but the route served {served} bytes")
+        self.step("deploy.image", t, f"{result.image_bytes // MiB} MiB to disk0, "
+                                     f"{sum(int(n) for n in served)} bytes through the route; digest "
+                                     f"{image.zst_sha256[:12]}… verified, disk read back")
+
+    def wipe(self) -> None:
+        t = time.monotonic()
+        result = self.command(self.node.name, "disk.wipe", {
+            "disks": [{"serial": "disk1"}], "method": "BEST_AVAILABLE", "verify": "FULL"})[1]
+        certs = list(result.certificates)
+        if len(certs) != 1 or not certs[0].verified or certs[0].error or certs[0].disk.serial != "disk1":
+            raise self.fail(f"disk.wipe: {result}")
+        with self.node.wipe_disk.open("rb") as f:
+            if any(f.read()):
+                raise self.fail("disk.wipe succeeded but disk1's backing file holds non-zero bytes")
+        self.step("disk.wipe", t, f"disk1 wiped by {certs[0].tool or '?'}, certificate verified "
+                                  f"({certs[0].verification_detail}), backing file all zeros")
+
+    def clean_up(self) -> None:
+        t = time.monotonic()
+        result = self.site("boot.cleanUp", {"node_id": self.node.name})
+        removed = list(result.removed)
+        if f"entry {self.node.mac}" not in removed or not any(r.startswith("route ") for r in removed):
+            raise self.fail(f"boot.cleanUp removed {removed}")
+        self.step("boot.cleanUp", t, "removed: " + ", ".join(r.split()[0] for r in removed))
+
+    def power_cycle(self) -> None:
+        t = time.monotonic()
+        self.sessions_before = self.lab.gateway.nodes[self.node.name].sessions
+        self.boot_id_before = self.lab.gateway.nodes[self.node.name].boot_id
+        self.boots_before = len(self.node.power.boots())
+        result = self.bmc_op("bmc.power", "cycle")
+        if result.power_state != "on":
+            raise self.fail(f"bmc.power cycle: the BMC says {result.power_state!r}")
+        self.step("bmc.power cycle", t, f"power state read back: {result.power_state}")
+
+    def disk_join(self) -> None:
+        t = time.monotonic()
+        rec = self.wait_joined("node", self.sessions_before + 1)
+        if rec.boot_id == self.boot_id_before:
+            raise self.fail("rejoined with the ramdisk's boot id")
+        boots = self.node.power.boots()[self.boots_before:]
+        if not boots or any(b.device != "disk" for b in boots):
+            raise self.fail(f"the node's boots since the cycle: {boots}")
+        console = self.lab.console(self.node.power)
+        if not re.search(r"node root .* mounted on /sysroot", console):
+            raise self.fail("joined as node, but the console does not show the disk's root mounted")
+        self.step("disk boot + join", t, f"booted from disk (no boot offer), root LABEL=bcroot on "
+                                         f"disk0; joined as {rec.hello.role}, new boot "
+                                         f"{rec.boot_id[:8]}")
+
+
+class NodeRoleSteps:
+    """In role node on the deployed disk: driver.invoke of a real driver, logs.collect and
+    instance.snapshot uploaded to ``upload``, then daemon.upgrade to a newer build fetched
+    through a site route (the node rejoins with the new version)."""
+
+    def __init__(self, life: Lifecycle, upload: UploadTarget) -> None:
+        self.life = life
+        self.upload = upload
+
+    def run_all(self, new_build: Path, new_version: str) -> list[Step]:
+        self.driver_invoke()
+        self.logs_collect()
+        self.snapshot()
+        self.upgrade(new_build, new_version)
+        return self.life.node.steps
+
+    def driver_invoke(self) -> None:
+        life, t = self.life, time.monotonic()
+        # nvme-cli is in the node's userland (the ramdisk's: ethtool, ipmitool, nvidia-smi are
+        # not); the node's disks are virtio, so the version query is what it can answer.
+        result = life.command(life.node.name, "driver.invoke", {
+            "driver": "nvme", "operation": "version", "arguments": {}})[1]
+        out = bytes(result.stdout).decode(errors="replace").strip()
+        if result.exit_code != 0 or "nvme version" not in out:
+            raise life.fail(f"driver.invoke nvme version: {result}")
+        life.step("driver.invoke", t, f"{' '.join(result.argv)} -> {out.splitlines()[0]}")
+
+    def logs_collect(self) -> None:
+        life, t = self.life, time.monotonic()
+        path = f"/logs/{life.node.name}.tar"
+        result = life.command(life.node.name, "logs.collect", {
+            "upload_url": self.upload.url(path),   # the agent's own logs, and the kernel's
+            "include_kernel_log": True})[1]
+        got = self.upload.uploads().get(path)
+        if got is None or hashlib.sha256(got).hexdigest() != result.archive_digest.hex:
+            raise life.fail(f"logs.collect: upload {'missing' if got is None else 'differs'}: {result}")
+        life.step("logs.collect", t, f"{len(result.manifest)} files, {len(got)} bytes uploaded, "
+                                     f"sha256 {result.archive_digest.hex[:12]}… matches")
+
+    def snapshot(self) -> None:
+        life, t = self.life, time.monotonic()
+        path = f"/snapshots/{life.node.name}-disk1.zst"
+        result = life.command(life.node.name, "instance.snapshot", {
+            "source_path": "/dev/vdb", "upload_url": self.upload.url(path),
+            "compression": "ZSTD_COMPRESSION"})[1]
+        got = self.upload.uploads().get(path)
+        raw = life.node.wipe_disk.stat().st_size
+        if (got is None or hashlib.sha256(got).hexdigest() != result.uploaded_digest.hex
+                or result.source_bytes != raw
+                or result.source_digest.hex != hashlib.sha256(bytes(raw)).hexdigest()):
+            raise life.fail(f"instance.snapshot: {result}")
+        life.step("instance.snapshot", t, f"/dev/vdb ({raw // MiB} MiB, the wiped disk: its "
+                                          f"zeros' digest) -> {len(got)} bytes zstd uploaded")
+
+    def upgrade(self, new_build: Path, new_version: str) -> None:
+        from agent.proto import agent_pb2, common_pb2
+        from agent.trust import SigningKey
+
+        life, t = self.life, time.monotonic()
+        lab, name = life.lab, life.node.name
+        os.link(new_build, lab.www / f"{name}-agent.pyz")
+        route = life.site("site.httpProxy", {
+            "node_id": name, "upstream_url": lab.upstream_url(f"{name}-agent.pyz"),
+            "ttl_seconds": 600})
+        data = new_build.read_bytes()
+        sha = hashlib.sha256(data)
+        key = SigningKey.load(lab.pki.signing_key)
+        before = lab.gateway.nodes[name]
+        old_version, sessions = before.hello.agent_version, before.sessions
+        cid = lab.gateway.send(name, "daemon.upgrade", agent_pb2.DaemonSection(
+            version=new_version, url=route.proxy_url,
+            digest=common_pb2.Digest(algorithm="sha256", hex=sha.hexdigest()),
+            signature=key.sign_artifact(sha.digest()), key_id=key.key_id,
+            rejoin_timeout_seconds=300))
+        try:
+            rec = lab.gateway.wait(cid, COMMAND_TIMEOUT)
+        except TimeoutError:
+            raise life.fail("daemon.upgrade did not complete") from None
+        after = lab.gateway.nodes[name]
+        if (rec.state is not State.COMPLETED or after.hello.agent_version != new_version
+                or after.sessions <= sessions or after.hello.role != "node"):
+            raise life.fail(f"daemon.upgrade: {rec.state} {lab.gateway.events_for(cid)}; "
+                            f"rejoined as {after.hello.role} {after.hello.agent_version}")
+        life.step("daemon.upgrade", t, f"{old_version} -> {new_version} through a site route, "
+                                       f"signed build verified; rejoined in role node")
+
+
+def guest_shell(node: SiteNode, command: str, timeout: float = 60.0) -> tuple[int, str]:
+    """A command on the test ramdisk's debug shell (its second serial port, a unix socket in
+    the node directory: qemu/harness.py's Machine.shell)."""
+    spec = node.power.spec()
+    shell = Machine(MachineSpec(workdir=node.power.dir, kernel=Path(spec.kernel),
+                                initrd=Path(spec.initrd), name=spec.name))
+    try:
+        return shell.shell(command, timeout)
+    finally:
+        shell.stop()

@@ -1,0 +1,148 @@
+"""The site-driven lifecycle in QEMU, over IPMI: nothing reaches the node but its BMC
+(OpenIPMI's ipmi_sim driving a qemu/powered.py node), the site daemon's boot service on the
+provisioning network, and its gateway session. qemu/sitelab.py builds the network (namespaces,
+a bridge, a plain DHCP server, the site daemon, the node on a tap device); qemu/sitelife.py
+runs and checks each step:
+
+    bmc.query -> boot.prepareRamdisk -> bmc.boot pxe -> bmc.power on -> PXE boot through the
+    proxy DHCP (iPXE) into the ramdisk, which joins -> site.httpProxy -> deploy.image through
+    the route -> disk.wipe of the second disk -> boot.cleanUp -> bmc.boot disk -> bmc.power
+    cycle -> the node boots its deployed disk and joins in role node
+
+Every step is a command through the reference gateway, to the site daemon or to the node;
+bmc.boot, deploy.image and disk.wipe are destructive and go signed.
+
+The same sequence runs once more over Redfish: sushy-tools' emulator (fake driver, HTTPS with
+a self-signed certificate, so ``verify_tls: false``) whose notification hook powers a second
+QEMU node (tests/site/sushy.py). Its System lists the node's NIC, so there bmc.query finds the
+MAC the boot entry is made for. That run is in UEFI mode where Debian's ovmf is installed
+(OVMF firmware, an ipxe.efi entry, boot mode uefi; the ramdisk checks /sys/firmware/efi).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.site.bmc import Credentials
+from agent.site.secrets import SecretStore
+from initramfs import build as ramdisk
+from qemu.ipmisim import IpmiSim, start_ipmi_sim
+from qemu.lab import Ramdisk
+from qemu.sitelab import OVMF, SiteLab, missing_network_prerequisites
+from qemu.sitelife import Bmc, Lifecycle, NodeRoleSteps, SiteNode, Step, make_node
+from tests.loopback_http import self_signed_cert
+from tests.site.conftest import PASSWORD, REF, USERNAME
+from tests.site.sushy import NODE_MAC, USER, NodeHook, SushyEmulator
+
+pytestmark = [pytest.mark.qemu, pytest.mark.slow]
+
+NODE = "site-n1"
+RF_NODE = "site-n2"
+NEW_VERSION = "0.2.0"
+RF_PASSWORD = "Redfish-Emu-Pass-7731"
+RF_REF = "rack1-rf02"
+STEPS = ["bmc.query", "boot.prepareRamdisk", "bmc.boot pxe", "bmc.power on", "PXE boot + join",
+         "site.httpProxy", "deploy.image", "disk.wipe", "boot.cleanUp", "bmc.boot disk",
+         "bmc.power cycle", "disk boot + join"]
+
+
+@pytest.fixture(scope="module")
+def site_lab(ramdisk_parts: Ramdisk, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SiteLab]:
+    reason = missing_network_prerequisites()
+    if reason:
+        pytest.skip(reason)
+    for tool in ("ipmi_sim", "ipmitool"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed (apt-get install openipmi ipmitool)")
+    with SiteLab(tmp_path_factory.mktemp("sitelab"), ramdisk_parts) as lab:
+        lab.start_site()
+        yield lab
+
+
+@pytest.fixture(scope="module")
+def node(site_lab: SiteLab) -> SiteNode:
+    return make_node(site_lab, NODE)
+
+
+@pytest.fixture(scope="module")
+def ipmi(site_lab: SiteLab, node: SiteNode) -> Iterator[IpmiSim]:
+    """The node's BMC: ipmi_sim in the lab's namespace (the site daemon reaches it on the
+    namespace's loopback), its credentials in the site daemon's secret store."""
+    SecretStore(site_lab.secrets_dir).put(REF, Credentials(USERNAME, PASSWORD))
+    sim = site_lab.in_lan(start_ipmi_sim, site_lab.workdir / "ipmi", node.power, USERNAME, PASSWORD)
+    yield sim
+    sim.stop()
+
+
+def run_and_show(life: Lifecycle, then: Callable[[], object] | None = None) -> list[Step]:
+    shown: list[Step] = []
+    life.on_step = shown.append
+    try:
+        life.run_all()
+        if then is not None:
+            then()
+    finally:
+        for s in shown:
+            print(f"{s.seconds:7.1f}s  {s.name:22} {s.evidence}")
+        life.node.power.stop(force=True)   # one QEMU at a time on a shared machine
+    return shown
+
+
+def check_common(lab: SiteLab, node: SiteNode, shown: list[Step]) -> None:
+    assert [s.name for s in shown][:len(STEPS)] == STEPS
+    # The destructive kinds went signed (the agent refuses them unsigned).
+    for kind in ("bmc.boot", "deploy.image", "disk.wipe"):
+        recs = [r for r in lab.gateway.commands.values() if r.kind == kind]
+        assert recs and all(r.signed.signature for r in recs), kind
+    # The site's dnsmasq ran through it all (entries added and removed by SIGHUP) without dying:
+    # an earlier configuration of it segfaulted at boot.cleanUp and was restarted.
+    assert " exited " not in "".join(line for line in lab.site_log_text().splitlines()
+                                     if "agent.site.dnsmasq" in line)
+    # The image came from the upstream to the site daemon (the route relays it).
+    assert [line for line in lab.upstream.served if line.startswith(f"GET /{node.name}.img.zst")]
+
+
+def test_site_driven_lifecycle_over_ipmi(site_lab: SiteLab, node: SiteNode, ipmi: IpmiSim,
+                                         tmp_path: Path) -> None:
+    """The whole life over IPMI, then in role node on the deployed disk: driver.invoke,
+    logs.collect and instance.snapshot uploaded, daemon.upgrade to a newer build."""
+    life = Lifecycle(site_lab, node, Bmc("ipmi", ipmi.address, REF))
+    new_build = ramdisk.build_agent(tmp_path / "agent-new.pyz", version=NEW_VERSION)
+    target = site_lab.start_upload_target()
+    shown = run_and_show(life, lambda: NodeRoleSteps(life, target).run_all(new_build, NEW_VERSION))
+    check_common(site_lab, node, shown)
+    assert [s.name for s in shown][len(STEPS):] == ["driver.invoke", "logs.collect",
+                                                   "instance.snapshot", "daemon.upgrade"]
+
+
+def test_site_driven_lifecycle_over_redfish(site_lab: SiteLab, tmp_path: Path) -> None:
+    if shutil.which("sushy-emulator", path=str(Path(sys.executable).parent)) is None \
+            and shutil.which("sushy-emulator") is None:
+        pytest.skip("sushy-emulator is not installed (pip install sushy-tools: the dev extra)")
+    uefi = os.path.exists(OVMF)
+    node = make_node(site_lab, RF_NODE, mac=NODE_MAC, uefi=uefi)
+    SecretStore(site_lab.secrets_dir).put(RF_REF, Credentials(USER, RF_PASSWORD))
+    cert, key = self_signed_cert(str(tmp_path))
+    # The emulator and its hook in the lab's namespace: the hook's worker thread (born there)
+    # powers the node on, so QEMU finds its tap device.
+    hook = site_lab.in_lan(lambda: NodeHook(node.power).__enter__())
+    try:
+        emu = site_lab.in_lan(lambda: SushyEmulator(tmp_path / "emu", password=RF_PASSWORD,
+                                                    tls=(cert, key), notify_url=hook.url).__enter__())
+        try:
+            life = Lifecycle(site_lab, node, Bmc("redfish", f"127.0.0.1:{emu.port}", RF_REF,
+                                                 verify_tls=False))
+            shown = run_and_show(life)
+        finally:
+            emu.__exit__()
+    finally:
+        hook.__exit__()
+    check_common(site_lab, node, shown)
+    assert not hook.errors, hook.errors
+    assert "MAC" in shown[0].evidence and "found" in shown[0].evidence
