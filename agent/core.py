@@ -131,7 +131,7 @@ class Agent:
         self.node_key = NodeKey.load_or_create(state_dir / "node.key")
         self.trust = TrustStore.load(config.trusted_keys)
         kwargs = {} if journal_compact_bytes is None else {"compact_bytes": journal_compact_bytes}
-        self.journal = Journal(state_dir / "journal", **kwargs)  # type: ignore[arg-type]
+        self.journal = Journal(state_dir / "journal", **kwargs)  # type: ignore[arg-type]  # compact_bytes: int
         self.scheduler = scheduler.Scheduler(workers)
         self.locks = ResourceLocks()
         self._admit = threading.RLock()
@@ -492,7 +492,7 @@ class Agent:
             kind=kind.name,
             node_id=self.config.node_id,
             boot_id=self.boot_id,
-            status=status_of(error),  # type: ignore[arg-type]
+            status=status_of(error),  # type: ignore[arg-type]  # the Status enum's number
             started_at_unix_ms=started_ms,
             finished_at_unix_ms=_now_ms(),
             agent_version=self.version,

@@ -435,7 +435,7 @@ def put(
         conn.request(
             "PUT",
             _target(parts),
-            body=body,  # type: ignore[arg-type]
+            body=body,  # type: ignore[arg-type]  # an iterator of bytes: http.client streams it
             headers=_headers(opts, extra),
             encode_chunked=length is None,
         )

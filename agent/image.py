@@ -20,6 +20,7 @@ import hashlib
 import lzma
 import os
 import queue
+import subprocess
 import threading
 import zlib
 from collections.abc import Callable, Iterator
@@ -28,7 +29,7 @@ from typing import Protocol
 
 from agent import http
 from agent.errors import AgentError, InvalidParameters, NotFound, SourceFailed, ToolFailed
-from agent.proc import describe_exit
+from agent.proc import Completed, describe_exit
 from agent.proto import agent_pb2
 
 Fmt = agent_pb2.ImageFormat
@@ -203,7 +204,7 @@ class _StdlibDecompressor:
         self._d = self._new()
         self._full = False
 
-    def _new(self) -> object:
+    def _new(self) -> zlib._Decompress | lzma.LZMADecompressor | bz2.BZ2Decompressor:
         if self.fmt == Fmt.GZIP:
             return zlib.decompressobj(16 + zlib.MAX_WBITS)
         if self.fmt == Fmt.XZ:
@@ -211,15 +212,15 @@ class _StdlibDecompressor:
         return bz2.BZ2Decompressor()
 
     def _eof(self) -> bool:
-        return bool(self._d.eof)  # type: ignore[attr-defined]
+        return bool(self._d.eof)
 
     def _step(self, data: bytes) -> bytes:
         d = self._d
         try:
-            if self.fmt == Fmt.GZIP:
-                out: bytes = d.decompress(data, self.max_out)  # type: ignore[attr-defined]
+            if isinstance(d, (lzma.LZMADecompressor, bz2.BZ2Decompressor)):
+                out = d.decompress(data, max_length=self.max_out)
             else:
-                out = d.decompress(data, max_length=self.max_out)  # type: ignore[attr-defined]
+                out = d.decompress(data, self.max_out)
             self._full = len(out) >= self.max_out
             return out
         except (zlib.error, lzma.LZMAError, OSError, EOFError, ValueError) as exc:
@@ -227,19 +228,21 @@ class _StdlibDecompressor:
 
     def _pending(self) -> bytes:
         """Input the decompressor holds but has not consumed yet (gzip keeps it outside)."""
-        if self.fmt == Fmt.GZIP:
-            return self._d.unconsumed_tail  # type: ignore[attr-defined,no-any-return]
-        return b""
+        d = self._d
+        if isinstance(d, (lzma.LZMADecompressor, bz2.BZ2Decompressor)):
+            return b""
+        return d.unconsumed_tail
 
     def _more(self) -> bool:
-        if self.fmt == Fmt.GZIP:
-            return not self._d.eof and bool(self._d.unconsumed_tail or self._full)  # type: ignore[attr-defined]
-        return not self._d.needs_input and not self._d.eof  # type: ignore[attr-defined]
+        d = self._d
+        if isinstance(d, (lzma.LZMADecompressor, bz2.BZ2Decompressor)):
+            return not d.needs_input and not d.eof
+        return not d.eof and bool(d.unconsumed_tail or self._full)
 
     def feed(self, data: bytes) -> Iterator[bytes]:
         while data:
             if self._eof():
-                rest = self._d.unused_data + data  # type: ignore[attr-defined]
+                rest = self._d.unused_data + data
                 if not rest.strip(b"\0"):
                     return  # zero padding after the last member
                 self._d = self._new()
@@ -252,8 +255,8 @@ class _StdlibDecompressor:
                 out = self._step(self._pending())
                 if out:
                     yield out
-            if self._eof() and self._d.unused_data:  # type: ignore[attr-defined]
-                data = self._d.unused_data  # type: ignore[attr-defined]
+            if self._eof() and self._d.unused_data:
+                data = self._d.unused_data
                 if not data.strip(b"\0"):
                     return
                 self._d = self._new()
@@ -362,7 +365,8 @@ class RawStream:
     SourceFailed. ``close`` stops the threads and the child.
     """
 
-    def __init__(self, source: Source, fmt: int, spawn: Callable[..., object] | None = None, *,
+    def __init__(self, source: Source, fmt: int,
+                 spawn: Callable[..., subprocess.Popen[bytes]] | None = None, *,
                  hash_published: bool = True) -> None:
         self.source, self.fmt = source, fmt
         self.hash_published = hash_published  # False: a manifest verifies the raw chunks instead
@@ -370,7 +374,7 @@ class RawStream:
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self._proc: object = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._pieces: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=8)
         self._piece = memoryview(b"")
         self._done = False
@@ -382,15 +386,14 @@ class RawStream:
             self._zstd = _ZstdStream(lib)
             target = self._read_ahead
         elif fmt == Fmt.ZSTD:
-            import subprocess
-
             from agent import proc
 
             self._proc = (spawn or proc.spawn)(
                 ["zstd", "-dc", "-q", "--no-progress"], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             )
-            for pipe in (self._proc.stdin, self._proc.stdout):  # type: ignore[attr-defined]
+            for pipe in (self._proc.stdin, self._proc.stdout):
+                assert pipe is not None
                 with contextlib.suppress(OSError):  # 64 KiB by default: a syscall per 64 KiB
                     fcntl.fcntl(pipe.fileno(), F_SETPIPE_SZ, 1 << 20)
             target = self._feed_zstd
@@ -405,7 +408,8 @@ class RawStream:
     # -- threads -------------------------------------------------------------------------
 
     def _feed_zstd(self) -> None:
-        stdin = self._proc.stdin  # type: ignore[attr-defined]
+        assert self._proc is not None and self._proc.stdin is not None
+        stdin = self._proc.stdin
         try:
             while not self._stop.is_set():
                 data = self.source.read(STREAM_PIECE, hash=self.hash_published)
@@ -477,7 +481,8 @@ class RawStream:
         elif self._zstd is not None:
             n = self._from_libzstd(view)
         elif self.fmt == Fmt.ZSTD:
-            n = os.readv(self._proc.stdout.fileno(), [view])  # type: ignore[attr-defined]
+            assert self._proc is not None and self._proc.stdout is not None
+            n = os.readv(self._proc.stdout.fileno(), [view])
             if n == 0:
                 self._end_zstd()
         else:
@@ -524,8 +529,9 @@ class RawStream:
 
     def _end_zstd(self) -> None:
         proc = self._proc
-        rc = proc.wait()  # type: ignore[attr-defined]
-        err = proc.stderr.read().decode("utf-8", "replace").strip()  # type: ignore[attr-defined]
+        assert proc is not None and proc.stderr is not None
+        rc = proc.wait()
+        err = proc.stderr.read().decode("utf-8", "replace").strip()
         if self._thread is not None:
             self._thread.join()
         if isinstance(self._error, AgentError):  # the source failed (a download cut short...)
@@ -541,10 +547,10 @@ class RawStream:
         self._stop.set()
         if self._zstd is not None:
             self._zstd.free()
-        if self._proc is not None and self._proc.poll() is None:  # type: ignore[attr-defined]
+        if self._proc is not None and self._proc.poll() is None:
             from agent.proc import kill_group
 
-            kill_group(self._proc)  # type: ignore[arg-type]
+            kill_group(self._proc)
         with contextlib.suppress(queue.Empty):
             while True:
                 self._pieces.get_nowait()  # a feeder blocked on a full queue sees the stop
@@ -552,13 +558,13 @@ class RawStream:
             self._thread.join(timeout=5)
 
 
-def qcow2_info(run: Callable[..., object], path: Path) -> int:
+def qcow2_info(run: Callable[..., Completed], path: Path) -> int:
     """Virtual size of a qcow2 file; refuses backing files and external data files."""
     import json
 
     done = run(["qemu-img", "info", "--output=json", "-f", "qcow2", str(path)])
     try:
-        info = json.loads(done.stdout)  # type: ignore[attr-defined]
+        info = json.loads(done.stdout)
     except ValueError as exc:
         raise ToolFailed(f"qemu-img info: unreadable output ({exc})") from exc
     if info.get("backing-filename") or info.get("full-backing-filename"):

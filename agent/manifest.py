@@ -28,6 +28,7 @@ import functools
 import hashlib
 import os
 import re
+import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -236,8 +237,9 @@ def _bad_chunk(chunk: int, what: str) -> str:
 # ---------------------------------------------------------------------------- building
 
 
-def build(path: Path, *, chunk_size: int = DEFAULT_CHUNK, spawn: Callable[..., object] | None = None,
-          workers: int | None = None, cancel: threading.Event | None = None) -> agent_pb2.ImageManifest:
+def build(path: Path, *, chunk_size: int = DEFAULT_CHUNK,
+          spawn: Callable[..., subprocess.Popen[bytes]] | None = None, workers: int | None = None,
+          cancel: threading.Event | None = None) -> agent_pb2.ImageManifest:
     """The manifest of the image at ``path`` (raw, gzip, xz, bzip2, zstd or qcow2), streamed: one
     thread reads (and decompresses), a pool sized to the cores hashes the chunks, and an
     all-zero chunk (found with memcmp) gets the zero digest without being hashed."""
@@ -298,7 +300,7 @@ def build(path: Path, *, chunk_size: int = DEFAULT_CHUNK, spawn: Callable[..., o
             version=VERSION, image_size=size, chunk_size=chunk_size, algorithm="sha256",
             chunk_count=len(digests), digests=joined,
             published=common_pb2.Digest(algorithm="sha256", hex=source.hasher.hexdigest()),
-            published_size=source.count, published_format=fmt,  # type: ignore[arg-type]
+            published_size=source.count, published_format=fmt,  # type: ignore[arg-type]  # detect's enum number
         )
     finally:
         source.close()
@@ -324,7 +326,7 @@ class _Qcow2Stream:
 
     def close(self) -> None:
         self.q.close()
-        read = self.source.read  # type: ignore[attr-defined]
+        read = self.source.read  # type: ignore[attr-defined]  # an image.FileSource
         while read(8 << 20):  # the published digest and size: the whole qcow2 file
             pass
 

@@ -110,7 +110,7 @@ class CommandStream:
             self._emit(session_pb2.Frame(progress=p))
 
 
-class CommandLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+class CommandLog(logging.LoggerAdapter):  # type: ignore[type-arg]  # LoggerAdapter is generic in the stubs only
     """ctx.log: goes to the agent's log as usual, and to the gateway as the command's log lines."""
 
     def __init__(self, logger: logging.Logger, command_id: str, stream: CommandStream) -> None:
@@ -118,7 +118,7 @@ class CommandLog(logging.LoggerAdapter):  # type: ignore[type-arg]
         self.stream = stream
 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
-        kwargs["extra"] = {**self.extra, **kwargs.get("extra", {})}  # type: ignore[dict-item]
+        kwargs["extra"] = {**self.extra, **kwargs.get("extra", {})}  # type: ignore[dict-item]  # extra is a Mapping in the stubs
         return msg, kwargs
 
     def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:

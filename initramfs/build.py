@@ -187,7 +187,7 @@ KEEP_CODECS = frozenset({
 
 
 def _run(argv: list[str], **kw: object) -> str:
-    return run(argv, **kw).stdout.decode()  # type: ignore[arg-type]
+    return run(argv, **kw).stdout.decode()  # type: ignore[arg-type]  # run's keyword arguments, passed on
 
 
 # ---------------------------------------------------------------------------------------------

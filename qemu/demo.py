@@ -141,7 +141,7 @@ def fake_nvml(workdir: Path) -> bytes | None:
     return Path(module.build_library(workdir / "nvml")).read_bytes()
 
 
-def wait_result(lab, machine: Machine, cid: str, what: str, timeout: float = 1800.0):  # type: ignore[no-untyped-def]
+def wait_result(lab, machine: Machine, cid: str, what: str, timeout: float = 1800.0):  # type: ignore[no-untyped-def]  # a demo script
     from agent.proto import session_pb2
 
     try:
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                f"initramfs and the node agent ({mib(image.zst.stat().st_size)} as node.img.zst)")
         last_step: dict[str, int] = {}
 
-        def on_event(ev, rec) -> None:  # type: ignore[no-untyped-def]
+        def on_event(ev, rec) -> None:  # type: ignore[no-untyped-def]  # the gateway's listener
             if ev.what == "progress" and rec is not None and rec.progress is not None:
                 p = rec.progress
                 step = int(p.fraction * 10) if p.fraction >= 0 else -1
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         old_boot = hello.boot_id
         sessions = lab.gateway.nodes[NODE].sessions
 
-        def part_file(path: str, digest: str) -> dict:  # type: ignore[type-arg]
+        def part_file(path: str, digest: str) -> dict:  # type: ignore[type-arg]  # a JSON payload
             return {"partition_file": {"disk": {"serial": target.serial}, "partition_label": "bcroot",
                                        "path": path}, "digest": {"algorithm": "sha256", "hex": digest}}
 

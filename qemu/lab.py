@@ -208,7 +208,7 @@ class Lab:
         return machine.elapsed()
 
 
-def wait_until(predicate, timeout: float, what: str, machine: Machine | None = None):  # type: ignore[no-untyped-def]
+def wait_until(predicate, timeout: float, what: str, machine: Machine | None = None):  # type: ignore[no-untyped-def]  # any predicate
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

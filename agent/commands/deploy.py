@@ -209,7 +209,7 @@ class Deployment:
                 f"declared format {image.format_name(declared)} but the image is"
                 f" {image.format_name(fmt)} (magic bytes {head[:8].hex()})"
             )
-        self.result.format = fmt  # type: ignore[assignment]
+        self.result.format = fmt  # type: ignore[assignment]  # image.detect gives the enum's number
         return fmt
 
     def _check_fits(self, fmt: int, total: int | None) -> None:
@@ -617,7 +617,7 @@ class Deployment:
         child = self.ctx.spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         assert child.stdout is not None and child.stderr is not None
         stderr: list[bytes] = []
-        reader = threading.Thread(target=lambda: stderr.append(child.stderr.read()), daemon=True)  # type: ignore[union-attr]
+        reader = threading.Thread(target=lambda: stderr.append(child.stderr.read()), daemon=True)  # type: ignore[union-attr]  # stderr=PIPE
         reader.start()
         pending = b""
         try:

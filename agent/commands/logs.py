@@ -143,7 +143,7 @@ class _HashingWriter(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, data: bytes) -> int:  # type: ignore[override]
+    def write(self, data: bytes) -> int:  # type: ignore[override]  # the tar writer passes bytes only
         self.out.write(data)
         self.sha256.update(data)
         self.size += len(data)
@@ -306,7 +306,7 @@ def stream_tail(ctx: Context, argv: list[str], cap: int) -> tuple[bytes, bool]:
     buf = bytearray()
     dropped = False
     try:
-        while chunk := child.stdout.read1(MiB):  # type: ignore[attr-defined]
+        while chunk := child.stdout.read1(MiB):  # type: ignore[attr-defined]  # a BufferedReader (bufsize -1)
             ctx.check()
             buf += chunk
             if len(buf) > 2 * cap:

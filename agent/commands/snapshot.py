@@ -277,7 +277,7 @@ class ZstdStream:
     def __iter__(self) -> Iterator[bytes]:
         stdout = self.proc.stdout
         assert stdout is not None
-        while data := stdout.read1(CHUNK):  # type: ignore[attr-defined]
+        while data := stdout.read1(CHUNK):  # type: ignore[attr-defined]  # a BufferedReader (bufsize -1)
             yield data
         self.feeder.join()
         if self.error is not None:
@@ -392,5 +392,5 @@ class InstanceSnapshot(Handler[agent_pb2.InstanceSnapshotRequest, SnapshotParams
             uploaded_bytes=counter["sent"],
             source_digest=common_pb2.Digest(algorithm="sha256", hex=source.sha256.hexdigest()),
             uploaded_digest=common_pb2.Digest(algorithm="sha256", hex=sent.hexdigest()),
-            compression=params.compression,  # type: ignore[arg-type]
+            compression=params.compression,  # type: ignore[arg-type]  # the enum's number, checked in parse
         )

@@ -168,7 +168,7 @@ class UpgradeHandler(Handler[agent_pb2.DaemonSection, UpgradeParams], kind="daem
 def switch_and_reexec(archive: str, new: str, trial: dict[str, object]) -> None:
     """The last steps, in an order that a crash at any point leaves runnable (see launcher)."""
     now = time.time()
-    rejoin = float(trial["rejoin_timeout"])  # type: ignore[arg-type]
+    rejoin = float(trial["rejoin_timeout"])  # type: ignore[arg-type]  # a number in the trial marker
     launcher.write_marker(
         archive, {**trial, "starts": 1, "started_unix": now, "deadline_unix": now + rejoin}
     )

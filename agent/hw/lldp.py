@@ -118,7 +118,7 @@ def parse_frame(frame: bytes) -> Neighbour | None:
             fields["management_address"] = _address(value[1 : 1 + size])
     if "chassis_id" not in fields or "port_id" not in fields:
         return None  # both are mandatory
-    return Neighbour(**fields)  # type: ignore[arg-type]
+    return Neighbour(**fields)  # type: ignore[arg-type]  # the fields parsed above, by name
 
 
 def _open(interface: str) -> socket.socket:

@@ -174,7 +174,7 @@ class SecretStore:
         if creds is None:
             if self._load(ref, PENDING) is not None:
                 # Only a crash before the first promote can leave this; use what there is.
-                return self._load(ref, PENDING)  # type: ignore[return-value]
+                return self._load(ref, PENDING)  # type: ignore[return-value]  # not None: checked above
             raise NotFound(f"credentials_ref {ref!r}: no such entry in the site's secret store "
                            f"({self.root})", credentials_ref=ref)
         return creds
