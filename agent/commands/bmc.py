@@ -13,7 +13,6 @@ docs/site.md lists the operations and parameters of each kind.
 
 from __future__ import annotations
 
-import importlib
 import re
 import time
 from collections.abc import Mapping
@@ -27,7 +26,6 @@ from agent.errors import (
     BmcRefused,
     CommandTimeout,
     InvalidParameters,
-    MissingDependency,
 )
 from agent.proto import site_pb2
 from agent.site import secrets
@@ -183,13 +181,9 @@ def make_client(protocol: BmcProtocol, target: Target, call: CallContext) -> Bmc
         from agent.site.ipmi import IpmiClient
 
         return IpmiClient(target, call)
-    try:
-        redfish = importlib.import_module("agent.site.redfish")
-    except ImportError as exc:
-        raise MissingDependency(f"the Redfish client is not in this build ({exc})",
-                                module="agent.site.redfish") from exc
-    client: BmcClient = redfish.RedfishClient(target, call)
-    return client
+    from agent.site.redfish import RedfishClient
+
+    return RedfishClient(target, call)
 
 
 class BmcSession:

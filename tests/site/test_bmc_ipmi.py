@@ -21,7 +21,6 @@ from agent.errors import (
     BmcUnreachable,
     CommandTimeout,
     InvalidParameters,
-    MissingDependency,
     NotFound,
     Unsupported,
 )
@@ -95,16 +94,6 @@ def test_unknown_credentials_ref_is_not_found_before_any_bmc_call(site_config: C
     with pytest.raises(NotFound, match="'rack9-n99': no such entry"):
         run_kind("bmc.power", site_config, request(f"127.0.0.1:{free_udp_port()}", "status", ref="rack9-n99"))
     assert time.monotonic() - started < 2
-
-
-def test_redfish_without_its_client_fails_clearly(site_config: Config) -> None:
-    try:
-        import agent.site.redfish  # noqa: F401
-    except ImportError:
-        with pytest.raises(MissingDependency, match="Redfish client is not in this build"):
-            run_kind("bmc.query", site_config, request("127.0.0.1:1", "query", protocol="redfish"))
-    else:
-        pytest.skip("the Redfish client is here: its own tests cover it")
 
 
 # -- against ipmi_sim, no QEMU --------------------------------------------------------------
