@@ -73,44 +73,47 @@ def test_sigkill_during_manifest_deploys(pki: DevPki, gateway: Gateway, tmp_path
         payload = {"url": url, "target": {"name": disk.name},
                    "manifest": {"url": url + ".manifest", "digest": {"algorithm": "sha256", "hex": m_digest}}}
         agent.start()
-        for attempt in range(2 * KILLS):
-            if kills >= KILLS:
-                break
-            with open(disk.path, "r+b") as f:  # the old image back, through the device's cache
-                f.write(old)
-                f.flush()
-                os.fsync(f.fileno())
-            assert bootable(disk.path, DISK)
-            gateway.wait_node("node-1", 60)
-            cid = gateway.send("node-1", "deploy.image", payload, command_id=f"deploy-{attempt:02d}")
-            rec = gateway.commands[cid]
-            deadline = time.monotonic() + 60
-            while rec.progress is None and rec.state is not State.FINISHED and time.monotonic() < deadline:
-                time.sleep(0.01)
-            time.sleep(rng.uniform(0.0, 1.2))  # a random point of the deploy: reading, hashing, writing
-            sessions = gateway.nodes["node-1"].sessions
-            if rec.state is State.FINISHED:
-                finished_first += 1  # it won the race: a whole, verified image
-                ok = rec.result is not None and rec.result.status == session_pb2.SUCCEEDED
-                assert ok, agent.logs()[-2000:]
-                with open(disk.path, "rb") as f:
-                    assert f.read(len(image.read_bytes())) == image.read_bytes()
-                continue
-            agent.kill()
-            kills += 1
-            left = bootable(disk.path, DISK)
-            if left:  # killed between its last write and its result: the whole image, verified
-                whole += 1
-                with open(disk.path, "rb") as f:
-                    assert f.read(len(image.read_bytes())) == image.read_bytes(), f"kill {kills}: {left}"
-            agent.start()
-            gateway.wait_node("node-1", 60, sessions=sessions + 1)
-            gateway.wait(cid, 60)
-            assert rec.result is not None
-            statuses.append(session_pb2.Status.Name(rec.result.status))
-            assert rec.result.status == session_pb2.INTERRUPTED, (rec.result, agent.logs()[-3000:])
-            assert not bootable(disk.path, DISK), f"kill {kills}: the restarted agent left a bootable image"
-        agent.kill()
+        try:
+            for attempt in range(2 * KILLS):
+                if kills >= KILLS:
+                    break
+                with open(disk.path, "r+b") as f:  # the old image back, through the device's cache
+                    f.write(old)
+                    f.flush()
+                    os.fsync(f.fileno())
+                assert bootable(disk.path, DISK)
+                gateway.wait_node("node-1", 60)
+                cid = gateway.send("node-1", "deploy.image", payload, command_id=f"deploy-{attempt:02d}")
+                rec = gateway.commands[cid]
+                deadline = time.monotonic() + 60
+                while rec.progress is None and rec.state is not State.FINISHED \
+                        and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                time.sleep(rng.uniform(0.0, 1.2))  # a random point of the deploy: reading, hashing, writing
+                sessions = gateway.nodes["node-1"].sessions
+                if rec.state is State.FINISHED:
+                    finished_first += 1  # it won the race: a whole, verified image
+                    ok = rec.result is not None and rec.result.status == session_pb2.SUCCEEDED
+                    assert ok, agent.logs()[-2000:]
+                    with open(disk.path, "rb") as f:
+                        assert f.read(len(image.read_bytes())) == image.read_bytes()
+                    continue
+                agent.kill()
+                kills += 1
+                left = bootable(disk.path, DISK)
+                if left:  # killed between its last write and its result: the whole image, verified
+                    whole += 1
+                    with open(disk.path, "rb") as f:
+                        assert f.read(len(image.read_bytes())) == image.read_bytes(), f"kill {kills}: {left}"
+                agent.start()
+                gateway.wait_node("node-1", 60, sessions=sessions + 1)
+                gateway.wait(cid, 60)
+                assert rec.result is not None
+                statuses.append(session_pb2.Status.Name(rec.result.status))
+                assert rec.result.status == session_pb2.INTERRUPTED, (rec.result, agent.logs()[-3000:])
+                assert not bootable(disk.path, DISK), f"kill {kills}: a bootable image after the restart"
+        finally:
+            agent.kill()  # a failed assertion too: no agent outlives the test
     print(f"\ndeploy crash campaign: {kills} SIGKILLs mid-deploy ({whole} after the last write: the whole"
           f" image), {finished_first} deploys finished before the kill, {agent.starts} agent starts;"
           f" results after restart {sorted(set(statuses))}; manifest {m.chunk_count} chunks, sha256"
