@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 HOLD = 1 << 20            # bytes at each end of the image whose chunks are written last
 SCRATCH = 4 << 20         # bytes read at a time when the source's zeros are checked
-CONSUME = 256 << 10       # bytes decompressed at a time for a zero chunk (stays in the cache)
+CONSUME = 2 << 20         # bytes decompressed at a time for a zero chunk (stays in the cache)
 FIRST_PAGE = 4096         # the MBR and the primary GPT header, written after everything else
 _END = object()
 
