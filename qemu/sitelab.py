@@ -33,7 +33,6 @@ import ctypes
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -349,16 +348,3 @@ class UploadTarget:
     def stop(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
-
-
-def wait_for(predicate: Callable[[], T | None], timeout: float, what: str,
-              on_timeout: Callable[[], str] | None = None) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            extra = on_timeout() if on_timeout is not None else ""
-            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}\n{extra}")
-        time.sleep(0.3)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 
 from qemu.harness import qemu_available
 from qemu.powered import NodeSpec, PoweredNode, default_boot_files
+from tests.runtime.harness import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,15 +21,6 @@ ROOT = Path(__file__).resolve().parents[2]
 def cli(node_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "qemu.powered", str(node_dir), *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
-
-
-def wait_for(predicate: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
 @pytest.fixture
@@ -70,9 +61,9 @@ def test_power_on_pxe_reset_and_off_from_outside(node: PoweredNode) -> None:
     assert cli(node.dir, "chassis-control", "0x20", "set", "power", "1").returncode == 0
     assert node.status() == "on"
     # The guest really boots from the network: iPXE fetches the kernel from the node's server.
-    wait_for(lambda: any(b.how == "pxe-fetch" for b in node.boots()), 90, "the PXE fetch")
+    wait_until(lambda: any(b.how == "pxe-fetch" for b in node.boots()), 90, "the PXE fetch")
     assert cli(node.dir, "chassis-control", "0x20", "set", "reset", "1").returncode == 0
-    wait_for(lambda: sum(b.how == "pxe-fetch" for b in node.boots()) == 2, 90, "the PXE fetch after reset")
+    wait_until(lambda: sum(b.how == "pxe-fetch" for b in node.boots()) == 2, 90, "the PXE fetch after reset")
     assert cli(node.dir, "chassis-control", "0x20", "set", "power", "0").returncode == 0
     assert node.status() == "off"
     assert cli(node.dir, "chassis-control", "0x20", "get", "power").stdout.strip() == "power:0"
@@ -86,10 +77,10 @@ def test_disk_boot_and_the_guest_dies_with_its_owner(node: PoweredNode, tmp_path
         node.configure(NodeSpec(**{**spec.__dict__, "owner_pid": owner.pid}))
         node.set_boot("disk")
         node.start()
-        wait_for(lambda: "Linux version" in (node.dir / "node-console.log").read_text(errors="replace"),
+        wait_until(lambda: "Linux version" in (node.dir / "node-console.log").read_text(errors="replace"),
                  90, "the kernel's banner on the console")
         assert not any(b.how == "pxe-fetch" for b in node.boots())
     finally:
         owner.kill()
         owner.wait()
-    wait_for(lambda: node.status() == "off", 15, "the node to power off with its owner")
+    wait_until(lambda: node.status() == "off", 15, "the node to power off with its owner")

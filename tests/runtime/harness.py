@@ -153,11 +153,12 @@ def pid_alive(pid: int) -> bool:
     return False
 
 
-def wait_until(predicate: Any, timeout: float, what: str) -> Any:
+def wait_until(predicate: Any, timeout: float, what: str, *, interval: float = 0.05) -> Any:
+    """The predicate's first true value, asked every ``interval`` seconds until ``timeout``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(0.05)
+        time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")

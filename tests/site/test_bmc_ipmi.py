@@ -28,6 +28,7 @@ from agent.proto import site_pb2
 from agent.site.bmc import CallContext, Credentials, Pacing, Target
 from agent.site.ipmi import IpmiClient
 from agent.site.secrets import SecretStore
+from tests.runtime.harness import wait_until
 from tests.site.conftest import PASSWORD, REF, USERNAME, IpmiSim, free_udp_port
 
 
@@ -235,15 +236,6 @@ def test_a_rotation_cut_halfway_is_settled_on_next_use(sim: IpmiSim, site_config
 # -- with a real QEMU node -------------------------------------------------------------------
 
 
-def wait_for(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-
-
 @pytest.mark.qemu
 def test_power_and_pxe_boot_drive_a_real_guest(powered_sim: IpmiSim, site_config: Config,
                                                tmp_path: Path) -> None:
@@ -253,17 +245,17 @@ def test_power_and_pxe_boot_drive_a_real_guest(powered_sim: IpmiSim, site_config
     assert on.power_state == "on" and on.values["changed"] == "true" and on.settle_seconds >= 0
     assert node.status() == "on"
     # The guest really booted from the network: iPXE fetched its kernel.
-    wait_for(lambda: any(b.how == "pxe-fetch" for b in node.boots()), 120, "the guest's PXE fetch")
+    wait_until(lambda: any(b.how == "pxe-fetch" for b in node.boots()), 120, "the guest's PXE fetch")
     again = run_kind("bmc.power", site_config, request(sim.address, "on"))
     assert again.values["changed"] == "false"
     run_kind("bmc.power", site_config, request(sim.address, "reset"))
-    wait_for(lambda: sum(b.how == "pxe-fetch" for b in node.boots()) >= 2, 120, "the PXE fetch after reset")
+    wait_until(lambda: sum(b.how == "pxe-fetch" for b in node.boots()) >= 2, 120, "the PXE fetch after reset")
     assert [b.how for b in node.boots()][:2] == ["start", "pxe-fetch"]
     # A power cycle is off then on: a new QEMU (a second "start"), booting by PXE again.
     cycle = run_kind("bmc.power", site_config, request(sim.address, "cycle"))
     assert cycle.power_state == "on"
     assert [b.how for b in node.boots()].count("start") == 2
-    wait_for(lambda: sum(b.how == "pxe-fetch" for b in node.boots()) >= 3, 120, "the PXE fetch after cycle")
+    wait_until(lambda: sum(b.how == "pxe-fetch" for b in node.boots()) >= 3, 120, "the PXE fetch after cycle")
     # Graceful first: this guest ignores the power button, so it is forced at the deadline.
     started = time.monotonic()
     off = run_kind("bmc.power", site_config,

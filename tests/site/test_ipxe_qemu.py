@@ -23,6 +23,7 @@ from typing import IO, Any
 import pytest
 
 from agent import proc
+from tests.runtime.harness import wait_until
 from tests.site.netns import SITE, Net, wait_listening
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.qemu]
@@ -94,15 +95,6 @@ def boot_node(net: Net, tap: str, workdir: Path) -> subprocess.Popen[bytes]:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def wait_for(what: str, check: Any, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_node_ipxe_boots_through_the_site_only_while_registered(
         net: Net, site_daemon: SiteDaemon, tmp_path: Path) -> None:
     if shutil.which("qemu-system-x86_64") is None:
@@ -116,8 +108,8 @@ def test_node_ipxe_boots_through_the_site_only_while_registered(
 
     node = boot_node(net, tap, tmp_path)
     try:
-        wait_for("the node to chain the entry's script through the site",
-                 lambda: "/ramdisk-of-the-test.ipxe" in site_daemon.log(), 180)
+        wait_until(lambda: "/ramdisk-of-the-test.ipxe" in site_daemon.log(), 180,
+                   "the node to chain the entry's script through the site", interval=0.5)
     finally:
         proc.kill_group(node)
     log = site_daemon.log()
@@ -131,8 +123,8 @@ def test_node_ipxe_boots_through_the_site_only_while_registered(
     node = boot_node(net, tap, tmp_path)
     try:
         # The node's iPXE has its address (the plain server acknowledged it again) ...
-        wait_for("the plain DHCP server to give the node its address",
-                 lambda: plain_log.read_text().count("DHCPACK(eth0)") > acks, 180)
+        wait_until(lambda: plain_log.read_text().count("DHCPACK(eth0)") > acks, 180,
+                   "the plain DHCP server to give the node its address", interval=0.5)
         time.sleep(5)  # ... and had the time to ask the site for a boot file, had it been told to.
     finally:
         proc.kill_group(node)

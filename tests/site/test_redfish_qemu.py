@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,18 +15,12 @@ from agent.site.bmc import BootDevice, BootSetting, PowerAction, PowerState
 from agent.site.redfish import RedfishClient
 from qemu.harness import qemu_available
 from qemu.powered import NodeSpec, PoweredNode, default_boot_files
+from tests.runtime.harness import wait_until
 from tests.site.sushy import NodeHook, SushyEmulator, fast_call
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow]
 
 PASSWORD = "qemu-Emu-Secret-88"
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout:g}s waiting for {what}"
-        time.sleep(0.5)
 
 
 @pytest.fixture
@@ -53,7 +47,7 @@ def test_redfish_drives_a_qemu_node(node: PoweredNode, tmp_path: Path) -> None:
 
         def settled(want: PowerState) -> float:
             start = time.monotonic()
-            wait_for(lambda: client.power_state() is want, 60, f"Redfish PowerState {want}")
+            wait_until(lambda: client.power_state() is want, 60, f"Redfish PowerState {want}", interval=0.5)
             hook.settle()
             return time.monotonic() - start
 
@@ -64,7 +58,7 @@ def test_redfish_drives_a_qemu_node(node: PoweredNode, tmp_path: Path) -> None:
         client.set_power(PowerAction.ON, graceful_timeout=10)
         settled(PowerState.ON)
         assert node.status() == "on"
-        wait_for(lambda: any(b.how == "pxe-fetch" for b in node.boots()), 120, "the guest's PXE fetch")
+        wait_until(lambda: any(b.how == "pxe-fetch" for b in node.boots()), 120, "the guest's PXE fetch")
 
         client.set_boot_device(BootSetting(BootDevice.DISK, persistent=True))
         client.set_power(PowerAction.RESET, graceful_timeout=10)
@@ -73,7 +67,7 @@ def test_redfish_drives_a_qemu_node(node: PoweredNode, tmp_path: Path) -> None:
 
         client.set_power(PowerAction.OFF, graceful_timeout=15)
         settled(PowerState.OFF)
-        wait_for(lambda: node.status() == "off", 30, "QEMU to stop")
+        wait_until(lambda: node.status() == "off", 30, "QEMU to stop")
         client.close()
         assert not hook.errors, hook.errors
         assert hook.events[:2] == ["boot pxe", "start"]
