@@ -15,6 +15,7 @@ as it completes.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import re
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent import manifest
 from agent.gateway import State
 from agent.proto import session_pb2
 from qemu.harness import Machine, MachineSpec, kernel_args
@@ -269,11 +271,16 @@ class Lifecycle:
     def deploy(self) -> None:
         t = time.monotonic()
         image = self.node.image
+        # The image's chunk manifest (`agent manifest`) travels inside the signed payload: each
+        # chunk is verified before it is written, zero chunks are never hashed.
+        chunks = manifest.build(image.zst)
         result = self.command(self.node.name, "deploy.image", {
             "url": self.proxy_url, "format": "ZSTD",
             "digest": {"algorithm": "sha256", "hex": image.zst_sha256},
+            "manifest_inline": base64.b64encode(chunks.SerializeToString()).decode(),
             "target": {"serial": "disk0"}, "verify_readback": True})[1]
-        if result.digest.hex != image.zst_sha256 or result.image_bytes != image.raw.stat().st_size:
+        if result.image_bytes != image.raw.stat().st_size or result.verification != "manifest" \
+                or result.chunks_verified + result.zero_chunks != chunks.chunk_count:
             raise self.fail(f"deploy.image: {result}")
         with self.node.deploy_disk.open("rb") as f:
             written = hashlib.sha256(f.read(result.image_bytes)).hexdigest()
@@ -284,8 +291,10 @@ class Lifecycle:
         if not served or sum(int(n) for n in served) < image.zst.stat().st_size:
             raise self.fail(f"deploy.image succeeded but the route served {served} bytes")
         self.step("deploy.image", t, f"{result.image_bytes // MiB} MiB to disk0, "
-                                     f"{sum(int(n) for n in served)} bytes through the route; digest "
-                                     f"{image.zst_sha256[:12]}… verified, disk read back")
+                                     f"{sum(int(n) for n in served)} bytes through the route; "
+                                     f"{result.chunks_verified} chunks verified before writing by the "
+                                     f"manifest, {result.zero_chunks} zero chunks never hashed; disk "
+                                     f"read back")
 
     def wipe(self) -> None:
         t = time.monotonic()
