@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from qemu.powered import PoweredNode
     from tests.runtime.core_harness import World
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,3 +37,24 @@ def world(tmp_path: Path) -> Iterator[World]:
     from tests.runtime.core_harness import world_in
 
     yield from world_in(tmp_path)
+
+
+@pytest.fixture
+def powered_node(tmp_path: Path) -> Iterator[PoweredNode]:
+    """A QEMU node driven from outside (qemu/powered.py), off, booting the built ramdisk (or the
+    host's kernel); stopped at the end. Skips where QEMU or a kernel to boot is missing."""
+    from qemu.harness import qemu_available
+    from qemu.powered import NodeSpec, PoweredNode, default_boot_files
+
+    reason = qemu_available()
+    files = default_boot_files()
+    if reason or files is None:
+        pytest.skip(reason or "no kernel and initrd to boot (initramfs/out/ or /boot)")
+    kernel, initrd = files
+    node = PoweredNode(tmp_path / "node").configure(
+        NodeSpec(kernel=str(kernel), initrd=str(initrd), append="console=ttyS0 panic=-1",
+                 owner_pid=os.getpid()))
+    try:
+        yield node
+    finally:
+        node.stop(force=True)

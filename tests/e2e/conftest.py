@@ -12,9 +12,12 @@ import importlib.util
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from agent.proto import session_pb2
+from qemu.harness import Machine
 from qemu.lab import Lab, Ramdisk, ensure_ramdisk, missing_prerequisites
 
 # Generous bounds for a loaded 2-core CI machine under TCG (a boot takes ~40-90 s there).
@@ -22,6 +25,25 @@ JOIN_TIMEOUT = 420.0
 COMMAND_TIMEOUT = 900.0
 
 FAKES = Path(__file__).resolve().parent.parent / "fakes"
+
+
+def run_command(lab: Lab, machine: Machine, node_id: str, kind: str, payload: dict,  # type: ignore[type-arg]  # a JSON payload
+                timeout: float = COMMAND_TIMEOUT) -> tuple[str, session_pb2.ResultBody, Any]:
+    """Send a command through the lab's gateway and wait for its success: (id, body, result)."""
+    cid = lab.gateway.send(node_id, kind, payload)
+    try:
+        body, result = lab.gateway.wait_result(cid, timeout)
+    except TimeoutError:
+        raise machine.fail(f"{kind} did not finish within {timeout:g}s") from None
+    assert body.status == session_pb2.SUCCEEDED, \
+        f"{kind}: {body.reason}: {body.message}\n{machine.console_tail()}"
+    return cid, body, result
+
+
+def part_file(serial: str, path: str, digest: str) -> dict[str, Any]:
+    """A FileSource (JSON) for a file on the deployed image's root partition of disk ``serial``."""
+    return {"partition_file": {"disk": {"serial": serial}, "partition_label": "bcroot", "path": path},
+            "digest": {"algorithm": "sha256", "hex": digest}}
 
 
 def skip_reason(arch: str = "amd64", *, uefi: bool = False) -> str | None:

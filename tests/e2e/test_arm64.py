@@ -25,7 +25,7 @@ from agent.proto import session_pb2
 from qemu.harness import Disk, Machine
 from qemu.lab import Lab, ensure_ramdisk
 from qemu.nodeimage import NodeImage, build_node_image
-from tests.e2e.conftest import COMMAND_TIMEOUT, JOIN_TIMEOUT, skip_reason
+from tests.e2e.conftest import COMMAND_TIMEOUT, JOIN_TIMEOUT, part_file, run_command, skip_reason
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow]
 
@@ -65,17 +65,6 @@ def image(arm_lab: Lab) -> NodeImage:
     return img
 
 
-def run_command(lab: Lab, machine: Machine, kind: str, payload: dict):  # type: ignore[no-untyped-def,type-arg]
-    cid = lab.gateway.send(NODE, kind, payload)
-    try:
-        body, result = lab.gateway.wait_result(cid, COMMAND_TIMEOUT)
-    except TimeoutError:
-        raise machine.fail(f"{kind} did not finish within {COMMAND_TIMEOUT:g}s") from None
-    assert body.status == session_pb2.SUCCEEDED, \
-        f"{kind}: {body.reason}: {body.message}\n{machine.console_tail()}"
-    return result
-
-
 def test_arm64_node_joins_under_uefi_and_reports_an_aarch64_machine(arm_lab: Lab, node: Machine,
                                                                       disks: list[Disk]) -> None:
     rec = arm_lab.gateway.nodes[NODE]
@@ -86,7 +75,7 @@ def test_arm64_node_joins_under_uefi_and_reports_an_aarch64_machine(arm_lab: Lab
     assert "UEFI PXEv4" in node.console()
     status, out = node.shell("uname -m; ls /sys/firmware/efi >/dev/null && echo efi")
     assert status == 0 and "aarch64" in out and "efi" in out, out
-    result = run_command(arm_lab, node, "inventory.refresh", {})
+    _, _, result = run_command(arm_lab, node, NODE, "inventory.refresh", {})
     inv = result.inventory
     assert inv.cpu.architecture == "aarch64", inv.cpu
     assert inv.cpu.threads == 2, inv.cpu
@@ -105,7 +94,7 @@ def test_arm64_deploy_image_by_serial_then_kexec_rejoins(arm_lab: Lab, node: Mac
     payload = {"url": arm_lab.url("node.img.zst"), "format": "ZSTD",
                "digest": {"algorithm": "sha256", "hex": image.zst_sha256},
                "target": {"serial": disks[0].serial}, "verify_readback": True}
-    deployed = run_command(arm_lab, node, "deploy.image", payload)
+    _, _, deployed = run_command(arm_lab, node, NODE, "deploy.image", payload)
     assert deployed.disk.serial == disks[0].serial
     with disks[0].path.open("rb") as f:
         assert hashlib.sha256(f.read(deployed.image_bytes)).hexdigest() == image.raw_sha256
@@ -113,15 +102,11 @@ def test_arm64_deploy_image_by_serial_then_kexec_rejoins(arm_lab: Lab, node: Mac
     old = arm_lab.gateway.nodes[NODE]
     old_boot, sessions = old.boot_id, old.sessions
 
-    def part_file(path: str, digest: str) -> dict:  # type: ignore[type-arg]
-        return {"partition_file": {"disk": {"serial": disks[0].serial}, "partition_label": "bcroot",
-                                   "path": path},
-                "digest": {"algorithm": "sha256", "hex": digest}}
 
     # Debian's arm64 cloud kernel is built without kexec_file_load (CONFIG_KEXEC_FILE is not
     # set; the amd64 one has it): the agent says ENOSYS, and kexec-tools' kexec_load does it.
-    payload = {"kernel": part_file("/boot/vmlinuz", image.kernel_sha256),
-               "initrd": part_file("/boot/initrd.img", image.initrd_sha256),
+    payload = {"kernel": part_file(disks[0].serial, "/boot/vmlinuz", image.kernel_sha256),
+               "initrd": part_file(disks[0].serial, "/boot/initrd.img", image.initrd_sha256),
                "cmdline": image.kexec_cmdline(), "allow_kexec_tools": False}
     cid = arm_lab.gateway.send(NODE, "boot.kexec", payload)
     body, _ = arm_lab.gateway.wait_result(cid, COMMAND_TIMEOUT)
@@ -154,7 +139,7 @@ def test_arm64_deployed_disk_boots_by_uefi_from_its_esp(arm_lab: Lab, node: Mach
     arm_lab.wait_joined(again, NODE, JOIN_TIMEOUT, sessions=sessions + 1)
     assert arm_lab.gateway.nodes[NODE].hello.role == "node"
     again.wait_console(r"node root .* mounted on /sysroot", 30)
-    result = run_command(arm_lab, again, "inventory.refresh", {})
+    _, _, result = run_command(arm_lab, again, NODE, "inventory.refresh", {})
     assert result.inventory.system.boot_mode == "efi", result.inventory.system
     assert result.inventory.cpu.architecture == "aarch64"
     again.stop()

@@ -27,7 +27,7 @@ from agent.trust import verify_result
 from qemu.harness import Disk, Machine
 from qemu.lab import Lab
 from qemu.nodeimage import NodeImage, build_node_image, sha256
-from tests.e2e.conftest import COMMAND_TIMEOUT, JOIN_TIMEOUT
+from tests.e2e.conftest import COMMAND_TIMEOUT, JOIN_TIMEOUT, part_file, run_command
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow, pytest.mark.root]
 
@@ -68,17 +68,6 @@ def image(lab: Lab) -> NodeImage:
     return img
 
 
-def run_command(lab: Lab, machine: Machine, kind: str, payload: dict, timeout: float = COMMAND_TIMEOUT):  # type: ignore[no-untyped-def,type-arg]
-    cid = lab.gateway.send(NODE, kind, payload)
-    try:
-        body, result = lab.gateway.wait_result(cid, timeout)
-    except TimeoutError:
-        raise machine.fail(f"{kind} did not finish within {timeout:g}s") from None
-    assert body.status == session_pb2.SUCCEEDED, \
-        f"{kind}: {body.reason}: {body.message}\n{machine.console_tail()}"
-    return cid, body, result
-
-
 def test_pxe_booted_node_joins_and_reports_nvme_serials(lab: Lab, node: Machine, disks: list[Disk]) -> None:
     rec = lab.gateway.nodes[NODE]
     assert rec.hello.role == "ramdisk"
@@ -86,7 +75,7 @@ def test_pxe_booted_node_joins_and_reports_nvme_serials(lab: Lab, node: Machine,
     assert node.pxe_served[:2] == ["GET /vmlinuz 200", "GET /initrd.img 200"], node.pxe_served
     status, cmdline = node.shell("cat /proc/cmdline")
     assert status == 0 and "initrd=initrd.img" in cmdline and f"bc.node={NODE}" in cmdline
-    _, _, result = run_command(lab, node, "inventory.refresh", {})
+    _, _, result = run_command(lab, node, NODE, "inventory.refresh", {})
     by_serial = {d.identity.serial: d.identity for d in result.inventory.disks}
     for disk in disks:
         assert disk.serial in by_serial, f"{disk.serial} missing from {sorted(by_serial)}"
@@ -101,7 +90,7 @@ def deployed(lab: Lab, node: Machine, disks: list[Disk], image: NodeImage):  # t
     payload = {"url": lab.url("node.img.zst"), "format": "ZSTD",
                "digest": {"algorithm": "sha256", "hex": image.zst_sha256},
                "target": {"serial": disks[0].serial}, "verify_readback": True}
-    _, _, result = run_command(lab, node, "deploy.image", payload)
+    _, _, result = run_command(lab, node, NODE, "deploy.image", payload)
     return result
 
 
@@ -129,7 +118,7 @@ def test_wipe_second_disk_best_available_with_certificate(lab: Lab, node: Machin
 
     lab.gateway.fault_hook = keep_results
     try:
-        cid, _, result = run_command(lab, node, "disk.wipe",
+        cid, _, result = run_command(lab, node, NODE, "disk.wipe",
                                         {"disks": [{"serial": target.serial}], "method": "BEST_AVAILABLE",
                                          "verify": "FULL"})
     finally:
@@ -156,7 +145,7 @@ def test_wipe_second_disk_best_available_with_certificate(lab: Lab, node: Machin
 
 
 def test_diag_nvml_against_the_fake_library(lab: Lab, node: Machine) -> None:
-    _, _, result = run_command(lab, node, "diag.nvml", {"thresholds": {"expected_gpu_count": 2}})
+    _, _, result = run_command(lab, node, NODE, "diag.nvml", {"thresholds": {"expected_gpu_count": 2}})
     assert result.driver_present, result.message
     assert len(result.gpus) == 2
     assert all("H100" in g.name for g in result.gpus)
@@ -194,13 +183,9 @@ def test_kexec_into_the_deployed_node_rejoins_with_a_new_boot_id(  # type: ignor
     old = lab.gateway.nodes[NODE]
     old_boot, sessions = old.boot_id, old.sessions
 
-    def part_file(path: str, digest: str) -> dict:  # type: ignore[type-arg]
-        return {"partition_file": {"disk": {"serial": disks[0].serial}, "partition_label": "bcroot",
-                                   "path": path},
-                "digest": {"algorithm": "sha256", "hex": digest}}
 
-    payload = {"kernel": part_file("/boot/vmlinuz", image.kernel_sha256),
-               "initrd": part_file("/boot/initrd.img", image.initrd_sha256),
+    payload = {"kernel": part_file(disks[0].serial, "/boot/vmlinuz", image.kernel_sha256),
+               "initrd": part_file(disks[0].serial, "/boot/initrd.img", image.initrd_sha256),
                "cmdline": image.kexec_cmdline(), "allow_kexec_tools": True}
     cid = lab.gateway.send(NODE, "boot.kexec", payload)
     try:

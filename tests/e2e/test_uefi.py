@@ -17,11 +17,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.proto import session_pb2
 from qemu.harness import Disk, Machine
 from qemu.lab import Lab
 from qemu.nodeimage import SYSTEMD_BOOT, NodeImage, build_node_image
-from tests.e2e.conftest import COMMAND_TIMEOUT, JOIN_TIMEOUT, skip_reason
+from tests.e2e.conftest import JOIN_TIMEOUT, run_command, skip_reason
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow]
 
@@ -63,21 +62,10 @@ def image(uefi_lab: Lab) -> NodeImage:
     return img
 
 
-def run_command(lab: Lab, machine: Machine, kind: str, payload: dict):  # type: ignore[no-untyped-def,type-arg]
-    cid = lab.gateway.send(NODE, kind, payload)
-    try:
-        body, result = lab.gateway.wait_result(cid, COMMAND_TIMEOUT)
-    except TimeoutError:
-        raise machine.fail(f"{kind} did not finish within {COMMAND_TIMEOUT:g}s") from None
-    assert body.status == session_pb2.SUCCEEDED, \
-        f"{kind}: {body.reason}: {body.message}\n{machine.console_tail()}"
-    return result
-
-
 def test_ovmf_ipxe_network_boot_joins_in_efi_mode(uefi_lab: Lab, node: Machine) -> None:
     assert node.pxe_served[:2] == ["GET /vmlinuz 200", "GET /initrd.img 200"], node.pxe_served
     assert "-bios" in node.argv()
-    result = run_command(uefi_lab, node, "inventory.refresh", {})
+    _, _, result = run_command(uefi_lab, node, NODE, "inventory.refresh", {})
     assert result.inventory.system.boot_mode == "efi", result.inventory.system
 
 
@@ -86,7 +74,7 @@ def test_deployed_gpt_esp_image_boots_from_its_disk_under_uefi(uefi_lab: Lab, no
     payload = {"url": uefi_lab.url("uefi-node.img.zst"), "format": "ZSTD",
                "digest": {"algorithm": "sha256", "hex": image.zst_sha256},
                "target": {"serial": disks[0].serial}, "verify_readback": True}
-    deployed = run_command(uefi_lab, node, "deploy.image", payload)
+    _, _, deployed = run_command(uefi_lab, node, NODE, "deploy.image", payload)
     assert deployed.disk.serial == disks[0].serial
     sessions = uefi_lab.gateway.nodes[NODE].sessions
     node.stop()  # power off; power on with the firmware booting the deployed disk
@@ -98,6 +86,6 @@ def test_deployed_gpt_esp_image_boots_from_its_disk_under_uefi(uefi_lab: Lab, no
     rec = uefi_lab.gateway.nodes[NODE]
     assert rec.hello.role == "node"
     again.wait_console(r"node root .* mounted on /sysroot", 30)
-    result = run_command(uefi_lab, again, "inventory.refresh", {})
+    _, _, result = run_command(uefi_lab, again, NODE, "inventory.refresh", {})
     assert result.inventory.system.boot_mode == "efi", result.inventory.system
     again.stop()

@@ -3,16 +3,13 @@ command line ipmi_sim's chassis_control and the Redfish emulator's hook use."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from qemu.harness import qemu_available
-from qemu.powered import NodeSpec, PoweredNode, default_boot_files
+from qemu.powered import NodeSpec, PoweredNode
 from tests.runtime.harness import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,19 +21,8 @@ def cli(node_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> Iterator[PoweredNode]:
-    reason = qemu_available()
-    files = default_boot_files()
-    if reason or files is None:
-        pytest.skip(reason or "no kernel and initrd to boot (initramfs/out/ or /boot)")
-    kernel, initrd = files
-    n = PoweredNode(tmp_path / "node").configure(
-        NodeSpec(kernel=str(kernel), initrd=str(initrd), append="console=ttyS0 panic=-1",
-                 owner_pid=os.getpid()))
-    try:
-        yield n
-    finally:
-        n.stop(force=True)
+def node(powered_node: PoweredNode) -> PoweredNode:
+    return powered_node
 
 
 def test_chassis_control_protocol_without_booting(tmp_path: Path) -> None:

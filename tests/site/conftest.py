@@ -29,9 +29,8 @@ from agent.site import services
 from agent.site.bmc import Credentials
 from agent.site.secrets import SecretStore
 from agent.site.services import ServiceSettings, SiteServices
-from qemu.harness import qemu_available
 from qemu.ipmisim import IpmiSim, free_udp_port, start_ipmi_sim
-from qemu.powered import NodeSpec, PoweredNode, default_boot_files
+from qemu.powered import NodeSpec, PoweredNode
 from tests.site.netns import Net, need, wait_listening
 
 __all__ = ["IpmiSim", "free_udp_port"]
@@ -60,16 +59,10 @@ def sim(tmp_path: Path) -> Iterator[IpmiSim]:
 
 
 @pytest.fixture
-def powered_sim(tmp_path: Path) -> Iterator[IpmiSim]:
+def powered_sim(tmp_path: Path, powered_node: PoweredNode) -> Iterator[IpmiSim]:
     """ipmi_sim driving a real QEMU node (booted by PXE when asked)."""
     _skip_without_tools()
-    reason = qemu_available()
-    files = default_boot_files()
-    if reason or files is None:
-        pytest.skip(reason or "no kernel and initrd to boot (initramfs/out/ or /boot)")
-    node = PoweredNode(tmp_path / "node").configure(
-        NodeSpec(kernel=str(files[0]), initrd=str(files[1]), append="console=ttyS0 panic=-1",
-                 owner_pid=os.getpid()))
+    node = powered_node
     s = start_ipmi_sim(tmp_path / "ipmi", node, USERNAME, PASSWORD)
     yield s
     s.stop()

@@ -4,17 +4,14 @@ guest from the network; a reset really re-boots it; an off really stops QEMU."""
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agent.site.bmc import BootDevice, BootSetting, PowerAction, PowerState
 from agent.site.redfish import RedfishClient
-from qemu.harness import qemu_available
-from qemu.powered import NodeSpec, PoweredNode, default_boot_files
+from qemu.powered import PoweredNode
 from tests.runtime.harness import wait_until
 from tests.site.sushy import NodeHook, SushyEmulator, fast_call
 
@@ -24,20 +21,8 @@ PASSWORD = "qemu-Emu-Secret-88"
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> Iterator[PoweredNode]:
-    reason = qemu_available()
-    files = default_boot_files()
-    if reason or files is None:
-        pytest.skip(reason or "no kernel and initrd to boot (initramfs/out/ or /boot)")
-    kernel, initrd = files
-    n = PoweredNode(tmp_path / "node").configure(
-        NodeSpec(kernel=str(kernel), initrd=str(initrd), append="console=ttyS0 panic=-1",
-                 owner_pid=os.getpid())
-    )
-    try:
-        yield n
-    finally:
-        n.stop(force=True)
+def node(powered_node: PoweredNode) -> PoweredNode:
+    return powered_node
 
 
 def test_redfish_drives_a_qemu_node(node: PoweredNode, tmp_path: Path) -> None:
