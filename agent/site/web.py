@@ -15,14 +15,14 @@ chunked body): the client sees a failure, never a short success.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import http.client
 import logging
 import os
-import select
 import socket
 import ssl
+import struct
 import threading
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -43,7 +43,7 @@ from agent.site.routes import (
 
 log = logging.getLogger(__name__)
 
-BUFFER = 1 << 20
+BUFFER = 16 << 20  # a route's relay buffer, while it relays a body (docs/performance.md)
 CLIENT_TIMEOUT = 120.0
 
 
@@ -225,80 +225,71 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if not body_expected:
             return resp.status, 0, ""
+        buf = memoryview(bytearray(BUFFER if length is None else min(BUFFER, length)))
+        read, write, mode = self._body_io(resp, length)
         sent = 0
-        buf = bytearray(BUFFER)
-        view = memoryview(buf)
-        write = self.wfile.write
         try:
-            if length is not None and _can_splice(resp):
-                sent = self._splice(resp, length)
-            while length is None or sent < length:
-                try:
-                    n = resp.readinto(view)
-                except (OSError, http.client.HTTPException) as exc:
-                    raise _Upstream(f"upstream failed mid-body: {type(exc).__name__}") from exc
-                if not n:
-                    break
-                if length is None:
-                    if not route.reserve(n):
-                        raise _Upstream("past max_bytes")
-                    write(b"%x\r\n" % n)
-                    write(view[:n])
-                    write(b"\r\n")
-                else:
-                    if sent + n > length:
-                        raise _Upstream("upstream sent more than its Content-Length")
-                    write(view[:n])
-                sent += n
-            if length is not None and sent < length:
-                raise _Upstream(f"upstream ended at {sent} of {length} bytes")
-            if chunked:
-                write(b"0\r\n\r\n")
-        except _Upstream as exc:
+            with mode:
+                while length is None or sent < length:
+                    try:
+                        n = read(buf if length is None else buf[:length - sent])
+                    except (OSError, http.client.HTTPException) as exc:
+                        raise _Upstream(f"upstream failed mid-body: {_reason(exc)}") from exc
+                    if not n:
+                        break
+                    if length is None:
+                        if not route.reserve(n):
+                            raise _Upstream("past max_bytes")
+                        write(b"%x\r\n" % n)
+                        write(buf[:n])
+                        write(b"\r\n")
+                    else:
+                        write(buf[:n])
+                    sent += n
+                if length is not None and sent < length:
+                    raise _Upstream(f"upstream ended at {sent} of {length} bytes")
+                if chunked:
+                    write(b"0\r\n\r\n")
+        except (_Upstream, ConnectionError, TimeoutError, BlockingIOError) as exc:
             if reserved:
                 route.release(reserved - sent)
-            self._account(route, method, number, resp.status, sent, f"cut: {exc}")
+            note = (f"cut: {exc}" if isinstance(exc, _Upstream) else
+                    f"client went away: {_reason(exc)}")
+            self._account(route, method, number, resp.status, sent, note)
             raise _Cut() from exc
-        except (ConnectionError, TimeoutError):
-            if reserved:
-                route.release(reserved - sent)
-            raise
         return resp.status, sent, ""
 
-    def _splice(self, resp: http.client.HTTPResponse, length: int) -> int:
-        """The body from the upstream's socket to the client's in the kernel (splice(2)
-        through a pipe): no copy through Python. Returns the bytes relayed; fewer than
-        ``length`` when the upstream ended early (the caller cuts the connection)."""
+    def _body_io(self, resp: http.client.HTTPResponse, length: int | None) -> tuple[
+            Callable[[memoryview], int | None], Callable[[bytes | memoryview], object],
+            contextlib.AbstractContextManager[None]]:
+        """How the body is read, written, and in which socket mode.
+
+        A plain TCP upstream with a Content-Length is read from its socket, both sockets
+        blocking with their timeouts as the kernel's (SO_RCVTIMEO, SO_SNDTIMEO): each call
+        then moves megabytes, where Python's timeouts poll before every call. On loopback
+        this copy through one large buffer was faster than splice(2) (docs/performance.md):
+        the client reads data that is still in the CPU's cache. Anything else (TLS, chunked)
+        goes through http.client."""
+        if length is None or not _plain_upstream(resp):
+            return resp.readinto, self.wfile.write, contextlib.nullcontext()
         assert resp.fp is not None
-        sent = 0
-        try:
-            pending = resp.fp.peek(1)[: length] if length else b""  # read with the headers
-        except OSError as exc:
-            raise _Upstream(f"upstream failed mid-body: {type(exc).__name__}") from exc
-        if pending:
-            self.wfile.write(resp.fp.read(len(pending)))
-            sent = len(pending)
+        try:  # what came in with the headers, if anything (at most the reader's buffer)
+            pending = resp.fp.read(len(resp.fp.peek(1)[:length])) if length else b""
+        except OSError:
+            pending = b""  # the first read fails again, and says why
         src = _upstream_socket(resp)
         dst = self.connection
-        read_end, write_end = os.pipe()
-        with contextlib.suppress(OSError):
-            fcntl.fcntl(write_end, F_SETPIPE_SZ, BUFFER)
-        try:
-            while sent < length:
-                try:
-                    n = _splice_once(src, write_end, min(BUFFER, length - sent), select.POLLIN)
-                except OSError as exc:
-                    raise _Upstream(f"upstream failed mid-body: {type(exc).__name__}") from exc
-                if n == 0:
-                    break
-                left = n
-                while left:
-                    left -= _splice_once(read_end, dst, left, select.POLLOUT, dst_is_out=True)
-                sent += n
-        finally:
-            os.close(read_end)
-            os.close(write_end)
-        return sent
+
+        def read(view: memoryview) -> int:
+            nonlocal pending
+            if pending:
+                n = len(pending)
+                view[:n] = pending
+                pending = b""
+                return n
+            return src.recv_into(view)
+
+        return read, dst.sendall, _blocking(src, dst)
 
     def _account(self, route: Route, method: str, number: int, status: int, sent: int,
                  note: str) -> None:
@@ -312,9 +303,6 @@ class _Upstream(Exception):
     pass
 
 
-F_SETPIPE_SZ = 1031
-
-
 def _upstream_socket(resp: http.client.HTTPResponse) -> socket.socket:
     raw = getattr(resp.fp, "raw", None)
     sock = getattr(raw, "_sock", None)
@@ -322,9 +310,9 @@ def _upstream_socket(resp: http.client.HTTPResponse) -> socket.socket:
     return sock
 
 
-def _can_splice(resp: http.client.HTTPResponse) -> bool:
-    """Plain TCP upstream with a known length: relay with splice(2) (Linux)."""
-    if not hasattr(os, "splice") or resp.fp is None or resp.chunked:
+def _plain_upstream(resp: http.client.HTTPResponse) -> bool:
+    """A plain TCP upstream (not TLS, not chunked): its body can be read from the socket."""
+    if resp.fp is None or resp.chunked:
         return False
     try:
         sock = _upstream_socket(resp)
@@ -333,26 +321,32 @@ def _can_splice(resp: http.client.HTTPResponse) -> bool:
     return not isinstance(sock, ssl.SSLSocket)
 
 
-def _splice_once(src: socket.socket | int, dst: socket.socket | int, count: int, event: int,
-                 *, dst_is_out: bool = False) -> int:
-    """One splice(2), waiting (poll, the socket's timeout) while the socket is not ready."""
-    sock = dst if dst_is_out else src
-    assert isinstance(sock, socket.socket)
-    src_fd = src if isinstance(src, int) else src.fileno()
-    dst_fd = dst if isinstance(dst, int) else dst.fileno()
-    timeout = sock.gettimeout()
-    while True:
-        try:
-            return os.splice(src_fd, dst_fd, count, flags=SPLICE_F_MOVE | SPLICE_F_MORE)
-        except BlockingIOError:
-            poller = select.poll()
-            poller.register(sock.fileno(), event)
-            if not poller.poll(None if timeout is None else timeout * 1000):
-                raise TimeoutError("no progress for the socket's timeout") from None
+@contextlib.contextmanager
+def _blocking(*socks: socket.socket) -> Iterator[None]:
+    """The sockets in blocking mode, each one's Python timeout as its kernel receive and send
+    timeouts (a call that waits longer fails with EAGAIN); their Python timeouts again
+    afterwards."""
+    timeouts = [sock.gettimeout() for sock in socks]
+    try:
+        for sock, timeout in zip(socks, timeouts, strict=True):
+            seconds = timeout or 0.0
+            limit = struct.pack("ll", int(seconds), int(seconds % 1 * 1_000_000))
+            sock.setblocking(True)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
+        yield
+    finally:
+        for sock, timeout in zip(socks, timeouts, strict=True):
+            with contextlib.suppress(OSError):
+                sock.settimeout(timeout)
 
 
-SPLICE_F_MOVE = getattr(os, "SPLICE_F_MOVE", 1)
-SPLICE_F_MORE = getattr(os, "SPLICE_F_MORE", 4)
+def _reason(exc: Exception) -> str:
+    """An error as a route's log says it: a kernel timeout (EAGAIN on a blocking socket) is
+    "timed out"."""
+    if isinstance(exc, BlockingIOError | TimeoutError):
+        return "timed out"
+    return type(exc).__name__
 
 
 def _safe(path: str) -> str:

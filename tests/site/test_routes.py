@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import socket
 import threading
 import time
 import urllib.parse
@@ -20,9 +21,11 @@ from agent.commands import handler_for
 from agent.commands.base import Context
 from agent.errors import InvalidParameters, SourceFailed
 from agent.proto import site_pb2
+from agent.site import web
 from agent.site.routes import RouteTable
 from agent.site.services import SiteServices
 from tests.loopback_http import Fault, LoopbackServer
+from tests.runtime.harness import wait_until
 
 DATA = os.urandom(3 * 1024 * 1024 + 17)
 
@@ -137,6 +140,53 @@ def test_upstream_failing_mid_body_is_a_failure(site: SiteServices, upstream: Lo
         with pytest.raises(SourceFailed), agent_http.get(
                 url, agent_http.HttpOptions(timeout=5, max_retries=1, backoff=0.01)) as dl:
             b"".join(dl.iter_chunks())
+
+
+def test_a_cut_counts_the_bytes_relayed(site: SiteServices, upstream: LoopbackServer) -> None:
+    """An upstream that ends early: the route counts what the client got, not the whole
+    Content-Length it reserved, nor nothing."""
+    upstream.add("/short", DATA, fault=Fault(truncate_after=1 << 20))
+    url = route(upstream.url("/short"))
+    with pytest.raises(http.client.IncompleteRead):
+        request(url)
+    r = site.routes.lookup(url.rsplit("/", 1)[1])
+    assert r is not None
+    wait_until(lambda: r.bytes_used == 1 << 20, 5, "the cut request accounted")
+
+
+def test_upstream_stalling_mid_body_is_cut_at_its_timeout(
+        site: SiteServices, upstream: LoopbackServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(site.http.server, "upstream", agent_http.HttpOptions(timeout=0.5))
+    upstream.add("/stall", DATA, fault=Fault(stall_after=1 << 20, stall=6.0))
+    url = route(upstream.url("/stall"))
+    t0 = time.monotonic()
+    with pytest.raises(http.client.IncompleteRead):
+        request(url)
+    assert time.monotonic() - t0 < 4.0
+    r = site.routes.lookup(url.rsplit("/", 1)[1])
+    assert r is not None
+    wait_until(lambda: r.bytes_used == 1 << 20, 5, "the stalled request accounted")
+
+
+def test_a_client_that_stops_reading_is_let_go(
+        site: SiteServices, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The relay waits for a client that takes no data only as long as the client timeout,
+    then drops it and gives back the route's unsent bytes."""
+    monkeypatch.setattr(web._Handler, "timeout", 0.5)  # CLIENT_TIMEOUT, shortened
+    big = bytes(64 << 20)
+    with LoopbackServer() as srv:
+        url = route(srv.add("/big", big))
+        parts = urllib.parse.urlsplit(url)
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+        client.connect((parts.hostname or "", parts.port or 80))
+        try:
+            client.sendall(f"GET {parts.path} HTTP/1.1\r\nHost: site\r\n\r\n".encode())
+            r = site.routes.lookup(url.rsplit("/", 1)[1])
+            assert r is not None
+            wait_until(lambda: 0 < r.bytes_used < len(big), 15, "the stuck client let go")
+        finally:
+            client.close()
 
 
 def test_upstream_down_is_502(site: SiteServices) -> None:
