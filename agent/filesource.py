@@ -22,7 +22,7 @@ import shutil
 import stat
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
@@ -159,16 +159,20 @@ def fetch(
     *,
     cancel: threading.Event | None = None,
     ca_file: Path | None = None,
+    ca_pem: str = "",
+    headers: Mapping[str, str] | None = None,
     progress: Callable[[int], None] | None = None,
     resolve_disk: Callable[[common_pb2.DiskHints], Path] | None = None,
 ) -> str:
-    """Copy ``src`` to ``dest`` (mode 0600) and return its digest, which must match.
+    """Copy ``src`` to ``dest`` (mode 0600) and return its digest, which must match. A URL is
+    fetched trusting ``ca_pem`` and ``ca_file`` too, with ``headers``.
 
     Raises ChecksumMismatch, NotFound, SourceFailed...; ``dest`` is gone when it raises.
     """
     try:
         if src.url:
-            opts = http.HttpOptions(ca_file=ca_file, cancel=cancel)
+            opts = http.HttpOptions(ca_pem=ca_pem, ca_file=ca_file, headers=dict(headers or {}),
+                                    cancel=cancel)
             with http.get(src.url, opts) as body:
                 got = _copy(body.read, dest, src.digest, cancel, progress)
         elif src.local_path is not None:

@@ -135,6 +135,13 @@ def check_url(url: str) -> urllib.parse.SplitResult:
     return parts
 
 
+def origin(url: str | urllib.parse.SplitResult) -> tuple[str, str, int]:
+    """A URL's origin: scheme, host (lower case) and port (the scheme's default if none)."""
+    parts = urllib.parse.urlsplit(url) if isinstance(url, str) else url
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return parts.scheme, (parts.hostname or "").lower(), port
+
+
 def ssl_context(ca_pem: str = "", ca_file: Path | None = None, *, verify: bool = True) -> ssl.SSLContext:
     """System trust store plus the given CAs; certificate and host name verified unless
     ``verify`` is False (then nothing is checked: the caller asked for it by name)."""
@@ -170,9 +177,13 @@ def _target(parts: urllib.parse.SplitResult) -> str:
     return f"{path}?{parts.query}" if parts.query else path
 
 
-def _headers(opts: HttpOptions, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def _headers(opts: HttpOptions, extra: Mapping[str, str] | None = None, *,
+             callers: bool = True) -> dict[str, str]:
+    """The request's headers: ours, the caller's (``opts.headers``, unless ``callers`` is
+    False: a redirect to another origin gets none of them, as curl does), then ``extra``."""
     hdrs = {"User-Agent": USER_AGENT}
-    hdrs.update(opts.headers)
+    if callers:
+        hdrs.update(opts.headers)
     if extra:
         hdrs.update(extra)
     for name, value in hdrs.items():
@@ -235,6 +246,7 @@ class Download:
     def _request(self, *, first: bool) -> None:
         self.close()
         url = self.url
+        home = origin(check_url(url))
         position = self.start + self.received
         for _hop in range(MAX_REDIRECTS + 1):
             parts = check_url(url)
@@ -246,7 +258,8 @@ class Download:
                     extra["If-Range"] = self._validator
             conn = _connect(parts, self.opts)
             try:
-                conn.request("GET", _target(parts), headers=_headers(self.opts, extra))
+                conn.request("GET", _target(parts),
+                             headers=_headers(self.opts, extra, callers=origin(parts) == home))
                 resp = conn.getresponse()
             except _TRANSPORT_ERRORS as exc:
                 conn.close()

@@ -109,6 +109,24 @@ def test_redirect_followed() -> None:
     assert data == DATA
 
 
+def test_callers_headers_go_to_the_urls_origin_only() -> None:
+    """A token for the image server is not handed to wherever it redirects: a redirect on the
+    same origin keeps the caller's headers, one to another origin (another port here) drops
+    them, as curl does."""
+    opts = http.HttpOptions(timeout=5.0, headers={"Authorization": "Bearer s3cret", "X-Tag": "t"})
+    with LoopbackServer() as home, LoopbackServer() as elsewhere:
+        elsewhere.add("/real", DATA)
+        home.add("/here", DATA)
+        home.redirect("/moved", "/here")
+        home.redirect("/old", elsewhere.url("/real"))
+        assert fetch(home.url("/moved"), opts)[0] == DATA
+        assert fetch(home.url("/old"), opts)[0] == DATA
+        seen = {path: headers for _m, path, headers in home.requests + elsewhere.requests}
+    assert seen["/moved"]["Authorization"] == seen["/here"]["Authorization"] == "Bearer s3cret"
+    assert seen["/old"]["X-Tag"] == "t"
+    assert "Authorization" not in seen["/real"] and "X-Tag" not in seen["/real"]
+
+
 def test_cancel_interrupts() -> None:
     cancel = threading.Event()
     cancel.set()

@@ -256,8 +256,11 @@ class Deployment:
 
             with tempfile.TemporaryDirectory(prefix="bc-manifest-") as private:
                 dest = Path(private) / "manifest"
+                # The request's CA; its headers (say, a token) only where the image is.
+                same = bool(p.url and p.manifest.url) and http.origin(p.url) == http.origin(p.manifest.url)
                 filesource.fetch(p.manifest, dest, cancel=self.ctx.cancel_event,
-                                 ca_file=self.ctx.config.ca_bundle)
+                                 ca_file=self.ctx.config.ca_bundle, ca_pem=p.ca_pem,
+                                 headers=p.headers if same else None)
                 data = dest.read_bytes()
         plan = manifest.parse(data)
         if plan.image_size > self.disk.size:

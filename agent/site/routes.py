@@ -231,20 +231,15 @@ class UpstreamError(Exception):
         self.status = status
 
 
-def _origin(parts: urllib.parse.SplitResult) -> tuple[str, str, int]:
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    return parts.scheme, (parts.hostname or "").lower(), port
-
-
 def open_upstream(
     route: Route, method: str, headers: dict[str, str], ssl_options: agent_http.HttpOptions,
 ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
     """Send ``method`` to the route's upstream; follow redirects on the same origin only."""
     url = route.upstream_url
-    origin = _origin(urllib.parse.urlsplit(url))
+    home = agent_http.origin(url)
     for _hop in range(MAX_REDIRECTS + 1):
         parts = agent_http.check_url(url)
-        if _origin(parts) != origin:
+        if agent_http.origin(parts) != home:
             raise UpstreamError(
                 f"upstream redirected to another host ({parts.hostname}); not followed")
         target = parts.path or "/"

@@ -19,7 +19,7 @@ from agent.errors import AgentError, ChecksumMismatch, InvalidParameters, Source
 from agent.proto import agent_pb2, common_pb2
 from tests.commands.test_deploy import Target, deploy
 from tests.diskfixtures import MiB
-from tests.loopback_http import LoopbackServer
+from tests.loopback_http import LoopbackServer, self_signed_cert
 
 Fmt = agent_pb2.ImageFormat
 CHUNK = 1 * MiB
@@ -102,6 +102,34 @@ def test_raw_over_http_downloads_only_data(tmp_path: Path) -> None:
     assert r.source_bytes == data and data <= sent <= data + 16  # the 16-byte format probe
     ranges = [h.get("Range") for method, _p, h in srv.requests if method == "GET"]
     assert f"bytes={3 * CHUNK}-{5 * CHUNK - 1}" in ranges  # chunks 3 and 4: one run
+
+
+def manifest_at(req: agent_pb2.DeployImageRequest, url: str, data: bytes) -> None:
+    req.manifest.Clear()
+    req.manifest.url = url
+    req.manifest.digest.algorithm = "sha256"
+    req.manifest.digest.hex = hashlib.sha256(data).hexdigest()
+
+
+def test_manifest_over_https_with_the_requests_ca_and_headers(tmp_path: Path) -> None:
+    """The manifest is fetched as the image is: trusting the request's CA, and with its headers
+    (a token) where it is on the image's origin; one elsewhere gets no headers."""
+    t = Target(tmp_path)
+    img = image_with_gaps()
+    m = make_manifest(tmp_path, img)
+    data = m.SerializeToString()
+    tls = self_signed_cert(str(tmp_path))
+    with LoopbackServer(tls) as srv, LoopbackServer(tls) as other:
+        req = with_manifest(srv.add("/img", img), m, tmp_path, ca_bundle_pem=Path(tls[0]).read_text(),
+                            http_headers={"Authorization": "Bearer t0k"})
+        manifest_at(req, srv.add("/img.manifest", data), data)
+        r = deploy(req, t.disks)
+        assert r.verification == "manifest" and t.data()[: len(img)] == img
+        manifest_at(req, other.add("/img.manifest", data), data)
+        deploy(req, fresh_target(tmp_path, "second").disks)
+        asked = {(s_.url(""), path): h for s_ in (srv, other) for _m, path, h in s_.requests}
+    assert asked[(srv.url(""), "/img.manifest")]["Authorization"] == "Bearer t0k"
+    assert "Authorization" not in asked[(other.url(""), "/img.manifest")]
 
 
 @pytest.mark.parametrize("fmt", ["gzip", "zstd"])
