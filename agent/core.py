@@ -43,7 +43,7 @@ from agent.errors import (
     Unsupported,
     WrongRole,
 )
-from agent.journal import Entry, Journal, Known, State
+from agent.journal import DEFAULT_COMPACT_BYTES, Entry, Journal, Known, State
 from agent.proto import session_pb2
 from agent.streams import CommandLog, CommandStream, ThreadLogForwarder
 from agent.trust import NodeKey, TrustStore, check_boot, decode_command_body
@@ -116,7 +116,7 @@ class Agent:
         cmdline: str | None = None,
         version_string: str | None = None,
         workers: Mapping[catalog.Lane, int] | None = None,
-        journal_compact_bytes: int | None = None,
+        journal_compact_bytes: int = DEFAULT_COMPACT_BYTES,
     ) -> None:
         self.config = config
         self.role = catalog.Role(config.role)
@@ -130,8 +130,7 @@ class Agent:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.node_key = NodeKey.load_or_create(state_dir / "node.key")
         self.trust = TrustStore.load(config.trusted_keys)
-        kwargs = {} if journal_compact_bytes is None else {"compact_bytes": journal_compact_bytes}
-        self.journal = Journal(state_dir / "journal", **kwargs)  # type: ignore[arg-type]  # compact_bytes: int
+        self.journal = Journal(state_dir / "journal", compact_bytes=journal_compact_bytes)
         self.scheduler = scheduler.Scheduler(workers)
         self.locks = ResourceLocks()
         self._admit = threading.RLock()

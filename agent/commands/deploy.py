@@ -34,6 +34,7 @@ result says which check ran: "manifest", "bmap" or "digest".
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -41,7 +42,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -318,10 +319,7 @@ class Deployment:
 
     def _write_verified(self, plan: Plan, reader: deploy_verified.ChunkReader) -> None:
         dv = deploy_verified
-        fd = block.open_disk(self.disk, write=True)
-        dfd = block.try_direct(self.disk, write=True)
-        self.result.direct_io = dfd is not None
-        try:
+        with self._open_target() as (fd, dfd):
             skip = self._prepare(fd)
             if not skip:  # the old partition table goes before anything new is written
                 block.clear_ends(fd, self.disk.size)
@@ -344,13 +342,6 @@ class Deployment:
             if self.params.verify_readback:
                 self._readback_chunks(fd, plan)
             self._finish(fd)
-        except BaseException:
-            self._fail_cleanup(fd)
-            raise
-        finally:
-            if dfd is not None:
-                os.close(dfd)
-            os.close(fd)
 
     def _progress_raw(self, done: int, total: int, writer: diskio.DiskWriter) -> None:
         now = time.monotonic()
@@ -409,6 +400,23 @@ class Deployment:
             log.info("%s: discarded but does not read zeros; writing every block", self.disk.name)
         return zeros
 
+    @contextlib.contextmanager
+    def _open_target(self) -> Iterator[tuple[int, int | None]]:
+        """The target disk open for writing, and with O_DIRECT where it takes it; when what runs
+        inside fails, the disk's start and end are cleared (no half-written image boots)."""
+        fd = block.open_disk(self.disk, write=True)
+        dfd = block.try_direct(self.disk, write=True)
+        self.result.direct_io = dfd is not None
+        try:
+            yield fd, dfd
+        except BaseException:
+            self._fail_cleanup(fd)
+            raise
+        finally:
+            if dfd is not None:
+                os.close(dfd)
+            os.close(fd)
+
     def _fail_cleanup(self, fd: int) -> None:
         try:
             block.clear_ends(fd, self.disk.size)
@@ -425,41 +433,30 @@ class Deployment:
     # -- streaming -----------------------------------------------------------------------
 
     def _stream(self, source: image.Source, fmt: int) -> None:
-        fd = block.open_disk(self.disk, write=True)
-        dfd = block.try_direct(self.disk, write=True)
-        self.result.direct_io = dfd is not None
-        stream: image.RawStream | None = None
-        touched = False
+        # ToolMissing here (no zstd): nothing touched yet
+        stream = image.RawStream(source, fmt, self.ctx.spawn) if fmt != Fmt.RAW else None
         try:
-            if fmt != Fmt.RAW:  # ToolMissing here (no zstd): nothing touched yet
-                stream = image.RawStream(source, fmt, self.ctx.spawn)
-            touched = True  # from here on the disk's old content is gone
-            skip = self._prepare(fd)
-            raw_hash = hashlib.sha256() if self.params.verify_readback else None
-            with diskio.DiskWriter(
-                fd, dfd, size=self.disk.size, skip_zeros=skip, cancel=self.ctx.cancel_event,
-                block=self.disk.logical_block_size,
-            ) as writer:
-                offset = self._copy(source, stream, writer, raw_hash)
-            self.result.bytes_written = writer.written
-            self.result.bytes_skipped = writer.skipped
-            self.result.image_bytes = offset
-            self.result.source_bytes = source.count
-            self.result.resumes = source.resumes
-            self._check_digest(source)
-            if raw_hash is not None:
-                self._readback(fd, dfd, offset, raw_hash.hexdigest())
-            self._finish(fd)
+            with self._open_target() as (fd, dfd):
+                skip = self._prepare(fd)
+                raw_hash = hashlib.sha256() if self.params.verify_readback else None
+                with diskio.DiskWriter(
+                    fd, dfd, size=self.disk.size, skip_zeros=skip, cancel=self.ctx.cancel_event,
+                    block=self.disk.logical_block_size,
+                ) as writer:
+                    offset = self._copy(source, stream, writer, raw_hash)
+                self.result.bytes_written = writer.written
+                self.result.bytes_skipped = writer.skipped
+                self.result.image_bytes = offset
+                self.result.source_bytes = source.count
+                self.result.resumes = source.resumes
+                self._check_digest(source)
+                if raw_hash is not None:
+                    self._readback(fd, dfd, offset, raw_hash.hexdigest())
+                self._finish(fd)
         except BaseException:
             if stream is not None:
                 stream.close()
-            if touched:
-                self._fail_cleanup(fd)
             raise
-        finally:
-            if dfd is not None:
-                os.close(dfd)
-            os.close(fd)
 
     def _copy(self, source: image.Source, stream: image.RawStream | None, writer: diskio.DiskWriter,
               raw_hash: Any) -> int:
