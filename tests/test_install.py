@@ -43,11 +43,48 @@ def gateway(pki: DevPki) -> Iterator[Gateway]:
     gw.stop()
 
 
+UNIT = "etc/systemd/system/bettercompute-agent.service"
+
+
 def run_install(archive: Path, root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["BC_AGENT_CACHE"] = str(root.parent / "cache")
     return subprocess.run([sys.executable, str(archive), "install", "--root", str(root), *args],
                           capture_output=True, text=True, timeout=120, env=env)
+
+
+@contextlib.contextmanager
+def unit_running(root: Path, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """The installed unit's ExecStart (its /usr/lib and /etc paths under ``root``) as a process
+    of its own, its output in tmp_path/service.log; once the body is done, waits until its
+    session to the gateway is up, then stops it (SIGTERM; the process group killed after)."""
+    unit = (root / UNIT).read_text()
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    argv = [str(root) + a if a.startswith(("/usr/lib/", "/etc/")) else a
+            for a in shlex.split(exec_start.removeprefix("ExecStart="))]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["BC_AGENT_CACHE"] = str(tmp_path / "cache")
+    log = tmp_path / "service.log"
+    with log.open("wb") as out:
+        service = subprocess.Popen([*argv, "--cmdline-file", "/dev/null"], env=env, stdout=out,
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
+    try:
+        yield service
+        # Stop it once it is fully connected (Gateway.wait_node returns at the Hello).
+        wait_until(lambda: b"connected to gateway" in log.read_bytes(), 60,
+                   "the session to be established")
+    finally:
+        service.terminate()
+        try:
+            service.wait(60)
+        except subprocess.TimeoutExpired as exc:
+            service.kill()
+            service.wait()
+            raise AssertionError("the service did not stop:\n" + log.read_text()) from exc
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(service.pid, signal.SIGKILL)
 
 
 def test_install_writes_the_layout_and_enables_the_unit(tmp_path: Path, archive: Path) -> None:
@@ -63,7 +100,7 @@ def test_install_writes_the_layout_and_enables_the_unit(tmp_path: Path, archive:
     assert config == {"role": "node", "state_dir": "/var/lib/bettercompute-agent",
                       "gateway": "gw.example:7443", "trusted_keys": ["/etc/bc/cp.pub", "/etc/bc/cp2.pub"]}
     assert (root / "etc/bettercompute/agent.json").stat().st_mode & 0o077 == 0
-    unit = (root / "etc/systemd/system/bettercompute-agent.service").read_text()
+    unit = (root / UNIT).read_text()
     assert ("ExecStart=/usr/bin/python3 /usr/lib/bettercompute/launcher.py /usr/lib/bettercompute/agent.pyz "
             "run --config /etc/bettercompute/agent.json") in unit
     assert "Restart=always" in unit and "StateDirectory=bettercompute-agent" in unit
@@ -88,7 +125,7 @@ def test_unit_verifies_with_systemd_analyze(tmp_path: Path, archive: Path) -> No
         pytest.skip("systemd-analyze is not installed")
     root = tmp_path / "root"
     assert run_install(archive, root, "--python", sys.executable).returncode == 0
-    unit = root / "etc/systemd/system/bettercompute-agent.service"
+    unit = root / UNIT
     out = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "bettercompute-agent" not in out.stderr, out.stderr
 
@@ -103,34 +140,9 @@ def test_the_units_command_serves_the_gateway_in_the_node_role(tmp_path: Path, a
         "--trusted-key", str(pki.signing_pub), "--state-dir", str(state),
     )
     assert out.returncode == 0, out.stderr
-    unit = (root / "etc/systemd/system/bettercompute-agent.service").read_text()
-    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
-    argv = [str(root) + a if a.startswith(("/usr/lib/", "/etc/")) else a
-            for a in shlex.split(exec_start.removeprefix("ExecStart="))]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["BC_AGENT_CACHE"] = str(tmp_path / "cache")
-    with (tmp_path / "service.log").open("wb") as log:
-        service = subprocess.Popen([*argv, "--cmdline-file", "/dev/null"], env=env, stdout=log,
-                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)
-    try:
+    with unit_running(root, tmp_path) as service:
         node = gateway.wait_node("node-7", 60)
         assert node.hello.role == "node" and node.hello.agent_version == "4.5.6"
         assert "daemon.upgrade" in node.hello.kinds and "node.reboot" in node.hello.kinds
         assert (state / "journal").exists()
-        # Stop it once it is fully connected (Gateway.wait_node returns at the Hello).
-        wait_until(lambda: b"connected to gateway" in (tmp_path / "service.log").read_bytes(), 60,
-                   "the session to be established")
-    finally:
-        service.terminate()
-        try:
-            service.wait(60)
-        except subprocess.TimeoutExpired as exc:
-            service.kill()
-            service.wait()
-            log = (tmp_path / "service.log").read_text()
-            raise AssertionError("the service did not stop:\n" + log) from exc
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(service.pid, signal.SIGKILL)
     assert service.returncode == 0, (tmp_path / "service.log").read_text()

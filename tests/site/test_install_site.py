@@ -3,22 +3,21 @@ that the unit's command line really serves a gateway in the site role with the b
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shlex
-import signal
 import stat
-import subprocess
 import sys
 from pathlib import Path
 
 from agent.gateway import Gateway
 from agent.gateway.certs import DevPki
-from tests.runtime.harness import wait_until
-from tests.test_install import archive, gateway, pki, run_install  # noqa: F401  (fixtures)
-
-UNIT = "etc/systemd/system/bettercompute-agent.service"
+from tests.test_install import (  # noqa: F401  (archive, gateway, pki: fixtures)
+    UNIT,
+    archive,
+    gateway,
+    pki,
+    run_install,
+    unit_running,
+)
 
 
 def test_site_install_writes_its_config_and_a_root_only_secret_store(tmp_path: Path, archive: Path) -> None:  # noqa: F811
@@ -51,28 +50,10 @@ def test_the_units_command_serves_the_gateway_in_the_site_role(
         "--state-dir", str(state), "--secrets-dir", str(tmp_path / "secrets"),
     )
     assert out.returncode == 0, out.stderr
-    lines = (root / UNIT).read_text().splitlines()
-    exec_start = next(line for line in lines if line.startswith("ExecStart="))
-    argv = [str(root) + a if a.startswith(("/usr/lib/", "/etc/")) else a
-            for a in shlex.split(exec_start.removeprefix("ExecStart="))]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["BC_AGENT_CACHE"] = str(tmp_path / "cache")
-    with (tmp_path / "service.log").open("wb") as log:
-        service = subprocess.Popen([*argv, "--cmdline-file", "/dev/null"], env=env, stdout=log,
-                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)
-    try:
+    with unit_running(root, tmp_path) as service:
         node = gateway.wait_node("node-7", 60)
         assert node.hello.role == "site"
         kinds = set(node.hello.kinds)
         assert {"bmc.power", "bmc.boot", "bmc.query", "bmc.rotate", "bmc.firmware", "bmc.storage"} <= kinds
         assert "deploy.image" not in kinds and "disk.wipe" not in kinds
-        wait_until(lambda: b"connected to gateway" in (tmp_path / "service.log").read_bytes(), 60,
-                   "the session to be established")
-    finally:
-        service.terminate()
-        try:
-            service.wait(60)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(service.pid, signal.SIGKILL)
+    assert service.returncode == 0, (tmp_path / "service.log").read_text()
