@@ -76,6 +76,7 @@ from agent.errors import Cancelled, InvalidParameters, SourceFailed
 log = logging.getLogger(__name__)
 
 MAX_REDIRECTS = 5
+REDIRECTS = (301, 302, 303, 307, 308)
 USER_AGENT = "bettercompute-agent"
 _RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
@@ -140,6 +141,15 @@ def origin(url: str | urllib.parse.SplitResult) -> tuple[str, str, int]:
     parts = urllib.parse.urlsplit(url) if isinstance(url, str) else url
     port = parts.port or (443 if parts.scheme == "https" else 80)
     return parts.scheme, (parts.hostname or "").lower(), port
+
+
+def redirect_location(url: str, resp: http.client.HTTPResponse) -> str:
+    """Where the redirect ``resp`` (to a request for ``url``) points, resolved against ``url``;
+    HttpError when it says nowhere. The caller checks the new URL like any other."""
+    location = resp.getheader("Location", "")
+    if not location:
+        raise HttpError(f"{redact(url)}: redirect without Location", status=resp.status)
+    return urllib.parse.urljoin(url, location)
 
 
 def ssl_context(ca_pem: str = "", ca_file: Path | None = None, *, verify: bool = True) -> ssl.SSLContext:
@@ -264,12 +274,9 @@ class Download:
             except _TRANSPORT_ERRORS as exc:
                 conn.close()
                 raise HttpError(f"{redact(url)}: {type(exc).__name__}: {exc}") from exc
-            if resp.status in (301, 302, 303, 307, 308):
-                location = resp.getheader("Location", "")
+            if resp.status in REDIRECTS:
                 conn.close()
-                if not location:
-                    raise HttpError(f"{redact(url)}: redirect without Location", status=resp.status)
-                url = urllib.parse.urljoin(url, location)
+                url = redirect_location(url, resp)
                 continue
             self._conn, self._resp = conn, resp
             break

@@ -109,6 +109,13 @@ def test_redirect_followed() -> None:
     assert data == DATA
 
 
+def test_redirect_to_nowhere_is_a_failure() -> None:
+    with LoopbackServer() as srv:
+        srv.redirect("/nowhere", "")
+        with pytest.raises(SourceFailed, match="redirect without Location"):
+            fetch(srv.url("/nowhere"))
+
+
 def test_callers_headers_go_to_the_urls_origin_only() -> None:
     """A token for the image server is not handed to wherever it redirects: a redirect on the
     same origin keeps the caller's headers, one to another origin (another port here) drops

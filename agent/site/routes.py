@@ -25,7 +25,6 @@ import logging
 import secrets
 import threading
 import time
-import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -262,12 +261,12 @@ def open_upstream(
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
             raise UpstreamError(f"upstream failed: {type(exc).__name__}: {exc}") from exc
-        if resp.status in (301, 302, 303, 307, 308):
-            location = resp.getheader("Location", "")
+        if resp.status in agent_http.REDIRECTS:
             conn.close()
-            if not location:
-                raise UpstreamError(f"upstream answered {resp.status} without a Location")
-            url = urllib.parse.urljoin(url, location)
+            try:
+                url = agent_http.redirect_location(url, resp)
+            except agent_http.HttpError:
+                raise UpstreamError(f"upstream answered {resp.status} without a Location") from None
             continue
         return conn, resp
     raise UpstreamError(f"upstream redirected more than {MAX_REDIRECTS} times")

@@ -129,6 +129,12 @@ def test_redirect_to_another_host_not_followed(site: SiteServices, upstream: Loo
         assert elsewhere.requests == []
 
 
+def test_redirect_to_nowhere_is_502(site: SiteServices, upstream: LoopbackServer) -> None:
+    upstream.redirect("/nowhere", "")
+    status, _, body = request(route(upstream.url("/nowhere")))
+    assert status == 502 and b"without a Location" in body
+
+
 def test_upstream_failing_mid_body_is_a_failure(site: SiteServices, upstream: LoopbackServer) -> None:
     upstream.add("/reset", DATA, fault=Fault(reset_after=1 << 20))
     upstream.add("/short", DATA, fault=Fault(truncate_after=1 << 20))
