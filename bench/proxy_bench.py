@@ -104,16 +104,15 @@ def fetch(url: str, expect: int) -> int:
     return 0
 
 
-def deploy(url: str, digest: str, target: str) -> int:
-    """deploy.image itself, as a ramdisk runs it: the image from ``url`` to the file ``target``,
-    its SHA-256 checked; the target is made anew (sparse, the image's size) before the clock."""
+def deploy(url: str, size: int, sha256: str, target: str) -> int:
+    """deploy.image itself, as a ramdisk runs it: the image (``size`` bytes) from ``url`` to the
+    file ``target``, its SHA-256 checked; the target is made anew (sparse) before the clock."""
     from agent.commands.base import Context
     from agent.commands.deploy import DeployImage
     from agent.hw import block
     from agent.proto import agent_pb2, common_pb2
 
     path = Path(target)
-    size = int(digest.split(":")[0])
     path.unlink(missing_ok=True)
     with path.open("wb") as f:
         f.truncate(size)
@@ -121,7 +120,7 @@ def deploy(url: str, digest: str, target: str) -> int:
     disk = block.disk_for_path(path)
     handler = DeployImage(disks=lambda: [disk])
     request = agent_pb2.DeployImageRequest(
-        url=url, digest=common_pb2.Digest(algorithm="sha256", hex=digest.split(":")[1]),
+        url=url, digest=common_pb2.Digest(algorithm="sha256", hex=sha256),
         target=common_pb2.DiskHints(name=disk.name))
     t0 = time.perf_counter()
     result = handler.run(Context.local("deploy.image"), handler.parse(request))
@@ -177,14 +176,14 @@ def main() -> int:
                    help="where deploy.image writes its target file (default /var/tmp)")
     p.add_argument("--serve", nargs=2, metavar=("FILE", "PORTFILE"), help=argparse.SUPPRESS)
     p.add_argument("--fetch", nargs=2, metavar=("URL", "SIZE"), help=argparse.SUPPRESS)
-    p.add_argument("--deploy", nargs=3, metavar=("URL", "SIZE:SHA256", "TARGET"), help=argparse.SUPPRESS)
+    p.add_argument("--deploy", nargs=4, metavar=("URL", "SIZE", "SHA256", "TARGET"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.serve:
         return serve(*a.serve)
     if a.fetch:
         return fetch(a.fetch[0], int(a.fetch[1]))
     if a.deploy:
-        return deploy(*a.deploy)
+        return deploy(a.deploy[0], int(a.deploy[1]), a.deploy[2], a.deploy[3])
     fetchers = a.fetchers.split(",")
     if not set(fetchers) <= {"read", "deploy"}:
         p.error(f"--fetchers: read and/or deploy, not {a.fetchers}")
@@ -222,24 +221,22 @@ def main() -> int:
                     node_id="bench", upstream_url=straight, ttl_seconds=3600)))
                 assert isinstance(result, site_pb2.HttpProxyResult)
                 paths = {"straight": straight, "through the route": result.proxy_url}
-                pids: dict[str, int | None] = {"through the route": None}
                 timed(["--fetch", straight, str(size)])  # the page cache holds the image
                 for fetcher in fetchers:
                     times = results[fetcher] = {name: [] for name in paths}
                     for i in range(a.runs):
-                        names = list(paths)
-                        names = names[i % len(names):] + names[: i % len(names)]
-                        for name in names:
+                        for name in list(paths) if i % 2 == 0 else reversed(paths):
                             url = paths[name]
                             args = (["--fetch", url, str(size)] if fetcher == "read" else
-                                    ["--deploy", url, f"{size}:{digest.hexdigest()}", str(target)])
+                                    ["--deploy", url, str(size), digest.hexdigest(), str(target)])
                             key = f"{fetcher}, {name}"
-                            relay0 = _cpu(pids[name]) if name in pids else 0.0
+                            relayed = name != "straight"  # the site's service: this process
+                            relay0 = _cpu() if relayed else 0.0
                             all0 = _children_cpu() + _cpu(upstream.pid) + relay0
                             seconds = timed(args)
-                            relay1 = _cpu(pids[name]) if name in pids else 0.0
+                            relay1 = _cpu() if relayed else 0.0
                             all1 = _children_cpu() + _cpu(upstream.pid) + relay1
-                            if name in pids:
+                            if relayed:
                                 cpu[key] = cpu.get(key, 0.0) + relay1 - relay0
                             busy.setdefault(key, []).append((all1 - all0) / seconds)
                             times[name].append(seconds)
