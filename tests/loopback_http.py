@@ -25,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 
 @dataclass
@@ -172,7 +172,26 @@ class _Server(ThreadingHTTPServer):
     sent: dict[str, int]
 
 
-class LoopbackServer:
+class _Serving:
+    """A server on its own thread while the ``with`` block runs."""
+
+    server: ThreadingHTTPServer
+    thread: threading.Thread
+
+    def __enter__(self) -> Self:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        with contextlib.suppress(OSError):
+            self.server.server_close()
+        self.thread.join(5)
+
+
+class LoopbackServer(_Serving):
+    server: _Server
+
     def __init__(self, tls: tuple[str, str] | None = None) -> None:
         self.server = _Server(("127.0.0.1", 0), _Handler)
         self.server.guard = threading.Lock()
@@ -211,15 +230,6 @@ class LoopbackServer:
         """Body bytes sent for ``path`` so far (every GET, Range requests included)."""
         return self.server.sent.get(path, 0)
 
-    def __enter__(self) -> LoopbackServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        with contextlib.suppress(OSError):
-            self.server.server_close()
-        self.thread.join(5)
 
 
 def self_signed_cert(directory: str) -> tuple[str, str]:
@@ -322,10 +332,12 @@ class _ScriptedServer(ThreadingHTTPServer):
     seen: list[Seen]
 
 
-class ScriptedServer:
+class ScriptedServer(_Serving):
     """Answers each (method, path) with a function of the request: ``srv.route("GET", "/x",
     fn)``, ``fn(seen) -> (status, headers, body)``; status -1 drops the connection. Unrouted
     requests get 404. ``srv.seen`` lists every request. Only 127.0.0.1; TLS with ``tls``."""
+
+    server: _ScriptedServer
 
     def __init__(self, tls: tuple[str, str] | None = None) -> None:
         self.server = _ScriptedServer(("127.0.0.1", 0), _ScriptedHandler)
@@ -355,12 +367,3 @@ class ScriptedServer:
     def url(self, path: str) -> str:
         return f"{self.scheme}://{self.address}{path}"
 
-    def __enter__(self) -> ScriptedServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        with contextlib.suppress(OSError):
-            self.server.server_close()
-        self.thread.join(5)
