@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any
 
 from agent.errors import Cancelled, CommandTimeout, ToolFailed, ToolMissing
@@ -66,6 +67,19 @@ def kill_group(proc: subprocess.Popen[bytes], grace: float = KILL_GRACE_SECONDS)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
         return
+
+
+def alive(pid: int) -> bool:
+    """True while process ``pid`` exists and is neither a zombie nor dead: a zombie has
+    exited, holds nothing but its exit status and will never run again, and it is not
+    always ours to reap (kill(pid, 0) still succeeds on it)."""
+    if pid <= 0:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] not in (["Z"], ["X"])
 
 
 def describe_exit(returncode: int) -> str:

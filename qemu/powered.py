@@ -54,6 +54,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from agent import proc
 from qemu.harness import Disk, Machine, MachineSpec
 
 BOOT_DEVICES = ("pxe", "disk")
@@ -99,23 +100,6 @@ class BootRecord:
     time: float
     device: str              # "pxe" | "disk"
     how: str                 # "start" | "pxe-fetch"
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie is not alive: its parent (not us) has not reaped it yet.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 class PoweredNode:
@@ -186,7 +170,7 @@ class PoweredNode:
     # -- power ----------------------------------------------------------------------------
 
     def status(self) -> str:
-        return "on" if _pid_alive(self._supervisor_pid()) else "off"
+        return "on" if proc.alive(self._supervisor_pid()) else "off"
 
     def start(self, timeout: float = 30.0) -> None:
         """Power on; returns once QEMU's QMP socket answers. No-op when already on."""
@@ -218,7 +202,7 @@ class PoweredNode:
         """Graceful: the ACPI power button (the guest may ignore it; the node stays on).
         Forced: QMP quit, then SIGTERM/SIGKILL of the supervisor's group at ``timeout``."""
         pid = self._supervisor_pid()
-        if not _pid_alive(pid):
+        if not proc.alive(pid):
             return
         if not force:
             self._qmp("system_powerdown")
@@ -226,17 +210,17 @@ class PoweredNode:
         with contextlib.suppress(OSError, PowerError):
             self._qmp("quit")
         deadline = time.monotonic() + timeout
-        while _pid_alive(pid) and time.monotonic() < deadline:
+        while proc.alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            if not _pid_alive(pid):
+            if not proc.alive(pid):
                 break
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, sig)
             end = time.monotonic() + 3
-            while _pid_alive(pid) and time.monotonic() < end:
+            while proc.alive(pid) and time.monotonic() < end:
                 time.sleep(0.1)
-        if _pid_alive(pid):
+        if proc.alive(pid):
             raise PowerError(f"supervisor {pid} of {self.dir} would not die")
 
     def reset(self) -> None:
@@ -298,7 +282,7 @@ class PoweredNode:
         seen = 0
         try:
             while machine.alive:
-                if spec.owner_pid and not _pid_alive(spec.owner_pid):
+                if spec.owner_pid and not proc.alive(spec.owner_pid):
                     break
                 served = machine.pxe_served
                 for entry in served[seen:]:

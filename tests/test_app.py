@@ -13,8 +13,9 @@ import pytest
 from agent.app import targets_of
 from agent.bootid import boot_id
 from agent.gateway.certs import DevPki, make_dev_pki
+from agent.proc import alive
 from agent.schema import payload_from_json
-from tests.runtime.harness import AGENT_MAIN, ROOT, pid_alive, wait_until
+from tests.runtime.harness import AGENT_MAIN, ROOT, wait_until
 
 WIPE = json.dumps({"disks": [{"serial": "S-1"}, {"name": "sdb"}]})
 
@@ -130,7 +131,7 @@ def test_exec_timeout_kills_the_children(tmp_path: Path) -> None:
                               "--command-id", "slow", "--timeout", "2")
     assert code == 124 and out["status"] == "TIMED_OUT"
     pid = int((tmp_path / "child-slow.pid").read_text())
-    wait_until(lambda: not pid_alive(pid), 15, "the child to be killed")
+    wait_until(lambda: not alive(pid), 15, "the child to be killed")
 
 
 def real_exec(*args: str) -> tuple[int, dict[str, object], str]:

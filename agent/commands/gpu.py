@@ -14,9 +14,8 @@ import re
 import signal
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-from agent import gpu_health
+from agent import gpu_health, proc
 from agent.commands.base import Context, Handler
 from agent.errors import InvalidParameters, NotFound, ProtectedDevice, ToolFailed
 from agent.gpu_health import Level, Thresholds
@@ -174,15 +173,6 @@ class GpuReset(Handler[agent_pb2.GpuResetRequest, ResetParams], kind="gpu.reset"
         return result
 
 
-def _gone(pid: int) -> bool:
-    """True when the process has exited (a zombie no longer holds the GPU)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[:1] == ["Z"]
-
-
 def stop_processes(ctx: Context, processes: list[gpu.GpuProcess]) -> list[gpu.GpuProcess]:
     """SIGTERM, then SIGKILL after a grace period, every process; never this agent or init."""
     protected = {0, 1, os.getpid(), os.getppid()}
@@ -191,7 +181,7 @@ def stop_processes(ctx: Context, processes: list[gpu.GpuProcess]) -> list[gpu.Gp
             raise ProtectedDevice(f"process {p.pid} ({p.name}) uses the GPU and must not be stopped: it is "
                                   "this agent, its parent or init", pid=p.pid)
     for sig, grace in ((signal.SIGTERM, STOP_GRACE_SECONDS), (signal.SIGKILL, 5.0)):
-        alive = [p for p in processes if not _gone(p.pid)]
+        alive = [p for p in processes if proc.alive(p.pid)]
         if not alive:
             break
         for p in alive:
@@ -204,9 +194,9 @@ def stop_processes(ctx: Context, processes: list[gpu.GpuProcess]) -> list[gpu.Gp
                 raise ToolFailed(f"cannot stop process {p.pid} ({p.name}): {exc.strerror}",
                                  pid=p.pid) from exc
         end = time.monotonic() + grace
-        while time.monotonic() < end and not all(_gone(p.pid) for p in alive):
+        while time.monotonic() < end and any(proc.alive(p.pid) for p in alive):
             ctx.sleep(0.05)
-    left = [p.pid for p in processes if not _gone(p.pid)]
+    left = [p.pid for p in processes if proc.alive(p.pid)]
     if left:
         raise ToolFailed(f"processes {left} did not exit after SIGKILL", pids=",".join(map(str, left)))
     return list(processes)

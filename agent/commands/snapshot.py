@@ -107,16 +107,6 @@ def _marker(state_dir: Path, mountpoint: Path) -> Path:
     return state_dir / FROZEN_DIR / hashlib.sha256(str(mountpoint).encode()).hexdigest()[:16]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def thaw_leftovers(state_dir: Path) -> list[Path]:
     """Thaw what an agent that died mid-snapshot left frozen; the thawed mount points.
 
@@ -129,7 +119,7 @@ def thaw_leftovers(state_dir: Path) -> list[Path]:
         for marker in sorted((state_dir / FROZEN_DIR).iterdir()):
             try:
                 mountpoint, pid = marker.read_text().split("\n")[:2]
-                if int(pid) == os.getpid() or _alive(int(pid)):
+                if int(pid) == os.getpid() or proc.alive(int(pid)):
                     continue
             except (OSError, ValueError):
                 continue

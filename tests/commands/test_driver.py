@@ -12,6 +12,7 @@ import pytest
 from agent.commands.base import Context
 from agent.commands.driver import DriverInvoke
 from agent.errors import CommandTimeout, InvalidParameters, ToolMissing
+from agent.proc import alive
 from agent.proto import agent_pb2
 from tests.runtime.harness import wait_until
 
@@ -135,21 +136,13 @@ def test_failing_tool_returns_its_exit_status_and_capped_output(bindir: Path) ->
     assert result.stderr == b"no such device\n"
 
 
-def _dead(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return True
-    return state in ("Z", "X")
-
-
 def test_deadline_kills_the_whole_process_tree(bindir: Path) -> None:
     pidfile = bindir / "grandchild.pid"
     fake_tool(bindir, "ipmitool", f'sleep 300 & echo $! > "{pidfile}"; wait')
     with pytest.raises(CommandTimeout):
         invoke(request("ipmitool", "sel_list"), timeout=1.5)
     pid = int(pidfile.read_text())
-    wait_until(lambda: _dead(pid), 30, f"grandchild {pid} to end with the deadline")
+    wait_until(lambda: not alive(pid), 30, f"grandchild {pid} to end with the deadline")
 
 
 @pytest.mark.skipif(shutil.which("ethtool") is None, reason="ethtool not installed")

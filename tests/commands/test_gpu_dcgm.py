@@ -15,6 +15,7 @@ from agent.commands import handler_for
 from agent.commands.base import Context
 from agent.config import Config
 from agent.errors import CommandTimeout, InvalidParameters, ToolFailed, ToolMissing
+from agent.proc import alive
 from agent.proto import agent_pb2, common_pb2, session_pb2
 from agent.schema import payload_from_json
 from tests.runtime.harness import wait_until
@@ -49,14 +50,6 @@ def run(config: Config, request: dict[str, object] | None = None, *,
 def calls(tmp_path: Path, name: str = "dcgmi.log") -> list[list[str]]:
     log = tmp_path / name
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-
-
-def gone(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def test_dcgm4_level1_pass(config: Config, tmp_path: Path) -> None:
@@ -182,7 +175,7 @@ def test_timeout_kills_dcgmi_and_its_children(config: Config, tmp_path: Path,
         run(config, timeout=5)
     pids = [int(p) for p in (tmp_path / "dcgmi.pids").read_text().split()]
     assert len(pids) == 2
-    wait_until(lambda: all(gone(p) for p in pids), 10, f"dcgmi and its child ({pids}) to be gone")
+    wait_until(lambda: all(not alive(p) for p in pids), 10, f"dcgmi and its child ({pids}) to be gone")
 
 
 def test_progress_while_dcgmi_runs(config: Config, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.proc import alive
 from qemu import harness
 from qemu.harness import Disk, Machine, MachineSpec
 from tests.runtime.harness import wait_until
@@ -113,17 +114,9 @@ def test_qemu_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
                    "the fake QEMU to start")
         runner.kill()
         runner.wait(10)
-        wait_until(lambda: not _running(qemu_pid), 10, "QEMU to end with the process that started it")
+        wait_until(lambda: not alive(qemu_pid), 10, "QEMU to end with the process that started it")
     finally:
         runner.kill()
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (it is not our child, so nobody here reaps it)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
 
 
 def test_arm64_is_a_virt_machine_booted_by_uefi_with_a_virtio_console_shell(tmp_path: Path) -> None:

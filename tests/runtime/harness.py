@@ -9,7 +9,6 @@ point tests/runtime/agent_main.py, which registers the test-only handlers
 from __future__ import annotations
 
 import collections
-import contextlib
 import json
 import os
 import signal
@@ -139,18 +138,6 @@ class AgentProcess:
 
     def logs(self) -> str:
         return "\n".join(p.read_text(errors="replace") for p in sorted(self.dir.glob("agent-*.log")))
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); look at its state.
-    with contextlib.suppress(OSError):
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return fields[0] != "Z"
-    return False
 
 
 def wait_until(predicate: Any, timeout: float, what: str, *, interval: float = 0.05) -> Any:

@@ -18,8 +18,9 @@ import pytest
 from agent import trust, wire
 from agent.gateway import CommandRejected, Gateway, State
 from agent.gateway.certs import DevPki, server_context
+from agent.proc import alive
 from agent.proto import session_pb2
-from tests.runtime.harness import AgentProcess, make_pki, pid_alive, start_gateway, wait_until
+from tests.runtime.harness import AgentProcess, make_pki, start_gateway, wait_until
 
 WIPE = {"disks": [{"serial": "S-1"}]}
 TIMEOUT = 60.0
@@ -164,10 +165,10 @@ def test_timeout_kills_the_handlers_children(agent_proc: AgentProcess, gateway: 
     cid = gateway.send("node-1", "disk.wipe", WIPE, command_id="slow", timeout_seconds=2)
     pid_file = agent_proc.dir / "child-slow.pid"
     pid = int(wait_until(lambda: pid_file.exists() and pid_file.read_text(), TIMEOUT, "the child"))
-    assert pid_alive(pid)
+    assert alive(pid)
     body, _ = gateway.wait_result(cid, TIMEOUT)
     assert body.status == session_pb2.TIMED_OUT and body.reason == "timeout"
-    wait_until(lambda: not pid_alive(pid), 15, f"child {pid} to be killed")
+    wait_until(lambda: not alive(pid), 15, f"child {pid} to be killed")
 
 
 def test_cancel_kills_the_handlers_children(agent_proc: AgentProcess, gateway: Gateway) -> None:
@@ -179,7 +180,7 @@ def test_cancel_kills_the_handlers_children(agent_proc: AgentProcess, gateway: G
     gateway.cancel(cid, "test cancels")
     body, _ = gateway.wait_result(cid, TIMEOUT)
     assert body.status == session_pb2.CANCELLED and body.reason == "cancelled"
-    wait_until(lambda: not pid_alive(pid), 15, f"child {pid} to be killed")
+    wait_until(lambda: not alive(pid), 15, f"child {pid} to be killed")
 
 
 def test_a_stuck_handler_is_abandoned_at_its_deadline(agent_proc: AgentProcess, gateway: Gateway) -> None:
