@@ -42,7 +42,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -287,6 +287,25 @@ def _deb(dest: Path, package: str) -> Path | None:
     return found[-1] if found else None
 
 
+def unpacked(deb: Path, dest: Path, then: Callable[[Path], None] | None = None) -> Path:
+    """``dest``, holding ``deb`` unpacked (``dpkg-deb -x``: no maintainer scripts) once. The
+    tree is made beside it, finished by ``then``, stamped with the .deb's name and renamed
+    into place: an interrupted unpack or another .deb is unpacked again."""
+    stamp = dest / ".deb"
+    if stamp.is_file() and stamp.read_text() == deb.name:
+        return dest
+    tmp = dest.with_name(dest.name + ".tmp")
+    for stale in (dest, tmp):
+        shutil.rmtree(stale, ignore_errors=True)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    run(["dpkg-deb", "-x", str(deb), str(tmp)], timeout=300)
+    if then is not None:
+        then(tmp)
+    (tmp / ".deb").write_text(deb.name)
+    tmp.rename(dest)
+    return dest
+
+
 # ---------------------------------------------------------------------------------------------
 # Kernel
 
@@ -330,17 +349,12 @@ def unpack_kernel(arch: Arch, out: Path) -> Kernel:
     if image is None:
         sys.exit(f"initramfs: apt-cache finds no kernel package that {meta}:{arch.name} depends on")
     (deb,) = download([image], out / "debs", arch)
-    dest = out / "kernel"
-    stamp = dest / ".deb"
-    if not stamp.is_file() or stamp.read_text() != deb.name:
-        shutil.rmtree(dest, ignore_errors=True)
-        tmp = dest.with_name("kernel.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        run(["dpkg-deb", "-x", str(deb), str(tmp)], timeout=300)
-        for modules in (tmp / "lib/modules").iterdir():  # modules.dep: made by depmod at install
-            run(["depmod", "-b", str(tmp), modules.name], timeout=300)
-        (tmp / ".deb").write_text(deb.name)
-        tmp.rename(dest)
+
+    def depmod(tree: Path) -> None:  # modules.dep: made by depmod at install
+        for modules in (tree / "lib/modules").iterdir():
+            run(["depmod", "-b", str(tree), modules.name], timeout=300)
+
+    dest = unpacked(deb, out / "kernel", then=depmod)
     found = sorted((dest / "boot").glob(arch.kernel_glob), key=_release_key)
     if not found:
         sys.exit(f"initramfs: {deb.name} holds no boot/{arch.kernel_glob}")

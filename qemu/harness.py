@@ -445,12 +445,7 @@ def grub_netboot(target: Path, append: str) -> Path:
         raise FileNotFoundError("grub-mkimage is missing (apt-get install grub-common)")
     out = ramdisk.out_dir(arch)
     (deb,) = ramdisk.download(["grub-efi-arm64-bin"], out / "debs", arch)
-    tree = out / "grub"
-    stamp = tree / ".deb"
-    if not stamp.is_file() or stamp.read_text() != deb.name:
-        shutil.rmtree(tree, ignore_errors=True)
-        run(["dpkg-deb", "-x", str(deb), str(tree)], timeout=120)
-        stamp.write_text(deb.name)
+    tree = ramdisk.unpacked(deb, out / "grub")
     if any(c in append for c in "\"'$;{}|&<>\\\n"):
         raise ValueError(f"kernel command line with characters GRUB's script would parse: {append!r}")
     script = target.with_suffix(".cfg")

@@ -139,12 +139,7 @@ def systemd_boot(arch: str) -> tuple[Path, str]:
     target = ramdisk.ARCHES[arch]
     out = ramdisk.out_dir(target)
     (deb,) = ramdisk.download(["systemd-boot-efi"], out / "debs", target)
-    tree = out / "systemd-boot"
-    stamp = tree / ".deb"
-    if not stamp.is_file() or stamp.read_text() != deb.name:
-        shutil.rmtree(tree, ignore_errors=True)
-        run(["dpkg-deb", "-x", str(deb), str(tree)], timeout=120)
-        stamp.write_text(deb.name)
+    tree = ramdisk.unpacked(deb, out / "systemd-boot")
     return tree / "usr/lib/systemd/boot/efi/systemd-bootaa64.efi", "BOOTAA64.EFI"
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from initramfs.build import ARCHES, OUT, checked_bytecode, find_kernel, out_dir
+from initramfs.build import ARCHES, OUT, checked_bytecode, find_kernel, out_dir, unpacked
 from initramfs.build import _qualified as qualified
 
 
@@ -36,6 +36,36 @@ def test_a_kernel_unpacked_from_its_deb_brings_its_own_modules(tmp_path: Path) -
     kernel = find_kernel(tmp_path / "boot" / f"vmlinuz-{release}", ARCHES["arm64"], tmp_path)
     assert kernel.release == release
     assert kernel.modules == tmp_path / "lib/modules" / release
+
+
+def deb(tmp_path: Path, version: str) -> Path:
+    """A .deb of one file, built with dpkg-deb."""
+    tree = tmp_path / f"pkg-{version}"
+    (tree / "DEBIAN").mkdir(parents=True)
+    (tree / "DEBIAN/control").write_text(f"Package: bc-test\nVersion: {version}\nArchitecture: all\n"
+                                         "Maintainer: t <t@example.org>\nDescription: test\n")
+    (tree / "usr/share/bc").mkdir(parents=True)
+    (tree / "usr/share/bc/version").write_text(version)
+    out = tmp_path / f"bc-test_{version}_all.deb"
+    subprocess.run(["dpkg-deb", "--build", "--root-owner-group", str(tree), str(out)],
+                   check=True, capture_output=True)
+    return out
+
+
+def test_a_deb_is_unpacked_once_and_again_when_it_changes(tmp_path: Path) -> None:
+    if shutil.which("dpkg-deb") is None:
+        pytest.skip("no dpkg-deb")
+    finished: list[Path] = []
+    dest = tmp_path / "out" / "tree"
+    first = deb(tmp_path, "1")
+    assert unpacked(first, dest, then=finished.append) == dest
+    assert (dest / "usr/share/bc/version").read_text() == "1" and finished == [tmp_path / "out" / "tree.tmp"]
+    assert unpacked(first, dest, then=finished.append) == dest and len(finished) == 1  # once
+    (dest / ".deb").unlink()  # as an unpack cut before its stamp
+    (dest / "stray").write_text("x")
+    unpacked(deb(tmp_path, "2"), dest)
+    assert (dest / "usr/share/bc/version").read_text() == "2" and not (dest / "stray").exists()
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["tree"]
 
 
 def test_each_architecture_builds_into_its_own_directory() -> None:
