@@ -44,7 +44,33 @@ from agent.site.routes import (
 log = logging.getLogger(__name__)
 
 BUFFER = 16 << 20  # a route's relay buffer, while it relays a body (docs/performance.md)
+RELAY_MEMORY = 256 << 20  # all relay buffers together: 16 requests at BUFFER
+SMALL_BUFFER = 1 << 20  # a request's buffer once RELAY_MEMORY is taken
 CLIENT_TIMEOUT = 120.0
+
+
+class BufferBudget:
+    """Relay buffers out of one total, so that a site feeding hundreds of ramdisks at once
+    does not hold hundreds of large buffers: a request gets what it asks for while the
+    total lasts, what is left of it next, and SMALL_BUFFER past it (never a wait: many
+    transfers at once share the link anyway, and a smaller buffer costs only CPU)."""
+
+    def __init__(self, total: int = RELAY_MEMORY) -> None:
+        self.total = total
+        self.left = total
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def buffer(self, want: int) -> Iterator[memoryview]:
+        with self._lock:
+            size = min(want, max(self.left, SMALL_BUFFER))
+            taken = min(size, self.left)
+            self.left -= taken
+        try:
+            yield memoryview(bytearray(size))
+        finally:
+            with self._lock:
+                self.left += taken
 
 
 class SiteHttpServer(ThreadingHTTPServer):
@@ -57,6 +83,7 @@ class SiteHttpServer(ThreadingHTTPServer):
         self.entries = entries
         self.routes = routes
         self.upstream = upstream
+        self.buffers = BufferBudget()
         super().__init__(address, _Handler)
 
 
@@ -225,11 +252,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if not body_expected:
             return resp.status, 0, ""
-        buf = memoryview(bytearray(BUFFER if length is None else min(BUFFER, length)))
         read, write, mode = self._body_io(resp, length)
         sent = 0
         try:
-            with mode:
+            with mode, self.server.buffers.buffer(BUFFER if length is None else min(BUFFER, length)) as buf:
                 while length is None or sent < length:
                     try:
                         n = read(buf if length is None else buf[:length - sent])

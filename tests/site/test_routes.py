@@ -190,9 +190,25 @@ def test_a_client_that_stops_reading_is_let_go(
             client.sendall(f"GET {parts.path} HTTP/1.1\r\nHost: site\r\n\r\n".encode())
             r = site.routes.lookup(url.rsplit("/", 1)[1])
             assert r is not None
+            buffers = site.http.server.buffers
+            wait_until(lambda: buffers.left == buffers.total - web.BUFFER, 5, "the relay's buffer taken")
             wait_until(lambda: 0 < r.bytes_used < len(big), 15, "the stuck client let go")
+            wait_until(lambda: buffers.left == buffers.total, 5, "the buffer given back")
         finally:
             client.close()
+
+
+def test_relay_buffers_come_out_of_one_budget() -> None:
+    budget = web.BufferBudget(total=40 << 20)
+    with budget.buffer(16 << 20) as a, budget.buffer(16 << 20) as b, budget.buffer(16 << 20) as c:
+        assert [len(x) for x in (a, b, c)] == [16 << 20, 16 << 20, 8 << 20]  # what is left
+        with budget.buffer(16 << 20) as d, budget.buffer(1000) as e:
+            assert (len(d), len(e), budget.left) == (web.SMALL_BUFFER, 1000, 0)  # past it: small
+        assert budget.left == 0
+    assert budget.left == budget.total
+    with pytest.raises(RuntimeError), budget.buffer(16 << 20):
+        raise RuntimeError("a relay that fails")
+    assert budget.left == budget.total
 
 
 def test_upstream_down_is_502(site: SiteServices) -> None:
