@@ -32,7 +32,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from agent import http
@@ -103,8 +103,8 @@ def parse_ttl(seconds: int, field: str = "ttl_seconds") -> int:
 
 
 @dataclass(frozen=True)
-class EntryRequest:
-    """A validated boot.prepareRamdisk payload."""
+class BootSpec:
+    """How one NIC boots: what a request asks for and what an entry keeps."""
 
     node_id: str
     mac: str
@@ -113,6 +113,12 @@ class EntryRequest:
     kernel_url: str
     initrd_url: str
     cmdline: str
+
+
+@dataclass(frozen=True)
+class EntryRequest(BootSpec):
+    """A validated boot.prepareRamdisk payload."""
+
     ttl_seconds: int
 
     @classmethod
@@ -152,15 +158,10 @@ class EntryRequest:
 
 
 @dataclass(frozen=True)
-class BootEntry:
+class BootEntry(BootSpec):
+    """A registered entry, as kept in entries/<mac hex>.json."""
+
     entry_id: str
-    node_id: str
-    mac: str
-    boot_file: BootFile
-    script_url: str
-    kernel_url: str
-    initrd_url: str
-    cmdline: str
     expires_at: float          # time.time()
 
     @property
@@ -270,12 +271,9 @@ class BootEntries:
             self._cache(req.kernel_url, cancel)
             if req.initrd_url:
                 self._cache(req.initrd_url, cancel)
-        entry = BootEntry(
-            entry_id=f"{req.mac.replace(':', '')}-{secrets.token_hex(4)}",
-            node_id=req.node_id, mac=req.mac, boot_file=req.boot_file,
-            script_url=req.script_url, kernel_url=req.kernel_url, initrd_url=req.initrd_url,
-            cmdline=req.cmdline, expires_at=time.time() + req.ttl_seconds,
-        )
+        spec = {f.name: getattr(req, f.name) for f in fields(BootSpec)}
+        entry = BootEntry(**spec, entry_id=f"{req.mac.replace(':', '')}-{secrets.token_hex(4)}",
+                          expires_at=time.time() + req.ttl_seconds)
         with self._lock:
             previous = self._entries.get(entry.mac)
             if previous is not None and previous.node_id != entry.node_id:
