@@ -156,6 +156,23 @@ def test_reconcile_keeps_live_drops_expired_and_strays(tmp_path: Path) -> None:
     assert (tmp_path / "scripts" / "52-54-00-12-34-56.ipxe").is_file()
 
 
+def test_an_entry_on_disk_keeps_its_shape(tmp_path: Path) -> None:
+    """entries/<mac hex>.json as the daemon has always written it: read back at a restart."""
+    store = BootEntries(tmp_path, "http://10.0.0.2:8088")
+    store.reconcile()
+    written = store.register(EntryRequest.from_proto(entry(ttl_seconds=600)))
+    on_disk = json.loads((tmp_path / "entries" / "525400123456.json").read_text())
+    assert sorted(on_disk) == ["boot_file", "cmdline", "entry_id", "expires_at", "initrd_url",
+                               "kernel_url", "mac", "node_id", "script_url"]
+    on_disk["entry_id"] = "525400123456-0badf00d"
+    (tmp_path / "entries" / "525400123456.json").write_text(json.dumps(on_disk))
+    again = BootEntries(tmp_path, "http://10.0.0.2:8088")
+    assert again.reconcile() == []
+    (kept,) = again.all()
+    assert kept.entry_id == "525400123456-0badf00d" and kept.expires_at == written.expires_at
+    assert (kept.mac, kept.script_url, kept.boot_file) == (written.mac, written.script_url, written.boot_file)
+
+
 def test_kernel_and_initrd_cached_shared_and_cleaned(site: SiteServices) -> None:
     with LoopbackServer() as upstream:
         upstream.add("/vmlinuz", b"K" * 1000)
