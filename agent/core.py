@@ -131,7 +131,7 @@ class Agent:
         self.node_key = NodeKey.load_or_create(state_dir / "node.key")
         self.trust = TrustStore.load(config.trusted_keys)
         self.journal = Journal(state_dir / "journal", compact_bytes=journal_compact_bytes)
-        self.scheduler = scheduler.Scheduler(workers)
+        self.scheduler = scheduler.Scheduler(workers, keyed_cap=config.bmc_max_in_flight)
         self.locks = ResourceLocks()
         self._admit = threading.RLock()
         self._sinks: list[Sink] = []
@@ -424,6 +424,7 @@ class Agent:
             body=lambda c: self._run(job, handler, params),
             on_done=self._done,
             on_start=self._on_start,
+            key=handler.serial_key(params),
         )
         self.scheduler.submit(job)
 

@@ -8,6 +8,18 @@ child the handler started, and reports the job finished (TIMED_OUT / CANCELLED) 
 for the handler thread: a handler that does not return is abandoned, and its lane gets a fresh
 worker in its place. Whatever the abandoned thread returns later is dropped.
 
+A job may carry a ``key`` (the site's BMC operations: "bmc:<host>:<port>"): it does not take a
+lane worker at all but runs on the keyed pool, whose workers are made on demand up to
+``keyed_cap`` (the site's cap on BMC operations in flight) and end after a while idle. Jobs of one
+key run one at a time, in their order of arrival; jobs past the cap wait in the pool's queue
+(never refused) and are told so by a "queued" progress frame. A keyed job's deadline runs from
+its arrival, its wait for its key and for a worker included (as the wait for a lock would be);
+the watchdog ends a queued one at its deadline. The key is released when the job is reported
+finished, at its deadline or cancel at the latest: a handler abandoned there has its cancel
+event set and its requests cut (agent/http.py), and can no longer reach the BMC. A
+wait on one BMC thus never holds a lane worker, another BMC or a lock past its deadline
+(docs/site.md, "How BMC work is scheduled").
+
 The scheduler knows nothing of journals or results: it calls ``Job.on_start`` before the body
 and ``Job.on_done`` exactly once with either the body's return value or the error.
 """
@@ -32,6 +44,8 @@ from agent.errors import AgentError, Cancelled, CommandTimeout, Draining, Reason
 log = logging.getLogger(__name__)
 
 DEFAULT_WORKERS: Mapping[Lane, int] = {Lane.CONTROL: 4, Lane.PROVISION: 4, Lane.BULK: 2}
+DEFAULT_KEYED_CAP = 256          # keyed jobs (BMC operations) in flight at once, site-wide
+KEYED_IDLE_SECONDS = 30.0        # a keyed worker with nothing to do for this long ends
 
 _current = threading.local()
 
@@ -67,18 +81,43 @@ class Job:
     expiry: AgentError | None = None                    # why the watchdog or a cancel stopped it
     returned: threading.Event = field(default_factory=threading.Event)
     worker: _Worker | None = None
+    key: str = ""                                       # "": a lane job; else the keyed pool's
 
     @property
     def lane(self) -> Lane:
         return self.kind.lane
 
 
+@dataclass
+class KeyedCounters:
+    """The keyed pool's figures (the site's BMC operations), plain attributes for a scrape.
+
+    ``in_flight`` and ``queued`` are now; ``peak_*`` the most seen; ``failed`` counts the jobs
+    that ended otherwise than succeeding, by the wire reason of their error."""
+
+    cap: int = DEFAULT_KEYED_CAP
+    in_flight: int = 0
+    queued: int = 0
+    keys_waiting: int = 0          # keys with a queued job (bounded by the jobs queued)
+    workers: int = 0               # the pool's live threads (at most ``cap``)
+    started: int = 0
+    finished: int = 0
+    succeeded: int = 0
+    expired_queued: int = 0        # ended at their deadline before they could start
+    peak_in_flight: int = 0
+    peak_queued: int = 0
+    failed: dict[str, int] = field(default_factory=dict)
+
+
 class _Worker:
-    def __init__(self, scheduler: Scheduler, lane: Lane, n: int) -> None:
+    def __init__(self, scheduler: Scheduler, lane: Lane, n: int, *, keyed: bool = False) -> None:
         self.lane = lane
+        self.keyed = keyed
         self.abandoned = False
+        self.has_job = False
         self.thread = threading.Thread(
-            target=scheduler._work, args=(self,), name=f"lane-{lane}-{n}", daemon=True
+            target=scheduler._work, args=(self,), name=f"keyed-{n}" if keyed else f"lane-{lane}-{n}",
+            daemon=True,
         )
 
 
@@ -88,11 +127,15 @@ class Scheduler:
         workers: Mapping[Lane, int] | None = None,
         *,
         watchdog_interval: float = 0.25,
+        keyed_cap: int = DEFAULT_KEYED_CAP,
+        keyed_idle_seconds: float = KEYED_IDLE_SECONDS,
     ) -> None:
         self._workers_per_lane = dict(DEFAULT_WORKERS if workers is None else workers)
         for lane in Lane:
             if self._workers_per_lane.get(lane, 0) < 1:
                 raise ValueError(f"lane {lane} needs at least one worker")
+        if keyed_cap < 1:
+            raise ValueError("the keyed pool needs at least one worker")
         self._interval = watchdog_interval
         self._cond = threading.Condition()
         self._queues: dict[Lane, collections.deque[Job]] = {lane: collections.deque() for lane in Lane}
@@ -103,6 +146,14 @@ class Scheduler:
         self._started = False
         self._watchdog: threading.Thread | None = None
         self.abandoned_workers = 0
+        # The keyed pool: each key's queued jobs in arrival order, the keys whose first job may
+        # start (no job of the key running), the keys with a job running, and its workers.
+        self._keyed_waiting: dict[str, collections.deque[Job]] = {}
+        self._keyed_ready: collections.deque[str] = collections.deque()
+        self._keyed_running: set[str] = set()
+        self._keyed_free = 0          # keyed workers not running a job (idle, or just made)
+        self._keyed_idle_seconds = keyed_idle_seconds
+        self.keyed = KeyedCounters(cap=keyed_cap)
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -114,13 +165,23 @@ class Scheduler:
             for lane, count in self._workers_per_lane.items():
                 for _ in range(count):
                     self._add_worker(lane)
+            self._keyed_workers_for(Lane.CONTROL)
             self._watchdog = threading.Thread(target=self._watch, name="lane-watchdog", daemon=True)
             self._watchdog.start()
 
-    def _add_worker(self, lane: Lane) -> None:
-        worker = _Worker(self, lane, next(self._names))
+    def _add_worker(self, lane: Lane, *, keyed: bool = False) -> None:
+        worker = _Worker(self, lane, next(self._names), keyed=keyed)
         self._workers.append(worker)
+        if keyed:
+            self.keyed.workers += 1
+            self._keyed_free += 1
         worker.thread.start()
+
+    def _keyed_workers_for(self, lane: Lane) -> None:
+        """Enough keyed workers for the keys that may start, within the cap (the lock held)."""
+        while (len(self._keyed_ready) > self._keyed_free and self.keyed.workers < self.keyed.cap
+               and self._started and not self._stopping):
+            self._add_worker(lane, keyed=True)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop taking jobs from the queues; wait up to ``timeout`` for the workers to exit.
@@ -162,8 +223,37 @@ class Scheduler:
                 raise AgentError(f"command {job.id} is already on a lane", reason=Reason.REPLAYED)
             job.state = JobState.QUEUED
             self._jobs[job.id] = job
-            self._queues[job.lane].append(job)
+            if job.key:
+                waiting = self._queue_keyed(job)
+            else:
+                self._queues[job.lane].append(job)
+                waiting = ""
             self._cond.notify_all()
+        if waiting:
+            job.ctx.progress(message=f"queued: {waiting}", subject=job.key)
+
+    def _queue_keyed(self, job: Job) -> str:
+        """Queue a keyed job (the lock held); what it waits for, "" when it starts at once."""
+        # Waiting for its key or for a worker counts: the deadline runs from now.
+        job.ctx.deadline = job.queued_at + job.timeout
+        counters = self.keyed
+        queue = self._keyed_waiting.get(job.key)
+        if queue is None:
+            queue = self._keyed_waiting[job.key] = collections.deque()
+            if job.key not in self._keyed_running:
+                self._keyed_ready.append(job.key)
+        queue.append(job)
+        counters.queued += 1
+        counters.keys_waiting = len(self._keyed_waiting)
+        counters.peak_queued = max(counters.peak_queued, counters.queued)
+        ahead = len(queue) - 1 + (job.key in self._keyed_running)
+        self._keyed_workers_for(job.lane)
+        if ahead:
+            return f"{ahead} operation(s) ahead on {job.key} (one at a time per BMC)"
+        if counters.in_flight + len(self._keyed_ready) > counters.cap:
+            return (f"{counters.in_flight} BMC operations in flight (the site's cap is "
+                    f"{counters.cap}); {counters.queued - 1} queued before it")
+        return ""
 
     def cancel(self, command_id: str, reason: str = "") -> bool:
         """Cancel a queued or running job; False when there is no such unfinished job."""
@@ -173,7 +263,7 @@ class Scheduler:
                 return job is not None
             queued = job.state is JobState.QUEUED
             if queued:
-                self._queues[job.lane].remove(job)
+                self._unqueue(job)
         error = Cancelled(f"{job.kind.name}: cancelled" + (f" ({reason})" if reason else ""))
         if queued:
             job.ctx.cancel_event.set()
@@ -184,6 +274,20 @@ class Scheduler:
                 target=self._expire, args=(job, error), name=f"cancel-{job.id}", daemon=True
             ).start()
         return True
+
+    def _unqueue(self, job: Job) -> None:
+        """Take a queued job off its queue (the lock held)."""
+        if not job.key:
+            self._queues[job.lane].remove(job)
+            return
+        queue = self._keyed_waiting[job.key]
+        queue.remove(job)
+        self.keyed.queued -= 1
+        if not queue:
+            del self._keyed_waiting[job.key]
+            if job.key in self._keyed_ready:
+                self._keyed_ready.remove(job.key)
+            self.keyed.keys_waiting = len(self._keyed_waiting)
 
     def get(self, command_id: str) -> Job | None:
         with self._cond:
@@ -211,6 +315,8 @@ class Scheduler:
 
     def _next(self, worker: _Worker) -> Job | None:
         with self._cond:
+            if worker.keyed:
+                return self._next_keyed(worker)
             while True:
                 if self._stopping or worker.abandoned:
                     return None
@@ -225,6 +331,45 @@ class Scheduler:
                     self._cond.notify_all()  # the watchdog learns of the new deadline
                     return job
                 self._cond.wait()
+
+    def _next_keyed(self, worker: _Worker) -> Job | None:
+        """The first job of the first key that may start (the lock held); None when the worker
+        is to end: stopping, abandoned, or idle for ``keyed_idle_seconds``."""
+        counters = self.keyed
+        if worker.has_job:
+            worker.has_job = False
+            self._keyed_free += 1
+        idle_since = time.monotonic()
+        while True:
+            if self._stopping or worker.abandoned:
+                break
+            if self._keyed_ready:
+                self._keyed_free -= 1
+                worker.has_job = True
+                key = self._keyed_ready.popleft()
+                queue = self._keyed_waiting[key]
+                job = queue.popleft()
+                if not queue:
+                    del self._keyed_waiting[key]
+                self._keyed_running.add(key)
+                counters.queued -= 1
+                counters.keys_waiting = len(self._keyed_waiting)
+                counters.in_flight += 1
+                counters.started += 1
+                counters.peak_in_flight = max(counters.peak_in_flight, counters.in_flight)
+                job.state = JobState.RUNNING
+                job.worker = worker
+                job.started_at = time.monotonic()
+                job.started_ms = int(time.time() * 1000)
+                return job
+            left = idle_since + self._keyed_idle_seconds - time.monotonic()
+            if left <= 0:
+                break
+            self._cond.wait(left)
+        counters.workers -= 1
+        self._keyed_free -= 1
+        self._workers.remove(worker)
+        return None
 
     def _work(self, worker: _Worker) -> None:
         while True:
@@ -262,6 +407,8 @@ class Scheduler:
         with self._cond:
             if job.state is JobState.DONE:
                 return False
+            if job.key:
+                self._release_key(job, error)
             job.state = JobState.DONE
         try:
             job.on_done(job, value, error)
@@ -275,6 +422,24 @@ class Scheduler:
                 self._cond.notify_all()
         return True
 
+    def _release_key(self, job: Job, error: AgentError | None) -> None:
+        """A keyed job ends (the lock held): count it; its key's next job may start."""
+        counters = self.keyed
+        counters.finished += 1
+        if error is None:
+            counters.succeeded += 1
+        else:
+            reason = str(error.reason)
+            counters.failed[reason] = counters.failed.get(reason, 0) + 1
+        if job.state is not JobState.RUNNING:
+            return              # ended while queued: taken off its queue by whoever ended it
+        counters.in_flight -= 1
+        self._keyed_running.discard(job.key)
+        if job.key in self._keyed_waiting:
+            self._keyed_ready.append(job.key)
+            self._keyed_workers_for(job.lane)
+        self._cond.notify_all()
+
     # -- deadlines and cancellation --------------------------------------------------------------
 
     def _watch(self) -> None:
@@ -282,8 +447,13 @@ class Scheduler:
             while not self._stopping:
                 now = time.monotonic()
                 due: list[Job] = []
+                stale: list[Job] = []
                 wait = self._interval
                 for job in self._jobs.values():
+                    if job.key and job.state is JobState.QUEUED and not job.expiring:
+                        if job.ctx.deadline <= now:
+                            stale.append(job)
+                        continue
                     if job.state is not JobState.RUNNING or job.expiring:
                         continue
                     if job.ctx.deadline <= now:
@@ -304,7 +474,25 @@ class Scheduler:
                     threading.Thread(
                         target=self._expire, args=(job, error), name=f"expire-{job.id}", daemon=True
                     ).start()
+                if stale:
+                    for job in stale:
+                        job.expiring = True
+                        self._unqueue(job)
+                    threading.Thread(target=self._expire_queued, args=(stale,),
+                                     name="expire-queued", daemon=True).start()
                 self._cond.wait(max(wait, 0.01))
+
+    def _expire_queued(self, jobs: list[Job]) -> None:
+        """Report keyed jobs that reached their deadline before they could start."""
+        for job in jobs:
+            with self._cond:
+                self.keyed.expired_queued += 1
+            job.ctx.timed_out.set()
+            job.ctx.cancel_event.set()
+            self._finish(job, None, CommandTimeout(
+                f"{job.kind.name}: deadline of {job.timeout:g}s reached while queued for {job.key} "
+                f"(the BMC busy with earlier operations, or the site's cap of {self.keyed.cap} "
+                "BMC operations in flight reached)", timeout_seconds=f"{job.timeout:g}"))
 
     def _expire(self, job: Job, error: AgentError) -> None:
         """Stop a running job now: cancel, kill its process groups, report, replace the worker."""
@@ -325,7 +513,13 @@ class Scheduler:
             if stuck and worker is not None and not worker.abandoned and not self._stopping:
                 worker.abandoned = True
                 self.abandoned_workers += 1
-                self._add_worker(job.lane)
+                if worker.keyed:
+                    # Not replaced as such: the pool makes a worker when a key may start.
+                    self.keyed.workers -= 1
+                    self._workers.remove(worker)
+                    self._keyed_workers_for(job.lane)
+                else:
+                    self._add_worker(job.lane)
                 log.warning(
                     "%s %s: handler still running after %s; its worker is abandoned and replaced",
                     job.kind.name, job.id, "timeout" if isinstance(error, CommandTimeout) else "cancel",

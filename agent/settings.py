@@ -52,6 +52,13 @@ def _positive(text: str) -> float:
     return value
 
 
+def _count(text: str) -> int:
+    value = int(text)
+    if not 0 < value <= 100_000:
+        raise ValueError(f"{text} is not a count from 1 to 100000")
+    return value
+
+
 def _port(text: str) -> int:
     value = int(text)
     if not 0 < value < 65536:
@@ -86,6 +93,10 @@ SETTINGS: tuple[Setting, ...] = (
             "site role: the provisioning interface for proxy DHCP and TFTP (dnsmasq)"),
     Setting("site_ipxe_dir", "--site-ipxe-dir", "bc.site_ipxe_dir", Path,
             "site role: where undionly.kpxe and ipxe.efi are (default /usr/lib/ipxe)"),
+    Setting("bmc_max_in_flight", "--bmc-max-in-flight", "bc.bmc_max_in_flight", _count,
+            "site role: BMC operations in flight at once, the rest queued (default 256)"),
+    Setting("ipmi_max_sessions", "--ipmi-max-sessions", "bc.ipmi_max_sessions", _count,
+            "site role: concurrent IPMI sessions (ipmitool runs), site-wide (default 64)"),
     Setting("reconnect_min_seconds", "--reconnect-min", "bc.reconnect_min", _positive,
             "base of the reconnect backoff (seconds)", session=True),
     Setting("reconnect_max_seconds", "--reconnect-max", "bc.reconnect_max", _positive,

@@ -254,6 +254,13 @@ class Handler(Generic[Request, Params]):
         """Validate the request into typed parameters; raise InvalidParameters."""
         raise NotImplementedError
 
+    def serial_key(self, params: Params) -> str:
+        """The resource this command's kind works through one command at a time, in order of
+        arrival ("bmc:<host>:<port>"), or "" for none. A command with a key is run by the
+        scheduler's keyed pool, not a lane worker, so that its waits (on a BMC) hold no worker
+        that other commands need (agent/scheduler.py)."""
+        return ""
+
     def admit(self, config: Config, params: Params) -> None:
         """Checks at admission that need this agent's settings (logs.collect's allow-list);
         raise to refuse. ``parse`` has already run."""

@@ -221,16 +221,18 @@ class _BmcHandler(Handler[site_pb2.BmcOperationRequest, BmcParams]):
     def parse(self, payload: site_pb2.BmcOperationRequest) -> BmcParams:
         return parse_request(self.kind, payload)
 
+    def serial_key(self, params: BmcParams) -> str:
+        # One operation at a time per BMC, in order of arrival: the scheduler's keyed pool
+        # starts this command only when no other operation on this BMC runs.
+        return params.lock_name
+
     def run(self, ctx: Context, params: BmcParams) -> site_pb2.BmcOperationResult:
         session = BmcSession(ctx, params)
-        # Read the entry before waiting on the lock: an unknown ref fails at once.
-        session.store.get(params.credentials_ref)
-        with ctx.hold(params.lock_name):
-            client, creds = session.open()
-            try:
-                return self.operate(session, client, creds)
-            finally:
-                client.close()
+        client, creds = session.open()
+        try:
+            return self.operate(session, client, creds)
+        finally:
+            client.close()
 
     def operate(self, session: BmcSession, client: BmcClient, creds: Credentials) -> Result:
         raise NotImplementedError

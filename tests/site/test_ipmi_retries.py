@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from agent.commands import handler_for
-from agent.commands.base import Context, ResourceLocks
+from agent.commands.base import Context
 from agent.config import Config
-from agent.errors import BmcRefused
+from agent.errors import AgentError, BmcRefused
 from agent.proto import site_pb2
+from agent.scheduler import Job, Scheduler
 from agent.site.bmc import CallContext, Credentials, Pacing, PowerState, Target
 from agent.site.ipmi import IpmiClient
 from agent.site.secrets import SecretStore
@@ -80,7 +81,7 @@ def test_a_bmc_busy_for_ever_is_given_up_within_bounds(tmp_path: Path) -> None:
 
 def test_one_operation_at_a_time_per_bmc_and_bmcs_in_parallel(tmp_path: Path, site_config: Config,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """Four bmc.power status commands on two BMCs, sharing the runtime's resource locks: the
+    """Four bmc.power status commands on two BMCs through the scheduler (its keyed pool): the
     stand-in ipmitool (found first on PATH) takes 0.4 s a call and records when each ran."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
@@ -93,26 +94,29 @@ echo "Chassis Power is on"
 """)
     (bindir / "ipmitool").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
-    locks = ResourceLocks()
     handler = handler_for("bmc.power")
     assert handler is not None
-    errors: list[BaseException] = []
+    errors: list[AgentError | None] = []
+    done = threading.Semaphore(0)
+    lanes = Scheduler()
+    lanes.start()
 
-    def one(address: str) -> None:
-        ctx = Context.local("bmc.power", site_config, timeout=60)
-        ctx.locks = locks
-        try:
-            handler.run(ctx, handler.parse(site_pb2.BmcOperationRequest(
-                bmc_address=address, protocol="ipmi", operation="status", credentials_ref=REF)))
-        except BaseException as exc:
-            errors.append(exc)
+    def finished(job: Job, value: object, error: AgentError | None) -> None:
+        errors.append(error)
+        done.release()
 
-    threads = [threading.Thread(target=one, args=(a,)) for a in ("10.0.0.1", "10.0.0.2") * 2]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
+    try:
+        for n, address in enumerate(("10.0.0.1", "10.0.0.2") * 2):
+            params = handler.parse(site_pb2.BmcOperationRequest(
+                bmc_address=address, protocol="ipmi", operation="status", credentials_ref=REF))
+            ctx = Context.local("bmc.power", site_config, timeout=60, command_id=f"p{n}")
+            lanes.submit(Job(id=f"p{n}", kind=ctx.kind, ctx=ctx, timeout=60, on_done=finished,
+                             body=lambda c, p=params: handler.run(c, p), key=handler.serial_key(params)))
+        for _ in range(4):
+            assert done.acquire(timeout=60)
+    finally:
+        lanes.stop()
+    assert errors == [None] * 4, errors
     spans: dict[str, list[tuple[float, float]]] = {}
     starts: dict[str, list[float]] = {}
     for line in (tmp_path / "spans").read_text().splitlines():

@@ -1,0 +1,88 @@
+"""How the site daemon schedules BMC work (agent/scheduler.py's BMC pool): no command waits
+behind BMC operations that wait on BMCs; one operation at a time per BMC, in order of arrival;
+a BMC that hangs or drips ends at its deadline and never keeps its BMC from the next command."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.catalog import Role
+from agent.commands import handler_for
+from agent.commands.base import Handler
+from agent.config import Config
+from agent.core import Agent
+from agent.proto import session_pb2, site_pb2
+from tests.runtime.core_harness import NODE, Frames, Quick, World, accepted
+from tests.site.conftest import REF
+
+
+class HungBmc:
+    """A BMC that accepts TCP connections (the kernel's backlog) and never answers."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"  # https: its handshake hangs
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    (tmp_path / "world").mkdir()
+    w = World(tmp_path / "world")
+    yield w
+    for a in w.agents:
+        a.stop(timeout=5)
+
+
+def site_agent(world: World, config: Config, **extra: Any) -> tuple[Agent, Frames]:
+    handlers: dict[str, Handler[Any, Any]] = {"inventory.refresh": Quick("inventory.refresh")}
+    for kind in ("bmc.power", "bmc.query", "bmc.boot"):
+        h = handler_for(kind)
+        assert h is not None
+        handlers[kind] = h
+    agent = Agent(Config(role=Role.SITE, node_id=NODE, state_dir=config.state_dir,
+                         trusted_keys=world.keys, secrets_dir=config.secrets_dir, **extra),
+                  handlers=handlers, boot_id=world.boot_id, cmdline="")
+    frames = Frames()
+    agent.subscribe(frames)
+    agent.start()
+    world.agents.append(agent)
+    return agent, frames
+
+
+def redfish(world: World, cid: str, kind: str, address: str, operation: str, *, timeout: int = 0,
+            **parameters: str) -> session_pb2.SignedCommand:
+    payload = site_pb2.BmcOperationRequest(node_id=cid, bmc_address=address, protocol="redfish",
+                                           operation=operation, credentials_ref=REF,
+                                           parameters=parameters)
+    return world.command(cid, kind, payload, timeout=timeout)
+
+
+def test_hung_redfish_bmcs_do_not_hold_the_control_lane(site_config: Config, world: World) -> None:
+    """Eight bmc.query on BMCs that never answer (twice the control lane's workers): an
+    inventory.refresh sent after them starts and ends at once (it waited for a BMC's deadline)."""
+    hung = [HungBmc() for _ in range(8)]
+    try:
+        agent, frames = site_agent(world, site_config)
+        for i, bmc in enumerate(hung):
+            accepted(agent.submit(redfish(world, f"q{i}", "bmc.query", bmc.address, "query", timeout=20)))
+        time.sleep(0.5)
+        sent = time.monotonic()
+        accepted(agent.submit(world.command("inv", "inventory.refresh")))
+        result = frames.result("inv", timeout=25)
+        took = time.monotonic() - sent
+        assert result.status == session_pb2.SUCCEEDED
+        assert took < 1.0, f"inventory.refresh waited {took:.1f} s behind hung BMC operations"
+    finally:
+        for bmc in hung:
+            bmc.close()
