@@ -99,7 +99,7 @@ def test_a_queued_job_ends_at_its_deadline_and_a_cancelled_one_never_runs(pool: 
     pool.submit(keyed("late", "bmc:x", blocker(release, started), out, timeout=0.5))
     pool.submit(keyed("gone", "bmc:x", blocker(release, started), out))
     assert pool.cancel("gone")
-    value, error = out.wait("late", 5)
+    _, error = out.wait("late", 5)
     assert isinstance(error, CommandTimeout) and "while queued for bmc:x" in error.message
     assert out.wait("gone", 5)[1] is not None
     release.set()
