@@ -33,6 +33,9 @@ API::
         # answers ``busy`` says are "busy"; the last such answer is returned when retries end.
         # 4xx is never retried. A transport failure after the retries raises HttpError
         # (status 0); a TLS certificate that does not verify raises it at once (``tls`` detail).
+        # Each attempt is cut short (its socket shut down by one watch thread for the process)
+        # at ``deadline``, on opts.cancel (Cancelled) and after opts.total_timeout: a server
+        # that drips a byte at a time cannot hold the caller past them.
 
     resp = http.post_multipart(url, [Part("UpdateParameters", json_bytes, "application/json")],
                                Part("UpdateFile", path=Path("fw.bin")), opts)
@@ -59,8 +62,11 @@ Behaviour of ``get``:
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import itertools
 import logging
+import socket
 import ssl
 import threading
 import time
@@ -100,6 +106,7 @@ class HttpOptions:
     cancel: threading.Event | None = None
     verify: bool = True                 # False: no certificate or host name check (BMCs only)
     max_backoff: float = 8.0
+    total_timeout: float | None = None  # request(): one attempt, connect to last byte (None: no bound)
 
 
 @dataclass(frozen=True)
@@ -480,6 +487,72 @@ def put(
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 
 
+class _Attempt:
+    """One watched attempt: its connection, until when it may last, and why it was cut."""
+
+    def __init__(self, conn: http.client.HTTPConnection, until: float,
+                 cancel: threading.Event | None) -> None:
+        self.conn, self.until, self.cancel = conn, until, cancel
+        self.cut = ""                   # "", "cancel" or "time"
+
+    def cut_short(self, why: str) -> None:
+        self.cut = why
+        sock = self.conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                # The plain socket's shutdown, also under TLS: a blocked read returns at once,
+                # and the TLS object is left for the reader to fail on, not pulled from under it.
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+class _Watch:
+    """Cuts attempts short at their time or on their cancel; one thread for the process, made
+    on first use, that wakes at the next limit or every ``POLL`` seconds for the cancels."""
+
+    POLL = 0.25
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._attempts: dict[int, _Attempt] = {}
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def attempt(self, conn: http.client.HTTPConnection, until: float,
+                cancel: threading.Event | None) -> Iterator[_Attempt]:
+        watched = _Attempt(conn, until, cancel)
+        with self._cond:
+            key = next(self._ids)
+            self._attempts[key] = watched
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="http-watch", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        try:
+            yield watched
+        finally:
+            with self._cond:
+                del self._attempts[key]
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                now, wait = time.monotonic(), self.POLL
+                for watched in self._attempts.values():
+                    if watched.cut:
+                        continue
+                    if watched.cancel is not None and watched.cancel.is_set():
+                        watched.cut_short("cancel")
+                    elif now >= watched.until:
+                        watched.cut_short("time")
+                    else:
+                        wait = min(wait, watched.until - now)
+                self._cond.wait(max(wait, 0.01))
+
+
+_WATCH = _Watch()
+
+
 def _tls_refused(exc: BaseException) -> bool:
     return isinstance(exc, ssl.SSLCertVerificationError) or (
         isinstance(exc, ssl.SSLError) and "CERTIFICATE_VERIFY_FAILED" in str(exc)
@@ -526,23 +599,34 @@ def request(
         if opts.cancel is not None and opts.cancel.is_set():
             raise Cancelled(f"{where}: cancelled")
         timeout = opts.timeout
+        now = time.monotonic()
+        until = now + opts.total_timeout if opts.total_timeout is not None else float("inf")
         if deadline is not None:
-            left = deadline - time.monotonic()
+            left = deadline - now
             if left <= 0:
                 raise HttpError(f"{where}: deadline passed before attempt {attempt}", attempts=attempt - 1)
             timeout = min(timeout, left)
+            until = min(until, deadline)
         conn = _connect(parts, opts, timeout)
         sent = False
         retry_why = ""
         last: Response | None = None
         try:
-            conn.connect()
-            sent = True
-            conn.request(method, _target(parts), body=payload, headers=hdrs)
-            resp = conn.getresponse()
-            data = resp.read()
-            last = Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data, attempt)
+            with _WATCH.attempt(conn, until, opts.cancel) as watched:
+                conn.connect()
+                sent = True
+                conn.request(method, _target(parts), body=payload, headers=hdrs)
+                resp = conn.getresponse()
+                data = resp.read()
+                last = Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data, attempt)
         except _TRANSPORT_ERRORS as exc:
+            if watched.cut == "cancel":
+                raise Cancelled(f"{where}: cancelled") from exc
+            if watched.cut and deadline is not None and time.monotonic() >= deadline:
+                raise HttpError(f"{where}: no complete answer before the deadline (attempt {attempt})",
+                                attempts=attempt) from exc
+            if watched.cut:
+                exc = TimeoutError(f"no complete answer within {opts.total_timeout:g} s")
             if _tls_refused(exc):
                 raise HttpError(
                     f"{where}: the server's TLS certificate is not trusted: {exc}", tls="untrusted"

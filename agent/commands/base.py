@@ -48,6 +48,13 @@ class ResourceLocks:
     def __init__(self) -> None:
         self._guard = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
+        self._slots: dict[str, threading.BoundedSemaphore] = {}
+
+    def slots(self, name: str, count: int) -> threading.BoundedSemaphore:
+        """The one counted lock called ``name``, of ``count`` slots (fixed by its first use):
+        what many commands share a bounded number of ("ipmi-sessions")."""
+        with self._guard:
+            return self._slots.setdefault(name, threading.BoundedSemaphore(count))
 
     def _lock(self, name: str) -> threading.Lock:
         with self._guard:

@@ -193,7 +193,9 @@ class BmcSession:
         self.ctx = ctx
         self.params = params
         self.store = secrets.SecretStore(ctx.config.secrets_dir)
-        self.call = CallContext(cancel=ctx.cancel_event, deadline=ctx.deadline, pacing=Pacing())
+        self.call = CallContext(
+            cancel=ctx.cancel_event, deadline=ctx.deadline, pacing=Pacing(),
+            ipmi_sessions=ctx.locks.slots("ipmi-sessions", ctx.config.ipmi_max_sessions))
 
     def client(self, creds: Credentials) -> BmcClient:
         target = Target(self.params.address, creds, verify_tls=self.params.verify_tls)

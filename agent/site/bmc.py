@@ -156,3 +156,5 @@ class CallContext:
     cancel: threading.Event
     deadline: float
     pacing: Pacing = field(default_factory=Pacing)
+    # The site-wide slots for IPMI sessions (one per ipmitool run); None: unbounded.
+    ipmi_sessions: threading.BoundedSemaphore | None = None

@@ -17,7 +17,9 @@ Failures are told apart from ipmitool's verbose (``-v``) messages:
 - anything else the BMC answers: BmcRefused with the BMC's own words.
 
 Between retries and polls the client waits at least ``Pacing.min_interval`` (frequent
-polling hangs real BMCs), backing off by ``Pacing.factor`` up to ``max_interval``.
+polling hangs real BMCs), backing off by ``Pacing.factor`` up to ``max_interval``. Each
+ipmitool run takes one of the site's IPMI session slots (``CallContext.ipmi_sessions``, the
+``ipmi_max_sessions`` setting) for as long as it runs, waited for within the deadline.
 
 Boot devices: ``chassis bootdev DEV options=persistent,efiboot`` then, as Ironic does,
 ``raw 0x00 0x08 0x03 0x08`` (System Boot Options parameter 3, "boot flag valid bit
@@ -36,7 +38,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from agent import proc
@@ -65,6 +67,7 @@ log = logging.getLogger(__name__)
 
 IPMITOOL = "ipmitool"
 CALL_TIMEOUT = 30.0          # one ipmitool run, at most
+SLOT_POLL = 0.5              # how often a wait for an IPMI session slot looks at cancel
 UNREACHABLE_ATTEMPTS = 3     # an unreachable BMC is tried this many times, paced
 BUSY_ATTEMPTS = 8            # a busy one this many, within the deadline
 MAX_PASSWORD_BYTES = 20      # IPMI 2.0
@@ -271,9 +274,26 @@ class IpmiClient:
                 "-H", self.host, "-p", str(self.port), "-U", creds.username, "-E",
                 "-C", CIPHER_SUITE, "-N", "2", "-R", "1", *args]
         env = proc.clean_env({"IPMI_PASSWORD": creds.password})
-        self.attempts += 1
-        return proc.run(argv, check=False, env=env, cancel=self.call.cancel,
-                        timeout=min(CALL_TIMEOUT, self._remaining()))
+        with self._session():
+            self.attempts += 1
+            return proc.run(argv, check=False, env=env, cancel=self.call.cancel,
+                            timeout=min(CALL_TIMEOUT, self._remaining()))
+
+    @contextlib.contextmanager
+    def _session(self) -> Iterator[None]:
+        """One of the site's IPMI session slots for one ipmitool run, waited for within the
+        deadline and woken by cancel (at most SLOT_POLL seconds late)."""
+        slots = self.call.ipmi_sessions
+        if slots is None:
+            yield
+            return
+        while not slots.acquire(timeout=min(SLOT_POLL, self._remaining())):
+            if self.call.cancel.is_set():
+                raise Cancelled(f"BMC {self.target.address}: cancelled while waiting for an IPMI session")
+        try:
+            yield
+        finally:
+            slots.release()
 
     def run(self, *args: str, creds: Credentials | None = None, secrets: tuple[str, ...] = (),
             verbose: bool = True) -> str:

@@ -15,7 +15,9 @@ address may carry ``http://`` for a lab BMC (the emulator), ``https://`` is the 
 
 Every request goes through ``http.request``: connection errors, 5xx, "busy" answers and (for
 GETs) bodies that are not JSON are retried with backoff from ``Pacing`` (never faster than
-``min_interval``), bounded by the command's cancel event and deadline. The BMC's own error
+``min_interval``), bounded by the command's cancel event and deadline, which cut a request
+short even while the BMC is sending (a BMC that drips a byte a second; each answer in full
+within ANSWER_TIMEOUT). The BMC's own error
 text (``error.message`` and ``@Message.ExtendedInfo``) is kept in BmcRefused's message. Every
 ``@odata.id`` or Location the BMC gives is checked to stay on the BMC's own host before it is
 followed. The password is never logged, returned or kept in an error message: if a BMC echoes
@@ -68,7 +70,8 @@ Doc = dict[str, Any]
 
 ROOT = "/redfish/v1/"
 MAX_RETRIES = 4
-REQUEST_TIMEOUT = 30.0
+REQUEST_TIMEOUT = 30.0       # per connect, per read
+ANSWER_TIMEOUT = 60.0        # one whole answer, however its bytes come (a BMC that drips)
 _BUSY_WORDS = (b"busy", b"temporarilyunavailable", b"initialization in progress", b"initializing",
                b"resourceinuse")
 
@@ -153,7 +156,8 @@ class RedfishClient:
             log.warning("Redfish %s: plain http, no TLS (a lab BMC or an emulator only)", address)
         pacing = call.pacing
         self.opts = http.HttpOptions(
-            timeout=REQUEST_TIMEOUT, max_retries=MAX_RETRIES, backoff=pacing.min_interval,
+            timeout=REQUEST_TIMEOUT, total_timeout=ANSWER_TIMEOUT, max_retries=MAX_RETRIES,
+            backoff=pacing.min_interval,
             max_backoff=pacing.max_interval, cancel=call.cancel, verify=target.verify_tls,
             ca_file=Path(target.ca_file) if target.ca_file else None,
         )

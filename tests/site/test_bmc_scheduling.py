@@ -5,6 +5,7 @@ a BMC that hangs or drips ends at its deadline and never keeps its BMC from the 
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +19,10 @@ from agent.commands.base import Handler
 from agent.config import Config
 from agent.core import Agent
 from agent.proto import session_pb2, site_pb2
+from qemu.bmcfleet import Behaviour, RedfishFleet
 from tests.runtime.core_harness import NODE, Frames, Quick, World, accepted
-from tests.site.conftest import REF
+from tests.runtime.harness import wait_until
+from tests.site.conftest import PASSWORD, REF, USERNAME
 
 
 class HungBmc:
@@ -64,7 +67,7 @@ def redfish(world: World, cid: str, kind: str, address: str, operation: str, *, 
             **parameters: str) -> session_pb2.SignedCommand:
     payload = site_pb2.BmcOperationRequest(node_id=cid, bmc_address=address, protocol="redfish",
                                            operation=operation, credentials_ref=REF,
-                                           parameters=parameters)
+                                           parameters=parameters, verify_tls=False)
     return world.command(cid, kind, payload, timeout=timeout)
 
 
@@ -86,3 +89,33 @@ def test_hung_redfish_bmcs_do_not_hold_the_control_lane(site_config: Config, wor
     finally:
         for bmc in hung:
             bmc.close()
+
+
+def test_a_dripping_bmc_ends_at_the_deadline_and_the_next_command_reaches_it(
+        site_config: Config, world: World, tmp_path: Path) -> None:
+    """A BMC that sends its answer one byte a second: the command ends at its deadline, and
+    the next command to the same BMC (queued behind it) starts then and reaches the BMC,
+    where it used to wait on the BMC's lock, still held by the abandoned handler, until its own
+    deadline."""
+    with RedfishFleet([Behaviour.DRIP], username=USERNAME, password=PASSWORD,
+                      workdir=tmp_path / "fleet") as fleet:
+        drip = fleet.bmcs[0]
+        agent, frames = site_agent(world, site_config)
+        sent = time.monotonic()
+        accepted(agent.submit(redfish(world, "d1", "bmc.power", drip.address, "status", timeout=4)))
+        accepted(agent.submit(redfish(world, "d2", "bmc.power", drip.address, "status", timeout=9)))
+        first = frames.result("d1", timeout=10)
+        first_took = time.monotonic() - sent
+        assert first.status == session_pb2.TIMED_OUT, first
+        assert first_took < 5.5, f"the first command ended {first_took:.1f} s after it was sent"
+        second = frames.result("d2", timeout=15)
+        assert second.status == session_pb2.TIMED_OUT, second
+        assert "waiting for" not in second.message and "queued" not in second.message, second.message
+        assert drip.connections == 2, "the second command never reached the BMC"
+
+        # And no handler is left reading from the BMC: its requests were cut at the deadline.
+        def abandoned() -> int:
+            keyed = [t for t in threading.enumerate() if t.name.startswith("keyed-")]
+            return len(keyed) - agent.scheduler.keyed.workers
+
+        wait_until(lambda: abandoned() == 0, 3, "the abandoned handlers to return")
