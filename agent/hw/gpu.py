@@ -92,6 +92,12 @@ class GpuSummary:
     pci_device_id: int              # NVML's 0xDDDDVVVV (device << 16 | vendor)
     memory_total_bytes: int
     lost: bool = False
+    vbios_version: str = ""
+    pcie_generation: int = 0
+    pcie_generation_max: int = 0
+    pcie_width: int = 0
+    pcie_width_max: int = 0
+    nvlinks: tuple[tuple[int, bool], ...] = ()     # (link, active)
 
     @property
     def vendor_id(self) -> str:
@@ -159,6 +165,12 @@ class GpuState:
             pci_device_id=self.pci_device_id,
             memory_total_bytes=self.memory_total_bytes or 0,
             lost=self.lost,
+            vbios_version=self.vbios_version or "",
+            pcie_generation=self.pcie_generation or 0,
+            pcie_generation_max=self.pcie_generation_max or 0,
+            pcie_width=self.pcie_width or 0,
+            pcie_width_max=self.pcie_width_max or 0,
+            nvlinks=tuple(self.nvlinks),
         )
 
 
