@@ -73,12 +73,6 @@ def disks(root: Path = system.ROOT) -> list[agent_pb2.DiskInfo]:
     return found
 
 
-def _pci(bus_id: str) -> str:
-    """NVML's "00000000:18:00.0" as sysfs writes it, "0000:18:00.0"."""
-    domain, _, rest = bus_id.lower().partition(":")
-    return f"{int(domain, 16):04x}:{rest}" if rest else bus_id.lower()
-
-
 def gpus(root: Path = system.ROOT, library: str | None = None) -> list[agent_pb2.GpuInfo]:
     """Through NVML when the driver answers, else NVIDIA devices on the PCI bus."""
     try:
@@ -89,7 +83,7 @@ def gpus(root: Path = system.ROOT, library: str | None = None) -> list[agent_pb2
         return [
             agent_pb2.GpuInfo(
                 index=g.index,
-                pci_address=_pci(g.pci_bus_id),
+                pci_address=gpu.pci_address(g.pci_bus_id),
                 vendor_id=g.vendor_id,
                 device_id=g.device_id,
                 name=g.name,

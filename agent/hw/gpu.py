@@ -181,6 +181,15 @@ class SystemInfo:
     nvml_version: str
 
 
+def pci_address(bus_id: str) -> str:
+    """NVML's "00000000:18:00.0" as sysfs and the kernel log write it, "0000:18:00.0"."""
+    domain, _, rest = bus_id.lower().partition(":")
+    try:
+        return f"{int(domain, 16):04x}:{rest}" if rest else bus_id.lower()
+    except ValueError:
+        return bus_id.lower()
+
+
 def library_path(extra: Mapping[str, str] | None = None) -> str | None:
     """The NVML library the settings name, or None for the loader's default."""
     named = (extra or {}).get(LIBRARY_SETTING) or os.environ.get(LIBRARY_ENV)
