@@ -11,6 +11,8 @@ field left zero or empty is not checked. Checks and their stable names:
   pcie.link_speed pcie.link_width   a device of a ``full_link_classes`` class below its own
                                     maximum (the message names the port above it when that
                                     port's maximum is what holds it back)
+  pcie.slot_speed pcie.slot_width   the port above a device of a ``slots`` class offers less
+                                    than the build needs (a riser, a bifurcation setting)
 
 Versions are compared part by part (``version_key``): "96.00.A5.00.01" > "96.00.74.00.01",
 "2.10" > "2.9", "MPK7525Q" < "MPK7526Q".
@@ -48,6 +50,13 @@ def at_least(found: str, minimum: str) -> bool:
 
 
 @dataclass(frozen=True)
+class Slot:
+    class_code: str
+    min_speed_gts: float
+    min_width: int
+
+
+@dataclass(frozen=True)
 class Expected:
     cpu_model: str = ""
     cpu_sockets: int = 0
@@ -68,6 +77,7 @@ class Expected:
     nvme_min_capacity_bytes: int = 0
     nvme_min_firmware: str = ""
     full_link_classes: tuple[str, ...] = ()
+    slots: tuple[Slot, ...] = ()
 
     @classmethod
     def from_proto(cls, msg: agent_pb2.ExpectedBuild) -> Expected:
@@ -86,12 +96,16 @@ class Expected:
         for name, count, top in counts:
             if count > top:
                 raise InvalidParameters(f"expect.{name} {count} is more than {top}")
-        if len(msg.full_link_classes) > 32:
-            raise InvalidParameters("expect.full_link_classes: at most 32 classes")
-        for klass in msg.full_link_classes:
+        if len(msg.full_link_classes) > 32 or len(msg.slots) > 32:
+            raise InvalidParameters("expect.full_link_classes, expect.slots: at most 32 classes each")
+        for klass in (*msg.full_link_classes, *(s.class_code for s in msg.slots)):
             if not _CLASS.fullmatch(klass):
-                raise InvalidParameters(f"expect.full_link_classes: {klass!r} is not a PCI class code "
+                raise InvalidParameters(f"expect: {klass!r} is not a PCI class code "
                                         "(2, 4 or 6 hex digits, e.g. 0x0302)")
+        for slot in msg.slots:
+            if not 0 <= slot.min_speed_gts <= 128 or slot.min_width not in (0, 1, 2, 4, 8, 12, 16, 32):
+                raise InvalidParameters(f"expect.slots {slot.class_code}: a speed of 0-128 GT/s and a "
+                                        "PCIe link width (1, 2, 4, 8, 12, 16, 32)")
         return cls(
             cpu_model=msg.cpu_model.strip(), cpu_sockets=msg.cpu_sockets, cpu_threads=msg.cpu_threads,
             memory_bytes=msg.memory_bytes,
@@ -105,6 +119,7 @@ class Expected:
             nvme_min_capacity_bytes=msg.nvme.min_capacity_bytes,
             nvme_min_firmware=msg.nvme.min_firmware.strip(),
             full_link_classes=tuple(c.lower() for c in msg.full_link_classes),
+            slots=tuple(Slot(s.class_code.lower(), s.min_speed_gts, s.min_width) for s in msg.slots),
         )  # fmt: skip
 
     @property
@@ -219,12 +234,34 @@ def _nvme(e: Expected, inv: agent_pb2.Inventory, out: _Found) -> None:
                     f", expected {e.nvme_min_firmware} or newer")
 
 
+def _of(class_code: str, prefix: str) -> bool:
+    return class_code.lower().removeprefix("0x").startswith(prefix.lower().removeprefix("0x"))
+
+
 def _listed(e: Expected, class_code: str) -> bool:
-    klass = class_code.lower().removeprefix("0x")
-    return any(klass.startswith(c.removeprefix("0x")) for c in e.full_link_classes)
+    return any(_of(class_code, c) for c in e.full_link_classes)
+
+
+def _slots(e: Expected, inv: agent_pb2.Inventory, out: _Found) -> None:
+    ports = {d.address: d for d in inv.pci_devices}
+    for slot in e.slots:
+        for d in inv.pci_devices:
+            port = ports.get(d.upstream)
+            if not _of(d.class_code, slot.class_code) or port is None:
+                continue
+            offered = pci.gts(port.max_link_speed)
+            if slot.min_speed_gts and offered < slot.min_speed_gts:
+                out.add("pcie.slot_speed", f"{slot.min_speed_gts:g} GT/s", port.max_link_speed, d.address,
+                        f"{d.address} sits below {port.address}, which can do only {port.max_link_speed}; "
+                        f"the build needs {slot.min_speed_gts:g} GT/s")
+            if slot.min_width and port.max_link_width < slot.min_width:
+                out.add("pcie.slot_width", f"x{slot.min_width}", f"x{port.max_link_width}", d.address,
+                        f"{d.address} sits below {port.address}, which is only x{port.max_link_width}; "
+                        f"the build needs x{slot.min_width}")
 
 
 def _links(e: Expected, inv: agent_pb2.Inventory, out: _Found) -> None:
+    _slots(e, inv, out)
     if not e.full_link_classes:
         return
     ports = {d.address: d for d in inv.pci_devices}

@@ -27,7 +27,7 @@ from google.protobuf.message import DecodeError
 
 from agent import conformance, launcher, xid
 from agent.commands.base import Context, Handler
-from agent.errors import AgentError, InvalidParameters
+from agent.errors import AgentError, InvalidParameters, NotConforming
 from agent.hw import block, gpu, lldp, pci, sysfs, system
 from agent.proto import agent_pb2
 
@@ -320,6 +320,20 @@ def store(state_dir: Path, inv: agent_pb2.Inventory) -> None:
     """Write the inventory whole or not at all."""
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     launcher.write_atomic(state_dir / STATE_FILE, inv.SerializeToString(deterministic=True), 0o600)
+
+
+def gate(ctx: Context, expected: conformance.Expected, root: Path = system.ROOT) -> agent_pb2.Inventory:
+    """The acceptance gate before a command changes the node: its inventory (no LLDP, GPUs only
+    when the build names them), or NotConforming with every mismatch."""
+    inv = collect(root, skip_gpus=not expected.wants_gpus, nvml_library=gpu.library_path(ctx.config.extra),
+                  cancel=ctx.cancel_event, kernel_log=lambda: None)
+    found = conformance.check(expected, inv)
+    if found:
+        more = f"; and {len(found) - 8} more" if len(found) > 8 else ""
+        listed = "; ".join(m.message for m in found[:8]) + more
+        raise NotConforming(f"this node is not the expected build: {listed}",
+                            mismatches=",".join(f"{m.check}@{m.where or 'node'}" for m in found))
+    return inv
 
 
 class InventoryRefresh(Handler[agent_pb2.InventoryRefreshRequest, InventoryParams], kind="inventory.refresh"):

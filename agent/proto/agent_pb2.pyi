@@ -173,7 +173,7 @@ class DaemonUpgradeResult(_message.Message):
     def __init__(self, old_version: _Optional[str] = ..., new_version: _Optional[str] = ..., old_sha256: _Optional[str] = ..., new_sha256: _Optional[str] = ..., rolled_back: _Optional[bool] = ..., rollback_reason: _Optional[str] = ...) -> None: ...
 
 class DeployImageRequest(_message.Message):
-    __slots__ = ("url", "local_path", "format", "digest", "target", "verify_readback", "disable_zero_skip", "ca_bundle_pem", "http_headers", "max_retries", "manifest", "manifest_inline")
+    __slots__ = ("url", "local_path", "format", "digest", "target", "verify_readback", "disable_zero_skip", "ca_bundle_pem", "http_headers", "max_retries", "manifest", "manifest_inline", "gate")
     class HttpHeadersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +193,7 @@ class DeployImageRequest(_message.Message):
     MAX_RETRIES_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_INLINE_FIELD_NUMBER: _ClassVar[int]
+    GATE_FIELD_NUMBER: _ClassVar[int]
     url: str
     local_path: str
     format: ImageFormat
@@ -205,7 +206,8 @@ class DeployImageRequest(_message.Message):
     max_retries: int
     manifest: _common_pb2.FileSource
     manifest_inline: bytes
-    def __init__(self, url: _Optional[str] = ..., local_path: _Optional[str] = ..., format: _Optional[_Union[ImageFormat, str]] = ..., digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., target: _Optional[_Union[_common_pb2.DiskHints, _Mapping]] = ..., verify_readback: _Optional[bool] = ..., disable_zero_skip: _Optional[bool] = ..., ca_bundle_pem: _Optional[str] = ..., http_headers: _Optional[_Mapping[str, str]] = ..., max_retries: _Optional[int] = ..., manifest: _Optional[_Union[_common_pb2.FileSource, _Mapping]] = ..., manifest_inline: _Optional[bytes] = ...) -> None: ...
+    gate: ExpectedBuild
+    def __init__(self, url: _Optional[str] = ..., local_path: _Optional[str] = ..., format: _Optional[_Union[ImageFormat, str]] = ..., digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., target: _Optional[_Union[_common_pb2.DiskHints, _Mapping]] = ..., verify_readback: _Optional[bool] = ..., disable_zero_skip: _Optional[bool] = ..., ca_bundle_pem: _Optional[str] = ..., http_headers: _Optional[_Mapping[str, str]] = ..., max_retries: _Optional[int] = ..., manifest: _Optional[_Union[_common_pb2.FileSource, _Mapping]] = ..., manifest_inline: _Optional[bytes] = ..., gate: _Optional[_Union[ExpectedBuild, _Mapping]] = ...) -> None: ...
 
 class ImageManifest(_message.Message):
     __slots__ = ("version", "image_size", "chunk_size", "algorithm", "chunk_count", "digests", "published", "published_size", "published_format")
@@ -691,7 +693,7 @@ class InventoryRefreshRequest(_message.Message):
     def __init__(self, include_lldp: _Optional[bool] = ..., skip_gpus: _Optional[bool] = ..., expect: _Optional[_Union[ExpectedBuild, _Mapping]] = ...) -> None: ...
 
 class ExpectedBuild(_message.Message):
-    __slots__ = ("cpu_model", "cpu_sockets", "cpu_threads", "memory_bytes", "memory_tolerance_percent", "gpus", "nics", "nvme", "full_link_classes")
+    __slots__ = ("cpu_model", "cpu_sockets", "cpu_threads", "memory_bytes", "memory_tolerance_percent", "gpus", "nics", "nvme", "full_link_classes", "slots")
     CPU_MODEL_FIELD_NUMBER: _ClassVar[int]
     CPU_SOCKETS_FIELD_NUMBER: _ClassVar[int]
     CPU_THREADS_FIELD_NUMBER: _ClassVar[int]
@@ -701,6 +703,7 @@ class ExpectedBuild(_message.Message):
     NICS_FIELD_NUMBER: _ClassVar[int]
     NVME_FIELD_NUMBER: _ClassVar[int]
     FULL_LINK_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
     cpu_model: str
     cpu_sockets: int
     cpu_threads: int
@@ -710,7 +713,18 @@ class ExpectedBuild(_message.Message):
     nics: ExpectedNics
     nvme: ExpectedNvme
     full_link_classes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, cpu_model: _Optional[str] = ..., cpu_sockets: _Optional[int] = ..., cpu_threads: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., memory_tolerance_percent: _Optional[int] = ..., gpus: _Optional[_Union[ExpectedGpus, _Mapping]] = ..., nics: _Optional[_Union[ExpectedNics, _Mapping]] = ..., nvme: _Optional[_Union[ExpectedNvme, _Mapping]] = ..., full_link_classes: _Optional[_Iterable[str]] = ...) -> None: ...
+    slots: _containers.RepeatedCompositeFieldContainer[ExpectedSlot]
+    def __init__(self, cpu_model: _Optional[str] = ..., cpu_sockets: _Optional[int] = ..., cpu_threads: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., memory_tolerance_percent: _Optional[int] = ..., gpus: _Optional[_Union[ExpectedGpus, _Mapping]] = ..., nics: _Optional[_Union[ExpectedNics, _Mapping]] = ..., nvme: _Optional[_Union[ExpectedNvme, _Mapping]] = ..., full_link_classes: _Optional[_Iterable[str]] = ..., slots: _Optional[_Iterable[_Union[ExpectedSlot, _Mapping]]] = ...) -> None: ...
+
+class ExpectedSlot(_message.Message):
+    __slots__ = ("class_code", "min_speed_gts", "min_width")
+    CLASS_CODE_FIELD_NUMBER: _ClassVar[int]
+    MIN_SPEED_GTS_FIELD_NUMBER: _ClassVar[int]
+    MIN_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    class_code: str
+    min_speed_gts: float
+    min_width: int
+    def __init__(self, class_code: _Optional[str] = ..., min_speed_gts: _Optional[float] = ..., min_width: _Optional[int] = ...) -> None: ...
 
 class ExpectedGpus(_message.Message):
     __slots__ = ("count", "model", "min_memory_bytes", "min_vbios", "nvlinks_up")

@@ -184,3 +184,55 @@ def test_gpus_cannot_be_expected_when_skipped() -> None:
 ])
 def test_version_order(found: str, minimum: str, ok: bool) -> None:
     assert conformance.at_least(found, minimum) is ok
+
+
+def test_deploy_image_behind_the_gate(fake: Path, tmp_path: Path) -> None:
+    """deploy.image with `gate`: a node that is not the build is refused before its disk is
+    opened; one that is gets the image."""
+    import hashlib
+
+    from agent.commands.deploy import DeployImage
+    from agent.errors import NotConforming
+    from agent.hw import block
+    from agent.proto import common_pb2
+
+    disk = tmp_path / "disk"
+    old = bytes(range(256)) * (4 << 12)
+    disk.write_bytes(old)
+    image = b"\x5a" * (1 << 20)
+    (tmp_path / "image").write_bytes(image)
+    handler = DeployImage(disks=lambda: [block.file_disk(disk)])
+    handler.root = fake
+
+    def deploy(gate: dict[str, object]) -> agent_pb2.DeployImageResult:
+        request = agent_pb2.DeployImageRequest(
+            local_path=str(tmp_path / "image"), target=common_pb2.DiskHints(name="disk"),
+            digest=common_pb2.Digest(algorithm="sha256", hex=hashlib.sha256(image).hexdigest()),
+            gate=json_format.ParseDict(gate, agent_pb2.ExpectedBuild()))  # fmt: skip
+        result = handler.run(Context.local("deploy.image", Config(state_dir=tmp_path / "state")),
+                             handler.parse(request))
+        assert isinstance(result, agent_pb2.DeployImageResult)
+        return result
+
+    (fake / "sys/bus/pci/devices/0000:3b:00.1/current_link_width").write_text("4\n")
+    with pytest.raises(NotConforming) as refused:
+        deploy({"nvme": {"count": 16}, "full_link_classes": ["0x02"]})
+    assert refused.value.details["mismatches"] == "nvme.count@node,pcie.link_width@0000:3b:00.1"
+    assert "15 NVMe drive(s), expected 16" in refused.value.message
+    assert disk.read_bytes() == old  # refused before anything was written
+    result = deploy({"nvme": {"count": 15}, "cpu_threads": 16})
+    assert result.bytes_written + result.bytes_skipped == len(image)
+    assert disk.read_bytes()[: len(image)] == image
+
+
+def test_a_slot_narrower_than_the_build_needs(fake: Path, tmp_path: Path) -> None:
+    config = Config(state_dir=tmp_path / "state", extra=dict(NO_NVML))
+    build = {"slots": [{"class_code": "0x0200", "min_speed_gts": 16, "min_width": 16}]}
+    assert not mismatches(run(fake, config, build))
+    port = fake / "sys/bus/pci/devices/0000:00:01.0"
+    (port / "max_link_width").write_text("8\n")          # the riser is wired x8 ...
+    (port / "max_link_speed").write_text("8.0 GT/s PCIe\n")  # ... at Gen3
+    found = mismatches(run(fake, config, build))
+    nics = ("0000:3b:00.0", "0000:3b:00.1", "0000:3c:00.0", "0000:3c:00.1")
+    assert found == [m for n in nics for m in (("pcie.slot_speed", "16 GT/s", "8.0 GT/s PCIe", n),
+                                               ("pcie.slot_width", "x16", "x8", n))]
