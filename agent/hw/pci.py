@@ -11,14 +11,13 @@ a device without them (no AER capability, or a kernel without CONFIG_PCIEAER) ha
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.hw import sysfs
-from agent.hw.system import PCI_ADDRESS, ROOT, pci_device_names
+from agent.hw.system import PCI_ADDRESS, ROOT, driver_of, pci_device_names
 
 _SPEED = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*GT/s")
 
@@ -102,17 +101,13 @@ def read_pci_devices(root: Path = ROOT) -> list[PciDevice]:
         d = base / address
         if not (d / "max_link_width").exists():
             continue
-        driver = ""
-        with contextlib.suppress(OSError):
-            if (d / "driver").exists():
-                driver = os.path.basename(os.path.realpath(d / "driver"))
         found.append(
             PciDevice(
                 address=address.lower(),
                 vendor_id=sysfs.read(d / "vendor").lower().removeprefix("0x"),
                 device_id=sysfs.read(d / "device").lower().removeprefix("0x"),
                 class_code=sysfs.read(d / "class").lower(),
-                driver=driver,
+                driver=driver_of(d),
                 link_speed=sysfs.read(d / "current_link_speed"),
                 link_width=_width(d / "current_link_width"),
                 max_link_speed=sysfs.read(d / "max_link_speed"),

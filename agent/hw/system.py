@@ -350,7 +350,8 @@ def driver_info(name: str) -> DriverInfo | None:
                       firmware_version="" if firmware.upper() in ("N/A", "") else firmware)
 
 
-def _driver(device: Path) -> str:
+def driver_of(device: Path) -> str:
+    """The name of the driver bound to a sysfs device, "" when none is."""
     link = device / "driver"
     return os.path.basename(os.path.realpath(link)) if link.exists() else ""
 
@@ -375,7 +376,7 @@ def read_nics(root: Path = ROOT) -> list[Nic]:
             Nic(
                 name=name,
                 mac=sysfs.read(d / "address").lower(),
-                driver=_driver(d / "device"),
+                driver=driver_of(d / "device"),
                 speed_mbps=speed if speed > 0 else 0,
                 link=sysfs.read(d / "carrier") == "1",
                 pci_address=pci_address_of(d / "device"),
