@@ -28,6 +28,7 @@ class Reason(enum.StrEnum):
     DRAINING = "draining"
     # Failures while running.
     PROTECTED_DEVICE = "protected_device"  # mounted, holds the running system, in use
+    NOT_CONFORMING = "not_conforming"  # the node is not the build the command's gate expects
     NOT_FOUND = "not_found"  # a disk/GPU/file the request names is not there
     AMBIGUOUS = "ambiguous"  # hints match more than one device
     UNSUPPORTED = "unsupported"  # not supported on this hardware/controller
@@ -94,6 +95,12 @@ class Untrusted(AgentError):
 
 class ProtectedDevice(AgentError):
     reason = Reason.PROTECTED_DEVICE
+
+
+class NotConforming(AgentError):
+    """The node differs from the expected build (SKU) a command was gated on."""
+
+    reason = Reason.NOT_CONFORMING
 
 
 class NotFound(AgentError):

@@ -26,6 +26,12 @@ Per GPU (NVML):
   warn  persistence_mode_off     only when require_persistence_mode
   warn  processes_running        compute processes, unless allow_compute_processes
   warn  nvml_query_failed        a query failed for another reason than "not supported"
+Kernel log (Xid events since boot, classified by agent/xid.py after NVIDIA's catalogue):
+  fail  xid_reboot               an Xid that calls for a reboot (79, fallen off the bus, ...)
+  fail  xid_drain                an Xid that calls for service (contact support)
+  fail  xid_reset_gpu            an Xid that calls for a GPU reset (48, 95, ...)
+  warn  xid_unknown              an Xid the catalogue does not know
+        (an Xid the catalogue calls the application's own, e.g. 13 or 31, is reported, no finding)
 Node:
   fail  no_driver                no NVIDIA driver (warn when no GPU count is expected)
   fail  gpu_count                fewer GPUs than expected_gpu_count (warn when more)
@@ -45,6 +51,7 @@ import typing
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from agent import xid
 from agent.errors import InvalidParameters
 from agent.hw.dcgm import DcgmTest
 from agent.hw.gpu import UNREADABLE, GpuState
@@ -220,6 +227,34 @@ def _links(s: GpuState, th: Thresholds, add: _Add) -> None:
     if down:
         add(Level.WARN, "nvlink_inactive", f"{len(down)} of {len(s.nvlinks)} NVLink link(s) down: "
             + ", ".join(str(link) for link in down))
+
+
+# -- Xid events -------------------------------------------------------------------------------
+
+_XID_FINDINGS = {
+    xid.Action.REBOOT: (Level.FAIL, "xid_reboot", "reboot the node"),
+    xid.Action.DRAIN: (Level.FAIL, "xid_drain", "drain the node for service"),
+    xid.Action.RESET_GPU: (Level.FAIL, "xid_reset_gpu", "reset the GPU (gpu.reset)"),
+    xid.Action.UNKNOWN: (Level.WARN, "xid_unknown", "an Xid this agent's catalogue does not know"),
+}
+
+
+def judge_xid(events: Sequence[xid.XidEvent], gpu_index: Callable[[str], int]) -> list[Finding]:
+    """One finding per GPU and Xid code that calls for something; ``gpu_index(pci_address)``
+    is the GPU's index (NODE when the address is no GPU NVML knows)."""
+    seen: dict[tuple[str, int], list[xid.XidEvent]] = {}
+    for e in events:
+        if e.action in _XID_FINDINGS:
+            seen.setdefault((e.pci_address, e.xid), []).append(e)
+    out = []
+    for (address, code), same in seen.items():
+        level, name, what = _XID_FINDINGS[same[0].action]
+        index = gpu_index(address)
+        where = f"GPU {index}" if index != NODE else f"GPU {address}"
+        label = f" ({same[0].name})" if same[0].name else ""
+        out.append(Finding(level, name, f"{where}: Xid {code}{label} {len(same)} time(s) since boot: {what}",
+                           index, address))
+    return out
 
 
 # -- node-wide --------------------------------------------------------------------------------

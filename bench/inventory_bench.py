@@ -1,6 +1,13 @@
 """inventory.refresh timing: a fake 8-GPU / 30-disk server tree, and this machine.
 
     python bench/inventory_bench.py [--runs 10] [--gpus 8] [--disks 30]
+    python bench/inventory_bench.py --qemu [--runs 10] [--baseline main]    # as root
+
+``--qemu``: the acceptance gate's cost (issue 30) on a QEMU node: inventory.refresh through the
+gateway (its own ``seconds``), on the ramdisk with the agent of ``--baseline`` (a git ref of
+this repository: what the inventory cost before the gate), then with this tree's agent,
+without ``expect`` and with it, alternating in one boot. The node: two NVMe disks and a second
+NIC behind pcie-root-ports, as in tests/e2e/test_gate.py.
 
 Builds the fake sysfs/procfs tree of tests/hw/fake_machine.py in a temporary directory and
 times agent.commands.inventory.collect over it (GPUs from the PCI ids in sysfs, and, when a C
@@ -14,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -23,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from agent import conformance  # noqa: E402
 from agent.commands import inventory  # noqa: E402
 from tests.hw.fake_machine import build_machine  # noqa: E402
 
@@ -45,12 +54,87 @@ def row(label: str, times: list[float], detail: str) -> str:
     )
 
 
+GATE = {"nvme": {"count": 2, "model": "QEMU NVMe", "min_capacity_bytes": 1 << 20},
+        "nics": {"count": 2}, "cpu_threads": 2,
+        "full_link_classes": ["0x0108", "0x0200"],
+        "slots": [{"class_code": "0x0108", "min_speed_gts": 2.5, "min_width": 1}]}
+
+
+def baseline_agent(ref: str, out: Path) -> Path:
+    """The ramdisk's agent zipapp as of ``ref`` (git archive of this repository, built there)."""
+    src = out / "src"
+    src.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    agent = out / "agent.pyz"
+    subprocess.run([sys.executable, str(src / "build/zipapp.py"), "--arch", "none", "--without-gateway",
+                    "--out", str(agent)], check=True, cwd=src, capture_output=True)
+    return agent
+
+
+def qemu_node(lab: object, name: str) -> object:
+    from qemu.harness import Disk, ExtraNic, PciePort
+    from qemu.lab import Lab
+
+    assert isinstance(lab, Lab)
+    d = lab.workdir / f"{name}-disks"
+    d.mkdir(parents=True, exist_ok=True)
+    disks = [Disk(d / "a.img", f"{name.upper()}A", "nvme", 64 << 20, port=PciePort("2_5", 1)),
+             Disk(d / "b.img", f"{name.upper()}B", "nvme", 64 << 20, port=PciePort())]
+    machine = lab.boot(name, disks=disks, nics=[ExtraNic(25000, PciePort("8", 4))])
+    lab.wait_joined(machine, name, 600)
+    return machine
+
+
+def refresh_seconds(lab: object, name: str, payload: dict[str, object]) -> float:
+    from agent.proto import session_pb2
+    from qemu.lab import Lab
+
+    assert isinstance(lab, Lab)
+    body, result = lab.gateway.wait_result(lab.gateway.send(name, "inventory.refresh", payload), 600)
+    assert body.status == session_pb2.SUCCEEDED, body.message
+    if "expect" in payload:
+        assert result.conformance.passed, result.conformance
+    return float(result.seconds)
+
+
+def qemu_main(args: argparse.Namespace) -> int:
+    from qemu.lab import Lab, Ramdisk, ensure_ramdisk
+
+    parts = ensure_ramdisk()
+    timings: dict[str, list[float]] = {"baseline": [], "without expect": [], "with expect (the gate)": []}
+    with tempfile.TemporaryDirectory(prefix="bc-bench-") as tmp:
+        base = Ramdisk(parts.kernel, parts.base, baseline_agent(args.baseline, Path(tmp) / "baseline"))
+        for agent, cases in ((base, (("baseline", {}),)),
+                             (parts, (("without expect", {}), ("with expect (the gate)", {"expect": GATE})))):
+            with Lab(Path(tmp) / f"lab-{len(cases)}", agent) as lab:
+                machine = qemu_node(lab, f"inv{len(cases)}")
+                for _, payload in cases:
+                    refresh_seconds(lab, f"inv{len(cases)}", payload)   # warm: imports the handler
+                for _ in range(args.runs):
+                    for label, payload in cases:
+                        timings[label].append(refresh_seconds(lab, f"inv{len(cases)}", payload))
+                machine.stop()  # type: ignore[attr-defined]
+    print(f"| agent | runs | median (s) | min (s) | max (s) | against {args.baseline} |")
+    print("|---|---|---|---|---|---|")
+    base_median = statistics.median(timings["baseline"])
+    for label, times in timings.items():
+        name = args.baseline if label == "baseline" else f"this tree, {label}"
+        print(f"| {name} | {len(times)} | {statistics.median(times):.3f} | {min(times):.3f} | "
+              f"{max(times):.3f} | {statistics.median(times) / base_median:.2f}x |")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--runs", type=int, default=10)
     p.add_argument("--gpus", type=int, default=8)
     p.add_argument("--disks", type=int, default=30)
+    p.add_argument("--qemu", action="store_true", help="the gate's cost on a QEMU node (root)")
+    p.add_argument("--baseline", default="main", help="--qemu: the git ref of the inventory before the gate")
     args = p.parse_args()
+    if args.qemu:
+        return qemu_main(args)
     print("| case | runs | first (ms) | median (ms) | max (ms) | found |")
     print("|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
@@ -60,8 +144,18 @@ def main() -> int:
         print(row(
             "fake server, GPUs from sysfs", times,
             f"{len(inv.gpus)} GPUs, {len(inv.disks)} disks, {len(inv.nics)} NICs, "
-            f"{len(inv.infiniband)} IB ports, {len(inv.memory.dimms)} DIMMs",
+            f"{len(inv.infiniband)} IB ports, {len(inv.memory.dimms)} DIMMs, {len(inv.pci_devices)} PCIe",
         ))  # fmt: skip
+        expected = conformance.Expected(nvme_count=args.disks // 2, cpu_threads=16,
+                                        full_link_classes=("0x0302", "0x02", "0x0108"))
+
+        def gated() -> object:
+            found = inventory.collect(root, nvml_library=NO_NVML)
+            return found, conformance.check(expected, found)
+
+        times, checked = timed(gated, args.runs)
+        assert isinstance(checked, tuple) and not checked[1], checked
+        print(row("fake server, GPUs from sysfs, with the gate", times, "passed"))
         try:
             from tests.fakes.nvml.fakenvml import FakeMachine, build_library
 

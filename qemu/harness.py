@@ -29,6 +29,12 @@ Its console is the PL011 (ttyAMA0) and the test ramdisk's shell is on a virtio c
 PXE (edk2) fetches a GRUB EFI image by TFTP whose script does what boot.ipxe does (see
 grub_netboot()). ``disk_boot=True`` boots the first disk through the firmware (an
 installed node's ESP under UEFI) instead of ``-kernel`` or the network.
+
+PCIe slots (amd64's q35): a Disk or an ExtraNic with a ``PciePort`` sits behind its own
+``pcie-root-port`` whose link capability is that port's ``x-speed`` and ``x-width`` (a narrow
+riser or a misset bifurcation, to the guest). QEMU 7.2's emulated endpoints (nvme,
+virtio-net-pci) advertise and train x1 at 2.5 GT/s whatever the port is: the port's own
+maximum is what the guest sees change, the device always trains at its own maximum.
 """
 
 from __future__ import annotations
@@ -93,16 +99,31 @@ class BootError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class PciePort:
+    """A pcie-root-port's link capability, in QEMU's words (its defaults: 16 GT/s, x32)."""
+    speed: str = "16"             # x-speed: 2_5, 5, 8, 16
+    width: int = 32               # x-width: 1, 2, 4, 8, 12, 16, 32
+
+
+@dataclass(frozen=True)
 class Disk:
     path: Path
     serial: str
     interface: str = "nvme"       # "nvme" or "virtio"
     size: int = 64 * 1024 * 1024  # bytes; used only when the file is created
+    port: PciePort | None = None  # behind a pcie-root-port of its own (q35)
 
     def create(self) -> None:
         if not self.path.exists():
             with self.path.open("wb") as f:
                 f.truncate(self.size)
+
+
+@dataclass(frozen=True)
+class ExtraNic:
+    """A second (third, ...) virtio NIC on a user network of its own that reaches nothing."""
+    speed_mbps: int = 0           # the link speed it reports (virtio-net-pci's speed=)
+    port: PciePort | None = None
 
 
 @dataclass(frozen=True)
@@ -136,6 +157,7 @@ class MachineSpec:
     # ROM boots from whatever DHCP and boot servers that network has.
     tap: str = ""
     mac: str = "52:54:00:12:34:56"
+    nics: Sequence[ExtraNic] = ()
 
     @property
     def console_log(self) -> Path:
@@ -275,14 +297,32 @@ class Machine:
             + ("" if spec.pxe and spec.arch == "amd64" else ",romfile="),
             "-device", "virtio-rng-pci",
         ]
+        ports: list[str] = []
+
+        def behind(port: PciePort | None) -> str:
+            """",bus=rpN" for a device behind a new root port with ``port``'s link, or ""."""
+            if port is None:
+                return ""
+            n = len(ports) + 1
+            ports.append(f"pcie-root-port,id=rp{n},chassis={n},x-speed={port.speed},x-width={port.width}")
+            argv.extend(["-device", ports[-1]])
+            return f",bus=rp{n}"
+
         for i, disk in enumerate(spec.disks):
             disk.create()
             argv += ["-drive", f"file={disk.path},if=none,id=d{i},format=raw,cache=unsafe,discard=unmap"]
             boot = ",bootindex=1" if spec.disk_boot and i == 0 else ""
+            bus = behind(disk.port)
             if disk.interface == "nvme":
-                argv += ["-device", f"nvme,serial={disk.serial},drive=d{i}{boot}"]
+                argv += ["-device", f"nvme,serial={disk.serial},drive=d{i}{boot}{bus}"]
             else:
-                argv += ["-device", f"virtio-blk-pci,serial={disk.serial},drive=d{i}{boot}"]
+                argv += ["-device", f"virtio-blk-pci,serial={disk.serial},drive=d{i}{boot}{bus}"]
+        for i, nic in enumerate(spec.nics, start=1):
+            bus = behind(nic.port)
+            speed = f",speed={nic.speed_mbps},duplex=full" if nic.speed_mbps else ""
+            mac = f"52:54:00:12:35:{i:02x}"
+            argv += ["-netdev", f"user,id=nic{i},restrict=on",
+                     "-device", f"virtio-net-pci,netdev=nic{i},mac={mac},romfile={speed}{bus}"]
         if not spec.pxe and not spec.disk_boot:
             argv += ["-kernel", str(spec.kernel), "-initrd", str(spec.initrd), "-append", spec.append]
         return argv

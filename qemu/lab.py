@@ -30,6 +30,7 @@ from qemu.harness import (
     PLATFORMS,
     BootFileServer,
     Disk,
+    ExtraNic,
     Machine,
     MachineSpec,
     kernel_args,
@@ -179,6 +180,7 @@ class Lab:
         append: str | None = None,
         uefi: bool = False,
         disk_boot: bool = False,
+        nics: Sequence[ExtraNic] = (),
     ) -> Machine:
         """Start a ramdisk node (returns at once; wait with gateway.wait_node). ``kernel``,
         ``initrd`` and ``append`` boot something else (an installed node's kernel);
@@ -193,7 +195,8 @@ class Lab:
         spec = MachineSpec(self.workdir, kernel=kernel or self.ramdisk.kernel, initrd=initrd,
                            append=append, disks=tuple(disks), forwards=forwards,
                            kvm=kvm_wanted() and ramdisk.ARCHES[arch].native(), pxe=pxe, name=node_id,
-                           memory_mb=memory_mb, arch=arch, uefi=uefi, disk_boot=disk_boot)
+                           memory_mb=memory_mb, arch=arch, uefi=uefi, disk_boot=disk_boot,
+                           nics=tuple(nics))
         machine = Machine(spec)
         self.machines.append(machine)
         return machine.start()

@@ -3,7 +3,7 @@ gateway: what tests/e2e/test_site_lifecycle.py runs and checks, and what the dem
 
     bmc.query -> boot.prepareRamdisk -> bmc.boot pxe -> bmc.power on -> (PXE boot through the
     site's proxy DHCP, iPXE, the ramdisk joins) -> site.httpProxy -> deploy.image through the
-    route -> disk.wipe of the second disk -> boot.cleanUp -> bmc.boot disk -> bmc.power cycle
+    route (first gated on a build the node is not: refused, nothing written) -> disk.wipe of the second disk -> boot.cleanUp -> bmc.boot disk -> bmc.power cycle
     -> (the node boots its deployed disk and joins in role node)
 
 Each step is checked where it happens and again from outside where it can be (the node
@@ -274,11 +274,13 @@ class Lifecycle:
         # The image's chunk manifest (`agent manifest`) travels inside the signed payload: each
         # chunk is verified before it is written, zero chunks are never hashed.
         chunks = manifest.build(image.zst)
-        result = self.command(self.node.name, "deploy.image", {
+        payload = {
             "url": self.proxy_url, "format": "ZSTD",
             "digest": {"algorithm": "sha256", "hex": image.zst_sha256},
             "manifest_inline": base64.b64encode(chunks.SerializeToString()).decode(),
-            "target": {"serial": "disk0"}, "verify_readback": True})[1]
+            "target": {"serial": "disk0"}, "verify_readback": True}
+        refused = self.gate_refused(payload)
+        result = self.command(self.node.name, "deploy.image", payload)[1]
         if result.image_bytes != image.raw.stat().st_size or result.verification != "manifest" \
                 or result.chunks_verified + result.zero_chunks != chunks.chunk_count:
             raise self.fail(f"deploy.image: {result}")
@@ -294,7 +296,21 @@ class Lifecycle:
                                      f"{sum(int(n) for n in served)} bytes through the route; "
                                      f"{result.chunks_verified} chunks verified before writing by the "
                                      f"manifest, {result.zero_chunks} zero chunks never hashed; disk "
-                                     f"read back")
+                                     f"read back; {refused}")
+
+    def gate_refused(self, payload: dict[str, Any]) -> str:
+        """The control plane's choice, shown: the same deploy gated on a build this node is not
+        (two NVMe drives: it has virtio disks) is refused before its disk is opened."""
+        with self.node.deploy_disk.open("rb") as f:
+            before = hashlib.sha256(f.read(4 * MiB)).hexdigest()
+        gw = self.lab.gateway
+        cid = gw.send(self.node.name, "deploy.image", {**payload, "gate": {"nvme": {"count": 2}}})
+        body, _ = gw.wait_result(cid, COMMAND_TIMEOUT)
+        with self.node.deploy_disk.open("rb") as f:
+            after = hashlib.sha256(f.read(4 * MiB)).hexdigest()
+        if body.status == session_pb2.SUCCEEDED or body.reason != "not_conforming" or after != before:
+            raise self.fail(f"deploy.image gated on two NVMe drives: {body.reason}: {body.message}")
+        return f"gated first on a build of two NVMe drives: refused ({body.message}), nothing written"
 
     def wipe(self) -> None:
         t = time.monotonic()

@@ -28,7 +28,7 @@ from agent.errors import (
     InvalidParameters,
 )
 from agent.proto import site_pb2
-from agent.site import secrets
+from agent.site import events, secrets
 from agent.site.bmc import (
     BmcClient,
     BmcProtocol,
@@ -56,7 +56,7 @@ OPERATIONS: dict[str, dict[str, dict[str, bool]]] = {
         "set_boot_device": {"device": True, "persistent": False, "mode": False},
         "get_boot_device": {},
     },
-    "bmc.query": {"query": {}},
+    "bmc.query": {"query": {}, "events": {"since": False}},
     "bmc.rotate": {"rotate": {"new_password_ref": False, "length": False}},
     "bmc.firmware": {
         "simple_update": {"image_uri": True, "transfer_protocol": False},
@@ -135,6 +135,8 @@ def _check_values(kind: str, op: str, p: Mapping[str, str]) -> None:
         raise InvalidParameters("parameter sha256: 64 hexadecimal digits")
     if "file" in p and not p["file"].startswith("/"):
         raise InvalidParameters("parameter file: an absolute path on the site server")
+    if "since" in p:
+        events.parse_since(p["since"])
     if "capacity_bytes" in p and not p["capacity_bytes"].isdigit():
         raise InvalidParameters("parameter capacity_bytes: a whole number of bytes")
 
@@ -309,6 +311,12 @@ class BmcBoot(_BmcHandler, kind="bmc.boot"):
 
 class BmcQuery(_BmcHandler, kind="bmc.query"):
     def operate(self, session: BmcSession, client: BmcClient, creds: Credentials) -> Result:
+        if session.params.operation == "events":
+            since = events.parse_since(session.params.parameters.get("since") or "0")
+            result = _result(session.params, client, events=client.event_log(since))
+            result.state = f"{len(result.events)} entries"
+            result.attempts = getattr(client, "attempts", 0)
+            return result
         result = client.query()
         result.operation = session.params.operation
         result.state = result.power_state

@@ -47,11 +47,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import filesource, http, image, manifest
-from agent.commands import deploy_verified
+from agent import conformance, filesource, http, image, manifest
+from agent.commands import deploy_verified, inventory
 from agent.commands.base import Context, Handler
 from agent.errors import AgentError, ChecksumMismatch, InvalidParameters, Reason, SourceFailed, Unsupported
-from agent.hw import block, diskio, partitions
+from agent.hw import block, diskio, partitions, system
 from agent.manifest import Plan
 from agent.proto import agent_pb2, common_pb2
 
@@ -78,6 +78,7 @@ class DeployParams:
     max_retries: int = 5
     manifest: filesource.Source | None = None   # a manifest file, checked against its signed digest
     manifest_inline: bytes = b""                 # or the manifest itself, inside the signed payload
+    gate: conformance.Expected | None = None     # the acceptance gate, run before the disk is opened
 
     @property
     def has_manifest(self) -> bool:
@@ -94,6 +95,8 @@ def _local_path(raw: str) -> Path:
 
 
 class DeployImage(Handler[agent_pb2.DeployImageRequest, DeployParams], kind="deploy.image"):
+    root: Path = system.ROOT                 # where the gate reads the machine (tests: a fake tree)
+
     def __init__(self, disks: Callable[[], list[block.Disk]] | None = None) -> None:
         self.disks = disks or block.list_disks
 
@@ -142,9 +145,13 @@ class DeployImage(Handler[agent_pb2.DeployImageRequest, DeployParams], kind="dep
             max_retries=payload.max_retries or 5,
             manifest=manifest,
             manifest_inline=payload.manifest_inline,
+            gate=conformance.Expected.from_proto(payload.gate) if payload.HasField("gate") else None,
         )
 
     def run(self, ctx: Context, params: DeployParams) -> agent_pb2.DeployImageResult:
+        if params.gate is not None:
+            inventory.gate(ctx, params.gate, self.root)
+            ctx.log.info("deploy.image: the node passed its acceptance gate")
         disk = block.select(self.disks(), params.hints)
         block.check_safe(disk)
         if params.local_path is not None and not disk.is_file and params.local_path.resolve() == disk.path:

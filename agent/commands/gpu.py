@@ -13,9 +13,10 @@ import os
 import re
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from agent import gpu_health, proc
+from agent import gpu_health, proc, xid
 from agent.commands.base import Context, Handler
 from agent.errors import InvalidParameters, NotFound, ProtectedDevice, ToolFailed
 from agent.gpu_health import Level, Thresholds
@@ -51,6 +52,8 @@ class NvmlParams:
 
 
 class DiagNvml(Handler[agent_pb2.DiagNvmlRequest, NvmlParams], kind="diag.nvml"):
+    kernel_log: Callable[[], list[xid.XidEvent] | None] = staticmethod(xid.since_boot)  # tests: a fake log
+
     def parse(self, payload: agent_pb2.DiagNvmlRequest) -> NvmlParams:
         if len(payload.gpus) > 64:
             raise InvalidParameters("at most 64 GPUs may be named")
@@ -91,6 +94,11 @@ class DiagNvml(Handler[agent_pb2.DiagNvmlRequest, NvmlParams], kind="diag.nvml")
             findings.extend(gpu_health.judge_no_driver(exc.message, th))
         for state in states:
             result.gpus.append(gpu_health.health_proto(state, th))
+        events = self.kernel_log()
+        result.kernel_log_read = events is not None
+        result.xid_events.extend(e.to_proto() for e in events or ())
+        by_address = {gpu.pci_address(s.pci_bus_id): s.index for s in states if s.pci_bus_id}
+        findings.extend(gpu_health.judge_xid(events or (), lambda a: by_address.get(a, gpu_health.NODE)))
         all_findings = findings + [f for s in states for f in gpu_health.judge_gpu(s, th)]
         result.findings.extend(f.to_proto() for f in findings)
         result.verdict = gpu_health.verdict(all_findings, th).wire

@@ -25,10 +25,10 @@ from typing import Any, TypeVar
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
-from agent import launcher
+from agent import conformance, launcher, xid
 from agent.commands.base import Context, Handler
-from agent.errors import AgentError
-from agent.hw import block, gpu, lldp, sysfs, system
+from agent.errors import AgentError, InvalidParameters, NotConforming
+from agent.hw import block, gpu, lldp, pci, sysfs, system
 from agent.proto import agent_pb2
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 STATE_FILE = "inventory.pb"
 LLDP_SECONDS = 30.0                          # switches announce every 30 s by default
 DEADLINE_MARGIN = 15.0                       # what LLDP leaves of the 2-minute limit
-NOT_COMPARED = frozenset({"cpu.max_mhz"})    # moves with the clock on machines without cpufreq
+NOT_COMPARED = frozenset({"cpu.max_mhz",      # moves with the clock on machines without cpufreq
+                          "xid_events"})      # events, not hardware: reported each time as found
 
 T = TypeVar("T")
 
@@ -45,6 +46,7 @@ T = TypeVar("T")
 class InventoryParams:
     include_lldp: bool
     skip_gpus: bool
+    expect: conformance.Expected | None = None
 
 
 # --------------------------------------------------------------------------- readers
@@ -71,12 +73,6 @@ def disks(root: Path = system.ROOT) -> list[agent_pb2.DiskInfo]:
     return found
 
 
-def _pci(bus_id: str) -> str:
-    """NVML's "00000000:18:00.0" as sysfs writes it, "0000:18:00.0"."""
-    domain, _, rest = bus_id.lower().partition(":")
-    return f"{int(domain, 16):04x}:{rest}" if rest else bus_id.lower()
-
-
 def gpus(root: Path = system.ROOT, library: str | None = None) -> list[agent_pb2.GpuInfo]:
     """Through NVML when the driver answers, else NVIDIA devices on the PCI bus."""
     try:
@@ -87,7 +83,7 @@ def gpus(root: Path = system.ROOT, library: str | None = None) -> list[agent_pb2
         return [
             agent_pb2.GpuInfo(
                 index=g.index,
-                pci_address=_pci(g.pci_bus_id),
+                pci_address=gpu.pci_address(g.pci_bus_id),
                 vendor_id=g.vendor_id,
                 device_id=g.device_id,
                 name=g.name,
@@ -95,6 +91,13 @@ def gpus(root: Path = system.ROOT, library: str | None = None) -> list[agent_pb2
                 serial=g.serial,
                 memory_bytes=g.memory_total_bytes,
                 source="nvml",
+                vbios_version=g.vbios_version,
+                pcie_generation=g.pcie_generation,
+                pcie_generation_max=g.pcie_generation_max,
+                pcie_width=g.pcie_width,
+                pcie_width_max=g.pcie_width_max,
+                nvlinks_up=sum(1 for _, up in g.nvlinks if up),
+                nvlinks=len(g.nvlinks),
             )
             for g in summaries
         ]
@@ -105,6 +108,19 @@ def gpus(root: Path = system.ROOT, library: str | None = None) -> list[agent_pb2
         )
         for i, g in enumerate(system.read_pci_gpus(root))
     ]  # fmt: skip
+
+
+def pci_message(d: pci.PciDevice) -> agent_pb2.PciDevice:
+    msg = agent_pb2.PciDevice(
+        address=d.address, vendor_id=d.vendor_id, device_id=d.device_id, class_code=d.class_code,
+        driver=d.driver, link_speed=d.link_speed, link_width=d.link_width,
+        max_link_speed=d.max_link_speed, max_link_width=d.max_link_width, upstream=d.upstream,
+        name=d.name,
+    )  # fmt: skip
+    if d.aer is not None:
+        msg.aer.CopyFrom(agent_pb2.AerCounts(correctable=d.aer.correctable, nonfatal=d.aer.nonfatal,
+                                             fatal=d.aer.fatal))
+    return msg
 
 
 def machine_message(m: system.Machine) -> agent_pb2.Inventory:
@@ -147,6 +163,7 @@ def machine_message(m: system.Machine) -> agent_pb2.Inventory:
             agent_pb2.NicInfo(
                 name=n.name, mac=n.mac, driver=n.driver, speed_mbps=n.speed_mbps, link=n.link,
                 pci_address=n.pci_address, mtu=n.mtu, addresses=n.addresses,
+                firmware_version=n.firmware_version, driver_version=n.driver_version,
             )
             for n in m.nics
         ],
@@ -169,9 +186,13 @@ def collect(
     nvml_library: str | None = None,
     run_tool: system.Runner | None = None,
     cancel: Any = None,
+    kernel_log: Callable[[], list[xid.XidEvent] | None] | None = None,
 ) -> agent_pb2.Inventory:
     """The whole inventory of the machine under ``root`` (tests and benchmarks use a fake
-    tree). ``run_tool(argv) -> stdout`` runs ipmitool; None skips the BMC address."""
+    tree). ``run_tool(argv) -> stdout`` runs ipmitool; None skips the BMC address.
+    ``kernel_log()`` gives the Xid events (default: this machine's kernel log, for ``/`` only)."""
+    if kernel_log is None and root == system.ROOT:
+        kernel_log = xid.since_boot
     with ThreadPoolExecutor(max_workers=4, thread_name_prefix="inventory") as pool:
 
         def start(fn: Callable[..., T], *args: Any) -> Future[T]:
@@ -179,6 +200,8 @@ def collect(
 
         gpu_future = None if skip_gpus else start(gpus, root, nvml_library)
         disk_future = start(disks, root)
+        pci_future = start(pci.read_pci_devices, root)
+        xid_future = start(kernel_log) if kernel_log is not None else None
         bmc_future = start(system.bmc_address, run_tool) if run_tool is not None else None
         machine = system.read_machine(root)
         lldp_future = None
@@ -187,6 +210,12 @@ def collect(
             lldp_future = start(lldp.listen, names, lldp_seconds, cancel)
         inv = machine_message(machine)
         inv.disks.extend(disk_future.result())
+        inv.pci_devices.extend(pci_message(d) for d in pci_future.result())
+        models = {d.address: d.name or f"{d.vendor_id}:{d.device_id}" for d in inv.pci_devices}
+        for nic in inv.nics:
+            nic.model = models.get(nic.pci_address, "")
+        events = xid_future.result() if xid_future is not None else None
+        inv.xid_events.extend(e.to_proto() for e in events or ())
         if gpu_future is not None:
             inv.gpus.extend(gpu_future.result())
         if bmc_future is not None:
@@ -211,6 +240,7 @@ _KEYS: dict[str, Callable[[dict[str, Any]], str]] = {
     "gpus": lambda g: str(g.get("pci_address") or g.get("index", 0)),
     "infiniband": lambda p: f"{p.get('device', '')}/{p.get('port', 0)}",
     "dimms": lambda d: str(d.get("locator", "")),
+    "pci_devices": lambda d: str(d.get("address", "")),
 }
 
 
@@ -292,11 +322,29 @@ def store(state_dir: Path, inv: agent_pb2.Inventory) -> None:
     launcher.write_atomic(state_dir / STATE_FILE, inv.SerializeToString(deterministic=True), 0o600)
 
 
+def gate(ctx: Context, expected: conformance.Expected, root: Path = system.ROOT) -> agent_pb2.Inventory:
+    """The acceptance gate before a command changes the node: its inventory (no LLDP, GPUs only
+    when the build names them), or NotConforming with every mismatch."""
+    inv = collect(root, skip_gpus=not expected.wants_gpus, nvml_library=gpu.library_path(ctx.config.extra),
+                  cancel=ctx.cancel_event, kernel_log=lambda: None)
+    found = conformance.check(expected, inv)
+    if found:
+        more = f"; and {len(found) - 8} more" if len(found) > 8 else ""
+        listed = "; ".join(m.message for m in found[:8]) + more
+        raise NotConforming(f"this node is not the expected build: {listed}",
+                            mismatches=",".join(f"{m.check}@{m.where or 'node'}" for m in found))
+    return inv
+
+
 class InventoryRefresh(Handler[agent_pb2.InventoryRefreshRequest, InventoryParams], kind="inventory.refresh"):
     root: Path = system.ROOT                 # tests point it at a fake tree
+    kernel_log: Callable[[], list[xid.XidEvent] | None] | None = None   # and at a kernel log
 
     def parse(self, payload: agent_pb2.InventoryRefreshRequest) -> InventoryParams:
-        return InventoryParams(include_lldp=payload.include_lldp, skip_gpus=payload.skip_gpus)
+        expect = conformance.Expected.from_proto(payload.expect) if payload.HasField("expect") else None
+        if expect is not None and expect.wants_gpus and payload.skip_gpus:
+            raise InvalidParameters("inventory.refresh: expect.gpus cannot be checked with skip_gpus")
+        return InventoryParams(include_lldp=payload.include_lldp, skip_gpus=payload.skip_gpus, expect=expect)
 
     def run(self, ctx: Context, params: InventoryParams) -> agent_pb2.InventoryRefreshResult:
         started = time.monotonic()
@@ -312,12 +360,17 @@ class InventoryRefresh(Handler[agent_pb2.InventoryRefreshRequest, InventoryParam
             nvml_library=gpu.library_path(ctx.config.extra),
             run_tool=run_tool if self.root == system.ROOT else None,
             cancel=ctx.cancel_event,
+            kernel_log=self.kernel_log,
         )
         ctx.check()
         previous = load_previous(ctx.config.state_dir)
         result = agent_pb2.InventoryRefreshResult(inventory=inv, first=previous is None)
         if previous is not None:
             result.changes.extend(diff(previous, inv))
+        if params.expect is not None:
+            result.conformance.CopyFrom(conformance.conformance(params.expect, inv))
+            for m in result.conformance.mismatches:
+                ctx.log.info("gate: %s: %s", m.check, m.message)
         store(ctx.config.state_dir, inv)
         result.seconds = time.monotonic() - started
         return result

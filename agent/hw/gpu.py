@@ -92,6 +92,12 @@ class GpuSummary:
     pci_device_id: int              # NVML's 0xDDDDVVVV (device << 16 | vendor)
     memory_total_bytes: int
     lost: bool = False
+    vbios_version: str = ""
+    pcie_generation: int = 0
+    pcie_generation_max: int = 0
+    pcie_width: int = 0
+    pcie_width_max: int = 0
+    nvlinks: tuple[tuple[int, bool], ...] = ()     # (link, active)
 
     @property
     def vendor_id(self) -> str:
@@ -159,6 +165,12 @@ class GpuState:
             pci_device_id=self.pci_device_id,
             memory_total_bytes=self.memory_total_bytes or 0,
             lost=self.lost,
+            vbios_version=self.vbios_version or "",
+            pcie_generation=self.pcie_generation or 0,
+            pcie_generation_max=self.pcie_generation_max or 0,
+            pcie_width=self.pcie_width or 0,
+            pcie_width_max=self.pcie_width_max or 0,
+            nvlinks=tuple(self.nvlinks),
         )
 
 
@@ -167,6 +179,15 @@ class SystemInfo:
     driver_version: str
     cuda_driver_version: str        # "12.4"
     nvml_version: str
+
+
+def pci_address(bus_id: str) -> str:
+    """NVML's "00000000:18:00.0" as sysfs and the kernel log write it, "0000:18:00.0"."""
+    domain, _, rest = bus_id.lower().partition(":")
+    try:
+        return f"{int(domain, 16):04x}:{rest}" if rest else bus_id.lower()
+    except ValueError:
+        return bus_id.lower()
 
 
 def library_path(extra: Mapping[str, str] | None = None) -> str | None:

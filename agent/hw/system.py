@@ -11,6 +11,7 @@ address.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import ipaddress
 import logging
@@ -278,6 +279,8 @@ class Nic:
     pci_address: str
     mtu: int
     addresses: tuple[str, ...] = ()
+    firmware_version: str = ""
+    driver_version: str = ""
 
 
 def pci_address_of(device: Path) -> str:
@@ -314,7 +317,41 @@ def _ipv4_address(name: str) -> str:
     return f"{addr}/{ipaddress.IPv4Network(f'0.0.0.0/{mask}').prefixlen}"
 
 
-def _driver(device: Path) -> str:
+SIOCETHTOOL, ETHTOOL_GDRVINFO = 0x8946, 0x3
+_DRVINFO = struct.Struct("<I32s32s32s32s32s12s5I")   # struct ethtool_drvinfo (linux/ethtool.h)
+
+
+@dataclass(frozen=True)
+class DriverInfo:
+    driver: str
+    version: str
+    firmware_version: str
+
+
+def driver_info(name: str) -> DriverInfo | None:
+    """The NIC's driver and firmware versions from the kernel (ETHTOOL_GDRVINFO, the ioctl
+    behind ``ethtool -i``); None when the interface or the driver does not say."""
+    buf = bytearray(_DRVINFO.size)
+    struct.pack_into("<I", buf, 0, ETHTOOL_GDRVINFO)
+    data = (ctypes.c_char * len(buf)).from_buffer(buf)
+    request = struct.pack("16sP", name.encode()[:15], ctypes.addressof(data))
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            fcntl.ioctl(s.fileno(), SIOCETHTOOL, request)
+    except OSError:
+        return None
+    fields = _DRVINFO.unpack(bytes(buf))
+
+    def text(raw: bytes) -> str:
+        return raw.split(b"\0", 1)[0].decode("utf-8", "replace").strip()
+
+    firmware = text(fields[3])
+    return DriverInfo(driver=text(fields[1]), version=text(fields[2]),
+                      firmware_version="" if firmware.upper() in ("N/A", "") else firmware)
+
+
+def driver_of(device: Path) -> str:
+    """The name of the driver bound to a sysfs device, "" when none is."""
     link = device / "driver"
     return os.path.basename(os.path.realpath(link)) if link.exists() else ""
 
@@ -334,16 +371,19 @@ def read_nics(root: Path = ROOT) -> list[Nic]:
             continue  # virtual: loopback, bridge, bond, veth, ifb...
         speed = sysfs.read_int(d / "speed", -1)  # EINVAL while the link is down
         addresses = [a for a in [_ipv4_address(name) if root == ROOT else ""] if a] + ipv6.get(name, [])
+        info = driver_info(name) if root == ROOT else None
         nics.append(
             Nic(
                 name=name,
                 mac=sysfs.read(d / "address").lower(),
-                driver=_driver(d / "device"),
+                driver=driver_of(d / "device"),
                 speed_mbps=speed if speed > 0 else 0,
                 link=sysfs.read(d / "carrier") == "1",
                 pci_address=pci_address_of(d / "device"),
                 mtu=sysfs.read_int(d / "mtu"),
                 addresses=tuple(addresses),
+                firmware_version=info.firmware_version if info else "",
+                driver_version=info.version if info else "",
             )
         )
     return nics

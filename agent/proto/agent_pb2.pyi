@@ -46,6 +46,15 @@ class WipeVerify(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FULL: _ClassVar[WipeVerify]
     NO_VERIFY: _ClassVar[WipeVerify]
 
+class XidAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    XID_ACTION_UNSPECIFIED: _ClassVar[XidAction]
+    XID_NONE: _ClassVar[XidAction]
+    XID_RESET_GPU: _ClassVar[XidAction]
+    XID_REBOOT: _ClassVar[XidAction]
+    XID_DRAIN: _ClassVar[XidAction]
+    XID_UNKNOWN: _ClassVar[XidAction]
+
 class Compression(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ZSTD_COMPRESSION: _ClassVar[Compression]
@@ -88,6 +97,12 @@ PURGE: NistLevel
 SAMPLED: WipeVerify
 FULL: WipeVerify
 NO_VERIFY: WipeVerify
+XID_ACTION_UNSPECIFIED: XidAction
+XID_NONE: XidAction
+XID_RESET_GPU: XidAction
+XID_REBOOT: XidAction
+XID_DRAIN: XidAction
+XID_UNKNOWN: XidAction
 ZSTD_COMPRESSION: Compression
 GZIP_COMPRESSION: Compression
 NO_COMPRESSION: Compression
@@ -158,7 +173,7 @@ class DaemonUpgradeResult(_message.Message):
     def __init__(self, old_version: _Optional[str] = ..., new_version: _Optional[str] = ..., old_sha256: _Optional[str] = ..., new_sha256: _Optional[str] = ..., rolled_back: _Optional[bool] = ..., rollback_reason: _Optional[str] = ...) -> None: ...
 
 class DeployImageRequest(_message.Message):
-    __slots__ = ("url", "local_path", "format", "digest", "target", "verify_readback", "disable_zero_skip", "ca_bundle_pem", "http_headers", "max_retries", "manifest", "manifest_inline")
+    __slots__ = ("url", "local_path", "format", "digest", "target", "verify_readback", "disable_zero_skip", "ca_bundle_pem", "http_headers", "max_retries", "manifest", "manifest_inline", "gate")
     class HttpHeadersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -178,6 +193,7 @@ class DeployImageRequest(_message.Message):
     MAX_RETRIES_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_INLINE_FIELD_NUMBER: _ClassVar[int]
+    GATE_FIELD_NUMBER: _ClassVar[int]
     url: str
     local_path: str
     format: ImageFormat
@@ -190,7 +206,8 @@ class DeployImageRequest(_message.Message):
     max_retries: int
     manifest: _common_pb2.FileSource
     manifest_inline: bytes
-    def __init__(self, url: _Optional[str] = ..., local_path: _Optional[str] = ..., format: _Optional[_Union[ImageFormat, str]] = ..., digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., target: _Optional[_Union[_common_pb2.DiskHints, _Mapping]] = ..., verify_readback: _Optional[bool] = ..., disable_zero_skip: _Optional[bool] = ..., ca_bundle_pem: _Optional[str] = ..., http_headers: _Optional[_Mapping[str, str]] = ..., max_retries: _Optional[int] = ..., manifest: _Optional[_Union[_common_pb2.FileSource, _Mapping]] = ..., manifest_inline: _Optional[bytes] = ...) -> None: ...
+    gate: ExpectedBuild
+    def __init__(self, url: _Optional[str] = ..., local_path: _Optional[str] = ..., format: _Optional[_Union[ImageFormat, str]] = ..., digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., target: _Optional[_Union[_common_pb2.DiskHints, _Mapping]] = ..., verify_readback: _Optional[bool] = ..., disable_zero_skip: _Optional[bool] = ..., ca_bundle_pem: _Optional[str] = ..., http_headers: _Optional[_Mapping[str, str]] = ..., max_retries: _Optional[int] = ..., manifest: _Optional[_Union[_common_pb2.FileSource, _Mapping]] = ..., manifest_inline: _Optional[bytes] = ..., gate: _Optional[_Union[ExpectedBuild, _Mapping]] = ...) -> None: ...
 
 class ImageManifest(_message.Message):
     __slots__ = ("version", "image_size", "chunk_size", "algorithm", "chunk_count", "digests", "published", "published_size", "published_format")
@@ -447,7 +464,7 @@ class GpuHealth(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., serial: _Optional[str] = ..., name: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., vbios_version: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., temperature_c: _Optional[int] = ..., temperature_slowdown_c: _Optional[int] = ..., temperature_shutdown_c: _Optional[int] = ..., power_draw_mw: _Optional[int] = ..., power_limit_mw: _Optional[int] = ..., clock_sm_mhz: _Optional[int] = ..., clock_mem_mhz: _Optional[int] = ..., clock_event_reasons: _Optional[_Iterable[_Union[ClockEventReason, _Mapping]]] = ..., pcie_generation: _Optional[int] = ..., pcie_generation_max: _Optional[int] = ..., pcie_width: _Optional[int] = ..., pcie_width_max: _Optional[int] = ..., ecc_enabled: _Optional[bool] = ..., ecc_corrected_volatile: _Optional[int] = ..., ecc_uncorrected_volatile: _Optional[int] = ..., ecc_corrected_aggregate: _Optional[int] = ..., ecc_uncorrected_aggregate: _Optional[int] = ..., retired_pages_single_bit: _Optional[int] = ..., retired_pages_double_bit: _Optional[int] = ..., retired_pages_pending: _Optional[bool] = ..., remapped_rows_correctable: _Optional[int] = ..., remapped_rows_uncorrectable: _Optional[int] = ..., remapped_rows_pending: _Optional[bool] = ..., remapped_rows_failure: _Optional[bool] = ..., nvlinks: _Optional[_Iterable[_Union[NvLink, _Mapping]]] = ..., persistence_mode: _Optional[bool] = ..., processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ..., verdict: _Optional[_Union[_common_pb2.Verdict, str]] = ..., findings: _Optional[_Iterable[_Union[_common_pb2.Finding, _Mapping]]] = ..., lost: _Optional[bool] = ..., unavailable: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DiagNvmlResult(_message.Message):
-    __slots__ = ("driver_present", "driver_version", "cuda_driver_version", "nvml_version", "gpus", "verdict", "findings", "message")
+    __slots__ = ("driver_present", "driver_version", "cuda_driver_version", "nvml_version", "gpus", "verdict", "findings", "message", "xid_events", "kernel_log_read")
     DRIVER_PRESENT_FIELD_NUMBER: _ClassVar[int]
     DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     CUDA_DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -456,6 +473,8 @@ class DiagNvmlResult(_message.Message):
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     FINDINGS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    XID_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_LOG_READ_FIELD_NUMBER: _ClassVar[int]
     driver_present: bool
     driver_version: str
     cuda_driver_version: str
@@ -464,7 +483,27 @@ class DiagNvmlResult(_message.Message):
     verdict: _common_pb2.Verdict
     findings: _containers.RepeatedCompositeFieldContainer[_common_pb2.Finding]
     message: str
-    def __init__(self, driver_present: _Optional[bool] = ..., driver_version: _Optional[str] = ..., cuda_driver_version: _Optional[str] = ..., nvml_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuHealth, _Mapping]]] = ..., verdict: _Optional[_Union[_common_pb2.Verdict, str]] = ..., findings: _Optional[_Iterable[_Union[_common_pb2.Finding, _Mapping]]] = ..., message: _Optional[str] = ...) -> None: ...
+    xid_events: _containers.RepeatedCompositeFieldContainer[XidEvent]
+    kernel_log_read: bool
+    def __init__(self, driver_present: _Optional[bool] = ..., driver_version: _Optional[str] = ..., cuda_driver_version: _Optional[str] = ..., nvml_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuHealth, _Mapping]]] = ..., verdict: _Optional[_Union[_common_pb2.Verdict, str]] = ..., findings: _Optional[_Iterable[_Union[_common_pb2.Finding, _Mapping]]] = ..., message: _Optional[str] = ..., xid_events: _Optional[_Iterable[_Union[XidEvent, _Mapping]]] = ..., kernel_log_read: _Optional[bool] = ...) -> None: ...
+
+class XidEvent(_message.Message):
+    __slots__ = ("xid", "pci_address", "seconds_since_boot", "message", "action", "bucket", "name")
+    XID_FIELD_NUMBER: _ClassVar[int]
+    PCI_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_SINCE_BOOT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    xid: int
+    pci_address: str
+    seconds_since_boot: float
+    message: str
+    action: XidAction
+    bucket: str
+    name: str
+    def __init__(self, xid: _Optional[int] = ..., pci_address: _Optional[str] = ..., seconds_since_boot: _Optional[float] = ..., message: _Optional[str] = ..., action: _Optional[_Union[XidAction, str]] = ..., bucket: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
 
 class DiagDcgmRequest(_message.Message):
     __slots__ = ("level", "gpus", "parameters", "thresholds")
@@ -644,12 +683,108 @@ class InstanceSnapshotResult(_message.Message):
     def __init__(self, source_bytes: _Optional[int] = ..., uploaded_bytes: _Optional[int] = ..., source_digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., uploaded_digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., compression: _Optional[_Union[Compression, str]] = ..., quiesced: _Optional[bool] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class InventoryRefreshRequest(_message.Message):
-    __slots__ = ("include_lldp", "skip_gpus")
+    __slots__ = ("include_lldp", "skip_gpus", "expect")
     INCLUDE_LLDP_FIELD_NUMBER: _ClassVar[int]
     SKIP_GPUS_FIELD_NUMBER: _ClassVar[int]
+    EXPECT_FIELD_NUMBER: _ClassVar[int]
     include_lldp: bool
     skip_gpus: bool
-    def __init__(self, include_lldp: _Optional[bool] = ..., skip_gpus: _Optional[bool] = ...) -> None: ...
+    expect: ExpectedBuild
+    def __init__(self, include_lldp: _Optional[bool] = ..., skip_gpus: _Optional[bool] = ..., expect: _Optional[_Union[ExpectedBuild, _Mapping]] = ...) -> None: ...
+
+class ExpectedBuild(_message.Message):
+    __slots__ = ("cpu_model", "cpu_sockets", "cpu_threads", "memory_bytes", "memory_tolerance_percent", "gpus", "nics", "nvme", "full_link_classes", "slots")
+    CPU_MODEL_FIELD_NUMBER: _ClassVar[int]
+    CPU_SOCKETS_FIELD_NUMBER: _ClassVar[int]
+    CPU_THREADS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOLERANCE_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    NICS_FIELD_NUMBER: _ClassVar[int]
+    NVME_FIELD_NUMBER: _ClassVar[int]
+    FULL_LINK_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    cpu_model: str
+    cpu_sockets: int
+    cpu_threads: int
+    memory_bytes: int
+    memory_tolerance_percent: int
+    gpus: ExpectedGpus
+    nics: ExpectedNics
+    nvme: ExpectedNvme
+    full_link_classes: _containers.RepeatedScalarFieldContainer[str]
+    slots: _containers.RepeatedCompositeFieldContainer[ExpectedSlot]
+    def __init__(self, cpu_model: _Optional[str] = ..., cpu_sockets: _Optional[int] = ..., cpu_threads: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., memory_tolerance_percent: _Optional[int] = ..., gpus: _Optional[_Union[ExpectedGpus, _Mapping]] = ..., nics: _Optional[_Union[ExpectedNics, _Mapping]] = ..., nvme: _Optional[_Union[ExpectedNvme, _Mapping]] = ..., full_link_classes: _Optional[_Iterable[str]] = ..., slots: _Optional[_Iterable[_Union[ExpectedSlot, _Mapping]]] = ...) -> None: ...
+
+class ExpectedSlot(_message.Message):
+    __slots__ = ("class_code", "min_speed_gts", "min_width")
+    CLASS_CODE_FIELD_NUMBER: _ClassVar[int]
+    MIN_SPEED_GTS_FIELD_NUMBER: _ClassVar[int]
+    MIN_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    class_code: str
+    min_speed_gts: float
+    min_width: int
+    def __init__(self, class_code: _Optional[str] = ..., min_speed_gts: _Optional[float] = ..., min_width: _Optional[int] = ...) -> None: ...
+
+class ExpectedGpus(_message.Message):
+    __slots__ = ("count", "model", "min_memory_bytes", "min_vbios", "nvlinks_up")
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MIN_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MIN_VBIOS_FIELD_NUMBER: _ClassVar[int]
+    NVLINKS_UP_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    model: str
+    min_memory_bytes: int
+    min_vbios: str
+    nvlinks_up: int
+    def __init__(self, count: _Optional[int] = ..., model: _Optional[str] = ..., min_memory_bytes: _Optional[int] = ..., min_vbios: _Optional[str] = ..., nvlinks_up: _Optional[int] = ...) -> None: ...
+
+class ExpectedNics(_message.Message):
+    __slots__ = ("count", "model", "min_firmware", "speed_mbps")
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MIN_FIRMWARE_FIELD_NUMBER: _ClassVar[int]
+    SPEED_MBPS_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    model: str
+    min_firmware: str
+    speed_mbps: int
+    def __init__(self, count: _Optional[int] = ..., model: _Optional[str] = ..., min_firmware: _Optional[str] = ..., speed_mbps: _Optional[int] = ...) -> None: ...
+
+class ExpectedNvme(_message.Message):
+    __slots__ = ("count", "model", "min_capacity_bytes", "min_firmware")
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MIN_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MIN_FIRMWARE_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    model: str
+    min_capacity_bytes: int
+    min_firmware: str
+    def __init__(self, count: _Optional[int] = ..., model: _Optional[str] = ..., min_capacity_bytes: _Optional[int] = ..., min_firmware: _Optional[str] = ...) -> None: ...
+
+class Mismatch(_message.Message):
+    __slots__ = ("check", "expected", "found", "where", "message")
+    CHECK_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    WHERE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    check: str
+    expected: str
+    found: str
+    where: str
+    message: str
+    def __init__(self, check: _Optional[str] = ..., expected: _Optional[str] = ..., found: _Optional[str] = ..., where: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class Conformance(_message.Message):
+    __slots__ = ("passed", "mismatches")
+    PASSED_FIELD_NUMBER: _ClassVar[int]
+    MISMATCHES_FIELD_NUMBER: _ClassVar[int]
+    passed: bool
+    mismatches: _containers.RepeatedCompositeFieldContainer[Mismatch]
+    def __init__(self, passed: _Optional[bool] = ..., mismatches: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ...) -> None: ...
 
 class SystemInfo(_message.Message):
     __slots__ = ("vendor", "product", "serial", "uuid", "firmware_vendor", "firmware_version", "firmware_date", "board_vendor", "board_product", "boot_mode", "bmc_address", "kernel", "hostname")
@@ -726,7 +861,7 @@ class MemoryInfo(_message.Message):
     def __init__(self, total_bytes: _Optional[int] = ..., dimms: _Optional[_Iterable[_Union[MemoryDimm, _Mapping]]] = ..., numa_nodes: _Optional[int] = ...) -> None: ...
 
 class NicInfo(_message.Message):
-    __slots__ = ("name", "mac", "driver", "speed_mbps", "link", "pci_address", "mtu", "lldp_chassis_id", "lldp_port_id", "lldp_system_name", "addresses")
+    __slots__ = ("name", "mac", "driver", "speed_mbps", "link", "pci_address", "mtu", "lldp_chassis_id", "lldp_port_id", "lldp_system_name", "addresses", "firmware_version", "driver_version", "model")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MAC_FIELD_NUMBER: _ClassVar[int]
     DRIVER_FIELD_NUMBER: _ClassVar[int]
@@ -738,6 +873,9 @@ class NicInfo(_message.Message):
     LLDP_PORT_ID_FIELD_NUMBER: _ClassVar[int]
     LLDP_SYSTEM_NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    FIRMWARE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     name: str
     mac: str
     driver: str
@@ -749,10 +887,13 @@ class NicInfo(_message.Message):
     lldp_port_id: str
     lldp_system_name: str
     addresses: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., mac: _Optional[str] = ..., driver: _Optional[str] = ..., speed_mbps: _Optional[int] = ..., link: _Optional[bool] = ..., pci_address: _Optional[str] = ..., mtu: _Optional[int] = ..., lldp_chassis_id: _Optional[str] = ..., lldp_port_id: _Optional[str] = ..., lldp_system_name: _Optional[str] = ..., addresses: _Optional[_Iterable[str]] = ...) -> None: ...
+    firmware_version: str
+    driver_version: str
+    model: str
+    def __init__(self, name: _Optional[str] = ..., mac: _Optional[str] = ..., driver: _Optional[str] = ..., speed_mbps: _Optional[int] = ..., link: _Optional[bool] = ..., pci_address: _Optional[str] = ..., mtu: _Optional[int] = ..., lldp_chassis_id: _Optional[str] = ..., lldp_port_id: _Optional[str] = ..., lldp_system_name: _Optional[str] = ..., addresses: _Optional[_Iterable[str]] = ..., firmware_version: _Optional[str] = ..., driver_version: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
 
 class GpuInfo(_message.Message):
-    __slots__ = ("index", "pci_address", "vendor_id", "device_id", "name", "uuid", "serial", "memory_bytes", "source")
+    __slots__ = ("index", "pci_address", "vendor_id", "device_id", "name", "uuid", "serial", "memory_bytes", "source", "vbios_version", "pcie_generation", "pcie_generation_max", "pcie_width", "pcie_width_max", "nvlinks_up", "nvlinks")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     PCI_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     VENDOR_ID_FIELD_NUMBER: _ClassVar[int]
@@ -762,6 +903,13 @@ class GpuInfo(_message.Message):
     SERIAL_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    VBIOS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PCIE_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    PCIE_GENERATION_MAX_FIELD_NUMBER: _ClassVar[int]
+    PCIE_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    PCIE_WIDTH_MAX_FIELD_NUMBER: _ClassVar[int]
+    NVLINKS_UP_FIELD_NUMBER: _ClassVar[int]
+    NVLINKS_FIELD_NUMBER: _ClassVar[int]
     index: int
     pci_address: str
     vendor_id: str
@@ -771,7 +919,52 @@ class GpuInfo(_message.Message):
     serial: str
     memory_bytes: int
     source: str
-    def __init__(self, index: _Optional[int] = ..., pci_address: _Optional[str] = ..., vendor_id: _Optional[str] = ..., device_id: _Optional[str] = ..., name: _Optional[str] = ..., uuid: _Optional[str] = ..., serial: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
+    vbios_version: str
+    pcie_generation: int
+    pcie_generation_max: int
+    pcie_width: int
+    pcie_width_max: int
+    nvlinks_up: int
+    nvlinks: int
+    def __init__(self, index: _Optional[int] = ..., pci_address: _Optional[str] = ..., vendor_id: _Optional[str] = ..., device_id: _Optional[str] = ..., name: _Optional[str] = ..., uuid: _Optional[str] = ..., serial: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., source: _Optional[str] = ..., vbios_version: _Optional[str] = ..., pcie_generation: _Optional[int] = ..., pcie_generation_max: _Optional[int] = ..., pcie_width: _Optional[int] = ..., pcie_width_max: _Optional[int] = ..., nvlinks_up: _Optional[int] = ..., nvlinks: _Optional[int] = ...) -> None: ...
+
+class AerCounts(_message.Message):
+    __slots__ = ("correctable", "nonfatal", "fatal")
+    CORRECTABLE_FIELD_NUMBER: _ClassVar[int]
+    NONFATAL_FIELD_NUMBER: _ClassVar[int]
+    FATAL_FIELD_NUMBER: _ClassVar[int]
+    correctable: int
+    nonfatal: int
+    fatal: int
+    def __init__(self, correctable: _Optional[int] = ..., nonfatal: _Optional[int] = ..., fatal: _Optional[int] = ...) -> None: ...
+
+class PciDevice(_message.Message):
+    __slots__ = ("address", "vendor_id", "device_id", "class_code", "driver", "link_speed", "link_width", "max_link_speed", "max_link_width", "upstream", "aer", "name")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    VENDOR_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    CLASS_CODE_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_FIELD_NUMBER: _ClassVar[int]
+    LINK_SPEED_FIELD_NUMBER: _ClassVar[int]
+    LINK_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    MAX_LINK_SPEED_FIELD_NUMBER: _ClassVar[int]
+    MAX_LINK_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    UPSTREAM_FIELD_NUMBER: _ClassVar[int]
+    AER_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    vendor_id: str
+    device_id: str
+    class_code: str
+    driver: str
+    link_speed: str
+    link_width: int
+    max_link_speed: str
+    max_link_width: int
+    upstream: str
+    aer: AerCounts
+    name: str
+    def __init__(self, address: _Optional[str] = ..., vendor_id: _Optional[str] = ..., device_id: _Optional[str] = ..., class_code: _Optional[str] = ..., driver: _Optional[str] = ..., link_speed: _Optional[str] = ..., link_width: _Optional[int] = ..., max_link_speed: _Optional[str] = ..., max_link_width: _Optional[int] = ..., upstream: _Optional[str] = ..., aer: _Optional[_Union[AerCounts, _Mapping]] = ..., name: _Optional[str] = ...) -> None: ...
 
 class InfinibandPort(_message.Message):
     __slots__ = ("device", "port", "state", "rate", "guid", "link_layer")
@@ -802,7 +995,7 @@ class DiskInfo(_message.Message):
     def __init__(self, identity: _Optional[_Union[_common_pb2.DiskIdentity, _Mapping]] = ..., removable: _Optional[bool] = ..., read_only: _Optional[bool] = ..., holder: _Optional[str] = ...) -> None: ...
 
 class Inventory(_message.Message):
-    __slots__ = ("system", "cpu", "memory", "disks", "nics", "gpus", "infiniband")
+    __slots__ = ("system", "cpu", "memory", "disks", "nics", "gpus", "infiniband", "pci_devices", "xid_events")
     SYSTEM_FIELD_NUMBER: _ClassVar[int]
     CPU_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
@@ -810,6 +1003,8 @@ class Inventory(_message.Message):
     NICS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     INFINIBAND_FIELD_NUMBER: _ClassVar[int]
+    PCI_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    XID_EVENTS_FIELD_NUMBER: _ClassVar[int]
     system: SystemInfo
     cpu: CpuInfo
     memory: MemoryInfo
@@ -817,7 +1012,9 @@ class Inventory(_message.Message):
     nics: _containers.RepeatedCompositeFieldContainer[NicInfo]
     gpus: _containers.RepeatedCompositeFieldContainer[GpuInfo]
     infiniband: _containers.RepeatedCompositeFieldContainer[InfinibandPort]
-    def __init__(self, system: _Optional[_Union[SystemInfo, _Mapping]] = ..., cpu: _Optional[_Union[CpuInfo, _Mapping]] = ..., memory: _Optional[_Union[MemoryInfo, _Mapping]] = ..., disks: _Optional[_Iterable[_Union[DiskInfo, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicInfo, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., infiniband: _Optional[_Iterable[_Union[InfinibandPort, _Mapping]]] = ...) -> None: ...
+    pci_devices: _containers.RepeatedCompositeFieldContainer[PciDevice]
+    xid_events: _containers.RepeatedCompositeFieldContainer[XidEvent]
+    def __init__(self, system: _Optional[_Union[SystemInfo, _Mapping]] = ..., cpu: _Optional[_Union[CpuInfo, _Mapping]] = ..., memory: _Optional[_Union[MemoryInfo, _Mapping]] = ..., disks: _Optional[_Iterable[_Union[DiskInfo, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[NicInfo, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., infiniband: _Optional[_Iterable[_Union[InfinibandPort, _Mapping]]] = ..., pci_devices: _Optional[_Iterable[_Union[PciDevice, _Mapping]]] = ..., xid_events: _Optional[_Iterable[_Union[XidEvent, _Mapping]]] = ...) -> None: ...
 
 class InventoryChange(_message.Message):
     __slots__ = ("path", "old_value", "new_value")
@@ -830,16 +1027,18 @@ class InventoryChange(_message.Message):
     def __init__(self, path: _Optional[str] = ..., old_value: _Optional[str] = ..., new_value: _Optional[str] = ...) -> None: ...
 
 class InventoryRefreshResult(_message.Message):
-    __slots__ = ("inventory", "changes", "first", "seconds")
+    __slots__ = ("inventory", "changes", "first", "seconds", "conformance")
     INVENTORY_FIELD_NUMBER: _ClassVar[int]
     CHANGES_FIELD_NUMBER: _ClassVar[int]
     FIRST_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CONFORMANCE_FIELD_NUMBER: _ClassVar[int]
     inventory: Inventory
     changes: _containers.RepeatedCompositeFieldContainer[InventoryChange]
     first: bool
     seconds: float
-    def __init__(self, inventory: _Optional[_Union[Inventory, _Mapping]] = ..., changes: _Optional[_Iterable[_Union[InventoryChange, _Mapping]]] = ..., first: _Optional[bool] = ..., seconds: _Optional[float] = ...) -> None: ...
+    conformance: Conformance
+    def __init__(self, inventory: _Optional[_Union[Inventory, _Mapping]] = ..., changes: _Optional[_Iterable[_Union[InventoryChange, _Mapping]]] = ..., first: _Optional[bool] = ..., seconds: _Optional[float] = ..., conformance: _Optional[_Union[Conformance, _Mapping]] = ...) -> None: ...
 
 class LogsCollectRequest(_message.Message):
     __slots__ = ("paths", "upload_url", "max_bytes", "max_file_bytes", "include_kernel_log", "include_system_journal", "since_seconds", "http_headers", "ca_bundle_pem")

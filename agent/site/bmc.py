@@ -107,7 +107,12 @@ class BmcClient(Protocol):
     def set_boot_device(self, setting: BootSetting) -> None: ...
 
     def query(self) -> site_pb2.BmcOperationResult:
-        """system, nics, sensors and power_state filled in."""
+        """system, nics, sensors and power_state filled in (and the firmware inventory where
+        the BMC has one)."""
+        ...
+
+    def event_log(self, since: int) -> list[site_pb2.BmcLogEntry]:
+        """The BMC's event log entries since ``since`` (seconds since 1970; 0: all)."""
         ...
 
     def set_password(self, username: str, new_password: str) -> None: ...

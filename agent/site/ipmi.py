@@ -31,6 +31,9 @@ things: Unsupported, use Redfish.
 from __future__ import annotations
 
 import contextlib
+import csv
+import datetime
+import io
 import ipaddress
 import logging
 import os
@@ -52,6 +55,7 @@ from agent.errors import (
     Unsupported,
 )
 from agent.proto import site_pb2
+from agent.site import events
 from agent.site.bmc import (
     BootDevice,
     BootMode,
@@ -221,6 +225,27 @@ def parse_sdr(text: str) -> list[site_pb2.BmcSensor]:
             continue
         sensors.append(sensor)
     return sensors
+
+
+def parse_sel(text: str) -> list[site_pb2.BmcLogEntry]:
+    """``ipmitool -c sel elist`` (CSV: id, date, time, sensor, event, direction) -> entries.
+
+    The date and time are the BMC's clock, taken as UTC; a record stamped before the clock was
+    set reads "Pre-Init" and a count of seconds, and has no absolute time (created_unix 0)."""
+    out = []
+    for row in csv.reader(io.StringIO(text)):
+        if len(row) < 5 or not row[0].strip():
+            continue
+        record, date, clock = row[0].strip(), row[1].strip(), row[2].strip()
+        unix = 0
+        created = f"{date} {clock}".strip()
+        with contextlib.suppress(ValueError):
+            stamp = datetime.datetime.strptime(created, "%m/%d/%Y %H:%M:%S")
+            unix = int(stamp.replace(tzinfo=datetime.UTC).timestamp())
+        event = " ".join(part.strip() for part in row[4:] if part.strip())
+        out.append(site_pb2.BmcLogEntry(id=record, created=created, created_unix=unix, message=event,
+                                        sensor=row[3].strip(), log="sel"))
+    return out
 
 
 def parse_lan_mac(text: str) -> str:
@@ -419,6 +444,10 @@ class IpmiClient:
             result.nics.append(site_pb2.BmcNic(id=f"bmc-lan{self.channel}", mac_address=mac))
         result.values["ipmi_version"] = mc["ipmi_version"]
         return result
+
+    def event_log(self, since: int) -> list[site_pb2.BmcLogEntry]:
+        # -c: ipmitool's CSV output, not its table; an empty SEL prints "SEL has no entries".
+        return events.keep(parse_sel(self.run("-c", "sel", "elist", verbose=False)), since)
 
     def user_id(self, username: str) -> int:
         uid = parse_user_id(self.run("user", "list", str(self.channel)), username)

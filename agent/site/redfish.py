@@ -52,7 +52,7 @@ from agent.errors import (
     Unsupported,
 )
 from agent.proto import site_pb2
-from agent.site import redfish_firmware
+from agent.site import events, redfish_firmware
 from agent.site.bmc import (
     BootDevice,
     BootMode,
@@ -555,8 +555,12 @@ class RedfishClient:
             result.sensors.extend(self.sensors())
         except Unsupported as exc:
             log.info("Redfish %s: no sensors: %s", self.target.address, exc)
+        result.firmware_inventory.extend(redfish_firmware.inventory(self))
         result.attempts = self.attempts
         return result
+
+    def event_log(self, since: int) -> list[site_pb2.BmcLogEntry]:
+        return events.redfish_entries(self, since)
 
     def sensors(self) -> list[site_pb2.BmcSensor]:
         """Thermal and Power (one GET each) where the Chassis has them, else its Sensors."""

@@ -186,3 +186,35 @@ def _link(doc: dict[str, Any], name: str) -> str:
     value = doc.get(name)
     ref = value.get("@odata.id", "") if isinstance(value, dict) else ""
     return ref if isinstance(ref, str) else ""
+
+
+MAX_COMPONENTS = 128
+
+
+def inventory(client: RedfishClient) -> list[site_pb2.BmcFirmwareComponent]:
+    """Every component of the UpdateService's FirmwareInventory (name, version, updateable);
+    empty where the BMC has no UpdateService or no FirmwareInventory."""
+    service_ref = _link(client.root(), "UpdateService")
+    if not service_ref:
+        return []
+    ref = _link(client.get(service_ref), "FirmwareInventory")
+    if not ref:
+        return []
+    answer = client.send("GET", ref, ok=(404,))   # an emulator may link one it does not serve
+    if answer.status == 404:
+        return []
+    out = []
+    for member in answer.doc.get("Members", [])[:MAX_COMPONENTS]:
+        if not isinstance(member, dict):
+            continue
+        if "Version" in member:
+            doc = member
+        elif isinstance(member.get("@odata.id"), str) and member["@odata.id"]:
+            doc = client.get(member["@odata.id"])
+        else:
+            continue
+        out.append(site_pb2.BmcFirmwareComponent(
+            id=str(doc.get("Id") or ""), name=str(doc.get("Name") or ""),
+            version=str(doc.get("Version") or ""), updateable=doc.get("Updateable") is True,
+        ))  # fmt: skip
+    return out

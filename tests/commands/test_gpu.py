@@ -316,3 +316,31 @@ def test_reset_waits_for_a_diagnostic_of_the_same_gpu(config: Config, machine: F
     with held:  # another GPU is not held up
         result = handler.run(other, handler.parse(payload_from_json("gpu.reset", {"gpu": "2"})))
     assert isinstance(result, agent_pb2.GpuResetResult) and result.index == 2
+
+
+def test_xid_events_since_boot_are_findings(config: Config, machine: FakeMachine) -> None:
+    from agent import xid
+    from tests.test_xid import KERNEL_LOG
+
+    machine.set(5, pci_bus=0xAB)  # the GPU the log's Xid 79 names (0000:ab:00.0)
+    handler = gpu_commands.DiagNvml()
+    handler.kernel_log = lambda: xid.parse(KERNEL_LOG)
+    result = handler.run(Context.local("diag.nvml", config), handler.parse(agent_pb2.DiagNvmlRequest()))
+    assert isinstance(result, agent_pb2.DiagNvmlResult)
+    assert result.kernel_log_read and [e.xid for e in result.xid_events] == [13, 13, 79, 154, 999]
+    found = {(f.code, f.gpu_index, f.subject, f.verdict) for f in result.findings}
+    assert ("xid_reboot", 5, "0000:ab:00.0", FAIL) in found               # 79: fallen off the bus
+    assert ("xid_reboot", 1, "0000:2a:00.0", FAIL) in found               # 154: recovery says reboot
+    assert ("xid_unknown", 2, "0000:3a:00.0", WARN) in found
+    assert not any(f.subject == "0000:18:00.0" for f in result.findings)  # 13: the application's
+    assert result.verdict == FAIL
+    message = next(f.message for f in result.findings if f.gpu_index == 5)
+    assert message == "GPU 5: Xid 79 (GPU has fallen off the bus) 1 time(s) since boot: reboot the node"
+
+
+def test_an_unreadable_kernel_log_is_said(config: Config, machine: FakeMachine) -> None:
+    handler = gpu_commands.DiagNvml()
+    handler.kernel_log = lambda: None
+    result = handler.run(Context.local("diag.nvml", config), handler.parse(agent_pb2.DiagNvmlRequest()))
+    assert isinstance(result, agent_pb2.DiagNvmlResult)
+    assert not result.kernel_log_read and not result.xid_events and result.verdict == PASS

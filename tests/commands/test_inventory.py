@@ -75,8 +75,9 @@ def test_changes_against_the_previous_inventory(fake: Path, config: Config) -> N
     assert changes["gpus[0000:88:00.0]"] == ("present", "")
     assert changes["nics[ens1f0np0].link"] == ("false", "true")
     assert changes["system.firmware_version"] == ("2.19.1", "2.20.0")
-    assert not any(p.startswith("gpus[0000:88:00.0].") for p in changes)
-    assert len(changes) == 4
+    assert changes["pci_devices[0000:88:00.0]"] == ("present", "")  # and its PCIe link with it
+    assert not any(p.startswith(("gpus[0000:88:00.0].", "pci_devices[0000:88:00.0].")) for p in changes)
+    assert len(changes) == 5
     assert not refresh(fake, config).changes  # stored again: no change the third time
 
 

@@ -85,6 +85,28 @@ def dmi_table(dimms: int, size_mib: int = 65536, empty_slots: int = 2) -> bytes:
     return b"".join(parts)
 
 
+ROOT_PORT = "0000:00:01.0"
+
+
+def aer_lines(kind: str, total: int) -> str:
+    """An aer_dev_* file as Linux writes it: one line per error, then the total."""
+    names = {"COR": ("RxErr", "BadTLP", "BadDLLP"), "FATAL": ("DLP", "SDES", "Undefined"),
+             "NONFATAL": ("DLP", "SDES", "TLP")}[kind]
+    return "\n".join([f"{names[0]} {total}", *(f"{n} 0" for n in names[1:]), f"TOTAL_ERR_{kind} {total}"])
+
+
+def pcie(d: Path, klass: str, vendor: str, device: str, speed: str, width: int,
+         *, correctable: int = 0) -> None:
+    """A PCIe device's sysfs attributes: ids, class, link at its maximum, AER counts."""
+    for name, value in (("vendor", vendor), ("device", device), ("class", klass),
+                        ("current_link_speed", speed), ("max_link_speed", speed),
+                        ("current_link_width", str(width)), ("max_link_width", str(width)),
+                        ("aer_dev_correctable", aer_lines("COR", correctable)),
+                        ("aer_dev_nonfatal", aer_lines("NONFATAL", 0)),
+                        ("aer_dev_fatal", aer_lines("FATAL", 0))):
+        write(d / name, value)
+
+
 def build_machine(
     root: Path,
     *,
@@ -154,13 +176,18 @@ def build_machine(
             write(device / "vendor", "ATA")
         (dev / name).parent.mkdir(parents=True, exist_ok=True)
         (dev / name).touch()
-    # NICs on PCI
+    # NICs on PCI, behind a root port; both in /sys/bus/pci/devices with their links and AER
+    port = sys / "devices/pci0000:00" / ROOT_PORT
+    pcie(port, "0x060400", "0x8086", "0x352a", "16.0 GT/s PCIe", 16)
+    (sys / "bus/pci/devices").mkdir(parents=True, exist_ok=True)
+    (sys / "bus/pci/devices" / ROOT_PORT).symlink_to(os.path.relpath(port, sys / "bus/pci/devices"))
     for i in range(nics):
         address = f"0000:{0x3b + i // 2:02x}:00.{i % 2}"
-        pci = sys / "devices/pci0000:00" / address
+        pci = port / address
         driver = sys / "bus/pci/drivers/mlx5_core"
         driver.mkdir(parents=True, exist_ok=True)
-        pci.mkdir(parents=True, exist_ok=True)
+        pcie(pci, "0x020000", "0x15b3", "0x101d", "16.0 GT/s PCIe", 16)
+        (sys / "bus/pci/devices" / address).symlink_to(os.path.relpath(pci, sys / "bus/pci/devices"))
         if not (pci / "driver").exists():
             (pci / "driver").symlink_to(os.path.relpath(driver, pci))
         net = sys / "class/net" / f"ens{i // 2 + 1}f{i % 2}np{i % 2}"
@@ -189,9 +216,7 @@ def build_machine(
     pci_devices = sys / "bus/pci/devices"
     for i in range(gpus):
         d = pci_devices / f"0000:{0x18 + 0x10 * i:02x}:00.0"
-        write(d / "vendor", "0x10de")
-        write(d / "device", "0x2330")
-        write(d / "class", "0x030200")
+        pcie(d, "0x030200", "0x10de", "0x2330", "32.0 GT/s PCIe", 16)
     others = (("0000:03:00.0", "0x102b", "0x030000"), ("0000:05:00.0", "0x10de", "0x068000"))
     for address, vendor, klass in others:
         write(pci_devices / address / "vendor", vendor)

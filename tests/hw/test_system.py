@@ -152,3 +152,24 @@ def test_this_machine() -> None:
     assert [n.name for n in m.nics] == physical
     for nic in m.nics:
         assert nic.mac == Path(f"/sys/class/net/{nic.name}/address").read_text().strip()
+
+
+def test_nic_driver_info_agrees_with_ethtool() -> None:
+    import shutil
+    import subprocess
+
+    if shutil.which("ethtool") is None:
+        pytest.skip("ethtool is not installed")
+    names = [n for n in sorted(os.listdir("/sys/class/net")) if os.path.exists(f"/sys/class/net/{n}/device")]
+    if not names:
+        pytest.skip("no NIC backed by a device on this machine")
+    for name in names:
+        info = system.driver_info(name)
+        assert info is not None
+        shown = dict(line.split(": ", 1) for line in subprocess.run(
+            ["ethtool", "-i", name], check=True, capture_output=True, text=True).stdout.splitlines()
+            if ": " in line)
+        assert info.driver == shown["driver"] and info.version == shown.get("version", "")
+        assert info.firmware_version == ("" if shown.get("firmware-version", "N/A") == "N/A"
+                                         else shown["firmware-version"])
+    assert system.driver_info("nonexistent0") is None

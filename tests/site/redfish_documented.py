@@ -15,6 +15,10 @@ It is not a BMC and proves only that the client speaks the documented protocol:
 - Errors: a body ``{"error": {"message", "@Message.ExtendedInfo": [{"MessageId","Message"}]}}``.
 - VirtualMedia on the Manager without actions (older BMCs): PATCH Image and Inserted.
 - ResetType AllowableValues given through ``@Redfish.ActionInfo`` when ``action_info``.
+- UpdateService FirmwareInventory: SoftwareInventory members (Name, Version, Updateable), read
+  one by one; LogServices of the Manager (SEL, its entries expanded in the collection and split
+  over two pages by Members@odata.nextLink) and of the System (entries only linked), LogEntry
+  with Created, Severity, Message, SensorType (LogService and LogEntry schemas).
 - Chassis with the newer Sensors collection (Sensor schema: ReadingType, Reading, ReadingUnits)
   instead of Thermal/Power.
 Faults on request: ``fail`` maps (method, path) to a status or "badjson" answered every time.
@@ -41,6 +45,17 @@ VOLUMES = f"{STORAGE}/Volumes"
 JSON = {"Content-Type": "application/json"}
 
 Reply = tuple[int, dict[str, str], bytes]
+
+LOG_ENTRIES = [
+    {"Id": "1", "Created": "2026-11-30T08:00:00+00:00", "Severity": "OK", "Message": "System boot",
+     "SensorType": "OS Boot"},
+    {"Id": "2", "Created": "2026-12-01T19:58:10Z", "Severity": "Warning", "SensorType": "Temperature",
+     "Message": "The system inlet temperature is greater than the upper warning threshold."},
+    {"Id": "3", "Created": "2026-12-01T20:02:00+01:00", "Severity": "Critical", "SensorType": "Power Supply",
+     "Message": "Power supply 2 is lost."},
+    {"Id": "1", "Created": "2026-12-01T20:30:00Z", "Severity": "Critical", "EntryType": "Event",
+     "Message": "GPU 3 is not responding on PCIe."},
+]
 
 
 def error_body(message: str, message_id: str = "Base.1.8.GeneralError") -> bytes:
@@ -144,6 +159,7 @@ class DocumentedBmc:
         self.route("POST", f"{SYS}/Actions/ComputerSystem.Reset", self._reset)
         self.route("GET", MGR, lambda s: ok({"@odata.id": MGR, "FirmwareVersion": "2.81",
                                              "VirtualMedia": {"@odata.id": f"{MGR}/VirtualMedia"},
+                                             "LogServices": {"@odata.id": f"{MGR}/LogServices"},
                                              "Links": {"ManagerForServers": [{"@odata.id": SYS}]}}))
         # virtual media on the Manager, an older BMC's: no actions, PATCH Image and Inserted
         self.route("GET", f"{MGR}/VirtualMedia", lambda s: ok({"Members": [
@@ -178,7 +194,16 @@ class DocumentedBmc:
         self.route("GET", f"{ACCOUNTS}/2", lambda s: ok({"Id": "2", "UserName": next(iter(self.accounts))}))
         self.route("PATCH", f"{ACCOUNTS}/2", self._password)
         # update service
+        firmware = {"BMC": ("iDRAC", "7.00.30.00", True), "BIOS": ("BIOS", "2.19.1", True),
+                    "GPU0": ("GPU 0 VBIOS", "96.00.74.00.01", False)}
+        self.route("GET", f"{UPDATE}/FirmwareInventory", lambda s: ok(
+            {"Members": [{"@odata.id": f"{UPDATE}/FirmwareInventory/{n}"} for n in firmware]}))
+        for fid, (name, version, updateable) in firmware.items():
+            doc = {"Id": fid, "Name": name, "Version": version, "Updateable": updateable}
+            self.route("GET", f"{UPDATE}/FirmwareInventory/{fid}", lambda s, d=doc: ok(d))
+        self._log_routes()
         self.route("GET", UPDATE, lambda s: ok({
+            "FirmwareInventory": {"@odata.id": f"{UPDATE}/FirmwareInventory"},
             "Actions": {"#UpdateService.SimpleUpdate": {
                 "target": f"{UPDATE}/Actions/UpdateService.SimpleUpdate",
                 "TransferProtocol@Redfish.AllowableValues": ["HTTP", "HTTPS"]}},
@@ -201,6 +226,23 @@ class DocumentedBmc:
             headers={"Allow": "GET, POST" if self.volumes_offered else "GET"}))
         self.route("POST", VOLUMES, self._create_volume)
 
+    def _log_routes(self) -> None:
+        ok = self.ok
+        sel = f"{MGR}/LogServices/SEL"
+        events = f"{SYS}/LogServices/EventLog"
+        self.route("GET", f"{MGR}/LogServices", lambda s: ok({"Members": [{"@odata.id": sel}]}))
+        self.route("GET", f"{SYS}/LogServices", lambda s: ok({"Members": [{"@odata.id": events}]}))
+        self.route("GET", sel, lambda s: ok({"Id": "SEL", "Entries": {"@odata.id": f"{sel}/Entries"}}))
+        self.route("GET", events, lambda s: ok(
+            {"Id": "EventLog", "Entries": {"@odata.id": f"{events}/Entries"}}))
+        entries = [LOG_ENTRIES[0], LOG_ENTRIES[1]], [LOG_ENTRIES[2]]
+        self.route("GET", f"{sel}/Entries", lambda s: ok(
+            {"Members": entries[0], "Members@odata.nextLink": f"{sel}/Entries/page2"}))
+        self.route("GET", f"{sel}/Entries/page2", lambda s: ok({"Members": entries[1]}))
+        self.route("GET", f"{events}/Entries", lambda s: ok(
+            {"Members": [{"@odata.id": f"{events}/Entries/1"}]}))
+        self.route("GET", f"{events}/Entries/1", lambda s: ok(LOG_ENTRIES[3]))
+
     def _system(self) -> dict[str, Any]:
         reset: dict[str, Any] = (
             {"@Redfish.ActionInfo": f"{SYS}/ResetActionInfo"} if self.action_info else
@@ -212,6 +254,7 @@ class DocumentedBmc:
             "Status": {"Health": "Warning"},
             "EthernetInterfaces": {"@odata.id": f"{SYS}/EthernetInterfaces"},
             "Storage": {"@odata.id": f"{SYS}/Storage"},
+            "LogServices": {"@odata.id": f"{SYS}/LogServices"},
             "Links": {"Chassis": [{"@odata.id": CHA}]},
             "Actions": {"#ComputerSystem.Reset": {"target": f"{SYS}/Actions/ComputerSystem.Reset", **reset}},
         }
