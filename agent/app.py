@@ -80,34 +80,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     # A handler that computes in Python holds the GIL; hand it over more often than the default
     # 5 ms so the control lane and the session stay responsive (bench/lane_latency.py).
     sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
-    agent = Agent(loaded.config, cmdline=loaded.cmdline)
-    session = Session(agent, loaded.config, SessionOptions(**loaded.session))
-    stopping = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        log.info("%s: stopping", signal.Signals(signum).name)
-        stopping.set()
-        # Not in the handler itself: the interrupted main thread may hold the session's lock.
-        threading.Thread(target=session.stop, name="stop", daemon=True).start()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    # -- site role: its boot service and proxy routes (agent/site/services.py) --
-    site = loaded.config.role == catalog.Role.SITE
-    if site:
+    # -- site role: its boot service and proxy routes (agent/site/services.py), in the context --
+    site = None
+    if loaded.config.role == catalog.Role.SITE:
         from agent.site import services as site_services
 
-        site_services.start(loaded.config)
-    # -- end site role --
-    agent.start()
-    log.info("agent %s serving as %s in role %s, gateway %s", _version(), loaded.config.node_id,
-             loaded.config.role, loaded.config.gateway)
+        site = site_services.start(loaded.config)
     try:
-        session.run()
+        agent = Agent(loaded.config, cmdline=loaded.cmdline, site=site)
+        session = Session(agent, loaded.config, SessionOptions(**loaded.session))
+        stopping = threading.Event()
+
+        def on_signal(signum: int, frame: object) -> None:
+            log.info("%s: stopping", signal.Signals(signum).name)
+            stopping.set()
+            # Not in the handler itself: the interrupted main thread may hold the session's lock.
+            threading.Thread(target=session.stop, name="stop", daemon=True).start()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        agent.start()
+        log.info("agent %s serving as %s in role %s, gateway %s", _version(), loaded.config.node_id,
+                 loaded.config.role, loaded.config.gateway)
+        try:
+            session.run()
+        finally:
+            agent.stop(10.0)
     finally:
-        agent.stop(10.0)
-        if site:
-            site_services.stop()
+        if site is not None:
+            site.stop()
     return EXIT_OK
 
 

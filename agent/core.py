@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf.message import DecodeError, Message
 
@@ -47,6 +47,9 @@ from agent.journal import DEFAULT_COMPACT_BYTES, Entry, Journal, Known, State
 from agent.proto import session_pb2
 from agent.streams import CommandLog, CommandStream, ThreadLogForwarder
 from agent.trust import NodeKey, TrustStore, check_boot, decode_command_body
+
+if TYPE_CHECKING:
+    from agent.site.services import SiteServices
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +120,10 @@ class Agent:
         version_string: str | None = None,
         workers: Mapping[catalog.Lane, int] | None = None,
         journal_compact_bytes: int = DEFAULT_COMPACT_BYTES,
+        site: SiteServices | None = None,
     ) -> None:
         self.config = config
+        self.site = site  # the site role's running services, handed to each command's context
         self.role = catalog.Role(config.role)
         self.handlers: Mapping[str, Handler[Any, Any]] = (
             HandlerTable() if handlers is None else dict(handlers)
@@ -413,6 +418,7 @@ class Agent:
             boot_id=self.boot_id,
             progress_sink=stream.progress,
             locks=self.locks,
+            site_services=self.site,
             log=CommandLog(logging.getLogger(f"agent.command.{kind.name}"), cid, stream),
         )
         handler = self.handlers[kind.name]

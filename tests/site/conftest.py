@@ -25,7 +25,6 @@ import pytest
 from agent import proc
 from agent.catalog import Role
 from agent.config import Config
-from agent.site import services
 from agent.site.bmc import Credentials
 from agent.site.secrets import SecretStore
 from agent.site.services import ServiceSettings, SiteServices
@@ -79,13 +78,9 @@ def site_config(tmp_path: Path) -> Config:
 
 @pytest.fixture
 def site(tmp_path: Path) -> Iterator[SiteServices]:
-    """The site's HTTP service on loopback (no dnsmasq), installed as the process's."""
-    running = services.install(SiteServices(ServiceSettings(
-        address="127.0.0.1", port=0, root=tmp_path / "site")))
-    try:
+    """The site's HTTP service on loopback (no dnsmasq), for a handler's Context.local(site=...)."""
+    with SiteServices(ServiceSettings(address="127.0.0.1", port=0, root=tmp_path / "site")) as running:
         yield running
-    finally:
-        services.stop()
 
 
 @pytest.fixture
