@@ -3,7 +3,8 @@ namespace (``ip netns exec NS python tests/site/site_daemon.py ...``).
 
 It starts the site's services (agent/site/services.py) with the given settings, then reads
 one JSON command a line on stdin ({"kind": "boot.prepareRamdisk", "payload": {...}}), runs the
-kind's real handler with them in its context and writes one JSON line on stdout: {"ok": true, "result": {...}} or {"ok": false, "error": "..."}.
+kind's real handler with them in its context and writes one JSON line on stdout:
+{"ok": true, "result": {...}} or {"ok": false, "error": "..."}.
 Logs (every HTTP request the service answers) go to stderr. EOF on stdin stops it.
 """
 
