@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent import proc
+from agent.atomicfile import write_atomic
 from agent.errors import ToolFailed, ToolMissing
-from agent.launcher import write_atomic
 from agent.site.pxe import BootFile
 
 log = logging.getLogger(__name__)

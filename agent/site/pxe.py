@@ -36,8 +36,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from agent import http
+from agent.atomicfile import write_atomic
 from agent.errors import InvalidParameters, NotFound
-from agent.launcher import write_atomic
 from agent.proto import site_pb2
 
 log = logging.getLogger(__name__)

@@ -39,8 +39,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.atomicfile import fsync_dir, write_atomic
 from agent.errors import AgentError, InvalidParameters, NotFound, Reason, Unsupported
-from agent.launcher import fsync_dir, write_atomic
 from agent.site.bmc import Credentials
 
 log = logging.getLogger(__name__)
