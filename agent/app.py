@@ -194,12 +194,10 @@ def _signed_command(args: argparse.Namespace, kind_name: str, node_id: str) -> t
         return signed, None
     text = (limits.read_bounded(args.payload_file, what="payload file", max_bytes=limits.MAX_JSON_BYTES)
             .decode("utf-8", "replace") if args.payload_file else (args.payload or "{}"))
-    kind = catalog.KINDS.get(kind_name)
-    payload = schema.payload_from_json(kind_name, text).SerializeToString() if kind else b""
-    body = session_pb2.CommandBody(
+    # An unknown kind goes to the agent with no payload: its refusal says unknown_kind.
+    body = schema.command_body(
+        node_id, kind_name, text if kind_name in catalog.KINDS else b"",
         command_id=args.command_id or f"exec-{os.getpid()}-{int(time.time())}",
-        kind=kind_name, node_id=node_id, payload=payload,
-        issued_at_unix_ms=int(time.time() * 1000),
         timeout_seconds=math.ceil(args.timeout) if args.timeout else 0,
     )
     signed = session_pb2.SignedCommand(body=body.SerializeToString())

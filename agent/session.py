@@ -125,7 +125,6 @@ class Session:
         self._drained = threading.Event()
         self.attempt = 0
         self.sessions = 0
-        self.dropped_offline = 0
         agent.subscribe(self._sink)
         agent.add_exit_hook(self._exit_hook)
 
@@ -326,8 +325,8 @@ class Session:
         with self._lock:
             channel = self._channel
             if channel is None:
+                # Offline past the buffer: progress and logs are dropped, results kept (journaled).
                 if frame.WhichOneof("msg") != "result" and len(self._buffer) >= self.options.offline_buffer:
-                    self.dropped_offline += 1
                     return
                 self._buffer.append(frame)
                 return

@@ -216,8 +216,6 @@ class Channel:
         now = time.monotonic()
         self._last_recv = now
         self._last_hb_sent = now
-        self.frames_in = 0
-        self.frames_out = 0
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
     # -- API ------------------------------------------------------------------------------
@@ -389,7 +387,6 @@ class Channel:
                 self._refuse(exc)
                 return None
             for frame in frames:
-                self.frames_in += 1
                 if frame.WhichOneof("msg") == "heartbeat":
                     continue
                 with self._lock:
@@ -414,7 +411,6 @@ class Channel:
                     if not self._out:
                         return False
                     self._pending = self._out.popleft()
-                    self.frames_out += 1
                 data = self._pending
             try:
                 n = self.sock.send(data[:65536])

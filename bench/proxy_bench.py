@@ -117,7 +117,7 @@ def deploy(url: str, size: int, sha256: str, target: str) -> int:
     with path.open("wb") as f:
         f.truncate(size)
     subprocess.run(["sync"], check=True)
-    disk = block.disk_for_path(path)
+    disk = block.file_disk(path)
     handler = DeployImage(disks=lambda: [disk])
     request = agent_pb2.DeployImageRequest(
         url=url, digest=common_pb2.Digest(algorithm="sha256", hex=sha256),

@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, TypeVar
@@ -454,15 +454,6 @@ class Nvml:
 
 
 # -- short forms ---------------------------------------------------------------------------
-
-
-def read_gpus(library: str | None, refs: Sequence[str] = ()) -> tuple[SystemInfo, int, list[GpuState]]:
-    """(system, number of GPUs NVML enumerates, the states of ``refs`` or of all GPUs)."""
-    with open_nvml(library) as nvml:
-        system = nvml.system()
-        count = nvml.count()
-        indices = sorted({nvml.resolve(ref) for ref in refs}) if refs else list(range(count))
-        return system, count, [nvml.read(i) for i in indices]
 
 
 def list_gpus(library: str | None = None) -> list[GpuSummary]:

@@ -330,10 +330,6 @@ class BootEntries:
         with self._lock:
             return sorted(self._entries.values(), key=lambda e: e.mac)
 
-    def next_expiry(self) -> float | None:
-        with self._lock:
-            return min((e.expires_at for e in self._entries.values()), default=None)
-
     # -- what the HTTP service serves --------------------------------------------------
 
     def chain_script(self) -> bytes:

@@ -45,7 +45,6 @@ from agent.site.bmc import Credentials
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DIR = Path("/var/lib/bettercompute-agent/secrets")
 CURRENT = "current.json"
 PENDING = "pending.json"
 MAX_ENTRY_BYTES = 64 * 1024

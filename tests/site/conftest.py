@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -26,6 +26,7 @@ from agent import proc
 from agent.catalog import Role
 from agent.config import Config
 from agent.site.bmc import Credentials
+from agent.site.dnsmasq import DnsmasqSettings, ours
 from agent.site.secrets import SecretStore
 from agent.site.services import ServiceSettings, SiteServices
 from qemu.ipmisim import IpmiSim, free_udp_port, start_ipmi_sim
@@ -74,6 +75,11 @@ def site_config(tmp_path: Path) -> Config:
     return Config(role=Role.SITE, node_id="site-1", state_dir=tmp_path / "state",
                   secrets_dir=store.root)
 
+
+
+def stray_children(settings: DnsmasqSettings, pids: Sequence[int]) -> list[int]:
+    """Those of ``pids`` still running a dnsmasq of these settings."""
+    return [p for p in pids if ours(p, settings)]
 
 
 @pytest.fixture

@@ -25,8 +25,8 @@ from agent import proc
 from agent.commands import handler_for
 from agent.commands.base import Context
 from agent.proto import site_pb2
-from agent.site.dnsmasq import stray_children
 from agent.site.services import ServiceSettings, SiteServices
+from tests.site.conftest import stray_children
 from tests.site.netns import CLIENT, DHCP, IPXE, SITE, Net, wait_listening
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
