@@ -325,14 +325,14 @@ class Agent:
         try:
             body = decode_command_body(cmd.body)
         except InvalidParameters as exc:
-            return _reject("", exc)
+            return wire.reject("", exc)
         cid = body.command_id
         if not cid or len(cid) > MAX_COMMAND_ID or not cid.isprintable() or any(c.isspace() for c in cid):
-            return _reject(cid, InvalidParameters(
+            return wire.reject(cid, InvalidParameters(
                 f"command id must be 1..{MAX_COMMAND_ID} printable characters without spaces"))
         with self._admit:
             if not self._started or self._stopped:
-                return _reject(cid, Draining("the agent is not running"))
+                return wire.reject(cid, Draining("the agent is not running"))
             digest = body_digest(cmd.body)
             known = self.journal.lookup(cid)
             if known is not None:
@@ -341,20 +341,20 @@ class Agent:
                 kind, params, timeout = self._admission(cmd, body, console=console)
             except AgentError as exc:
                 log.info("refused %s %s: %s (%s)", body.kind, cid, exc, exc.reason)
-                return _reject(cid, exc)
+                return wire.reject(cid, exc)
             try:
                 self.journal.accepted(cid, kind.name, digest, cmd.SerializeToString(),
                                       expires_ms=body.expires_at_unix_ms)
             except (OSError, RuntimeError, ValueError) as exc:
                 log.error("cannot journal %s: %s", cid, exc)
-                return _reject(cid, AgentError(f"cannot journal the command: {exc}"))
+                return wire.reject(cid, AgentError(f"cannot journal the command: {exc}"))
             self._enqueue(cid, kind, params, timeout)
         log.info("accepted %s %s on lane %s", kind.name, cid, kind.lane)
         return session_pb2.Accept(command_id=cid, state=session_pb2.QUEUED)
 
     def _known(self, cid: str, found: Entry | Known, digest: str) -> session_pb2.Accept | session_pb2.Reject:
         if found.digest and found.digest != digest:
-            return _reject(cid, AgentError(
+            return wire.reject(cid, AgentError(
                 f"command id {cid} is known with different contents; a command id is never reused",
                 reason=Reason.REPLAYED))
         if isinstance(found, Known):
@@ -465,8 +465,7 @@ class Agent:
         stream: CommandStream | None = None,
     ) -> session_pb2.SignedResult:
         signed = self._result(cid, kind, error, value, started_ms=started_ms)
-        body = session_pb2.ResultBody.FromString(signed.body)
-        status = session_pb2.Status.Name(body.status)
+        status = session_pb2.Status.Name(status_of(error))
         if self._stopped:
             # Stopping cut it short: the journal still says it ran, and the next start decides.
             log.info("%s %s ended by the agent's stop (%s); left to the journal", kind.name, cid, status)
@@ -475,8 +474,8 @@ class Agent:
             self.journal.result(cid, signed.SerializeToString(), status)
         except (OSError, RuntimeError, ValueError) as exc:
             log.error("%s %s: cannot journal the result (%s)", kind.name, cid, exc)
-        log.info("%s %s finished: %s%s", kind.name, cid, status, f" ({body.reason}: {body.message})"
-                 if body.reason else "")
+        log.info("%s %s finished: %s%s", kind.name, cid, status, f" ({error.reason}: {error.message})"
+                 if error is not None else "")
         if stream is not None:
             stream.close()
         self._emit(Frame(result=signed))
@@ -686,10 +685,6 @@ class Agent:
             return
         log.info("re-running %s %s (state %s at restart)", kind.name, entry.id, entry.state)
         self._enqueue(entry.id, kind, params, timeout)
-
-
-def _reject(cid: str, error: AgentError) -> session_pb2.Reject:
-    return session_pb2.Reject(command_id=cid, reason=str(error.reason), message=error.message)
 
 
 def _now_ms() -> int:

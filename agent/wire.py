@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 from google.protobuf.message import DecodeError
 
+from agent.errors import AgentError
 from agent.proto import session_pb2
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,11 @@ class Decoder:
 
 def error_frame(code: str, message: str) -> session_pb2.Frame:
     return session_pb2.Frame(error=session_pb2.ProtocolError(code=code, message=message))
+
+
+def reject(command_id: str, error: AgentError) -> session_pb2.Reject:
+    """The agent's refusal of a command, from the error that refused it."""
+    return session_pb2.Reject(command_id=command_id, reason=str(error.reason), message=error.message)
 
 
 def kind_of(frame: session_pb2.Frame) -> str:
