@@ -7,7 +7,8 @@
 
 One table (``SETTINGS``) drives the argparse flags, the config-file keys and the kernel
 parameters, so the three cannot drift apart; every setting a handler reads is a row of it.
-Kernel parameters that are not in the table (``bc.rejoin=...``) are kept in ``Config.extra``
+Kernel parameters that are not in the table (``bc.rejoin=...``, which the runtime reads from
+the command line itself) are kept in ``Config.extra``, read by no handler by name
 (logs.collect redacts the values of those whose names look secret).
 """
 
