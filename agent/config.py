@@ -37,4 +37,10 @@ class Config:
     # The site role's caps on BMC work (docs/site.md, "How BMC work is scheduled").
     bmc_max_in_flight: int = 256            # BMC operations running at once; the rest queue
     ipmi_max_sessions: int = 64             # ipmitool sessions at once, site-wide
-    extra: dict[str, str] = field(default_factory=dict)  # unknown bc.* settings, kept for handlers
+    # The vendor tools and libraries the GPU kinds use (docs/gpu.md); a name is looked up on PATH.
+    nvml_library: str = ""                  # libnvidia-ml; "" = $BC_NVML_LIBRARY, else the loader's
+    nvidia_smi: str = "nvidia-smi"
+    dcgmi: str = "dcgmi"
+    nv_hostengine: str = "nv-hostengine"
+    snapshot_allow: tuple[Path, ...] = ()   # instance.snapshot's file sources; () = its defaults
+    extra: dict[str, str] = field(default_factory=dict)  # bc.* parameters not in the settings table

@@ -64,6 +64,7 @@ from agent.commands.deploy import DeployImage
 from agent.commands.wipe import Wipe
 from agent.hw import block, diskio
 from agent.proto import agent_pb2, common_pb2
+from tests.diskfixtures import disk_for_path
 
 MiB = 1 << 20
 
@@ -146,7 +147,7 @@ class Bench:
     def __init__(self, target: Path, size: int, runs: int) -> None:
         self.target, self.size, self.runs = target, size, runs
         self.is_file = not target.exists() or target.is_file()
-        self.disk_size = size if self.is_file else block.disk_for_path(target).size
+        self.disk_size = size if self.is_file else disk_for_path(target).size
 
     def reset(self) -> None:
         if self.is_file:
@@ -156,7 +157,7 @@ class Bench:
         subprocess.run(["sync"], check=True)
 
     def disks(self) -> list[block.Disk]:
-        return [block.disk_for_path(self.target)]
+        return [disk_for_path(self.target)]
 
     def dd(self, cmd: str) -> float:
         self.reset()

@@ -24,19 +24,25 @@ import time
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from google.protobuf.message import Message
 
 from agent import bootid, catalog, proc
 from agent.config import Config
-from agent.errors import Cancelled, CommandTimeout
+from agent.errors import Cancelled, CommandTimeout, Unsupported
 from agent.proto import session_pb2
+
+if TYPE_CHECKING:
+    from agent.site.services import SiteServices
 
 Request = TypeVar("Request", bound=Message)
 Params = TypeVar("Params")
 
 ProgressSink = Callable[[session_pb2.Progress], None]
+
+# How often a Meter reports progress (the runtime bounds the frames to the gateway as well).
+PROGRESS_EVERY_SECONDS = 1.0
 
 
 class ResourceLocks:
@@ -94,6 +100,7 @@ class Context:
     timed_out: threading.Event = field(default_factory=threading.Event)
     progress_sink: ProgressSink | None = None
     locks: ResourceLocks = field(default_factory=ResourceLocks)
+    site_services: SiteServices | None = None  # the site daemon's boot service and routes
     log: logging.Logger | logging.LoggerAdapter[Any] = field(
         default_factory=lambda: logging.getLogger("agent.command")
     )
@@ -110,6 +117,7 @@ class Context:
         progress_sink: ProgressSink | None = None,
         command_id: str = "local",
         boot_id: str | None = None,
+        site: SiteServices | None = None,
     ) -> Context:
         k = catalog.KINDS[kind]
         limit = k.timeout_seconds if timeout is None else min(timeout, k.timeout_seconds)
@@ -120,16 +128,25 @@ class Context:
             deadline=time.monotonic() + limit,
             boot_id=bootid.boot_id() if boot_id is None else boot_id,
             progress_sink=progress_sink,
+            site_services=site,
         )
+
+    # -- the site role's services ---------------------------------------------------------
+
+    def site(self) -> SiteServices:
+        """The site daemon's running services, for the boot and proxy kinds; Unsupported
+        when this agent runs none."""
+        if self.site_services is None:
+            raise Unsupported(
+                "the site's boot service and proxy routes are not running on this daemon "
+                "(run `agent run --role site` with --site-address)"
+            )
+        return self.site_services
 
     # -- time and cancellation ----------------------------------------------------------
 
     def remaining(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
-
-    @property
-    def cancelled(self) -> bool:
-        return self.cancel_event.is_set() or time.monotonic() >= self.deadline
 
     def check(self) -> None:
         """Raise Cancelled or CommandTimeout when the command must stop. Call it in loops."""
@@ -177,6 +194,11 @@ class Context:
             )
         )
 
+    def meter(self, *, total: int = 0, subject: str = "",
+              every: float = PROGRESS_EVERY_SECONDS) -> Meter:
+        """A progress meter for one piece of work: rate, ETA and at most a report a second."""
+        return Meter(self, total=total, subject=subject, every=every)
+
     # -- child processes ----------------------------------------------------------------
 
     def _track(self, child: subprocess.Popen[bytes]) -> None:
@@ -192,8 +214,25 @@ class Context:
             self.check()  # a deadline shows up as Cancelled from proc.run; say which
             raise
 
+    @contextlib.contextmanager
+    def running(self, argv: Sequence[str], **kwargs: Any) -> Iterator[proc.Child]:
+        """proc.running, tracked: the runtime kills its process group on timeout or cancel,
+        and a deadline or cancel met while it ran is raised as such."""
+        child: proc.Child | None = None
+        try:
+            with proc.running(argv, on_spawn=self._track, **kwargs) as child:
+                yield child
+        except Exception:
+            self.check()  # the child was killed because the command must stop: say so
+            raise
+        finally:
+            if child is not None:
+                with self._children_guard:
+                    self._children.discard(child.popen)
+
     def spawn(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
-        """proc.spawn, tracked: the runtime kills its process group on timeout or cancel."""
+        """proc.spawn, tracked: the runtime kills its process group on timeout or cancel.
+        A bare Popen for the callers not yet on ``running``, which kills and checks it."""
         return proc.spawn(argv, on_spawn=self._track, **kwargs)
 
     def kill_children(self) -> None:
@@ -209,6 +248,38 @@ class Context:
     def hold(self, *resources: str) -> contextlib.AbstractContextManager[None]:
         """Serialize with any command on another lane that touches the same resource."""
         return self.locks.hold(resources, self.cancel_event, self.deadline)
+
+
+class Meter:
+    """Progress of one piece of work (a disk's wipe, an upload): the rate since it began,
+    the ETA from it, and at most one report every ``every`` seconds (the first, and a forced
+    one, always go). ``Context.meter`` makes one."""
+
+    def __init__(self, ctx: Context, *, total: int = 0, subject: str = "",
+                 every: float = PROGRESS_EVERY_SECONDS) -> None:
+        self.ctx, self.total, self.subject, self.every = ctx, total, subject, every
+        self.started = time.monotonic()
+        self._last: float | None = None
+
+    def due(self) -> bool:
+        """Whether a report now would go (for a caller whose message is costly to build)."""
+        return self._last is None or time.monotonic() - self._last >= self.every
+
+    def update(self, done: int, *, message: str = "", total: int | None = None,
+               force: bool = False) -> bool:
+        """Report ``done`` (of ``total``, default the meter's) when one is due or ``force``;
+        True when it went."""
+        if not force and not self.due():
+            return False
+        now = time.monotonic()
+        self._last = now
+        if total is not None:
+            self.total = total
+        rate = done / max(now - self.started, 1e-6)
+        eta = (self.total - done) / rate if rate and self.total else -1.0
+        self.ctx.progress(done=done, total=self.total, rate=rate, eta_seconds=eta,
+                          subject=self.subject, message=message)
+        return True
 
 
 @dataclass

@@ -325,7 +325,8 @@ def store(state_dir: Path, inv: agent_pb2.Inventory) -> None:
 def gate(ctx: Context, expected: conformance.Expected, root: Path = system.ROOT) -> agent_pb2.Inventory:
     """The acceptance gate before a command changes the node: its inventory (no LLDP, GPUs only
     when the build names them), or NotConforming with every mismatch."""
-    inv = collect(root, skip_gpus=not expected.wants_gpus, nvml_library=gpu.library_path(ctx.config.extra),
+    inv = collect(root, skip_gpus=not expected.wants_gpus,
+                  nvml_library=gpu.library_path(ctx.config.nvml_library),
                   cancel=ctx.cancel_event, kernel_log=lambda: None)
     found = conformance.check(expected, inv)
     if found:
@@ -357,7 +358,7 @@ class InventoryRefresh(Handler[agent_pb2.InventoryRefreshRequest, InventoryParam
             include_lldp=params.include_lldp,
             skip_gpus=params.skip_gpus,
             lldp_seconds=max(0.0, min(LLDP_SECONDS, ctx.remaining() - DEADLINE_MARGIN)),
-            nvml_library=gpu.library_path(ctx.config.extra),
+            nvml_library=gpu.library_path(ctx.config.nvml_library),
             run_tool=run_tool if self.root == system.ROOT else None,
             cancel=ctx.cancel_event,
             kernel_log=self.kernel_log,

@@ -57,8 +57,10 @@ def update(
 ) -> site_pb2.BmcFirmwareTask:
     if bool(image_uri) == (file is not None):
         raise InvalidParameters("firmware: give image_uri or file, one of them")
+    from agent.site.redfish import link  # redfish imports this module: not at the top
+
     where = f"Redfish BMC {client.target.address}"
-    ref = _link(client.root(), "UpdateService")
+    ref = link(client.root(), "UpdateService")
     if not ref:
         raise Unsupported(f"{where} has no UpdateService")
     service = client.get(ref)
@@ -182,22 +184,18 @@ def _retry_after(value: str) -> float:
         return 0.0
 
 
-def _link(doc: dict[str, Any], name: str) -> str:
-    value = doc.get(name)
-    ref = value.get("@odata.id", "") if isinstance(value, dict) else ""
-    return ref if isinstance(ref, str) else ""
-
-
 MAX_COMPONENTS = 128
 
 
 def inventory(client: RedfishClient) -> list[site_pb2.BmcFirmwareComponent]:
     """Every component of the UpdateService's FirmwareInventory (name, version, updateable);
     empty where the BMC has no UpdateService or no FirmwareInventory."""
-    service_ref = _link(client.root(), "UpdateService")
+    from agent.site.redfish import link  # redfish imports this module: not at the top
+
+    service_ref = link(client.root(), "UpdateService")
     if not service_ref:
         return []
-    ref = _link(client.get(service_ref), "FirmwareInventory")
+    ref = link(client.get(service_ref), "FirmwareInventory")
     if not ref:
         return []
     answer = client.send("GET", ref, ok=(404,))   # an emulator may link one it does not serve
