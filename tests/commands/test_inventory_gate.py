@@ -18,7 +18,7 @@ from agent.proto import agent_pb2
 from tests.hw.fake_machine import aer_lines, build_machine
 from tests.test_xid import KERNEL_LOG
 
-NO_NVML = {gpu.LIBRARY_SETTING: "/nonexistent/libnvidia-ml.so.1"}
+NO_NVML = "/nonexistent/libnvidia-ml.so.1"
 
 # What the fake server of tests/hw/fake_machine.py is (GPUs as the fake NVML serves them).
 BUILD = {
@@ -67,7 +67,7 @@ def nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Config, objec
     for i in range(8):
         machine.set(i, pci_bus=0x18 + 0x10 * i)
     monkeypatch.setenv("FAKE_NVML_CONFIG", str(machine.path))
-    return Config(state_dir=tmp_path / "state", extra={gpu.LIBRARY_SETTING: str(library)}), machine
+    return Config(state_dir=tmp_path / "state", nvml_library=str(library)), machine
 
 
 def test_a_node_matching_its_build_passes(fake: Path, nvml: tuple[Config, object]) -> None:
@@ -82,7 +82,7 @@ def test_a_node_matching_its_build_passes(fake: Path, nvml: tuple[Config, object
 
 
 def test_without_an_expected_build_there_is_no_verdict(fake: Path, tmp_path: Path) -> None:
-    result = run(fake, Config(state_dir=tmp_path / "state", extra=dict(NO_NVML)), None)
+    result = run(fake, Config(state_dir=tmp_path / "state", nvml_library=NO_NVML), None)
     assert not result.HasField("conformance")
     assert len(result.inventory.pci_devices) == 8 + 4 + 1  # GPUs, NICs, the root port
     nic = next(n for n in result.inventory.nics if n.name == "ens1f1np1")
@@ -114,7 +114,7 @@ def test_a_missing_gpu_and_a_different_model(fake: Path, nvml: tuple[Config, obj
 
 
 def test_nic_and_nvme_links_and_drives(fake: Path, tmp_path: Path) -> None:
-    config = Config(state_dir=tmp_path / "state", extra=dict(NO_NVML))
+    config = Config(state_dir=tmp_path / "state", nvml_library=NO_NVML)
     nic = fake / "sys/bus/pci/devices/0000:3c:00.0"
     (nic / "current_link_width").write_text("8\n")                 # a NIC trained at x8 ...
     (nic / "current_link_speed").write_text("8.0 GT/s PCIe\n")     # ... and at Gen3
@@ -136,7 +136,7 @@ def test_nic_and_nvme_links_and_drives(fake: Path, tmp_path: Path) -> None:
 
 
 def test_cpu_memory_and_nic_speed(fake: Path, tmp_path: Path) -> None:
-    config = Config(state_dir=tmp_path / "state", extra=dict(NO_NVML))
+    config = Config(state_dir=tmp_path / "state", nvml_library=NO_NVML)
     build = {"cpu_model": "EPYC", "cpu_threads": 32, "memory_bytes": 2 * 2**40,
              "nics": {"speed_mbps": 200000}}
     found = [(m[0], m[3]) for m in mismatches(run(fake, config, build))]
@@ -148,7 +148,7 @@ def test_cpu_memory_and_nic_speed(fake: Path, tmp_path: Path) -> None:
 
 def test_xid_and_aer_in_the_inventory(fake: Path, tmp_path: Path) -> None:
     (fake / "sys/bus/pci/devices/0000:18:00.0/aer_dev_correctable").write_text(aer_lines("COR", 5))
-    config = Config(state_dir=tmp_path / "state", extra=dict(NO_NVML))
+    config = Config(state_dir=tmp_path / "state", nvml_library=NO_NVML)
     inv = run(fake, config, None, log=KERNEL_LOG).inventory
     assert [(e.xid, e.action) for e in inv.xid_events][:3] == [
         (13, agent_pb2.XID_NONE), (13, agent_pb2.XID_NONE), (79, agent_pb2.XID_REBOOT)]
@@ -226,7 +226,7 @@ def test_deploy_image_behind_the_gate(fake: Path, tmp_path: Path) -> None:
 
 
 def test_a_slot_narrower_than_the_build_needs(fake: Path, tmp_path: Path) -> None:
-    config = Config(state_dir=tmp_path / "state", extra=dict(NO_NVML))
+    config = Config(state_dir=tmp_path / "state", nvml_library=NO_NVML)
     build = {"slots": [{"class_code": "0x0200", "min_speed_gts": 16, "min_width": 16}]}
     assert not mismatches(run(fake, config, build))
     port = fake / "sys/bus/pci/devices/0000:00:01.0"
