@@ -13,7 +13,6 @@ from agent.commands.base import Context
 from agent.commands.inventory import InventoryRefresh
 from agent.config import Config
 from agent.errors import InvalidParameters
-from agent.hw import gpu
 from agent.proto import agent_pb2
 from tests.hw.fake_machine import aer_lines, build_machine
 from tests.test_xid import KERNEL_LOG
