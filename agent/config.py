@@ -34,4 +34,7 @@ class Config:
     site_http_port: int = 8088              # its HTTP service (iPXE scripts, routes)
     site_interface: str = ""                # dnsmasq's interface; "" = no proxy DHCP/TFTP
     site_ipxe_dir: Path = Path("/usr/lib/ipxe")  # undionly.kpxe, ipxe.efi (Debian's ipxe)
+    site_store_dir: Path | None = None      # the content store (default: state_dir/site/store)
+    site_store_bytes: int = 64 << 30        # its byte budget (LRU eviction past it)
+    site_metrics_address: str = "127.0.0.1:9108"  # GET /metrics (Prometheus); "" serves none
     extra: dict[str, str] = field(default_factory=dict)  # unknown bc.* settings, kept for handlers

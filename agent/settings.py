@@ -59,6 +59,16 @@ def _port(text: str) -> int:
     return value
 
 
+def _bytes(text: str) -> int:
+    """A byte count: digits with an optional K, M, G or T (powers of 1024)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    mult = units.get(text[-1:].upper(), 1)
+    digits = text[:-1] if mult > 1 else text
+    if not digits.isdigit() or int(digits) == 0:
+        raise ValueError(f"{text!r} is not a byte count (e.g. 64G)")
+    return int(digits) * mult
+
+
 SETTINGS: tuple[Setting, ...] = (
     Setting("gateway", "--gateway", "bc.gateway", str, "gateway address, host:port"),
     Setting("node_id", "--node", "bc.node", str, "this node's id (default: the host name)"),
@@ -86,6 +96,13 @@ SETTINGS: tuple[Setting, ...] = (
             "site role: the provisioning interface for proxy DHCP and TFTP (dnsmasq)"),
     Setting("site_ipxe_dir", "--site-ipxe-dir", "bc.site_ipxe_dir", Path,
             "site role: where undionly.kpxe and ipxe.efi are (default /usr/lib/ipxe)"),
+    Setting("site_store_dir", "--site-store-dir", "bc.site_store_dir", Path,
+            "site role: the content store of image chunks, kernels and initrds, on a disk "
+            "(default STATE_DIR/site/store)"),
+    Setting("site_store_bytes", "--site-store-bytes", "bc.site_store_bytes", _bytes,
+            "site role: the content store's byte budget, e.g. 64G (default 64G)"),
+    Setting("site_metrics_address", "--site-metrics-address", "bc.site_metrics", str,
+            "site role: host:port of GET /metrics, or '' for none (default 127.0.0.1:9108)"),
     Setting("reconnect_min_seconds", "--reconnect-min", "bc.reconnect_min", _positive,
             "base of the reconnect backoff (seconds)", session=True),
     Setting("reconnect_max_seconds", "--reconnect-max", "bc.reconnect_max", _positive,
