@@ -108,13 +108,14 @@ class ChunkCache:
             return fetch.future.result(), fetch.by is by
         raise UpstreamError(f"chunk {seg.index} could not be kept in the store long enough to read")
 
-    def ahead(self, route: Route, seg: Segment, by: object) -> None:
-        """Start fetching ``seg`` on the pool unless it is held, in flight, or the pool is busy."""
+    def ahead(self, route: Route, seg: Segment, by: object) -> bool:
+        """Start fetching ``seg`` on the pool unless it is held, in flight, or the pool is
+        busy; True when this started a fetch."""
         assert seg.digest is not None
         key = seg.digest.hex()
         with self._lock:
             if self._ahead >= FETCH_WORKERS or key in self._inflight or self.store.has(key):
-                return
+                return False
             fetch = self._inflight[key] = _Fetch(by=by)
             self._ahead += 1
 
@@ -131,6 +132,8 @@ class ChunkCache:
             with self._lock:
                 self._ahead -= 1
                 self._inflight.pop(key, None)
+            return False
+        return True
 
     def _fill(self, route: Route, seg: Segment, key: str, fetch: _Fetch) -> None:
         try:
@@ -270,6 +273,7 @@ class _Serving:
         cs = self.plan.chunk_size
         self.segments = self.plan.segments[start // cs: -(-end // cs)]
         self.result = Served(200)
+        self.fetched_ahead: set[int] = set()   # chunks this request's read-ahead fetched
 
     def data_after(self, i: int) -> Segment | None:
         for seg in self.segments[i + 1:]:
@@ -290,14 +294,14 @@ class _Serving:
                 yield zeros[lo:hi]
                 continue
             following = self.data_after(i)
-            if following is not None:
-                self.chunks.ahead(self.route, following, self)
+            if following is not None and self.chunks.ahead(self.route, following, self):
+                self.fetched_ahead.add(following.index)
             if first is not None:
                 data, own = first, self._first_own
                 first = None
             else:
                 data, own = self.chunks.get(self.route, seg, self)
-            if own:
+            if own or seg.index in self.fetched_ahead:
                 self.result.from_upstream += hi - lo
             else:
                 self.result.from_store += hi - lo

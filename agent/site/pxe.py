@@ -216,8 +216,8 @@ class BootEntry(BootSpec):
         data.setdefault("kernel_digest", "")
         data.setdefault("initrd_digest", "")
         entry = cls(**data)
-        if entry.kernel_url and not entry.kernel_digest or \
-                entry.initrd_url and not entry.initrd_digest:
+        if (entry.kernel_url and not entry.kernel_digest) or \
+                (entry.initrd_url and not entry.initrd_digest):
             raise ValueError("a kernel entry without the digests of its files (written by an "
                              "earlier version): register it again")
         return entry

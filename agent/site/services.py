@@ -92,11 +92,9 @@ class SiteServices:
             host, port = parse_host_port(settings.metrics, "site_metrics_address")
             try:
                 self.metrics_service = MetricsService(host, port, self.metrics)
-            except OSError as exc:
-                self.http.server.server_close()
-                raise InvalidParameters(
-                    f"site_metrics_address {settings.metrics}: cannot listen: {exc.strerror}"
-                ) from None
+            except OSError as exc:  # monitoring is not worth the boot service: said, not fatal
+                log.error("site metrics: cannot listen on %s (%s); GET /metrics is not served",
+                          settings.metrics, exc.strerror or exc)
         host = settings.address if ":" not in settings.address else f"[{settings.address}]"
         self.base_url = f"http://{host}:{self.http.port}"
         self.routes.base_url = self.base_url

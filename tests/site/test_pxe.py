@@ -22,6 +22,7 @@ from tests.loopback_http import LoopbackServer
 
 MAC = "52:54:00:12:34:56"
 D = {"hex": "a" * 64}
+K = {"ipxe_script_url": "", "kernel_url": "http://h/k", "kernel_digest": D}
 
 
 def entry(**fields: object) -> site_pb2.ProxyDhcpEntry:
@@ -84,11 +85,11 @@ def test_mac_normalised() -> None:
     ({"ipxe_script_url": "http://10.0.0.1/${net0/ip}"}, "iPXE script"),
     ({"ipxe_script_url": "http://10.0.0.1/x||shell"}, "iPXE script"),
     ({"ipxe_script_url": "", "kernel_url": ""}, "needs ipxe_script_url or kernel_url"),
-    ({"ipxe_script_url": "", "kernel_url": "http://h/k", "kernel_digest": D, "kernel_cmdline": "a\nshell"}, "kernel_cmdline"),
-    ({"ipxe_script_url": "", "kernel_url": "http://h/k", "kernel_digest": D, "kernel_cmdline": "x || shell"}, "kernel_cmdline"),
-    ({"ipxe_script_url": "", "kernel_url": "http://h/k", "kernel_digest": D, "kernel_cmdline": "x=${y}"}, "kernel_cmdline"),
-    ({"ipxe_script_url": "", "kernel_url": "http://h/k", "kernel_digest": D, "kernel_cmdline": 'a="b c"'}, "kernel_cmdline"),
-    ({"ipxe_script_url": "", "kernel_url": "http://h/k", "kernel_digest": D, "kernel_cmdline": "a;b"}, "kernel_cmdline"),
+    ({**K, "kernel_cmdline": "a\nshell"}, "kernel_cmdline"),
+    ({**K, "kernel_cmdline": "x || shell"}, "kernel_cmdline"),
+    ({**K, "kernel_cmdline": "x=${y}"}, "kernel_cmdline"),
+    ({**K, "kernel_cmdline": 'a="b c"'}, "kernel_cmdline"),
+    ({**K, "kernel_cmdline": "a;b"}, "kernel_cmdline"),
     ({"kernel_url": "http://h/k"}, "either ipxe_script_url or kernel_url"),
     ({"ipxe_script_url": "", "kernel_url": "http://h/k"}, "kernel_digest: required"),
     ({"ipxe_script_url": "", "kernel_url": "http://h/k", "kernel_digest": D,
