@@ -10,8 +10,9 @@ default: never the provisioning network unless configured).
 
 Every family is named in ``FAMILIES``, once, with its type and help: a name outside it is a
 programming error (KeyError), so a typo cannot start a series nobody scrapes. The fleet's BMC
-counters (operations in flight, queued, failed by reason) and the PXE offers go in the same
-table when their services count them; a labelled counter takes ``labels`` (e.g. reason=...).
+counters (operations in flight, queued, failed by reason) and the PXE offers have their rows
+in the same table (COUNTED_ELSEWHERE: shown once their services count them, through the
+``Metrics`` the services are given); a labelled counter takes ``labels`` (e.g. reason=...).
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ FAMILIES: Mapping[str, tuple[str, str]] = {
     "bmc_operations_failed_total": ("counter", "BMC operations that failed, by reason."),
     "pxe_offers_total": ("counter", "PXE offers made by the proxy DHCP."),
 }
+# Families another service counts: shown once counted (a 0 would claim a count nobody keeps).
+COUNTED_ELSEWHERE = frozenset({"bmc_operations_in_flight", "bmc_operations_queued",
+                               "bmc_operations_failed_total", "pxe_offers_total"})
 
 
 def _labels(labels: Mapping[str, str]) -> str:
@@ -103,7 +107,7 @@ class Metrics:
                 except Exception:  # a gauge that fails to sample is left out, not the page
                     log.exception("metrics: gauge %s failed", name)
                     continue
-            if not series and kind == "gauge":
+            if not series and (kind == "gauge" or name in COUNTED_ELSEWHERE):
                 continue
             lines.append(f"# HELP {PREFIX}{name} {help_text}")
             lines.append(f"# TYPE {PREFIX}{name} {kind}")
