@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import manifest
+from agent.filesource import file_digest
 from agent.gateway import State
 from agent.proto import session_pb2
 from qemu.harness import Machine, MachineSpec, kernel_args
@@ -200,7 +201,9 @@ class Lifecycle:
             "node_id": name, "mac_address": self.node.mac,
             "boot_file": "ipxe.efi" if self.node.uefi else "undionly.kpxe",
             "ttl_seconds": 1800, "kernel_url": lab.upstream_url(kernel.name),
+            "kernel_digest": {"hex": file_digest(kernel)},
             "initrd_url": lab.upstream_url(initrd.name),
+            "initrd_digest": {"hex": file_digest(initrd)},
             "kernel_cmdline": kernel_args(**lab.settings(name))})
         if not result.entry_id:
             raise self.fail(f"boot.prepareRamdisk: no entry id in {result}")

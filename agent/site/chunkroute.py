@@ -145,10 +145,8 @@ class ChunkCache:
                 log.warning("route %s: chunk %d served without being stored: %s", route.id,
                             seg.index, exc.message)
             fetch.future.set_result(data)
-        except BaseException as exc:
+        except BaseException as exc:  # the waiters' to report (each request logs its own)
             fetch.future.set_exception(exc)
-            # Nobody may be waiting; the error is the waiters' to report.
-            fetch.future.exception()
         finally:
             with self._lock:
                 self._inflight.pop(key, None)
