@@ -12,6 +12,11 @@ and its gateway session. Each step is a command through the reference gateway
     site.httpProxy -> deploy.image -> disk.wipe -> boot.cleanUp -> bmc.boot disk ->
     bmc.power cycle -> disk boot + join -> driver.invoke -> logs.collect -> instance.snapshot
     -> daemon.upgrade
+
+``run_fleet`` (``./dev demo --nodes 3``) runs N nodes at once through the same site daemon
+(qemu/sitefleet.py): each its own BMC and NIC, routes that serve the raw image from the
+site's chunk store, the deploys started together; each node's timeline, then the bytes the
+site fetched from the upstream and served from its store.
 """
 
 from __future__ import annotations
@@ -80,3 +85,39 @@ def run(workdir: Path, say: Callable[[str], None]) -> None:
         say(f"done: {len(node.steps)} steps in {total:.0f}s; console log "
             f"{node.power.dir / (NODE + '-console.log')}, site daemon log {lab.site_log}")
         node.power.stop(force=True)
+
+
+def run_fleet(workdir: Path, count: int, say: Callable[[str], None]) -> None:
+    import secrets
+
+    from agent.site.bmc import Credentials
+    from agent.site.secrets import SecretStore
+    from qemu.ipmisim import start_ipmi_sim
+    from qemu.lab import ensure_ramdisk
+    from qemu.sitefleet import run_fleet as run_all
+    from qemu.sitelab import SiteLab
+    from qemu.sitelife import Bmc, Lifecycle, make_node
+
+    say("building the agent zipapp and the ramdisk (cached under initramfs/out/)")
+    parts = ensure_ramdisk()
+    with SiteLab(workdir, parts) as lab:
+        lab.start_site()
+        say(f"SITE DAEMON joined; {count} nodes, each its own ipmi_sim and tap device")
+        password = secrets.token_urlsafe(12)
+        SecretStore(lab.secrets_dir).put(REF, Credentials(BMC_USER, password))
+        lives = []
+        for i in range(count):
+            node = make_node(lab, f"{NODE}-{i + 1}", mac=f"52:54:00:5e:01:{i + 1:02x}")
+            sim = lab.in_lan(start_ipmi_sim, workdir / f"ipmi-{i + 1}", node.power, BMC_USER, password)
+            lab.closers.append(sim.stop)
+            lives.append(Lifecycle(lab, node, Bmc("ipmi", sim.address, REF), chunk_store=True))
+        try:
+            report = run_all(lab, lives, say)
+        finally:
+            for life in lives:
+                life.node.power.stop(force=True)
+        if report.errors:
+            raise RuntimeError("\n\n".join(report.errors))
+        say(f"done: {count} nodes deployed; from the upstream {report.upstream_bytes} bytes (each of "
+            f"the {report.distinct_data_chunks} distinct data chunks once), from the site's store "
+            f"{report.store_bytes_served} bytes; site daemon log {lab.site_log}")

@@ -256,6 +256,7 @@ class BootEntries:
         self._entries: dict[str, BootEntry] = {}   # by MAC
         self._in_use: frozenset[str] = frozenset()
         self._cached: set[str] = set()   # the kernels and initrds entries put in the store
+        self._fetching: dict[str, threading.Lock] = {}   # digest -> its one download
 
     # -- start -------------------------------------------------------------------------
 
@@ -492,6 +493,15 @@ class BootEntries:
             if digest not in self._cached:
                 self._cached.add(digest)
                 self._save_cached()
+            gate = self._fetching.setdefault(digest, threading.Lock())
+        try:
+            with gate:  # entries registered at once with the same file download it once
+                self._download(url, digest, what, cancel)
+        finally:
+            with self._lock:
+                self._fetching.pop(digest, None)
+
+    def _download(self, url: str, digest: str, what: str, cancel: threading.Event | None) -> None:
         if self.store.has(digest):
             return
         opts = http.HttpOptions(

@@ -496,3 +496,29 @@ def test_daemon_killed_with_chunks_in_flight(tmp_path: Path, image: tuple[bytes,
     assert names and not [n for n in names if n.startswith(".")]
     for name in names:
         assert key_of(store / name) == name
+
+
+def test_entries_registered_at_once_download_their_kernel_once(site: SiteServices) -> None:
+    h = handler_for("boot.prepareRamdisk")
+    assert h is not None
+    kernel = os.urandom(300_000)
+    with LoopbackServer() as srv:
+        url = srv.add("/k", kernel, fault=Fault(delay=0.05))
+        errors: list[BaseException] = []
+
+        def register(i: int) -> None:
+            msg = site_pb2.ProxyDhcpEntry(node_id=f"n{i}", mac_address=f"52:54:00:00:00:0{i}",
+                                          boot_file="undionly.kpxe", kernel_url=url, ttl_seconds=60)
+            msg.kernel_digest.hex = hashlib.sha256(kernel).hexdigest()
+            try:
+                h.run(Context.local("boot.prepareRamdisk"), h.parse(msg))
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=register, args=(i,)) for i in range(1, 4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not errors and len(site.entries.all()) == 3
+        assert len([r for r in srv.requests if r[1] == "/k"]) == 1
