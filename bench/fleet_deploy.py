@@ -248,6 +248,15 @@ def run_command(gw: Any, node: str, kind: str, payload: dict[str, Any], timeout:
     return result
 
 
+def make_routes(gw: Any, nodes: list[str], base: str, version: dict[str, Any]) -> list[str]:
+    """A route with the image's manifest for each node, made by the site daemon."""
+    return [run_command(gw, SITE, "site.httpProxy", {
+        "node_id": n, "upstream_url": f"{base}/{version['file']}",
+        "manifest": {"url": f"{base}/{version['manifest']}",
+                     "digest": {"hex": version["manifest_sha256"]}}}, 120).proxy_url
+        for n in nodes]
+
+
 def deploy_all(gw: Any, nodes: list[str], devices: list[str], urls: list[str],
                manifest_url: str, manifest_sha: str, timeout: float) -> tuple[float, list[Any]]:
     """deploy.image to every node at the same moment; the wall time to the last result."""
@@ -327,57 +336,40 @@ def main() -> int:
             for k in ks:
                 row: dict[str, Any] = {"k": k}
                 v1 = images["v1"]
-                murl = f"{upstream.base}/{v1['manifest']}"
                 # Straight from the upstream, and through the site with its store empty;
                 # which goes first alternates from one K to the next.
 
-                def straight(k: int = k, row: dict[str, Any] = row, v1: dict[str, Any] = v1,
-                             murl: str = murl) -> None:
-                    before = upstream.sent(v1["file"])
-                    wall, results = deploy_all(gw, nodes[:k], devices[:k],
-                                               [f"{upstream.base}/{v1['file']}"] * k, murl,
-                                               v1["manifest_sha256"], a.timeout)
+                def measured(prefix: str, urls: list[str], version: dict[str, Any], k: int = k,
+                             row: dict[str, Any] = row) -> None:
+                    """The K deploys of ``version`` from ``urls``: wall time, upstream bytes, a disk."""
+                    before = upstream.sent(version["file"])
+                    wall, results = deploy_all(gw, nodes[:k], devices[:k], urls,
+                                               f"{upstream.base}/{version['manifest']}",
+                                               version["manifest_sha256"], a.timeout)
                     assert all(r.chunks_verified == images["data_chunks"] for r in results), results[0]
-                    row["straight_s"] = wall
-                    row["straight_upstream_bytes"] = upstream.sent(v1["file"]) - before
-                    row["straight_disk_ok"] = disk_matches(devices[k - 1], work / "upstream" / v1["file"])
+                    row[f"{prefix}_s"] = wall
+                    row[f"{prefix}_upstream_bytes"] = upstream.sent(version["file"]) - before
+                    row[f"{prefix}_disk_ok"] = disk_matches(devices[k - 1],
+                                                            work / "upstream" / version["file"])
 
-                def through_site(k: int = k, row: dict[str, Any] = row, v1: dict[str, Any] = v1,
-                                 murl: str = murl) -> None:
+                def straight(k: int = k, v1: dict[str, Any] = v1) -> None:
+                    measured("straight", [f"{upstream.base}/{v1['file']}"] * k, v1)
+
+                def through_site(k: int = k, row: dict[str, Any] = row, v1: dict[str, Any] = v1) -> None:
                     site.stop()
                     shutil.rmtree(store, ignore_errors=True)
                     site.start()
                     gw.wait_node(SITE, 120, sessions=len(rows) + 1)
-                    routes = [run_command(gw, SITE, "site.httpProxy", {
-                        "node_id": n, "upstream_url": f"{upstream.base}/{v1['file']}",
-                        "manifest": {"url": murl, "digest": {"hex": v1["manifest_sha256"]}}},
-                        120).proxy_url for n in nodes[:k]]
+                    routes = make_routes(gw, nodes[:k], upstream.base, v1)
                     cpu0 = site.cpu_seconds()
-                    before = upstream.sent(v1["file"])
-                    wall, results = deploy_all(gw, nodes[:k], devices[:k], routes, murl,
-                                               v1["manifest_sha256"], a.timeout)
-                    assert all(r.chunks_verified == images["data_chunks"] for r in results), results[0]
-                    row["site_s"] = wall
-                    row["site_upstream_bytes"] = upstream.sent(v1["file"]) - before
+                    measured("site", routes, v1)
                     row["site_cpu_s"] = site.cpu_seconds() - cpu0
-                    row["site_disk_ok"] = disk_matches(devices[k - 1], work / "upstream" / v1["file"])
 
                 for mode in ((straight, through_site) if len(rows) % 2 == 0 else (through_site, straight)):
                     mode()
                 # The second version, to the same K, the store warm from the first.
                 v2 = images["v2"]
-                murl2 = f"{upstream.base}/{v2['manifest']}"
-                routes = [run_command(gw, SITE, "site.httpProxy", {
-                    "node_id": n, "upstream_url": f"{upstream.base}/{v2['file']}",
-                    "manifest": {"url": murl2, "digest": {"hex": v2["manifest_sha256"]}}},
-                    120).proxy_url for n in nodes[:k]]
-                before = upstream.sent(v2["file"])
-                wall, results = deploy_all(gw, nodes[:k], devices[:k], routes, murl2,
-                                           v2["manifest_sha256"], a.timeout)
-                assert all(r.chunks_verified == images["data_chunks"] for r in results), results[0]
-                row["v2_s"] = wall
-                row["v2_upstream_bytes"] = upstream.sent(v2["file"]) - before
-                row["v2_disk_ok"] = disk_matches(devices[k - 1], work / "upstream" / v2["file"])
+                measured("v2", make_routes(gw, nodes[:k], upstream.base, v2), v2)
                 row["site_peak_rss"] = site.peak_rss()
                 row["ratio"] = row["site_s"] / row["straight_s"]
                 rows.append(row)

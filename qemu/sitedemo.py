@@ -90,27 +90,19 @@ def run(workdir: Path, say: Callable[[str], None]) -> None:
 def run_fleet(workdir: Path, count: int, say: Callable[[str], None]) -> None:
     import secrets
 
-    from agent.site.bmc import Credentials
-    from agent.site.secrets import SecretStore
-    from qemu.ipmisim import start_ipmi_sim
     from qemu.lab import ensure_ramdisk
+    from qemu.sitefleet import fleet_lives
     from qemu.sitefleet import run_fleet as run_all
     from qemu.sitelab import SiteLab
-    from qemu.sitelife import Bmc, Lifecycle, make_node
 
     say("building the agent zipapp and the ramdisk (cached under initramfs/out/)")
     parts = ensure_ramdisk()
     with SiteLab(workdir, parts) as lab:
         lab.start_site()
         say(f"SITE DAEMON joined; {count} nodes, each its own ipmi_sim and tap device")
-        password = secrets.token_urlsafe(12)
-        SecretStore(lab.secrets_dir).put(REF, Credentials(BMC_USER, password))
-        lives = []
-        for i in range(count):
-            node = make_node(lab, f"{NODE}-{i + 1}", mac=f"52:54:00:5e:01:{i + 1:02x}")
-            sim = lab.in_lan(start_ipmi_sim, workdir / f"ipmi-{i + 1}", node.power, BMC_USER, password)
-            lab.closers.append(sim.stop)
-            lives.append(Lifecycle(lab, node, Bmc("ipmi", sim.address, REF), chunk_store=True))
+        names = [f"{NODE}-{i + 1}" for i in range(count)]
+        macs = [f"52:54:00:5e:01:{i + 1:02x}" for i in range(count)]
+        lives = fleet_lives(lab, names, macs, BMC_USER, secrets.token_urlsafe(12), REF)
         try:
             report = run_all(lab, lives, say)
         finally:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from agent import manifest
 from qemu.sitelab import SiteLab
-from qemu.sitelife import Lifecycle, Step
+from qemu.sitelife import Bmc, Lifecycle, Step, make_node
 
 METRICS = "http://127.0.0.1:9108/metrics"   # the site daemon's default, in the lab's namespace
 BARRIER_TIMEOUT = 1800.0
@@ -39,6 +39,24 @@ class FleetReport:
     upstream_bytes: int = 0                # the site fetched from the upstream
     store_bytes_served: int = 0
     errors: list[str] = field(default_factory=list)
+
+
+def fleet_lives(lab: SiteLab, names: list[str], macs: list[str], username: str, password: str,
+                credentials_ref: str) -> list[Lifecycle]:
+    """A node, its ipmi_sim (the credentials in the site's secret store under
+    ``credentials_ref``) and its Lifecycle with chunk-store routes, for each name."""
+    from agent.site.bmc import Credentials
+    from agent.site.secrets import SecretStore
+    from qemu.ipmisim import start_ipmi_sim
+
+    SecretStore(lab.secrets_dir).put(credentials_ref, Credentials(username, password))
+    lives = []
+    for name, mac in zip(names, macs, strict=True):
+        node = make_node(lab, name, mac=mac)
+        sim = lab.in_lan(start_ipmi_sim, lab.workdir / f"ipmi-{name}", node.power, username, password)
+        lab.closers.append(sim.stop)
+        lives.append(Lifecycle(lab, node, Bmc("ipmi", sim.address, credentials_ref), chunk_store=True))
+    return lives
 
 
 def site_metrics(lab: SiteLab) -> dict[str, float]:

@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from agent import http as agent_http
 from agent.errors import NotFound
@@ -193,15 +193,7 @@ class _Handler(BaseHTTPRequestHandler):
         except FileNotFoundError:
             raise NotFound("gone") from None
         with f:
-            size = os.fstat(f.fileno()).st_size
-            self.send_response(200)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(size))
-            self.end_headers()
-            if method == "GET":
-                self.wfile.flush()
-                self.connection.sendfile(f)
-        log.info("%s %s -> 200, %d bytes", method, _safe(self.path), size)
+            self._send_file(method, f, ctype)
 
     def _stored(self, method: str, digest: str) -> None:
         """A kernel or initrd by its digest, from the store (pinned while it is sent)."""
@@ -211,14 +203,17 @@ class _Handler(BaseHTTPRequestHandler):
         with store.open(digest) as f:
             if f is None:
                 raise NotFound(f"no such cached file {digest}")
-            size = os.fstat(f.fileno()).st_size
-            self.send_response(200)
-            self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(size))
-            self.end_headers()
-            if method == "GET":
-                self.wfile.flush()
-                self.connection.sendfile(f)
+            self._send_file(method, f, "application/octet-stream")
+
+    def _send_file(self, method: str, f: BinaryIO, ctype: str) -> None:
+        size = os.fstat(f.fileno()).st_size
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(size))
+        self.end_headers()
+        if method == "GET":
+            self.wfile.flush()
+            self.connection.sendfile(f)
         log.info("%s %s -> 200, %d bytes", method, _safe(self.path), size)
 
     # -- proxy routes ------------------------------------------------------------------

@@ -9,18 +9,10 @@ disk holds its image byte for byte (sitelife's deploy step reads it back)."""
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator
-
 import pytest
 
-from agent.site.bmc import Credentials
-from agent.site.secrets import SecretStore
-from qemu.ipmisim import start_ipmi_sim
-from qemu.lab import Ramdisk
-from qemu.sitefleet import run_fleet
-from qemu.sitelab import SiteLab, missing_network_prerequisites
-from qemu.sitelife import Bmc, Lifecycle, make_node
+from qemu.sitefleet import fleet_lives, run_fleet
+from qemu.sitelab import SiteLab
 from tests.site.conftest import PASSWORD, REF, USERNAME
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow]
@@ -29,28 +21,8 @@ NODES = ("fleet-n1", "fleet-n2", "fleet-n3")
 MACS = ("52:54:00:5e:00:11", "52:54:00:5e:00:12", "52:54:00:5e:00:13")
 
 
-@pytest.fixture(scope="module")
-def site_lab(ramdisk_parts: Ramdisk, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SiteLab]:
-    reason = missing_network_prerequisites()
-    if reason:
-        pytest.skip(reason)
-    for tool in ("ipmi_sim", "ipmitool"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed (apt-get install openipmi ipmitool)")
-    with SiteLab(tmp_path_factory.mktemp("sitefleet"), ramdisk_parts) as lab:
-        lab.start_site()
-        yield lab
-
-
 def test_three_nodes_deploy_one_download(site_lab: SiteLab) -> None:
-    SecretStore(site_lab.secrets_dir).put(REF, Credentials(USERNAME, PASSWORD))
-    lives = []
-    for name, mac in zip(NODES, MACS, strict=True):
-        node = make_node(site_lab, name, mac=mac)
-        sim = site_lab.in_lan(start_ipmi_sim, site_lab.workdir / f"ipmi-{name}", node.power,
-                              USERNAME, PASSWORD)
-        site_lab.closers.append(sim.stop)
-        lives.append(Lifecycle(site_lab, node, Bmc("ipmi", sim.address, REF), chunk_store=True))
+    lives = fleet_lives(site_lab, list(NODES), list(MACS), USERNAME, PASSWORD, REF)
     try:
         report = run_fleet(site_lab, lives, print)
     finally:

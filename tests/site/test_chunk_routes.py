@@ -6,6 +6,7 @@ answered without a bad byte served or stored."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import http.client
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import threading
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -72,6 +74,25 @@ def chunk_ranges(srv: LoopbackServer, path: str = "/img") -> list[str]:
 
 def digest_of(img: bytes, index: int) -> str:
     return hashlib.sha256(img[index * CHUNK:(index + 1) * CHUNK]).hexdigest()
+
+
+@contextlib.contextmanager
+def upstream_of(img: bytes, m: bytes) -> Iterator[LoopbackServer]:
+    """A loopback upstream serving the image at /img and its manifest at /img.manifest."""
+    with LoopbackServer() as srv:
+        srv.add("/img", img)
+        srv.add("/img.manifest", m)
+        yield srv
+
+
+@contextlib.contextmanager
+def running(settings: ServiceSettings) -> Iterator[SiteServices]:
+    """The site's services with ``settings``, installed as the process's, stopped after."""
+    site = services.install(SiteServices(settings))
+    try:
+        yield site
+    finally:
+        services.stop()
 
 
 def stored(site: SiteServices) -> list[str]:
@@ -265,11 +286,8 @@ def test_max_bytes_holds_across_a_restart_without_a_save_per_request(
     img, m = image
     settings = ServiceSettings(address="127.0.0.1", port=0, root=tmp_path / "site")
     limit = 3 * len(img) // 2
-    with LoopbackServer() as srv:
-        srv.add("/img", img)
-        srv.add("/img.manifest", m)
-        site = services.install(SiteServices(settings))
-        try:
+    with upstream_of(img, m) as srv:
+        with running(settings) as site:
             saves: list[int] = []
             real = site.routes.save_mark
 
@@ -288,51 +306,35 @@ def test_max_bytes_holds_across_a_restart_without_a_save_per_request(
             assert route is not None and route.bytes_used == 100_000 + len(img)
             on_disk = json.loads((site.routes.root / f"{route.id}.json").read_text())
             assert on_disk["bytes_used"] >= route.bytes_used
-        finally:
-            services.stop()
         # After the restart the count is at least what was delivered: nothing past max_bytes.
-        site = services.install(SiteServices(settings))
-        try:
+        with running(settings) as site:
             again = site.routes.lookup(token)
             assert again is not None and again.plan is not None
             assert again.bytes_used >= 100_000 + len(img)
             assert get(url.replace(url.split("/r/")[0], site.base_url))[0] == 403
-        finally:
-            services.stop()
 
 
 def test_a_restart_keeps_the_store_and_the_route(tmp_path: Path, image: tuple[bytes, bytes]) -> None:
     img, m = image
     settings = ServiceSettings(address="127.0.0.1", port=0, root=tmp_path / "site")
-    with LoopbackServer() as srv:
-        srv.add("/img", img)
-        srv.add("/img.manifest", m)
-        site = services.install(SiteServices(settings))
-        try:
+    with upstream_of(img, m) as srv:
+        with running(settings) as site:
             url = add_route(srv.url("/img"), srv.url("/img.manifest"), m)
             assert get(url)[2] == img
-        finally:
-            services.stop()
         fetched = len(chunk_ranges(srv))
         store = tmp_path / "site" / "store"
         (store / f".{'b' * 64}.1234.tmp").write_bytes(b"half a chunk")   # a crash mid-write
         (store / "stray").write_bytes(b"x")
-        site = services.install(SiteServices(settings))
-        try:
+        with running(settings) as site:
             url = site.base_url + "/r/" + url.rsplit("/", 1)[1]
             assert get(url)[2] == img
             assert len(chunk_ranges(srv)) == fetched, "all from the store after the restart"
             assert len(stored(site)) == 6 and site.store.size == 5 * CHUNK + 100
-        finally:
-            services.stop()
         # A route whose kept manifest was altered is dropped at the restart, not served.
         (man,) = (tmp_path / "site" / "routes").glob("*.manifest")
         man.write_bytes(m[:-1] + bytes([m[-1] ^ 1]))
-        site = services.install(SiteServices(settings))
-        try:
+        with running(settings) as site:
             assert site.routes.all() == []
-        finally:
-            services.stop()
 
 
 def test_store_budget_smaller_than_the_image(tmp_path: Path, image: tuple[bytes, bytes]) -> None:
@@ -340,47 +342,35 @@ def test_store_budget_smaller_than_the_image(tmp_path: Path, image: tuple[bytes,
     img, m = image
     settings = ServiceSettings(address="127.0.0.1", port=0, root=tmp_path / "site",
                                store_bytes=2 * CHUNK + 100)
-    with LoopbackServer() as srv:
-        srv.add("/img", img)
-        srv.add("/img.manifest", m)
-        site = services.install(SiteServices(settings))
-        try:
-            url = add_route(srv.url("/img"), srv.url("/img.manifest"), m)
-            assert get(url)[2] == img
-            assert site.store.size <= 2 * CHUNK + 100
-            assert site.metrics.value("store_evictions_total") >= 3
-        finally:
-            services.stop()
+    with upstream_of(img, m) as srv, running(settings) as site:
+        url = add_route(srv.url("/img"), srv.url("/img.manifest"), m)
+        assert get(url)[2] == img
+        assert site.store.size <= 2 * CHUNK + 100
+        assert site.metrics.value("store_evictions_total") >= 3
 
 
 def test_metrics_endpoint(tmp_path: Path, image: tuple[bytes, bytes]) -> None:
     img, m = image
     settings = ServiceSettings(address="127.0.0.1", port=0, root=tmp_path / "site",
                                metrics="127.0.0.1:0")
-    with LoopbackServer() as srv:
-        srv.add("/img", img)
-        srv.add("/img.manifest", m)
-        site = services.install(SiteServices(settings))
-        try:
-            url = add_route(srv.url("/img"), srv.url("/img.manifest"), m)
-            get(url)
-            get(url)
-            assert site.metrics_service is not None
-            status, headers, body = get(f"http://127.0.0.1:{site.metrics_service.port}/metrics")
-            assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
-            text = body.decode()
-            for line in (f"bettercompute_site_upstream_bytes_fetched_total {5 * CHUNK + 100}",
-                         f"bettercompute_site_store_bytes_served_total {5 * CHUNK + 100}",
-                         "bettercompute_site_chunks_verified_total 6",
-                         "bettercompute_site_chunks_rejected_total 0",
-                         "bettercompute_site_routes_open 1",
-                         f"bettercompute_site_store_bytes {5 * CHUNK + 100}",
-                         f"bettercompute_site_zero_bytes_served_total {2 * 7 * CHUNK}",
-                         "# TYPE bettercompute_site_store_hits_total counter"):
-                assert line in text.splitlines(), line
-            assert get(f"http://127.0.0.1:{site.metrics_service.port}/other")[0] == 404
-        finally:
-            services.stop()
+    with upstream_of(img, m) as srv, running(settings) as site:
+        url = add_route(srv.url("/img"), srv.url("/img.manifest"), m)
+        get(url)
+        get(url)
+        assert site.metrics_service is not None
+        status, headers, body = get(f"http://127.0.0.1:{site.metrics_service.port}/metrics")
+        assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = body.decode()
+        for line in (f"bettercompute_site_upstream_bytes_fetched_total {5 * CHUNK + 100}",
+                     f"bettercompute_site_store_bytes_served_total {5 * CHUNK + 100}",
+                     "bettercompute_site_chunks_verified_total 6",
+                     "bettercompute_site_chunks_rejected_total 0",
+                     "bettercompute_site_routes_open 1",
+                     f"bettercompute_site_store_bytes {5 * CHUNK + 100}",
+                     f"bettercompute_site_zero_bytes_served_total {2 * 7 * CHUNK}",
+                     "# TYPE bettercompute_site_store_hits_total counter"):
+            assert line in text.splitlines(), line
+        assert get(f"http://127.0.0.1:{site.metrics_service.port}/other")[0] == 404
     with pytest.raises(InvalidParameters, match="site_metrics_address"):
         SiteServices(ServiceSettings(address="127.0.0.1", port=0, root=tmp_path / "x",
                                      metrics="localhost"))
@@ -421,20 +411,14 @@ def test_a_full_disk_serves_verified_chunks_without_storing(tmp_path: Path,
     try:
         settings = ServiceSettings(address="127.0.0.1", port=0, root=tmp_path / "site",
                                    store_dir=small / "store")
-        with LoopbackServer() as srv:
-            srv.add("/img", img)
-            srv.add("/img.manifest", m)
-            site = services.install(SiteServices(settings))
-            try:
-                url = add_route(srv.url("/img"), srv.url("/img.manifest"), m)
-                assert get(url)[2] == img
-                assert site.metrics.value("store_write_failures_total") >= 4
-                names = stored(site)
-                assert len(names) <= 2 and not [n for n in names if n.startswith(".")]
-                for name in names:
-                    assert key_of(site.store.root / name) == name
-            finally:
-                services.stop()
+        with upstream_of(img, m) as srv, running(settings) as site:
+            url = add_route(srv.url("/img"), srv.url("/img.manifest"), m)
+            assert get(url)[2] == img
+            assert site.metrics.value("store_write_failures_total") >= 4
+            names = stored(site)
+            assert len(names) <= 2 and not [n for n in names if n.startswith(".")]
+            for name in names:
+                assert key_of(site.store.root / name) == name
     finally:
         subprocess.run(["umount", str(small)], check=True)
 
