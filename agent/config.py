@@ -43,4 +43,7 @@ class Config:
     dcgmi: str = "dcgmi"
     nv_hostengine: str = "nv-hostengine"
     snapshot_allow: tuple[Path, ...] = ()   # instance.snapshot's file sources; () = its defaults
+    site_store_dir: Path | None = None      # the content store (default: state_dir/site/store)
+    site_store_bytes: int = 64 << 30        # its byte budget (LRU eviction past it)
+    site_metrics_address: str = "127.0.0.1:9108"  # GET /metrics (Prometheus); "" serves none
     extra: dict[str, str] = field(default_factory=dict)  # bc.* parameters not in the settings table

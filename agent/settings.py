@@ -70,6 +70,14 @@ def _port(text: str) -> int:
 
 def _path_list(text: str) -> tuple[Path, ...]:
     return tuple(Path(p) for p in text.split(":") if p)
+def _bytes(text: str) -> int:
+    """A byte count: digits with an optional K, M, G or T (powers of 1024)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    mult = units.get(text[-1:].upper(), 1)
+    digits = text[:-1] if mult > 1 else text
+    if not digits.isdigit() or int(digits) == 0:
+        raise ValueError(f"{text!r} is not a byte count (e.g. 64G)")
+    return int(digits) * mult
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -111,6 +119,13 @@ SETTINGS: tuple[Setting, ...] = (
             "the nv-hostengine diag.dcgm starts when none runs"),
     Setting("snapshot_allow", "--snapshot-allow", "bc.snapshot_allow", _path_list,
             "instance.snapshot: the folders a file source may be in, colon-separated"),
+    Setting("site_store_dir", "--site-store-dir", "bc.site_store_dir", Path,
+            "site role: the content store of image chunks, kernels and initrds, on a disk "
+            "(default STATE_DIR/site/store)"),
+    Setting("site_store_bytes", "--site-store-bytes", "bc.site_store_bytes", _bytes,
+            "site role: the content store's byte budget, e.g. 64G (default 64G)"),
+    Setting("site_metrics_address", "--site-metrics-address", "bc.site_metrics", str,
+            "site role: host:port of GET /metrics, or '' for none (default 127.0.0.1:9108)"),
     Setting("reconnect_min_seconds", "--reconnect-min", "bc.reconnect_min", _positive,
             "base of the reconnect backoff (seconds)", session=True),
     Setting("reconnect_max_seconds", "--reconnect-max", "bc.reconnect_max", _positive,

@@ -162,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--uefi", action="store_true",
                         help="the former demo under UEFI (OVMF), PXE by iPXE's EFI build; an ESP on the node "
                              "image")
+    parser.add_argument("--nodes", type=int, default=1, choices=range(1, 9), metavar="N",
+                        help="N nodes at once through the site daemon (1-8): routes served from the "
+                             "site's chunk store, each node's timeline, the bytes from the upstream "
+                             "and from the cache")
     parser.add_argument("--arch", choices=("amd64", "arm64"), default="amd64",
                         help="the node's architecture (arm64: the former demo on -M virt, UEFI PXE through "
                              "GRUB)")
@@ -171,9 +175,14 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("demo: run as root (the ramdisk builder chroots into the ramdisk's root)")
     if not args.no_install:
         install_packages(args.arch, args.uefi, () if user_net else sitedemo.missing_packages())
+    if args.nodes > 1 and user_net:
+        parser.error("--nodes: the site-driven demo only (not with --user-net, --uefi, --arch)")
     if not user_net:
         shutil.rmtree(args.workdir, ignore_errors=True)
-        sitedemo.run(args.workdir, Timeline().say)
+        if args.nodes > 1:
+            sitedemo.run_fleet(args.workdir, args.nodes, Timeline().say)
+        else:
+            sitedemo.run(args.workdir, Timeline().say)
         return 0
 
     from agent.proto import session_pb2

@@ -12,6 +12,11 @@ and its gateway session. Each step is a command through the reference gateway
     site.httpProxy -> deploy.image -> disk.wipe -> boot.cleanUp -> bmc.boot disk ->
     bmc.power cycle -> disk boot + join -> driver.invoke -> logs.collect -> instance.snapshot
     -> daemon.upgrade
+
+``run_fleet`` (``./dev demo --nodes 3``) runs N nodes at once through the same site daemon
+(qemu/sitefleet.py): each its own BMC and NIC, routes that serve the raw image from the
+site's chunk store, the deploys started together; each node's timeline, then the bytes the
+site fetched from the upstream and served from its store.
 """
 
 from __future__ import annotations
@@ -80,3 +85,31 @@ def run(workdir: Path, say: Callable[[str], None]) -> None:
         say(f"done: {len(node.steps)} steps in {total:.0f}s; console log "
             f"{node.power.dir / (NODE + '-console.log')}, site daemon log {lab.site_log}")
         node.power.stop(force=True)
+
+
+def run_fleet(workdir: Path, count: int, say: Callable[[str], None]) -> None:
+    import secrets
+
+    from qemu.lab import ensure_ramdisk
+    from qemu.sitefleet import fleet_lives
+    from qemu.sitefleet import run_fleet as run_all
+    from qemu.sitelab import SiteLab
+
+    say("building the agent zipapp and the ramdisk (cached under initramfs/out/)")
+    parts = ensure_ramdisk()
+    with SiteLab(workdir, parts) as lab:
+        lab.start_site()
+        say(f"SITE DAEMON joined; {count} nodes, each its own ipmi_sim and tap device")
+        names = [f"{NODE}-{i + 1}" for i in range(count)]
+        macs = [f"52:54:00:5e:01:{i + 1:02x}" for i in range(count)]
+        lives = fleet_lives(lab, names, macs, BMC_USER, secrets.token_urlsafe(12), REF)
+        try:
+            report = run_all(lab, lives, say)
+        finally:
+            for life in lives:
+                life.node.power.stop(force=True)
+        if report.errors:
+            raise RuntimeError("\n\n".join(report.errors))
+        say(f"done: {count} nodes deployed; from the upstream {report.upstream_bytes} bytes (each of "
+            f"the {report.distinct_data_chunks} distinct data chunks once), from the site's store "
+            f"{report.store_bytes_served} bytes; site daemon log {lab.site_log}")

@@ -3,7 +3,8 @@ gateway: what tests/e2e/test_site_lifecycle.py runs and checks, and what the dem
 
     bmc.query -> boot.prepareRamdisk -> bmc.boot pxe -> bmc.power on -> (PXE boot through the
     site's proxy DHCP, iPXE, the ramdisk joins) -> site.httpProxy -> deploy.image through the
-    route (first gated on a build the node is not: refused, nothing written) -> disk.wipe of the second disk -> boot.cleanUp -> bmc.boot disk -> bmc.power cycle
+    route (first gated on a build the node is not: refused, nothing written) -> disk.wipe of
+    the second disk -> boot.cleanUp -> bmc.boot disk -> bmc.power cycle
     -> (the node boots its deployed disk and joins in role node)
 
 Each step is checked where it happens and again from outside where it can be (the node
@@ -16,6 +17,7 @@ as it completes.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
 import re
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import manifest
+from agent.filesource import file_digest
 from agent.gateway import State
 from agent.proto import session_pb2
 from qemu.harness import Machine, MachineSpec, kernel_args
@@ -94,14 +97,23 @@ def make_node(lab: SiteLab, name: str, *, mac: str = NODE_MAC, uefi: bool = Fals
     return SiteNode(name, power, deploy, wipe, image, mac, uefi)
 
 
+ROUTE_CHUNK = 1 * MiB   # the chunk size of the manifests routes serve from the site's store
+
+
 class Lifecycle:
+    """One node's life through the site. ``chunk_store``: the route carries the raw image's
+    manifest and the site serves it from its chunk store (docs/site.md), the deploy names the
+    same manifest; otherwise the route relays the zstd image."""
+
     def __init__(self, lab: SiteLab, node: SiteNode, bmc: Bmc,
-                 on_step: Callable[[Step], None] | None = None) -> None:
+                 on_step: Callable[[Step], None] | None = None, *, chunk_store: bool = False) -> None:
         self.lab = lab
         self.node = node
         self.bmc = bmc
         self.on_step = on_step
         self.proxy_url = ""
+        self.chunk_store = chunk_store
+        self.chunks: Any = None          # the raw image's manifest (chunk_store)
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -192,7 +204,7 @@ class Lifecycle:
         t = time.monotonic()
         lab, name = self.lab, self.node.name
         kernel, initrd = lab.www / "vmlinuz", lab.www / f"{name}-ramdisk.img"
-        if not kernel.exists():
+        with contextlib.suppress(FileExistsError):  # shared by every node of the lab
             os.link(lab.ramdisk.kernel, kernel)
         initrd.unlink(missing_ok=True)
         os.link(lab.initrd(name, lab.overlay(test=True)), initrd)
@@ -200,7 +212,9 @@ class Lifecycle:
             "node_id": name, "mac_address": self.node.mac,
             "boot_file": "ipxe.efi" if self.node.uefi else "undionly.kpxe",
             "ttl_seconds": 1800, "kernel_url": lab.upstream_url(kernel.name),
+            "kernel_digest": {"hex": file_digest(kernel)},
             "initrd_url": lab.upstream_url(initrd.name),
+            "initrd_digest": {"hex": file_digest(initrd)},
             "kernel_cmdline": kernel_args(**lab.settings(name))})
         if not result.entry_id:
             raise self.fail(f"boot.prepareRamdisk: no entry id in {result}")
@@ -249,10 +263,22 @@ class Lifecycle:
 
     def http_proxy(self) -> None:
         t = time.monotonic()
-        upstream = self.lab.upstream_url(f"{self.node.name}.img.zst")
-        result = self.site("site.httpProxy", {
-            "node_id": self.node.name, "upstream_url": upstream, "ttl_seconds": 1800,
-            "max_bytes": 2 * self.node.image.zst.stat().st_size})
+        payload: dict[str, Any] = {"node_id": self.node.name, "ttl_seconds": 1800}
+        if self.chunk_store:
+            name = f"{self.node.name}.img"
+            if not (self.lab.www / name).exists():
+                os.link(self.node.image.raw, self.lab.www / name)
+            self.chunks = manifest.build(self.node.image.raw, chunk_size=ROUTE_CHUNK)
+            data = self.chunks.SerializeToString(deterministic=True)
+            (self.lab.www / f"{name}.manifest").write_bytes(data)
+            payload.update(upstream_url=self.lab.upstream_url(name),
+                           max_bytes=2 * self.node.image.raw.stat().st_size,
+                           manifest={"url": self.lab.upstream_url(f"{name}.manifest"),
+                                     "digest": {"hex": hashlib.sha256(data).hexdigest()}})
+        else:
+            payload.update(upstream_url=self.lab.upstream_url(f"{self.node.name}.img.zst"),
+                           max_bytes=2 * self.node.image.zst.stat().st_size)
+        result = self.site("site.httpProxy", payload)
         self.proxy_url = result.proxy_url
         if not re.match(r"^http://10\.0\.2\.2:\d+/r/", self.proxy_url):
             raise self.fail(f"site.httpProxy: unexpected proxy_url {self.proxy_url!r}")
@@ -272,13 +298,17 @@ class Lifecycle:
         t = time.monotonic()
         image = self.node.image
         # The image's chunk manifest (`agent manifest`) travels inside the signed payload: each
-        # chunk is verified before it is written, zero chunks are never hashed.
-        chunks = manifest.build(image.zst)
-        payload = {
-            "url": self.proxy_url, "format": "ZSTD",
-            "digest": {"algorithm": "sha256", "hex": image.zst_sha256},
-            "manifest_inline": base64.b64encode(chunks.SerializeToString()).decode(),
-            "target": {"serial": "disk0"}, "verify_readback": True}
+        # chunk is verified before it is written, zero chunks are never hashed. Through a
+        # route with the chunk store the image is the raw one, its manifest the route's.
+        if self.chunk_store:
+            chunks = self.chunks
+            source: dict[str, Any] = {"url": self.proxy_url}
+        else:
+            chunks = manifest.build(image.zst)
+            source = {"url": self.proxy_url, "format": "ZSTD",
+                      "digest": {"algorithm": "sha256", "hex": image.zst_sha256}}
+        payload = {**source, "manifest_inline": base64.b64encode(chunks.SerializeToString()).decode(),
+                   "target": {"serial": "disk0"}, "verify_readback": True}
         refused = self.gate_refused(payload)
         result = self.command(self.node.name, "deploy.image", payload)[1]
         if result.image_bytes != image.raw.stat().st_size or result.verification != "manifest" \
@@ -290,7 +320,9 @@ class Lifecycle:
             raise self.fail("deploy.image succeeded but the disk does not hold the image")
         served = re.findall(r"route \w+ \(node " + re.escape(self.node.name) + r"\) request \d+: "
                             r"GET \S+ -> 20[06], (\d+) bytes", self.lab.site_log_text())
-        if not served or sum(int(n) for n in served) < image.zst.stat().st_size:
+        least = image.zst.stat().st_size if not self.chunk_store else sum(
+            s.length for s in manifest.from_proto(chunks).segments if s.digest is not None)
+        if not served or sum(int(n) for n in served) < least:
             raise self.fail(f"deploy.image succeeded but the route served {served} bytes")
         self.step("deploy.image", t, f"{result.image_bytes // MiB} MiB to disk0, "
                                      f"{sum(int(n) for n in served)} bytes through the route; "

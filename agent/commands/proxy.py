@@ -1,10 +1,19 @@
 """site.httpProxy: a scoped route through the site for one node to one upstream URL
-(agent/site/routes.py says what a route allows; agent/site/web.py serves it)."""
+(agent/site/routes.py says what a route allows; agent/site/web.py serves it). With a
+``manifest`` the route serves the image from the site's chunk store
+(agent/site/chunkroute.py): the manifest is fetched here, checked against its digest and
+parsed before the route exists."""
 
 from __future__ import annotations
 
+import secrets
+
+from agent import filesource
 from agent.commands.base import Context, Handler
+from agent.errors import InvalidParameters
+from agent.manifest import MAX_MANIFEST
 from agent.proto import site_pb2
+from agent.site.chunkroute import load_plan
 from agent.site.routes import RouteRequest
 
 
@@ -14,5 +23,20 @@ class HttpProxyHandler(Handler[site_pb2.HttpProxyRequest, RouteRequest], kind="s
 
     def run(self, ctx: Context, params: RouteRequest) -> site_pb2.HttpProxyResult:
         site = ctx.site()
-        _route, url = site.routes.add(params)
+        if params.manifest is None:
+            _route, url = site.routes.add(params)
+            return site_pb2.HttpProxyResult(proxy_url=url)
+        site.routes.root.mkdir(parents=True, exist_ok=True)
+        work = site.routes.root / f".manifest.{secrets.token_hex(4)}.tmp"
+        try:
+            filesource.fetch(params.manifest, work, cancel=ctx.cancel_event,
+                             ca_file=site.settings.ca_file)
+            if work.stat().st_size > MAX_MANIFEST:
+                raise InvalidParameters(f"manifest: more than {MAX_MANIFEST} bytes")
+            data = work.read_bytes()
+        finally:
+            work.unlink(missing_ok=True)
+        plan = load_plan(data, "manifest")
+        _route, url = site.routes.add(params, data, plan)
+        ctx.progress(message=f"route serves {plan.image_size} bytes from the site's chunk store")
         return site_pb2.HttpProxyResult(proxy_url=url)

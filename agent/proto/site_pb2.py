@@ -22,9 +22,10 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from agent.proto import common_pb2 as agent_dot_proto_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x61gent/proto/site.proto\x12\x15\x62\x65ttercompute.site.v1\"\x90\x02\n\x13\x42mcOperationRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0b\x62mc_address\x18\x02 \x01(\t\x12\x10\n\x08protocol\x18\x03 \x01(\t\x12\x11\n\toperation\x18\x04 \x01(\t\x12N\n\nparameters\x18\x05 \x03(\x0b\x32:.bettercompute.site.v1.BmcOperationRequest.ParametersEntry\x12\x17\n\x0f\x63redentials_ref\x18\x06 \x01(\t\x12\x12\n\nverify_tls\x18\x07 \x01(\x08\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x92\x01\n\tBmcSystem\x12\x14\n\x0cmanufacturer\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06serial\x18\x03 \x01(\t\x12\x14\n\x0c\x62ios_version\x18\x04 \x01(\t\x12\x1c\n\x14\x62mc_firmware_version\x18\x05 \x01(\t\x12\x0e\n\x06health\x18\x06 \x01(\t\x12\x0c\n\x04uuid\x18\x07 \x01(\t\">\n\x06\x42mcNic\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0bmac_address\x18\x02 \x01(\t\x12\x13\n\x0blink_status\x18\x03 \x01(\t\"l\n\tBmcSensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07reading\x18\x03 \x01(\x01\x12\r\n\x05units\x18\x04 \x01(\t\x12\x0e\n\x06health\x18\x05 \x01(\t\x12\x13\n\x0bhas_reading\x18\x06 \x01(\x08\"A\n\rBmcBootDevice\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x12\n\npersistent\x18\x02 \x01(\x08\x12\x0c\n\x04mode\x18\x03 \x01(\t\"\x83\x01\n\x08\x42mcDrive\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06serial\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\x12\x12\n\nmedia_type\x18\x05 \x01(\t\x12\x10\n\x08protocol\x18\x06 \x01(\t\x12\x0e\n\x06health\x18\x07 \x01(\t\"`\n\tBmcVolume\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x03 \x01(\x04\x12\x11\n\traid_type\x18\x04 \x01(\t\x12\x0e\n\x06\x64rives\x18\x05 \x03(\t\"\x94\x01\n\x14\x42mcStorageController\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12/\n\x06\x64rives\x18\x03 \x03(\x0b\x32\x1f.bettercompute.site.v1.BmcDrive\x12\x31\n\x07volumes\x18\x04 \x03(\x0b\x32 .bettercompute.site.v1.BmcVolume\"S\n\x0f\x42mcVirtualMedia\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05image\x18\x02 \x01(\t\x12\x10\n\x08inserted\x18\x03 \x01(\x08\x12\x13\n\x0bmedia_types\x18\x04 \x03(\t\"U\n\x0f\x42mcFirmwareTask\x12\x10\n\x08task_uri\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0f\n\x07percent\x18\x03 \x01(\r\x12\x10\n\x08messages\x18\x04 \x03(\t\"\xfa\x05\n\x12\x42mcOperationResult\x12\x11\n\toperation\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x45\n\x06values\x18\x03 \x03(\x0b\x32\x35.bettercompute.site.v1.BmcOperationResult.ValuesEntry\x12\x13\n\x0bpower_state\x18\x04 \x01(\t\x12\x30\n\x06system\x18\x05 \x01(\x0b\x32 .bettercompute.site.v1.BmcSystem\x12+\n\x04nics\x18\x06 \x03(\x0b\x32\x1d.bettercompute.site.v1.BmcNic\x12\x31\n\x07sensors\x18\x07 \x03(\x0b\x32 .bettercompute.site.v1.BmcSensor\x12\x32\n\x04\x62oot\x18\x08 \x01(\x0b\x32$.bettercompute.site.v1.BmcBootDevice\x12<\n\x07storage\x18\t \x03(\x0b\x32+.bettercompute.site.v1.BmcStorageController\x12=\n\rvirtual_media\x18\n \x03(\x0b\x32&.bettercompute.site.v1.BmcVirtualMedia\x12\x38\n\x08\x66irmware\x18\x0b \x01(\x0b\x32&.bettercompute.site.v1.BmcFirmwareTask\x12\x13\n\x0b\x62mc_message\x18\x0c \x01(\t\x12\x10\n\x08\x61ttempts\x18\r \x01(\r\x12\x16\n\x0esettle_seconds\x18\x0e \x01(\x01\x12G\n\x12\x66irmware_inventory\x18\x0f \x03(\x0b\x32+.bettercompute.site.v1.BmcFirmwareComponent\x12\x32\n\x06\x65vents\x18\x10 \x03(\x0b\x32\".bettercompute.site.v1.BmcLogEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"U\n\x14\x42mcFirmwareComponent\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x12\n\nupdateable\x18\x04 \x01(\x08\"\x80\x01\n\x0b\x42mcLogEntry\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\t\x12\x14\n\x0c\x63reated_unix\x18\x03 \x01(\x03\x12\x10\n\x08severity\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x0e\n\x06sensor\x18\x06 \x01(\t\x12\x0b\n\x03log\x18\x07 \x01(\t\"X\n\x12\x42ootCleanUpRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x15\n\rmac_addresses\x18\x02 \x03(\t\x12\x1a\n\x12keep_ramdisk_cache\x18\x03 \x01(\x08\"$\n\x11\x42ootCleanUpResult\x12\x0f\n\x07removed\x18\x01 \x03(\t\"\xb7\x01\n\x0eProxyDhcpEntry\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bmac_address\x18\x02 \x01(\t\x12\x11\n\tboot_file\x18\x03 \x01(\t\x12\x17\n\x0fipxe_script_url\x18\x04 \x01(\t\x12\x12\n\nkernel_url\x18\x05 \x01(\t\x12\x12\n\ninitrd_url\x18\x06 \x01(\t\x12\x16\n\x0ekernel_cmdline\x18\x07 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x08 \x01(\r\"#\n\x0fProxyDhcpResult\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\t\"z\n\x10HttpProxyRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x14\n\x0cupstream_url\x18\x02 \x01(\t\x12\x17\n\x0f\x61llowed_methods\x18\x03 \x03(\t\x12\x13\n\x0bttl_seconds\x18\x04 \x01(\r\x12\x11\n\tmax_bytes\x18\x05 \x01(\x04\"$\n\x0fHttpProxyResult\x12\x11\n\tproxy_url\x18\x01 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x61gent/proto/site.proto\x12\x15\x62\x65ttercompute.site.v1\x1a\x18\x61gent/proto/common.proto\"\x90\x02\n\x13\x42mcOperationRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0b\x62mc_address\x18\x02 \x01(\t\x12\x10\n\x08protocol\x18\x03 \x01(\t\x12\x11\n\toperation\x18\x04 \x01(\t\x12N\n\nparameters\x18\x05 \x03(\x0b\x32:.bettercompute.site.v1.BmcOperationRequest.ParametersEntry\x12\x17\n\x0f\x63redentials_ref\x18\x06 \x01(\t\x12\x12\n\nverify_tls\x18\x07 \x01(\x08\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x92\x01\n\tBmcSystem\x12\x14\n\x0cmanufacturer\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06serial\x18\x03 \x01(\t\x12\x14\n\x0c\x62ios_version\x18\x04 \x01(\t\x12\x1c\n\x14\x62mc_firmware_version\x18\x05 \x01(\t\x12\x0e\n\x06health\x18\x06 \x01(\t\x12\x0c\n\x04uuid\x18\x07 \x01(\t\">\n\x06\x42mcNic\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0bmac_address\x18\x02 \x01(\t\x12\x13\n\x0blink_status\x18\x03 \x01(\t\"l\n\tBmcSensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07reading\x18\x03 \x01(\x01\x12\r\n\x05units\x18\x04 \x01(\t\x12\x0e\n\x06health\x18\x05 \x01(\t\x12\x13\n\x0bhas_reading\x18\x06 \x01(\x08\"A\n\rBmcBootDevice\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x12\n\npersistent\x18\x02 \x01(\x08\x12\x0c\n\x04mode\x18\x03 \x01(\t\"\x83\x01\n\x08\x42mcDrive\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06serial\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\x12\x12\n\nmedia_type\x18\x05 \x01(\t\x12\x10\n\x08protocol\x18\x06 \x01(\t\x12\x0e\n\x06health\x18\x07 \x01(\t\"`\n\tBmcVolume\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x03 \x01(\x04\x12\x11\n\traid_type\x18\x04 \x01(\t\x12\x0e\n\x06\x64rives\x18\x05 \x03(\t\"\x94\x01\n\x14\x42mcStorageController\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12/\n\x06\x64rives\x18\x03 \x03(\x0b\x32\x1f.bettercompute.site.v1.BmcDrive\x12\x31\n\x07volumes\x18\x04 \x03(\x0b\x32 .bettercompute.site.v1.BmcVolume\"S\n\x0f\x42mcVirtualMedia\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05image\x18\x02 \x01(\t\x12\x10\n\x08inserted\x18\x03 \x01(\x08\x12\x13\n\x0bmedia_types\x18\x04 \x03(\t\"U\n\x0f\x42mcFirmwareTask\x12\x10\n\x08task_uri\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0f\n\x07percent\x18\x03 \x01(\r\x12\x10\n\x08messages\x18\x04 \x03(\t\"\xfa\x05\n\x12\x42mcOperationResult\x12\x11\n\toperation\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x45\n\x06values\x18\x03 \x03(\x0b\x32\x35.bettercompute.site.v1.BmcOperationResult.ValuesEntry\x12\x13\n\x0bpower_state\x18\x04 \x01(\t\x12\x30\n\x06system\x18\x05 \x01(\x0b\x32 .bettercompute.site.v1.BmcSystem\x12+\n\x04nics\x18\x06 \x03(\x0b\x32\x1d.bettercompute.site.v1.BmcNic\x12\x31\n\x07sensors\x18\x07 \x03(\x0b\x32 .bettercompute.site.v1.BmcSensor\x12\x32\n\x04\x62oot\x18\x08 \x01(\x0b\x32$.bettercompute.site.v1.BmcBootDevice\x12<\n\x07storage\x18\t \x03(\x0b\x32+.bettercompute.site.v1.BmcStorageController\x12=\n\rvirtual_media\x18\n \x03(\x0b\x32&.bettercompute.site.v1.BmcVirtualMedia\x12\x38\n\x08\x66irmware\x18\x0b \x01(\x0b\x32&.bettercompute.site.v1.BmcFirmwareTask\x12\x13\n\x0b\x62mc_message\x18\x0c \x01(\t\x12\x10\n\x08\x61ttempts\x18\r \x01(\r\x12\x16\n\x0esettle_seconds\x18\x0e \x01(\x01\x12G\n\x12\x66irmware_inventory\x18\x0f \x03(\x0b\x32+.bettercompute.site.v1.BmcFirmwareComponent\x12\x32\n\x06\x65vents\x18\x10 \x03(\x0b\x32\".bettercompute.site.v1.BmcLogEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"U\n\x14\x42mcFirmwareComponent\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x12\n\nupdateable\x18\x04 \x01(\x08\"\x80\x01\n\x0b\x42mcLogEntry\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\t\x12\x14\n\x0c\x63reated_unix\x18\x03 \x01(\x03\x12\x10\n\x08severity\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x0e\n\x06sensor\x18\x06 \x01(\t\x12\x0b\n\x03log\x18\x07 \x01(\t\"X\n\x12\x42ootCleanUpRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x15\n\rmac_addresses\x18\x02 \x03(\t\x12\x1a\n\x12keep_ramdisk_cache\x18\x03 \x01(\x08\"$\n\x11\x42ootCleanUpResult\x12\x0f\n\x07removed\x18\x01 \x03(\t\"\xa5\x02\n\x0eProxyDhcpEntry\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bmac_address\x18\x02 \x01(\t\x12\x11\n\tboot_file\x18\x03 \x01(\t\x12\x17\n\x0fipxe_script_url\x18\x04 \x01(\t\x12\x12\n\nkernel_url\x18\x05 \x01(\t\x12\x12\n\ninitrd_url\x18\x06 \x01(\t\x12\x16\n\x0ekernel_cmdline\x18\x07 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x08 \x01(\r\x12\x35\n\rkernel_digest\x18\t \x01(\x0b\x32\x1e.bettercompute.agent.v1.Digest\x12\x35\n\rinitrd_digest\x18\n \x01(\x0b\x32\x1e.bettercompute.agent.v1.Digest\"#\n\x0fProxyDhcpResult\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\t\"\xb0\x01\n\x10HttpProxyRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x14\n\x0cupstream_url\x18\x02 \x01(\t\x12\x17\n\x0f\x61llowed_methods\x18\x03 \x03(\t\x12\x13\n\x0bttl_seconds\x18\x04 \x01(\r\x12\x11\n\tmax_bytes\x18\x05 \x01(\x04\x12\x34\n\x08manifest\x18\x06 \x01(\x0b\x32\".bettercompute.agent.v1.FileSource\"$\n\x0fHttpProxyResult\x12\x11\n\tproxy_url\x18\x01 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,46 +36,46 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BMCOPERATIONREQUEST_PARAMETERSENTRY']._serialized_options = b'8\001'
   _globals['_BMCOPERATIONRESULT_VALUESENTRY']._loaded_options = None
   _globals['_BMCOPERATIONRESULT_VALUESENTRY']._serialized_options = b'8\001'
-  _globals['_BMCOPERATIONREQUEST']._serialized_start=50
-  _globals['_BMCOPERATIONREQUEST']._serialized_end=322
-  _globals['_BMCOPERATIONREQUEST_PARAMETERSENTRY']._serialized_start=273
-  _globals['_BMCOPERATIONREQUEST_PARAMETERSENTRY']._serialized_end=322
-  _globals['_BMCSYSTEM']._serialized_start=325
-  _globals['_BMCSYSTEM']._serialized_end=471
-  _globals['_BMCNIC']._serialized_start=473
-  _globals['_BMCNIC']._serialized_end=535
-  _globals['_BMCSENSOR']._serialized_start=537
-  _globals['_BMCSENSOR']._serialized_end=645
-  _globals['_BMCBOOTDEVICE']._serialized_start=647
-  _globals['_BMCBOOTDEVICE']._serialized_end=712
-  _globals['_BMCDRIVE']._serialized_start=715
-  _globals['_BMCDRIVE']._serialized_end=846
-  _globals['_BMCVOLUME']._serialized_start=848
-  _globals['_BMCVOLUME']._serialized_end=944
-  _globals['_BMCSTORAGECONTROLLER']._serialized_start=947
-  _globals['_BMCSTORAGECONTROLLER']._serialized_end=1095
-  _globals['_BMCVIRTUALMEDIA']._serialized_start=1097
-  _globals['_BMCVIRTUALMEDIA']._serialized_end=1180
-  _globals['_BMCFIRMWARETASK']._serialized_start=1182
-  _globals['_BMCFIRMWARETASK']._serialized_end=1267
-  _globals['_BMCOPERATIONRESULT']._serialized_start=1270
-  _globals['_BMCOPERATIONRESULT']._serialized_end=2032
-  _globals['_BMCOPERATIONRESULT_VALUESENTRY']._serialized_start=1987
-  _globals['_BMCOPERATIONRESULT_VALUESENTRY']._serialized_end=2032
-  _globals['_BMCFIRMWARECOMPONENT']._serialized_start=2034
-  _globals['_BMCFIRMWARECOMPONENT']._serialized_end=2119
-  _globals['_BMCLOGENTRY']._serialized_start=2122
-  _globals['_BMCLOGENTRY']._serialized_end=2250
-  _globals['_BOOTCLEANUPREQUEST']._serialized_start=2252
-  _globals['_BOOTCLEANUPREQUEST']._serialized_end=2340
-  _globals['_BOOTCLEANUPRESULT']._serialized_start=2342
-  _globals['_BOOTCLEANUPRESULT']._serialized_end=2378
-  _globals['_PROXYDHCPENTRY']._serialized_start=2381
-  _globals['_PROXYDHCPENTRY']._serialized_end=2564
-  _globals['_PROXYDHCPRESULT']._serialized_start=2566
-  _globals['_PROXYDHCPRESULT']._serialized_end=2601
-  _globals['_HTTPPROXYREQUEST']._serialized_start=2603
-  _globals['_HTTPPROXYREQUEST']._serialized_end=2725
-  _globals['_HTTPPROXYRESULT']._serialized_start=2727
-  _globals['_HTTPPROXYRESULT']._serialized_end=2763
+  _globals['_BMCOPERATIONREQUEST']._serialized_start=76
+  _globals['_BMCOPERATIONREQUEST']._serialized_end=348
+  _globals['_BMCOPERATIONREQUEST_PARAMETERSENTRY']._serialized_start=299
+  _globals['_BMCOPERATIONREQUEST_PARAMETERSENTRY']._serialized_end=348
+  _globals['_BMCSYSTEM']._serialized_start=351
+  _globals['_BMCSYSTEM']._serialized_end=497
+  _globals['_BMCNIC']._serialized_start=499
+  _globals['_BMCNIC']._serialized_end=561
+  _globals['_BMCSENSOR']._serialized_start=563
+  _globals['_BMCSENSOR']._serialized_end=671
+  _globals['_BMCBOOTDEVICE']._serialized_start=673
+  _globals['_BMCBOOTDEVICE']._serialized_end=738
+  _globals['_BMCDRIVE']._serialized_start=741
+  _globals['_BMCDRIVE']._serialized_end=872
+  _globals['_BMCVOLUME']._serialized_start=874
+  _globals['_BMCVOLUME']._serialized_end=970
+  _globals['_BMCSTORAGECONTROLLER']._serialized_start=973
+  _globals['_BMCSTORAGECONTROLLER']._serialized_end=1121
+  _globals['_BMCVIRTUALMEDIA']._serialized_start=1123
+  _globals['_BMCVIRTUALMEDIA']._serialized_end=1206
+  _globals['_BMCFIRMWARETASK']._serialized_start=1208
+  _globals['_BMCFIRMWARETASK']._serialized_end=1293
+  _globals['_BMCOPERATIONRESULT']._serialized_start=1296
+  _globals['_BMCOPERATIONRESULT']._serialized_end=2058
+  _globals['_BMCOPERATIONRESULT_VALUESENTRY']._serialized_start=2013
+  _globals['_BMCOPERATIONRESULT_VALUESENTRY']._serialized_end=2058
+  _globals['_BMCFIRMWARECOMPONENT']._serialized_start=2060
+  _globals['_BMCFIRMWARECOMPONENT']._serialized_end=2145
+  _globals['_BMCLOGENTRY']._serialized_start=2148
+  _globals['_BMCLOGENTRY']._serialized_end=2276
+  _globals['_BOOTCLEANUPREQUEST']._serialized_start=2278
+  _globals['_BOOTCLEANUPREQUEST']._serialized_end=2366
+  _globals['_BOOTCLEANUPRESULT']._serialized_start=2368
+  _globals['_BOOTCLEANUPRESULT']._serialized_end=2404
+  _globals['_PROXYDHCPENTRY']._serialized_start=2407
+  _globals['_PROXYDHCPENTRY']._serialized_end=2700
+  _globals['_PROXYDHCPRESULT']._serialized_start=2702
+  _globals['_PROXYDHCPRESULT']._serialized_end=2737
+  _globals['_HTTPPROXYREQUEST']._serialized_start=2740
+  _globals['_HTTPPROXYREQUEST']._serialized_end=2916
+  _globals['_HTTPPROXYRESULT']._serialized_start=2918
+  _globals['_HTTPPROXYRESULT']._serialized_end=2954
 # @@protoc_insertion_point(module_scope)

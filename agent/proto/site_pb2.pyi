@@ -1,3 +1,4 @@
+from agent.proto import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -243,7 +244,7 @@ class BootCleanUpResult(_message.Message):
     def __init__(self, removed: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ProxyDhcpEntry(_message.Message):
-    __slots__ = ("node_id", "mac_address", "boot_file", "ipxe_script_url", "kernel_url", "initrd_url", "kernel_cmdline", "ttl_seconds")
+    __slots__ = ("node_id", "mac_address", "boot_file", "ipxe_script_url", "kernel_url", "initrd_url", "kernel_cmdline", "ttl_seconds", "kernel_digest", "initrd_digest")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     MAC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     BOOT_FILE_FIELD_NUMBER: _ClassVar[int]
@@ -252,6 +253,8 @@ class ProxyDhcpEntry(_message.Message):
     INITRD_URL_FIELD_NUMBER: _ClassVar[int]
     KERNEL_CMDLINE_FIELD_NUMBER: _ClassVar[int]
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    INITRD_DIGEST_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     mac_address: str
     boot_file: str
@@ -260,7 +263,9 @@ class ProxyDhcpEntry(_message.Message):
     initrd_url: str
     kernel_cmdline: str
     ttl_seconds: int
-    def __init__(self, node_id: _Optional[str] = ..., mac_address: _Optional[str] = ..., boot_file: _Optional[str] = ..., ipxe_script_url: _Optional[str] = ..., kernel_url: _Optional[str] = ..., initrd_url: _Optional[str] = ..., kernel_cmdline: _Optional[str] = ..., ttl_seconds: _Optional[int] = ...) -> None: ...
+    kernel_digest: _common_pb2.Digest
+    initrd_digest: _common_pb2.Digest
+    def __init__(self, node_id: _Optional[str] = ..., mac_address: _Optional[str] = ..., boot_file: _Optional[str] = ..., ipxe_script_url: _Optional[str] = ..., kernel_url: _Optional[str] = ..., initrd_url: _Optional[str] = ..., kernel_cmdline: _Optional[str] = ..., ttl_seconds: _Optional[int] = ..., kernel_digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., initrd_digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ...) -> None: ...
 
 class ProxyDhcpResult(_message.Message):
     __slots__ = ("entry_id",)
@@ -269,18 +274,20 @@ class ProxyDhcpResult(_message.Message):
     def __init__(self, entry_id: _Optional[str] = ...) -> None: ...
 
 class HttpProxyRequest(_message.Message):
-    __slots__ = ("node_id", "upstream_url", "allowed_methods", "ttl_seconds", "max_bytes")
+    __slots__ = ("node_id", "upstream_url", "allowed_methods", "ttl_seconds", "max_bytes", "manifest")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     UPSTREAM_URL_FIELD_NUMBER: _ClassVar[int]
     ALLOWED_METHODS_FIELD_NUMBER: _ClassVar[int]
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     upstream_url: str
     allowed_methods: _containers.RepeatedScalarFieldContainer[str]
     ttl_seconds: int
     max_bytes: int
-    def __init__(self, node_id: _Optional[str] = ..., upstream_url: _Optional[str] = ..., allowed_methods: _Optional[_Iterable[str]] = ..., ttl_seconds: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+    manifest: _common_pb2.FileSource
+    def __init__(self, node_id: _Optional[str] = ..., upstream_url: _Optional[str] = ..., allowed_methods: _Optional[_Iterable[str]] = ..., ttl_seconds: _Optional[int] = ..., max_bytes: _Optional[int] = ..., manifest: _Optional[_Union[_common_pb2.FileSource, _Mapping]] = ...) -> None: ...
 
 class HttpProxyResult(_message.Message):
     __slots__ = ("proxy_url",)

@@ -3,8 +3,12 @@
 An entry says how one NIC boots the ramdisk: which iPXE binary its firmware takes over TFTP
 (``undionly.kpxe`` for BIOS, ``ipxe.efi`` for UEFI: dnsmasq serves each by the architecture
 the client reports, see agent/site/dnsmasq.py) and what the chained iPXE then runs: the
-entry's own script URL, or a kernel and initrd (downloaded once into a cache shared by every
-entry with the same URL, served by the site's HTTP service) with a kernel command line.
+entry's own script URL, or a kernel and initrd with a kernel command line. A kernel and an
+initrd come with their sha256 digests: each is downloaded once, verified, and kept in the
+site's content store (agent/site/chunkstore.py, the one that holds the routes' chunks) under
+its digest, shared by every entry with the same content whatever its URL, and served by the
+site's HTTP service at /cache/<sha256>. The store's budget bounds them; a file a live entry
+uses is never evicted.
 
 On disk, under the boot service's directory (every file written to a temporary sibling and
 renamed into place, as Ironic's dnsmasq PXE filter writes its host files)::
@@ -13,7 +17,8 @@ renamed into place, as Ironic's dnsmasq PXE filter writes its host files)::
     hosts/<mac hex>           dnsmasq's dhcp-hostsdir line for the MAC: "<mac>" (empty once the
                               entry is gone; removed at the next start)
     scripts/<mac-hyphen>.ipxe the per-node iPXE script, served at /pxe/<mac-hyphen>.ipxe
-    cache/<sha256 of URL>     a kernel or initrd, shared
+    cached.json               the digests of the kernels and initrds entries put in the store
+                              (what boot.cleanUp may remove from it)
 
 A MAC without a host line gets no answer from the proxy DHCP (``dhcp-ignore`` of clients not
 "known"), so an expired or removed entry means the node falls through to its disk. The
@@ -23,7 +28,6 @@ A MAC without a host line gets no answer from the proxy DHCP (``dhcp-ignore`` of
 from __future__ import annotations
 
 import enum
-import hashlib
 import json
 import logging
 import os
@@ -37,8 +41,9 @@ from pathlib import Path
 
 from agent import http
 from agent.atomicfile import write_atomic
-from agent.errors import InvalidParameters, NotFound
-from agent.proto import site_pb2
+from agent.errors import ChecksumMismatch, InvalidParameters, NotFound
+from agent.proto import common_pb2, site_pb2
+from agent.site.chunkstore import ChunkStore
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +57,7 @@ _NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 # (iPXE expands ${...}), no quotes or backslash, no "|" or "&&" (iPXE's command separators).
 _URL_CHARS = re.compile(r"^[A-Za-z0-9\-._~:/?#\[\]@!&()*+,;=%]+$")
 _CMDLINE_CHARS = re.compile(r"^[A-Za-z0-9 ._,:=/+@%~\-]*$")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 class BootFile(enum.StrEnum):
@@ -113,6 +119,23 @@ class BootSpec:
     kernel_url: str
     initrd_url: str
     cmdline: str
+    kernel_digest: str         # sha256 hex of the kernel ("" with a script URL)
+    initrd_digest: str         # of the initrd ("" without one)
+
+
+def parse_file_digest(msg: common_pb2.Digest, field: str) -> str:
+    """A kernel's or initrd's sha256 (what names it in the store)."""
+    from agent.image import check_digest
+
+    if not msg.hex:
+        raise InvalidParameters(f"{field}: required with its URL (the sha256 of the file)")
+    if (msg.algorithm or "sha256") != "sha256":
+        raise InvalidParameters(f"{field}: sha256 (the site's store is keyed by sha256), "
+                                f"not {msg.algorithm[:20]!r}")
+    try:
+        return check_digest("sha256", msg.hex)[1]
+    except InvalidParameters as exc:
+        raise InvalidParameters(f"{field}: {exc.message}") from None
 
 
 @dataclass(frozen=True)
@@ -136,16 +159,21 @@ class EntryRequest(BootSpec):
         kernel = msg.kernel_url.strip()
         initrd = msg.initrd_url.strip()
         cmdline = msg.kernel_cmdline.strip()
+        kernel_digest = initrd_digest = ""
         if script:
             script_safe_url(script, "ipxe_script_url")
-            if kernel or initrd or cmdline:
+            if kernel or initrd or cmdline or msg.kernel_digest.hex or msg.initrd_digest.hex:
                 raise InvalidParameters(
                     "give either ipxe_script_url or kernel_url (with initrd_url, kernel_cmdline)"
                 )
         elif kernel:
             script_safe_url(kernel, "kernel_url")
+            kernel_digest = parse_file_digest(msg.kernel_digest, "kernel_digest")
             if initrd:
                 script_safe_url(initrd, "initrd_url")
+                initrd_digest = parse_file_digest(msg.initrd_digest, "initrd_digest")
+            elif msg.initrd_digest.hex:
+                raise InvalidParameters("initrd_digest without an initrd_url")
         else:
             raise InvalidParameters("an entry needs ipxe_script_url or kernel_url")
         if len(cmdline) > MAX_CMDLINE or not _CMDLINE_CHARS.match(cmdline):
@@ -153,8 +181,8 @@ class EntryRequest(BootSpec):
                 "kernel_cmdline: only letters, digits, spaces and . _ , : = / + @ % ~ - "
                 f"(at most {MAX_CMDLINE} characters): anything else could change the iPXE script"
             )
-        return cls(node_id, mac, boot_file, script, kernel, initrd, cmdline,
-                   parse_ttl(msg.ttl_seconds))
+        return cls(node_id, mac, boot_file, script, kernel, initrd, cmdline, kernel_digest,
+                   initrd_digest, parse_ttl(msg.ttl_seconds))
 
 
 @dataclass(frozen=True)
@@ -183,11 +211,16 @@ class BootEntry(BootSpec):
         data = json.loads(text)
         data["boot_file"] = BootFile(data["boot_file"])
         data["mac"] = parse_mac(data["mac"])
-        return cls(**data)
-
-
-def cache_key(url: str) -> str:
-    return hashlib.sha256(url.encode()).hexdigest()
+        # Entries written before kernels carried digests: a script entry reads as it was; a
+        # kernel entry cannot be served by content and is dropped (ValueError).
+        data.setdefault("kernel_digest", "")
+        data.setdefault("initrd_digest", "")
+        entry = cls(**data)
+        if (entry.kernel_url and not entry.kernel_digest) or \
+                (entry.initrd_url and not entry.initrd_digest):
+            raise ValueError("a kernel entry without the digests of its files (written by an "
+                             "earlier version): register it again")
+        return entry
 
 
 def _unlink(path: Path) -> bool:
@@ -207,7 +240,8 @@ class BootEntries:
 
     def __init__(self, root: Path, base_url: str,
                  on_change: Callable[[], None] | None = None,
-                 http_options: http.HttpOptions | None = None) -> None:
+                 http_options: http.HttpOptions | None = None,
+                 store: ChunkStore | None = None) -> None:
         self.root = root
         self.base_url = base_url.rstrip("/")
         self.on_change = on_change
@@ -215,9 +249,14 @@ class BootEntries:
         self.entries_dir = root / "entries"
         self.hosts_dir = root / "hosts"
         self.scripts_dir = root / "scripts"
-        self.cache_dir = root / "cache"
+        # The content store the kernels and initrds are kept in: the site's, shared with the
+        # routes' chunks; a store of its own (root/store) when none is given.
+        self.store = store or ChunkStore(root / "store", protected=self.digests_in_use)
         self._lock = threading.RLock()
         self._entries: dict[str, BootEntry] = {}   # by MAC
+        self._in_use: frozenset[str] = frozenset()
+        self._cached: set[str] = set()   # the kernels and initrds entries put in the store
+        self._fetching: dict[str, threading.Lock] = {}   # digest -> its one download
 
     # -- start -------------------------------------------------------------------------
 
@@ -226,7 +265,7 @@ class BootEntries:
         files and scripts from the entries (anything else in those folders is removed).
         Returns the MACs dropped."""
         for d, mode in ((self.root, 0o700), (self.entries_dir, 0o700), (self.hosts_dir, 0o755),
-                        (self.scripts_dir, 0o755), (self.cache_dir, 0o755)):
+                        (self.scripts_dir, 0o755)):
             d.mkdir(parents=True, exist_ok=True)
             os.chmod(d, mode)
         dropped: list[str] = []
@@ -247,6 +286,7 @@ class BootEntries:
                     dropped.append(entry.mac)
                     continue
                 self._entries[entry.mac] = entry
+            self._entries_changed()
             for leftover in [*self.entries_dir.glob(".*.tmp"), *self.root.glob(".*.tmp")]:
                 _unlink(leftover)
             wanted_hosts = {e.mac_hex for e in self._entries.values()}
@@ -259,8 +299,19 @@ class BootEntries:
                     _unlink(path)
             for entry in self._entries.values():
                 self._write_files(entry)
-            for path in self.cache_dir.glob(".*.tmp"):
+        with self._lock:
+            self._load_cached()
+        old_cache = self.root / "cache"  # the cache by URL of earlier versions
+        if old_cache.is_dir():
+            for path in old_cache.iterdir():
                 _unlink(path)
+            old_cache.rmdir()
+        if self.store.root.parent == self.root:
+            self.store.reconcile()  # its own store; the site's is reconciled by the services
+        missing = {d for d in self.digests_in_use() if not self.store.has(d)}
+        if missing:
+            log.warning("boot entries use %d kernels or initrds the store does not hold; they "
+                        "are fetched again at their next registration", len(missing))
         return dropped
 
     # -- what the handlers do ----------------------------------------------------------
@@ -268,9 +319,9 @@ class BootEntries:
     def register(self, req: EntryRequest, cancel: threading.Event | None = None) -> BootEntry:
         """Add the entry for ``req.mac``, replacing any earlier one of that MAC."""
         if req.kernel_url:
-            self._cache(req.kernel_url, cancel)
+            self._cache(req.kernel_url, req.kernel_digest, "kernel", cancel)
             if req.initrd_url:
-                self._cache(req.initrd_url, cancel)
+                self._cache(req.initrd_url, req.initrd_digest, "initrd", cancel)
         spec = {f.name: getattr(req, f.name) for f in fields(BootSpec)}
         entry = BootEntry(**spec, entry_id=f"{req.mac.replace(':', '')}-{secrets.token_hex(4)}",
                           expires_at=time.time() + req.ttl_seconds)
@@ -283,6 +334,11 @@ class BootEntries:
                          0o600)
             self._write_files(entry)
             self._entries[entry.mac] = entry
+            self._entries_changed()
+        if req.kernel_url:  # evicted before the entry protected them (a store near its budget)
+            self._cache(req.kernel_url, req.kernel_digest, "kernel", cancel)
+            if req.initrd_url:
+                self._cache(req.initrd_url, req.initrd_digest, "initrd", cancel)
         log.info("boot entry %s: node %s, MAC %s, %s, for %ds", entry.entry_id, entry.node_id,
                  entry.mac, entry.boot_file, req.ttl_seconds)
         self._changed()
@@ -302,8 +358,8 @@ class BootEntries:
                 removed.append(f"entry {entry.mac}")
             # A MAC asked for by name whose entry is on disk but not loaded (or of another
             # node id after a re-registration) is left alone: it belongs to that node now.
-            if not keep_cache:
-                removed += [f"cache {k}" for k in self._prune_cache()]
+        if not keep_cache:
+            removed += [f"cache {k}" for k in self._prune_cache()]
         if removed:
             self._changed()
         return removed
@@ -357,13 +413,16 @@ class BootEntries:
             raise NotFound(f"no live boot entry for {mac}")
         return self.scripts_dir / f"{mac.replace(':', '-')}.ipxe"
 
-    def cache_path(self, key: str) -> Path:
-        if not re.fullmatch(r"[0-9a-f]{64}", key):
-            raise NotFound(f"no such cached file {key[:70]!r}")
-        path = self.cache_dir / key
-        if not path.is_file():
-            raise NotFound(f"no such cached file {key}")
-        return path
+    def digests_in_use(self) -> set[str]:
+        """The kernels and initrds live entries boot: the store never evicts them. A snapshot
+        taken at each change, read without the entries' lock (the store asks for it under its
+        own lock, and the entries write to the store: one lock order)."""
+        return set(self._in_use)
+
+    def _entries_changed(self) -> None:
+        """Lock held: refresh the snapshot of the digests in use."""
+        self._in_use = frozenset(d for e in self._entries.values()
+                                 for d in (e.kernel_digest, e.initrd_digest) if d)
 
     # -- inside ------------------------------------------------------------------------
 
@@ -372,13 +431,13 @@ class BootEntries:
         if entry.script_url:
             lines.append(f"chain {entry.script_url} || goto failed")
         else:
-            kernel = f"{self.base_url}/cache/{cache_key(entry.kernel_url)}"
+            kernel = f"{self.base_url}/cache/{entry.kernel_digest}"
             args = entry.cmdline
             if entry.initrd_url:
                 args = f"{args} initrd=initrd.img".strip()
             lines.append(f"kernel --name vmlinuz {kernel} {args}".rstrip() + " || goto failed")
             if entry.initrd_url:
-                initrd = f"{self.base_url}/cache/{cache_key(entry.initrd_url)}"
+                initrd = f"{self.base_url}/cache/{entry.initrd_digest}"
                 lines.append(f"initrd --name initrd.img {initrd} || goto failed")
             lines.append("boot || goto failed")
         lines += [":failed", "echo bettercompute: the ramdisk did not boot; next device",
@@ -398,40 +457,62 @@ class BootEntries:
         _unlink(self.scripts_dir / f"{entry.mac_hyphen}.ipxe")
         _unlink(self.entries_dir / f"{entry.mac_hex}.json")
         self._entries.pop(entry.mac, None)
+        self._entries_changed()
 
     def _prune_cache(self) -> list[str]:
-        used = {cache_key(u) for e in self._entries.values()
-                for u in (e.kernel_url, e.initrd_url) if u}
-        gone = []
-        for path in self.cache_dir.iterdir():
-            if path.name not in used and not path.name.startswith("."):
-                _unlink(path)
-                gone.append(path.name)
-        return sorted(gone)
+        """Remove from the store the kernels and initrds entries cached that no live entry
+        uses any more (the store's other files, the routes' chunks, are not the entries')."""
+        used = self.digests_in_use()
+        with self._lock:
+            gone = sorted(self._cached - used)
+            for digest in gone:
+                self.store.remove(digest)
+            self._cached -= set(gone)
+            if gone:
+                self._save_cached()
+        return gone
 
-    def _cache(self, url: str, cancel: threading.Event | None) -> Path:
-        """Download ``url`` into the shared cache unless it is there already."""
-        path = self.cache_dir / cache_key(url)
-        if path.is_file():
-            return path
-        tmp = self.cache_dir / f".{path.name}.{secrets.token_hex(4)}.tmp"
+    def _save_cached(self) -> None:
+        write_atomic(self.root / "cached.json", json.dumps(sorted(self._cached)).encode(), 0o600)
+
+    def _load_cached(self) -> None:
+        try:
+            names = json.loads((self.root / "cached.json").read_text())
+            self._cached = {n for n in names if isinstance(n, str) and _DIGEST.fullmatch(n)}
+        except (OSError, ValueError, TypeError):
+            self._cached = set()
+
+    def _cache(self, url: str, digest: str, what: str, cancel: threading.Event | None) -> None:
+        """Download ``url`` into the store under ``digest`` unless it holds it already; the
+        bytes are verified before they get the name (ChecksumMismatch: nothing kept)."""
+        with self._lock:
+            if digest not in self._cached:
+                self._cached.add(digest)
+                self._save_cached()
+            gate = self._fetching.setdefault(digest, threading.Lock())
+        try:
+            with gate:  # entries registered at once with the same file download it once
+                self._download(url, digest, what, cancel)
+        finally:
+            with self._lock:
+                self._fetching.pop(digest, None)
+
+    def _download(self, url: str, digest: str, what: str, cancel: threading.Event | None) -> None:
+        if self.store.has(digest):
+            return
         opts = http.HttpOptions(
             ca_pem=self.http_options.ca_pem, ca_file=self.http_options.ca_file,
             timeout=self.http_options.timeout, max_retries=self.http_options.max_retries,
             cancel=cancel,
         )
-        log.info("caching %s", http.redact(url))
+        log.info("caching %s %s (sha256:%s)", what, http.redact(url), digest)
         try:
-            with http.get(url, opts) as body, open(tmp, "wb") as f:
+            with http.get(url, opts) as body, self.store.writer(digest) as w:
                 for chunk in body.iter_chunks(1 << 20):
-                    f.write(chunk)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        finally:
-            _unlink(tmp)
-        return path
+                    w.write(chunk)
+        except ChecksumMismatch as exc:
+            raise ChecksumMismatch(f"{what} {http.redact(url)}: {exc.message}; not cached",
+                                   expected=digest, actual=exc.details.get("actual", "")) from None
 
     def _changed(self) -> None:
         if self.on_change is not None:

@@ -11,7 +11,20 @@ The bytes are streamed (``agent/site/web.py``): nothing is held in memory beyond
 nothing is written to disk. Range and If-Range are passed through, so a download resumes
 through a route. Every request is counted and logged. The routes are state on disk
 (``routes/<id>.json``, mode 0600: the token is a capability) and reconciled at start, so a
-restart of the daemon keeps them (the bytes used are saved after each request).
+restart of the daemon keeps them.
+
+A route with a ``manifest`` (the image's chunk manifest, a FileSource with its digest) is not
+relayed: it serves the image from the site's chunk store (agent/site/chunkroute.py). Its
+manifest is fetched and checked when the route is made and kept beside it
+(``routes/<id>.manifest``, checked against its digest again at start).
+
+The byte count is not saved after every request (two fsyncs on the path of every download):
+a route with ``max_bytes`` saves a mark ahead of what it has reserved, a sixteenth of
+``max_bytes`` (or the request, when larger) at a time, before the bytes past the last mark are
+delivered, so the count on disk is never below what was delivered and a restart can never
+grant more than ``max_bytes`` (it may grant up to one step less); the exact counts (and those
+of routes without a limit) are saved by the service's timer, at most once a second for a
+route that changed, and when the service stops.
 """
 
 from __future__ import annotations
@@ -25,12 +38,15 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent import http as agent_http
 from agent.atomicfile import write_atomic
 from agent.errors import InvalidParameters
+from agent.filesource import Source, parse_source
+from agent.manifest import Plan
 from agent.proto import site_pb2
 from agent.site.pxe import parse_node_id, parse_ttl
 
@@ -57,6 +73,7 @@ class RouteRequest:
     methods: frozenset[Method]
     ttl_seconds: int
     max_bytes: int
+    manifest: Source | None = None       # the image's chunk manifest: served from the store
 
     @classmethod
     def from_proto(cls, msg: site_pb2.HttpProxyRequest) -> RouteRequest:
@@ -71,8 +88,13 @@ class RouteRequest:
                     f"allowed_methods: {name[:20]!r} is not carried by a route; "
                     f"one of {', '.join(m.value for m in Method)}"
                 ) from None
+        manifest = None
+        if msg.HasField("manifest"):
+            manifest = parse_source(msg.manifest, "manifest")
+            if not manifest.url:
+                raise InvalidParameters("manifest: a route's manifest is fetched by its url")
         return cls(node_id, msg.upstream_url, frozenset(methods) or DEFAULT_METHODS,
-                   parse_ttl(msg.ttl_seconds), msg.max_bytes)
+                   parse_ttl(msg.ttl_seconds), msg.max_bytes, manifest)
 
 
 def route_id(token: str) -> str:
@@ -90,7 +112,12 @@ class Route:
     max_bytes: int                       # 0: no limit
     bytes_used: int = 0                  # bodies delivered or reserved for a response
     requests: int = 0
+    manifest: str = ""                   # sha256 of the chunk manifest ("": a relay)
+    plan: Plan | None = field(default=None, repr=False, compare=False)
+    bytes_mark: int = field(default=0, repr=False, compare=False)   # bytes_used on disk
+    dirty: bool = field(default=False, repr=False, compare=False)   # counts not saved yet
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _mark_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def id(self) -> str:
@@ -99,29 +126,52 @@ class Route:
     def expired(self, now: float | None = None) -> bool:
         return (time.time() if now is None else now) >= self.expires_at
 
-    def reserve(self, n: int) -> bool:
-        """Take ``n`` bytes of the budget; False (nothing taken) when they do not fit."""
+    def reserve(self, n: int, save_mark: Callable[[Route, int], None] | None = None) -> bool:
+        """Take ``n`` bytes of the budget; False (nothing taken) when they do not fit. Past
+        the mark on disk, a new mark is saved (``save_mark``) before this returns."""
         with self._lock:
             if self.max_bytes and self.bytes_used + n > self.max_bytes:
                 return False
             self.bytes_used += n
-            return True
+            self.dirty = True
+            if save_mark is None or not self.max_bytes or self.bytes_used <= self.bytes_mark:
+                return True
+        with self._mark_lock:
+            with self._lock:
+                used = self.bytes_used
+                if used <= self.bytes_mark:
+                    return True  # another request saved a mark past this one meanwhile
+                mark = min(self.max_bytes, used + max(n, self.max_bytes // MARK_STEPS))
+            try:
+                save_mark(self, mark)
+            except BaseException:
+                self.release(n)
+                raise
+            with self._lock:
+                self.bytes_mark = max(self.bytes_mark, mark)
+        return True
 
     def release(self, n: int) -> None:
         with self._lock:
             self.bytes_used = max(0, self.bytes_used - n)
+            self.dirty = True
 
     def count_request(self) -> int:
         with self._lock:
             self.requests += 1
+            self.dirty = True
             return self.requests
 
-    def to_json(self) -> str:
+    def to_json(self, mark: int | None = None) -> str:
+        """The route as saved: its bytes_used never below a mark already on disk."""
         with self._lock:
+            used = max(self.bytes_used, self.bytes_mark, mark or 0)
             data = {"token": self.token, "node_id": self.node_id,
                     "upstream_url": self.upstream_url, "methods": sorted(self.methods),
                     "expires_at": self.expires_at, "max_bytes": self.max_bytes,
-                    "bytes_used": self.bytes_used, "requests": self.requests}
+                    "bytes_used": used, "requests": self.requests, "manifest": self.manifest}
+            if mark is None:
+                self.dirty = False
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -129,7 +179,12 @@ class Route:
         data = json.loads(text)
         data["methods"] = frozenset(Method(m) for m in data["methods"])
         agent_http.check_url(data["upstream_url"])
-        return cls(**data)
+        route = cls(**data)
+        route.bytes_mark = route.bytes_used
+        return route
+
+
+MARK_STEPS = 16  # a route with max_bytes saves its count at most this often (plus large requests)
 
 
 class RouteTable:
@@ -148,25 +203,47 @@ class RouteTable:
         now = time.time()
         with self._lock:
             self._routes.clear()
-            for path in sorted(self.root.iterdir()):
+            for path in sorted(self.root.glob("*.json")):
                 try:
                     route = Route.from_json(path.read_text())
                     ok = path.name == f"{route.id}.json" and not route.expired(now)
-                except (OSError, ValueError, TypeError, KeyError, InvalidParameters):
+                    if ok and route.manifest:
+                        route.plan = self._load_manifest(route)
+                except (OSError, ValueError, TypeError, KeyError, InvalidParameters) as exc:
+                    log.warning("route file %s dropped: %s", path.name,
+                                exc.message if isinstance(exc, InvalidParameters) else exc)
                     ok = False
                     route = None
                 if not ok or route is None:
                     path.unlink(missing_ok=True)
                     continue
                 self._routes[route.token] = route
+            wanted = {f"{r.id}.json" for r in self._routes.values()} | {
+                f"{r.id}.manifest" for r in self._routes.values() if r.manifest}
+            for path in self.root.iterdir():
+                if path.name not in wanted:
+                    path.unlink(missing_ok=True)
             return len(self._routes)
 
-    def add(self, req: RouteRequest) -> tuple[Route, str]:
-        """A new route for ``req``; returns it and its proxy URL."""
+    def _load_manifest(self, route: Route) -> Plan:
+        from agent.site.chunkroute import load_plan
+
+        data = (self.root / f"{route.id}.manifest").read_bytes()
+        if hashlib.sha256(data).hexdigest() != route.manifest:
+            raise InvalidParameters(f"route {route.id}: its manifest file does not match its digest")
+        return load_plan(data, f"route {route.id}'s manifest")
+
+    def add(self, req: RouteRequest, manifest: bytes = b"", plan: Plan | None = None
+            ) -> tuple[Route, str]:
+        """A new route for ``req`` (serving from the store with ``plan``, whose ``manifest``
+        file is kept beside it); returns it and its proxy URL."""
         token = secrets.token_urlsafe(32)
         route = Route(token=token, node_id=req.node_id, upstream_url=req.upstream_url,
                       methods=req.methods, expires_at=time.time() + req.ttl_seconds,
-                      max_bytes=req.max_bytes)
+                      max_bytes=req.max_bytes,
+                      manifest=hashlib.sha256(manifest).hexdigest() if plan else "", plan=plan)
+        if plan is not None:
+            write_atomic(self.root / f"{route.id}.manifest", manifest, 0o600)
         self._save(route)
         with self._lock:
             self._routes[token] = route
@@ -174,6 +251,10 @@ class RouteTable:
                  agent_http.redact(route.upstream_url), "+".join(sorted(route.methods)),
                  req.ttl_seconds, f"at most {route.max_bytes} bytes" if route.max_bytes
                  else "no byte limit")
+        if plan is not None:
+            log.info("route %s serves from the chunk store: %d bytes in %d chunks of %d, "
+                     "manifest sha256:%s", route.id, plan.image_size, len(plan.segments),
+                     plan.chunk_size, route.manifest)
         return route, self.url(route)
 
     def url(self, route: Route) -> str:
@@ -191,7 +272,7 @@ class RouteTable:
             for route in gone:
                 del self._routes[route.token]
         for route in gone:
-            (self.root / f"{route.id}.json").unlink(missing_ok=True)
+            self._unlink(route)
             log.info("route %s for node %s expired after %d requests, %d bytes", route.id,
                      route.node_id, route.requests, route.bytes_used)
         return len(gone)
@@ -202,17 +283,48 @@ class RouteTable:
             for route in gone:
                 del self._routes[route.token]
         for route in gone:
-            (self.root / f"{route.id}.json").unlink(missing_ok=True)
+            self._unlink(route)
         return [route.id for route in gone]
 
+    def all(self) -> list[Route]:
+        with self._lock:
+            return list(self._routes.values())
+
     def save(self, route: Route) -> None:
+        """Save ``route``'s counts now (under its mark lock: a mark being saved is never
+        overwritten by a lower count)."""
         with self._lock:
             live = self._routes.get(route.token) is route
         if live:
-            self._save(route)
+            with route._mark_lock:
+                self._save(route)
+
+    def flush(self) -> int:
+        """Save the routes whose counts changed since they were last saved (the timer's and
+        the stop's); returns how many were written."""
+        with self._lock:
+            routes = [r for r in self._routes.values() if r.dirty]
+        for route in routes:
+            self.save(route)
+        return len(routes)
+
+    def save_mark(self, route: Route, mark: int) -> None:
+        """Save ``route`` with ``mark`` bytes used (Route.reserve: before delivering past it)."""
+        with self._lock:
+            live = self._routes.get(route.token) is route
+        if live:
+            write_atomic(self.root / f"{route.id}.json", route.to_json(mark).encode(), 0o600)
+
+    def reserve(self, route: Route, n: int) -> bool:
+        """Take ``n`` bytes of ``route``'s budget, its mark saved first when past it."""
+        return route.reserve(n, self.save_mark)
 
     def _save(self, route: Route) -> None:
         write_atomic(self.root / f"{route.id}.json", route.to_json().encode(), 0o600)
+
+    def _unlink(self, route: Route) -> None:
+        (self.root / f"{route.id}.json").unlink(missing_ok=True)
+        (self.root / f"{route.id}.manifest").unlink(missing_ok=True)
 
 
 # -- the upstream side -------------------------------------------------------------------

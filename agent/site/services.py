@@ -7,9 +7,11 @@
     site.stop()                     # when the daemon stops (a `finally`)
 
 ``start`` reconciles the state on disk (expired boot entries and routes dropped, host files
-and scripts rewritten from the entries, a dnsmasq left by a killed daemon killed), starts the
-HTTP service and, when an interface is set, dnsmasq under its supervisor, and a timer that
-expires entries and routes. Where the settings do not name the site's address, nothing is
+and scripts rewritten from the entries, the content store's temporary files removed and its
+budget recounted, a dnsmasq left by a killed daemon killed), starts the HTTP service, the
+metrics service (``GET /metrics``, agent/site/metrics.py) and, when an interface is set,
+dnsmasq under its supervisor, and a timer that expires entries and routes and saves the
+routes' counts. Where the settings do not name the site's address, nothing is
 started and the boot and proxy kinds answer that the service is not running. There is no
 process global: tests build their own ``SiteServices`` (a context manager) and hand it to the
 context they run a handler with.
@@ -27,7 +29,9 @@ from pathlib import Path
 from agent import http
 from agent.config import Config
 from agent.errors import InvalidParameters
+from agent.site.chunkstore import DEFAULT_BUDGET, ChunkStore
 from agent.site.dnsmasq import DnsmasqSettings, DnsmasqSupervisor
+from agent.site.metrics import Metrics, MetricsService
 from agent.site.pxe import BootEntries
 from agent.site.routes import RouteTable
 from agent.site.web import HttpService
@@ -47,12 +51,17 @@ class ServiceSettings:
     bind: str = ""               # the HTTP service's bind address (default: ``address``)
     dnsmasq_argv_prefix: tuple[str, ...] = ()
     ca_file: Path | None = None  # extra CA for https upstreams and kernel downloads
+    store_dir: Path | None = None  # the content store (default: root / "store")
+    store_bytes: int = DEFAULT_BUDGET
+    metrics: str = ""            # host:port of GET /metrics; "" serves none
 
     @classmethod
     def from_config(cls, config: Config) -> ServiceSettings:
         return cls(address=config.site_address, port=config.site_http_port,
                    root=config.state_dir / "site", interface=config.site_interface,
-                   ipxe_dir=config.site_ipxe_dir, ca_file=config.ca_bundle)
+                   ipxe_dir=config.site_ipxe_dir, ca_file=config.ca_bundle,
+                   store_dir=config.site_store_dir, store_bytes=config.site_store_bytes,
+                   metrics=config.site_metrics_address)
 
 
 class SiteServices:
@@ -69,12 +78,26 @@ class SiteServices:
         self._timer: threading.Thread | None = None
         self._serving = False
         options = http.HttpOptions(ca_file=settings.ca_file, timeout=30.0, max_retries=3)
+        self.metrics = Metrics()
+        self.store = ChunkStore(settings.store_dir or settings.root / "store",
+                                settings.store_bytes, metrics=self.metrics,
+                                protected=self._in_use)
         # The port is known only once the server is bound (port 0 in tests): bind first.
         self.routes = RouteTable(settings.root / "routes", "")
         self.entries = BootEntries(settings.root / "boot", "", on_change=self._reload,
-                                   http_options=options)
+                                   http_options=options, store=self.store)
+        self.metrics.gauge("routes_open", lambda: float(len(self.routes.all())))
+        self.metrics.gauge("boot_entries", lambda: float(len(self.entries.all())))
         self.http = HttpService(settings.bind or settings.address, settings.port, self.entries,
-                                self.routes, options)
+                                self.routes, options, self.store, self.metrics)
+        self.metrics_service: MetricsService | None = None
+        if settings.metrics:
+            host, port = parse_host_port(settings.metrics, "site_metrics_address")
+            try:
+                self.metrics_service = MetricsService(host, port, self.metrics)
+            except OSError as exc:  # monitoring is not worth the boot service: said, not fatal
+                log.error("site metrics: cannot listen on %s (%s); GET /metrics is not served",
+                          settings.metrics, exc.strerror or exc)
         host = settings.address if ":" not in settings.address else f"[{settings.address}]"
         self.base_url = f"http://{host}:{self.http.port}"
         self.routes.base_url = self.base_url
@@ -96,6 +119,7 @@ class SiteServices:
             raise
 
     def _start(self) -> None:
+        self.store.reconcile()
         dropped = self.entries.reconcile()
         live = self.routes.reconcile()
         log.info("site services: %d boot entries (%d expired dropped), %d proxy routes",
@@ -108,6 +132,8 @@ class SiteServices:
             self.dnsmasq.start()
         self.http.start()
         self._serving = True
+        if self.metrics_service is not None:
+            self.metrics_service.start()
         self._timer = threading.Thread(target=self._tick, name="site-expiry", daemon=True)
         self._timer.start()
 
@@ -117,10 +143,19 @@ class SiteServices:
             self._timer.join(5)
         if self._serving:
             self.http.stop()
+            if self.metrics_service is not None:
+                self.metrics_service.stop()
         else:  # bound in __init__, never served: shutdown() would wait for a loop never run
             self.http.server.server_close()
+            if self.metrics_service is not None:
+                self.metrics_service.server.server_close()
+        self.routes.flush()
         if self.dnsmasq is not None:
             self.dnsmasq.stop()
+
+    def _in_use(self) -> set[str]:
+        """What the store must keep: the kernels and initrds of live boot entries."""
+        return self.entries.digests_in_use()
 
     def _reload(self) -> None:
         if self.dnsmasq is not None:
@@ -132,8 +167,24 @@ class SiteServices:
                 now = time.time()
                 self.entries.expire(now)
                 self.routes.expire(now)
+                self.routes.flush()
             except Exception:
                 log.exception("site services: expiry failed")
+
+
+def parse_host_port(text: str, what: str) -> tuple[str, int]:
+    """"127.0.0.1:9108" or "[::1]:9108" -> (host, port); InvalidParameters otherwise."""
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    try:
+        ipaddress.ip_address(host)
+        number = int(port)
+        if not sep or not 0 <= number < 65536:
+            raise ValueError(port)
+    except ValueError:
+        raise InvalidParameters(f"{what} {text[:60]!r}: an IP address and a port, e.g. "
+                                "127.0.0.1:9108") from None
+    return host, number
 
 
 def start(config: Config) -> SiteServices | None:

@@ -3,8 +3,9 @@ initrds, and the proxy routes.
 
     GET /boot.ipxe            what every chained iPXE runs: fetch its node's own script
     GET /pxe/<mac>.ipxe       a node's script (404 unless its boot entry is live)
-    GET /cache/<sha256>       a cached kernel or initrd
-    GET|HEAD /r/<token>       a proxy route (agent/site/routes.py)
+    GET /cache/<sha256>       a kernel or initrd, by its content's digest, from the store
+    GET|HEAD /r/<token>       a proxy route (agent/site/routes.py; one with a manifest is
+                              served from the chunk store, agent/site/chunkroute.py)
 
 Anything else is 404; a method a path does not carry is 405. A route's response streams
 the upstream's body through one buffer. When the upstream fails mid-body the client's
@@ -25,10 +26,14 @@ import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from agent import http as agent_http
 from agent.errors import NotFound
+from agent.site import chunkroute
+from agent.site.chunkroute import ChunkCache
+from agent.site.chunkstore import DIGEST, ChunkStore
+from agent.site.metrics import Metrics
 from agent.site.pxe import BootEntries
 from agent.site.routes import (
     PASS_REQUEST_HEADERS,
@@ -79,11 +84,15 @@ class SiteHttpServer(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], entries: BootEntries | None,
-                 routes: RouteTable, upstream: agent_http.HttpOptions) -> None:
+                 routes: RouteTable, upstream: agent_http.HttpOptions,
+                 store: ChunkStore | None = None, metrics: Metrics | None = None) -> None:
         self.entries = entries
         self.routes = routes
         self.upstream = upstream
         self.buffers = BufferBudget()
+        self.metrics = metrics or Metrics()
+        self.store = store
+        self.chunks = ChunkCache(store, self.metrics, upstream) if store is not None else None
         super().__init__(address, _Handler)
 
 
@@ -142,8 +151,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._file(method, self.server.entries.script_path(path[len("/pxe/"):]),
                            "text/plain")
             elif path.startswith("/cache/"):
-                self._file(method, self.server.entries.cache_path(path[len("/cache/"):]),
-                           "application/octet-stream")
+                self._stored(method, path[len("/cache/"):])
             else:
                 self._refuse(404, "not found")
         except NotFound as exc:
@@ -185,14 +193,27 @@ class _Handler(BaseHTTPRequestHandler):
         except FileNotFoundError:
             raise NotFound("gone") from None
         with f:
-            size = os.fstat(f.fileno()).st_size
-            self.send_response(200)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(size))
-            self.end_headers()
-            if method == "GET":
-                self.wfile.flush()
-                self.connection.sendfile(f)
+            self._send_file(method, f, ctype)
+
+    def _stored(self, method: str, digest: str) -> None:
+        """A kernel or initrd by its digest, from the store (pinned while it is sent)."""
+        store = self.server.store
+        if store is None or not DIGEST.fullmatch(digest):
+            raise NotFound(f"no such cached file {digest[:70]!r}")
+        with store.open(digest) as f:
+            if f is None:
+                raise NotFound(f"no such cached file {digest}")
+            self._send_file(method, f, "application/octet-stream")
+
+    def _send_file(self, method: str, f: BinaryIO, ctype: str) -> None:
+        size = os.fstat(f.fileno()).st_size
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(size))
+        self.end_headers()
+        if method == "GET":
+            self.wfile.flush()
+            self.connection.sendfile(f)
         log.info("%s %s -> 200, %d bytes", method, _safe(self.path), size)
 
     # -- proxy routes ------------------------------------------------------------------
@@ -214,6 +235,9 @@ class _Handler(BaseHTTPRequestHandler):
                 "Transfer-Encoding"):
             self._refuse(400, "a route carries no request body")
             return
+        if route.plan is not None and self.server.chunks is not None:
+            self._chunks(route, method, number, self.server.chunks)
+            return
         headers = {name: value for name in PASS_REQUEST_HEADERS
                    if (value := self.headers.get(name)) is not None}
         try:
@@ -228,13 +252,24 @@ class _Handler(BaseHTTPRequestHandler):
             close_quietly(conn)
         self._account(route, method, number, status, sent, note)
 
+    def _chunks(self, route: Route, method: str, number: int, chunks: ChunkCache) -> None:
+        try:
+            served = chunkroute.serve(self, route, method, self.server.routes, chunks)
+        except chunkroute.Cut as cut:
+            self._account(route, method, number, cut.served.status, cut.served.sent,
+                          f"{cut.served.note}; {cut.served.describe()}")
+            raise _Cut() from cut
+        note = f"{served.note}; " if served.note else ""
+        self._account(route, method, number, served.status, served.sent,
+                      note + served.describe() if served.sent else served.note)
+
     def _relay(self, route: Route, method: str, number: int,
                resp: http.client.HTTPResponse) -> tuple[int, int, str]:
         length_header = resp.getheader("Content-Length")
         length = int(length_header) if length_header and length_header.isdigit() else None
         body_expected = method != "HEAD" and resp.status not in (204, 304)
         reserved = length if (body_expected and length is not None) else 0
-        if reserved and not route.reserve(reserved):
+        if reserved and not self.server.routes.reserve(route, reserved):
             self._refuse(403, f"route {route.id}: past its max_bytes ({route.max_bytes})")
             return 403, 0, "past max_bytes"
         chunked = body_expected and length is None
@@ -264,7 +299,7 @@ class _Handler(BaseHTTPRequestHandler):
                     if not n:
                         break
                     if length is None:
-                        if not route.reserve(n):
+                        if not self.server.routes.reserve(route, n):
                             raise _Upstream("past max_bytes")
                         write(b"%x\r\n" % n)
                         write(buf[:n])
@@ -319,7 +354,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _account(self, route: Route, method: str, number: int, status: int, sent: int,
                  note: str) -> None:
-        self.server.routes.save(route)
+        # The counts are saved by the service's timer, and a mark ahead of max_bytes by
+        # RouteTable.reserve: not two fsyncs after every request (routes.py).
+        if route.plan is None:
+            self.server.metrics.inc("relay_bytes_total", sent)
         log.info("route %s (node %s) request %d: %s %s -> %d, %d bytes%s; %d bytes in all",
                  route.id, route.node_id, number, method, agent_http.redact(route.upstream_url),
                  status, sent, f" ({note})" if note else "", route.bytes_used)
@@ -386,9 +424,11 @@ class HttpService:
     """The server on its own thread."""
 
     def __init__(self, address: str, port: int, entries: BootEntries | None, routes: RouteTable,
-                 upstream: agent_http.HttpOptions | None = None) -> None:
+                 upstream: agent_http.HttpOptions | None = None, store: ChunkStore | None = None,
+                 metrics: Metrics | None = None) -> None:
         self.server = SiteHttpServer((address, port), entries, routes,
-                                     upstream or agent_http.HttpOptions(timeout=30.0))
+                                     upstream or agent_http.HttpOptions(timeout=30.0), store,
+                                     metrics)
         self._thread = threading.Thread(target=self.server.serve_forever, name="site-http",
                                         kwargs={"poll_interval": 0.2}, daemon=True)
 
@@ -404,3 +444,5 @@ class HttpService:
         self.server.shutdown()
         self.server.server_close()
         self._thread.join(5)
+        if self.server.chunks is not None:
+            self.server.chunks.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import pytest
 from agent.proto import session_pb2
 from qemu.harness import Machine
 from qemu.lab import Lab, Ramdisk, ensure_ramdisk, missing_prerequisites
+from qemu.sitelab import SiteLab, missing_network_prerequisites
 
 # Generous bounds for a loaded 2-core CI machine under TCG (a boot takes ~40-90 s there).
 JOIN_TIMEOUT = 420.0
@@ -77,3 +79,17 @@ def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return Path(module.build_library(tmp_path_factory.mktemp("nvml")))
     except module.NoCompiler as exc:
         pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def site_lab(ramdisk_parts: Ramdisk, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SiteLab]:
+    """The provisioning network with the site daemon joined (qemu/sitelab.py), one per module."""
+    reason = missing_network_prerequisites()
+    if reason:
+        pytest.skip(reason)
+    for tool in ("ipmi_sim", "ipmitool"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed (apt-get install openipmi ipmitool)")
+    with SiteLab(tmp_path_factory.mktemp("sitelab"), ramdisk_parts) as lab:
+        lab.start_site()
+        yield lab

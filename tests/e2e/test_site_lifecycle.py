@@ -33,8 +33,7 @@ from agent.site.bmc import Credentials
 from agent.site.secrets import SecretStore
 from initramfs import build as ramdisk
 from qemu.ipmisim import IpmiSim, start_ipmi_sim
-from qemu.lab import Ramdisk
-from qemu.sitelab import OVMF, SiteLab, missing_network_prerequisites
+from qemu.sitelab import OVMF, SiteLab
 from qemu.sitelife import Bmc, Lifecycle, NodeRoleSteps, SiteNode, Step, make_node
 from tests.loopback_http import self_signed_cert
 from tests.site.conftest import PASSWORD, REF, USERNAME
@@ -50,19 +49,6 @@ RF_REF = "rack1-rf02"
 STEPS = ["bmc.query", "boot.prepareRamdisk", "bmc.boot pxe", "bmc.power on", "PXE boot + join",
          "site.httpProxy", "deploy.image", "disk.wipe", "boot.cleanUp", "bmc.boot disk",
          "bmc.power cycle", "disk boot + join"]
-
-
-@pytest.fixture(scope="module")
-def site_lab(ramdisk_parts: Ramdisk, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SiteLab]:
-    reason = missing_network_prerequisites()
-    if reason:
-        pytest.skip(reason)
-    for tool in ("ipmi_sim", "ipmitool"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed (apt-get install openipmi ipmitool)")
-    with SiteLab(tmp_path_factory.mktemp("sitelab"), ramdisk_parts) as lab:
-        lab.start_site()
-        yield lab
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@ the scripts and cache the HTTP service serves; through the handlers where a hand
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import urllib.error
@@ -15,11 +16,13 @@ from agent.commands import handler_for
 from agent.commands.base import Context
 from agent.errors import InvalidParameters, Unsupported
 from agent.proto import site_pb2
-from agent.site.pxe import BootEntries, EntryRequest, cache_key, parse_mac
+from agent.site.pxe import BootEntries, EntryRequest, parse_mac
 from agent.site.services import SiteServices
 from tests.loopback_http import LoopbackServer
 
 MAC = "52:54:00:12:34:56"
+D = {"hex": "a" * 64}
+K = {"ipxe_script_url": "", "kernel_url": "http://h/k", "kernel_digest": D}
 
 
 def entry(**fields: object) -> site_pb2.ProxyDhcpEntry:
@@ -45,6 +48,10 @@ def cleanup(site: SiteServices, node_id: str, macs: tuple[str, ...] = (), keep: 
     result = h.run(Context.local("boot.cleanUp", site=site), h.parse(msg))
     assert isinstance(result, site_pb2.BootCleanUpResult)
     return list(result.removed)
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def fetch(url: str) -> tuple[int, bytes]:
@@ -78,12 +85,22 @@ def test_mac_normalised() -> None:
     ({"ipxe_script_url": "http://10.0.0.1/${net0/ip}"}, "iPXE script"),
     ({"ipxe_script_url": "http://10.0.0.1/x||shell"}, "iPXE script"),
     ({"ipxe_script_url": "", "kernel_url": ""}, "needs ipxe_script_url or kernel_url"),
-    ({"ipxe_script_url": "", "kernel_url": "http://h/k", "kernel_cmdline": "a\nshell"}, "kernel_cmdline"),
-    ({"ipxe_script_url": "", "kernel_url": "http://h/k", "kernel_cmdline": "x || shell"}, "kernel_cmdline"),
-    ({"ipxe_script_url": "", "kernel_url": "http://h/k", "kernel_cmdline": "x=${y}"}, "kernel_cmdline"),
-    ({"ipxe_script_url": "", "kernel_url": "http://h/k", "kernel_cmdline": 'a="b c"'}, "kernel_cmdline"),
-    ({"ipxe_script_url": "", "kernel_url": "http://h/k", "kernel_cmdline": "a;b"}, "kernel_cmdline"),
+    ({**K, "kernel_cmdline": "a\nshell"}, "kernel_cmdline"),
+    ({**K, "kernel_cmdline": "x || shell"}, "kernel_cmdline"),
+    ({**K, "kernel_cmdline": "x=${y}"}, "kernel_cmdline"),
+    ({**K, "kernel_cmdline": 'a="b c"'}, "kernel_cmdline"),
+    ({**K, "kernel_cmdline": "a;b"}, "kernel_cmdline"),
     ({"kernel_url": "http://h/k"}, "either ipxe_script_url or kernel_url"),
+    ({"ipxe_script_url": "", "kernel_url": "http://h/k"}, "kernel_digest: required"),
+    ({"ipxe_script_url": "", "kernel_url": "http://h/k", "kernel_digest": D,
+      "initrd_url": "http://h/i"}, "initrd_digest: required"),
+    ({"ipxe_script_url": "", "kernel_url": "http://h/k", "kernel_digest": {"hex": "ab"}},
+     "kernel_digest"),
+    ({"ipxe_script_url": "", "kernel_url": "http://h/k",
+      "kernel_digest": {"algorithm": "sha512", "hex": "a" * 128}}, "keyed by sha256"),
+    ({"ipxe_script_url": "", "kernel_url": "http://h/k", "kernel_digest": D,
+      "initrd_digest": D}, "initrd_digest without an initrd_url"),
+    ({"kernel_digest": D}, "either ipxe_script_url or kernel_url"),
     ({"node_id": ""}, "node_id"),
     ({"node_id": "../x"}, "node_id"),
     ({"ttl_seconds": 30 * 24 * 3600}, "at most"),
@@ -162,8 +179,11 @@ def test_an_entry_on_disk_keeps_its_shape(tmp_path: Path) -> None:
     store.reconcile()
     written = store.register(EntryRequest.from_proto(entry(ttl_seconds=600)))
     on_disk = json.loads((tmp_path / "entries" / "525400123456.json").read_text())
-    assert sorted(on_disk) == ["boot_file", "cmdline", "entry_id", "expires_at", "initrd_url",
-                               "kernel_url", "mac", "node_id", "script_url"]
+    assert sorted(on_disk) == ["boot_file", "cmdline", "entry_id", "expires_at", "initrd_digest",
+                               "initrd_url", "kernel_digest", "kernel_url", "mac", "node_id",
+                               "script_url"]
+    # An entry written before kernels carried digests reads back as it was.
+    del on_disk["kernel_digest"], on_disk["initrd_digest"]
     on_disk["entry_id"] = "525400123456-0badf00d"
     (tmp_path / "entries" / "525400123456.json").write_text(json.dumps(on_disk))
     again = BootEntries(tmp_path, "http://10.0.0.2:8088")
@@ -178,14 +198,15 @@ def test_kernel_and_initrd_cached_shared_and_cleaned(site: SiteServices) -> None
         upstream.add("/vmlinuz", b"K" * 1000)
         upstream.add("/initrd", b"I" * 3000)
         cmdline = "console=ttyS0,115200 bc.gateway=10.0.0.1:8443"
+        k, i = sha256(b"K" * 1000), sha256(b"I" * 3000)
         kernel = {"ipxe_script_url": "", "kernel_url": upstream.url("/vmlinuz"),
-                  "initrd_url": upstream.url("/initrd"), "kernel_cmdline": cmdline}
+                  "initrd_url": upstream.url("/initrd"), "kernel_cmdline": cmdline,
+                  "kernel_digest": {"hex": k}, "initrd_digest": {"hex": i}}
         prepare(site, entry(**kernel))
         prepare(site, entry(node_id="n2", mac_address="52:54:00:00:00:02", **kernel))
         gets = [r for r in upstream.requests if r[0] == "GET"]
         assert len(gets) == 2, "each file fetched once, shared by the two entries"
     _, script = fetch(f"{site.base_url}/pxe/52-54-00-12-34-56.ipxe")
-    k, i = cache_key(kernel["kernel_url"]), cache_key(kernel["initrd_url"])
     line = f"kernel --name vmlinuz {site.base_url}/cache/{k} {cmdline} initrd=initrd.img"
     assert line.encode() in script
     assert f"initrd --name initrd.img {site.base_url}/cache/{i}".encode() in script
