@@ -131,8 +131,11 @@ def check_url(url: str) -> urllib.parse.SplitResult:
         raise InvalidParameters(f"URL scheme must be http or https, not {parts.scheme!r}")
     if not parts.hostname:
         raise InvalidParameters(f"URL has no host: {redact(url)!r}")
-    if any(c in url for c in "\r\n\t "):
+    if any(c <= " " or c == "\x7f" for c in url):
         raise InvalidParameters("URL contains whitespace or control characters")
+    if not url.isascii():
+        raise InvalidParameters(f"URL {redact(url).encode('ascii', 'backslashreplace').decode()!r} "
+                                "is not ASCII: percent-encode its other characters")
     return parts
 
 

@@ -237,7 +237,10 @@ def open_upstream(
     url = route.upstream_url
     home = agent_http.origin(url)
     for _hop in range(MAX_REDIRECTS + 1):
-        parts = agent_http.check_url(url)
+        try:
+            parts = agent_http.check_url(url)
+        except InvalidParameters as exc:  # only a redirect's Location can be bad here
+            raise UpstreamError(f"upstream redirected to an unusable URL: {exc.message}") from None
         if agent_http.origin(parts) != home:
             raise UpstreamError(
                 f"upstream redirected to another host ({parts.hostname}); not followed")
@@ -267,6 +270,8 @@ def open_upstream(
                 url = agent_http.redirect_location(url, resp)
             except agent_http.HttpError:
                 raise UpstreamError(f"upstream answered {resp.status} without a Location") from None
+            except ValueError:
+                raise UpstreamError(f"upstream answered {resp.status} with an unusable Location") from None
             continue
         return conn, resp
     raise UpstreamError(f"upstream redirected more than {MAX_REDIRECTS} times")

@@ -17,10 +17,13 @@ from __future__ import annotations
 import contextlib
 import http.client
 import logging
+import mmap
 import os
+import re
 import socket
 import ssl
 import struct
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -62,13 +65,27 @@ class BufferBudget:
 
     @contextlib.contextmanager
     def buffer(self, want: int) -> Iterator[memoryview]:
+        """A buffer of at most ``want`` bytes, its own anonymous mapping, unmapped when the
+        body ends: the process's memory holds the budget and no more. (A bytearray of 16 MiB
+        comes from malloc, which after the first free raises its mmap threshold and keeps
+        the freed buffers in per-thread arenas: 48 relays at once held about 440 MiB so.)"""
         with self._lock:
-            size = min(want, max(self.left, SMALL_BUFFER))
+            size = max(1, min(want, max(self.left, SMALL_BUFFER)))
             taken = min(size, self.left)
             self.left -= taken
         try:
-            yield memoryview(bytearray(size))
+            area = mmap.mmap(-1, size)
+        except BaseException:
+            with self._lock:
+                self.left += taken
+            raise
+        view = memoryview(area)
+        try:
+            yield view
         finally:
+            view.release()
+            with contextlib.suppress(BufferError):  # a slice still alive: unmapped when it goes
+                area.close()
             with self._lock:
                 self.left += taken
 
@@ -86,6 +103,15 @@ class SiteHttpServer(ThreadingHTTPServer):
         self.buffers = BufferBudget()
         super().__init__(address, _Handler)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """What escapes a request's handler: a connection's own failure (a client that
+        resets, a read that times out) is one line; anything else is a bug, logged whole."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):
+            log.info("site HTTP: connection from %s ended: %s", client_address[0], _reason(exc))
+        else:
+            log.error("site HTTP: internal error serving %s", client_address[0], exc_info=True)
+
 
 class _Cut(Exception):
     """The response cannot be completed: drop the connection."""
@@ -95,6 +121,10 @@ class _Handler(BaseHTTPRequestHandler):
     server: SiteHttpServer
     protocol_version = "HTTP/1.1"
     timeout = CLIENT_TIMEOUT
+    # The headers and a small body go out as two writes: with Nagle on, the second waits for
+    # the client's delayed ACK of the first (about 40 ms per request on a kept-alive
+    # connection; docs/performance.md).
+    disable_nagle_algorithm = True
     server_version = "bettercompute-site"
     sys_version = ""
 
@@ -160,7 +190,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _refuse(self, status: int, message: str, **headers: str) -> None:
         body = (message + "\n").encode()
-        log.info("%s %s -> %d %s", self.command, _safe(self.path), status, message)
+        log.info("%s %s -> %d %s", self.command, _safe(self.path), status, _scrub(message))
         self.send_response(status)
         for name, value in headers.items():
             self.send_header(name.capitalize(), value)
@@ -230,7 +260,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _relay(self, route: Route, method: str, number: int,
                resp: http.client.HTTPResponse) -> tuple[int, int, str]:
-        length_header = resp.getheader("Content-Length")
+        coding = resp.getheader("Transfer-Encoding")
+        if coding is not None and coding.strip().lower() != "chunked":
+            why = f"upstream's Transfer-Encoding {coding[:40]!r} is not relayed"
+            self._refuse(502, why)
+            return 502, 0, why
+        # RFC 9112 6.3: a message with Transfer-Encoding and Content-Length is framed by the
+        # chunking; the Content-Length is not believed (nor passed on).
+        length_header = None if coding is not None else resp.getheader("Content-Length")
         length = int(length_header) if length_header and length_header.isdigit() else None
         body_expected = method != "HEAD" and resp.status not in (204, 304)
         reserved = length if (body_expected and length is not None) else 0
@@ -375,11 +412,25 @@ def _reason(exc: Exception) -> str:
     return type(exc).__name__
 
 
+_TOKEN_LIKE = re.compile(r"[A-Za-z0-9_-]{16,}")
+_NOT_SECRET = re.compile(r"[0-9a-f-]+")  # a sha256 of /cache/, a MAC of /pxe/
+
+
 def _safe(path: str) -> str:
-    """A request path as it may be logged: a route's token is a capability, not logged."""
-    if path.startswith(ROUTE_PREFIX):
-        return ROUTE_PREFIX + "…"
-    return path[:100].encode("ascii", "backslashreplace").decode()
+    """A request target as it may be logged. A route's token is a capability: whatever the
+    request looks like (``/r/<token>``, ``/R/<token>``, the absolute form ``http://site/r/<token>``
+    of ``curl --proxy``, a token pasted anywhere), nothing from ``/r/`` on (in any case) and no
+    run of 16 or more token characters is logged, but for lower-case hex (digests, MACs)."""
+    path = path[:200].encode("ascii", "backslashreplace").decode()
+    cut = path.lower().find(ROUTE_PREFIX)
+    if cut >= 0:
+        path = path[:cut] + ROUTE_PREFIX + "…"
+    return _scrub(path)[:100]
+
+
+def _scrub(text: str) -> str:
+    """``text`` without a run of token characters in it (a refusal may quote the request)."""
+    return _TOKEN_LIKE.sub(lambda m: m[0] if _NOT_SECRET.fullmatch(m[0]) else "…", text)
 
 
 class HttpService:
