@@ -15,6 +15,7 @@ chunked body): the client sees a failure, never a short success.
 from __future__ import annotations
 
 import contextlib
+import errno
 import http.client
 import logging
 import mmap
@@ -25,6 +26,7 @@ import ssl
 import struct
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -32,6 +34,7 @@ from typing import Any
 
 from agent import http as agent_http
 from agent.errors import NotFound
+from agent.site.conns import Connections
 from agent.site.pxe import BootEntries
 from agent.site.routes import (
     PASS_REQUEST_HEADERS,
@@ -94,14 +97,47 @@ class SiteHttpServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
     allow_reuse_address = True
+    request_queue_size = 1024  # the listen backlog: a burst of connections is not a SYN drop
 
     def __init__(self, address: tuple[str, int], entries: BootEntries | None,
-                 routes: RouteTable, upstream: agent_http.HttpOptions) -> None:
+                 routes: RouteTable, upstream: agent_http.HttpOptions,
+                 conns: Connections | None = None) -> None:
         self.entries = entries
         self.routes = routes
         self.upstream = upstream
         self.buffers = BufferBudget()
+        self.conns = conns or Connections()
+        self._accept_failed = 0.0
         super().__init__(address, _Handler)
+
+    # -- connections: admitted under the caps (agent/site/conns.py), never a spin ----------
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        try:
+            return super().get_request()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                # No descriptor for it: the connection waits in the backlog. Pause rather
+                # than wake for it again at once (a core spun so in issue 27).
+                now = time.monotonic()
+                if now - self._accept_failed > 10:
+                    log.warning("site HTTP: cannot accept a connection: %s", exc.strerror)
+                self._accept_failed = now
+                time.sleep(0.1)
+            raise
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        if self.conns.admit(request, str(client_address[0])):
+            return True
+        with contextlib.suppress(OSError):
+            request.setblocking(False)
+            request.send(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+                         b"Connection: close\r\n\r\n")
+        return False
+
+    def shutdown_request(self, request: Any) -> None:
+        self.conns.leave(request)
+        super().shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """What escapes a request's handler: a connection's own failure (a client that
@@ -130,6 +166,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # every request is logged once, by what serves it
+
+    def handle_one_request(self) -> None:
+        self.server.conns.waiting(self.connection)  # its head within HEAD_SECONDS
+        super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()
+        if not self.server.conns.received(self.connection):  # too late: shut by the watch
+            self.close_connection = True
+            return False
+        return ok
 
     # -- dispatch ----------------------------------------------------------------------
 
@@ -448,10 +495,14 @@ class HttpService:
         return int(self.server.server_address[1])
 
     def start(self) -> None:
+        self.server.conns.start()
         self._thread.start()
-        log.info("site HTTP service on %s:%d", self.server.server_address[0], self.port)
+        conns = self.server.conns
+        log.info("site HTTP service on %s:%d (at most %d connections, %d per client)",
+                 self.server.server_address[0], self.port, conns.total, conns.per_client)
 
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+        self.server.conns.stop()
         self._thread.join(5)
