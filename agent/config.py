@@ -34,4 +34,5 @@ class Config:
     site_http_port: int = 8088              # its HTTP service (iPXE scripts, routes)
     site_interface: str = ""                # dnsmasq's interface; "" = no proxy DHCP/TFTP
     site_ipxe_dir: Path = Path("/usr/lib/ipxe")  # undionly.kpxe, ipxe.efi (Debian's ipxe)
+    site_upstreams: tuple[str, ...] = ()    # what proxy routes may reach (agent/site/upstreams.py)
     extra: dict[str, str] = field(default_factory=dict)  # unknown bc.* settings, kept for handlers

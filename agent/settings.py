@@ -59,6 +59,12 @@ def _port(text: str) -> int:
     return value
 
 
+def _upstream(text: str) -> str:
+    from agent.site.upstreams import parse_entry
+
+    return parse_entry(text)
+
+
 SETTINGS: tuple[Setting, ...] = (
     Setting("gateway", "--gateway", "bc.gateway", str, "gateway address, host:port"),
     Setting("node_id", "--node", "bc.node", str, "this node's id (default: the host name)"),
@@ -86,6 +92,9 @@ SETTINGS: tuple[Setting, ...] = (
             "site role: the provisioning interface for proxy DHCP and TFTP (dnsmasq)"),
     Setting("site_ipxe_dir", "--site-ipxe-dir", "bc.site_ipxe_dir", Path,
             "site role: where undionly.kpxe and ipxe.efi are (default /usr/lib/ipxe)"),
+    Setting("site_upstreams", "--site-upstream", "bc.site_upstreams", _upstream,
+            "site role: a host, address or network proxy routes may reach (repeatable; default "
+            "any but loopback, link-local and the site's own)", multiple=True),
     Setting("reconnect_min_seconds", "--reconnect-min", "bc.reconnect_min", _positive,
             "base of the reconnect backoff (seconds)", session=True),
     Setting("reconnect_max_seconds", "--reconnect-max", "bc.reconnect_max", _positive,

@@ -213,7 +213,7 @@ def main() -> int:
         upstream, straight = start_upstream(image, tmp)
         try:
             services.install(SiteServices(ServiceSettings(
-                address="127.0.0.1", port=0, root=tmp / "site")))
+                address="127.0.0.1", port=0, root=tmp / "site", upstreams=("127.0.0.1",))))
             try:
                 h = handler_for("site.httpProxy")
                 assert h is not None

@@ -49,12 +49,8 @@ def site(upstream: str, url_file: str, nagle: str) -> int:
 
     web._Handler.disable_nagle_algorithm = nagle == "off"
     with tempfile.TemporaryDirectory(prefix="relay-bench-site-") as tmp:
-        try:  # loopback is refused by default where the tree has an allow-list
-            settings = ServiceSettings(address="127.0.0.1", port=0, root=Path(tmp),
-                                       upstreams=("127.0.0.1",))  # type: ignore[call-arg]
-        except TypeError:
-            settings = ServiceSettings(address="127.0.0.1", port=0, root=Path(tmp))
-        services.install(SiteServices(settings))
+        services.install(SiteServices(ServiceSettings(address="127.0.0.1", port=0, root=Path(tmp),
+                                                      upstreams=("127.0.0.1",))))
         h = handler_for("site.httpProxy")
         assert h is not None
         msg = site_pb2.HttpProxyRequest(node_id="bench", upstream_url=upstream, ttl_seconds=3600)

@@ -23,6 +23,7 @@ import http.client
 import json
 import logging
 import secrets
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from agent.errors import InvalidParameters
 from agent.launcher import write_atomic
 from agent.proto import site_pb2
 from agent.site.pxe import parse_node_id, parse_ttl
+from agent.site.upstreams import UpstreamPolicy
 
 log = logging.getLogger(__name__)
 
@@ -135,9 +137,10 @@ class Route:
 class RouteTable:
     """The live routes, by token; state on disk under ``root``."""
 
-    def __init__(self, root: Path, base_url: str) -> None:
+    def __init__(self, root: Path, base_url: str, policy: UpstreamPolicy | None = None) -> None:
         self.root = root
         self.base_url = base_url.rstrip("/")
+        self.policy = policy or UpstreamPolicy()
         self._lock = threading.Lock()
         self._routes: dict[str, Route] = {}
 
@@ -162,7 +165,9 @@ class RouteTable:
             return len(self._routes)
 
     def add(self, req: RouteRequest) -> tuple[Route, str]:
-        """A new route for ``req``; returns it and its proxy URL."""
+        """A new route for ``req``; returns it and its proxy URL. InvalidParameters when the
+        upstream is not one routes may reach (agent/site/upstreams.py)."""
+        self.policy.check(req.upstream_url)
         token = secrets.token_urlsafe(32)
         route = Route(token=token, node_id=req.node_id, upstream_url=req.upstream_url,
                       methods=req.methods, expires_at=time.time() + req.ttl_seconds,
@@ -230,10 +235,35 @@ class UpstreamError(Exception):
         self.status = status
 
 
+class _Pinned(http.client.HTTPConnection):
+    """A connection to the addresses the policy checked, not to what the name resolves to
+    when http.client looks it up again."""
+
+    addresses: tuple[str, ...] = ()
+
+    def connect(self) -> None:
+        error: OSError | None = None
+        for address in self.addresses:
+            try:
+                self.sock = socket.create_connection((address, self.port), self.timeout)
+            except OSError as exc:
+                error = exc
+                continue
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return
+        raise error or OSError("no address to connect to")
+
+
+class _PinnedTLS(http.client.HTTPSConnection, _Pinned):
+    """The same over TLS: the certificate is checked against the URL's host name."""
+
+
 def open_upstream(
     route: Route, method: str, headers: dict[str, str], ssl_options: agent_http.HttpOptions,
+    policy: UpstreamPolicy,
 ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-    """Send ``method`` to the route's upstream; follow redirects on the same origin only."""
+    """Send ``method`` to the route's upstream; follow redirects on the same origin only; dial
+    only addresses ``policy`` allows."""
     url = route.upstream_url
     home = agent_http.origin(url)
     for _hop in range(MAX_REDIRECTS + 1):
@@ -247,14 +277,18 @@ def open_upstream(
         target = parts.path or "/"
         if parts.query:
             target += "?" + parts.query
-        conn: http.client.HTTPConnection
+        host, port = parts.hostname or "", home[2]
+        try:
+            addresses = tuple(policy.addresses(host, port))
+        except InvalidParameters as exc:
+            raise UpstreamError(exc.message) from None
+        conn: _Pinned
         if parts.scheme == "https":
-            conn = http.client.HTTPSConnection(
-                parts.hostname or "", parts.port, timeout=ssl_options.timeout,
-                context=agent_http.ssl_context(ssl_options.ca_pem, ssl_options.ca_file))
+            conn = _PinnedTLS(host, port, timeout=ssl_options.timeout,
+                              context=agent_http.ssl_context(ssl_options.ca_pem, ssl_options.ca_file))
         else:
-            conn = http.client.HTTPConnection(parts.hostname or "", parts.port,
-                                              timeout=ssl_options.timeout)
+            conn = _Pinned(host, port, timeout=ssl_options.timeout)
+        conn.addresses = addresses
         try:
             conn.request(method, target, headers={**headers, "User-Agent": "bettercompute-site"})
             resp = conn.getresponse()

@@ -28,6 +28,7 @@ from agent.errors import InvalidParameters, Unsupported
 from agent.site.dnsmasq import DnsmasqSettings, DnsmasqSupervisor
 from agent.site.pxe import BootEntries
 from agent.site.routes import RouteTable
+from agent.site.upstreams import UpstreamPolicy, local_addresses
 from agent.site.web import HttpService
 
 log = logging.getLogger(__name__)
@@ -45,12 +46,14 @@ class ServiceSettings:
     bind: str = ""               # the HTTP service's bind address (default: ``address``)
     dnsmasq_argv_prefix: tuple[str, ...] = ()
     ca_file: Path | None = None  # extra CA for https upstreams and kernel downloads
+    upstreams: tuple[str, ...] = ()  # what routes may reach (agent/site/upstreams.py)
 
     @classmethod
     def from_config(cls, config: Config) -> ServiceSettings:
         return cls(address=config.site_address, port=config.site_http_port,
                    root=config.state_dir / "site", interface=config.site_interface,
-                   ipxe_dir=config.site_ipxe_dir, ca_file=config.ca_bundle)
+                   ipxe_dir=config.site_ipxe_dir, ca_file=config.ca_bundle,
+                   upstreams=config.site_upstreams)
 
 
 class SiteServices:
@@ -75,6 +78,8 @@ class SiteServices:
         host = settings.address if ":" not in settings.address else f"[{settings.address}]"
         self.base_url = f"http://{host}:{self.http.port}"
         self.routes.base_url = self.base_url
+        self.routes.policy = UpstreamPolicy.parse(
+            settings.upstreams, own={settings.address, *local_addresses()}, own_port=self.http.port)
         self.entries.base_url = self.base_url
 
     def start(self) -> None:

@@ -294,7 +294,8 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {name: value for name in PASS_REQUEST_HEADERS
                    if (value := self.headers.get(name)) is not None}
         try:
-            conn, resp = open_upstream(route, method, headers, self.server.upstream)
+            conn, resp = open_upstream(route, method, headers, self.server.upstream,
+                                       self.server.routes.policy)
         except UpstreamError as exc:
             self._refuse(exc.status, str(exc))
             self._account(route, method, number, exc.status, 0, str(exc))

@@ -79,9 +79,10 @@ def site_config(tmp_path: Path) -> Config:
 
 @pytest.fixture
 def site(tmp_path: Path) -> Iterator[SiteServices]:
-    """The site's HTTP service on loopback (no dnsmasq), installed as the process's."""
+    """The site's HTTP service on loopback (no dnsmasq), installed as the process's; its
+    routes may reach upstreams on 127.0.0.1 (refused by default: agent/site/upstreams.py)."""
     running = services.install(SiteServices(ServiceSettings(
-        address="127.0.0.1", port=0, root=tmp_path / "site")))
+        address="127.0.0.1", port=0, root=tmp_path / "site", upstreams=("127.0.0.1",))))
     try:
         yield running
     finally:

@@ -143,7 +143,7 @@ def test_a_head_that_drips_is_cut_at_its_deadline(site: SiteServices) -> None:
 
 def test_when_all_are_taken_the_longest_idle_goes_first(tmp_path: Path) -> None:
     running = services.install(SiteServices(ServiceSettings(
-        address="127.0.0.1", port=0, root=tmp_path / "site")))
+        address="127.0.0.1", port=0, root=tmp_path / "site", upstreams=("127.0.0.1",))))
     try:
         conns = running.http.server.conns
         conns.total = 4
