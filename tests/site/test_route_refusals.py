@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.client
 import logging
 import socket
-import threading
 import urllib.parse
 from collections.abc import Iterator
 
@@ -15,45 +14,8 @@ import pytest
 
 from agent.errors import InvalidParameters
 from agent.site.services import SiteServices
-from tests.loopback_http import LoopbackServer
+from tests.loopback_http import LoopbackServer, RawServer
 from tests.site.test_routes import request, route
-
-
-class RawUpstream:
-    """Answers every connection with the same bytes, whatever it asked, then closes it."""
-
-    def __init__(self, answer: bytes) -> None:
-        self.answer = answer
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.sock.settimeout(0.2)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.sock.getsockname()[1]}{path}"
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except TimeoutError:
-                continue
-            with conn:
-                conn.settimeout(5)
-                try:
-                    conn.recv(65536)
-                    conn.sendall(self.answer)
-                except OSError:
-                    pass
-
-    def __enter__(self) -> RawUpstream:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.sock.close()
 
 
 @pytest.fixture
@@ -93,7 +55,7 @@ def test_chunked_framing_wins_over_content_length(site: SiteServices) -> None:
     body = bytes(range(150))
     answer = (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n"
               + b"96\r\n" + body + b"\r\n0\r\n\r\n")
-    with RawUpstream(answer) as upstream:
+    with RawServer(answer) as upstream:
         status, headers, got = request(route(upstream.url("/x")))
     assert status == 200 and got == body
     assert "Content-Length" not in headers and headers["Transfer-Encoding"] == "chunked"
@@ -102,13 +64,13 @@ def test_chunked_framing_wins_over_content_length(site: SiteServices) -> None:
 def test_a_chunked_body_cut_short_is_never_a_short_success(site: SiteServices) -> None:
     answer = (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n"
               + b"96\r\n" + bytes(100))
-    with RawUpstream(answer) as upstream, pytest.raises(http.client.IncompleteRead):
+    with RawServer(answer) as upstream, pytest.raises(http.client.IncompleteRead):
         request(route(upstream.url("/x")))
 
 
 def test_another_transfer_coding_is_a_502(site: SiteServices) -> None:
     answer = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: gzip\r\n\r\nhello"
-    with RawUpstream(answer) as upstream:
+    with RawServer(answer) as upstream:
         status, _, body = request(route(upstream.url("/x")))
     assert status == 502 and b"Transfer-Encoding" in body
 
