@@ -5,7 +5,9 @@ that stands for exactly one upstream URL. It lives ``ttl_seconds``, carries only
 ``allowed_methods`` (GET and HEAD; GET and HEAD by default), delivers at most ``max_bytes`` of
 bodies in all (0: no byte limit), and reaches only its upstream: no other path or query is
 accepted, and a redirect is followed only on the same scheme, host and port (a redirect to
-another host is refused, never followed). It is not an open proxy.
+another host is refused, never followed). It is not an open proxy, and it reaches only
+upstreams the site's ``site_upstreams`` policy allows (agent/site/upstreams.py: not loopback,
+link-local or the site itself by default), checked when it is made and at each connection.
 
 The bytes are streamed (``agent/site/web.py``): nothing is held in memory beyond one buffer,
 nothing is written to disk. Range and If-Range are passed through, so a download resumes

@@ -9,7 +9,10 @@ initrds, and the proxy routes.
 Anything else is 404; a method a path does not carry is 405. A route's response streams
 the upstream's body through one buffer. When the upstream fails mid-body the client's
 connection is cut before the announced Content-Length (or without the last chunk of a
-chunked body): the client sees a failure, never a short success.
+chunked body): the client sees a failure, never a short success. Whatever else an upstream
+does wrong is a 502; a response both chunked and with a Content-Length is framed by its
+chunks. Connections are admitted under agent/site/conns.py's caps, each request's head
+within its deadline; no token is logged (``_safe``).
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ class BufferBudget:
         """A buffer of at most ``want`` bytes, its own anonymous mapping, unmapped when the
         body ends: the process's memory holds the budget and no more. (A bytearray of 16 MiB
         comes from malloc, which after the first free raises its mmap threshold and keeps
-        the freed buffers in per-thread arenas: 48 relays at once held about 440 MiB so.)"""
+        the freed buffers in its arenas: 48 downloads at once held about 440 MiB so in issue 27.)"""
         with self._lock:
             size = max(1, min(want, max(self.left, SMALL_BUFFER)))
             taken = min(size, self.left)
