@@ -139,3 +139,24 @@ def test_the_setting_from_flags_file_and_kernel_line(tmp_path: Path) -> None:
     for bad in ("http://x/", "a b", "-x.example", "x" * 300):
         with pytest.raises(InvalidParameters, match="site_upstreams"):
             settings.load({"site_upstreams": [bad]})
+
+
+def test_an_https_upstream_is_dialled_at_its_checked_address_and_verified(tmp_path: Path) -> None:
+    """The connection goes to the address the policy checked, and TLS still checks the
+    upstream's certificate (against the site's CA bundle, for the URL's host)."""
+    from tests.loopback_http import self_signed_cert
+
+    cert, key = self_signed_cert(str(tmp_path))
+    with LoopbackServer(tls=(cert, key)) as upstream:
+        url = upstream.add("/image", b"over tls")
+        assert url.startswith("https://127.0.0.1:")
+        for ca_file, expect in ((Path(cert), 200), (None, 502)):
+            services.install(SiteServices(ServiceSettings(
+                address="127.0.0.1", port=0, root=tmp_path / "site", upstreams=("127.0.0.0/8",),
+                ca_file=ca_file)))
+            try:
+                status, _, body = request(route(url))
+            finally:
+                services.stop()
+            assert status == expect, body
+            assert body == b"over tls" if expect == 200 else b"CERTIFICATE_VERIFY_FAILED" in body
