@@ -73,6 +73,14 @@ def _version_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deps", action="store_true", help="also import and list the runtime dependencies")
 
 
+def _protobuf_implementation() -> str:
+    """Which of protobuf's implementations runs: "upb" (native: the zipapp's wheel for this
+    machine) or "python" (pure: descriptors built in Python at every start)."""
+    from google.protobuf.internal import api_implementation
+
+    return f"implementation {api_implementation.Type()}"
+
+
 @command("version", "print the agent version", _version_args)
 def cmd_version(args: argparse.Namespace) -> int:
     print(__version__)
@@ -84,7 +92,8 @@ def cmd_version(args: argparse.Namespace) -> int:
     for module in ("google.protobuf", "cryptography", "pynvml"):
         try:
             mod = need(module)
-            print(f"{module} {getattr(mod, '__version__', '?')} ({mod.__file__})")
+            print(f"{module} {getattr(mod, '__version__', '?')} ({mod.__file__})"
+                  + (f", {_protobuf_implementation()}" if module == "google.protobuf" else ""))
         except MissingDependency as exc:
             print(f"{module}: {exc}")
             missing += 1

@@ -95,6 +95,28 @@ class HttpError(SourceFailed):
         self.status = status
 
 
+class BodyTooLarge(HttpError):
+    """An answer's body longer than the caller takes (``request``'s and ``post_multipart``'s
+    ``max_body``): refused, not read, not retried."""
+
+
+MAX_BODY = 4 << 20  # what request() and post_multipart() read of an answer at most: a JSON API's
+
+
+def _read_body(resp: http.client.HTTPResponse, max_body: int, where: str) -> bytes:
+    """The body of ``resp``, at most ``max_body`` bytes; BodyTooLarge (what came is dropped)
+    when it announces or carries more."""
+    length = resp.getheader("Content-Length", "")
+    if length.isdigit() and int(length) > max_body:
+        raise BodyTooLarge(f"{where}: the answer is {int(length)} bytes, more than the "
+                           f"{max_body} taken", status=resp.status)
+    data = resp.read(max_body + 1)
+    if len(data) > max_body:
+        raise BodyTooLarge(f"{where}: the answer is more than the {max_body} bytes taken",
+                           status=resp.status)
+    return data
+
+
 @dataclass(frozen=True)
 class HttpOptions:
     ca_pem: str = ""                    # extra trusted CA certificates (PEM text)
@@ -138,8 +160,11 @@ def check_url(url: str) -> urllib.parse.SplitResult:
         raise InvalidParameters(f"URL scheme must be http or https, not {parts.scheme!r}")
     if not parts.hostname:
         raise InvalidParameters(f"URL has no host: {redact(url)!r}")
-    if any(c in url for c in "\r\n\t "):
+    if any(c <= " " or c == "\x7f" for c in url):
         raise InvalidParameters("URL contains whitespace or control characters")
+    if not url.isascii():
+        raise InvalidParameters(f"URL {redact(url).encode('ascii', 'backslashreplace').decode()!r} "
+                                "is not ASCII: percent-encode its other characters")
     return parts
 
 
@@ -569,8 +594,10 @@ def request(
     headers: Mapping[str, str] | None = None,
     deadline: float | None = None,
     busy: Callable[[Response], bool] | None = None,
+    max_body: int = MAX_BODY,
 ) -> Response:
-    """One request to a JSON API, retried when the server is down, failing or busy.
+    """One request to a JSON API, retried when the server is down, failing or busy; an
+    answer's body longer than ``max_body`` raises BodyTooLarge.
 
     Returns the final Response whatever its status (see the module docstring). A request that
     is not idempotent (POST, PATCH) is retried after a transport error only when the error came
@@ -617,7 +644,7 @@ def request(
                 sent = True
                 conn.request(method, _target(parts), body=payload, headers=hdrs)
                 resp = conn.getresponse()
-                data = resp.read()
+                data = _read_body(resp, max_body, where)
                 last = Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data, attempt)
         except _TRANSPORT_ERRORS as exc:
             if watched.cut == "cancel":
@@ -692,10 +719,12 @@ def _part_head(boundary: str, part: Part) -> bytes:
     ).encode()
 
 
-def post_multipart(url: str, parts: Iterable[Part], opts: HttpOptions | None = None) -> Response:
+def post_multipart(url: str, parts: Iterable[Part], opts: HttpOptions | None = None, *,
+                   max_body: int = MAX_BODY) -> Response:
     """POST a multipart/form-data body, files streamed from disk in 1 MiB chunks (the length is
     computed first, so no chunked encoding: BMCs rarely accept it). Returns the Response
-    whatever its status; a transport failure raises HttpError. No retry: the caller decides."""
+    whatever its status; a transport failure raises HttpError, an answer longer than
+    ``max_body`` BodyTooLarge. No retry: the caller decides."""
     opts = opts or HttpOptions()
     target = check_url(url)
     boundary = f"bettercompute-{uuid.uuid4().hex}"
@@ -733,7 +762,7 @@ def post_multipart(url: str, parts: Iterable[Part], opts: HttpOptions | None = N
     try:
         conn.request("POST", _target(target), body=stream(), headers=hdrs)
         resp = conn.getresponse()
-        data = resp.read()
+        data = _read_body(resp, max_body, where)
     except _TRANSPORT_ERRORS as exc:
         tls = "untrusted" if _tls_refused(exc) else ""
         raise HttpError(f"{where}: {type(exc).__name__}: {exc}", tls=tls) from exc
@@ -743,5 +772,5 @@ def post_multipart(url: str, parts: Iterable[Part], opts: HttpOptions | None = N
     return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data)
 
 
-__all__ = ["Download", "HttpError", "HttpOptions", "Part", "Response", "check_url", "get", "post_multipart",
-           "put", "redact", "request", "ssl_context"]
+__all__ = ["BodyTooLarge", "Download", "HttpError", "HttpOptions", "Part", "Response", "check_url", "get",
+           "post_multipart", "put", "redact", "request", "ssl_context"]

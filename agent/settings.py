@@ -78,6 +78,10 @@ def _bytes(text: str) -> int:
     if not digits.isdigit() or int(digits) == 0:
         raise ValueError(f"{text!r} is not a byte count (e.g. 64G)")
     return int(digits) * mult
+def _upstream(text: str) -> str:
+    from agent.site.upstreams import parse_entry
+
+    return parse_entry(text)
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -126,6 +130,9 @@ SETTINGS: tuple[Setting, ...] = (
             "site role: the content store's byte budget, e.g. 64G (default 64G)"),
     Setting("site_metrics_address", "--site-metrics-address", "bc.site_metrics", str,
             "site role: host:port of GET /metrics, or '' for none (default 127.0.0.1:9108)"),
+    Setting("site_upstreams", "--site-upstream", "bc.site_upstreams", _upstream,
+            "site role: a host, address or network proxy routes may reach (repeatable; default "
+            "any but loopback, link-local and the site's own)", multiple=True),
     Setting("reconnect_min_seconds", "--reconnect-min", "bc.reconnect_min", _positive,
             "base of the reconnect backoff (seconds)", session=True),
     Setting("reconnect_max_seconds", "--reconnect-max", "bc.reconnect_max", _positive,

@@ -211,7 +211,8 @@ def main() -> int:
             digest.update(block[: size % BUFFER])
         upstream, straight = start_upstream(image, tmp)
         try:
-            site = SiteServices(ServiceSettings(address="127.0.0.1", port=0, root=tmp / "site"))
+            site = SiteServices(ServiceSettings(address="127.0.0.1", port=0, root=tmp / "site",
+                                                upstreams=("127.0.0.1",)))
             site.start()
             try:
                 h = handler_for("site.httpProxy")

@@ -1,12 +1,14 @@
 """The zipapp's __main__: make the bundled dependencies importable, then run the agent.
 
 Pure-Python dependencies are imported from the archive itself (``_vendor/``). Native ones
-(cryptography and cffi) cannot be imported from a zip: their wheels travel stored in
-``_native/`` and are unpacked once, hashes checked, into a cache directory keyed by the
-build id (a root-owned 0700 directory on tmpfs when run as root), under a file lock, into a
-temporary sibling that is renamed into place. Where no wheel fits this machine, the agent
-falls back to what the system has; a module that is still missing is reported in one line
-by agent.deps where it is needed.
+(cryptography and cffi, and protobuf's native build, upb, which builds the descriptors in C
+where the pure one of ``_vendor/`` spends most of a start) cannot be imported from a zip:
+their wheels travel stored in ``_native/`` and are unpacked once, hashes checked, into a
+cache directory keyed by the build id (a root-owned 0700 directory on tmpfs when run as
+root), under a file lock, into a temporary sibling that is renamed into place. Where no
+wheel fits this machine, the agent falls back to what the system has (and the archive's
+pure protobuf); a module that is still missing is reported in one line by agent.deps where
+it is needed.
 
 Standard library only, and nothing here may fail loudly: at worst the cache is skipped. And
 nothing is imported that a start does not need: an archive without native wheels (the
@@ -72,6 +74,11 @@ def _unpack(
                 with zipfile.ZipFile(path) as whl:
                     whl.extractall(tmp)
                 os.unlink(path)
+            if os.path.isdir(os.path.join(tmp, "google")):
+                # protobuf's native build: a regular package here (the archive's own
+                # __init__), so that it comes before the pure one of _vendor/ and is imported.
+                with open(os.path.join(tmp, "google", "__init__.py"), "wb") as f:
+                    f.write(zf.read("_vendor/google/__init__.py"))
             with open(os.path.join(tmp, ".complete"), "w") as f:
                 f.write(str(manifest["build_id"]) + "\n")
             os.rename(tmp, target)

@@ -3,7 +3,9 @@
     python3 build/zipapp.py [--out dist/agent.pyz] [--arch x86_64,aarch64] [--version V]
                             [--without-gateway]
 
-Reproducible: entries sorted, fixed timestamps and modes, wheels pinned by sha256 in
+Each module carries its bytecode, compiled by the Python that builds (unchecked hash-based
+.pyc, as initramfs/pyc.py adds for the ramdisk; ``--no-bytecode`` leaves it out).
+Reproducible: entries sorted (each .pyc after its .py), fixed timestamps and modes, wheels pinned by sha256 in
 build/wheels.lock (downloaded once into build/.wheels with pip). Two builds of the same tree
 are byte-identical. ``--version`` overrides agent/version.py inside the archive only (the
 upgrade tests build two versions from one tree). ``--without-gateway`` leaves out the
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # initramfs.pyc: the bytecode the ramdisk's builder adds too
 WHEELS = ROOT / "build" / ".wheels"
 LOCK = ROOT / "build" / "wheels.lock"
 EPOCH = (1980, 1, 1, 0, 0, 0)
@@ -249,7 +252,8 @@ def agent_version(files: dict[str, bytes]) -> str:
     raise ValueError("agent/version.py has no __version__")
 
 
-def build(out: Path, arches: set[str], version: str | None, gateway: bool = True) -> str:
+def build(out: Path, arches: set[str], version: str | None, gateway: bool = True,
+          bytecode: bool = True) -> str:
     files: dict[str, bytes] = {"__main__.py": (ROOT / "build" / "bootstrap.py").read_bytes()}
     files.update(agent_files(version, gateway))
     check_no_test_hooks(files)
@@ -297,6 +301,18 @@ def build(out: Path, arches: set[str], version: str | None, gateway: bool = True
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_bytes(buf.getvalue())
+    if bytecode:
+        # zipimport never writes a bytecode cache: without .pyc entries every start compiles
+        # the agent from source (half of `agent exec`'s start-up; docs/performance.md). The
+        # bytecode is this interpreter's; another version falls back to the source.
+        from initramfs.pyc import add_bytecode
+
+        source = tmp.with_suffix(".src")
+        tmp.replace(source)
+        try:
+            add_bytecode(str(source), str(tmp))
+        finally:
+            source.unlink()
     tmp.chmod(0o755)
     tmp.replace(out)
     sbom_path(out).write_bytes(bom)
@@ -316,8 +332,11 @@ def main() -> None:
     parser.add_argument("--version", help="override the version inside the archive (tests)")
     parser.add_argument("--without-gateway", action="store_true",
                         help="leave out the reference gateway (agent/gateway/; the ramdisk's agent)")
+    parser.add_argument("--no-bytecode", action="store_true",
+                        help="no .pyc entries (by default each module's, compiled by this Python)")
     args = parser.parse_args()
-    build_id = build(args.out, set(args.arch.split(",")), args.version, not args.without_gateway)
+    build_id = build(args.out, set(args.arch.split(",")), args.version, not args.without_gateway,
+                     not args.no_bytecode)
     size = args.out.stat().st_size
     print(f"{args.out}: {size} bytes ({size / 1048576:.1f} MiB), build id {build_id}")
 

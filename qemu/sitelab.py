@@ -224,6 +224,7 @@ class SiteLab(Lab):
                 "--trusted-key", str(self.pki.signing_pub), "--state-dir", str(self.site_state),
                 "--secrets-dir", str(self.secrets_dir), "--site-address", SITE_ADDRESS,
                 "--site-interface", BRIDGE, "--site-http-port", str(SITE_HTTP_PORT),
+                "--site-upstream", "127.0.0.1",  # upstream_url(): the namespace's loopback
                 "--reconnect-min", "0.5", "--reconnect-max", "3"]
         log = self.site_log.open("ab")
         env = proc.clean_env({"PYTHONPATH": str(REPO)})

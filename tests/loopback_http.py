@@ -13,6 +13,9 @@ Content-Length, then a clean close), ``delay`` (seconds slept before each 64 KiB
 ``ignore_range`` (always 200 with the full body), ``stall_after`` (bytes sent, then sleep
 ``stall`` seconds before closing). ``times`` bounds how many requests get the fault (0 = all).
 Only 127.0.0.1. For TLS give ``tls=(certfile, keyfile)``.
+
+``ScriptedServer`` answers each request with a function of it; ``RawServer`` answers every
+connection with the same bytes, framed as wrongly as a test needs.
 """
 
 from __future__ import annotations
@@ -367,3 +370,50 @@ class ScriptedServer(_Serving):
     def url(self, path: str) -> str:
         return f"{self.scheme}://{self.address}{path}"
 
+
+class RawServer:
+    """Answers every connection with the same bytes (``answer``), whatever it asked, then closes
+    it: an upstream or a BMC that frames its answers wrongly. Only 127.0.0.1."""
+
+    def __init__(self, answer: bytes, tls: tuple[str, str] | None = None) -> None:
+        self.answer = answer
+        self.tls: ssl.SSLContext | None = None
+        if tls is not None:
+            self.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self.tls.load_cert_chain(*tls)
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def url(self, path: str) -> str:
+        return f"{'https' if self.tls else 'http'}://{self.address}{path}"
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                try:
+                    if self.tls is not None:
+                        conn = self.tls.wrap_socket(conn, server_side=True)
+                    conn.recv(65536)
+                    conn.sendall(self.answer)
+                except OSError:
+                    pass
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()

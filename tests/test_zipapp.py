@@ -61,6 +61,9 @@ def test_native_dependencies_unpack_once_into_a_private_cache(pyz: Path, tmp_pat
     assert first.returncode == 0, first.stdout + first.stderr
     assert str(cache) in first.stdout  # cryptography came from the unpacked wheel
     assert "google.protobuf" in first.stdout and "pynvml" in first.stdout
+    # protobuf's native build from its wheel, before the pure one the archive carries too
+    line = next(line for line in first.stdout.splitlines() if line.startswith("google.protobuf"))
+    assert str(cache) in line and line.endswith(", implementation upb"), line
     (build_dir,) = cache.iterdir()
     assert build_dir.stat().st_mode & 0o777 == 0o700
     stamp = [p.stat().st_mtime_ns for p in build_dir.iterdir()]
@@ -88,7 +91,26 @@ def test_vendors_only_what_the_agent_can_import(pyz: Path) -> None:
         top = {n.split("/")[1] for n in z.namelist() if n.startswith("_vendor/")}
     # protobuf (google/), nvidia-ml-py's pynvml module; not the wheels' samples, tests and
     # site-packages hooks (zipimport never runs a .pth)
-    assert top == {"google", "pynvml.py"}, top
+    assert top == {"google", "pynvml.py", "pynvml.pyc"}, top
+
+
+def test_every_module_carries_its_bytecode(pyz: Path, tmp_path: Path) -> None:
+    """zipimport writes no bytecode cache: each .py has its .pyc (this interpreter's) beside
+    it, or every start compiles the agent again; --no-bytecode leaves them out."""
+    import importlib.util
+
+    with zipfile.ZipFile(pyz) as z:
+        names = set(z.namelist())
+        sources = {n for n in names if n.endswith(".py")}
+        assert sources and {n + "c" for n in sources} <= names
+        assert z.read("agent/cli.pyc")[:4] == importlib.util.MAGIC_NUMBER
+    plain = tmp_path / "plain.pyz"
+    build(plain, "--arch", "none", "--no-bytecode")
+    with zipfile.ZipFile(plain) as z:
+        assert not [n for n in z.namelist() if n.endswith(".pyc")]
+    out = bare(plain, "version", "--deps", cache=tmp_path / "cache")
+    line = next(line for line in out.stdout.splitlines() if line.startswith("google.protobuf"))
+    assert line.endswith(", implementation python"), line  # no wheel: the archive's pure one
 
 
 def test_the_archive_carries_no_test_hook(pyz: Path) -> None:
@@ -165,7 +187,8 @@ def test_sbom_lists_every_wheel_the_archive_carries_with_its_hash(pyz: Path) -> 
                     assert vendored[name] == whl.read(info), name
                     from_wheels.add(name)
     synthesized = {"_vendor/google/__init__.py"}  # makes the namespace package importable
-    assert set(vendored) - synthesized == from_wheels
+    compiled = {n for n in vendored if n.endswith(".pyc") and n[:-1] in vendored}  # its bytecode
+    assert set(vendored) - synthesized - compiled == from_wheels
 
 
 def test_every_wheel_carries_its_licence_files(pyz: Path) -> None:

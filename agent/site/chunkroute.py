@@ -2,7 +2,7 @@
 fetched from the upstream once per site and verified before it is stored or served.
 
     plan = load_plan(manifest_bytes, "manifest")     # an ImageManifest of a raw image
-    chunks = ChunkCache(store, metrics, upstream_options)
+    chunks = ChunkCache(store, metrics, upstream_options, routes)
     serve(handler, route, method, chunks)            # from web.py, for a route with a plan
 
 A request (GET or HEAD, with or without one ``Range: bytes=...``) is split at the chunk
@@ -75,8 +75,9 @@ class ChunkCache:
     """Chunks by digest: the store, the fetches in flight (single flight), the fetch pool."""
 
     def __init__(self, store: ChunkStore, metrics: Metrics,
-                 upstream: agent_http.HttpOptions) -> None:
-        self.store, self.metrics, self.upstream = store, metrics, upstream
+                 upstream: agent_http.HttpOptions, routes: RouteTable) -> None:
+        """``routes``: whose upstream policy every fetch is dialled under (agent/site/upstreams.py)."""
+        self.store, self.metrics, self.upstream, self.routes = store, metrics, upstream, routes
         self._lock = threading.Lock()
         self._inflight: dict[str, _Fetch] = {}
         self._ahead = 0
@@ -175,7 +176,7 @@ class ChunkCache:
     def _download(self, route: Route, seg: Segment) -> bytes:
         last = seg.end - 1
         conn, resp = open_upstream(route, "GET", {"Range": f"bytes={seg.offset}-{last}"},
-                                   self.upstream)
+                                   self.upstream, self.routes.policy)
         try:
             whole = resp.status == 200 and seg.offset == 0 and route.plan is not None and \
                 route.plan.image_size == seg.length

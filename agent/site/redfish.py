@@ -70,6 +70,7 @@ Doc = dict[str, Any]
 
 ROOT = "/redfish/v1/"
 MAX_RETRIES = 4
+MAX_BODY = http.MAX_BODY  # a BMC's JSON answer, at most (a service root is a few KiB)
 REQUEST_TIMEOUT = 30.0       # per connect, per read
 ANSWER_TIMEOUT = 60.0        # one whole answer, however its bytes come (a BMC that drips)
 _BUSY_WORDS = (b"busy", b"temporarilyunavailable", b"initialization in progress", b"initializing",
@@ -224,7 +225,11 @@ class RedfishClient:
         busy = (lambda r: _busy(r) or _not_json(r)) if method == "GET" else _busy
         try:
             resp = http.request(method, url, self.opts, json_body=json_body, headers=hdrs,
-                                deadline=self.call.deadline, busy=busy)
+                                deadline=self.call.deadline, busy=busy, max_body=MAX_BODY)
+        except http.BodyTooLarge as exc:
+            self.attempts += 1
+            raise BmcRefused(f"Redfish BMC {self.target.address}: {exc.message}; a Redfish "
+                             "resource is a few KiB", status=exc.status) from exc
         except http.HttpError as exc:
             self.attempts += int(exc.details.get("attempts", "1") or 1)
             where = f"Redfish BMC {self.target.address}"

@@ -118,6 +118,8 @@ def _push(
             http.Part("UpdateParameters", params, "application/json"),
             http.Part("UpdateFile", path=file),
         ], opts)
+    except http.BodyTooLarge as exc:
+        raise BmcRefused(f"{where}: firmware push: {exc.message}", status=exc.status) from exc
     except http.HttpError as exc:
         raise BmcUnreachable(f"{where}: firmware push failed: {exc.message}",
                              tls=exc.details.get("tls", "")) from exc

@@ -5,7 +5,9 @@ that stands for exactly one upstream URL. It lives ``ttl_seconds``, carries only
 ``allowed_methods`` (GET and HEAD; GET and HEAD by default), delivers at most ``max_bytes`` of
 bodies in all (0: no byte limit), and reaches only its upstream: no other path or query is
 accepted, and a redirect is followed only on the same scheme, host and port (a redirect to
-another host is refused, never followed). It is not an open proxy.
+another host is refused, never followed). It is not an open proxy, and it reaches only
+upstreams the site's ``site_upstreams`` policy allows (agent/site/upstreams.py: not loopback,
+link-local or the site itself by default), checked when it is made and at each connection.
 
 The bytes are streamed (``agent/site/web.py``): nothing is held in memory beyond one buffer,
 nothing is written to disk. Range and If-Range are passed through, so a download resumes
@@ -36,6 +38,7 @@ import http.client
 import json
 import logging
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -49,6 +52,7 @@ from agent.filesource import Source, parse_source
 from agent.manifest import Plan
 from agent.proto import site_pb2
 from agent.site.pxe import parse_node_id, parse_ttl
+from agent.site.upstreams import UpstreamPolicy
 
 log = logging.getLogger(__name__)
 
@@ -190,9 +194,10 @@ MARK_STEPS = 16  # a route with max_bytes saves its count at most this often (pl
 class RouteTable:
     """The live routes, by token; state on disk under ``root``."""
 
-    def __init__(self, root: Path, base_url: str) -> None:
+    def __init__(self, root: Path, base_url: str, policy: UpstreamPolicy | None = None) -> None:
         self.root = root
         self.base_url = base_url.rstrip("/")
+        self.policy = policy or UpstreamPolicy()
         self._lock = threading.Lock()
         self._routes: dict[str, Route] = {}
 
@@ -236,7 +241,9 @@ class RouteTable:
     def add(self, req: RouteRequest, manifest: bytes = b"", plan: Plan | None = None
             ) -> tuple[Route, str]:
         """A new route for ``req`` (serving from the store with ``plan``, whose ``manifest``
-        file is kept beside it); returns it and its proxy URL."""
+        file is kept beside it); returns it and its proxy URL. InvalidParameters when the
+        upstream is not one routes may reach (agent/site/upstreams.py)."""
+        self.policy.check(req.upstream_url)
         token = secrets.token_urlsafe(32)
         route = Route(token=token, node_id=req.node_id, upstream_url=req.upstream_url,
                       methods=req.methods, expires_at=time.time() + req.ttl_seconds,
@@ -342,28 +349,60 @@ class UpstreamError(Exception):
         self.status = status
 
 
+class _Pinned(http.client.HTTPConnection):
+    """A connection to the addresses the policy checked, not to what the name resolves to
+    when http.client looks it up again."""
+
+    addresses: tuple[str, ...] = ()
+
+    def connect(self) -> None:
+        error: OSError | None = None
+        for address in self.addresses:
+            try:
+                self.sock = socket.create_connection((address, self.port), self.timeout)
+            except OSError as exc:
+                error = exc
+                continue
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return
+        raise error or OSError("no address to connect to")
+
+
+class _PinnedTLS(http.client.HTTPSConnection, _Pinned):
+    """The same over TLS: the certificate is checked against the URL's host name."""
+
+
 def open_upstream(
     route: Route, method: str, headers: dict[str, str], ssl_options: agent_http.HttpOptions,
+    policy: UpstreamPolicy,
 ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-    """Send ``method`` to the route's upstream; follow redirects on the same origin only."""
+    """Send ``method`` to the route's upstream; follow redirects on the same origin only; dial
+    only addresses ``policy`` allows."""
     url = route.upstream_url
     home = agent_http.origin(url)
     for _hop in range(MAX_REDIRECTS + 1):
-        parts = agent_http.check_url(url)
+        try:
+            parts = agent_http.check_url(url)
+        except InvalidParameters as exc:  # only a redirect's Location can be bad here
+            raise UpstreamError(f"upstream redirected to an unusable URL: {exc.message}") from None
         if agent_http.origin(parts) != home:
             raise UpstreamError(
                 f"upstream redirected to another host ({parts.hostname}); not followed")
         target = parts.path or "/"
         if parts.query:
             target += "?" + parts.query
-        conn: http.client.HTTPConnection
+        host, port = parts.hostname or "", home[2]
+        try:
+            addresses = tuple(policy.addresses(host, port))
+        except InvalidParameters as exc:
+            raise UpstreamError(exc.message) from None
+        conn: _Pinned
         if parts.scheme == "https":
-            conn = http.client.HTTPSConnection(
-                parts.hostname or "", parts.port, timeout=ssl_options.timeout,
-                context=agent_http.ssl_context(ssl_options.ca_pem, ssl_options.ca_file))
+            conn = _PinnedTLS(host, port, timeout=ssl_options.timeout,
+                              context=agent_http.ssl_context(ssl_options.ca_pem, ssl_options.ca_file))
         else:
-            conn = http.client.HTTPConnection(parts.hostname or "", parts.port,
-                                              timeout=ssl_options.timeout)
+            conn = _Pinned(host, port, timeout=ssl_options.timeout)
+        conn.addresses = addresses
         try:
             conn.request(method, target, headers={**headers, "User-Agent": "bettercompute-site"})
             resp = conn.getresponse()
@@ -379,6 +418,8 @@ def open_upstream(
                 url = agent_http.redirect_location(url, resp)
             except agent_http.HttpError:
                 raise UpstreamError(f"upstream answered {resp.status} without a Location") from None
+            except ValueError:
+                raise UpstreamError(f"upstream answered {resp.status} with an unusable Location") from None
             continue
         return conn, resp
     raise UpstreamError(f"upstream redirected more than {MAX_REDIRECTS} times")

@@ -34,6 +34,7 @@ from agent.site.dnsmasq import DnsmasqSettings, DnsmasqSupervisor
 from agent.site.metrics import Metrics, MetricsService
 from agent.site.pxe import BootEntries
 from agent.site.routes import RouteTable
+from agent.site.upstreams import UpstreamPolicy, local_addresses
 from agent.site.web import HttpService
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class ServiceSettings:
     store_dir: Path | None = None  # the content store (default: root / "store")
     store_bytes: int = DEFAULT_BUDGET
     metrics: str = ""            # host:port of GET /metrics; "" serves none
+    upstreams: tuple[str, ...] = ()  # what routes may reach (agent/site/upstreams.py)
 
     @classmethod
     def from_config(cls, config: Config) -> ServiceSettings:
@@ -61,7 +63,8 @@ class ServiceSettings:
                    root=config.state_dir / "site", interface=config.site_interface,
                    ipxe_dir=config.site_ipxe_dir, ca_file=config.ca_bundle,
                    store_dir=config.site_store_dir, store_bytes=config.site_store_bytes,
-                   metrics=config.site_metrics_address)
+                   metrics=config.site_metrics_address,
+                   upstreams=config.site_upstreams)
 
 
 class SiteServices:
@@ -101,6 +104,8 @@ class SiteServices:
         host = settings.address if ":" not in settings.address else f"[{settings.address}]"
         self.base_url = f"http://{host}:{self.http.port}"
         self.routes.base_url = self.base_url
+        self.routes.policy = UpstreamPolicy.parse(
+            settings.upstreams, own={settings.address, *local_addresses()}, own_port=self.http.port)
         self.entries.base_url = self.base_url
 
     def __enter__(self) -> SiteServices:

@@ -10,19 +10,27 @@ initrds, and the proxy routes.
 Anything else is 404; a method a path does not carry is 405. A route's response streams
 the upstream's body through one buffer. When the upstream fails mid-body the client's
 connection is cut before the announced Content-Length (or without the last chunk of a
-chunked body): the client sees a failure, never a short success.
+chunked body): the client sees a failure, never a short success. Whatever else an upstream
+does wrong is a 502; a response both chunked and with a Content-Length is framed by its
+chunks. Connections are admitted under agent/site/conns.py's caps, each request's head
+within its deadline; no token is logged (``_safe``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import http.client
 import logging
+import mmap
 import os
+import re
 import socket
 import ssl
 import struct
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -33,6 +41,7 @@ from agent.errors import NotFound
 from agent.site import chunkroute
 from agent.site.chunkroute import ChunkCache
 from agent.site.chunkstore import DIGEST, ChunkStore
+from agent.site.conns import Connections
 from agent.site.metrics import Metrics
 from agent.site.pxe import BootEntries
 from agent.site.routes import (
@@ -67,13 +76,27 @@ class BufferBudget:
 
     @contextlib.contextmanager
     def buffer(self, want: int) -> Iterator[memoryview]:
+        """A buffer of at most ``want`` bytes, its own anonymous mapping, unmapped when the
+        body ends: the process's memory holds the budget and no more. (A bytearray of 16 MiB
+        comes from malloc, which after the first free raises its mmap threshold and keeps
+        the freed buffers in its arenas: 48 downloads at once held about 440 MiB so in issue 27.)"""
         with self._lock:
-            size = min(want, max(self.left, SMALL_BUFFER))
+            size = max(1, min(want, max(self.left, SMALL_BUFFER)))
             taken = min(size, self.left)
             self.left -= taken
         try:
-            yield memoryview(bytearray(size))
+            area = mmap.mmap(-1, size)
+        except BaseException:
+            with self._lock:
+                self.left += taken
+            raise
+        view = memoryview(area)
+        try:
+            yield view
         finally:
+            view.release()
+            with contextlib.suppress(BufferError):  # a slice still alive: unmapped when it goes
+                area.close()
             with self._lock:
                 self.left += taken
 
@@ -82,18 +105,60 @@ class SiteHttpServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
     allow_reuse_address = True
+    request_queue_size = 1024  # the listen backlog: a burst of connections is not a SYN drop
 
     def __init__(self, address: tuple[str, int], entries: BootEntries | None,
                  routes: RouteTable, upstream: agent_http.HttpOptions,
-                 store: ChunkStore | None = None, metrics: Metrics | None = None) -> None:
+                 store: ChunkStore | None = None, metrics: Metrics | None = None,
+                 conns: Connections | None = None) -> None:
         self.entries = entries
         self.routes = routes
         self.upstream = upstream
         self.buffers = BufferBudget()
         self.metrics = metrics or Metrics()
         self.store = store
-        self.chunks = ChunkCache(store, self.metrics, upstream) if store is not None else None
+        self.chunks = ChunkCache(store, self.metrics, upstream, routes) if store is not None else None
+        self.conns = conns or Connections()
+        self._accept_failed = 0.0
         super().__init__(address, _Handler)
+
+    # -- connections: admitted under the caps (agent/site/conns.py), never a spin ----------
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        try:
+            return super().get_request()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                # No descriptor for it: the connection waits in the backlog. Pause rather
+                # than wake for it again at once (a core spun so in issue 27).
+                now = time.monotonic()
+                if now - self._accept_failed > 10:
+                    log.warning("site HTTP: cannot accept a connection: %s", exc.strerror)
+                self._accept_failed = now
+                time.sleep(0.1)
+            raise
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        if self.conns.admit(request, str(client_address[0])):
+            return True
+        with contextlib.suppress(OSError):
+            request.setblocking(False)
+            request.send(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+                         b"Connection: close\r\n\r\n")
+        return False
+
+    def shutdown_request(self, request: Any) -> None:
+        self.conns.leave(request)
+        super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """What escapes a request's handler: a connection's own failure (a client that
+        resets, a read that times out) is one line; anything else is a bug, logged whole."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):
+            log.info("site HTTP: connection from %s ended: %s", client_address[0], _reason(exc))
+        else:
+            log.error("site HTTP: internal error serving %s", client_address[0], exc_info=True)
 
 
 class _Cut(Exception):
@@ -104,11 +169,26 @@ class _Handler(BaseHTTPRequestHandler):
     server: SiteHttpServer
     protocol_version = "HTTP/1.1"
     timeout = CLIENT_TIMEOUT
+    # The headers and a small body go out as two writes: with Nagle on, the second waits for
+    # the client's delayed ACK of the first (about 40 ms per request on a kept-alive
+    # connection; docs/performance.md).
+    disable_nagle_algorithm = True
     server_version = "bettercompute-site"
     sys_version = ""
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # every request is logged once, by what serves it
+
+    def handle_one_request(self) -> None:
+        self.server.conns.waiting(self.connection)  # its head within HEAD_SECONDS
+        super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()
+        if not self.server.conns.received(self.connection):  # too late: shut by the watch
+            self.close_connection = True
+            return False
+        return ok
 
     # -- dispatch ----------------------------------------------------------------------
 
@@ -168,7 +248,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _refuse(self, status: int, message: str, **headers: str) -> None:
         body = (message + "\n").encode()
-        log.info("%s %s -> %d %s", self.command, _safe(self.path), status, message)
+        log.info("%s %s -> %d %s", self.command, _safe(self.path), status, _scrub(message))
         self.send_response(status)
         for name, value in headers.items():
             self.send_header(name.capitalize(), value)
@@ -241,7 +321,8 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {name: value for name in PASS_REQUEST_HEADERS
                    if (value := self.headers.get(name)) is not None}
         try:
-            conn, resp = open_upstream(route, method, headers, self.server.upstream)
+            conn, resp = open_upstream(route, method, headers, self.server.upstream,
+                                       self.server.routes.policy)
         except UpstreamError as exc:
             self._refuse(exc.status, str(exc))
             self._account(route, method, number, exc.status, 0, str(exc))
@@ -265,7 +346,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _relay(self, route: Route, method: str, number: int,
                resp: http.client.HTTPResponse) -> tuple[int, int, str]:
-        length_header = resp.getheader("Content-Length")
+        coding = resp.getheader("Transfer-Encoding")
+        if coding is not None and coding.strip().lower() != "chunked":
+            why = f"upstream's Transfer-Encoding {coding[:40]!r} is not relayed"
+            self._refuse(502, why)
+            return 502, 0, why
+        # RFC 9112 6.3: a message with Transfer-Encoding and Content-Length is framed by the
+        # chunking; the Content-Length is not believed (nor passed on).
+        length_header = None if coding is not None else resp.getheader("Content-Length")
         length = int(length_header) if length_header and length_header.isdigit() else None
         body_expected = method != "HEAD" and resp.status not in (204, 304)
         reserved = length if (body_expected and length is not None) else 0
@@ -413,11 +501,25 @@ def _reason(exc: Exception) -> str:
     return type(exc).__name__
 
 
+_TOKEN_LIKE = re.compile(r"[A-Za-z0-9_-]{16,}")
+_NOT_SECRET = re.compile(r"[0-9a-f-]+")  # a sha256 of /cache/, a MAC of /pxe/
+
+
 def _safe(path: str) -> str:
-    """A request path as it may be logged: a route's token is a capability, not logged."""
-    if path.startswith(ROUTE_PREFIX):
-        return ROUTE_PREFIX + "…"
-    return path[:100].encode("ascii", "backslashreplace").decode()
+    """A request target as it may be logged. A route's token is a capability: whatever the
+    request looks like (``/r/<token>``, ``/R/<token>``, the absolute form ``http://site/r/<token>``
+    of ``curl --proxy``, a token pasted anywhere), nothing from ``/r/`` on (in any case) and no
+    run of 16 or more token characters is logged, but for lower-case hex (digests, MACs)."""
+    path = path[:200].encode("ascii", "backslashreplace").decode()
+    cut = path.lower().find(ROUTE_PREFIX)
+    if cut >= 0:
+        path = path[:cut] + ROUTE_PREFIX + "…"
+    return _scrub(path)[:100]
+
+
+def _scrub(text: str) -> str:
+    """``text`` without a run of token characters in it (a refusal may quote the request)."""
+    return _TOKEN_LIKE.sub(lambda m: m[0] if _NOT_SECRET.fullmatch(m[0]) else "…", text)
 
 
 class HttpService:
@@ -437,12 +539,16 @@ class HttpService:
         return int(self.server.server_address[1])
 
     def start(self) -> None:
+        self.server.conns.start()
         self._thread.start()
-        log.info("site HTTP service on %s:%d", self.server.server_address[0], self.port)
+        conns = self.server.conns
+        log.info("site HTTP service on %s:%d (at most %d connections, %d per client)",
+                 self.server.server_address[0], self.port, conns.total, conns.per_client)
 
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+        self.server.conns.stop()
         self._thread.join(5)
         if self.server.chunks is not None:
             self.server.chunks.close()

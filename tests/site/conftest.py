@@ -84,8 +84,10 @@ def stray_children(settings: DnsmasqSettings, pids: Sequence[int]) -> list[int]:
 
 @pytest.fixture
 def site(tmp_path: Path) -> Iterator[SiteServices]:
-    """The site's HTTP service on loopback (no dnsmasq), for a handler's Context.local(site=...)."""
-    with SiteServices(ServiceSettings(address="127.0.0.1", port=0, root=tmp_path / "site")) as running:
+    """The site's HTTP service on loopback (no dnsmasq), for a handler's Context.local(site=...);
+    its routes may reach upstreams on 127.0.0.1 (refused by default: agent/site/upstreams.py)."""
+    with SiteServices(ServiceSettings(address="127.0.0.1", port=0, root=tmp_path / "site",
+                                      upstreams=("127.0.0.1",))) as running:
         yield running
 
 

@@ -26,7 +26,6 @@ from agent.commands import handler_for
 from agent.commands.base import Context
 from agent.errors import ChecksumMismatch, InvalidParameters, SourceFailed
 from agent.proto import site_pb2
-from agent.site import services
 from agent.site.chunkroute import parse_range
 from agent.site.chunkstore import StoreFull
 from agent.site.services import ServiceSettings, SiteServices
@@ -46,13 +45,14 @@ def image(tmp_path: Path) -> tuple[bytes, bytes]:
     return img, m
 
 
-def add_route(upstream_url: str, manifest_url: str, manifest: bytes, **fields: object) -> str:
+def add_route(site: SiteServices, upstream_url: str, manifest_url: str, manifest: bytes,
+              **fields: object) -> str:
     h = handler_for("site.httpProxy")
     assert h is not None
     msg = site_pb2.HttpProxyRequest(node_id="n1", upstream_url=upstream_url, **fields)  # type: ignore[arg-type]
     msg.manifest.url = manifest_url
     msg.manifest.digest.hex = hashlib.sha256(manifest).hexdigest()
-    result = h.run(Context.local("site.httpProxy"), h.parse(msg))
+    result = h.run(Context.local("site.httpProxy", site=site), h.parse(msg))
     assert isinstance(result, site_pb2.HttpProxyResult)
     return result.proxy_url
 
@@ -88,11 +88,12 @@ def upstream_of(img: bytes, m: bytes) -> Iterator[LoopbackServer]:
 @contextlib.contextmanager
 def running(settings: ServiceSettings) -> Iterator[SiteServices]:
     """The site's services with ``settings``, installed as the process's, stopped after."""
-    site = services.install(SiteServices(settings))
+    site = SiteServices(settings)
+    site.start()
     try:
         yield site
     finally:
-        services.stop()
+        site.stop()
 
 
 def stored(site: SiteServices) -> list[str]:
@@ -103,7 +104,7 @@ def test_served_from_the_store_each_chunk_fetched_once(site: SiteServices,
                                                        image: tuple[bytes, bytes]) -> None:
     img, m = image
     with LoopbackServer() as srv:
-        url = add_route(srv.add("/img", img), srv.add("/img.manifest", m), m)
+        url = add_route(site, srv.add("/img", img), srv.add("/img.manifest", m), m)
         status, headers, body = get(url)
         assert status == 200 and body == img and headers["Content-Length"] == str(len(img))
         assert headers["Accept-Ranges"] == "bytes" and headers["ETag"].startswith('"m-')
@@ -128,7 +129,7 @@ def test_served_from_the_store_each_chunk_fetched_once(site: SiteServices,
 def test_ranges(site: SiteServices, image: tuple[bytes, bytes]) -> None:
     img, m = image
     with LoopbackServer() as srv:
-        url = add_route(srv.add("/img", img), srv.add("/img.manifest", m), m)
+        url = add_route(site, srv.add("/img", img), srv.add("/img.manifest", m), m)
         status, headers, body = get(url, {"Range": f"bytes={CHUNK - 10}-{3 * CHUNK + 9}"})
         assert status == 206 and body == img[CHUNK - 10: 3 * CHUNK + 10]
         assert headers["Content-Range"] == f"bytes {CHUNK - 10}-{3 * CHUNK + 9}/{len(img)}"
@@ -155,7 +156,7 @@ def test_concurrent_clients_share_one_fetch_per_chunk(site: SiteServices, image:
     img, m = image
     with LoopbackServer() as srv:
         # Slow enough that the eight clients ask for chunks that are still being fetched.
-        url = add_route(srv.add("/img", img, fault=Fault(delay=0.01)),
+        url = add_route(site, srv.add("/img", img, fault=Fault(delay=0.01)),
                         srv.add("/img.manifest", m), m)
         bodies: list[bytes] = []
         errors: list[BaseException] = []
@@ -182,7 +183,7 @@ def test_deploy_through_the_route(tmp_path: Path, site: SiteServices, image: tup
     ramdisk's Range requests of the data runs are answered from the store."""
     img, m = image
     with LoopbackServer() as srv:
-        url = add_route(srv.add("/img", img), srv.add("/img.manifest", m), m)
+        url = add_route(site, srv.add("/img", img), srv.add("/img.manifest", m), m)
         t = Target(tmp_path)
         r = deploy(with_manifest(url, m, tmp_path), t.disks)
         assert t.data()[: len(img)] == img and r.chunks_verified == 6
@@ -199,7 +200,7 @@ def test_a_lying_upstream_is_never_passed_on(tmp_path: Path, site: SiteServices,
     bad = bytearray(img)
     bad[8 * CHUNK + 1234] ^= 0xFF
     with LoopbackServer() as srv:
-        url = add_route(srv.add("/img", bytes(bad)), srv.add("/img.manifest", m), m)
+        url = add_route(site, srv.add("/img", bytes(bad)), srv.add("/img.manifest", m), m)
         # A request that starts at the altered chunk: refused before the answer begins.
         status, _, body = get(url, {"Range": f"bytes={8 * CHUNK}-"})
         assert status == 502 and b"does not match the manifest" in body
@@ -222,12 +223,12 @@ def test_an_upstream_dying_mid_chunk(site: SiteServices, image: tuple[bytes, byt
     img, m = image
     with LoopbackServer() as srv:
         # Once: the chunk is asked for again, and the client never sees the failure.
-        url = add_route(srv.add("/img", img, fault=Fault(reset_after=CHUNK // 2, times=1)),
+        url = add_route(site, srv.add("/img", img, fault=Fault(reset_after=CHUNK // 2, times=1)),
                         srv.add("/img.manifest", m), m)
         assert get(url)[2] == img
     with LoopbackServer() as srv:
         # Always: the client gets a 502, and nothing partial is stored.
-        url = add_route(srv.add("/img2", img, fault=Fault(truncate_after=CHUNK // 2)),
+        url = add_route(site, srv.add("/img2", img, fault=Fault(truncate_after=CHUNK // 2)),
                         srv.add("/img.manifest", m), m)
         site.store.remove(digest_of(img, 0))
         status, _, body = get(url)
@@ -247,7 +248,7 @@ def test_route_manifest_checked_when_the_route_is_made(site: SiteServices, tmp_p
         msg.manifest.url = murl
         msg.manifest.digest.hex = hashlib.sha256(b"the signed manifest").hexdigest()
         with pytest.raises(ChecksumMismatch):
-            h.run(Context.local("site.httpProxy"), h.parse(msg))
+            h.run(Context.local("site.httpProxy", site=site), h.parse(msg))
         msg.manifest.ClearField("digest")
         with pytest.raises(InvalidParameters, match="digest is required"):
             h.parse(msg)
@@ -259,9 +260,9 @@ def test_route_manifest_checked_when_the_route_is_made(site: SiteServices, tmp_p
         gz = make_manifest(tmp_path, img, published=gzip.compress(img, 1),
                            name="gz").SerializeToString()
         with pytest.raises(InvalidParameters, match="gzip file"):
-            add_route(srv.url("/img"), srv.add("/gz.manifest", gz), gz)
+            add_route(site, srv.url("/img"), srv.add("/gz.manifest", gz), gz)
         with pytest.raises(InvalidParameters, match="not an image manifest"):
-            add_route(srv.url("/img"), srv.add("/junk", b"junk"), b"junk")
+            add_route(site, srv.url("/img"), srv.add("/junk", b"junk"), b"junk")
     assert site.routes.all() == []
     assert [p.name for p in site.routes.root.iterdir()] == []
 
@@ -274,7 +275,7 @@ def test_a_route_manifest_of_another_image_fails_the_deploy_not_the_disk(
     other = image_with_gaps()
     om = make_manifest(tmp_path, other, name="other").SerializeToString()
     with LoopbackServer() as srv:
-        url = add_route(srv.add("/other", other), srv.add("/other.manifest", om), om)
+        url = add_route(site, srv.add("/other", other), srv.add("/other.manifest", om), om)
         t = Target(tmp_path)
         with pytest.raises(ChecksumMismatch, match="chunk 0 at offset 0"):
             deploy(with_manifest(url, m, tmp_path), t.disks)
@@ -296,7 +297,7 @@ def test_max_bytes_holds_across_a_restart_without_a_save_per_request(
                 real(route, mark)  # type: ignore[arg-type]
 
             site.routes.save_mark = counted  # type: ignore[method-assign]
-            url = add_route(srv.url("/img"), srv.url("/img.manifest"), m, max_bytes=limit)
+            url = add_route(site, srv.url("/img"), srv.url("/img.manifest"), m, max_bytes=limit)
             token = url.rsplit("/", 1)[1]
             for i in range(100):  # 100 small requests: a few saves, not 100
                 assert get(url, {"Range": f"bytes={i * 1000}-{i * 1000 + 999}"})[0] == 206
@@ -319,7 +320,7 @@ def test_a_restart_keeps_the_store_and_the_route(tmp_path: Path, image: tuple[by
     settings = ServiceSettings(address="127.0.0.1", port=0, root=tmp_path / "site")
     with upstream_of(img, m) as srv:
         with running(settings) as site:
-            url = add_route(srv.url("/img"), srv.url("/img.manifest"), m)
+            url = add_route(site, srv.url("/img"), srv.url("/img.manifest"), m)
             assert get(url)[2] == img
         fetched = len(chunk_ranges(srv))
         store = tmp_path / "site" / "store"
@@ -343,7 +344,7 @@ def test_store_budget_smaller_than_the_image(tmp_path: Path, image: tuple[bytes,
     settings = ServiceSettings(address="127.0.0.1", port=0, root=tmp_path / "site",
                                store_bytes=2 * CHUNK + 100)
     with upstream_of(img, m) as srv, running(settings) as site:
-        url = add_route(srv.url("/img"), srv.url("/img.manifest"), m)
+        url = add_route(site, srv.url("/img"), srv.url("/img.manifest"), m)
         assert get(url)[2] == img
         assert site.store.size <= 2 * CHUNK + 100
         assert site.metrics.value("store_evictions_total") >= 3
@@ -354,7 +355,7 @@ def test_metrics_endpoint(tmp_path: Path, image: tuple[bytes, bytes]) -> None:
     settings = ServiceSettings(address="127.0.0.1", port=0, root=tmp_path / "site",
                                metrics="127.0.0.1:0")
     with upstream_of(img, m) as srv, running(settings) as site:
-        url = add_route(srv.url("/img"), srv.url("/img.manifest"), m)
+        url = add_route(site, srv.url("/img"), srv.url("/img.manifest"), m)
         get(url)
         get(url)
         assert site.metrics_service is not None
@@ -386,10 +387,10 @@ def test_kernel_and_initrd_verified_before_they_are_cached(site: SiteServices) -
                                       ttl_seconds=60)
         msg.kernel_digest.hex = hashlib.sha256(b"another kernel").hexdigest()
         with pytest.raises(ChecksumMismatch, match=r"kernel .* not cached"):
-            h.run(Context.local("boot.prepareRamdisk"), h.parse(msg))
+            h.run(Context.local("boot.prepareRamdisk", site=site), h.parse(msg))
         assert stored(site) == [] and site.entries.all() == []
         msg.kernel_digest.hex = hashlib.sha256(kernel).hexdigest()
-        h.run(Context.local("boot.prepareRamdisk"), h.parse(msg))
+        h.run(Context.local("boot.prepareRamdisk", site=site), h.parse(msg))
     assert stored(site) == [hashlib.sha256(kernel).hexdigest()]
     assert get(f"{site.base_url}/cache/{hashlib.sha256(kernel).hexdigest()}")[2] == kernel
     # What a live entry boots is never evicted, even past the budget.
@@ -412,7 +413,7 @@ def test_a_full_disk_serves_verified_chunks_without_storing(tmp_path: Path,
         settings = ServiceSettings(address="127.0.0.1", port=0, root=tmp_path / "site",
                                    store_dir=small / "store")
         with upstream_of(img, m) as srv, running(settings) as site:
-            url = add_route(srv.url("/img"), srv.url("/img.manifest"), m)
+            url = add_route(site, srv.url("/img"), srv.url("/img.manifest"), m)
             assert get(url)[2] == img
             assert site.metrics.value("store_write_failures_total") >= 4
             names = stored(site)
@@ -495,7 +496,7 @@ def test_entries_registered_at_once_download_their_kernel_once(site: SiteService
                                           boot_file="undionly.kpxe", kernel_url=url, ttl_seconds=60)
             msg.kernel_digest.hex = hashlib.sha256(kernel).hexdigest()
             try:
-                h.run(Context.local("boot.prepareRamdisk"), h.parse(msg))
+                h.run(Context.local("boot.prepareRamdisk", site=site), h.parse(msg))
             except BaseException as exc:
                 errors.append(exc)
 

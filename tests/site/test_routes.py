@@ -227,8 +227,9 @@ def test_bad_upstream_refused(url: str) -> None:
 
 def test_routes_survive_a_restart(tmp_path: Path, upstream: LoopbackServer) -> None:
     from agent.site.routes import RouteRequest
+    from agent.site.upstreams import UpstreamPolicy
 
-    table = RouteTable(tmp_path, "http://s")
+    table = RouteTable(tmp_path, "http://s", UpstreamPolicy.parse(["127.0.0.1"]))
     table.reconcile()
     live, _ = table.add(RouteRequest("n1", upstream.url("/image.raw"), frozenset({"GET"}),  # type: ignore[arg-type]
                                        600, 0))

@@ -52,7 +52,8 @@ def test_site_daemon_serves_boot_entries_and_routes(gateway: tuple[Any, Gateway]
     port = free_port()
     state = tmp_path / "state"
     agent = AgentProcess(pki, gw, tmp_path / "agent", node_id=NODE, role="site", state_dir=state,
-                         extra_args=("--site-address", "127.0.0.1", "--site-http-port", str(port)))
+                         extra_args=("--site-address", "127.0.0.1", "--site-http-port", str(port),
+                                     "--site-upstream", "127.0.0.1"))
     agent.start()
     try:
         gw.wait_node(NODE, TIMEOUT)
