@@ -3,8 +3,8 @@
 Every call is one ``ipmitool -I lanplus -H HOST -p PORT -U USER -E ...`` run with the
 project's subprocess helper (agent/proc.py): the password travels in the child's environment
 (``IPMI_PASSWORD``, read by ``-E``), never on its command line; a new password for
-``user set password`` travels in a 0600 file that ``ipmitool exec`` reads, in a 0700
-directory removed at once.
+``user set password`` travels on the child's stdin (``ipmitool exec /dev/stdin``), never in a
+file that could outlive a killed child or daemon.
 
 Failures are told apart from ipmitool's verbose (``-v``) messages:
 
@@ -31,10 +31,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
-import os
 import re
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -266,28 +263,29 @@ class IpmiClient:
                 text = text.replace(s, "<hidden>")
         return text
 
-    def _once(self, args: list[str], creds: Credentials, verbose: bool) -> proc.Completed:
+    def _once(self, args: list[str], creds: Credentials, verbose: bool,
+              stdin: bytes | None = None) -> proc.Completed:
         argv = [self.ipmitool, *(["-v"] if verbose else []), "-I", "lanplus",
                 "-H", self.host, "-p", str(self.port), "-U", creds.username, "-E",
                 "-C", CIPHER_SUITE, "-N", "2", "-R", "1", *args]
         env = proc.clean_env({"IPMI_PASSWORD": creds.password})
         self.attempts += 1
-        return proc.run(argv, check=False, env=env, cancel=self.call.cancel,
+        return proc.run(argv, input=stdin, check=False, env=env, cancel=self.call.cancel,
                         timeout=min(CALL_TIMEOUT, self._remaining()))
 
     def run(self, *args: str, creds: Credentials | None = None, secrets: tuple[str, ...] = (),
-            verbose: bool = True) -> str:
+            verbose: bool = True, stdin: bytes | None = None) -> str:
         """One ipmitool command against the BMC, with the retries its failure allows.
         Returns stdout. ``secrets`` are also redacted from any message. ``verbose`` (-v) is
         what tells a refused login from no answer; off only for commands whose output it
-        changes (sdr), run after a login has been proven."""
+        changes (sdr), run after a login has been proven. ``stdin`` is given to each run."""
         creds = creds or self.target.credentials
         what = " ".join(args[:3])
         unreachable = busy = 0
         delay = self.call.pacing.min_interval
         while True:
             try:
-                done = self._once(list(args), creds, verbose)
+                done = self._once(list(args), creds, verbose, stdin)
             except CommandTimeout:
                 if time.monotonic() >= self.call.deadline:
                     raise CommandTimeout(f"BMC {self.target.address}: no answer to {what!r} "
@@ -411,15 +409,10 @@ class IpmiClient:
         check_ipmi_password(new_password)
         uid = self.user_id(username)
         size = 20 if len(new_password.encode()) > 16 else 16
-        workdir = Path(tempfile.mkdtemp(prefix="bc-ipmi-"))   # 0700
-        try:
-            script = workdir / "set-password"
-            fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(f"user set password {uid} {new_password} {size}\n")
-            out = self.run("exec", str(script), secrets=(new_password,))
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+        # The command reaches ``ipmitool exec`` on its stdin: no file holds it, so a kill at
+        # any moment (of ipmitool or of the daemon) leaves nothing behind.
+        script = f"user set password {uid} {new_password} {size}\n".encode()
+        out = self.run("exec", "/dev/stdin", secrets=(new_password,), stdin=script)
         if "successful" not in out.lower():
             raise BmcRefused(f"BMC {self.target.address}: password change not confirmed",
                              bmc_message=self._redact(_tail(out), new_password))
