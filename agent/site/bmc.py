@@ -65,6 +65,13 @@ class Credentials:
         return f"Credentials(username={self.username!r}, password=<hidden>)"
 
 
+def shown_address(address: str) -> str:
+    """A ``bmc_address`` as a message may quote it: never a user part (``user:password@``,
+    which credentials_ref carries instead), at most 100 characters."""
+    _, at, rest = address.rpartition("@")
+    return ("<user>@" + rest if at else address)[:100]
+
+
 @dataclass(frozen=True)
 class Target:
     """Where a BMC is and how to talk to it."""

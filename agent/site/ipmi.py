@@ -56,6 +56,7 @@ from agent.site.bmc import (
     PowerAction,
     PowerState,
     Target,
+    shown_address,
 )
 
 log = logging.getLogger(__name__)
@@ -94,33 +95,40 @@ _BOOTDEV = {BootDevice.PXE: "pxe", BootDevice.DISK: "disk", BootDevice.CDROM: "c
 
 
 def split_address(address: str) -> tuple[str, int]:
-    """``host``, ``host:port``, ``[v6]`` or ``[v6]:port`` -> (host, port); port 623 default."""
+    """``host``, ``host:port``, ``[v6]`` or ``[v6]:port`` -> (host, port); port 623 default.
+    An error quotes the address without any user part (``shown_address``)."""
+    if "@" in address:
+        raise InvalidParameters(
+            f"bmc_address {shown_address(address)!r}: no user or password in the address; "
+            "they come from credentials_ref"
+        )
     host, port = address, 623
+    shown = shown_address(address)
     if address.startswith("["):
         end = address.find("]")
         if end < 0:
-            raise InvalidParameters(f"bmc_address {address!r}: unbalanced '['")
+            raise InvalidParameters(f"bmc_address {shown!r}: unbalanced '['")
         host, rest = address[1:end], address[end + 1:]
         if rest:
             if not rest.startswith(":"):
-                raise InvalidParameters(f"bmc_address {address!r}: expected [host]:port")
-            port = _port(rest[1:], address)
+                raise InvalidParameters(f"bmc_address {shown!r}: expected [host]:port")
+            port = _port(rest[1:], shown)
     elif address.count(":") == 1:
         host, text = address.split(":")
-        port = _port(text, address)
+        port = _port(text, shown)
     if ":" in host:
         try:
             ipaddress.IPv6Address(host)
         except ValueError:
-            raise InvalidParameters(f"bmc_address {address!r}: not an IPv6 address") from None
+            raise InvalidParameters(f"bmc_address {shown!r}: not an IPv6 address") from None
     elif not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", host):
-        raise InvalidParameters(f"bmc_address {address!r}: not a host name or IP address")
+        raise InvalidParameters(f"bmc_address {shown!r}: not a host name or IP address")
     return host, port
 
 
-def _port(text: str, address: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
-        raise InvalidParameters(f"bmc_address {address!r}: port must be 1-65535")
+def _port(text: str, shown: str) -> int:
+    if not (text.isascii() and text.isdigit()) or not 0 < int(text) < 65536:
+        raise InvalidParameters(f"bmc_address {shown!r}: port must be 1-65535")
     return int(text)
 
 
@@ -313,7 +321,7 @@ class IpmiClient:
                 busy += 1
                 if busy >= BUSY_ATTEMPTS:
                     raise BmcRefused(f"BMC {self.target.address}: still busy after {busy} attempts",
-                                     bmc_message=self._redact(_tail(err)))
+                                     bmc_message=self._redact(_tail(err), *secrets))
             else:
                 message = self._redact(_tail(err) or _tail(out), *secrets)
                 raise BmcRefused(f"BMC {self.target.address} refused {what!r}: {message}",

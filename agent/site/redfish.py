@@ -60,6 +60,7 @@ from agent.site.bmc import (
     PowerAction,
     PowerState,
     Target,
+    shown_address,
 )
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ Doc = dict[str, Any]
 ROOT = "/redfish/v1/"
 MAX_RETRIES = 4
 REQUEST_TIMEOUT = 30.0
+MAX_RAW_MESSAGE = 64 * 1024   # of a non-JSON error body, what is redacted before its start is kept
 _BUSY_WORDS = (b"busy", b"temporarilyunavailable", b"initialization in progress", b"initializing",
                b"resourceinuse")
 
@@ -95,26 +97,27 @@ class Answer:
     doc: Doc
 
 
-def bmc_message(body: bytes) -> str:
+def bmc_message(body: bytes, hide: Callable[[str], str] = str) -> str:
     """The BMC's own words from a Redfish error body: error.message and every
-    @Message.ExtendedInfo Message (or MessageId), joined; the raw start when it is not JSON."""
+    @Message.ExtendedInfo Message (or MessageId), joined; the raw start when it is not JSON.
+    ``hide`` redacts each piece before anything is cut, so no part of a secret survives."""
     try:
         doc = json.loads(body)
     except ValueError:
-        return body[:200].decode("utf-8", "replace").strip()
+        return hide(body[:MAX_RAW_MESSAGE].decode("utf-8", "replace")).strip()[:200]
     if not isinstance(doc, dict):
         return ""
     err = doc.get("error", doc)
     words: list[str] = []
     if isinstance(err, dict):
         if isinstance(err.get("message"), str):
-            words.append(err["message"])
+            words.append(hide(err["message"]))
         infos = err.get("@Message.ExtendedInfo") or doc.get("@Message.ExtendedInfo") or []
         for info in infos if isinstance(infos, list) else []:
             if isinstance(info, dict):
                 text = info.get("Message") or info.get("MessageId") or ""
-                if isinstance(text, str) and text and text not in words:
-                    words.append(text)
+                if isinstance(text, str) and text and hide(text) not in words:
+                    words.append(hide(text))
     return "; ".join(words)[:1000]
 
 
@@ -146,8 +149,8 @@ class RedfishClient:
                 scheme, address = prefix[:-3], address[len(prefix):]
         self.base = f"{scheme}://{address.rstrip('/')}"
         parts = http.check_url(self.base + ROOT)
-        if parts.path != ROOT or parts.query or parts.username:
-            raise InvalidParameters(f"BMC address must be host or host:port, not {address!r}")
+        if parts.path != ROOT or parts.query or "@" in parts.netloc:
+            raise InvalidParameters(f"BMC address must be host or host:port, not {shown_address(address)!r}")
         self._netloc = parts.netloc.lower()
         if scheme == "http":
             log.warning("Redfish %s: plain http, no TLS (a lab BMC or an emulator only)", address)
@@ -162,6 +165,7 @@ class RedfishClient:
         self._session_uri = ""
         self._root: Doc | None = None
         self._paths: dict[str, str] = {}
+        self._secrets: list[str] = []   # passwords being set, hidden like the login's
 
     # -- transport -----------------------------------------------------------------------
 
@@ -184,9 +188,13 @@ class RedfishClient:
         return self.base + path + (f"?{parts.query}" if parts.query else "")
 
     def hide(self, text: str) -> str:
-        """``text`` with the password replaced, should a BMC echo it."""
-        password = self.target.credentials.password
-        return text.replace(password, "<hidden>") if password else text
+        """``text`` with the password (and one being set) replaced, should a BMC echo it,
+        as typed or JSON-escaped."""
+        for secret in (self.target.credentials.password, *self._secrets):
+            if secret:
+                for form in {secret, json.dumps(secret)[1:-1]}:
+                    text = text.replace(form, "<hidden>")
+        return text
 
     def send(
         self,
@@ -241,7 +249,7 @@ class RedfishClient:
                 " (HTTP 401)", status=401
             )
         if not (200 <= resp.status < 300 or resp.status in ok):
-            said = self.hide(bmc_message(resp.body))
+            said = bmc_message(resp.body, self.hide)
             retried = f" after {resp.attempts} attempts" if resp.attempts > 1 else ""
             raise BmcRefused(
                 f"{where}: HTTP {resp.status}{retried}" + (f": {said}" if said else ""),
@@ -596,12 +604,11 @@ class RedfishClient:
         accounts = link(self.get(service), "Accounts")
         for ref in self.members(accounts) if accounts else []:
             if self.get(ref).get("UserName") == username:
+                self._secrets.append(new_password)
                 try:
                     self.patch(ref, {"Password": new_password})
-                except BmcRefused as exc:
-                    hidden = exc.message.replace(new_password, "<hidden>") if new_password else exc.message
-                    said = exc.details.get("bmc_message", "").replace(new_password, "<hidden>")
-                    raise BmcRefused(hidden, status=exc.details.get("status", ""), bmc_message=said) from None
+                finally:
+                    self._secrets.remove(new_password)
                 log.info("Redfish %s: password of %r changed", self.target.address, username)
                 return
         raise BmcRefused(f"Redfish BMC {self.target.address} has no account {username!r}")
