@@ -30,6 +30,10 @@ COMMAND_DOMAIN = b"bettercompute.command.v1\0"
 RESULT_DOMAIN = b"bettercompute.result.v1\0"
 ARTIFACT_DOMAIN = b"bettercompute.artifact.v1\0"
 
+# The state id of `agent exec`: its journal is temporary (new each run, never announced), so a
+# command signed for the console names this word instead; no daemon's journal has it.
+CONSOLE_STATE_ID = "console"
+
 RAW_KEY_BYTES = 32
 SIGNATURE_BYTES = 64
 MAX_KEY_FILE_BYTES = 64 * 1024  # a PEM public key is a few hundred bytes
@@ -196,6 +200,7 @@ class TrustStore:
         now_ms: int,
         kind: catalog.Kind | str | None = None,
         boot_id: str | None = None,
+        state_id: str | None = None,
         max_lifetime_ms: int | None = None,
     ) -> session_pb2.CommandBody:
         """The command's body once every check passed; Untrusted with its reason otherwise.
@@ -207,7 +212,9 @@ class TrustStore:
 
         ``boot_id`` is this agent's boot id: a destructive command must name it (so a captured
         command cannot be replayed after a reboot, when the journal of the ids already run is
-        gone), and any command that names a boot must name this one. ``max_lifetime_ms`` is
+        gone), and any command that names a boot must name this one. ``state_id`` is the id of
+        this agent's journal, checked the same way (a journal lost within one boot is a new
+        state: check_state). ``max_lifetime_ms`` is
         the longest signature lifetime this agent accepts: an expiry further out than that
         from now is refused, whatever the signer chose. None skips either check (callers that
         do not know them, e.g. a gateway verifying its own commands).
@@ -262,6 +269,8 @@ class TrustStore:
             )
         if boot_id is not None:
             check_boot(body, kind, boot_id)
+        if state_id is not None:
+            check_state(body, kind, state_id)
         return body
 
     def verify_artifact(self, sha256: bytes, signature: bytes, key_id: str) -> None:
@@ -293,6 +302,36 @@ def check_boot(body: session_pb2.CommandBody, kind: catalog.Kind, boot_id: str) 
             command_id=cid,
             problem="other",
             boot_id=body.boot_id,
+        )
+
+
+def check_state(body: session_pb2.CommandBody, kind: catalog.Kind, state_id: str) -> None:
+    """Refuse (``wrong_state``) a command for another state of this agent, or a destructive
+    one for none.
+
+    Within one boot the journal can still be lost (its tmpfs directory removed): the boot id
+    is unchanged, the ids already run are forgotten. Its state id is new then, so a captured
+    destructive command, bound to the old one, cannot run again.
+    """
+    cid = body.command_id
+    if kind.destructive and not body.state_id:
+        raise _refuse(
+            Reason.WRONG_STATE,
+            f"{kind.name} is destructive and must name the agent state it is for "
+            "(state_id, from the Hello; 'console' for agent exec)",
+            command_id=cid,
+            problem="missing",
+        )
+    if body.state_id and body.state_id != state_id:
+        raise _refuse(
+            Reason.WRONG_STATE,
+            f"command {cid} was issued for agent state {body.state_id!r}; this agent's state is "
+            f"{state_id!r} (its journal is new: the ids it ran are not known)" if state_id != CONSOLE_STATE_ID
+            else f"command {cid} was issued for agent state {body.state_id!r}; agent exec takes "
+                 f"commands signed for the console (state_id {CONSOLE_STATE_ID!r})",
+            command_id=cid,
+            problem="other",
+            state_id=body.state_id,
         )
 
 
