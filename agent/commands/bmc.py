@@ -61,6 +61,7 @@ OPERATIONS: dict[str, dict[str, dict[str, bool]]] = {
     "bmc.firmware": {
         "simple_update": {"image_uri": True, "transfer_protocol": False},
         "push": {"file": True, "sha256": True},
+        "status": {"task_uri": False},
     },
     "bmc.storage": {
         "list": {},
@@ -135,6 +136,9 @@ def _check_values(kind: str, op: str, p: Mapping[str, str]) -> None:
         raise InvalidParameters("parameter sha256: 64 hexadecimal digits")
     if "file" in p and not p["file"].startswith("/"):
         raise InvalidParameters("parameter file: an absolute path on the site server")
+    if "task_uri" in p and (not re.fullmatch(r"/(?!/)[!$&'()*+,;=:@%A-Za-z0-9._~/-]{0,1023}", p["task_uri"])
+                            or ".." in p["task_uri"].split("/")):
+        raise InvalidParameters("parameter task_uri: a path on the BMC (/redfish/v1/TaskService/Tasks/...)")
     if "capacity_bytes" in p and not p["capacity_bytes"].isdigit():
         raise InvalidParameters("parameter capacity_bytes: a whole number of bytes")
 
@@ -367,6 +371,10 @@ class BmcFirmware(_BmcHandler, kind="bmc.firmware"):
         def progress(percent: int, message: str) -> None:
             session.ctx.progress(done=percent, total=100, message=message, subject=params.address)
 
+        if params.operation == "status":
+            result = client.firmware_status(p.get("task_uri", ""))
+            result.attempts = getattr(client, "attempts", 0)
+            return result
         if params.operation == "simple_update":
             task = client.firmware_update(image_uri=p["image_uri"],
                                           transfer_protocol=p.get("transfer_protocol", ""),

@@ -153,8 +153,22 @@ class BmcFirmwareTask(_message.Message):
     messages: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, task_uri: _Optional[str] = ..., state: _Optional[str] = ..., percent: _Optional[int] = ..., messages: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class BmcFirmwareItem(_message.Message):
+    __slots__ = ("id", "name", "version", "updateable", "health")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    UPDATEABLE_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    version: str
+    updateable: bool
+    health: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., version: _Optional[str] = ..., updateable: _Optional[bool] = ..., health: _Optional[str] = ...) -> None: ...
+
 class BmcOperationResult(_message.Message):
-    __slots__ = ("operation", "state", "values", "power_state", "system", "nics", "sensors", "boot", "storage", "virtual_media", "firmware", "bmc_message", "attempts", "settle_seconds")
+    __slots__ = ("operation", "state", "values", "power_state", "system", "nics", "sensors", "boot", "storage", "virtual_media", "firmware", "bmc_message", "attempts", "settle_seconds", "firmware_inventory")
     class ValuesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +190,7 @@ class BmcOperationResult(_message.Message):
     BMC_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     SETTLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FIRMWARE_INVENTORY_FIELD_NUMBER: _ClassVar[int]
     operation: str
     state: str
     values: _containers.ScalarMap[str, str]
@@ -190,7 +205,8 @@ class BmcOperationResult(_message.Message):
     bmc_message: str
     attempts: int
     settle_seconds: float
-    def __init__(self, operation: _Optional[str] = ..., state: _Optional[str] = ..., values: _Optional[_Mapping[str, str]] = ..., power_state: _Optional[str] = ..., system: _Optional[_Union[BmcSystem, _Mapping]] = ..., nics: _Optional[_Iterable[_Union[BmcNic, _Mapping]]] = ..., sensors: _Optional[_Iterable[_Union[BmcSensor, _Mapping]]] = ..., boot: _Optional[_Union[BmcBootDevice, _Mapping]] = ..., storage: _Optional[_Iterable[_Union[BmcStorageController, _Mapping]]] = ..., virtual_media: _Optional[_Iterable[_Union[BmcVirtualMedia, _Mapping]]] = ..., firmware: _Optional[_Union[BmcFirmwareTask, _Mapping]] = ..., bmc_message: _Optional[str] = ..., attempts: _Optional[int] = ..., settle_seconds: _Optional[float] = ...) -> None: ...
+    firmware_inventory: _containers.RepeatedCompositeFieldContainer[BmcFirmwareItem]
+    def __init__(self, operation: _Optional[str] = ..., state: _Optional[str] = ..., values: _Optional[_Mapping[str, str]] = ..., power_state: _Optional[str] = ..., system: _Optional[_Union[BmcSystem, _Mapping]] = ..., nics: _Optional[_Iterable[_Union[BmcNic, _Mapping]]] = ..., sensors: _Optional[_Iterable[_Union[BmcSensor, _Mapping]]] = ..., boot: _Optional[_Union[BmcBootDevice, _Mapping]] = ..., storage: _Optional[_Iterable[_Union[BmcStorageController, _Mapping]]] = ..., virtual_media: _Optional[_Iterable[_Union[BmcVirtualMedia, _Mapping]]] = ..., firmware: _Optional[_Union[BmcFirmwareTask, _Mapping]] = ..., bmc_message: _Optional[str] = ..., attempts: _Optional[int] = ..., settle_seconds: _Optional[float] = ..., firmware_inventory: _Optional[_Iterable[_Union[BmcFirmwareItem, _Mapping]]] = ...) -> None: ...
 
 class BootCleanUpRequest(_message.Message):
     __slots__ = ("node_id", "mac_addresses", "keep_ramdisk_cache")

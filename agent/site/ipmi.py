@@ -445,6 +445,9 @@ class IpmiClient:
     ) -> site_pb2.BmcFirmwareTask:
         raise Unsupported(f"firmware update is {NOT_IPMI}")
 
+    def firmware_status(self, task_uri: str = "") -> site_pb2.BmcOperationResult:
+        raise Unsupported(f"firmware inventory is {NOT_IPMI}")
+
     def storage(self) -> list[site_pb2.BmcStorageController]:
         raise Unsupported(f"storage inventory is {NOT_IPMI}")
 

@@ -628,15 +628,27 @@ class RedfishClient:
         return redfish_firmware.update(self, image_uri=image_uri, file=file, sha256=sha256,
                                        transfer_protocol=transfer_protocol, progress=progress)
 
+    def firmware_status(self, task_uri: str = "") -> site_pb2.BmcOperationResult:
+        return redfish_firmware.status(self, task_uri)
+
     # -- storage -------------------------------------------------------------------------
 
     def _storage_refs(self) -> list[str]:
-        ref = link(self.system(), "Storage")
+        system = self.system()
+        ref = link(system, "Storage")
         if not ref:
-            raise Unsupported(f"Redfish BMC {self.target.address}: the System has no Storage")
+            only = " (only SimpleStorage, which has no volumes)" if link(system, "SimpleStorage") else ""
+            raise Unsupported(f"Redfish BMC {self.target.address}: the System has no Storage{only}")
         return self.members(ref)
 
     def storage(self) -> list[site_pb2.BmcStorageController]:
+        """The System's Storage (controllers, drives, volumes); where it has none, its
+        SimpleStorage (older BMCs, and DMTF's public-rackmount1 mockup): each controller with
+        the devices present in its bays, no volumes."""
+        system = self.system()
+        simple = link(system, "SimpleStorage")
+        if not link(system, "Storage") and simple:
+            return [self._simple_storage(self.get(ref)) for ref in self.members(simple)]
         out: list[site_pb2.BmcStorageController] = []
         for ref in self._storage_refs():
             doc = self.get(ref)
@@ -654,6 +666,21 @@ class RedfishClient:
                 ctl.volumes.append(self._volume(self.get(vol_ref)))
             out.append(ctl)
         return out
+
+    @staticmethod
+    def _simple_storage(doc: Doc) -> site_pb2.BmcStorageController:
+        """A SimpleStorage resource: its Devices (no Id of their own: named by their bay), an
+        Absent bay left out."""
+        ctl = site_pb2.BmcStorageController(id=text(doc.get("Id")), name=text(doc.get("Name")))
+        for number, device in enumerate(dicts(doc.get("Devices")), 1):
+            status = device.get("Status")
+            status = status if isinstance(status, dict) else {}
+            if status.get("State") == "Absent":
+                continue
+            ctl.drives.add(id=text(device.get("Name")) or f"device-{number}", model=text(device.get("Model")),
+                           capacity_bytes=count(device.get("CapacityBytes")),
+                           health=text(status.get("Health")))
+        return ctl
 
     @staticmethod
     def _volume(doc: Doc) -> site_pb2.BmcVolume:
