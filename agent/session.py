@@ -41,7 +41,7 @@ from typing import Protocol
 
 from google.protobuf.message import DecodeError
 
-from agent import wire
+from agent import limits, wire
 from agent.config import Config
 from agent.errors import InvalidParameters
 from agent.proto import session_pb2
@@ -90,7 +90,7 @@ class SessionOptions:
 def parse_address(address: str) -> tuple[str, int]:
     """'host:port' or '[v6]:port' -> (host, port)."""
     host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
+    if not sep or not host or not limits.is_digits(port):
         raise InvalidParameters(f"gateway address {address!r} is not host:port")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent import limits
 from agent.commands.base import Context, Handler
 from agent.errors import (
     AgentError,
@@ -139,7 +140,7 @@ def _check_values(kind: str, op: str, p: Mapping[str, str]) -> None:
     if "task_uri" in p and (not re.fullmatch(r"/(?!/)[!$&'()*+,;=:@%A-Za-z0-9._~/-]{0,1023}", p["task_uri"])
                             or ".." in p["task_uri"].split("/")):
         raise InvalidParameters("parameter task_uri: a path on the BMC (/redfish/v1/TaskService/Tasks/...)")
-    if "capacity_bytes" in p and not p["capacity_bytes"].isdigit():
+    if "capacity_bytes" in p and not limits.is_digits(p["capacity_bytes"]):
         raise InvalidParameters("parameter capacity_bytes: a whole number of bytes")
 
 

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from agent import proc
+from agent import limits, proc
 from agent.errors import (
     AuthFailed,
     BmcRefused,
@@ -127,7 +127,7 @@ def split_address(address: str) -> tuple[str, int]:
 
 
 def _port(text: str, shown: str) -> int:
-    if not (text.isascii() and text.isdigit()) or not 0 < int(text) < 65536:
+    if not limits.is_digits(text) or not 0 < int(text) < 65536:
         raise InvalidParameters(f"bmc_address {shown!r}: port must be 1-65535")
     return int(text)
 
