@@ -280,29 +280,28 @@ class TrustStore:
         self._check_signature(key_id, signature, ARTIFACT_DOMAIN, sha256)
 
 
+def _check_binding(body: session_pb2.CommandBody, kind: catalog.Kind, *, reason: Reason, field: str,
+                   bound: str, current: str, noun: str, missing: str, other: str) -> None:
+    """The one rule of both bindings: a destructive command must name ``field``, and any
+    command that names it must name ``current``."""
+    cid = body.command_id
+    if kind.destructive and not bound:
+        raise _refuse(reason, f"{kind.name} is destructive and must name the {noun} it is for ({missing})",
+                      command_id=cid, problem="missing")
+    if bound and bound != current:
+        raise _refuse(reason, f"command {cid} was issued for {noun} {bound!r}; {other}",
+                      command_id=cid, problem="other", **{field: bound})
+
+
 def check_boot(body: session_pb2.CommandBody, kind: catalog.Kind, boot_id: str) -> None:
     """Refuse (``wrong_boot``) a command for another boot, or a destructive one for none.
 
     The journal of the command ids already run lives on tmpfs and is gone after a reboot; the
     boot binding is what keeps a captured destructive command from running again then.
     """
-    cid = body.command_id
-    if kind.destructive and not body.boot_id:
-        raise _refuse(
-            Reason.WRONG_BOOT,
-            f"{kind.name} is destructive and must name the boot it is for (boot_id, from the Hello)",
-            command_id=cid,
-            problem="missing",
-        )
-    if body.boot_id and body.boot_id != boot_id:
-        raise _refuse(
-            Reason.WRONG_BOOT,
-            f"command {cid} was issued for boot {body.boot_id!r}; this node now runs boot "
-            f"{boot_id or '(unknown)'!r}",
-            command_id=cid,
-            problem="other",
-            boot_id=body.boot_id,
-        )
+    _check_binding(body, kind, reason=Reason.WRONG_BOOT, field="boot_id", bound=body.boot_id,
+                   current=boot_id, noun="boot", missing="boot_id, from the Hello",
+                   other=f"this node now runs boot {boot_id or '(unknown)'!r}")
 
 
 def check_state(body: session_pb2.CommandBody, kind: catalog.Kind, state_id: str) -> None:
@@ -313,26 +312,12 @@ def check_state(body: session_pb2.CommandBody, kind: catalog.Kind, state_id: str
     is unchanged, the ids already run are forgotten. Its state id is new then, so a captured
     destructive command, bound to the old one, cannot run again.
     """
-    cid = body.command_id
-    if kind.destructive and not body.state_id:
-        raise _refuse(
-            Reason.WRONG_STATE,
-            f"{kind.name} is destructive and must name the agent state it is for "
-            "(state_id, from the Hello; 'console' for agent exec)",
-            command_id=cid,
-            problem="missing",
-        )
-    if body.state_id and body.state_id != state_id:
-        raise _refuse(
-            Reason.WRONG_STATE,
-            f"command {cid} was issued for agent state {body.state_id!r}; this agent's state is "
-            f"{state_id!r} (its journal is new: the ids it ran are not known)" if state_id != CONSOLE_STATE_ID
-            else f"command {cid} was issued for agent state {body.state_id!r}; agent exec takes "
-                 f"commands signed for the console (state_id {CONSOLE_STATE_ID!r})",
-            command_id=cid,
-            problem="other",
-            state_id=body.state_id,
-        )
+    other = (f"agent exec takes commands signed for the console (state_id {CONSOLE_STATE_ID!r})"
+             if state_id == CONSOLE_STATE_ID else
+             f"this agent's state is {state_id!r} (its journal is new: the ids it ran are not known)")
+    _check_binding(body, kind, reason=Reason.WRONG_STATE, field="state_id", bound=body.state_id,
+                   current=state_id, noun="agent state",
+                   missing="state_id, from the Hello; 'console' for agent exec", other=other)
 
 
 def verify_result(signed: session_pb2.SignedResult, node_public_raw: bytes) -> session_pb2.ResultBody:

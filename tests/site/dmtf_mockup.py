@@ -12,19 +12,14 @@ credentials: it checks none) and keeps PATCHes in memory.
 from __future__ import annotations
 
 import importlib.util
-import os
-import signal
-import ssl
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.loopback_http import self_signed_cert
-from tests.site.sushy import free_port
+from tests.site.sushy import free_port, serve, stop
 
 DMTF = Path(__file__).parent / "dmtf"
 SYSTEM = "/redfish/v1/Systems/437XR1138R2"
@@ -47,29 +42,9 @@ class DmtfMockup:
         cert, key = self_signed_cert(str(self.workdir))
         argv = [sys.executable, str(DMTF / "redfishMockupServer.py"), "-D", str(DMTF / "public-rackmount1"),
                 "-S", "-H", "127.0.0.1", "-p", str(self.port), "-s", "--cert", cert, "--key", key]
-        log = (self.workdir / "mockup.log").open("wb")
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, cwd=DMTF)
-        ctx = ssl._create_unverified_context()
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"https://{self.address}/redfish/v1/", timeout=2, context=ctx):
-                    return self
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.__exit__()
-                    pytest.fail("DMTF's mockup server did not start: " + self.log()[-2000:])
-                time.sleep(0.2)
-
-    def log(self) -> str:
-        return (self.workdir / "mockup.log").read_text(errors="replace")
+        self.proc = serve(argv, self.workdir / "mockup.log", f"https://{self.address}/redfish/v1/",
+                          "DMTF's mockup server", cwd=DMTF)
+        return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop(self.proc)
