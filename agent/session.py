@@ -5,7 +5,7 @@ One ``Session`` serves one ``Agent`` (agent/core.py) for the life of the process
     connect   TCP to config.gateway, TLS 1.3 only, the gateway verified against
               config.ca_bundle and its host name; a client certificate when configured,
               else the enrollment token goes in the Hello.
-    hello     Agent.hello() (node id, role, version, boot id, kinds, node public key,
+    hello     Agent.hello() (node id, role, version, boot id, state id, kinds, node public key,
               unacknowledged results, completions, in-flight states) -> Welcome, which sets
               the heartbeat interval and the dead-peer time.
     serve     command -> Agent.submit -> Accept/Reject; cancel -> Agent.cancel;
