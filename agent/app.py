@@ -9,8 +9,10 @@ result code as a gateway's command (an Agent with a private, temporary journal),
 can never disagree. It shows a progress bar on a terminal (plain lines when stderr is not
 one) and prints the result as JSON on stdout. A destructive kind runs only with
 ``--signed-command FILE`` (a SignedCommand verified against the trusted keys, bound to this
-node) or ``--confirm TARGET`` naming every target of the payload (disk serial, WWN or name;
-GPU index or UUID; for kinds without a target, the node id), checked after the payload is
+node and boot, and to the state id ``console``: the temporary journal keeps no ids, so a
+command signed for a daemon's state never runs here, nor one signed for the console there)
+or ``--confirm TARGET`` naming every target of the payload (disk serial, WWN or name; GPU
+index or UUID; for kinds without a target, the node id), checked after the payload is
 validated. Exit codes: 0 succeeded, 1 ran and failed, 2 refused before running (bad payload,
 no confirmation, untrusted, wrong role), 69 a tool or dependency is missing, 124 timed out,
 130 interrupted.
@@ -40,7 +42,7 @@ from agent import catalog, limits, schema, settings
 from agent.cli import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, command
 from agent.errors import AgentError, Cancelled, InvalidParameters, MissingDependency, Reason
 from agent.proto import session_pb2
-from agent.trust import decode_command_body
+from agent.trust import CONSOLE_STATE_ID, decode_command_body
 
 if TYPE_CHECKING:
     from agent.core import Agent
@@ -259,7 +261,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
         try:
             loaded = settings.load_from_args(args)
             signed, console = _signed_command(args, args.kind, loaded.config.node_id)
-            agent = Agent(replace(loaded.config, state_dir=Path(state)), cmdline="")
+            agent = Agent(replace(loaded.config, state_dir=Path(state)), cmdline="",
+                          state_id=CONSOLE_STATE_ID)
         except (AgentError, OSError) as exc:
             return _print_refusal(args.kind, exc, EXIT_USAGE)
         run = _ConsoleRun(ProgressBar(sys.stderr, label=args.kind))

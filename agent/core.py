@@ -116,6 +116,7 @@ class Agent:
         *,
         handlers: Mapping[str, Handler[Any, Any]] | None = None,
         boot_id: str | None = None,
+        state_id: str | None = None,
         cmdline: str | None = None,
         version_string: str | None = None,
         workers: Mapping[catalog.Lane, int] | None = None,
@@ -129,6 +130,7 @@ class Agent:
             HandlerTable() if handlers is None else dict(handlers)
         )
         self.boot_id = read_boot_id() if boot_id is None else boot_id
+        self._state_id = state_id        # None: the journal's own (agent exec: CONSOLE_STATE_ID)
         self.cmdline = read_cmdline() if cmdline is None else cmdline
         self.version = version.__version__ if version_string is None else version_string
         state_dir = Path(config.state_dir)
@@ -149,6 +151,12 @@ class Agent:
         self._stopped = False
         self._archive_sha256: str | None = None
         self._own_rejoins: set[str] = set()     # self-terminating commands this process ended
+
+    @property
+    def state_id(self) -> str:
+        """The id of this agent's state, announced in the Hello: its journal's (new when the
+        journal is new), or the one it was given (`agent exec`: trust.CONSOLE_STATE_ID)."""
+        return self.journal.state_id if self._state_id is None else self._state_id
 
     # -- life cycle ----------------------------------------------------------------------------
 
@@ -173,8 +181,9 @@ class Agent:
             for entry in rerun:
                 self._requeue(entry)
         log.info(
-            "agent %s started: node %s, role %s, boot %s, %d command(s) re-run, %d unacked result(s)",
-            self.version, self.config.node_id, self.role, self.boot_id, len(rerun),
+            "agent %s started: node %s, role %s, boot %s, state %s, %d command(s) re-run, "
+            "%d unacked result(s)", self.version, self.config.node_id, self.role, self.boot_id,
+            self.state_id, len(rerun),
             len(self.unacked_results()),
         )
 
@@ -235,6 +244,7 @@ class Agent:
                 role=str(self.role),
                 agent_version=self.version,
                 boot_id=self.boot_id,
+                state_id=self.state_id,
                 kinds=self.served_kinds(),
                 public_key=self.node_key.public_raw,
                 unacked_results=in_hello,
@@ -377,7 +387,7 @@ class Agent:
             raise WrongRole(f"{kind.name} runs in role {roles}, this agent runs as {self.role}")
         if console is None:
             self.trust.verify_command(cmd, node_id=self.config.node_id, now_ms=_now_ms(), kind=kind,
-                                      boot_id=self.boot_id,
+                                      boot_id=self.boot_id, state_id=self.state_id,
                                       max_lifetime_ms=int(self.config.max_signature_lifetime_seconds * 1000))
         if body.timeout_seconds > kind.timeout_seconds:
             raise InvalidParameters(

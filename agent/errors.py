@@ -23,6 +23,7 @@ class Reason(enum.StrEnum):
     SIGNATURE_INVALID = "signature_invalid"  # modified payload or wrong key
     WRONG_NODE = "wrong_node"
     WRONG_BOOT = "wrong_boot"  # signed for another boot of this node (or, destructive, for none)
+    WRONG_STATE = "wrong_state"  # signed for another state (journal) of this agent, or for none
     EXPIRED = "expired"
     REPLAYED = "replayed"
     DRAINING = "draining"

@@ -77,6 +77,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from agent import limits
 from agent.errors import Cancelled, InvalidParameters, SourceFailed
 
 log = logging.getLogger(__name__)
@@ -328,7 +329,7 @@ class Download:
                 status=status,
             )
         length = resp.getheader("Content-Length")
-        body_len = int(length) if length and length.isdigit() else None
+        body_len = int(length) if length and limits.is_digits(length) else None
         if status == 206:
             start, total = _content_range(resp.getheader("Content-Range", ""))
             if start != position:

@@ -15,6 +15,12 @@ skipped by scanning for the next valid record (its effect is lost, which errs on
 an unfinished command is re-run only when it is retry-safe, otherwise reported interrupted), and
 the file is then rewritten. Nothing in a journal is ever fatal.
 
+A journal has an id of its own, the agent's **state id**: 128 random bits written as the first
+record of a new journal (and kept by compaction). It is new whenever the journal is new (its
+directory lost within a boot, a new ramdisk, a journal whose state record was corrupted), so a
+command bound to it (``CommandBody.state_id``, announced in the Hello) cannot run against a
+journal that does not remember the ids already run.
+
 The journal is compacted when it grows past a bound: the live state is written to a temporary
 file, fsync'ed and renamed over the journal. Commands that are finished and acknowledged are
 kept only as (id, kind, digest, final state) "known" records, bounded in number, so the agent
@@ -29,6 +35,7 @@ import enum
 import json
 import logging
 import os
+import secrets
 import struct
 import threading
 import time
@@ -224,6 +231,7 @@ class Journal:
         self.known: OrderedDict[str, Known] = OrderedDict()
         self.compactions = 0
         self.last_scan: ScanResult | None = None
+        self.state_id = ""       # set by open(): read from the journal, or new with a new one
 
     # -- opening and replay ------------------------------------------------------------------
 
@@ -239,6 +247,7 @@ class Journal:
             self.last_scan = result
             self.entries.clear()
             self.known.clear()
+            self.state_id = ""
             for obj in result.records:
                 try:
                     self._apply(obj)
@@ -252,6 +261,7 @@ class Journal:
             if result.skipped:
                 try:
                     self._compact_locked()
+                    self._ensure_state_id(bool(result.records))
                     return
                 except OSError as exc:
                     # Corrupt stretches stay in the file; scan() skips them again next time.
@@ -263,6 +273,19 @@ class Journal:
                     self._fsync(f.fileno())
             self._open_append()
             self._compacted_size = 0
+            self._ensure_state_id(bool(result.records))
+
+    def _ensure_state_id(self, had_records: bool) -> None:
+        """A journal without a state id (a new one, or one whose state record was lost) gets a
+        new one, durable before open() returns."""
+        if self.state_id:
+            return
+        self._append({"t": "state", "id": secrets.token_hex(16)})
+        if had_records:
+            log.warning("journal %s: it held no state id (lost or older); new state id %s: commands "
+                        "bound to another are refused", self.path, self.state_id)
+        else:
+            log.info("journal %s: new, state id %s", self.path, self.state_id)
 
     def _open_append(self) -> None:
         if self._fd is not None:
@@ -297,7 +320,10 @@ class Journal:
 
     def _apply(self, obj: dict[str, Any]) -> None:
         t = obj["t"]
-        if t == "entry":
+        if t == "state":
+            if not self.state_id:
+                self.state_id = str(obj["id"])
+        elif t == "entry":
             entry = Entry.from_json(obj["entry"])
             self.entries[entry.id] = entry
         elif t == "known":
@@ -463,7 +489,8 @@ class Journal:
         tmp = self.path.with_name(f".{self.path.name}.compact")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            chunks = [
+            chunks = [encode_record({"t": "state", "id": self.state_id})] if self.state_id else []
+            chunks += [
                 encode_record({"t": "known", "id": k.id, "kind": k.kind, "digest": k.digest,
                                "status": k.status, "expires_ms": k.expires_ms})
                 for k in self.known.values()

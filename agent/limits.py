@@ -22,6 +22,12 @@ MAX_CONFIG_BYTES = 1024 * 1024         # a --config file, a --signed-command fil
 MAX_CMDLINE_BYTES = 64 * 1024          # the kernel allows 2-4 KiB; a --cmdline-file a little more
 
 
+def is_digits(text: str) -> bool:
+    """``text`` is a whole number in ASCII digits. ``str.isdigit`` alone also takes "²" or "①"
+    (which ``int`` then refuses with a ValueError) and other scripts' digits: never for input."""
+    return text.isascii() and text.isdigit()
+
+
 def read_bounded(path: Path, *, what: str, max_bytes: int) -> bytes:
     """The bytes of ``path``, refused when there are more than ``max_bytes``."""
     try:

@@ -36,6 +36,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent import limits
 from agent.cli import EXIT_OK, command
 from agent.errors import InvalidParameters
 from agent.proto import agent_pb2, common_pb2
@@ -187,7 +188,7 @@ def parse_bmap(data: bytes, what: str = "bmap") -> Plan:
 
     def number(name: str) -> int:
         text = fields.get(name, "")
-        if not text.isdigit():
+        if not limits.is_digits(text):
             raise InvalidParameters(f"{what}: <{name}> is missing or not a number: {text!r}")
         return int(text)
 
@@ -211,7 +212,7 @@ def parse_bmap(data: bytes, what: str = "bmap") -> Plan:
     pos = 0
     for chksum_raw, text in _BMAP_RANGE.findall(ranges):
         first_s, _, last_s = text.partition("-")
-        if not first_s.isdigit() or (last_s and not last_s.isdigit()):
+        if not limits.is_digits(first_s) or (last_s and not limits.is_digits(last_s)):
             raise InvalidParameters(f"{what}: bad range {text!r}")
         first, last = int(first_s), int(last_s or first_s)
         start, end = first * block_size, min((last + 1) * block_size, image_size)

@@ -99,10 +99,12 @@ def command_body(
     timeout_seconds: int = 0,
     expires_in: float = 0.0,
     boot_id: str = "",
+    state_id: str = "",
 ) -> session_pb2.CommandBody:
     """The CommandBody of one command: ``payload`` (a message, a dict or JSON text: the
     kind's message; bytes: as they are) issued now, expiring ``expires_in`` seconds from now
-    (0: no expiry), bound to ``boot_id`` when it is given (destructive kinds need it)."""
+    (0: no expiry), bound to ``boot_id`` and ``state_id`` when they are given (destructive
+    kinds need both)."""
     from agent.proto import session_pb2
 
     if isinstance(payload, bytes):

@@ -5,7 +5,7 @@ One ``Session`` serves one ``Agent`` (agent/core.py) for the life of the process
     connect   TCP to config.gateway, TLS 1.3 only, the gateway verified against
               config.ca_bundle and its host name; a client certificate when configured,
               else the enrollment token goes in the Hello.
-    hello     Agent.hello() (node id, role, version, boot id, kinds, node public key,
+    hello     Agent.hello() (node id, role, version, boot id, state id, kinds, node public key,
               unacknowledged results, completions, in-flight states) -> Welcome, which sets
               the heartbeat interval and the dead-peer time.
     serve     command -> Agent.submit -> Accept/Reject; cancel -> Agent.cancel;
@@ -41,7 +41,7 @@ from typing import Protocol
 
 from google.protobuf.message import DecodeError
 
-from agent import wire
+from agent import limits, wire
 from agent.config import Config
 from agent.errors import AgentError, InvalidParameters
 from agent.proto import session_pb2
@@ -90,7 +90,7 @@ class SessionOptions:
 def parse_address(address: str) -> tuple[str, int]:
     """'host:port' or '[v6]:port' -> (host, port)."""
     host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
+    if not sep or not host or not limits.is_digits(port):
         raise InvalidParameters(f"gateway address {address!r} is not host:port")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]

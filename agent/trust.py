@@ -30,6 +30,10 @@ COMMAND_DOMAIN = b"bettercompute.command.v1\0"
 RESULT_DOMAIN = b"bettercompute.result.v1\0"
 ARTIFACT_DOMAIN = b"bettercompute.artifact.v1\0"
 
+# The state id of `agent exec`: its journal is temporary (new each run, never announced), so a
+# command signed for the console names this word instead; no daemon's journal has it.
+CONSOLE_STATE_ID = "console"
+
 RAW_KEY_BYTES = 32
 SIGNATURE_BYTES = 64
 MAX_KEY_FILE_BYTES = 64 * 1024  # a PEM public key is a few hundred bytes
@@ -196,6 +200,7 @@ class TrustStore:
         now_ms: int,
         kind: catalog.Kind | str | None = None,
         boot_id: str | None = None,
+        state_id: str | None = None,
         max_lifetime_ms: int | None = None,
     ) -> session_pb2.CommandBody:
         """The command's body once every check passed; Untrusted with its reason otherwise.
@@ -207,7 +212,9 @@ class TrustStore:
 
         ``boot_id`` is this agent's boot id: a destructive command must name it (so a captured
         command cannot be replayed after a reboot, when the journal of the ids already run is
-        gone), and any command that names a boot must name this one. ``max_lifetime_ms`` is
+        gone), and any command that names a boot must name this one. ``state_id`` is the id of
+        this agent's journal, checked the same way (a journal lost within one boot is a new
+        state: check_state). ``max_lifetime_ms`` is
         the longest signature lifetime this agent accepts: an expiry further out than that
         from now is refused, whatever the signer chose. None skips either check (callers that
         do not know them, e.g. a gateway verifying its own commands).
@@ -262,6 +269,8 @@ class TrustStore:
             )
         if boot_id is not None:
             check_boot(body, kind, boot_id)
+        if state_id is not None:
+            check_state(body, kind, state_id)
         return body
 
     def verify_artifact(self, sha256: bytes, signature: bytes, key_id: str) -> None:
@@ -271,29 +280,44 @@ class TrustStore:
         self._check_signature(key_id, signature, ARTIFACT_DOMAIN, sha256)
 
 
+def _check_binding(body: session_pb2.CommandBody, kind: catalog.Kind, *, reason: Reason, field: str,
+                   bound: str, current: str, noun: str, missing: str, other: str) -> None:
+    """The one rule of both bindings: a destructive command must name ``field``, and any
+    command that names it must name ``current``."""
+    cid = body.command_id
+    if kind.destructive and not bound:
+        raise _refuse(reason, f"{kind.name} is destructive and must name the {noun} it is for ({missing})",
+                      command_id=cid, problem="missing")
+    if bound and bound != current:
+        raise _refuse(reason, f"command {cid} was issued for {noun} {bound!r}; {other}",
+                      command_id=cid, problem="other", **{field: bound})
+
+
 def check_boot(body: session_pb2.CommandBody, kind: catalog.Kind, boot_id: str) -> None:
     """Refuse (``wrong_boot``) a command for another boot, or a destructive one for none.
 
     The journal of the command ids already run lives on tmpfs and is gone after a reboot; the
     boot binding is what keeps a captured destructive command from running again then.
     """
-    cid = body.command_id
-    if kind.destructive and not body.boot_id:
-        raise _refuse(
-            Reason.WRONG_BOOT,
-            f"{kind.name} is destructive and must name the boot it is for (boot_id, from the Hello)",
-            command_id=cid,
-            problem="missing",
-        )
-    if body.boot_id and body.boot_id != boot_id:
-        raise _refuse(
-            Reason.WRONG_BOOT,
-            f"command {cid} was issued for boot {body.boot_id!r}; this node now runs boot "
-            f"{boot_id or '(unknown)'!r}",
-            command_id=cid,
-            problem="other",
-            boot_id=body.boot_id,
-        )
+    _check_binding(body, kind, reason=Reason.WRONG_BOOT, field="boot_id", bound=body.boot_id,
+                   current=boot_id, noun="boot", missing="boot_id, from the Hello",
+                   other=f"this node now runs boot {boot_id or '(unknown)'!r}")
+
+
+def check_state(body: session_pb2.CommandBody, kind: catalog.Kind, state_id: str) -> None:
+    """Refuse (``wrong_state``) a command for another state of this agent, or a destructive
+    one for none.
+
+    Within one boot the journal can still be lost (its tmpfs directory removed): the boot id
+    is unchanged, the ids already run are forgotten. Its state id is new then, so a captured
+    destructive command, bound to the old one, cannot run again.
+    """
+    other = (f"agent exec takes commands signed for the console (state_id {CONSOLE_STATE_ID!r})"
+             if state_id == CONSOLE_STATE_ID else
+             f"this agent's state is {state_id!r} (its journal is new: the ids it ran are not known)")
+    _check_binding(body, kind, reason=Reason.WRONG_STATE, field="state_id", bound=body.state_id,
+                   current=state_id, noun="agent state",
+                   missing="state_id, from the Hello; 'console' for agent exec", other=other)
 
 
 def verify_result(signed: session_pb2.SignedResult, node_public_raw: bytes) -> session_pb2.ResultBody:

@@ -85,15 +85,21 @@ def test_exec_with_a_signed_command_file(tmp_path: Path, pki: DevPki) -> None:
     cmd = tmp_path / "cmd.json"
     sign = ["sign", "--signing-key", str(pki.signing_key), "--node", "n1", "--kind", "disk.wipe",
             "--payload", WIPE]
-    assert gateway_main([*sign, "--boot-id", boot_id(), "--out", str(cmd)]) == 0
+    console = ("--state-id", "console")
+    assert gateway_main([*sign, "--boot-id", boot_id(), *console, "--out", str(cmd)]) == 0
     trusted = ("--trusted-key", str(pki.signing_pub))
     code, out, err = agent_exec(tmp_path, "disk.wipe", "--signed-command", str(cmd), *trusted)
     assert code == 0, err
     assert out["status"] == "SUCCEEDED"
-    # Bound to this boot: a file for no boot or for another is refused, as is a lifetime over 15 min.
-    for name, extra, reason in (("unbound.json", [], "wrong_boot"),
-                                ("other-boot", ["--boot-id", "0-other"], "wrong_boot"),
-                                ("far.json", ["--boot-id", boot_id(), "--expires-in", "1000"], "expired")):
+    # Bound to this boot and to the console: a file for no boot or for another is refused, one
+    # for no agent state or for a daemon's (a captured gateway command), as is a lifetime over 15 min.
+    for name, extra, reason in (("unbound.json", [*console], "wrong_boot"),
+                                ("other-boot", ["--boot-id", "0-other", *console], "wrong_boot"),
+                                ("no-state.json", ["--boot-id", boot_id()], "wrong_state"),
+                                ("daemon.json", ["--boot-id", boot_id(), "--state-id", "9f" * 16],
+                                 "wrong_state"),
+                                ("far.json", ["--boot-id", boot_id(), *console, "--expires-in", "1000"],
+                                 "expired")):
         assert gateway_main([*sign, *extra, "--out", str(tmp_path / name)]) == 0
         code, out, _ = agent_exec(tmp_path, "disk.wipe", "--signed-command", str(tmp_path / name), *trusted)
         assert (code, out["reason"]) == (2, reason), out

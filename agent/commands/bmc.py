@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent import limits
 from agent.commands.base import Context, Handler
 from agent.errors import (
     AgentError,
@@ -61,6 +62,7 @@ OPERATIONS: dict[str, dict[str, dict[str, bool]]] = {
     "bmc.firmware": {
         "simple_update": {"image_uri": True, "transfer_protocol": False},
         "push": {"file": True, "sha256": True},
+        "status": {"task_uri": False},
     },
     "bmc.storage": {
         "list": {},
@@ -137,7 +139,10 @@ def _check_values(kind: str, op: str, p: Mapping[str, str]) -> None:
         raise InvalidParameters("parameter file: an absolute path on the site server")
     if "since" in p:
         events.parse_since(p["since"])
-    if "capacity_bytes" in p and not p["capacity_bytes"].isdigit():
+    if "task_uri" in p and (not re.fullmatch(r"/(?!/)[!$&'()*+,;=:@%A-Za-z0-9._~/-]{0,1023}", p["task_uri"])
+                            or ".." in p["task_uri"].split("/")):
+        raise InvalidParameters("parameter task_uri: a path on the BMC (/redfish/v1/TaskService/Tasks/...)")
+    if "capacity_bytes" in p and not limits.is_digits(p["capacity_bytes"]):
         raise InvalidParameters("parameter capacity_bytes: a whole number of bytes")
 
 
@@ -379,6 +384,10 @@ class BmcFirmware(_BmcHandler, kind="bmc.firmware"):
         def progress(percent: int, message: str) -> None:
             session.ctx.progress(done=percent, total=100, message=message, subject=params.address)
 
+        if params.operation == "status":
+            result = client.firmware_status(p.get("task_uri", ""))
+            result.attempts = getattr(client, "attempts", 0)
+            return result
         if params.operation == "simple_update":
             task = client.firmware_update(image_uri=p["image_uri"],
                                           transfer_protocol=p.get("transfer_protocol", ""),

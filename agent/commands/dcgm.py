@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent import gpu_health, proc
+from agent import gpu_health, limits, proc
 from agent.commands.base import Context, Handler
 from agent.commands.gpu import NVML_LOCK, gpu_lock
 from agent.errors import InvalidParameters, MissingDependency, ToolFailed, ToolMissing
@@ -50,7 +50,7 @@ class DiagDcgm(Handler[agent_pb2.DiagDcgmRequest, DcgmParams], kind="diag.dcgm")
         gpus: set[int] = set()
         for ref in payload.gpus:
             ref = ref.strip()
-            if not (ref.isdigit() and len(ref) <= 3):
+            if not (limits.is_digits(ref) and len(ref) <= 3):
                 raise InvalidParameters(f"diag.dcgm takes GPU indices, not {ref!r}")
             gpus.add(int(ref))
         return DcgmParams(level=level, gpus=tuple(sorted(gpus)),

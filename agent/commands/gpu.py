@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agent import gpu_health, proc, xid
+from agent import gpu_health, limits, proc, xid
 from agent.commands.base import Context, Handler
 from agent.errors import InvalidParameters, NotFound, ProtectedDevice, ToolFailed
 from agent.gpu_health import Level, Thresholds
@@ -25,7 +25,7 @@ from agent.proto import agent_pb2
 
 NVML_LOCK = "nvml"
 STOP_GRACE_SECONDS = 10.0
-_UUID = re.compile(r"^(GPU|MIG)-[0-9a-fA-F-]{8,64}$")
+_UUID = re.compile(r"(GPU|MIG)-[0-9a-fA-F-]{8,64}")   # used with fullmatch
 
 
 def gpu_lock(index: int) -> str:
@@ -35,9 +35,9 @@ def gpu_lock(index: int) -> str:
 def parse_gpu_ref(ref: str) -> str:
     """An index ("0") or a UUID ("GPU-..."), else InvalidParameters."""
     ref = ref.strip()
-    if ref.isdigit() and len(ref) <= 3:
+    if limits.is_digits(ref) and len(ref) <= 3:
         return str(int(ref))
-    if _UUID.match(ref):
+    if _UUID.fullmatch(ref):
         return ref
     raise InvalidParameters(f"GPU {ref!r} is neither an index nor a UUID (GPU-...)")
 

@@ -64,7 +64,9 @@ MAX_SKIPPED = 200                           # reasons listed in the manifest and
 TAR_OVERHEAD = 1536                         # header blocks and padding per member, roughly
 MANIFEST_ENTRY_BYTES = 256                  # a manifest entry beside its name and source
 AGENT_FILE = re.compile(r"(.*\.log(\.\d+)?|journal.*)")
-SECRET_FILE = re.compile(r".*\.(key|p12|pfx)$|^node\.key$")
+# A deny list, used with fullmatch: a key suffix followed by nothing but whitespace (a newline
+# included) still names a key file.
+SECRET_FILE = re.compile(r"(?s).*\.(key|p12|pfx)\s*|node\.key\s*")
 
 
 @dataclass(frozen=True)
@@ -425,7 +427,7 @@ class LogsCollect(Handler[agent_pb2.LogsCollectRequest, LogsParams], kind="logs.
     @staticmethod
     def _secret(config: Config, path: Path) -> bool:
         keys = {Path(os.path.realpath(p)) for p in (config.client_key, config.state_dir / "node.key") if p}
-        return path in keys or bool(SECRET_FILE.match(path.name))
+        return path in keys or bool(SECRET_FILE.fullmatch(path.name))
 
     def _add_file(
         self,

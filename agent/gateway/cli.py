@@ -31,7 +31,7 @@ from agent.gateway.certs import DevPki, make_dev_pki
 from agent.gateway.server import CommandRecord, CommandRejected, Event, Gateway, build_command
 from agent.progressbar import ProgressBar
 from agent.proto import session_pb2
-from agent.trust import SigningKey
+from agent.trust import CONSOLE_STATE_ID, SigningKey
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
 def cmd_sign(args: argparse.Namespace) -> int:
     key = SigningKey.load(args.signing_key)
     body = build_command(args.node, args.kind, args.payload, command_id=args.command_id,
-                         expires_in=args.expires_in, boot_id=args.boot_id)
+                         expires_in=args.expires_in, boot_id=args.boot_id, state_id=args.state_id)
     signed = key.sign_command(body)
     args.out.write_text(json_format.MessageToJson(signed) + "\n")
     print(f"{args.out}: {args.kind} {body.command_id} for {args.node}, signed by {key.key_id}")
@@ -193,7 +193,7 @@ def _console(gw: Gateway, words: list[str]) -> bool:
         for n in gw.node_list():
             h = n.hello
             state = "connected" if n.connected else "gone"
-            print(f"{n.node_id} {state} {h.role} {h.agent_version} boot={h.boot_id} "
+            print(f"{n.node_id} {state} {h.role} {h.agent_version} boot={h.boot_id} state={h.state_id} "
                   f"key={n.public_key.hex()[:16]} kinds={','.join(h.kinds)}")
     elif cmd == "send" and len(rest) in (3, 4):
         timeout = int(rest[3]) if len(rest) == 4 else 0
@@ -252,6 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "it refuses more than its max_signature_lifetime_seconds, 900 by default)")
     p.add_argument("--boot-id", default="", metavar="ID",
                    help="the node's /proc/sys/kernel/random/boot_id (destructive kinds need it)")
+    p.add_argument("--state-id", default="", metavar="ID",
+                   help="the agent state the command is for (destructive kinds need it): "
+                        f"{CONSOLE_STATE_ID!r} for agent exec --signed-command, else the state id of "
+                        "the node's Hello (`nodes` shows it)")
     p.add_argument("--out", type=Path, required=True, metavar="FILE",
                    help="where to write the signed command (JSON)")
     p.set_defaults(func=cmd_sign)

@@ -88,6 +88,7 @@ class CommandRecord:
     logs: list[session_pb2.LogLine] = field(default_factory=list)
     results_received: int = 0
     signed_boot_id: str = ""              # the node's boot id when the command was delivered
+    signed_state_id: str = ""             # ... and its agent's state id
     body: session_pb2.CommandBody | None = None  # built here: bound (and signed) at delivery
     sign_body: bool = False               # ... and signed with the gateway's key
     timeout_seconds: int = 0              # as the command asked (0: the kind's)
@@ -125,6 +126,10 @@ class NodeRecord:
     @property
     def boot_id(self) -> str:
         return self.hello.boot_id
+
+    @property
+    def state_id(self) -> str:
+        return self.hello.state_id
 
 
 FaultHook = Callable[[str, session_pb2.Frame], str | None]
@@ -359,9 +364,11 @@ class Gateway:
                 and rec.command_id not in in_flight
                 and rec.catalog_kind is not None
                 and not rec.catalog_kind.self_terminating
-                and rec.signed_boot_id not in ("", hello.boot_id)
+                and (rec.signed_boot_id not in ("", hello.boot_id)
+                     or rec.signed_state_id not in ("", hello.state_id))
             ):
-                self._finish(rec, State.FAILED, "interrupted: the node booted again and does not know it")
+                why = "booted again" if rec.signed_boot_id not in ("", hello.boot_id) else "lost its journal"
+                self._finish(rec, State.FAILED, f"interrupted: the node {why} and does not know it")
 
     def _on_close(self, node_id: str, channel: wire.Channel, reason: str) -> None:
         with self._cond:
@@ -533,12 +540,15 @@ class Gateway:
         timeout_seconds: int = 0,
         expires_in: float = 600.0,
     ) -> session_pb2.CommandBody:
-        """The body, bound to the boot the node last announced (send binds it again at delivery)."""
+        """The body, bound to the boot and agent state the node last announced (send binds it
+        again at delivery)."""
         with self._cond:
             node = self.nodes.get(node_id)
             boot_id = node.boot_id if node is not None else ""
+            state_id = node.state_id if node is not None else ""
         return build_command(node_id, kind, payload, command_id=command_id,
-                             timeout_seconds=timeout_seconds, expires_in=expires_in, boot_id=boot_id)
+                             timeout_seconds=timeout_seconds, expires_in=expires_in, boot_id=boot_id,
+                             state_id=state_id)
 
     def sign(self, body: session_pb2.CommandBody) -> session_pb2.SignedCommand:
         if self.signing_key is None:
@@ -580,8 +590,9 @@ class Gateway:
         """Send exactly these bytes (tests use it for forged, expired or unsigned commands).
 
         With ``body`` (what ``send`` built), the command is bound at each delivery to the boot
-        id the node announced in its Hello, and signed again when that changed it: the agent
-        refuses a destructive command for another boot. Within one boot the bytes stay the same.
+        id and state id the node announced in its Hello, and signed again when that changed it:
+        the agent refuses a destructive command for another boot or state. Within one boot and
+        state the bytes stay the same.
         """
         if body is None:
             body = session_pb2.CommandBody()
@@ -605,7 +616,7 @@ class Gateway:
             self._event("queued", node_id, body.command_id, body.kind)
             node = self.nodes.get(node_id)
             if node is not None and node.channel is not None:
-                rec.signed_boot_id = node.boot_id
+                rec.signed_boot_id, rec.signed_state_id = node.boot_id, node.state_id
                 self._deliver(rec)
         return body.command_id
 
@@ -614,9 +625,9 @@ class Gateway:
         if node is None or node.channel is None:
             return
         rec.deliveries += 1
-        rec.signed_boot_id = node.boot_id
-        if rec.body is not None and rec.body.boot_id != node.boot_id:
-            rec.body.boot_id = node.boot_id
+        rec.signed_boot_id, rec.signed_state_id = node.boot_id, node.state_id
+        if rec.body is not None and (rec.body.boot_id, rec.body.state_id) != (node.boot_id, node.state_id):
+            rec.body.boot_id, rec.body.state_id = node.boot_id, node.state_id
             rec.signed = self.sign(rec.body) if rec.sign_body else session_pb2.SignedCommand(
                 body=rec.body.SerializeToString(deterministic=True))
         node.channel.send(session_pb2.Frame(command=rec.signed))
@@ -760,14 +771,17 @@ def build_command(
     timeout_seconds: int = 0,
     expires_in: float = 600.0,
     boot_id: str = "",
+    state_id: str = "",
 ) -> session_pb2.CommandBody:
     """The CommandBody for ``kind`` with ``payload`` (a message, a dict, JSON text or bytes),
-    bound to the node's ``boot_id`` when it is known (destructive kinds need it)."""
+    bound to the node's ``boot_id`` and its agent's ``state_id`` when they are known
+    (destructive kinds need both)."""
     if kind not in catalog.KINDS:
         raise InvalidParameters(f"unknown kind {kind!r}; see `agent kinds`")
     return schema.command_body(node_id, kind, payload,
                                command_id=command_id or f"{kind}-{secrets.token_hex(6)}",
-                               timeout_seconds=timeout_seconds, expires_in=expires_in, boot_id=boot_id)
+                               timeout_seconds=timeout_seconds, expires_in=expires_in, boot_id=boot_id,
+                               state_id=state_id)
 
 
 def _decode_result(body: session_pb2.ResultBody) -> Message | None:

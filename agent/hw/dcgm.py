@@ -28,8 +28,8 @@ from agent.errors import InvalidParameters, ToolFailed
 
 ROOT_KEYS = ("DCGM Diagnostic", "DCGM GPU Diagnostic")
 GPU_ENTITY_GROUP = 1  # DCGM_FE_GPU
-_PARAM_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_]*(\.[A-Za-z0-9_]+){1,2}$")  # test.param, test.subtest.param
-_PARAM_VALUE = re.compile(r"^[A-Za-z0-9_.,:/+-]{1,256}$")
+_PARAM_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]*(\.[A-Za-z0-9_]+){1,2}")  # test.param, test.subtest.param
+_PARAM_VALUE = re.compile(r"[A-Za-z0-9_.,:/+-]{1,256}")   # both used with fullmatch
 _CONNECTION_FAILURES = (
     "unable to start an embedded host engine",
     "unable to connect to host engine",
@@ -71,10 +71,10 @@ def check_parameters(parameters: Mapping[str, str]) -> dict[str, str]:
     if len(parameters) > 32:
         raise InvalidParameters("at most 32 DCGM test parameters")
     for key, value in parameters.items():
-        if not _PARAM_KEY.match(key):
+        if not _PARAM_KEY.fullmatch(key):
             raise InvalidParameters(f"DCGM parameter {key!r} is not of the form test.parameter "
                                     "or test.subtest.parameter")
-        if not _PARAM_VALUE.match(value):
+        if not _PARAM_VALUE.fullmatch(value):
             raise InvalidParameters(f"DCGM parameter {key}: value {value!r} has characters dcgmi cannot take")
     return dict(sorted(parameters.items()))
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, TypeVar
 
-from agent import deps
+from agent import deps, limits
 from agent.errors import NotFound, ToolFailed, Unsupported
 
 log = logging.getLogger(__name__)
@@ -296,7 +296,7 @@ class Nvml:
     def resolve(self, ref: str) -> int:
         """An index ("3") or a UUID ("GPU-...") to the GPU's index. Raises NotFound."""
         nv = self.nv
-        if ref.isdigit():
+        if limits.is_digits(ref):
             index = int(ref)
             if index >= self.count():
                 raise NotFound(f"no GPU with index {index} (NVML sees {self.count()})", gpu=ref)

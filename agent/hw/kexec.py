@@ -6,9 +6,13 @@ descriptor (``kexec_file_load``, syscall 320 on x86_64, 294 on aarch64), and ``r
 that everything that can fail (bad image, signature enforcement, lockdown) fails the command
 before the agent ends.
 
-Where the syscall is refused (ENOSYS: an old or foreign kernel; EPERM: kexec_file_load
-refused though root) and the caller allows it, ``kexec -l`` / ``kexec -e`` of kexec-tools is
-the fallback. Tests replace ``Syscalls`` and the runner with recording doubles: the real
+Where the kernel lacks the syscall (ENOSYS: an old or foreign kernel, or one built without
+CONFIG_KEXEC_FILE, as Debian's arm64 cloud kernel is) and kexec-tools is installed (the
+ramdisk has it), ``kexec -l`` / ``kexec -e`` (kexec_load) is used by itself: nothing is
+weakened, the syscall simply is not there. Where it is refused (EPERM: kexec_file_load refused
+though root, e.g. a signature policy) kexec-tools is tried only when the caller allows it. The
+method that ran is returned (and reported in the result). Tests replace ``Syscalls`` and the
+runner with recording doubles: the real
 syscall runs in the QEMU tests, where a real kernel executes.
 """
 
@@ -19,13 +23,22 @@ import errno
 import logging
 import os
 import platform
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from agent import proc
-from agent.errors import AgentError, InvalidParameters, NotFound, Reason, ToolMissing, Unsupported
+from agent.errors import (
+    AgentError,
+    InvalidParameters,
+    NotFound,
+    Reason,
+    ToolFailed,
+    ToolMissing,
+    Unsupported,
+)
 
 log = logging.getLogger(__name__)
 
@@ -163,19 +176,24 @@ def load_error(exc: OSError, image: KexecImage) -> AgentError:
     return AgentError(f"kexec_file_load failed: {exc.strerror or name}", reason=Reason.TOOL_FAILED, **details)
 
 
-# errnos where the kexec-tools fallback may do better than the syscall.
+# errnos where the kexec-tools fallback may do better than the syscall; ENOSYS needs no leave.
 _FALLBACK_ERRNOS = frozenset({errno.ENOSYS, errno.EPERM})
+KEXEC_TOOL = "kexec"
 
 
 class Kexec:
     """Load, then execute. ``syscalls`` and ``run`` are injectable for tests."""
 
-    def __init__(self, syscalls: Syscalls | None = None, run: Runner = proc.run) -> None:
+    def __init__(self, syscalls: Syscalls | None = None, run: Runner = proc.run,
+                 which: Callable[[str], str | None] = shutil.which) -> None:
         self.syscalls: Syscalls = syscalls if syscalls is not None else LinuxSyscalls()
         self.run = run
+        self.which = which
 
     def load(self, image: KexecImage, *, allow_tools: bool = False) -> str:
-        """Load ``image`` for the next kexec; the method that worked, or an AgentError."""
+        """Load ``image`` for the next kexec; the method that worked, or an AgentError.
+        ENOSYS falls back to kexec-tools whenever it is installed; EPERM only with
+        ``allow_tools``."""
         cmdline = check_cmdline(image.cmdline)
         for path in (image.kernel, image.initrd):
             if path is not None and not path.is_file():
@@ -191,20 +209,24 @@ class Kexec:
             return METHOD_SYSCALL
         except OSError as exc:
             error = load_error(exc, image)
-            if exc.errno not in _FALLBACK_ERRNOS or not allow_tools:
-                if exc.errno in _FALLBACK_ERRNOS:
+            missing = exc.errno == errno.ENOSYS and self.which(KEXEC_TOOL) is not None
+            if exc.errno not in _FALLBACK_ERRNOS or not (allow_tools or missing):
+                if exc.errno == errno.ENOSYS:
+                    error.message += " and kexec-tools, its fallback, is not installed"
+                elif exc.errno in _FALLBACK_ERRNOS:
                     error.message += " (the request does not allow the kexec-tools fallback)"
                 raise error from exc
-            log.warning("%s; falling back to kexec-tools", error.message)
+            log.warning("%s; falling back to kexec-tools (kexec_load)", error.message)
+            refused = error.details.get("errno", "")
         finally:
             os.close(kernel_fd)
             if initrd_fd >= 0:
                 os.close(initrd_fd)
-        self._load_with_tools(image, cmdline)
+        self._load_with_tools(image, cmdline, refused)
         return METHOD_TOOLS
 
-    def _load_with_tools(self, image: KexecImage, cmdline: str) -> None:
-        argv: list[str] = ["kexec", "-l", str(image.kernel), f"--command-line={cmdline}"]
+    def _load_with_tools(self, image: KexecImage, cmdline: str, refused: str) -> None:
+        argv: list[str] = [KEXEC_TOOL, "-l", str(image.kernel), f"--command-line={cmdline}"]
         if image.initrd is not None:
             argv.append(f"--initrd={image.initrd}")
         try:
@@ -214,6 +236,9 @@ class Kexec:
                 "kexec_file_load was refused and kexec-tools is not installed for the fallback",
                 tool="kexec",
             ) from exc
+        except ToolFailed as exc:
+            raise ToolFailed(f"kexec_file_load: {refused}; the kexec-tools fallback failed too: "
+                             f"{exc.message}", tool="kexec", errno=refused, method=METHOD_TOOLS) from exc
 
     def unload(self, method: str) -> None:
         """Drop a loaded image (the command failed after loading). Best effort."""

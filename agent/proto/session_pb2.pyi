@@ -70,7 +70,7 @@ class Frame(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., command: _Optional[_Union[SignedCommand, _Mapping]] = ..., accept: _Optional[_Union[Accept, _Mapping]] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., log: _Optional[_Union[LogLine, _Mapping]] = ..., result: _Optional[_Union[SignedResult, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., error: _Optional[_Union[ProtocolError, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("protocol_version", "node_id", "role", "agent_version", "boot_id", "kinds", "public_key", "unacked_results", "completions", "in_flight", "enrollment_token", "agent_sha256")
+    __slots__ = ("protocol_version", "node_id", "role", "agent_version", "boot_id", "kinds", "public_key", "unacked_results", "completions", "in_flight", "enrollment_token", "agent_sha256", "state_id")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +83,7 @@ class Hello(_message.Message):
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     ENROLLMENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     AGENT_SHA256_FIELD_NUMBER: _ClassVar[int]
+    STATE_ID_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     node_id: str
     role: str
@@ -95,7 +96,8 @@ class Hello(_message.Message):
     in_flight: _containers.RepeatedCompositeFieldContainer[CommandStatus]
     enrollment_token: str
     agent_sha256: str
-    def __init__(self, protocol_version: _Optional[int] = ..., node_id: _Optional[str] = ..., role: _Optional[str] = ..., agent_version: _Optional[str] = ..., boot_id: _Optional[str] = ..., kinds: _Optional[_Iterable[str]] = ..., public_key: _Optional[bytes] = ..., unacked_results: _Optional[_Iterable[_Union[SignedResult, _Mapping]]] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., in_flight: _Optional[_Iterable[_Union[CommandStatus, _Mapping]]] = ..., enrollment_token: _Optional[str] = ..., agent_sha256: _Optional[str] = ...) -> None: ...
+    state_id: str
+    def __init__(self, protocol_version: _Optional[int] = ..., node_id: _Optional[str] = ..., role: _Optional[str] = ..., agent_version: _Optional[str] = ..., boot_id: _Optional[str] = ..., kinds: _Optional[_Iterable[str]] = ..., public_key: _Optional[bytes] = ..., unacked_results: _Optional[_Iterable[_Union[SignedResult, _Mapping]]] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., in_flight: _Optional[_Iterable[_Union[CommandStatus, _Mapping]]] = ..., enrollment_token: _Optional[str] = ..., agent_sha256: _Optional[str] = ..., state_id: _Optional[str] = ...) -> None: ...
 
 class Completion(_message.Message):
     __slots__ = ("command_id", "kind", "ok", "old_boot_id", "new_boot_id", "old_version", "new_version", "reason", "message")
@@ -142,7 +144,7 @@ class Welcome(_message.Message):
     def __init__(self, gateway_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., dead_after_ms: _Optional[int] = ..., max_frame_bytes: _Optional[int] = ...) -> None: ...
 
 class CommandBody(_message.Message):
-    __slots__ = ("command_id", "kind", "node_id", "payload", "issued_at_unix_ms", "expires_at_unix_ms", "timeout_seconds", "boot_id")
+    __slots__ = ("command_id", "kind", "node_id", "payload", "issued_at_unix_ms", "expires_at_unix_ms", "timeout_seconds", "boot_id", "state_id")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -151,6 +153,7 @@ class CommandBody(_message.Message):
     EXPIRES_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_ID_FIELD_NUMBER: _ClassVar[int]
     command_id: str
     kind: str
     node_id: str
@@ -159,7 +162,8 @@ class CommandBody(_message.Message):
     expires_at_unix_ms: int
     timeout_seconds: int
     boot_id: str
-    def __init__(self, command_id: _Optional[str] = ..., kind: _Optional[str] = ..., node_id: _Optional[str] = ..., payload: _Optional[bytes] = ..., issued_at_unix_ms: _Optional[int] = ..., expires_at_unix_ms: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., boot_id: _Optional[str] = ...) -> None: ...
+    state_id: str
+    def __init__(self, command_id: _Optional[str] = ..., kind: _Optional[str] = ..., node_id: _Optional[str] = ..., payload: _Optional[bytes] = ..., issued_at_unix_ms: _Optional[int] = ..., expires_at_unix_ms: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., boot_id: _Optional[str] = ..., state_id: _Optional[str] = ...) -> None: ...
 
 class SignedCommand(_message.Message):
     __slots__ = ("body", "key_id", "signature")

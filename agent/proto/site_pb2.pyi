@@ -198,16 +198,18 @@ class BmcOperationResult(_message.Message):
     def __init__(self, operation: _Optional[str] = ..., state: _Optional[str] = ..., values: _Optional[_Mapping[str, str]] = ..., power_state: _Optional[str] = ..., system: _Optional[_Union[BmcSystem, _Mapping]] = ..., nics: _Optional[_Iterable[_Union[BmcNic, _Mapping]]] = ..., sensors: _Optional[_Iterable[_Union[BmcSensor, _Mapping]]] = ..., boot: _Optional[_Union[BmcBootDevice, _Mapping]] = ..., storage: _Optional[_Iterable[_Union[BmcStorageController, _Mapping]]] = ..., virtual_media: _Optional[_Iterable[_Union[BmcVirtualMedia, _Mapping]]] = ..., firmware: _Optional[_Union[BmcFirmwareTask, _Mapping]] = ..., bmc_message: _Optional[str] = ..., attempts: _Optional[int] = ..., settle_seconds: _Optional[float] = ..., firmware_inventory: _Optional[_Iterable[_Union[BmcFirmwareComponent, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[BmcLogEntry, _Mapping]]] = ...) -> None: ...
 
 class BmcFirmwareComponent(_message.Message):
-    __slots__ = ("id", "name", "version", "updateable")
+    __slots__ = ("id", "name", "version", "updateable", "health")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     UPDATEABLE_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     version: str
     updateable: bool
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., version: _Optional[str] = ..., updateable: _Optional[bool] = ...) -> None: ...
+    health: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., version: _Optional[str] = ..., updateable: _Optional[bool] = ..., health: _Optional[str] = ...) -> None: ...
 
 class BmcLogEntry(_message.Message):
     __slots__ = ("id", "created", "created_unix", "severity", "message", "sensor", "log")

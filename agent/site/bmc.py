@@ -65,6 +65,13 @@ class Credentials:
         return f"Credentials(username={self.username!r}, password=<hidden>)"
 
 
+def shown_address(address: str) -> str:
+    """A ``bmc_address`` as a message may quote it: never a user part (``user:password@``,
+    which credentials_ref carries instead), at most 100 characters."""
+    _, at, rest = address.rpartition("@")
+    return ("<user>@" + rest if at else address)[:100]
+
+
 @dataclass(frozen=True)
 class Target:
     """Where a BMC is and how to talk to it."""
@@ -135,6 +142,11 @@ class BmcClient(Protocol):
     ) -> site_pb2.BmcFirmwareTask:
         """SimpleUpdate from ``image_uri``, or a multipart push of ``file`` (its ``sha256``
         checked first); follows the task monitor to its end, ``progress(percent, message)``."""
+        ...
+
+    def firmware_status(self, task_uri: str = "") -> site_pb2.BmcOperationResult:
+        """The FirmwareInventory's versions (``firmware_inventory``) and, with ``task_uri``, that
+        task's state now (``firmware``), read once."""
         ...
 
     def storage(self) -> list[site_pb2.BmcStorageController]: ...

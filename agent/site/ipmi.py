@@ -3,8 +3,8 @@
 Every call is one ``ipmitool -I lanplus -H HOST -p PORT -U USER -E ...`` run with the
 project's subprocess helper (agent/proc.py): the password travels in the child's environment
 (``IPMI_PASSWORD``, read by ``-E``), never on its command line; a new password for
-``user set password`` travels in a 0600 file that ``ipmitool exec`` reads, in a 0700
-directory removed at once.
+``user set password`` travels on the child's stdin (``ipmitool exec /dev/stdin``), never in a
+file that could outlive a killed child or daemon.
 
 Failures are told apart from ipmitool's verbose (``-v``) messages:
 
@@ -36,15 +36,12 @@ import datetime
 import io
 import ipaddress
 import logging
-import os
 import re
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from agent import proc
+from agent import limits, proc
 from agent.errors import (
     AuthFailed,
     BmcRefused,
@@ -65,6 +62,7 @@ from agent.site.bmc import (
     PowerAction,
     PowerState,
     Target,
+    shown_address,
 )
 
 log = logging.getLogger(__name__)
@@ -104,33 +102,40 @@ _BOOTDEV = {BootDevice.PXE: "pxe", BootDevice.DISK: "disk", BootDevice.CDROM: "c
 
 
 def split_address(address: str) -> tuple[str, int]:
-    """``host``, ``host:port``, ``[v6]`` or ``[v6]:port`` -> (host, port); port 623 default."""
+    """``host``, ``host:port``, ``[v6]`` or ``[v6]:port`` -> (host, port); port 623 default.
+    An error quotes the address without any user part (``shown_address``)."""
+    if "@" in address:
+        raise InvalidParameters(
+            f"bmc_address {shown_address(address)!r}: no user or password in the address; "
+            "they come from credentials_ref"
+        )
     host, port = address, 623
+    shown = shown_address(address)
     if address.startswith("["):
         end = address.find("]")
         if end < 0:
-            raise InvalidParameters(f"bmc_address {address!r}: unbalanced '['")
+            raise InvalidParameters(f"bmc_address {shown!r}: unbalanced '['")
         host, rest = address[1:end], address[end + 1:]
         if rest:
             if not rest.startswith(":"):
-                raise InvalidParameters(f"bmc_address {address!r}: expected [host]:port")
-            port = _port(rest[1:], address)
+                raise InvalidParameters(f"bmc_address {shown!r}: expected [host]:port")
+            port = _port(rest[1:], shown)
     elif address.count(":") == 1:
         host, text = address.split(":")
-        port = _port(text, address)
+        port = _port(text, shown)
     if ":" in host:
         try:
             ipaddress.IPv6Address(host)
         except ValueError:
-            raise InvalidParameters(f"bmc_address {address!r}: not an IPv6 address") from None
+            raise InvalidParameters(f"bmc_address {shown!r}: not an IPv6 address") from None
     elif not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", host):
-        raise InvalidParameters(f"bmc_address {address!r}: not a host name or IP address")
+        raise InvalidParameters(f"bmc_address {shown!r}: not a host name or IP address")
     return host, port
 
 
-def _port(text: str, address: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
-        raise InvalidParameters(f"bmc_address {address!r}: port must be 1-65535")
+def _port(text: str, shown: str) -> int:
+    if not limits.is_digits(text) or not 0 < int(text) < 65536:
+        raise InvalidParameters(f"bmc_address {shown!r}: port must be 1-65535")
     return int(text)
 
 
@@ -294,14 +299,15 @@ class IpmiClient:
                 text = text.replace(s, "<hidden>")
         return text
 
-    def _once(self, args: list[str], creds: Credentials, verbose: bool) -> proc.Completed:
+    def _once(self, args: list[str], creds: Credentials, verbose: bool,
+              stdin: bytes | None = None) -> proc.Completed:
         argv = [self.ipmitool, *(["-v"] if verbose else []), "-I", "lanplus",
                 "-H", self.host, "-p", str(self.port), "-U", creds.username, "-E",
                 "-C", CIPHER_SUITE, "-N", "2", "-R", "1", *args]
         env = proc.clean_env({"IPMI_PASSWORD": creds.password})
         with self._session():
             self.attempts += 1
-            return proc.run(argv, check=False, env=env, cancel=self.call.cancel,
+            return proc.run(argv, input=stdin, check=False, env=env, cancel=self.call.cancel,
                             timeout=min(CALL_TIMEOUT, self._remaining()))
 
     @contextlib.contextmanager
@@ -321,18 +327,18 @@ class IpmiClient:
             slots.release()
 
     def run(self, *args: str, creds: Credentials | None = None, secrets: tuple[str, ...] = (),
-            verbose: bool = True) -> str:
+            verbose: bool = True, stdin: bytes | None = None) -> str:
         """One ipmitool command against the BMC, with the retries its failure allows.
         Returns stdout. ``secrets`` are also redacted from any message. ``verbose`` (-v) is
         what tells a refused login from no answer; off only for commands whose output it
-        changes (sdr), run after a login has been proven."""
+        changes (sdr), run after a login has been proven. ``stdin`` is given to each run."""
         creds = creds or self.target.credentials
         what = " ".join(args[:3])
         unreachable = busy = 0
         delay = self.call.pacing.min_interval
         while True:
             try:
-                done = self._once(list(args), creds, verbose)
+                done = self._once(list(args), creds, verbose, stdin)
             except CommandTimeout:
                 if time.monotonic() >= self.call.deadline:
                     raise CommandTimeout(f"BMC {self.target.address}: no answer to {what!r} "
@@ -360,7 +366,7 @@ class IpmiClient:
                 busy += 1
                 if busy >= BUSY_ATTEMPTS:
                     raise BmcRefused(f"BMC {self.target.address}: still busy after {busy} attempts",
-                                     bmc_message=self._redact(_tail(err)))
+                                     bmc_message=self._redact(_tail(err), *secrets))
             else:
                 message = self._redact(_tail(err) or _tail(out), *secrets)
                 raise BmcRefused(f"BMC {self.target.address} refused {what!r}: {message}",
@@ -460,15 +466,10 @@ class IpmiClient:
         check_ipmi_password(new_password)
         uid = self.user_id(username)
         size = 20 if len(new_password.encode()) > 16 else 16
-        workdir = Path(tempfile.mkdtemp(prefix="bc-ipmi-"))   # 0700
-        try:
-            script = workdir / "set-password"
-            fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(f"user set password {uid} {new_password} {size}\n")
-            out = self.run("exec", str(script), secrets=(new_password,))
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+        # The command reaches ``ipmitool exec`` on its stdin: no file holds it, so a kill at
+        # any moment (of ipmitool or of the daemon) leaves nothing behind.
+        script = f"user set password {uid} {new_password} {size}\n".encode()
+        out = self.run("exec", "/dev/stdin", secrets=(new_password,), stdin=script)
         if "successful" not in out.lower():
             raise BmcRefused(f"BMC {self.target.address}: password change not confirmed",
                              bmc_message=self._redact(_tail(out), new_password))
@@ -492,6 +493,9 @@ class IpmiClient:
         progress: Callable[[int, str], None] | None = None,
     ) -> site_pb2.BmcFirmwareTask:
         raise Unsupported(f"firmware update is {NOT_IPMI}")
+
+    def firmware_status(self, task_uri: str = "") -> site_pb2.BmcOperationResult:
+        raise Unsupported(f"firmware inventory is {NOT_IPMI}")
 
     def storage(self) -> list[site_pb2.BmcStorageController]:
         raise Unsupported(f"storage inventory is {NOT_IPMI}")

@@ -51,12 +51,12 @@ DEFAULT_TTL_SECONDS = 3600
 MAX_TTL_SECONDS = 7 * 24 * 3600
 MAX_CMDLINE = 2048
 
-_MAC = re.compile(r"^[0-9a-f]{2}([:-])[0-9a-f]{2}(\1[0-9a-f]{2}){4}$")
-_NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+_MAC = re.compile(r"[0-9a-f]{2}([:-])[0-9a-f]{2}(\1[0-9a-f]{2}){4}")
+_NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")   # each used with fullmatch
 # What may stand in an iPXE script line unquoted: no whitespace or control characters, no "$"
 # (iPXE expands ${...}), no quotes or backslash, no "|" or "&&" (iPXE's command separators).
-_URL_CHARS = re.compile(r"^[A-Za-z0-9\-._~:/?#\[\]@!&()*+,;=%]+$")
-_CMDLINE_CHARS = re.compile(r"^[A-Za-z0-9 ._,:=/+@%~\-]*$")
+_URL_CHARS = re.compile(r"[A-Za-z0-9\-._~:/?#\[\]@!&()*+,;=%]+")
+_CMDLINE_CHARS = re.compile(r"[A-Za-z0-9 ._,:=/+@%~\-]*")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
@@ -70,7 +70,7 @@ class BootFile(enum.StrEnum):
 def parse_mac(text: str) -> str:
     """A unicast Ethernet MAC, "aa:bb:cc:dd:ee:ff" (colons or hyphens) -> lower case, colons."""
     mac = text.strip().lower()
-    if not _MAC.match(mac):
+    if not _MAC.fullmatch(mac):
         raise InvalidParameters(f"malformed MAC address {text[:40]!r}: expected aa:bb:cc:dd:ee:ff")
     mac = mac.replace("-", ":")
     if int(mac[:2], 16) & 1:
@@ -79,7 +79,7 @@ def parse_mac(text: str) -> str:
 
 
 def parse_node_id(text: str) -> str:
-    if not _NODE_ID.match(text):
+    if not _NODE_ID.fullmatch(text):
         raise InvalidParameters(
             f"node_id {text[:40]!r}: 1-128 characters of letters, digits and . _ : @ -"
         )
@@ -92,7 +92,7 @@ def script_safe_url(url: str, field: str) -> str:
         http.check_url(url)
     except InvalidParameters as exc:
         raise InvalidParameters(f"{field}: {exc.message}") from exc
-    if not _URL_CHARS.match(url) or "&&" in url:
+    if not _URL_CHARS.fullmatch(url) or "&&" in url:
         raise InvalidParameters(
             f"{field}: characters that would break the iPXE script (whitespace, quotes, $, |, "
             "&&, backslash): percent-encode them"
@@ -176,7 +176,7 @@ class EntryRequest(BootSpec):
                 raise InvalidParameters("initrd_digest without an initrd_url")
         else:
             raise InvalidParameters("an entry needs ipxe_script_url or kernel_url")
-        if len(cmdline) > MAX_CMDLINE or not _CMDLINE_CHARS.match(cmdline):
+        if len(cmdline) > MAX_CMDLINE or not _CMDLINE_CHARS.fullmatch(cmdline):
             raise InvalidParameters(
                 "kernel_cmdline: only letters, digits, spaces and . _ , : = / + @ % ~ - "
                 f"(at most {MAX_CMDLINE} characters): anything else could change the iPXE script"

@@ -62,6 +62,7 @@ from agent.site.bmc import (
     PowerAction,
     PowerState,
     Target,
+    shown_address,
 )
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ MAX_RETRIES = 4
 MAX_BODY = http.MAX_BODY  # a BMC's JSON answer, at most (a service root is a few KiB)
 REQUEST_TIMEOUT = 30.0       # per connect, per read
 ANSWER_TIMEOUT = 60.0        # one whole answer, however its bytes come (a BMC that drips)
+MAX_RAW_MESSAGE = 64 * 1024   # of a non-JSON error body, what is redacted before its start is kept
 _BUSY_WORDS = (b"busy", b"temporarilyunavailable", b"initialization in progress", b"initializing",
                b"resourceinuse")
 
@@ -99,26 +101,27 @@ class Answer:
     doc: Doc
 
 
-def bmc_message(body: bytes) -> str:
+def bmc_message(body: bytes, hide: Callable[[str], str] = str) -> str:
     """The BMC's own words from a Redfish error body: error.message and every
-    @Message.ExtendedInfo Message (or MessageId), joined; the raw start when it is not JSON."""
+    @Message.ExtendedInfo Message (or MessageId), joined; the raw start when it is not JSON.
+    ``hide`` redacts each piece before anything is cut, so no part of a secret survives."""
     try:
         doc = json.loads(body)
     except ValueError:
-        return body[:200].decode("utf-8", "replace").strip()
+        return hide(body[:MAX_RAW_MESSAGE].decode("utf-8", "replace")).strip()[:200]
     if not isinstance(doc, dict):
         return ""
     err = doc.get("error", doc)
     words: list[str] = []
     if isinstance(err, dict):
         if isinstance(err.get("message"), str):
-            words.append(err["message"])
+            words.append(hide(err["message"]))
         infos = err.get("@Message.ExtendedInfo") or doc.get("@Message.ExtendedInfo") or []
         for info in infos if isinstance(infos, list) else []:
             if isinstance(info, dict):
                 text = info.get("Message") or info.get("MessageId") or ""
-                if isinstance(text, str) and text and text not in words:
-                    words.append(text)
+                if isinstance(text, str) and text and hide(text) not in words:
+                    words.append(hide(text))
     return "; ".join(words)[:1000]
 
 
@@ -150,8 +153,8 @@ class RedfishClient:
                 scheme, address = prefix[:-3], address[len(prefix):]
         self.base = f"{scheme}://{address.rstrip('/')}"
         parts = http.check_url(self.base + ROOT)
-        if parts.path != ROOT or parts.query or parts.username:
-            raise InvalidParameters(f"BMC address must be host or host:port, not {address!r}")
+        if parts.path != ROOT or parts.query or "@" in parts.netloc:
+            raise InvalidParameters(f"BMC address must be host or host:port, not {shown_address(address)!r}")
         self._netloc = parts.netloc.lower()
         if scheme == "http":
             log.warning("Redfish %s: plain http, no TLS (a lab BMC or an emulator only)", address)
@@ -167,6 +170,7 @@ class RedfishClient:
         self._session_uri = ""
         self._root: Doc | None = None
         self._paths: dict[str, str] = {}
+        self._secrets: list[str] = []   # passwords being set, hidden like the login's
 
     # -- transport -----------------------------------------------------------------------
 
@@ -189,9 +193,13 @@ class RedfishClient:
         return self.base + path + (f"?{parts.query}" if parts.query else "")
 
     def hide(self, text: str) -> str:
-        """``text`` with the password replaced, should a BMC echo it."""
-        password = self.target.credentials.password
-        return text.replace(password, "<hidden>") if password else text
+        """``text`` with the password (and one being set) replaced, should a BMC echo it,
+        as typed or JSON-escaped."""
+        for secret in (self.target.credentials.password, *self._secrets):
+            if secret:
+                for form in {secret, json.dumps(secret)[1:-1]}:
+                    text = text.replace(form, "<hidden>")
+        return text
 
     def send(
         self,
@@ -250,7 +258,7 @@ class RedfishClient:
                 " (HTTP 401)", status=401
             )
         if not (200 <= resp.status < 300 or resp.status in ok):
-            said = self.hide(bmc_message(resp.body))
+            said = bmc_message(resp.body, self.hide)
             retried = f" after {resp.attempts} attempts" if resp.attempts > 1 else ""
             raise BmcRefused(
                 f"{where}: HTTP {resp.status}{retried}" + (f": {said}" if said else ""),
@@ -609,12 +617,11 @@ class RedfishClient:
         accounts = link(self.get(service), "Accounts")
         for ref in self.members(accounts) if accounts else []:
             if self.get(ref).get("UserName") == username:
+                self._secrets.append(new_password)
                 try:
                     self.patch(ref, {"Password": new_password})
-                except BmcRefused as exc:
-                    hidden = exc.message.replace(new_password, "<hidden>") if new_password else exc.message
-                    said = exc.details.get("bmc_message", "").replace(new_password, "<hidden>")
-                    raise BmcRefused(hidden, status=exc.details.get("status", ""), bmc_message=said) from None
+                finally:
+                    self._secrets.remove(new_password)
                 log.info("Redfish %s: password of %r changed", self.target.address, username)
                 return
         raise BmcRefused(f"Redfish BMC {self.target.address} has no account {username!r}")
@@ -634,15 +641,27 @@ class RedfishClient:
         return redfish_firmware.update(self, image_uri=image_uri, file=file, sha256=sha256,
                                        transfer_protocol=transfer_protocol, progress=progress)
 
+    def firmware_status(self, task_uri: str = "") -> site_pb2.BmcOperationResult:
+        return redfish_firmware.status(self, task_uri)
+
     # -- storage -------------------------------------------------------------------------
 
     def _storage_refs(self) -> list[str]:
-        ref = link(self.system(), "Storage")
+        system = self.system()
+        ref = link(system, "Storage")
         if not ref:
-            raise Unsupported(f"Redfish BMC {self.target.address}: the System has no Storage")
+            only = " (only SimpleStorage, which has no volumes)" if link(system, "SimpleStorage") else ""
+            raise Unsupported(f"Redfish BMC {self.target.address}: the System has no Storage{only}")
         return self.members(ref)
 
     def storage(self) -> list[site_pb2.BmcStorageController]:
+        """The System's Storage (controllers, drives, volumes); where it has none, its
+        SimpleStorage (older BMCs, and DMTF's public-rackmount1 mockup): each controller with
+        the devices present in its bays, no volumes."""
+        system = self.system()
+        simple = link(system, "SimpleStorage")
+        if not link(system, "Storage") and simple:
+            return [self._simple_storage(self.get(ref)) for ref in self.members(simple)]
         out: list[site_pb2.BmcStorageController] = []
         for ref in self._storage_refs():
             doc = self.get(ref)
@@ -660,6 +679,21 @@ class RedfishClient:
                 ctl.volumes.append(self._volume(self.get(vol_ref)))
             out.append(ctl)
         return out
+
+    @staticmethod
+    def _simple_storage(doc: Doc) -> site_pb2.BmcStorageController:
+        """A SimpleStorage resource: its Devices (no Id of their own: named by their bay), an
+        Absent bay left out."""
+        ctl = site_pb2.BmcStorageController(id=text(doc.get("Id")), name=text(doc.get("Name")))
+        for number, device in enumerate(dicts(doc.get("Devices")), 1):
+            status = device.get("Status")
+            status = status if isinstance(status, dict) else {}
+            if status.get("State") == "Absent":
+                continue
+            ctl.drives.add(id=text(device.get("Name")) or f"device-{number}", model=text(device.get("Model")),
+                           capacity_bytes=count(device.get("CapacityBytes")),
+                           health=text(status.get("Health")))
+        return ctl
 
     @staticmethod
     def _volume(doc: Doc) -> site_pb2.BmcVolume:

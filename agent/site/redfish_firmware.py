@@ -8,6 +8,8 @@ Two ways in, as the schema (UpdateService v1.6+) documents them:
   ``UpdateParameters`` (JSON) and ``UpdateFile`` (the image, streamed from disk after its
   sha256 has been checked against the one the request gave).
 
+``status`` reads the FirmwareInventory's versions and, given its URI, a task's state now.
+
 Either answers 202 with a Location (a task monitor, or the Task itself), or with the Task in
 its body. ``follow_task`` polls it never faster than ``Pacing.min_interval`` (growing to
 ``max_interval``, and never faster than a Retry-After the BMC asks for) until TaskState is
@@ -128,6 +130,51 @@ def _push(
     return answer.status, answer.headers, answer.doc
 
 
+def status(client: RedfishClient, task_uri: str = "") -> site_pb2.BmcOperationResult:
+    """bmc.firmware status: the UpdateService's FirmwareInventory (``inventory``), and with
+    ``task_uri`` that task's state as the BMC reports it now (read once, not followed)."""
+    from agent.site.redfish import link  # redfish imports this module: not at the top
+
+    where = f"Redfish BMC {client.target.address}"
+    if not link(client.root(), "UpdateService"):
+        raise Unsupported(f"{where} has no UpdateService")
+    result = site_pb2.BmcOperationResult(operation="status")
+    result.firmware_inventory.extend(inventory(client))
+    if task_uri:
+        answer = client.send("GET", task_uri, ok=(404,))
+        if answer.status == 404:
+            raise BmcRefused(f"{where}: no task {task_uri} (HTTP 404)", status=404)
+        task = site_pb2.BmcFirmwareTask(task_uri=task_uri)
+        _read_task(client, answer, task)
+        result.firmware.CopyFrom(task)
+        result.state = task.state
+    else:
+        result.state = "listed"
+    return result
+
+
+def _read_task(client: RedfishClient, answer: Any, task: site_pb2.BmcFirmwareTask) -> list[str]:
+    """``task`` updated from a task monitor's or Task's answer; the messages, redacted."""
+    doc = answer.doc
+    state = doc.get("TaskState")
+    if isinstance(state, str):
+        task.state = state
+    elif answer.status in (200, 201, 204):
+        task.state = "Completed"    # a monitor that answers the final result has no TaskState
+    else:
+        task.state = task.state or "Running"
+    percent = doc.get("PercentComplete")
+    if isinstance(percent, int) and 0 <= percent <= 100:
+        task.percent = percent
+    messages = [m.get("Message", "") for m in doc.get("Messages", []) if isinstance(m, dict)]
+    messages = [client.hide(m) for m in messages if isinstance(m, str) and m]
+    del task.messages[:]
+    task.messages.extend(messages)
+    if task.state in FINAL_OK:
+        task.percent = 100
+    return messages
+
+
 def follow_task(
     client: RedfishClient, location: str, progress: Callable[[int, str], None] | None
 ) -> site_pb2.BmcFirmwareTask:
@@ -141,23 +188,7 @@ def follow_task(
         answer = client.send("GET", location, ok=(404,))
         if answer.status == 404:
             raise BmcRefused(f"{where}: the task {location} is gone (HTTP 404)")
-        doc = answer.doc
-        state = doc.get("TaskState")
-        if isinstance(state, str):
-            task.state = state
-        elif answer.status in (200, 201, 204):
-            task.state = "Completed"    # a monitor that answers the final result has no TaskState
-        else:
-            task.state = task.state or "Running"
-        percent = doc.get("PercentComplete")
-        if isinstance(percent, int) and 0 <= percent <= 100:
-            task.percent = percent
-        messages = [m.get("Message", "") for m in doc.get("Messages", []) if isinstance(m, dict)]
-        messages = [client.hide(m) for m in messages if isinstance(m, str) and m]
-        del task.messages[:]
-        task.messages.extend(messages)
-        if task.state in FINAL_OK:
-            task.percent = 100
+        messages = _read_task(client, answer, task)
         if progress is not None and (task.percent, task.state) != seen:
             seen = (task.percent, task.state)
             progress(task.percent, task.state + (f": {messages[-1]}" if messages else ""))
@@ -190,7 +221,8 @@ MAX_COMPONENTS = 128
 
 
 def inventory(client: RedfishClient) -> list[site_pb2.BmcFirmwareComponent]:
-    """Every component of the UpdateService's FirmwareInventory (name, version, updateable);
+    """Every component of the UpdateService's FirmwareInventory (name, version, updateable,
+    health);
     empty where the BMC has no UpdateService or no FirmwareInventory."""
     from agent.site.redfish import link  # redfish imports this module: not at the top
 
@@ -216,5 +248,10 @@ def inventory(client: RedfishClient) -> list[site_pb2.BmcFirmwareComponent]:
         out.append(site_pb2.BmcFirmwareComponent(
             id=str(doc.get("Id") or ""), name=str(doc.get("Name") or ""),
             version=str(doc.get("Version") or ""), updateable=doc.get("Updateable") is True,
+            health=_text(st.get("Health")) if isinstance(st := doc.get("Status"), dict) else "",
         ))  # fmt: skip
     return out
+
+
+def _text(value: object) -> str:
+    return value.strip() if isinstance(value, str) else ""

@@ -12,6 +12,11 @@ Entries may also come from an existing secret manager mounted there (a Vault age
 Kubernetes secret volume): a directory with the two files ``username`` and ``password``.
 Those are used read-only; a rotation of such an entry is refused (rotate it at its source).
 
+Nothing of an entry is followed out of the store: the entry itself must be a directory (a
+symlink there is refused, wherever it points), and a file's symlinks are followed only while
+they stay inside the entry's own directory (``password -> ..data/password``, as Kubernetes
+mounts a secret), each step opened with O_NOFOLLOW (``open_beneath``).
+
 Writes are atomic (a temp file in the same directory, fsync, rename, fsync of the directory),
 so a crash leaves the old file or the new one, never a torn one.
 
@@ -28,6 +33,7 @@ name the ref and the file, which are not secrets.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -35,11 +41,11 @@ import re
 import secrets as _random
 import stat
 import string
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.atomicfile import fsync_dir, write_atomic
+from agent.atomicfile import write_atomic
 from agent.errors import AgentError, InvalidParameters, NotFound, Reason, Unsupported
 from agent.site.bmc import Credentials
 
@@ -93,6 +99,56 @@ class PasswordPolicy:
                 return pw
 
 
+MAX_LINKS = 8     # symlinks followed inside one entry (a secret volume needs two)
+
+
+def open_beneath(dir_fd: int, name: str) -> int:
+    """Open ``name`` (relative) read-only under the directory ``dir_fd``, following symlinks
+    only while every step stays beneath that directory: an absolute link, a ``..`` above it
+    or more than MAX_LINKS links raise OSError(ELOOP/EXDEV). Each step is opened with
+    O_NOFOLLOW, so a link swapped in between is refused, not followed."""
+    todo = name.split("/")
+    stack: list[int] = []                 # the directories entered below dir_fd
+    links = 0
+    try:
+        while todo:
+            part = todo.pop(0)
+            if part in ("", "."):
+                continue
+            here = stack[-1] if stack else dir_fd
+            if part == "..":
+                if not stack:
+                    raise OSError(errno.EXDEV, "a link leads out of the entry's directory", name)
+                os.close(stack.pop())
+                continue
+            st = os.stat(part, dir_fd=here, follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                links += 1
+                target = os.readlink(part, dir_fd=here)
+                if links > MAX_LINKS or target.startswith("/"):
+                    raise OSError(errno.EXDEV if links <= MAX_LINKS else errno.ELOOP,
+                                  "a link leads out of the entry's directory", name)
+                todo[:0] = target.split("/")
+                continue
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+            if todo:
+                stack.append(os.open(part, flags | os.O_DIRECTORY, dir_fd=here))
+            else:
+                return os.open(part, flags, dir_fd=here)
+        raise IsADirectoryError(errno.EISDIR, "not a file", name)
+    finally:
+        for fd in stack:
+            os.close(fd)
+
+
+def _exists(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 class SecretStore:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -102,28 +158,62 @@ class SecretStore:
     def _entry(self, ref: str) -> Path:
         return self.root / check_ref(ref)
 
-    def _read_file(self, path: Path, ref: str, *, private: bool) -> bytes:
+    @contextlib.contextmanager
+    def _entry_dir(self, ref: str) -> Iterator[int | None]:
+        """The entry's directory, opened under the store without following a link (an entry
+        that is a symlink is refused, wherever it points); None when there is no entry."""
+        check_ref(ref)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            yield None
+            return
+        try:
+            try:
+                fd = os.open(ref, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             dir_fd=root)
+            except FileNotFoundError:
+                fd = -1
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise SecretStoreError(f"credentials_ref {ref!r}: the entry is not a directory "
+                                           "of the store (a symlink or a file); refused") from None
+                raise SecretStoreError(f"credentials_ref {ref!r}: cannot open the entry: "
+                                       f"{exc.strerror}") from None
+        finally:
+            os.close(root)
+        if fd < 0:
+            yield None
+            return
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _read_file(self, entry: int, name: str, ref: str, *, private: bool) -> bytes:
+        """``name`` in the entry's directory; a symlink is followed only while it stays inside
+        that directory (a Kubernetes secret volume's ``password -> ..data/password``)."""
+        try:
+            fd = open_beneath(entry, name)
         except FileNotFoundError:
             raise
         except OSError as exc:
-            raise SecretStoreError(f"credentials_ref {ref!r}: cannot read {path.name}: "
+            raise SecretStoreError(f"credentials_ref {ref!r}: cannot read {name}: "
                                    f"{exc.strerror}") from None
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise SecretStoreError(f"credentials_ref {ref!r}: {path.name} is not a file")
+                raise SecretStoreError(f"credentials_ref {ref!r}: {name} is not a file")
             if private and st.st_mode & 0o077:
                 raise SecretStoreError(
-                    f"credentials_ref {ref!r}: {path} is readable by others "
+                    f"credentials_ref {ref!r}: {self._entry(ref) / name} is readable by others "
                     f"(mode {stat.S_IMODE(st.st_mode):04o}); chmod 600 it"
                 )
             data = os.read(fd, MAX_ENTRY_BYTES + 1)
         finally:
             os.close(fd)
         if len(data) > MAX_ENTRY_BYTES:
-            raise SecretStoreError(f"credentials_ref {ref!r}: {path.name} is larger than "
+            raise SecretStoreError(f"credentials_ref {ref!r}: {name} is larger than "
                                    f"{MAX_ENTRY_BYTES} bytes")
         return data
 
@@ -144,24 +234,34 @@ class SecretStore:
         return Credentials(obj["username"], obj["password"])
 
     def _load(self, ref: str, name: str) -> Credentials | None:
-        path = self._entry(ref) / name
-        try:
-            return self._parse(self._read_file(path, ref, private=True), ref, name)
-        except FileNotFoundError:
-            return None
+        with self._entry_dir(ref) as entry:
+            if entry is None:
+                return None
+            try:
+                return self._parse(self._read_file(entry, name, ref, private=True), ref, name)
+            except FileNotFoundError:
+                return None
 
     def is_mounted(self, ref: str) -> bool:
         """The entry comes from a mounted secret manager (username + password files)."""
-        entry = self._entry(ref)
-        return not (entry / CURRENT).exists() and (entry / "password").is_file()
+        with self._entry_dir(ref) as entry:
+            if entry is None or _exists(entry, CURRENT):
+                return False
+            try:
+                os.close(open_beneath(entry, "password"))
+            except OSError:
+                return False
+            return True
 
     def _mounted(self, ref: str) -> Credentials | None:
-        entry = self._entry(ref)
-        try:
-            user = self._read_file(entry / "username", ref, private=False)
-            pw = self._read_file(entry / "password", ref, private=False)
-        except FileNotFoundError:
-            return None
+        with self._entry_dir(ref) as entry:
+            if entry is None:
+                return None
+            try:
+                user = self._read_file(entry, "username", ref, private=False)
+                pw = self._read_file(entry, "password", ref, private=False)
+            except FileNotFoundError:
+                return None
         username, password = user.decode().strip(), pw.decode().rstrip("\r\n")
         if not username or not password:
             raise SecretStoreError(f"credentials_ref {ref!r}: empty username or password file")
@@ -203,7 +303,10 @@ class SecretStore:
                 f"credentials_ref {ref!r} comes from a mounted secret manager; rotate it there",
                 credentials_ref=ref,
             )
-        entry.mkdir(mode=0o700, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            entry.mkdir(mode=0o700)
+        with self._entry_dir(ref):    # refuses an entry that is a symlink (out of the store)
+            pass
         return entry
 
     @staticmethod
@@ -225,19 +328,22 @@ class SecretStore:
 
     def promote(self, ref: str) -> None:
         """The pending password is proven: it becomes the current one (rotation, last step)."""
-        entry = self._entry(ref)
         if self._load(ref, PENDING) is None:
             raise NotFound(f"credentials_ref {ref!r}: nothing pending to promote", credentials_ref=ref)
-        os.replace(entry / PENDING, entry / CURRENT)
-        fsync_dir(entry / CURRENT)
+        with self._entry_dir(ref) as entry:
+            if entry is None:
+                raise NotFound(f"credentials_ref {ref!r}: no such entry", credentials_ref=ref)
+            os.replace(PENDING, CURRENT, src_dir_fd=entry, dst_dir_fd=entry)
+            os.fsync(entry)
         log.info("secret store: %s: pending password promoted", ref)
 
     def discard(self, ref: str) -> None:
         """Forget the pending password (the BMC never took it)."""
-        entry = self._entry(ref)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(entry / PENDING)
-            fsync_dir(entry / PENDING)
+        with self._entry_dir(ref) as entry, contextlib.suppress(FileNotFoundError):
+            if entry is None:
+                return
+            os.unlink(PENDING, dir_fd=entry)
+            os.fsync(entry)
             log.info("secret store: %s: pending password discarded", ref)
 
     def reconcile(self, ref: str, accepted: Callable[[Credentials], bool]) -> Credentials:

@@ -107,10 +107,43 @@ def test_errno_becomes_a_clear_error(
 ) -> None:
     runner = RecordingRunner()
     with pytest.raises(cls) as info:
-        kexec.Kexec(RecordingSyscalls({"kexec_file_load": err}), runner).load(image)
+        kexec.Kexec(RecordingSyscalls({"kexec_file_load": err}), runner, which=no_tool).load(image)
     assert info.value.reason == reason
     assert words in info.value.message
-    assert runner.argvs == []  # no fallback unless the request allows it
+    assert runner.argvs == []  # no fallback unless the request allows it (or ENOSYS and the tool)
+
+
+def no_tool(name: str) -> str | None:
+    return None
+
+
+def have_tool(name: str) -> str | None:
+    return f"/usr/sbin/{name}" if name == "kexec" else None
+
+
+def test_a_kernel_without_kexec_file_load_falls_back_to_kexec_tools_by_itself(
+    image: kexec.KexecImage,
+) -> None:
+    """ENOSYS (Debian's arm64 cloud kernel has no CONFIG_KEXEC_FILE) with kexec-tools installed:
+    kexec -l, without the request's leave, and the method says so; without the tool, the
+    error says what is missing."""
+    runner = RecordingRunner()
+    k = kexec.Kexec(RecordingSyscalls({"kexec_file_load": errno.ENOSYS}), runner, which=have_tool)
+    assert k.load(image) == kexec.METHOD_TOOLS
+    assert runner.argvs == [["kexec", "-l", str(image.kernel), "--command-line=console=ttyS0 quiet",
+                             f"--initrd={image.initrd}"]]
+    k = kexec.Kexec(RecordingSyscalls({"kexec_file_load": errno.ENOSYS}), RecordingRunner(), which=no_tool)
+    with pytest.raises(Unsupported, match=r"ENOSYS.*kexec-tools, its fallback, is not installed"):
+        k.load(image)
+
+
+def test_a_refused_syscall_needs_the_requests_leave_even_with_kexec_tools(image: kexec.KexecImage) -> None:
+    """EPERM is a refusal (a policy, lockdown), not a missing syscall: no fallback by itself."""
+    runner = RecordingRunner()
+    k = kexec.Kexec(RecordingSyscalls({"kexec_file_load": errno.EPERM}), runner, which=have_tool)
+    with pytest.raises(Unsupported, match="does not allow the kexec-tools fallback"):
+        k.load(image)
+    assert runner.argvs == []
 
 
 @pytest.mark.parametrize("err", [errno.ENOSYS, errno.EPERM])
@@ -173,5 +206,9 @@ def test_real_syscall_refuses_a_bogus_image_cleanly(image: kexec.KexecImage) -> 
     """
     with pytest.raises(AgentError) as info:
         kexec.Kexec().load(image)
-    assert info.value.reason in (Reason.BAD_IMAGE, Reason.UNSUPPORTED)
+    # A kernel without the syscall (ENOSYS) hands it to kexec-tools where installed, which
+    # refuses the bytes too, saying both.
+    fell_back = info.value.details.get("method") == kexec.METHOD_TOOLS
+    expected = (Reason.TOOL_FAILED,) if fell_back else (Reason.BAD_IMAGE, Reason.UNSUPPORTED)
+    assert info.value.reason in expected
     assert info.value.details["errno"] in ("ENOEXEC", "EPERM", "ENOSYS", "EINVAL", "EKEYREJECTED")

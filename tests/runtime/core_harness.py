@@ -145,6 +145,7 @@ class World:
         self.state = tmp / "state"
         self.agents: list[Agent] = []
         self.boot_id = "boot-A"   # the boot of the latest agent: destructive commands name it
+        self.state_id = ""        # ... and the state (journal) of the latest agent
         self.releases: list[threading.Event] = []
 
     def agent(
@@ -167,6 +168,7 @@ class World:
         frames = Frames()
         agent.subscribe(frames)
         agent.start()
+        self.state_id = agent.state_id
         self.agents.append(agent)
         return agent, frames
 
@@ -182,6 +184,7 @@ class World:
             expires_at_unix_ms=int(time.time() * 1000) + 600_000,
             timeout_seconds=timeout,
             boot_id=self.boot_id if k.destructive else "",
+            state_id=self.state_id if k.destructive else "",
         )
         for name, value in fields.items():
             setattr(body, name, value)

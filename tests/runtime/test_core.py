@@ -158,6 +158,44 @@ def test_a_destructive_command_captured_in_one_boot_is_refused_in_the_next(world
     accepted(agent.submit(world.command("inv", "inventory.refresh")))
 
 
+def test_a_destructive_command_captured_before_a_lost_journal_is_refused_in_the_same_boot(
+    world: World,
+) -> None:
+    """The journal lost within one boot (its tmpfs directory removed, no reboot): the boot id
+    still matches, but the agent's state is new, announced in the Hello, and the captured
+    command, bound to the old state, is refused before it runs again."""
+    first = Quick("disk.wipe")
+    agent, frames = world.agent({"disk.wipe": first}, boot_id="boot-A")
+    old_state = agent.hello().state_id
+    assert old_state and old_state == agent.state_id
+    captured = world.command("w-state", "disk.wipe")
+    assert session_pb2.CommandBody.FromString(captured.body).state_id == old_state
+    accepted(agent.submit(captured))
+    assert frames.result("w-state").status == session_pb2.SUCCEEDED
+    agent.stop()
+    # A restart that keeps the journal keeps the state: the id is known, not run again.
+    agent, _ = world.agent({"disk.wipe": first}, boot_id="boot-A")
+    assert agent.hello().state_id == old_state
+    assert isinstance(agent.submit(captured), session_pb2.Accept)
+    agent.stop()
+    for path in world.state.iterdir():        # /run/bettercompute-agent removed, same boot
+        path.unlink()
+    world.state.rmdir()
+    again = Quick("disk.wipe")
+    agent, _ = world.agent({"disk.wipe": again}, boot_id="boot-A")
+    assert agent.hello().state_id not in ("", old_state)
+    answer = agent.submit(captured)
+    assert isinstance(answer, session_pb2.Reject) and answer.reason == "wrong_state", answer
+    assert old_state in answer.message
+    unbound = session_pb2.CommandBody.FromString(captured.body)
+    unbound.command_id, unbound.state_id = "w-unbound", ""
+    answer = agent.submit(world.cp.sign_command(unbound))
+    assert isinstance(answer, session_pb2.Reject) and answer.reason == "wrong_state", answer
+    assert first.calls == ["w-state"] and again.calls == []
+    # Bound to the new state (what the gateway does at delivery), it runs.
+    accepted(agent.submit(world.command("w-new", "disk.wipe")))
+
+
 def test_logs_collect_outside_its_allow_list_is_refused_at_admission(world: World) -> None:
     """Refused before it is accepted (nothing journaled, nothing queued), not failed when it runs."""
     from agent.commands.logs import LogsCollect

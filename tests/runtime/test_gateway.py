@@ -11,6 +11,7 @@ import time
 import pytest
 
 from agent import wire
+from agent.errors import Reason, Untrusted
 from agent.gateway import Gateway, State
 from agent.gateway.certs import DevPki
 from agent.proto import session_pb2
@@ -209,4 +210,30 @@ def test_every_command_is_signed_for_the_boot_the_node_announced(gateway: Gatewa
     assert session_pb2.CommandBody.FromString(again.body).boot_id == "boot-B"
     assert store.verify_command(again, node_id="node-2", now_ms=now, boot_id="boot-B")
     assert gateway.commands[cid].deliveries == 3
+    c.close()
+
+
+def test_every_command_is_signed_for_the_agent_state_the_node_announced(gateway: Gateway,
+                                                                         pki: DevPki) -> None:
+    """The same for the state id: within one boot, a Hello with a new state (the agent lost its
+    journal) gets the undelivered command bound and signed again for that state."""
+    control = SigningKey.load(pki.signing_key)
+    store = TrustStore([control.public_raw])
+    now = int(time.time() * 1000)
+    cid = gateway.send("node-2", "disk.wipe", {"disks": [{"serial": "S"}]})
+    c = Client(gateway, pki, "node-2", boot_id="boot-A", state_id="state-1")
+    first = c.recv("command").command
+    body = session_pb2.CommandBody.FromString(first.body)
+    assert (body.boot_id, body.state_id) == ("boot-A", "state-1")
+    assert store.verify_command(first, node_id="node-2", now_ms=now, boot_id="boot-A", state_id="state-1")
+    with pytest.raises(Untrusted) as info:
+        store.verify_command(first, node_id="node-2", now_ms=now, boot_id="boot-A", state_id="state-2")
+    assert info.value.reason is Reason.WRONG_STATE
+    c.close()
+    gateway.wait_for(lambda: not gateway.nodes["node-2"].connected, TIMEOUT, "disconnect")
+    c = Client(gateway, pki, "node-2", boot_id="boot-A", state_id="state-2")
+    again = c.recv("command").command
+    assert session_pb2.CommandBody.FromString(again.body).state_id == "state-2"
+    assert store.verify_command(again, node_id="node-2", now_ms=now, boot_id="boot-A", state_id="state-2")
+    assert gateway.commands[cid].deliveries == 2
     c.close()

@@ -108,8 +108,8 @@ def test_corrupt_middle_record_is_skipped_and_file_rewritten(tmp_path: Path) -> 
     j.accepted("z", "inventory.refresh", "dz", b"cmd-z")
     j.close()
     data = bytearray(path.read_bytes())
-    # flip a byte inside the payload of the second record ("accepted y")
-    second = data.find(MAGIC, 1)
+    # flip a byte inside the payload of the third record ("accepted y", after "state" and "accepted x")
+    second = data.find(MAGIC, data.find(MAGIC, 1) + 1)
     data[second + 20] ^= 0xFF
     path.write_bytes(bytes(data))
     j2 = open_journal(path)
@@ -334,3 +334,29 @@ def test_an_id_is_remembered_while_its_signature_could_be_valid(tmp_path: Path) 
         j.acked(f"late-{i}")
     assert list(j.known) == ["live-9", "late-0", "late-1"]
     j.close()
+
+
+def test_the_state_id_is_kept_with_the_journal_and_new_with_a_new_one(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    j = open_journal(path)
+    first = j.state_id
+    assert len(first) == 32 and int(first, 16) >= 0
+    j.accepted("x", "disk.wipe", "dx", b"cmd-x")
+    j.compact()
+    j.close()
+    again = open_journal(path)                       # reopened, compacted: the same state
+    assert again.state_id == first and "x" in again.entries
+    again.close()
+    path.unlink()                                    # the journal lost (e.g. /run removed)
+    fresh = open_journal(path)
+    assert fresh.state_id and fresh.state_id != first and not fresh.entries
+    fresh.accepted("y", "disk.wipe", "dy", b"cmd-y")
+    fresh.close()
+    # The state record corrupted: the ids are kept, but the state is not vouched for: a new id.
+    data = bytearray(path.read_bytes())
+    data[20] ^= 0xFF
+    path.write_bytes(bytes(data))
+    mended = open_journal(path)
+    assert "y" in mended.entries and mended.state_id not in ("", fresh.state_id)
+    mended.close()
+    assert open_journal(path).state_id == mended.state_id

@@ -13,7 +13,7 @@ import pytest
 from agent import catalog
 from agent.errors import InvalidParameters, Reason, Untrusted
 from agent.proto import agent_pb2, session_pb2
-from agent.trust import SigningKey, TrustStore, key_id, parse_public_key, verify_result
+from agent.trust import CONSOLE_STATE_ID, SigningKey, TrustStore, key_id, parse_public_key, verify_result
 
 NODE = "node-7"
 
@@ -311,3 +311,33 @@ def test_a_huge_trusted_key_file_is_refused_without_reading_it_all(tmp_path: Pat
         f.truncate(1 << 40)  # sparse: a terabyte that must never be read into memory
     with pytest.raises(InvalidParameters, match="over its limit"):
         TrustStore.load([huge.parent])
+
+
+STATE = "5b1d0c7a9e3f4a2b8c6d0e1f2a3b4c5d"
+
+
+def test_destructive_command_is_bound_to_the_agent_state_it_was_issued_for() -> None:
+    """A journal lost within one boot is a new state: a command bound to the old one, or a
+    destructive one bound to none, is refused; the console's word is its own state."""
+    cp = SigningKey.generate()
+    store = TrustStore([cp.public_raw])
+
+    def check(body: session_pb2.CommandBody, state: str = STATE, kind: str = "disk.wipe") -> None:
+        store.verify_command(cp.sign_command(body), node_id=NODE, now_ms=now_ms(), kind=kind,
+                             boot_id=BOOT, state_id=state)
+
+    check(wipe_body(boot_id=BOOT, state_id=STATE))
+    check(wipe_body(boot_id=BOOT, state_id=CONSOLE_STATE_ID), CONSOLE_STATE_ID)
+    for body, state, problem in ((wipe_body(boot_id=BOOT), STATE, "missing"),
+                                 (wipe_body(boot_id=BOOT, state_id="an-older-state"), STATE, "other"),
+                                 (wipe_body(boot_id=BOOT, state_id=CONSOLE_STATE_ID), STATE, "other"),
+                                 (wipe_body(boot_id=BOOT, state_id=STATE), CONSOLE_STATE_ID, "other")):
+        with pytest.raises(Untrusted) as info:
+            check(body, state)
+        assert (info.value.reason, info.value.details["problem"]) == (Reason.WRONG_STATE, problem)
+    # A non-destructive command may name none; one that names a state must name this one.
+    inventory = wipe_body(kind="inventory.refresh", payload=b"")
+    check(inventory, kind="inventory.refresh")
+    inventory.state_id = "an-older-state"
+    with pytest.raises(Untrusted, match="an-older-state"):
+        check(inventory, kind="inventory.refresh")

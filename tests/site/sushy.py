@@ -122,35 +122,49 @@ class SushyEmulator:
         argv = [emulator_binary(), "--config", str(self.config), "-i", "127.0.0.1", "-p", str(self.port)]
         if self.tls:
             argv += ["--ssl-certificate", self.tls[0], "--ssl-key", self.tls[1]]
-        log = (self.workdir / "emulator.log").open("wb")
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        import ssl
-
-        ctx = ssl._create_unverified_context()
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"{self.scheme}://127.0.0.1:{self.port}/redfish/v1/",
-                                            timeout=2, context=ctx):
-                    return self
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.__exit__()
-                    pytest.fail("sushy-emulator did not start: " + self.log()[-2000:])
-                time.sleep(0.2)
+        root = f"{self.scheme}://127.0.0.1:{self.port}/redfish/v1/"
+        self.proc = serve(argv, self.workdir / "emulator.log", root, "sushy-emulator")
+        return self
 
     def log(self) -> str:
         return (self.workdir / "emulator.log").read_text(errors="replace")
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop(self.proc)
+
+
+def serve(argv: list[str], log_path: Path, url: str, what: str, *, cwd: Path | None = None
+          ) -> subprocess.Popen[bytes]:
+    """A server child (sushy-emulator, DMTF's mockup server) in its own process group, its
+    output in ``log_path``; returned once ``url`` answers (TLS unverified), pytest.fail with
+    the log's tail when it exits or does not answer within 30 s."""
+    import ssl
+
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=cwd)
+    ctx = ssl._create_unverified_context()
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=ctx):
+                return proc
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                stop(proc)
+                pytest.fail(f"{what} did not start: " + log_path.read_text(errors="replace")[-2000:])
+            time.sleep(0.2)
+
+
+def stop(proc: subprocess.Popen[bytes] | None) -> None:
+    """Stop a child of ``serve`` and its whole process group: SIGTERM, SIGKILL after 10 s."""
+    if proc is not None and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 class NodeHook:

@@ -6,6 +6,9 @@ With QEMU (marked ``qemu``): power on/reset/off of a real guest, seen from the n
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -263,3 +266,27 @@ def test_power_and_pxe_boot_drive_a_real_guest(powered_sim: IpmiSim, site_config
     assert off.power_state == "off" and node.status() == "off"
     assert time.monotonic() - started >= 3
     assert off.settle_seconds >= 3
+
+
+@pytest.mark.parametrize(("protocol", "address"), [
+    ("ipmi", "admin:Addr-Secret-8kL@10.0.0.1"),
+    ("ipmi", "admin:Addr-Secret-8kL@[::1]:623"),
+    ("redfish", "https://admin:Addr-Secret-8kL@10.0.0.1"),
+    ("redfish", "admin:Addr-Secret-8kL@10.0.0.1:8443"),
+])
+def test_an_address_with_credentials_is_refused_without_echoing_them(
+    site_config: Config, protocol: str, address: str
+) -> None:
+    """`agent exec` of such a request: the refusal, on stdout (the result) and stderr (the
+    log), names the address without its user part."""
+    payload = json.dumps({"bmc_address": address, "protocol": protocol, "operation": "status",
+                          "credentials_ref": "rack1-n01"})
+    done = subprocess.run(
+        [sys.executable, "-m", "agent", "--debug", "exec", "bmc.power", "--role", "site",
+         "--secrets-dir", str(site_config.secrets_dir), "--payload", payload],
+        cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode != 0
+    said = done.stdout + done.stderr
+    assert "no user or password in the address" in said and "<user>@" in said, said
+    assert "Addr-Secret" not in said and "admin:" not in said, said

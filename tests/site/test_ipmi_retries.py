@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -157,3 +160,42 @@ esac
     assert "Invalid data field in request" in info.value.details["bmc_message"]
     store = SecretStore(site_config.secrets_dir)
     assert store.get(REF).password == PASSWORD and store.pending(REF) is None
+
+
+def test_a_kill_during_the_password_change_leaves_no_file_behind(tmp_path: Path) -> None:
+    """The daemon and its ``ipmitool exec`` SIGKILLed while the new password is with the
+    child: no file holding it is left anywhere (not in $TMPDIR, which nothing sweeps)."""
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "ipmitool").write_text(f"""#!/bin/sh
+case "$*" in
+  *"user list"*) echo "2   admin            true    false      true       ADMINISTRATOR";;
+  *exec*) for last; do :; done; cat "$last" > {tmp_path}/exec-input; echo $$ > {tmp_path}/exec-pid
+          exec sleep 60;;
+  *) echo "Chassis Power is on";;
+esac
+""")
+    (bindir / "ipmitool").chmod(0o755)
+    daemon = subprocess.Popen(
+        [sys.executable, "-c", f"""
+import threading, time
+from agent.site.bmc import CallContext, Credentials, Target
+from agent.site.ipmi import IpmiClient
+c = IpmiClient(Target("10.9.9.9", Credentials("admin", {SECRET!r})),
+               CallContext(threading.Event(), time.monotonic() + 120), ipmitool={str(bindir / "ipmitool")!r})
+c.set_password("admin", "New-Secret-6hJ")
+"""], env={**os.environ, "TMPDIR": str(tmpdir)}, cwd=Path(__file__).parents[2])
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "exec-pid").exists() or not (tmp_path / "exec-pid").read_text():
+            assert daemon.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        assert (tmp_path / "exec-input").read_text() == "user set password 2 New-Secret-6hJ 16\n"
+        daemon.kill()
+        os.kill(int((tmp_path / "exec-pid").read_text()), signal.SIGKILL)
+    finally:
+        daemon.kill()
+        daemon.wait()
+    assert list(tmpdir.iterdir()) == []

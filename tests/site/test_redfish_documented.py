@@ -18,6 +18,7 @@ import pytest
 from agent.errors import AuthFailed, BmcRefused, ChecksumMismatch, Unsupported
 from agent.site.bmc import Credentials, PowerAction, PowerState, Target
 from agent.site.redfish import RedfishClient
+from tests.loopback_http import Seen
 from tests.site.redfish_documented import ACCOUNTS, SESSIONS, SYS, UPDATE, VOLUMES, DocumentedBmc
 from tests.site.sushy import fast_call
 
@@ -266,3 +267,34 @@ def test_task_still_running_at_the_deadline_is_a_timeout(bmc: DocumentedBmc) -> 
     with pytest.raises(CommandTimeout, match=r"still Running at \d+% at the deadline"):
         client_for(bmc, seconds=2.5).firmware_update(image_uri="https://files.example/fw.bin")
     assert time.monotonic() - start < 3.0
+
+
+@pytest.mark.parametrize("offset", [180, 195, 199, 200])
+def test_a_login_echoed_in_a_non_json_error_leaks_no_part_of_the_password(
+    bmc: DocumentedBmc, offset: int
+) -> None:
+    """A BMC that echoes the session request in a plain-text 400: the message is cut at 200
+    characters, and the password (wherever it falls, across the cut too) is hidden first."""
+    def echo(seen: Seen) -> tuple[int, dict[str, str], bytes]:
+        start = seen.body.index(PASSWORD.encode())
+        return 400, {"Content-Type": "text/plain"}, b"x" * (offset - start) + seen.body
+
+    bmc.server.route("POST", SESSIONS, echo)
+    with pytest.raises(BmcRefused, match="HTTP 400") as err:
+        client_for(bmc).power_state()
+    said = err.value.details["bmc_message"]
+    assert said.startswith("xxx") and len(said) <= 200
+    for text in (str(err.value), said):
+        assert PASSWORD[:4] not in text, text
+
+
+def test_a_new_password_echoed_in_an_error_is_hidden_before_the_cut(bmc: DocumentedBmc) -> None:
+    def echo(seen: Seen) -> tuple[int, dict[str, str], bytes]:
+        start = seen.body.index(NEW_PASSWORDS[0].encode())
+        return 400, {"Content-Type": "text/plain"}, b"y" * (195 - start) + seen.body
+
+    bmc.server.route("PATCH", f"{ACCOUNTS}/2", echo)
+    with pytest.raises(BmcRefused, match="HTTP 400") as err:
+        client_for(bmc).set_password(USER, NEW_PASSWORDS[0])
+    for text in (str(err.value), err.value.details["bmc_message"]):
+        assert NEW_PASSWORDS[0][:4] not in text, text

@@ -159,3 +159,71 @@ def test_generated_passwords_follow_the_policy() -> None:
     assert len(policy.generate(20)) == 20
     with pytest.raises(InvalidParameters, match="accepts 12 to 20"):
         policy.generate(21)
+
+
+def test_an_entry_that_is_a_symlink_out_of_the_store_is_refused(store: SecretStore, tmp_path: Path) -> None:
+    """A symlinked entry is neither read (bmc.power) nor written (bmc.rotate) through."""
+    outside = tmp_path / "outside"
+    outside.mkdir(mode=0o700)
+    (outside / "current.json").write_text(json.dumps({"username": "x", "password": "outside-Pw-1"}))
+    os.chmod(outside / "current.json", 0o600)
+    (store.root / "n4").symlink_to(outside)
+    with pytest.raises(SecretStoreError, match="'n4': the entry is not a directory of the store"):
+        store.get("n4")
+    with pytest.raises(SecretStoreError, match="not a directory of the store"):
+        store.stage("n4", NEW)
+    with pytest.raises(SecretStoreError, match="not a directory of the store"):
+        store.put("n4", NEW)
+    with pytest.raises(SecretStoreError):
+        store.promote("n4")
+    with pytest.raises(SecretStoreError):
+        store.discard("n4")
+    assert sorted(p.name for p in outside.iterdir()) == ["current.json"]
+    assert json.loads((outside / "current.json").read_text())["password"] == "outside-Pw-1"
+    # A mounted-style entry linked out of the store is refused the same way.
+    mounted = tmp_path / "mounted"
+    mounted.mkdir()
+    (mounted / "username").write_text("root\n")
+    (mounted / "password").write_text("out-Pw-2\n")
+    (store.root / "n5").symlink_to(mounted)
+    with pytest.raises(SecretStoreError, match="not a directory of the store"):
+        store.get("n5")
+    with pytest.raises(SecretStoreError, match="not a directory of the store"):
+        store.is_mounted("n5")
+
+
+def kubernetes_secret_volume(entry: Path, username: str, password: str) -> None:
+    """The layout kubelet's atomic writer makes for a secret volume: the files live in a
+    timestamped directory, ``..data`` links to it, and each key links through ``..data``."""
+    entry.mkdir()
+    stamped = entry / "..2026_12_01_20_00_00.123456789"
+    stamped.mkdir()
+    (stamped / "username").write_text(username)
+    (stamped / "password").write_text(password)
+    (entry / "..data").symlink_to(stamped.name)
+    (entry / "username").symlink_to("..data/username")
+    (entry / "password").symlink_to("..data/password")
+
+
+def test_a_kubernetes_secret_volume_is_read(store: SecretStore) -> None:
+    kubernetes_secret_volume(store.root / "k8s-n6", "root", "from-K8s-7")
+    assert store.get("k8s-n6") == Credentials("root", "from-K8s-7")
+    assert store.is_mounted("k8s-n6")
+    with pytest.raises(Unsupported, match="mounted secret manager"):
+        store.stage("k8s-n6", NEW)
+
+
+@pytest.mark.parametrize("target", ["/etc/hostname", "../../elsewhere/password", "..data/../../x",
+                                    "loop"])
+def test_a_mounted_file_linked_out_of_its_entry_is_refused(store: SecretStore, tmp_path: Path,
+                                                           target: str) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "password").write_text("out-Pw-3")
+    entry = store.root / "k8s-n7"
+    kubernetes_secret_volume(entry, "root", "in-Pw-4")
+    (entry / "password").unlink()
+    (entry / "loop").symlink_to("loop")
+    (entry / "password").symlink_to(target)
+    with pytest.raises(SecretStoreError, match="'k8s-n7': cannot read password") as info:
+        store.get("k8s-n7")
+    assert "out-Pw-3" not in str(info.value)

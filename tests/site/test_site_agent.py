@@ -70,6 +70,7 @@ def site_agent(world: World, config: Config) -> tuple[Agent, Frames]:
     frames = Frames()
     agent.subscribe(frames)
     agent.start()
+    world.state_id = agent.state_id
     world.agents.append(agent)
     return agent, frames
 

@@ -1,0 +1,94 @@
+"""The Redfish client against DMTF's own public-rackmount1 mockup, served by DMTF's Redfish
+Mockup Server (tests/site/dmtf_mockup.py): Redfish as DMTF publishes it, not as an emulator
+or this project's documented-response server reads the specification."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.commands import handler_for
+from agent.commands.base import Context
+from agent.config import Config
+from agent.errors import InvalidParameters, Unsupported
+from agent.proto import site_pb2
+from agent.site.bmc import Credentials, Target
+from agent.site.redfish import RedfishClient
+from tests.site.dmtf_mockup import SYSTEM, DmtfMockup
+from tests.site.sushy import fast_call
+from tests.site.test_bmc_redfish import REF, config_with
+
+USER, PASSWORD = "Administrator", "Dmtf-Mockup-4u"
+
+
+@pytest.fixture(scope="module")
+def mockup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DmtfMockup]:
+    with DmtfMockup(tmp_path_factory.mktemp("dmtf")) as server:
+        yield server
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Config:
+    return config_with(tmp_path, USER, PASSWORD)
+
+
+def run_kind(kind: str, config: Config, mockup: DmtfMockup, operation: str,
+             **parameters: str) -> site_pb2.BmcOperationResult:
+    payload = site_pb2.BmcOperationRequest(node_id="rack1", bmc_address=mockup.address, protocol="redfish",
+                                           operation=operation, credentials_ref=REF, verify_tls=False,
+                                           parameters=parameters)
+    handler = handler_for(kind)
+    assert handler is not None
+    result = handler.run(Context.local(kind, config, timeout=60), handler.parse(payload))
+    assert isinstance(result, site_pb2.BmcOperationResult)
+    return result
+
+
+def test_storage_list_reads_simple_storage_where_there_is_no_storage(mockup: DmtfMockup,
+                                                                     config: Config) -> None:
+    """The mockup's System has SimpleStorage only (as many older BMCs): its controller and the
+    devices present in its bays; the two Absent bays are not drives."""
+    result = run_kind("bmc.storage", config, mockup, "list")
+    assert [(c.id, c.name) for c in result.storage] == [("1", "Simple Storage Controller")]
+    drives = [(d.id, d.model, d.capacity_bytes, d.health) for d in result.storage[0].drives]
+    assert drives == [("SATA Bay 1", "3000GT8", 8_000_000_000_000, "OK"),
+                      ("SATA Bay 2", "3000GT7", 4_000_000_000_000, "Warning")]
+    assert not result.storage[0].volumes
+    assert {m.id for m in result.virtual_media} == {"CD1", "Floppy1"}
+
+
+def test_volumes_on_simple_storage_are_unsupported_and_say_why(mockup: DmtfMockup) -> None:
+    client = RedfishClient(Target(f"https://{mockup.address}", Credentials(USER, PASSWORD), verify_tls=False),
+                           fast_call(30))
+    try:
+        with pytest.raises(Unsupported, match="only SimpleStorage, which has no volumes"):
+            client.delete_volume("1")
+        assert client.system_ref() == SYSTEM
+    finally:
+        client.close()
+
+
+def test_firmware_status_lists_the_inventory_and_reads_a_task(mockup: DmtfMockup, config: Config) -> None:
+    result = run_kind("bmc.firmware", config, mockup, "status")
+    versions = {item.id: item.version for item in result.firmware_inventory}
+    assert versions["BMC"] == "1.45.455b66-rev4" and set(versions) == {"BIOS", "BMC", "SS"}
+    assert {i.id for i in result.firmware_inventory if i.updateable} >= {"BMC"}
+    assert result.state == "listed" and not result.firmware.task_uri
+    task = run_kind("bmc.firmware", config, mockup, "status", task_uri="/redfish/v1/TaskService/Tasks/545")
+    assert (task.firmware.task_uri, task.firmware.state, task.firmware.percent) == (
+        "/redfish/v1/TaskService/Tasks/545", "Completed", 100)
+    assert task.state == "Completed"
+    assert "read only property" in task.firmware.messages[0]
+
+
+@pytest.mark.parametrize("task_uri", ["https://elsewhere/x", "//elsewhere/x", "/redfish/../../etc", "tasks/1",
+                                      "/a b", "/x\n"])
+def test_a_task_uri_that_is_not_a_path_on_the_bmc_is_refused_in_parse(task_uri: str) -> None:
+    handler = handler_for("bmc.firmware")
+    assert handler is not None
+    with pytest.raises(InvalidParameters, match="task_uri"):
+        handler.parse(site_pb2.BmcOperationRequest(bmc_address="10.0.0.1", protocol="redfish",
+                                                   operation="status", credentials_ref=REF,
+                                                   parameters={"task_uri": task_uri}))
