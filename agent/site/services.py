@@ -28,6 +28,7 @@ from agent.errors import InvalidParameters, Unsupported
 from agent.site.dnsmasq import DnsmasqSettings, DnsmasqSupervisor
 from agent.site.pxe import BootEntries
 from agent.site.routes import RouteTable
+from agent.site.vmedia import MediaSets
 from agent.site.web import HttpService
 
 log = logging.getLogger(__name__)
@@ -70,16 +71,19 @@ class SiteServices:
         self.routes = RouteTable(settings.root / "routes", "")
         self.entries = BootEntries(settings.root / "boot", "", on_change=self._reload,
                                    http_options=options)
+        self.media = MediaSets(settings.root / "media", "", http_options=options)
         self.http = HttpService(settings.bind or settings.address, settings.port, self.entries,
-                                self.routes, options)
+                                self.routes, options, media=self.media)
         host = settings.address if ":" not in settings.address else f"[{settings.address}]"
         self.base_url = f"http://{host}:{self.http.port}"
         self.routes.base_url = self.base_url
         self.entries.base_url = self.base_url
+        self.media.base_url = self.base_url
 
     def start(self) -> None:
         dropped = self.entries.reconcile()
         live = self.routes.reconcile()
+        self.media.reconcile()
         log.info("site services: %d boot entries (%d expired dropped), %d proxy routes",
                  len(self.entries.all()), len(dropped), live)
         if self.settings.interface:
@@ -110,6 +114,7 @@ class SiteServices:
                 now = time.time()
                 self.entries.expire(now)
                 self.routes.expire(now)
+                self.media.expire(now)
             except Exception:
                 log.exception("site services: expiry failed")
 

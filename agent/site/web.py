@@ -5,6 +5,8 @@ initrds, and the proxy routes.
     GET /pxe/<mac>.ipxe       a node's script (404 unless its boot entry is live)
     GET /cache/<sha256>       a cached kernel or initrd
     GET|HEAD /r/<token>       a proxy route (agent/site/routes.py)
+    GET|HEAD /vm/<token>/ramdisk.iso, /vm/<token>/config.iso
+                              a node's virtual media (agent/site/vmedia.py; 404 once expired)
 
 Anything else is 404; a method a path does not carry is 405. A route's response streams
 the upstream's body through one buffer. When the upstream fails mid-body the client's
@@ -40,6 +42,7 @@ from agent.site.routes import (
     close_quietly,
     open_upstream,
 )
+from agent.site.vmedia import MEDIA_PREFIX, MediaSets
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +82,10 @@ class SiteHttpServer(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], entries: BootEntries | None,
-                 routes: RouteTable, upstream: agent_http.HttpOptions) -> None:
+                 routes: RouteTable, upstream: agent_http.HttpOptions,
+                 media: MediaSets | None = None) -> None:
         self.entries = entries
+        self.media = media
         self.routes = routes
         self.upstream = upstream
         self.buffers = BufferBudget()
@@ -129,6 +134,13 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if path.startswith(ROUTE_PREFIX):
                 self._route(method, path[len(ROUTE_PREFIX):])
+                return
+            if path.startswith(MEDIA_PREFIX) and self.server.media is not None and "?" not in path:
+                if method not in ("GET", "HEAD"):
+                    self._refuse(405, f"{method} not allowed", allow="GET, HEAD")
+                    return
+                self._file(method, self.server.media.path(path[len(MEDIA_PREFIX):]),
+                           "application/octet-stream")
                 return
             if self.server.entries is None or "?" in path:
                 self._refuse(404, "not found")
@@ -379,6 +391,8 @@ def _safe(path: str) -> str:
     """A request path as it may be logged: a route's token is a capability, not logged."""
     if path.startswith(ROUTE_PREFIX):
         return ROUTE_PREFIX + "…"
+    if path.startswith(MEDIA_PREFIX):  # so is a virtual-media token
+        return MEDIA_PREFIX + "…/" + path.rsplit("/", 1)[-1][:20].encode("ascii", "backslashreplace").decode()
     return path[:100].encode("ascii", "backslashreplace").decode()
 
 
@@ -386,9 +400,10 @@ class HttpService:
     """The server on its own thread."""
 
     def __init__(self, address: str, port: int, entries: BootEntries | None, routes: RouteTable,
-                 upstream: agent_http.HttpOptions | None = None) -> None:
+                 upstream: agent_http.HttpOptions | None = None, *,
+                 media: MediaSets | None = None) -> None:
         self.server = SiteHttpServer((address, port), entries, routes,
-                                     upstream or agent_http.HttpOptions(timeout=30.0))
+                                     upstream or agent_http.HttpOptions(timeout=30.0), media)
         self._thread = threading.Thread(target=self.server.serve_forever, name="site-http",
                                         kwargs={"poll_interval": 0.2}, daemon=True)
 
