@@ -49,10 +49,15 @@ wait_for() {  # wait_for FILE: until it exists, at most ~30 s
 # for the agent. Without the medium the network comes up by DHCP as for a PXE boot. Bad
 # content is said on the console and in the kernel log, and the network falls back to DHCP:
 # the ramdisk stays up for an operator, it never reboots over it.
+#
+# An installed node (bc.root, below) without DHCP keeps the same "network" file on its disk,
+# /etc/bettercompute/network, which is used the same way once its root is mounted.
 MEDIA_DIR=/run/bettercompute/media
+NODE_NETWORK=/sysroot/etc/bettercompute/network
+net_source="config medium"
 media_error() {
-	say "config medium: $*; falling back to DHCP"
-	echo "bc-init: config medium: $*; falling back to DHCP" >/dev/kmsg 2>/dev/null
+	say "$net_source: $*; falling back to DHCP"
+	echo "bc-init: $net_source: $*; falling back to DHCP" >/dev/kmsg 2>/dev/null
 }
 ipv4() {  # ipv4 TEXT: a dotted quad, each part 0-255 without leading zeros
 	case "$1" in "" | *[!0-9.]* | .* | *. | *..*) return 1 ;; esac
@@ -91,7 +96,7 @@ media_mount() {  # the config medium on $MEDIA_DIR, waiting for the CD drives (~
 	say "booted from virtual media without a config medium (no BC_CONFIG): DHCP"
 	return 1
 }
-media_network() {  # bring up the NIC the medium names, statically; 1: use DHCP instead
+media_network() {  # the medium's settings, and its NIC up statically; 1: use DHCP instead
 	media_mount || { : >/run/bc-media-done; return 1; }
 	if small "$MEDIA_DIR/cmdline" 4096; then
 		read -r extra <"$MEDIA_DIR/cmdline"
@@ -100,10 +105,13 @@ media_network() {  # bring up the NIC the medium names, statically; 1: use DHCP 
 		media_error "cmdline is larger than 4096 bytes"
 	fi
 	: >/run/bc-media-done
-	if [ ! -e "$MEDIA_DIR/network" ]; then
+	static_network "$MEDIA_DIR/network"
+}
+static_network() {  # static_network FILE: the NIC FILE names up with its address; 1: DHCP
+	if [ ! -e "$1" ]; then
 		media_error "no network file"
 		return 1
-	elif ! small "$MEDIA_DIR/network" 4096; then
+	elif ! small "$1" 4096; then
 		media_error "network is larger than 4096 bytes"
 		return 1
 	fi
@@ -115,7 +123,7 @@ media_network() {  # bring up the NIC the medium names, statically; 1: use DHCP 
 		"" | "#"*) ;;
 		*) media_error "network: unknown key '$key'"; return 1 ;;
 		esac
-	done <"$MEDIA_DIR/network"
+	done <"$1"
 	case "$mac" in
 	[0-9a-f][0-9a-f]:[0-9a-f][0-9a-f]:[0-9a-f][0-9a-f]:[0-9a-f][0-9a-f]:[0-9a-f][0-9a-f]:[0-9a-f][0-9a-f]) ;;
 	*) media_error "network: mac '$mac' is not a MAC address (aa:bb:cc:dd:ee:ff)"; return 1 ;;
@@ -140,7 +148,7 @@ media_network() {  # bring up the NIC the medium names, statically; 1: use DHCP 
 		|| { media_error "network: the default route via $gateway failed"; return 1; }
 	: >/etc/resolv.conf
 	for d in $dns; do echo "nameserver $d" >>/etc/resolv.conf; done
-	say "network: $nic $address/$prefix static, from the config medium (no DHCP)"
+	say "network: $nic $address/$prefix static, from the $net_source (no DHCP)"
 	return 0
 }
 
@@ -150,6 +158,8 @@ arg bc.hostname
 host="$v"
 arg bc.media
 MEDIA="$v"
+arg bc.root
+ROOT="$v"
 v="$host"
 echo "${v:-bc-ramdisk}" >/proc/sys/kernel/hostname  # the agent's node id when bc.node is not given
 
@@ -171,6 +181,13 @@ echo "${v:-bc-ramdisk}" >/proc/sys/kernel/hostname  # the agent's node id when b
 	: >/run/bc-modules-loaded
 	if [ -n "$MEDIA" ] && media_network; then
 		exit 0
+	fi
+	if [ -n "$ROOT" ]; then  # an installed node's own static network, once its root is mounted
+		wait_for /run/bc-root-tried
+		if [ -f "$NODE_NETWORK" ]; then
+			net_source="node's /etc/bettercompute/network"
+			static_network "$NODE_NETWORK" && exit 0
+		fi
 	fi
 	for dev in /sys/class/net/*; do
 		n="${dev##*/}"
@@ -196,8 +213,7 @@ AGENT=/usr/lib/bettercompute/agent.pyz
 NODE_DIRS="/etc/bettercompute /usr/lib/bettercompute /var/lib/bettercompute-agent"
 set -- "$AGENT" run
 [ -f /run/bettercompute/cmdline ] && set -- "$AGENT" run --cmdline-file /run/bettercompute/cmdline
-arg bc.root
-root="$v"
+root="$ROOT"
 if [ -n "$root" ]; then
 	wait_for /run/bc-modules-loaded  # the disk's driver
 	mkdir -p /sysroot
@@ -224,6 +240,7 @@ if [ -n "$root" ]; then
 	else
 		say "could not mount $root; staying in the ramdisk"
 	fi
+	: >/run/bc-root-tried
 fi
 
 # busybox reboot/poweroff/halt signal PID 1 (TERM/USR2/USR1): stop the agent, sync, unmount

@@ -75,11 +75,12 @@ class SiteNode:
     steps: list[Step] = field(default_factory=list)
 
 
-def make_node(lab: SiteLab, name: str, *, mac: str = NODE_MAC, uefi: bool = False) -> SiteNode:
+def make_node(lab: SiteLab, name: str, *, mac: str = NODE_MAC, uefi: bool = False,
+              network: bytes = b"") -> SiteNode:
     """A powered-off node with two virtio disks (the second full of old data) and the image
     of its installed OS, which a "disk" boot runs (the image's kernel and initramfs, its root
-    on the first disk: qemu/nodeimage.py)."""
-    image = build_node_image(lab, name, lab.workdir / f"{name}-image")
+    on the first disk: qemu/nodeimage.py); ``network``: the image's static network file."""
+    image = build_node_image(lab, name, lab.workdir / f"{name}-image", network=network)
     os.link(image.zst, lab.www / f"{name}.img.zst")
     disks = lab.workdir / f"{name}-disks"
     disks.mkdir(parents=True, exist_ok=True)

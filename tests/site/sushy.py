@@ -74,6 +74,7 @@ class SushyEmulator:
         tls: tuple[str, str] | None = None,
         notify_url: str = "",
         power_state: str = "Off",
+        mac: str = NODE_MAC,
     ) -> None:
         import bcrypt  # sushy-tools' own dependency, there when the emulator is
 
@@ -87,7 +88,7 @@ class SushyEmulator:
         htpasswd.write_text(f"{USER}:{digest}\n")
         system: dict[str, Any] = {
             "uuid": SYSTEM_UUID, "name": "node0", "power_state": power_state,
-            "external_notifier": bool(notify_url), "nics": [{"mac": NODE_MAC, "ip": "10.0.2.15"}],
+            "external_notifier": bool(notify_url), "nics": [{"mac": mac, "ip": "10.0.2.15"}],
         }
         config = {
             "SUSHY_EMULATOR_FAKE_DRIVER": True,
