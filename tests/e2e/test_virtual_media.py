@@ -28,8 +28,8 @@ from agent.site.secrets import SecretStore
 from initramfs import iso
 from qemu.lab import Ramdisk
 from qemu.sitelab import OVMF, SiteLab, missing_network_prerequisites
-from qemu.sitemedia import MediaLifecycle, build_lab_iso, make_media_node
 from qemu.sitelife import Bmc, Step
+from qemu.sitemedia import MediaLifecycle, build_lab_iso, make_media_node
 from tests.loopback_http import self_signed_cert
 from tests.site.sushy import USER, NodeHook, SushyEmulator
 
