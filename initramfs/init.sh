@@ -53,11 +53,12 @@ wait_for() {  # wait_for FILE: until it exists, at most ~30 s
 # An installed node (bc.root, below) without DHCP keeps the same "network" file on its disk,
 # /etc/bettercompute/network, which is used the same way once its root is mounted.
 MEDIA_DIR=/run/bettercompute/media
+KMSG=/dev/kmsg
 NODE_NETWORK=/sysroot/etc/bettercompute/network
 net_source="config medium"
 media_error() {
 	say "$net_source: $*; falling back to DHCP"
-	echo "bc-init: $net_source: $*; falling back to DHCP" >/dev/kmsg 2>/dev/null
+	echo "bc-init: $net_source: $*; falling back to DHCP" >>"$KMSG" 2>/dev/null
 }
 ipv4() {  # ipv4 TEXT: a dotted quad, each part 0-255 without leading zeros
 	case "$1" in "" | *[!0-9.]* | .* | *. | *..*) return 1 ;; esac
