@@ -418,24 +418,8 @@ class BootEntries:
         path = self.cache_dir / cache_key(url)
         if path.is_file():
             return path
-        tmp = self.cache_dir / f".{path.name}.{secrets.token_hex(4)}.tmp"
-        opts = http.HttpOptions(
-            ca_pem=self.http_options.ca_pem, ca_file=self.http_options.ca_file,
-            timeout=self.http_options.timeout, max_retries=self.http_options.max_retries,
-            cancel=cancel,
-        )
         log.info("caching %s", http.redact(url))
-        try:
-            with http.get(url, opts) as body, open(tmp, "wb") as f:
-                for chunk in body.iter_chunks(1 << 20):
-                    f.write(chunk)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        finally:
-            _unlink(tmp)
-        return path
+        return http.download_to(url, path, self.http_options, cancel)
 
     def _changed(self) -> None:
         if self.on_change is not None:
