@@ -152,7 +152,7 @@ class MediaLifecycle(Lifecycle):
         if self.lab.net.plain_dhcp is not None or "agent.site.dnsmasq" in log:
             raise self.fail("a DHCP server runs on the lab's network")
         status, out = guest_shell(self.node, "ip -4 addr show; ls /run/udhcpc.* 2>&1; "
-                                             "test -d /sys/firmware/efi && echo efi=yes")
+                                             'echo "efi=$(test -d /sys/firmware/efi && echo yes)"')
         if status != 0 or f"inet {NODE_ADDRESS}/{PREFIX}" not in out or "udhcpc.eth" in out:
             raise self.fail(f"the ramdisk's network is not the static one alone: {out!r}")
         firmware = "BIOS (SeaBIOS, El Torito)"
