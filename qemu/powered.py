@@ -108,6 +108,7 @@ class NodeSpec:
     tap: str = ""            # a tap device to attach the NIC to (harness MachineSpec.tap); "" = user network
     mac: str = "52:54:00:12:34:56"
     uefi: bool = False       # UEFI firmware (OVMF on amd64) instead of SeaBIOS
+    arch: str = "amd64"      # a key of qemu.harness.PLATFORMS (arm64: -M virt, always UEFI)
 
 
 @dataclass(frozen=True)
@@ -343,7 +344,7 @@ class PoweredNode:
         mspec = MachineSpec(
             workdir=self.dir, kernel=Path(spec.kernel), initrd=Path(spec.initrd),
             append=spec.append, memory_mb=spec.memory_mb, cpus=spec.cpus, kvm=spec.kvm,
-            pxe=device == "pxe", name=spec.name, tap=spec.tap, mac=spec.mac, uefi=spec.uefi,
+            pxe=device == "pxe", name=spec.name, tap=spec.tap, mac=spec.mac, uefi=spec.uefi, arch=spec.arch,
             media=[self.media().get(slot, "") for slot in MEDIA_SLOTS], media_boot=device == "cdrom",
             disks=[Disk(Path(p), serial=f"disk{i}", interface="virtio") for i, p in enumerate(spec.disks)],
         )

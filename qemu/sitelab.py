@@ -264,8 +264,9 @@ class SiteLab(Lab):
         tap = self.net.add_tap(f"tap{len(self.nodes)}")
         node = PoweredNode(self.workdir / name).configure(NodeSpec(
             kernel=str(kernel), initrd=str(initrd), append=append, memory_mb=memory_mb, cpus=1,
-            kvm=kvm_wanted(), disks=[str(d) for d in disks], owner_pid=os.getpid(), name=name,
-            tap=tap, mac=mac, uefi=uefi))
+            kvm=kvm_wanted() and self.ramdisk.arch == "amd64", disks=[str(d) for d in disks],
+            owner_pid=os.getpid(), name=name,
+            tap=tap, mac=mac, uefi=uefi, arch=self.ramdisk.arch))
         self.nodes.append(node)
         return node
 

@@ -90,7 +90,8 @@ def make_node(lab: SiteLab, name: str, *, mac: str = NODE_MAC, uefi: bool = Fals
     with wipe.open("wb") as f:
         for _ in range(64):
             f.write(OLD_DATA)
-    power = lab.powered_node(name, kernel=image.kernel, initrd=image.initrd, append=node_cmdline(),
+    power = lab.powered_node(name, kernel=image.kernel, initrd=image.initrd,
+                             append=node_cmdline(lab.ramdisk.arch),
                              disks=[deploy, wipe], mac=mac, uefi=uefi)
     return SiteNode(name, power, deploy, wipe, image, mac, uefi)
 
@@ -436,7 +437,7 @@ def guest_shell(node: SiteNode, command: str, timeout: float = 60.0) -> tuple[in
     the node directory: qemu/harness.py's Machine.shell)."""
     spec = node.power.spec()
     shell = Machine(MachineSpec(workdir=node.power.dir, kernel=Path(spec.kernel),
-                                initrd=Path(spec.initrd), name=spec.name))
+                                initrd=Path(spec.initrd), name=spec.name, arch=spec.arch))
     try:
         return shell.shell(command, timeout)
     finally:

@@ -9,12 +9,14 @@ no plain DHCP server either. qemu/sitemedia.py runs and checks each step:
     over its static address -> site.httpProxy -> deploy.image -> disk.wipe -> boot.cleanUp
     -> eject_media -> bmc.boot disk -> bmc.power cycle -> rejoined as a node
 
-x86 under SeaBIOS (El Torito) and under OVMF (the ISO's EFI boot image). The step times are
-printed; docs/performance.md has the power-on-to-joined figure against PXE's.
+x86 under SeaBIOS (El Torito) and under OVMF (the ISO's EFI boot image); arm64 under UEFI in
+test_virtual_media_arm64.py. The step times are printed; docs/performance.md has the
+power-on-to-joined figure against PXE's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -43,18 +45,29 @@ STEPS = ["bmc.query", "boot.prepareRamdisk", "bmc.storage insert_media", "bmc.bo
          "disk boot + join"]
 
 
-@pytest.fixture(scope="module")
-def media_lab(ramdisk_parts: Ramdisk, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SiteLab]:
+def skip_without_tools() -> None:
     reason = missing_network_prerequisites() or iso.missing_tools()
     if reason:
         pytest.skip(reason)
     if shutil.which("sushy-emulator", path=str(Path(sys.executable).parent)) is None \
             and shutil.which("sushy-emulator") is None:
         pytest.skip("sushy-emulator is not installed (pip install sushy-tools: the dev extra)")
-    with SiteLab(tmp_path_factory.mktemp("medialab"), ramdisk_parts, dhcp=False) as lab:
+
+
+@contextlib.contextmanager
+def lab_without_dhcp(workdir: Path, parts: Ramdisk) -> Iterator[SiteLab]:
+    """The site lab with no DHCP server and the site daemon without dnsmasq; the ISO built."""
+    with SiteLab(workdir, parts, dhcp=False) as lab:
         lab.start_site(proxy_dhcp=False)
         SecretStore(lab.secrets_dir).put(REF, Credentials(USER, PASSWORD))
         build_lab_iso(lab)
+        yield lab
+
+
+@pytest.fixture(scope="module")
+def media_lab(ramdisk_parts: Ramdisk, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SiteLab]:
+    skip_without_tools()
+    with lab_without_dhcp(tmp_path_factory.mktemp("medialab"), ramdisk_parts) as lab:
         yield lab
 
 
