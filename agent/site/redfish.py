@@ -752,8 +752,9 @@ class RedfishClient:
                           json_body={"Image": image_url, "Inserted": True, "WriteProtected": True})
             else:
                 self.patch(ref, {"Image": image_url, "Inserted": True})
-            log.info("Redfish %s: %s inserted into %s", self.target.address, http.redact(image_url),
-                     doc.get("Id"))
+            # The file's name alone: a path may hold a capability (the site's /vm/<token>/).
+            log.info("Redfish %s: …/%s inserted into %s", self.target.address,
+                     http.redact(image_url).rsplit("/", 1)[-1], doc.get("Id"))
             return _media_of(self.get(ref))
         raise Unsupported(f"Redfish BMC {self.target.address} has no virtual {media_type} drive")
 
