@@ -149,6 +149,9 @@ class MediaLifecycle(Lifecycle):
         for name in ("ramdisk.iso", "config.iso"):
             if f"GET /vm/…/{name} -> 200" not in log:
                 raise self.fail(f"the BMC never fetched {name} from the site's HTTP service")
+        token = self.media_urls[0].split("/vm/")[1].split("/")[0]
+        if token in log:
+            raise self.fail("the site daemon's log holds the media's token")
         if self.lab.net.plain_dhcp is not None or "agent.site.dnsmasq" in log:
             raise self.fail("a DHCP server runs on the lab's network")
         status, out = guest_shell(self.node, "ip -4 addr show; ls /run/udhcpc.* 2>&1; "
