@@ -63,9 +63,12 @@ Behaviour of ``get``:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import http.client
 import itertools
 import logging
+import os
+import secrets
 import socket
 import ssl
 import threading
@@ -451,6 +454,25 @@ def get(url: str, opts: HttpOptions | None = None, *, offset: int = 0, length: i
     bounded Range request, for the data chunks of a sparse image); see the module docstring."""
     check_url(url)
     return Download(url, opts or HttpOptions(), offset, length)
+
+
+def download_to(url: str, path: Path, opts: HttpOptions | None = None,
+                cancel: threading.Event | None = None) -> Path:
+    """``url``'s body into ``path``, whole or not at all: written to a temporary sibling,
+    fsync'ed, mode 0644, renamed into place (``cancel`` stops it)."""
+    opts = dataclasses.replace(opts or HttpOptions(), cancel=cancel)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        with get(url, opts) as body, open(tmp, "wb") as f:
+            for chunk in body.iter_chunks(1 << 20):
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
 
 
 def put(

@@ -1,6 +1,6 @@
 """Measure the ramdisk: compressed size, QEMU start -> agent joined, idle RSS, inventory time.
 
-    python bench/ramdisk_boot.py [--runs 3] [--pxe] [--uefi] [--arch amd64|arm64] [--idle 20]
+    python bench/ramdisk_boot.py [--runs 3] [--pxe | --iso] [--uefi] [--arch amd64|arm64] [--idle 20]
 
 Builds (cached) the ramdisk, then boots it ``--runs`` times in QEMU (TCG unless
 BC_QEMU_KVM=1) against the reference gateway, each time: seconds from QEMU start to the
@@ -12,6 +12,9 @@ the gateway; and VmRSS again after ``--idle`` more seconds (the inventory handle
 kinds' messages are loaded by then). Prints a Markdown table for docs/performance.md. Needs
 root. ``--uefi``: OVMF instead of SeaBIOS on x86; ``--arch arm64``: the arm64 ramdisk in
 ``-M virt`` under TCG, always UEFI (``--pxe``: the firmware's PXE loads GRUB, see harness).
+``--iso``: virtual media, as a BMC presents it: the ramdisk ISO (initramfs/iso.py) in the first
+CD drive, booted by the firmware, and the node's config medium (agent/site/vmedia.py) in the
+second, with a static address on QEMU's user network (10.0.2.15/24) and no DHCP used.
 """
 
 from __future__ import annotations
@@ -39,10 +42,36 @@ def agent_rss(machine: Machine) -> dict[str, float]:
     return {k: int(v) / 1024 for k, v in re.findall(r"(\w+):\s+(\d+) kB", out)}
 
 
+def virtual_media(lab: Lab, node: str, tmp: Path) -> tuple[str, str]:
+    """(the ramdisk ISO, built once, of the test ramdisk; the node's config medium)."""
+    from agent.site.vmedia import MediaRequest, StaticNetwork, iso9660
+    from initramfs import build as ramdisk
+    from initramfs import iso
+    from qemu.harness import GUEST_HOST
+    from qemu.lab import GATEWAY_PORT, GUEST_TRUST
+
+    image = tmp / "ramdisk.iso"
+    if not image.is_file():
+        arch = ramdisk.ARCHES[lab.ramdisk.arch]
+        iso.build_iso(lab.ramdisk.kernel, lab.initrd("iso", lab.overlay(test=True)), image,
+                      arch=arch.name, out=ramdisk.out_dir(arch))
+    s = lab.settings(node)
+    mac = "52:54:00:12:34:56"  # the harness's NIC
+    req = MediaRequest(node, mac, "", StaticNetwork(mac, "10.0.2.15", 24, "10.0.2.2", ()),
+                       f"{GUEST_HOST}:{GATEWAY_PORT}", lab.pki.ca.read_bytes(),
+                       f"bc.token={s['token']} bc.trust={GUEST_TRUST} bc.reconnect_min=0.5 "
+                       "bc.reconnect_max=3", 60)
+    config = tmp / f"{node}-config.iso"
+    config.write_bytes(iso9660(req.medium_files()))
+    return str(image), str(config)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--pxe", action="store_true", help="boot by iPXE instead of -kernel")
+    parser.add_argument("--iso", action="store_true",
+                        help="boot the ramdisk ISO from a virtual CD, its config medium beside it")
     parser.add_argument("--uefi", action="store_true", help="UEFI firmware (OVMF; always on arm64)")
     parser.add_argument("--arch", choices=("amd64", "arm64"), default="amd64")
     parser.add_argument("--idle", type=float, default=20.0, help="seconds of idling before reading RSS")
@@ -50,7 +79,8 @@ def main() -> int:
     parts = ensure_ramdisk(arch=args.arch)
     image = parts.kernel.parent / "initramfs.img"
     uefi = args.uefi or args.arch != "amd64"
-    boot = ("PXE" if args.pxe else "-kernel") + (" UEFI" if uefi else "") + f" {args.arch}"
+    boot = ("PXE" if args.pxe else "ISO" if args.iso else "-kernel") + (" UEFI" if uefi else "") \
+        + f" {args.arch}"
     size = parts.kernel.stat().st_size + image.stat().st_size
     k, i = parts.kernel.stat().st_size, image.stat().st_size
     print(f"kernel {k / 1e6:.1f} MB + initramfs {i / 1e6:.1f} MB = {size / 1e6:.1f} MB compressed")
@@ -58,7 +88,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bc-bench-") as tmp, Lab(Path(tmp), parts) as lab:
         for run in range(args.runs):
             node = f"bench-{run}"
-            machine = lab.boot(node, disks=lab.standard_disks(node), pxe=args.pxe, uefi=args.uefi)
+            media = virtual_media(lab, node, Path(tmp)) if args.iso else ()
+            machine = lab.boot(node, disks=lab.standard_disks(node), pxe=args.pxe, uefi=args.uefi,
+                               media=media)
             joined = lab.wait_joined(machine, node, 600)
             time.sleep(args.idle)
             rss = agent_rss(machine)

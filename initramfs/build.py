@@ -1,6 +1,7 @@
 """Build the ramdisk: a Debian kernel and a zstd-compressed cpio initramfs that runs the agent.
 
     python -m initramfs.build [--arch amd64|arm64] [--agent dist/agent.pyz] [--out DIR] [--kernel PATH]
+                              [--iso]
 
 The userland is assembled from Debian bookworm packages, downloaded with ``apt-get download``
 and unpacked with ``dpkg-deb -x`` (no maintainer scripts, no dpkg database: a ramdisk never
@@ -13,6 +14,7 @@ files, this script, /init and the kernel modules), and the final image. Outputs:
 
     initramfs/out/vmlinuz          the kernel (a copy of /boot/vmlinuz-*-cloud-amd64)
     initramfs/out/initramfs.img    the ramdisk (cpio, zstd), with dist/agent.pyz inside
+    initramfs/out/ramdisk.iso      with --iso: both on a bootable ISO for virtual media (iso.py)
     initramfs/out/base.img         the userland alone, without /init and the agent (tests append
                                    their own, see top_entries() and initramfs/cpio.py)
 
@@ -83,6 +85,10 @@ EXCLUDE = frozenset({
 # Kernel modules loaded by /init, dependencies first (the rest is built into the cloud kernel).
 # The NIC's last: /init relies on every other driver being loaded once the network is up.
 MODULES = ("virtio_pci", "virtio_blk", "virtio_rng", "virtio_console", "virtio_net")
+# Loaded only when booted from virtual media (bc.media= on the ISO's command line): the CD
+# drives (virtio-scsi; the cloud kernel has no AHCI) and ISO 9660, for the node's config
+# medium (initramfs/iso.py, agent/site/vmedia.py). A PXE boot does not pay for them.
+MEDIA_MODULES = ("virtio_scsi", "sr_mod", "isofs")
 
 
 @dataclass(frozen=True)
@@ -431,13 +437,16 @@ def build_root(debs: list[Path], kernel: Kernel, dest: Path, agent: Path | None,
              0o644)
     _compile_imported(tmp, agent, arch)
     mods = module_files(kernel, arch.modules)
-    for mod in mods:
+    media = [m for m in module_files(kernel, MEDIA_MODULES) if m not in mods]
+    for mod in [*mods, *media]:
         target = tmp / "lib/modules" / mod
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(kernel.modules / mod, target)
     # /usr/share/bettercompute: the ramdisk's own files, outside the directories /init binds
     # from an installed node's disk (etc/bettercompute among them) while DHCP may still run.
     _install(tmp / "usr/share/bettercompute/modules", "".join(f"{m}\n" for m in mods).encode(), 0o644)
+    _install(tmp / "usr/share/bettercompute/modules.media", "".join(f"{m}\n" for m in media).encode(),
+             0o644)
     missing = check_libraries(tmp, arch)
     if missing:
         sys.exit("initramfs: pruned too much, missing shared libraries:\n  " + "\n  ".join(missing))
@@ -736,6 +745,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="the output directory (default: initramfs/out, "
                         "initramfs/out/ARCH for another architecture than amd64)")
     parser.add_argument("--kernel", type=Path, help="the kernel image (default: the newest cloud kernel)")
+    parser.add_argument("--iso", action="store_true",
+                        help="also make OUT/ramdisk.iso: the kernel and initramfs on a bootable ISO "
+                        "for a BMC's virtual media (BIOS and UEFI on amd64, UEFI on arm64; "
+                        "initramfs/iso.py)")
     parser.add_argument("--add", action="append", default=[], metavar="SRC:DEST",
                         help="put file SRC at DEST in the ramdisk, e.g. the site's gateway CA: "
                         "--add ca.pem:/etc/bettercompute/ca.pem (then boot with bc.ca=that path)")
@@ -755,6 +768,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{built.kernel}: {k / 1e6:.1f} MB")
     print(f"{built.initramfs}: {i / 1e6:.1f} MB (base {built.base.stat().st_size / 1e6:.1f} MB + agent)")
     print(f"kernel + initramfs, compressed: {(k + i) / 1e6:.1f} MB ({k + i} bytes; target <= 30 MB)")
+    if args.iso:
+        from initramfs import iso
+
+        bom = built.initramfs.with_name(built.initramfs.name + ".cdx.json").read_bytes()
+        target = iso.build_iso(built.kernel, built.initramfs, out / "ramdisk.iso", arch=arch.name,
+                               sbom=bom, out=out)
+        n = target.stat().st_size
+        print(f"{target}: {n / 1e6:.1f} MB ({n} bytes; target <= {iso.MAX_ISO_BYTES / 1e6:.0f} MB)")
     return 0
 
 

@@ -41,9 +41,127 @@ wait_for() {  # wait_for FILE: until it exists, at most ~30 s
 	done
 }
 
+# Virtual media (booted from the ISO, whose command line says bc.media=cdrom): the node's
+# config medium, a second CD labelled BC_CONFIG that the site made for it (agent/site/vmedia.py),
+# holds what DHCP and the kernel command line would give: "network" (the static address of
+# one NIC, named by MAC), "cmdline" (bc.* settings: node id, gateway, token, ...) and ca.pem.
+# It is mounted read-only on /run/bettercompute/media; its cmdline is added to the kernel's
+# for the agent. Without the medium the network comes up by DHCP as for a PXE boot. Bad
+# content is said on the console and in the kernel log, and the network falls back to DHCP:
+# the ramdisk stays up for an operator, it never reboots over it.
+#
+# An installed node (bc.root, below) without DHCP keeps the same "network" file on its disk,
+# /etc/bettercompute/network, which is used the same way once its root is mounted.
+MEDIA_DIR=/run/bettercompute/media
+KMSG=/dev/kmsg
+NODE_NETWORK=/sysroot/etc/bettercompute/network
+net_source="config medium"
+media_error() {
+	say "$net_source: $*; falling back to DHCP"
+	echo "bc-init: $net_source: $*; falling back to DHCP" >>"$KMSG" 2>/dev/null
+}
+ipv4() {  # ipv4 TEXT: a dotted quad, each part 0-255 without leading zeros
+	case "$1" in "" | *[!0-9.]* | .* | *. | *..*) return 1 ;; esac
+	set -f
+	old_ifs="$IFS"; IFS=.
+	set -- $1
+	IFS="$old_ifs"
+	set +f
+	[ $# -eq 4 ] || return 1
+	for o; do
+		case "$o" in 0?*) return 1 ;; esac
+		[ "$o" -le 255 ] || return 1
+	done
+}
+small() {  # small FILE MAX: FILE exists and holds at most MAX bytes
+	[ -f "$1" ] || return 1
+	n=$(wc -c <"$1")
+	[ "$n" -le "$2" ]
+}
+media_mount() {  # the config medium on $MEDIA_DIR, waiting for the CD drives (~15 s at most)
+	while read -r m; do
+		insmod "/lib/modules/$m" 2>/dev/null || say "module $m did not load"
+	done </usr/share/bettercompute/modules.media
+	mkdir -p "$MEDIA_DIR"
+	i=0
+	while [ $i -lt 150 ]; do
+		dev="$(findfs LABEL=BC_CONFIG 2>/dev/null)"
+		if [ -n "$dev" ]; then
+			mount -t iso9660 -o ro,nodev,nosuid,noexec "$dev" "$MEDIA_DIR" && return 0
+			media_error "$dev (BC_CONFIG) did not mount"
+			return 1
+		fi
+		sleep 0.1
+		i=$((i + 1))
+	done
+	say "booted from virtual media without a config medium (no BC_CONFIG): DHCP"
+	return 1
+}
+media_network() {  # the medium's settings, and its NIC up statically; 1: use DHCP instead
+	media_mount || { : >/run/bc-media-done; return 1; }
+	if small "$MEDIA_DIR/cmdline" 4096; then
+		read -r extra <"$MEDIA_DIR/cmdline"
+		echo "$CMDLINE $extra" >/run/bettercompute/cmdline
+	elif [ -e "$MEDIA_DIR/cmdline" ]; then
+		media_error "cmdline is larger than 4096 bytes"
+	fi
+	: >/run/bc-media-done
+	static_network "$MEDIA_DIR/network"
+}
+static_network() {  # static_network FILE: the NIC FILE names up with its address; 1: DHCP
+	if [ ! -e "$1" ]; then
+		media_error "no network file"
+		return 1
+	elif ! small "$1" 4096; then
+		media_error "network is larger than 4096 bytes"
+		return 1
+	fi
+	mac="" address="" prefix="" gateway="" dns=""
+	while IFS='=' read -r key value; do
+		case "$key" in
+		mac) mac="$value" ;; address) address="$value" ;; prefix) prefix="$value" ;;
+		gateway) gateway="$value" ;; dns) dns="$value" ;;
+		"" | "#"*) ;;
+		*) media_error "network: unknown key '$key'"; return 1 ;;
+		esac
+	done <"$1"
+	case "$mac" in
+	[0-9a-f][0-9a-f]:[0-9a-f][0-9a-f]:[0-9a-f][0-9a-f]:[0-9a-f][0-9a-f]:[0-9a-f][0-9a-f]:[0-9a-f][0-9a-f]) ;;
+	*) media_error "network: mac '$mac' is not a MAC address (aa:bb:cc:dd:ee:ff)"; return 1 ;;
+	esac
+	ipv4 "$address" || { media_error "network: address '$address' is not an IPv4 address"; return 1; }
+	case "$prefix" in "" | *[!0-9]* | 0?*) prefix=99 ;; esac
+	[ "$prefix" -ge 1 ] && [ "$prefix" -le 32 ] || { media_error "network: prefix must be 1-32"; return 1; }
+	[ -z "$gateway" ] || ipv4 "$gateway" || { media_error "network: gateway '$gateway' is not an IPv4 address"; return 1; }
+	for d in $dns; do
+		ipv4 "$d" || { media_error "network: dns '$d' is not an IPv4 address"; return 1; }
+	done
+	nic="" seen=""
+	for dev in /sys/class/net/*; do
+		read -r a <"$dev/address" || continue
+		[ "$a" = "$mac" ] && nic="${dev##*/}"
+		seen="$seen ${dev##*/}=$a"
+	done
+	[ -n "$nic" ] || { media_error "network: no NIC has MAC $mac (NICs:$seen)"; return 1; }
+	ip link set "$nic" up
+	ip -4 addr add "$address/$prefix" dev "$nic" || { media_error "network: ip addr add failed"; return 1; }
+	[ -z "$gateway" ] || ip -4 route replace default via "$gateway" dev "$nic" \
+		|| { media_error "network: the default route via $gateway failed"; return 1; }
+	: >/etc/resolv.conf
+	for d in $dns; do echo "nameserver $d" >>/etc/resolv.conf; done
+	say "network: $nic $address/$prefix static, from the $net_source (no DHCP)"
+	return 0
+}
+
 read -r release </proc/sys/kernel/osrelease
 say "up, kernel $release"
 arg bc.hostname
+host="$v"
+arg bc.media
+MEDIA="$v"
+arg bc.root
+ROOT="$v"
+v="$host"
 echo "${v:-bc-ramdisk}" >/proc/sys/kernel/hostname  # the agent's node id when bc.node is not given
 
 # Drivers, then the network by DHCP on every wired interface (in parallel; the first lease wins
@@ -62,6 +180,16 @@ echo "${v:-bc-ramdisk}" >/proc/sys/kernel/hostname  # the agent's node id when b
 		insmod "/lib/modules/$m" 2>/dev/null || say "module $m did not load"
 	done </usr/share/bettercompute/modules
 	: >/run/bc-modules-loaded
+	if [ -n "$MEDIA" ] && media_network; then
+		exit 0
+	fi
+	if [ -n "$ROOT" ]; then  # an installed node's own static network, once its root is mounted
+		wait_for /run/bc-root-tried
+		if [ -f "$NODE_NETWORK" ]; then
+			net_source="node's /etc/bettercompute/network"
+			static_network "$NODE_NETWORK" && exit 0
+		fi
+	fi
 	for dev in /sys/class/net/*; do
 		n="${dev##*/}"
 		[ "$n" = lo ] && continue
@@ -69,6 +197,7 @@ echo "${v:-bc-ramdisk}" >/proc/sys/kernel/hostname  # the agent's node id when b
 		udhcpc -i "$n" -s /usr/share/bettercompute/udhcpc.script -t 20 -T 1 -A 2 -q -n -f >/run/udhcpc.$n.log 2>&1 &
 	done
 ) &
+[ -n "$MEDIA" ] && wait_for /run/bc-media-done
 
 # Test ramdisks only (tests/e2e): extra environment for the agent, and a root shell on the
 # second serial port (or on the port the marker file names: hvc0, a virtio console, on arm64's
@@ -84,8 +213,8 @@ fi
 AGENT=/usr/lib/bettercompute/agent.pyz
 NODE_DIRS="/etc/bettercompute /usr/lib/bettercompute /var/lib/bettercompute-agent"
 set -- "$AGENT" run
-arg bc.root
-root="$v"
+[ -f /run/bettercompute/cmdline ] && set -- "$AGENT" run --cmdline-file /run/bettercompute/cmdline
+root="$ROOT"
 if [ -n "$root" ]; then
 	wait_for /run/bc-modules-loaded  # the disk's driver
 	mkdir -p /sysroot
@@ -112,6 +241,7 @@ if [ -n "$root" ]; then
 	else
 		say "could not mount $root; staying in the ramdisk"
 	fi
+	: >/run/bc-root-tried
 fi
 
 # busybox reboot/poweroff/halt signal PID 1 (TERM/USR2/USR1): stop the agent, sync, unmount

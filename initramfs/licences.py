@@ -130,13 +130,13 @@ def copyright_files(root: Path, packages: Iterable[str], fetch: Callable[[str], 
             found[name] = path.read_bytes()
         elif doc.is_symlink():
             other = Path(str(doc.readlink())).name
-            found[name] = _deb_file(fetch(other), f"./usr/share/doc/{other}/copyright")
+            found[name] = deb_file(fetch(other), f"./usr/share/doc/{other}/copyright")
         else:
             raise FileNotFoundError(f"initramfs: {name} has no usr/share/doc/{name}/copyright")
     return found
 
 
-def _deb_file(deb: Path, member: str) -> bytes:
+def deb_file(deb: Path, member: str) -> bytes:
     data = run(["dpkg-deb", "--fsys-tarfile", str(deb)], timeout=300).stdout
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         f = tar.extractfile(member)
@@ -204,7 +204,7 @@ def licences(text: str, source: str) -> list[str]:
 # The SBOM
 
 
-def _component(pkg: Package, copyrights: dict[str, bytes], location: str) -> dict[str, object]:
+def component(pkg: Package, copyrights: dict[str, bytes], location: str) -> dict[str, object]:
     text = copyrights.get(pkg.name, b"").decode("utf-8", "replace")
     return {
         "type": "library", "bom-ref": pkg.purl, "name": pkg.name, "version": pkg.version,
@@ -236,9 +236,9 @@ def agent_component(agent: bytes) -> dict[str, object]:
 
 def sbom(packages: list[Package], kernel: Package | None, agent: bytes, copyrights: dict[str, bytes],
          base_key: str) -> bytes:
-    components = [_component(p, copyrights, "root") for p in packages]
+    components = [component(p, copyrights, "root") for p in packages]
     if kernel is not None:
-        components.append(_component(kernel, copyrights, "vmlinuz beside the image; lib/modules"))
+        components.append(component(kernel, copyrights, "vmlinuz beside the image; lib/modules"))
     components.sort(key=lambda c: str(c["bom-ref"]))
     doc: dict[str, object] = {
         "bomFormat": "CycloneDX", "specVersion": "1.5", "version": 1,

@@ -169,7 +169,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", choices=("amd64", "arm64"), default="amd64",
                         help="the node's architecture (arm64: the former demo on -M virt, UEFI PXE through "
                              "GRUB)")
+    parser.add_argument("--virtual-media", action="store_true",
+                        help="no PXE and no DHCP: the BMC (Redfish, sushy-tools' emulator) mounts the "
+                             "ramdisk ISO and the node's config medium (with --uefi: under OVMF)")
     args = parser.parse_args(argv)
+    if args.virtual_media:
+        if os.geteuid() != 0:
+            sys.exit("demo: run as root (network namespaces, QEMU on a tap device)")
+        if not args.no_install:
+            iso_tools = {"xorriso": "xorriso", "grub-mkimage": "grub-common", "mkfs.vfat": "dosfstools",
+                         "mcopy": "mtools", "ip": "iproute2"}
+            install_packages(args.arch, args.uefi, sorted({p for t, p in iso_tools.items()
+                                                           if shutil.which(t) is None}))
+        shutil.rmtree(args.workdir, ignore_errors=True)
+        sitedemo.run_virtual_media(args.workdir, Timeline().say, uefi=args.uefi)
+        return 0
     user_net = args.user_net or args.uefi or args.arch != "amd64"
     if os.geteuid() != 0:
         sys.exit("demo: run as root (the ramdisk builder chroots into the ramdisk's root)")

@@ -142,6 +142,11 @@ class MachineSpec:
     arch: str = "amd64"           # a key of PLATFORMS
     uefi: bool = False            # UEFI firmware (always on arm64)
     disk_boot: bool = False       # the firmware boots the first disk (kernel, initrd unused)
+    # CD drives on a virtio-scsi controller (a BMC's virtual media: qemu/powered.py), each an
+    # ISO's path or "" for a drive without a medium (QMP blockdev-change-medium fills it later,
+    # drive "cdrom<i>"); with ``media_boot`` the firmware boots the first one.
+    media: Sequence[str] = ()
+    media_boot: bool = False
 
     @property
     def platform(self) -> Platform:
@@ -323,7 +328,16 @@ class Machine:
             mac = f"52:54:00:12:35:{i:02x}"
             argv += ["-netdev", f"user,id=nic{i},restrict=on",
                      "-device", f"virtio-net-pci,netdev=nic{i},mac={mac},romfile={speed}{bus}"]
-        if not spec.pxe and not spec.disk_boot:
+        if spec.media:
+            argv += ["-device", "virtio-scsi-pci,id=scsi0"]
+            for i, iso in enumerate(spec.media):
+                if "," in iso:
+                    raise ValueError(f"a medium's path with a comma (QEMU's option separator): {iso!r}")
+                medium = f",file={iso},format=raw" if iso else ""
+                boot = ",bootindex=1" if spec.media_boot and i == 0 else ""
+                argv += ["-drive", f"if=none,id=cd{i},media=cdrom,readonly=on{medium}",
+                         "-device", f"scsi-cd,bus=scsi0.0,drive=cd{i},id=cdrom{i}{boot}"]
+        if not spec.pxe and not spec.disk_boot and not spec.media_boot:
             argv += ["-kernel", str(spec.kernel), "-initrd", str(spec.initrd), "-append", spec.append]
         return argv
 

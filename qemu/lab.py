@@ -181,11 +181,13 @@ class Lab:
         uefi: bool = False,
         disk_boot: bool = False,
         nics: Sequence[ExtraNic] = (),
+        media: Sequence[str] = (),
     ) -> Machine:
         """Start a ramdisk node (returns at once; wait with gateway.wait_node). ``kernel``,
         ``initrd`` and ``append`` boot something else (an installed node's kernel);
         ``disk_boot`` lets the firmware boot the first disk. The architecture is the ramdisk's;
-        ``uefi`` (always on arm64) boots UEFI firmware."""
+        ``uefi`` (always on arm64) boots UEFI firmware; ``media`` (ISO paths in CD drives)
+        boots the first one through the firmware, as a BMC's virtual CD."""
         arch = self.ramdisk.arch
         if initrd is None:
             initrd = self.initrd(node_id, self.overlay(test=test, files=files, env=env))
@@ -196,7 +198,7 @@ class Lab:
                            append=append, disks=tuple(disks), forwards=forwards,
                            kvm=kvm_wanted() and ramdisk.ARCHES[arch].native(), pxe=pxe, name=node_id,
                            memory_mb=memory_mb, arch=arch, uefi=uefi, disk_boot=disk_boot,
-                           nics=tuple(nics))
+                           nics=tuple(nics), media=tuple(media), media_boot=bool(media))
         machine = Machine(spec)
         self.machines.append(machine)
         return machine.start()

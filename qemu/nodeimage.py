@@ -78,9 +78,12 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def build_node_image(lab: Lab, node_id: str, out: Path, *, esp: bool = False) -> NodeImage:
+def build_node_image(lab: Lab, node_id: str, out: Path, *, esp: bool = False,
+                     network: bytes = b"") -> NodeImage:
     """The image of an installed node ``node_id`` that dials ``lab``'s gateway; with ``esp``,
-    bootable by UEFI firmware from the disk."""
+    bootable by UEFI firmware from the disk; with ``network``, its static network (the
+    format of the virtual-media config medium's: initramfs/init.sh) in
+    /etc/bettercompute/network, for a network without DHCP."""
     out.mkdir(parents=True, exist_ok=True)
     tree = out / "tree"
     shutil.rmtree(tree, ignore_errors=True)
@@ -98,6 +101,8 @@ def build_node_image(lab: Lab, node_id: str, out: Path, *, esp: bool = False) ->
     etc.mkdir(parents=True)
     shutil.copyfile(lab.pki.ca, etc / "ca.pem")
     shutil.copyfile(lab.pki.signing_pub, etc / "signing.pub")
+    if network:
+        (etc / "network").write_bytes(network)
     run([sys.executable, "-m", "agent", "install", "--root", str(tree), "--no-enable",
          "--archive", str(lab.ramdisk.agent), "--node", node_id,
          "--gateway", f"{GUEST_HOST}:{GATEWAY_PORT}", f"--token={lab.token_for(node_id)}",

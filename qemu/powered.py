@@ -6,7 +6,10 @@ Interface (stable: the IPMI and Redfish emulator fixtures both use it)::
 
     node = PoweredNode(Path(dir))
     node.configure(NodeSpec(kernel=..., initrd=..., append=..., owner_pid=os.getpid()))
-    node.set_boot("pxe")           # next start boots by PXE ("pxe") or from "disk"
+    node.set_boot("pxe")           # next start boots by PXE ("pxe"), from "disk" or the "cdrom"
+    node.insert_media("cd", URL)   # virtual media: the ISO at URL (or a local path) downloaded
+                                   # into the node directory and put in the drive (QMP when on)
+    node.eject_media("cd")         # the drive emptied ("usb": the second drive, the same way)
     node.start()                   # power on: QEMU starts (no-op when already on)
     node.status()                  # "on" | "off"
     node.reset()                   # QMP system_reset: the guest re-boots, QEMU stays
@@ -16,7 +19,8 @@ Interface (stable: the IPMI and Redfish emulator fixtures both use it)::
 
 The same from a shell (what an emulator runs)::
 
-    python -m qemu.powered DIR status | start | stop [--force] | reset | boot [pxe|disk]
+    python -m qemu.powered DIR status | start | stop [--force] | reset | boot [pxe|disk|cdrom]
+    python -m qemu.powered DIR insert cd|usb URL | eject cd|usb
     python -m qemu.powered DIR chassis-control MC get power boot
     python -m qemu.powered DIR chassis-control MC set power 1 | power 0 | shutdown 1 | reset 1
                                                    | boot pxe|default|cdrom|bios|none
@@ -37,7 +41,15 @@ so that no guest outlives the run that made it, however that run ends.
 "disk" stands for the installed OS: QEMU boots the kernel and initrd directly (-kernel), no
 network boot. "pxe" boots through QEMU's iPXE ROM, which fetches the kernel and initrd over
 HTTP from the supervisor (qemu/harness.py's PXE set-up); each fetch of the kernel is a boot
-from the network, recorded as such.
+from the network, recorded as such. "cdrom" boots what is in the first virtual-media drive
+through the firmware (SeaBIOS or OVMF, El Torito), as a BMC's virtual CD does.
+
+Virtual media: the node always has two CD drives on a virtio-scsi controller, "cd" (the one a
+"cdrom" boot boots) and "usb" (a BMC's second, removable medium: to the guest a second CD;
+the ramdisk finds its config medium by label, not by drive). ``insert_media`` downloads the
+image from its URL (or copies a local file: sushy-tools' emulator hands over the file it
+downloaded) to ``media-<slot>.iso`` in the node directory, records it in ``media.json`` and,
+when QEMU runs, changes the drive's medium through QMP; ``eject_media`` takes it out.
 """
 
 from __future__ import annotations
@@ -46,6 +58,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -54,12 +67,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from agent import proc
+from agent import http, proc
+from agent.errors import AgentError
 from qemu.harness import Disk, Machine, MachineSpec
 
-BOOT_DEVICES = ("pxe", "disk")
-# ipmi_sim's boot values -> ours; what the node cannot do (cdrom, bios) boots from disk.
-IPMI_BOOT = {"pxe": "pxe", "default": "disk", "none": "disk", "cdrom": "disk", "bios": "disk"}
+BOOT_DEVICES = ("pxe", "disk", "cdrom")
+# ipmi_sim's boot values -> ours; what the node cannot do (bios) boots from disk.
+IPMI_BOOT = {"pxe": "pxe", "default": "disk", "none": "disk", "cdrom": "cdrom", "bios": "disk"}
+MEDIA_SLOTS = ("cd", "usb")     # the virtual-media drives, in QEMU's order (cdrom0, cdrom1)
 
 
 def default_boot_files() -> tuple[Path, Path] | None:
@@ -93,12 +108,13 @@ class NodeSpec:
     tap: str = ""            # a tap device to attach the NIC to (harness MachineSpec.tap); "" = user network
     mac: str = "52:54:00:12:34:56"
     uefi: bool = False       # UEFI firmware (OVMF on amd64) instead of SeaBIOS
+    arch: str = "amd64"      # a key of qemu.harness.PLATFORMS (arm64: -M virt, always UEFI)
 
 
 @dataclass(frozen=True)
 class BootRecord:
     time: float
-    device: str              # "pxe" | "disk"
+    device: str              # "pxe" | "disk" | "cdrom"
     how: str                 # "start" | "pxe-fetch"
 
 
@@ -149,6 +165,57 @@ class PoweredNode:
         except FileNotFoundError:
             return "disk"
         return device if device in BOOT_DEVICES else "disk"
+
+    # -- virtual media --------------------------------------------------------------------
+
+    def media(self) -> dict[str, str]:
+        """slot -> the medium's path in the node directory, for the drives that hold one."""
+        try:
+            data = json.loads((self.dir / "media.json").read_text())
+        except FileNotFoundError:
+            return {}
+        return {k: v for k, v in data.items() if k in MEDIA_SLOTS and v}
+
+    def _set_media(self, media: dict[str, str]) -> None:
+        tmp = self.dir / "media.json.tmp"
+        tmp.write_text(json.dumps(media, sort_keys=True))
+        tmp.replace(self.dir / "media.json")
+
+    def insert_media(self, slot: str, source: str) -> Path:
+        """Put the image at ``source`` (an http(s) URL, downloaded, or a local file, copied)
+        in drive ``slot``; at once when QEMU runs, else at the next start."""
+        if slot not in MEDIA_SLOTS:
+            raise PowerError(f"virtual media drive {slot!r}: one of {', '.join(MEDIA_SLOTS)}")
+        target = self.dir / f"media-{slot}.iso"
+        tmp = self.dir / f".media-{slot}.tmp"
+        try:
+            if source.startswith(("http://", "https://")):
+                http.download_to(source, tmp, http.HttpOptions(timeout=60.0, max_retries=2))
+            else:
+                shutil.copyfile(source, tmp)
+            if self.status() == "on":  # out of the drive before its file is replaced
+                self._qmp("eject", {"id": f"cdrom{MEDIA_SLOTS.index(slot)}", "force": True})
+            tmp.replace(target)
+        except (OSError, AgentError) as exc:
+            raise PowerError(f"virtual media {slot}: {source}: {exc}") from exc
+        finally:
+            tmp.unlink(missing_ok=True)
+        self._set_media({**self.media(), slot: str(target)})
+        if self.status() == "on":
+            self._qmp("blockdev-change-medium", {"id": f"cdrom{MEDIA_SLOTS.index(slot)}",
+                                                 "filename": str(target), "format": "raw",
+                                                 "read-only-mode": "read-only"})
+        return target
+
+    def eject_media(self, slot: str) -> None:
+        if slot not in MEDIA_SLOTS:
+            raise PowerError(f"virtual media drive {slot!r}: one of {', '.join(MEDIA_SLOTS)}")
+        media = self.media()
+        media.pop(slot, None)
+        self._set_media(media)
+        if self.status() == "on":
+            self._qmp("eject", {"id": f"cdrom{MEDIA_SLOTS.index(slot)}", "force": True})
+        (self.dir / f"media-{slot}.iso").unlink(missing_ok=True)
 
     def boots(self) -> list[BootRecord]:
         try:
@@ -241,14 +308,18 @@ class PoweredNode:
 
     # -- QMP ------------------------------------------------------------------------------
 
-    def _qmp(self, command: str, timeout: float = 5.0) -> dict[str, object]:
+    def _qmp(self, command: str, arguments: dict[str, object] | None = None,
+             timeout: float = 5.0) -> dict[str, object]:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(timeout)
             s.connect(str(self.qmp_socket))
             f = s.makefile("rwb")
             json.loads(f.readline() or b"{}")  # greeting
             for cmd in ("qmp_capabilities", command):
-                f.write(json.dumps({"execute": cmd}).encode() + b"\n")
+                message: dict[str, object] = {"execute": cmd}
+                if cmd == command and arguments:
+                    message["arguments"] = arguments
+                f.write(json.dumps(message).encode() + b"\n")
                 f.flush()
                 while True:
                     line = f.readline()
@@ -273,7 +344,8 @@ class PoweredNode:
         mspec = MachineSpec(
             workdir=self.dir, kernel=Path(spec.kernel), initrd=Path(spec.initrd),
             append=spec.append, memory_mb=spec.memory_mb, cpus=spec.cpus, kvm=spec.kvm,
-            pxe=device == "pxe", name=spec.name, tap=spec.tap, mac=spec.mac, uefi=spec.uefi,
+            pxe=device == "pxe", name=spec.name, tap=spec.tap, mac=spec.mac, uefi=spec.uefi, arch=spec.arch,
+            media=[self.media().get(slot, "") for slot in MEDIA_SLOTS], media_boot=device == "cdrom",
             disks=[Disk(Path(p), serial=f"disk{i}", interface="virtio") for i, p in enumerate(spec.disks)],
         )
         machine = _QmpMachine(mspec, self.qmp_socket)
@@ -305,7 +377,8 @@ class PoweredNode:
                 if parm == "power":
                     out.append(f"power:{1 if self.status() == 'on' else 0}")
                 elif parm == "boot":
-                    out.append(f"boot:{'pxe' if self.boot_device() == 'pxe' else 'default'}")
+                    device = self.boot_device()
+                    out.append(f"boot:{device if device in ('pxe', 'cdrom') else 'default'}")
                 else:
                     return 1, f"invalid parameter: {parm}"
             return 0, "\n".join(out)
@@ -362,6 +435,11 @@ def main(argv: list[str] | None = None) -> int:
     cc.add_argument("mc")
     cc.add_argument("op")
     cc.add_argument("args", nargs="*")
+    insert = sub.add_parser("insert")
+    insert.add_argument("slot", choices=MEDIA_SLOTS)
+    insert.add_argument("source", help="the image's http(s) URL or a local path")
+    eject = sub.add_parser("eject")
+    eject.add_argument("slot", choices=MEDIA_SLOTS)
     sub.add_parser("_supervise")
     args = p.parse_args(argv)
     node = PoweredNode(args.dir)
@@ -379,6 +457,10 @@ def main(argv: list[str] | None = None) -> int:
                 node.set_boot(args.device)
             else:
                 print(node.boot_device())
+        elif args.cmd == "insert":
+            node.insert_media(args.slot, args.source)
+        elif args.cmd == "eject":
+            node.eject_media(args.slot)
         elif args.cmd == "chassis-control":
             rc, out = node.chassis_control(args.op, args.args)
             if out:

@@ -2,6 +2,7 @@
 
     python -m qemu.demo              # this (./dev demo)
     python -m qemu.demo --user-net   # the former demo: PXE from QEMU's user network, kexec
+    python -m qemu.demo --virtual-media   # no PXE, no DHCP: Redfish virtual media (run_virtual_media)
 
 Nothing reaches the node but its BMC (OpenIPMI's ipmi_sim), the site daemon's boot service on
 the provisioning network (network namespaces, a bridge, a plain DHCP server: qemu/sitelab.py)
@@ -113,3 +114,56 @@ def run_fleet(workdir: Path, count: int, say: Callable[[str], None]) -> None:
         say(f"done: {count} nodes deployed; from the upstream {report.upstream_bytes} bytes (each of "
             f"the {report.distinct_data_chunks} distinct data chunks once), from the site's store "
             f"{report.store_bytes_served} bytes; site daemon log {lab.site_log}")
+
+
+def run_virtual_media(workdir: Path, say: Callable[[str], None], *, uefi: bool = False) -> None:
+    """The node's life over Redfish virtual media (qemu/sitemedia.py): sushy-tools' emulator
+    as the BMC, the ramdisk ISO and the node's config medium in its virtual drives, no DHCP
+    server on the network and no dnsmasq at the site."""
+    import secrets
+    import tempfile
+
+    from agent.site.bmc import Credentials
+    from agent.site.secrets import SecretStore
+    from qemu.lab import ensure_ramdisk
+    from qemu.sitelab import BRIDGE, SITE_ADDRESS, SITE_HTTP_PORT, SiteLab
+    from qemu.sitelife import Bmc, Step
+    from qemu.sitemedia import NODE_ADDRESS, PREFIX, MediaLifecycle, build_lab_iso, make_media_node
+    from tests.loopback_http import self_signed_cert
+    from tests.site.sushy import USER, NodeHook, SushyEmulator
+
+    say("building the agent zipapp and the ramdisk (cached under initramfs/out/)")
+    parts = ensure_ramdisk()
+    mac = "52:54:00:5e:00:21"
+    with SiteLab(workdir, parts, dhcp=False) as lab:
+        say(f"provisioning network: namespace {lab.net.lan}, bridge {BRIDGE}; NO DHCP server on it")
+        lab.start_site(proxy_dhcp=False)
+        say(f"SITE DAEMON joined: HTTP service on {SITE_ADDRESS}:{SITE_HTTP_PORT}, no dnsmasq "
+            "(no proxy DHCP, no TFTP)")
+        iso = build_lab_iso(lab)
+        say(f"ramdisk ISO built: {iso.stat().st_size / 1e6:.1f} MB (BIOS and UEFI, GRUB), in the "
+            "images' upstream")
+        node = make_media_node(lab, NODE, mac=mac, uefi=uefi)
+        say(f"node image built, with its own static network {NODE_ADDRESS}/{PREFIX}; {NODE} is off, "
+            f"NIC {mac}")
+        password = secrets.token_urlsafe(12)
+        SecretStore(lab.secrets_dir).put(REF, Credentials(USER, password))
+        cert, key = self_signed_cert(tempfile.mkdtemp(prefix="demo-tls-", dir=workdir))
+        hook = lab.in_lan(lambda: NodeHook(node.power).__enter__())
+        lab.closers.append(hook.__exit__)
+        emu = lab.in_lan(lambda: SushyEmulator(workdir / "emu", password=password, tls=(cert, key),
+                                               notify_url=hook.url, mac=mac).__enter__())
+        lab.closers.append(emu.__exit__)
+        say(f"BMC: sushy-tools' Redfish emulator at 127.0.0.1:{emu.port} (VirtualMedia: Cd, "
+            f"Floppy/USBStick), credentials in the site's secret store as {REF!r}")
+
+        def shown(step: Step) -> None:
+            say(f"{step.name.upper()} ({step.seconds:.1f}s): {step.evidence}")
+
+        life = MediaLifecycle(lab, node, Bmc("redfish", f"127.0.0.1:{emu.port}", REF, verify_tls=False))
+        life.on_step = shown
+        life.run_all()
+        total = sum(s.seconds for s in node.steps)
+        say(f"done: {len(node.steps)} steps in {total:.0f}s (power on to joined over virtual media: "
+            f"{life.join_seconds:.1f}s); console log {node.power.dir / (NODE + '-console.log')}")
+        node.power.stop(force=True)

@@ -103,8 +103,9 @@ class NetnsThread:
 class ProvisioningNet:
     """The namespaces, the bridge, the plain DHCP server and the node's tap device."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, dhcp: bool = True) -> None:
         tag = f"{os.getpid() % 100000}"
+        self.dhcp_server = dhcp       # False: no DHCP server on the network at all (virtual media)
         self.lan, self.dhcp = f"bcl-{tag}", f"bcd-{tag}"
         self.workdir = workdir
         self.made: list[str] = []
@@ -133,6 +134,8 @@ class ProvisioningNet:
         self.ip("-n", self.dhcp, "link", "set", "lo", "up")
         self.ip("-n", self.dhcp, "addr", "add", f"{DHCP_ADDRESS}/24", "dev", "eth0")
         self.ip("-n", self.dhcp, "link", "set", "eth0", "up")
+        if not self.dhcp_server:
+            return self
         # The plain DHCP server: addresses only (--no-ping: no 3 s probe before an offer).
         log = (self.workdir / "dhcp.log").open("wb")
         self.plain_dhcp = proc.spawn(
@@ -162,9 +165,10 @@ class ProvisioningNet:
 class SiteLab(Lab):
     """qemu/lab.py's Lab (gateway, PKI, ramdisk overlays, tokens) on a provisioning network."""
 
-    def __init__(self, workdir: Path, ramdisk_parts: Ramdisk | None = None) -> None:
+    def __init__(self, workdir: Path, ramdisk_parts: Ramdisk | None = None, *,
+                 dhcp: bool = True) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
-        self.net = ProvisioningNet(workdir).up()
+        self.net = ProvisioningNet(workdir, dhcp=dhcp).up()
         self.lan = NetnsThread(self.net.lan)
         self.site: subprocess.Popen[bytes] | None = None
         self.nodes: list[PoweredNode] = []
@@ -211,9 +215,10 @@ class SiteLab(Lab):
     def secrets_dir(self) -> Path:
         return self.workdir / "site-secrets"
 
-    def start_site(self, timeout: float = 60.0) -> None:
+    def start_site(self, timeout: float = 60.0, *, proxy_dhcp: bool = True) -> None:
         """`agent run --role site` in the namespace, joined to the gateway as SITE_NODE_ID,
-        its boot service on br0 (proxy DHCP, TFTP, HTTP at SITE_ADDRESS:SITE_HTTP_PORT)."""
+        its boot service on br0 (proxy DHCP, TFTP, HTTP at SITE_ADDRESS:SITE_HTTP_PORT);
+        without ``proxy_dhcp`` its HTTP service alone (no dnsmasq: virtual media)."""
         self.site_state.mkdir(parents=True, exist_ok=True)
         self.secrets_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         empty = self.workdir / "site-cmdline"
@@ -223,7 +228,8 @@ class SiteLab(Lab):
                 f"--token={self.token_for(SITE_NODE_ID)}", "--ca", str(self.pki.ca),
                 "--trusted-key", str(self.pki.signing_pub), "--state-dir", str(self.site_state),
                 "--secrets-dir", str(self.secrets_dir), "--site-address", SITE_ADDRESS,
-                "--site-interface", BRIDGE, "--site-http-port", str(SITE_HTTP_PORT),
+                *(["--site-interface", BRIDGE] if proxy_dhcp else []),
+                "--site-http-port", str(SITE_HTTP_PORT),
                 "--site-upstream", "127.0.0.1",  # upstream_url(): the namespace's loopback
                 "--reconnect-min", "0.5", "--reconnect-max", "3"]
         log = self.site_log.open("ab")
@@ -259,8 +265,9 @@ class SiteLab(Lab):
         tap = self.net.add_tap(f"tap{len(self.nodes)}")
         node = PoweredNode(self.workdir / name).configure(NodeSpec(
             kernel=str(kernel), initrd=str(initrd), append=append, memory_mb=memory_mb, cpus=1,
-            kvm=kvm_wanted(), disks=[str(d) for d in disks], owner_pid=os.getpid(), name=name,
-            tap=tap, mac=mac, uefi=uefi))
+            kvm=kvm_wanted() and self.ramdisk.arch == "amd64", disks=[str(d) for d in disks],
+            owner_pid=os.getpid(), name=name,
+            tap=tap, mac=mac, uefi=uefi, arch=self.ramdisk.arch))
         self.nodes.append(node)
         return node
 

@@ -78,11 +78,12 @@ class SiteNode:
     steps: list[Step] = field(default_factory=list)
 
 
-def make_node(lab: SiteLab, name: str, *, mac: str = NODE_MAC, uefi: bool = False) -> SiteNode:
+def make_node(lab: SiteLab, name: str, *, mac: str = NODE_MAC, uefi: bool = False,
+              network: bytes = b"") -> SiteNode:
     """A powered-off node with two virtio disks (the second full of old data) and the image
     of its installed OS, which a "disk" boot runs (the image's kernel and initramfs, its root
-    on the first disk: qemu/nodeimage.py)."""
-    image = build_node_image(lab, name, lab.workdir / f"{name}-image")
+    on the first disk: qemu/nodeimage.py); ``network``: the image's static network file."""
+    image = build_node_image(lab, name, lab.workdir / f"{name}-image", network=network)
     os.link(image.zst, lab.www / f"{name}.img.zst")
     disks = lab.workdir / f"{name}-disks"
     disks.mkdir(parents=True, exist_ok=True)
@@ -92,7 +93,8 @@ def make_node(lab: SiteLab, name: str, *, mac: str = NODE_MAC, uefi: bool = Fals
     with wipe.open("wb") as f:
         for _ in range(64):
             f.write(OLD_DATA)
-    power = lab.powered_node(name, kernel=image.kernel, initrd=image.initrd, append=node_cmdline(),
+    power = lab.powered_node(name, kernel=image.kernel, initrd=image.initrd,
+                             append=node_cmdline(lab.ramdisk.arch),
                              disks=[deploy, wipe], mac=mac, uefi=uefi)
     return SiteNode(name, power, deploy, wipe, image, mac, uefi)
 
@@ -483,7 +485,7 @@ def guest_shell(node: SiteNode, command: str, timeout: float = 60.0) -> tuple[in
     the node directory: qemu/harness.py's Machine.shell)."""
     spec = node.power.spec()
     shell = Machine(MachineSpec(workdir=node.power.dir, kernel=Path(spec.kernel),
-                                initrd=Path(spec.initrd), name=spec.name))
+                                initrd=Path(spec.initrd), name=spec.name, arch=spec.arch))
     try:
         return shell.shell(command, timeout)
     finally:

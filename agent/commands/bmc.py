@@ -406,7 +406,16 @@ class BmcStorage(_BmcHandler, kind="bmc.storage"):
             result.storage.extend(client.storage())
             result.virtual_media.extend(client.virtual_media())
         elif op == "insert_media":
-            client.insert_media(p["image_url"], media_type=p.get("media_type") or "CD")
+            media = client.insert_media(p["image_url"], media_type=p.get("media_type") or "CD")
+            result.virtual_media.append(media)
+            # Read back, as bmc.boot does the boot device: a BMC that accepted the request but
+            # holds no medium (or another one) would boot something else.
+            if not media.inserted or media.image != p["image_url"]:
+                raise BmcRefused(
+                    f"BMC {params.address} accepted the medium but reads back "
+                    f"{'inserted' if media.inserted else 'not inserted'}"
+                    f"{', another image' if media.inserted else ''} in {media.id or 'its drive'}",
+                    bmc_message=f"read back inserted={str(media.inserted).lower()}")
         elif op == "eject_media":
             client.eject_media()
         elif op == "create_volume":

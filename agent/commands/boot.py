@@ -5,6 +5,11 @@ prepareRamdisk registers (or replaces) the entry of one MAC with the site's boot
 gives it iPXE, and iPXE runs the node's script. cleanUp removes a node's entries, scripts and
 host files (and its proxy routes), and the cached kernels and initrds no entry uses any more
 unless keep_ramdisk_cache; it is idempotent: removing what is not there is no error.
+
+With ``boot_method: "virtual_media"`` prepareRamdisk makes no PXE entry but the node's virtual
+media (agent/site/vmedia.py): its config medium (static network, gateway, CA, settings) and
+the shared ramdisk ISO, served under an unguessable, expiring path whose URLs it returns for
+bmc.storage insert_media; cleanUp removes them too.
 """
 
 from __future__ import annotations
@@ -13,20 +18,39 @@ from dataclasses import dataclass
 
 from agent.commands.base import Context, Handler
 from agent.proto import site_pb2
+from agent.site import vmedia
 from agent.site.pxe import EntryRequest, parse_mac, parse_node_id
+from agent.site.services import SiteServices
+from agent.site.vmedia import MediaRequest
 
 
-class PrepareRamdiskHandler(Handler[site_pb2.ProxyDhcpEntry, EntryRequest], kind="boot.prepareRamdisk"):
-    def parse(self, payload: site_pb2.ProxyDhcpEntry) -> EntryRequest:
+class PrepareRamdiskHandler(Handler[site_pb2.ProxyDhcpEntry, EntryRequest | MediaRequest],
+                            kind="boot.prepareRamdisk"):
+    def parse(self, payload: site_pb2.ProxyDhcpEntry) -> EntryRequest | MediaRequest:
+        if vmedia.boot_method(payload) == vmedia.VIRTUAL_MEDIA:
+            return MediaRequest.from_proto(payload)
         return EntryRequest.from_proto(payload)
 
-    def run(self, ctx: Context, params: EntryRequest) -> site_pb2.ProxyDhcpResult:
+    def run(self, ctx: Context, params: EntryRequest | MediaRequest) -> site_pb2.ProxyDhcpResult:
         site = ctx.site()
+        if isinstance(params, MediaRequest):
+            return self.virtual_media(ctx, site, params)
         with ctx.hold(f"boot:{params.mac}"):
             entry = site.entries.register(params, cancel=ctx.cancel_event)
         ctx.progress(message=f"boot entry {entry.entry_id} for {entry.mac} until "
                              f"{entry.expires_at:.0f}")
         return site_pb2.ProxyDhcpResult(entry_id=entry.entry_id)
+
+    def virtual_media(self, ctx: Context, site: SiteServices,
+                      params: MediaRequest) -> site_pb2.ProxyDhcpResult:
+        """No PXE entry: the node's config medium and the shared ISO, served for the BMC."""
+        params = params.with_ca(site.settings.ca_file)
+        with ctx.hold(f"boot:{params.mac}"):
+            media = site.media.register(params, cancel=ctx.cancel_event)
+        iso, config = site.media.urls(media)
+        ctx.progress(message=f"virtual media for {media.mac} until {media.expires_at:.0f}")
+        return site_pb2.ProxyDhcpResult(entry_id=f"media-{media.mac_hex}", ramdisk_media_url=iso,
+                                        config_media_url=config, expires_at=media.expires_at)
 
 
 @dataclass(frozen=True)
@@ -45,6 +69,7 @@ class CleanUpHandler(Handler[site_pb2.BootCleanUpRequest, CleanUpParams], kind="
     def run(self, ctx: Context, params: CleanUpParams) -> site_pb2.BootCleanUpResult:
         site = ctx.site()
         removed = site.entries.remove(params.node_id, params.macs, params.keep_ramdisk_cache)
+        removed += site.media.remove(params.node_id, params.macs, params.keep_ramdisk_cache)
         if not params.macs:
             removed += [f"route {r}" for r in site.routes.remove_node(params.node_id)]
         return site_pb2.BootCleanUpResult(removed=removed)

@@ -246,7 +246,7 @@ class BootCleanUpResult(_message.Message):
     def __init__(self, removed: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ProxyDhcpEntry(_message.Message):
-    __slots__ = ("node_id", "mac_address", "boot_file", "ipxe_script_url", "kernel_url", "initrd_url", "kernel_cmdline", "ttl_seconds", "kernel_digest", "initrd_digest")
+    __slots__ = ("node_id", "mac_address", "boot_file", "ipxe_script_url", "kernel_url", "initrd_url", "kernel_cmdline", "ttl_seconds", "kernel_digest", "initrd_digest", "boot_method", "iso_url", "static_network", "agent_gateway", "ca_pem")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     MAC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     BOOT_FILE_FIELD_NUMBER: _ClassVar[int]
@@ -257,6 +257,11 @@ class ProxyDhcpEntry(_message.Message):
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     KERNEL_DIGEST_FIELD_NUMBER: _ClassVar[int]
     INITRD_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    BOOT_METHOD_FIELD_NUMBER: _ClassVar[int]
+    ISO_URL_FIELD_NUMBER: _ClassVar[int]
+    STATIC_NETWORK_FIELD_NUMBER: _ClassVar[int]
+    AGENT_GATEWAY_FIELD_NUMBER: _ClassVar[int]
+    CA_PEM_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     mac_address: str
     boot_file: str
@@ -267,13 +272,36 @@ class ProxyDhcpEntry(_message.Message):
     ttl_seconds: int
     kernel_digest: _common_pb2.Digest
     initrd_digest: _common_pb2.Digest
-    def __init__(self, node_id: _Optional[str] = ..., mac_address: _Optional[str] = ..., boot_file: _Optional[str] = ..., ipxe_script_url: _Optional[str] = ..., kernel_url: _Optional[str] = ..., initrd_url: _Optional[str] = ..., kernel_cmdline: _Optional[str] = ..., ttl_seconds: _Optional[int] = ..., kernel_digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., initrd_digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ...) -> None: ...
+    boot_method: str
+    iso_url: str
+    static_network: StaticNetwork
+    agent_gateway: str
+    ca_pem: str
+    def __init__(self, node_id: _Optional[str] = ..., mac_address: _Optional[str] = ..., boot_file: _Optional[str] = ..., ipxe_script_url: _Optional[str] = ..., kernel_url: _Optional[str] = ..., initrd_url: _Optional[str] = ..., kernel_cmdline: _Optional[str] = ..., ttl_seconds: _Optional[int] = ..., kernel_digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., initrd_digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., boot_method: _Optional[str] = ..., iso_url: _Optional[str] = ..., static_network: _Optional[_Union[StaticNetwork, _Mapping]] = ..., agent_gateway: _Optional[str] = ..., ca_pem: _Optional[str] = ...) -> None: ...
+
+class StaticNetwork(_message.Message):
+    __slots__ = ("address", "prefix_length", "default_route", "dns")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_ROUTE_FIELD_NUMBER: _ClassVar[int]
+    DNS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    prefix_length: int
+    default_route: str
+    dns: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, address: _Optional[str] = ..., prefix_length: _Optional[int] = ..., default_route: _Optional[str] = ..., dns: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ProxyDhcpResult(_message.Message):
-    __slots__ = ("entry_id",)
+    __slots__ = ("entry_id", "ramdisk_media_url", "config_media_url", "expires_at")
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    RAMDISK_MEDIA_URL_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_MEDIA_URL_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     entry_id: str
-    def __init__(self, entry_id: _Optional[str] = ...) -> None: ...
+    ramdisk_media_url: str
+    config_media_url: str
+    expires_at: float
+    def __init__(self, entry_id: _Optional[str] = ..., ramdisk_media_url: _Optional[str] = ..., config_media_url: _Optional[str] = ..., expires_at: _Optional[float] = ...) -> None: ...
 
 class HttpProxyRequest(_message.Message):
     __slots__ = ("node_id", "upstream_url", "allowed_methods", "ttl_seconds", "max_bytes", "manifest")

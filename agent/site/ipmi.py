@@ -503,7 +503,7 @@ class IpmiClient:
     def virtual_media(self) -> list[site_pb2.BmcVirtualMedia]:
         raise Unsupported(f"virtual media is {NOT_IPMI}")
 
-    def insert_media(self, image_url: str, *, media_type: str = "CD") -> None:
+    def insert_media(self, image_url: str, *, media_type: str = "CD") -> site_pb2.BmcVirtualMedia:
         raise Unsupported(f"virtual media is {NOT_IPMI}")
 
     def eject_media(self) -> None:

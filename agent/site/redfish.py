@@ -780,14 +780,12 @@ class RedfishClient:
     def virtual_media(self) -> list[site_pb2.BmcVirtualMedia]:
         out: list[site_pb2.BmcVirtualMedia] = []
         for ref in self._media_refs():
-            doc = self.get(ref)
-            out.append(site_pb2.BmcVirtualMedia(
-                id=text(doc.get("Id")), image=text(doc.get("Image")), inserted=doc.get("Inserted") is True,
-                media_types=[text(t) for t in doc.get("MediaTypes", []) if isinstance(t, str)],
-            ))
+            out.append(_media_of(self.get(ref)))
         return out
 
-    def insert_media(self, image_url: str, *, media_type: str = "CD") -> None:
+    def insert_media(self, image_url: str, *, media_type: str = "CD") -> site_pb2.BmcVirtualMedia:
+        """Insert ``image_url`` into the first drive that takes ``media_type``; the drive as
+        read back afterwards (the caller checks that it holds the image)."""
         http.check_url(image_url)
         for ref in self._media_refs():
             doc = self.get(ref)
@@ -801,9 +799,10 @@ class RedfishClient:
                           json_body={"Image": image_url, "Inserted": True, "WriteProtected": True})
             else:
                 self.patch(ref, {"Image": image_url, "Inserted": True})
-            log.info("Redfish %s: %s inserted into %s", self.target.address, http.redact(image_url),
-                     doc.get("Id"))
-            return
+            # The file's name alone: a path may hold a capability (the site's /vm/<token>/).
+            log.info("Redfish %s: …/%s inserted into %s", self.target.address,
+                     http.redact(image_url).rsplit("/", 1)[-1], doc.get("Id"))
+            return _media_of(self.get(ref))
         raise Unsupported(f"Redfish BMC {self.target.address} has no virtual {media_type} drive")
 
     def eject_media(self) -> None:
@@ -821,6 +820,13 @@ class RedfishClient:
 
 
 # -- small readers of Redfish JSON ---------------------------------------------------------
+
+
+def _media_of(doc: Doc) -> site_pb2.BmcVirtualMedia:
+    return site_pb2.BmcVirtualMedia(
+        id=text(doc.get("Id")), image=text(doc.get("Image")), inserted=doc.get("Inserted") is True,
+        media_types=[text(t) for t in doc.get("MediaTypes", []) if isinstance(t, str)],
+    )
 
 
 def link(doc: Doc, name: str) -> str:

@@ -35,6 +35,7 @@ from agent.site.metrics import Metrics, MetricsService
 from agent.site.pxe import BootEntries
 from agent.site.routes import RouteTable
 from agent.site.upstreams import UpstreamPolicy, local_addresses
+from agent.site.vmedia import MediaSets
 from agent.site.web import HttpService
 
 log = logging.getLogger(__name__)
@@ -89,10 +90,11 @@ class SiteServices:
         self.routes = RouteTable(settings.root / "routes", "")
         self.entries = BootEntries(settings.root / "boot", "", on_change=self._reload,
                                    http_options=options, store=self.store)
+        self.media = MediaSets(settings.root / "media", "", http_options=options)
         self.metrics.gauge("routes_open", lambda: float(len(self.routes.all())))
         self.metrics.gauge("boot_entries", lambda: float(len(self.entries.all())))
         self.http = HttpService(settings.bind or settings.address, settings.port, self.entries,
-                                self.routes, options, self.store, self.metrics)
+                                self.routes, options, self.store, self.metrics, media=self.media)
         self.metrics_service: MetricsService | None = None
         if settings.metrics:
             host, port = parse_host_port(settings.metrics, "site_metrics_address")
@@ -107,6 +109,7 @@ class SiteServices:
         self.routes.policy = UpstreamPolicy.parse(
             settings.upstreams, own={settings.address, *local_addresses()}, own_port=self.http.port)
         self.entries.base_url = self.base_url
+        self.media.base_url = self.base_url
 
     def __enter__(self) -> SiteServices:
         self.start()
@@ -127,6 +130,7 @@ class SiteServices:
         self.store.reconcile()
         dropped = self.entries.reconcile()
         live = self.routes.reconcile()
+        self.media.reconcile()
         log.info("site services: %d boot entries (%d expired dropped), %d proxy routes",
                  len(self.entries.all()), len(dropped), live)
         if self.settings.interface:
@@ -173,6 +177,7 @@ class SiteServices:
                 self.entries.expire(now)
                 self.routes.expire(now)
                 self.routes.flush()
+                self.media.expire(now)
             except Exception:
                 log.exception("site services: expiry failed")
 

@@ -6,6 +6,8 @@ initrds, and the proxy routes.
     GET /cache/<sha256>       a kernel or initrd, by its content's digest, from the store
     GET|HEAD /r/<token>       a proxy route (agent/site/routes.py; one with a manifest is
                               served from the chunk store, agent/site/chunkroute.py)
+    GET|HEAD /vm/<token>/ramdisk.iso, /vm/<token>/config.iso
+                              a node's virtual media (agent/site/vmedia.py; 404 once expired)
 
 Anything else is 404; a method a path does not carry is 405. A route's response streams
 the upstream's body through one buffer. When the upstream fails mid-body the client's
@@ -54,6 +56,7 @@ from agent.site.routes import (
     close_quietly,
     open_upstream,
 )
+from agent.site.vmedia import MEDIA_PREFIX, MediaSets
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +113,10 @@ class SiteHttpServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], entries: BootEntries | None,
                  routes: RouteTable, upstream: agent_http.HttpOptions,
                  store: ChunkStore | None = None, metrics: Metrics | None = None,
-                 conns: Connections | None = None) -> None:
+                 conns: Connections | None = None,
+                 media: MediaSets | None = None) -> None:
         self.entries = entries
+        self.media = media
         self.routes = routes
         self.upstream = upstream
         self.buffers = BufferBudget()
@@ -218,6 +223,13 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if path.startswith(ROUTE_PREFIX):
                 self._route(method, path[len(ROUTE_PREFIX):])
+                return
+            if path.startswith(MEDIA_PREFIX) and self.server.media is not None and "?" not in path:
+                if method not in ("GET", "HEAD"):
+                    self._refuse(405, f"{method} not allowed", allow="GET, HEAD")
+                    return
+                self._file(method, self.server.media.path(path[len(MEDIA_PREFIX):]),
+                           "application/octet-stream")
                 return
             if self.server.entries is None or "?" in path:
                 self._refuse(404, "not found")
@@ -511,6 +523,8 @@ def _safe(path: str) -> str:
     of ``curl --proxy``, a token pasted anywhere), nothing from ``/r/`` on (in any case) and no
     run of 16 or more token characters is logged, but for lower-case hex (digests, MACs)."""
     path = path[:200].encode("ascii", "backslashreplace").decode()
+    if path.startswith(MEDIA_PREFIX):  # so is a virtual-media token
+        return MEDIA_PREFIX + "…/" + _scrub(path.rsplit("/", 1)[-1][:20])
     cut = path.lower().find(ROUTE_PREFIX)
     if cut >= 0:
         path = path[:cut] + ROUTE_PREFIX + "…"
@@ -527,10 +541,10 @@ class HttpService:
 
     def __init__(self, address: str, port: int, entries: BootEntries | None, routes: RouteTable,
                  upstream: agent_http.HttpOptions | None = None, store: ChunkStore | None = None,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, *, media: MediaSets | None = None) -> None:
         self.server = SiteHttpServer((address, port), entries, routes,
                                      upstream or agent_http.HttpOptions(timeout=30.0), store,
-                                     metrics)
+                                     metrics, media=media)
         self._thread = threading.Thread(target=self.server.serve_forever, name="site-http",
                                         kwargs={"poll_interval": 0.2}, daemon=True)
 

@@ -70,3 +70,44 @@ def test_disk_boot_and_the_guest_dies_with_its_owner(node: PoweredNode, tmp_path
         owner.kill()
         owner.wait()
     wait_until(lambda: node.status() == "off", 15, "the node to power off with its owner")
+
+
+def test_virtual_media_without_qemu(tmp_path: Path) -> None:
+    node = PoweredNode(tmp_path).configure(NodeSpec(kernel="/nonexistent", initrd="/nonexistent"))
+    (tmp_path / "a.iso").write_bytes(b"an image")
+    assert cli(tmp_path, "insert", "cd", str(tmp_path / "a.iso")).returncode == 0
+    assert node.media() == {"cd": str(tmp_path / "media-cd.iso")}
+    assert (tmp_path / "media-cd.iso").read_bytes() == b"an image"
+    missing = cli(tmp_path, "insert", "usb", str(tmp_path / "none.iso"))
+    assert missing.returncode == 1 and "virtual media usb" in missing.stdout
+    assert "usb" not in node.media() and not list(tmp_path.glob(".media-*"))
+    assert cli(tmp_path, "insert", "floppy", "x").returncode == 2  # argparse: not a drive
+    assert cli(tmp_path, "boot", "cdrom").returncode == 0 and node.boot_device() == "cdrom"
+    assert cli(tmp_path, "chassis-control", "0x20", "get", "boot").stdout.strip() == "boot:cdrom"
+    assert cli(tmp_path, "eject", "cd").returncode == 0
+    assert node.media() == {} and not (tmp_path / "media-cd.iso").exists()
+
+
+@pytest.mark.qemu
+def test_virtual_media_changed_in_a_running_guest(node: PoweredNode, tmp_path: Path) -> None:
+    from tests.loopback_http import LoopbackServer
+
+    node.start()
+    try:
+        with LoopbackServer() as srv:
+            url = srv.add("/config.iso", b"\0" * 4096)
+            assert cli(node.dir, "insert", "usb", url).returncode == 0
+
+        def drives() -> dict[str, str]:
+            reply = node._qmp("query-block")
+            out = {}
+            for d in reply["return"]:  # type: ignore[attr-defined]  # QMP's JSON
+                if str(d.get("qdev", "")).startswith("cdrom"):
+                    out[d["qdev"]] = d.get("inserted", {}).get("file", "")
+            return out
+
+        assert drives() == {"cdrom0": "", "cdrom1": str(node.dir / "media-usb.iso")}
+        assert cli(node.dir, "eject", "usb").returncode == 0
+        assert drives() == {"cdrom0": "", "cdrom1": ""}
+    finally:
+        node.stop(force=True)

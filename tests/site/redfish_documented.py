@@ -13,7 +13,8 @@ It is not a BMC and proves only that the client speaks the documented protocol:
 - Storage Volumes: POST to the collection -> 201 + Location; DELETE a volume -> 204; or 405
   where ``volumes_offered`` is False (the collection's Allow header says GET only).
 - Errors: a body ``{"error": {"message", "@Message.ExtendedInfo": [{"MessageId","Message"}]}}``.
-- VirtualMedia on the Manager without actions (older BMCs): PATCH Image and Inserted.
+- VirtualMedia on the Manager without actions (older BMCs): PATCH Image and Inserted (or,
+  with ``media_sticks`` False, a BMC that answers the PATCH and keeps the drive empty).
 - ResetType AllowableValues given through ``@Redfish.ActionInfo`` when ``action_info``.
 - UpdateService FirmwareInventory: SoftwareInventory members (Name, Version, Updateable), read
   one by one; LogServices of the Manager (SEL, its entries expanded in the collection and split
@@ -86,6 +87,7 @@ class DocumentedBmc:
         self.pushed: bytes = b""
         self.fail: dict[tuple[str, str], int | str] = {}
         self.media: dict[str, Any] = {"Inserted": False, "Image": None}
+        self.media_sticks = True            # False: a PATCH of the CD is answered 204 and ignored
         self.action_info = False            # Reset's ResetTypes in @Redfish.ActionInfo instead
         self._routes()
 
@@ -267,7 +269,8 @@ class DocumentedBmc:
         return 204, {}, b""
 
     def _patch_media(self, seen: Seen) -> Reply:
-        self.media.update(json.loads(seen.body))
+        if self.media_sticks:
+            self.media.update(json.loads(seen.body))
         return 204, {}, b""
 
     def _login(self, seen: Seen) -> Reply:

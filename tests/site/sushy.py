@@ -37,6 +37,7 @@ import pytest
 
 from agent.site.bmc import CallContext, Credentials, Pacing, Target
 
+VMEDIA_SLOTS = {"Cd": "cd", "Floppy": "usb"}   # the emulator's virtual media -> the node's drives
 SYSTEM_UUID = "8c7f4b36-3c52-4d2a-9f30-1b4f1d0e9a11"
 NODE_MAC = "52:54:00:12:34:56"
 USER = "admin"
@@ -73,6 +74,7 @@ class SushyEmulator:
         tls: tuple[str, str] | None = None,
         notify_url: str = "",
         power_state: str = "Off",
+        mac: str = NODE_MAC,
     ) -> None:
         import bcrypt  # sushy-tools' own dependency, there when the emulator is
 
@@ -86,7 +88,7 @@ class SushyEmulator:
         htpasswd.write_text(f"{USER}:{digest}\n")
         system: dict[str, Any] = {
             "uuid": SYSTEM_UUID, "name": "node0", "power_state": power_state,
-            "external_notifier": bool(notify_url), "nics": [{"mac": NODE_MAC, "ip": "10.0.2.15"}],
+            "external_notifier": bool(notify_url), "nics": [{"mac": mac, "ip": "10.0.2.15"}],
         }
         config = {
             "SUSHY_EMULATOR_FAKE_DRIVER": True,
@@ -177,8 +179,11 @@ class NodeHook:
       system_reset);
     - a pending Off presses the power button (graceful); Off applied pulls the power (forced);
     - On applied starts QEMU;
-    - BootSourceOverrideTarget Pxe makes the next start boot by PXE, anything else from disk
-      (the node's disk boot: the kernel and initrd given directly).
+    - BootSourceOverrideTarget Pxe makes the next start boot by PXE, Cd from the virtual CD,
+      anything else from disk (the node's disk boot: the kernel and initrd given directly);
+    - an image inserted into the emulator's virtual media (its Cd or its Floppy/USBStick
+      drive, ``boot_image`` in the System) goes into the node's drive "cd" or "usb"
+      (qemu/powered.py, through QMP while it runs); an eject empties it.
 
     The emulator calls the hook inside its request and waits for it: the hook answers at once
     and a worker thread drives the node, in order. ``events`` keeps what it did.
@@ -192,6 +197,7 @@ class NodeHook:
 
         self.node = node
         self.events: list[str] = []
+        self.inserted: dict[str, str] = {}   # slot -> the emulator's file in it
         self.errors: list[str] = []
         self.queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.server = ScriptedServer()
@@ -218,10 +224,25 @@ class NodeHook:
                 self.queue.task_done()
 
     def _apply(self, system: dict[str, Any]) -> None:
-        boot = "pxe" if system.get("boot_device") == "Pxe" else "disk"
+        boot = {"Pxe": "pxe", "Cd": "cdrom"}.get(system.get("boot_device", ""), "disk")
         if boot != self.node.boot_device():
             self.node.set_boot(boot)
             self.events.append(f"boot {boot}")
+        # Virtual media: the emulator downloads an inserted image itself (as a BMC does) and
+        # names the file it holds; the node puts a copy in its drive.
+        for device, slot in VMEDIA_SLOTS.items():
+            info = (system.get("boot_image") or {}).get(device)
+            if info is None:
+                continue
+            path, _write_protected, inserted = info
+            if inserted and path and self.inserted.get(slot) != path:
+                self.node.insert_media(slot, path)
+                self.inserted[slot] = path
+                self.events.append(f"insert {slot}")
+            elif not inserted and slot in self.inserted:
+                self.node.eject_media(slot)
+                del self.inserted[slot]
+                self.events.append(f"eject {slot}")
         pending = (system.get("pending_power") or {}).get("power_state", "")
         state = system.get("power_state")
         on = self.node.status() == "on"

@@ -13,7 +13,7 @@ import pytest
 from agent.commands import handler_for
 from agent.commands.base import Context
 from agent.config import Config
-from agent.errors import BmcUnreachable
+from agent.errors import BmcRefused, BmcUnreachable
 from agent.proto import site_pb2
 from agent.site.bmc import Credentials
 from agent.site.secrets import SecretStore
@@ -87,3 +87,19 @@ def test_rotation_over_redfish_stores_the_proven_password(tmp_path: Path) -> Non
         assert new.password != old and bmc.accounts["root"] == new.password
         assert new.password not in str(result)
         assert not bmc.tokens  # every session the handler opened was closed
+
+
+def test_insert_media_read_back_through_the_handler(tmp_path: Path) -> None:
+    """bmc.storage insert_media reads the drive back: a BMC that accepts the medium but holds
+    none fails the command, with the drive as read back in the error."""
+    cert, key = self_signed_cert(str(tmp_path))
+    with DocumentedBmc(username="root", password="Rf-Media-Passw0rd", tls=(cert, key)) as bmc:
+        config = config_with(tmp_path, "root", "Rf-Media-Passw0rd")
+        url = "http://10.0.2.2:8088/vm/abc/ramdisk.iso"
+        result = run_kind("bmc.storage", config, bmc.server.address, "insert_media", image_url=url)
+        assert [(m.id, m.inserted, m.image) for m in result.virtual_media] == [("CD", True, url)]
+        run_kind("bmc.storage", config, bmc.server.address, "eject_media")
+        bmc.media_sticks = False
+        with pytest.raises(BmcRefused, match="reads back not inserted in CD") as err:
+            run_kind("bmc.storage", config, bmc.server.address, "insert_media", image_url=url)
+        assert err.value.details["bmc_message"] == "read back inserted=false"

@@ -1,0 +1,217 @@
+"""The ramdisk as a bootable ISO 9660 image, for a BMC's virtual media (docs/site.md).
+
+    python -m initramfs.build --iso [--arch amd64|arm64]   # -> OUT/ramdisk.iso (+ .cdx.json)
+
+The same kernel and initramfs as the PXE boot, on a CD that boots them with GRUB:
+
+- amd64: BIOS El Torito (GRUB's ``i386-pc-eltorito`` core, Debian's grub-pc-bin) and UEFI
+  (an El Torito EFI boot image, a small FAT holding ``EFI/BOOT/BOOTX64.EFI``, GRUB's
+  ``x86_64-efi`` core from grub-efi-amd64-bin): one ISO boots either firmware;
+- arm64: UEFI only (``EFI/BOOT/BOOTAA64.EFI``, grub-efi-arm64-bin).
+
+Each GRUB core is made by the host's ``grub-mkimage`` from the modules of the Debian package
+(downloaded and unpacked, as the ramdisk's packages are, so the arm64 one is built on any
+host) with its script embedded: find the ISO by its volume label, load the kernel and the
+initramfs, boot. No GRUB modules, fonts or menus are on the ISO: its size is the kernel's and
+the initramfs's plus ~0.6 MB. ``xorriso`` writes the ISO (``-as mkisofs``), with
+SOURCE_DATE_EPOCH fixed so that the same inputs give the same bytes.
+
+Why GRUB and not systemd-boot or isolinux: one tool does BIOS and UEFI and arm64 from the
+same embedded script; systemd-boot is UEFI only (BIOS would need isolinux beside it, a second
+boot loader and configuration for one ISO).
+
+The ISO carries its licence notices and SBOM as the initramfs does: ``licenses/`` holds the
+GRUB packages' Debian copyright files (``debian-copyright.tar.xz``) and ``sbom.cdx.json`` (the
+initramfs's SBOM with the GRUB packages added; the initramfs keeps its own inside it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.proc import run
+from initramfs import licences
+
+LABEL = "BC_RAMDISK"          # the ISO's volume id; GRUB finds its files by it
+MAX_ISO_BYTES = 32_000_000    # issue #29: at most 32 MB per architecture
+EPOCH = "1"                   # SOURCE_DATE_EPOCH for xorriso (reproducible)
+ISO_LICENSES = "licenses"
+
+
+@dataclass(frozen=True)
+class Loader:
+    """One GRUB core on the ISO."""
+    package: str          # Debian's binary package with the modules
+    platform: str         # GRUB's target (grub-mkimage -O)
+    modules: tuple[str, ...]
+    efi_name: str = ""    # the removable-media path's file name under EFI/BOOT; "" for BIOS
+
+
+COMMON = ("iso9660", "search", "search_label", "linux", "echo")
+LOADERS = {
+    "amd64": (Loader("grub-pc-bin", "i386-pc-eltorito", ("biosdisk", *COMMON)),
+              Loader("grub-efi-amd64-bin", "x86_64-efi", COMMON, "BOOTX64.EFI")),
+    "arm64": (Loader("grub-efi-arm64-bin", "arm64-efi", (*COMMON, "gzio"), "BOOTAA64.EFI"),),
+}
+CONSOLE = {"amd64": "ttyS0", "arm64": "ttyAMA0"}
+
+
+class IsoError(RuntimeError):
+    """The ISO could not be made; the message says why."""
+
+
+def default_cmdline(arch: str) -> str:
+    """The kernel command line on the shared ISO: the console and the boot-time settings of
+    the PXE boot; everything per node comes from the node's config medium."""
+    return f"console={CONSOLE[arch]},115200 panic=-1 quiet loglevel=4 cryptomgr.notests bc.media=cdrom"
+
+
+def grub_script(cmdline: str) -> str:
+    if any(c in cmdline for c in "\"'$;{}|&<>\\\n#"):
+        raise IsoError(f"kernel command line with characters GRUB's script would parse: {cmdline!r}")
+    return (f"search --no-floppy --label --set=root {LABEL}\n"
+            f"echo bc-iso: booting the ramdisk from the CD\n"
+            f"linux /boot/vmlinuz {cmdline}\n"
+            "initrd /boot/initrd.img\n"
+            "boot\n")
+
+
+def missing_tools() -> str | None:
+    """Why the ISO cannot be made on this machine, or None."""
+    for tool, package in (("grub-mkimage", "grub-common"), ("xorriso", "xorriso"),
+                          ("mkfs.vfat", "dosfstools"), ("mcopy", "mtools"), ("mmd", "mtools")):
+        if shutil.which(tool) is None:
+            return f"{tool} is missing (apt-get install {package})"
+    return None
+
+
+def grub_trees(arch_name: str, out: Path) -> list[tuple[Loader, Path, Path]]:
+    """(loader, its .deb, the .deb unpacked) for each GRUB core of ``arch_name``."""
+    from initramfs import build as ramdisk
+
+    arch = ramdisk.ARCHES[arch_name]
+    loaders = LOADERS[arch_name]
+    debs = ramdisk.download([ld.package for ld in loaders], out / "debs", arch)
+    found = []
+    for loader, deb in zip(loaders, debs, strict=True):
+        # grub-efi-arm64-bin unpacked where qemu/harness.py's grub_netboot() has it.
+        dest = out / ("grub" if loader.package == "grub-efi-arm64-bin" else f"grub-{loader.platform}")
+        found.append((loader, deb, ramdisk.unpacked(deb, dest)))
+    return found
+
+
+def build_iso(kernel: Path, initrd: Path, target: Path, *, arch: str = "amd64",
+              cmdline: str | None = None, sbom: bytes | None = None, out: Path | None = None) -> Path:
+    """``target``: a bootable ISO of ``kernel`` and ``initrd`` (see the module's docstring),
+    its SBOM beside it (``target``.cdx.json) built on ``sbom``, the initramfs's. ``out``:
+    where the GRUB packages are downloaded and unpacked (the arch's build directory)."""
+    from initramfs import build as ramdisk
+
+    reason = missing_tools()
+    if reason:
+        raise IsoError(reason)
+    out = out if out is not None else ramdisk.out_dir(ramdisk.ARCHES[arch])
+    script_text = grub_script(cmdline if cmdline is not None else default_cmdline(arch))
+    trees = grub_trees(arch, out)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".iso-", dir=target.parent) as tmp:
+        work = Path(tmp)
+        tree = work / "tree"
+        (tree / "boot").mkdir(parents=True)
+        (tree / ISO_LICENSES).mkdir()
+        shutil.copyfile(kernel, tree / "boot/vmlinuz")
+        shutil.copyfile(initrd, tree / "boot/initrd.img")
+        script = work / "grub.cfg"
+        script.write_text(script_text)
+        argv = ["xorriso", "-as", "mkisofs", "-quiet", "-o", str(work / "out.iso"), "-V", LABEL,
+                "-r", "-J", "-joliet-long"]
+        efi_files: list[tuple[str, Path]] = []
+        for loader, _deb, unpacked in trees:
+            modules = unpacked / "usr/lib/grub" / loader.platform.removesuffix("-eltorito")
+            core = work / (loader.efi_name or "eltorito.img")
+            run(["grub-mkimage", "-O", loader.platform, "-d", str(modules), "-o", str(core),
+                 "-p", "/boot/grub", "-c", str(script), *loader.modules], timeout=120)
+            if loader.efi_name:
+                efi_files.append((loader.efi_name, core))
+            else:
+                shutil.copyfile(core, tree / "boot/eltorito.img")
+                argv += ["-b", "boot/eltorito.img", "-no-emul-boot", "-boot-load-size", "4",
+                         "-boot-info-table"]
+        if efi_files:
+            esp = tree / "boot/efi.img"
+            _fat_image(esp, efi_files)
+            if len(trees) > 1:
+                argv.append("-eltorito-alt-boot")
+            argv += ["-e", "boot/efi.img", "-no-emul-boot"]
+        copyrights = grub_copyrights(trees, arch, out)
+        bom = iso_sbom([deb for _l, deb, _t in trees], sbom, arch, copyrights)
+        (tree / ISO_LICENSES / "debian-copyright.tar.xz").write_bytes(licences.copyright_archive(copyrights))
+        (tree / ISO_LICENSES / "sbom.cdx.json").write_bytes(bom)
+        for path in sorted(tree.rglob("*"), reverse=True):
+            os.utime(path, (int(EPOCH), int(EPOCH)), follow_symlinks=False)
+        argv.append(str(tree))
+        env = {**os.environ, "SOURCE_DATE_EPOCH": EPOCH}
+        run(argv, timeout=300, env=env)
+        size = (work / "out.iso").stat().st_size
+        os.replace(work / "out.iso", target)
+    target.with_name(target.name + ".cdx.json").write_bytes(bom)
+    if size > MAX_ISO_BYTES:
+        print(f"initramfs: warning: {target} is {size} bytes, over the {MAX_ISO_BYTES} target",
+              flush=True)
+    return target
+
+
+def _fat_image(path: Path, files: list[tuple[str, Path]]) -> None:
+    """A FAT image holding ``EFI/BOOT/NAME`` for each file: the El Torito EFI boot image."""
+    need = sum(p.stat().st_size for _n, p in files)
+    kib = max(256, (need * 11 // 10 + 64 * 1024) // 1024)
+    run(["mkfs.vfat", "-C", "-i", "0b0c0d0e", "-n", "BC_ESP", str(path), str(kib)], timeout=60)
+    env = {**os.environ, "MTOOLS_SKIP_CHECK": "1", "SOURCE_DATE_EPOCH": EPOCH}
+    run(["mmd", "-i", str(path), "::/EFI", "::/EFI/BOOT"], timeout=60, env=env)
+    for name, src in files:
+        run(["mcopy", "-m", "-i", str(path), str(src), f"::/EFI/BOOT/{name}"], timeout=60, env=env)
+
+
+def grub_copyrights(trees: list[tuple[Loader, Path, Path]], arch: str, out: Path) -> dict[str, bytes]:
+    """Each GRUB package's Debian copyright file (grub-common's, where its doc directory
+    links there: that .deb is fetched for it alone)."""
+    from initramfs import build as ramdisk
+
+    def fetch(name: str) -> Path:
+        return ramdisk.download([name], out / "debs", ramdisk.ARCHES[arch])[0]
+
+    found: dict[str, bytes] = {}
+    for loader, _deb, unpacked in trees:
+        found.update(licences.copyright_files(unpacked, [loader.package], fetch))
+    return found
+
+
+def iso_sbom(grub_debs: list[Path], initramfs_sbom: bytes | None, arch: str,
+             copyrights: dict[str, bytes]) -> bytes:
+    """The initramfs's SBOM (its components) with the GRUB packages on the ISO added."""
+    doc: dict[str, object] = json.loads(initramfs_sbom) if initramfs_sbom else {
+        "bomFormat": "CycloneDX", "specVersion": "1.5", "version": 1, "components": []}
+    components = list(doc.get("components", []))  # type: ignore[call-overload]  # JSON list
+    for deb in grub_debs:
+        pkg = licences.deb_package(deb)
+        component = licences.component(pkg, copyrights, "the ISO's boot loader (GRUB core)")
+        component["properties"] = [
+            {"name": "bettercompute:copyright", "value": f"{ISO_LICENSES}/debian-copyright.tar.xz:"
+                                                         f"{pkg.name}/copyright"}
+            if p["name"] == "bettercompute:copyright" else p
+            for p in component["properties"]]  # type: ignore[attr-defined]  # a list of dicts
+        components.append(component)
+    doc["components"] = components
+    doc["metadata"] = {"component": {"type": "operating-system", "bom-ref": "bettercompute-ramdisk-iso",
+                                     "name": "bettercompute-ramdisk-iso", "version": arch}}
+    doc.pop("serialNumber", None)
+    digest = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+    doc["serialNumber"] = f"urn:uuid:{uuid.uuid5(uuid.NAMESPACE_URL, 'bettercompute-ramdisk-iso/' + digest)}"
+    return json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n"
