@@ -163,9 +163,11 @@ def fetch(
     headers: Mapping[str, str] | None = None,
     progress: Callable[[int], None] | None = None,
     resolve_disk: Callable[[common_pb2.DiskHints], Path] | None = None,
+    pool: http.Connections | None = None,
 ) -> str:
     """Copy ``src`` to ``dest`` (mode 0600) and return its digest, which must match. A URL is
-    fetched trusting ``ca_pem`` and ``ca_file`` too, with ``headers``.
+    fetched trusting ``ca_pem`` and ``ca_file`` too, with ``headers`` (on a connection of
+    ``pool`` when given).
 
     Raises ChecksumMismatch, NotFound, SourceFailed...; ``dest`` is gone when it raises.
     """
@@ -173,7 +175,7 @@ def fetch(
         if src.url:
             opts = http.HttpOptions(ca_pem=ca_pem, ca_file=ca_file, headers=dict(headers or {}),
                                     cancel=cancel)
-            with http.get(src.url, opts) as body:
+            with http.get(src.url, opts, pool=pool) as body:
                 got = _copy(body.read, dest, src.digest, cancel, progress)
         elif src.local_path is not None:
             with _open_regular(src.local_path) as f:

@@ -166,9 +166,10 @@ class FileSource(Source):
 
 
 class HttpSource(Source):
-    def __init__(self, url: str, opts: http.HttpOptions, algorithm: str) -> None:
+    def __init__(self, url: str, opts: http.HttpOptions, algorithm: str, *,
+                 pool: http.Connections | None = None) -> None:
         super().__init__(algorithm)
-        self._body = http.get(url, opts)
+        self._body = http.get(url, opts, pool=pool)
         self.total = self._body.total
 
     @property

@@ -181,6 +181,9 @@ class Deployment:
         self.started = time.monotonic()
         self.result = agent_pb2.DeployImageResult(disk=disk.identity())
         self._last_progress = 0.0
+        # One kept-alive connection (and over TLS one handshake) for all of the deploy's
+        # requests: the manifest, the format probe, every Range request or the download.
+        self.pool = http.Connections(self._http_options())
 
     # -- source --------------------------------------------------------------------------
 
@@ -198,7 +201,7 @@ class Deployment:
         p = self.params
         if p.local_path is not None:
             return image.FileSource(p.local_path, algorithm or p.algorithm)
-        return image.HttpSource(p.url, self._http_options(), algorithm or p.algorithm)
+        return image.HttpSource(p.url, self._http_options(), algorithm or p.algorithm, pool=self.pool)
 
     def _check_format(self, head: bytes) -> int:
         if not head:
@@ -221,10 +224,11 @@ class Deployment:
             )
 
     def run(self) -> agent_pb2.DeployImageResult:
-        if self.params.has_manifest:
-            self._run_manifest(self._load_plan())
-        else:
-            self._run_digest()
+        with self.pool:
+            if self.params.has_manifest:
+                self._run_manifest(self._load_plan())
+            else:
+                self._run_digest()
         seconds = time.monotonic() - self.started
         self.result.seconds = seconds
         self.result.throughput_bytes_per_second = self.result.image_bytes / seconds if seconds else 0.0
@@ -261,7 +265,7 @@ class Deployment:
                 same = bool(p.url and p.manifest.url) and http.origin(p.url) == http.origin(p.manifest.url)
                 filesource.fetch(p.manifest, dest, cancel=self.ctx.cancel_event,
                                  ca_file=self.ctx.config.ca_bundle, ca_pem=p.ca_pem,
-                                 headers=p.headers if same else None)
+                                 headers=p.headers if same else None, pool=self.pool)
                 data = dest.read_bytes()
         plan = manifest.parse(data)
         if plan.image_size > self.disk.size:
@@ -279,13 +283,14 @@ class Deployment:
             if p.url:
                 # A 16-byte Range probe: the format, the size, and whether Range works, without
                 # starting a download of the whole image.
-                with http.get(p.url, self._http_options(), offset=0, length=image.MAGIC_LEN) as probe:
+                with http.get(p.url, self._http_options(), offset=0, length=image.MAGIC_LEN,
+                              pool=self.pool) as probe:
                     head = probe.read(image.MAGIC_LEN)
                     ranged, total = probe.ranged, probe.total
                 fmt = self._check_format(head)
                 if fmt == Fmt.RAW and ranged:
                     dv.check_against_source(plan, total, fmt, (p.algorithm, p.digest))
-                    reader = dv.RangeReader(p.url, self._http_options(), plan)
+                    reader = dv.RangeReader(p.url, self._http_options(), plan, self.pool)
                 else:
                     source = self._open_source(algorithm="sha256")
                     fmt = self._check_format(source.peek())

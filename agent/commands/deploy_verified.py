@@ -249,10 +249,12 @@ class Qcow2Reader:
 
 class RangeReader:
     """A raw image over HTTP: only the data chunks are downloaded, a Range request per run of
-    consecutive data chunks; zero chunks are not downloaded at all."""
+    consecutive data chunks, all on the one kept-alive connection of ``pool``; zero chunks are
+    not downloaded at all."""
 
-    def __init__(self, url: str, opts: http.HttpOptions, plan: Plan) -> None:
-        self.url, self.opts = url, opts
+    def __init__(self, url: str, opts: http.HttpOptions, plan: Plan, pool: http.Connections | None = None
+                 ) -> None:
+        self.url, self.opts, self.pool = url, opts, pool
         self.fetched = 0
         self._runs: dict[int, int] = {}     # start of a run of data -> its end
         run_start = -1
@@ -272,7 +274,7 @@ class RangeReader:
         if self._body is None or offset != self._pos:
             self.close()
             end = self._runs.get(offset, offset + len(view))
-            self._body = http.get(self.url, self.opts, offset=offset, length=end - offset)
+            self._body = http.get(self.url, self.opts, offset=offset, length=end - offset, pool=self.pool)
             self._pos = offset
         got = 0
         while got < len(view):

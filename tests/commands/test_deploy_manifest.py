@@ -16,6 +16,7 @@ import pytest
 
 from agent import manifest, proc
 from agent.errors import AgentError, ChecksumMismatch, InvalidParameters, SourceFailed
+from agent.image import MAGIC_LEN
 from agent.proto import agent_pb2, common_pb2
 from tests.commands.test_deploy import Target, deploy
 from tests.diskfixtures import MiB
@@ -102,6 +103,34 @@ def test_raw_over_http_downloads_only_data(tmp_path: Path) -> None:
     assert r.source_bytes == data and data <= sent <= data + 16  # the 16-byte format probe
     ranges = [h.get("Range") for method, _p, h in srv.requests if method == "GET"]
     assert f"bytes={3 * CHUNK}-{5 * CHUNK - 1}" in ranges  # chunks 3 and 4: one run
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_one_kept_alive_connection_per_deploy(tmp_path: Path, scheme: str) -> None:
+    """The manifest, the format probe and every Range request of a deploy share one connection
+    (over TLS: one handshake), behind a redirect followed once; the Range requests are the same
+    as on a connection each (runs of data chunks)."""
+    t = Target(tmp_path)
+    img = image_with_gaps(chunks=16, data=(0, 2, 4, 6, 8, 10, 12, 14))
+    m = make_manifest(tmp_path, img)
+    data = m.SerializeToString()
+    tls = self_signed_cert(str(tmp_path)) if scheme == "https" else None
+    with LoopbackServer(tls) as srv:
+        srv.add("/real.img", img)
+        srv.redirect("/img", "/real.img")
+        req = with_manifest(srv.url("/img"), m, tmp_path,
+                            ca_bundle_pem=Path(tls[0]).read_text() if tls else "")
+        manifest_at(req, srv.add("/img.manifest", data), data)
+        r = deploy(req, t.disks)
+        paths = [path for _m, path, _h in srv.requests]
+        ranges = [h.get("Range") for _m, path, h in srv.requests if path == "/real.img"]
+        connections = srv.connections
+    assert t.data()[: len(img)] == img and r.verification == "manifest"
+    assert connections == 1
+    assert paths.count("/img") == 1 and paths.count("/img.manifest") == 1
+    assert ranges[0] == f"bytes=0-{MAGIC_LEN - 1}"  # the format probe
+    runs = [f"bytes={i * CHUNK}-{(i + 1) * CHUNK - 1}" for i in (0, 2, 4, 6, 8, 10, 12, 14)]
+    assert ranges[1:] == [*runs, f"bytes={16 * CHUNK}-{16 * CHUNK + 99}"]
 
 
 def manifest_at(req: agent_pb2.DeployImageRequest, url: str, data: bytes) -> None:
