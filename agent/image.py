@@ -183,6 +183,43 @@ class HttpSource(Source):
         self._body.close()
 
 
+class HashToEnd:
+    """A Source read to its end and hashed on a thread of its own (a spare core, as hashlib lets
+    the GIL go), beside a deploy that reads the image another way (a local file by offset, a
+    qcow2 file through its tables): the digest of the published bytes, for the request's.
+
+        published = HashToEnd(source)       # starts reading
+        published.hexdigest()               # waits for the end; the source's error, if any
+        published.close()                   # stops it early (a failed deploy)
+    """
+
+    def __init__(self, source: Source, piece: int = 8 << 20) -> None:
+        self.source, self.piece = source, piece
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="published-hash", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set() and self.source.read(self.piece):
+                pass
+        except BaseException as exc:  # handed to hexdigest()
+            self._error = exc
+
+    def hexdigest(self) -> str:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        if self._stop.is_set():
+            raise AgentError("the published image's digest was not finished (stopped)")
+        return self.source.hasher.hexdigest()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
 # ---------------------------------------------------------------------------- decompression
 
 

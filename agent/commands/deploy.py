@@ -29,7 +29,11 @@ image is verified before it is written, on a pool of threads, zero chunks are ne
 (nor downloaded: a raw image over HTTP is fetched by Range, data runs only), and the
 partition tables are written last (agent/commands/deploy_verified.py). A qcow2 file is then
 read through its own tables (agent/qcow2.py), not by qemu-img. ``verification`` in the
-result says which check ran: "manifest", "bmap" or "digest".
+result says which check ran: "manifest", "bmap" or "digest". A ``digest`` given beside a
+manifest is checked too: against the manifest's own digest of the published file, or, where
+the manifest gives none for this file (a .bmap; a raw image's manifest for a compressed or
+qcow2 copy), over the published bytes as they are read (a thread of its own), before the
+partition tables are written.
 """
 
 from __future__ import annotations
@@ -274,11 +278,20 @@ class Deployment:
         return plan
 
     def _run_manifest(self, plan: Plan) -> None:
+        """The image read chunk by chunk as its source allows: a raw image over HTTP by Range
+        (data runs only), a local raw file by offset (holes skipped), a local qcow2 file through
+        its tables, anything else as a stream. A request's digest of the published file that
+        the manifest does not vouch for itself (a .bmap, or a manifest of the raw image given
+        for a compressed or qcow2 copy) is checked on the published bytes as they are read:
+        the whole file is then read (over HTTP: downloaded, zeros too), hashed on a thread of
+        its own, and compared before the partition tables are written."""
         dv = deploy_verified
         p = self.params
         self.result.verification = plan.kind
         source: image.Source | None = None
         reader: dv.ChunkReader | None = None
+        hasher: image.HashToEnd | None = None
+        published: Callable[[], str] | None = None
         try:
             if p.url:
                 # A 16-byte Range probe: the format, the size, and whether Range works, without
@@ -288,41 +301,56 @@ class Deployment:
                     head = probe.read(image.MAGIC_LEN)
                     ranged, total = probe.ranged, probe.total
                 fmt = self._check_format(head)
-                if fmt == Fmt.RAW and ranged:
+                if fmt == Fmt.RAW and ranged and not self._must_hash(plan, fmt):
                     dv.check_against_source(plan, total, fmt, (p.algorithm, p.digest))
                     reader = dv.RangeReader(p.url, self._http_options(), plan, self.pool)
                 else:
-                    source = self._open_source(algorithm="sha256")
+                    source = self._open_source()
                     fmt = self._check_format(source.peek())
             else:
-                source = self._open_source(algorithm="sha256")
+                source = self._open_source()
                 fmt = self._check_format(source.peek())
             if source is not None:
                 self._check_fits(fmt, source.total)
                 dv.check_against_source(plan, source.total, fmt, (p.algorithm, p.digest))
-                if fmt == Fmt.QCOW2:
+                must_hash = self._must_hash(plan, fmt)
+                if fmt == Fmt.QCOW2 or (fmt == Fmt.RAW and p.local_path is not None):
                     if p.local_path is None:
                         raise Unsupported(QCOW2_NEEDS_FILE)
-                    qcow = dv.Qcow2Reader(str(p.local_path))
-                    reader = qcow
-                    dv.check_against_source(plan, qcow.q.size, Fmt.RAW, None)
-                elif fmt == Fmt.RAW and p.local_path is not None:
-                    reader = dv.FileReader(str(p.local_path))
+                    if fmt == Fmt.QCOW2:
+                        qcow = dv.Qcow2Reader(str(p.local_path))
+                        reader = qcow
+                        dv.check_against_source(plan, qcow.q.size, Fmt.RAW, None)
+                    else:
+                        reader = dv.FileReader(str(p.local_path))
+                    if must_hash:  # the file is read by offset: its digest on a thread of its own
+                        hasher = image.HashToEnd(source)
+                        published = hasher.hexdigest
                 else:
-                    stream = image.RawStream(source, fmt, self.ctx.spawn, hash_published=False)
+                    stream = image.RawStream(source, fmt, self.ctx.spawn, hash_published=must_hash)
                     reader = dv.StreamReader(stream)
+                    if must_hash:  # hashed by the stream's feeding thread as it reads
+                        published = source.hasher.hexdigest
             assert reader is not None
-            self._write_verified(plan, reader)
+            self._write_verified(plan, reader, published)
             self.result.source_bytes = reader.fetched
             reader.close()
             self.result.resumes = reader.resumes
         finally:
             if reader is not None:
                 reader.close()
+            if hasher is not None:
+                hasher.close()
             if source is not None:
                 source.close()
 
-    def _write_verified(self, plan: Plan, reader: deploy_verified.ChunkReader) -> None:
+    def _must_hash(self, plan: Plan, fmt: int) -> bool:
+        """A digest in the request that the manifest does not give for this very file (then
+        check_against_source compared the two): it is checked on the bytes."""
+        return bool(self.params.digest) and not deploy_verified.digest_in_manifest(plan, fmt)
+
+    def _write_verified(self, plan: Plan, reader: deploy_verified.ChunkReader,
+                        published: Callable[[], str] | None = None) -> None:
         dv = deploy_verified
         with self._open_target() as (fd, dfd):
             skip = self._prepare(fd)
@@ -338,6 +366,8 @@ class Deployment:
                     progress=lambda done: self._progress_raw(done, plan.image_size, writer),
                 )
                 copy.run()
+            if published is not None:  # before the partition tables: a mismatch leaves none
+                self._check_digest(published())
             held = copy.write_held(dfd)
             self.result.bytes_written = writer.written + held
             self.result.bytes_skipped = writer.skipped + copy.zeros_skipped
@@ -378,8 +408,8 @@ class Deployment:
                                        chunk=seg.index, offset=seg.offset)
         self.result.readback_verified = True
 
-    def _check_digest(self, source: image.Source) -> None:
-        got = source.hasher.hexdigest()
+    def _check_digest(self, got: str) -> None:
+        """The published image's digest, as computed, against the request's."""
         self.result.digest.CopyFrom(common_pb2.Digest(algorithm=self.params.algorithm, hex=got))
         if got != self.params.digest:
             raise ChecksumMismatch(
@@ -454,7 +484,7 @@ class Deployment:
                 self.result.image_bytes = offset
                 self.result.source_bytes = source.count
                 self.result.resumes = source.resumes
-                self._check_digest(source)
+                self._check_digest(source.hasher.hexdigest())
                 if raw_hash is not None:
                     self._readback(fd, dfd, offset, raw_hash.hexdigest())
                 self._finish(fd)
@@ -585,7 +615,7 @@ class Deployment:
         while source.read(8 << 20):  # digest of the published file before touching the disk
             self.ctx.check()
             self._progress(source, 0)
-        self._check_digest(source)
+        self._check_digest(source.hasher.hexdigest())
         virtual = image.qcow2_info(self.ctx.run, path)
         if virtual > self.disk.size:
             raise AgentError(

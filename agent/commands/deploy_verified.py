@@ -485,6 +485,12 @@ class VerifiedCopy:
         return written
 
 
+def digest_in_manifest(plan: Plan, fmt: int) -> bool:
+    """Whether the manifest gives the digest of the published file itself (one made from a file
+    of this format): then check_against_source compares the request's digest with it."""
+    return plan.published is not None and plan.published_format == fmt
+
+
 def check_against_source(plan: Plan, total: int | None, fmt: int, digest: tuple[str, str] | None) -> None:
     """Refuse, before anything is written, a manifest that disagrees with the image: its raw
     size, or (when it was made from a file of this format) the published file's size, or the
@@ -493,7 +499,7 @@ def check_against_source(plan: Plan, total: int | None, fmt: int, digest: tuple[
         raise ChecksumMismatch(f"the image is {total} bytes, its manifest says {plan.image_size}",
                                size=total, manifest_size=plan.image_size)
     if plan.published_format != fmt:
-        return  # a manifest of the raw image serves its compressed copies too
+        return  # a manifest of the raw image serves its compressed copies too (a digest: hashed)
     if plan.published_size and total is not None and total != plan.published_size:
         raise ChecksumMismatch(f"the published image is {total} bytes, its manifest says"
                                f" {plan.published_size}", size=total, manifest_size=plan.published_size)

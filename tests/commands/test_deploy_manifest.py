@@ -370,3 +370,54 @@ def test_inline_manifest_too_large(tmp_path: Path) -> None:
                                        manifest_inline=bytes((1 << 20) + 1))
     with pytest.raises(InvalidParameters, match="at most"):
         DeployImage(disks=list).parse(req)
+
+
+def _published(tmp: Path, img: bytes, kind: str) -> tuple[bytes | Path, agent_pb2.ImageManifest | bytes]:
+    """The file a deploy is given for ``kind`` and the manifest beside it: one that gives no
+    digest of that very file (a .bmap; a manifest of the raw image for a copy of another format)."""
+    raw = tmp / "raw.img"
+    raw.write_bytes(img)
+    if kind.startswith("bmap"):
+        bmap = subprocess.run(["bmaptool", "create", str(raw)], check=True, capture_output=True).stdout
+        return (img if kind.endswith("http") else raw), bmap
+    m = manifest.build(raw, chunk_size=CHUNK)  # of the raw image
+    if kind.startswith("gzip"):
+        return gzip.compress(img, 1), m
+    if kind.startswith("zstd"):
+        return proc.run(["zstd", "-q", "-c", "-1", str(raw)]).stdout, m
+    proc.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", str(raw), str(tmp / "img.qcow2")])
+    return tmp / "img.qcow2", m
+
+
+@pytest.mark.parametrize("kind", ["bmap-local", "bmap-http", "gzip-http", "zstd-local", "qcow2-local"])
+def test_digest_beside_a_manifest_is_checked(tmp_path: Path, kind: str) -> None:
+    """A request's digest of the published file that the manifest does not give itself is
+    checked on the published bytes as they are read: the right one passes (and is reported),
+    a wrong one (all zeros) fails before the partition tables are written. Never accepted
+    unchecked (issue 27 item 15)."""
+    for tool in {"bmap": "bmaptool", "zstd": "zstd", "qcow2": "qemu-img"}.items():
+        if kind.startswith(tool[0]) and shutil.which(tool[1]) is None:
+            pytest.skip(f"{tool[1]} not installed")
+    img = image_with_gaps(tail=4096)  # qemu-img rounds a virtual size up to 512 bytes
+    published, m = _published(tmp_path, img, kind)
+    blob = published if isinstance(published, bytes) else published.read_bytes()
+    if not isinstance(published, Path):
+        (tmp_path / "published").write_bytes(blob)
+    with LoopbackServer() as srv:
+        source: str | Path = srv.add("/img", blob) if kind.endswith("http") else tmp_path / "published"
+        if isinstance(published, Path):
+            source = published
+        for n, hexdigest in enumerate((hashlib.sha256(blob).hexdigest(), "0" * 64)):
+            t = fresh_target(tmp_path, f"t{n}")
+            req = with_manifest(source, m, tmp_path)
+            req.digest.algorithm, req.digest.hex = "sha256", hexdigest
+            if n == 0:
+                r = deploy(req, t.disks)
+                assert t.data()[: len(img)] == img and r.digest.hex == hexdigest
+                assert r.verification == ("bmap" if kind.startswith("bmap") else "manifest")
+            else:
+                with pytest.raises(ChecksumMismatch, match="sha256 of the image is"):
+                    deploy(req, t.disks)
+                assert no_partition_table(t)
+        if kind.endswith("http"):  # the whole file downloaded, to be hashed: zeros too
+            assert srv.sent("/img") >= 2 * len(blob)
