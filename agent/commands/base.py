@@ -38,6 +38,9 @@ Params = TypeVar("Params")
 
 ProgressSink = Callable[[session_pb2.Progress], None]
 
+# How often a Meter reports progress (the runtime bounds the frames to the gateway as well).
+PROGRESS_EVERY_SECONDS = 1.0
+
 
 class ResourceLocks:
     """Named locks shared by all lanes: "disk:<serial or name>", "gpu:<index>"...
@@ -120,10 +123,6 @@ class Context:
     def remaining(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
 
-    @property
-    def cancelled(self) -> bool:
-        return self.cancel_event.is_set() or time.monotonic() >= self.deadline
-
     def check(self) -> None:
         """Raise Cancelled or CommandTimeout when the command must stop. Call it in loops."""
         if self.timed_out.is_set() or time.monotonic() >= self.deadline:
@@ -170,6 +169,11 @@ class Context:
             )
         )
 
+    def meter(self, *, total: int = 0, subject: str = "",
+              every: float = PROGRESS_EVERY_SECONDS) -> Meter:
+        """A progress meter for one piece of work: rate, ETA and at most a report a second."""
+        return Meter(self, total=total, subject=subject, every=every)
+
     # -- child processes ----------------------------------------------------------------
 
     def _track(self, child: subprocess.Popen[bytes]) -> None:
@@ -185,8 +189,25 @@ class Context:
             self.check()  # a deadline shows up as Cancelled from proc.run; say which
             raise
 
+    @contextlib.contextmanager
+    def running(self, argv: Sequence[str], **kwargs: Any) -> Iterator[proc.Child]:
+        """proc.running, tracked: the runtime kills its process group on timeout or cancel,
+        and a deadline or cancel met while it ran is raised as such."""
+        child: proc.Child | None = None
+        try:
+            with proc.running(argv, on_spawn=self._track, **kwargs) as child:
+                yield child
+        except Exception:
+            self.check()  # the child was killed because the command must stop: say so
+            raise
+        finally:
+            if child is not None:
+                with self._children_guard:
+                    self._children.discard(child.popen)
+
     def spawn(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
-        """proc.spawn, tracked: the runtime kills its process group on timeout or cancel."""
+        """proc.spawn, tracked: the runtime kills its process group on timeout or cancel.
+        A bare Popen for the callers not yet on ``running``, which kills and checks it."""
         return proc.spawn(argv, on_spawn=self._track, **kwargs)
 
     def kill_children(self) -> None:
@@ -202,6 +223,38 @@ class Context:
     def hold(self, *resources: str) -> contextlib.AbstractContextManager[None]:
         """Serialize with any command on another lane that touches the same resource."""
         return self.locks.hold(resources, self.cancel_event, self.deadline)
+
+
+class Meter:
+    """Progress of one piece of work (a disk's wipe, an upload): the rate since it began,
+    the ETA from it, and at most one report every ``every`` seconds (the first, and a forced
+    one, always go). ``Context.meter`` makes one."""
+
+    def __init__(self, ctx: Context, *, total: int = 0, subject: str = "",
+                 every: float = PROGRESS_EVERY_SECONDS) -> None:
+        self.ctx, self.total, self.subject, self.every = ctx, total, subject, every
+        self.started = time.monotonic()
+        self._last: float | None = None
+
+    def due(self) -> bool:
+        """Whether a report now would go (for a caller whose message is costly to build)."""
+        return self._last is None or time.monotonic() - self._last >= self.every
+
+    def update(self, done: int, *, message: str = "", total: int | None = None,
+               force: bool = False) -> bool:
+        """Report ``done`` (of ``total``, default the meter's) when one is due or ``force``;
+        True when it went."""
+        if not force and not self.due():
+            return False
+        now = time.monotonic()
+        self._last = now
+        if total is not None:
+            self.total = total
+        rate = done / max(now - self.started, 1e-6)
+        eta = (self.total - done) / rate if rate and self.total else -1.0
+        self.ctx.progress(done=done, total=self.total, rate=rate, eta_seconds=eta,
+                          subject=self.subject, message=message)
+        return True
 
 
 @dataclass

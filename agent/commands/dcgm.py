@@ -159,28 +159,26 @@ def _host_engine(ctx: Context, tool: str) -> Iterator[str]:
     socket_path = workdir / "nv-hostengine.sock"
     argv = [tool, "-n", "-d", str(socket_path), "--pid", str(workdir / "nv-hostengine.pid"),
             "-f", str(workdir / "nv-hostengine.log")]
-    child: subprocess.Popen[bytes] | None = None
+    started = False
     try:
-        try:
-            child = ctx.spawn(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        except ToolMissing as exc:
-            raise ToolFailed("no DCGM host engine is running, dcgmi cannot start an embedded one, and "
-                             f"{tool} is not installed", tool=tool) from exc
-        give_up = time.monotonic() + min(HOSTENGINE_START_SECONDS, ctx.remaining())
-        while not socket_path.exists():
-            if child.poll() is not None:
-                err = child.stderr.read().decode("utf-8", "replace").strip() if child.stderr else ""
-                raise ToolFailed(f"no DCGM host engine is running and {tool} could not start "
-                                 f"({proc.describe_exit(child.returncode)}): {err or 'no output'}", tool=tool)
-            if time.monotonic() >= give_up:
-                raise ToolFailed(f"{tool} did not open its socket within {HOSTENGINE_START_SECONDS:g}s",
-                                 tool=tool)
-            ctx.sleep(0.05)
-        yield f"unix://{socket_path}"
+        with ctx.running(argv, stdout=subprocess.DEVNULL) as child:
+            started = True
+            give_up = time.monotonic() + min(HOSTENGINE_START_SECONDS, ctx.remaining())
+            while not socket_path.exists():
+                if (returncode := child.poll()) is not None:
+                    raise ToolFailed(f"no DCGM host engine is running and {tool} could not start "
+                                     f"({proc.describe_exit(returncode)}): "
+                                     f"{child.stderr_text() or 'no output'}", tool=tool)
+                if time.monotonic() >= give_up:
+                    raise ToolFailed(f"{tool} did not open its socket within {HOSTENGINE_START_SECONDS:g}s",
+                                     tool=tool)
+                ctx.sleep(0.05)
+            yield f"unix://{socket_path}"
+            child.stop()  # it serves until here: its exit is ours, not checked
+    except ToolMissing as exc:
+        if started:  # dcgmi's, from the body: the caller says what it means
+            raise
+        raise ToolFailed("no DCGM host engine is running, dcgmi cannot start an embedded one, and "
+                         f"{tool} is not installed", tool=tool) from exc
     finally:
-        if child is not None:
-            if child.poll() is None:
-                proc.kill_group(child)
-            if child.stderr:
-                child.stderr.close()
         shutil.rmtree(workdir, ignore_errors=True)

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from agent import http, proc
+from agent import http
 from agent.commands import transfer
 from agent.commands.base import Context, Handler
 from agent.config import Config
@@ -301,22 +301,16 @@ def read_kmsg(cap: int) -> bytes | None:
 
 def stream_tail(ctx: Context, argv: list[str], cap: int) -> tuple[bytes, bool]:
     """Run ``argv`` and keep the last ``cap`` bytes of its output, streamed."""
-    child = ctx.spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    assert child.stdout is not None
     buf = bytearray()
     dropped = False
-    try:
-        while chunk := child.stdout.read1(MiB):  # type: ignore[attr-defined]  # a BufferedReader (bufsize -1)
+    # Its exit is not checked: what it printed is the log, however it ended.
+    with ctx.running(argv, stderr=subprocess.DEVNULL, check=False, grace=0.5) as child:
+        for chunk in child.chunks(MiB):
             ctx.check()
             buf += chunk
             if len(buf) > 2 * cap:
                 del buf[: len(buf) - cap]
                 dropped = True
-        child.wait()
-    finally:
-        if child.poll() is None:
-            proc.kill_group(child, grace=0.5)
-        child.stdout.close()
     return keep_tail(bytes(buf), cap, truncated=dropped)
 
 
@@ -407,20 +401,22 @@ class LogsCollect(Handler[agent_pb2.LogsCollectRequest, LogsParams], kind="logs.
                 result.inline_archive = spool.read()
                 return result
             rate = ctx.config.bulk_bandwidth_bytes_per_second
+            meter = ctx.meter(total=size)
 
-            def sent() -> None:
-                ctx.progress(done=spool.tell(), total=size, message="uploading the log archive")
+            def sent(_chunk: bytes) -> None:
+                meter.update(spool.tell(), message="uploading the log archive")
 
             transfer.upload(
                 ctx,
                 params.url,
-                transfer.throttled(ctx, iter(lambda: spool.read(MiB), b""), rate, report=sent),
+                transfer.throttled(ctx, iter(lambda: spool.read(MiB), b""), rate, on_chunk=sent),
                 headers=dict(params.headers),
                 ca_pem=params.ca_pem,
                 length=size,
                 sha256=digest.digest(),
                 content_type="application/gzip",
             )
+            meter.update(size, message="uploading the log archive", force=True)
             result.uploaded_to = http.redact(params.url)
             return result
 

@@ -27,7 +27,6 @@ import logging
 import os
 import stat
 import subprocess
-import threading
 import time
 import zlib
 from collections.abc import Iterator
@@ -234,56 +233,7 @@ def gzip_stream(raw: Iterator[bytes]) -> Iterator[bytes]:
     yield z.flush()
 
 
-class ZstdStream:
-    """The ``zstd`` binary as a filter: a thread feeds it the source, we read what it makes."""
-
-    def __init__(self, ctx: Context, raw: Iterator[bytes]) -> None:
-        self.ctx = ctx
-        self.raw = raw
-        self.error: BaseException | None = None
-        self.proc = ctx.spawn(
-            ["zstd", "-q", "-c", f"-{ZSTD_LEVEL}", "-T0"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        self.feeder = threading.Thread(target=self._feed, name="zstd-feed", daemon=True)
-        self.feeder.start()
-
-    def _feed(self) -> None:
-        stdin = self.proc.stdin
-        assert stdin is not None
-        try:
-            for chunk in self.raw:
-                stdin.write(chunk)
-        except BrokenPipeError:
-            pass  # zstd died; its exit status says why
-        except BaseException as exc:  # re-raised by the reader
-            self.error = exc
-        finally:
-            with contextlib.suppress(OSError):
-                stdin.close()
-
-    def __iter__(self) -> Iterator[bytes]:
-        stdout = self.proc.stdout
-        assert stdout is not None
-        while data := stdout.read1(CHUNK):  # type: ignore[attr-defined]  # a BufferedReader (bufsize -1)
-            yield data
-        self.feeder.join()
-        if self.error is not None:
-            raise self.error
-        returncode = self.proc.wait()
-        if returncode != 0:
-            err = (self.proc.stderr.read() if self.proc.stderr else b"").decode("utf-8", "replace").strip()
-            raise ToolFailed(f"zstd failed (exit {returncode}): {err[-300:]}", tool="zstd")
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            proc.kill_group(self.proc, grace=0.5)
-        self.feeder.join(10)
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
+ZSTD_ARGV = ("zstd", "-q", "-c", f"-{ZSTD_LEVEL}", "-T0")
 
 
 # -------------------------------------------------------------------------- handler
@@ -338,43 +288,33 @@ class InstanceSnapshot(Handler[agent_pb2.InstanceSnapshotRequest, SnapshotParams
         source = Source(ctx, fd)
         sent = hashlib.sha256()
         counter = {"sent": 0}
-        zstd: ZstdStream | None = None
-        if params.compression == agent_pb2.ZSTD_COMPRESSION:
-            zstd = ZstdStream(ctx, source.chunks())
-            body: Iterator[bytes] = iter(zstd)
-        elif params.compression == agent_pb2.GZIP_COMPRESSION:
-            body = gzip_stream(source.chunks())
-        else:
-            body = source.chunks()
+        meter = ctx.meter(total=size, subject=str(params.source))
 
         def on_chunk(chunk: bytes) -> None:
             sent.update(chunk)
             counter["sent"] += len(chunk)
+            meter.update(source.read_bytes,
+                         message=f"{source.read_bytes} of {size} bytes read, {counter['sent']} sent")
 
-        def report() -> None:
-            elapsed = max(1e-6, time.monotonic() - begun)
-            speed = source.read_bytes / elapsed
-            ctx.progress(
-                done=source.read_bytes,
-                total=size,
-                rate=speed,
-                eta_seconds=(size - source.read_bytes) / speed if speed else -1.0,
-                message=f"{source.read_bytes} of {size} bytes read, {counter['sent']} sent",
-                subject=str(params.source),
-            )
-
-        begun = time.monotonic()
-        try:
+        with contextlib.ExitStack() as stack:
+            if params.compression == agent_pb2.ZSTD_COMPRESSION:
+                # The binary as a filter: a thread feeds it the source, the upload reads it.
+                zstd = stack.enter_context(ctx.running(ZSTD_ARGV, stdin=subprocess.PIPE, grace=0.5))
+                zstd.feed(source.chunks())
+                body: Iterator[bytes] = zstd.chunks(CHUNK)
+            elif params.compression == agent_pb2.GZIP_COMPRESSION:
+                body = gzip_stream(source.chunks())
+            else:
+                body = source.chunks()
             transfer.upload(
                 ctx,
                 params.url,
-                transfer.throttled(ctx, body, rate, on_chunk=on_chunk, report=report),
+                transfer.throttled(ctx, body, rate, on_chunk=on_chunk),
                 headers=dict(params.headers),
                 ca_pem=params.ca_pem,
             )
-        finally:
-            if zstd is not None:
-                zstd.close()
+        meter.update(source.read_bytes, force=True,
+                     message=f"{source.read_bytes} of {size} bytes read, {counter['sent']} sent")
         if source.read_bytes < size:
             raise SourceFailed(f"source ended after {source.read_bytes} of {size} bytes")
         return agent_pb2.InstanceSnapshotResult(

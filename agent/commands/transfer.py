@@ -3,7 +3,7 @@
 - ``confine``: a path from the wire, resolved (symlinks followed) and refused unless the
   result stays inside one of the allowed directories.
 - ``TokenBucket`` / ``throttled``: bounded bandwidth, so the bulk lane does not starve the
-  node's other traffic, with progress reported while the bytes flow.
+  node's other traffic (progress: a ``ctx.meter`` fed from ``on_chunk``).
 - ``upload``: an HTTP(S) PUT through agent.http with the request's headers and CA, the
   agent's own CA bundle, the command's cancel event, and digest headers when the digest is
   known before the body is sent.
@@ -24,7 +24,6 @@ from agent.errors import InvalidParameters
 
 # Largest burst a bucket allows, in seconds of its rate.
 BURST_SECONDS = 0.25
-PROGRESS_EVERY_SECONDS = 1.0
 
 
 def within(path: Path, root: Path) -> bool:
@@ -76,14 +75,12 @@ def throttled(
     rate: int,
     *,
     on_chunk: Callable[[bytes], None] | None = None,
-    report: Callable[[], None] | None = None,
 ) -> Iterator[bytes]:
     """``chunks`` paced by a token bucket; checks cancel and deadline between chunks.
 
-    ``on_chunk`` sees each chunk (e.g. to hash it), ``report`` is called about once a second.
+    ``on_chunk`` sees each chunk before it goes (to hash it, to update a ``ctx.meter``).
     """
     bucket = TokenBucket(rate)
-    last = time.monotonic()
     for chunk in chunks:
         ctx.check()
         wait = bucket.delay(len(chunk))
@@ -92,11 +89,6 @@ def throttled(
         if on_chunk is not None:
             on_chunk(chunk)
         yield chunk
-        if report is not None and time.monotonic() - last >= PROGRESS_EVERY_SECONDS:
-            last = time.monotonic()
-            report()
-    if report is not None:
-        report()
 
 
 def digest_headers(sha256: bytes) -> dict[str, str]:

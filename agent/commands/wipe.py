@@ -297,21 +297,13 @@ class DiskWipe:
             verification=params.verify,
             tool=plan.tool,
         )
-        self._last = 0.0
-        self._started = time.monotonic()
+        self._meter = ctx.meter(total=self.disk.size, subject=self.disk.name)
         self._key: bytes = b""
         self._old: dict[int, bytes] = {}
         self._regions: list[tuple[int, int]] = []
 
     def progress(self, done: int, total: int, message: str, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last < 1.0:
-            return
-        self._last = now
-        rate = done / max(now - self._started, 1e-6)
-        eta = (total - done) / rate if rate and total else -1.0
-        self.ctx.progress(done=done, total=total, rate=rate, eta_seconds=eta, subject=self.disk.name,
-                          message=message)
+        self._meter.update(done, total=total, message=message, force=force)
 
     def run(self) -> agent_pb2.ErasureCertificate:
         self.cert.started_at_unix_ms = int(time.time() * 1000)

@@ -147,14 +147,7 @@ def kill_stray(s: DnsmasqSettings) -> bool:
     if pid <= 1 or not _ours(pid, s.conf_path):
         return False
     log.warning("killing dnsmasq %d left behind by an earlier site daemon", pid)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGTERM)
-    for _ in range(50):
-        if not _ours(pid, s.conf_path):
-            return True
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
+    proc.kill_pid_group(pid, grace=2.5, gone=lambda: not _ours(pid, s.conf_path))
     return True
 
 
@@ -164,10 +157,11 @@ class DnsmasqSupervisor:
     def __init__(self, settings: DnsmasqSettings) -> None:
         self.settings = settings
         self.restarts = 0
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._child: proc.Child | None = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._started = threading.Event()
+        self._first = threading.Event()      # the first start went (or failed: _first_error)
+        self._first_error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
     def argv(self) -> list[str]:
@@ -182,74 +176,80 @@ class DnsmasqSupervisor:
     @property
     def pid(self) -> int | None:
         with self._lock:
-            return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+            child = self._child
+            return child.pid if child is not None and child.poll() is None else None
 
     def start(self) -> None:
+        """Start dnsmasq under the watcher; raises what its first start raised."""
         kill_stray(self.settings)
         prepare(self.settings)
-        self._spawn()
         self._thread = threading.Thread(target=self._watch, name="dnsmasq", daemon=True)
         self._thread.start()
-
-    def _spawn(self, *, restart: bool = False) -> None:
-        child = proc.spawn(self.argv(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        with self._lock:
-            self._proc = child
-            self.restarts += restart
-        write_atomic(self.settings.pid_path, f"{child.pid}\n".encode(), 0o600)
-        threading.Thread(target=self._log_output, args=(child,), name="dnsmasq-log",
-                         daemon=True).start()
-        log.info("dnsmasq %d started: proxy DHCP on %s, TFTP from %s", child.pid,
-                 self.settings.interface, self.settings.tftp_dir)
-
-    @staticmethod
-    def _log_output(child: subprocess.Popen[bytes]) -> None:
-        assert child.stderr is not None
-        for raw in child.stderr:
-            line = raw.decode("utf-8", "replace").rstrip()
-            if line:
-                log.debug("dnsmasq: %s", line)
+        self._first.wait()
+        if self._first_error is not None:
+            self._thread.join(5)
+            raise self._first_error
 
     def _watch(self) -> None:
+        """Run dnsmasq, and again when it dies (with a backoff), until ``stop``."""
         backoff = 0.5
+        restart = False
         while not self._stopping.is_set():
-            with self._lock:
-                child = self._proc
-            assert child is not None
             started = time.monotonic()
-            while child.poll() is None:
-                if self._stopping.wait(0.2):
+            try:
+                self._run_once(restart)
+            except Exception as exc:
+                if not restart:
+                    self._first_error = exc
+                    self._first.set()
                     return
+                log.exception("dnsmasq: restart failed")
             if self._stopping.is_set():
                 return
-            log.error("dnsmasq %d exited (%s); restarting in %.1fs", child.pid,
-                      proc.describe_exit(child.returncode), backoff)
+            with self._lock:
+                child = self._child
+            if child is not None:
+                log.error("dnsmasq %d exited (%s); restarting in %.1fs", child.pid,
+                          proc.describe_exit(child.returncode or 0), backoff)
             if self._stopping.wait(backoff):
                 return
             backoff = 0.5 if time.monotonic() - started > STABLE_SECONDS else min(
                 backoff * 2, RESTART_BACKOFF_MAX)
-            try:
-                self._spawn(restart=True)
-            except Exception:
-                log.exception("dnsmasq: restart failed")
+            restart = True
+
+    def _run_once(self, restart: bool) -> None:
+        """One dnsmasq, from its start to its exit (``stop`` ends it)."""
+        with proc.running(self.argv(), stdout=subprocess.DEVNULL, check=False,
+                          on_stderr_line=lambda line: log.debug("dnsmasq: %s", line)) as child:
+            with self._lock:
+                self._child = child
+                self.restarts += restart
+                if self._stopping.is_set():  # ``stop`` came while it started: it missed this one
+                    child.stop()
+            write_atomic(self.settings.pid_path, f"{child.pid}\n".encode(), 0o600)
+            log.info("dnsmasq %d started: proxy DHCP on %s, TFTP from %s", child.pid,
+                     self.settings.interface, self.settings.tftp_dir)
+            self._first.set()
+            while child.poll() is None and not self._stopping.wait(0.2):
+                pass
+            # Leaving waits for its exit: when stopping, ``stop`` ends it.
 
     def reload(self) -> None:
         """SIGHUP: dnsmasq rereads the host files (added, changed and removed ones)."""
         with self._lock:
-            child = self._proc
-            if child is not None and child.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    child.send_signal(signal.SIGHUP)
+            child = self._child
+        if child is not None:
+            child.send_signal(signal.SIGHUP)
 
     def stop(self) -> None:
         self._stopping.set()
+        with self._lock:
+            child, self._child = self._child, None
+        if child is not None:
+            child.stop()
+            log.info("dnsmasq %d stopped", child.pid)
         if self._thread is not None:
             self._thread.join(5)
-        with self._lock:
-            child, self._proc = self._proc, None
-        if child is not None:
-            proc.kill_group(child)
-            log.info("dnsmasq %d stopped", child.pid)
         with contextlib.suppress(FileNotFoundError):
             self.settings.pid_path.unlink()
 
