@@ -29,7 +29,7 @@ from typing import Protocol
 
 from agent import http
 from agent.errors import AgentError, InvalidParameters, NotFound, SourceFailed, ToolFailed
-from agent.proc import Completed, describe_exit
+from agent.proc import Child, Completed
 from agent.proto import agent_pb2
 
 Fmt = agent_pb2.ImageFormat
@@ -314,6 +314,8 @@ def decompressor(fmt: int, max_out: int = 4 << 20) -> Decompressor:
 
 STREAM_PIECE = 4 << 20
 F_SETPIPE_SZ = 1031
+ZSTD_DECOMPRESS = ("zstd", "-dc", "-q", "--no-progress")
+Running = Callable[..., contextlib.AbstractContextManager[Child]]   # proc.running, ctx.running
 
 
 class _InBuffer(ctypes.Structure):
@@ -403,16 +405,15 @@ class RawStream:
     SourceFailed. ``close`` stops the threads and the child.
     """
 
-    def __init__(self, source: Source, fmt: int,
-                 spawn: Callable[..., subprocess.Popen[bytes]] | None = None, *,
+    def __init__(self, source: Source, fmt: int, running: Running | None = None, *,
                  hash_published: bool = True) -> None:
         self.source, self.fmt = source, fmt
         self.hash_published = hash_published  # False: a manifest verifies the raw chunks instead
         self.count = 0                     # raw bytes delivered
         self._stop = threading.Event()
-        self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._child: Child | None = None
+        self._children = contextlib.ExitStack()   # the zstd child's `running`, left in close()
         self._pieces: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=8)
         self._piece = memoryview(b"")
         self._done = False
@@ -426,15 +427,17 @@ class RawStream:
         elif fmt == Fmt.ZSTD:
             from agent import proc
 
-            self._proc = (spawn or proc.spawn)(
-                ["zstd", "-dc", "-q", "--no-progress"], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            )
-            for pipe in (self._proc.stdin, self._proc.stdout):
+            self._child = child = self._children.enter_context((running or proc.running)(
+                ZSTD_DECOMPRESS, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                failure=lambda exited: SourceFailed(
+                    f"corrupt or truncated zstd stream (zstd {exited.description}: {exited.tail()[-200:]})"),
+            ))
+            for pipe in (child.popen.stdin, child.popen.stdout):
                 assert pipe is not None
                 with contextlib.suppress(OSError):  # 64 KiB by default: a syscall per 64 KiB
                     fcntl.fcntl(pipe.fileno(), F_SETPIPE_SZ, 1 << 20)
-            target = self._feed_zstd
+            child.feed(self._published_pieces())
+            return
         elif fmt in (Fmt.GZIP, Fmt.XZ, Fmt.BZIP2):
             self._dec = decompressor(fmt)
             target = self._inflate
@@ -445,20 +448,17 @@ class RawStream:
 
     # -- threads -------------------------------------------------------------------------
 
-    def _feed_zstd(self) -> None:
-        assert self._proc is not None and self._proc.stdin is not None
-        stdin = self._proc.stdin
+    def _published_pieces(self) -> Iterator[bytes]:
+        """The published bytes for the zstd child's stdin (its feeding thread reads, and hashes,
+        them); the source's own failure is the one raised where the child's exit is checked."""
         try:
-            while not self._stop.is_set():
-                data = self.source.read(STREAM_PIECE, hash=self.hash_published)
-                if not data:
-                    break
-                stdin.write(data)
-        except BaseException as exc:  # a broken pipe when zstd died: see _end_zstd
-            self._error = exc
-        finally:
-            with contextlib.suppress(OSError):
-                stdin.close()
+            while not self._stop.is_set() and (data := self.source.read(STREAM_PIECE,
+                                                                         hash=self.hash_published)):
+                yield data
+        except AgentError:
+            raise
+        except Exception as exc:
+            raise SourceFailed(f"reading the zstd image failed: {exc}") from exc
 
     def _put(self, item: bytes | BaseException | None,
              q: queue.Queue[bytes | BaseException | None] | None = None) -> bool:
@@ -518,11 +518,10 @@ class RawStream:
             n = self.source.readinto(view, hash=self.hash_published)
         elif self._zstd is not None:
             n = self._from_libzstd(view)
-        elif self.fmt == Fmt.ZSTD:
-            assert self._proc is not None and self._proc.stdout is not None
-            n = os.readv(self._proc.stdout.fileno(), [view])
-            if n == 0:
-                self._end_zstd()
+        elif self._child is not None:
+            n = self._child.readinto(view)  # at the end: the exit checked, the feeder's error first
+            if n == 0 and self.source.read(1, hash=self.hash_published):  # fed to the end: never
+                raise SourceFailed("zstd ended before the end of the published file")
         else:
             n = self._from_pieces(view)
         if n == 0:
@@ -565,30 +564,13 @@ class RawStream:
         self._piece = self._piece[n:]
         return n
 
-    def _end_zstd(self) -> None:
-        proc = self._proc
-        assert proc is not None and proc.stderr is not None
-        rc = proc.wait()
-        err = proc.stderr.read().decode("utf-8", "replace").strip()
-        if self._thread is not None:
-            self._thread.join()
-        if isinstance(self._error, AgentError):  # the source failed (a download cut short...)
-            raise self._error
-        if rc != 0:
-            raise SourceFailed(f"corrupt or truncated zstd stream (zstd {describe_exit(rc)}: {err[-200:]})")
-        if self._error is not None:
-            raise SourceFailed(f"reading the zstd image failed: {self._error}") from self._error
-        if self.source.read(1, hash=self.hash_published):  # the feeder reads to the end: never
-            raise SourceFailed("zstd ended before the end of the published file")
-
     def close(self) -> None:
         self._stop.set()
         if self._zstd is not None:
             self._zstd.free()
-        if self._proc is not None and self._proc.poll() is None:
-            from agent.proc import kill_group
-
-            kill_group(self._proc)
+        if self._child is not None and not self._done:
+            self._child.stop()  # stopped early (a failure, a cancel): its exit is not checked
+        self._children.close()
         with contextlib.suppress(queue.Empty):
             while True:
                 self._pieces.get_nowait()  # a feeder blocked on a full queue sees the stop

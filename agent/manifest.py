@@ -28,17 +28,19 @@ import functools
 import hashlib
 import os
 import re
-import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.cli import EXIT_OK, command
 from agent.errors import InvalidParameters
 from agent.proto import agent_pb2, common_pb2
+
+if TYPE_CHECKING:
+    from agent import image
 
 VERSION = 1
 DEFAULT_CHUNK = 4 << 20
@@ -238,7 +240,7 @@ def _bad_chunk(chunk: int, what: str) -> str:
 
 
 def build(path: Path, *, chunk_size: int = DEFAULT_CHUNK,
-          spawn: Callable[..., subprocess.Popen[bytes]] | None = None, workers: int | None = None,
+          running: image.Running | None = None, workers: int | None = None,
           cancel: threading.Event | None = None) -> agent_pb2.ImageManifest:
     """The manifest of the image at ``path`` (raw, gzip, xz, bzip2, zstd or qcow2), streamed: one
     thread reads (and decompresses), a pool sized to the cores hashes the chunks, and an
@@ -253,7 +255,7 @@ def build(path: Path, *, chunk_size: int = DEFAULT_CHUNK,
         fmt = image.detect(source.peek())
         # A qcow2 file: the guest's bytes, through its tables.
         stream: image.RawStream | _Qcow2Stream = (
-            _Qcow2Stream(path, source) if fmt == Fmt.QCOW2 else image.RawStream(source, fmt, spawn)
+            _Qcow2Stream(path, source) if fmt == Fmt.QCOW2 else image.RawStream(source, fmt, running)
         )
         digests: list[Future[bytes] | bytes] = []
         size = 0

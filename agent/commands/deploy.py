@@ -54,9 +54,18 @@ from typing import Any
 from agent import filesource, http, image, manifest
 from agent.commands import deploy_verified
 from agent.commands.base import Context, Handler
-from agent.errors import AgentError, ChecksumMismatch, InvalidParameters, Reason, SourceFailed, Unsupported
+from agent.errors import (
+    AgentError,
+    ChecksumMismatch,
+    InvalidParameters,
+    Reason,
+    SourceFailed,
+    ToolFailed,
+    Unsupported,
+)
 from agent.hw import block, diskio, partitions
 from agent.manifest import Plan
+from agent.proc import Exited
 from agent.proto import agent_pb2, common_pb2
 
 log = logging.getLogger(__name__)
@@ -184,7 +193,7 @@ class Deployment:
         self.ctx, self.params, self.disk = ctx, params, disk
         self.started = time.monotonic()
         self.result = agent_pb2.DeployImageResult(disk=disk.identity())
-        self._last_progress = 0.0
+        self.meter = ctx.meter(subject=disk.name)
         # One kept-alive connection (and over TLS one handshake) for all of the deploy's
         # requests: the manifest, the format probe, every Range request or the download.
         self.pool = http.Connections(self._http_options())
@@ -327,7 +336,7 @@ class Deployment:
                         hasher = image.HashToEnd(source)
                         published = hasher.hexdigest
                 else:
-                    stream = image.RawStream(source, fmt, self.ctx.spawn, hash_published=must_hash)
+                    stream = image.RawStream(source, fmt, self.ctx.running, hash_published=must_hash)
                     reader = dv.StreamReader(stream)
                     if must_hash:  # hashed by the stream's feeding thread as it reads
                         published = source.hasher.hexdigest
@@ -379,15 +388,9 @@ class Deployment:
             self._finish(fd)
 
     def _progress_raw(self, done: int, total: int, writer: diskio.DiskWriter) -> None:
-        now = time.monotonic()
-        if now - self._last_progress < 1.0:
-            return
-        self._last_progress = now
-        rate = done / max(now - self.started, 1e-6)
-        self.ctx.progress(
-            done=done, total=total, rate=rate, eta_seconds=(total - done) / rate if rate else -1.0,
-            subject=self.disk.name, message=f"{done} image bytes verified, {writer.written} written",
-        )
+        if self.meter.due():
+            self.meter.update(done, total=total,
+                              message=f"{done} image bytes verified, {writer.written} written")
 
     def _readback_chunks(self, fd: int, plan: Plan) -> None:
         """Read every data chunk back from the disk (the page cache dropped first) and compare
@@ -469,7 +472,7 @@ class Deployment:
 
     def _stream(self, source: image.Source, fmt: int) -> None:
         # ToolMissing here (no zstd): nothing touched yet
-        stream = image.RawStream(source, fmt, self.ctx.spawn) if fmt != Fmt.RAW else None
+        stream = image.RawStream(source, fmt, self.ctx.running) if fmt != Fmt.RAW else None
         try:
             with self._open_target() as (fd, dfd):
                 skip = self._prepare(fd)
@@ -560,18 +563,9 @@ class Deployment:
             reader.join(timeout=10)
 
     def _progress(self, source: image.Source, image_bytes: int, written: int = 0, skipped: int = 0) -> None:
-        now = time.monotonic()
-        if now - self._last_progress < 1.0:
-            return
-        self._last_progress = now
-        elapsed = max(now - self.started, 1e-6)
-        rate = source.count / elapsed
-        total = source.total or 0
-        eta = (total - source.count) / rate if total and rate else -1.0
-        self.ctx.progress(
-            done=source.count, total=total, rate=rate, eta_seconds=eta, subject=self.disk.name,
-            message=f"{image_bytes} image bytes, {written} written, {skipped} skipped",
-        )
+        if self.meter.due():
+            self.meter.update(source.count, total=source.total or 0,
+                              message=f"{image_bytes} image bytes, {written} written, {skipped} skipped")
 
     def _readback(self, fd: int, dfd: int | None, length: int, expected: str) -> None:
         """Read the written image back (bypassing the page cache) and compare its sha256."""
@@ -647,38 +641,21 @@ class Deployment:
             os.close(fd)
 
     def _run_qemu_img(self, argv: list[str], virtual: int) -> None:
+        """qemu-img convert under ctx.running (killed on cancel, timeout or error; its exit
+        checked on leaving), its ``-p`` percentages read for progress."""
         import subprocess
 
-        child = self.ctx.spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        assert child.stdout is not None and child.stderr is not None
-        stderr: list[bytes] = []
-        reader = threading.Thread(target=lambda: stderr.append(child.stderr.read()), daemon=True)  # type: ignore[union-attr]  # stderr=PIPE
-        reader.start()
+        def failure(exited: Exited) -> AgentError:
+            return ToolFailed(f"qemu-img convert failed ({exited.description}): {exited.tail(2)}",
+                              tool="qemu-img")
+
         pending = b""
-        try:
-            while chunk := os.read(child.stdout.fileno(), 4096):
+        with self.ctx.running(argv, stdout=subprocess.PIPE, failure=failure) as child:
+            for chunk in child.chunks(4096):
                 self.ctx.check()
                 pending += chunk
                 found = re.findall(rb"\((\d+(?:\.\d+)?)/100%\)", pending)
                 pending = pending[-64:]
                 if found:
-                    frac = float(found[-1]) / 100
-                    now = time.monotonic()
-                    if now - self._last_progress >= 1.0:
-                        self._last_progress = now
-                        self.ctx.progress(done=int(virtual * frac), total=virtual, subject=self.disk.name,
-                                          message="qemu-img convert")
-            rc = child.wait()
-        except BaseException:
-            from agent.proc import kill_group
-
-            kill_group(child)
-            raise
-        reader.join(5)
-        if rc != 0:
-            from agent.errors import ToolFailed
-            from agent.proc import describe_exit
-
-            tail = b"".join(stderr).decode("utf-8", "replace").strip().splitlines()[-2:]
-            raise ToolFailed(f"qemu-img convert failed ({describe_exit(rc)}): {' / '.join(tail)}",
-                             tool="qemu-img")
+                    self.meter.update(int(virtual * float(found[-1]) / 100), total=virtual,
+                                      message="qemu-img convert")
