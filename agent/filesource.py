@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
-from agent import http, image, proc
+from agent import http, proc
 from agent.errors import (
     AgentError,
     Cancelled,
@@ -38,21 +38,13 @@ from agent.errors import (
     Reason,
 )
 from agent.hw.partitions import FsInfo, probe_fs
+from agent.image import Digest
 from agent.proto import common_pb2
 
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
 MAX_SYMLINKS = 40
-
-
-@dataclass(frozen=True)
-class Digest:
-    algorithm: str
-    hex: str
-
-    def new(self) -> hashlib._Hash:
-        return hashlib.new(self.algorithm)
 
 
 @dataclass(frozen=True)
@@ -80,15 +72,6 @@ class Source:
         return str(self.local_path)
 
 
-def parse_digest(msg: common_pb2.Digest, what: str) -> Digest:
-    """A request's digest, checked by the one validator (image.check_digest); sha256 by default."""
-    try:
-        algorithm, value = image.check_digest(msg.algorithm or "sha256", msg.hex)
-    except InvalidParameters as exc:
-        raise InvalidParameters(f"{what}: {exc}") from exc
-    return Digest(algorithm, value)
-
-
 def _check_inner_path(path: str, what: str) -> str:
     if not path.startswith("/") or "\0" in path:
         raise InvalidParameters(f"{what}: path inside the partition must be absolute, not {path!r}")
@@ -102,7 +85,7 @@ def parse_source(msg: common_pb2.FileSource, what: str) -> Source:
         raise InvalidParameters(f"{what}: give a url, a partition_file or a local_path")
     if not msg.HasField("digest") or not msg.digest.hex:
         raise InvalidParameters(f"{what}: a digest is required")
-    digest = parse_digest(msg.digest, what)
+    digest = Digest.from_proto(msg.digest, what)
     if which == "url":
         http.check_url(msg.url)
         return Source(digest, url=msg.url)

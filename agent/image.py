@@ -24,13 +24,14 @@ import subprocess
 import threading
 import zlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from agent import http
 from agent.errors import AgentError, InvalidParameters, NotFound, SourceFailed, ToolFailed
 from agent.proc import Child, Completed
-from agent.proto import agent_pb2
+from agent.proto import agent_pb2, common_pb2
 
 Fmt = agent_pb2.ImageFormat
 
@@ -61,14 +62,39 @@ def detect(head: bytes) -> int:
     return Fmt.RAW
 
 
-def check_digest(algorithm: str, hexdigest: str) -> tuple[str, str]:
-    algo = algorithm.strip().lower()
-    hx = hexdigest.strip().lower()
-    if algo not in DIGESTS:
-        raise InvalidParameters(f"digest algorithm must be sha256 or sha512, not {algorithm!r}")
-    if len(hx) != DIGESTS[algo] or any(c not in "0123456789abcdef" for c in hx):
-        raise InvalidParameters(f"digest is not {DIGESTS[algo]} hexadecimal characters of {algo}")
-    return algo, hx
+@dataclass(frozen=True)
+class Digest:
+    """The one digest type: what a request or a manifest says a file's digest is (sha256 or
+    sha512, lower-case hex), valid by construction (``parse``, ``from_proto``)."""
+
+    algorithm: str
+    hex: str
+
+    @classmethod
+    def parse(cls, algorithm: str, hexdigest: str) -> Digest:
+        algo = algorithm.strip().lower()
+        hx = hexdigest.strip().lower()
+        if algo not in DIGESTS:
+            raise InvalidParameters(f"digest algorithm must be sha256 or sha512, not {algorithm!r}")
+        if len(hx) != DIGESTS[algo] or any(c not in "0123456789abcdef" for c in hx):
+            raise InvalidParameters(f"digest is not {DIGESTS[algo]} hexadecimal characters of {algo}")
+        return cls(algo, hx)
+
+    @classmethod
+    def from_proto(cls, msg: common_pb2.Digest, what: str = "") -> Digest:
+        """A digest from the wire, sha256 when it names no algorithm; InvalidParameters names
+        ``what`` (e.g. "kernel")."""
+        try:
+            return cls.parse(msg.algorithm or "sha256", msg.hex)
+        except InvalidParameters as exc:
+            raise InvalidParameters(f"{what}: {exc}" if what else str(exc)) from exc
+
+    def to_proto(self) -> common_pb2.Digest:
+        return common_pb2.Digest(algorithm=self.algorithm, hex=self.hex)
+
+    def new(self) -> hashlib._Hash:
+        """A hasher of this digest's algorithm."""
+        return hashlib.new(self.algorithm)
 
 
 # ---------------------------------------------------------------------------- sources

@@ -76,7 +76,7 @@ class Plan:
     image_size: int
     chunk_size: int                 # the largest segment a deploy holds in one buffer
     segments: tuple[Segment, ...]
-    published: common_pb2.Digest | None = None
+    published: image.Digest | None = None
     published_size: int = 0
     published_format: int = -1       # of the file the manifest was made from (-1: not said)
 
@@ -148,10 +148,9 @@ def from_proto(m: agent_pb2.ImageManifest, what: str = "manifest") -> Plan:
         segments.append(Segment(i, offset, length, None if zero else digest))
     published = None
     if m.HasField("published") and m.published.hex:
-        from agent.image import check_digest
+        from agent.image import Digest
 
-        algo, hx = check_digest(m.published.algorithm or "sha256", m.published.hex)
-        published = common_pb2.Digest(algorithm=algo, hex=hx)
+        published = Digest.from_proto(m.published, what)
     return Plan("manifest", m.algorithm, m.image_size, chunk, tuple(segments), published, m.published_size,
                 m.published_format if m.HasField("published") else -1)
 

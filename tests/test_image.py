@@ -42,10 +42,10 @@ def test_detect() -> None:
 
 
 def test_check_digest() -> None:
-    assert image.check_digest(" SHA256 ", "AB" * 32) == ("sha256", "ab" * 32)
+    assert image.Digest.parse(" SHA256 ", "AB" * 32) == image.Digest("sha256", "ab" * 32)
     for algo, hx in (("md5", "ab" * 16), ("sha256", "ab" * 31), ("sha512", "g" * 128)):
         with pytest.raises(InvalidParameters):
-            image.check_digest(algo, hx)
+            image.Digest.parse(algo, hx)
 
 
 @pytest.mark.parametrize(

@@ -66,7 +66,7 @@ from agent.errors import (
 from agent.hw import block, diskio, partitions
 from agent.manifest import Plan
 from agent.proc import Exited
-from agent.proto import agent_pb2, common_pb2
+from agent.proto import agent_pb2
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +81,7 @@ class DeployParams:
     url: str
     local_path: Path | None
     format: int
-    algorithm: str
-    digest: str
+    digest: image.Digest | None                 # of the published file; None: a manifest's chunks only
     hints: block.Hints
     verify_readback: bool
     zero_skip: bool
@@ -128,12 +127,11 @@ class DeployImage(Handler[agent_pb2.DeployImageRequest, DeployParams], kind="dep
         if len(payload.manifest_inline) > MAX_INLINE_MANIFEST:
             raise InvalidParameters(f"an inline manifest is at most {MAX_INLINE_MANIFEST} bytes (this one"
                                     f" {len(payload.manifest_inline)}): give it as a file, `manifest`")
+        digest = None
         if payload.HasField("digest"):
-            algo, hexdigest = image.check_digest(payload.digest.algorithm, payload.digest.hex)
+            digest = image.Digest.parse(payload.digest.algorithm, payload.digest.hex)
         elif manifest is None and not payload.manifest_inline:
             raise InvalidParameters("deploy.image needs the image's digest (sha256 or sha512) or a manifest")
-        else:
-            algo, hexdigest = "sha256", ""
         if not payload.HasField("target"):
             raise InvalidParameters("deploy.image needs target disk hints")
         if payload.max_retries > 100:
@@ -145,8 +143,7 @@ class DeployImage(Handler[agent_pb2.DeployImageRequest, DeployParams], kind="dep
             url=url,
             local_path=local,
             format=payload.format,
-            algorithm=algo,
-            digest=hexdigest,
+            digest=digest,
             hints=block.Hints.from_proto(payload.target),
             verify_readback=payload.verify_readback,
             zero_skip=not payload.disable_zero_skip,
@@ -210,11 +207,13 @@ class Deployment:
             cancel=self.ctx.cancel_event,
         )
 
-    def _open_source(self, *, algorithm: str | None = None) -> image.Source:
+    def _open_source(self) -> image.Source:
+        """The published bytes, hashed with the request's digest's algorithm as they pass."""
         p = self.params
+        algorithm = p.digest.algorithm if p.digest is not None else "sha256"
         if p.local_path is not None:
-            return image.FileSource(p.local_path, algorithm or p.algorithm)
-        return image.HttpSource(p.url, self._http_options(), algorithm or p.algorithm, pool=self.pool)
+            return image.FileSource(p.local_path, algorithm)
+        return image.HttpSource(p.url, self._http_options(), algorithm, pool=self.pool)
 
     def _check_format(self, head: bytes) -> int:
         if not head:
@@ -311,7 +310,7 @@ class Deployment:
                     ranged, total = probe.ranged, probe.total
                 fmt = self._check_format(head)
                 if fmt == Fmt.RAW and ranged and not self._must_hash(plan, fmt):
-                    dv.check_against_source(plan, total, fmt, (p.algorithm, p.digest))
+                    dv.check_against_source(plan, total, fmt, p.digest)
                     reader = dv.RangeReader(p.url, self._http_options(), plan, self.pool)
                 else:
                     source = self._open_source()
@@ -321,7 +320,7 @@ class Deployment:
                 fmt = self._check_format(source.peek())
             if source is not None:
                 self._check_fits(fmt, source.total)
-                dv.check_against_source(plan, source.total, fmt, (p.algorithm, p.digest))
+                dv.check_against_source(plan, source.total, fmt, p.digest)
                 must_hash = self._must_hash(plan, fmt)
                 if fmt == Fmt.QCOW2 or (fmt == Fmt.RAW and p.local_path is not None):
                     if p.local_path is None:
@@ -356,7 +355,7 @@ class Deployment:
     def _must_hash(self, plan: Plan, fmt: int) -> bool:
         """A digest in the request that the manifest does not give for this very file (then
         check_against_source compared the two): it is checked on the bytes."""
-        return bool(self.params.digest) and not deploy_verified.digest_in_manifest(plan, fmt)
+        return self.params.digest is not None and not deploy_verified.digest_in_manifest(plan, fmt)
 
     def _write_verified(self, plan: Plan, reader: deploy_verified.ChunkReader,
                         published: Callable[[], str] | None = None) -> None:
@@ -413,12 +412,12 @@ class Deployment:
 
     def _check_digest(self, got: str) -> None:
         """The published image's digest, as computed, against the request's."""
-        self.result.digest.CopyFrom(common_pb2.Digest(algorithm=self.params.algorithm, hex=got))
-        if got != self.params.digest:
-            raise ChecksumMismatch(
-                f"{self.params.algorithm} of the image is {got}, expected {self.params.digest}",
-                expected=self.params.digest, got=got,
-            )
+        want = self.params.digest
+        assert want is not None
+        self.result.digest.CopyFrom(image.Digest(want.algorithm, got).to_proto())
+        if got != want.hex:
+            raise ChecksumMismatch(f"{want.algorithm} of the image is {got}, expected {want.hex}",
+                                   expected=want.hex, got=got)
 
     # -- target --------------------------------------------------------------------------
 

@@ -491,7 +491,7 @@ def digest_in_manifest(plan: Plan, fmt: int) -> bool:
     return plan.published is not None and plan.published_format == fmt
 
 
-def check_against_source(plan: Plan, total: int | None, fmt: int, digest: tuple[str, str] | None) -> None:
+def check_against_source(plan: Plan, total: int | None, fmt: int, digest: image.Digest | None) -> None:
     """Refuse, before anything is written, a manifest that disagrees with the image: its raw
     size, or (when it was made from a file of this format) the published file's size, or the
     request's digest of the published file."""
@@ -503,6 +503,5 @@ def check_against_source(plan: Plan, total: int | None, fmt: int, digest: tuple[
     if plan.published_size and total is not None and total != plan.published_size:
         raise ChecksumMismatch(f"the published image is {total} bytes, its manifest says"
                                f" {plan.published_size}", size=total, manifest_size=plan.published_size)
-    if digest is not None and digest[1] and plan.published is not None and (
-        plan.published.algorithm, plan.published.hex) != digest:
+    if digest is not None and plan.published is not None and plan.published != digest:
         raise InvalidParameters("the request's digest of the image is not the one its manifest gives")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from google.protobuf.message import Message
 
-from agent import filesource, http, launcher, version
+from agent import filesource, http, image, launcher, version
 from agent.commands.base import Context, Handler, SelfTermination, Verdict
 from agent.errors import AgentError, Draining, InvalidParameters, Reason, Unsupported
 from agent.proto import agent_pb2
@@ -67,7 +67,7 @@ class UpgradeHandler(Handler[agent_pb2.DaemonSection, UpgradeParams], kind="daem
         if not payload.HasField("digest") or not payload.digest.hex:
             raise InvalidParameters("daemon.upgrade: digest is required")
         http.check_url(payload.url)
-        digest = filesource.parse_digest(payload.digest, "daemon.upgrade")
+        digest = image.Digest.from_proto(payload.digest, "daemon.upgrade")
         source = filesource.Source(digest, url=payload.url)
         if len(payload.signature) != 64:
             raise InvalidParameters("daemon.upgrade: signature must be a 64-byte Ed25519 signature")
