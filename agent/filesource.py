@@ -37,7 +37,7 @@ from agent.errors import (
     ProtectedDevice,
     Reason,
 )
-from agent.hw.partitions import FsInfo, probe_fs
+from agent.hw import block, partitions
 from agent.image import Digest
 from agent.proto import common_pb2
 
@@ -95,8 +95,6 @@ def parse_source(msg: common_pb2.FileSource, what: str) -> Source:
             raise InvalidParameters(f"{what}: local_path must be absolute, not {path!r}")
         return Source(digest, local_path=Path(path))
     pf = msg.partition_file
-    from agent.hw import block
-
     block.Hints.from_proto(pf.disk)  # InvalidParameters when empty or malformed
     if not pf.partition_number and not pf.partition_label:
         raise InvalidParameters(f"{what}: partition_file needs a partition_number or a partition_label")
@@ -244,107 +242,7 @@ def open_in_root(root: Path, inner: str) -> Iterator[BinaryIO]:
 
 def find_disk(hints: common_pb2.DiskHints) -> Path:
     """The one disk every set hint matches (agent.hw.block's root-device-hint matching)."""
-    from agent.hw import block
-
     return block.select(block.list_disks(), block.Hints.from_proto(hints)).path
-
-
-@dataclass(frozen=True)
-class Partition:
-    name: str           # kernel name, "nvme0n1p2"
-    number: int
-    partname: str       # GPT partition name
-    devnum: str         # "major:minor"
-
-
-def _partitions(disk: Path, sys_block: Path) -> list[Partition]:
-    name = Path(os.path.realpath(disk)).name
-    base = sys_block / name
-    if not base.is_dir():
-        raise NotFound(f"{disk}: not a block device this kernel knows", disk=disk)
-    parts = []
-    for entry in sorted(base.iterdir()):
-        if not (entry / "partition").is_file():
-            continue
-        uevent = dict(
-            line.split("=", 1) for line in (entry / "uevent").read_text().splitlines() if "=" in line
-        )
-        parts.append(Partition(entry.name, int((entry / "partition").read_text()),
-                               uevent.get("PARTNAME", ""), (entry / "dev").read_text().strip()))
-    return parts
-
-
-def _probe(node: Path) -> FsInfo | None:
-    """The filesystem on a partition (type and label) from its superblock, or None."""
-    try:
-        fd = os.open(node, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return probe_fs(fd, 0)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-def _node(part: Partition, private: Path) -> Path:
-    """The partition's device node: /dev/NAME, or one made in ``private`` where there is no udev."""
-    major, minor = (int(x) for x in part.devnum.split(":"))
-    dev = Path("/dev") / part.name
-    with contextlib.suppress(OSError):
-        st = os.stat(dev)
-        if stat.S_ISBLK(st.st_mode) and st.st_rdev == os.makedev(major, minor):
-            return dev
-    node = private / part.name
-    os.mknod(node, 0o600 | stat.S_IFBLK, os.makedev(major, minor))
-    return node
-
-
-def _mounted_devnums() -> set[str]:
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return set()
-    return {line.split()[2] for line in lines if len(line.split()) > 2}
-
-
-def _reread(disk: Path) -> None:
-    """Ask the kernel to read the partition table again (a disk just written by deploy.image)."""
-    from agent.hw import block
-
-    try:
-        fd = os.open(disk, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        block.reread_partitions(fd)
-    finally:
-        os.close(fd)
-
-
-def find_partition(disk: Path, ref: PartitionRef, private: Path,
-                   sys_block: Path = Path("/sys/class/block")) -> tuple[Partition, Path]:
-    parts = _partitions(disk, sys_block)
-    if not parts:
-        _reread(disk)
-        parts = _partitions(disk, sys_block)
-    if ref.number:
-        found = [(p, _node(p, private)) for p in parts if p.number == ref.number]
-    else:
-        found = []
-        for p in parts:
-            node = _node(p, private)
-            fs = _probe(node)
-            if ref.label == p.partname or (fs is not None and ref.label == fs.label):
-                found.append((p, node))
-    what = f"partition {ref.number}" if ref.number else f"a partition labelled {ref.label!r}"
-    if not found:
-        raise NotFound(f"{disk} has no {what}", disk=disk)
-    if len(found) > 1:
-        raise AgentError(f"{disk} has {len(found)} partitions labelled {ref.label!r}",
-                         reason=Reason.AMBIGUOUS, disk=disk)
-    return found[0]
 
 
 @contextlib.contextmanager
@@ -355,11 +253,12 @@ def mounted_partition(disk: Path, ref: PartitionRef) -> Iterator[Path]:
     where = private / "mnt"
     where.mkdir()
     try:
-        part, node = find_partition(disk, ref, private)
-        if part.devnum in _mounted_devnums():
+        part, node = partitions.find_partition(disk, private, number=ref.number, label=ref.label)
+        used = block.SystemUse.scan().uses.get(part.devnum)
+        if used is not None:
             # Mounted (maybe read-write) elsewhere: a second mount would read a filesystem in flux.
-            raise ProtectedDevice(f"{part.name} is mounted; refusing to mount it again", device=part.name)
-        fs = _probe(node)
+            raise ProtectedDevice(f"{part.name} {used}; refusing to mount it again", device=part.name)
+        fs = partitions.fs_on(node)
         fstype = fs.type if fs is not None else ""
         options = "ro,noexec,nosuid,nodev" + (",noload" if fstype in ("ext3", "ext4") else "")
         argv = ["mount", "-o", options, *(["-t", fstype] if fstype else []), str(node), str(where)]
