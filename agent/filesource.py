@@ -1,5 +1,6 @@
-"""A file named by a request (``FileSource``): from a URL, from a partition of a local disk, or
-from a local path, copied into a private work file and checked against its digest.
+"""A file named by a request (``FileRef``, from the wire's ``FileSource``): from a URL, from a
+partition of a local disk, or from a local path, copied into a private work file and checked
+against its digest. (The bytes of an image as they stream are agent/image.py's Sources.)
 
     src = parse_source(request.kernel, "kernel")     # InvalidParameters on bad input
     digest = fetch(src, dest, cancel=ctx.cancel_event, ca_file=config.ca_bundle)
@@ -56,7 +57,9 @@ class PartitionRef:
 
 
 @dataclass(frozen=True)
-class Source:
+class FileRef:
+    """A file a request names, and the digest it must have (not its bytes: ``fetch`` copies them)."""
+
     digest: Digest
     url: str = ""
     local_path: Path | None = None
@@ -78,7 +81,7 @@ def _check_inner_path(path: str, what: str) -> str:
     return path
 
 
-def parse_source(msg: common_pb2.FileSource, what: str) -> Source:
+def parse_source(msg: common_pb2.FileSource, what: str) -> FileRef:
     """Validate a FileSource from the wire; InvalidParameters names ``what`` (e.g. "kernel")."""
     which = msg.WhichOneof("source")
     if which is None:
@@ -88,17 +91,17 @@ def parse_source(msg: common_pb2.FileSource, what: str) -> Source:
     digest = Digest.from_proto(msg.digest, what)
     if which == "url":
         http.check_url(msg.url)
-        return Source(digest, url=msg.url)
+        return FileRef(digest, url=msg.url)
     if which == "local_path":
         path = msg.local_path
         if not path.startswith("/") or "\0" in path:
             raise InvalidParameters(f"{what}: local_path must be absolute, not {path!r}")
-        return Source(digest, local_path=Path(path))
+        return FileRef(digest, local_path=Path(path))
     pf = msg.partition_file
     block.Hints.from_proto(pf.disk)  # InvalidParameters when empty or malformed
     if not pf.partition_number and not pf.partition_label:
         raise InvalidParameters(f"{what}: partition_file needs a partition_number or a partition_label")
-    return Source(digest, partition=PartitionRef(
+    return FileRef(digest, partition=PartitionRef(
         disk=pf.disk, number=pf.partition_number, label=pf.partition_label,
         path=_check_inner_path(pf.path, what),
     ))
@@ -135,7 +138,7 @@ def _copy(reader: Callable[[int], bytes], dest: Path, digest: Digest,
 
 
 def fetch(
-    src: Source,
+    src: FileRef,
     dest: Path,
     *,
     cancel: threading.Event | None = None,

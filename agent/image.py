@@ -20,6 +20,7 @@ import hashlib
 import lzma
 import os
 import queue
+import stat
 import subprocess
 import threading
 import zlib
@@ -171,21 +172,45 @@ class Source:
 
 
 class FileSource(Source):
-    def __init__(self, path: Path, algorithm: str) -> None:
+    """A local file or block device (its size by seeking to its end), read in order; ``what``
+    names it in errors ("image", "snapshot source")."""
+
+    def __init__(self, path: Path, algorithm: str, *, what: str = "image") -> None:
         super().__init__(algorithm)
+        self.path, self.what = path, what
         try:
             self._f = open(path, "rb", buffering=0)  # noqa: SIM115  (closed by close())
         except FileNotFoundError as exc:
-            raise NotFound(f"image {path} does not exist") from exc
+            raise NotFound(f"{what} {path} does not exist", path=str(path)) from exc
         except OSError as exc:
-            raise SourceFailed(f"image {path}: {exc.strerror}") from exc
-        self.total = os.fstat(self._f.fileno()).st_size
+            raise SourceFailed(f"{what} {path}: {exc.strerror}") from exc
+        fd = self._f.fileno()
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISBLK(mode):
+            self.total = os.lseek(fd, 0, os.SEEK_END)
+            os.lseek(fd, 0, os.SEEK_SET)
+        elif stat.S_ISREG(mode):
+            self.total = os.fstat(fd).st_size
+        else:
+            self._f.close()
+            raise InvalidParameters(f"{what} {path} is neither a block device nor a regular file")
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+
+    def _failed(self, exc: OSError) -> SourceFailed:
+        return SourceFailed(f"{self.what} {self.path}: read error at byte {self.count}: {exc.strerror}")
 
     def _read(self, size: int) -> bytes:
-        return self._f.read(size) or b""
+        try:
+            return self._f.read(size) or b""
+        except OSError as exc:
+            raise self._failed(exc) from exc
 
     def _readinto(self, view: memoryview) -> int:
-        return self._f.readinto(view) or 0
+        try:
+            return self._f.readinto(view) or 0
+        except OSError as exc:
+            raise self._failed(exc) from exc
 
     def close(self) -> None:
         self._f.close()

@@ -88,7 +88,7 @@ class DeployParams:
     ca_pem: str
     headers: dict[str, str] = field(default_factory=dict)
     max_retries: int = 5
-    manifest: filesource.Source | None = None   # a manifest file, checked against its signed digest
+    manifest: filesource.FileRef | None = None   # a manifest file, checked against its signed digest
     manifest_inline: bytes = b""                 # or the manifest itself, inside the signed payload
 
     @property

@@ -44,7 +44,7 @@ _VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}")
 @dataclass(frozen=True)
 class UpgradeParams:
     version: str
-    source: filesource.Source
+    source: filesource.FileRef
     signature: bytes
     key_id: str
     rejoin_timeout: int
@@ -68,7 +68,7 @@ class UpgradeHandler(Handler[agent_pb2.DaemonSection, UpgradeParams], kind="daem
             raise InvalidParameters("daemon.upgrade: digest is required")
         http.check_url(payload.url)
         digest = image.Digest.from_proto(payload.digest, "daemon.upgrade")
-        source = filesource.Source(digest, url=payload.url)
+        source = filesource.FileRef(digest, url=payload.url)
         if len(payload.signature) != 64:
             raise InvalidParameters("daemon.upgrade: signature must be a 64-byte Ed25519 signature")
         if not payload.key_id:
