@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import image, proc
+from agent import decompress, image, proc
 from agent.errors import InvalidParameters, NotFound, SourceFailed
 from agent.proto import agent_pb2
 
@@ -21,7 +21,7 @@ RAW = os.urandom(300_000) + bytes(5_000_000) + os.urandom(1000)
 
 
 def inflate(fmt: int, published: bytes, step: int = 65536, max_out: int = 1 << 20) -> bytes:
-    dec = image.decompressor(fmt, max_out=max_out)
+    dec = decompress.decompressor(fmt, max_out=max_out)
     out = []
     for i in range(0, len(published), step):
         for piece in dec.feed(published[i : i + step]):
@@ -86,10 +86,10 @@ def read_stream(tmp_path: Path, published: bytes, fmt: int, piece: int = 100_000
 def test_zstd_stream(tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if shutil.which("zstd") is None:
         pytest.skip("zstd not installed")
-    if how == "libzstd" and image._libzstd() is None:
+    if how == "libzstd" and decompress.libzstd() is None:
         pytest.skip("no libzstd.so.1 here")
     if how == "zstd child":
-        monkeypatch.setattr(image, "_libzstd", lambda: None)
+        monkeypatch.setattr(decompress, "libzstd", lambda: None)
     published = proc.run(["zstd", "-q", "-c"], input=RAW).stdout
     assert read_stream(tmp_path, published, Fmt.ZSTD) == RAW
     with pytest.raises(SourceFailed, match="zstd"):

@@ -297,7 +297,7 @@ class Deployment:
         p = self.params
         self.result.verification = plan.kind
         source: image.Source | None = None
-        reader: dv.ChunkReader | None = None
+        reader: image.ChunkReader | None = None
         hasher: image.HashToEnd | None = None
         published: Callable[[], str] | None = None
         try:
@@ -311,7 +311,7 @@ class Deployment:
                 fmt = self._check_format(head)
                 if fmt == Fmt.RAW and ranged and not self._must_hash(plan, fmt):
                     dv.check_against_source(plan, total, fmt, p.digest)
-                    reader = dv.RangeReader(p.url, self._http_options(), plan, self.pool)
+                    reader = image.RangeReader(p.url, self._http_options(), plan, self.pool)
                 else:
                     source = self._open_source()
                     fmt = self._check_format(source.peek())
@@ -326,17 +326,17 @@ class Deployment:
                     if p.local_path is None:
                         raise Unsupported(QCOW2_NEEDS_FILE)
                     if fmt == Fmt.QCOW2:
-                        qcow = dv.Qcow2Reader(str(p.local_path))
+                        qcow = image.Qcow2Reader(str(p.local_path))
                         reader = qcow
                         dv.check_against_source(plan, qcow.q.size, Fmt.RAW, None)
                     else:
-                        reader = dv.FileReader(str(p.local_path))
+                        reader = image.FileReader(str(p.local_path))
                     if must_hash:  # the file is read by offset: its digest on a thread of its own
                         hasher = image.HashToEnd(source)
                         published = hasher.hexdigest
                 else:
                     stream = image.RawStream(source, fmt, self.ctx.running, hash_published=must_hash)
-                    reader = dv.StreamReader(stream)
+                    reader = image.StreamReader(stream)
                     if must_hash:  # hashed by the stream's feeding thread as it reads
                         published = source.hasher.hexdigest
             assert reader is not None
@@ -357,7 +357,7 @@ class Deployment:
         check_against_source compared the two): it is checked on the bytes."""
         return self.params.digest is not None and not deploy_verified.digest_in_manifest(plan, fmt)
 
-    def _write_verified(self, plan: Plan, reader: deploy_verified.ChunkReader,
+    def _write_verified(self, plan: Plan, reader: image.ChunkReader,
                         published: Callable[[], str] | None = None) -> None:
         dv = deploy_verified
         with self._open_target() as (fd, dfd):
