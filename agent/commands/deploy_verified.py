@@ -38,13 +38,26 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
-from agent import image
-from agent.errors import Cancelled, ChecksumMismatch, InvalidParameters, SourceFailed
+from agent import filesource, http, image, manifest
+from agent.commands.deploy_base import QCOW2_NEEDS_FILE, Deployment
+from agent.errors import (
+    AgentError,
+    Cancelled,
+    ChecksumMismatch,
+    InvalidParameters,
+    Reason,
+    SourceFailed,
+    Unsupported,
+)
 from agent.hw import block, diskio
 from agent.manifest import Plan, Segment
+from agent.proto import agent_pb2
 
 log = logging.getLogger(__name__)
+
+Fmt = agent_pb2.ImageFormat
 
 HOLD = 1 << 20            # bytes at each end of the image whose chunks are written last
 FIRST_PAGE = 4096         # the MBR and the primary GPT header, written after everything else
@@ -258,3 +271,149 @@ def check_against_source(plan: Plan, total: int | None, fmt: int, digest: image.
                                f" {plan.published_size}", size=total, manifest_size=plan.published_size)
     if digest is not None and plan.published is not None and plan.published != digest:
         raise InvalidParameters("the request's digest of the image is not the one its manifest gives")
+
+
+class ManifestDeployment(Deployment):
+    """The image with a manifest (an ImageManifest or a .bmap): read chunk by chunk as its
+    source allows (image.py's chunk readers), each chunk verified before it is written by
+    VerifiedCopy, the partition tables last."""
+
+    def deploy(self) -> None:
+        self._run_manifest(self._load_plan())
+
+    def _load_plan(self) -> Plan:
+        """The manifest, checked against its signed digest and parsed; nothing is touched yet."""
+        p = self.params
+        data = p.manifest_inline
+        if p.manifest is not None:
+            import tempfile
+
+            with tempfile.TemporaryDirectory(prefix="bc-manifest-") as private:
+                dest = Path(private) / "manifest"
+                # The request's CA; its headers (say, a token) only where the image is.
+                same = bool(p.url and p.manifest.url) and http.origin(p.url) == http.origin(p.manifest.url)
+                filesource.fetch(p.manifest, dest, cancel=self.ctx.cancel_event,
+                                 ca_file=self.ctx.config.ca_bundle, ca_pem=p.ca_pem,
+                                 headers=p.headers if same else None, pool=self.pool)
+                data = dest.read_bytes()
+        plan = manifest.parse(data)
+        if plan.image_size > self.disk.size:
+            raise AgentError(f"the manifest's image is {plan.image_size} bytes, disk {self.disk.name} only"
+                             f" {self.disk.size}", reason=Reason.TOO_LARGE)
+        return plan
+
+    def _run_manifest(self, plan: Plan) -> None:
+        """The image read chunk by chunk as its source allows: a raw image over HTTP by Range
+        (data runs only), a local raw file by offset (holes skipped), a local qcow2 file through
+        its tables, anything else as a stream. A request's digest of the published file that
+        the manifest does not vouch for itself (a .bmap, or a manifest of the raw image given
+        for a compressed or qcow2 copy) is checked on the published bytes as they are read:
+        the whole file is then read (over HTTP: downloaded, zeros too), hashed on a thread of
+        its own, and compared before the partition tables are written."""
+        p = self.params
+        self.result.verification = plan.kind
+        source: image.Source | None = None
+        reader: image.ChunkReader | None = None
+        hasher: image.HashToEnd | None = None
+        published: Callable[[], str] | None = None
+        try:
+            if p.url:
+                # A 16-byte Range probe: the format, the size, and whether Range works, without
+                # starting a download of the whole image.
+                with http.get(p.url, self._http_options(), offset=0, length=image.MAGIC_LEN,
+                              pool=self.pool) as probe:
+                    head = probe.read(image.MAGIC_LEN)
+                    ranged, total = probe.ranged, probe.total
+                fmt = self._check_format(head)
+                if fmt == Fmt.RAW and ranged and not self._must_hash(plan, fmt):
+                    check_against_source(plan, total, fmt, p.digest)
+                    reader = image.RangeReader(p.url, self._http_options(), plan, self.pool)
+                else:
+                    source = self._open_source()
+                    fmt = self._check_format(source.peek())
+            else:
+                source = self._open_source()
+                fmt = self._check_format(source.peek())
+            if source is not None:
+                self._check_fits(fmt, source.total)
+                check_against_source(plan, source.total, fmt, p.digest)
+                must_hash = self._must_hash(plan, fmt)
+                if fmt == Fmt.QCOW2 or (fmt == Fmt.RAW and p.local_path is not None):
+                    if p.local_path is None:
+                        raise Unsupported(QCOW2_NEEDS_FILE)
+                    if fmt == Fmt.QCOW2:
+                        qcow = image.Qcow2Reader(str(p.local_path))
+                        reader = qcow
+                        check_against_source(plan, qcow.q.size, Fmt.RAW, None)
+                    else:
+                        reader = image.FileReader(str(p.local_path))
+                    if must_hash:  # the file is read by offset: its digest on a thread of its own
+                        hasher = image.HashToEnd(source)
+                        published = hasher.hexdigest
+                else:
+                    stream = image.RawStream(source, fmt, self.ctx.running, hash_published=must_hash)
+                    reader = image.StreamReader(stream)
+                    if must_hash:  # hashed by the stream's feeding thread as it reads
+                        published = source.hasher.hexdigest
+            assert reader is not None
+            self._write_verified(plan, reader, published)
+            self.result.source_bytes = reader.fetched
+            reader.close()
+            self.result.resumes = reader.resumes
+        finally:
+            if reader is not None:
+                reader.close()
+            if hasher is not None:
+                hasher.close()
+            if source is not None:
+                source.close()
+
+    def _must_hash(self, plan: Plan, fmt: int) -> bool:
+        """A digest in the request that the manifest does not give for this very file (then
+        check_against_source compared the two): it is checked on the bytes."""
+        return self.params.digest is not None and not digest_in_manifest(plan, fmt)
+
+    def _write_verified(self, plan: Plan, reader: image.ChunkReader,
+                        published: Callable[[], str] | None = None) -> None:
+        with self._open_target() as (fd, dfd):
+            skip = self._prepare(fd)
+            if not skip:  # the old partition table goes before anything new is written
+                block.clear_ends(fd, self.disk.size)
+            buffers = max(4, min(32, (128 << 20) // plan.chunk_size))
+            with diskio.DiskWriter(
+                fd, dfd, size=self.disk.size, skip_zeros=skip, cancel=self.ctx.cancel_event,
+                block=self.disk.logical_block_size, buffer_size=plan.chunk_size, buffers=buffers,
+            ) as writer:
+                copy = VerifiedCopy(
+                    plan, reader, writer, fd, skip_zeros=skip, check=self.ctx.check,
+                    progress=lambda done: self._progress_raw(done, plan.image_size, writer),
+                )
+                copy.run()
+            if published is not None:  # before the partition tables: a mismatch leaves none
+                self._check_digest(published())
+            held = copy.write_held(dfd)
+            self.result.bytes_written = writer.written + held
+            self.result.bytes_skipped = writer.skipped + copy.zeros_skipped
+            self.result.image_bytes = plan.image_size
+            self.result.chunks_verified = copy.chunks_verified
+            self.result.zero_chunks = copy.zero_chunks
+            if self.params.verify_readback:
+                self._readback_chunks(fd, dfd, plan)
+            self._finish(fd)
+
+    def _progress_raw(self, done: int, total: int, writer: diskio.DiskWriter) -> None:
+        if self.meter.due():
+            self.meter.update(done, total=total,
+                              message=f"{done} image bytes verified, {writer.written} written")
+
+    def _readback_chunks(self, fd: int, dfd: int | None, plan: Plan) -> None:
+        """Every data chunk read back from the disk (the page cache dropped first), its digest
+        against the manifest's."""
+        data = [seg for seg in plan.segments if seg.digest is not None]
+        got = self._read_back(fd, dfd, [(seg.offset, seg.length) for seg in data], plan.algorithm)
+        for seg, digest in zip(data, got, strict=True):
+            if digest != seg.digest:
+                raise ChecksumMismatch(f"{self.disk.name}: read back, chunk {seg.index} at offset"
+                                       f" {seg.offset} differs from the manifest",
+                                       chunk=seg.index, offset=seg.offset)
+        self.result.readback_verified = True
