@@ -1,5 +1,6 @@
-"""A file named by a request (``FileSource``): from a URL, from a partition of a local disk, or
-from a local path, copied into a private work file and checked against its digest.
+"""A file named by a request (``FileRef``, from the wire's ``FileSource``): from a URL, from a
+partition of a local disk, or from a local path, copied into a private work file and checked
+against its digest. (The bytes of an image as they stream are agent/image.py's Sources.)
 
     src = parse_source(request.kernel, "kernel")     # InvalidParameters on bad input
     digest = fetch(src, dest, cancel=ctx.cancel_event, ca_file=config.ca_bundle)
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
-from agent import http, image, proc
+from agent import http, proc
 from agent.errors import (
     AgentError,
     Cancelled,
@@ -37,22 +38,14 @@ from agent.errors import (
     ProtectedDevice,
     Reason,
 )
-from agent.hw.partitions import FsInfo, probe_fs
+from agent.hw import block, partitions
+from agent.image import Digest
 from agent.proto import common_pb2
 
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
 MAX_SYMLINKS = 40
-
-
-@dataclass(frozen=True)
-class Digest:
-    algorithm: str
-    hex: str
-
-    def new(self) -> hashlib._Hash:
-        return hashlib.new(self.algorithm)
 
 
 @dataclass(frozen=True)
@@ -64,7 +57,9 @@ class PartitionRef:
 
 
 @dataclass(frozen=True)
-class Source:
+class FileRef:
+    """A file a request names, and the digest it must have (not its bytes: ``fetch`` copies them)."""
+
     digest: Digest
     url: str = ""
     local_path: Path | None = None
@@ -80,44 +75,33 @@ class Source:
         return str(self.local_path)
 
 
-def parse_digest(msg: common_pb2.Digest, what: str) -> Digest:
-    """A request's digest, checked by the one validator (image.check_digest); sha256 by default."""
-    try:
-        algorithm, value = image.check_digest(msg.algorithm or "sha256", msg.hex)
-    except InvalidParameters as exc:
-        raise InvalidParameters(f"{what}: {exc}") from exc
-    return Digest(algorithm, value)
-
-
 def _check_inner_path(path: str, what: str) -> str:
     if not path.startswith("/") or "\0" in path:
         raise InvalidParameters(f"{what}: path inside the partition must be absolute, not {path!r}")
     return path
 
 
-def parse_source(msg: common_pb2.FileSource, what: str) -> Source:
+def parse_source(msg: common_pb2.FileSource, what: str) -> FileRef:
     """Validate a FileSource from the wire; InvalidParameters names ``what`` (e.g. "kernel")."""
     which = msg.WhichOneof("source")
     if which is None:
         raise InvalidParameters(f"{what}: give a url, a partition_file or a local_path")
     if not msg.HasField("digest") or not msg.digest.hex:
         raise InvalidParameters(f"{what}: a digest is required")
-    digest = parse_digest(msg.digest, what)
+    digest = Digest.from_proto(msg.digest, what)
     if which == "url":
         http.check_url(msg.url)
-        return Source(digest, url=msg.url)
+        return FileRef(digest, url=msg.url)
     if which == "local_path":
         path = msg.local_path
         if not path.startswith("/") or "\0" in path:
             raise InvalidParameters(f"{what}: local_path must be absolute, not {path!r}")
-        return Source(digest, local_path=Path(path))
+        return FileRef(digest, local_path=Path(path))
     pf = msg.partition_file
-    from agent.hw import block
-
     block.Hints.from_proto(pf.disk)  # InvalidParameters when empty or malformed
     if not pf.partition_number and not pf.partition_label:
         raise InvalidParameters(f"{what}: partition_file needs a partition_number or a partition_label")
-    return Source(digest, partition=PartitionRef(
+    return FileRef(digest, partition=PartitionRef(
         disk=pf.disk, number=pf.partition_number, label=pf.partition_label,
         path=_check_inner_path(pf.path, what),
     ))
@@ -151,7 +135,7 @@ def _copy(reader: Callable[[int], bytes], dest: Path, digest: Digest,
 
 
 def fetch(
-    src: Source,
+    src: FileRef,
     dest: Path,
     *,
     cancel: threading.Event | None = None,
@@ -160,9 +144,11 @@ def fetch(
     headers: Mapping[str, str] | None = None,
     progress: Callable[[int], None] | None = None,
     resolve_disk: Callable[[common_pb2.DiskHints], Path] | None = None,
+    pool: http.Connections | None = None,
 ) -> str:
     """Copy ``src`` to ``dest`` (mode 0600) and return its digest, which must match. A URL is
-    fetched trusting ``ca_pem`` and ``ca_file`` too, with ``headers``.
+    fetched trusting ``ca_pem`` and ``ca_file`` too, with ``headers`` (on a connection of
+    ``pool`` when given).
 
     Raises ChecksumMismatch, NotFound, SourceFailed...; ``dest`` is gone when it raises.
     """
@@ -170,7 +156,7 @@ def fetch(
         if src.url:
             opts = http.HttpOptions(ca_pem=ca_pem, ca_file=ca_file, headers=dict(headers or {}),
                                     cancel=cancel)
-            with http.get(src.url, opts) as body:
+            with http.get(src.url, opts, pool=pool) as body:
                 got = _copy(body.read, dest, src.digest, cancel, progress)
         elif src.local_path is not None:
             with _open_regular(src.local_path) as f:
@@ -256,107 +242,7 @@ def open_in_root(root: Path, inner: str) -> Iterator[BinaryIO]:
 
 def find_disk(hints: common_pb2.DiskHints) -> Path:
     """The one disk every set hint matches (agent.hw.block's root-device-hint matching)."""
-    from agent.hw import block
-
     return block.select(block.list_disks(), block.Hints.from_proto(hints)).path
-
-
-@dataclass(frozen=True)
-class Partition:
-    name: str           # kernel name, "nvme0n1p2"
-    number: int
-    partname: str       # GPT partition name
-    devnum: str         # "major:minor"
-
-
-def _partitions(disk: Path, sys_block: Path) -> list[Partition]:
-    name = Path(os.path.realpath(disk)).name
-    base = sys_block / name
-    if not base.is_dir():
-        raise NotFound(f"{disk}: not a block device this kernel knows", disk=disk)
-    parts = []
-    for entry in sorted(base.iterdir()):
-        if not (entry / "partition").is_file():
-            continue
-        uevent = dict(
-            line.split("=", 1) for line in (entry / "uevent").read_text().splitlines() if "=" in line
-        )
-        parts.append(Partition(entry.name, int((entry / "partition").read_text()),
-                               uevent.get("PARTNAME", ""), (entry / "dev").read_text().strip()))
-    return parts
-
-
-def _probe(node: Path) -> FsInfo | None:
-    """The filesystem on a partition (type and label) from its superblock, or None."""
-    try:
-        fd = os.open(node, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return probe_fs(fd, 0)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-def _node(part: Partition, private: Path) -> Path:
-    """The partition's device node: /dev/NAME, or one made in ``private`` where there is no udev."""
-    major, minor = (int(x) for x in part.devnum.split(":"))
-    dev = Path("/dev") / part.name
-    with contextlib.suppress(OSError):
-        st = os.stat(dev)
-        if stat.S_ISBLK(st.st_mode) and st.st_rdev == os.makedev(major, minor):
-            return dev
-    node = private / part.name
-    os.mknod(node, 0o600 | stat.S_IFBLK, os.makedev(major, minor))
-    return node
-
-
-def _mounted_devnums() -> set[str]:
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return set()
-    return {line.split()[2] for line in lines if len(line.split()) > 2}
-
-
-def _reread(disk: Path) -> None:
-    """Ask the kernel to read the partition table again (a disk just written by deploy.image)."""
-    from agent.hw import block
-
-    try:
-        fd = os.open(disk, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        block.reread_partitions(fd)
-    finally:
-        os.close(fd)
-
-
-def find_partition(disk: Path, ref: PartitionRef, private: Path,
-                   sys_block: Path = Path("/sys/class/block")) -> tuple[Partition, Path]:
-    parts = _partitions(disk, sys_block)
-    if not parts:
-        _reread(disk)
-        parts = _partitions(disk, sys_block)
-    if ref.number:
-        found = [(p, _node(p, private)) for p in parts if p.number == ref.number]
-    else:
-        found = []
-        for p in parts:
-            node = _node(p, private)
-            fs = _probe(node)
-            if ref.label == p.partname or (fs is not None and ref.label == fs.label):
-                found.append((p, node))
-    what = f"partition {ref.number}" if ref.number else f"a partition labelled {ref.label!r}"
-    if not found:
-        raise NotFound(f"{disk} has no {what}", disk=disk)
-    if len(found) > 1:
-        raise AgentError(f"{disk} has {len(found)} partitions labelled {ref.label!r}",
-                         reason=Reason.AMBIGUOUS, disk=disk)
-    return found[0]
 
 
 @contextlib.contextmanager
@@ -367,11 +253,12 @@ def mounted_partition(disk: Path, ref: PartitionRef) -> Iterator[Path]:
     where = private / "mnt"
     where.mkdir()
     try:
-        part, node = find_partition(disk, ref, private)
-        if part.devnum in _mounted_devnums():
+        part, node = partitions.find_partition(disk, private, number=ref.number, label=ref.label)
+        used = block.SystemUse.scan().uses.get(part.devnum)
+        if used is not None:
             # Mounted (maybe read-write) elsewhere: a second mount would read a filesystem in flux.
-            raise ProtectedDevice(f"{part.name} is mounted; refusing to mount it again", device=part.name)
-        fs = _probe(node)
+            raise ProtectedDevice(f"{part.name} {used}; refusing to mount it again", device=part.name)
+        fs = partitions.fs_on(node)
         fstype = fs.type if fs is not None else ""
         options = "ro,noexec,nosuid,nodev" + (",noload" if fstype in ("ext3", "ext4") else "")
         argv = ["mount", "-o", options, *(["-t", fstype] if fstype else []), str(node), str(where)]

@@ -20,6 +20,10 @@ API::
     # get(url, opts, offset=N) starts at byte N (Range: bytes=N-); with length=L it asks for
     # bytes N to N+L-1 only (Range: bytes=N-M) and ends there.
 
+    with http.Connections(opts) as pool:       # one job's kept-alive connections (a deploy)
+        http.get(url, opts, offset=N, length=L, pool=pool)   # each request reuses the one
+        # connection to the URL's origin (one TLS handshake), and a redirect is followed once
+
     resp = http.put(url, source, opts, length=None, content_type="application/octet-stream")
         # source: bytes, a binary file object, or an iterable of bytes (chunked when length is
         # None and the source is not bytes); returns Response(status, headers, body) for 2xx,
@@ -46,7 +50,12 @@ API::
 
 Behaviour of ``get``:
 
-- Redirects (301/302/303/307/308) are followed, at most 5.
+- Redirects (301/302/303/307/308) are followed, at most 5; with a pool, once: the requests
+  after the first go where it led (a failure there forgets it, and the retry follows it again).
+  The caller's headers go only to the URL's own origin, before and after a redirect.
+- With a pool, a response read to its end leaves its connection open for the next request;
+  a kept-alive connection that the server closed while idle is replaced, not counted as a
+  failure.
 - 5xx and 429 responses, connection errors and read timeouts are retried ``max_retries`` times
   with a short backoff (interruptible by ``cancel``). 4xx (other than 408/429) fail at once.
 - A connection that drops or stalls (no byte for ``timeout`` seconds) mid-body is resumed with
@@ -208,12 +217,13 @@ def ssl_context(ca_pem: str = "", ca_file: Path | None = None, *, verify: bool =
 
 
 def _connect(
-    parts: urllib.parse.SplitResult, opts: HttpOptions, timeout: float | None = None
+    parts: urllib.parse.SplitResult, opts: HttpOptions, timeout: float | None = None, *,
+    context: ssl.SSLContext | None = None,
 ) -> http.client.HTTPConnection:
     host = parts.hostname or ""
     timeout = opts.timeout if timeout is None else timeout
     if parts.scheme == "https":
-        context = ssl_context(opts.ca_pem, opts.ca_file, verify=opts.verify)
+        context = context or ssl_context(opts.ca_pem, opts.ca_file, verify=opts.verify)
         return http.client.HTTPSConnection(host, parts.port, timeout=timeout, context=context)
     return http.client.HTTPConnection(host, parts.port, timeout=timeout)
 
@@ -248,14 +258,81 @@ def _sleep(opts: HttpOptions, attempt: int) -> None:
 
 
 _TRANSPORT_ERRORS = (OSError, http.client.HTTPException, ssl.SSLError)
+# What a kept-alive connection that the server closed while idle raises at its next request.
+_STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+
+
+class Connections:
+    """The kept-alive connections of one job (a deploy): one idle connection per origin, taken
+    by each request and given back when its body was read to the end, so a deploy's Range
+    requests share one TCP connection (and over TLS one handshake); and each URL's redirect,
+    followed once and remembered for the requests after it (forgotten when a request to where
+    it led fails, so a retry follows it again).
+
+        with http.Connections(opts) as pool:
+            with http.get(url, opts, offset=a, length=n, pool=pool) as body: ...
+        pool.opened                        # connections made (counted, for tests and benches)
+    """
+
+    def __init__(self, opts: HttpOptions) -> None:
+        self.opts = opts
+        self.opened = 0
+        self._idle: dict[tuple[str, str, int], http.client.HTTPConnection] = {}
+        self._redirects: dict[str, str] = {}
+        self._context: ssl.SSLContext | None = None
+        self._lock = threading.Lock()
+
+    def take(self, parts: urllib.parse.SplitResult) -> tuple[http.client.HTTPConnection, bool]:
+        """A connection to ``parts``' origin: the idle one (True: reused) or a new one."""
+        with self._lock:
+            conn = self._idle.pop(origin(parts), None)
+            if conn is not None:
+                return conn, True
+            self.opened += 1
+            if parts.scheme == "https" and self._context is None:
+                self._context = ssl_context(self.opts.ca_pem, self.opts.ca_file, verify=self.opts.verify)
+        return _connect(parts, self.opts, context=self._context), False
+
+    def give_back(self, parts: urllib.parse.SplitResult, conn: http.client.HTTPConnection) -> None:
+        """A connection whose last response was read to its end, for the next request."""
+        with self._lock:
+            old = self._idle.pop(origin(parts), None)
+            self._idle[origin(parts)] = conn
+        if old is not None:
+            old.close()
+
+    def resolved(self, url: str) -> str:
+        with self._lock:
+            return self._redirects.get(url, url)
+
+    def remember(self, url: str, final: str) -> None:
+        with self._lock:
+            if final == url:
+                self._redirects.pop(url, None)
+            else:
+                self._redirects[url] = final
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = list(self._idle.values()), {}
+        for conn in idle:
+            conn.close()
+
+    def __enter__(self) -> Connections:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class Download:
     """The body of a GET, read in order; resumes by Range when the connection drops."""
 
-    def __init__(self, url: str, opts: HttpOptions, offset: int = 0, length: int | None = None) -> None:
+    def __init__(self, url: str, opts: HttpOptions, offset: int = 0, length: int | None = None,
+                 pool: Connections | None = None) -> None:
         self.url = url
         self.opts = opts
+        self.pool = pool
         self.start = offset
         self.length = length           # only these bytes from ``start`` (Range: bytes=a-b)
         self.ranged = False            # the server answered a Range request with 206
@@ -265,6 +342,7 @@ class Download:
         self._validator = ""
         self._conn: http.client.HTTPConnection | None = None
         self._resp: http.client.HTTPResponse | None = None
+        self._parts: urllib.parse.SplitResult | None = None   # where _conn is connected
         self._failures = 0
         self._open(first=True)
 
@@ -291,34 +369,61 @@ class Download:
 
     def _request(self, *, first: bool) -> None:
         self.close()
-        url = self.url
-        home = origin(check_url(url))
+        pool = self.pool
+        home = origin(check_url(self.url))
+        url = pool.resolved(self.url) if pool is not None else self.url
         position = self.start + self.received
-        for _hop in range(MAX_REDIRECTS + 1):
-            parts = check_url(url)
-            extra: dict[str, str] = {}
-            if position or self.length is not None:
-                last = "" if self.length is None else str(self.start + self.length - 1)
-                extra["Range"] = f"bytes={position}-{last}"
-                if self._validator:
-                    extra["If-Range"] = self._validator
-            conn = _connect(parts, self.opts)
+        try:
+            for _hop in range(MAX_REDIRECTS + 1):
+                parts = check_url(url)
+                extra: dict[str, str] = {}
+                if position or self.length is not None:
+                    last = "" if self.length is None else str(self.start + self.length - 1)
+                    extra["Range"] = f"bytes={position}-{last}"
+                    if self._validator:
+                        extra["If-Range"] = self._validator
+                conn, resp = self._send(parts, _headers(self.opts, extra, callers=origin(parts) == home))
+                if resp.status in REDIRECTS:
+                    with contextlib.suppress(*_TRANSPORT_ERRORS):
+                        resp.read(64 << 10)  # a redirect's short body, read: its connection is reused
+                    self._conn, self._resp, self._parts = conn, resp, parts
+                    self.close()
+                    url = redirect_location(url, resp)
+                    continue
+                self._conn, self._resp, self._parts = conn, resp, parts
+                break
+            else:
+                raise HttpError(f"{redact(self.url)}: more than {MAX_REDIRECTS} redirects", status=310)
+            self._accept(resp, position, first=first)
+        except BaseException:
+            if pool is not None:
+                pool.remember(self.url, self.url)  # the next attempt follows the redirect again
+            raise
+        if pool is not None:
+            pool.remember(self.url, url)
+
+    def _send(self, parts: urllib.parse.SplitResult, headers: dict[str, str]
+              ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """The GET on a connection of the pool (a kept-alive one that the server closed while
+        idle is replaced once, not counted as a failure) or on a new one."""
+        while True:
+            if self.pool is not None:
+                conn, reused = self.pool.take(parts)
+            else:
+                conn, reused = _connect(parts, self.opts), False
             try:
-                conn.request("GET", _target(parts),
-                             headers=_headers(self.opts, extra, callers=origin(parts) == home))
-                resp = conn.getresponse()
+                conn.request("GET", _target(parts), headers=headers)
+                return conn, conn.getresponse()
+            except _STALE as exc:
+                conn.close()
+                if reused:
+                    log.debug("%s: kept-alive connection closed by the server (%s); reconnecting",
+                              redact(self.url), type(exc).__name__)
+                    continue
+                raise HttpError(f"{redact(self.url)}: {type(exc).__name__}: {exc}") from exc
             except _TRANSPORT_ERRORS as exc:
                 conn.close()
-                raise HttpError(f"{redact(url)}: {type(exc).__name__}: {exc}") from exc
-            if resp.status in REDIRECTS:
-                conn.close()
-                url = redirect_location(url, resp)
-                continue
-            self._conn, self._resp = conn, resp
-            break
-        else:
-            raise HttpError(f"{redact(self.url)}: more than {MAX_REDIRECTS} redirects", status=310)
-        self._accept(resp, position, first=first)
+                raise HttpError(f"{redact(self.url)}: {type(exc).__name__}: {exc}") from exc
 
     def _accept(self, resp: http.client.HTTPResponse, position: int, *, first: bool) -> None:
         status = resp.status
@@ -425,9 +530,18 @@ class Download:
         self._open(first=False)
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-        self._conn = self._resp = None
+        """Done with the response: its connection goes back to the pool when the body was read
+        to its end and the server keeps it open, else it is closed."""
+        conn, resp, parts = self._conn, self._resp, self._parts
+        self._conn = self._resp = self._parts = None
+        if conn is None:
+            return
+        if (self.pool is not None and resp is not None and parts is not None and not resp.will_close
+                and (resp.isclosed() or resp.length == 0)):
+            resp.close()
+            self.pool.give_back(parts, conn)
+        else:
+            conn.close()
 
     def __enter__(self) -> Download:
         return self
@@ -449,11 +563,13 @@ def _content_range(value: str) -> tuple[int, int | None]:
         raise SourceFailed(f"bad Content-Range {value!r}") from exc
 
 
-def get(url: str, opts: HttpOptions | None = None, *, offset: int = 0, length: int | None = None) -> Download:
+def get(url: str, opts: HttpOptions | None = None, *, offset: int = 0, length: int | None = None,
+        pool: Connections | None = None) -> Download:
     """Open ``url`` for streaming from byte ``offset`` (only ``length`` bytes when given: a
-    bounded Range request, for the data chunks of a sparse image); see the module docstring."""
+    bounded Range request, for the data chunks of a sparse image), on a connection of ``pool``
+    when given (see Connections); see the module docstring."""
     check_url(url)
-    return Download(url, opts or HttpOptions(), offset, length)
+    return Download(url, opts or HttpOptions(), offset, length, pool)
 
 
 def download_to(url: str, path: Path, opts: HttpOptions | None = None,
@@ -795,5 +911,5 @@ def post_multipart(url: str, parts: Iterable[Part], opts: HttpOptions | None = N
     return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data)
 
 
-__all__ = ["BodyTooLarge", "Download", "HttpError", "HttpOptions", "Part", "Response", "check_url", "get",
-           "post_multipart", "put", "redact", "request", "ssl_context"]
+__all__ = ["BodyTooLarge", "Connections", "Download", "HttpError", "HttpOptions", "Part", "Response",
+           "check_url", "get", "post_multipart", "put", "redact", "request", "ssl_context"]

@@ -1,36 +1,44 @@
-"""Image sources and formats for deploy.image: open a source, detect its format from the magic
-bytes, and decompress a stream of published bytes into raw image bytes.
+"""The one home of an image's sources and readers (deploy.image, ``agent manifest``,
+instance.snapshot): the format from the magic bytes, the one ``Digest`` type, the published
+bytes and the raw image's bytes.
 
-A ``Source`` yields the published bytes (HTTP download with Range resume, or a local file)
-and hashes them on the fly. ``Decompressor``\\ s turn those chunks into bounded pieces of raw
-image (never more than ``max_out`` bytes per step, so a 1000:1 compressed run of zeros cannot
-blow up memory); ``RawStream`` reads the raw bytes of any stream format in order. zstd runs
-the ``zstd`` binary (no stdlib module); qcow2 is not a stream
-format and is converted by ``qemu-img`` from a local file (see agent/commands/deploy.py).
+- ``Source``: the published bytes, in order, hashed as they pass (``FileSource``: a local file
+  or block device; ``HttpSource``: a download with Range resume); ``HashToEnd`` hashes one to
+  its end on a thread of its own.
+- ``RawStream``: the raw image's bytes of a Source of any stream format, in order
+  (agent/decompress.py's decompressors in bounded pieces, libzstd, or the ``zstd`` child).
+- Chunk readers, for a deploy verified by a manifest (``ChunkReader``): the raw image asked
+  for chunk by chunk in image order, from where it is: ``RangeReader`` (HTTP Range requests of
+  the data runs only), ``FileReader`` (a local raw file by offset, holes not read),
+  ``Qcow2Reader`` (a local qcow2 file through its tables, agent/qcow2.py), ``StreamReader``
+  (anything else, as a RawStream).
+- ``qcow2_info``: a qcow2 file's virtual size by ``qemu-img info`` (refusing backing files),
+  for the deploy that converts one with qemu-img.
 """
 
 from __future__ import annotations
 
-import bz2
 import contextlib
-import ctypes
 import fcntl
-import functools
 import hashlib
-import lzma
 import os
 import queue
+import stat
 import subprocess
 import threading
-import zlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from agent import http
-from agent.errors import AgentError, InvalidParameters, NotFound, SourceFailed, ToolFailed
-from agent.proc import Completed, describe_exit
-from agent.proto import agent_pb2
+from agent import decompress, http
+from agent.errors import AgentError, ChecksumMismatch, InvalidParameters, NotFound, SourceFailed, ToolFailed
+from agent.hw import diskio
+from agent.proc import Child, Completed
+from agent.proto import agent_pb2, common_pb2
+
+if TYPE_CHECKING:
+    from agent.manifest import Plan
 
 Fmt = agent_pb2.ImageFormat
 
@@ -61,14 +69,39 @@ def detect(head: bytes) -> int:
     return Fmt.RAW
 
 
-def check_digest(algorithm: str, hexdigest: str) -> tuple[str, str]:
-    algo = algorithm.strip().lower()
-    hx = hexdigest.strip().lower()
-    if algo not in DIGESTS:
-        raise InvalidParameters(f"digest algorithm must be sha256 or sha512, not {algorithm!r}")
-    if len(hx) != DIGESTS[algo] or any(c not in "0123456789abcdef" for c in hx):
-        raise InvalidParameters(f"digest is not {DIGESTS[algo]} hexadecimal characters of {algo}")
-    return algo, hx
+@dataclass(frozen=True)
+class Digest:
+    """The one digest type: what a request or a manifest says a file's digest is (sha256 or
+    sha512, lower-case hex), valid by construction (``parse``, ``from_proto``)."""
+
+    algorithm: str
+    hex: str
+
+    @classmethod
+    def parse(cls, algorithm: str, hexdigest: str) -> Digest:
+        algo = algorithm.strip().lower()
+        hx = hexdigest.strip().lower()
+        if algo not in DIGESTS:
+            raise InvalidParameters(f"digest algorithm must be sha256 or sha512, not {algorithm!r}")
+        if len(hx) != DIGESTS[algo] or any(c not in "0123456789abcdef" for c in hx):
+            raise InvalidParameters(f"digest is not {DIGESTS[algo]} hexadecimal characters of {algo}")
+        return cls(algo, hx)
+
+    @classmethod
+    def from_proto(cls, msg: common_pb2.Digest, what: str = "") -> Digest:
+        """A digest from the wire, sha256 when it names no algorithm; InvalidParameters names
+        ``what`` (e.g. "kernel")."""
+        try:
+            return cls.parse(msg.algorithm or "sha256", msg.hex)
+        except InvalidParameters as exc:
+            raise InvalidParameters(f"{what}: {exc}" if what else str(exc)) from exc
+
+    def to_proto(self) -> common_pb2.Digest:
+        return common_pb2.Digest(algorithm=self.algorithm, hex=self.hex)
+
+    def new(self) -> hashlib._Hash:
+        """A hasher of this digest's algorithm."""
+        return hashlib.new(self.algorithm)
 
 
 # ---------------------------------------------------------------------------- sources
@@ -145,30 +178,55 @@ class Source:
 
 
 class FileSource(Source):
-    def __init__(self, path: Path, algorithm: str) -> None:
+    """A local file or block device (its size by seeking to its end), read in order; ``what``
+    names it in errors ("image", "snapshot source")."""
+
+    def __init__(self, path: Path, algorithm: str, *, what: str = "image") -> None:
         super().__init__(algorithm)
+        self.path, self.what = path, what
         try:
             self._f = open(path, "rb", buffering=0)  # noqa: SIM115  (closed by close())
         except FileNotFoundError as exc:
-            raise NotFound(f"image {path} does not exist") from exc
+            raise NotFound(f"{what} {path} does not exist", path=str(path)) from exc
         except OSError as exc:
-            raise SourceFailed(f"image {path}: {exc.strerror}") from exc
-        self.total = os.fstat(self._f.fileno()).st_size
+            raise SourceFailed(f"{what} {path}: {exc.strerror}") from exc
+        fd = self._f.fileno()
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISBLK(mode):
+            self.total = os.lseek(fd, 0, os.SEEK_END)
+            os.lseek(fd, 0, os.SEEK_SET)
+        elif stat.S_ISREG(mode):
+            self.total = os.fstat(fd).st_size
+        else:
+            self._f.close()
+            raise InvalidParameters(f"{what} {path} is neither a block device nor a regular file")
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+
+    def _failed(self, exc: OSError) -> SourceFailed:
+        return SourceFailed(f"{self.what} {self.path}: read error at byte {self.count}: {exc.strerror}")
 
     def _read(self, size: int) -> bytes:
-        return self._f.read(size) or b""
+        try:
+            return self._f.read(size) or b""
+        except OSError as exc:
+            raise self._failed(exc) from exc
 
     def _readinto(self, view: memoryview) -> int:
-        return self._f.readinto(view) or 0
+        try:
+            return self._f.readinto(view) or 0
+        except OSError as exc:
+            raise self._failed(exc) from exc
 
     def close(self) -> None:
         self._f.close()
 
 
 class HttpSource(Source):
-    def __init__(self, url: str, opts: http.HttpOptions, algorithm: str) -> None:
+    def __init__(self, url: str, opts: http.HttpOptions, algorithm: str, *,
+                 pool: http.Connections | None = None) -> None:
         super().__init__(algorithm)
-        self._body = http.get(url, opts)
+        self._body = http.get(url, opts, pool=pool)
         self.total = self._body.total
 
     @property
@@ -182,173 +240,47 @@ class HttpSource(Source):
         self._body.close()
 
 
-# ---------------------------------------------------------------------------- decompression
+class HashToEnd:
+    """A Source read to its end and hashed on a thread of its own (a spare core, as hashlib lets
+    the GIL go), beside a deploy that reads the image another way (a local file by offset, a
+    qcow2 file through its tables): the digest of the published bytes, for the request's.
 
+        published = HashToEnd(source)       # starts reading
+        published.hexdigest()               # waits for the end; the source's error, if any
+        published.close()                   # stops it early (a failed deploy)
+    """
 
-class Decompressor(Protocol):
-    def feed(self, data: bytes) -> Iterator[bytes]:
-        """Raw output for this input, in pieces of at most max_out bytes."""
-        ...
+    def __init__(self, source: Source, piece: int = 8 << 20) -> None:
+        self.source, self.piece = source, piece
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="published-hash", daemon=True)
+        self._thread.start()
 
-    def finish(self) -> Iterator[bytes]:
-        """The rest; SourceFailed when the stream is incomplete or corrupt."""
-        ...
-
-
-class _StdlibDecompressor:
-    """gzip / xz / bzip2 through zlib, lzma, bz2; multi-member streams supported."""
-
-    def __init__(self, fmt: int, max_out: int) -> None:
-        self.fmt, self.max_out = fmt, max_out
-        self.name = format_name(fmt)
-        self._d = self._new()
-        self._full = False
-
-    def _new(self) -> zlib._Decompress | lzma.LZMADecompressor | bz2.BZ2Decompressor:
-        if self.fmt == Fmt.GZIP:
-            return zlib.decompressobj(16 + zlib.MAX_WBITS)
-        if self.fmt == Fmt.XZ:
-            return lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
-        return bz2.BZ2Decompressor()
-
-    def _eof(self) -> bool:
-        return bool(self._d.eof)
-
-    def _step(self, data: bytes) -> bytes:
-        d = self._d
+    def _run(self) -> None:
         try:
-            if isinstance(d, (lzma.LZMADecompressor, bz2.BZ2Decompressor)):
-                out = d.decompress(data, max_length=self.max_out)
-            else:
-                out = d.decompress(data, self.max_out)
-            self._full = len(out) >= self.max_out
-            return out
-        except (zlib.error, lzma.LZMAError, OSError, EOFError, ValueError) as exc:
-            raise SourceFailed(f"corrupt {self.name} stream: {exc}") from exc
+            while not self._stop.is_set() and self.source.read(self.piece):
+                pass
+        except BaseException as exc:  # handed to hexdigest()
+            self._error = exc
 
-    def _pending(self) -> bytes:
-        """Input the decompressor holds but has not consumed yet (gzip keeps it outside)."""
-        d = self._d
-        if isinstance(d, (lzma.LZMADecompressor, bz2.BZ2Decompressor)):
-            return b""
-        return d.unconsumed_tail
+    def hexdigest(self) -> str:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        if self._stop.is_set():
+            raise AgentError("the published image's digest was not finished (stopped)")
+        return self.source.hasher.hexdigest()
 
-    def _more(self) -> bool:
-        d = self._d
-        if isinstance(d, (lzma.LZMADecompressor, bz2.BZ2Decompressor)):
-            return not d.needs_input and not d.eof
-        return not d.eof and bool(d.unconsumed_tail or self._full)
-
-    def feed(self, data: bytes) -> Iterator[bytes]:
-        while data:
-            if self._eof():
-                rest = self._d.unused_data + data
-                if not rest.strip(b"\0"):
-                    return  # zero padding after the last member
-                self._d = self._new()
-                data = rest
-            out = self._step(data)
-            data = b""
-            if out:
-                yield out
-            while self._more():
-                out = self._step(self._pending())
-                if out:
-                    yield out
-            if self._eof() and self._d.unused_data:
-                data = self._d.unused_data
-                if not data.strip(b"\0"):
-                    return
-                self._d = self._new()
-
-    def finish(self) -> Iterator[bytes]:
-        if not self._eof():
-            raise SourceFailed(f"{self.name} stream ended early (truncated image)")
-        return iter(())
-
-
-def decompressor(fmt: int, max_out: int = 4 << 20) -> Decompressor:
-    """gzip, xz or bzip2 in this process (zstd runs as a child: see RawStream)."""
-    if fmt in (Fmt.GZIP, Fmt.XZ, Fmt.BZIP2):
-        return _StdlibDecompressor(fmt, max_out)
-    raise AgentError(f"no in-process decompressor for {format_name(fmt)}")
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
 
 
 STREAM_PIECE = 4 << 20
 F_SETPIPE_SZ = 1031
-
-
-class _InBuffer(ctypes.Structure):
-    _fields_ = (("src", ctypes.c_void_p), ("size", ctypes.c_size_t), ("pos", ctypes.c_size_t))
-
-
-class _OutBuffer(ctypes.Structure):
-    _fields_ = (("dst", ctypes.c_void_p), ("size", ctypes.c_size_t), ("pos", ctypes.c_size_t))
-
-
-@functools.cache
-def _libzstd() -> ctypes.CDLL | None:
-    """libzstd.so.1 through ctypes, or None where it is not installed (then: the zstd binary)."""
-    try:
-        lib = ctypes.CDLL("libzstd.so.1")
-    except OSError:
-        return None
-    lib.ZSTD_createDStream.restype = ctypes.c_void_p
-    lib.ZSTD_freeDStream.argtypes = [ctypes.c_void_p]
-    lib.ZSTD_initDStream.argtypes = [ctypes.c_void_p]
-    lib.ZSTD_initDStream.restype = ctypes.c_size_t
-    lib.ZSTD_decompressStream.argtypes = [
-        ctypes.c_void_p, ctypes.POINTER(_OutBuffer), ctypes.POINTER(_InBuffer),
-    ]
-    lib.ZSTD_decompressStream.restype = ctypes.c_size_t
-    lib.ZSTD_isError.argtypes = [ctypes.c_size_t]
-    lib.ZSTD_isError.restype = ctypes.c_uint
-    lib.ZSTD_getErrorName.argtypes = [ctypes.c_size_t]
-    lib.ZSTD_getErrorName.restype = ctypes.c_char_p
-    return lib
-
-
-class _ZstdStream:
-    """One ZSTD_DStream: compressed pieces in (``feed``), raw bytes out straight into the
-    caller's buffer (``decompress``); ctypes lets the GIL go for each call. Frames follow each
-    other (the stream starts the next one by itself); ``frame_done`` says the last one ended."""
-
-    def __init__(self, lib: ctypes.CDLL) -> None:
-        self.lib = lib
-        self.ds = lib.ZSTD_createDStream()
-        if not self.ds:
-            raise AgentError("libzstd: cannot create a decompression stream")
-        lib.ZSTD_initDStream(self.ds)
-        self._in = _InBuffer()
-        self._data = b""
-        self.frame_done = False
-
-    def feed(self, data: bytes) -> None:
-        self._data = data  # kept alive while zstd reads it
-        self._in.src = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p)
-        self._in.size, self._in.pos = len(data), 0
-
-    def has_input(self) -> bool:
-        return bool(self._in.pos < self._in.size)
-
-    def decompress(self, view: memoryview) -> int:
-        target = (ctypes.c_char * len(view)).from_buffer(view)
-        try:
-            out = _OutBuffer(ctypes.addressof(target), len(view), 0)
-            ret = self.lib.ZSTD_decompressStream(self.ds, ctypes.byref(out), ctypes.byref(self._in))
-            if self.lib.ZSTD_isError(ret):
-                name = self.lib.ZSTD_getErrorName(ret).decode("ascii", "replace")
-                raise SourceFailed(f"corrupt zstd stream: {name}")
-            self.frame_done = ret == 0
-            return int(out.pos)
-        finally:
-            del target
-
-    def free(self) -> None:
-        if self.ds:
-            self.lib.ZSTD_freeDStream(self.ds)
-            self.ds = None
-  # bytes of source read per step, and of stdlib output per piece
+ZSTD_DECOMPRESS = ("zstd", "-dc", "-q", "--no-progress")
+Running = Callable[..., contextlib.AbstractContextManager[Child]]   # proc.running, ctx.running
 
 
 class RawStream:
@@ -365,40 +297,41 @@ class RawStream:
     SourceFailed. ``close`` stops the threads and the child.
     """
 
-    def __init__(self, source: Source, fmt: int,
-                 spawn: Callable[..., subprocess.Popen[bytes]] | None = None, *,
+    def __init__(self, source: Source, fmt: int, running: Running | None = None, *,
                  hash_published: bool = True) -> None:
         self.source, self.fmt = source, fmt
         self.hash_published = hash_published  # False: a manifest verifies the raw chunks instead
         self.count = 0                     # raw bytes delivered
         self._stop = threading.Event()
-        self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._child: Child | None = None
+        self._children = contextlib.ExitStack()   # the zstd child's `running`, left in close()
         self._pieces: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=8)
         self._piece = memoryview(b"")
         self._done = False
-        self._zstd: _ZstdStream | None = None
+        self._zstd: decompress.ZstdStream | None = None
         if fmt == Fmt.RAW:
             return
         target: Callable[[], None]
-        if fmt == Fmt.ZSTD and (lib := _libzstd()) is not None:
-            self._zstd = _ZstdStream(lib)
+        if fmt == Fmt.ZSTD and (lib := decompress.libzstd()) is not None:
+            self._zstd = decompress.ZstdStream(lib)
             target = self._read_ahead
         elif fmt == Fmt.ZSTD:
             from agent import proc
 
-            self._proc = (spawn or proc.spawn)(
-                ["zstd", "-dc", "-q", "--no-progress"], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            )
-            for pipe in (self._proc.stdin, self._proc.stdout):
+            self._child = child = self._children.enter_context((running or proc.running)(
+                ZSTD_DECOMPRESS, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                failure=lambda exited: SourceFailed(
+                    f"corrupt or truncated zstd stream (zstd {exited.description}: {exited.tail()[-200:]})"),
+            ))
+            for pipe in (child.popen.stdin, child.popen.stdout):
                 assert pipe is not None
                 with contextlib.suppress(OSError):  # 64 KiB by default: a syscall per 64 KiB
                     fcntl.fcntl(pipe.fileno(), F_SETPIPE_SZ, 1 << 20)
-            target = self._feed_zstd
+            child.feed(self._published_pieces())
+            return
         elif fmt in (Fmt.GZIP, Fmt.XZ, Fmt.BZIP2):
-            self._dec = decompressor(fmt)
+            self._dec = decompress.decompressor(fmt)
             target = self._inflate
         else:
             raise AgentError(f"no stream decompressor for {format_name(fmt)}")
@@ -407,20 +340,17 @@ class RawStream:
 
     # -- threads -------------------------------------------------------------------------
 
-    def _feed_zstd(self) -> None:
-        assert self._proc is not None and self._proc.stdin is not None
-        stdin = self._proc.stdin
+    def _published_pieces(self) -> Iterator[bytes]:
+        """The published bytes for the zstd child's stdin (its feeding thread reads, and hashes,
+        them); the source's own failure is the one raised where the child's exit is checked."""
         try:
-            while not self._stop.is_set():
-                data = self.source.read(STREAM_PIECE, hash=self.hash_published)
-                if not data:
-                    break
-                stdin.write(data)
-        except BaseException as exc:  # a broken pipe when zstd died: see _end_zstd
-            self._error = exc
-        finally:
-            with contextlib.suppress(OSError):
-                stdin.close()
+            while not self._stop.is_set() and (data := self.source.read(STREAM_PIECE,
+                                                                         hash=self.hash_published)):
+                yield data
+        except AgentError:
+            raise
+        except Exception as exc:
+            raise SourceFailed(f"reading the zstd image failed: {exc}") from exc
 
     def _put(self, item: bytes | BaseException | None,
              q: queue.Queue[bytes | BaseException | None] | None = None) -> bool:
@@ -480,11 +410,10 @@ class RawStream:
             n = self.source.readinto(view, hash=self.hash_published)
         elif self._zstd is not None:
             n = self._from_libzstd(view)
-        elif self.fmt == Fmt.ZSTD:
-            assert self._proc is not None and self._proc.stdout is not None
-            n = os.readv(self._proc.stdout.fileno(), [view])
-            if n == 0:
-                self._end_zstd()
+        elif self._child is not None:
+            n = self._child.readinto(view)  # at the end: the exit checked, the feeder's error first
+            if n == 0 and self.source.read(1, hash=self.hash_published):  # fed to the end: never
+                raise SourceFailed("zstd ended before the end of the published file")
         else:
             n = self._from_pieces(view)
         if n == 0:
@@ -527,35 +456,267 @@ class RawStream:
         self._piece = self._piece[n:]
         return n
 
-    def _end_zstd(self) -> None:
-        proc = self._proc
-        assert proc is not None and proc.stderr is not None
-        rc = proc.wait()
-        err = proc.stderr.read().decode("utf-8", "replace").strip()
-        if self._thread is not None:
-            self._thread.join()
-        if isinstance(self._error, AgentError):  # the source failed (a download cut short...)
-            raise self._error
-        if rc != 0:
-            raise SourceFailed(f"corrupt or truncated zstd stream (zstd {describe_exit(rc)}: {err[-200:]})")
-        if self._error is not None:
-            raise SourceFailed(f"reading the zstd image failed: {self._error}") from self._error
-        if self.source.read(1, hash=self.hash_published):  # the feeder reads to the end: never
-            raise SourceFailed("zstd ended before the end of the published file")
-
     def close(self) -> None:
         self._stop.set()
         if self._zstd is not None:
             self._zstd.free()
-        if self._proc is not None and self._proc.poll() is None:
-            from agent.proc import kill_group
-
-            kill_group(self._proc)
+        if self._child is not None and not self._done:
+            self._child.stop()  # stopped early (a failure, a cancel): its exit is not checked
+        self._children.close()
         with contextlib.suppress(queue.Empty):
             while True:
                 self._pieces.get_nowait()  # a feeder blocked on a full queue sees the stop
         if self._thread is not None:
             self._thread.join(timeout=5)
+
+
+# ---------------------------------------------------------------------------- chunk readers
+
+SCRATCH = 4 << 20         # bytes read at a time when the source's zeros are checked
+CONSUME = 2 << 20         # bytes decompressed at a time for a zero chunk (stays in the cache)
+
+
+class ChunkReader(Protocol):
+    """The raw image's bytes for the producer, asked for in image order."""
+
+    @property
+    def fetched(self) -> int:
+        """Bytes taken from the source (downloaded or read)."""
+        ...
+
+    @property
+    def resumes(self) -> int:
+        """Downloads resumed by Range after a dropped connection."""
+        ...
+
+    def read_data(self, offset: int, view: memoryview) -> None:
+        """Exactly len(view) bytes of the raw image at ``offset``; SourceFailed when short."""
+        ...
+
+    def pass_zeros(self, offset: int, length: int) -> None:
+        """The source's bytes of a zero chunk: checked for zeros, skipped or consumed."""
+        ...
+
+    def finish(self, size: int) -> None:
+        """The source ends exactly at ``size``."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+def _not_zeros(offset: int) -> ChecksumMismatch:
+    return ChecksumMismatch(f"the image has data at byte {offset}, in a chunk the manifest says is zeros",
+                            offset=offset)
+
+
+def _check_zeros(view: memoryview, offset: int) -> None:
+    import ctypes
+
+    n = len(view)
+    if not n:
+        return
+    buf = (ctypes.c_char * n).from_buffer(view)
+    if not diskio.all_zero(view, ctypes.addressof(buf), 0, n):
+        raise _not_zeros(offset)
+    del buf
+
+
+class StreamReader:
+    """A raw stream read in order (a decompressed image, or a raw one without Range)."""
+
+    def __init__(self, stream: RawStream) -> None:
+        self.stream = stream
+        self.pos = 0
+        self._scratch = bytearray(SCRATCH)
+
+    @property
+    def fetched(self) -> int:
+        return self.stream.source.count
+
+    @property
+    def resumes(self) -> int:
+        return self.stream.source.resumes
+
+    def close(self) -> None:
+        self.stream.close()
+
+    def _fill(self, view: memoryview) -> None:
+        got = 0
+        while got < len(view):
+            n = self.stream.readinto(view[got:])
+            if n == 0:
+                at = self.pos + got
+                raise SourceFailed(f"the image ended at byte {at}, shorter than the manifest says", offset=at)
+            got += n
+        self.pos += got
+
+    def read_data(self, offset: int, view: memoryview) -> None:
+        assert offset == self.pos, (offset, self.pos)
+        self._fill(view)
+
+    def pass_zeros(self, offset: int, length: int) -> None:
+        """A raw stream's zeros are checked (memcmp); a decompressed stream's are consumed only:
+        what the disk gets there is the manifest's zeros either way, and decompressing into a
+        small buffer that stays in the cache is most of the cost already."""
+        assert offset == self.pos, (offset, self.pos)
+        check = self.stream.fmt == Fmt.RAW
+        view = memoryview(self._scratch)[: SCRATCH if check else CONSUME]
+        while length:
+            n = min(length, len(view))
+            start = self.pos
+            self._fill(view[:n])
+            if check:
+                _check_zeros(view[:n], start)
+            length -= n
+
+    def finish(self, size: int) -> None:
+        if self.stream.readinto(memoryview(bytearray(1))):
+            raise SourceFailed(f"the image goes on past byte {size}, longer than the manifest says",
+                               offset=size)
+
+
+class FileReader:
+    """A raw local file, read by offset: a zero chunk in a hole of the file is not read at all."""
+
+    resumes = 0
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self.fetched = 0
+        self._scratch = bytearray(SCRATCH)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def read_data(self, offset: int, view: memoryview) -> None:
+        got = 0
+        while got < len(view):
+            n = os.preadv(self.fd, [view[got:]], offset + got)
+            if n == 0:
+                raise SourceFailed(f"the image ended at byte {offset + got}, shorter than the manifest says",
+                                   offset=offset + got)
+            got += n
+        self.fetched += got
+
+    def _data_extents(self, offset: int, end: int) -> list[tuple[int, int]]:
+        """The parts of [offset, end) that are not holes (SEEK_DATA / SEEK_HOLE)."""
+        out = []
+        pos = offset
+        while pos < end:
+            try:
+                start = os.lseek(self.fd, pos, os.SEEK_DATA)
+            except OSError:  # ENXIO: only a hole from here to the end of the file
+                break
+            if start >= end:
+                break
+            stop = min(os.lseek(self.fd, start, os.SEEK_HOLE), end)
+            out.append((start, stop))
+            pos = stop
+        return out
+
+    def pass_zeros(self, offset: int, length: int) -> None:
+        view = memoryview(self._scratch)
+        for start, stop in self._data_extents(offset, offset + length):
+            pos = start
+            while pos < stop:
+                n = min(stop - pos, len(view))
+                self.read_data(pos, view[:n])
+                _check_zeros(view[:n], pos)
+                pos += n
+
+    def finish(self, size: int) -> None:
+        actual = os.fstat(self.fd).st_size
+        if actual != size:
+            raise SourceFailed(f"the image is {actual} bytes, the manifest says {size}", size=actual)
+
+
+class Qcow2Reader:
+    """A local qcow2 file, read by guest offset through its tables: a zero chunk whose clusters
+    are unallocated (or zero clusters) is not read at all, an allocated one is checked."""
+
+    resumes = 0
+
+    def __init__(self, path: str) -> None:
+        from agent.qcow2 import Qcow2File
+
+        self.q = Qcow2File(Path(path))
+        self._scratch = bytearray(SCRATCH)
+
+    @property
+    def fetched(self) -> int:
+        return self.q.fetched
+
+    def read_data(self, offset: int, view: memoryview) -> None:
+        self.q.read(offset, view)
+
+    def pass_zeros(self, offset: int, length: int) -> None:
+        view = memoryview(self._scratch)
+        for pos in range(offset, offset + length, len(view)):
+            n = min(len(view), offset + length - pos)
+            if self.q.allocated(pos, n):
+                self.q.read(pos, view[:n])
+                _check_zeros(view[:n], pos)
+
+    def finish(self, size: int) -> None:
+        if self.q.size != size:
+            raise SourceFailed(f"the qcow2 image's virtual size is {self.q.size}, the manifest says {size}")
+
+    def close(self) -> None:
+        self.q.close()
+
+
+class RangeReader:
+    """A raw image over HTTP: only the data chunks are downloaded, a Range request per run of
+    consecutive data chunks, all on the one kept-alive connection of ``pool``; zero chunks are
+    not downloaded at all."""
+
+    def __init__(self, url: str, opts: http.HttpOptions, plan: Plan, pool: http.Connections | None = None
+                 ) -> None:
+        self.url, self.opts, self.pool = url, opts, pool
+        self.fetched = 0
+        self._runs: dict[int, int] = {}     # start of a run of data -> its end
+        run_start = -1
+        for seg in plan.segments:
+            if seg.digest is not None and run_start < 0:
+                run_start = seg.offset
+            elif seg.digest is None and run_start >= 0:
+                self._runs[run_start] = seg.offset
+                run_start = -1
+        if run_start >= 0:
+            self._runs[run_start] = plan.image_size
+        self._body: http.Download | None = None
+        self._pos = -1
+        self.resumes = 0
+
+    def read_data(self, offset: int, view: memoryview) -> None:
+        if self._body is None or offset != self._pos:
+            self.close()
+            end = self._runs.get(offset, offset + len(view))
+            self._body = http.get(self.url, self.opts, offset=offset, length=end - offset, pool=self.pool)
+            self._pos = offset
+        got = 0
+        while got < len(view):
+            n = self._body.readinto(view[got:])
+            if n == 0:
+                raise SourceFailed(f"the download ended at byte {offset + got}", offset=offset + got)
+            got += n
+        self._pos += got
+        self.fetched += got
+
+    def pass_zeros(self, offset: int, length: int) -> None:
+        pass
+
+    def finish(self, size: int) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._body is not None:
+            self.resumes += self._body.resumes
+            self._body.close()
+            self._body = None
 
 
 def qcow2_info(run: Callable[..., Completed], path: Path) -> int:

@@ -28,18 +28,20 @@ import functools
 import hashlib
 import os
 import re
-import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent import limits
 from agent.cli import EXIT_OK, command
 from agent.errors import InvalidParameters
 from agent.proto import agent_pb2, common_pb2
+
+if TYPE_CHECKING:
+    from agent import image
 
 VERSION = 1
 DEFAULT_CHUNK = 4 << 20
@@ -75,7 +77,7 @@ class Plan:
     image_size: int
     chunk_size: int                 # the largest segment a deploy holds in one buffer
     segments: tuple[Segment, ...]
-    published: common_pb2.Digest | None = None
+    published: image.Digest | None = None
     published_size: int = 0
     published_format: int = -1       # of the file the manifest was made from (-1: not said)
 
@@ -147,10 +149,9 @@ def from_proto(m: agent_pb2.ImageManifest, what: str = "manifest") -> Plan:
         segments.append(Segment(i, offset, length, None if zero else digest))
     published = None
     if m.HasField("published") and m.published.hex:
-        from agent.image import check_digest
+        from agent.image import Digest
 
-        algo, hx = check_digest(m.published.algorithm or "sha256", m.published.hex)
-        published = common_pb2.Digest(algorithm=algo, hex=hx)
+        published = Digest.from_proto(m.published, what)
     return Plan("manifest", m.algorithm, m.image_size, chunk, tuple(segments), published, m.published_size,
                 m.published_format if m.HasField("published") else -1)
 
@@ -239,7 +240,7 @@ def _bad_chunk(chunk: int, what: str) -> str:
 
 
 def build(path: Path, *, chunk_size: int = DEFAULT_CHUNK,
-          spawn: Callable[..., subprocess.Popen[bytes]] | None = None, workers: int | None = None,
+          running: image.Running | None = None, workers: int | None = None,
           cancel: threading.Event | None = None) -> agent_pb2.ImageManifest:
     """The manifest of the image at ``path`` (raw, gzip, xz, bzip2, zstd or qcow2), streamed: one
     thread reads (and decompresses), a pool sized to the cores hashes the chunks, and an
@@ -254,7 +255,7 @@ def build(path: Path, *, chunk_size: int = DEFAULT_CHUNK,
         fmt = image.detect(source.peek())
         # A qcow2 file: the guest's bytes, through its tables.
         stream: image.RawStream | _Qcow2Stream = (
-            _Qcow2Stream(path, source) if fmt == Fmt.QCOW2 else image.RawStream(source, fmt, spawn)
+            _Qcow2Stream(path, source) if fmt == Fmt.QCOW2 else image.RawStream(source, fmt, running)
         )
         digests: list[Future[bytes] | bytes] = []
         size = 0

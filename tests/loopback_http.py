@@ -6,13 +6,15 @@
         ... srv.requests  # list of (method, path, headers) seen
         ... srv.uploads["/up"]  # bodies received by PUT
         ... srv.sent("/img")    # body bytes sent (Range bytes=a-b is honoured to b)
+        ... srv.connections     # TCP connections accepted (HTTP/1.1 keeps them alive)
 
 Faults: ``status`` (e.g. 404, 500) answered ``times`` times then normal service; ``reset_after``
 (bytes sent, then the socket is reset), ``truncate_after`` (bytes sent with the full
 Content-Length, then a clean close), ``delay`` (seconds slept before each 64 KiB chunk),
 ``ignore_range`` (always 200 with the full body), ``stall_after`` (bytes sent, then sleep
-``stall`` seconds before closing). ``times`` bounds how many requests get the fault (0 = all).
-Only 127.0.0.1. For TLS give ``tls=(certfile, keyfile)``.
+``stall`` seconds before closing), ``close_after`` (the connection closed after the response
+without saying so, as a server's idle timeout does to a kept-alive one). ``times`` bounds how
+many requests get the fault (0 = all). Only 127.0.0.1. For TLS give ``tls=(certfile, keyfile)``.
 
 ``ScriptedServer`` answers each request with a function of it; ``RawServer`` answers every
 connection with the same bytes, framed as wrongly as a test needs.
@@ -40,6 +42,7 @@ class Fault:
     stall: float = 0.0
     delay: float = 0.0
     ignore_range: bool = False
+    close_after: bool = False
     times: int = 0  # 0: every request
 
 
@@ -49,6 +52,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
+
+    def setup(self) -> None:
+        with self.server.guard:
+            self.server.connections += 1
+        super().setup()
 
     def _fault(self, path: str) -> Fault | None:
         with self.server.guard:
@@ -120,6 +128,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
         except OSError:
             return
+        if fault.close_after:
+            self.close_connection = True
         if sent < len(body):
             if fault.stall_after >= 0:
                 time.sleep(fault.stall)
@@ -173,6 +183,7 @@ class _Server(ThreadingHTTPServer):
     requests: list[tuple[str, str, dict[str, str]]]
     uploads: dict[str, bytes]
     sent: dict[str, int]
+    connections: int
 
 
 class _Serving:
@@ -201,6 +212,7 @@ class LoopbackServer(_Serving):
         self.server.files, self.server.faults, self.server.fault_count = {}, {}, {}
         self.server.redirects, self.server.requests, self.server.uploads = {}, [], {}
         self.server.sent = {}
+        self.server.connections = 0
         self.scheme = "http"
         if tls is not None:
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -228,6 +240,10 @@ class LoopbackServer(_Serving):
     @property
     def uploads(self) -> dict[str, bytes]:
         return self.server.uploads
+
+    @property
+    def connections(self) -> int:
+        return self.server.connections
 
     def sent(self, path: str) -> int:
         """Body bytes sent for ``path`` so far (every GET, Range requests included)."""

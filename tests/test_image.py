@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import image, proc
+from agent import decompress, image, proc
 from agent.errors import InvalidParameters, NotFound, SourceFailed
 from agent.proto import agent_pb2
 
@@ -21,7 +21,7 @@ RAW = os.urandom(300_000) + bytes(5_000_000) + os.urandom(1000)
 
 
 def inflate(fmt: int, published: bytes, step: int = 65536, max_out: int = 1 << 20) -> bytes:
-    dec = image.decompressor(fmt, max_out=max_out)
+    dec = decompress.decompressor(fmt, max_out=max_out)
     out = []
     for i in range(0, len(published), step):
         for piece in dec.feed(published[i : i + step]):
@@ -42,10 +42,10 @@ def test_detect() -> None:
 
 
 def test_check_digest() -> None:
-    assert image.check_digest(" SHA256 ", "AB" * 32) == ("sha256", "ab" * 32)
+    assert image.Digest.parse(" SHA256 ", "AB" * 32) == image.Digest("sha256", "ab" * 32)
     for algo, hx in (("md5", "ab" * 16), ("sha256", "ab" * 31), ("sha512", "g" * 128)):
         with pytest.raises(InvalidParameters):
-            image.check_digest(algo, hx)
+            image.Digest.parse(algo, hx)
 
 
 @pytest.mark.parametrize(
@@ -86,10 +86,10 @@ def read_stream(tmp_path: Path, published: bytes, fmt: int, piece: int = 100_000
 def test_zstd_stream(tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if shutil.which("zstd") is None:
         pytest.skip("zstd not installed")
-    if how == "libzstd" and image._libzstd() is None:
+    if how == "libzstd" and decompress.libzstd() is None:
         pytest.skip("no libzstd.so.1 here")
     if how == "zstd child":
-        monkeypatch.setattr(image, "_libzstd", lambda: None)
+        monkeypatch.setattr(decompress, "libzstd", lambda: None)
     published = proc.run(["zstd", "-q", "-c"], input=RAW).stdout
     assert read_stream(tmp_path, published, Fmt.ZSTD) == RAW
     with pytest.raises(SourceFailed, match="zstd"):

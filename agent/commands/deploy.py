@@ -1,88 +1,71 @@
 """deploy.image: stream an OS image onto the disk the hints select, verified, as fast as the
 disk allows.
 
-Pipeline (threads, bounded queues; nothing is staged on tmpfs)::
+Three pipelines, one per way the image is checked (``pipeline`` picks one; what they share,
+the source, the target and the checks, is agent/commands/deploy_base.py's ``Deployment``):
 
-    source (HTTP with Range resume, or a local file) --hash of the published bytes-->
-      [decompressor: gzip/xz/bzip2 (stdlib) or `zstd -dc`] --raw chunks-->
-        assembler (fills 8 MiB page-aligned buffers; range check; progress) -->
-          DiskWriter thread (O_DIRECT when allowed; all-zero 64 KiB granules skipped when the
-          disk was discarded and reads zeros)
+- ``StreamDeployment`` (here): raw or compressed (gzip, xz, bzip2, zstd), streamed onto the
+  disk, the whole published file's digest computed as it passes and compared at the end.
+- ``Qcow2Deployment`` (here): a local qcow2 file without a manifest; its digest is checked
+  over the whole file before the disk is touched, then ``qemu-img convert -n`` writes it
+  (qemu-img needs a seekable file: an HTTP source is refused with UNSUPPORTED). For qcow2
+  ``bytes_written`` is the virtual size (qemu-img skips zeros itself and does not say how
+  many).
+- ``ManifestDeployment`` (agent/commands/deploy_verified.py): with a manifest (``manifest`` or
+  ``manifest_inline``: an ImageManifest from ``agent manifest``, or a bmaptool .bmap) every
+  chunk of the raw image is verified before it is written, on a pool of threads, zero chunks
+  are never hashed (nor downloaded: a raw image over HTTP is fetched by Range, data runs
+  only), and the partition tables are written last; a qcow2 file is read through its own
+  tables (agent/qcow2.py), not by qemu-img. A ``digest`` given beside a manifest is checked
+  too: against the manifest's own digest of the published file, or, where the manifest gives
+  none for this file (a .bmap; a raw image's manifest for a compressed or qcow2 copy), over
+  the published bytes as they are read (a thread of its own), before the partition tables
+  are written.
 
-Order of checks: parameters; disk hints (exactly one disk) and safety (not mounted, not
-holding the system, not held by RAID/LVM/dm); the source opens (404 and friends fail here,
-nothing touched); the format from the magic bytes agrees with the declared one; a raw image
-larger than the disk is refused. Only then is the disk discarded and written. A failure
-afterwards (checksum mismatch, truncated or corrupt stream, dropped download after all
-resumes, image larger than the disk, cancel, timeout) clears the start (4 MiB) and the end
-(1 MiB, the backup GPT) of the disk, so no half image can boot.
-
-qcow2 is not a stream format: it is converted by ``qemu-img convert -n`` straight onto the
-disk, from ``local_path`` only (qemu-img needs a seekable file; an HTTP source is refused
-with UNSUPPORTED). Its digest is checked over the whole file before the disk is touched.
-For qcow2 ``bytes_written`` is the virtual size (qemu-img skips zeros itself and does not
-say how many).
-
-With a manifest (``manifest`` or ``manifest_inline``: an ImageManifest from ``agent
-manifest``, or a bmaptool .bmap) the whole-image digest is not needed: every chunk of the raw
-image is verified before it is written, on a pool of threads, zero chunks are never hashed
-(nor downloaded: a raw image over HTTP is fetched by Range, data runs only), and the
-partition tables are written last (agent/commands/deploy_verified.py). A qcow2 file is then
-read through its own tables (agent/qcow2.py), not by qemu-img. ``verification`` in the
-result says which check ran: "manifest", "bmap" or "digest".
+``verification`` in the result says which check ran: "manifest", "bmap" or "digest". Order
+of checks: parameters; disk hints (exactly one disk) and safety (not mounted, not holding
+the system, not held by RAID/LVM/dm); the source opens (404 and friends fail here, nothing
+touched); the format from the magic bytes agrees with the declared one; a raw image larger
+than the disk is refused. Only then is the disk discarded and written. A failure afterwards
+(checksum mismatch, truncated or corrupt stream, dropped download after all resumes, image
+larger than the disk, cancel, timeout) clears the start (4 MiB) and the end (1 MiB, the
+backup GPT) of the disk, so no half image can boot. Over HTTP a deploy's requests share one
+kept-alive connection (agent/http.py's Connections).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
 import queue
 import re
 import threading
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent import conformance, filesource, http, image, manifest
+from agent import conformance, filesource, http, image
 from agent.commands import deploy_verified, inventory
 from agent.commands.base import Context, Handler
-from agent.errors import AgentError, ChecksumMismatch, InvalidParameters, Reason, SourceFailed, Unsupported
-from agent.hw import block, diskio, partitions, system
-from agent.manifest import Plan
-from agent.proto import agent_pb2, common_pb2
+from agent.commands.deploy_base import QCOW2_NEEDS_FILE, Deployment, DeployParams
+from agent.errors import (
+    AgentError,
+    ChecksumMismatch,
+    InvalidParameters,
+    Reason,
+    SourceFailed,
+    ToolFailed,
+    Unsupported,
+)
+from agent.hw import block, diskio, system
+from agent.proc import Exited
+from agent.proto import agent_pb2
 
 log = logging.getLogger(__name__)
 
 Fmt = agent_pb2.ImageFormat
-ZERO_SAMPLES = 256
 MAX_INLINE_MANIFEST = 1 << 20  # 128 GiB of image in 4 MiB chunks; larger ones travel as a file
-QCOW2_NEEDS_FILE = "qcow2 is converted by qemu-img, which needs a seekable file: use local_path"
-
-
-@dataclass(frozen=True)
-class DeployParams:
-    url: str
-    local_path: Path | None
-    format: int
-    algorithm: str
-    digest: str
-    hints: block.Hints
-    verify_readback: bool
-    zero_skip: bool
-    ca_pem: str
-    headers: dict[str, str] = field(default_factory=dict)
-    max_retries: int = 5
-    manifest: filesource.Source | None = None   # a manifest file, checked against its signed digest
-    manifest_inline: bytes = b""                 # or the manifest itself, inside the signed payload
-    gate: conformance.Expected | None = None     # the acceptance gate, run before the disk is opened
-
-    @property
-    def has_manifest(self) -> bool:
-        return self.manifest is not None or bool(self.manifest_inline)
 
 
 def _local_path(raw: str) -> Path:
@@ -118,12 +101,11 @@ class DeployImage(Handler[agent_pb2.DeployImageRequest, DeployParams], kind="dep
         if len(payload.manifest_inline) > MAX_INLINE_MANIFEST:
             raise InvalidParameters(f"an inline manifest is at most {MAX_INLINE_MANIFEST} bytes (this one"
                                     f" {len(payload.manifest_inline)}): give it as a file, `manifest`")
+        digest = None
         if payload.HasField("digest"):
-            algo, hexdigest = image.check_digest(payload.digest.algorithm, payload.digest.hex)
+            digest = image.Digest.parse(payload.digest.algorithm, payload.digest.hex)
         elif manifest is None and not payload.manifest_inline:
             raise InvalidParameters("deploy.image needs the image's digest (sha256 or sha512) or a manifest")
-        else:
-            algo, hexdigest = "sha256", ""
         if not payload.HasField("target"):
             raise InvalidParameters("deploy.image needs target disk hints")
         if payload.max_retries > 100:
@@ -135,8 +117,7 @@ class DeployImage(Handler[agent_pb2.DeployImageRequest, DeployParams], kind="dep
             url=url,
             local_path=local,
             format=payload.format,
-            algorithm=algo,
-            digest=hexdigest,
+            digest=digest,
             hints=block.Hints.from_proto(payload.target),
             verify_readback=payload.verify_readback,
             zero_skip=not payload.disable_zero_skip,
@@ -157,7 +138,7 @@ class DeployImage(Handler[agent_pb2.DeployImageRequest, DeployParams], kind="dep
         if params.local_path is not None and not disk.is_file and params.local_path.resolve() == disk.path:
             raise InvalidParameters("local_path is the target disk itself")
         with ctx.hold(f"disk:{disk.name}"):
-            return Deployment(ctx, params, disk).run()
+            return pipeline(ctx, params, disk).run()
 
     def on_interrupted(self, params: DeployParams) -> None:
         """After a crash (the journal replayed, the deploy reported interrupted): clear the start
@@ -179,269 +160,36 @@ class DeployImage(Handler[agent_pb2.DeployImageRequest, DeployParams], kind="dep
         finally:
             os.close(fd)
 
+class StreamDeployment(Deployment):
+    """The raw image's bytes in order, from a raw or compressed stream (gzip, xz, bzip2, zstd),
+    checked by the published file's digest.
 
-class Deployment:
-    """One deploy of one image onto one disk."""
+    Threads, bounded queues, nothing staged on tmpfs::
 
-    def __init__(self, ctx: Context, params: DeployParams, disk: block.Disk) -> None:
-        self.ctx, self.params, self.disk = ctx, params, disk
-        self.started = time.monotonic()
-        self.result = agent_pb2.DeployImageResult(disk=disk.identity())
-        self._last_progress = 0.0
+        source (HTTP with Range resume, or a local file) --hash of the published bytes-->
+          [decompressor: gzip/xz/bzip2 (stdlib) or zstd (libzstd, or the `zstd -dc` child)]
+            --raw bytes--> 8 MiB page-aligned buffers --> DiskWriter threads (O_DIRECT when
+              allowed; all-zero 64 KiB granules skipped when the disk was discarded and reads
+              zeros)
+    """
 
-    # -- source --------------------------------------------------------------------------
-
-    def _http_options(self) -> http.HttpOptions:
-        p = self.params
-        return http.HttpOptions(
-            ca_pem=p.ca_pem,
-            ca_file=self.ctx.config.ca_bundle,
-            headers=p.headers,
-            max_retries=p.max_retries,
-            cancel=self.ctx.cancel_event,
-        )
-
-    def _open_source(self, *, algorithm: str | None = None) -> image.Source:
-        p = self.params
-        if p.local_path is not None:
-            return image.FileSource(p.local_path, algorithm or p.algorithm)
-        return image.HttpSource(p.url, self._http_options(), algorithm or p.algorithm)
-
-    def _check_format(self, head: bytes) -> int:
-        if not head:
-            raise SourceFailed("the image is empty")
-        fmt = image.detect(head)
-        declared = self.params.format
-        if declared != Fmt.IMAGE_FORMAT_AUTO and declared != fmt:
-            raise InvalidParameters(
-                f"declared format {image.format_name(declared)} but the image is"
-                f" {image.format_name(fmt)} (magic bytes {head[:8].hex()})"
-            )
-        self.result.format = fmt  # type: ignore[assignment]  # image.detect gives the enum's number
-        return fmt
-
-    def _check_fits(self, fmt: int, total: int | None) -> None:
-        if fmt == Fmt.RAW and total is not None and total > self.disk.size:
-            raise AgentError(
-                f"image is {total} bytes, disk {self.disk.name} only {self.disk.size}",
-                reason=Reason.TOO_LARGE,
-            )
-
-    def run(self) -> agent_pb2.DeployImageResult:
-        if self.params.has_manifest:
-            self._run_manifest(self._load_plan())
-        else:
-            self._run_digest()
-        seconds = time.monotonic() - self.started
-        self.result.seconds = seconds
-        self.result.throughput_bytes_per_second = self.result.image_bytes / seconds if seconds else 0.0
-        return self.result
-
-    def _run_digest(self) -> None:
-        """Without a manifest: the digest of the whole published image, as old control planes send."""
+    def deploy(self) -> None:
+        """The whole published image's digest, as old control planes send: raw or compressed,
+        streamed onto the disk and hashed as it passes."""
         self.result.verification = "digest"
         source = self._open_source()
         try:
             fmt = self._check_format(source.peek())
             self._check_fits(fmt, source.total)
             if fmt == Fmt.QCOW2:
-                if self.params.local_path is None:
-                    raise Unsupported(QCOW2_NEEDS_FILE)
-                self._qcow2(source)
-            else:
-                self._stream(source, fmt)
+                raise Unsupported(QCOW2_NEEDS_FILE)
+            self._stream(source, fmt)
         finally:
             source.close()
 
-    # -- with a manifest -----------------------------------------------------------------
-
-    def _load_plan(self) -> Plan:
-        """The manifest, checked against its signed digest and parsed; nothing is touched yet."""
-        p = self.params
-        data = p.manifest_inline
-        if p.manifest is not None:
-            import tempfile
-
-            with tempfile.TemporaryDirectory(prefix="bc-manifest-") as private:
-                dest = Path(private) / "manifest"
-                # The request's CA; its headers (say, a token) only where the image is.
-                same = bool(p.url and p.manifest.url) and http.origin(p.url) == http.origin(p.manifest.url)
-                filesource.fetch(p.manifest, dest, cancel=self.ctx.cancel_event,
-                                 ca_file=self.ctx.config.ca_bundle, ca_pem=p.ca_pem,
-                                 headers=p.headers if same else None)
-                data = dest.read_bytes()
-        plan = manifest.parse(data)
-        if plan.image_size > self.disk.size:
-            raise AgentError(f"the manifest's image is {plan.image_size} bytes, disk {self.disk.name} only"
-                             f" {self.disk.size}", reason=Reason.TOO_LARGE)
-        return plan
-
-    def _run_manifest(self, plan: Plan) -> None:
-        dv = deploy_verified
-        p = self.params
-        self.result.verification = plan.kind
-        source: image.Source | None = None
-        reader: dv.ChunkReader | None = None
-        try:
-            if p.url:
-                # A 16-byte Range probe: the format, the size, and whether Range works, without
-                # starting a download of the whole image.
-                with http.get(p.url, self._http_options(), offset=0, length=image.MAGIC_LEN) as probe:
-                    head = probe.read(image.MAGIC_LEN)
-                    ranged, total = probe.ranged, probe.total
-                fmt = self._check_format(head)
-                if fmt == Fmt.RAW and ranged:
-                    dv.check_against_source(plan, total, fmt, (p.algorithm, p.digest))
-                    reader = dv.RangeReader(p.url, self._http_options(), plan)
-                else:
-                    source = self._open_source(algorithm="sha256")
-                    fmt = self._check_format(source.peek())
-            else:
-                source = self._open_source(algorithm="sha256")
-                fmt = self._check_format(source.peek())
-            if source is not None:
-                self._check_fits(fmt, source.total)
-                dv.check_against_source(plan, source.total, fmt, (p.algorithm, p.digest))
-                if fmt == Fmt.QCOW2:
-                    if p.local_path is None:
-                        raise Unsupported(QCOW2_NEEDS_FILE)
-                    qcow = dv.Qcow2Reader(str(p.local_path))
-                    reader = qcow
-                    dv.check_against_source(plan, qcow.q.size, Fmt.RAW, None)
-                elif fmt == Fmt.RAW and p.local_path is not None:
-                    reader = dv.FileReader(str(p.local_path))
-                else:
-                    stream = image.RawStream(source, fmt, self.ctx.spawn, hash_published=False)
-                    reader = dv.StreamReader(stream)
-            assert reader is not None
-            self._write_verified(plan, reader)
-            self.result.source_bytes = reader.fetched
-            reader.close()
-            self.result.resumes = reader.resumes
-        finally:
-            if reader is not None:
-                reader.close()
-            if source is not None:
-                source.close()
-
-    def _write_verified(self, plan: Plan, reader: deploy_verified.ChunkReader) -> None:
-        dv = deploy_verified
-        with self._open_target() as (fd, dfd):
-            skip = self._prepare(fd)
-            if not skip:  # the old partition table goes before anything new is written
-                block.clear_ends(fd, self.disk.size)
-            buffers = max(4, min(32, (128 << 20) // plan.chunk_size))
-            with diskio.DiskWriter(
-                fd, dfd, size=self.disk.size, skip_zeros=skip, cancel=self.ctx.cancel_event,
-                block=self.disk.logical_block_size, buffer_size=plan.chunk_size, buffers=buffers,
-            ) as writer:
-                copy = dv.VerifiedCopy(
-                    plan, reader, writer, fd, skip_zeros=skip, check=self.ctx.check,
-                    progress=lambda done: self._progress_raw(done, plan.image_size, writer),
-                )
-                copy.run()
-            held = copy.write_held(dfd)
-            self.result.bytes_written = writer.written + held
-            self.result.bytes_skipped = writer.skipped + copy.zeros_skipped
-            self.result.image_bytes = plan.image_size
-            self.result.chunks_verified = copy.chunks_verified
-            self.result.zero_chunks = copy.zero_chunks
-            if self.params.verify_readback:
-                self._readback_chunks(fd, plan)
-            self._finish(fd)
-
-    def _progress_raw(self, done: int, total: int, writer: diskio.DiskWriter) -> None:
-        now = time.monotonic()
-        if now - self._last_progress < 1.0:
-            return
-        self._last_progress = now
-        rate = done / max(now - self.started, 1e-6)
-        self.ctx.progress(
-            done=done, total=total, rate=rate, eta_seconds=(total - done) / rate if rate else -1.0,
-            subject=self.disk.name, message=f"{done} image bytes verified, {writer.written} written",
-        )
-
-    def _readback_chunks(self, fd: int, plan: Plan) -> None:
-        """Read every data chunk back from the disk (the page cache dropped first) and compare
-        its digest with the manifest's."""
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, plan.image_size, os.POSIX_FADV_DONTNEED)
-        for seg in plan.segments:
-            self.ctx.check()
-            if seg.digest is None:
-                continue
-            h = hashlib.new(plan.algorithm)
-            for pos in range(seg.offset, seg.end, diskio.BUFFER):
-                data = os.pread(fd, min(diskio.BUFFER, seg.end - pos), pos)
-                h.update(data)
-            if h.digest() != seg.digest:
-                raise ChecksumMismatch(f"{self.disk.name}: read back, chunk {seg.index} at offset"
-                                       f" {seg.offset} differs from the manifest",
-                                       chunk=seg.index, offset=seg.offset)
-        self.result.readback_verified = True
-
-    def _check_digest(self, source: image.Source) -> None:
-        got = source.hasher.hexdigest()
-        self.result.digest.CopyFrom(common_pb2.Digest(algorithm=self.params.algorithm, hex=got))
-        if got != self.params.digest:
-            raise ChecksumMismatch(
-                f"{self.params.algorithm} of the image is {got}, expected {self.params.digest}",
-                expected=self.params.digest, got=got,
-            )
-
-    # -- target --------------------------------------------------------------------------
-
-    def _prepare(self, fd: int) -> bool:
-        """Discard the disk and check that it reads zeros; True when zeros may be skipped."""
-        if not (self.params.zero_skip and self.disk.supports_discard):
-            return False
-        try:
-            block.discard(fd)
-        except OSError as exc:
-            log.info("%s: discard failed (%s); writing every block", self.disk.name, exc)
-            return False
-        offsets = block.sample_offsets(self.disk.size, ZERO_SAMPLES, 4096)
-        zeros = block.reads_zeros(fd, offsets, 4096)
-        self.result.discarded = zeros
-        if not zeros:
-            log.info("%s: discarded but does not read zeros; writing every block", self.disk.name)
-        return zeros
-
-    @contextlib.contextmanager
-    def _open_target(self) -> Iterator[tuple[int, int | None]]:
-        """The target disk open for writing, and with O_DIRECT where it takes it; when what runs
-        inside fails, the disk's start and end are cleared (no half-written image boots)."""
-        fd = block.open_disk(self.disk, write=True)
-        dfd = block.try_direct(self.disk, write=True)
-        self.result.direct_io = dfd is not None
-        try:
-            yield fd, dfd
-        except BaseException:
-            self._fail_cleanup(fd)
-            raise
-        finally:
-            if dfd is not None:
-                os.close(dfd)
-            os.close(fd)
-
-    def _fail_cleanup(self, fd: int) -> None:
-        try:
-            block.clear_ends(fd, self.disk.size)
-            block.reread_partitions(fd)
-            log.warning("%s: deploy failed; start and end of the disk cleared", self.disk.name)
-        except OSError as exc:
-            log.error("%s: could not clear the disk after a failed deploy: %s", self.disk.name, exc)
-
-    def _finish(self, fd: int) -> None:
-        block.reread_partitions(fd)
-        parts = partitions.read_partitions(fd, self.disk.name, self.disk.logical_block_size)
-        self.result.partitions.extend(parts)
-
-    # -- streaming -----------------------------------------------------------------------
-
     def _stream(self, source: image.Source, fmt: int) -> None:
         # ToolMissing here (no zstd): nothing touched yet
-        stream = image.RawStream(source, fmt, self.ctx.spawn) if fmt != Fmt.RAW else None
+        stream = image.RawStream(source, fmt, self.ctx.running) if fmt != Fmt.RAW else None
         try:
             with self._open_target() as (fd, dfd):
                 skip = self._prepare(fd)
@@ -456,9 +204,9 @@ class Deployment:
                 self.result.image_bytes = offset
                 self.result.source_bytes = source.count
                 self.result.resumes = source.resumes
-                self._check_digest(source)
+                self._check_digest(source.hasher.hexdigest())
                 if raw_hash is not None:
-                    self._readback(fd, dfd, offset, raw_hash.hexdigest())
+                    self._readback(fd, dfd, offset, raw_hash.digest())
                 self._finish(fd)
         except BaseException:
             if stream is not None:
@@ -531,55 +279,33 @@ class Deployment:
                     stream.close()  # a reader waiting for the decompressor wakes up too
             reader.join(timeout=10)
 
-    def _progress(self, source: image.Source, image_bytes: int, written: int = 0, skipped: int = 0) -> None:
-        now = time.monotonic()
-        if now - self._last_progress < 1.0:
-            return
-        self._last_progress = now
-        elapsed = max(now - self.started, 1e-6)
-        rate = source.count / elapsed
-        total = source.total or 0
-        eta = (total - source.count) / rate if total and rate else -1.0
-        self.ctx.progress(
-            done=source.count, total=total, rate=rate, eta_seconds=eta, subject=self.disk.name,
-            message=f"{image_bytes} image bytes, {written} written, {skipped} skipped",
-        )
-
-    def _readback(self, fd: int, dfd: int | None, length: int, expected: str) -> None:
-        """Read the written image back (bypassing the page cache) and compare its sha256."""
-        h = hashlib.sha256()
-        import mmap
-
-        buf = mmap.mmap(-1, diskio.BUFFER)
-        view = memoryview(buf)
-        try:
-            if dfd is None:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, length, os.POSIX_FADV_DONTNEED)
-            pos = 0
-            block_size = self.disk.logical_block_size
-            while pos < length:
-                self.ctx.check()
-                want = min(len(view), length - pos)
-                aligned = want // block_size * block_size
-                if dfd is not None and aligned:
-                    n = os.preadv(dfd, [view[:aligned]], pos)
-                else:
-                    n = os.preadv(fd, [view[:want]], pos)
-                if n <= 0:
-                    raise SourceFailed(f"{self.disk.name}: read-back ended at byte {pos}")
-                h.update(view[:n])
-                pos += n
-        finally:
-            view.release()
-            buf.close()
-        if h.hexdigest() != expected:
+    def _readback(self, fd: int, dfd: int | None, length: int, expected: bytes) -> None:
+        """The written image read back (bypassing the page cache): its sha256 against the
+        one computed as it was written."""
+        (got,) = self._read_back(fd, dfd, [(0, length)], "sha256")
+        if got != expected:
             raise ChecksumMismatch(
-                f"{self.disk.name}: read-back sha256 {h.hexdigest()} differs from the image's {expected}"
+                f"{self.disk.name}: read-back sha256 {got.hex()} differs from the image's {expected.hex()}"
             )
         self.result.readback_verified = True
 
-    # -- qcow2 ---------------------------------------------------------------------------
+
+class Qcow2Deployment(Deployment):
+    """A local qcow2 file without a manifest: qemu-img needs a seekable file, so its digest is
+    checked over the whole file first, then it converts it onto the disk. ``bytes_written``
+    is the virtual size (qemu-img skips zeros itself and does not say how many)."""
+
+    def deploy(self) -> None:
+        """The published file's digest checked whole before the disk is touched, then
+        ``qemu-img convert -n`` straight onto the disk."""
+        self.result.verification = "digest"
+        source = self._open_source()
+        try:
+            if self._check_format(source.peek()) != Fmt.QCOW2:
+                raise SourceFailed("the image is no longer a qcow2 file")  # changed since it was chosen
+            self._qcow2(source)
+        finally:
+            source.close()
 
     def _qcow2(self, source: image.Source) -> None:
         assert self.params.local_path is not None
@@ -587,7 +313,7 @@ class Deployment:
         while source.read(8 << 20):  # digest of the published file before touching the disk
             self.ctx.check()
             self._progress(source, 0)
-        self._check_digest(source)
+        self._check_digest(source.hasher.hexdigest())
         virtual = image.qcow2_info(self.ctx.run, path)
         if virtual > self.disk.size:
             raise AgentError(
@@ -619,38 +345,33 @@ class Deployment:
             os.close(fd)
 
     def _run_qemu_img(self, argv: list[str], virtual: int) -> None:
+        """qemu-img convert under ctx.running (killed on cancel, timeout or error; its exit
+        checked on leaving), its ``-p`` percentages read for progress."""
         import subprocess
 
-        child = self.ctx.spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        assert child.stdout is not None and child.stderr is not None
-        stderr: list[bytes] = []
-        reader = threading.Thread(target=lambda: stderr.append(child.stderr.read()), daemon=True)  # type: ignore[union-attr]  # stderr=PIPE
-        reader.start()
+        def failure(exited: Exited) -> AgentError:
+            return ToolFailed(f"qemu-img convert failed ({exited.description}): {exited.tail(2)}",
+                              tool="qemu-img")
+
         pending = b""
-        try:
-            while chunk := os.read(child.stdout.fileno(), 4096):
+        with self.ctx.running(argv, stdout=subprocess.PIPE, failure=failure) as child:
+            for chunk in child.chunks(4096):
                 self.ctx.check()
                 pending += chunk
                 found = re.findall(rb"\((\d+(?:\.\d+)?)/100%\)", pending)
                 pending = pending[-64:]
                 if found:
-                    frac = float(found[-1]) / 100
-                    now = time.monotonic()
-                    if now - self._last_progress >= 1.0:
-                        self._last_progress = now
-                        self.ctx.progress(done=int(virtual * frac), total=virtual, subject=self.disk.name,
-                                          message="qemu-img convert")
-            rc = child.wait()
-        except BaseException:
-            from agent.proc import kill_group
+                    self.meter.update(int(virtual * float(found[-1]) / 100), total=virtual,
+                                      message="qemu-img convert")
 
-            kill_group(child)
-            raise
-        reader.join(5)
-        if rc != 0:
-            from agent.errors import ToolFailed
-            from agent.proc import describe_exit
 
-            tail = b"".join(stderr).decode("utf-8", "replace").strip().splitlines()[-2:]
-            raise ToolFailed(f"qemu-img convert failed ({describe_exit(rc)}): {' / '.join(tail)}",
-                             tool="qemu-img")
+def pipeline(ctx: Context, params: DeployParams, disk: block.Disk) -> Deployment:
+    """The pipeline for the request: with a manifest, chunk by chunk (deploy_verified); without,
+    a local qcow2 file by qemu-img and anything else as a stream (the file's first bytes say)."""
+    if params.has_manifest:
+        return deploy_verified.ManifestDeployment(ctx, params, disk)
+    if params.local_path is not None:
+        with open(params.local_path, "rb") as f:
+            if image.detect(f.read(image.MAGIC_LEN)) == Fmt.QCOW2:
+                return Qcow2Deployment(ctx, params, disk)
+    return StreamDeployment(ctx, params, disk)

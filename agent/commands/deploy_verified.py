@@ -39,261 +39,29 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
-from agent import http, image
-from agent.errors import Cancelled, ChecksumMismatch, InvalidParameters, SourceFailed
+from agent import filesource, http, image, manifest
+from agent.commands.deploy_base import QCOW2_NEEDS_FILE, Deployment
+from agent.errors import (
+    AgentError,
+    Cancelled,
+    ChecksumMismatch,
+    InvalidParameters,
+    Reason,
+    SourceFailed,
+    Unsupported,
+)
 from agent.hw import block, diskio
 from agent.manifest import Plan, Segment
+from agent.proto import agent_pb2
 
 log = logging.getLogger(__name__)
 
+Fmt = agent_pb2.ImageFormat
+
 HOLD = 1 << 20            # bytes at each end of the image whose chunks are written last
-SCRATCH = 4 << 20         # bytes read at a time when the source's zeros are checked
-CONSUME = 2 << 20         # bytes decompressed at a time for a zero chunk (stays in the cache)
 FIRST_PAGE = 4096         # the MBR and the primary GPT header, written after everything else
 _END = object()
-
-
-class ChunkReader(Protocol):
-    """The raw image's bytes for the producer, asked for in image order."""
-
-    @property
-    def fetched(self) -> int:
-        """Bytes taken from the source (downloaded or read)."""
-        ...
-
-    @property
-    def resumes(self) -> int:
-        """Downloads resumed by Range after a dropped connection."""
-        ...
-
-    def read_data(self, offset: int, view: memoryview) -> None:
-        """Exactly len(view) bytes of the raw image at ``offset``; SourceFailed when short."""
-        ...
-
-    def pass_zeros(self, offset: int, length: int) -> None:
-        """The source's bytes of a zero chunk: checked for zeros, skipped or consumed."""
-        ...
-
-    def finish(self, size: int) -> None:
-        """The source ends exactly at ``size``."""
-        ...
-
-    def close(self) -> None:
-        ...
-
-
-def _not_zeros(offset: int) -> ChecksumMismatch:
-    return ChecksumMismatch(f"the image has data at byte {offset}, in a chunk the manifest says is zeros",
-                            offset=offset)
-
-
-def _check_zeros(view: memoryview, offset: int) -> None:
-    import ctypes
-
-    n = len(view)
-    if not n:
-        return
-    buf = (ctypes.c_char * n).from_buffer(view)
-    if not diskio.all_zero(view, ctypes.addressof(buf), 0, n):
-        raise _not_zeros(offset)
-    del buf
-
-
-class StreamReader:
-    """A raw stream read in order (a decompressed image, or a raw one without Range)."""
-
-    def __init__(self, stream: image.RawStream) -> None:
-        self.stream = stream
-        self.pos = 0
-        self._scratch = bytearray(SCRATCH)
-
-    @property
-    def fetched(self) -> int:
-        return self.stream.source.count
-
-    @property
-    def resumes(self) -> int:
-        return self.stream.source.resumes
-
-    def close(self) -> None:
-        self.stream.close()
-
-    def _fill(self, view: memoryview) -> None:
-        got = 0
-        while got < len(view):
-            n = self.stream.readinto(view[got:])
-            if n == 0:
-                at = self.pos + got
-                raise SourceFailed(f"the image ended at byte {at}, shorter than the manifest says", offset=at)
-            got += n
-        self.pos += got
-
-    def read_data(self, offset: int, view: memoryview) -> None:
-        assert offset == self.pos, (offset, self.pos)
-        self._fill(view)
-
-    def pass_zeros(self, offset: int, length: int) -> None:
-        """A raw stream's zeros are checked (memcmp); a decompressed stream's are consumed only:
-        what the disk gets there is the manifest's zeros either way, and decompressing into a
-        small buffer that stays in the cache is most of the cost already."""
-        assert offset == self.pos, (offset, self.pos)
-        check = self.stream.fmt == image.Fmt.RAW
-        view = memoryview(self._scratch)[: SCRATCH if check else CONSUME]
-        while length:
-            n = min(length, len(view))
-            start = self.pos
-            self._fill(view[:n])
-            if check:
-                _check_zeros(view[:n], start)
-            length -= n
-
-    def finish(self, size: int) -> None:
-        if self.stream.readinto(memoryview(bytearray(1))):
-            raise SourceFailed(f"the image goes on past byte {size}, longer than the manifest says",
-                               offset=size)
-
-
-class FileReader:
-    """A raw local file, read by offset: a zero chunk in a hole of the file is not read at all."""
-
-    resumes = 0
-
-    def __init__(self, path: str) -> None:
-        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        self.fetched = 0
-        self._scratch = bytearray(SCRATCH)
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-    def read_data(self, offset: int, view: memoryview) -> None:
-        got = 0
-        while got < len(view):
-            n = os.preadv(self.fd, [view[got:]], offset + got)
-            if n == 0:
-                raise SourceFailed(f"the image ended at byte {offset + got}, shorter than the manifest says",
-                                   offset=offset + got)
-            got += n
-        self.fetched += got
-
-    def _data_extents(self, offset: int, end: int) -> list[tuple[int, int]]:
-        """The parts of [offset, end) that are not holes (SEEK_DATA / SEEK_HOLE)."""
-        out = []
-        pos = offset
-        while pos < end:
-            try:
-                start = os.lseek(self.fd, pos, os.SEEK_DATA)
-            except OSError:  # ENXIO: only a hole from here to the end of the file
-                break
-            if start >= end:
-                break
-            stop = min(os.lseek(self.fd, start, os.SEEK_HOLE), end)
-            out.append((start, stop))
-            pos = stop
-        return out
-
-    def pass_zeros(self, offset: int, length: int) -> None:
-        view = memoryview(self._scratch)
-        for start, stop in self._data_extents(offset, offset + length):
-            pos = start
-            while pos < stop:
-                n = min(stop - pos, len(view))
-                self.read_data(pos, view[:n])
-                _check_zeros(view[:n], pos)
-                pos += n
-
-    def finish(self, size: int) -> None:
-        actual = os.fstat(self.fd).st_size
-        if actual != size:
-            raise SourceFailed(f"the image is {actual} bytes, the manifest says {size}", size=actual)
-
-
-class Qcow2Reader:
-    """A local qcow2 file, read by guest offset through its tables: a zero chunk whose clusters
-    are unallocated (or zero clusters) is not read at all, an allocated one is checked."""
-
-    resumes = 0
-
-    def __init__(self, path: str) -> None:
-        from agent.qcow2 import Qcow2File
-
-        self.q = Qcow2File(Path(path))
-        self._scratch = bytearray(SCRATCH)
-
-    @property
-    def fetched(self) -> int:
-        return self.q.fetched
-
-    def read_data(self, offset: int, view: memoryview) -> None:
-        self.q.read(offset, view)
-
-    def pass_zeros(self, offset: int, length: int) -> None:
-        view = memoryview(self._scratch)
-        for pos in range(offset, offset + length, len(view)):
-            n = min(len(view), offset + length - pos)
-            if self.q.allocated(pos, n):
-                self.q.read(pos, view[:n])
-                _check_zeros(view[:n], pos)
-
-    def finish(self, size: int) -> None:
-        if self.q.size != size:
-            raise SourceFailed(f"the qcow2 image's virtual size is {self.q.size}, the manifest says {size}")
-
-    def close(self) -> None:
-        self.q.close()
-
-
-class RangeReader:
-    """A raw image over HTTP: only the data chunks are downloaded, a Range request per run of
-    consecutive data chunks; zero chunks are not downloaded at all."""
-
-    def __init__(self, url: str, opts: http.HttpOptions, plan: Plan) -> None:
-        self.url, self.opts = url, opts
-        self.fetched = 0
-        self._runs: dict[int, int] = {}     # start of a run of data -> its end
-        run_start = -1
-        for seg in plan.segments:
-            if seg.digest is not None and run_start < 0:
-                run_start = seg.offset
-            elif seg.digest is None and run_start >= 0:
-                self._runs[run_start] = seg.offset
-                run_start = -1
-        if run_start >= 0:
-            self._runs[run_start] = plan.image_size
-        self._body: http.Download | None = None
-        self._pos = -1
-        self.resumes = 0
-
-    def read_data(self, offset: int, view: memoryview) -> None:
-        if self._body is None or offset != self._pos:
-            self.close()
-            end = self._runs.get(offset, offset + len(view))
-            self._body = http.get(self.url, self.opts, offset=offset, length=end - offset)
-            self._pos = offset
-        got = 0
-        while got < len(view):
-            n = self._body.readinto(view[got:])
-            if n == 0:
-                raise SourceFailed(f"the download ended at byte {offset + got}", offset=offset + got)
-            got += n
-        self._pos += got
-        self.fetched += got
-
-    def pass_zeros(self, offset: int, length: int) -> None:
-        pass
-
-    def finish(self, size: int) -> None:
-        self.close()
-
-    def close(self) -> None:
-        if self._body is not None:
-            self.resumes += self._body.resumes
-            self._body.close()
-            self._body = None
 
 
 @dataclass
@@ -308,7 +76,7 @@ class _Item:
 
 class VerifiedCopy:
     def __init__(
-        self, plan: Plan, reader: ChunkReader, writer: diskio.DiskWriter, fd: int, *,
+        self, plan: Plan, reader: image.ChunkReader, writer: diskio.DiskWriter, fd: int, *,
         skip_zeros: bool, check: Callable[[], None], progress: Callable[[int], None],
         workers: int | None = None,
     ) -> None:
@@ -483,7 +251,13 @@ class VerifiedCopy:
         return written
 
 
-def check_against_source(plan: Plan, total: int | None, fmt: int, digest: tuple[str, str] | None) -> None:
+def digest_in_manifest(plan: Plan, fmt: int) -> bool:
+    """Whether the manifest gives the digest of the published file itself (one made from a file
+    of this format): then check_against_source compares the request's digest with it."""
+    return plan.published is not None and plan.published_format == fmt
+
+
+def check_against_source(plan: Plan, total: int | None, fmt: int, digest: image.Digest | None) -> None:
     """Refuse, before anything is written, a manifest that disagrees with the image: its raw
     size, or (when it was made from a file of this format) the published file's size, or the
     request's digest of the published file."""
@@ -491,10 +265,155 @@ def check_against_source(plan: Plan, total: int | None, fmt: int, digest: tuple[
         raise ChecksumMismatch(f"the image is {total} bytes, its manifest says {plan.image_size}",
                                size=total, manifest_size=plan.image_size)
     if plan.published_format != fmt:
-        return  # a manifest of the raw image serves its compressed copies too
+        return  # a manifest of the raw image serves its compressed copies too (a digest: hashed)
     if plan.published_size and total is not None and total != plan.published_size:
         raise ChecksumMismatch(f"the published image is {total} bytes, its manifest says"
                                f" {plan.published_size}", size=total, manifest_size=plan.published_size)
-    if digest is not None and digest[1] and plan.published is not None and (
-        plan.published.algorithm, plan.published.hex) != digest:
+    if digest is not None and plan.published is not None and plan.published != digest:
         raise InvalidParameters("the request's digest of the image is not the one its manifest gives")
+
+
+class ManifestDeployment(Deployment):
+    """The image with a manifest (an ImageManifest or a .bmap): read chunk by chunk as its
+    source allows (image.py's chunk readers), each chunk verified before it is written by
+    VerifiedCopy, the partition tables last."""
+
+    def deploy(self) -> None:
+        self._run_manifest(self._load_plan())
+
+    def _load_plan(self) -> Plan:
+        """The manifest, checked against its signed digest and parsed; nothing is touched yet."""
+        p = self.params
+        data = p.manifest_inline
+        if p.manifest is not None:
+            import tempfile
+
+            with tempfile.TemporaryDirectory(prefix="bc-manifest-") as private:
+                dest = Path(private) / "manifest"
+                # The request's CA; its headers (say, a token) only where the image is.
+                same = bool(p.url and p.manifest.url) and http.origin(p.url) == http.origin(p.manifest.url)
+                filesource.fetch(p.manifest, dest, cancel=self.ctx.cancel_event,
+                                 ca_file=self.ctx.config.ca_bundle, ca_pem=p.ca_pem,
+                                 headers=p.headers if same else None, pool=self.pool)
+                data = dest.read_bytes()
+        plan = manifest.parse(data)
+        if plan.image_size > self.disk.size:
+            raise AgentError(f"the manifest's image is {plan.image_size} bytes, disk {self.disk.name} only"
+                             f" {self.disk.size}", reason=Reason.TOO_LARGE)
+        return plan
+
+    def _run_manifest(self, plan: Plan) -> None:
+        """The image read chunk by chunk as its source allows: a raw image over HTTP by Range
+        (data runs only), a local raw file by offset (holes skipped), a local qcow2 file through
+        its tables, anything else as a stream. A request's digest of the published file that
+        the manifest does not vouch for itself (a .bmap, or a manifest of the raw image given
+        for a compressed or qcow2 copy) is checked on the published bytes as they are read:
+        the whole file is then read (over HTTP: downloaded, zeros too), hashed on a thread of
+        its own, and compared before the partition tables are written."""
+        p = self.params
+        self.result.verification = plan.kind
+        source: image.Source | None = None
+        reader: image.ChunkReader | None = None
+        hasher: image.HashToEnd | None = None
+        published: Callable[[], str] | None = None
+        try:
+            if p.url:
+                # A 16-byte Range probe: the format, the size, and whether Range works, without
+                # starting a download of the whole image.
+                with http.get(p.url, self._http_options(), offset=0, length=image.MAGIC_LEN,
+                              pool=self.pool) as probe:
+                    head = probe.read(image.MAGIC_LEN)
+                    ranged, total = probe.ranged, probe.total
+                fmt = self._check_format(head)
+                if fmt == Fmt.RAW and ranged and not self._must_hash(plan, fmt):
+                    check_against_source(plan, total, fmt, p.digest)
+                    reader = image.RangeReader(p.url, self._http_options(), plan, self.pool)
+                else:
+                    source = self._open_source()
+                    fmt = self._check_format(source.peek())
+            else:
+                source = self._open_source()
+                fmt = self._check_format(source.peek())
+            if source is not None:
+                self._check_fits(fmt, source.total)
+                check_against_source(plan, source.total, fmt, p.digest)
+                must_hash = self._must_hash(plan, fmt)
+                if fmt == Fmt.QCOW2 or (fmt == Fmt.RAW and p.local_path is not None):
+                    if p.local_path is None:
+                        raise Unsupported(QCOW2_NEEDS_FILE)
+                    if fmt == Fmt.QCOW2:
+                        qcow = image.Qcow2Reader(str(p.local_path))
+                        reader = qcow
+                        check_against_source(plan, qcow.q.size, Fmt.RAW, None)
+                    else:
+                        reader = image.FileReader(str(p.local_path))
+                    if must_hash:  # the file is read by offset: its digest on a thread of its own
+                        hasher = image.HashToEnd(source)
+                        published = hasher.hexdigest
+                else:
+                    stream = image.RawStream(source, fmt, self.ctx.running, hash_published=must_hash)
+                    reader = image.StreamReader(stream)
+                    if must_hash:  # hashed by the stream's feeding thread as it reads
+                        published = source.hasher.hexdigest
+            assert reader is not None
+            self._write_verified(plan, reader, published)
+            self.result.source_bytes = reader.fetched
+            reader.close()
+            self.result.resumes = reader.resumes
+        finally:
+            if reader is not None:
+                reader.close()
+            if hasher is not None:
+                hasher.close()
+            if source is not None:
+                source.close()
+
+    def _must_hash(self, plan: Plan, fmt: int) -> bool:
+        """A digest in the request that the manifest does not give for this very file (then
+        check_against_source compared the two): it is checked on the bytes."""
+        return self.params.digest is not None and not digest_in_manifest(plan, fmt)
+
+    def _write_verified(self, plan: Plan, reader: image.ChunkReader,
+                        published: Callable[[], str] | None = None) -> None:
+        with self._open_target() as (fd, dfd):
+            skip = self._prepare(fd)
+            if not skip:  # the old partition table goes before anything new is written
+                block.clear_ends(fd, self.disk.size)
+            buffers = max(4, min(32, (128 << 20) // plan.chunk_size))
+            with diskio.DiskWriter(
+                fd, dfd, size=self.disk.size, skip_zeros=skip, cancel=self.ctx.cancel_event,
+                block=self.disk.logical_block_size, buffer_size=plan.chunk_size, buffers=buffers,
+            ) as writer:
+                copy = VerifiedCopy(
+                    plan, reader, writer, fd, skip_zeros=skip, check=self.ctx.check,
+                    progress=lambda done: self._progress_raw(done, plan.image_size, writer),
+                )
+                copy.run()
+            if published is not None:  # before the partition tables: a mismatch leaves none
+                self._check_digest(published())
+            held = copy.write_held(dfd)
+            self.result.bytes_written = writer.written + held
+            self.result.bytes_skipped = writer.skipped + copy.zeros_skipped
+            self.result.image_bytes = plan.image_size
+            self.result.chunks_verified = copy.chunks_verified
+            self.result.zero_chunks = copy.zero_chunks
+            if self.params.verify_readback:
+                self._readback_chunks(fd, dfd, plan)
+            self._finish(fd)
+
+    def _progress_raw(self, done: int, total: int, writer: diskio.DiskWriter) -> None:
+        if self.meter.due():
+            self.meter.update(done, total=total,
+                              message=f"{done} image bytes verified, {writer.written} written")
+
+    def _readback_chunks(self, fd: int, dfd: int | None, plan: Plan) -> None:
+        """Every data chunk read back from the disk (the page cache dropped first), its digest
+        against the manifest's."""
+        data = [seg for seg in plan.segments if seg.digest is not None]
+        got = self._read_back(fd, dfd, [(seg.offset, seg.length) for seg in data], plan.algorithm)
+        for seg, digest in zip(data, got, strict=True):
+            if digest != seg.digest:
+                raise ChecksumMismatch(f"{self.disk.name}: read back, chunk {seg.index} at offset"
+                                       f" {seg.offset} differs from the manifest",
+                                       chunk=seg.index, offset=seg.offset)
+        self.result.readback_verified = True

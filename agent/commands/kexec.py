@@ -26,8 +26,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class KexecParams:
-    kernel: filesource.Source
-    initrd: filesource.Source | None
+    kernel: filesource.FileRef
+    initrd: filesource.FileRef | None
     cmdline: str
     allow_kexec_tools: bool
 
@@ -88,7 +88,7 @@ class KexecHandler(Handler[agent_pb2.KexecRequest, KexecParams], kind="boot.kexe
             result=result,
         )
 
-    def _fetch(self, ctx: Context, src: filesource.Source, dest: Path, what: str) -> str:
+    def _fetch(self, ctx: Context, src: filesource.FileRef, dest: Path, what: str) -> str:
         ctx.progress(message=f"fetching the {what} from {src.describe()}", subject=what)
         got = filesource.fetch(
             src, dest, cancel=ctx.cancel_event, ca_file=ctx.config.ca_bundle,

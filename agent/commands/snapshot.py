@@ -26,7 +26,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import stat
 import subprocess
 import time
 import zlib
@@ -34,11 +33,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent import proc
+from agent import image, proc
 from agent.commands import transfer
 from agent.commands.base import Context, Handler
 from agent.config import Config
-from agent.errors import InvalidParameters, NotFound, ProtectedDevice, SourceFailed, ToolFailed
+from agent.errors import InvalidParameters, ProtectedDevice, SourceFailed, ToolFailed
 from agent.proto import agent_pb2, common_pb2
 
 log = logging.getLogger(__name__)
@@ -182,46 +181,13 @@ def check_quiesce(config: Config, raw: str) -> Path:
 # --------------------------------------------------------------------------- source
 
 
-def open_source(path: Path) -> tuple[int, int]:
-    """(fd, size in bytes) of a block device or a regular file."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError as exc:
-        raise NotFound(f"snapshot source {path} does not exist", path=str(path)) from exc
-    mode = os.fstat(fd).st_mode
-    if stat.S_ISBLK(mode):
-        size = os.lseek(fd, 0, os.SEEK_END)
-        os.lseek(fd, 0, os.SEEK_SET)
-    elif stat.S_ISREG(mode):
-        size = os.fstat(fd).st_size
-    else:
-        os.close(fd)
-        raise InvalidParameters(f"snapshot source {path} is neither a block device nor a regular file")
-    with contextlib.suppress(OSError):
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-    return fd, size
-
-
-class Source:
-    """Reads the source in chunks, counting and hashing what it read."""
-
-    def __init__(self, ctx: Context, fd: int) -> None:
-        self.ctx, self.fd = ctx, fd
-        self.sha256 = hashlib.sha256()
-        self.read_bytes = 0
-
-    def chunks(self) -> Iterator[bytes]:
-        while True:
-            self.ctx.check()
-            try:
-                data = os.read(self.fd, CHUNK)
-            except OSError as exc:
-                raise SourceFailed(f"read error at byte {self.read_bytes}: {exc.strerror}") from exc
-            if not data:
-                return
-            self.sha256.update(data)
-            self.read_bytes += len(data)
-            yield data
+def chunks(ctx: Context, source: image.FileSource) -> Iterator[bytes]:
+    """The source in 1 MiB chunks (counted and hashed by the source as they pass)."""
+    while True:
+        ctx.check()
+        if not (data := source.read(CHUNK)):
+            return
+        yield data
 
 
 def gzip_stream(raw: Iterator[bytes]) -> Iterator[bytes]:
@@ -272,20 +238,20 @@ class InstanceSnapshot(Handler[agent_pb2.InstanceSnapshotRequest, SnapshotParams
         mountpoint = check_quiesce(ctx.config, str(params.quiesce)) if params.quiesce else None
         rate = params.rate or ctx.config.bulk_bandwidth_bytes_per_second
         started = time.monotonic()
-        fd, size = open_source(source_path)
+        source = image.FileSource(source_path, "sha256", what="snapshot source")
         try:
             with frozen(ctx, mountpoint) if mountpoint else contextlib.nullcontext():
-                result = self._stream(ctx, params, fd, size, rate)
+                result = self._stream(ctx, params, source, rate)
         finally:
-            os.close(fd)
+            source.close()
         result.quiesced = mountpoint is not None
         result.seconds = time.monotonic() - started
         return result
 
     def _stream(
-        self, ctx: Context, params: SnapshotParams, fd: int, size: int, rate: int
+        self, ctx: Context, params: SnapshotParams, source: image.FileSource, rate: int
     ) -> agent_pb2.InstanceSnapshotResult:
-        source = Source(ctx, fd)
+        size = source.total or 0
         sent = hashlib.sha256()
         counter = {"sent": 0}
         meter = ctx.meter(total=size, subject=str(params.source))
@@ -293,19 +259,19 @@ class InstanceSnapshot(Handler[agent_pb2.InstanceSnapshotRequest, SnapshotParams
         def on_chunk(chunk: bytes) -> None:
             sent.update(chunk)
             counter["sent"] += len(chunk)
-            meter.update(source.read_bytes,
-                         message=f"{source.read_bytes} of {size} bytes read, {counter['sent']} sent")
+            meter.update(source.count,
+                         message=f"{source.count} of {size} bytes read, {counter['sent']} sent")
 
         with contextlib.ExitStack() as stack:
             if params.compression == agent_pb2.ZSTD_COMPRESSION:
                 # The binary as a filter: a thread feeds it the source, the upload reads it.
                 zstd = stack.enter_context(ctx.running(ZSTD_ARGV, stdin=subprocess.PIPE, grace=0.5))
-                zstd.feed(source.chunks())
+                zstd.feed(chunks(ctx, source))
                 body: Iterator[bytes] = zstd.chunks(CHUNK)
             elif params.compression == agent_pb2.GZIP_COMPRESSION:
-                body = gzip_stream(source.chunks())
+                body = gzip_stream(chunks(ctx, source))
             else:
-                body = source.chunks()
+                body = chunks(ctx, source)
             transfer.upload(
                 ctx,
                 params.url,
@@ -313,14 +279,14 @@ class InstanceSnapshot(Handler[agent_pb2.InstanceSnapshotRequest, SnapshotParams
                 headers=dict(params.headers),
                 ca_pem=params.ca_pem,
             )
-        meter.update(source.read_bytes, force=True,
-                     message=f"{source.read_bytes} of {size} bytes read, {counter['sent']} sent")
-        if source.read_bytes < size:
-            raise SourceFailed(f"source ended after {source.read_bytes} of {size} bytes")
+        meter.update(source.count, force=True,
+                     message=f"{source.count} of {size} bytes read, {counter['sent']} sent")
+        if source.count < size:
+            raise SourceFailed(f"source ended after {source.count} of {size} bytes")
         return agent_pb2.InstanceSnapshotResult(
-            source_bytes=source.read_bytes,
+            source_bytes=source.count,
             uploaded_bytes=counter["sent"],
-            source_digest=common_pb2.Digest(algorithm="sha256", hex=source.sha256.hexdigest()),
+            source_digest=common_pb2.Digest(algorithm="sha256", hex=source.hasher.hexdigest()),
             uploaded_digest=common_pb2.Digest(algorithm="sha256", hex=sent.hexdigest()),
             compression=params.compression,  # type: ignore[arg-type]  # the enum's number, checked in parse
         )

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from google.protobuf.message import Message
 
-from agent import atomicfile, filesource, http, launcher, version
+from agent import atomicfile, filesource, http, image, launcher, version
 from agent.commands.base import Context, Handler, SelfTermination, Verdict
 from agent.errors import AgentError, Draining, InvalidParameters, Reason, Unsupported
 from agent.proto import agent_pb2
@@ -44,7 +44,7 @@ _VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}")
 @dataclass(frozen=True)
 class UpgradeParams:
     version: str
-    source: filesource.Source
+    source: filesource.FileRef
     signature: bytes
     key_id: str
     rejoin_timeout: int
@@ -67,8 +67,8 @@ class UpgradeHandler(Handler[agent_pb2.DaemonSection, UpgradeParams], kind="daem
         if not payload.HasField("digest") or not payload.digest.hex:
             raise InvalidParameters("daemon.upgrade: digest is required")
         http.check_url(payload.url)
-        digest = filesource.parse_digest(payload.digest, "daemon.upgrade")
-        source = filesource.Source(digest, url=payload.url)
+        digest = image.Digest.from_proto(payload.digest, "daemon.upgrade")
+        source = filesource.FileRef(digest, url=payload.url)
         if len(payload.signature) != 64:
             raise InvalidParameters("daemon.upgrade: signature must be a 64-byte Ed25519 signature")
         if not payload.key_id:

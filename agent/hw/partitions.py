@@ -2,17 +2,23 @@
 
 ``read_partitions(fd, disk_name, sector)`` returns what is on the disk, whatever the kernel
 has seen: after a deploy we report the image's layout even for a file target. Filesystems
-recognised from their superblock: ext2/3/4, xfs, vfat, swap.
+recognised from their superblock: ext2/3/4, xfs, vfat, swap. ``find_partition(disk, private,
+number=..., label=...)`` is the kernel's view instead (sysfs), for a file read from a partition
+(agent/filesource.py): the partition by number, GPT name or filesystem label, and its node.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 import struct
 import uuid
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
+from agent.errors import AgentError, NotFound, Reason
 from agent.proto import common_pb2
 
 GPT_SIGNATURE = b"EFI PART"
@@ -143,3 +149,100 @@ def read_partitions(fd: int, disk: str, sector: int = 512) -> list[common_pb2.Pa
         if fs is not None:
             p.fs_type, p.fs_uuid, p.fs_label = fs.type, fs.uuid, fs.label
     return parts
+
+
+# -- the kernel's view of a disk's partitions (sysfs), for a file read from one of them --------
+
+
+@dataclass(frozen=True)
+class KernelPartition:
+    name: str                   # kernel name, "nvme0n1p2"
+    number: int
+    partname: str               # GPT partition name
+    devnum: tuple[int, int]     # (major, minor)
+
+
+def kernel_partitions(disk: Path, sys_block: Path = Path("/sys/class/block")) -> list[KernelPartition]:
+    """The partitions the kernel knows on ``disk``; NotFound when it knows no such disk."""
+    name = Path(os.path.realpath(disk)).name
+    base = sys_block / name
+    if not base.is_dir():
+        raise NotFound(f"{disk}: not a block device this kernel knows", disk=disk)
+    parts = []
+    for entry in sorted(base.iterdir()):
+        if not (entry / "partition").is_file():
+            continue
+        uevent = dict(
+            line.split("=", 1) for line in (entry / "uevent").read_text().splitlines() if "=" in line
+        )
+        major, minor = (int(x) for x in (entry / "dev").read_text().strip().split(":"))
+        parts.append(KernelPartition(entry.name, int((entry / "partition").read_text()),
+                                     uevent.get("PARTNAME", ""), (major, minor)))
+    return parts
+
+
+def fs_on(node: Path) -> FsInfo | None:
+    """The filesystem on a partition's node (type and label) from its superblock, or None."""
+    try:
+        fd = os.open(node, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return probe_fs(fd, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def device_node(part: KernelPartition, private: Path) -> Path:
+    """The partition's device node: /dev/NAME, or one made in ``private`` where there is no udev."""
+    dev = Path("/dev") / part.name
+    rdev = os.makedev(*part.devnum)
+    with contextlib.suppress(OSError):
+        st = os.stat(dev)
+        if stat.S_ISBLK(st.st_mode) and st.st_rdev == rdev:
+            return dev
+    node = private / part.name
+    os.mknod(node, 0o600 | stat.S_IFBLK, rdev)
+    return node
+
+
+def _reread(disk: Path) -> None:
+    """Ask the kernel to read the partition table again (a disk just written by deploy.image)."""
+    from agent.hw import block
+
+    try:
+        fd = os.open(disk, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        block.reread_partitions(fd)
+    finally:
+        os.close(fd)
+
+
+def find_partition(disk: Path, private: Path, *, number: int = 0, label: str = "",
+                   sys_block: Path = Path("/sys/class/block")) -> tuple[KernelPartition, Path]:
+    """The one partition of ``disk`` with this ``number``, or whose GPT name or filesystem label
+    is ``label``, and its device node (made in ``private`` where /dev has none)."""
+    parts = kernel_partitions(disk, sys_block)
+    if not parts:
+        _reread(disk)
+        parts = kernel_partitions(disk, sys_block)
+    if number:
+        found = [(p, device_node(p, private)) for p in parts if p.number == number]
+    else:
+        found = []
+        for p in parts:
+            node = device_node(p, private)
+            fs = fs_on(node)
+            if label == p.partname or (fs is not None and label == fs.label):
+                found.append((p, node))
+    what = f"partition {number}" if number else f"a partition labelled {label!r}"
+    if not found:
+        raise NotFound(f"{disk} has no {what}", disk=disk)
+    if len(found) > 1:
+        raise AgentError(f"{disk} has {len(found)} partitions labelled {label!r}",
+                         reason=Reason.AMBIGUOUS, disk=disk)
+    return found[0]

@@ -125,17 +125,14 @@ class BootSpec:
 
 def parse_file_digest(msg: common_pb2.Digest, field: str) -> str:
     """A kernel's or initrd's sha256 (what names it in the store)."""
-    from agent.image import check_digest
+    from agent.image import Digest
 
     if not msg.hex:
         raise InvalidParameters(f"{field}: required with its URL (the sha256 of the file)")
     if (msg.algorithm or "sha256") != "sha256":
         raise InvalidParameters(f"{field}: sha256 (the site's store is keyed by sha256), "
                                 f"not {msg.algorithm[:20]!r}")
-    try:
-        return check_digest("sha256", msg.hex)[1]
-    except InvalidParameters as exc:
-        raise InvalidParameters(f"{field}: {exc.message}") from None
+    return Digest.from_proto(msg, field).hex
 
 
 @dataclass(frozen=True)

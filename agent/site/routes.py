@@ -48,7 +48,7 @@ from pathlib import Path
 from agent import http as agent_http
 from agent.atomicfile import write_atomic
 from agent.errors import InvalidParameters
-from agent.filesource import Source, parse_source
+from agent.filesource import FileRef, parse_source
 from agent.manifest import Plan
 from agent.proto import site_pb2
 from agent.site.pxe import parse_node_id, parse_ttl
@@ -77,7 +77,7 @@ class RouteRequest:
     methods: frozenset[Method]
     ttl_seconds: int
     max_bytes: int
-    manifest: Source | None = None       # the image's chunk manifest: served from the store
+    manifest: FileRef | None = None       # the image's chunk manifest: served from the store
 
     @classmethod
     def from_proto(cls, msg: site_pb2.HttpProxyRequest) -> RouteRequest:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import image, proc
+from agent import decompress, proc
 from agent.commands.base import Context
 from agent.commands.deploy import DeployImage
 from agent.errors import (
@@ -256,7 +256,7 @@ def test_zstd_missing_is_tool_missing(tmp_path: Path, monkeypatch: pytest.Monkey
     published = b"\x28\xb5\x2f\xfd" + os.urandom(1000)
     (tmp_path / "img.zst").write_bytes(published)
     monkeypatch.setenv("PATH", str(tmp_path))  # no zstd there
-    monkeypatch.setattr(image, "_libzstd", lambda: None)  # nor libzstd (as in a ramdisk without it)
+    monkeypatch.setattr(decompress, "libzstd", lambda: None)  # nor libzstd (as in a ramdisk without it)
     with pytest.raises(ToolMissing, match="zstd"):
         deploy(request(tmp_path / "img.zst", published), t.disks)
     assert t.untouched()

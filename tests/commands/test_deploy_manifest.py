@@ -16,6 +16,7 @@ import pytest
 
 from agent import manifest, proc
 from agent.errors import AgentError, ChecksumMismatch, InvalidParameters, SourceFailed
+from agent.image import MAGIC_LEN
 from agent.proto import agent_pb2, common_pb2
 from tests.commands.test_deploy import Target, deploy
 from tests.diskfixtures import MiB
@@ -102,6 +103,34 @@ def test_raw_over_http_downloads_only_data(tmp_path: Path) -> None:
     assert r.source_bytes == data and data <= sent <= data + 16  # the 16-byte format probe
     ranges = [h.get("Range") for method, _p, h in srv.requests if method == "GET"]
     assert f"bytes={3 * CHUNK}-{5 * CHUNK - 1}" in ranges  # chunks 3 and 4: one run
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_one_kept_alive_connection_per_deploy(tmp_path: Path, scheme: str) -> None:
+    """The manifest, the format probe and every Range request of a deploy share one connection
+    (over TLS: one handshake), behind a redirect followed once; the Range requests are the same
+    as on a connection each (runs of data chunks)."""
+    t = Target(tmp_path)
+    img = image_with_gaps(chunks=16, data=(0, 2, 4, 6, 8, 10, 12, 14))
+    m = make_manifest(tmp_path, img)
+    data = m.SerializeToString()
+    tls = self_signed_cert(str(tmp_path)) if scheme == "https" else None
+    with LoopbackServer(tls) as srv:
+        srv.add("/real.img", img)
+        srv.redirect("/img", "/real.img")
+        req = with_manifest(srv.url("/img"), m, tmp_path,
+                            ca_bundle_pem=Path(tls[0]).read_text() if tls else "")
+        manifest_at(req, srv.add("/img.manifest", data), data)
+        r = deploy(req, t.disks)
+        paths = [path for _m, path, _h in srv.requests]
+        ranges = [h.get("Range") for _m, path, h in srv.requests if path == "/real.img"]
+        connections = srv.connections
+    assert t.data()[: len(img)] == img and r.verification == "manifest"
+    assert connections == 1
+    assert paths.count("/img") == 1 and paths.count("/img.manifest") == 1
+    assert ranges[0] == f"bytes=0-{MAGIC_LEN - 1}"  # the format probe
+    runs = [f"bytes={i * CHUNK}-{(i + 1) * CHUNK - 1}" for i in (0, 2, 4, 6, 8, 10, 12, 14)]
+    assert ranges[1:] == [*runs, f"bytes={16 * CHUNK}-{16 * CHUNK + 99}"]
 
 
 def manifest_at(req: agent_pb2.DeployImageRequest, url: str, data: bytes) -> None:
@@ -341,3 +370,54 @@ def test_inline_manifest_too_large(tmp_path: Path) -> None:
                                        manifest_inline=bytes((1 << 20) + 1))
     with pytest.raises(InvalidParameters, match="at most"):
         DeployImage(disks=list).parse(req)
+
+
+def _published(tmp: Path, img: bytes, kind: str) -> tuple[bytes | Path, agent_pb2.ImageManifest | bytes]:
+    """The file a deploy is given for ``kind`` and the manifest beside it: one that gives no
+    digest of that very file (a .bmap; a manifest of the raw image for a copy of another format)."""
+    raw = tmp / "raw.img"
+    raw.write_bytes(img)
+    if kind.startswith("bmap"):
+        bmap = subprocess.run(["bmaptool", "create", str(raw)], check=True, capture_output=True).stdout
+        return (img if kind.endswith("http") else raw), bmap
+    m = manifest.build(raw, chunk_size=CHUNK)  # of the raw image
+    if kind.startswith("gzip"):
+        return gzip.compress(img, 1), m
+    if kind.startswith("zstd"):
+        return proc.run(["zstd", "-q", "-c", "-1", str(raw)]).stdout, m
+    proc.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", str(raw), str(tmp / "img.qcow2")])
+    return tmp / "img.qcow2", m
+
+
+@pytest.mark.parametrize("kind", ["bmap-local", "bmap-http", "gzip-http", "zstd-local", "qcow2-local"])
+def test_digest_beside_a_manifest_is_checked(tmp_path: Path, kind: str) -> None:
+    """A request's digest of the published file that the manifest does not give itself is
+    checked on the published bytes as they are read: the right one passes (and is reported),
+    a wrong one (all zeros) fails before the partition tables are written. Never accepted
+    unchecked (issue 27 item 15)."""
+    for tool in {"bmap": "bmaptool", "zstd": "zstd", "qcow2": "qemu-img"}.items():
+        if kind.startswith(tool[0]) and shutil.which(tool[1]) is None:
+            pytest.skip(f"{tool[1]} not installed")
+    img = image_with_gaps(tail=4096)  # qemu-img rounds a virtual size up to 512 bytes
+    published, m = _published(tmp_path, img, kind)
+    blob = published if isinstance(published, bytes) else published.read_bytes()
+    if not isinstance(published, Path):
+        (tmp_path / "published").write_bytes(blob)
+    with LoopbackServer() as srv:
+        source: str | Path = srv.add("/img", blob) if kind.endswith("http") else tmp_path / "published"
+        if isinstance(published, Path):
+            source = published
+        for n, hexdigest in enumerate((hashlib.sha256(blob).hexdigest(), "0" * 64)):
+            t = fresh_target(tmp_path, f"t{n}")
+            req = with_manifest(source, m, tmp_path)
+            req.digest.algorithm, req.digest.hex = "sha256", hexdigest
+            if n == 0:
+                r = deploy(req, t.disks)
+                assert t.data()[: len(img)] == img and r.digest.hex == hexdigest
+                assert r.verification == ("bmap" if kind.startswith("bmap") else "manifest")
+            else:
+                with pytest.raises(ChecksumMismatch, match="sha256 of the image is"):
+                    deploy(req, t.disks)
+                assert no_partition_table(t)
+        if kind.endswith("http"):  # the whole file downloaded, to be hashed: zeros too
+            assert srv.sent("/img") >= 2 * len(blob)

@@ -19,7 +19,7 @@ from agent.bootid import boot_id
 from agent.commands.base import Context, SelfTermination
 from agent.commands.kexec import KexecHandler
 from agent.config import Config
-from agent.errors import AgentError, ChecksumMismatch, InvalidParameters, NotFound, Reason
+from agent.errors import AgentError, ChecksumMismatch, InvalidParameters, NotFound, ProtectedDevice, Reason
 from agent.hw import kexec
 from agent.proto import agent_pb2
 from tests.hw.test_kexec import RecordingSyscalls
@@ -229,6 +229,22 @@ def test_kernel_from_a_partition_mounted_read_only(tmp_path: Path, loop_disk: Pa
     _, (kernel, _, _, _) = sc.calls[0]
     assert kernel == KERNEL[:64]
     assert mounts() == before  # unmounted again
+
+
+@pytest.mark.root
+def test_partition_mounted_elsewhere_is_refused(tmp_path: Path, loop_disk: Path) -> None:
+    """A partition the system has mounted (here read-only) is not mounted a second time:
+    hw/block's SystemUse says it is in use, and why."""
+    where = tmp_path / "elsewhere"
+    where.mkdir()
+    proc.run(["mount", "-o", "ro", f"{loop_disk}p1", str(where)], timeout=60)
+    try:
+        req = request({"partitionFile": {"disk": {"name": loop_disk.name}, "path": "/boot/vmlinuz",
+                                         "partitionNumber": 1}, "digest": {"hex": sha(KERNEL)}})
+        with pytest.raises(ProtectedDevice, match=f"mounted at {where}; refusing to mount it again"):
+            run(KexecHandler(kexec.Kexec(RecordingSyscalls())), req, tmp_path)
+    finally:
+        proc.run(["umount", str(where)], timeout=60)
 
 
 @pytest.mark.root
