@@ -124,6 +124,7 @@ def command_body(
         expires_at_unix_ms=now_ms + int(expires_in * 1000) if expires_in else 0,
         timeout_seconds=timeout_seconds,
         boot_id=boot_id,
+        state_id=state_id,
     )
 
 

@@ -59,6 +59,7 @@ def test_pxe_mac_url_and_cmdline() -> None:
     entry = site_pb2.ProxyDhcpEntry(node_id="n1", mac_address="52:54:00:00:00:01", boot_file="ipxe.efi",
                                     kernel_url="http://10.0.0.1/k", kernel_cmdline="quiet\nshell",
                                     ttl_seconds=60)
+    entry.kernel_digest.hex = "0" * 64
     refused(lambda: EntryRequest.from_proto(entry), "kernel_cmdline")
 
 

@@ -39,7 +39,7 @@ def main() -> int:
     logging.basicConfig(level=logging.DEBUG, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(message)s")
     site = SiteServices(ServiceSettings(address=a.address, port=a.port, root=a.root,
-                                        interface=a.interface))
+                                        interface=a.interface, upstreams=("127.0.0.1",)))
     site.start()
     print(json.dumps({"ok": True, "ready": True}), flush=True)
     try:

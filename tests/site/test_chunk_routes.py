@@ -285,7 +285,7 @@ def test_a_route_manifest_of_another_image_fails_the_deploy_not_the_disk(
 def test_max_bytes_holds_across_a_restart_without_a_save_per_request(
         tmp_path: Path, image: tuple[bytes, bytes]) -> None:
     img, m = image
-    settings = ServiceSettings(address="127.0.0.1", port=0, root=tmp_path / "site")
+    settings = ServiceSettings(upstreams=("127.0.0.1",), address="127.0.0.1", port=0, root=tmp_path / "site")
     limit = 3 * len(img) // 2
     with upstream_of(img, m) as srv:
         with running(settings) as site:
@@ -317,7 +317,7 @@ def test_max_bytes_holds_across_a_restart_without_a_save_per_request(
 
 def test_a_restart_keeps_the_store_and_the_route(tmp_path: Path, image: tuple[bytes, bytes]) -> None:
     img, m = image
-    settings = ServiceSettings(address="127.0.0.1", port=0, root=tmp_path / "site")
+    settings = ServiceSettings(upstreams=("127.0.0.1",), address="127.0.0.1", port=0, root=tmp_path / "site")
     with upstream_of(img, m) as srv:
         with running(settings) as site:
             url = add_route(site, srv.url("/img"), srv.url("/img.manifest"), m)
@@ -341,7 +341,7 @@ def test_a_restart_keeps_the_store_and_the_route(tmp_path: Path, image: tuple[by
 def test_store_budget_smaller_than_the_image(tmp_path: Path, image: tuple[bytes, bytes]) -> None:
     """A store that holds two chunks still serves the whole image, evicting as it goes."""
     img, m = image
-    settings = ServiceSettings(address="127.0.0.1", port=0, root=tmp_path / "site",
+    settings = ServiceSettings(upstreams=("127.0.0.1",), address="127.0.0.1", port=0, root=tmp_path / "site",
                                store_bytes=2 * CHUNK + 100)
     with upstream_of(img, m) as srv, running(settings) as site:
         url = add_route(site, srv.url("/img"), srv.url("/img.manifest"), m)
@@ -352,7 +352,7 @@ def test_store_budget_smaller_than_the_image(tmp_path: Path, image: tuple[bytes,
 
 def test_metrics_endpoint(tmp_path: Path, image: tuple[bytes, bytes]) -> None:
     img, m = image
-    settings = ServiceSettings(address="127.0.0.1", port=0, root=tmp_path / "site",
+    settings = ServiceSettings(upstreams=("127.0.0.1",), address="127.0.0.1", port=0, root=tmp_path / "site",
                                metrics="127.0.0.1:0")
     with upstream_of(img, m) as srv, running(settings) as site:
         url = add_route(site, srv.url("/img"), srv.url("/img.manifest"), m)
@@ -373,7 +373,8 @@ def test_metrics_endpoint(tmp_path: Path, image: tuple[bytes, bytes]) -> None:
             assert line in text.splitlines(), line
         assert get(f"http://127.0.0.1:{site.metrics_service.port}/other")[0] == 404
     with pytest.raises(InvalidParameters, match="site_metrics_address"):
-        SiteServices(ServiceSettings(address="127.0.0.1", port=0, root=tmp_path / "x",
+        SiteServices(ServiceSettings(upstreams=("127.0.0.1",), address="127.0.0.1", port=0,
+                                     root=tmp_path / "x",
                                      metrics="localhost"))
 
 
@@ -410,7 +411,8 @@ def test_a_full_disk_serves_verified_chunks_without_storing(tmp_path: Path,
     small.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1536k", "tmpfs", str(small)], check=True)
     try:
-        settings = ServiceSettings(address="127.0.0.1", port=0, root=tmp_path / "site",
+        settings = ServiceSettings(upstreams=("127.0.0.1",), address="127.0.0.1", port=0,
+                                   root=tmp_path / "site",
                                    store_dir=small / "store")
         with upstream_of(img, m) as srv, running(settings) as site:
             url = add_route(site, srv.url("/img"), srv.url("/img.manifest"), m)

@@ -98,7 +98,7 @@ def _closed(s: socket.socket, timeout: float) -> bool:
 def test_one_client_gets_its_share_and_no_more(site: SiteServices) -> None:
     conns = site.http.server.conns
     with LoopbackServer() as upstream:
-        url = route(upstream.add("/image", b"i" * 5000))
+        url = route(site, upstream.add("/image", b"i" * 5000))
         path = urllib.parse.urlsplit(url).path
         held = [_connect(site) for _ in range(conns.per_client)]
         try:

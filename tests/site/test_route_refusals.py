@@ -38,7 +38,7 @@ def test_a_redirect_to_a_file_url_is_a_502(site: SiteServices, logs: pytest.LogC
         upstream.redirect("/v6", "http://[::1/x")
         for path, why in (("/passwd", b"unusable URL"), ("/cafe", b"not ASCII"),
                           ("/v6", b"unusable Location")):
-            status, _, body = request(route(upstream.url(path)))
+            status, _, body = request(route(site, upstream.url(path)))
             assert status == 502 and why in body, (path, body)
     no_traceback(logs, capfd)
 
@@ -47,7 +47,7 @@ def test_a_non_ascii_url_is_refused_when_the_route_is_made(site: SiteServices) -
     for url in ("http://127.0.0.1/caf\u00e9", "http://h\u00f6st/x", "http://127.0.0.1/a\x00b",
                 "http://127.0.0.1/a\x7fb"):
         with pytest.raises(InvalidParameters, match=r"ASCII|control"):
-            route(url)
+            route(site, url)
 
 
 def test_chunked_framing_wins_over_content_length(site: SiteServices) -> None:
@@ -56,7 +56,7 @@ def test_chunked_framing_wins_over_content_length(site: SiteServices) -> None:
     answer = (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n"
               + b"96\r\n" + body + b"\r\n0\r\n\r\n")
     with RawServer(answer) as upstream:
-        status, headers, got = request(route(upstream.url("/x")))
+        status, headers, got = request(route(site, upstream.url("/x")))
     assert status == 200 and got == body
     assert "Content-Length" not in headers and headers["Transfer-Encoding"] == "chunked"
 
@@ -65,13 +65,13 @@ def test_a_chunked_body_cut_short_is_never_a_short_success(site: SiteServices) -
     answer = (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n"
               + b"96\r\n" + bytes(100))
     with RawServer(answer) as upstream, pytest.raises(http.client.IncompleteRead):
-        request(route(upstream.url("/x")))
+        request(route(site, upstream.url("/x")))
 
 
 def test_another_transfer_coding_is_a_502(site: SiteServices) -> None:
     answer = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: gzip\r\n\r\nhello"
     with RawServer(answer) as upstream:
-        status, _, body = request(route(upstream.url("/x")))
+        status, _, body = request(route(site, upstream.url("/x")))
     assert status == 502 and b"Transfer-Encoding" in body
 
 
@@ -89,7 +89,7 @@ def test_a_token_is_never_logged(site: SiteServices, logs: pytest.LogCaptureFixt
                                  capfd: pytest.CaptureFixture[str]) -> None:
     with LoopbackServer() as upstream:
         upstream.add("/image", b"x" * 1000)
-        url = route(upstream.url("/image"))
+        url = route(site, upstream.url("/image"))
         token = url.rsplit("/", 1)[1]
         host = urllib.parse.urlsplit(url).netloc
         for target in (f"/r/{token}", f"/R/{token}", f"http://{host}/r/{token}",

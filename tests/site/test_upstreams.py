@@ -19,10 +19,9 @@ from tests.site.test_routes import request, route
 
 
 def started(tmp_path: Path, *upstreams: str) -> SiteServices:
-    site = SiteServices(ServiceSettings(address="127.0.0.1", port=0, root=tmp_path / "site",
+    """Not yet started: ``with started(...) as site``."""
+    return SiteServices(ServiceSettings(address="127.0.0.1", port=0, root=tmp_path / "site",
                                         upstreams=upstreams))
-    site.start()
-    return site
 
 
 @pytest.fixture
@@ -66,16 +65,13 @@ def test_the_default_allows_any_other_address(default_site: SiteServices) -> Non
 
 
 def test_no_route_leads_to_a_route(tmp_path: Path) -> None:
-    site = started(tmp_path, "127.0.0.0/8")
-    try:
+    with started(tmp_path, "127.0.0.0/8") as site:
         with LoopbackServer() as upstream:
             first = route(site, upstream.add("/x", b"x"))  # loopback listed: allowed
         with pytest.raises(InvalidParameters, match="site's own HTTP service"):
             route(site, first)
         with pytest.raises(InvalidParameters, match="site's own HTTP service"):
             route(site, f"http://localhost:{site.http.port}/boot.ipxe")
-    finally:
-        site.stop()
 
 
 def test_a_list_allows_only_what_it_names(tmp_path: Path) -> None:

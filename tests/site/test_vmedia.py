@@ -132,10 +132,10 @@ def test_prepare_serves_both_media_until_clean_up(site: SiteServices, ca_pem: st
     caplog.set_level("INFO")
     with LoopbackServer() as upstream:
         iso_url = upstream.add("/ramdisk.iso", ISO)
-        result = prepare(request(ca_pem, iso_url=iso_url))
+        result = prepare(site, request(ca_pem, iso_url=iso_url))
         assert gets(upstream, "/ramdisk.iso") == 1
         # A second node's set shares the cached ISO: no second download.
-        other = prepare(request(ca_pem, iso_url=iso_url, node_id="n2", mac_address="52:54:00:00:00:02"))
+        other = prepare(site, request(ca_pem, iso_url=iso_url, node_id="n2", mac_address="52:54:00:00:00:02"))
         assert gets(upstream, "/ramdisk.iso") == 1
     assert result.entry_id and result.expires_at > time.time()
     assert result.ramdisk_media_url.startswith(f"{site.base_url}/vm/")
@@ -150,11 +150,11 @@ def test_prepare_serves_both_media_until_clean_up(site: SiteServices, ca_pem: st
                 f"/vm/{token}/config.iso?x=1"):
         assert fetch(site.base_url + bad)[0] == 404, bad
     assert token not in caplog.text  # a capability, never logged
-    removed = cleanup("n1")
+    removed = cleanup(site, "n1")
     assert f"media {MAC}" in removed
     assert fetch(result.config_media_url)[0] == 404
     assert fetch(other.ramdisk_media_url) == (200, ISO)  # still in use by n2
-    assert any(r.startswith("media cache ") for r in cleanup("n2"))
+    assert any(r.startswith("media cache ") for r in cleanup(site, "n2"))
     assert fetch(other.ramdisk_media_url)[0] == 404
     assert not list((site.settings.root / "media" / "cache").iterdir())
 
@@ -162,8 +162,8 @@ def test_prepare_serves_both_media_until_clean_up(site: SiteServices, ca_pem: st
 def test_a_new_request_replaces_the_set_and_its_token(site: SiteServices, ca_pem: str) -> None:
     with LoopbackServer() as upstream:
         iso_url = upstream.add("/ramdisk.iso", ISO)
-        first = prepare(request(ca_pem, iso_url=iso_url))
-        second = prepare(request(ca_pem, iso_url=iso_url))
+        first = prepare(site, request(ca_pem, iso_url=iso_url))
+        second = prepare(site, request(ca_pem, iso_url=iso_url))
     assert fetch(first.config_media_url)[0] == 404
     assert fetch(second.config_media_url)[0] == 200
 
