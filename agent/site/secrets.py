@@ -130,7 +130,8 @@ def open_beneath(dir_fd: int, name: str) -> int:
                                   "a link leads out of the entry's directory", name)
                 todo[:0] = target.split("/")
                 continue
-            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+            # O_NONBLOCK: a FIFO planted there is refused as "not a file", not waited on.
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
             if todo:
                 stack.append(os.open(part, flags | os.O_DIRECTORY, dir_fd=here))
             else:

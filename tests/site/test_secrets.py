@@ -227,3 +227,11 @@ def test_a_mounted_file_linked_out_of_its_entry_is_refused(store: SecretStore, t
     with pytest.raises(SecretStoreError, match="'k8s-n7': cannot read password") as info:
         store.get("k8s-n7")
     assert "out-Pw-3" not in str(info.value)
+
+
+def test_a_fifo_in_an_entry_is_refused_not_waited_on(store: SecretStore) -> None:
+    entry = store.root / "fifo-n8"
+    entry.mkdir(mode=0o700)
+    os.mkfifo(entry / "current.json", 0o600)
+    with pytest.raises(SecretStoreError, match=r"current\.json is not a file"):
+        store.get("fifo-n8")
