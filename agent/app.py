@@ -80,34 +80,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     # A handler that computes in Python holds the GIL; hand it over more often than the default
     # 5 ms so the control lane and the session stay responsive (bench/lane_latency.py).
     sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
-    agent = Agent(loaded.config, cmdline=loaded.cmdline)
-    session = Session(agent, loaded.config, SessionOptions(**loaded.session))
-    stopping = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        log.info("%s: stopping", signal.Signals(signum).name)
-        stopping.set()
-        # Not in the handler itself: the interrupted main thread may hold the session's lock.
-        threading.Thread(target=session.stop, name="stop", daemon=True).start()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    # -- site role: its boot service and proxy routes (agent/site/services.py) --
-    site = loaded.config.role == catalog.Role.SITE
-    if site:
+    # -- site role: its boot service and proxy routes (agent/site/services.py), in the context --
+    site = None
+    if loaded.config.role == catalog.Role.SITE:
         from agent.site import services as site_services
 
-        site_services.start(loaded.config)
-    # -- end site role --
-    agent.start()
-    log.info("agent %s serving as %s in role %s, gateway %s", _version(), loaded.config.node_id,
-             loaded.config.role, loaded.config.gateway)
+        site = site_services.start(loaded.config)
     try:
-        session.run()
+        agent = Agent(loaded.config, cmdline=loaded.cmdline, site=site)
+        session = Session(agent, loaded.config, SessionOptions(**loaded.session))
+        stopping = threading.Event()
+
+        def on_signal(signum: int, frame: object) -> None:
+            log.info("%s: stopping", signal.Signals(signum).name)
+            stopping.set()
+            # Not in the handler itself: the interrupted main thread may hold the session's lock.
+            threading.Thread(target=session.stop, name="stop", daemon=True).start()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        agent.start()
+        log.info("agent %s serving as %s in role %s, gateway %s", _version(), loaded.config.node_id,
+                 loaded.config.role, loaded.config.gateway)
+        try:
+            session.run()
+        finally:
+            agent.stop(10.0)
     finally:
-        agent.stop(10.0)
-        if site:
-            site_services.stop()
+        if site is not None:
+            site.stop()
     return EXIT_OK
 
 
@@ -193,12 +194,10 @@ def _signed_command(args: argparse.Namespace, kind_name: str, node_id: str) -> t
         return signed, None
     text = (limits.read_bounded(args.payload_file, what="payload file", max_bytes=limits.MAX_JSON_BYTES)
             .decode("utf-8", "replace") if args.payload_file else (args.payload or "{}"))
-    kind = catalog.KINDS.get(kind_name)
-    payload = schema.payload_from_json(kind_name, text).SerializeToString() if kind else b""
-    body = session_pb2.CommandBody(
+    # An unknown kind goes to the agent with no payload: its refusal says unknown_kind.
+    body = schema.command_body(
+        node_id, kind_name, text if kind_name in catalog.KINDS else b"",
         command_id=args.command_id or f"exec-{os.getpid()}-{int(time.time())}",
-        kind=kind_name, node_id=node_id, payload=payload,
-        issued_at_unix_ms=int(time.time() * 1000),
         timeout_seconds=math.ceil(args.timeout) if args.timeout else 0,
     )
     signed = session_pb2.SignedCommand(body=body.SerializeToString())

@@ -34,4 +34,10 @@ class Config:
     site_http_port: int = 8088              # its HTTP service (iPXE scripts, routes)
     site_interface: str = ""                # dnsmasq's interface; "" = no proxy DHCP/TFTP
     site_ipxe_dir: Path = Path("/usr/lib/ipxe")  # undionly.kpxe, ipxe.efi (Debian's ipxe)
-    extra: dict[str, str] = field(default_factory=dict)  # unknown bc.* settings, kept for handlers
+    # The vendor tools and libraries the GPU kinds use (docs/gpu.md); a name is looked up on PATH.
+    nvml_library: str = ""                  # libnvidia-ml; "" = $BC_NVML_LIBRARY, else the loader's
+    nvidia_smi: str = "nvidia-smi"
+    dcgmi: str = "dcgmi"
+    nv_hostengine: str = "nv-hostengine"
+    snapshot_allow: tuple[Path, ...] = ()   # instance.snapshot's file sources; () = its defaults
+    extra: dict[str, str] = field(default_factory=dict)  # bc.* parameters not in the settings table

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf.message import DecodeError, Message
 
@@ -47,6 +47,9 @@ from agent.journal import DEFAULT_COMPACT_BYTES, Entry, Journal, Known, State
 from agent.proto import session_pb2
 from agent.streams import CommandLog, CommandStream, ThreadLogForwarder
 from agent.trust import NodeKey, TrustStore, check_boot, decode_command_body
+
+if TYPE_CHECKING:
+    from agent.site.services import SiteServices
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +120,10 @@ class Agent:
         version_string: str | None = None,
         workers: Mapping[catalog.Lane, int] | None = None,
         journal_compact_bytes: int = DEFAULT_COMPACT_BYTES,
+        site: SiteServices | None = None,
     ) -> None:
         self.config = config
+        self.site = site  # the site role's running services, handed to each command's context
         self.role = catalog.Role(config.role)
         self.handlers: Mapping[str, Handler[Any, Any]] = (
             HandlerTable() if handlers is None else dict(handlers)
@@ -320,14 +325,14 @@ class Agent:
         try:
             body = decode_command_body(cmd.body)
         except InvalidParameters as exc:
-            return _reject("", exc)
+            return wire.reject("", exc)
         cid = body.command_id
         if not cid or len(cid) > MAX_COMMAND_ID or not cid.isprintable() or any(c.isspace() for c in cid):
-            return _reject(cid, InvalidParameters(
+            return wire.reject(cid, InvalidParameters(
                 f"command id must be 1..{MAX_COMMAND_ID} printable characters without spaces"))
         with self._admit:
             if not self._started or self._stopped:
-                return _reject(cid, Draining("the agent is not running"))
+                return wire.reject(cid, Draining("the agent is not running"))
             digest = body_digest(cmd.body)
             known = self.journal.lookup(cid)
             if known is not None:
@@ -336,20 +341,20 @@ class Agent:
                 kind, params, timeout = self._admission(cmd, body, console=console)
             except AgentError as exc:
                 log.info("refused %s %s: %s (%s)", body.kind, cid, exc, exc.reason)
-                return _reject(cid, exc)
+                return wire.reject(cid, exc)
             try:
                 self.journal.accepted(cid, kind.name, digest, cmd.SerializeToString(),
                                       expires_ms=body.expires_at_unix_ms)
             except (OSError, RuntimeError, ValueError) as exc:
                 log.error("cannot journal %s: %s", cid, exc)
-                return _reject(cid, AgentError(f"cannot journal the command: {exc}"))
+                return wire.reject(cid, AgentError(f"cannot journal the command: {exc}"))
             self._enqueue(cid, kind, params, timeout)
         log.info("accepted %s %s on lane %s", kind.name, cid, kind.lane)
         return session_pb2.Accept(command_id=cid, state=session_pb2.QUEUED)
 
     def _known(self, cid: str, found: Entry | Known, digest: str) -> session_pb2.Accept | session_pb2.Reject:
         if found.digest and found.digest != digest:
-            return _reject(cid, AgentError(
+            return wire.reject(cid, AgentError(
                 f"command id {cid} is known with different contents; a command id is never reused",
                 reason=Reason.REPLAYED))
         if isinstance(found, Known):
@@ -413,6 +418,7 @@ class Agent:
             boot_id=self.boot_id,
             progress_sink=stream.progress,
             locks=self.locks,
+            site_services=self.site,
             log=CommandLog(logging.getLogger(f"agent.command.{kind.name}"), cid, stream),
         )
         handler = self.handlers[kind.name]
@@ -459,8 +465,7 @@ class Agent:
         stream: CommandStream | None = None,
     ) -> session_pb2.SignedResult:
         signed = self._result(cid, kind, error, value, started_ms=started_ms)
-        body = session_pb2.ResultBody.FromString(signed.body)
-        status = session_pb2.Status.Name(body.status)
+        status = session_pb2.Status.Name(status_of(error))
         if self._stopped:
             # Stopping cut it short: the journal still says it ran, and the next start decides.
             log.info("%s %s ended by the agent's stop (%s); left to the journal", kind.name, cid, status)
@@ -469,8 +474,8 @@ class Agent:
             self.journal.result(cid, signed.SerializeToString(), status)
         except (OSError, RuntimeError, ValueError) as exc:
             log.error("%s %s: cannot journal the result (%s)", kind.name, cid, exc)
-        log.info("%s %s finished: %s%s", kind.name, cid, status, f" ({body.reason}: {body.message})"
-                 if body.reason else "")
+        log.info("%s %s finished: %s%s", kind.name, cid, status, f" ({error.reason}: {error.message})"
+                 if error is not None else "")
         if stream is not None:
             stream.close()
         self._emit(Frame(result=signed))
@@ -680,10 +685,6 @@ class Agent:
             return
         log.info("re-running %s %s (state %s at restart)", kind.name, entry.id, entry.state)
         self._enqueue(entry.id, kind, params, timeout)
-
-
-def _reject(cid: str, error: AgentError) -> session_pb2.Reject:
-    return session_pb2.Reject(command_id=cid, reason=str(error.reason), message=error.message)
 
 
 def _now_ms() -> int:

@@ -111,11 +111,8 @@ def parse_source(msg: common_pb2.FileSource, what: str) -> FileRef:
 
 
 def file_digest(path: Path, algorithm: str = "sha256") -> str:
-    h = hashlib.new(algorithm)
     with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, algorithm).hexdigest()
 
 
 def _copy(reader: Callable[[int], bytes], dest: Path, digest: Digest,

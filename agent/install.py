@@ -28,7 +28,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from agent import launcher, proc, settings, version
+from agent import atomicfile, proc, settings, version
 from agent.cli import EXIT_OK, command
 from agent.errors import InvalidParameters
 
@@ -109,16 +109,16 @@ def install(args: argparse.Namespace) -> list[Path]:
     written = []
     target = libdir / "agent.pyz"
     if not target.exists() or os.path.realpath(target) != os.path.realpath(archive):
-        launcher.write_atomic(str(target), archive.read_bytes(), 0o755)
+        atomicfile.write_atomic(str(target), archive.read_bytes(), 0o755)
     written.append(target)
     source = pkgutil.get_data("agent", "launcher.py")
     assert source is not None
-    launcher.write_atomic(str(libdir / "launcher.py"), source, 0o644)
+    atomicfile.write_atomic(str(libdir / "launcher.py"), source, 0o644)
     written.append(libdir / "launcher.py")
-    launcher.write_atomic(str(config), json.dumps(values, indent=2, sort_keys=True).encode() + b"\n", 0o600)
+    atomicfile.write_atomic(str(config), json.dumps(values, indent=2, sort_keys=True).encode() + b"\n", 0o600)
     written.append(config)
     unit = unit_dir / UNIT_NAME
-    launcher.write_atomic(str(unit), unit_text(args.python, role=values["role"]).encode(), 0o644)
+    atomicfile.write_atomic(str(unit), unit_text(args.python, role=values["role"]).encode(), 0o644)
     written.append(unit)
     if args.no_enable:
         return written

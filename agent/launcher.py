@@ -55,8 +55,11 @@ BAD_IMAGE, TIMEOUT, INTERRUPTED, INTERNAL = "bad_image", "timeout", "interrupted
 # -- files ------------------------------------------------------------------------------------
 
 
+# The launcher's own copy of agent/atomicfile.py (it runs with the standard library alone,
+# when the agent package cannot be imported): the agent's modules import that one.
+
+
 def fsync_dir(path: str | os.PathLike[str]) -> None:
-    """fsync the directory that holds ``path`` (a rename or an unlink there is then durable)."""
     fd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -64,18 +67,12 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def write_atomic(
-    path: str | os.PathLike[str], data: bytes, mode: int = 0o644, *,
-    tmp_dir: str | os.PathLike[str] | None = None,
-) -> None:
-    """Write ``path`` whole or not at all, the agent's one way to do it: a new temporary file
-    (in ``tmp_dir`` when given: a folder on the same file system that nobody watches), written
-    with ``mode`` whatever the umask, fsync'ed, renamed over ``path``, and the directory
-    fsync'ed. A failure leaves ``path`` as it was and no temporary file behind."""
+def write_atomic(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> None:
+    """Write ``path`` whole or not at all: a temporary sibling, fsync, rename, fsync of the
+    directory."""
     target = os.fspath(path)
     folder, name = os.path.split(os.path.abspath(target))
-    tmp = os.path.join(os.fspath(tmp_dir) if tmp_dir is not None else folder,
-                       f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         try:
@@ -95,11 +92,8 @@ def write_atomic(
 
 
 def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def marker_path(archive: str) -> str:

@@ -1,19 +1,26 @@
-"""Which protobuf message each kind takes and returns.
+"""Which protobuf message each kind takes and returns, and the body of a command.
 
 The catalog names each kind's payload and result types; this module resolves those names to
-message classes through the descriptor pool, so nothing is listed twice.
+message classes through the descriptor pool, so nothing is listed twice. ``command_body``
+builds the CommandBody of one command, for the gateway and for `agent exec` alike.
 """
 
 from __future__ import annotations
 
 import importlib
 import re
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.message import DecodeError, Message
 
 from agent import catalog, limits
 from agent.errors import InvalidParameters
+
+if TYPE_CHECKING:
+    from agent.proto import session_pb2
 
 # The generated module that registers each protobuf package's types, imported when a type of
 # the package is first needed: agent_pb2 describes every kind's messages, and building those
@@ -81,6 +88,41 @@ def _json_error(kind: str, msg: Message, exc: Exception) -> str:
     where = f" in {path!r}" if path else ""
     return (f"{kind}: the payload has no field {found['field']!r}{where} "
             f"({descriptor.name}'s fields: {fields})")
+
+
+def command_body(
+    node_id: str,
+    kind: str,
+    payload: Message | Mapping[str, Any] | str | bytes,
+    *,
+    command_id: str,
+    timeout_seconds: int = 0,
+    expires_in: float = 0.0,
+    boot_id: str = "",
+) -> session_pb2.CommandBody:
+    """The CommandBody of one command: ``payload`` (a message, a dict or JSON text: the
+    kind's message; bytes: as they are) issued now, expiring ``expires_in`` seconds from now
+    (0: no expiry), bound to ``boot_id`` when it is given (destructive kinds need it)."""
+    from agent.proto import session_pb2
+
+    if isinstance(payload, bytes):
+        raw = payload
+    elif isinstance(payload, Message):
+        raw = payload.SerializeToString()
+    else:
+        raw = payload_from_json(kind, dict(payload) if isinstance(payload, Mapping) else payload
+                                ).SerializeToString()
+    now_ms = int(time.time() * 1000)
+    return session_pb2.CommandBody(
+        command_id=command_id,
+        kind=kind,
+        node_id=node_id,
+        payload=raw,
+        issued_at_unix_ms=now_ms,
+        expires_at_unix_ms=now_ms + int(expires_in * 1000) if expires_in else 0,
+        timeout_seconds=timeout_seconds,
+        boot_id=boot_id,
+    )
 
 
 def to_json(msg: Message) -> str:

@@ -43,7 +43,7 @@ from google.protobuf.message import DecodeError
 
 from agent import wire
 from agent.config import Config
-from agent.errors import InvalidParameters
+from agent.errors import AgentError, InvalidParameters
 from agent.proto import session_pb2
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,6 @@ class Session:
         self._drained = threading.Event()
         self.attempt = 0
         self.sessions = 0
-        self.dropped_offline = 0
         agent.subscribe(self._sink)
         agent.add_exit_hook(self._exit_hook)
 
@@ -296,8 +295,8 @@ class Session:
             body = session_pb2.CommandBody()
             with contextlib.suppress(DecodeError):
                 body.ParseFromString(cmd.body)
-            return session_pb2.Frame(reject=session_pb2.Reject(
-                command_id=body.command_id, reason="internal", message=f"{type(exc).__name__}: {exc}"))
+            return session_pb2.Frame(reject=wire.reject(
+                body.command_id, AgentError(f"{type(exc).__name__}: {exc}")))
         if isinstance(answer, session_pb2.Accept):
             return session_pb2.Frame(accept=answer)
         return session_pb2.Frame(reject=answer)
@@ -326,8 +325,8 @@ class Session:
         with self._lock:
             channel = self._channel
             if channel is None:
+                # Offline past the buffer: progress and logs are dropped, results kept (journaled).
                 if frame.WhichOneof("msg") != "result" and len(self._buffer) >= self.options.offline_buffer:
-                    self.dropped_offline += 1
                     return
                 self._buffer.append(frame)
                 return

@@ -6,8 +6,10 @@
 4. the defaults in agent/config.py
 
 One table (``SETTINGS``) drives the argparse flags, the config-file keys and the kernel
-parameters, so the three cannot drift apart. Kernel parameters that are not in the table
-(``bc.rejoin=...`` and whatever handlers read) are kept in ``Config.extra``.
+parameters, so the three cannot drift apart; every setting a handler reads is a row of it.
+Kernel parameters that are not in the table (``bc.rejoin=...``, which the runtime reads from
+the command line itself) are kept in ``Config.extra``, read by no handler by name
+(logs.collect redacts the values of those whose names look secret).
 """
 
 from __future__ import annotations
@@ -59,6 +61,10 @@ def _port(text: str) -> int:
     return value
 
 
+def _path_list(text: str) -> tuple[Path, ...]:
+    return tuple(Path(p) for p in text.split(":") if p)
+
+
 SETTINGS: tuple[Setting, ...] = (
     Setting("gateway", "--gateway", "bc.gateway", str, "gateway address, host:port"),
     Setting("node_id", "--node", "bc.node", str, "this node's id (default: the host name)"),
@@ -86,6 +92,14 @@ SETTINGS: tuple[Setting, ...] = (
             "site role: the provisioning interface for proxy DHCP and TFTP (dnsmasq)"),
     Setting("site_ipxe_dir", "--site-ipxe-dir", "bc.site_ipxe_dir", Path,
             "site role: where undionly.kpxe and ipxe.efi are (default /usr/lib/ipxe)"),
+    Setting("nvml_library", "--nvml-library", "bc.nvml_library", str,
+            "the NVML library (libnvidia-ml.so.1) to load (default: $BC_NVML_LIBRARY, the loader's)"),
+    Setting("nvidia_smi", "--nvidia-smi", "bc.nvidia_smi", str, "the nvidia-smi of gpu.reset"),
+    Setting("dcgmi", "--dcgmi", "bc.dcgmi", str, "the dcgmi of diag.dcgm"),
+    Setting("nv_hostengine", "--nv-hostengine", "bc.nv_hostengine", str,
+            "the nv-hostengine diag.dcgm starts when none runs"),
+    Setting("snapshot_allow", "--snapshot-allow", "bc.snapshot_allow", _path_list,
+            "instance.snapshot: the folders a file source may be in, colon-separated"),
     Setting("reconnect_min_seconds", "--reconnect-min", "bc.reconnect_min", _positive,
             "base of the reconnect backoff (seconds)", session=True),
     Setting("reconnect_max_seconds", "--reconnect-max", "bc.reconnect_max", _positive,

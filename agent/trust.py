@@ -20,7 +20,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from agent import catalog, ed25519, launcher, limits
+from agent import atomicfile, catalog, ed25519, limits
 from agent.errors import InvalidParameters, Reason, Untrusted
 from agent.proto import session_pb2
 
@@ -93,11 +93,11 @@ class SigningKey:
     def save(self, path: Path) -> None:
         """Write the private key as PEM, mode 0600, whole or not at all."""
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        launcher.write_atomic(path, self.private_pem(), 0o600)
+        atomicfile.write_atomic(path, self.private_pem(), 0o600)
 
     def save_public(self, path: Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        launcher.write_atomic(path, self.public_pem(), 0o644)
+        atomicfile.write_atomic(path, self.public_pem(), 0o644)
 
     def sign(self, domain: bytes, data: bytes) -> bytes:
         return self._key.sign(domain + data)

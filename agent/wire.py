@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 from google.protobuf.message import DecodeError
 
+from agent.errors import AgentError
 from agent.proto import session_pb2
 
 log = logging.getLogger(__name__)
@@ -124,6 +125,11 @@ def error_frame(code: str, message: str) -> session_pb2.Frame:
     return session_pb2.Frame(error=session_pb2.ProtocolError(code=code, message=message))
 
 
+def reject(command_id: str, error: AgentError) -> session_pb2.Reject:
+    """The agent's refusal of a command, from the error that refused it."""
+    return session_pb2.Reject(command_id=command_id, reason=str(error.reason), message=error.message)
+
+
 def kind_of(frame: session_pb2.Frame) -> str:
     return frame.WhichOneof("msg") or "none"
 
@@ -216,8 +222,6 @@ class Channel:
         now = time.monotonic()
         self._last_recv = now
         self._last_hb_sent = now
-        self.frames_in = 0
-        self.frames_out = 0
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
     # -- API ------------------------------------------------------------------------------
@@ -389,7 +393,6 @@ class Channel:
                 self._refuse(exc)
                 return None
             for frame in frames:
-                self.frames_in += 1
                 if frame.WhichOneof("msg") == "heartbeat":
                     continue
                 with self._lock:
@@ -414,7 +417,6 @@ class Channel:
                     if not self._out:
                         return False
                     self._pending = self._out.popleft()
-                    self.frames_out += 1
                 data = self._pending
             try:
                 n = self.sock.send(data[:65536])

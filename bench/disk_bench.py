@@ -83,6 +83,7 @@ from agent.commands.deploy import DeployImage
 from agent.commands.wipe import Wipe
 from agent.hw import block, diskio
 from agent.proto import agent_pb2, common_pb2
+from tests.diskfixtures import disk_for_path
 
 MiB = 1 << 20
 
@@ -272,7 +273,7 @@ class Bench:
         self.target = target.fresh() if isinstance(target, LoopTarget) else target
         self.size, self.runs, self.via = size, runs, via
         self.is_file = self.loop is None and (not self.target.exists() or self.target.is_file())
-        self.disk_size = size if self.is_file else block.disk_for_path(self.target).size
+        self.disk_size = size if self.is_file else disk_for_path(self.target).size
         self.running = RunningAgent(work or Path(tempfile.mkdtemp())) if via == "run" else None
 
     def close(self) -> None:
@@ -291,7 +292,7 @@ class Bench:
         subprocess.run(["sync"], check=True)
 
     def disks(self) -> list[block.Disk]:
-        return [block.disk_for_path(self.target)]
+        return [disk_for_path(self.target)]
 
     def _own(self, agent: bool) -> tuple[float, float]:
         """CPU (user, system) so far of what a contender runs in."""

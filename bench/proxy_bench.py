@@ -117,7 +117,7 @@ def deploy(url: str, size: int, sha256: str, target: str) -> int:
     with path.open("wb") as f:
         f.truncate(size)
     subprocess.run(["sync"], check=True)
-    disk = block.disk_for_path(path)
+    disk = block.file_disk(path)
     handler = DeployImage(disks=lambda: [disk])
     request = agent_pb2.DeployImageRequest(
         url=url, digest=common_pb2.Digest(algorithm="sha256", hex=sha256),
@@ -191,7 +191,6 @@ def main() -> int:
     from agent.commands import handler_for
     from agent.commands.base import Context
     from agent.proto import site_pb2
-    from agent.site import services
     from agent.site.services import ServiceSettings, SiteServices
 
     size = parse_size(a.size)
@@ -212,12 +211,12 @@ def main() -> int:
             digest.update(block[: size % BUFFER])
         upstream, straight = start_upstream(image, tmp)
         try:
-            services.install(SiteServices(ServiceSettings(
-                address="127.0.0.1", port=0, root=tmp / "site")))
+            site = SiteServices(ServiceSettings(address="127.0.0.1", port=0, root=tmp / "site"))
+            site.start()
             try:
                 h = handler_for("site.httpProxy")
                 assert h is not None
-                result = h.run(Context.local("site.httpProxy"), h.parse(site_pb2.HttpProxyRequest(
+                result = h.run(Context.local("site.httpProxy", site=site), h.parse(site_pb2.HttpProxyRequest(
                     node_id="bench", upstream_url=straight, ttl_seconds=3600)))
                 assert isinstance(result, site_pb2.HttpProxyResult)
                 paths = {"straight": straight, "through the route": result.proxy_url}
@@ -243,7 +242,7 @@ def main() -> int:
                             print(f"{fetcher} run {i + 1}: {name:20} {seconds:7.2f} s  "
                                   f"{size / seconds / (1 << 20):8.0f} MiB/s", flush=True)
             finally:
-                services.stop()
+                site.stop()
         finally:
             target.unlink(missing_ok=True)
             upstream.terminate()

@@ -7,18 +7,49 @@ have their own). Loop devices need root and a free /dev/loop*; tests skip otherw
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
+import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agent import proc
-from agent.errors import AgentError
+from agent.errors import AgentError, InvalidParameters, NotFound
 from agent.hw import block
 
 MiB = 1024 * 1024
+BLKSSZGET, BLKPBSZGET = 0x1268, 0x127B   # the logical and physical block size ioctls
+
+
+def disk_for_path(path: str | os.PathLike[str]) -> block.Disk:
+    """A block device node (/dev/loop3) or a regular file, as a Disk (tests, benchmarks)."""
+    p = Path(path)
+    st = p.stat()
+    if stat.S_ISREG(st.st_mode):
+        return block.file_disk(p)
+    if not stat.S_ISBLK(st.st_mode):
+        raise InvalidParameters(f"{p}: neither a block device nor a regular file")
+    name = os.path.basename(os.path.realpath(f"/sys/dev/block/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"))
+    disk = block.read_disk(name)
+    if disk is None:
+        raise NotFound(f"{p}: not a usable disk")
+    return disk
+
+
+def block_sizes(fd: int) -> tuple[int, int]:
+    """(logical, physical) block size of an open disk; (512, 4096) for a regular file."""
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return 512, 4096
+    sizes = []
+    for request in (BLKSSZGET, BLKPBSZGET):
+        buf = bytearray(4)
+        fcntl.ioctl(fd, request, buf)
+        sizes.append(int.from_bytes(buf, sys.byteorder, signed=True))
+    return sizes[0], sizes[1]
 
 
 def random_file(path: Path, size: int) -> bytes:

@@ -24,14 +24,17 @@ import time
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from google.protobuf.message import Message
 
 from agent import bootid, catalog, proc
 from agent.config import Config
-from agent.errors import Cancelled, CommandTimeout
+from agent.errors import Cancelled, CommandTimeout, Unsupported
 from agent.proto import session_pb2
+
+if TYPE_CHECKING:
+    from agent.site.services import SiteServices
 
 Request = TypeVar("Request", bound=Message)
 Params = TypeVar("Params")
@@ -90,6 +93,7 @@ class Context:
     timed_out: threading.Event = field(default_factory=threading.Event)
     progress_sink: ProgressSink | None = None
     locks: ResourceLocks = field(default_factory=ResourceLocks)
+    site_services: SiteServices | None = None  # the site daemon's boot service and routes
     log: logging.Logger | logging.LoggerAdapter[Any] = field(
         default_factory=lambda: logging.getLogger("agent.command")
     )
@@ -106,6 +110,7 @@ class Context:
         progress_sink: ProgressSink | None = None,
         command_id: str = "local",
         boot_id: str | None = None,
+        site: SiteServices | None = None,
     ) -> Context:
         k = catalog.KINDS[kind]
         limit = k.timeout_seconds if timeout is None else min(timeout, k.timeout_seconds)
@@ -116,7 +121,20 @@ class Context:
             deadline=time.monotonic() + limit,
             boot_id=bootid.boot_id() if boot_id is None else boot_id,
             progress_sink=progress_sink,
+            site_services=site,
         )
+
+    # -- the site role's services ---------------------------------------------------------
+
+    def site(self) -> SiteServices:
+        """The site daemon's running services, for the boot and proxy kinds; Unsupported
+        when this agent runs none."""
+        if self.site_services is None:
+            raise Unsupported(
+                "the site's boot service and proxy routes are not running on this daemon "
+                "(run `agent run --role site` with --site-address)"
+            )
+        return self.site_services
 
     # -- time and cancellation ----------------------------------------------------------
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from agent.commands.base import Context, Handler
 from agent.proto import site_pb2
-from agent.site import services
 from agent.site.pxe import EntryRequest, parse_mac, parse_node_id
 
 
@@ -22,7 +21,7 @@ class PrepareRamdiskHandler(Handler[site_pb2.ProxyDhcpEntry, EntryRequest], kind
         return EntryRequest.from_proto(payload)
 
     def run(self, ctx: Context, params: EntryRequest) -> site_pb2.ProxyDhcpResult:
-        site = services.require()
+        site = ctx.site()
         with ctx.hold(f"boot:{params.mac}"):
             entry = site.entries.register(params, cancel=ctx.cancel_event)
         ctx.progress(message=f"boot entry {entry.entry_id} for {entry.mac} until "
@@ -44,7 +43,7 @@ class CleanUpHandler(Handler[site_pb2.BootCleanUpRequest, CleanUpParams], kind="
                              payload.keep_ramdisk_cache)
 
     def run(self, ctx: Context, params: CleanUpParams) -> site_pb2.BootCleanUpResult:
-        site = services.require()
+        site = ctx.site()
         removed = site.entries.remove(params.node_id, params.macs, params.keep_ramdisk_cache)
         if not params.macs:
             removed += [f"route {r}" for r in site.routes.remove_node(params.node_id)]

@@ -58,8 +58,8 @@ class DiagDcgm(Handler[agent_pb2.DiagDcgmRequest, DcgmParams], kind="diag.dcgm")
                           thresholds=Thresholds.from_proto(payload.thresholds))
 
     def run(self, ctx: Context, params: DcgmParams) -> agent_pb2.DiagDcgmResult:
-        dcgmi = ctx.config.extra.get("dcgmi", "dcgmi")
-        hostengine = ctx.config.extra.get("nv_hostengine", "nv-hostengine")
+        dcgmi = ctx.config.dcgmi
+        hostengine = ctx.config.nv_hostengine
         covered = params.gpus or tuple(range(_gpu_count(ctx)))
         started = False
         with ctx.hold(*(gpu_lock(i) for i in covered)):
@@ -145,7 +145,7 @@ def _diag(ctx: Context, argv: list[str], level: int) -> proc.Completed:
 def _gpu_count(ctx: Context) -> int:
     """How many GPUs NVML sees, for the locks of a whole-node run (0 when it cannot tell)."""
     try:
-        with ctx.hold(NVML_LOCK), gpu.open_nvml(gpu.library_path(ctx.config.extra)) as nvml:
+        with ctx.hold(NVML_LOCK), gpu.open_nvml(gpu.library_path(ctx.config.nvml_library)) as nvml:
             return nvml.count()
     except (gpu.NoDriver, MissingDependency) as exc:
         ctx.log.info("cannot count GPUs through NVML (%s); DCGM will say", exc)

@@ -62,7 +62,7 @@ class DiagNvml(Handler[agent_pb2.DiagNvmlRequest, NvmlParams], kind="diag.nvml")
         result = agent_pb2.DiagNvmlResult()
         findings: list[gpu_health.Finding] = []
         states: list[gpu.GpuState] = []
-        library = gpu.library_path(ctx.config.extra)
+        library = gpu.library_path(ctx.config.nvml_library)
         try:
             with ctx.hold(NVML_LOCK), gpu.open_nvml(library) as nvml:
                 system = nvml.system()
@@ -123,8 +123,8 @@ class GpuReset(Handler[agent_pb2.GpuResetRequest, ResetParams], kind="gpu.reset"
                            thresholds=Thresholds.from_proto(payload.thresholds))
 
     def run(self, ctx: Context, params: ResetParams) -> agent_pb2.GpuResetResult:
-        library = gpu.library_path(ctx.config.extra)
-        tool = ctx.config.extra.get("nvidia_smi", "nvidia-smi")
+        library = gpu.library_path(ctx.config.nvml_library)
+        tool = ctx.config.nvidia_smi
         with ctx.hold(NVML_LOCK), gpu.open_nvml(library) as nvml:
             index = nvml.resolve(params.gpu)
         # nvml stays held through the reset: no NVML session of this agent may hold the GPU open.

@@ -309,7 +309,7 @@ class InventoryRefresh(Handler[agent_pb2.InventoryRefreshRequest, InventoryParam
             include_lldp=params.include_lldp,
             skip_gpus=params.skip_gpus,
             lldp_seconds=max(0.0, min(LLDP_SECONDS, ctx.remaining() - DEADLINE_MARGIN)),
-            nvml_library=gpu.library_path(ctx.config.extra),
+            nvml_library=gpu.library_path(ctx.config.nvml_library),
             run_tool=run_tool if self.root == system.ROOT else None,
             cancel=ctx.cancel_event,
         )

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from agent.commands.base import Context, Handler
 from agent.proto import site_pb2
-from agent.site import services
 from agent.site.routes import RouteRequest
 
 
@@ -14,6 +13,6 @@ class HttpProxyHandler(Handler[site_pb2.HttpProxyRequest, RouteRequest], kind="s
         return RouteRequest.from_proto(payload)
 
     def run(self, ctx: Context, params: RouteRequest) -> site_pb2.HttpProxyResult:
-        site = services.require()
+        site = ctx.site()
         _route, url = site.routes.add(params)
         return site_pb2.HttpProxyResult(proxy_url=url)

@@ -14,7 +14,8 @@ block the agent itself.
 Not retry-safe: a failure or an interruption is reported, never silently restarted.
 
 Sources a request may name: block devices under /dev, and regular files under the
-directories of ``bc.snapshot_allow`` (colon-separated; default SNAPSHOT_DIRS).
+directories of the snapshot_allow setting (``bc.snapshot_allow``, colon-separated; default
+SNAPSHOT_DIRS).
 """
 
 from __future__ import annotations
@@ -63,8 +64,7 @@ class SnapshotParams:
 
 
 def allowed_dirs(config: Config) -> tuple[Path, ...]:
-    raw = config.extra.get("snapshot_allow", "")
-    return tuple(Path(p) for p in raw.split(":") if p) or SNAPSHOT_DIRS
+    return config.snapshot_allow or SNAPSHOT_DIRS
 
 
 # -------------------------------------------------------------------------- quiesce

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from google.protobuf.message import Message
 
-from agent import filesource, http, image, launcher, version
+from agent import atomicfile, filesource, http, image, launcher, version
 from agent.commands.base import Context, Handler, SelfTermination, Verdict
 from agent.errors import AgentError, Draining, InvalidParameters, Reason, Unsupported
 from agent.proto import agent_pb2
@@ -173,7 +173,7 @@ def switch_and_reexec(archive: str, new: str, trial: dict[str, object]) -> None:
         archive, {**trial, "starts": 1, "started_unix": now, "deadline_unix": now + rejoin}
     )
     os.replace(new, archive)
-    launcher.fsync_dir(archive)
+    atomicfile.fsync_dir(archive)
     reexec(archive)
 
 

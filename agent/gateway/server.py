@@ -765,24 +765,9 @@ def build_command(
     bound to the node's ``boot_id`` when it is known (destructive kinds need it)."""
     if kind not in catalog.KINDS:
         raise InvalidParameters(f"unknown kind {kind!r}; see `agent kinds`")
-    if isinstance(payload, bytes):
-        raw = payload
-    elif isinstance(payload, Message):
-        raw = payload.SerializeToString()
-    else:
-        message = schema.payload_from_json(kind, dict(payload) if isinstance(payload, Mapping) else payload)
-        raw = message.SerializeToString()
-    now_ms = int(time.time() * 1000)
-    return session_pb2.CommandBody(
-        command_id=command_id or f"{kind}-{secrets.token_hex(6)}",
-        kind=kind,
-        node_id=node_id,
-        payload=raw,
-        issued_at_unix_ms=now_ms,
-        expires_at_unix_ms=now_ms + int(expires_in * 1000) if expires_in else 0,
-        timeout_seconds=timeout_seconds,
-        boot_id=boot_id,
-    )
+    return schema.command_body(node_id, kind, payload,
+                               command_id=command_id or f"{kind}-{secrets.token_hex(6)}",
+                               timeout_seconds=timeout_seconds, expires_in=expires_in, boot_id=boot_id)
 
 
 def _decode_result(body: session_pb2.ResultBody) -> Message | None:

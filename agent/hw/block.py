@@ -33,8 +33,6 @@ log = logging.getLogger(__name__)
 # linux/fs.h
 BLKRRPART = 0x125F
 BLKGETSIZE64 = 0x80081272
-BLKSSZGET = 0x1268
-BLKPBSZGET = 0x127B
 BLKDISCARD = 0x1277
 BLKZEROOUT = 0x127F
 BLKFLSBUF = 0x1261
@@ -204,21 +202,6 @@ def file_disk(path: str | os.PathLike[str]) -> Disk:
         raise InvalidParameters(f"{p}: not a regular file")
     return Disk(name=p.name, path=p, size=st.st_size, transport="file", is_file=True,
                 model="file", serial=f"file-{st.st_ino}")
-
-
-def disk_for_path(path: str | os.PathLike[str]) -> Disk:
-    """A block device node (/dev/loop3) or a regular file, as a Disk."""
-    p = Path(path)
-    st = p.stat()
-    if stat.S_ISREG(st.st_mode):
-        return file_disk(p)
-    if not stat.S_ISBLK(st.st_mode):
-        raise InvalidParameters(f"{p}: neither a block device nor a regular file")
-    name = os.path.basename(os.path.realpath(f"/sys/dev/block/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"))
-    disk = read_disk(name)
-    if disk is None:
-        raise NotFound(f"{p}: not a usable disk")
-    return disk
 
 
 # ---------------------------------------------------------------------------- hints
@@ -439,23 +422,9 @@ def _ioctl_u64(fd: int, request: int) -> int:
     return value
 
 
-def _ioctl_int(fd: int, request: int) -> int:
-    buf = bytearray(4)
-    fcntl.ioctl(fd, request, buf)
-    value: int = struct.unpack("i", buf)[0]
-    return value
-
-
 def size_of(fd: int) -> int:
     st = os.fstat(fd)
     return st.st_size if stat.S_ISREG(st.st_mode) else _ioctl_u64(fd, BLKGETSIZE64)
-
-
-def block_sizes(fd: int) -> tuple[int, int]:
-    """(logical, physical) block size; (512, 4096) for a regular file."""
-    if stat.S_ISREG(os.fstat(fd).st_mode):
-        return 512, 4096
-    return _ioctl_int(fd, BLKSSZGET), _ioctl_int(fd, BLKPBSZGET)
 
 
 def discard(fd: int, start: int = 0, length: int | None = None) -> None:

@@ -1,6 +1,6 @@
 """NVIDIA GPUs through NVML (pynvml), read-only.
 
-``open_nvml()`` loads libnvidia-ml (the one named by Config.extra["nvml_library"] or the
+``open_nvml()`` loads libnvidia-ml (the one named by the nvml_library setting or the
 BC_NVML_LIBRARY environment variable, else ``libnvidia-ml.so.1`` from the loader's path),
 initialises it and shuts it down again. No library or no kernel driver raises ``NoDriver``,
 a one-line error, never a traceback.
@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, TypeVar
@@ -35,7 +35,6 @@ T = TypeVar("T")
 
 DEFAULT_LIBRARY = "libnvidia-ml.so.1"
 LIBRARY_ENV = "BC_NVML_LIBRARY"
-LIBRARY_SETTING = "nvml_library"
 
 # Clock event ("throttle") reasons, NVML's bit -> (name, severe). Severe ones mean the
 # hardware is slowing itself down (heat, power brake), not a policy or an idle GPU.
@@ -169,10 +168,10 @@ class SystemInfo:
     nvml_version: str
 
 
-def library_path(extra: Mapping[str, str] | None = None) -> str | None:
-    """The NVML library the settings name, or None for the loader's default."""
-    named = (extra or {}).get(LIBRARY_SETTING) or os.environ.get(LIBRARY_ENV)
-    return named or None
+def library_path(named: str = "") -> str | None:
+    """The NVML library ``named`` (the nvml_library setting), else $BC_NVML_LIBRARY, else
+    None for the loader's default."""
+    return named or os.environ.get(LIBRARY_ENV) or None
 
 
 # -- loading ------------------------------------------------------------------------------
@@ -455,15 +454,6 @@ class Nvml:
 
 
 # -- short forms ---------------------------------------------------------------------------
-
-
-def read_gpus(library: str | None, refs: Sequence[str] = ()) -> tuple[SystemInfo, int, list[GpuState]]:
-    """(system, number of GPUs NVML enumerates, the states of ``refs`` or of all GPUs)."""
-    with open_nvml(library) as nvml:
-        system = nvml.system()
-        count = nvml.count()
-        indices = sorted({nvml.resolve(ref) for ref in refs}) if refs else list(range(count))
-        return system, count, [nvml.read(i) for i in indices]
 
 
 def list_gpus(library: str | None = None) -> list[GpuSummary]:

@@ -164,20 +164,3 @@ def listen(
         for sock in sockets:
             sock.close()
     return found
-
-
-def build_frame(source_mac: bytes, neighbour: Neighbour) -> bytes:
-    """An LLDP frame announcing ``neighbour`` (chassis id as text, port id as ifname); for
-    tests and for lab switches that do not speak LLDP."""
-
-    def tlv(kind: int, value: bytes) -> bytes:
-        return struct.pack("!H", (kind << 9) | len(value)) + value
-
-    body = (
-        tlv(CHASSIS_ID, b"\x07" + neighbour.chassis_id.encode())
-        + tlv(PORT_ID, b"\x05" + neighbour.port_id.encode())
-        + tlv(TTL, struct.pack("!H", neighbour.ttl or 120))
-        + (tlv(SYSTEM_NAME, neighbour.system_name.encode()) if neighbour.system_name else b"")
-        + tlv(END, b"")
-    )
-    return LLDP_MULTICAST + source_mac + struct.pack("!H", ETH_P_LLDP) + body

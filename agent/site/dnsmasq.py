@@ -25,13 +25,12 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent import proc
+from agent.atomicfile import write_atomic
 from agent.errors import ToolFailed, ToolMissing
-from agent.launcher import write_atomic
 from agent.site.pxe import BootFile
 
 log = logging.getLogger(__name__)
@@ -128,12 +127,14 @@ def prepare(s: DnsmasqSettings) -> None:
     write_atomic(s.conf_path, render_config(s).encode())
 
 
-def _ours(pid: int, conf: Path) -> bool:
+def ours(pid: int, s: DnsmasqSettings) -> bool:
+    """Whether process ``pid`` is a dnsmasq of these settings (its command line names our
+    configuration file)."""
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return f"--conf-file={conf}".encode() in argv
+    return f"--conf-file={s.conf_path}".encode() in argv
 
 
 def kill_stray(s: DnsmasqSettings) -> bool:
@@ -144,10 +145,10 @@ def kill_stray(s: DnsmasqSettings) -> bool:
         return False
     with contextlib.suppress(FileNotFoundError):
         s.pid_path.unlink()
-    if pid <= 1 or not _ours(pid, s.conf_path):
+    if pid <= 1 or not ours(pid, s):
         return False
     log.warning("killing dnsmasq %d left behind by an earlier site daemon", pid)
-    proc.kill_pid_group(pid, grace=2.5, gone=lambda: not _ours(pid, s.conf_path))
+    proc.kill_pid_group(pid, grace=2.5, gone=lambda: not ours(pid, s))
     return True
 
 
@@ -252,8 +253,3 @@ class DnsmasqSupervisor:
             self._thread.join(5)
         with contextlib.suppress(FileNotFoundError):
             self.settings.pid_path.unlink()
-
-
-def stray_children(settings: DnsmasqSettings, pids: Sequence[int]) -> list[int]:
-    """Those of ``pids`` still running our dnsmasq (for tests and checks)."""
-    return [p for p in pids if _ours(p, settings.conf_path)]

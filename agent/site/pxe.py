@@ -36,8 +36,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from agent import http
+from agent.atomicfile import write_atomic
 from agent.errors import InvalidParameters, NotFound
-from agent.launcher import write_atomic
 from agent.proto import site_pb2
 
 log = logging.getLogger(__name__)
@@ -329,10 +329,6 @@ class BootEntries:
     def all(self) -> list[BootEntry]:
         with self._lock:
             return sorted(self._entries.values(), key=lambda e: e.mac)
-
-    def next_expiry(self) -> float | None:
-        with self._lock:
-            return min((e.expires_at for e in self._entries.values()), default=None)
 
     # -- what the HTTP service serves --------------------------------------------------
 

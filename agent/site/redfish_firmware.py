@@ -57,8 +57,10 @@ def update(
 ) -> site_pb2.BmcFirmwareTask:
     if bool(image_uri) == (file is not None):
         raise InvalidParameters("firmware: give image_uri or file, one of them")
+    from agent.site.redfish import link  # redfish imports this module: not at the top
+
     where = f"Redfish BMC {client.target.address}"
-    ref = _link(client.root(), "UpdateService")
+    ref = link(client.root(), "UpdateService")
     if not ref:
         raise Unsupported(f"{where} has no UpdateService")
     service = client.get(ref)
@@ -180,9 +182,3 @@ def _retry_after(value: str) -> float:
         return min(60.0, max(0.0, float(value)))
     except ValueError:
         return 0.0
-
-
-def _link(doc: dict[str, Any], name: str) -> str:
-    value = doc.get(name)
-    ref = value.get("@odata.id", "") if isinstance(value, dict) else ""
-    return ref if isinstance(ref, str) else ""

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent import http as agent_http
+from agent.atomicfile import write_atomic
 from agent.errors import InvalidParameters
-from agent.launcher import write_atomic
 from agent.proto import site_pb2
 from agent.site.pxe import parse_node_id, parse_ttl
 

@@ -39,13 +39,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.atomicfile import fsync_dir, write_atomic
 from agent.errors import AgentError, InvalidParameters, NotFound, Reason, Unsupported
-from agent.launcher import fsync_dir, write_atomic
 from agent.site.bmc import Credentials
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DIR = Path("/var/lib/bettercompute-agent/secrets")
 CURRENT = "current.json"
 PENDING = "pending.json"
 MAX_ENTRY_BYTES = 64 * 1024

@@ -1,16 +1,18 @@
 """The services the site daemon runs on the provisioning network, started and stopped with it.
 
     from agent.site import services
-    services.start(config)      # in `agent run --role site`, before the session starts
+    site = services.start(config)   # in `agent run --role site`, before the Agent is made
+    agent = Agent(config, site=site)  # handlers reach them as ctx.site()
     ...
-    services.stop()             # when the daemon stops (a `finally`)
-    services.current()          # what the handlers use: the running SiteServices, or None
+    site.stop()                     # when the daemon stops (a `finally`)
 
 ``start`` reconciles the state on disk (expired boot entries and routes dropped, host files
 and scripts rewritten from the entries, a dnsmasq left by a killed daemon killed), starts the
 HTTP service and, when an interface is set, dnsmasq under its supervisor, and a timer that
 expires entries and routes. Where the settings do not name the site's address, nothing is
-started and the boot and proxy kinds answer that the service is not running.
+started and the boot and proxy kinds answer that the service is not running. There is no
+process global: tests build their own ``SiteServices`` (a context manager) and hand it to the
+context they run a handler with.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 
 from agent import http
 from agent.config import Config
-from agent.errors import InvalidParameters, Unsupported
+from agent.errors import InvalidParameters
 from agent.site.dnsmasq import DnsmasqSettings, DnsmasqSupervisor
 from agent.site.pxe import BootEntries
 from agent.site.routes import RouteTable
@@ -65,6 +67,7 @@ class SiteServices:
         self.dnsmasq: DnsmasqSupervisor | None = None
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
+        self._serving = False
         options = http.HttpOptions(ca_file=settings.ca_file, timeout=30.0, max_retries=3)
         # The port is known only once the server is bound (port 0 in tests): bind first.
         self.routes = RouteTable(settings.root / "routes", "")
@@ -77,7 +80,22 @@ class SiteServices:
         self.routes.base_url = self.base_url
         self.entries.base_url = self.base_url
 
+    def __enter__(self) -> SiteServices:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def start(self) -> None:
+        """Reconcile the state on disk and start serving; on a failure what started stops."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
         dropped = self.entries.reconcile()
         live = self.routes.reconcile()
         log.info("site services: %d boot entries (%d expired dropped), %d proxy routes",
@@ -89,6 +107,7 @@ class SiteServices:
                 ipxe_dir=self.settings.ipxe_dir, argv_prefix=self.settings.dnsmasq_argv_prefix))
             self.dnsmasq.start()
         self.http.start()
+        self._serving = True
         self._timer = threading.Thread(target=self._tick, name="site-expiry", daemon=True)
         self._timer.start()
 
@@ -96,7 +115,10 @@ class SiteServices:
         self._stop.set()
         if self._timer is not None:
             self._timer.join(5)
-        self.http.stop()
+        if self._serving:
+            self.http.stop()
+        else:  # bound in __init__, never served: shutdown() would wait for a loop never run
+            self.http.server.server_close()
         if self.dnsmasq is not None:
             self.dnsmasq.stop()
 
@@ -114,53 +136,11 @@ class SiteServices:
                 log.exception("site services: expiry failed")
 
 
-_current: SiteServices | None = None
-_guard = threading.Lock()
-
-
 def start(config: Config) -> SiteServices | None:
     """Start the site's services from the daemon's settings; None when no address is set."""
     if not config.site_address:
         log.warning("site role without site_address: the boot service and proxy routes are off")
         return None
-    if _current is not None:
-        raise RuntimeError("the site services are already running")
-    return install(SiteServices(ServiceSettings.from_config(config)))
-
-
-def install(services: SiteServices) -> SiteServices:
-    """Start ``services`` and make them the process's (tests build their own settings)."""
-    global _current
-    with _guard:
-        if _current is not None:
-            raise RuntimeError("the site services are already running")
-        try:
-            services.start()
-        except BaseException:
-            services.stop()
-            raise
-        _current = services
-    return services
-
-
-def stop() -> None:
-    global _current
-    with _guard:
-        services, _current = _current, None
-    if services is not None:
-        services.stop()
-
-
-def current() -> SiteServices | None:
-    return _current
-
-
-def require() -> SiteServices:
-    """The running services, for a handler; Unsupported when the daemon runs none."""
-    services = _current
-    if services is None:
-        raise Unsupported(
-            "the site's boot service and proxy routes are not running on this daemon "
-            "(run `agent run --role site` with --site-address)"
-        )
+    services = SiteServices(ServiceSettings.from_config(config))
+    services.start()
     return services

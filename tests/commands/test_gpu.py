@@ -33,7 +33,7 @@ def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeMachine:
 
 @pytest.fixture
 def config(nvml_library: str) -> Config:
-    return Config(extra={"nvml_library": nvml_library, "nvidia_smi": str(FAKE_NVIDIA_SMI)})
+    return Config(nvml_library=nvml_library, nvidia_smi=str(FAKE_NVIDIA_SMI))
 
 
 @pytest.fixture
@@ -83,7 +83,7 @@ def test_healthy_node_passes(config: Config, machine: FakeMachine) -> None:
 
 
 def test_no_driver_is_a_result_not_a_traceback(tmp_path: Path) -> None:
-    config = Config(extra={"nvml_library": str(tmp_path / "absent" / "libnvidia-ml.so.1")})
+    config = Config(nvml_library=str(tmp_path / "absent" / "libnvidia-ml.so.1"))
     r = diag(config)
     assert not r.driver_present and "no NVIDIA driver" in r.message and r.verdict == WARN
     r = diag(config, {"thresholds": {"expected_gpu_count": 8}})
@@ -295,7 +295,7 @@ def test_reset_of_an_unknown_gpu(config: Config, machine: FakeMachine, tmp_path:
 
 
 def test_reset_missing_tool(nvml_library: str, machine: FakeMachine, tmp_path: Path) -> None:
-    config = Config(extra={"nvml_library": nvml_library, "nvidia_smi": str(tmp_path / "no-nvidia-smi")})
+    config = Config(nvml_library=nvml_library, nvidia_smi=str(tmp_path / "no-nvidia-smi"))
     with pytest.raises(Exception, match="not installed"):
         reset(config, {"gpu": "0"})
 

@@ -6,6 +6,7 @@ import json
 import os
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -33,8 +34,8 @@ def config(nvml_library: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("FAKE_DCGMI_LOG", str(tmp_path / "dcgmi.log"))
     monkeypatch.setenv("FAKE_HOSTENGINE_LOG", str(tmp_path / "hostengine.log"))
     monkeypatch.setenv("FAKE_DCGMI_PIDS", str(tmp_path / "dcgmi.pids"))
-    return Config(extra={"nvml_library": nvml_library, "dcgmi": str(FAKES / "dcgmi"),
-                         "nv_hostengine": str(FAKES / "nv-hostengine")})
+    return Config(nvml_library=nvml_library, dcgmi=str(FAKES / "dcgmi"),
+                  nv_hostengine=str(FAKES / "nv-hostengine"))
 
 
 def run(config: Config, request: dict[str, object] | None = None, *,
@@ -133,7 +134,7 @@ def test_bad_requests_are_refused(bad: dict[str, object]) -> None:
 
 
 def test_dcgm_not_installed(config: Config, tmp_path: Path) -> None:
-    config = Config(extra={**config.extra, "dcgmi": str(tmp_path / "bin" / "dcgmi")})
+    config = replace(config, dcgmi=str(tmp_path / "bin" / "dcgmi"))
     with pytest.raises(ToolMissing, match="DCGM is not installed"):
         run(config)
 
@@ -163,7 +164,7 @@ def test_host_engine_that_cannot_start(config: Config, monkeypatch: pytest.Monke
 
 def test_host_engine_not_installed(config: Config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_DCGMI_MODE", "no-hostengine")
-    config = Config(extra={**config.extra, "nv_hostengine": str(tmp_path / "nv-hostengine")})
+    config = replace(config, nv_hostengine=str(tmp_path / "nv-hostengine"))
     with pytest.raises(ToolFailed, match="nv-hostengine is not installed"):
         run(config)
 

@@ -12,11 +12,11 @@ import pytest
 from agent.commands.base import Context
 from agent.commands.inventory import STATE_FILE, InventoryRefresh, diff
 from agent.config import Config
-from agent.hw import block, gpu
+from agent.hw import block
 from agent.proto import agent_pb2
 from tests.hw.fake_machine import SERIAL, build_machine
 
-NO_NVML = {gpu.LIBRARY_SETTING: "/nonexistent/libnvidia-ml.so.1"}
+NO_NVML = "/nonexistent/libnvidia-ml.so.1"
 
 
 def refresh(
@@ -38,7 +38,7 @@ def fake(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def config(tmp_path: Path) -> Config:
-    return Config(state_dir=tmp_path / "state", extra=dict(NO_NVML))
+    return Config(state_dir=tmp_path / "state", nvml_library=NO_NVML)
 
 
 def test_fake_server_inventory(fake: Path, config: Config) -> None:
@@ -122,7 +122,7 @@ def test_gpus_through_nvml(fake: Path, tmp_path: Path, monkeypatch: pytest.Monke
         pytest.skip(str(exc))
     machine = FakeMachine(tmp_path / "gpus.json", count=8)
     monkeypatch.setenv("FAKE_NVML_CONFIG", str(machine.path))
-    config = Config(state_dir=tmp_path / "state", extra={gpu.LIBRARY_SETTING: str(library)})
+    config = Config(state_dir=tmp_path / "state", nvml_library=str(library))
     inv = refresh(fake, config).inventory
     assert len(inv.gpus) == 8 and {g.source for g in inv.gpus} == {"nvml"}
     assert len({g.uuid for g in inv.gpus}) == 8 and all(g.uuid.startswith("GPU-") for g in inv.gpus)

@@ -29,7 +29,7 @@ def images(tmp_path: Path) -> Path:
 
 
 def config_for(images: Path, tmp_path: Path) -> Config:
-    return Config(state_dir=tmp_path / "state", extra={"snapshot_allow": str(images)})
+    return Config(state_dir=tmp_path / "state", snapshot_allow=(images,))
 
 
 def disk_image(path: Path, size: int = 5 << 20) -> bytes:

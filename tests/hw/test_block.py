@@ -10,7 +10,7 @@ import pytest
 from agent.errors import AgentError, InvalidParameters, NotFound, ProtectedDevice, Reason
 from agent.hw import block
 from agent.proto import common_pb2
-from tests.diskfixtures import MiB, loop_device, random_file
+from tests.diskfixtures import MiB, block_sizes, disk_for_path, loop_device, random_file
 
 
 def write(path: Path, text: str | bytes) -> None:
@@ -176,11 +176,11 @@ def test_real_root_disk_is_protected() -> None:
 def test_file_disk_and_helpers(tmp_path: Path) -> None:
     path = tmp_path / "d"
     random_file(path, 4 * MiB)
-    disk = block.disk_for_path(path)
+    disk = disk_for_path(path)
     assert disk.is_file and disk.size == 4 * MiB and disk.transport == "file"
     with block.opened(disk, write=True) as fd:
         assert block.size_of(fd) == 4 * MiB
-        assert block.block_sizes(fd) == (512, 4096)
+        assert block_sizes(fd) == (512, 4096)
         offsets = block.sample_offsets(disk.size, 16, 4096, seed=1)
         assert offsets[0] == 0 and offsets[-1] == disk.size - 4096 and len(offsets) == 16
         assert not block.reads_zeros(fd, offsets, 4096)
@@ -191,7 +191,7 @@ def test_file_disk_and_helpers(tmp_path: Path) -> None:
         assert os.pread(fd, 4096, 0) == b"x" * 4096 and os.pread(fd, 8192, 4096) == bytes(8192)
         assert not block.reread_partitions(fd)
     with pytest.raises(InvalidParameters):
-        block.disk_for_path("/dev/null")
+        disk_for_path("/dev/null")
 
 
 @pytest.mark.root
@@ -200,12 +200,12 @@ def test_loop_device_ioctls(tmp_path: Path) -> None:
     random_file(backing, 8 * MiB)
     with loop_device(backing) as disk:
         assert disk.transport == "loop" and disk.size == 8 * MiB
-        assert block.disk_for_path(disk.path).name == disk.name
+        assert disk_for_path(disk.path).name == disk.name
         assert any(d.name == disk.name for d in block.list_disks())
         block.check_safe(disk)
         with block.opened(disk, write=True) as fd:
             assert block.size_of(fd) == 8 * MiB
-            assert block.block_sizes(fd)[0] in (512, 4096)
+            assert block_sizes(fd)[0] in (512, 4096)
             with pytest.raises(ProtectedDevice, match="in use"):
                 block.open_disk(disk, write=True)  # a second O_EXCL open is refused
             block.zero_out(fd, 0, MiB)

@@ -5,13 +5,23 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from agent.hw import gpu
 from tests.fakes.nvml.fakenvml import FakeMachine
+
+
+def read_gpus(library: str | None,
+              refs: Sequence[str] = ()) -> tuple[gpu.SystemInfo, int, list[gpu.GpuState]]:
+    """(system, number of GPUs NVML enumerates, the states of ``refs`` or of all GPUs)."""
+    with gpu.open_nvml(library) as nvml:
+        system = nvml.system()
+        count = nvml.count()
+        indices = sorted({nvml.resolve(ref) for ref in refs}) if refs else list(range(count))
+        return system, count, [nvml.read(i) for i in indices]
 
 
 @pytest.fixture
@@ -30,7 +40,7 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
 
 
 def test_reads_every_field_of_an_h100(nvml_library: str, machine: FakeMachine) -> None:
-    system, count, states = gpu.read_gpus(nvml_library)
+    system, count, states = read_gpus(nvml_library)
     assert (system.driver_version, system.cuda_driver_version, system.nvml_version) == (
         "550.90.07", "12.4", "12.550.90.07")
     assert count == 8 and [s.index for s in states] == list(range(8))
@@ -51,7 +61,7 @@ def test_reads_every_field_of_an_h100(nvml_library: str, machine: FakeMachine) -
 def test_not_supported_is_not_available_not_an_error(nvml_library: str, machine: FakeMachine) -> None:
     # H100 has no page retirement (row remapping instead); V100 the other way round.
     machine.set(1, model="V100", retired_sbe=2, retired_dbe=1, retired_pending=True)
-    _, _, states = gpu.read_gpus(nvml_library)
+    _, _, states = read_gpus(nvml_library)
     h100, v100 = states[0], states[1]
     assert h100.retired_pages_single_bit is None and h100.retired_pages_pending is None
     assert v100.remapped_rows_pending is None and v100.remapped_rows_failure is None
@@ -62,14 +72,14 @@ def test_not_supported_is_not_available_not_an_error(nvml_library: str, machine:
 
 def test_no_ecc_and_no_nvlink(nvml_library: str, machine: FakeMachine) -> None:
     machine.set(0, ecc_supported=False, nvlinks=0)
-    s = gpu.read_gpus(nvml_library, ["0"])[2][0]
+    s = read_gpus(nvml_library, ["0"])[2][0]
     assert s.ecc_enabled is None and s.ecc_corrected_volatile is None and s.nvlinks == []
     assert s.errors == {}
 
 
 def test_lost_gpu_at_handle_and_at_query(nvml_library: str, machine: FakeMachine) -> None:
     machine.set(2, lost="handle").set(5, lost="query")
-    _, count, states = gpu.read_gpus(nvml_library)
+    _, count, states = read_gpus(nvml_library)
     assert count == 8
     assert [s.index for s in states if s.lost] == [2, 5]
     assert states[2].uuid == "" and states[3].lost is False
@@ -77,7 +87,7 @@ def test_lost_gpu_at_handle_and_at_query(nvml_library: str, machine: FakeMachine
 
 def test_unopenable_gpu(nvml_library: str, machine: FakeMachine) -> None:
     machine.set(1, lost="unknown")  # "Unable to determine the device handle ...: Unknown Error"
-    s = gpu.read_gpus(nvml_library, ["1"])[2][0]
+    s = read_gpus(nvml_library, ["1"])[2][0]
     assert not s.lost and s.errors == {gpu.UNREADABLE: "Unknown Error"}
 
 
@@ -155,7 +165,7 @@ def test_real_gpu_read_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(gpu.LIBRARY_ENV, raising=False)
     monkeypatch.delenv("FAKE_NVML_CONFIG", raising=False)
     try:
-        system, count, states = gpu.read_gpus(None)
+        system, count, states = read_gpus(None)
     except gpu.NoDriver as exc:
         pytest.skip(f"no real NVIDIA driver here: {exc}")
     assert system.driver_version and count == len(states)

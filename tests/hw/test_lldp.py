@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import socket
+import struct
 import threading
 import time
 import uuid
@@ -30,6 +31,22 @@ VIRTUALBOX_HMI = (
     b"\x00\x0e\xcf\x02\x00\x00\x00\x00\xfe\n\x00\x0e\xcf\x05\x08\x00'.\xcf\xf4\xfe\t\x00\x12\x0f"
     b"\x01\x03\xec\x03\x00\x1e\x00\x00"
 )
+
+
+def build_frame(source_mac: bytes, neighbour: lldp.Neighbour) -> bytes:
+    """An LLDP frame announcing ``neighbour`` (chassis id as text, port id as ifname)."""
+
+    def tlv(kind: int, value: bytes) -> bytes:
+        return struct.pack("!H", (kind << 9) | len(value)) + value
+
+    body = (
+        tlv(lldp.CHASSIS_ID, b"\x07" + neighbour.chassis_id.encode())
+        + tlv(lldp.PORT_ID, b"\x05" + neighbour.port_id.encode())
+        + tlv(lldp.TTL, struct.pack("!H", neighbour.ttl or 120))
+        + (tlv(lldp.SYSTEM_NAME, neighbour.system_name.encode()) if neighbour.system_name else b"")
+        + tlv(lldp.END, b"")
+    )
+    return lldp.LLDP_MULTICAST + source_mac + struct.pack("!H", lldp.ETH_P_LLDP) + body
 
 
 def test_minimal_frame() -> None:
@@ -64,7 +81,7 @@ def test_malformed_frames_are_ignored() -> None:
 
 def test_build_frame_round_trips() -> None:
     n = lldp.Neighbour(chassis_id="leaf-07", port_id="Ethernet1/12", system_name="leaf-07.pod3", ttl=120)
-    assert lldp.parse_frame(lldp.build_frame(bytes(6), n)) == n
+    assert lldp.parse_frame(build_frame(bytes(6), n)) == n
 
 
 @pytest.fixture
@@ -94,7 +111,7 @@ def test_listen_hears_a_neighbour_on_a_veth_pair(veth: tuple[str, str]) -> None:
         with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as s:
             s.bind((sender, 0))
             mac = bytes.fromhex(Path(f"/sys/class/net/{sender}/address").read_text().strip().replace(":", ""))
-            frame = lldp.build_frame(mac, announced)
+            frame = build_frame(mac, announced)
             while not stop.wait(0.2):
                 s.send(frame)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -25,8 +25,8 @@ import pytest
 from agent import proc
 from agent.catalog import Role
 from agent.config import Config
-from agent.site import services
 from agent.site.bmc import Credentials
+from agent.site.dnsmasq import DnsmasqSettings, ours
 from agent.site.secrets import SecretStore
 from agent.site.services import ServiceSettings, SiteServices
 from qemu.ipmisim import IpmiSim, free_udp_port, start_ipmi_sim
@@ -77,15 +77,16 @@ def site_config(tmp_path: Path) -> Config:
 
 
 
+def stray_children(settings: DnsmasqSettings, pids: Sequence[int]) -> list[int]:
+    """Those of ``pids`` still running a dnsmasq of these settings."""
+    return [p for p in pids if ours(p, settings)]
+
+
 @pytest.fixture
 def site(tmp_path: Path) -> Iterator[SiteServices]:
-    """The site's HTTP service on loopback (no dnsmasq), installed as the process's."""
-    running = services.install(SiteServices(ServiceSettings(
-        address="127.0.0.1", port=0, root=tmp_path / "site")))
-    try:
+    """The site's HTTP service on loopback (no dnsmasq), for a handler's Context.local(site=...)."""
+    with SiteServices(ServiceSettings(address="127.0.0.1", port=0, root=tmp_path / "site")) as running:
         yield running
-    finally:
-        services.stop()
 
 
 @pytest.fixture

@@ -1,9 +1,10 @@
 """The site's services in a process of their own, for tests that run them inside a network
 namespace (``ip netns exec NS python tests/site/site_daemon.py ...``).
 
-It starts agent.site.services with the given settings, then reads one JSON command a line on
-stdin ({"kind": "boot.prepareRamdisk", "payload": {...}}), runs the kind's real handler and
-writes one JSON line on stdout: {"ok": true, "result": {...}} or {"ok": false, "error": "..."}.
+It starts the site's services (agent/site/services.py) with the given settings, then reads
+one JSON command a line on stdin ({"kind": "boot.prepareRamdisk", "payload": {...}}), runs the
+kind's real handler with them in its context and writes one JSON line on stdout:
+{"ok": true, "result": {...}} or {"ok": false, "error": "..."}.
 Logs (every HTTP request the service answers) go to stderr. EOF on stdin stops it.
 """
 
@@ -25,7 +26,6 @@ from agent import schema  # noqa: E402
 from agent.commands import handler_for  # noqa: E402
 from agent.commands.base import Context  # noqa: E402
 from agent.errors import AgentError  # noqa: E402
-from agent.site import services  # noqa: E402
 from agent.site.services import ServiceSettings, SiteServices  # noqa: E402
 
 
@@ -38,8 +38,9 @@ def main() -> int:
     a = p.parse_args()
     logging.basicConfig(level=logging.DEBUG, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(message)s")
-    services.install(SiteServices(ServiceSettings(address=a.address, port=a.port, root=a.root,
-                                                  interface=a.interface)))
+    site = SiteServices(ServiceSettings(address=a.address, port=a.port, root=a.root,
+                                        interface=a.interface))
+    site.start()
     print(json.dumps({"ok": True, "ready": True}), flush=True)
     try:
         for line in sys.stdin:
@@ -49,7 +50,7 @@ def main() -> int:
                 h = handler_for(kind)
                 assert h is not None, kind
                 payload = schema.payload_from_json(kind, request.get("payload", {}))
-                result = h.run(Context.local(kind), h.parse(payload))
+                result = h.run(Context.local(kind, site=site), h.parse(payload))
                 assert isinstance(result, Message)
                 out = {"ok": True, "result": json_format.MessageToDict(
                     result, preserving_proto_field_name=True)}
@@ -57,7 +58,7 @@ def main() -> int:
                 out = {"ok": False, "error": exc.message}
             print(json.dumps(out), flush=True)
     finally:
-        services.stop()
+        site.stop()
     return 0
 
 

@@ -25,9 +25,8 @@ from agent import proc
 from agent.commands import handler_for
 from agent.commands.base import Context
 from agent.proto import site_pb2
-from agent.site import services
-from agent.site.dnsmasq import stray_children
 from agent.site.services import ServiceSettings, SiteServices
+from tests.site.conftest import stray_children
 from tests.site.netns import CLIENT, DHCP, IPXE, SITE, Net, wait_listening
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -37,14 +36,11 @@ HERE = Path(__file__).resolve().parent
 
 @pytest.fixture
 def site(net: Net, tmp_path: Path) -> Iterator[SiteServices]:
-    running = services.install(SiteServices(ServiceSettings(
-        address=SITE, port=0, bind="127.0.0.1", root=tmp_path / "site", interface="eth0",
-        dnsmasq_argv_prefix=net.exec(net.site))))
-    try:
+    with SiteServices(ServiceSettings(
+            address=SITE, port=0, bind="127.0.0.1", root=tmp_path / "site", interface="eth0",
+            dnsmasq_argv_prefix=net.exec(net.site))) as running:
         wait_listening(net)
         yield running
-    finally:
-        services.stop()
 
 
 def ask(net: Net, mac: str, *, arch: int = 0, ipxe: bool = False) -> list[dict[str, object]]:
@@ -65,18 +61,18 @@ def plain_offers(offers: list[dict[str, object]]) -> list[dict[str, object]]:
     return [o for o in offers if o["server"] == DHCP]
 
 
-def prepare(mac: str, boot_file: str = "undionly.kpxe", ttl: int = 600) -> None:
+def prepare(site: SiteServices, mac: str, boot_file: str = "undionly.kpxe", ttl: int = 600) -> None:
     h = handler_for("boot.prepareRamdisk")
     assert h is not None
-    h.run(Context.local("boot.prepareRamdisk"), h.parse(site_pb2.ProxyDhcpEntry(
+    h.run(Context.local("boot.prepareRamdisk", site=site), h.parse(site_pb2.ProxyDhcpEntry(
         node_id="n1", mac_address=mac, boot_file=boot_file, ttl_seconds=ttl,
         ipxe_script_url="http://10.99.0.9/ramdisk.ipxe")))
 
 
 def test_registered_macs_get_the_boot_offer_others_fall_through(net: Net, site: SiteServices) -> None:
     bios, efi, stranger = "52:54:00:00:00:01", "52:54:00:00:00:02", "52:54:00:00:00:03"
-    prepare(bios)
-    prepare(efi, "ipxe.efi")
+    prepare(site, bios)
+    prepare(site, efi, "ipxe.efi")
 
     offers = ask(net, bios)
     assert plain_offers(offers), "the plain DHCP server hands out the address"
@@ -117,14 +113,14 @@ def test_registered_macs_get_the_boot_offer_others_fall_through(net: Net, site: 
 
 def test_expired_and_removed_entries_get_no_offer(net: Net, site: SiteServices) -> None:
     mac, other = "52:54:00:00:00:11", "52:54:00:00:00:12"
-    prepare(mac, ttl=2)
-    prepare(other)
+    prepare(site, mac, ttl=2)
+    prepare(site, other)
     assert proxy_offers(ask(net, mac))
     time.sleep(2.5)
     assert not proxy_offers(ask(net, mac)), "an expired entry still gets a boot offer"
     h = handler_for("boot.cleanUp")
     assert h is not None
-    h.run(Context.local("boot.cleanUp"), h.parse(site_pb2.BootCleanUpRequest(node_id="n1")))
+    h.run(Context.local("boot.cleanUp", site=site), h.parse(site_pb2.BootCleanUpRequest(node_id="n1")))
     assert not proxy_offers(ask(net, other)), "a cleaned-up entry still gets a boot offer"
     assert site.dnsmasq is not None and site.dnsmasq.restarts == 0, "dnsmasq died on a reload"
 
@@ -132,9 +128,10 @@ def test_expired_and_removed_entries_get_no_offer(net: Net, site: SiteServices) 
 def test_dnsmasq_restarted_and_no_stray_left(net: Net, tmp_path: Path) -> None:
     settings = ServiceSettings(address=SITE, port=0, bind="127.0.0.1", root=tmp_path / "site",
                                interface="eth0", dnsmasq_argv_prefix=net.exec(net.site))
-    first = services.install(SiteServices(settings))
+    first = SiteServices(settings)
+    first.start()
     try:
-        prepare("52:54:00:00:00:21")
+        prepare(first, "52:54:00:00:00:21")
         assert first.dnsmasq is not None
         pid = first.dnsmasq.pid
         assert pid is not None
@@ -150,16 +147,16 @@ def test_dnsmasq_restarted_and_no_stray_left(net: Net, tmp_path: Path) -> None:
         first.dnsmasq._stopping.set()
         first.http.stop()
     except BaseException:
-        services.stop()  # a failure here must not leave this dnsmasq behind
+        first.stop()  # a failure here must not leave this dnsmasq behind
         raise
-    services._current = None
     assert restarted is not None
-    second = services.install(SiteServices(settings))
+    second = SiteServices(settings)
+    second.start()
     try:
         assert stray_children(second.dnsmasq.settings, [restarted]) == []  # type: ignore[union-attr]
         wait_listening(net)
         assert proxy_offers(ask(net, "52:54:00:00:00:21")), "the entry survived the restart"
         last = second.dnsmasq.pid  # type: ignore[union-attr]
     finally:
-        services.stop()
+        second.stop()
     assert last is not None and stray_children(second.dnsmasq.settings, [last]) == []  # type: ignore[union-attr]

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from agent.errors import ToolFailed, ToolMissing
-from agent.site.dnsmasq import DnsmasqSettings, DnsmasqSupervisor, prepare, render_config, stray_children
+from agent.site.dnsmasq import DnsmasqSettings, DnsmasqSupervisor, prepare, render_config
+from tests.site.conftest import stray_children
 
 FAKE = """#!{python}
 import signal, sys, time

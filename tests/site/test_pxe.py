@@ -30,19 +30,19 @@ def entry(**fields: object) -> site_pb2.ProxyDhcpEntry:
     return site_pb2.ProxyDhcpEntry(**base)  # type: ignore[arg-type]
 
 
-def prepare(msg: site_pb2.ProxyDhcpEntry) -> site_pb2.ProxyDhcpResult:
+def prepare(site: SiteServices | None, msg: site_pb2.ProxyDhcpEntry) -> site_pb2.ProxyDhcpResult:
     h = handler_for("boot.prepareRamdisk")
     assert h is not None
-    result = h.run(Context.local("boot.prepareRamdisk"), h.parse(msg))
+    result = h.run(Context.local("boot.prepareRamdisk", site=site), h.parse(msg))
     assert isinstance(result, site_pb2.ProxyDhcpResult)
     return result
 
 
-def cleanup(node_id: str, macs: tuple[str, ...] = (), keep: bool = False) -> list[str]:
+def cleanup(site: SiteServices, node_id: str, macs: tuple[str, ...] = (), keep: bool = False) -> list[str]:
     h = handler_for("boot.cleanUp")
     assert h is not None
     msg = site_pb2.BootCleanUpRequest(node_id=node_id, mac_addresses=macs, keep_ramdisk_cache=keep)
-    result = h.run(Context.local("boot.cleanUp"), h.parse(msg))
+    result = h.run(Context.local("boot.cleanUp", site=site), h.parse(msg))
     assert isinstance(result, site_pb2.BootCleanUpResult)
     return list(result.removed)
 
@@ -98,11 +98,11 @@ def test_bad_entries_refused_before_anything(fields: dict[str, object], words: s
 
 def test_handlers_say_when_the_service_is_not_running() -> None:
     with pytest.raises(Unsupported, match="not running"):
-        prepare(entry())
+        prepare(None, entry())
 
 
 def test_register_writes_host_file_and_script(site: SiteServices) -> None:
-    result = prepare(entry())
+    result = prepare(site, entry())
     root = site.settings.root / "boot"
     assert (root / "hosts" / "525400123456").read_text() == f"{MAC}\n"
     assert json.loads((root / "entries" / "525400123456.json").read_text())["entry_id"] == result.entry_id
@@ -117,8 +117,8 @@ def test_register_writes_host_file_and_script(site: SiteServices) -> None:
 
 
 def test_reregistering_replaces(site: SiteServices) -> None:
-    first = prepare(entry())
-    second = prepare(entry(boot_file="ipxe.efi", ipxe_script_url="http://10.0.0.9/other.ipxe"))
+    first = prepare(site, entry())
+    second = prepare(site, entry(boot_file="ipxe.efi", ipxe_script_url="http://10.0.0.9/other.ipxe"))
     assert first.entry_id != second.entry_id
     assert [e.entry_id for e in site.entries.all()] == [second.entry_id]
     root = site.settings.root / "boot"
@@ -128,7 +128,7 @@ def test_reregistering_replaces(site: SiteServices) -> None:
 
 
 def test_entry_expires_by_itself(site: SiteServices) -> None:
-    prepare(entry(ttl_seconds=1))
+    prepare(site, entry(ttl_seconds=1))
     root = site.settings.root / "boot"
     assert (root / "hosts" / "525400123456").exists()
     deadline = time.monotonic() + 5
@@ -180,8 +180,8 @@ def test_kernel_and_initrd_cached_shared_and_cleaned(site: SiteServices) -> None
         cmdline = "console=ttyS0,115200 bc.gateway=10.0.0.1:8443"
         kernel = {"ipxe_script_url": "", "kernel_url": upstream.url("/vmlinuz"),
                   "initrd_url": upstream.url("/initrd"), "kernel_cmdline": cmdline}
-        prepare(entry(**kernel))
-        prepare(entry(node_id="n2", mac_address="52:54:00:00:00:02", **kernel))
+        prepare(site, entry(**kernel))
+        prepare(site, entry(node_id="n2", mac_address="52:54:00:00:00:02", **kernel))
         gets = [r for r in upstream.requests if r[0] == "GET"]
         assert len(gets) == 2, "each file fetched once, shared by the two entries"
     _, script = fetch(f"{site.base_url}/pxe/52-54-00-12-34-56.ipxe")
@@ -192,23 +192,23 @@ def test_kernel_and_initrd_cached_shared_and_cleaned(site: SiteServices) -> None
     assert fetch(f"{site.base_url}/cache/{k}") == (200, b"K" * 1000)
     assert fetch(f"{site.base_url}/cache/{'0' * 64}")[0] == 404
     # n1 leaves; n2 still uses the cache.
-    assert cleanup("n1") == [f"entry {MAC}"]
+    assert cleanup(site, "n1") == [f"entry {MAC}"]
     assert fetch(f"{site.base_url}/cache/{k}")[0] == 200
     # n2 leaves, keeping the cache; then a later clean-up without keep removes it.
-    assert cleanup("n2", keep=True) == ["entry 52:54:00:00:00:02"]
+    assert cleanup(site, "n2", keep=True) == ["entry 52:54:00:00:00:02"]
     assert fetch(f"{site.base_url}/cache/{i}")[0] == 200
-    assert sorted(cleanup("n2")) == sorted([f"cache {i}", f"cache {k}"])
+    assert sorted(cleanup(site, "n2")) == sorted([f"cache {i}", f"cache {k}"])
     assert fetch(f"{site.base_url}/cache/{k}")[0] == 404
 
 
 def test_cleanup_idempotent_and_by_mac(site: SiteServices) -> None:
-    prepare(entry())
-    prepare(entry(mac_address="52:54:00:00:00:02"))
-    prepare(entry(node_id="other", mac_address="52:54:00:00:00:03"))
-    assert cleanup("n1", ("52:54:00:00:00:02",)) == ["entry 52:54:00:00:00:02"]
-    assert cleanup("n1") == [f"entry {MAC}"]
-    assert cleanup("n1") == []
-    assert cleanup("nobody") == []
+    prepare(site, entry())
+    prepare(site, entry(mac_address="52:54:00:00:00:02"))
+    prepare(site, entry(node_id="other", mac_address="52:54:00:00:00:03"))
+    assert cleanup(site, "n1", ("52:54:00:00:00:02",)) == ["entry 52:54:00:00:00:02"]
+    assert cleanup(site, "n1") == [f"entry {MAC}"]
+    assert cleanup(site, "n1") == []
+    assert cleanup(site, "nobody") == []
     assert [e.mac for e in site.entries.all()] == ["52:54:00:00:00:03"]
     h = handler_for("boot.cleanUp")
     assert h is not None

@@ -30,11 +30,11 @@ from tests.runtime.harness import wait_until
 DATA = os.urandom(3 * 1024 * 1024 + 17)
 
 
-def route(upstream_url: str, **fields: object) -> str:
+def route(site: SiteServices, upstream_url: str, **fields: object) -> str:
     h = handler_for("site.httpProxy")
     assert h is not None
     msg = site_pb2.HttpProxyRequest(node_id="n1", upstream_url=upstream_url, **fields)  # type: ignore[arg-type]
-    result = h.run(Context.local("site.httpProxy"), h.parse(msg))
+    result = h.run(Context.local("site.httpProxy", site=site), h.parse(msg))
     assert isinstance(result, site_pb2.HttpProxyResult)
     return result.proxy_url
 
@@ -59,7 +59,7 @@ def upstream() -> Iterator[LoopbackServer]:
 
 
 def test_get_streams_the_upstream(site: SiteServices, upstream: LoopbackServer) -> None:
-    url = route(upstream.url("/image.raw"))
+    url = route(site, upstream.url("/image.raw"))
     assert url.startswith(site.base_url + "/r/") and len(url.rsplit("/", 1)[1]) >= 40
     status, headers, body = request(url)
     assert status == 200 and body == DATA and headers["Content-Length"] == str(len(DATA))
@@ -71,7 +71,7 @@ def test_get_streams_the_upstream(site: SiteServices, upstream: LoopbackServer) 
 
 
 def test_range_passed_through(site: SiteServices, upstream: LoopbackServer) -> None:
-    url = route(upstream.url("/image.raw"))
+    url = route(site, upstream.url("/image.raw"))
     status, headers, body = request(url, headers={"Range": "bytes=100-", "If-Range": '"v1"'})
     assert status == 206 and body == DATA[100:]
     assert headers["Content-Range"] == f"bytes 100-{len(DATA) - 1}/{len(DATA)}"
@@ -83,7 +83,7 @@ def test_range_passed_through(site: SiteServices, upstream: LoopbackServer) -> N
 
 def test_nothing_else_reachable(site: SiteServices, upstream: LoopbackServer) -> None:
     upstream.add("/secret", b"not for the node")
-    url = route(upstream.url("/image.raw"))
+    url = route(site, upstream.url("/image.raw"))
     path = urllib.parse.urlsplit(url).path
     for other in (path + "/../secret", path + "?u=/secret", path + "x", path[:-1],
                   "/r/", "/r/" + "A" * 43, "/secret", "http://127.0.0.1/secret"):
@@ -93,24 +93,24 @@ def test_nothing_else_reachable(site: SiteServices, upstream: LoopbackServer) ->
 
 
 def test_expired_route_refused(site: SiteServices, upstream: LoopbackServer) -> None:
-    url = route(upstream.url("/image.raw"), ttl_seconds=1)
+    url = route(site, upstream.url("/image.raw"), ttl_seconds=1)
     assert request(url)[0] == 200
     time.sleep(1.1)
     assert request(url)[0] in (404, 410)
 
 
 def test_methods_outside_the_route_refused(site: SiteServices, upstream: LoopbackServer) -> None:
-    url = route(upstream.url("/image.raw"), allowed_methods=["GET"])
+    url = route(site, upstream.url("/image.raw"), allowed_methods=["GET"])
     status, headers, _ = request(url, "HEAD")
     assert status == 405 and headers["Allow"] == "GET"
     for method in ("POST", "PUT", "DELETE"):
         assert request(url, method)[0] == 405
     with pytest.raises(InvalidParameters, match="not carried"):
-        route(upstream.url("/image.raw"), allowed_methods=["CONNECT"])
+        route(site, upstream.url("/image.raw"), allowed_methods=["CONNECT"])
 
 
 def test_max_bytes(site: SiteServices, upstream: LoopbackServer) -> None:
-    url = route(upstream.url("/image.raw"), max_bytes=len(DATA) + 500)
+    url = route(site, upstream.url("/image.raw"), max_bytes=len(DATA) + 500)
     assert request(url)[0] == 200
     assert request(url, headers={"Range": f"bytes={len(DATA) - 400}-"})[2] == DATA[-400:]
     status, _, body = request(url, headers={"Range": f"bytes={len(DATA) - 200}-"})
@@ -123,15 +123,15 @@ def test_redirect_to_another_host_not_followed(site: SiteServices, upstream: Loo
         elsewhere.add("/x", b"elsewhere")
         upstream.redirect("/away", elsewhere.url("/x"))
         upstream.redirect("/moved", "/image.raw")
-        assert request(route(upstream.url("/moved")))[2] == DATA  # same host: followed
-        status, _, body = request(route(upstream.url("/away")))
+        assert request(route(site, upstream.url("/moved")))[2] == DATA  # same host: followed
+        status, _, body = request(route(site, upstream.url("/away")))
         assert status == 502 and b"another host" in body
         assert elsewhere.requests == []
 
 
 def test_redirect_to_nowhere_is_502(site: SiteServices, upstream: LoopbackServer) -> None:
     upstream.redirect("/nowhere", "")
-    status, _, body = request(route(upstream.url("/nowhere")))
+    status, _, body = request(route(site, upstream.url("/nowhere")))
     assert status == 502 and b"without a Location" in body
 
 
@@ -139,7 +139,7 @@ def test_upstream_failing_mid_body_is_a_failure(site: SiteServices, upstream: Lo
     upstream.add("/reset", DATA, fault=Fault(reset_after=1 << 20))
     upstream.add("/short", DATA, fault=Fault(truncate_after=1 << 20))
     for name in ("/reset", "/short"):
-        url = route(upstream.url(name))
+        url = route(site, upstream.url(name))
         with pytest.raises(http.client.IncompleteRead):
             request(url)
         # and the agent's own client, which resumes, never reports a short success
@@ -152,7 +152,7 @@ def test_a_cut_counts_the_bytes_relayed(site: SiteServices, upstream: LoopbackSe
     """An upstream that ends early: the route counts what the client got, not the whole
     Content-Length it reserved, nor nothing."""
     upstream.add("/short", DATA, fault=Fault(truncate_after=1 << 20))
-    url = route(upstream.url("/short"))
+    url = route(site, upstream.url("/short"))
     with pytest.raises(http.client.IncompleteRead):
         request(url)
     r = site.routes.lookup(url.rsplit("/", 1)[1])
@@ -164,7 +164,7 @@ def test_upstream_stalling_mid_body_is_cut_at_its_timeout(
         site: SiteServices, upstream: LoopbackServer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(site.http.server, "upstream", agent_http.HttpOptions(timeout=0.5))
     upstream.add("/stall", DATA, fault=Fault(stall_after=1 << 20, stall=6.0))
-    url = route(upstream.url("/stall"))
+    url = route(site, upstream.url("/stall"))
     t0 = time.monotonic()
     with pytest.raises(http.client.IncompleteRead):
         request(url)
@@ -181,7 +181,7 @@ def test_a_client_that_stops_reading_is_let_go(
     monkeypatch.setattr(web._Handler, "timeout", 0.5)  # CLIENT_TIMEOUT, shortened
     big = bytes(64 << 20)
     with LoopbackServer() as srv:
-        url = route(srv.add("/big", big))
+        url = route(site, srv.add("/big", big))
         parts = urllib.parse.urlsplit(url)
         client = socket.socket()
         client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
@@ -212,7 +212,7 @@ def test_relay_buffers_come_out_of_one_budget() -> None:
 
 
 def test_upstream_down_is_502(site: SiteServices) -> None:
-    status, _, _ = request(route("http://127.0.0.1:9/nothing"))
+    status, _, _ = request(route(site, "http://127.0.0.1:9/nothing"))
     assert status == 502
 
 
@@ -283,7 +283,7 @@ def chunked() -> Iterator[str]:
 
 
 def test_head_passes_headers_only(site: SiteServices, chunked: str) -> None:
-    url = route(chunked + "/x")
+    url = route(site, chunked + "/x")
     status, headers, body = request(url, "HEAD")
     assert status == 200 and body == b"" and headers["ETag"] == '"h1"'
     assert headers["Content-Length"] == str(len(DATA))
@@ -292,10 +292,10 @@ def test_head_passes_headers_only(site: SiteServices, chunked: str) -> None:
 
 
 def test_unknown_length_streams_chunked_and_is_cut_on_failure(site: SiteServices, chunked: str) -> None:
-    status, headers, body = request(route(chunked + "/x"))
+    status, headers, body = request(route(site, chunked + "/x"))
     assert status == 200 and body == DATA and headers["Transfer-Encoding"] == "chunked"
     with pytest.raises(http.client.IncompleteRead):
-        request(route(chunked + "/cut"))
+        request(route(site, chunked + "/cut"))
     # past max_bytes with no length known up front: cut, never a short success
     with pytest.raises(http.client.IncompleteRead):
-        request(route(chunked + "/x", max_bytes=len(DATA) // 2))
+        request(route(site, chunked + "/x", max_bytes=len(DATA) // 2))

@@ -10,6 +10,7 @@ import pytest
 
 from agent import settings
 from agent.catalog import Role
+from agent.commands.base import Context
 from agent.config import Config
 from agent.errors import InvalidParameters, Unsupported
 from agent.site import services
@@ -23,9 +24,8 @@ def free_port() -> int:
 
 def test_no_site_address_no_services() -> None:
     assert services.start(Config(role=Role.SITE)) is None
-    assert services.current() is None
     with pytest.raises(Unsupported, match="--site-address"):
-        services.require()
+        Context.local("site.httpProxy").site()  # what a handler gets: no services
 
 
 def test_started_from_settings_and_stopped(tmp_path: Path) -> None:
@@ -33,18 +33,20 @@ def test_started_from_settings_and_stopped(tmp_path: Path) -> None:
     loaded = settings.load({"role": "site", "site_address": "127.0.0.1",
                             "site_http_port": str(port), "state_dir": str(tmp_path)})
     running = services.start(loaded.config)
+    assert running is not None
     try:
-        assert running is services.require()
+        assert Context.local("site.httpProxy", site=running).site() is running
         assert running.base_url == f"http://127.0.0.1:{port}"
         assert running.dnsmasq is None  # no site_interface: the HTTP service alone
         with urllib.request.urlopen(f"{running.base_url}/boot.ipxe", timeout=5) as resp:
             assert resp.read().startswith(b"#!ipxe\n")
         assert (tmp_path / "site" / "boot" / "entries").is_dir()
-        with pytest.raises(RuntimeError, match="already running"):
+        with pytest.raises(OSError, match="in use"):  # a second daemon on its port is refused
             services.start(loaded.config)
+        with urllib.request.urlopen(f"{running.base_url}/boot.ipxe", timeout=5) as resp:
+            assert resp.status == 200  # and the first still serves
     finally:
-        services.stop()
-    assert services.current() is None
+        running.stop()
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))  # no listener left on the port
