@@ -273,7 +273,7 @@ class Bench:
         self.target = target.fresh() if isinstance(target, LoopTarget) else target
         self.size, self.runs, self.via = size, runs, via
         self.is_file = self.loop is None and (not self.target.exists() or self.target.is_file())
-        self.disk_size = size if self.is_file else block.disk_for_path(self.target).size
+        self.disk_size = size if self.is_file else disk_for_path(self.target).size
         self.running = RunningAgent(work or Path(tempfile.mkdtemp())) if via == "run" else None
 
     def close(self) -> None:

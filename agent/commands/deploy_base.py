@@ -57,7 +57,6 @@ class DeployParams:
         return self.manifest is not None or bool(self.manifest_inline)
 
 
-
 class Deployment:
     """One deploy of one image onto one disk; a pipeline (a subclass) implements ``deploy``."""
 
