@@ -47,8 +47,10 @@ def world(tmp_path: Path) -> Iterator[World]:
         a.stop(timeout=5)
 
 
-def site_agent(world: World, config: Config, **extra: Any) -> tuple[Agent, Frames]:
-    handlers: dict[str, Handler[Any, Any]] = {"inventory.refresh": Quick("inventory.refresh")}
+def site_agent(world: World, config: Config, *, extra_handlers: dict[str, Handler[Any, Any]] | None = None,
+               **extra: Any) -> tuple[Agent, Frames]:
+    handlers: dict[str, Handler[Any, Any]] = {"inventory.refresh": Quick("inventory.refresh"),
+                                              **(extra_handlers or {})}
     for kind in ("bmc.power", "bmc.query", "bmc.boot"):
         h = handler_for(kind)
         assert h is not None
