@@ -6,6 +6,7 @@ control-lane command) starts within a second while 64 BMCs hang."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from pathlib import Path
@@ -71,7 +72,7 @@ def test_64_redfish_bmcs_power_and_boot_in_order(site_config: Config, world: Wor
             assert bmc.changes() == ["Reset On", "Boot Pxe/Once", "Reset GracefulShutdown"]
             assert bmc.max_concurrent == 1, f"BMC {bmc.index} had two requests in hand at once"
             # In their order of arrival: each command started after the one before it ended.
-            for before, after in zip(mine, mine[1:], strict=False):
+            for before, after in itertools.pairwise(mine):
                 assert after.started_at_unix_ms >= before.finished_at_unix_ms - 1
         counters = agent.scheduler.keyed
         assert counters.succeeded == 58 * len(SEQUENCE) and counters.in_flight == 0
@@ -132,7 +133,7 @@ def test_64_ipmi_sim_bmcs_power_and_boot_in_order(site_config: Config, world: Wo
             assert [r.status for r in mine] == [session_pb2.SUCCEEDED] * len(SEQUENCE), \
                 [(r.reason, r.message) for r in mine]
             assert [payload_of(r).state for r in mine] == ["off", "on", "pxe", "pxe", "off"]
-            for before, after in zip(mine, mine[1:], strict=False):
+            for before, after in itertools.pairwise(mine):
                 assert after.started_at_unix_ms >= before.finished_at_unix_ms - 1
             # What the BMC did: one power-on, off again, the override left at pxe.
             assert [b.how for b in sim.node.boots()] == ["start"]
