@@ -97,7 +97,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if site:
         from agent.site import services as site_services
 
-        site_services.start(loaded.config)
+        running = site_services.start(loaded.config)
+        if running is not None:
+            running.bmc = agent.scheduler.keyed     # the BMC executor's counters, for /metrics
     # -- end site role --
     agent.start()
     log.info("agent %s serving as %s in role %s, gateway %s", _version(), loaded.config.node_id,

@@ -21,6 +21,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent import http
 from agent.config import Config
@@ -29,6 +30,9 @@ from agent.site.dnsmasq import DnsmasqSettings, DnsmasqSupervisor
 from agent.site.pxe import BootEntries
 from agent.site.routes import RouteTable
 from agent.site.web import HttpService
+
+if TYPE_CHECKING:
+    from agent.scheduler import KeyedCounters
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +67,9 @@ class SiteServices:
                 "provisioning network (e.g. 10.0.0.2)") from None
         self.settings = settings
         self.dnsmasq: DnsmasqSupervisor | None = None
+        # The BMC executor's figures (in flight, queued, failed by reason), for a scrape: the
+        # daemon attaches its scheduler's KeyedCounters here (agent/app.py); None until then.
+        self.bmc: KeyedCounters | None = None
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
         options = http.HttpOptions(ca_file=settings.ca_file, timeout=30.0, max_retries=3)
