@@ -108,10 +108,12 @@ def test_a_dripping_bmc_ends_at_the_deadline_and_the_next_command_reaches_it(
         accepted(agent.submit(redfish(world, "d2", "bmc.power", drip.address, "status", timeout=9)))
         first = frames.result("d1", timeout=10)
         first_took = time.monotonic() - sent
-        assert first.status == session_pb2.TIMED_OUT, first
+        # At the deadline: the watchdog's timeout, or the client's own "no complete answer before
+        # the deadline" (unreachable) when the cut request returns first.
+        assert first.status == session_pb2.TIMED_OUT or first.reason == "unreachable", first
         assert first_took < 5.5, f"the first command ended {first_took:.1f} s after it was sent"
         second = frames.result("d2", timeout=15)
-        assert second.status == session_pb2.TIMED_OUT, second
+        assert second.status == session_pb2.TIMED_OUT or second.reason == "unreachable", second
         assert "waiting for" not in second.message and "queued" not in second.message, second.message
         assert drip.connections == 2, "the second command never reached the BMC"
 
