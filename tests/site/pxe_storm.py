@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dhcp_client import MAGIC, discover, parse, tftp_get  # noqa: E402
+from dhcp_client import MAGIC, discover, parse, tftp_get
 
 ARCH_EFI = 7
 
@@ -67,7 +67,7 @@ def offer(iface: str, mac: str, site: str, *, ipxe: bool, wait: float) -> dict[s
 
 
 def get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=30) as resp:  # noqa: S310  (http only, the test's)
+    with urllib.request.urlopen(url, timeout=30) as resp:
         data: bytes = resp.read()
         return data
 
