@@ -501,6 +501,33 @@ def put(
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 
 
+class Connections:
+    """Kept-alive connections of one caller (a Redfish client: one BMC, one command), one per
+    origin, that ``request`` reuses for idempotent methods: a TLS handshake per command rather
+    than per request, for the site daemon's CPU and the BMC's. ``close`` when done."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._kept: dict[tuple[str, str, int], http.client.HTTPConnection] = {}
+
+    def take(self, parts: urllib.parse.SplitResult) -> http.client.HTTPConnection | None:
+        with self._guard:
+            return self._kept.pop(origin(parts), None)
+
+    def put(self, parts: urllib.parse.SplitResult, conn: http.client.HTTPConnection) -> None:
+        with self._guard:
+            old = self._kept.pop(origin(parts), None)
+            self._kept[origin(parts)] = conn
+        if old is not None:
+            old.close()
+
+    def close(self) -> None:
+        with self._guard:
+            kept, self._kept = list(self._kept.values()), {}
+        for conn in kept:
+            conn.close()
+
+
 class _Attempt:
     """One watched attempt: its connection, until when it may last, and why it was cut."""
 
@@ -583,6 +610,7 @@ def request(
     headers: Mapping[str, str] | None = None,
     deadline: float | None = None,
     busy: Callable[[Response], bool] | None = None,
+    connections: Connections | None = None,
 ) -> Response:
     """One request to a JSON API, retried when the server is down, failing or busy.
 
@@ -590,6 +618,9 @@ def request(
     is not idempotent (POST, PATCH) is retried after a transport error only when the error came
     before the request was sent (the connection could not be made): a BMC that may have acted
     on it is never asked twice. ``deadline`` (a time.monotonic() value) bounds every wait.
+    With ``connections``, an idempotent request goes over a kept-alive connection to the same
+    origin when there is one (and leaves its own there); one the server closed meanwhile is
+    replaced at once, not counted as an attempt.
     """
     import json
 
@@ -621,19 +652,31 @@ def request(
                 raise HttpError(f"{where}: deadline passed before attempt {attempt}", attempts=attempt - 1)
             timeout = min(timeout, left)
             until = min(until, deadline)
-        conn = _connect(parts, opts, timeout)
+        reusable = connections is not None and method in _IDEMPOTENT
+        kept = connections.take(parts) if connections is not None and reusable else None
+        conn = kept or _connect(parts, opts, timeout)
+        if kept is not None and kept.sock is not None:
+            kept.sock.settimeout(timeout)
         sent = False
         retry_why = ""
         last: Response | None = None
+        keep = False
         try:
             with _WATCH.attempt(conn, until, opts.cancel) as watched:
-                conn.connect()
+                if conn.sock is None:
+                    conn.connect()
                 sent = True
                 conn.request(method, _target(parts), body=payload, headers=hdrs)
                 resp = conn.getresponse()
                 data = resp.read()
                 last = Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data, attempt)
+                keep = reusable and not resp.will_close
         except _TRANSPORT_ERRORS as exc:
+            if kept is not None and not watched.cut:
+                # A kept-alive connection the server had closed: the same attempt, afresh.
+                log.debug("%s: kept-alive connection gone (%s); a new one", where, exc)
+                attempt -= 1
+                continue
             if watched.cut == "cancel":
                 raise Cancelled(f"{where}: cancelled") from exc
             if watched.cut and deadline is not None and time.monotonic() >= deadline:
@@ -652,7 +695,10 @@ def request(
                 ) from exc
             retry_why = f"{type(exc).__name__}: {exc}"
         finally:
-            conn.close()
+            if keep and connections is not None:
+                connections.put(parts, conn)
+            else:
+                conn.close()
         if last is not None:
             log.debug("%s: HTTP %d (attempt %d)", where, last.status, attempt)
             if last.status in _RETRY_STATUS:
