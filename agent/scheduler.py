@@ -44,7 +44,7 @@ from agent.errors import AgentError, Cancelled, CommandTimeout, Draining, Reason
 log = logging.getLogger(__name__)
 
 DEFAULT_WORKERS: Mapping[Lane, int] = {Lane.CONTROL: 4, Lane.PROVISION: 4, Lane.BULK: 2}
-DEFAULT_KEYED_CAP = 256          # keyed jobs (BMC operations) in flight at once, site-wide
+DEFAULT_KEYED_CAP = 512          # keyed jobs (BMC operations) in flight at once, site-wide
 KEYED_IDLE_SECONDS = 30.0        # a keyed worker with nothing to do for this long ends
 
 _current = threading.local()
