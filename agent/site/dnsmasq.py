@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -158,12 +159,27 @@ def kill_stray(s: DnsmasqSettings) -> bool:
     return True
 
 
+# What dnsmasq logs (--log-dhcp) for a proxy offer, "<xid> PXE(eth0) 52:54:00:12:34:56 proxy",
+# and for a file sent by TFTP, "sent /srv/tftp/ipxe.efi to 10.0.0.50".
+_PROXY_OFFER = re.compile(r"\bPXE\([^)]*\) (?:\S+ )?(?:[0-9a-fA-F]{2}[:-]){5}[0-9a-fA-F]{2} proxy$")
+_TFTP_SENT = re.compile(r"\bsent \S+ to \S+$")
+
+
+@dataclass
+class DnsmasqCounters:
+    """Counted from dnsmasq's log, plain attributes for a scrape (SiteServices.dnsmasq.counters)."""
+
+    pxe_offers: int = 0          # proxy-DHCP offers to registered PXE and iPXE clients
+    tftp_files: int = 0          # boot files sent in full by TFTP
+
+
 class DnsmasqSupervisor:
     """Start, watch, reload and stop one dnsmasq."""
 
     def __init__(self, settings: DnsmasqSettings) -> None:
         self.settings = settings
         self.restarts = 0
+        self.counters = DnsmasqCounters()
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -202,13 +218,16 @@ class DnsmasqSupervisor:
         log.info("dnsmasq %d started: proxy DHCP on %s, TFTP from %s", child.pid,
                  self.settings.interface, self.settings.tftp_dir)
 
-    @staticmethod
-    def _log_output(child: subprocess.Popen[bytes]) -> None:
+    def _log_output(self, child: subprocess.Popen[bytes]) -> None:
         assert child.stderr is not None
         for raw in child.stderr:
             line = raw.decode("utf-8", "replace").rstrip()
             if line:
                 log.debug("dnsmasq: %s", line)
+                if _PROXY_OFFER.search(line):
+                    self.counters.pxe_offers += 1
+                elif _TFTP_SENT.search(line):
+                    self.counters.tftp_files += 1
 
     def _watch(self) -> None:
         backoff = 0.5

@@ -94,5 +94,9 @@ def test_32_nodes_boot_at_once_five_times_without_a_miss(
             assert got["initrd_sha256"] == hashlib.sha256(upstream[f"initrd-{n:02d}"]).hexdigest()
         times.append(report["seconds"])
     assert " exited (" not in site_daemon.log(), "dnsmasq died during the storms"
+    # The site's counters saw them: a PXE and an iPXE offer and a boot file per client and storm.
+    counters = site_daemon.send("counters", {})["result"]
+    assert counters["pxe_offers"] >= 2 * NODES * STORMS, counters
+    assert counters["tftp_files"] >= NODES * STORMS, counters
     print(f"PXE storms of {NODES} clients, first DISCOVER to last initrd byte (s): "
           + ", ".join(f"{t:.2f}" for t in times))
