@@ -29,21 +29,18 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agent.app import SWITCH_INTERVAL_SECONDS  # noqa: E402
-from agent.catalog import Role  # noqa: E402
-from agent.commands import handler_for  # noqa: E402
-from agent.commands.base import Handler  # noqa: E402
 from agent.config import Config  # noqa: E402
 from agent.core import Agent  # noqa: E402
 from agent.proto import session_pb2, site_pb2  # noqa: E402
 from agent.site.bmc import Credentials  # noqa: E402
 from agent.site.secrets import SecretStore  # noqa: E402
-from tests.runtime.core_harness import NODE, Frames, World  # noqa: E402
+from tests.runtime.core_harness import Frames, World  # noqa: E402
+from tests.site.test_site_agent import site_agent as tests_site_agent  # noqa: E402
 
 USER, PASSWORD, REF = "admin", "Fleet-Bench-7qP", "fleet"
 # The daemon's state (its journal) on tmpfs, as its default /run/bettercompute-agent is.
@@ -121,19 +118,8 @@ def _own_cpu() -> float:
 def site_agent(world: World, tmp: Path) -> tuple[Agent, Frames]:
     store = SecretStore(tmp / "secrets")
     store.put(REF, Credentials(USER, PASSWORD))
-    handlers: dict[str, Handler[Any, Any]] = {}
-    for kind in ("bmc.power", "bmc.boot", "inventory.refresh"):
-        h = handler_for(kind)
-        assert h is not None
-        handlers[kind] = h
-    agent = Agent(Config(role=Role.SITE, node_id=NODE, state_dir=tmp / "state", trusted_keys=world.keys,
-                         secrets_dir=store.root),
-                  handlers=handlers, boot_id=world.boot_id, cmdline="")
-    frames = Frames()
-    agent.subscribe(frames)
-    agent.start()
-    world.agents.append(agent)
-    return agent, frames
+    return tests_site_agent(world, Config(state_dir=tmp / "state", secrets_dir=store.root),
+                            kinds=("bmc.power", "bmc.boot", "inventory.refresh"))
 
 
 def command(world: World, cid: str, kind: str, address: str, operation: str,

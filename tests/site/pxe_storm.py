@@ -20,8 +20,6 @@ import hashlib
 import json
 import os
 import re
-import select
-import socket
 import sys
 import threading
 import time
@@ -31,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dhcp_client import MAGIC, discover, parse, tftp_get
+from dhcp_client import client_socket, discover, gather, tftp_get
 
 ARCH_EFI = 7
 
@@ -40,30 +38,11 @@ def offer(iface: str, mac: str, site: str, *, ipxe: bool, wait: float) -> dict[s
     """The site's proxy offer to ``mac`` (re-sending DISCOVER each second, as firmware does)."""
     raw = bytes.fromhex(mac.replace(":", ""))
     xid = int.from_bytes(os.urandom(4), "big")
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, iface.encode())
-        s.bind(("0.0.0.0", 68))
-        packet = discover(raw, xid, ARCH_EFI, ipxe)
-        deadline, next_send = time.monotonic() + wait, 0.0
-        while (now := time.monotonic()) < deadline:
-            if now >= next_send:
-                s.sendto(packet, ("255.255.255.255", 67))
-                next_send = now + 1.0
-            ready, _, _ = select.select([s], [], [], 0.2)
-            if not ready:
-                continue
-            data, (addr, _) = s.recvfrom(4096)
-            if len(data) < 240 or data[236:240] != MAGIC:
-                continue
-            reply = parse(data)
-            if reply["op"] == 2 and reply["xid"] == xid and addr == site:
-                return reply
+    with client_socket(iface) as s:
+        got = gather(s, discover(raw, xid, ARCH_EFI, ipxe), xid, wait, first_from=site)
+    if not got:
         raise TimeoutError(f"no proxy offer from {site} in {wait:g} s")
-    finally:
-        s.close()
+    return got[0]
 
 
 def get(url: str) -> bytes:

@@ -13,16 +13,15 @@ from typing import Any
 
 import pytest
 
-from agent.catalog import Role
-from agent.commands import handler_for
 from agent.commands.base import Handler
 from agent.config import Config
 from agent.core import Agent
 from agent.proto import session_pb2, site_pb2
 from qemu.bmcfleet import Behaviour, RedfishFleet
-from tests.runtime.core_harness import NODE, Frames, Quick, World, accepted
+from tests.runtime.core_harness import Frames, Quick, World, accepted
 from tests.runtime.harness import wait_until
 from tests.site.conftest import PASSWORD, REF, USERNAME
+from tests.site.test_site_agent import site_agent as site_agent_of
 
 
 class HungBmc:
@@ -48,21 +47,12 @@ def world(tmp_path: Path) -> Iterator[World]:
 
 
 def site_agent(world: World, config: Config, *, extra_handlers: dict[str, Handler[Any, Any]] | None = None,
-               **extra: Any) -> tuple[Agent, Frames]:
-    handlers: dict[str, Handler[Any, Any]] = {"inventory.refresh": Quick("inventory.refresh"),
-                                              **(extra_handlers or {})}
-    for kind in ("bmc.power", "bmc.query", "bmc.boot"):
-        h = handler_for(kind)
-        assert h is not None
-        handlers[kind] = h
-    agent = Agent(Config(role=Role.SITE, node_id=NODE, state_dir=config.state_dir,
-                         trusted_keys=world.keys, secrets_dir=config.secrets_dir, **extra),
-                  handlers=handlers, boot_id=world.boot_id, cmdline="")
-    frames = Frames()
-    agent.subscribe(frames)
-    agent.start()
-    world.agents.append(agent)
-    return agent, frames
+               **settings: Any) -> tuple[Agent, Frames]:
+    """The site Agent of tests/site/test_site_agent.py with bmc.power, bmc.query, bmc.boot and a
+    no-work inventory.refresh (a control-lane command that is not a BMC operation)."""
+    return site_agent_of(world, config, kinds=("bmc.power", "bmc.query", "bmc.boot"),
+                         extra_handlers={"inventory.refresh": Quick("inventory.refresh"),
+                                         **(extra_handlers or {})}, **settings)
 
 
 def redfish(world: World, cid: str, kind: str, address: str, operation: str, *, timeout: int = 0,

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from agent import proc
-from tests.site.netns import IPXE, SITE, Net, wait_listening
-from tests.site.test_ipxe_qemu import SiteDaemon
+from tests.site.netns import IPXE, SITE, Net
+from tests.site.test_ipxe_qemu import SiteDaemon, site_daemon  # noqa: F401  (a fixture)
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -55,22 +55,12 @@ def upstream(net: Net, tmp_path: Path) -> Iterator[dict[str, bytes]]:
         proc.kill_group(server)
 
 
-@pytest.fixture
-def site_daemon(net: Net, tmp_path: Path) -> Iterator[SiteDaemon]:
-    daemon = SiteDaemon(net, tmp_path)
-    try:
-        wait_listening(net)
-        yield daemon
-    finally:
-        daemon.stop()
-
-
 def mac_of(n: int) -> str:
     return f"52:54:00:5e:00:{n:02x}"
 
 
 def test_32_nodes_boot_at_once_five_times_without_a_miss(
-        net: Net, site_daemon: SiteDaemon, upstream: dict[str, bytes]) -> None:
+        net: Net, site_daemon: SiteDaemon, upstream: dict[str, bytes]) -> None:  # noqa: F811
     for n in range(NODES):
         site_daemon.send("boot.prepareRamdisk", {
             "node_id": f"storm-{n:02d}", "mac_address": mac_of(n), "boot_file": "ipxe.efi",
