@@ -106,6 +106,9 @@ def test_a_dripping_bmc_ends_at_the_deadline_and_the_next_command_reaches_it(
         assert second.status == session_pb2.TIMED_OUT or second.reason == "unreachable", second
         assert "waiting for" not in second.message and "queued" not in second.message, second.message
         assert drip.connections == 2, "the second command never reached the BMC"
+        # While it waited, the gateway was told so.
+        queued = [p.message for p in frames.of("progress", "d2")]
+        assert f"queued: 1 operation(s) ahead on bmc:{drip.address} (one at a time per BMC)" in queued, queued
 
         # And no handler is left reading from the BMC: its requests were cut at the deadline.
         def abandoned() -> int:
