@@ -8,17 +8,17 @@ child the handler started, and reports the job finished (TIMED_OUT / CANCELLED) 
 for the handler thread: a handler that does not return is abandoned, and its lane gets a fresh
 worker in its place. Whatever the abandoned thread returns later is dropped.
 
-A job may carry a ``key`` (the site's BMC operations: "bmc:<host>:<port>"): it does not take a
-lane worker at all but runs on the keyed pool, whose workers are made on demand up to
-``keyed_cap`` (the site's cap on BMC operations in flight) and end after a while idle. Jobs of one
-key run one at a time, in their order of arrival; jobs past the cap wait in the pool's queue
-(never refused) and are told so by a "queued" progress frame. A keyed job's deadline runs from
-its arrival, its wait for its key's earlier jobs included (as a wait for a lock would be), its
-wait for a place under the cap not (as a lane's queue wait never is): the watchdog ends a job
-at its deadline while it is still behind its key's earlier jobs. The key is released when the job is reported
-finished, at its deadline or cancel at the latest: a handler abandoned there has its cancel
-event set and its requests cut (agent/http.py), and can no longer reach the BMC. A
-wait on one BMC thus never holds a lane worker, another BMC or a lock past its deadline
+A job may carry a ``key`` (the site's BMC operations: "bmc:<host>:<port>"): it takes no lane
+worker but runs on the keyed pool, whose workers are made on demand up to ``keyed_cap`` (the
+site's cap on BMC operations in flight) and end after a while idle. Jobs of one key run one at a
+time, in their order of arrival; jobs past the cap wait in the pool's queue (never refused) and
+are told so by a "queued" progress frame. A keyed job's deadline runs from its arrival: its
+wait behind its key's earlier jobs counts (as a wait for a lock would), its wait for a place
+under the cap does not (as a lane's queue wait never does), and the watchdog ends a job that
+reaches its deadline still behind its key's earlier jobs. The key is released when the job is
+reported finished, at its deadline or cancel at the latest: a handler abandoned there has its
+cancel event set and its requests cut (agent/http.py), and can no longer reach the BMC. A wait
+on one BMC thus never holds a lane worker, another BMC or a lock past its deadline
 (docs/site.md, "How BMC work is scheduled").
 
 The scheduler knows nothing of journals or results: it calls ``Job.on_start`` before the body
