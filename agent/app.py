@@ -90,6 +90,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         site = site_services.start(loaded.config)
     try:
         agent = Agent(loaded.config, cmdline=loaded.cmdline, site=site)
+        if site is not None:
+            site.bmc = agent.scheduler.keyed     # the BMC executor's counters, for /metrics
         session = Session(agent, loaded.config, SessionOptions(**loaded.session))
         stopping = threading.Event()
 

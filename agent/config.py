@@ -35,7 +35,7 @@ class Config:
     site_interface: str = ""                # dnsmasq's interface; "" = no proxy DHCP/TFTP
     site_ipxe_dir: Path = Path("/usr/lib/ipxe")  # undionly.kpxe, ipxe.efi (Debian's ipxe)
     # The site role's caps on BMC work (docs/site.md, "How BMC work is scheduled").
-    bmc_max_in_flight: int = 256            # BMC operations running at once; the rest queue
+    bmc_max_in_flight: int = 512            # BMC operations running at once; the rest queue
     ipmi_max_sessions: int = 64             # ipmitool sessions at once, site-wide
     # The vendor tools and libraries the GPU kinds use (docs/gpu.md); a name is looked up on PATH.
     nvml_library: str = ""                  # libnvidia-ml; "" = $BC_NVML_LIBRARY, else the loader's

@@ -8,16 +8,17 @@ child the handler started, and reports the job finished (TIMED_OUT / CANCELLED) 
 for the handler thread: a handler that does not return is abandoned, and its lane gets a fresh
 worker in its place. Whatever the abandoned thread returns later is dropped.
 
-A job may carry a ``key`` (the site's BMC operations: "bmc:<host>:<port>"): it does not take a
-lane worker at all but runs on the keyed pool, whose workers are made on demand up to
-``keyed_cap`` (the site's cap on BMC operations in flight) and end after a while idle. Jobs of one
-key run one at a time, in their order of arrival; jobs past the cap wait in the pool's queue
-(never refused) and are told so by a "queued" progress frame. A keyed job's deadline runs from
-its arrival, its wait for its key and for a worker included (as the wait for a lock would be);
-the watchdog ends a queued one at its deadline. The key is released when the job is reported
-finished, at its deadline or cancel at the latest: a handler abandoned there has its cancel
-event set and its requests cut (agent/http.py), and can no longer reach the BMC. A
-wait on one BMC thus never holds a lane worker, another BMC or a lock past its deadline
+A job may carry a ``key`` (the site's BMC operations: "bmc:<host>:<port>"): it takes no lane
+worker but runs on the keyed pool, whose workers are made on demand up to ``keyed_cap`` (the
+site's cap on BMC operations in flight) and end after a while idle. Jobs of one key run one at a
+time, in their order of arrival; jobs past the cap wait in the pool's queue (never refused) and
+are told so by a "queued" progress frame. A keyed job's deadline runs from its arrival: its
+wait behind its key's earlier jobs counts (as a wait for a lock would), its wait for a place
+under the cap does not (as a lane's queue wait never does), and the watchdog ends a job that
+reaches its deadline still behind its key's earlier jobs. The key is released when the job is
+reported finished, at its deadline or cancel at the latest: a handler abandoned there has its
+cancel event set and its requests cut (agent/http.py), and can no longer reach the BMC. A wait
+on one BMC thus never holds a lane worker, another BMC or a lock past its deadline
 (docs/site.md, "How BMC work is scheduled").
 
 The scheduler knows nothing of journals or results: it calls ``Job.on_start`` before the body
@@ -44,7 +45,7 @@ from agent.errors import AgentError, Cancelled, CommandTimeout, Draining, Reason
 log = logging.getLogger(__name__)
 
 DEFAULT_WORKERS: Mapping[Lane, int] = {Lane.CONTROL: 4, Lane.PROVISION: 4, Lane.BULK: 2}
-DEFAULT_KEYED_CAP = 256          # keyed jobs (BMC operations) in flight at once, site-wide
+DEFAULT_KEYED_CAP = 512          # keyed jobs (BMC operations) in flight at once, site-wide
 KEYED_IDLE_SECONDS = 30.0        # a keyed worker with nothing to do for this long ends
 
 _current = threading.local()
@@ -82,6 +83,7 @@ class Job:
     returned: threading.Event = field(default_factory=threading.Event)
     worker: _Worker | None = None
     key: str = ""                                       # "": a lane job; else the keyed pool's
+    ready_at: float = 0.0                               # keyed: since when it waits for a slot only
 
     @property
     def lane(self) -> Lane:
@@ -234,15 +236,17 @@ class Scheduler:
 
     def _queue_keyed(self, job: Job) -> str:
         """Queue a keyed job (the lock held); what it waits for, "" when it starts at once."""
-        # Waiting for its key or for a worker counts: the deadline runs from now.
+        # The deadline runs from now; a wait for a slot only (its key free) is added at the start.
         job.ctx.deadline = job.queued_at + job.timeout
         counters = self.keyed
         queue = self._keyed_waiting.get(job.key)
+        new = queue is None
         if queue is None:
             queue = self._keyed_waiting[job.key] = collections.deque()
-            if job.key not in self._keyed_running:
-                self._keyed_ready.append(job.key)
         queue.append(job)
+        if new and job.key not in self._keyed_running:
+            self._keyed_ready.append(job.key)
+            job.ready_at = job.queued_at
         counters.queued += 1
         counters.keys_waiting = len(self._keyed_waiting)
         counters.peak_queued = max(counters.peak_queued, counters.queued)
@@ -281,6 +285,7 @@ class Scheduler:
             self._queues[job.lane].remove(job)
             return
         queue = self._keyed_waiting[job.key]
+        was_first = queue[0] is job
         queue.remove(job)
         self.keyed.queued -= 1
         if not queue:
@@ -288,6 +293,8 @@ class Scheduler:
             if job.key in self._keyed_ready:
                 self._keyed_ready.remove(job.key)
             self.keyed.keys_waiting = len(self._keyed_waiting)
+        elif was_first and job.key in self._keyed_ready:
+            queue[0].ready_at = time.monotonic()
 
     def get(self, command_id: str) -> Job | None:
         with self._cond:
@@ -361,6 +368,9 @@ class Scheduler:
                 job.worker = worker
                 job.started_at = time.monotonic()
                 job.started_ms = int(time.time() * 1000)
+                if job.ready_at:
+                    job.ctx.deadline += job.started_at - job.ready_at   # the wait for a slot
+                self._cond.notify_all()  # the watchdog learns of the new deadline
                 return job
             left = idle_since + self._keyed_idle_seconds - time.monotonic()
             if left <= 0:
@@ -437,6 +447,7 @@ class Scheduler:
         self._keyed_running.discard(job.key)
         if job.key in self._keyed_waiting:
             self._keyed_ready.append(job.key)
+            self._keyed_waiting[job.key][0].ready_at = time.monotonic()
             self._keyed_workers_for(job.lane)
         self._cond.notify_all()
 
@@ -451,8 +462,10 @@ class Scheduler:
                 wait = self._interval
                 for job in self._jobs.values():
                     if job.key and job.state is JobState.QUEUED and not job.expiring:
-                        if job.ctx.deadline <= now:
-                            stale.append(job)
+                        if not job.ready_at and job.ctx.deadline <= now:
+                            stale.append(job)   # still behind its key's earlier operations
+                        elif not job.ready_at:
+                            wait = min(wait, job.ctx.deadline - now)
                         continue
                     if job.state is not JobState.RUNNING or job.expiring:
                         continue
@@ -491,8 +504,7 @@ class Scheduler:
             job.ctx.cancel_event.set()
             self._finish(job, None, CommandTimeout(
                 f"{job.kind.name}: deadline of {job.timeout:g}s reached while queued for {job.key} "
-                f"(the BMC busy with earlier operations, or the site's cap of {self.keyed.cap} "
-                "BMC operations in flight reached)", timeout_seconds=f"{job.timeout:g}"))
+                "behind its earlier operations", timeout_seconds=f"{job.timeout:g}"))
 
     def _expire(self, job: Job, error: AgentError) -> None:
         """Stop a running job now: cancel, kill its process groups, report, replace the worker."""

@@ -112,7 +112,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("site_ipxe_dir", "--site-ipxe-dir", "bc.site_ipxe_dir", Path,
             "site role: where undionly.kpxe and ipxe.efi are (default /usr/lib/ipxe)"),
     Setting("bmc_max_in_flight", "--bmc-max-in-flight", "bc.bmc_max_in_flight", _count,
-            "site role: BMC operations in flight at once, the rest queued (default 256)"),
+            "site role: BMC operations in flight at once, the rest queued (default 512)"),
     Setting("ipmi_max_sessions", "--ipmi-max-sessions", "bc.ipmi_max_sessions", _count,
             "site role: concurrent IPMI sessions (ipmitool runs), site-wide (default 64)"),
     Setting("nvml_library", "--nvml-library", "bc.nvml_library", str,

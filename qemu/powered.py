@@ -109,6 +109,8 @@ class NodeSpec:
     mac: str = "52:54:00:12:34:56"
     uefi: bool = False       # UEFI firmware (OVMF on amd64) instead of SeaBIOS
     arch: str = "amd64"      # a key of qemu.harness.PLATFORMS (arm64: -M virt, always UEFI)
+    machine: bool = True     # False: no guest at all (a fleet of emulated BMCs): power is the
+                             # ``power`` file, a start or reset is recorded, a power button obeyed
 
 
 @dataclass(frozen=True)
@@ -236,7 +238,19 @@ class PoweredNode:
 
     # -- power ----------------------------------------------------------------------------
 
+    def _machineless(self) -> bool:
+        return not self.spec().machine
+
+    def _set_power(self, state: str) -> None:
+        tmp = self.dir / "power.tmp"
+        tmp.write_text(state + "\n")
+        tmp.replace(self.dir / "power")
+
     def status(self) -> str:
+        if self._machineless():
+            with contextlib.suppress(FileNotFoundError):
+                return "on" if (self.dir / "power").read_text().strip() == "on" else "off"
+            return "off"
         return "on" if proc.alive(self._supervisor_pid()) else "off"
 
     def start(self, timeout: float = 30.0) -> None:
@@ -244,6 +258,10 @@ class PoweredNode:
         if self.status() == "on":
             return
         spec = self.spec()
+        if not spec.machine:
+            self._record(self.boot_device(), "start")
+            self._set_power("on")
+            return
         self.qmp_socket.unlink(missing_ok=True)
         log = (self.dir / "supervisor.log").open("ab")
         # Detached: the caller (a chassis_control run) exits at once; the supervisor lives
@@ -268,6 +286,9 @@ class PoweredNode:
     def stop(self, *, force: bool, timeout: float = 10.0) -> None:
         """Graceful: the ACPI power button (the guest may ignore it; the node stays on).
         Forced: QMP quit, then SIGTERM/SIGKILL of the supervisor's group at ``timeout``."""
+        if self._machineless():
+            self._set_power("off")
+            return
         pid = self._supervisor_pid()
         if not proc.alive(pid):
             return
@@ -294,7 +315,8 @@ class PoweredNode:
         if self.status() != "on":
             raise PowerError("the node is off: nothing to reset")
         self._record(self.boot_device_of_running(), "reset")
-        self._qmp("system_reset")
+        if not self._machineless():
+            self._qmp("system_reset")
 
     def boot_device_of_running(self) -> str:
         try:

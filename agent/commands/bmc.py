@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,14 +76,41 @@ OPERATIONS: dict[str, dict[str, dict[str, bool]]] = {
 
 
 @dataclass(frozen=True)
+class BmcArgs:
+    """An operation's parameters as ``parse`` read them from the request's strings: typed,
+    checked, defaults filled in. ``run`` uses these, never the strings."""
+
+    graceful_timeout_seconds: float = DEFAULT_GRACEFUL_SECONDS
+    device: BootDevice | None = None
+    persistent: bool = False
+    mode: BootMode | None = None
+    new_password_ref: str = ""
+    length: int | None = None
+    image_uri: str = ""
+    transfer_protocol: str = ""
+    file: Path | None = None
+    sha256: str = ""
+    image_url: str = ""
+    media_type: str = "CD"
+    controller_id: str = ""
+    name: str = ""
+    raid_type: str = ""
+    drives: tuple[str, ...] = ()
+    capacity_bytes: int = 0
+    volume_id: str = ""
+    since: int = 0                # bmc.query events: seconds since 1970
+    task_uri: str = ""            # bmc.firmware status: a task to read once
+
+
+@dataclass(frozen=True)
 class BmcParams:
     node_id: str
-    address: str                  # as given; the lock uses ``lock_name``
+    address: str                  # as given; the BMC's key uses ``lock_name``
     protocol: BmcProtocol
     operation: str
     credentials_ref: str
     verify_tls: bool
-    parameters: Mapping[str, str] = field(default_factory=dict)
+    args: BmcArgs = field(default_factory=BmcArgs)
 
     @property
     def lock_name(self) -> str:
@@ -110,40 +137,82 @@ def _number(name: str, text: str, low: float, high: float) -> float:
     return value
 
 
-def _check_values(kind: str, op: str, p: Mapping[str, str]) -> None:
-    """Each parameter's value, as far as it can be checked without the BMC."""
-    if "graceful_timeout_seconds" in p:
-        _number("graceful_timeout_seconds", p["graceful_timeout_seconds"], 0, 240)
-    if "device" in p:
+def _choice(kind: type[BootDevice] | type[BootMode]) -> Callable[[str, str], Any]:
+    def parse(name: str, text: str) -> Any:
         try:
-            BootDevice(p["device"])
+            return kind(text)
         except ValueError:
-            raise InvalidParameters(f"parameter device: one of {', '.join(BootDevice)}") from None
-    if "persistent" in p:
-        _bool("persistent", p["persistent"])
-    if p.get("mode"):
-        try:
-            BootMode(p["mode"])
-        except ValueError:
-            raise InvalidParameters(f"parameter mode: one of {', '.join(BootMode)}") from None
-    if "new_password_ref" in p:
-        secrets.check_ref(p["new_password_ref"])
-    if "length" in p:
-        _number("length", p["length"], 8, 64)
-    for name in ("image_uri", "image_url"):
-        if name in p and not p[name].startswith(("http://", "https://", "ftp://", "nfs://", "cifs://")):
-            raise InvalidParameters(f"parameter {name}: a URL (http, https, ftp, nfs, cifs)")
-    if "sha256" in p and not re.fullmatch(r"[0-9a-fA-F]{64}", p["sha256"]):
-        raise InvalidParameters("parameter sha256: 64 hexadecimal digits")
-    if "file" in p and not p["file"].startswith("/"):
-        raise InvalidParameters("parameter file: an absolute path on the site server")
-    if "since" in p:
-        events.parse_since(p["since"])
-    if "task_uri" in p and (not re.fullmatch(r"/(?!/)[!$&'()*+,;=:@%A-Za-z0-9._~/-]{0,1023}", p["task_uri"])
-                            or ".." in p["task_uri"].split("/")):
-        raise InvalidParameters("parameter task_uri: a path on the BMC (/redfish/v1/TaskService/Tasks/...)")
-    if "capacity_bytes" in p and not limits.is_digits(p["capacity_bytes"]):
-        raise InvalidParameters("parameter capacity_bytes: a whole number of bytes")
+            raise InvalidParameters(f"parameter {name}: one of {', '.join(kind)}") from None
+    return parse
+
+
+def _url(name: str, text: str) -> str:
+    if not text.startswith(("http://", "https://", "ftp://", "nfs://", "cifs://")):
+        raise InvalidParameters(f"parameter {name}: a URL (http, https, ftp, nfs, cifs)")
+    return text
+
+
+def _sha256(name: str, text: str) -> str:
+    if not re.fullmatch(r"[0-9a-fA-F]{64}", text):
+        raise InvalidParameters(f"parameter {name}: 64 hexadecimal digits")
+    return text.lower()
+
+
+def _file(name: str, text: str) -> Path:
+    if not text.startswith("/"):
+        raise InvalidParameters(f"parameter {name}: an absolute path on the site server")
+    return Path(text)
+
+
+def _bytes(name: str, text: str) -> int:
+    if not limits.is_digits(text):
+        raise InvalidParameters(f"parameter {name}: a whole number of bytes")
+    return int(text)
+
+
+def _task_uri(name: str, text: str) -> str:
+    if not re.fullmatch(r"/(?!/)[!$&'()*+,;=:@%A-Za-z0-9._~/-]{0,1023}", text) or ".." in text.split("/"):
+        raise InvalidParameters(f"parameter {name}: a path on the BMC (/redfish/v1/TaskService/Tasks/...)")
+    return text
+
+
+def _ref(name: str, text: str) -> str:
+    secrets.check_ref(text)
+    return text
+
+
+def _text(name: str, text: str) -> str:
+    return text
+
+
+# Each parameter's reader: (name, the request's string) -> its typed value, or InvalidParameters.
+READERS: dict[str, Callable[[str, str], Any]] = {
+    "graceful_timeout_seconds": lambda n, t: _number(n, t, 0, 240),
+    "device": _choice(BootDevice),
+    "persistent": _bool,
+    "mode": lambda n, t: _choice(BootMode)(n, t) if t else None,
+    "new_password_ref": _ref,
+    "length": lambda n, t: int(_number(n, t, 8, 64)),
+    "image_uri": _url,
+    "transfer_protocol": _text,
+    "file": _file,
+    "sha256": _sha256,
+    "image_url": _url,
+    "media_type": lambda n, t: t or "CD",
+    "controller_id": _text,
+    "name": _text,
+    "raid_type": _text,
+    "drives": lambda n, t: tuple(d for d in t.split(",") if d),
+    "capacity_bytes": _bytes,
+    "volume_id": _text,
+    "since": lambda n, t: events.parse_since(t or "0"),
+    "task_uri": _task_uri,
+}
+
+
+def read_args(given: Mapping[str, str]) -> BmcArgs:
+    """The typed parameters of an operation's strings (their names already checked)."""
+    return BmcArgs(**{name: READERS[name](name, text) for name, text in given.items()})
 
 
 def parse_request(kind: str, payload: site_pb2.BmcOperationRequest) -> BmcParams:
@@ -175,11 +244,10 @@ def parse_request(kind: str, payload: site_pb2.BmcOperationRequest) -> BmcParams
     missing = sorted(n for n, required in allowed.items() if required and not params.get(n))
     if missing:
         raise InvalidParameters(f"{kind} {payload.operation}: missing parameter(s) {', '.join(missing)}")
-    _check_values(kind, payload.operation, params)
     return BmcParams(
         node_id=payload.node_id, address=payload.bmc_address, protocol=protocol,
         operation=payload.operation, credentials_ref=payload.credentials_ref,
-        verify_tls=payload.verify_tls, parameters=params,
+        verify_tls=payload.verify_tls, args=read_args(params),
     )
 
 
@@ -271,18 +339,14 @@ class BmcPower(_BmcHandler, kind="bmc.power"):
         want = PowerState.OFF if action is PowerAction.OFF else PowerState.ON
         started = time.monotonic()
         if action in (PowerAction.ON, PowerAction.OFF) and before is want:
-            result = _result(params, client, state=str(want), power_state=str(want))
-            result.values["changed"] = "false"
-            return result
-        graceful = float(params.parameters.get("graceful_timeout_seconds", DEFAULT_GRACEFUL_SECONDS))
+            return _result(params, client, state=str(want), power_state=str(want), changed=False,
+                           power_state_before=str(before))
         # Leave the forced power-off and the settling time within the deadline.
-        graceful = max(0.0, min(graceful, session.ctx.remaining() - 30.0))
+        graceful = max(0.0, min(params.args.graceful_timeout_seconds, session.ctx.remaining() - 30.0))
         client.set_power(action, graceful_timeout=graceful)
         seconds = settle(session, client, want, started)
-        result = _result(params, client, state=str(want), power_state=str(want), settle_seconds=seconds)
-        result.values["changed"] = "true"
-        result.values["before"] = str(before)
-        return result
+        return _result(params, client, state=str(want), power_state=str(want), settle_seconds=seconds,
+                       changed=True, power_state_before=str(before))
 
 
 def _boot_message(setting: BootSetting) -> site_pb2.BmcBootDevice:
@@ -296,9 +360,9 @@ class BmcBoot(_BmcHandler, kind="bmc.boot"):
         if params.operation == "get_boot_device":
             now = client.boot_device()
             return _result(params, client, state=str(now.device), boot=_boot_message(now))
-        p = params.parameters
-        wanted = BootSetting(BootDevice(p["device"]), _bool("persistent", p.get("persistent", "")),
-                             BootMode(p["mode"]) if p.get("mode") else None)
+        args = params.args
+        assert args.device is not None   # required by set_boot_device: parse saw to it
+        wanted = BootSetting(args.device, args.persistent, args.mode)
         client.set_boot_device(wanted)
         back = client.boot_device()
         if back.device is not wanted.device:
@@ -308,17 +372,16 @@ class BmcBoot(_BmcHandler, kind="bmc.boot"):
         result = _result(params, client, state=str(back.device), boot=_boot_message(back))
         # What the BMC does not report back (IPMI BMCs often drop these bits) is said, not hidden.
         if back.persistent != wanted.persistent:
-            result.values["persistent_read_back"] = str(back.persistent).lower()
+            result.not_kept.append("persistent")
         if wanted.mode is not None and back.mode is not None and back.mode is not wanted.mode:
-            result.values["mode_read_back"] = str(back.mode)
+            result.not_kept.append("mode")
         return result
 
 
 class BmcQuery(_BmcHandler, kind="bmc.query"):
     def operate(self, session: BmcSession, client: BmcClient, creds: Credentials) -> Result:
         if session.params.operation == "events":
-            since = events.parse_since(session.params.parameters.get("since") or "0")
-            result = _result(session.params, client, events=client.event_log(since))
+            result = _result(session.params, client, events=client.event_log(session.params.args.since))
             result.state = f"{len(result.events)} entries"
             result.attempts = getattr(client, "attempts", 0)
             return result
@@ -333,11 +396,11 @@ class BmcRotate(_BmcHandler, kind="bmc.rotate"):
     """Stage, set, prove, promote: the working password is kept until the new one is proven."""
 
     def new_password(self, session: BmcSession) -> str:
-        p = session.params.parameters
-        if p.get("new_password_ref"):
-            password = session.store.get(p["new_password_ref"]).password
+        args = session.params.args
+        if args.new_password_ref:
+            password = session.store.get(args.new_password_ref).password
         else:
-            length = int(float(p["length"])) if "length" in p else None
+            length = args.length
             policy = secrets.PasswordPolicy(min_length=12, max_length=20) \
                 if session.params.protocol is BmcProtocol.IPMI else secrets.PasswordPolicy(max_length=64)
             password = policy.generate(length)
@@ -379,38 +442,36 @@ class BmcRotate(_BmcHandler, kind="bmc.rotate"):
 
 class BmcFirmware(_BmcHandler, kind="bmc.firmware"):
     def operate(self, session: BmcSession, client: BmcClient, creds: Credentials) -> Result:
-        params, p = session.params, session.params.parameters
+        params, args = session.params, session.params.args
 
         def progress(percent: int, message: str) -> None:
             session.ctx.progress(done=percent, total=100, message=message, subject=params.address)
 
         if params.operation == "status":
-            result = client.firmware_status(p.get("task_uri", ""))
+            result = client.firmware_status(args.task_uri)
             result.attempts = getattr(client, "attempts", 0)
             return result
         if params.operation == "simple_update":
-            task = client.firmware_update(image_uri=p["image_uri"],
-                                          transfer_protocol=p.get("transfer_protocol", ""),
-                                          progress=progress)
+            task = client.firmware_update(image_uri=args.image_uri,
+                                          transfer_protocol=args.transfer_protocol, progress=progress)
         else:
-            task = client.firmware_update(file=Path(p["file"]), sha256=p["sha256"].lower(),
-                                          progress=progress)
+            task = client.firmware_update(file=args.file, sha256=args.sha256, progress=progress)
         return _result(params, client, state=task.state, firmware=task)
 
 
 class BmcStorage(_BmcHandler, kind="bmc.storage"):
     def operate(self, session: BmcSession, client: BmcClient, creds: Credentials) -> Result:
-        params, p, op = session.params, session.params.parameters, session.params.operation
+        params, args, op = session.params, session.params.args, session.params.operation
         result = _result(params, client)
         if op == "list":
             result.storage.extend(client.storage())
             result.virtual_media.extend(client.virtual_media())
         elif op == "insert_media":
-            media = client.insert_media(p["image_url"], media_type=p.get("media_type") or "CD")
+            media = client.insert_media(args.image_url, media_type=args.media_type)
             result.virtual_media.append(media)
             # Read back, as bmc.boot does the boot device: a BMC that accepted the request but
             # holds no medium (or another one) would boot something else.
-            if not media.inserted or media.image != p["image_url"]:
+            if not media.inserted or media.image != args.image_url:
                 raise BmcRefused(
                     f"BMC {params.address} accepted the medium but reads back "
                     f"{'inserted' if media.inserted else 'not inserted'}"
@@ -420,12 +481,11 @@ class BmcStorage(_BmcHandler, kind="bmc.storage"):
             client.eject_media()
         elif op == "create_volume":
             volume = client.create_volume(
-                p["controller_id"], name=p["name"], raid_type=p["raid_type"],
-                drives=[d for d in p["drives"].split(",") if d],
-                capacity_bytes=int(p.get("capacity_bytes") or 0))
-            result.storage.add(id=p["controller_id"]).volumes.append(volume)
+                args.controller_id, name=args.name, raid_type=args.raid_type,
+                drives=list(args.drives), capacity_bytes=args.capacity_bytes)
+            result.storage.add(id=args.controller_id).volumes.append(volume)
         elif op == "delete_volume":
-            client.delete_volume(p["volume_id"])
+            client.delete_volume(args.volume_id)
         result.state = "done"
         result.attempts = getattr(client, "attempts", 0)
         return result

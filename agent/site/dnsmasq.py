@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -152,12 +153,27 @@ def kill_stray(s: DnsmasqSettings) -> bool:
     return True
 
 
+# What dnsmasq logs (--log-dhcp) for a proxy offer, "<xid> PXE(eth0) 52:54:00:12:34:56 proxy",
+# and for a file sent by TFTP, "sent /srv/tftp/ipxe.efi to 10.0.0.50".
+_PROXY_OFFER = re.compile(r"\bPXE\([^)]*\) (?:\S+ )?(?:[0-9a-fA-F]{2}[:-]){5}[0-9a-fA-F]{2} proxy$")
+_TFTP_SENT = re.compile(r"\bsent \S+ to \S+$")
+
+
+@dataclass
+class DnsmasqCounters:
+    """Counted from dnsmasq's log, plain attributes for a scrape (SiteServices.dnsmasq.counters)."""
+
+    pxe_offers: int = 0          # proxy-DHCP offers to registered PXE and iPXE clients
+    tftp_files: int = 0          # boot files sent in full by TFTP
+
+
 class DnsmasqSupervisor:
     """Start, watch, reload and stop one dnsmasq."""
 
     def __init__(self, settings: DnsmasqSettings) -> None:
         self.settings = settings
         self.restarts = 0
+        self.counters = DnsmasqCounters()
         self._child: proc.Child | None = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -218,10 +234,18 @@ class DnsmasqSupervisor:
                 backoff * 2, RESTART_BACKOFF_MAX)
             restart = True
 
+    def _log_line(self, line: str) -> None:
+        """One line of dnsmasq's log: logged, and counted where it is a PXE offer or a file sent."""
+        log.debug("dnsmasq: %s", line)
+        if _PROXY_OFFER.search(line):
+            self.counters.pxe_offers += 1
+        elif _TFTP_SENT.search(line):
+            self.counters.tftp_files += 1
+
     def _run_once(self, restart: bool) -> None:
         """One dnsmasq, from its start to its exit (``stop`` ends it)."""
         with proc.running(self.argv(), stdout=subprocess.DEVNULL, check=False,
-                          on_stderr_line=lambda line: log.debug("dnsmasq: %s", line)) as child:
+                          on_stderr_line=self._log_line) as child:
             with self._lock:
                 self._child = child
                 self.restarts += restart

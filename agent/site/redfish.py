@@ -13,7 +13,9 @@ when the BMC offers no session service. A 401 raises AuthFailed at once: wrong c
 are never retried (BMCs lock accounts out). TLS is verified unless ``verify_tls`` is False; an
 address may carry ``http://`` for a lab BMC (the emulator), ``https://`` is the default.
 
-Every request goes through ``http.request``: connection errors, 5xx, "busy" answers and (for
+Every request goes through ``http.request``, GETs (and the session's DELETE) over one kept-alive
+connection per client (one TLS handshake per command, not per request): connection errors,
+5xx, "busy" answers and (for
 GETs) bodies that are not JSON are retried with backoff from ``Pacing`` (never faster than
 ``min_interval``), bounded by the command's cancel event and deadline, which cut a request
 short even while the BMC is sending (a BMC that drips a byte a second; each answer in full
@@ -166,6 +168,7 @@ class RedfishClient:
             ca_file=Path(target.ca_file) if target.ca_file else None,
         )
         self.attempts = 0           # requests made, retries included (BmcOperationResult.attempts)
+        self.connections = http.Connections(self.opts)   # GETs reuse one; closed in close()
         self._auth: dict[str, str] | None = None
         self._session_uri = ""
         self._root: Doc | None = None
@@ -233,7 +236,8 @@ class RedfishClient:
         busy = (lambda r: _busy(r) or _not_json(r)) if method == "GET" else _busy
         try:
             resp = http.request(method, url, self.opts, json_body=json_body, headers=hdrs,
-                                deadline=self.call.deadline, busy=busy, max_body=MAX_BODY)
+                                deadline=self.call.deadline, busy=busy, max_body=MAX_BODY,
+                                connections=self.connections)
         except http.BodyTooLarge as exc:
             self.attempts += 1
             raise BmcRefused(f"Redfish BMC {self.target.address}: {exc.message}; a Redfish "
@@ -347,6 +351,7 @@ class RedfishClient:
             except (BmcRefused, BmcUnreachable, AuthFailed, Cancelled) as exc:
                 log.warning("Redfish %s: could not close the session: %s", self.target.address, exc)
         self._auth = None
+        self.connections.close()
 
     # -- discovery -----------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent import http
 from agent.config import Config
@@ -37,6 +38,9 @@ from agent.site.routes import RouteTable
 from agent.site.upstreams import UpstreamPolicy, local_addresses
 from agent.site.vmedia import MediaSets
 from agent.site.web import HttpService
+
+if TYPE_CHECKING:
+    from agent.scheduler import KeyedCounters
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +82,9 @@ class SiteServices:
                 "provisioning network (e.g. 10.0.0.2)") from None
         self.settings = settings
         self.dnsmasq: DnsmasqSupervisor | None = None
+        # The BMC executor's figures (in flight, queued, failed by reason), for a scrape: the
+        # daemon attaches its scheduler's KeyedCounters here (agent/app.py); None until then.
+        self.bmc: KeyedCounters | None = None
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
         self._serving = False

@@ -110,6 +110,20 @@ def test_a_queued_job_ends_at_its_deadline_and_a_cancelled_one_never_runs(pool: 
     assert pool.keyed.queued == 0 and pool.keyed.keys_waiting == 0
 
 
+def test_a_wait_for_a_slot_under_the_cap_does_not_count_against_the_deadline(pool: Scheduler) -> None:
+    out, release, started = Outcomes(), threading.Event(), []
+    for i in range(4):
+        pool.submit(keyed(f"k{i}", f"bmc:{i}", blocker(release, started), out))
+    wait_until(lambda: len(started) == 4, WAIT, "four jobs to start")
+    # Its BMC is free, the pool full: it waits past its 0.5 s without timing out ...
+    pool.submit(keyed("patient", "bmc:free", lambda c: "ran", out, timeout=0.5))
+    time.sleep(1.0)
+    assert "patient" not in out.done
+    release.set()
+    # ... and gets its 0.5 s from when it starts.
+    assert out.wait("patient", 5) == ("ran", None)
+
+
 def test_a_stuck_handler_gives_its_key_up_at_its_deadline(pool: Scheduler) -> None:
     """A handler that ignores its cancel (a BMC client blocked in a read): its job is reported
     at the deadline, and the next job of the same key starts then, not when it returns."""

@@ -109,29 +109,23 @@ def tftp_get(server: str, name: str, timeout: float = 3.0) -> dict[str, object]:
             return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def main() -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("--iface", default="")
-    p.add_argument("--mac", default="")
-    p.add_argument("--tftp", nargs=2, metavar=("SERVER", "FILE"), help="read FILE by TFTP instead")
-    p.add_argument("--arch", type=int, default=0)
-    p.add_argument("--ipxe", action="store_true")
-    p.add_argument("--wait", type=float, default=3.0)
-    p.add_argument("--ciaddr", default="", help="this address: also ask the boot server (4011)")
-    a = p.parse_args()
-    if a.tftp:
-        json.dump(tftp_get(*a.tftp), sys.stdout)
-        return 0
-    mac = bytes.fromhex(a.mac.replace(":", ""))
-    xid = int.from_bytes(os.urandom(4), "big")
+def client_socket(iface: str) -> socket.socket:
+    """A DHCP client's socket on ``iface``: port 68, broadcast (several may share the port)."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, a.iface.encode())
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, iface.encode())
     s.bind(("0.0.0.0", 68))
-    packet = discover(mac, xid, a.arch, a.ipxe)
-    offers = []
-    deadline = time.monotonic() + a.wait
+    return s
+
+
+def gather(s: socket.socket, packet: bytes, xid: int, wait: float, *,
+           first_from: str = "") -> list[dict[str, object]]:
+    """Broadcast ``packet`` every second, as firmware does, for ``wait`` seconds; every distinct
+    reply to ``xid`` (with its "server"). With ``first_from``: return at the first reply from
+    that address, alone ([] if none came)."""
+    offers: list[dict[str, object]] = []
+    deadline = time.monotonic() + wait
     next_send = 0.0
     while (now := time.monotonic()) < deadline:
         if now >= next_send:
@@ -147,8 +141,30 @@ def main() -> int:
         if reply["op"] != 2 or reply["xid"] != xid:
             continue
         reply["server"] = addr
-        if reply not in offers:
+        if first_from and addr == first_from:
+            return [reply]
+        if not first_from and reply not in offers:
             offers.append(reply)
+    return offers
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--iface", default="")
+    p.add_argument("--mac", default="")
+    p.add_argument("--tftp", nargs=2, metavar=("SERVER", "FILE"), help="read FILE by TFTP instead")
+    p.add_argument("--arch", type=int, default=0)
+    p.add_argument("--ipxe", action="store_true")
+    p.add_argument("--wait", type=float, default=3.0)
+    p.add_argument("--ciaddr", default="", help="this address: also ask the boot server (4011)")
+    a = p.parse_args()
+    if a.tftp:
+        json.dump(tftp_get(*a.tftp), sys.stdout)
+        return 0
+    mac = bytes.fromhex(a.mac.replace(":", ""))
+    xid = int.from_bytes(os.urandom(4), "big")
+    s = client_socket(a.iface)
+    offers = gather(s, discover(mac, xid, a.arch, a.ipxe), xid, a.wait)
     proxy = [o for o in offers if o["yiaddr"] == "0.0.0.0" and "43" in o["options"]]  # type: ignore[operator]
     if a.ciaddr and proxy:
         server = str(proxy[0]["server"])

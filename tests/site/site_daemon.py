@@ -5,12 +5,14 @@ It starts the site's services (agent/site/services.py) with the given settings, 
 one JSON command a line on stdin ({"kind": "boot.prepareRamdisk", "payload": {...}}), runs the
 kind's real handler with them in its context and writes one JSON line on stdout:
 {"ok": true, "result": {...}} or {"ok": false, "error": "..."}.
+{"kind": "counters"} answers with the dnsmasq supervisor's counters (PXE offers, TFTP files).
 Logs (every HTTP request the service answers) go to stderr. EOF on stdin stops it.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -46,6 +48,11 @@ def main() -> int:
         for line in sys.stdin:
             request = json.loads(line)
             kind = request["kind"]
+            if kind == "counters":     # what a scrape of the site's services would read
+                dnsmasq = site.dnsmasq
+                print(json.dumps({"ok": True, "result": dataclasses.asdict(dnsmasq.counters)
+                                  if dnsmasq is not None else {}}), flush=True)
+                continue
             try:
                 h = handler_for(kind)
                 assert h is not None, kind

@@ -18,6 +18,7 @@ import pytest
 
 from agent.commands import handler_for
 from agent.commands.base import Context
+from agent.commands.bmc import BmcArgs
 from agent.config import Config
 from agent.errors import (
     AuthFailed,
@@ -28,7 +29,7 @@ from agent.errors import (
     Unsupported,
 )
 from agent.proto import site_pb2
-from agent.site.bmc import CallContext, Credentials, Pacing, Target
+from agent.site.bmc import BootDevice, BootMode, CallContext, Credentials, Pacing, Target
 from agent.site.ipmi import IpmiClient
 from agent.site.secrets import SecretStore
 from tests.runtime.harness import wait_until
@@ -92,6 +93,32 @@ def test_bad_requests_are_refused_in_parse(kind: str, fields: dict[str, Any], me
     assert message in str(info.value)
 
 
+@pytest.mark.parametrize(("kind", "operation", "parameters", "args"), [
+    ("bmc.power", "off", {}, BmcArgs(graceful_timeout_seconds=60.0)),
+    ("bmc.power", "off", {"graceful_timeout_seconds": "2.5"}, BmcArgs(graceful_timeout_seconds=2.5)),
+    ("bmc.boot", "set_boot_device", {"device": "pxe", "persistent": "yes", "mode": "uefi"},
+     BmcArgs(device=BootDevice.PXE, persistent=True, mode=BootMode.UEFI)),
+    ("bmc.boot", "set_boot_device", {"device": "disk", "persistent": "false", "mode": ""},
+     BmcArgs(device=BootDevice.DISK)),
+    ("bmc.rotate", "rotate", {"length": "16.0"}, BmcArgs(length=16)),
+    ("bmc.firmware", "push", {"file": "/srv/fw.bin", "sha256": "AB" * 32},
+     BmcArgs(file=Path("/srv/fw.bin"), sha256="ab" * 32)),
+    ("bmc.storage", "create_volume", {"controller_id": "RAID.1", "name": "v", "raid_type": "RAID1",
+                                      "drives": "d1,,d2", "capacity_bytes": "1024"},
+     BmcArgs(controller_id="RAID.1", name="v", raid_type="RAID1", drives=("d1", "d2"), capacity_bytes=1024)),
+    ("bmc.storage", "insert_media", {"image_url": "https://x/y.iso", "media_type": ""},
+     BmcArgs(image_url="https://x/y.iso", media_type="CD")),
+])
+def test_parse_gives_typed_parameters(kind: str, operation: str, parameters: dict[str, str],
+                                      args: BmcArgs) -> None:
+    handler = handler_for(kind)
+    assert handler is not None
+    params = handler.parse(site_pb2.BmcOperationRequest(
+        bmc_address="10.0.0.1", protocol="redfish", operation=operation, credentials_ref=REF,
+        parameters=parameters))
+    assert params.args == args
+
+
 def test_unknown_credentials_ref_is_not_found_before_any_bmc_call(site_config: Config) -> None:
     # The address answers nothing: reaching it would take retries; the refusal is at once.
     started = time.monotonic()
@@ -123,7 +150,7 @@ def test_status_of_a_node_that_is_off(sim: IpmiSim, site_config: Config) -> None
     assert result.power_state == "off"
     # "off" of a node that is off succeeds without touching it.
     result = run_kind("bmc.power", site_config, request(sim.address, "off"))
-    assert result.power_state == "off" and result.values["changed"] == "false"
+    assert result.power_state == "off" and result.changed is False
     assert sim.node.boots() == []
 
 
@@ -134,7 +161,7 @@ def test_boot_device_is_set_and_read_back(sim: IpmiSim, site_config: Config) -> 
                                                      persistent="true"))
     assert result.boot.device == "pxe" and result.state == "pxe"
     # ipmi_sim keeps no persistent bit: the result says what the BMC read back, not what was asked.
-    assert not result.boot.persistent and result.values["persistent_read_back"] == "false"
+    assert not result.boot.persistent and list(result.not_kept) == ["persistent"]
     # The node itself will boot by PXE next (what chassis_control was told by the BMC).
     assert sim.node.boot_device() == "pxe"
     assert run_kind("bmc.boot", site_config, request(sim.address, "get_boot_device")).boot.device == "pxe"
@@ -245,12 +272,13 @@ def test_power_and_pxe_boot_drive_a_real_guest(powered_sim: IpmiSim, site_config
     sim, node = powered_sim, powered_sim.node
     run_kind("bmc.boot", site_config, request(sim.address, "set_boot_device", device="pxe"))
     on = run_kind("bmc.power", site_config, request(sim.address, "on"))
-    assert on.power_state == "on" and on.values["changed"] == "true" and on.settle_seconds >= 0
+    assert on.power_state == "on" and on.changed is True and on.power_state_before == "off"
+    assert on.settle_seconds >= 0
     assert node.status() == "on"
     # The guest really booted from the network: iPXE fetched its kernel.
     wait_until(lambda: any(b.how == "pxe-fetch" for b in node.boots()), 120, "the guest's PXE fetch")
     again = run_kind("bmc.power", site_config, request(sim.address, "on"))
-    assert again.values["changed"] == "false"
+    assert again.HasField("changed") and again.changed is False
     run_kind("bmc.power", site_config, request(sim.address, "reset"))
     wait_until(lambda: sum(b.how == "pxe-fetch" for b in node.boots()) >= 2, 120, "the PXE fetch after reset")
     assert [b.how for b in node.boots()][:2] == ["start", "pxe-fetch"]

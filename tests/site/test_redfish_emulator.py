@@ -60,7 +60,7 @@ def test_boot_once_reads_back_continuous_on_the_emulator(
     client: RedfishClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The emulator keeps every override Continuous: the device is set, the read-back says so
-    # (the bmc.boot handler reports it as persistent_read_back).
+    # (the bmc.boot handler reports it in not_kept).
     client.set_boot_device(BootSetting(BootDevice.PXE, persistent=False))
     back = client.boot_device()
     assert (back.device, back.persistent) == (BootDevice.PXE, True)

@@ -58,14 +58,18 @@ class ArgvWatcher:
         self.thread.join()
 
 
-def site_agent(world: World, config: Config) -> tuple[Agent, Frames]:
-    handlers: dict[str, Handler[Any]] = {}
-    for kind in KINDS:
+def site_agent(world: World, config: Config, *, kinds: tuple[str, ...] = KINDS,
+               extra_handlers: dict[str, Handler[Any, Any]] | None = None,
+               **settings: Any) -> tuple[Agent, Frames]:
+    """An Agent in role site with the real handlers of ``kinds`` (and ``extra_handlers``),
+    on ``config``'s state and secrets, with ``settings`` of Config besides."""
+    handlers: dict[str, Handler[Any, Any]] = dict(extra_handlers or {})
+    for kind in kinds:
         h = handler_for(kind)
         assert h is not None
         handlers[kind] = h
     agent = Agent(Config(role=Role.SITE, node_id=NODE, state_dir=config.state_dir,
-                         trusted_keys=world.keys, secrets_dir=config.secrets_dir),
+                         trusted_keys=world.keys, secrets_dir=config.secrets_dir, **settings),
                   handlers=handlers, boot_id=world.boot_id, cmdline="")
     frames = Frames()
     agent.subscribe(frames)
