@@ -18,7 +18,7 @@ def test_gets_share_one_connection_and_a_closed_one_is_replaced(tmp_path: Path) 
         bmc = fleet.bmcs[0]
         url = f"https://{bmc.address}/redfish/v1/Systems/1"
         opts = http.HttpOptions(verify=False)
-        kept = http.Connections()
+        kept = http.Connections(opts)
         try:
             for _ in range(3):
                 assert http.request("GET", url, opts, headers=AUTH, connections=kept).status == 200
@@ -29,10 +29,10 @@ def test_gets_share_one_connection_and_a_closed_one_is_replaced(tmp_path: Path) 
             assert answer.status == 204 and bmc.connections == 2 and bmc.power == "On"
             # The kept connection dies (as a BMC closes an idle one): the next GET makes a new one
             # within the same attempt.
-            conn = kept.take(http.check_url(url))
+            conn = kept.idle(http.check_url(url))
             assert conn is not None and conn.sock is not None
             socket.socket.shutdown(conn.sock, socket.SHUT_RDWR)
-            kept.put(http.check_url(url), conn)
+            kept.give_back(http.check_url(url), conn)
             again = http.request("GET", url, opts, headers=AUTH, connections=kept)
             assert again.status == 200 and again.attempts == 1 and bmc.connections == 3
         finally:
