@@ -100,7 +100,8 @@ def refresh_seconds(lab: object, name: str, payload: dict[str, object]) -> float
 
 
 def qemu_main(args: argparse.Namespace) -> int:
-    """Both nodes up at once, the commands interleaved: the same load on either agent."""
+    """Both nodes up at once, the commands interleaved (their order turning each round): the
+    same load on either agent, as far as a shared machine allows."""
     from qemu.lab import Lab, Ramdisk, ensure_ramdisk
 
     parts = ensure_ramdisk()
@@ -113,8 +114,8 @@ def qemu_main(args: argparse.Namespace) -> int:
         machines = [qemu_node(lab, f"inv{i}") for i, lab in enumerate(labs)]
         for _, i, payload in cases:
             refresh_seconds(labs[i], f"inv{i}", payload)   # warm: the first one imports the handler
-        for _ in range(args.runs):
-            for label, i, payload in cases:
+        for run in range(args.runs):   # each round in another order: none always goes first
+            for label, i, payload in cases[run % 3:] + cases[:run % 3]:
                 timings[label].append(refresh_seconds(labs[i], f"inv{i}", payload))
         for machine in machines:
             machine.stop()  # type: ignore[attr-defined]
