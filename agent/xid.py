@@ -1,8 +1,10 @@
 """GPU Xid events: found in the kernel log, classified with NVIDIA's Xid catalogue.
 
 The NVIDIA driver logs each Xid as ``NVRM: Xid (PCI:0000:18:00): 79, pid=..., <text>``.
-``parse(text)`` finds those lines in a dmesg-formatted log (``[  12.345678] NVRM: ...``, what
-``agent.commands.logs.read_kmsg`` returns); ``since_boot()`` reads this machine's kernel log.
+``parse(text)`` finds those lines in a dmesg-formatted log (``[  12.345678] NVRM: ...``, with
+or without syslog's ``<4>`` level prefix); ``since_boot()`` reads this machine's kernel log:
+the whole ring buffer in one syslog(2) call (SYSLOG_ACTION_READ_ALL, root), else /dev/kmsg
+a record at a time (``agent.commands.logs.read_kmsg``), which under emulation costs more.
 
 The catalogue: NVIDIA, "Xid Errors", section "Analyzing Xid Errors with the Xid Catalog",
 table "Xids" for Ampere and newer GPUs (https://docs.nvidia.com/deploy/xid-errors/
@@ -22,6 +24,7 @@ a warning in the verdicts, never guessed.
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import re
 from dataclasses import dataclass
@@ -92,10 +95,11 @@ _RECOVERY = (
 )
 
 _LINE = re.compile(
-    r"^(?:\[\s*(?P<ts>[0-9]+\.[0-9]+)\]\s*)?.*?NVRM: Xid \(PCI:(?P<pci>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:"
-    r"[0-9A-Fa-f]{2})(?:\.(?P<fn>[0-7]))?\): (?P<xid>[0-9]{1,4}),\s*(?P<text>.*)$"
+    r"^(?:<[0-9]+>)?(?:\[\s*(?P<ts>[0-9]+\.[0-9]+)\]\s*)?.*?NVRM: Xid "
+    r"\(PCI:(?P<pci>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.(?P<fn>[0-7]))?\): "
+    r"(?P<xid>[0-9]{1,4}),\s*(?P<text>.*)$"
 )
-MAX_EVENTS = 256           # a flapping GPU logs thousands: the first ones and a count are enough
+MAX_EVENTS = 256           # a flapping GPU logs thousands: the first ones are enough
 
 
 @dataclass(frozen=True)
@@ -151,9 +155,28 @@ def parse(text: str, limit: int = MAX_EVENTS) -> list[XidEvent]:
     return events
 
 
+SYSLOG_ACTION_READ_ALL, SYSLOG_ACTION_SIZE_BUFFER = 3, 10
+
+
+def read_ring_buffer() -> bytes | None:
+    """The kernel's log buffer through syslog(2) (glibc's klogctl); None where it is refused."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        size = int(libc.klogctl(SYSLOG_ACTION_SIZE_BUFFER, None, 0))
+        if size <= 0:
+            return None
+        buf = ctypes.create_string_buffer(size)
+        got = int(libc.klogctl(SYSLOG_ACTION_READ_ALL, buf, size))
+    except (OSError, AttributeError):
+        return None
+    return buf.raw[:got] if got >= 0 else None
+
+
 def since_boot(cap: int = 8 << 20) -> list[XidEvent] | None:
     """The Xid events in this machine's kernel log; None when it cannot be read."""
-    from agent.commands.logs import read_kmsg
+    data = read_ring_buffer()
+    if data is None:
+        from agent.commands.logs import read_kmsg
 
-    data = read_kmsg(cap)
+        data = read_kmsg(cap)
     return None if data is None else parse(data.decode("utf-8", "replace"))

@@ -19,6 +19,7 @@ the inventory of this machine itself (without LLDP). The target (issue 7) is "we
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -99,22 +100,25 @@ def refresh_seconds(lab: object, name: str, payload: dict[str, object]) -> float
 
 
 def qemu_main(args: argparse.Namespace) -> int:
+    """Both nodes up at once, the commands interleaved (their order turning each round): the
+    same load on either agent, as far as a shared machine allows."""
     from qemu.lab import Lab, Ramdisk, ensure_ramdisk
 
     parts = ensure_ramdisk()
-    timings: dict[str, list[float]] = {"baseline": [], "without expect": [], "with expect (the gate)": []}
-    with tempfile.TemporaryDirectory(prefix="bc-bench-") as tmp:
+    cases = (("baseline", 0, {}), ("without expect", 1, {}), ("with expect (the gate)", 1, {"expect": GATE}))
+    timings: dict[str, list[float]] = {label: [] for label, _, _ in cases}
+    with tempfile.TemporaryDirectory(prefix="bc-bench-") as tmp, contextlib.ExitStack() as stack:
         base = Ramdisk(parts.kernel, parts.base, baseline_agent(args.baseline, Path(tmp) / "baseline"))
-        for agent, cases in ((base, (("baseline", {}),)),
-                             (parts, (("without expect", {}), ("with expect (the gate)", {"expect": GATE})))):
-            with Lab(Path(tmp) / f"lab-{len(cases)}", agent) as lab:
-                machine = qemu_node(lab, f"inv{len(cases)}")
-                for _, payload in cases:
-                    refresh_seconds(lab, f"inv{len(cases)}", payload)   # warm: imports the handler
-                for _ in range(args.runs):
-                    for label, payload in cases:
-                        timings[label].append(refresh_seconds(lab, f"inv{len(cases)}", payload))
-                machine.stop()  # type: ignore[attr-defined]
+        labs = [stack.enter_context(Lab(Path(tmp) / f"lab-{i}", agent))
+                for i, agent in enumerate((base, parts))]
+        machines = [qemu_node(lab, f"inv{i}") for i, lab in enumerate(labs)]
+        for _, i, payload in cases:
+            refresh_seconds(labs[i], f"inv{i}", payload)   # warm: the first one imports the handler
+        for run in range(args.runs):   # each round in another order: none always goes first
+            for label, i, payload in cases[run % 3:] + cases[:run % 3]:
+                timings[label].append(refresh_seconds(labs[i], f"inv{i}", payload))
+        for machine in machines:
+            machine.stop()  # type: ignore[attr-defined]
     print(f"| agent | runs | median (s) | min (s) | max (s) | against {args.baseline} |")
     print("|---|---|---|---|---|---|")
     base_median = statistics.median(timings["baseline"])

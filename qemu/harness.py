@@ -121,7 +121,8 @@ class Disk:
 
 @dataclass(frozen=True)
 class ExtraNic:
-    """A second (third, ...) virtio NIC on a user network of its own that reaches nothing."""
+    """A second (third, ...) virtio NIC on a user network of its own (10.0.3.0/24, ...) that
+    reaches nothing."""
     speed_mbps: int = 0           # the link speed it reports (virtio-net-pci's speed=)
     port: PciePort | None = None
 
@@ -326,7 +327,9 @@ class Machine:
             bus = behind(nic.port)
             speed = f",speed={nic.speed_mbps},duplex=full" if nic.speed_mbps else ""
             mac = f"52:54:00:12:35:{i:02x}"
-            argv += ["-netdev", f"user,id=nic{i},restrict=on",
+            # A subnet of its own: were it 10.0.2.0/24 too, the guest would have two routes to
+            # the gateway's 10.0.2.100 and could ARP for it on this network, which has none.
+            argv += ["-netdev", f"user,id=nic{i},restrict=on,net=10.0.{2 + i}.0/24",
                      "-device", f"virtio-net-pci,netdev=nic{i},mac={mac},romfile={speed}{bus}"]
         if spec.media:
             argv += ["-device", "virtio-scsi-pci,id=scsi0"]

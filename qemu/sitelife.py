@@ -4,8 +4,8 @@ gateway: what tests/e2e/test_site_lifecycle.py runs and checks, and what the dem
     bmc.query -> boot.prepareRamdisk -> bmc.boot pxe -> bmc.power on -> (PXE boot through the
     site's proxy DHCP, iPXE, the ramdisk joins) -> site.httpProxy -> deploy.image through the
     route (first gated on a build the node is not: refused, nothing written) -> disk.wipe of
-    the second disk -> boot.cleanUp -> bmc.boot disk -> bmc.power cycle
-    -> (the node boots its deployed disk and joins in role node)
+    the second disk -> boot.cleanUp -> bmc.boot disk -> bmc.power cycle -> (the node boots its
+    deployed disk and joins in role node)
 
 Each step is checked where it happens and again from outside where it can be (the node
 directory's boot device and power, the site daemon's HTTP log, the plain DHCP server's leases,

@@ -57,3 +57,15 @@ def test_this_machine_kernel_log() -> None:
     events = xid.since_boot()
     assert events is not None  # this machine has no NVIDIA GPU: a readable log and no events
     assert all(e.xid > 0 for e in events)
+
+
+def test_syslog_level_prefixes() -> None:
+    line = "<4>[ 9031.000007] NVRM: Xid (PCI:0000:ab:00): 79, pid=1, GPU has fallen off the bus."
+    (event,) = xid.parse(line)
+    assert (event.xid, event.pci_address, event.seconds_since_boot) == (79, "0000:ab:00.0", 9031.000007)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="syslog(2) READ_ALL needs CAP_SYSLOG")
+def test_the_ring_buffer_in_one_call() -> None:
+    data = xid.read_ring_buffer()
+    assert data is not None and data.startswith(b"<")  # "<5>[    0.000000] Linux version ..."

@@ -3,7 +3,14 @@
 Read from sysfs and procfs (agent.hw.system, agent.hw.block), GPUs through NVML where the
 driver is there (agent.hw.gpu) and by PCI id from sysfs otherwise, the BMC address through
 ``ipmitool`` where an IPMI device exists, LLDP neighbours when asked (up to 30 s of
-listening). The slow parts (NVML, ipmitool, LLDP, disks) run in parallel.
+listening), every PCIe device's link and AER counts (agent.hw.pci), each NIC's driver and
+firmware versions (the kernel's ETHTOOL_GDRVINFO) and the GPU Xid events in the kernel log
+since boot (agent.xid). The slow parts (NVML, ipmitool, LLDP, disks, PCI, the kernel log) run
+in parallel.
+
+With ``expect`` (an ExpectedBuild) the result gains ``conformance``: the inventory checked
+against the build by agent.conformance. ``gate()`` is the same check for a command that is
+about to change the node (deploy.image's ``gate``): NotConforming when the node is not the build.
 
 Each inventory is compared with the previous one this agent stored (``inventory.pb`` in the
 state directory) and the differences are reported as ``changes``, one per changed leaf
@@ -193,7 +200,7 @@ def collect(
     ``kernel_log()`` gives the Xid events (default: this machine's kernel log, for ``/`` only)."""
     if kernel_log is None and root == system.ROOT:
         kernel_log = xid.since_boot
-    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="inventory") as pool:
+    with ThreadPoolExecutor(max_workers=6, thread_name_prefix="inventory") as pool:
 
         def start(fn: Callable[..., T], *args: Any) -> Future[T]:
             return pool.submit(fn, *args)

@@ -83,9 +83,13 @@ def read_aer(device: Path) -> Aer | None:
 
 
 def _upstream(device: Path) -> str:
-    """The PCI address of the bridge the device sits under ("" below a host bridge)."""
-    real = Path(os.path.realpath(device))
-    parent = real.parent.name
+    """The PCI address of the bridge the device sits under ("" below a host bridge), from the
+    one symlink /sys/bus/pci/devices/X is ("../../../devices/pci0000:00/0000:00:02.0/X")."""
+    try:
+        target = Path(os.readlink(device))
+    except OSError:               # not a link (a fake tree's plain directory)
+        return ""
+    parent = target.parent.name
     return parent.lower() if PCI_ADDRESS.fullmatch(parent) else ""
 
 

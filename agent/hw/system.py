@@ -351,9 +351,11 @@ def driver_info(name: str) -> DriverInfo | None:
 
 
 def driver_of(device: Path) -> str:
-    """The name of the driver bound to a sysfs device, "" when none is."""
-    link = device / "driver"
-    return os.path.basename(os.path.realpath(link)) if link.exists() else ""
+    """The name of the driver bound to a sysfs device, "" when none is (one readlink)."""
+    try:
+        return os.path.basename(os.readlink(device / "driver"))
+    except OSError:
+        return ""
 
 
 def read_nics(root: Path = ROOT) -> list[Nic]:
