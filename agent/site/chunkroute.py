@@ -18,8 +18,9 @@ a short success). The ramdisk verifies every chunk again against its own signed 
 wrong route manifest can fail a deploy, never corrupt a disk.
 
 Memory: a request holds the chunk it sends and the one fetched ahead; the pool runs at most
-FETCH_WORKERS fetches at once for all routes; a chunk in the store is read into memory to be
-sent (the page cache serves it) and is pinned while it is read.
+FETCH_WORKERS fetches at once for all routes. A chunk in the store is sent from its file with
+sendfile(2) (no copy through Python; the page cache serves it), pinned while it is sent: the
+store never evicts a chunk a request is being served from.
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import os
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
+from typing import BinaryIO
 
 from agent import http as agent_http
 from agent import manifest
@@ -136,17 +139,25 @@ class ChunkCache:
         return True
 
     def _fill(self, route: Route, seg: Segment, key: str, fetch: _Fetch) -> None:
+        """Fetch and verify ``seg``, hand it to the waiters, then store it: the waiters do not
+        wait for the store's fsync (a request that comes meanwhile finds the fetch in flight,
+        already answered, until the chunk is in the store)."""
         try:
-            data = self._fetch(route, seg)
+            try:
+                data = self._fetch(route, seg)
+            except BaseException as exc:  # the waiters' to report (each request logs its own)
+                fetch.future.set_exception(exc)
+                return
+            fetch.future.set_result(data)
             try:
                 self.store.put(key, data, hashed=True)
             except StoreFull as exc:
                 self.metrics.inc("store_write_failures_total")
                 log.warning("route %s: chunk %d served without being stored: %s", route.id,
                             seg.index, exc.message)
-            fetch.future.set_result(data)
-        except BaseException as exc:  # the waiters' to report (each request logs its own)
-            fetch.future.set_exception(exc)
+            except OSError as exc:
+                self.metrics.inc("store_write_failures_total")
+                log.warning("route %s: chunk %d not stored: %s", route.id, seg.index, exc)
         finally:
             with self._lock:
                 self._inflight.pop(key, None)
@@ -261,6 +272,18 @@ def etag(route: Route) -> str:
     return f'"m-{route.manifest[:32]}"'
 
 
+@dataclass(frozen=True)
+class _StoredPiece:
+    """``count`` bytes at ``offset`` of a stored chunk's open file."""
+
+    file: BinaryIO
+    offset: int
+    count: int
+
+    def __len__(self) -> int:
+        return self.count
+
+
 class _Serving:
     """One request's walk over the chunks of its range."""
 
@@ -279,9 +302,10 @@ class _Serving:
                 return seg
         return None
 
-    def pieces(self, first: bytes | None) -> Iterator[memoryview]:
-        """The request's bytes in order, a chunk at a time; ``first`` is the first data
-        chunk, already fetched."""
+    def pieces(self, first: bytes | None) -> Iterator[memoryview | _StoredPiece]:
+        """The request's bytes in order, a chunk at a time: bytes in memory, or a stored
+        chunk's file (pinned while the consumer sends it: sendfile, no copy); ``first`` is
+        the first data chunk, already fetched."""
         zeros = memoryview(bytes(self.plan.chunk_size))
         for i, seg in enumerate(self.segments):
             lo = max(seg.offset, self.start) - seg.offset
@@ -298,6 +322,13 @@ class _Serving:
                 data, own = first, self._first_own
                 first = None
             else:
+                with self.chunks.store.open(seg.digest.hex()) as f:
+                    if f is not None and os.fstat(f.fileno()).st_size == seg.length:
+                        self.chunks.metrics.inc("store_hits_total")
+                        self.result.from_store += hi - lo
+                        self.chunks.metrics.inc("store_bytes_served_total", hi - lo)
+                        yield _StoredPiece(f, lo, hi - lo)
+                        continue
                 data, own = self.chunks.get(self.route, seg, self)
             if own or seg.index in self.fetched_ahead:
                 self.result.from_upstream += hi - lo
@@ -360,7 +391,11 @@ def serve(h: BaseHTTPRequestHandler, route: Route, method: str, routes: RouteTab
     sent = 0
     try:
         for piece in walk.pieces(first):
-            h.wfile.write(piece)
+            if isinstance(piece, _StoredPiece):
+                h.wfile.flush()
+                h.connection.sendfile(piece.file, piece.offset, piece.count)
+            else:
+                h.wfile.write(piece)
             sent += len(piece)
     except (UpstreamError, ChunkRejected) as exc:
         route.release(length - sent)
