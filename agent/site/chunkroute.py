@@ -33,7 +33,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import BinaryIO
@@ -89,7 +89,13 @@ class ChunkCache:
         self._pool = ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="site-chunk")
 
     def close(self) -> None:
+        """Stop the pool; a fetch it will not run now fails its waiters (none waits for ever)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            pending = list(self._inflight.values())
+        for fetch in pending:
+            with contextlib.suppress(InvalidStateError):
+                fetch.future.set_exception(UpstreamError("the site's HTTP service stopped", 503))
 
     def get(self, route: Route, seg: Segment, by: object) -> tuple[bytes, bool]:
         """The verified bytes of data chunk ``seg``, and whether ``by`` fetched them itself
@@ -149,9 +155,11 @@ class ChunkCache:
             try:
                 data = self._fetch(route, seg)
             except BaseException as exc:  # the waiters' to report (each request logs its own)
-                fetch.future.set_exception(exc)
+                with contextlib.suppress(InvalidStateError):  # failed by close() meanwhile
+                    fetch.future.set_exception(exc)
                 return
-            fetch.future.set_result(data)
+            with contextlib.suppress(InvalidStateError):
+                fetch.future.set_result(data)
             try:
                 self.store.put(key, data, hashed=True)
             except StoreFull as exc:
