@@ -218,6 +218,33 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         self.served.append(f"{self.command} {self.path} {code}")
 
+    def do_GET(self) -> None:
+        """As SimpleHTTPRequestHandler, and one ``Range: bytes=a-b`` (or ``a-``) of a file
+        answered 206, as the object stores and web servers images come from do (a site route
+        with a manifest fetches each chunk so)."""
+        rng = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+        path = Path(self.translate_path(self.path))
+        if rng is None or not path.is_file():
+            super().do_GET()
+            return
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            start = int(rng.group(1))
+            end = min(size, int(rng.group(2)) + 1) if rng.group(2) else size
+            if start >= size or end <= start:
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{size}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+            self.send_header("Content-Length", str(end - start))
+            self.send_header("Accept-Ranges", "bytes")
+            self.end_headers()
+            self.wfile.flush()
+            self.connection.sendfile(f, start, end - start)
+
 
 class _QuietServer(http.server.ThreadingHTTPServer):
     daemon_threads = True

@@ -66,3 +66,16 @@ def test_bad_config_files_are_refused_clearly(tmp_path: Path, content: str, mess
 def test_cert_without_key_is_refused() -> None:
     with pytest.raises(InvalidParameters, match="needs its key"):
         settings.load({"client_cert": "/c.pem"}, None, "")
+
+
+def test_site_store_and_metrics_settings() -> None:
+    c = settings.load({"site_store_bytes": "2G"}, None,
+                      "bc.site_store_dir=/srv/store bc.site_metrics=10.0.0.2:9108").config
+    assert c.site_store_bytes == 2 << 30 and c.site_store_dir == Path("/srv/store")
+    assert c.site_metrics_address == "10.0.0.2:9108"
+    defaults = settings.load({}, None, "").config
+    assert defaults.site_store_dir is None and defaults.site_store_bytes == 64 << 30
+    assert defaults.site_metrics_address == "127.0.0.1:9108"
+    for bad in ("0", "12X", "G", "-1"):
+        with pytest.raises(InvalidParameters, match="site_store_bytes"):
+            settings.load({"site_store_bytes": bad}, None, "")

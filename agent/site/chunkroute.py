@@ -9,7 +9,9 @@ A request (GET or HEAD, with or without one ``Range: bytes=...``) is split at th
 boundaries of the route's manifest. A zero chunk is zeros: never fetched, never stored. A data
 chunk comes from the store, or from the upstream by a Range request of exactly that chunk;
 concurrent requests for a chunk that is being fetched wait for that one fetch (single flight),
-and the chunk after the one being sent is fetched ahead on a small shared pool. A fetched
+and the next READAHEAD data chunks of the image after the one being sent (past the request's
+range too: the ramdisk asks for the next run of data next) are fetched ahead on a small pool
+shared by all routes, into the store. A fetched
 chunk's sha256 is compared with the manifest's digest: it is stored and served only when it
 matches. A chunk that does not match is not stored, its bytes are not passed on, and the
 client gets an error: a 502 when it is the request's first chunk (asked for before the answer
@@ -17,9 +19,10 @@ starts), otherwise its connection is cut before the announced Content-Length (a 
 a short success). The ramdisk verifies every chunk again against its own signed manifest, so a
 wrong route manifest can fail a deploy, never corrupt a disk.
 
-Memory: a request holds the chunk it sends and the one fetched ahead; the pool runs at most
-FETCH_WORKERS fetches at once for all routes; a chunk in the store is read into memory to be
-sent (the page cache serves it) and is pinned while it is read.
+Memory: a request holds the chunk it sends; the pool runs at most FETCH_WORKERS fetches at
+once for all routes, each holding its chunk until it is stored. A chunk in the store is sent
+from its file with sendfile(2) (no copy through Python; the page cache serves it), pinned
+while it is sent: the store never evicts a chunk a request is being served from.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import os
 import threading
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
+from typing import BinaryIO
 
 from agent import http as agent_http
 from agent import manifest
@@ -44,6 +49,7 @@ from agent.site.routes import Route, RouteTable, UpstreamError, close_quietly, o
 log = logging.getLogger(__name__)
 
 FETCH_WORKERS = 8        # chunks fetched ahead at once, for all routes together
+READAHEAD = 2            # data chunks a request has fetched ahead of the one it sends
 MAX_ATTEMPTS = 2         # a chunk the upstream fails to send is asked for this many times
 
 
@@ -84,7 +90,13 @@ class ChunkCache:
         self._pool = ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="site-chunk")
 
     def close(self) -> None:
+        """Stop the pool; a fetch it will not run now fails its waiters (none waits for ever)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            pending = list(self._inflight.values())
+        for fetch in pending:
+            with contextlib.suppress(InvalidStateError):
+                fetch.future.set_exception(UpstreamError("the site's HTTP service stopped", 503))
 
     def get(self, route: Route, seg: Segment, by: object) -> tuple[bytes, bool]:
         """The verified bytes of data chunk ``seg``, and whether ``by`` fetched them itself
@@ -137,17 +149,27 @@ class ChunkCache:
         return True
 
     def _fill(self, route: Route, seg: Segment, key: str, fetch: _Fetch) -> None:
+        """Fetch and verify ``seg``, hand it to the waiters, then store it: the waiters do not
+        wait for the store's fsync (a request that comes meanwhile finds the fetch in flight,
+        already answered, until the chunk is in the store)."""
         try:
-            data = self._fetch(route, seg)
+            try:
+                data = self._fetch(route, seg)
+            except BaseException as exc:  # the waiters' to report (each request logs its own)
+                with contextlib.suppress(InvalidStateError):  # failed by close() meanwhile
+                    fetch.future.set_exception(exc)
+                return
+            with contextlib.suppress(InvalidStateError):
+                fetch.future.set_result(data)
             try:
                 self.store.put(key, data, hashed=True)
             except StoreFull as exc:
                 self.metrics.inc("store_write_failures_total")
                 log.warning("route %s: chunk %d served without being stored: %s", route.id,
                             seg.index, exc.message)
-            fetch.future.set_result(data)
-        except BaseException as exc:  # the waiters' to report (each request logs its own)
-            fetch.future.set_exception(exc)
+            except OSError as exc:
+                self.metrics.inc("store_write_failures_total")
+                log.warning("route %s: chunk %d not stored: %s", route.id, seg.index, exc)
         finally:
             with self._lock:
                 self._inflight.pop(key, None)
@@ -262,6 +284,18 @@ def etag(route: Route) -> str:
     return f'"m-{route.manifest[:32]}"'
 
 
+@dataclass(frozen=True)
+class _StoredPiece:
+    """``count`` bytes at ``offset`` of a stored chunk's open file."""
+
+    file: BinaryIO
+    offset: int
+    count: int
+
+    def __len__(self) -> int:
+        return self.count
+
+
 class _Serving:
     """One request's walk over the chunks of its range."""
 
@@ -274,17 +308,24 @@ class _Serving:
         self.result = Served(200)
         self.fetched_ahead: set[int] = set()   # chunks this request's read-ahead fetched
 
-    def data_after(self, i: int) -> Segment | None:
-        for seg in self.segments[i + 1:]:
-            if seg.digest is not None:
-                return seg
-        return None
+    def data_after(self, seg: Segment) -> list[Segment]:
+        """The READAHEAD data chunks after ``seg`` in the image, past this request's range
+        too: a ramdisk asks for each run of data chunks in turn, so the next run's first
+        chunk is what it asks for next."""
+        found: list[Segment] = []
+        for nxt in self.plan.segments[seg.index + 1:]:
+            if nxt.digest is not None:
+                found.append(nxt)
+                if len(found) == READAHEAD:
+                    break
+        return found
 
-    def pieces(self, first: bytes | None) -> Iterator[memoryview]:
-        """The request's bytes in order, a chunk at a time; ``first`` is the first data
-        chunk, already fetched."""
+    def pieces(self, first: bytes | None) -> Iterator[memoryview | _StoredPiece]:
+        """The request's bytes in order, a chunk at a time: bytes in memory, or a stored
+        chunk's file (pinned while the consumer sends it: sendfile, no copy); ``first`` is
+        the first data chunk, already fetched."""
         zeros = memoryview(bytes(self.plan.chunk_size))
-        for i, seg in enumerate(self.segments):
+        for seg in self.segments:
             lo = max(seg.offset, self.start) - seg.offset
             hi = min(seg.end, self.end) - seg.offset
             if seg.digest is None:
@@ -292,20 +333,30 @@ class _Serving:
                 self.chunks.metrics.inc("zero_bytes_served_total", hi - lo)
                 yield zeros[lo:hi]
                 continue
-            following = self.data_after(i)
-            if following is not None and self.chunks.ahead(self.route, following, self):
-                self.fetched_ahead.add(following.index)
+            self._ahead_of(seg)
             if first is not None:
                 data, own = first, self._first_own
                 first = None
             else:
+                with self.chunks.store.open(seg.digest.hex()) as f:
+                    if f is not None and os.fstat(f.fileno()).st_size == seg.length:
+                        if seg.index not in self.fetched_ahead:
+                            self.chunks.metrics.inc("store_hits_total")
+                        self._count(seg, hi - lo, False)
+                        yield _StoredPiece(f, lo, hi - lo)
+                        continue
                 data, own = self.chunks.get(self.route, seg, self)
-            if own or seg.index in self.fetched_ahead:
-                self.result.from_upstream += hi - lo
-            else:
-                self.result.from_store += hi - lo
-                self.chunks.metrics.inc("store_bytes_served_total", hi - lo)
+            self._count(seg, hi - lo, own)
             yield memoryview(data)[lo:hi]
+
+    def _count(self, seg: Segment, n: int, own: bool) -> None:
+        """``n`` bytes of ``seg`` served: from the upstream when this request fetched it
+        (itself or ahead), otherwise from the store (or another request's fetch)."""
+        if own or seg.index in self.fetched_ahead:
+            self.result.from_upstream += n
+        else:
+            self.result.from_store += n
+            self.chunks.metrics.inc("store_bytes_served_total", n)
 
     _first_own = False
 
@@ -314,9 +365,15 @@ class _Serving:
         failure is an HTTP error, not a cut)."""
         for seg in self.segments:
             if seg.digest is not None:
+                self._ahead_of(seg)
                 data, self._first_own = self.chunks.get(self.route, seg, self)
                 return data
         return None
+
+    def _ahead_of(self, seg: Segment) -> None:
+        for following in self.data_after(seg):
+            if self.chunks.ahead(self.route, following, self):
+                self.fetched_ahead.add(following.index)
 
 
 def serve(h: BaseHTTPRequestHandler, route: Route, method: str, routes: RouteTable,
@@ -361,7 +418,11 @@ def serve(h: BaseHTTPRequestHandler, route: Route, method: str, routes: RouteTab
     sent = 0
     try:
         for piece in walk.pieces(first):
-            h.wfile.write(piece)
+            if isinstance(piece, _StoredPiece):
+                h.wfile.flush()
+                h.connection.sendfile(piece.file, piece.offset, piece.count)
+            else:
+                h.wfile.write(piece)
             sent += len(piece)
     except (UpstreamError, ChunkRejected) as exc:
         route.release(length - sent)

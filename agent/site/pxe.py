@@ -33,6 +33,7 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -298,11 +299,8 @@ class BootEntries:
                 self._write_files(entry)
         with self._lock:
             self._load_cached()
-        old_cache = self.root / "cache"  # the cache by URL of earlier versions
-        if old_cache.is_dir():
-            for path in old_cache.iterdir():
-                _unlink(path)
-            old_cache.rmdir()
+        # The cache by URL of earlier versions: its files are fetched again, by digest.
+        shutil.rmtree(self.root / "cache", ignore_errors=True)
         if self.store.root.parent == self.root:
             self.store.reconcile()  # its own store; the site's is reconciled by the services
         missing = {d for d in self.digests_in_use() if not self.store.has(d)}

@@ -120,6 +120,8 @@ class Route:
     plan: Plan | None = field(default=None, repr=False, compare=False)
     bytes_mark: int = field(default=0, repr=False, compare=False)   # bytes_used on disk
     dirty: bool = field(default=False, repr=False, compare=False)   # counts not saved yet
+    from_store: int = field(default=0, repr=False, compare=False)   # bytes served (this run)
+    from_upstream: int = field(default=0, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _mark_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -159,6 +161,11 @@ class Route:
         with self._lock:
             self.bytes_used = max(0, self.bytes_used - n)
             self.dirty = True
+
+    def count_served(self, from_store: int, from_upstream: int) -> None:
+        with self._lock:
+            self.from_store += from_store
+            self.from_upstream += from_upstream
 
     def count_request(self) -> int:
         with self._lock:
@@ -280,8 +287,10 @@ class RouteTable:
                 del self._routes[route.token]
         for route in gone:
             self._unlink(route)
-            log.info("route %s for node %s expired after %d requests, %d bytes", route.id,
-                     route.node_id, route.requests, route.bytes_used)
+            log.info("route %s for node %s expired after %d requests, %d bytes%s", route.id,
+                     route.node_id, route.requests, route.bytes_used,
+                     f" ({route.from_store} from the store, {route.from_upstream} from the "
+                     "upstream since the daemon started)" if route.plan is not None else "")
         return len(gone)
 
     def remove_node(self, node_id: str) -> list[str]:

@@ -349,9 +349,11 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             served = chunkroute.serve(self, route, method, self.server.routes, chunks)
         except chunkroute.Cut as cut:
+            route.count_served(cut.served.from_store, cut.served.from_upstream)
             self._account(route, method, number, cut.served.status, cut.served.sent,
                           f"{cut.served.note}; {cut.served.describe()}")
             raise _Cut() from cut
+        route.count_served(served.from_store, served.from_upstream)
         note = f"{served.note}; " if served.note else ""
         self._account(route, method, number, served.status, served.sent,
                       note + served.describe() if served.sent else served.note)

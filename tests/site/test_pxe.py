@@ -235,3 +235,10 @@ def test_cleanup_idempotent_and_by_mac(site: SiteServices) -> None:
     assert h is not None
     with pytest.raises(InvalidParameters):
         h.parse(site_pb2.BootCleanUpRequest(node_id="n1", mac_addresses=["bad"]))
+
+
+def test_the_cache_by_url_of_earlier_versions_is_removed(tmp_path: Path) -> None:
+    (tmp_path / "cache" / "sub").mkdir(parents=True)
+    (tmp_path / "cache" / ("a" * 64)).write_bytes(b"a kernel cached by its URL's digest")
+    BootEntries(tmp_path, "http://10.0.0.2:8088").reconcile()
+    assert not (tmp_path / "cache").exists() and (tmp_path / "store").is_dir()
