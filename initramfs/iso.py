@@ -41,7 +41,7 @@ from initramfs import licences
 
 LABEL = "BC_RAMDISK"          # the ISO's volume id; GRUB finds its files by it
 MAX_ISO_BYTES = 32_000_000    # issue #29: at most 32 MB per architecture
-EPOCH = "1"                   # SOURCE_DATE_EPOCH for xorriso (reproducible)
+EPOCH = "315619200"           # SOURCE_DATE_EPOCH, 1980-01-02 (FAT has no earlier date): reproducible
 ISO_LICENSES = "licenses"
 
 
@@ -154,7 +154,7 @@ def build_iso(kernel: Path, initrd: Path, target: Path, *, arch: str = "amd64",
         bom = iso_sbom([deb for _l, deb, _t in trees], sbom, arch, copyrights)
         (tree / ISO_LICENSES / "debian-copyright.tar.xz").write_bytes(licences.copyright_archive(copyrights))
         (tree / ISO_LICENSES / "sbom.cdx.json").write_bytes(bom)
-        for path in sorted(tree.rglob("*"), reverse=True):
+        for path in [*sorted(tree.rglob("*"), reverse=True), tree]:
             os.utime(path, (int(EPOCH), int(EPOCH)), follow_symlinks=False)
         argv.append(str(tree))
         env = {**os.environ, "SOURCE_DATE_EPOCH": EPOCH}
@@ -172,11 +172,19 @@ def _fat_image(path: Path, files: list[tuple[str, Path]]) -> None:
     """A FAT image holding ``EFI/BOOT/NAME`` for each file: the El Torito EFI boot image."""
     need = sum(p.stat().st_size for _n, p in files)
     kib = max(256, (need * 11 // 10 + 64 * 1024) // 1024)
-    run(["mkfs.vfat", "-C", "-i", "0b0c0d0e", "-n", "BC_ESP", str(path), str(kib)], timeout=60)
     env = {**os.environ, "MTOOLS_SKIP_CHECK": "1", "SOURCE_DATE_EPOCH": EPOCH}
-    run(["mmd", "-i", str(path), "::/EFI", "::/EFI/BOOT"], timeout=60, env=env)
-    for name, src in files:
-        run(["mcopy", "-m", "-i", str(path), str(src), f"::/EFI/BOOT/{name}"], timeout=60, env=env)
+    run(["mkfs.vfat", "-C", "--invariant", "-i", "0b0c0d0e", "-n", "BC_ESP", str(path), str(kib)],
+        timeout=60, env=env)
+    # The tree copied whole with its times (-s -m), so that the directories' entries carry
+    # the fixed time too (mmd would stamp them with the clock's).
+    with tempfile.TemporaryDirectory(prefix=".esp-", dir=path.parent) as tmp:
+        boot = Path(tmp) / "EFI" / "BOOT"
+        boot.mkdir(parents=True)
+        for name, src in files:
+            shutil.copyfile(src, boot / name)
+        for p in [*boot.iterdir(), boot, boot.parent]:
+            os.utime(p, (int(EPOCH), int(EPOCH)))
+        run(["mcopy", "-s", "-m", "-i", str(path), str(boot.parent), "::/"], timeout=60, env=env)
 
 
 def grub_copyrights(trees: list[tuple[Loader, Path, Path]], arch: str, out: Path) -> dict[str, bytes]:
