@@ -65,13 +65,26 @@ def _labels(labels: Mapping[str, str]) -> str:
     return "{" + inner + "}"
 
 
+Sample = float | Mapping[str, float] | None
+Labels = tuple[tuple[str, str], ...]
+
+
+def _series(label: str, read: Callable[[], Sample]) -> list[tuple[Labels, float]]:
+    got = read()
+    if got is None:
+        return []
+    if isinstance(got, Mapping):
+        return [(((label, key),), float(v)) for key, v in sorted(got.items())]
+    return [((), float(got))]
+
+
 class Metrics:
-    """Counters and sampled gauges; thread-safe; one per SiteServices."""
+    """Counters and sampled values; thread-safe; one per SiteServices."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-        self._gauges: dict[str, Callable[[], float]] = {}
+        self._samplers: dict[str, tuple[str, Callable[[], Sample]]] = {}
 
     def inc(self, name: str, n: float = 1, **labels: str) -> None:
         kind, _ = FAMILIES[name]
@@ -83,29 +96,37 @@ class Metrics:
     def gauge(self, name: str, sample: Callable[[], float]) -> None:
         kind, _ = FAMILIES[name]
         assert kind == "gauge", name
+        self.sample(name, sample)
+
+    def sample(self, name: str, read: Callable[[], Sample], *, label: str = "") -> None:
+        """``name`` read at each scrape from whatever counts it (a gauge, or a counter another
+        service keeps): a number, or with ``label`` a number per label value (reason -> count);
+        None while that service does not run, and the family is left out."""
+        FAMILIES[name]  # a name outside the table is a programming error
         with self._lock:
-            self._gauges[name] = sample
+            self._samplers[name] = (label, read)
 
     def value(self, name: str, **labels: str) -> float:
-        """A counter's value now, or a gauge's sample (what tests and logs read)."""
+        """A counter's value now, or a sampled one (what tests and logs read)."""
         with self._lock:
-            sample = self._gauges.get(name)
-            if sample is None:
+            sampler = self._samplers.get(name)
+            if sampler is None:
                 return self._values.get((name, tuple(sorted(labels.items()))), 0)
-        return float(sample())
+        series = dict(_series(*sampler))
+        return series.get(tuple(sorted(labels.items())), 0.0)
 
     def render(self) -> str:
         with self._lock:
             values = dict(self._values)
-            gauges = dict(self._gauges)
+            samplers = dict(self._samplers)
         lines: list[str] = []
         for name, (kind, help_text) in FAMILIES.items():
             series = sorted((labels, v) for (n, labels), v in values.items() if n == name)
-            if name in gauges:
+            if name in samplers:
                 try:
-                    series = [((), float(gauges[name]()))]
-                except Exception:  # a gauge that fails to sample is left out, not the page
-                    log.exception("metrics: gauge %s failed", name)
+                    series = _series(*samplers[name])
+                except Exception:  # a sampler that fails is left out, not the page
+                    log.exception("metrics: sampling %s failed", name)
                     continue
             if not series and (kind == "gauge" or name in COUNTED_ELSEWHERE):
                 continue

@@ -100,6 +100,16 @@ class SiteServices:
         self.media = MediaSets(settings.root / "media", "", http_options=options)
         self.metrics.gauge("routes_open", lambda: float(len(self.routes.all())))
         self.metrics.gauge("boot_entries", lambda: float(len(self.entries.all())))
+        # The fleet's figures, read where they are counted: the BMC executor's (once the daemon
+        # attaches it) and dnsmasq's log (once it runs).
+        self.metrics.sample("bmc_operations_in_flight",
+                            lambda: None if self.bmc is None else float(self.bmc.in_flight))
+        self.metrics.sample("bmc_operations_queued",
+                            lambda: None if self.bmc is None else float(self.bmc.queued))
+        self.metrics.sample("bmc_operations_failed_total",
+                            lambda: None if self.bmc is None else dict(self.bmc.failed), label="reason")
+        self.metrics.sample("pxe_offers_total", lambda: None if self.dnsmasq is None
+                            else float(self.dnsmasq.counters.pxe_offers))
         self.http = HttpService(settings.bind or settings.address, settings.port, self.entries,
                                 self.routes, options, self.store, self.metrics, media=self.media)
         self.metrics_service: MetricsService | None = None
