@@ -504,9 +504,9 @@ class Bench:
 
 
 def main() -> int:
-    # As `agent run` does (agent/app.py): a short GIL switch interval, so a thread coming back
+    # As `agent run` does (agent/cli/app.py): a short GIL switch interval, so a thread coming back
     # from a write or a hash gets the interpreter sooner.
-    from agent.app import SWITCH_INTERVAL_SECONDS
+    from agent.cli.app import SWITCH_INTERVAL_SECONDS
 
     sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -596,7 +596,7 @@ def cpu_cell(sample: object) -> str:
 def manifest_scenarios(b: Bench, work: Path, images: dict[str, Path], size: int,
                        dd: str, only: list[str]) -> list[dict[str, object]]:
     """The issue-18 scenarios: manifests, and the peers side by side."""
-    from agent import manifest
+    from agent.images import manifest
 
     wanted = [k for k in ("dense-m", "sparse-m", "zstd", "zstd-m", "qcow2-m", "qcow2", "http-m", "https-m")
               if k in only]
@@ -666,7 +666,7 @@ def http_scenario(b: Bench, work: Path, scenario: str, image: Path, manifest_pat
     """The sparse image over HTTP (http-m) or HTTPS (https-m, a self-signed CA given in the
     request) from a loopback server, with its manifest: the bytes served and the TCP
     connections (over TLS: handshakes) the agent's deploys took."""
-    from agent import manifest
+    from agent.images import manifest
     from tests.loopback_http import LoopbackServer, self_signed_cert
 
     tls = self_signed_cert(str(work)) if scenario == "https-m" else None

@@ -150,7 +150,7 @@ class Upstream:
 def make_images(work: Path, size: int, chunk: int, seed: int = 26) -> dict[str, Any]:
     """v1: a quarter of its chunks random data, the rest zeros; v2: 10% of v1's data chunks
     changed. Each with its manifest (`agent manifest`'s code)."""
-    from agent import manifest
+    from agent.images import manifest
 
     rng = random.Random(seed)
     count = size // chunk

@@ -32,8 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent import conformance  # noqa: E402
 from agent.commands import inventory  # noqa: E402
+from agent.policy import conformance  # noqa: E402
 from tests.hw.fake_machine import build_machine  # noqa: E402
 
 NO_NVML = "/nonexistent/libnvidia-ml.so.1"

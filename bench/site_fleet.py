@@ -33,10 +33,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent.app import SWITCH_INTERVAL_SECONDS  # noqa: E402
+from agent.cli.app import SWITCH_INTERVAL_SECONDS  # noqa: E402
 from agent.config import Config  # noqa: E402
-from agent.core import Agent  # noqa: E402
 from agent.proto import session_pb2, site_pb2  # noqa: E402
+from agent.runtime.core import Agent  # noqa: E402
 from agent.site.bmc import Credentials  # noqa: E402
 from agent.site.secrets import SecretStore  # noqa: E402
 from tests.runtime.core_harness import Frames, World  # noqa: E402

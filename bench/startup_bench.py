@@ -53,7 +53,7 @@ def timed(argv: list[str], env: dict[str, str],
     lines = []
     for line in proc.stderr:
         lines.append(line)
-        if cpu_at is not None and b" INFO agent.core: accepted " in line:
+        if cpu_at is not None and b" INFO agent.runtime.core: accepted " in line:
             cpu_at.append(_cpu(proc.pid))
     err = b"".join(lines)
     _pid, status, usage = os.wait4(proc.pid, 0)
@@ -67,7 +67,7 @@ def timed(argv: list[str], env: dict[str, str],
 def accepted_after(t0: float, log: str) -> float:
     """Seconds from ``t0`` to the agent's "accepted" line (its logging timestamp, ms)."""
     for line in log.splitlines():
-        if " INFO agent.core: accepted " in line:
+        if " INFO agent.runtime.core: accepted " in line:
             stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
             return stamp.timestamp() - t0
     raise SystemExit(f"no 'accepted' line in the agent's log:\n{log[-2000:]}")

@@ -480,7 +480,8 @@ IMPORT_PROBE = """
 import sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/_vendor"]
 import importlib, pkgutil
-import agent.cli, agent.app, agent.core, agent.session, agent.settings, agent.commands, agent.hw
+import agent.cli, agent.cli.app, agent.cli.settings, agent.runtime.core, agent.link.session
+import agent.commands, agent.hw
 import cryptography.hazmat.primitives.asymmetric.ed25519, cryptography.x509, ssl, json, http.client
 import encodings.idna  # host names on the way to getaddrinfo and TLS
 import encodings.utf_16_le  # GPT partition names

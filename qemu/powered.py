@@ -67,8 +67,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from agent import http, proc
+from agent import proc
 from agent.errors import AgentError
+from agent.images import http
 from qemu.harness import Disk, Machine, MachineSpec
 
 BOOT_DEVICES = ("pxe", "disk", "cdrom")

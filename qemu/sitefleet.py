@@ -21,7 +21,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from agent import manifest
+from agent.images import manifest
 from qemu.sitelab import SiteLab
 from qemu.sitelife import Bmc, Lifecycle, Step, make_node
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import manifest
-from agent.filesource import file_digest
 from agent.gateway import State
+from agent.images import manifest
+from agent.images.filesource import file_digest
 from agent.proto import session_pb2
 from qemu.harness import Machine, MachineSpec, kernel_args
 from qemu.nodeimage import NodeImage, build_node_image, node_cmdline
@@ -449,7 +449,7 @@ class NodeRoleSteps:
 
     def upgrade(self, new_build: Path, new_version: str) -> None:
         from agent.proto import agent_pb2, common_pb2
-        from agent.trust import SigningKey
+        from agent.security.trust import SigningKey
 
         life, t = self.life, time.monotonic()
         lab, name = life.lab, life.node.name

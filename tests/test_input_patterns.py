@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from agent import http, limits, manifest
+from agent import limits
 from agent.commands.bmc import parse_request
 from agent.commands.dcgm import DiagDcgm
 from agent.commands.gpu import parse_gpu_ref
@@ -23,8 +23,9 @@ from agent.commands.upgrade import UpgradeHandler
 from agent.drivers.base import Arg, ArgType
 from agent.errors import InvalidParameters
 from agent.hw import dcgm
+from agent.images import http, manifest
+from agent.link.session import parse_address
 from agent.proto import agent_pb2, site_pb2
-from agent.session import parse_address
 from agent.site.ipmi import split_address
 from agent.site.pxe import EntryRequest, parse_mac, parse_node_id, script_safe_url
 from agent.site.secrets import check_ref

@@ -23,12 +23,13 @@ from google.protobuf.message import Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent import catalog, http, limits, schema
-from agent import settings as agent_settings
+from agent import catalog, limits, schema
+from agent.cli import settings as agent_settings
 from agent.commands import HandlerTable
 from agent.errors import AgentError, InvalidParameters
-from agent.journal import MAGIC, scan
-from agent.trust import decode_command_body
+from agent.images import http
+from agent.runtime.journal import MAGIC, scan
+from agent.security.trust import decode_command_body
 from tests.runtime.harness import AGENT_MAIN, ROOT
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)

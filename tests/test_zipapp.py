@@ -128,7 +128,7 @@ def test_the_archive_carries_no_test_hook(pyz: Path) -> None:
     assert not [n for n in names if n.startswith("tests/")]
     build.check_no_test_hooks(agent_code)  # what shipped passes the build's own check
     with pytest.raises(SystemExit, match="carries a test hook"):
-        build.check_no_test_hooks({"agent/app.py": b"os.environ['BC_AGENT_TEST_HANDLERS']"})
+        build.check_no_test_hooks({"agent/cli/app.py": b"os.environ['BC_AGENT_TEST_HANDLERS']"})
     with pytest.raises(SystemExit, match="test code must not ship"):
         build.check_no_test_hooks({"tests/runtime/agent_test_handlers.py": b""})
 

@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from google.protobuf.message import Message
 
-from agent import bootid, catalog, proc
+from agent import catalog, proc
 from agent.config import Config
 from agent.errors import Cancelled, CommandTimeout, Unsupported
+from agent.hw import bootid
 from agent.proto import session_pb2
 
 if TYPE_CHECKING:
@@ -336,7 +337,7 @@ class Handler(Generic[Request, Params]):
         """The resource this command's kind works through one command at a time, in order of
         arrival ("bmc:<host>:<port>"), or "" for none. A command with a key is run by the
         scheduler's keyed pool, not a lane worker, so that its waits (on a BMC) hold no worker
-        that other commands need (agent/scheduler.py)."""
+        that other commands need (agent/runtime/scheduler.py)."""
         return ""
 
     def admit(self, config: Config, params: Params) -> None:

@@ -19,12 +19,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent import gpu_health, limits, proc
+from agent import limits, proc
 from agent.commands.base import Context, Handler
 from agent.commands.gpu import NVML_LOCK, gpu_lock
 from agent.errors import InvalidParameters, MissingDependency, ToolFailed, ToolMissing
-from agent.gpu_health import Thresholds
 from agent.hw import dcgm, gpu
+from agent.policy import gpu_health
+from agent.policy.gpu_health import Thresholds
 from agent.proto import agent_pb2
 
 HOSTENGINE_START_SECONDS = 30.0

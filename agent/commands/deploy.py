@@ -16,7 +16,7 @@ the source, the target and the checks, is agent/commands/deploy_base.py's ``Depl
   chunk of the raw image is verified before it is written, on a pool of threads, zero chunks
   are never hashed (nor downloaded: a raw image over HTTP is fetched by Range, data runs
   only), and the partition tables are written last; a qcow2 file is read through its own
-  tables (agent/qcow2.py), not by qemu-img. A ``digest`` given beside a manifest is checked
+  tables (agent/images/qcow2.py), not by qemu-img. A ``digest`` given beside a manifest is checked
   too: against the manifest's own digest of the published file, or, where the manifest gives
   none for this file (a .bmap; a raw image's manifest for a compressed or qcow2 copy), over
   the published bytes as they are read (a thread of its own), before the partition tables
@@ -30,7 +30,7 @@ than the disk is refused. Only then is the disk discarded and written. A failure
 (checksum mismatch, truncated or corrupt stream, dropped download after all resumes, image
 larger than the disk, cancel, timeout) clears the start (4 MiB) and the end (1 MiB, the
 backup GPT) of the disk, so no half image can boot. Over HTTP a deploy's requests share one
-kept-alive connection (agent/http.py's Connections).
+kept-alive connection (agent/images/http.py's Connections).
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent import conformance, filesource, http, image
 from agent.commands import deploy_verified, inventory
 from agent.commands.base import Context, Handler
 from agent.commands.deploy_base import QCOW2_NEEDS_FILE, Deployment, DeployParams
@@ -59,6 +58,8 @@ from agent.errors import (
     Unsupported,
 )
 from agent.hw import block, diskio, system
+from agent.images import filesource, http, image
+from agent.policy import conformance
 from agent.proc import Exited
 from agent.proto import agent_pb2
 

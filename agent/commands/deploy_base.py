@@ -23,10 +23,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent import conformance, filesource, http, image
 from agent.commands.base import Context
 from agent.errors import AgentError, ChecksumMismatch, InvalidParameters, Reason, SourceFailed
 from agent.hw import block, diskio, partitions
+from agent.images import filesource, http, image
+from agent.policy import conformance
 from agent.proto import agent_pb2
 
 log = logging.getLogger(__name__)

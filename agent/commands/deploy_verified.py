@@ -40,7 +40,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent import filesource, http, image, manifest
 from agent.commands.deploy_base import QCOW2_NEEDS_FILE, Deployment
 from agent.errors import (
     AgentError,
@@ -52,7 +51,8 @@ from agent.errors import (
     Unsupported,
 )
 from agent.hw import block, diskio
-from agent.manifest import Plan, Segment
+from agent.images import filesource, http, image, manifest
+from agent.images.manifest import Plan, Segment
 from agent.proto import agent_pb2
 
 log = logging.getLogger(__name__)

@@ -16,11 +16,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agent import gpu_health, limits, proc, xid
+from agent import limits, proc
 from agent.commands.base import Context, Handler
 from agent.errors import InvalidParameters, NotFound, ProtectedDevice, ToolFailed
-from agent.gpu_health import Level, Thresholds
 from agent.hw import gpu
+from agent.policy import gpu_health, xid
+from agent.policy.gpu_health import Level, Thresholds
 from agent.proto import agent_pb2
 
 NVML_LOCK = "nvml"

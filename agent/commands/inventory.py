@@ -5,11 +5,11 @@ driver is there (agent.hw.gpu) and by PCI id from sysfs otherwise, the BMC addre
 ``ipmitool`` where an IPMI device exists, LLDP neighbours when asked (up to 30 s of
 listening), every PCIe device's link and AER counts (agent.hw.pci), each NIC's driver and
 firmware versions (the kernel's ETHTOOL_GDRVINFO) and the GPU Xid events in the kernel log
-since boot (agent.xid). The slow parts (NVML, ipmitool, LLDP, disks, PCI, the kernel log) run
+since boot (agent.policy.xid). The slow parts (NVML, ipmitool, LLDP, disks, PCI, the kernel log) run
 in parallel.
 
 With ``expect`` (an ExpectedBuild) the result gains ``conformance``: the inventory checked
-against the build by agent.conformance. ``gate()`` is the same check for a command that is
+against the build by agent.policy.conformance. ``gate()`` is the same check for a command that is
 about to change the node (deploy.image's ``gate``): NotConforming when the node is not the build.
 
 Each inventory is compared with the previous one this agent stored (``inventory.pb`` in the
@@ -32,10 +32,11 @@ from typing import Any, TypeVar
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
-from agent import conformance, launcher, xid
+from agent import launcher
 from agent.commands.base import Context, Handler
 from agent.errors import AgentError, InvalidParameters, NotConforming
 from agent.hw import block, gpu, lldp, pci, sysfs, system
+from agent.policy import conformance, xid
 from agent.proto import agent_pb2
 
 log = logging.getLogger(__name__)

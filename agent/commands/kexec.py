@@ -16,10 +16,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent import bootid, filesource
 from agent.commands.base import Context, Handler, SelfTermination
 from agent.errors import InvalidParameters
+from agent.hw import bootid
 from agent.hw import kexec as hw_kexec
+from agent.images import filesource
 from agent.proto import agent_pb2
 
 log = logging.getLogger(__name__)

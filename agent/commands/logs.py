@@ -43,11 +43,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from agent import http
 from agent.commands import transfer
 from agent.commands.base import Context, Handler
 from agent.config import Config
 from agent.errors import AgentError, InvalidParameters, Reason
+from agent.hw.kernellog import read_kmsg
+from agent.images import http
 from agent.proto import agent_pb2, common_pb2
 
 MiB = 1024 * 1024
@@ -55,7 +56,7 @@ DEFAULT_MAX_BYTES = 64 * MiB
 DEFAULT_MAX_FILE_BYTES = 8 * MiB
 LIMIT_MAX_BYTES = 1024 * MiB
 MIN_MAX_BYTES = 1 * MiB
-INLINE_MAX_BYTES = 2 * MiB                  # the result must fit a 4 MiB session frame (agent.wire)
+INLINE_MAX_BYTES = 2 * MiB                  # the result must fit a 4 MiB session frame (agent.link.wire)
 DEFAULT_SINCE_SECONDS = 24 * 3600
 MAX_FILES = 5000                            # per named directory, and members in the whole archive
 MAX_PATHS = 64                              # named paths in one request
@@ -264,41 +265,6 @@ def read_confined(path: Path, roots: tuple[Path, ...], cap: int) -> tuple[bytes,
         return data, truncated, st.st_mtime
     finally:
         os.close(fd)
-
-
-def read_kmsg(cap: int) -> bytes | None:
-    """The kernel ring buffer from /dev/kmsg (non-blocking), formatted like dmesg; None if
-    /dev/kmsg cannot be read."""
-    try:
-        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    lines: list[bytes] = []
-    size = 0
-    try:
-        while True:
-            try:
-                record = os.read(fd, 16384)
-            except BlockingIOError:
-                break
-            except OSError as exc:
-                if exc.errno == errno.EPIPE:  # overwritten while reading: continue with the next
-                    continue
-                raise
-            if not record:
-                break
-            head, _, text = record.partition(b";")
-            fields = head.split(b",")
-            usec = int(fields[2]) if len(fields) > 2 and fields[2].isdigit() else 0
-            message = text.split(b"\n", 1)[0]
-            line = b"[%12.6f] %s\n" % (usec / 1e6, message)
-            lines.append(line)
-            size += len(line)
-            while size > 2 * cap and lines:
-                size -= len(lines.pop(0))
-    finally:
-        os.close(fd)
-    return b"".join(lines)
 
 
 def stream_tail(ctx: Context, argv: list[str], cap: int) -> tuple[bytes, bool]:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import secrets
 
-from agent import filesource
 from agent.commands.base import Context, Handler
 from agent.errors import InvalidParameters
-from agent.manifest import MAX_MANIFEST
+from agent.images import filesource
+from agent.images.manifest import MAX_MANIFEST
 from agent.proto import site_pb2
 from agent.site.chunkroute import load_plan
 from agent.site.routes import RouteRequest

@@ -33,11 +33,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent import image, proc
+from agent import proc
 from agent.commands import transfer
 from agent.commands.base import Context, Handler
 from agent.config import Config
 from agent.errors import InvalidParameters, ProtectedDevice, SourceFailed, ToolFailed
+from agent.images import image
 from agent.proto import agent_pb2, common_pb2
 
 log = logging.getLogger(__name__)

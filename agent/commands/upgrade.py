@@ -29,9 +29,10 @@ from pathlib import Path
 
 from google.protobuf.message import Message
 
-from agent import atomicfile, filesource, http, image, launcher, version
+from agent import atomicfile, launcher, version
 from agent.commands.base import Context, Handler, SelfTermination, Verdict
 from agent.errors import AgentError, Draining, InvalidParameters, Reason, Unsupported
+from agent.images import filesource, http, image
 from agent.proto import agent_pb2
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,7 @@ class UpgradeHandler(Handler[agent_pb2.DaemonSection, UpgradeParams], kind="daem
         filesource.fetch(params.source, new, cancel=ctx.cancel_event, ca_file=ctx.config.ca_bundle,
                          progress=lambda n: ctx.progress(done=n, message=f"fetching agent {params.version}"))
         sha = launcher.sha256_file(str(new))
-        from agent.trust import TrustStore
+        from agent.security.trust import TrustStore
 
         TrustStore.load(ctx.config.trusted_keys).verify_artifact(bytes.fromhex(sha), params.signature,
                                                                  params.key_id)

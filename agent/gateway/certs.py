@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.deps import need
-from agent.session import TLS_MIN
+from agent.link.session import TLS_MIN
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ def make_dev_pki(
     ec = need("cryptography.hazmat.primitives.asymmetric.ec")
     ser = need("cryptography.hazmat.primitives.serialization")
     x509 = need("cryptography.x509")
-    from agent.trust import SigningKey
+    from agent.security.trust import SigningKey
 
     pki = DevPki(Path(out_dir))
     pki.dir.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,7 @@ from agent.gateway.certs import DevPki, make_dev_pki
 from agent.gateway.server import CommandRecord, CommandRejected, Event, Gateway, build_command
 from agent.progressbar import ProgressBar
 from agent.proto import session_pb2
-from agent.trust import CONSOLE_STATE_ID, SigningKey
+from agent.security.trust import CONSOLE_STATE_ID, SigningKey
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agent import manifest
+from agent.images import manifest
 
 
 def deploy_payload(image: Path, url: str, **fields: Any) -> dict[str, Any]:

@@ -20,11 +20,12 @@ from typing import Any
 
 from google.protobuf.message import DecodeError, Message
 
-from agent import catalog, schema, wire
+from agent import catalog, schema
 from agent.errors import AgentError, InvalidParameters, Untrusted
 from agent.gateway import certs
+from agent.link import wire
 from agent.proto import session_pb2
-from agent.trust import SigningKey, verify_result
+from agent.security.trust import SigningKey, verify_result
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
 has seen: after a deploy we report the image's layout even for a file target. Filesystems
 recognised from their superblock: ext2/3/4, xfs, vfat, swap. ``find_partition(disk, private,
 number=..., label=...)`` is the kernel's view instead (sysfs), for a file read from a partition
-(agent/filesource.py): the partition by number, GPT name or filesystem label, and its node.
+(agent/images/filesource.py): the partition by number, GPT name or filesystem label, and its node.
 """
 
 from __future__ import annotations

@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import BinaryIO
 
-from agent import http as agent_http
-from agent import manifest
 from agent.errors import InvalidParameters
-from agent.manifest import Plan, Segment
+from agent.images import http as agent_http
+from agent.images import manifest
+from agent.images.manifest import Plan, Segment
 from agent.site.chunkstore import ChunkStore, StoreFull
 from agent.site.metrics import Metrics
 from agent.site.routes import Route, RouteTable, UpstreamError, close_quietly, open_upstream

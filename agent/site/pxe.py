@@ -40,9 +40,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from agent import http
 from agent.atomicfile import write_atomic
 from agent.errors import ChecksumMismatch, InvalidParameters, NotFound
+from agent.images import http
 from agent.proto import common_pb2, site_pb2
 from agent.site.chunkstore import ChunkStore
 
@@ -126,7 +126,7 @@ class BootSpec:
 
 def parse_file_digest(msg: common_pb2.Digest, field: str) -> str:
     """A kernel's or initrd's sha256 (what names it in the store)."""
-    from agent.image import Digest
+    from agent.images.image import Digest
 
     if not msg.hex:
         raise InvalidParameters(f"{field}: required with its URL (the sha256 of the file)")

@@ -1,4 +1,4 @@
-"""A DMTF Redfish client for one BMC, over the project's HTTP client (agent/http.py).
+"""A DMTF Redfish client for one BMC, over the project's HTTP client (agent/images/http.py).
 
     client = RedfishClient(Target("10.0.0.5", Credentials("admin", pw)), CallContext(cancel, deadline))
     try:
@@ -43,7 +43,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent import http
 from agent.errors import (
     AuthFailed,
     BmcRefused,
@@ -53,6 +52,7 @@ from agent.errors import (
     InvalidParameters,
     Unsupported,
 )
+from agent.images import http
 from agent.proto import site_pb2
 from agent.site import events, redfish_firmware
 from agent.site.bmc import (

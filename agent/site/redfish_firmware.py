@@ -27,7 +27,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent import http
 from agent.errors import (
     BmcRefused,
     BmcUnreachable,
@@ -37,6 +36,7 @@ from agent.errors import (
     InvalidParameters,
     Unsupported,
 )
+from agent.images import http
 from agent.proto import site_pb2
 
 if TYPE_CHECKING:

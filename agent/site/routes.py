@@ -45,11 +45,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent import http as agent_http
 from agent.atomicfile import write_atomic
 from agent.errors import InvalidParameters
-from agent.filesource import FileRef, parse_source
-from agent.manifest import Plan
+from agent.images import http as agent_http
+from agent.images.filesource import FileRef, parse_source
+from agent.images.manifest import Plan
 from agent.proto import site_pb2
 from agent.site.pxe import parse_node_id, parse_ttl
 from agent.site.upstreams import UpstreamPolicy

@@ -25,11 +25,11 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from agent import http
 from agent.config import Config
 from agent.errors import InvalidParameters
+from agent.images import http
 from agent.site.chunkstore import DEFAULT_BUDGET, ChunkStore
 from agent.site.dnsmasq import DnsmasqSettings, DnsmasqSupervisor
 from agent.site.metrics import Metrics, MetricsService
@@ -39,8 +39,13 @@ from agent.site.upstreams import UpstreamPolicy, local_addresses
 from agent.site.vmedia import MediaSets
 from agent.site.web import HttpService
 
-if TYPE_CHECKING:
-    from agent.scheduler import KeyedCounters
+
+class BmcFigures(Protocol):
+    """What a scrape reads of the BMC executor (the scheduler's KeyedCounters, agent/runtime/)."""
+
+    in_flight: int
+    queued: int
+    failed: dict[str, int]
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +88,8 @@ class SiteServices:
         self.settings = settings
         self.dnsmasq: DnsmasqSupervisor | None = None
         # The BMC executor's figures (in flight, queued, failed by reason), for a scrape: the
-        # daemon attaches its scheduler's KeyedCounters here (agent/app.py); None until then.
-        self.bmc: KeyedCounters | None = None
+        # daemon attaches its scheduler's KeyedCounters here (agent/cli/app.py); None until then.
+        self.bmc: BmcFigures | None = None
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
         self._serving = False

@@ -32,8 +32,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent import http as agent_http
 from agent.errors import InvalidParameters
+from agent.images import http as agent_http
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network

@@ -44,8 +44,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from agent import http
 from agent.errors import InvalidParameters, NotFound
+from agent.images import http
 from agent.launcher import write_atomic
 from agent.proto import site_pb2
 from agent.site.pxe import MAX_CMDLINE, parse_mac, parse_node_id, parse_ttl, script_safe_url

@@ -38,8 +38,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from agent import http as agent_http
 from agent.errors import NotFound
+from agent.images import http as agent_http
 from agent.site import chunkroute
 from agent.site.chunkroute import ChunkCache
 from agent.site.chunkstore import DIGEST, ChunkStore

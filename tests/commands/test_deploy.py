@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import decompress, proc
+from agent import proc
 from agent.commands.base import Context
 from agent.commands.deploy import DeployImage
 from agent.errors import (
@@ -32,6 +32,7 @@ from agent.errors import (
     Unsupported,
 )
 from agent.hw import block
+from agent.images import decompress
 from agent.proto import agent_pb2, common_pb2, session_pb2
 from tests.diskfixtures import MiB, gpt_image, loop_device, mounted, random_file
 from tests.loopback_http import Fault, LoopbackServer

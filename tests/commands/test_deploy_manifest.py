@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from agent import manifest, proc
+from agent import proc
 from agent.errors import AgentError, ChecksumMismatch, InvalidParameters, SourceFailed
-from agent.image import MAGIC_LEN
+from agent.images import manifest
+from agent.images.image import MAGIC_LEN
 from agent.proto import agent_pb2, common_pb2
 from tests.commands.test_deploy import Target, deploy
 from tests.diskfixtures import MiB

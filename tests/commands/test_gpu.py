@@ -319,8 +319,8 @@ def test_reset_waits_for_a_diagnostic_of_the_same_gpu(config: Config, machine: F
 
 
 def test_xid_events_since_boot_are_findings(config: Config, machine: FakeMachine) -> None:
-    from agent import xid
-    from tests.test_xid import KERNEL_LOG
+    from agent.policy import xid
+    from tests.policy.test_xid import KERNEL_LOG
 
     machine.set(5, pci_bus=0xAB)  # the GPU the log's Xid 79 names (0000:ab:00.0)
     handler = gpu_commands.DiagNvml()

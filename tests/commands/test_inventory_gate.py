@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from google.protobuf import json_format
 
-from agent import conformance, xid
 from agent.commands.base import Context
 from agent.commands.inventory import InventoryRefresh
 from agent.config import Config
 from agent.errors import InvalidParameters
+from agent.policy import conformance, xid
 from agent.proto import agent_pb2
 from tests.hw.fake_machine import aer_lines, build_machine
-from tests.test_xid import KERNEL_LOG
+from tests.policy.test_xid import KERNEL_LOG
 
 NO_NVML = "/nonexistent/libnvidia-ml.so.1"
 

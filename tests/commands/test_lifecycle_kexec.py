@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from agent import filesource, proc, schema
-from agent.bootid import boot_id
+from agent import proc, schema
 from agent.commands.base import Context, SelfTermination
 from agent.commands.kexec import KexecHandler
 from agent.config import Config
 from agent.errors import AgentError, ChecksumMismatch, InvalidParameters, NotFound, ProtectedDevice, Reason
 from agent.hw import kexec
+from agent.hw.bootid import boot_id
+from agent.images import filesource
 from agent.proto import agent_pb2
 from tests.hw.test_kexec import RecordingSyscalls
 from tests.loopback_http import LoopbackServer

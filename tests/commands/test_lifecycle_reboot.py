@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from agent import schema
-from agent.bootid import boot_id
 from agent.commands.base import Context, SelfTermination
 from agent.commands.reboot import RebootHandler
 from agent.errors import InvalidParameters, NotFound, Unsupported
 from agent.hw import kexec, power
+from agent.hw.bootid import boot_id
 from agent.proto import agent_pb2
 from tests.hw.test_kexec import RecordingRunner, RecordingSyscalls
 from tests.hw.test_power import GUID, efivar

@@ -28,7 +28,7 @@ from agent.gateway import Gateway
 from agent.gateway.certs import DevPki
 from agent.gateway.server import State
 from agent.proto import agent_pb2, common_pb2, session_pb2
-from agent.trust import SigningKey
+from agent.security.trust import SigningKey
 from tests.loopback_http import LoopbackServer
 from tests.runtime.harness import make_pki, start_gateway, wait_until
 

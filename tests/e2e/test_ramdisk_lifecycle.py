@@ -23,7 +23,7 @@ import pytest
 
 from agent.gateway import State
 from agent.proto import session_pb2
-from agent.trust import verify_result
+from agent.security.trust import verify_result
 from qemu.harness import Disk, Machine
 from qemu.lab import Lab
 from qemu.nodeimage import NodeImage, build_node_image, sha256

@@ -32,7 +32,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-import agent.core
+import agent.runtime.core
 from agent import schema
 from agent.commands.base import Context, Handler, SelfTermination
 from agent.errors import AgentError, Reason
@@ -117,7 +117,7 @@ class TestKexec(_TestHandler, kind="boot.kexec"):
 _boot_file = TEST_DIR / "boot_id"
 if _boot_file.exists():
     _boot = _boot_file.read_text().strip()
-    agent.core.read_boot_id = lambda *a, **k: _boot  # type: ignore[assignment]
+    agent.runtime.core.read_boot_id = lambda *a, **k: _boot  # type: ignore[assignment]
 
 
 # One test handler class per real kind the runtime tests use (control, provision and bulk lanes;

@@ -16,10 +16,10 @@ from agent import catalog, schema
 from agent.catalog import Role
 from agent.commands.base import Context, Handler, SelfTermination
 from agent.config import Config
-from agent.core import Agent
 from agent.errors import InvalidParameters
 from agent.proto import agent_pb2, session_pb2
-from agent.trust import SigningKey
+from agent.runtime.core import Agent
+from agent.security.trust import SigningKey
 
 WAIT = 30.0
 NODE = "node-1"

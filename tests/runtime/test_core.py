@@ -15,14 +15,14 @@ from typing import Any
 from google.protobuf.message import Message
 
 from agent import catalog
-from agent.bootid import rejoin_markers
 from agent.catalog import Lane, Role
 from agent.commands.base import Context, Handler, ResourceLocks
 from agent.config import Config
-from agent.core import Agent, read_boot_id
-from agent.journal import Journal
+from agent.hw.bootid import rejoin_markers
 from agent.proto import agent_pb2, session_pb2
-from agent.trust import SigningKey, verify_result
+from agent.runtime.core import Agent, read_boot_id
+from agent.runtime.journal import Journal
+from agent.security.trust import SigningKey, verify_result
 from tests.runtime.core_harness import (
     NODE,
     WAIT,
@@ -478,7 +478,7 @@ def test_rejoin_marker_parsing() -> None:
 
 
 def test_a_retry_safe_command_that_keeps_killing_the_agent_stops_being_retried(world: World) -> None:
-    from agent.core import MAX_ATTEMPTS
+    from agent.runtime.core import MAX_ATTEMPTS
 
     cmd = world.command("poison", "diag.dcgm")
     for attempt in range(1, MAX_ATTEMPTS + 1):

@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 
 from agent.catalog import Role
-from agent.core import Agent
-from agent.journal import State
 from agent.proto import agent_pb2, session_pb2
+from agent.runtime.core import Agent
+from agent.runtime.journal import State
 from tests.runtime.core_harness import (
     WAIT,
     Blocking,

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from agent import manifest
 from agent.gateway import Gateway, State
 from agent.gateway.certs import DevPki
+from agent.images import manifest
 from agent.proto import session_pb2
 from tests.diskfixtures import MiB, gpt_image, loop_device
 from tests.loopback_http import Fault, LoopbackServer

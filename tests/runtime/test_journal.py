@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.journal import MAGIC, Entry, Journal, Known, State, encode_record, scan
+from agent.runtime.journal import MAGIC, Entry, Journal, Known, State, encode_record, scan
 
 
 def fill(j: Journal) -> None:

@@ -16,7 +16,7 @@ from agent.catalog import Lane
 from agent.commands.base import Context
 from agent.errors import AgentError, CommandTimeout, Reason
 from agent.proto import session_pb2
-from agent.scheduler import Job, Scheduler
+from agent.runtime.scheduler import Job, Scheduler
 from tests.runtime.harness import wait_until
 from tests.runtime.test_scheduler import WAIT, Outcomes
 

@@ -13,7 +13,7 @@ from agent import catalog
 from agent.catalog import Lane
 from agent.commands.base import Context
 from agent.errors import AgentError, Cancelled, CommandTimeout, Reason
-from agent.scheduler import Job, JobState, Scheduler
+from agent.runtime.scheduler import Job, JobState, Scheduler
 from tests.runtime.harness import wait_until
 from tests.runtime.procs import kill_leftovers, wait_group_gone
 

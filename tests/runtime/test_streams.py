@@ -6,7 +6,7 @@ import threading
 import time
 
 from agent.proto import session_pb2
-from agent.streams import LOG_BURST, CommandStream
+from agent.runtime.streams import LOG_BURST, CommandStream
 from tests.runtime.harness import wait_until
 
 

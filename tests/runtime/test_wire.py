@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent import wire
+from agent.link import wire
 from agent.proto import session_pb2
 
 

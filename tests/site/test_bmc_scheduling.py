@@ -1,4 +1,4 @@
-"""How the site daemon schedules BMC work (agent/scheduler.py's BMC pool): no command waits
+"""How the site daemon schedules BMC work (agent/runtime/scheduler.py's BMC pool): no command waits
 behind BMC operations that wait on BMCs; one operation at a time per BMC, in order of arrival;
 a BMC that hangs or drips ends at its deadline and never keeps its BMC from the next command."""
 
@@ -15,8 +15,8 @@ import pytest
 
 from agent.commands.base import Handler
 from agent.config import Config
-from agent.core import Agent
 from agent.proto import session_pb2, site_pb2
+from agent.runtime.core import Agent
 from qemu.bmcfleet import Behaviour, RedfishFleet
 from tests.runtime.core_harness import Frames, Quick, World, accepted
 from tests.runtime.harness import wait_until

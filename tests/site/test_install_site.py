@@ -10,7 +10,7 @@ from pathlib import Path
 
 from agent.gateway import Gateway
 from agent.gateway.certs import DevPki
-from tests.test_install import (  # noqa: F401  (archive, gateway, pki: fixtures)
+from tests.cli.test_install import (  # noqa: F401  (archive, gateway, pki: fixtures)
     UNIT,
     archive,
     gateway,

@@ -20,7 +20,7 @@ from agent.commands.base import Context
 from agent.config import Config
 from agent.errors import AgentError, BmcRefused
 from agent.proto import site_pb2
-from agent.scheduler import Job, Scheduler
+from agent.runtime.scheduler import Job, Scheduler
 from agent.site.bmc import CallContext, Credentials, Pacing, PowerState, Target
 from agent.site.ipmi import IpmiClient
 from agent.site.secrets import SecretStore

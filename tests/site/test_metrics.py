@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.scheduler import KeyedCounters
+from agent.runtime.scheduler import KeyedCounters
 from agent.site.services import ServiceSettings, SiteServices
 
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from agent import http as agent_http
 from agent.commands import handler_for
 from agent.commands.base import Context
 from agent.errors import InvalidParameters, SourceFailed
+from agent.images import http as agent_http
 from agent.proto import site_pb2
 from agent.site import web
 from agent.site.routes import RouteTable
@@ -63,7 +63,7 @@ def test_get_streams_the_upstream(site: SiteServices, upstream: LoopbackServer) 
     assert url.startswith(site.base_url + "/r/") and len(url.rsplit("/", 1)[1]) >= 40
     status, headers, body = request(url)
     assert status == 200 and body == DATA and headers["Content-Length"] == str(len(DATA))
-    # agent/http.py (what deploy.image uses) reads through it, and resumes by Range.
+    # agent/images/http.py (what deploy.image uses) reads through it, and resumes by Range.
     with agent_http.get(url, agent_http.HttpOptions(timeout=10), offset=1000) as dl:
         assert b"".join(dl.iter_chunks()) == DATA[1000:]
     r = site.routes.lookup(url.rsplit("/", 1)[1])

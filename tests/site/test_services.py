@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent import settings
 from agent.catalog import Role
+from agent.cli import settings
 from agent.commands.base import Context
 from agent.config import Config
 from agent.errors import InvalidParameters, Unsupported

@@ -17,8 +17,8 @@ from agent.catalog import Role
 from agent.commands import handler_for
 from agent.commands.base import Handler
 from agent.config import Config
-from agent.core import Agent
 from agent.proto import session_pb2, site_pb2
+from agent.runtime.core import Agent
 from agent.site.bmc import Credentials
 from agent.site.secrets import SecretStore
 from tests.runtime.core_harness import NODE, Frames, World, accepted, rejected

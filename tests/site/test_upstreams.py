@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import settings
+from agent.cli import settings
 from agent.errors import InvalidParameters
 from agent.site.services import ServiceSettings, SiteServices
 from agent.site.upstreams import UpstreamPolicy, local_addresses

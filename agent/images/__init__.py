@@ -1,0 +1,1 @@
+"""The image pipeline: HTTP fetches, image formats and sources, chunk manifests."""

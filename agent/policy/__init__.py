@@ -1,0 +1,1 @@
+"""Judgements on what the hardware reports: GPU health, Xid events, the gate."""

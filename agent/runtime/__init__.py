@@ -1,0 +1,1 @@
+"""The runtime every role shares: admission, lanes, the journal, progress streams."""

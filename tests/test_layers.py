@@ -1,0 +1,91 @@
+"""The package's wings and the one rule between them: imports only run down.
+
+A module of agent/ belongs to a wing: its sub-package (agent/hw/, agent/runtime/, ...), or the
+base (the top-level modules every wing may use: errors, proc, catalog, config, ...). A wing may
+import from wings in lower layers and from itself, never from its own layer or above. Every
+import counts, the ones inside functions and under TYPE_CHECKING included.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+AGENT = Path(__file__).resolve().parents[1] / "agent"
+
+# Lowest first. docs/architecture.md draws the same picture.
+LAYERS: list[set[str]] = [
+    {"base"},                                           # errors, proc, catalog, config, proto/, ...
+    {"hw"},                                             # sysfs, ioctls, syscalls, the boot id
+    {"drivers", "security", "images", "policy", "link"},  # tools, trust, images, GPU rules, the session
+    {"site", "gateway"},                                # the site's machinery; the reference gateway
+    {"commands"},                                       # one handler per kind
+    {"runtime"},                                        # admission, lanes, journal, streams
+    {"cli"},                                            # agent run / exec / install / manifest
+    {"__main__"},
+]
+RANK = {wing: i for i, layer in enumerate(LAYERS) for wing in layer}
+
+
+def wing_of(module: str) -> str:
+    """``agent.hw.block`` -> ``hw``; ``agent.errors``, ``agent.proto.x`` and ``agent`` -> ``base``."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "base"
+    if (AGENT / parts[1]).is_dir() and parts[1] != "proto":
+        return parts[1]
+    return "__main__" if parts[1] == "__main__" else "base"
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(AGENT.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and (node.module == "agent" or node.module.startswith("agent.")):
+            if node.module == "agent":
+                out += [(node.lineno, f"agent.{alias.name}") for alias in node.names]
+            else:
+                out.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if a.name.startswith("agent.")]
+        elif isinstance(node, ast.ImportFrom) and node.level > 0:
+            out.append((node.lineno, "relative"))
+    return out
+
+
+def sources() -> list[Path]:
+    return sorted(p for p in AGENT.rglob("*.py") if not p.name.endswith("_pb2.py"))
+
+
+def test_every_wing_has_a_layer() -> None:
+    wings = {wing_of(module_name(p)) for p in sources()}
+    assert wings <= set(RANK), f"wings without a layer in LAYERS: {sorted(wings - set(RANK))}"
+
+
+def test_imports_only_run_down() -> None:
+    upward = []
+    for path in sources():
+        mine = wing_of(module_name(path))
+        for line, target in imports_of(path):
+            assert target != "relative", f"{path}:{line}: the package uses absolute imports only"
+            theirs = wing_of(target)
+            if theirs != mine and RANK[theirs] >= RANK[mine]:
+                upward.append(f"{path.relative_to(AGENT.parent)}:{line}: {mine} imports {target} ({theirs})")
+    assert not upward, "imports that do not run down:\n" + "\n".join(upward)
+
+
+def test_the_rule_catches_an_upward_import(tmp_path: Path) -> None:
+    """The checker itself: an import from hw into commands is found."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from agent.commands import base\n    import agent.site.pxe\n")
+    found = [(line, wing_of(target)) for line, target in imports_of(probe)]
+    assert found == [(2, "commands"), (3, "site")]
+    assert all(RANK[w] > RANK["hw"] for _, w in found)
