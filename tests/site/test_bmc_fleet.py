@@ -19,6 +19,7 @@ from qemu.bmcfleet import Behaviour, RedfishFleet
 from qemu.ipmisim import start_ipmi_sim
 from qemu.powered import NodeSpec, PoweredNode
 from tests.runtime.core_harness import Quick, World, accepted
+from tests.runtime.harness import wait_until
 from tests.site.conftest import PASSWORD, REF, USERNAME, _skip_without_tools
 from tests.site.test_bmc_scheduling import redfish, site_agent, world  # noqa: F401  (a fixture)
 
@@ -90,8 +91,8 @@ def test_a_healthy_bmc_and_other_commands_start_within_a_second_while_64_hang(
         for bmc in hung:
             accepted(agent.submit(redfish(world, f"h{bmc.index}", "bmc.power", bmc.address, "status",
                                           timeout=30)))
-        time.sleep(1.0)
-        assert agent.scheduler.keyed.in_flight == N
+        wait_until(lambda: agent.scheduler.keyed.in_flight == N, 30, "every hung operation to be in flight")
+        time.sleep(0.5)
         waits: dict[str, float] = {}
         for cid, cmd in (
             ("ok", redfish(world, "ok", "bmc.power", healthy.address, "status")),
