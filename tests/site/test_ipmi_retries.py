@@ -4,6 +4,7 @@ and whether the password came by environment."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import threading
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agent.commands import handler_for
-from agent.commands.base import Context
+from agent.commands.base import Context, ResourceLocks
 from agent.config import Config
 from agent.errors import AgentError, BmcRefused
 from agent.proto import site_pb2
@@ -157,3 +158,52 @@ esac
     assert "Invalid data field in request" in info.value.details["bmc_message"]
     store = SecretStore(site_config.secrets_dir)
     assert store.get(REF).password == PASSWORD and store.pending(REF) is None
+
+
+def test_ipmi_sessions_are_capped_site_wide(tmp_path: Path, site_config: Config,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Six BMCs at once with ipmi_max_sessions 2: never more than two ipmitool runs at a time
+    (the stand-in records when each ran), and every command succeeds."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "ipmitool").write_text(f"""#!/bin/sh
+echo "start $(date +%s.%N)" >> {tmp_path}/runs
+sleep 0.3
+echo "end $(date +%s.%N)" >> {tmp_path}/runs
+echo "Chassis Power is on"
+""")
+    (bindir / "ipmitool").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    config = dataclasses.replace(site_config, ipmi_max_sessions=2)
+    handler = handler_for("bmc.power")
+    assert handler is not None
+    errors: list[AgentError | None] = []
+    done = threading.Semaphore(0)
+    shared = ResourceLocks()
+    lanes = Scheduler()
+    lanes.start()
+
+    def finished(job: Job, value: object, error: AgentError | None) -> None:
+        errors.append(error)
+        done.release()
+
+    try:
+        for n in range(6):
+            params = handler.parse(site_pb2.BmcOperationRequest(
+                bmc_address=f"10.0.1.{n + 1}", protocol="ipmi", operation="status", credentials_ref=REF))
+            ctx = Context.local("bmc.power", config, timeout=60, command_id=f"s{n}")
+            ctx.locks = shared              # as the Agent's: one set of locks and slots for all
+            lanes.submit(Job(id=f"s{n}", kind=ctx.kind, ctx=ctx, timeout=60, on_done=finished,
+                             body=lambda c, p=params: handler.run(c, p), key=handler.serial_key(params)))
+        for _ in range(6):
+            assert done.acquire(timeout=60)
+    finally:
+        lanes.stop()
+    assert errors == [None] * 6, errors
+    events = sorted((float(when), what) for what, when in
+                    (line.split() for line in (tmp_path / "runs").read_text().splitlines()))
+    running = most = 0
+    for _, what in events:
+        running += 1 if what == "start" else -1
+        most = max(most, running)
+    assert most == 2 and len(events) == 12, (most, events)
