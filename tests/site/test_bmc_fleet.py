@@ -128,9 +128,11 @@ def test_64_ipmi_sim_bmcs_power_and_boot_in_order(site_config: Config, world: Wo
                 payload = site_pb2.BmcOperationRequest(
                     node_id=f"n{i}", bmc_address=sim.address, protocol="ipmi", operation=operation,
                     credentials_ref=REF, parameters=parameters)
-                accepted(agent.submit(world.command(f"i{i}-{step}", kind, payload, timeout=120)))
+                # Each kind's whole timeout (bmc.power 300 s, bmc.boot 120 s): a BMC's later
+                # commands wait behind its earlier ones, and the wait counts.
+                accepted(agent.submit(world.command(f"i{i}-{step}", kind, payload)))
         for i, sim in enumerate(sims):
-            mine = [frames.result(f"i{i}-{step}", timeout=240) for step in range(len(SEQUENCE))]
+            mine = [frames.result(f"i{i}-{step}", timeout=400) for step in range(len(SEQUENCE))]
             assert [r.status for r in mine] == [session_pb2.SUCCEEDED] * len(SEQUENCE), \
                 [(r.reason, r.message) for r in mine]
             assert [payload_of(r).state for r in mine] == ["off", "on", "pxe", "pxe", "off"]
