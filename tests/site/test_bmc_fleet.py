@@ -19,6 +19,7 @@ from qemu.bmcfleet import Behaviour, RedfishFleet
 from qemu.ipmisim import start_ipmi_sim
 from qemu.powered import NodeSpec, PoweredNode
 from tests.runtime.core_harness import Quick, World, accepted
+from tests.runtime.harness import wait_until
 from tests.site.conftest import PASSWORD, REF, USERNAME, _skip_without_tools
 from tests.site.test_bmc_scheduling import redfish, site_agent, world  # noqa: F401  (a fixture)
 
@@ -90,8 +91,8 @@ def test_a_healthy_bmc_and_other_commands_start_within_a_second_while_64_hang(
         for bmc in hung:
             accepted(agent.submit(redfish(world, f"h{bmc.index}", "bmc.power", bmc.address, "status",
                                           timeout=30)))
-        time.sleep(1.0)
-        assert agent.scheduler.keyed.in_flight == N
+        wait_until(lambda: agent.scheduler.keyed.in_flight == N, 30, "every hung operation to be in flight")
+        time.sleep(0.5)
         waits: dict[str, float] = {}
         for cid, cmd in (
             ("ok", redfish(world, "ok", "bmc.power", healthy.address, "status")),
@@ -127,9 +128,11 @@ def test_64_ipmi_sim_bmcs_power_and_boot_in_order(site_config: Config, world: Wo
                 payload = site_pb2.BmcOperationRequest(
                     node_id=f"n{i}", bmc_address=sim.address, protocol="ipmi", operation=operation,
                     credentials_ref=REF, parameters=parameters)
-                accepted(agent.submit(world.command(f"i{i}-{step}", kind, payload, timeout=120)))
+                # Each kind's whole timeout (bmc.power 300 s, bmc.boot 120 s): a BMC's later
+                # commands wait behind its earlier ones, and the wait counts.
+                accepted(agent.submit(world.command(f"i{i}-{step}", kind, payload)))
         for i, sim in enumerate(sims):
-            mine = [frames.result(f"i{i}-{step}", timeout=240) for step in range(len(SEQUENCE))]
+            mine = [frames.result(f"i{i}-{step}", timeout=400) for step in range(len(SEQUENCE))]
             assert [r.status for r in mine] == [session_pb2.SUCCEEDED] * len(SEQUENCE), \
                 [(r.reason, r.message) for r in mine]
             assert [payload_of(r).state for r in mine] == ["off", "on", "pxe", "pxe", "off"]

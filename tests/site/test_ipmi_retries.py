@@ -4,6 +4,7 @@ and whether the password came by environment."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import signal
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from agent.commands import handler_for
-from agent.commands.base import Context
+from agent.commands.base import Context, ResourceLocks
 from agent.config import Config
 from agent.errors import AgentError, BmcRefused
 from agent.proto import site_pb2
@@ -82,25 +83,23 @@ def test_a_bmc_busy_for_ever_is_given_up_within_bounds(tmp_path: Path) -> None:
     assert c.attempts == 8
 
 
-def test_one_operation_at_a_time_per_bmc_and_bmcs_in_parallel(tmp_path: Path, site_config: Config,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """Four bmc.power status commands on two BMCs through the scheduler (its keyed pool): the
-    stand-in ipmitool (found first on PATH) takes 0.4 s a call and records when each ran."""
+def stand_in_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> None:
+    """A stand-in ``ipmitool`` (a shell script) found first on PATH."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    (bindir / "ipmitool").write_text(f"""#!/bin/sh
-for a; do case $prev in -H) host=$a;; esac; prev=$a; done
-echo "$host start $(date +%s.%N)" >> {tmp_path}/spans
-sleep 0.4
-echo "$host end $(date +%s.%N)" >> {tmp_path}/spans
-echo "Chassis Power is on"
-""")
+    (bindir / "ipmitool").write_text("#!/bin/sh" + script)
     (bindir / "ipmitool").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+
+
+def power_status_on_scheduler(config: Config, addresses: list[str]) -> list[AgentError | None]:
+    """bmc.power status on each address (IPMI), all submitted at once to a Scheduler as the
+    Agent does (the BMC as the key, one set of locks and slots for all); how each ended."""
     handler = handler_for("bmc.power")
     assert handler is not None
     errors: list[AgentError | None] = []
     done = threading.Semaphore(0)
+    shared = ResourceLocks()
     lanes = Scheduler()
     lanes.start()
 
@@ -109,16 +108,32 @@ echo "Chassis Power is on"
         done.release()
 
     try:
-        for n, address in enumerate(("10.0.0.1", "10.0.0.2") * 2):
+        for n, address in enumerate(addresses):
             params = handler.parse(site_pb2.BmcOperationRequest(
                 bmc_address=address, protocol="ipmi", operation="status", credentials_ref=REF))
-            ctx = Context.local("bmc.power", site_config, timeout=60, command_id=f"p{n}")
+            ctx = Context.local("bmc.power", config, timeout=60, command_id=f"p{n}")
+            ctx.locks = shared
             lanes.submit(Job(id=f"p{n}", kind=ctx.kind, ctx=ctx, timeout=60, on_done=finished,
                              body=lambda c, p=params: handler.run(c, p), key=handler.serial_key(params)))
-        for _ in range(4):
+        for _ in addresses:
             assert done.acquire(timeout=60)
     finally:
         lanes.stop()
+    return errors
+
+
+def test_one_operation_at_a_time_per_bmc_and_bmcs_in_parallel(tmp_path: Path, site_config: Config,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four bmc.power status commands on two BMCs through the scheduler (its keyed pool): the
+    stand-in ipmitool (found first on PATH) takes 0.4 s a call and records when each ran."""
+    stand_in_on_path(tmp_path, monkeypatch, f"""
+for a; do case $prev in -H) host=$a;; esac; prev=$a; done
+echo "$host start $(date +%s.%N)" >> {tmp_path}/spans
+sleep 0.4
+echo "$host end $(date +%s.%N)" >> {tmp_path}/spans
+echo "Chassis Power is on"
+""")
+    errors = power_status_on_scheduler(site_config, ["10.0.0.1", "10.0.0.2"] * 2)
     assert errors == [None] * 4, errors
     spans: dict[str, list[tuple[float, float]]] = {}
     starts: dict[str, list[float]] = {}
@@ -199,3 +214,25 @@ c.set_password("admin", "New-Secret-6hJ")
         daemon.kill()
         daemon.wait()
     assert list(tmpdir.iterdir()) == []
+
+
+def test_ipmi_sessions_are_capped_site_wide(tmp_path: Path, site_config: Config,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Six BMCs at once with ipmi_max_sessions 2: never more than two ipmitool runs at a time
+    (the stand-in records when each ran), and every command succeeds."""
+    stand_in_on_path(tmp_path, monkeypatch, f"""
+echo "start $(date +%s.%N)" >> {tmp_path}/runs
+sleep 0.3
+echo "end $(date +%s.%N)" >> {tmp_path}/runs
+echo "Chassis Power is on"
+""")
+    config = dataclasses.replace(site_config, ipmi_max_sessions=2)
+    errors = power_status_on_scheduler(config, [f"10.0.1.{n + 1}" for n in range(6)])
+    assert errors == [None] * 6, errors
+    events = sorted((float(when), what) for what, when in
+                    (line.split() for line in (tmp_path / "runs").read_text().splitlines()))
+    running = most = 0
+    for _, what in events:
+        running += 1 if what == "start" else -1
+        most = max(most, running)
+    assert most == 2 and len(events) == 12, (most, events)
