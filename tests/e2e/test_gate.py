@@ -1,13 +1,15 @@
 """The acceptance gate on a real kernel: a QEMU node whose NVMe disks and second NIC sit behind
-pcie-root-ports, one of them set narrow and slow (x-speed=2_5, x-width=1: a riser wired x1 at
-Gen1, to the guest), the other at QEMU's default (16 GT/s, x32); the NIC reports 25 Gb/s.
+pcie-root-ports: one NVMe disk's set narrow and slow (x-speed=2_5, x-width=1: a riser wired x1
+at Gen1, to the guest), the other's at QEMU's default (16 GT/s, x32), the NIC's at 8 GT/s x4;
+the NIC reports 25 Gb/s.
 
 inventory.refresh reads each port's link as the guest kernel has it (sysfs), the node passes
-the build it is, and deploy.image gated on a build whose NVMe slots must offer Gen3 x4 is
-refused (not_conforming) with the NVMe disk behind the narrow port named, before anything is
-written; the same deploy gated on a build it matches writes the image. (QEMU 7.2's emulated
-endpoints train x1 at 2.5 GT/s whatever the port: the port's own capability is what the
-narrowing changes, so that is what the gate's ``slots`` rule sees.)
+the build it is, and deploy.image gated on a build whose NVMe slots must offer Gen3 x4 and
+whose NIC slots Gen4 x8 is refused (not_conforming) with the NVMe disk behind the narrow port
+and the NIC behind the x4 one named, before anything is written; the same deploy gated on a
+build it matches writes the image. (QEMU 7.2's emulated endpoints train x1 at 2.5 GT/s
+whatever the port: the port's own capability is what the narrowing changes, so that is what
+the gate's ``slots`` rule sees.)
 
 One guest for the module, the tests in file order.
 """
@@ -34,8 +36,9 @@ IMAGE = hashlib.sha256(b"gate").digest() * (MiB // 32)      # 1 MiB, raw
 # The build this node is: two QEMU NVMe disks and two NICs, each device at its own maximum link.
 BUILD = {"nvme": {"count": 2, "model": "QEMU NVMe"}, "nics": {"count": 2},
          "full_link_classes": ["0x0108", "0x0200"]}
-# A build whose NVMe drives need a Gen3 x4 slot and whose second NIC must do 100 Gb/s.
-GEN3_X4 = {**BUILD, "slots": [{"class_code": "0x0108", "min_speed_gts": 8, "min_width": 4}]}
+# A build whose NVMe drives need a Gen3 x4 slot and whose NICs a Gen4 x8 one.
+GEN3_X4 = {**BUILD, "slots": [{"class_code": "0x0108", "min_speed_gts": 8, "min_width": 4},
+                              {"class_code": "0x0200", "min_speed_gts": 16, "min_width": 8}]}
 
 
 @pytest.fixture(scope="module")
@@ -89,13 +92,19 @@ def test_the_node_passes_the_build_it_is(lab: Lab, node: Machine) -> None:
 def test_a_narrow_slot_fails_the_gate_and_deploy_writes_nothing(lab: Lab, node: Machine,
                                                               disks: list[Disk]) -> None:
     _, _, result = run_command(lab, node, NODE, "inventory.refresh", {"expect": GEN3_X4})
-    found = {(m.check, m.expected, m.found) for m in result.conformance.mismatches}
-    assert found == {("pcie.slot_speed", "8 GT/s", "2.5 GT/s PCIe"), ("pcie.slot_width", "x4", "x1")}
-    narrow_nvme = {m.where for m in result.conformance.mismatches}
-    assert len(narrow_nvme) == 1  # the NVMe disk behind the narrow port, and only it
+    inv = result.inventory
+    nic = next(n for n in inv.nics if n.mac == "52:54:00:12:35:01")
+    narrow = next(d.address for d in inv.pci_devices if d.class_code.startswith("0x0108")
+                  and next(p for p in inv.pci_devices if p.address == d.upstream).max_link_width == 1)
+    found = sorted((m.check, m.expected, m.found, m.where) for m in result.conformance.mismatches)
+    assert found == sorted([
+        ("pcie.slot_speed", "8 GT/s", "2.5 GT/s PCIe", narrow), ("pcie.slot_width", "x4", "x1", narrow),
+        ("pcie.slot_speed", "16 GT/s", "8.0 GT/s PCIe", nic.pci_address),
+        ("pcie.slot_width", "x8", "x4", nic.pci_address),
+    ])  # the NVMe disk behind the default port and the first NIC (on the root complex) pass
     body = deploy(lab, disks[0], GEN3_X4)
     assert body.status == session_pb2.FAILED and body.reason == "not_conforming", body
-    assert narrow_nvme.pop() in body.message
+    assert narrow in body.message and nic.pci_address in body.message
     assert not disks[0].path.read_bytes().strip(b"\0")  # nothing was written
 
 
