@@ -49,7 +49,7 @@ from agent.site.routes import Route, RouteTable, UpstreamError, close_quietly, o
 log = logging.getLogger(__name__)
 
 FETCH_WORKERS = 8        # chunks fetched ahead at once, for all routes together
-READAHEAD = 2            # data chunks a request has fetched ahead of the one it sends
+READAHEAD = 4            # data chunks a request has fetched ahead of the one it sends
 MAX_ATTEMPTS = 2         # a chunk the upstream fails to send is asked for this many times
 
 

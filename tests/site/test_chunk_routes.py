@@ -513,3 +513,19 @@ def test_entries_registered_at_once_download_their_kernel_once(site: SiteService
             t.join(30)
         assert not errors and len(site.entries.all()) == 3
         assert len([r for r in srv.requests if r[1] == "/k"]) == 1
+
+
+def test_head_answers_without_fetching(site: SiteServices, image: tuple[bytes, bytes]) -> None:
+    img, m = image
+    with upstream_of(img, m) as srv:
+        url = add_route(srv.url("/img"), srv.url("/img.manifest"), m)
+        parts = urllib.parse.urlsplit(url)
+        conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=10)
+        try:
+            conn.request("HEAD", parts.path)
+            resp = conn.getresponse()
+            assert resp.status == 200 and resp.getheader("Content-Length") == str(len(img))
+            assert resp.read() == b""
+        finally:
+            conn.close()
+        assert chunk_ranges(srv) == []
