@@ -533,7 +533,8 @@ def main() -> int:
         t = time.perf_counter()
         images = make_images(work, size)
         print(f"images: {size / MiB:.0f} MiB each, made in {time.perf_counter() - t:.1f}s; "
-              f"gzip {images['gzip'].stat().st_size / MiB:.0f} MiB; target {target}; "
+              f"gzip {images['gzip'].stat().st_size / MiB:.0f} MiB;"
+              f" target {'a loop device' if isinstance(target, LoopTarget) else target}; "
               f"{os.cpu_count()} CPUs; sha256 {sha256_speed():.2f} GB/s; "
               f"load average {os.getloadavg()[0]:.1f}; via {args.via}", flush=True)
         b = Bench(target, size, args.runs, args.via, work)

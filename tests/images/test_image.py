@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agent import proc
-from agent.errors import InvalidParameters, NotFound, SourceFailed
+from agent.errors import AgentError, InvalidParameters, NotFound, SourceFailed
 from agent.images import decompress, image
 from agent.proto import agent_pb2
 
@@ -119,3 +119,20 @@ def test_sources(tmp_path: Path) -> None:
     assert src.hasher.hexdigest() == __import__("hashlib").sha256(b"0123456789").hexdigest()
     with pytest.raises(NotFound):
         image.FileSource(tmp_path / "missing", "sha256")
+    with pytest.raises(InvalidParameters, match="snapshot source /dev/null is neither a block device"):
+        image.FileSource(Path("/dev/null"), "sha256", what="snapshot source")
+
+
+def test_hash_to_end_on_its_own_thread(tmp_path: Path) -> None:
+    """The published file's digest, read to its end beside other work; stopped early, it
+    says so rather than give the digest of a part."""
+    p = tmp_path / "img"
+    data = os.urandom(3 << 20)
+    p.write_bytes(data)
+    src = image.FileSource(p, "sha512")
+    assert src.peek(4) == data[:4]
+    assert image.HashToEnd(src, piece=1 << 20).hexdigest() == hashlib.sha512(data).hexdigest()
+    stopped = image.HashToEnd(image.FileSource(p, "sha256"), piece=1 << 20)
+    stopped.close()
+    with pytest.raises(AgentError, match="not finished"):
+        stopped.hexdigest()
