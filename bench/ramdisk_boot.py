@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 from agent.proto import session_pb2  # noqa: E402
 from qemu.harness import Machine  # noqa: E402
 from qemu.lab import Lab, ensure_ramdisk  # noqa: E402
+from qemu.sitemedia import user_net_media  # noqa: E402
 
 
 def agent_rss(machine: Machine) -> dict[str, float]:
@@ -40,30 +41,6 @@ def agent_rss(machine: Machine) -> dict[str, float]:
     _, out = machine.shell("grep -E '^(VmRSS|RssAnon|RssFile|RssShmem)' "
                            "/proc/$(cat /run/bettercompute-agent.pid)/status")
     return {k: int(v) / 1024 for k, v in re.findall(r"(\w+):\s+(\d+) kB", out)}
-
-
-def virtual_media(lab: Lab, node: str, tmp: Path) -> tuple[str, str]:
-    """(the ramdisk ISO, built once, of the test ramdisk; the node's config medium)."""
-    from agent.site.vmedia import MediaRequest, StaticNetwork, iso9660
-    from initramfs import build as ramdisk
-    from initramfs import iso
-    from qemu.harness import GUEST_HOST
-    from qemu.lab import GATEWAY_PORT, GUEST_TRUST
-
-    image = tmp / "ramdisk.iso"
-    if not image.is_file():
-        arch = ramdisk.ARCHES[lab.ramdisk.arch]
-        iso.build_iso(lab.ramdisk.kernel, lab.initrd("iso", lab.overlay(test=True)), image,
-                      arch=arch.name, out=ramdisk.out_dir(arch))
-    s = lab.settings(node)
-    mac = "52:54:00:12:34:56"  # the harness's NIC
-    req = MediaRequest(node, mac, "", StaticNetwork(mac, "10.0.2.15", 24, "10.0.2.2", ()),
-                       f"{GUEST_HOST}:{GATEWAY_PORT}", lab.pki.ca.read_bytes(),
-                       f"bc.token={s['token']} bc.trust={GUEST_TRUST} bc.reconnect_min=0.5 "
-                       "bc.reconnect_max=3", 60)
-    config = tmp / f"{node}-config.iso"
-    config.write_bytes(iso9660(req.medium_files()))
-    return str(image), str(config)
 
 
 def main() -> int:
@@ -88,7 +65,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bc-bench-") as tmp, Lab(Path(tmp), parts) as lab:
         for run in range(args.runs):
             node = f"bench-{run}"
-            media = virtual_media(lab, node, Path(tmp)) if args.iso else ()
+            media = user_net_media(lab, node, Path(tmp)) if args.iso else ()
             machine = lab.boot(node, disks=lab.standard_disks(node), pxe=args.pxe, uefi=args.uefi,
                                media=media)
             joined = lab.wait_joined(machine, node, 600)

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from agent.proto import site_pb2
-from agent.site.vmedia import StaticNetwork
+from agent.site.vmedia import MediaRequest, StaticNetwork, iso9660
 from initramfs import build as ramdisk
 from initramfs import iso
-from qemu.harness import PLATFORMS
-from qemu.lab import GATEWAY_PORT, GUEST_TRUST
+from qemu.harness import GUEST_HOST, PLATFORMS
+from qemu.lab import GATEWAY_PORT, GUEST_TRUST, Lab
 from qemu.sitelab import GATEWAY_ADDRESS, SITE_ADDRESS, SiteLab
 from qemu.sitelife import Bmc, Lifecycle, SiteNode, guest_shell, make_node
 
@@ -44,7 +44,7 @@ def static_network(mac: str) -> StaticNetwork:
     return StaticNetwork(mac, NODE_ADDRESS, PREFIX, SITE_ADDRESS, (SITE_ADDRESS,))
 
 
-def build_lab_iso(lab: SiteLab) -> Path:
+def build_lab_iso(lab: Lab) -> Path:
     """The lab's shared ramdisk ISO in its upstream's directory: the test ramdisk (debug
     shell, the lab's CA and trust key) on the ISO initramfs/iso.py makes, as ``--iso`` does."""
     target = lab.www / ISO_NAME
@@ -53,6 +53,22 @@ def build_lab_iso(lab: SiteLab) -> Path:
         arch = ramdisk.ARCHES[lab.ramdisk.arch]
         iso.build_iso(lab.ramdisk.kernel, initrd, target, arch=arch.name, out=ramdisk.out_dir(arch))
     return target
+
+
+def user_net_media(lab: Lab, node: str, workdir: Path, *,
+                   network: StaticNetwork | None = None) -> tuple[str, str]:
+    """(the lab's ramdisk ISO, ``node``'s config medium) for a node on QEMU's user network
+    (qemu/lab.py's ``Lab.boot(media=...)``): by default the harness NIC's static address
+    10.0.2.15/24, the gateway reached at GUEST_HOST as ever."""
+    mac = "52:54:00:12:34:56"  # the harness's NIC
+    s = lab.settings(node)
+    req = MediaRequest(node, mac, "", network or StaticNetwork(mac, "10.0.2.15", 24, "10.0.2.2", ()),
+                       f"{GUEST_HOST}:{GATEWAY_PORT}", lab.pki.ca.read_bytes(),
+                       f"bc.token={s['token']} bc.trust={GUEST_TRUST} bc.reconnect_min=0.5 "
+                       "bc.reconnect_max=3", 60)
+    config = workdir / f"{node}-config.iso"
+    config.write_bytes(iso9660(req.medium_files()))
+    return str(build_lab_iso(lab)), str(config)
 
 
 def make_media_node(lab: SiteLab, name: str, *, mac: str, uefi: bool = False) -> SiteNode:

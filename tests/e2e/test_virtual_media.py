@@ -27,11 +27,12 @@ import pytest
 
 from agent.site.bmc import Credentials
 from agent.site.secrets import SecretStore
+from agent.site.vmedia import StaticNetwork
 from initramfs import iso
-from qemu.lab import Ramdisk
+from qemu.lab import Lab, Ramdisk
 from qemu.sitelab import OVMF, SiteLab, missing_network_prerequisites
 from qemu.sitelife import Bmc, Step
-from qemu.sitemedia import MediaLifecycle, build_lab_iso, make_media_node
+from qemu.sitemedia import MediaLifecycle, build_lab_iso, make_media_node, user_net_media
 from tests.loopback_http import self_signed_cert
 from tests.site.sushy import USER, NodeHook, SushyEmulator
 
@@ -110,3 +111,27 @@ def test_virtual_media_life_uefi(media_lab: SiteLab, tmp_path: Path) -> None:
     if not os.path.exists(OVMF):
         pytest.skip(f"no {OVMF} (apt-get install ovmf)")
     run_life(media_lab, "vm-uefi", "52:54:00:5e:00:12", True, tmp_path)
+
+
+def test_bad_config_medium_is_said_and_dhcp_takes_over(lab: Lab, tmp_path: Path) -> None:
+    """Booted from the ISO with a config medium that names a NIC this machine lacks: the
+    ramdisk says so on the console and in the kernel log, does not reboot, brings its network
+    up by DHCP instead (QEMU's user network has a DHCP server) and joins with the medium's
+    settings. On QEMU's user network, without the site lab."""
+    reason = iso.missing_tools()
+    if reason:
+        pytest.skip(reason)
+    node = "vm-bad-medium"
+    wrong = StaticNetwork("02:00:00:00:00:99", "10.0.2.15", 24, "10.0.2.2", ())
+    machine = lab.boot(node, media=user_net_media(lab, node, tmp_path, network=wrong))
+    try:
+        lab.wait_joined(machine, node, 420)
+        console = machine.console()
+        said = "config medium: network: no NIC has MAC 02:00:00:00:00:99"
+        assert said in console and "falling back to DHCP" in console
+        assert "network: eth0 10.0.2.15/24" in console  # the DHCP lease (udhcpc's script)
+        status, out = machine.shell('echo "kmsg=$(dmesg | grep -c \'no NIC has MAC 02:00:00:00:00:99\')"')
+        assert status == 0 and "kmsg=1" in out, out  # in the kernel log once
+        assert lab.gateway.nodes[node].sessions == 1  # one boot: no reboot loop
+    finally:
+        machine.stop()
