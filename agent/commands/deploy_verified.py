@@ -2,7 +2,7 @@
 zero chunks never hashed (nor downloaded), the partition table written last.
 
 ``ManifestDeployment`` is the pipeline (a deploy_base.Deployment): it loads the manifest, picks
-the chunk reader the source allows (agent/image.py: Range requests, a file by offset, a qcow2
+the chunk reader the source allows (agent/images/image.py: Range requests, a file by offset, a qcow2
 file's tables, a stream), checks a request's digest of the published file, and runs:
 
     copy = VerifiedCopy(plan, reader, writer, fd, skip_zeros=..., check=ctx.check, ...)
