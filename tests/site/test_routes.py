@@ -70,6 +70,24 @@ def test_get_streams_the_upstream(site: SiteServices, upstream: LoopbackServer) 
     assert r is not None and r.requests == 2 and r.bytes_used == 2 * len(DATA) - 1000
 
 
+def test_a_deploys_range_requests_share_one_connection_to_the_route(
+        site: SiteServices, upstream: LoopbackServer) -> None:
+    """As deploy.image fetches the data runs of a sparse image through a route: bounded Range
+    requests, one after the other, on one kept-alive connection to the site (agent/http.py's
+    Connections); each is relayed whole, and the connection serves the next."""
+    url = route(site, upstream.url("/image.raw"))
+    opts = agent_http.HttpOptions(timeout=10, max_retries=0)
+    step = 256 * 1024
+    with agent_http.Connections(opts) as pool:
+        for start in range(0, len(DATA), 4 * step):
+            length = min(step, len(DATA) - start)
+            with agent_http.get(url, opts, offset=start, length=length, pool=pool) as dl:
+                assert b"".join(dl.iter_chunks()) == DATA[start : start + length]
+    assert pool.opened == 1
+    ranges = [h.get("Range") for _m, _p, h in upstream.requests]
+    assert ranges == [f"bytes={a}-{min(a + step, len(DATA)) - 1}" for a in range(0, len(DATA), 4 * step)]
+
+
 def test_range_passed_through(site: SiteServices, upstream: LoopbackServer) -> None:
     url = route(site, upstream.url("/image.raw"))
     status, headers, body = request(url, headers={"Range": "bytes=100-", "If-Range": '"v1"'})
