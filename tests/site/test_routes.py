@@ -73,7 +73,7 @@ def test_get_streams_the_upstream(site: SiteServices, upstream: LoopbackServer) 
 def test_a_deploys_range_requests_share_one_connection_to_the_route(
         site: SiteServices, upstream: LoopbackServer) -> None:
     """As deploy.image fetches the data runs of a sparse image through a route: bounded Range
-    requests, one after the other, on one kept-alive connection to the site (agent/http.py's
+    requests, one after the other, on one kept-alive connection to the site (agent/images/http.py's
     Connections); each is relayed whole, and the connection serves the next."""
     url = route(site, upstream.url("/image.raw"))
     opts = agent_http.HttpOptions(timeout=10, max_retries=0)
