@@ -365,6 +365,8 @@ class _Serving:
         for seg in self.segments:
             if seg.digest is not None:
                 self._ahead_of(seg)
+                if self.chunks.store.has(seg.digest.hex()):
+                    return None  # sent from its file by pieces(), not read here
                 data, self._first_own = self.chunks.get(self.route, seg, self)
                 return data
         return None
@@ -427,7 +429,7 @@ def serve(h: BaseHTTPRequestHandler, route: Route, method: str, routes: RouteTab
         route.release(length - sent)
         walk.result.sent, walk.result.note = sent, f"cut: {exc}"
         raise Cut(walk.result.note, walk.result) from exc
-    except (ConnectionError, TimeoutError) as exc:
+    except (ConnectionError, TimeoutError, BlockingIOError) as exc:  # the last: a kernel timeout
         route.release(length - sent)
         walk.result.sent, walk.result.note = sent, f"client went away: {type(exc).__name__}"
         raise Cut(walk.result.note, walk.result) from exc
