@@ -20,9 +20,10 @@ a short success). The ramdisk verifies every chunk again against its own signed 
 wrong route manifest can fail a deploy, never corrupt a disk.
 
 Memory: a request holds the chunk it sends; the pool runs at most FETCH_WORKERS fetches at
-once for all routes, each holding its chunk until it is stored. A chunk in the store is sent
-from its file with sendfile(2) (no copy through Python; the page cache serves it), pinned
-while it is sent: the store never evicts a chunk a request is being served from.
+once for all routes; at most STORE_QUEUE verified chunks wait for the store's writers. A chunk
+in the store is sent from its file with sendfile(2) (no copy through Python; the page cache
+serves it), pinned while it is sent: the store never evicts a chunk a request is being served
+from.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ log = logging.getLogger(__name__)
 
 FETCH_WORKERS = 8        # chunks fetched ahead at once, for all routes together
 READAHEAD = 4            # data chunks a request has fetched ahead of the one it sends
+STORE_WRITERS = 2        # threads writing verified chunks to the store
+STORE_QUEUE = 16         # verified chunks waiting for them, at most (then written inline)
 MAX_ATTEMPTS = 2         # a chunk the upstream fails to send is asked for this many times
 
 
@@ -88,10 +91,13 @@ class ChunkCache:
         self._inflight: dict[str, _Fetch] = {}
         self._ahead = 0
         self._pool = ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="site-chunk")
+        self._writer = ThreadPoolExecutor(STORE_WRITERS, thread_name_prefix="site-store")
+        self._queued = threading.BoundedSemaphore(STORE_QUEUE)
 
     def close(self) -> None:
         """Stop the pool; a fetch it will not run now fails its waiters (none waits for ever)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._writer.shutdown(wait=False)
         with self._lock:
             pending = list(self._inflight.values())
         for fetch in pending:
@@ -149,30 +155,45 @@ class ChunkCache:
         return True
 
     def _fill(self, route: Route, seg: Segment, key: str, fetch: _Fetch) -> None:
-        """Fetch and verify ``seg``, hand it to the waiters, then store it: the waiters do not
-        wait for the store's fsync (a request that comes meanwhile finds the fetch in flight,
-        already answered, until the chunk is in the store)."""
+        """Fetch and verify ``seg``, hand it to the waiters, then store it on the writer
+        pool (inline when STORE_QUEUE writes are pending already): nobody waits for the
+        store's fsync. A request that comes meanwhile finds the fetch in flight, already
+        answered, until the chunk is in the store."""
         try:
+            data = self._fetch(route, seg)
+        except BaseException as exc:  # the waiters' to report (each request logs its own)
+            with contextlib.suppress(InvalidStateError):  # failed by close() meanwhile
+                fetch.future.set_exception(exc)
+            self._landed(key)
+            return
+        with contextlib.suppress(InvalidStateError):
+            fetch.future.set_result(data)
+        if self._queued.acquire(blocking=False):
             try:
-                data = self._fetch(route, seg)
-            except BaseException as exc:  # the waiters' to report (each request logs its own)
-                with contextlib.suppress(InvalidStateError):  # failed by close() meanwhile
-                    fetch.future.set_exception(exc)
+                self._writer.submit(self._store, route, seg, key, data, True)
                 return
-            with contextlib.suppress(InvalidStateError):
-                fetch.future.set_result(data)
-            try:
-                self.store.put(key, data, hashed=True)
-            except StoreFull as exc:
-                self.metrics.inc("store_write_failures_total")
-                log.warning("route %s: chunk %d served without being stored: %s", route.id,
-                            seg.index, exc.message)
-            except OSError as exc:
-                self.metrics.inc("store_write_failures_total")
-                log.warning("route %s: chunk %d not stored: %s", route.id, seg.index, exc)
+            except RuntimeError:  # shut down
+                self._queued.release()
+        self._store(route, seg, key, data, False)
+
+    def _store(self, route: Route, seg: Segment, key: str, data: bytes, queued: bool) -> None:
+        try:
+            self.store.put(key, data, hashed=True)
+        except StoreFull as exc:
+            self.metrics.inc("store_write_failures_total")
+            log.warning("route %s: chunk %d served without being stored: %s", route.id,
+                        seg.index, exc.message)
+        except OSError as exc:
+            self.metrics.inc("store_write_failures_total")
+            log.warning("route %s: chunk %d not stored: %s", route.id, seg.index, exc)
         finally:
-            with self._lock:
-                self._inflight.pop(key, None)
+            if queued:
+                self._queued.release()
+            self._landed(key)
+
+    def _landed(self, key: str) -> None:
+        with self._lock:
+            self._inflight.pop(key, None)
 
     def _fetch(self, route: Route, seg: Segment) -> bytes:
         """The chunk's bytes from the upstream, verified; UpstreamError or ChunkRejected."""
@@ -366,6 +387,8 @@ class _Serving:
         for seg in self.segments:
             if seg.digest is not None:
                 self._ahead_of(seg)
+                if self.chunks.store.has(seg.digest.hex()):
+                    return None  # sent from its file by pieces(), not read here
                 data, self._first_own = self.chunks.get(self.route, seg, self)
                 return data
         return None
@@ -428,7 +451,7 @@ def serve(h: BaseHTTPRequestHandler, route: Route, method: str, routes: RouteTab
         route.release(length - sent)
         walk.result.sent, walk.result.note = sent, f"cut: {exc}"
         raise Cut(walk.result.note, walk.result) from exc
-    except (ConnectionError, TimeoutError) as exc:
+    except (ConnectionError, TimeoutError, BlockingIOError) as exc:  # the last: a kernel timeout
         route.release(length - sent)
         walk.result.sent, walk.result.note = sent, f"client went away: {type(exc).__name__}"
         raise Cut(walk.result.note, walk.result) from exc

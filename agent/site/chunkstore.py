@@ -21,7 +21,7 @@ least recently used files go first, except those pinned (being read) and those `
 says are in use (a live boot entry's kernel and initrd). When no room can be made, or the disk
 is full, the write raises StoreFull and nothing is left behind: a route then serves the
 verified chunk from memory without storing it. Files being written are not counted until
-committed (at most the concurrent fetches' chunks, agent/site/chunkroute.py bounds them).
+committed (one chunk per fetch in flight).
 Recency is the file's mtime, set at each hit, so the order survives a restart.
 """
 

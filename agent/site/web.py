@@ -347,7 +347,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _chunks(self, route: Route, method: str, number: int, chunks: ChunkCache) -> None:
         try:
-            served = chunkroute.serve(self, route, method, self.server.routes, chunks)
+            with _blocking(self.connection):  # as the relay: the kernel's timeouts, no polling
+                served = chunkroute.serve(self, route, method, self.server.routes, chunks)
         except chunkroute.Cut as cut:
             route.count_served(cut.served.from_store, cut.served.from_upstream)
             self._account(route, method, number, cut.served.status, cut.served.sent,
