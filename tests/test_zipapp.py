@@ -103,7 +103,7 @@ def test_every_module_carries_its_bytecode(pyz: Path, tmp_path: Path) -> None:
         names = set(z.namelist())
         sources = {n for n in names if n.endswith(".py")}
         assert sources and {n + "c" for n in sources} <= names
-        assert z.read("agent/cli.pyc")[:4] == importlib.util.MAGIC_NUMBER
+        assert z.read("agent/cli/__init__.pyc")[:4] == importlib.util.MAGIC_NUMBER
     plain = tmp_path / "plain.pyz"
     build(plain, "--arch", "none", "--no-bytecode")
     with zipfile.ZipFile(plain) as z:

@@ -518,7 +518,7 @@ def test_entries_registered_at_once_download_their_kernel_once(site: SiteService
 def test_head_answers_without_fetching(site: SiteServices, image: tuple[bytes, bytes]) -> None:
     img, m = image
     with upstream_of(img, m) as srv:
-        url = add_route(srv.url("/img"), srv.url("/img.manifest"), m)
+        url = add_route(site, srv.url("/img"), srv.url("/img.manifest"), m)
         parts = urllib.parse.urlsplit(url)
         conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=10)
         try:
