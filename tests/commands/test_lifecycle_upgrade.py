@@ -39,7 +39,8 @@ pytestmark = pytest.mark.slow
 
 
 def build(out: Path, version: str, prepend: str = "") -> Path:
-    """build/zipapp.py --version; ``prepend`` goes at the top of the archive's __main__.py."""
+    """build/zipapp.py --version; ``prepend`` goes at the top of the archive's __main__.py (whose
+    bytecode is left out: zipimport would run it in place of the changed source)."""
     subprocess.run([sys.executable, str(ROOT / "build" / "zipapp.py"), "--out", str(out),
                     "--version", version, "--arch", "x86_64,aarch64"],
                    check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
@@ -50,6 +51,8 @@ def build(out: Path, version: str, prepend: str = "") -> Path:
         buf.write(b"#!/usr/bin/env python3\n")
         with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as dst:
             for info, data in entries:
+                if info.filename == "__main__.pyc":
+                    continue
                 if info.filename == "__main__.py":
                     data = prepend.encode() + b"\n" + data
                 dst.writestr(info, data)

@@ -100,7 +100,7 @@ def test_node_ipxe_boots_through_the_site_only_while_registered(
     if shutil.which("qemu-system-x86_64") is None:
         pytest.skip("qemu-system-x86 not installed")
     tap = net.tap()
-    entry_script = f"http://{SITE}:{PORT}/ramdisk-of-the-test.ipxe"
+    entry_script = f"http://{SITE}:{PORT}/ramdisk.of.the.test.ipxe"
     result = site_daemon.send("boot.prepareRamdisk", {
         "node_id": "qemu-node", "mac_address": MAC, "boot_file": "undionly.kpxe",
         "ipxe_script_url": entry_script, "ttl_seconds": 600})
@@ -108,7 +108,7 @@ def test_node_ipxe_boots_through_the_site_only_while_registered(
 
     node = boot_node(net, tap, tmp_path)
     try:
-        wait_until(lambda: "/ramdisk-of-the-test.ipxe" in site_daemon.log(), 180,
+        wait_until(lambda: "/ramdisk.of.the.test.ipxe" in site_daemon.log(), 180,
                    "the node to chain the entry's script through the site", interval=0.5)
     finally:
         proc.kill_group(node)

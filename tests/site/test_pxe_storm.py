@@ -66,6 +66,8 @@ def test_32_nodes_boot_at_once_five_times_without_a_miss(
             "node_id": f"storm-{n:02d}", "mac_address": mac_of(n), "boot_file": "ipxe.efi",
             "kernel_url": f"http://127.0.0.1:{UPSTREAM}/vmlinuz-{n:02d}",
             "initrd_url": f"http://127.0.0.1:{UPSTREAM}/initrd-{n:02d}",
+            "kernel_digest": {"hex": hashlib.sha256(upstream[f"vmlinuz-{n:02d}"]).hexdigest()},
+            "initrd_digest": {"hex": hashlib.sha256(upstream[f"initrd-{n:02d}"]).hexdigest()},
             "kernel_cmdline": f"console=ttyS0 bc.node=storm-{n:02d}", "ttl_seconds": 3600})
     efi_sha = hashlib.sha256((IPXE / "ipxe.efi").read_bytes()).hexdigest()
     macs = ",".join(mac_of(n) for n in range(NODES))
