@@ -78,14 +78,6 @@ class Plan:
     published_size: int = 0
     published_format: int = -1       # of the file the manifest was made from (-1: not said)
 
-    @property
-    def data_segments(self) -> int:
-        return sum(1 for s in self.segments if s.digest is not None)
-
-    @property
-    def data_bytes(self) -> int:
-        return sum(s.length for s in self.segments if s.digest is not None)
-
 
 @functools.lru_cache(maxsize=16)
 def zero_digest(algorithm: str, length: int) -> bytes:

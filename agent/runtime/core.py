@@ -44,6 +44,7 @@ from agent.errors import (
     WrongRole,
 )
 from agent.hw import bootid
+from agent.images.filesource import file_digest
 from agent.link import wire
 from agent.proto import session_pb2
 from agent.runtime import scheduler
@@ -280,8 +281,7 @@ class Agent:
             self._archive_sha256 = ""
             if version.ARCHIVE:
                 try:
-                    with open(version.ARCHIVE, "rb") as f:
-                        self._archive_sha256 = hashlib.file_digest(f, "sha256").hexdigest()
+                    self._archive_sha256 = file_digest(Path(version.ARCHIVE))
                 except OSError as exc:
                     log.warning("cannot hash the running archive %s: %s", version.ARCHIVE, exc)
         return self._archive_sha256
