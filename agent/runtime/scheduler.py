@@ -139,7 +139,18 @@ class Scheduler:
         if keyed_cap < 1:
             raise ValueError("the keyed pool needs at least one worker")
         self._interval = watchdog_interval
-        self._cond = threading.Condition()
+        # One lock, and a condition for each kind of waiter on it, each woken only for what it
+        # waits for: a lane's workers for a job on that lane (one of them), the keyed pool's for
+        # a key that may start, the watchdog for a deadline earlier than its next look, and
+        # wait_idle's callers for a job gone. With hundreds of keyed workers, one condition
+        # woken for everything had every thread take the lock (and the GIL) at every submit.
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._lane_cond = {lane: threading.Condition(self._lock) for lane in Lane}
+        self._keyed_cond = threading.Condition(self._lock)
+        self._watch_cond = threading.Condition(self._lock)
+        self._idle_cond = threading.Condition(self._lock)
+        self._watch_until = 0.0       # when the watchdog looks next (monotonic)
         self._queues: dict[Lane, collections.deque[Job]] = {lane: collections.deque() for lane in Lane}
         self._jobs: dict[str, Job] = {}      # every job not yet done, queued or running
         self._workers: list[_Worker] = []
@@ -179,6 +190,11 @@ class Scheduler:
             self._keyed_free += 1
         worker.thread.start()
 
+    def _watch_deadline(self, deadline: float) -> None:
+        """Wake the watchdog for a deadline before its next look (the lock held)."""
+        if deadline < self._watch_until:
+            self._watch_cond.notify()
+
     def _keyed_workers_for(self, lane: Lane) -> None:
         """Enough keyed workers for the keys that may start, within the cap (the lock held)."""
         while (len(self._keyed_ready) > self._keyed_free and self.keyed.workers < self.keyed.cap
@@ -193,7 +209,8 @@ class Scheduler:
         """
         with self._cond:
             self._stopping = True
-            self._cond.notify_all()
+            for cond in (*self._lane_cond.values(), self._keyed_cond, self._watch_cond, self._idle_cond):
+                cond.notify_all()
             threads = [w.thread for w in self._workers]
         end = time.monotonic() + timeout
         for t in threads + ([self._watchdog] if self._watchdog else []):
@@ -229,8 +246,8 @@ class Scheduler:
                 waiting = self._queue_keyed(job)
             else:
                 self._queues[job.lane].append(job)
+                self._lane_cond[job.lane].notify()
                 waiting = ""
-            self._cond.notify_all()
         if waiting:
             job.ctx.progress(message=f"queued: {waiting}", subject=job.key)
 
@@ -246,7 +263,10 @@ class Scheduler:
         queue.append(job)
         if new and job.key not in self._keyed_running:
             self._keyed_ready.append(job.key)
+            self._keyed_cond.notify()
             job.ready_at = job.queued_at
+        else:
+            self._watch_deadline(job.ctx.deadline)   # it may expire behind its key's earlier jobs
         counters.queued += 1
         counters.keys_waiting = len(self._keyed_waiting)
         counters.peak_queued = max(counters.peak_queued, counters.queued)
@@ -316,7 +336,7 @@ class Scheduler:
                 left = deadline - time.monotonic()
                 if not busy or left <= 0 or (cancel is not None and cancel.is_set()):
                     return busy
-                self._cond.wait(min(left, 0.2))
+                self._idle_cond.wait(min(left, 0.2))
 
     # -- workers -------------------------------------------------------------------------------
 
@@ -335,9 +355,9 @@ class Scheduler:
                     job.started_at = time.monotonic()
                     job.started_ms = int(time.time() * 1000)
                     job.ctx.deadline = job.started_at + job.timeout
-                    self._cond.notify_all()  # the watchdog learns of the new deadline
+                    self._watch_deadline(job.ctx.deadline)
                     return job
-                self._cond.wait()
+                self._lane_cond[worker.lane].wait()
 
     def _next_keyed(self, worker: _Worker) -> Job | None:
         """The first job of the first key that may start (the lock held); None when the worker
@@ -370,12 +390,12 @@ class Scheduler:
                 job.started_ms = int(time.time() * 1000)
                 if job.ready_at:
                     job.ctx.deadline += job.started_at - job.ready_at   # the wait for a slot
-                self._cond.notify_all()  # the watchdog learns of the new deadline
+                self._watch_deadline(job.ctx.deadline)
                 return job
             left = idle_since + self._keyed_idle_seconds - time.monotonic()
             if left <= 0:
                 break
-            self._cond.wait(left)
+            self._keyed_cond.wait(left)
         counters.workers -= 1
         self._keyed_free -= 1
         self._workers.remove(worker)
@@ -429,7 +449,7 @@ class Scheduler:
             # command) finds its result already handed to the subscribers.
             with self._cond:
                 self._jobs.pop(job.id, None)
-                self._cond.notify_all()
+                self._idle_cond.notify_all()
         return True
 
     def _release_key(self, job: Job, error: AgentError | None) -> None:
@@ -447,9 +467,9 @@ class Scheduler:
         self._keyed_running.discard(job.key)
         if job.key in self._keyed_waiting:
             self._keyed_ready.append(job.key)
+            self._keyed_cond.notify()
             self._keyed_waiting[job.key][0].ready_at = time.monotonic()
             self._keyed_workers_for(job.lane)
-        self._cond.notify_all()
 
     # -- deadlines and cancellation --------------------------------------------------------------
 
@@ -493,7 +513,9 @@ class Scheduler:
                         self._unqueue(job)
                     threading.Thread(target=self._expire_queued, args=(stale,),
                                      name="expire-queued", daemon=True).start()
-                self._cond.wait(max(wait, 0.01))
+                wait = max(wait, 0.01)
+                self._watch_until = now + wait
+                self._watch_cond.wait(wait)
 
     def _expire_queued(self, jobs: list[Job]) -> None:
         """Report keyed jobs that reached their deadline before they could start."""
