@@ -45,7 +45,7 @@ from agent.images import manifest
 from agent.images.manifest import Plan, Segment
 from agent.site.chunkstore import ChunkStore, StoreFull
 from agent.site.metrics import Metrics
-from agent.site.routes import Route, RouteTable, UpstreamError, close_quietly, open_upstream
+from agent.site.routes import Route, RouteTable, UpstreamError, done_upstream, open_upstream
 
 log = logging.getLogger(__name__)
 
@@ -218,8 +218,10 @@ class ChunkCache:
 
     def _download(self, route: Route, seg: Segment) -> bytes:
         last = seg.end - 1
+        pool = self.routes.upstreams
         conn, resp = open_upstream(route, "GET", {"Range": f"bytes={seg.offset}-{last}"},
-                                   self.upstream, self.routes.policy)
+                                   self.upstream, self.routes.policy, pool)
+        n = 0
         try:
             whole = resp.status == 200 and seg.offset == 0 and route.plan is not None and \
                 route.plan.image_size == seg.length
@@ -231,7 +233,6 @@ class ChunkCache:
                     raise UpstreamError(f"upstream sent {got[:60]!r} for bytes {seg.offset}-{last}")
             buf = bytearray(seg.length)
             view = memoryview(buf)
-            n = 0
             while n < seg.length:
                 try:
                     got_n = resp.readinto(view[n:])
@@ -247,7 +248,7 @@ class ChunkCache:
                 raise UpstreamError(f"upstream ended chunk {seg.index} at {n} of {seg.length} bytes")
             return bytes(buf)
         finally:
-            close_quietly(conn)
+            done_upstream(pool, route, conn, resp, n == seg.length and resp.isclosed())
 
 
 # -- answering a request ---------------------------------------------------------------

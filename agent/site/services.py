@@ -181,6 +181,7 @@ class SiteServices:
             if self.metrics_service is not None:
                 self.metrics_service.server.server_close()
         self.routes.flush()
+        self.routes.upstreams.close()
         if self.dnsmasq is not None:
             self.dnsmasq.stop()
 
@@ -199,6 +200,7 @@ class SiteServices:
                 self.entries.expire(now)
                 self.routes.expire(now)
                 self.routes.flush()
+                self.routes.upstreams.sweep()
                 self.media.expire(now)
             except Exception:
                 log.exception("site services: expiry failed")

@@ -53,7 +53,7 @@ from agent.site.routes import (
     Route,
     RouteTable,
     UpstreamError,
-    close_quietly,
+    done_upstream,
     open_upstream,
 )
 from agent.site.vmedia import MEDIA_PREFIX, MediaSets
@@ -332,17 +332,19 @@ class _Handler(BaseHTTPRequestHandler):
             return
         headers = {name: value for name in PASS_REQUEST_HEADERS
                    if (value := self.headers.get(name)) is not None}
+        pool = self.server.routes.upstreams
         try:
             conn, resp = open_upstream(route, method, headers, self.server.upstream,
-                                       self.server.routes.policy)
+                                       self.server.routes.policy, pool)
         except UpstreamError as exc:
             self._refuse(exc.status, str(exc))
             self._account(route, method, number, exc.status, 0, str(exc))
             return
+        whole = False
         try:
-            status, sent, note = self._relay(route, method, number, resp)
+            status, sent, note, whole = self._relay(route, method, number, resp)
         finally:
-            close_quietly(conn)
+            done_upstream(pool, route, conn, resp, whole)
         self._account(route, method, number, status, sent, note)
 
     def _chunks(self, route: Route, method: str, number: int, chunks: ChunkCache) -> None:
@@ -360,12 +362,14 @@ class _Handler(BaseHTTPRequestHandler):
                       note + served.describe() if served.sent else served.note)
 
     def _relay(self, route: Route, method: str, number: int,
-               resp: http.client.HTTPResponse) -> tuple[int, int, str]:
+               resp: http.client.HTTPResponse) -> tuple[int, int, str, bool]:
+        """Relay ``resp`` to the client: its status, the bytes sent, a note, and whether the
+        upstream's answer was read to its end (its connection may serve the route again)."""
         coding = resp.getheader("Transfer-Encoding")
         if coding is not None and coding.strip().lower() != "chunked":
             why = f"upstream's Transfer-Encoding {coding[:40]!r} is not relayed"
             self._refuse(502, why)
-            return 502, 0, why
+            return 502, 0, why, False
         # RFC 9112 6.3: a message with Transfer-Encoding and Content-Length is framed by the
         # chunking; the Content-Length is not believed (nor passed on).
         length_header = None if coding is not None else resp.getheader("Content-Length")
@@ -374,7 +378,7 @@ class _Handler(BaseHTTPRequestHandler):
         reserved = length if (body_expected and length is not None) else 0
         if reserved and not self.server.routes.reserve(route, reserved):
             self._refuse(403, f"route {route.id}: past its max_bytes ({route.max_bytes})")
-            return 403, 0, "past max_bytes"
+            return 403, 0, "past max_bytes", False
         chunked = body_expected and length is None
         self.send_response(resp.status)
         for name in PASS_RESPONSE_HEADERS:
@@ -389,7 +393,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
         self.end_headers()
         if not body_expected:
-            return resp.status, 0, ""
+            return resp.status, 0, "", True
         read, write, mode = self._body_io(resp, length)
         sent = 0
         try:
@@ -421,7 +425,7 @@ class _Handler(BaseHTTPRequestHandler):
                     f"client went away: {_reason(exc)}")
             self._account(route, method, number, resp.status, sent, note)
             raise _Cut() from exc
-        return resp.status, sent, ""
+        return resp.status, sent, "", True
 
     def _body_io(self, resp: http.client.HTTPResponse, length: int | None) -> tuple[
             Callable[[memoryview], int | None], Callable[[bytes | memoryview], object],

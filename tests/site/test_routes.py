@@ -22,7 +22,8 @@ from agent.errors import InvalidParameters, SourceFailed
 from agent.images import http as agent_http
 from agent.proto import site_pb2
 from agent.site import web
-from agent.site.routes import RouteTable
+from agent.site import routes as routes_module
+from agent.site.routes import RouteTable, UpstreamConnections
 from agent.site.services import SiteServices
 from tests.loopback_http import Fault, LoopbackServer
 from tests.runtime.harness import wait_until
@@ -86,6 +87,69 @@ def test_a_deploys_range_requests_share_one_connection_to_the_route(
     assert pool.opened == 1
     ranges = [h.get("Range") for _m, _p, h in upstream.requests]
     assert ranges == [f"bytes={a}-{min(a + step, len(DATA)) - 1}" for a in range(0, len(DATA), 4 * step)]
+
+
+def test_a_routes_requests_share_one_upstream_connection(
+        site: SiteServices, upstream: LoopbackServer) -> None:
+    """Item 4 of issue 28 at the site: a deploy's Range requests through a route reach the
+    upstream over one kept-alive connection, and the redirect the route's URL answers is
+    followed once, then remembered for the route."""
+    upstream.redirect("/img", "/image.raw")
+    url = route(site, upstream.url("/img"))
+    opts = agent_http.HttpOptions(timeout=10, max_retries=0)
+    step = 256 * 1024
+    starts = range(0, len(DATA), 3 * step)
+    with agent_http.Connections(opts) as client:      # as deploy.image: one connection to the site
+        for start in starts:
+            length = min(step, len(DATA) - start)
+            with agent_http.get(url, opts, offset=start, length=length, pool=client) as dl:
+                assert b"".join(dl.iter_chunks()) == DATA[start : start + length]
+    paths = [path for _m, path, _h in upstream.requests]
+    assert paths == ["/img"] + ["/image.raw"] * len(starts)
+    assert upstream.connections == 1 and site.routes.upstreams.opened == 1
+    wait_until(lambda: site.routes.upstreams.idle() == 1, 5, "the connection given back")
+    token = url.rsplit("/", 1)[1]
+    site.routes.remove_node("n1")            # a route that ends takes its connections along
+    assert site.routes.lookup(token) is None and site.routes.upstreams.idle() == 0
+
+
+def test_a_kept_alive_upstream_connection_closed_meanwhile(
+        site: SiteServices, upstream: LoopbackServer) -> None:
+    """An upstream that closes its idle connections without saying so (an idle timeout): the
+    next request on the route finds it closed and is sent again on a new one, unseen by the
+    route's client."""
+    upstream.add("/closing.raw", DATA, Fault(close_after=True))
+    url = route(site, upstream.url("/closing.raw"))
+    opts = agent_http.HttpOptions(timeout=10, max_retries=0)
+    with agent_http.Connections(opts) as client:
+        for _ in range(3):
+            with agent_http.get(url, opts, offset=0, length=100, pool=client) as dl:
+                assert b"".join(dl.iter_chunks()) == DATA[:100]
+    assert client.opened == 1       # the route's client saw nothing of it
+    assert upstream.connections == 3 and site.routes.upstreams.opened == 3
+
+
+def test_idle_upstream_connections_bounded() -> None:
+    """At most ``per_route`` idle connections a route and ``total`` in all (the least recently
+    used closed first); those idle past ``idle_seconds`` are closed by the sweep."""
+    pool = UpstreamConnections(per_route=2, total=3, idle_seconds=60)
+    origin = ("http", "127.0.0.1", 1)
+
+    def conn() -> http.client.HTTPConnection:
+        c = routes_module._Pinned("127.0.0.1", 1)
+        c.origin = origin
+        return c
+
+    made = [conn() for _ in range(6)]
+    for c in made[:3]:
+        pool.give_back("a", c)                  # the first of a's is closed: 2 a route
+    for c in made[3:5]:
+        pool.give_back("b", c)                  # 4 in all: a's oldest left closed
+    assert pool.idle() == 3
+    assert pool.take("a", origin) is made[2] and pool.take("a", origin) is None
+    assert pool.take("b", origin) is made[4]
+    pool.idle_seconds = 0
+    assert pool.sweep() == 1 and pool.idle() == 0
 
 
 def test_range_passed_through(site: SiteServices, upstream: LoopbackServer) -> None:
