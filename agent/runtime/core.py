@@ -44,7 +44,6 @@ from agent.errors import (
     WrongRole,
 )
 from agent.hw import bootid
-from agent.images.filesource import file_digest
 from agent.link import wire
 from agent.proto import session_pb2
 from agent.runtime import scheduler
@@ -280,6 +279,10 @@ class Agent:
         if self._archive_sha256 is None:
             self._archive_sha256 = ""
             if version.ARCHIVE:
+                # Here, not at the top: the image stack (HTTP, TLS, block devices) is not a
+                # start's to import (an `agent exec` of a command that needs none of it).
+                from agent.images.filesource import file_digest
+
                 try:
                     self._archive_sha256 = file_digest(Path(version.ARCHIVE))
                 except OSError as exc:
