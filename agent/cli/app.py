@@ -300,9 +300,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
 
 def _exec_state_root() -> str | None:
     """Where `agent exec` keeps its journal and key for the one command: on tmpfs, as the
-    daemon's journal is (/dev/shm), where there is one. On a disk each of the journal's fsyncs
-    waits behind whatever else that file system has to write: after a deploy onto a loop
-    device over a file there, gigabytes (0.5 s at the end of a 2 GiB deploy, measured)."""
+    daemon's journal is (/dev/shm), where there is one, so that its fsyncs never wait behind
+    what else a disk's file system has to write (a deploy's target may be a file there)."""
     shm = "/dev/shm"
     return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
 
