@@ -22,7 +22,6 @@ import ctypes
 import errno
 import logging
 import os
-import platform
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -79,9 +78,9 @@ class LinuxSyscalls:
             raise OSError(err, f"{what}: {os.strerror(err)}")
 
     def kexec_file_load(self, kernel_fd: int, initrd_fd: int, cmdline: bytes, flags: int) -> None:
-        number = SYS_KEXEC_FILE_LOAD.get(platform.machine())
+        number = SYS_KEXEC_FILE_LOAD.get(os.uname().machine)
         if number is None:
-            raise OSError(errno.ENOSYS, f"kexec_file_load: no syscall number for {platform.machine()}")
+            raise OSError(errno.ENOSYS, f"kexec_file_load: no syscall number for {os.uname().machine}")
         buf = ctypes.create_string_buffer(cmdline)  # NUL-terminated; the length counts the NUL
         syscall = self._libc.syscall
         syscall.restype = ctypes.c_long

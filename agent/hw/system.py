@@ -16,7 +16,6 @@ import fcntl
 import ipaddress
 import logging
 import os
-import platform
 import re
 import socket
 import struct
@@ -90,7 +89,7 @@ def boot_mode(root: Path = ROOT) -> str:
 
 
 def kernel_release(root: Path = ROOT) -> str:
-    return sysfs.read(root / "proc/sys/kernel/osrelease") or platform.release()
+    return sysfs.read(root / "proc/sys/kernel/osrelease") or os.uname().release
 
 
 def hostname(root: Path = ROOT) -> str:
@@ -149,7 +148,7 @@ def read_cpu(root: Path = ROOT) -> Cpu:
         sockets=len(packages) or 1,
         cores=len(cores) or processors,
         threads=threads or processors,
-        architecture=platform.machine(),
+        architecture=os.uname().machine,
         flags=tuple(f for f in CPU_FLAGS if f in flags),
         max_mhz=max_khz / 1000 if max_khz else mhz,
     )
