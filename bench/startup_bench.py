@@ -84,7 +84,10 @@ def main() -> int:
                     "no bytecode (--no-bytecode)": build(tmp / "nopyc.pyz", "--no-bytecode"),
                     "neither (the build before)": build(tmp / "before.pyz", "--arch", "none",
                                                         "--no-bytecode")}
-        env = {"PATH": "/usr/bin:/bin", "BC_AGENT_CACHE": str(tmp / "cache"), "LANG": "C.UTF-8"}
+        # As the service runs it (agent/data/bettercompute-agent.service): no bytecode written
+        # by imports, so whatever is not compiled ahead is compiled at every start.
+        env = {"PATH": "/usr/bin:/bin", "BC_AGENT_CACHE": str(tmp / "cache"), "LANG": "C.UTF-8",
+               "PYTHONDONTWRITEBYTECODE": "1"}
         python = "/usr/bin/python3"
         for pyz in archives.values():  # the native cache unpacked, as after a machine's first start
             timed([python, str(pyz), "version", "--deps"], env)
