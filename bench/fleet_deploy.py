@@ -324,7 +324,9 @@ def main() -> int:
     store = work / "store"
     site = Agent(pyz, pki, gw.address, SITE, "site", work, (
         "--site-address", "127.0.0.1", "--site-http-port", str(site_port),
-        "--site-store-dir", str(store), "--site-metrics-address", f"127.0.0.1:{metrics_port}"))
+        "--site-store-dir", str(store), "--site-metrics-address", f"127.0.0.1:{metrics_port}",
+        # The bench's upstream listens on loopback, which routes may not reach by default.
+        "--site-upstream", "127.0.0.1"))
     agents = [Agent(pyz, pki, gw.address, n, "ramdisk", work) for n in nodes]
     rows: list[dict[str, Any]] = []
     try:
