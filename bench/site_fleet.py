@@ -15,7 +15,7 @@ files (sampled every 20 ms), and the emulators' CPU seconds. Then the head-of-li
 BMCs that hang (accept, never answer), one bmc.power status on each, and while they hang an
 inventory.refresh and a bmc.power status on a healthy BMC: the time from submit to start.
 
-Usage: python bench/site_fleet.py [--sizes 16,64,256] [--hang 256]
+Usage: python bench/site_fleet.py [--sizes 16,64,256] [--hang 256] [--latency SECONDS]
 """
 
 from __future__ import annotations
@@ -85,14 +85,15 @@ class Sampler:
 class Fleet:
     """qemu/bmcfleet.py as a child process."""
 
-    def __init__(self, workdir: Path, count: int, hang: int = 0) -> None:
+    def __init__(self, workdir: Path, count: int, hang: int = 0, latency: float = 0.0) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         secret = workdir / "password"
         secret.write_text(PASSWORD)
         secret.chmod(0o600)
         self.child = subprocess.Popen(
             [sys.executable, "-m", "qemu.bmcfleet", "--count", str(count), "--hang", str(hang),
-             "--username", USER, "--password-file", str(secret), "--dir", str(workdir)],
+             "--username", USER, "--password-file", str(secret), "--dir", str(workdir),
+             "--latency", str(latency)],
             cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.child.stdout is not None
         line = self.child.stdout.readline()
@@ -159,10 +160,10 @@ def drive(agent: Agent, frames: Frames, world: World, bmcs: list[dict[str, str]]
     return time.monotonic() - started, admitted
 
 
-def fleet_run(n: int, tmp: Path) -> dict[str, float]:
+def fleet_run(n: int, tmp: Path, latency: float = 0.0) -> dict[str, float]:
     (tmp / "world").mkdir()
     world = World(tmp / "world")
-    fleet = Fleet(tmp / "fleet", n + 1)
+    fleet = Fleet(tmp / "fleet", n + 1, latency=latency)
     try:
         agent, frames = site_agent(world, tmp)
         one, _ = drive(agent, frames, world, fleet.bmcs[n:], "one")       # the extra BMC, alone
@@ -215,16 +216,19 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="16,64,256", help="BMC counts, comma separated")
     p.add_argument("--hang", type=int, default=256, help="hung BMCs for the head-of-line figure")
+    p.add_argument("--latency", type=float, default=0.0, metavar="SECONDS",
+                   help="every BMC answers each request after this long, as a real BMC does "
+                   "(0: at once, so that the figures are the daemon's CPU)")
     a = p.parse_args()
     sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)   # as `agent run` does
     print(f"load: {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f} {os.getloadavg()[2]:.1f} "
-          f"on {os.cpu_count()} CPUs")
+          f"on {os.cpu_count()} CPUs; the BMCs answer after {a.latency:g} s")
     print("| N | one BMC (s) | all N (s) | all admitted (s) | ratio | peak RSS (MB) | threads | open files | "
           "daemon's CPU (s) | emulators' CPU (s) | peak in flight |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for n in (int(x) for x in a.sizes.split(",")):
         with tempfile.TemporaryDirectory(dir=STATE_ON) as tmp:
-            r = fleet_run(n, Path(tmp))
+            r = fleet_run(n, Path(tmp), a.latency)
         print(f"| {n} | {r['one_s']:.2f} | {r['all_s']:.2f} | {r['admitted_s']:.2f} | {r['ratio']:.1f} | "
               f"{r['rss_mb']:.0f} | "
               f"{r['threads']:.0f} | {r['files']:.0f} | {r['daemon_cpu_s']:.1f} | "

@@ -25,6 +25,11 @@ Behaviours, per BMC:
 - ``refuse``: nothing listens on its port (connection refused).
 - ``drip``: reads the request, then sends the answer one byte a second.
 
+``latency`` (seconds, 0 by default) delays every answer of every BMC that answers, as a real
+BMC's own time to answer a Redfish request (tenths of a second to seconds on the BMCs of GPU
+servers): with it a fleet's figures measure waiting on BMCs, as at a site, and not the site
+daemon's CPU alone.
+
 Its CPU time is the process's (``python -m`` run: the site_fleet bench reads it from /proc).
 """
 
@@ -138,11 +143,12 @@ def self_signed(workdir: Path) -> tuple[Path, Path]:
 
 class RedfishFleet:
     def __init__(self, behaviours: list[Behaviour], *, username: str, password: str, workdir: Path,
-                 slow_seconds: float = 1.0, busy_times: int = 2) -> None:
+                 slow_seconds: float = 1.0, busy_times: int = 2, latency: float = 0.0) -> None:
         self.bmcs = [Bmc(i, b, busy_left=busy_times if b is Behaviour.BUSY else 0)
                      for i, b in enumerate(behaviours)]
         self.auth = "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
         self.slow_seconds = slow_seconds
+        self.latency = latency
         self.workdir = workdir
         self.guard = threading.Lock()
         self._loop = asyncio.new_event_loop()
@@ -241,6 +247,8 @@ class RedfishFleet:
                     status, doc = self._answer(bmc, method, path.split("?")[0], headers, body)
                     if bmc.behaviour is Behaviour.SLOW:
                         await asyncio.sleep(self.slow_seconds)
+                    elif self.latency:
+                        await asyncio.sleep(self.latency)
                     payload = json.dumps(doc).encode() if doc is not None else b""
                     reason = {200: "OK", 204: "No Content", 401: "Unauthorized", 404: "Not Found",
                               400: "Bad Request", 503: "Service Unavailable"}.get(status, "Status")
@@ -328,6 +336,8 @@ def main() -> int:
     p.add_argument("--count", type=int, default=16, help="BMCs that answer (behaviour ok)")
     for name in ("hang", "slow", "busy", "refuse", "drip"):
         p.add_argument(f"--{name}", type=int, default=0, metavar="N", help=f"BMCs that {name}")
+    p.add_argument("--latency", type=float, default=0.0, metavar="SECONDS",
+                   help="every answer after this long (a real BMC's time to answer)")
     p.add_argument("--username", default="admin")
     p.add_argument("--password-file", type=Path, required=True, help="the BMCs' password, in a file")
     p.add_argument("--dir", type=Path, required=True, help="where its certificate goes")
@@ -336,7 +346,8 @@ def main() -> int:
     for b in (Behaviour.HANG, Behaviour.SLOW, Behaviour.BUSY, Behaviour.REFUSE, Behaviour.DRIP):
         behaviours += [b] * getattr(a, str(b))
     password = a.password_file.read_text().strip()
-    with RedfishFleet(behaviours, username=a.username, password=password, workdir=a.dir) as fleet:
+    with RedfishFleet(behaviours, username=a.username, password=password, workdir=a.dir,
+                      latency=a.latency) as fleet:
         print(json.dumps({"bmcs": [{"address": b.address, "behaviour": str(b.behaviour)}
                                    for b in fleet.bmcs]}), flush=True)
         sys.stdin.read()
