@@ -104,12 +104,17 @@ class Terminating(Handler[Message, Message]):
 class Frames:
     def __init__(self) -> None:
         self.frames: list[session_pb2.Frame] = []
+        self.results: dict[str, session_pb2.ResultBody] = {}   # the first result of each command
         self.cond = threading.Condition()
 
     def __call__(self, frame: session_pb2.Frame) -> None:
+        body = (session_pb2.ResultBody.FromString(frame.result.body)
+                if frame.WhichOneof("msg") == "result" else None)
         with self.cond:
             self.frames.append(frame)
-            self.cond.notify_all()
+            if body is not None:
+                self.results.setdefault(body.command_id, body)
+                self.cond.notify_all()
 
     def of(self, what: str, cid: str | None = None) -> list[Any]:
         with self.cond:
@@ -124,11 +129,8 @@ class Frames:
         end = time.monotonic() + timeout
         with self.cond:
             while True:
-                for f in self.frames:
-                    if f.WhichOneof("msg") == "result":
-                        body = session_pb2.ResultBody.FromString(f.result.body)
-                        if body.command_id == cid:
-                            return body
+                if cid in self.results:
+                    return self.results[cid]
                 left = end - time.monotonic()
                 assert left > 0, f"no result for {cid}"
                 self.cond.wait(left)
