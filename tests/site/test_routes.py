@@ -21,8 +21,8 @@ from agent.commands.base import Context
 from agent.errors import InvalidParameters, SourceFailed
 from agent.images import http as agent_http
 from agent.proto import site_pb2
-from agent.site import web
 from agent.site import routes as routes_module
+from agent.site import web
 from agent.site.routes import RouteTable, UpstreamConnections
 from agent.site.services import SiteServices
 from tests.loopback_http import Fault, LoopbackServer
