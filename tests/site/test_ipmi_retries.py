@@ -75,6 +75,25 @@ def test_a_refusal_carries_the_bmcs_own_words_and_is_not_retried(tmp_path: Path)
     assert SECRET not in str(info.value.to_wire()) and "<hidden>" in info.value.message
 
 
+def test_late_answers_are_no_answer_and_retried(tmp_path: Path) -> None:
+    """ipmitool's "IPMI Request Match NOT FOUND" (only late answers came, to requests it had
+    sent again) is a lost answer, not a refusal: retried, as ipmi_sim on a loaded machine and a
+    busy management network's UDP need."""
+    script = tmp_path / "ipmitool"
+    script.write_text(f"""#!/bin/sh
+n=$(cat {tmp_path}/count 2>/dev/null || echo 0); n=$((n+1)); echo $n > {tmp_path}/count
+if [ $n -le 1 ]; then
+  printf 'Discovered IPMB address 0x0\nUnable to get Chassis Power Status\nIPMI Request Match NOT FOUND\n' >&2
+  exit 1
+fi
+echo "Chassis Power is off"
+""")
+    script.chmod(0o755)
+    c = client(script, Pacing(min_interval=0.05))
+    assert c.power_state() is PowerState.OFF
+    assert c.attempts == 2
+
+
 def test_a_bmc_busy_for_ever_is_given_up_within_bounds(tmp_path: Path) -> None:
     tool = fake_ipmitool(tmp_path, busy_calls=1000, final="")
     c = client(tool, Pacing(min_interval=0.05, max_interval=0.1))
