@@ -74,9 +74,9 @@ def test_keyed_jobs_hold_no_lane_worker_and_keep_their_order_per_key(pool: Sched
 def test_past_the_cap_jobs_are_queued_and_told_so(pool: Scheduler) -> None:
     out, release, started = Outcomes(), threading.Event(), []
     progress: list[session_pb2.Progress] = []
-    for i in range(4):
+    for i in range(4):  # each started before the next comes: none of these four ever queues
         pool.submit(keyed(f"k{i}", f"bmc:{i}", blocker(release, started), out))
-    wait_until(lambda: len(started) == 4, WAIT, "four jobs to start")
+        wait_until(lambda n=i + 1: len(started) == n, WAIT, f"job {i} to start")
     pool.submit(keyed("k4", "bmc:4", blocker(release, started), out, progress=progress))
     pool.submit(keyed("k0b", "bmc:0", blocker(release, started), out, progress=progress))
     assert [p.message for p in progress] == [
