@@ -34,3 +34,26 @@ def read_int(path: Path, default: int = 0) -> int:
         return int(read(path), 0)
     except ValueError:
         return default
+
+
+def filesystem_type(path: Path, proc_root: Path = Path("/proc")) -> str:
+    """The type of the file system that holds ``path`` ("tmpfs", "ext4"...): of the mount in
+    /proc/self/mountinfo on the same device with the longest mount point above it; "" when
+    it cannot be told."""
+    try:
+        real = os.path.realpath(path)
+        dev = os.stat(real).st_dev
+    except OSError:
+        return ""
+    found, depth = "", -1
+    for line in read(proc_root / "self" / "mountinfo").splitlines():
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        major, _, minor = fields[2].partition(":")
+        point = fields[4].replace("\\040", " ")
+        if not (major.isdigit() and minor.isdigit()) or os.makedev(int(major), int(minor)) != dev:
+            continue
+        if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) > depth:
+            found, depth = line.split(" - ", 1)[1].split()[0], len(point)
+    return found

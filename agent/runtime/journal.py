@@ -6,8 +6,8 @@ An append-only file (on tmpfs in the ramdisk) of checksummed records, each
 
 where the payload is one JSON object. Every record that the agent is about to acknowledge to
 anybody (accepted, started, result, acknowledged, awaiting rejoin, completion) is written and
-fsync'ed before the call returns. Progress markers are written without fsync: losing one costs
-nothing.
+fsync'ed before the call returns (on tmpfs written only: fsync does nothing there). Progress
+markers are written without fsync: losing one costs nothing.
 
 Reading is forgiving: a torn or corrupt tail (the agent died mid-write) is detected by length and
 CRC, ignored, and truncated away before anything is appended; a corrupt record in the middle is
@@ -45,6 +45,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from agent.hw import sysfs
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +208,20 @@ def scan(data: bytes) -> ScanResult:
     return ScanResult(records, valid_end, skipped, len(data) - valid_end)
 
 
+IN_MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
+
+
+def _fsync_for(directory: Path) -> Callable[[int], None]:
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if sysfs.filesystem_type(directory) in IN_MEMORY_FILESYSTEMS:
+        return _nothing_to_flush
+    return os.fsync
+
+
+def _nothing_to_flush(fd: int) -> None:
+    """fsync on tmpfs: a written record is already all the journal can have."""
+
+
 class Journal:
     """The journal file and the state it describes. Thread-safe."""
 
@@ -215,13 +231,17 @@ class Journal:
         *,
         compact_bytes: int = DEFAULT_COMPACT_BYTES,
         max_known: int = DEFAULT_MAX_KNOWN,
-        fsync: Callable[[int], None] = os.fsync,
+        fsync: Callable[[int], None] | None = None,
         clock: Callable[[], int] | None = None,
     ) -> None:
+        """``fsync``: how a record is made durable; by default os.fsync, except on a file system
+        in memory (tmpfs, ramfs: the ramdisk's and the site daemon's /run), where a written
+        record is as durable as it gets and fsync is a system call that does nothing (each one
+        a wait for Python's GIL again, with a site's hundreds of BMC threads)."""
         self.path = Path(path)
         self.compact_bytes = compact_bytes
         self.max_known = max_known
-        self._fsync = fsync
+        self._fsync = fsync if fsync is not None else _fsync_for(self.path.parent)
         self._clock: Callable[[], int] = clock or _now_ms   # unix ms, for the expiry of known ids
         self._lock = threading.RLock()
         self._fd: int | None = None

@@ -173,3 +173,19 @@ def test_nic_driver_info_agrees_with_ethtool() -> None:
         assert info.firmware_version == ("" if shown.get("firmware-version", "N/A") == "N/A"
                                          else shown["firmware-version"])
     assert system.driver_info("nonexistent0") is None
+
+
+def test_filesystem_type_of_a_path_is_its_mount_s(tmp_path: Path) -> None:
+    from agent.hw.sysfs import filesystem_type
+
+    assert filesystem_type(Path("/proc/self")) == "proc"
+    assert filesystem_type(tmp_path / "not-there") == ""
+    fake = tmp_path / "proc" / "self"
+    fake.mkdir(parents=True)
+    dev = os.stat(tmp_path).st_dev
+    majmin = f"{os.major(dev)}:{os.minor(dev)}"
+    (fake / "mountinfo").write_text(
+        f"22 1 {majmin} / / rw - ext4 /dev/sda1 rw\n"
+        f"23 22 {majmin} / {tmp_path} rw shared:1 - tmpfs tmpfs rw\n"
+        f"24 22 0:99 / {tmp_path}/other rw - nfs srv:/x rw\n")
+    assert filesystem_type(tmp_path / "proc", tmp_path / "proc") == "tmpfs"   # the longest on its device

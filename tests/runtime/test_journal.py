@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agent.hw import sysfs
+from agent.runtime import journal as journal_module
 from agent.runtime.journal import MAGIC, Entry, Journal, Known, State, encode_record, scan
 
 
@@ -360,3 +363,33 @@ def test_the_state_id_is_kept_with_the_journal_and_new_with_a_new_one(tmp_path: 
     assert "y" in mended.entries and mended.state_id not in ("", fresh.state_id)
     mended.close()
     assert open_journal(path).state_id == mended.state_id
+
+
+def test_on_tmpfs_a_record_is_written_without_fsync_elsewhere_fsynced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fsync on tmpfs does nothing but cost a system call (and Python's GIL again): the journal
+    skips it there, as it is wherever the agent runs by default (/run), and keeps it on disk."""
+    shm = Path("/dev/shm")
+    if sysfs.filesystem_type(shm) != "tmpfs":
+        pytest.skip("no tmpfs at /dev/shm")
+    calls: list[int] = []
+    monkeypatch.setattr(journal_module.os, "fsync", calls.append)
+    on_disk = tmp_path / "disk"
+    assert sysfs.filesystem_type(tmp_path) not in journal_module.IN_MEMORY_FILESYSTEMS
+    j = journal_module.Journal(on_disk / "journal")
+    j.open()
+    j.accepted("c1", "inventory.refresh", "d", b"x")
+    j.close()
+    assert calls, "a journal on disk fsyncs its records"
+    calls.clear()
+    with tempfile.TemporaryDirectory(dir=shm) as d:
+        j = journal_module.Journal(Path(d) / "state" / "journal")
+        j.open()
+        j.accepted("c1", "inventory.refresh", "d", b"x")
+        j.result("c1", b"r", "SUCCEEDED")
+        j.close()
+        again = journal_module.Journal(Path(d) / "state" / "journal")
+        again.open()
+        assert again.entries["c1"].state is State.FINISHED   # written whole, read back
+        again.close()
+    assert calls == []
