@@ -78,7 +78,9 @@ import http.client
 import itertools
 import logging
 import os
+import re
 import secrets
+import select
 import socket
 import ssl
 import threading
@@ -163,6 +165,9 @@ def redact(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
+_UNSAFE_IN_URL = re.compile(r"[\x00-\x20\x7f]")
+
+
 def check_url(url: str) -> urllib.parse.SplitResult:
     """Parse and validate an http(s) URL from the wire; InvalidParameters otherwise."""
     try:
@@ -174,7 +179,7 @@ def check_url(url: str) -> urllib.parse.SplitResult:
         raise InvalidParameters(f"URL scheme must be http or https, not {parts.scheme!r}")
     if not parts.hostname:
         raise InvalidParameters(f"URL has no host: {redact(url)!r}")
-    if any(c <= " " or c == "\x7f" for c in url):
+    if _UNSAFE_IN_URL.search(url):
         raise InvalidParameters("URL contains whitespace or control characters")
     if not url.isascii():
         raise InvalidParameters(f"URL {redact(url).encode('ascii', 'backslashreplace').decode()!r} "
@@ -277,8 +282,8 @@ _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
 
 
 class Connections:
-    """The kept-alive connections of one job (a deploy; a Redfish client's command, for
-    ``request``'s idempotent methods): one idle connection per origin, taken
+    """The kept-alive connections of one job (a deploy; a Redfish BMC's commands, for
+    ``request``): one idle connection per origin, taken
     by each request and given back when its body was read to the end, so a deploy's Range
     requests share one TCP connection (and over TLS one handshake); and each URL's redirect,
     followed once and remembered for the requests after it (forgotten when a request to where
@@ -292,7 +297,7 @@ class Connections:
     def __init__(self, opts: HttpOptions) -> None:
         self.opts = opts
         self.opened = 0
-        self._idle: dict[tuple[str, str, int], http.client.HTTPConnection] = {}
+        self._idle: dict[tuple[str, str, int], tuple[http.client.HTTPConnection, float]] = {}
         self._redirects: dict[str, str] = {}
         self._context: ssl.SSLContext | None = None
         self._lock = threading.Lock()
@@ -300,26 +305,36 @@ class Connections:
     def take(self, parts: urllib.parse.SplitResult) -> tuple[http.client.HTTPConnection, bool]:
         """A connection to ``parts``' origin: the idle one (True: reused) or a new one."""
         with self._lock:
-            conn = self._idle.pop(origin(parts), None)
-            if conn is not None:
-                return conn, True
+            kept = self._idle.pop(origin(parts), None)
+            if kept is not None:
+                return kept[0], True
             self.opened += 1
             if parts.scheme == "https" and self._context is None:
                 self._context = ssl_context(self.opts.ca_pem, self.opts.ca_file, verify=self.opts.verify)
         return _connect(parts, self.opts, context=self._context), False
 
-    def idle(self, parts: urllib.parse.SplitResult) -> http.client.HTTPConnection | None:
-        """The idle connection to ``parts``' origin, or None (the caller makes one)."""
+    def idle(self, parts: urllib.parse.SplitResult, *, fresh: float | None = None
+             ) -> http.client.HTTPConnection | None:
+        """The idle connection to ``parts``' origin, or None (the caller makes one). With
+        ``fresh``, only one given back at most that many seconds ago and that the server has
+        not closed meanwhile (nothing to read on it: no FIN, no stray bytes); else it is closed."""
         with self._lock:
-            return self._idle.pop(origin(parts), None)
+            kept = self._idle.pop(origin(parts), None)
+        if kept is None:
+            return None
+        conn, since = kept
+        if fresh is not None and (time.monotonic() - since > fresh or not still_open(conn)):
+            conn.close()
+            return None
+        return conn
 
     def give_back(self, parts: urllib.parse.SplitResult, conn: http.client.HTTPConnection) -> None:
         """A connection whose last response was read to its end, for the next request."""
         with self._lock:
             old = self._idle.pop(origin(parts), None)
-            self._idle[origin(parts)] = conn
+            self._idle[origin(parts)] = (conn, time.monotonic())
         if old is not None:
-            old.close()
+            old[0].close()
 
     def resolved(self, url: str) -> str:
         with self._lock:
@@ -334,7 +349,7 @@ class Connections:
 
     def close(self) -> None:
         with self._lock:
-            idle, self._idle = list(self._idle.values()), {}
+            idle, self._idle = [conn for conn, _ in self._idle.values()], {}
         for conn in idle:
             conn.close()
 
@@ -343,6 +358,23 @@ class Connections:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def still_open(conn: http.client.HTTPConnection) -> bool:
+    """True when an idle connection's socket has nothing to read: the server has not closed
+    it (a FIN reads as readable) and sent nothing unasked. poll(2), not select: a site daemon's
+    descriptors go past select's 1024."""
+    sock = conn.sock
+    if sock is None:
+        return False
+    if isinstance(sock, ssl.SSLSocket) and sock.pending():
+        return False
+    poller = select.poll()
+    try:
+        poller.register(sock, select.POLLIN | select.POLLPRI)
+        return not poller.poll(0)
+    except (OSError, ValueError):
+        return False
 
 
 class Download:
@@ -669,6 +701,7 @@ def put(
 # -- JSON APIs ---------------------------------------------------------------------------
 
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+FRESH_SECONDS = 2.0   # a kept connection this recently used and still open takes a POST or PATCH
 
 
 class _Attempt:
@@ -700,6 +733,7 @@ class _Watch:
         self._attempts: dict[int, _Attempt] = {}
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
+        self._wakes_at = 0.0   # when the thread wakes next: an attempt due before that wakes it
 
     @contextlib.contextmanager
     def attempt(self, conn: http.client.HTTPConnection, until: float,
@@ -711,7 +745,10 @@ class _Watch:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="http-watch", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            elif until < self._wakes_at:
+                # Only then: with hundreds of requests in flight (a site's BMCs), waking the
+                # thread for each would have it walk them all at every request.
+                self._cond.notify()
         try:
             yield watched
         finally:
@@ -731,6 +768,7 @@ class _Watch:
                         watched.cut_short("time")
                     else:
                         wait = min(wait, watched.until - now)
+                self._wakes_at = now + max(wait, 0.01)
                 self._cond.wait(max(wait, 0.01))
 
 
@@ -763,9 +801,10 @@ def request(
     is not idempotent (POST, PATCH) is retried after a transport error only when the error came
     before the request was sent (the connection could not be made): a BMC that may have acted
     on it is never asked twice. ``deadline`` (a time.monotonic() value) bounds every wait.
-    With ``connections``, an idempotent request goes over a kept-alive connection to the same
-    origin when there is one (and leaves its own there); one the server closed meanwhile is
-    replaced at once, not counted as an attempt.
+    With ``connections``, a request goes over the kept-alive connection to the same origin
+    when there is one (and leaves its own there): an idempotent one over any (one the server
+    closed meanwhile is replaced at once, not counted as an attempt), a POST or PATCH only over
+    one used in the last FRESH_SECONDS and still open (see ``Connections.idle``).
     """
     import json
 
@@ -797,8 +836,12 @@ def request(
                 raise HttpError(f"{where}: deadline passed before attempt {attempt}", attempts=attempt - 1)
             timeout = min(timeout, left)
             until = min(until, deadline)
-        reusable = connections is not None and method in _IDEMPOTENT
-        kept = connections.idle(parts) if connections is not None and reusable else None
+        idempotent = method in _IDEMPOTENT
+        # A POST or PATCH goes over a kept connection only when it is fresh and still open: a
+        # server that closed it meanwhile would leave it unknown whether it acted (never asked
+        # twice), where a GET is simply sent again on a new connection.
+        kept = connections.idle(parts, fresh=None if idempotent else FRESH_SECONDS) \
+            if connections is not None else None
         conn = kept or _connect(parts, opts, timeout)
         if kept is not None and kept.sock is not None:
             kept.sock.settimeout(timeout)
@@ -815,9 +858,9 @@ def request(
                 resp = conn.getresponse()
                 data = _read_body(resp, max_body, where)
                 last = Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data, attempt)
-                keep = reusable and not resp.will_close
+                keep = connections is not None and not resp.will_close
         except _TRANSPORT_ERRORS as exc:
-            if kept is not None and not watched.cut:
+            if kept is not None and not watched.cut and (idempotent or not sent):
                 # A kept-alive connection the server had closed: the same attempt, afresh.
                 log.debug("%s: kept-alive connection gone (%s); a new one", where, exc)
                 attempt -= 1
