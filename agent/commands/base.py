@@ -85,6 +85,101 @@ class ResourceLocks:
                 lock.release()
 
 
+class Closeable(typing.Protocol):
+    def close(self) -> None: ...
+
+
+Kept_T = TypeVar("Kept_T", bound=Closeable)
+
+
+class Kept:
+    """What a command leaves for the next one on the same key: a Redfish BMC's discovered
+    paths and its kept-alive connection (under "bmc:<address>"). ``take`` hands an entry to one
+    command alone (two commands never share one); ``put`` gives it back when the command ends.
+
+    Bounded: at most ``limit`` entries (the least recently used is closed to make room), each
+    closed once unused for ``idle`` seconds (a sweeper thread, there only while entries are):
+    nothing grows with the number of keys ever seen. ``limit`` 0 keeps nothing (put closes).
+    """
+
+    def __init__(self, limit: int = 0, idle: float = 60.0) -> None:
+        self.limit, self.idle = limit, idle
+        self._lock = threading.Lock()
+        self._woken = threading.Condition(self._lock)
+        self._entries: dict[str, tuple[Closeable, float]] = {}   # oldest first
+        self._sweeper: threading.Thread | None = None
+        self._closed = False
+
+    def take(self, key: str, kind: type[Kept_T]) -> Kept_T | None:
+        """The entry kept under ``key`` (removed: the caller's alone), or None; one of another
+        type is closed."""
+        with self._lock:
+            entry = self._entries.pop(key, None)
+        if entry is None:
+            return None
+        if isinstance(entry[0], kind):
+            return entry[0]
+        entry[0].close()
+        return None
+
+    def put(self, key: str, value: Closeable) -> None:
+        """Keep ``value`` under ``key`` for the next command (closing the one it replaces and,
+        past ``limit``, the least recently used)."""
+        out: list[Closeable] = []
+        with self._lock:
+            if self._closed or self.limit <= 0:
+                out.append(value)
+            else:
+                old = self._entries.pop(key, None)
+                if old is not None:
+                    out.append(old[0])
+                self._entries[key] = (value, time.monotonic())
+                while len(self._entries) > self.limit:
+                    out.append(self._entries.pop(next(iter(self._entries)))[0])
+                if self._sweeper is None:
+                    self._sweeper = threading.Thread(target=self._sweep, name="kept-sweeper", daemon=True)
+                    self._sweeper.start()
+                else:
+                    self._woken.notify()
+        for value in out:
+            value.close()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def close(self) -> None:
+        """Close every entry; nothing is kept afterwards."""
+        with self._lock:
+            self._closed = True
+            out, self._entries = [v for v, _ in self._entries.values()], {}
+            self._woken.notify()
+        for value in out:
+            value.close()
+
+    def _sweep(self) -> None:
+        while True:
+            out: list[Closeable] = []
+            with self._lock:
+                now = time.monotonic()
+                for key, (value, since) in list(self._entries.items()):
+                    if now - since < self.idle:
+                        break
+                    out.append(value)
+                    del self._entries[key]
+                if not self._entries or self._closed:
+                    self._sweeper = None
+                    wait = -1.0
+                else:
+                    wait = next(iter(self._entries.values()))[1] + self.idle - now
+            for value in out:
+                value.close()
+            if wait < 0:
+                return
+            with self._lock:
+                self._woken.wait(max(wait, 0.01))
+
+
 @dataclass
 class Context:
     """Everything a handler may touch of the runtime.
@@ -101,6 +196,7 @@ class Context:
     timed_out: threading.Event = field(default_factory=threading.Event)
     progress_sink: ProgressSink | None = None
     locks: ResourceLocks = field(default_factory=ResourceLocks)
+    kept: Kept = field(default_factory=Kept)  # the runtime's, shared by its commands; keeps nothing here
     site_services: SiteServices | None = None  # the site daemon's boot service and routes
     log: logging.Logger | logging.LoggerAdapter[Any] = field(
         default_factory=lambda: logging.getLogger("agent.command")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import limits
-from agent.commands.base import Context, Handler
+from agent.commands.base import Context, Handler, Kept
 from agent.errors import (
     AgentError,
     BmcRefused,
@@ -251,14 +251,28 @@ def parse_request(kind: str, payload: site_pb2.BmcOperationRequest) -> BmcParams
     )
 
 
-def make_client(protocol: BmcProtocol, target: Target, call: CallContext) -> BmcClient:
+def make_client(protocol: BmcProtocol, target: Target, call: CallContext, kept: Kept | None = None,
+                key: str = "") -> BmcClient:
+    """The protocol's client; a Redfish one starts from what ``kept`` holds under ``key``
+    (the BMC's paths and connection from its last command)."""
     if protocol is BmcProtocol.IPMI:
         from agent.site.ipmi import IpmiClient
 
         return IpmiClient(target, call)
+    from agent.site.redfish import Discovered, RedfishClient
+
+    return RedfishClient(target, call, kept.take(key, Discovered) if kept is not None else None)
+
+
+def put_away(client: BmcClient, kept: Kept, key: str) -> None:
+    """End ``client``'s use of its BMC: a Redfish client's paths and idle connection are kept
+    for the BMC's next command; every client is closed."""
     from agent.site.redfish import RedfishClient
 
-    return RedfishClient(target, call)
+    if isinstance(client, RedfishClient):
+        kept.put(key, client.leave())
+    else:
+        client.close()
 
 
 class BmcSession:
@@ -274,7 +288,10 @@ class BmcSession:
 
     def client(self, creds: Credentials) -> BmcClient:
         target = Target(self.params.address, creds, verify_tls=self.params.verify_tls)
-        return make_client(self.params.protocol, target, self.call)
+        return make_client(self.params.protocol, target, self.call, self.ctx.kept, self.params.lock_name)
+
+    def done(self, client: BmcClient) -> None:
+        put_away(client, self.ctx.kept, self.params.lock_name)
 
     def open(self) -> tuple[BmcClient, Credentials]:
         """The client logged in with the entry's working credentials (an interrupted
@@ -309,7 +326,7 @@ class _BmcHandler(Handler[site_pb2.BmcOperationRequest, BmcParams]):
         try:
             return self.operate(session, client, creds)
         finally:
-            client.close()
+            session.done(client)
 
     def operate(self, session: BmcSession, client: BmcClient, creds: Credentials) -> Result:
         raise NotImplementedError
@@ -363,8 +380,7 @@ class BmcBoot(_BmcHandler, kind="bmc.boot"):
         args = params.args
         assert args.device is not None   # required by set_boot_device: parse saw to it
         wanted = BootSetting(args.device, args.persistent, args.mode)
-        client.set_boot_device(wanted)
-        back = client.boot_device()
+        back = client.set_boot_device(wanted)
         if back.device is not wanted.device:
             raise BmcRefused(
                 f"BMC {params.address} accepted boot device {wanted.device} but reads back "

@@ -29,7 +29,7 @@ from google.protobuf.message import DecodeError, Message
 
 from agent import catalog, launcher, schema, version
 from agent.commands import HandlerTable
-from agent.commands.base import Context, Handler, ResourceLocks, SelfTermination
+from agent.commands.base import Context, Handler, Kept, ResourceLocks, SelfTermination
 from agent.config import Config
 from agent.errors import (
     AgentError,
@@ -60,6 +60,10 @@ BOOT_ID_PATH = bootid.BOOT_ID
 CMDLINE_PATH = Path("/proc/cmdline")
 MAX_COMMAND_ID = 128
 HELLO_RESULTS_BYTES = 1024 * 1024  # unacked results beyond this follow the Hello as result frames
+# Kept (agent/commands/base.py): BMCs whose discovered Redfish paths and idle connection are
+# kept between their commands (docs/site.md, "BMC operations at scale"), and for how long.
+KEPT_ENTRIES = 256
+KEPT_IDLE_SECONDS = 60.0
 MAX_ATTEMPTS = 5               # starts of one retry-safe command before it is reported interrupted
 
 Frame = session_pb2.Frame
@@ -143,6 +147,8 @@ class Agent:
         self.journal = Journal(state_dir / "journal", compact_bytes=journal_compact_bytes)
         self.scheduler = scheduler.Scheduler(workers, keyed_cap=config.bmc_max_in_flight)
         self.locks = ResourceLocks()
+        # What a command leaves for the next on the same BMC (its Redfish paths and connection).
+        self.kept = Kept(limit=KEPT_ENTRIES, idle=KEPT_IDLE_SECONDS)
         self._admit = threading.RLock()
         self._sinks: list[Sink] = []
         self._exit_hooks: list[Callable[[], None]] = []
@@ -212,6 +218,7 @@ class Agent:
             self.scheduler.abort_running(timeout)
         self.scheduler.stop(timeout)
         logging.getLogger("agent").removeHandler(self._forwarder)
+        self.kept.close()
         self.journal.close()
 
     # -- the session's view --------------------------------------------------------------------
@@ -434,6 +441,7 @@ class Agent:
             boot_id=self.boot_id,
             progress_sink=stream.progress,
             locks=self.locks,
+            kept=self.kept,
             site_services=self.site,
             log=CommandLog(logging.getLogger(f"agent.command.{kind.name}"), cid, stream),
         )

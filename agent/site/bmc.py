@@ -111,7 +111,9 @@ class BmcClient(Protocol):
 
     def boot_device(self) -> BootSetting: ...
 
-    def set_boot_device(self, setting: BootSetting) -> None: ...
+    def set_boot_device(self, setting: BootSetting) -> BootSetting:
+        """Set it; the setting as the BMC reads it back afterwards."""
+        ...
 
     def query(self) -> site_pb2.BmcOperationResult:
         """system, nics, sensors and power_state filled in (and the firmware inventory where

@@ -418,7 +418,7 @@ class IpmiClient:
     def boot_device(self) -> BootSetting:
         return parse_bootparam5(self.run("chassis", "bootparam", "get", "5"))
 
-    def set_boot_device(self, setting: BootSetting) -> None:
+    def set_boot_device(self, setting: BootSetting) -> BootSetting:
         if setting.device is BootDevice.HTTP:
             raise Unsupported(f"HTTP boot is {NOT_IPMI}")
         options = []
@@ -432,6 +432,7 @@ class IpmiClient:
         self.run(*args)
         # Keep the boot flag valid past the 60 s the spec gives it (as Ironic does).
         self.run("raw", "0x00", "0x08", "0x03", "0x08")
+        return self.boot_device()
 
     def query(self) -> site_pb2.BmcOperationResult:
         result = site_pb2.BmcOperationResult()

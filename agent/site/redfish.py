@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import http.client as http_client
 import json
 import logging
 import time
@@ -96,6 +97,27 @@ _POWER_FROM_REDFISH = {"On": PowerState.ON, "PoweringOff": PowerState.ON, "Pause
                        "Off": PowerState.OFF, "PoweringOn": PowerState.OFF}
 
 
+@dataclass
+class Discovered:
+    """What a command learnt of one BMC that the next command on it may use (kept in the
+    runtime's ``Kept``, agent/commands/base.py, under the BMC's key "bmc:<address>"): the
+    service root, the System, Manager and Chassis paths, and the idle kept-alive connection.
+    Used only by a client of the same base URL and TLS settings; a path that answers 404 later
+    is discovered again (``RedfishClient._resource``)."""
+
+    base: str
+    verify_tls: bool
+    ca_file: str
+    root: Doc | None
+    paths: dict[str, str]
+    connection: http_client.HTTPConnection | None = None
+
+    def close(self) -> None:
+        if self.connection is not None:
+            self.connection.close()
+            self.connection = None
+
+
 @dataclass(frozen=True)
 class Answer:
     status: int
@@ -146,7 +168,8 @@ def _not_json(resp: http.Response) -> bool:
 class RedfishClient:
     """``BmcClient`` over Redfish; see the module docstring."""
 
-    def __init__(self, target: Target, call: CallContext) -> None:
+    def __init__(self, target: Target, call: CallContext, known: Discovered | None = None) -> None:
+        """``known``: what an earlier command learnt of this BMC (see ``leave``), or None."""
         self.target = target
         self.call = call
         scheme, address = "https", target.address
@@ -174,6 +197,16 @@ class RedfishClient:
         self._root: Doc | None = None
         self._paths: dict[str, str] = {}
         self._secrets: list[str] = []   # passwords being set, hidden like the login's
+        self._known = False             # root and paths came from an earlier command
+        self._last: tuple[str, Answer] | None = None   # the last GET's answer, until a write
+        if known is not None and (known.base, known.verify_tls, known.ca_file) == \
+                (self.base, target.verify_tls, target.ca_file):
+            self._root, self._paths, self._known = known.root, dict(known.paths), True
+            if known.connection is not None:
+                self.connections.give_back(http.check_url(self.base + ROOT), known.connection)
+                known.connection = None
+        if known is not None:
+            known.close()
 
     # -- transport -----------------------------------------------------------------------
 
@@ -222,13 +255,26 @@ class RedfishClient:
             hdrs.update(self._login())
         if headers:
             hdrs.update(headers)
+        if method != "GET":
+            self._last = None
         resp = self._request(method, url, json_body, hdrs)
         if resp.status == 401 and auth and self._session_uri:
             log.info("Redfish %s: session refused, logging in again", self.target.address)
             self._auth, self._session_uri = None, ""
             hdrs.update(self._login())
             resp = self._request(method, url, json_body, hdrs)
-        return self._answer(method, url, resp, ok)
+        answer = self._answer(method, url, resp, ok)
+        if method == "GET":
+            self._last = (url, answer)
+        return answer
+
+    def as_read(self, ref: str) -> Answer:
+        """The answer to a GET of ``ref``: the one this client last had, when it asked for
+        ``ref`` and has sent nothing but GETs since (a resource read a moment ago, before it is
+        changed: no second GET for its state or ETag), else a GET now. Never for polling."""
+        if self._last is not None and self._last[0] == self.url(ref):
+            return self._last[1]
+        return self.send("GET", ref)
 
     def _request(self, method: str, url: str, json_body: object, hdrs: dict[str, str]) -> http.Response:
         if self.call.cancel.is_set():
@@ -344,6 +390,19 @@ class RedfishClient:
             probe.close()
 
     def close(self) -> None:
+        self._end_session()
+        self.connections.close()
+
+    def leave(self) -> Discovered:
+        """Close the session as ``close`` does, and hand over what the next command on this BMC
+        may use: the root, the paths and the idle connection (the caller closes or keeps it)."""
+        self._end_session()
+        known = Discovered(self.base, self.target.verify_tls, self.target.ca_file, self._root,
+                           dict(self._paths), self.connections.idle(http.check_url(self.base + ROOT)))
+        self.connections.close()
+        return known
+
+    def _end_session(self) -> None:
         uri, self._session_uri = self._session_uri, ""
         if uri and self._auth is not None:
             try:
@@ -351,7 +410,6 @@ class RedfishClient:
             except (BmcRefused, BmcUnreachable, AuthFailed, Cancelled) as exc:
                 log.warning("Redfish %s: could not close the session: %s", self.target.address, exc)
         self._auth = None
-        self.connections.close()
 
     # -- discovery -----------------------------------------------------------------------
 
@@ -394,7 +452,27 @@ class RedfishClient:
         return self._paths["chassis"]
 
     def system(self) -> Doc:
-        return self.get(self.system_ref())
+        return self._resource(self.system_ref)
+
+    def manager(self) -> Doc:
+        return self._resource(self.manager_ref)
+
+    def chassis(self) -> Doc:
+        return self._resource(self.chassis_ref)
+
+    def _resource(self, ref: Callable[[], str]) -> Doc:
+        """GET the resource at ``ref()``; when its path came from an earlier command and the
+        BMC now answers 404 (the BMC was reset or replaced, its resources renumbered), the
+        root and paths are discovered again, once."""
+        try:
+            return self.get(ref())
+        except BmcRefused as exc:
+            if not self._known or exc.details.get("status") != "404":
+                raise
+        log.info("Redfish %s: a path kept from an earlier command is gone; discovering again",
+                 self.target.address)
+        self._root, self._paths, self._known = None, {}, False
+        return self.get(ref())
 
     # -- power ---------------------------------------------------------------------------
 
@@ -428,7 +506,7 @@ class RedfishClient:
     def set_power(self, action: PowerAction, *, graceful_timeout: float) -> None:
         if action is PowerAction.STATUS:
             return
-        system = self.system()
+        system = self.as_read(self.system_ref()).doc   # the caller has just read the state
         state = self._power_of(system)
         target, allowed = self._reset_types(system)
 
@@ -509,7 +587,7 @@ class RedfishClient:
             raise Unsupported(f"Redfish BMC {self.target.address}: boot override {raw!r} has no name here")
         return BootSetting(device, persistent=enabled == "Continuous", mode=mode)
 
-    def set_boot_device(self, setting: BootSetting) -> None:
+    def set_boot_device(self, setting: BootSetting) -> BootSetting:
         system = self.system()
         boot = system.get("Boot", {})
         wanted = _BOOT_TO_REDFISH[setting.device]
@@ -540,10 +618,12 @@ class RedfishClient:
             log.warning("Redfish %s: boot override %s reads back persistent=%s mode=%s, asked %s/%s",
                         self.target.address, wanted, got.persistent, got.mode, setting.persistent,
                         setting.mode)
+        return got
 
     def patch(self, ref: str, body: Doc) -> Answer:
-        """PATCH with If-Match when the resource has an ETag (some BMCs require it)."""
-        etag = self.send("GET", ref).headers.get("etag", "")
+        """PATCH with If-Match when the resource has an ETag (some BMCs require it): the ETag of
+        the GET just made of it, else of a GET now."""
+        etag = self.as_read(ref).headers.get("etag", "")
         return self.send("PATCH", ref, json_body=body, headers={"If-Match": etag} if etag else None)
 
     # -- query ---------------------------------------------------------------------------
@@ -559,7 +639,7 @@ class RedfishClient:
         sys_msg.uuid = text(system.get("UUID"))
         sys_msg.health = text(system.get("Status", {}).get("Health"))
         with contextlib.suppress(Unsupported):
-            sys_msg.bmc_firmware_version = text(self.get(self.manager_ref()).get("FirmwareVersion"))
+            sys_msg.bmc_firmware_version = text(self.manager().get("FirmwareVersion"))
         result.power_state = str(self._power_of(system))
         result.state = result.power_state
         nics_ref = link(system, "EthernetInterfaces")
@@ -582,7 +662,7 @@ class RedfishClient:
 
     def sensors(self) -> list[site_pb2.BmcSensor]:
         """Thermal and Power (one GET each) where the Chassis has them, else its Sensors."""
-        chassis = self.get(self.chassis_ref())
+        chassis = self.chassis()
         out: list[site_pb2.BmcSensor] = []
         thermal, power = link(chassis, "Thermal"), link(chassis, "Power")
         if thermal:
@@ -777,7 +857,7 @@ class RedfishClient:
 
     def _media_refs(self) -> list[str]:
         """The System's VirtualMedia (newer BMCs), else the Manager's."""
-        ref = link(self.system(), "VirtualMedia") or link(self.get(self.manager_ref()), "VirtualMedia")
+        ref = link(self.system(), "VirtualMedia") or link(self.manager(), "VirtualMedia")
         if not ref:
             raise Unsupported(f"Redfish BMC {self.target.address} has no VirtualMedia")
         return self.members(ref)
