@@ -202,6 +202,12 @@ class RedfishFleet:
         finally:
             for server in self._servers:
                 server.close()
+            # Connections a client still keeps alive (the site daemon keeps one per BMC
+            # between commands) are ended here, not left pending as the loop closes.
+            pending = asyncio.all_tasks(self._loop)
+            for task in pending:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             self._loop.close()
 
     async def _open(self, tls: ssl.SSLContext) -> None:
