@@ -281,7 +281,7 @@ class RedfishFleet:
                                            parsed if isinstance(parsed, dict) else {}))
                 if headers.get("connection") == "close":
                     return
-        except (ConnectionError, ssl.SSLError):
+        except (ConnectionError, ssl.SSLError, asyncio.CancelledError):   # the last: the fleet stops
             return
         finally:
             writer.close()
