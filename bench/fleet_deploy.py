@@ -15,8 +15,12 @@ slower at K = 8 and 32: a ratio site/straight at most 1), the site daemon's CPU 
 peak RSS (VmHWM). Every deploy must succeed with every data chunk verified by the ramdisk,
 and one disk of each run is compared with the image byte for byte.
 
+Every run starts on disks as new (their backing files' blocks punched out), and with
+``--rounds R`` each K is timed R times both ways, which goes first alternating: the ratio is
+the median of the rounds' ratios (one run's swings by more than the paths differ).
+
 Usage (as root: loop devices): python bench/fleet_deploy.py [--size 2G] [--ks 1,8,32]
-    [--chunk 4M] [--work DIR] [--json FILE]
+    [--rounds 3] [--chunk 4M] [--work DIR] [--json FILE]
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import os
 import random
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -123,6 +128,12 @@ def serve(directory: str, port_file: str) -> int:
     return 0
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of process ``pid`` so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Upstream:
     def __init__(self, directory: Path, work: Path) -> None:
         port_file = work / "upstream.port"
@@ -180,12 +191,26 @@ def make_images(work: Path, size: int, chunk: int, seed: int = 26) -> dict[str, 
 
 # -- loop devices ----------------------------------------------------------------------------
 
+def backing_file(work: Path, i: int) -> Path:
+    return work / "disks" / f"disk{i:02d}"
+
+
+def fresh_disks(work: Path, devices: list[str], size: int) -> None:
+    """Every disk as new before a run: its backing file's blocks given back (a hole again) and
+    the loop device's buffers dropped. Otherwise whichever deploy comes first on a disk pays
+    for the file system's allocation of its blocks and the next one only overwrites them."""
+    for i, dev in enumerate(devices):
+        subprocess.run(["fallocate", "--punch-hole", "--offset", "0", "--length", str(size),
+                        str(backing_file(work, i))], check=True)
+        subprocess.run(["blockdev", "--flushbufs", dev], check=True)
+
+
 @contextlib.contextmanager
 def loop_devices(work: Path, count: int, size: int) -> Iterator[list[str]]:
     devices: list[str] = []
     try:
         for i in range(count):
-            backing = work / "disks" / f"disk{i:02d}"
+            backing = backing_file(work, i)
             backing.parent.mkdir(exist_ok=True)
             with open(backing, "wb") as f:
                 f.truncate(size)
@@ -229,8 +254,7 @@ class Agent:
 
     def cpu_seconds(self) -> float:
         assert self.proc is not None
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(self.proc.pid)
 
     def peak_rss(self) -> int:
         assert self.proc is not None
@@ -296,6 +320,9 @@ def main() -> int:
     p.add_argument("--work", type=Path)
     p.add_argument("--json", type=Path)
     p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="straight and through the site this many times for each K, alternating "
+                   "which goes first; the median of the rounds' ratios")
     p.add_argument("--serve")
     p.add_argument("--port-file")
     a = p.parse_args()
@@ -336,20 +363,22 @@ def main() -> int:
             for n in nodes:
                 gw.wait_node(n, 120)
             for k in ks:
-                row: dict[str, Any] = {"k": k}
+                row: dict[str, Any] = {"k": k, "rounds": []}
                 v1 = images["v1"]
-                # Straight from the upstream, and through the site with its store empty;
-                # which goes first alternates from one K to the next.
+                # Straight from the upstream, and through the site with its store empty, in
+                # --rounds rounds; which goes first alternates from one round (and K) to the next.
 
                 def measured(prefix: str, urls: list[str], version: dict[str, Any], k: int = k,
                              row: dict[str, Any] = row) -> None:
                     """The K deploys of ``version`` from ``urls``: wall time, upstream bytes, a disk."""
-                    before = upstream.sent(version["file"])
+                    fresh_disks(work, devices[:k], a.size)
+                    before, cpu0 = upstream.sent(version["file"]), cpu_seconds(upstream.proc.pid)
                     wall, results = deploy_all(gw, nodes[:k], devices[:k], urls,
                                                f"{upstream.base}/{version['manifest']}",
                                                version["manifest_sha256"], a.timeout)
                     assert all(r.chunks_verified == images["data_chunks"] for r in results), results[0]
                     row[f"{prefix}_s"] = wall
+                    row[f"{prefix}_upstream_cpu_s"] = cpu_seconds(upstream.proc.pid) - cpu0
                     row[f"{prefix}_upstream_bytes"] = upstream.sent(version["file"]) - before
                     row[f"{prefix}_disk_ok"] = disk_matches(devices[k - 1],
                                                             work / "upstream" / version["file"])
@@ -367,13 +396,29 @@ def main() -> int:
                     measured("site", routes, v1)
                     row["site_cpu_s"] = site.cpu_seconds() - cpu0
 
-                for mode in ((straight, through_site) if len(rows) % 2 == 0 else (through_site, straight)):
-                    mode()
+                for r in range(a.rounds):
+                    first_straight = (len(rows) + r) % 2 == 0
+                    for mode in ((straight, through_site) if first_straight else (through_site, straight)):
+                        mode()
+                    row["rounds"].append({key: row[key] for key in (
+                        "straight_s", "site_s", "site_cpu_s", "straight_upstream_cpu_s",
+                        "site_upstream_cpu_s", "site_upstream_bytes",
+                        "straight_upstream_bytes", "site_disk_ok", "straight_disk_ok")}
+                        | {"first": "straight" if first_straight else "site"})
                 # The second version, to the same K, the store warm from the first.
                 v2 = images["v2"]
                 measured("v2", make_routes(gw, nodes[:k], upstream.base, v2), v2)
                 row["site_peak_rss"] = site.peak_rss()
-                row["ratio"] = row["site_s"] / row["straight_s"]
+                rounds = row["rounds"]
+                for key in ("straight_s", "site_s", "site_cpu_s", "straight_upstream_cpu_s",
+                            "site_upstream_cpu_s"):
+                    row[key] = statistics.median(x[key] for x in rounds)
+                for key in ("site_upstream_bytes", "straight_upstream_bytes"):
+                    row[key] = max(x[key] for x in rounds)
+                for key in ("site_disk_ok", "straight_disk_ok"):
+                    row[key] = all(x[key] for x in rounds)
+                row["ratios"] = [x["site_s"] / x["straight_s"] for x in rounds]
+                row["ratio"] = statistics.median(row["ratios"])
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     finally:
@@ -385,12 +430,17 @@ def main() -> int:
     data, changed = images["data_bytes"], images["changed_bytes"]
     print(f"\n{'K':>3} {'straight s':>10} {'site s':>8} {'site/straight':>13} {'upstream (site)':>16}"
           f" {'target':>10} {'straight upstream':>17} {'v2 upstream':>12} {'v2 target':>10}"
-          f" {'site CPU s':>10} {'site peak RSS':>13}")
+          f" {'site CPU s':>10} {'site peak RSS':>13} {'upstream CPU s straight/site':>28}")
     for r in rows:
         print(f"{r['k']:>3} {r['straight_s']:>10.1f} {r['site_s']:>8.1f} {r['ratio']:>13.2f}"
               f" {r['site_upstream_bytes']:>16} {int(data * 1.01):>10} {r['straight_upstream_bytes']:>17}"
               f" {r['v2_upstream_bytes']:>12} {int(changed * 1.01):>10} {r['site_cpu_s']:>10.1f}"
-              f" {r['site_peak_rss'] >> 20:>10} MiB")
+              f" {r['site_peak_rss'] >> 20:>10} MiB"
+              f" {r['straight_upstream_cpu_s']:>20.1f} / {r['site_upstream_cpu_s']:.1f}")
+        if len(r["rounds"]) > 1:
+            print("    rounds (first, straight s, site s, ratio): " + ", ".join(
+                f"({x['first']}, {x['straight_s']:.1f}, {x['site_s']:.1f}, "
+                f"{x['site_s'] / x['straight_s']:.2f})" for x in r["rounds"]))
     ok = all(r["site_upstream_bytes"] <= data * 1.01 and r["v2_upstream_bytes"] <= changed * 1.01
              and r["site_disk_ok"] and r["straight_disk_ok"] and r["v2_disk_ok"] for r in rows)
     print(f"bytes targets {'met' if ok else 'NOT met'}; every deploy verified every data chunk")
