@@ -136,11 +136,9 @@ class Kept:
                 self._entries[key] = (value, time.monotonic())
                 while len(self._entries) > self.limit:
                     out.append(self._entries.pop(next(iter(self._entries)))[0])
-                if self._sweeper is None:
+                if self._sweeper is None:   # a running one is due at the oldest entry, not this one
                     self._sweeper = threading.Thread(target=self._sweep, name="kept-sweeper", daemon=True)
                     self._sweeper.start()
-                else:
-                    self._woken.notify()
         for value in out:
             value.close()
 

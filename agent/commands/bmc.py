@@ -264,17 +264,6 @@ def make_client(protocol: BmcProtocol, target: Target, call: CallContext, kept: 
     return RedfishClient(target, call, kept.take(key, Discovered) if kept is not None else None)
 
 
-def put_away(client: BmcClient, kept: Kept, key: str) -> None:
-    """End ``client``'s use of its BMC: a Redfish client's paths and idle connection are kept
-    for the BMC's next command; every client is closed."""
-    from agent.site.redfish import RedfishClient
-
-    if isinstance(client, RedfishClient):
-        kept.put(key, client.leave())
-    else:
-        client.close()
-
-
 class BmcSession:
     """One command's use of one BMC: the store entry, the client, the lock."""
 
@@ -291,7 +280,14 @@ class BmcSession:
         return make_client(self.params.protocol, target, self.call, self.ctx.kept, self.params.lock_name)
 
     def done(self, client: BmcClient) -> None:
-        put_away(client, self.ctx.kept, self.params.lock_name)
+        """End ``client``'s use of its BMC: a Redfish client's paths and idle connection are
+        kept for the BMC's next command; every client is closed."""
+        from agent.site.redfish import RedfishClient
+
+        if isinstance(client, RedfishClient):
+            self.ctx.kept.put(self.params.lock_name, client.leave())
+        else:
+            client.close()
 
     def open(self) -> tuple[BmcClient, Credentials]:
         """The client logged in with the entry's working credentials (an interrupted

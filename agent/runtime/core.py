@@ -61,7 +61,7 @@ CMDLINE_PATH = Path("/proc/cmdline")
 MAX_COMMAND_ID = 128
 HELLO_RESULTS_BYTES = 1024 * 1024  # unacked results beyond this follow the Hello as result frames
 # Kept (agent/commands/base.py): BMCs whose discovered Redfish paths and idle connection are
-# kept between their commands (docs/site.md, "BMC operations at scale"), and for how long.
+# kept between their commands (docs/site.md, "How BMC work is scheduled"), and for how long.
 KEPT_ENTRIES = 256
 KEPT_IDLE_SECONDS = 60.0
 MAX_ATTEMPTS = 5               # starts of one retry-safe command before it is reported interrupted

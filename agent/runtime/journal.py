@@ -211,13 +211,6 @@ def scan(data: bytes) -> ScanResult:
 IN_MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
 
 
-def _fsync_for(directory: Path) -> Callable[[int], None]:
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if sysfs.filesystem_type(directory) in IN_MEMORY_FILESYSTEMS:
-        return _nothing_to_flush
-    return os.fsync
-
-
 def _nothing_to_flush(fd: int) -> None:
     """fsync on tmpfs: a written record is already all the journal can have."""
 
@@ -241,7 +234,8 @@ class Journal:
         self.path = Path(path)
         self.compact_bytes = compact_bytes
         self.max_known = max_known
-        self._fsync = fsync if fsync is not None else _fsync_for(self.path.parent)
+        self._fsync = fsync or os.fsync
+        self._fsync_given = fsync is not None   # else chosen by open(), for the file system
         self._clock: Callable[[], int] = clock or _now_ms   # unix ms, for the expiry of known ids
         self._lock = threading.RLock()
         self._fd: int | None = None
@@ -259,6 +253,8 @@ class Journal:
         """Read the journal (if any), rebuild the state, repair the file, open it for appending."""
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not self._fsync_given and sysfs.filesystem_type(self.path.parent) in IN_MEMORY_FILESYSTEMS:
+                self._fsync = _nothing_to_flush
             try:
                 data = self.path.read_bytes()
             except FileNotFoundError:

@@ -181,6 +181,7 @@ class RedfishClient:
         if parts.path != ROOT or parts.query or "@" in parts.netloc:
             raise InvalidParameters(f"BMC address must be host or host:port, not {shown_address(address)!r}")
         self._netloc = parts.netloc.lower()
+        self._root_parts = parts        # the BMC's origin, for its kept connection
         if scheme == "http":
             log.warning("Redfish %s: plain http, no TLS (a lab BMC or an emulator only)", address)
         pacing = call.pacing
@@ -203,7 +204,7 @@ class RedfishClient:
                 (self.base, target.verify_tls, target.ca_file):
             self._root, self._paths, self._known = known.root, dict(known.paths), True
             if known.connection is not None:
-                self.connections.give_back(http.check_url(self.base + ROOT), known.connection)
+                self.connections.give_back(self._root_parts, known.connection)
                 known.connection = None
         if known is not None:
             known.close()
@@ -398,7 +399,7 @@ class RedfishClient:
         may use: the root, the paths and the idle connection (the caller closes or keeps it)."""
         self._end_session()
         known = Discovered(self.base, self.target.verify_tls, self.target.ca_file, self._root,
-                           dict(self._paths), self.connections.idle(http.check_url(self.base + ROOT)))
+                           dict(self._paths), self.connections.idle(self._root_parts))
         self.connections.close()
         return known
 
