@@ -3,8 +3,9 @@
 Progress: at most one frame per PROGRESS_INTERVAL per command; a report that comes too soon is
 held and sent when the interval has passed (only the newest one held), and ``close`` sends the
 held one before the result, so the last progress is never lost. Every PROGRESS_MARKER_INTERVAL a
-progress marker goes to the journal. Log lines: a token bucket per command (LOG_RATE a second,
-bursts of LOG_BURST); a dropped line is counted and the count travels with the next line.
+progress marker goes to the journal (the first one that far into the command). Log lines: a token
+bucket per command (LOG_RATE a second, bursts of LOG_BURST); a dropped line is counted and the
+count travels with the next line.
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ class CommandStream:
         self._last_sent = 0.0
         self._pending: session_pb2.Progress | None = None
         self._timer: threading.Timer | None = None
-        self._last_marker = 0.0
+        # The first marker after an interval of running: a command that ends sooner is told by
+        # its result, and at hundreds of commands a marker each is a journal write each.
+        self._last_marker = time.monotonic()
         self._tokens = LOG_BURST
         self._refilled = time.monotonic()
         self._dropped = 0

@@ -5,7 +5,10 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from agent.proto import session_pb2
+from agent.runtime import streams
 from agent.runtime.streams import LOG_BURST, CommandStream
 from tests.runtime.harness import wait_until
 
@@ -38,11 +41,23 @@ def test_a_burst_of_progress_is_one_frame_now_and_the_newest_later() -> None:
     assert first[0].done == 1 and len(first) < 100
     # the held one follows after the interval
     wait_until(lambda: out.progress()[-1].done == 1000, 30, "the held progress report")
-    assert markers[0] == 1  # the first report is also a journal marker
+    assert markers == []  # a journal marker only once the command has run an interval
     stream.close()
     assert out.progress()[-1].done == 1000
     stream.progress(session_pb2.Progress(command_id="c", done=5))  # after close: dropped
     assert out.progress()[-1].done == 1000
+
+
+def test_a_journal_marker_once_an_interval_has_passed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(streams, "PROGRESS_MARKER_INTERVAL", 0.2)
+    markers: list[int] = []
+    stream = CommandStream("c", Collected(), lambda cid, p: markers.append(p.done))
+    stream.progress(session_pb2.Progress(command_id="c", done=1))   # a command's first report
+    time.sleep(0.25)
+    stream.progress(session_pb2.Progress(command_id="c", done=2))
+    stream.progress(session_pb2.Progress(command_id="c", done=3))   # within the next interval
+    assert markers == [2]
+    stream.close()
 
 
 def test_close_sends_the_held_progress_at_once() -> None:
