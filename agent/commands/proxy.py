@@ -29,8 +29,9 @@ class HttpProxyHandler(Handler[site_pb2.HttpProxyRequest, RouteRequest], kind="s
         site.routes.root.mkdir(parents=True, exist_ok=True)
         work = site.routes.root / f".manifest.{secrets.token_hex(4)}.tmp"
         try:
+            # The manifest's URL is the command's: dialled under the routes' upstream policy.
             filesource.fetch(params.manifest, work, cancel=ctx.cancel_event,
-                             ca_file=site.settings.ca_file)
+                             ca_file=site.settings.ca_file, resolve=site.upstream_addresses)
             if work.stat().st_size > MAX_MANIFEST:
                 raise InvalidParameters(f"manifest: more than {MAX_MANIFEST} bytes")
             data = work.read_bytes()

@@ -23,7 +23,7 @@ import shutil
 import stat
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
@@ -146,17 +146,18 @@ def fetch(
     progress: Callable[[int], None] | None = None,
     resolve_disk: Callable[[common_pb2.DiskHints], Path] | None = None,
     pool: http.Connections | None = None,
+    resolve: Callable[[str, int], Iterable[str]] | None = None,
 ) -> str:
     """Copy ``src`` to ``dest`` (mode 0600) and return its digest, which must match. A URL is
     fetched trusting ``ca_pem`` and ``ca_file`` too, with ``headers`` (on a connection of
-    ``pool`` when given).
+    ``pool`` when given), dialling only the addresses ``resolve`` allows (HttpOptions.resolve).
 
     Raises ChecksumMismatch, NotFound, SourceFailed...; ``dest`` is gone when it raises.
     """
     try:
         if src.url:
             opts = http.HttpOptions(ca_pem=ca_pem, ca_file=ca_file, headers=dict(headers or {}),
-                                    cancel=cancel)
+                                    cancel=cancel, resolve=resolve)
             with http.get(src.url, opts, pool=pool) as body:
                 got = _copy(body.read, dest, src.digest, cancel, progress)
         elif src.local_path is not None:
@@ -164,8 +165,8 @@ def fetch(
                 got = _copy(f.read, dest, src.digest, cancel, progress)
         else:
             assert src.partition is not None
-            resolve = resolve_disk or find_disk
-            with mounted_partition(resolve(src.partition.disk), src.partition) as root, \
+            find = resolve_disk or find_disk
+            with mounted_partition(find(src.partition.disk), src.partition) as root, \
                     open_in_root(root, src.partition.path) as f:
                 got = _copy(f.read, dest, src.digest, cancel, progress)
         if got != src.digest.hex:

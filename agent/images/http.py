@@ -145,6 +145,10 @@ class HttpOptions:
     verify: bool = True                 # False: no certificate or host name check (BMCs only)
     max_backoff: float = 8.0
     total_timeout: float | None = None  # request(): one attempt, connect to last byte (None: no bound)
+    # The addresses a connection to (host, port) may dial, raising to refuse it (an address
+    # policy: agent/site/upstreams.py); each connection, a redirect's included, dials only
+    # those. None: whatever the host name resolves to.
+    resolve: Callable[[str, int], Iterable[str]] | None = None
 
 
 @dataclass(frozen=True)
@@ -235,14 +239,46 @@ def _context(ca_pem: str, ca_file: Path | None, stamp: int, verify: bool) -> ssl
     return ctx
 
 
+class PinnedConnection(http.client.HTTPConnection):
+    """A connection to ``addresses``, checked before it was made, not to what the host name
+    resolves to when http.client looks it up again (a name that resolves elsewhere a moment
+    after the check gains nothing)."""
+
+    addresses: tuple[str, ...] = ()
+
+    def connect(self) -> None:
+        error: OSError | None = None
+        for address in self.addresses:
+            try:
+                self.sock = socket.create_connection((address, self.port), self.timeout)
+            except OSError as exc:
+                error = exc
+                continue
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return
+        raise error or OSError("no address to connect to")
+
+
+class PinnedTLSConnection(http.client.HTTPSConnection, PinnedConnection):
+    """The same over TLS: the certificate is checked against the URL's host name."""
+
+
 def _connect(
     parts: urllib.parse.SplitResult, opts: HttpOptions, timeout: float | None = None, *,
     context: ssl.SSLContext | None = None,
 ) -> http.client.HTTPConnection:
     host = parts.hostname or ""
     timeout = opts.timeout if timeout is None else timeout
-    if parts.scheme == "https":
+    tls = parts.scheme == "https"
+    if tls:
         context = context or ssl_context(opts.ca_pem, opts.ca_file, verify=opts.verify)
+    if opts.resolve is not None:
+        addresses = tuple(opts.resolve(host, parts.port or (443 if tls else 80)))
+        conn: PinnedConnection = (PinnedTLSConnection(host, parts.port, timeout=timeout, context=context)
+                                  if tls else PinnedConnection(host, parts.port, timeout=timeout))
+        conn.addresses = addresses
+        return conn
+    if tls:
         return http.client.HTTPSConnection(host, parts.port, timeout=timeout, context=context)
     return http.client.HTTPConnection(host, parts.port, timeout=timeout)
 

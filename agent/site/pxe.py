@@ -27,6 +27,7 @@ A MAC without a host line gets no answer from the proxy DHCP (``dhcp-ignore`` of
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import logging
@@ -495,11 +496,7 @@ class BootEntries:
     def _download(self, url: str, digest: str, what: str, cancel: threading.Event | None) -> None:
         if self.store.has(digest):
             return
-        opts = http.HttpOptions(
-            ca_pem=self.http_options.ca_pem, ca_file=self.http_options.ca_file,
-            timeout=self.http_options.timeout, max_retries=self.http_options.max_retries,
-            cancel=cancel,
-        )
+        opts = dataclasses.replace(self.http_options, cancel=cancel)
         log.info("caching %s %s (sha256:%s)", what, http.redact(url), digest)
         try:
             with http.get(url, opts) as body, self.store.writer(digest) as w:

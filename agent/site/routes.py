@@ -40,7 +40,6 @@ import ipaddress
 import json
 import logging
 import secrets
-import socket
 import threading
 import time
 import urllib.parse
@@ -363,27 +362,13 @@ class UpstreamError(Exception):
         self.status = status
 
 
-class _Pinned(http.client.HTTPConnection):
-    """A connection to the addresses the policy checked, not to what the name resolves to
-    when http.client looks it up again."""
+class _Pinned(agent_http.PinnedConnection):
+    """A connection to the addresses the policy checked, kept for the route's ``origin``."""
 
-    addresses: tuple[str, ...] = ()
     origin: tuple[str, str, int] = ("", "", 0)
 
-    def connect(self) -> None:
-        error: OSError | None = None
-        for address in self.addresses:
-            try:
-                self.sock = socket.create_connection((address, self.port), self.timeout)
-            except OSError as exc:
-                error = exc
-                continue
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return
-        raise error or OSError("no address to connect to")
 
-
-class _PinnedTLS(http.client.HTTPSConnection, _Pinned):
+class _PinnedTLS(agent_http.PinnedTLSConnection, _Pinned):
     """The same over TLS: the certificate is checked against the URL's host name."""
 
 

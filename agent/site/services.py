@@ -93,7 +93,10 @@ class SiteServices:
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
         self._serving = False
-        options = http.HttpOptions(ca_file=settings.ca_file, timeout=30.0, max_retries=3)
+        # What a command makes the site fetch itself (a boot entry's kernel and initrd, a media
+        # set's ISO, a route's manifest) is dialled under the routes' upstream policy too.
+        options = http.HttpOptions(ca_file=settings.ca_file, timeout=30.0, max_retries=3,
+                                   resolve=self.upstream_addresses)
         self.metrics = Metrics()
         self.store = ChunkStore(settings.store_dir or settings.root / "store",
                                 settings.store_bytes, metrics=self.metrics,
@@ -132,6 +135,11 @@ class SiteServices:
             settings.upstreams, own={settings.address, *local_addresses()}, own_port=self.http.port)
         self.entries.base_url = self.base_url
         self.media.base_url = self.base_url
+
+    def upstream_addresses(self, host: str, port: int) -> list[str]:
+        """The addresses the site may dial for ``host``: ``site_upstreams``' policy
+        (agent/site/upstreams.py); InvalidParameters when it may not."""
+        return self.routes.policy.addresses(host, port)
 
     def __enter__(self) -> SiteServices:
         self.start()

@@ -1,4 +1,6 @@
-"""Which upstreams a proxy route may reach (the site setting ``site_upstreams``).
+"""Which upstreams a proxy route may reach (the site setting ``site_upstreams``), and what
+else a command makes the site fetch (a route's manifest, a boot entry's kernel and initrd, a
+media set's ISO: SiteServices.upstream_addresses, as HttpOptions.resolve).
 
 site.httpProxy is not a signed kind, so a route must not become a way into what the site
 server itself can reach and the nodes cannot: its own services, a cloud's metadata address,

@@ -146,3 +146,36 @@ def test_an_https_upstream_is_dialled_at_its_checked_address_and_verified(tmp_pa
                 status, _, body = request(route(site, url))
             assert status == expect, body
             assert body == b"over tls" if expect == 200 else b"CERTIFICATE_VERIFY_FAILED" in body
+
+
+# -- what a command makes the site fetch itself: a route's manifest, a boot entry's files --------
+
+def manifest_route(site: SiteServices, upstream_url: str, manifest_url: str) -> None:
+    from tests.site.test_chunk_routes import add_route
+    add_route(site, upstream_url, manifest_url, b"a manifest")
+
+
+def test_a_routes_manifest_is_fetched_only_from_an_allowed_upstream(tmp_path: Path) -> None:
+    with LoopbackServer() as srv, started(tmp_path, "192.0.2.0/24") as site:
+        url = srv.add("/img.manifest", b"a manifest")
+        with pytest.raises(InvalidParameters, match="is a loopback address; list it in site_upstreams"):
+            manifest_route(site, "http://192.0.2.7/img", url)
+        assert srv.server.requests == [] and site.routes.all() == []
+
+
+def test_a_manifest_redirected_to_a_refused_address_is_not_followed(tmp_path: Path) -> None:
+    with LoopbackServer() as srv, started(tmp_path, "127.0.0.1") as site:
+        srv.redirect("/img.manifest", "http://127.0.0.2/elsewhere")
+        with pytest.raises(InvalidParameters, match=r"upstream 127\.0\.0\.2.* refused"):
+            manifest_route(site, srv.url("/img"), srv.url("/img.manifest"))
+        assert len(srv.server.requests) == 1 and site.routes.all() == []
+
+
+def test_a_boot_entrys_kernel_is_fetched_only_from_an_allowed_upstream(default_site: SiteServices) -> None:
+    from tests.site.test_pxe import entry, prepare
+    with LoopbackServer() as srv:
+        kernel = srv.add("/vmlinuz", b"a kernel")
+        with pytest.raises(InvalidParameters, match="is a loopback address; list it in site_upstreams"):
+            prepare(default_site, entry(ipxe_script_url="", kernel_url=kernel,
+                                        kernel_digest={"hex": "a" * 64}))
+        assert srv.server.requests == [] and default_site.entries.all() == []
