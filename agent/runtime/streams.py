@@ -40,14 +40,15 @@ class CommandStream:
         self._emit = emit
         self._marker = marker
         self._lock = threading.Lock()
+        now = time.monotonic()
         self._last_sent = 0.0
         self._pending: session_pb2.Progress | None = None
         self._timer: threading.Timer | None = None
         # The first marker after an interval of running: a command that ends sooner is told by
         # its result, and at hundreds of commands a marker each is a journal write each.
-        self._last_marker = time.monotonic()
+        self._last_marker = now
         self._tokens = LOG_BURST
-        self._refilled = time.monotonic()
+        self._refilled = now
         self._dropped = 0
         self._closed = False
 

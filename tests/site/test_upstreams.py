@@ -15,6 +15,8 @@ from agent.errors import InvalidParameters
 from agent.site.services import ServiceSettings, SiteServices
 from agent.site.upstreams import UpstreamPolicy, local_addresses
 from tests.loopback_http import LoopbackServer
+from tests.site.test_chunk_routes import add_route
+from tests.site.test_pxe import entry, prepare
 from tests.site.test_routes import request, route
 
 
@@ -151,7 +153,6 @@ def test_an_https_upstream_is_dialled_at_its_checked_address_and_verified(tmp_pa
 # -- what a command makes the site fetch itself: a route's manifest, a boot entry's files --------
 
 def manifest_route(site: SiteServices, upstream_url: str, manifest_url: str) -> None:
-    from tests.site.test_chunk_routes import add_route
     add_route(site, upstream_url, manifest_url, b"a manifest")
 
 
@@ -172,7 +173,6 @@ def test_a_manifest_redirected_to_a_refused_address_is_not_followed(tmp_path: Pa
 
 
 def test_a_boot_entrys_kernel_is_fetched_only_from_an_allowed_upstream(default_site: SiteServices) -> None:
-    from tests.site.test_pxe import entry, prepare
     with LoopbackServer() as srv:
         kernel = srv.add("/vmlinuz", b"a kernel")
         with pytest.raises(InvalidParameters, match="is a loopback address; list it in site_upstreams"):
