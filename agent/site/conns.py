@@ -73,6 +73,7 @@ class Connections:
         self._refused: dict[str, int] = {}
         self._refused_logged = time.monotonic() - REFUSALS_LOG_SECONDS
         self._stop = False
+        self._wake_at = 0.0          # when the sleeping watch wakes by itself; 0: awake
         self._thread: threading.Thread | None = None
 
     # -- what the server calls ---------------------------------------------------------
@@ -107,7 +108,8 @@ class Connections:
                 return
             conn.since, conn.deadline = now, now + self.head_seconds
             heapq.heappush(self._deadlines, (conn.deadline, id(sock)))
-            self._wake.notify()
+            if conn.deadline < self._wake_at:  # rare: the watch sleeps past it
+                self._wake.notify()
 
     def received(self, sock: socket.socket) -> bool:
         """The head came on ``sock``; False when it came too late (the connection is shut)."""
@@ -149,27 +151,44 @@ class Connections:
 
     def _watch(self) -> None:
         while True:
-            late: list[socket.socket] = []
             with self._lock:
-                if self._stop:
-                    return
-                now = time.monotonic()
-                while self._deadlines and self._deadlines[0][0] <= now:
-                    deadline, key = heapq.heappop(self._deadlines)
-                    conn = self._conns.get(key)
-                    if conn is not None and conn.deadline == deadline and not conn.shut:
-                        conn.shut = True
-                        late.append(conn.sock)
-                self._log_refusals(now)
-                wait = self._deadlines[0][0] - now if self._deadlines else REFUSALS_LOG_SECONDS
+                late = self._sleep()
+            if late is None:
+                return
             for sock in late:
                 _shut(sock)
+            log.info("site HTTP: %d connection(s) sent no request within %gs; closed",
+                     len(late), self.head_seconds)
+
+    def _sleep(self) -> list[socket.socket] | None:
+        """With the lock held: wait until a connection is late (returned, shut by the
+        caller without the lock) or the watch stops (None). A request waking the watch
+        for every head it awaits cost a thread switch each (hundreds a second while a rack
+        deploys): the watch sleeps to the first live deadline, and a head awaited later
+        than that needs no wake."""
+        while not self._stop:
+            now = time.monotonic()
+            late: list[socket.socket] = []
+            while self._deadlines:
+                deadline, key = self._deadlines[0]
+                conn = self._conns.get(key)
+                if conn is None or conn.deadline != deadline or conn.shut:
+                    heapq.heappop(self._deadlines)  # answered, or gone: nothing to watch
+                elif deadline <= now:
+                    heapq.heappop(self._deadlines)
+                    conn.shut = True
+                    late.append(conn.sock)
+                else:
+                    break
             if late:
-                log.info("site HTTP: %d connection(s) sent no request within %gs; closed",
-                         len(late), self.head_seconds)
-            with self._lock:
-                if not self._stop:
-                    self._wake.wait(min(max(wait, 0.0), REFUSALS_LOG_SECONDS))
+                return late
+            self._log_refusals(now)
+            wait = self._deadlines[0][0] - now if self._deadlines else REFUSALS_LOG_SECONDS
+            wait = min(wait, REFUSALS_LOG_SECONDS)
+            self._wake_at = now + wait
+            self._wake.wait(wait)
+            self._wake_at = 0.0  # awake: it looks at the deadlines before sleeping again
+        return None
 
     # -- with the lock held ------------------------------------------------------------
 

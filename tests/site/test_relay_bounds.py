@@ -12,6 +12,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
+from agent.site.conns import Connections
 from agent.site.services import ServiceSettings, SiteServices
 from tests.loopback_http import LoopbackServer
 from tests.runtime.harness import wait_until
@@ -166,3 +167,35 @@ def test_answers_are_not_held_back_by_nagle(site: SiteServices) -> None:
         assert s.recv(65536).startswith(b"HTTP/1.1 200 ")
         (server_side,) = site.http.server.conns.sockets()
         assert server_side.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
+def test_the_watch_sleeps_through_answered_heads_and_wakes_for_an_earlier_deadline() -> None:
+    """Connections on their own: heads that come in time never wake the watch (a deploy's
+    hundreds of requests a second cost no thread switch each); a head awaited with a deadline
+    earlier than the one the watch sleeps to still wakes it, and is cut at that deadline."""
+    conns = Connections(per_client=8, total=8, head_seconds=30)
+    pairs = [socket.socketpair() for _ in range(3)]
+    server = [a for a, _b in pairs]
+    conns.start()
+    try:
+        for s in server:
+            assert conns.admit(s, "127.0.0.1")
+        conns.waiting(server[0])             # idle for 30 s: the watch sleeps 10 s at most
+        wait_until(lambda: conns._wake_at > time.monotonic() + 5, 5, "the watch asleep")
+        sleeping_to = conns._wake_at
+        for _ in range(200):                 # a head awaited and come, again and again
+            conns.waiting(server[1])
+            assert conns.received(server[1])
+        assert conns._wake_at == sleeping_to, "answered heads did not wake the watch"
+        conns.head_seconds = 0.3
+        started = time.monotonic()
+        conns.waiting(server[2])             # due before the watch would wake: it is woken
+        assert _closed(pairs[2][1], 5)
+        assert time.monotonic() - started < 3
+        assert not conns.received(server[2]), "too late: it was shut"
+        assert conns.received(server[0]), "the idle one is still within its 30 s"
+    finally:
+        conns.stop()
+        for a, b in pairs:
+            a.close()
+            b.close()
