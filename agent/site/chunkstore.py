@@ -22,7 +22,9 @@ says are in use (a live boot entry's kernel and initrd). When no room can be mad
 is full, the write raises StoreFull and nothing is left behind: a route then serves the
 verified chunk from memory without storing it. Files being written are not counted until
 committed (one chunk per fetch in flight).
-Recency is the file's mtime, set at each hit, so the order survives a restart.
+Recency is kept in memory at each hit, and on disk as the file's mtime, set at a hit when it
+is older than TOUCH_SECONDS, so the order survives a restart to within that: a deploy's eight
+ramdisks hitting a chunk each within a second dirty its inode once, not eight times.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import os
 import re
 import secrets
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -47,6 +50,7 @@ log = logging.getLogger(__name__)
 
 DIGEST = re.compile(r"[0-9a-f]{64}")
 DEFAULT_BUDGET = 64 << 30
+TOUCH_SECONDS = 60.0      # a hit sets a file's mtime (its recency on disk) when older than this
 
 
 class StoreFull(AgentError):
@@ -183,7 +187,8 @@ class ChunkStore:
                 yield None
             else:
                 with contextlib.suppress(OSError):
-                    os.utime(f.fileno())
+                    if os.fstat(f.fileno()).st_mtime < time.time() - TOUCH_SECONDS:
+                        os.utime(f.fileno())
                 with f:
                     yield f
         finally:

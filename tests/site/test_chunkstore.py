@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import ChecksumMismatch
-from agent.site.chunkstore import ChunkStore, StoreFull
+from agent.site.chunkstore import TOUCH_SECONDS, ChunkStore, StoreFull
 from agent.site.metrics import Metrics
 
 
@@ -73,6 +73,22 @@ def test_pinned_and_protected_files_are_not_evicted(tmp_path: Path) -> None:
     assert files(store) == sorted([key(a), key(b)])
     store.put(key(c), c)                      # b is no longer read: it goes
     assert files(store) == sorted([key(a), key(c)])
+
+
+def test_a_hit_sets_the_recency_on_disk_once_a_minute(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    store = ChunkStore(root, 10_000)
+    store.reconcile()
+    old, recent = blobs(2)
+    store.put(key(old), old)
+    store.put(key(recent), recent)
+    long_ago, a_moment_ago = time.time() - TOUCH_SECONDS - 5, time.time() - 5
+    os.utime(root / key(old), (long_ago, long_ago))
+    os.utime(root / key(recent), (a_moment_ago, a_moment_ago))
+    assert store.read(key(old), len(old)) == old
+    assert store.read(key(recent), len(recent)) == recent
+    assert (root / key(old)).stat().st_mtime > a_moment_ago, "an old recency is refreshed"
+    assert (root / key(recent)).stat().st_mtime == a_moment_ago, "a recent one is left as it is"
 
 
 def test_reconcile_removes_temporaries_and_recounts(tmp_path: Path) -> None:
