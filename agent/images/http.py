@@ -263,6 +263,17 @@ class PinnedTLSConnection(http.client.HTTPSConnection, PinnedConnection):
     """The same over TLS: the certificate is checked against the URL's host name."""
 
 
+def pinned(parts: urllib.parse.SplitResult, addresses: tuple[str, ...], timeout: float | None,
+           context: ssl.SSLContext | None, port: int | None = None) -> PinnedConnection:
+    """A connection to the host of ``parts`` that dials ``addresses`` only (the caller checked
+    them), on ``port`` (the URL's by default); over TLS with ``context`` for https."""
+    host, port = parts.hostname or "", parts.port if port is None else port
+    conn = (PinnedTLSConnection(host, port, timeout=timeout, context=context)
+            if parts.scheme == "https" else PinnedConnection(host, port, timeout=timeout))
+    conn.addresses = addresses
+    return conn
+
+
 def _connect(
     parts: urllib.parse.SplitResult, opts: HttpOptions, timeout: float | None = None, *,
     context: ssl.SSLContext | None = None,
@@ -273,11 +284,8 @@ def _connect(
     if tls:
         context = context or ssl_context(opts.ca_pem, opts.ca_file, verify=opts.verify)
     if opts.resolve is not None:
-        addresses = tuple(opts.resolve(host, parts.port or (443 if tls else 80)))
-        conn: PinnedConnection = (PinnedTLSConnection(host, parts.port, timeout=timeout, context=context)
-                                  if tls else PinnedConnection(host, parts.port, timeout=timeout))
-        conn.addresses = addresses
-        return conn
+        return pinned(parts, tuple(opts.resolve(host, parts.port or (443 if tls else 80))),
+                      timeout, context)
     if tls:
         return http.client.HTTPSConnection(host, parts.port, timeout=timeout, context=context)
     return http.client.HTTPConnection(host, parts.port, timeout=timeout)

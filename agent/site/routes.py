@@ -51,6 +51,7 @@ from agent.atomicfile import write_atomic
 from agent.errors import InvalidParameters
 from agent.images import http as agent_http
 from agent.images.filesource import FileRef, parse_source
+from agent.images.http import PinnedConnection as Pinned
 from agent.images.manifest import Plan
 from agent.proto import site_pb2
 from agent.site.pxe import parse_node_id, parse_ttl
@@ -362,16 +363,6 @@ class UpstreamError(Exception):
         self.status = status
 
 
-class _Pinned(agent_http.PinnedConnection):
-    """A connection to the addresses the policy checked, kept for the route's ``origin``."""
-
-    origin: tuple[str, str, int] = ("", "", 0)
-
-
-class _PinnedTLS(agent_http.PinnedTLSConnection, _Pinned):
-    """The same over TLS: the certificate is checked against the URL's host name."""
-
-
 class UpstreamConnections:
     """The site's kept-alive connections to its routes' upstreams.
 
@@ -392,14 +383,14 @@ class UpstreamConnections:
         self.idle_seconds = idle_seconds
         self.opened = 0                # connections made (counted, for tests and benches)
         self._idle: collections.OrderedDict[tuple[str, tuple[str, str, int]],
-                                            list[tuple[float, _Pinned]]] = collections.OrderedDict()
+                                            list[tuple[float, Pinned]]] = collections.OrderedDict()
         self._count = 0
         self._redirects: dict[str, str] = {}
         self._lock = threading.Lock()
 
-    def take(self, route_id: str, origin: tuple[str, str, int]) -> _Pinned | None:
+    def take(self, route_id: str, origin: tuple[str, str, int]) -> Pinned | None:
         """The route's most recently used idle connection to ``origin``, or None."""
-        stale: list[_Pinned] = []
+        stale: list[Pinned] = []
         conn = None
         now = time.monotonic()
         with self._lock:
@@ -417,10 +408,11 @@ class UpstreamConnections:
             close_quietly(old)
         return conn
 
-    def give_back(self, route_id: str, conn: _Pinned) -> None:
-        """A connection whose last answer was read to its end, for the route's next request."""
-        closing: list[_Pinned] = []
-        key = (route_id, conn.origin)
+    def give_back(self, route_id: str, origin: tuple[str, str, int], conn: Pinned) -> None:
+        """A connection to ``origin`` whose last answer was read to its end, for the route's
+        next request."""
+        closing: list[Pinned] = []
+        key = (route_id, origin)
         with self._lock:
             idle = self._idle.setdefault(key, [])
             self._idle.move_to_end(key)
@@ -466,7 +458,7 @@ class UpstreamConnections:
     def sweep(self) -> int:
         """Close the connections idle for ``idle_seconds`` (the service's timer); how many."""
         limit = time.monotonic() - self.idle_seconds
-        closing: list[_Pinned] = []
+        closing: list[Pinned] = []
         with self._lock:
             for key in list(self._idle):
                 idle = self._idle[key]
@@ -549,7 +541,7 @@ def _send(
     route: Route, parts: urllib.parse.SplitResult, home: tuple[str, str, int], method: str,
     target: str, headers: dict[str, str], ssl_options: agent_http.HttpOptions,
     policy: UpstreamPolicy, pool: UpstreamConnections | None,
-) -> tuple[_Pinned, http.client.HTTPResponse]:
+) -> tuple[Pinned, http.client.HTTPResponse]:
     """One request on the route's idle connection to ``home``, or on a new one (also when the
     idle one turns out closed by the upstream meanwhile)."""
     conn = pool.take(route.id, home) if pool is not None else None
@@ -577,7 +569,7 @@ def _send(
             raise UpstreamError(f"upstream failed: {type(exc).__name__}: {exc}") from exc
 
 
-def _still_allowed(conn: _Pinned, policy: UpstreamPolicy) -> bool:
+def _still_allowed(conn: Pinned, policy: UpstreamPolicy) -> bool:
     """Whether the address ``conn`` is connected to may still be reached under ``policy``."""
     try:
         address, port = conn.sock.getpeername()[:2]
@@ -587,21 +579,16 @@ def _still_allowed(conn: _Pinned, policy: UpstreamPolicy) -> bool:
 
 
 def _dial(parts: urllib.parse.SplitResult, home: tuple[str, str, int],
-          ssl_options: agent_http.HttpOptions, policy: UpstreamPolicy) -> _Pinned:
+          ssl_options: agent_http.HttpOptions, policy: UpstreamPolicy) -> Pinned:
+    """A connection to ``home`` (the route's origin), pinned to the addresses its policy allows."""
     host, port = parts.hostname or "", home[2]
     try:
         addresses = tuple(policy.addresses(host, port))
     except InvalidParameters as exc:
         raise UpstreamError(exc.message) from None
-    conn: _Pinned
-    if parts.scheme == "https":
-        conn = _PinnedTLS(host, port, timeout=ssl_options.timeout,
-                          context=agent_http.ssl_context(ssl_options.ca_pem, ssl_options.ca_file))
-    else:
-        conn = _Pinned(host, port, timeout=ssl_options.timeout)
-    conn.addresses = addresses
-    conn.origin = home
-    return conn
+    context = agent_http.ssl_context(ssl_options.ca_pem, ssl_options.ca_file) \
+        if parts.scheme == "https" else None
+    return agent_http.pinned(parts, addresses, ssl_options.timeout, context, port)
 
 
 def _drained(resp: http.client.HTTPResponse, limit: int = 64 * 1024) -> bool:
@@ -618,11 +605,11 @@ def done_upstream(pool: UpstreamConnections | None, route: Route,
                   whole: bool) -> None:
     """The request on ``conn`` is over: kept for the route's next one when its answer was read
     to the end (``whole``) and the upstream keeps the connection open; closed otherwise."""
-    if pool is None or not whole or resp.will_close or not isinstance(conn, _Pinned):
+    if pool is None or not whole or resp.will_close or not isinstance(conn, Pinned):
         close_quietly(conn)
         return
     resp.close()             # a body read from the socket itself leaves http.client's count
-    pool.give_back(route.id, conn)
+    pool.give_back(route.id, agent_http.origin(route.upstream_url), conn)
 
 
 def close_quietly(conn: http.client.HTTPConnection) -> None:

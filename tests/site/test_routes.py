@@ -21,7 +21,6 @@ from agent.commands.base import Context
 from agent.errors import InvalidParameters, SourceFailed
 from agent.images import http as agent_http
 from agent.proto import site_pb2
-from agent.site import routes as routes_module
 from agent.site import web
 from agent.site.routes import RouteTable, UpstreamConnections
 from agent.site.services import SiteServices
@@ -135,16 +134,11 @@ def test_idle_upstream_connections_bounded() -> None:
     pool = UpstreamConnections(per_route=2, total=3, idle_seconds=60)
     origin = ("http", "127.0.0.1", 1)
 
-    def conn() -> http.client.HTTPConnection:
-        c = routes_module._Pinned("127.0.0.1", 1)
-        c.origin = origin
-        return c
-
-    made = [conn() for _ in range(6)]
+    made = [agent_http.PinnedConnection("127.0.0.1", 1) for _ in range(6)]
     for c in made[:3]:
-        pool.give_back("a", c)                  # the first of a's is closed: 2 a route
+        pool.give_back("a", origin, c)          # the first of a's is closed: 2 a route
     for c in made[3:5]:
-        pool.give_back("b", c)                  # 4 in all: a's oldest left closed
+        pool.give_back("b", origin, c)          # 4 in all: a's oldest left closed
     assert pool.idle() == 3
     assert pool.take("a", origin) is made[2] and pool.take("a", origin) is None
     assert pool.take("b", origin) is made[4]
