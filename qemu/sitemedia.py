@@ -18,6 +18,7 @@ qemu/sitelife.py: checked where it happens and from outside, a ``Step`` with its
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 import urllib.error
@@ -62,7 +63,7 @@ def user_net_media(lab: Lab, node: str, workdir: Path, *,
     10.0.2.15/24, the gateway reached at GUEST_HOST as ever."""
     mac = "52:54:00:12:34:56"  # the harness's NIC
     s = lab.settings(node)
-    req = MediaRequest(node, mac, "", network or StaticNetwork(mac, "10.0.2.15", 24, "10.0.2.2", ()),
+    req = MediaRequest(node, mac, "", "", network or StaticNetwork(mac, "10.0.2.15", 24, "10.0.2.2", ()),
                        f"{GUEST_HOST}:{GATEWAY_PORT}", lab.pki.ca.read_bytes(),
                        f"bc.token={s['token']} bc.trust={GUEST_TRUST} bc.reconnect_min=0.5 "
                        "bc.reconnect_max=3", 60)
@@ -108,6 +109,7 @@ class MediaLifecycle(Lifecycle):
         result = self.site("boot.prepareRamdisk", {
             "node_id": name, "mac_address": self.node.mac, "boot_method": "virtual_media",
             "iso_url": lab.upstream_url(ISO_NAME), "ttl_seconds": 1800,
+            "iso_digest": {"hex": hashlib.sha256(build_lab_iso(lab).read_bytes()).hexdigest()},
             "static_network": {"address": net.address, "prefix_length": net.prefix,
                                "default_route": net.default_route, "dns": list(net.dns)},
             "agent_gateway": f"{GATEWAY_ADDRESS}:{GATEWAY_PORT}", "ca_pem": lab.pki.ca.read_text(),

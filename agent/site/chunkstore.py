@@ -7,10 +7,12 @@ within a byte budget, least recently used evicted first.
     with store.writer(digest) as w:           # verified before it gets its name
         w.write(b"...")                       # ChecksumMismatch on leaving when it does not match
     with store.open(digest) as f: ...         # pinned while open: never evicted under a reader
+    store.fetch(url, digest, opts, "kernel")  # downloaded once, verified, unless held already
 
 What it holds: the data chunks of images served by proxy routes with a manifest
 (agent/site/chunkroute.py) and the kernels and initrds of boot entries (agent/site/pxe.py),
-both keyed by the digest of their bytes, never by a URL. A file is written to a temporary
+and the ramdisk ISOs of virtual-media sets (agent/site/vmedia.py), all keyed by the digest of
+their bytes, never by a URL. A file is written to a temporary
 sibling (``.<digest>.<random>.tmp``), hashed as it is written, fsync'ed, and renamed to its
 digest only when the digest matches: a crash leaves no partial file under a digest name, and
 ``reconcile`` removes the temporary ones. The directory is not fsync'ed after a rename: a
@@ -44,6 +46,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from agent.errors import AgentError, ChecksumMismatch, Reason
+from agent.images import http
 from agent.site.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -121,6 +124,7 @@ class ChunkStore:
         self._lock = threading.Lock()
         self._files: collections.OrderedDict[str, int] = collections.OrderedDict()  # oldest first
         self._pins: collections.Counter[str] = collections.Counter()
+        self._fetching: dict[str, threading.Lock] = {}   # digest -> its one download
         self.size = 0
         self.metrics.gauge("store_bytes", lambda: float(self.size))
         self.metrics.gauge("store_budget_bytes", lambda: float(self.budget))
@@ -229,6 +233,29 @@ class ChunkStore:
             w.commit()
         finally:
             w.discard()
+
+    def fetch(self, url: str, digest: str, opts: http.HttpOptions, what: str) -> None:
+        """Download ``url`` under ``digest`` unless the store holds it: once, however many ask
+        for it at once (they wait for that download), verified before it gets its name
+        (ChecksumMismatch, nothing kept; SourceFailed from the download; StoreFull)."""
+        with self._lock:
+            gate = self._fetching.setdefault(digest, threading.Lock())
+        try:
+            with gate:
+                if self.has(digest):
+                    return
+                log.info("caching %s %s (sha256:%s)", what, http.redact(url), digest)
+                try:
+                    with http.get(url, opts) as body, self.writer(digest) as w:
+                        for chunk in body.iter_chunks(1 << 20):
+                            w.write(chunk)
+                except ChecksumMismatch as exc:
+                    raise ChecksumMismatch(
+                        f"{what} {http.redact(url)}: {exc.message}; not cached", expected=digest,
+                        actual=exc.details.get("actual", "")) from None
+        finally:
+            with self._lock:
+                self._fetching.pop(digest, None)
 
     def put(self, digest: str, data: bytes | memoryview, *, hashed: bool = False) -> None:
         """Store ``data`` under ``digest`` (ChecksumMismatch, StoreFull; nothing stored then)."""

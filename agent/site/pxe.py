@@ -42,10 +42,10 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from agent.atomicfile import write_atomic
-from agent.errors import ChecksumMismatch, InvalidParameters, NotFound
+from agent.errors import InvalidParameters, NotFound
 from agent.images import http
 from agent.proto import common_pb2, site_pb2
-from agent.site.chunkstore import ChunkStore
+from agent.site.chunkstore import DIGEST, ChunkStore
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,6 @@ _NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")   # each used with 
 # (iPXE expands ${...}), no quotes or backslash, no "|" or "&&" (iPXE's command separators).
 _URL_CHARS = re.compile(r"[A-Za-z0-9\-._~:/?#\[\]@!&()*+,;=%]+")
 _CMDLINE_CHARS = re.compile(r"[A-Za-z0-9 ._,:=/+@%~\-]*")
-_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 class BootFile(enum.StrEnum):
@@ -126,7 +125,7 @@ class BootSpec:
 
 
 def parse_file_digest(msg: common_pb2.Digest, field: str) -> str:
-    """A kernel's or initrd's sha256 (what names it in the store)."""
+    """A kernel's, an initrd's or a media ISO's sha256 (what names it in the store)."""
     from agent.images.image import Digest
 
     if not msg.hex:
@@ -255,7 +254,6 @@ class BootEntries:
         self._entries: dict[str, BootEntry] = {}   # by MAC
         self._in_use: frozenset[str] = frozenset()
         self._cached: set[str] = set()   # the kernels and initrds entries put in the store
-        self._fetching: dict[str, threading.Lock] = {}   # digest -> its one download
 
     # -- start -------------------------------------------------------------------------
 
@@ -474,7 +472,7 @@ class BootEntries:
     def _load_cached(self) -> None:
         try:
             names = json.loads((self.root / "cached.json").read_text())
-            self._cached = {n for n in names if isinstance(n, str) and _DIGEST.fullmatch(n)}
+            self._cached = {n for n in names if isinstance(n, str) and DIGEST.fullmatch(n)}
         except (OSError, ValueError, TypeError):
             self._cached = set()
 
@@ -485,26 +483,7 @@ class BootEntries:
             if digest not in self._cached:
                 self._cached.add(digest)
                 self._save_cached()
-            gate = self._fetching.setdefault(digest, threading.Lock())
-        try:
-            with gate:  # entries registered at once with the same file download it once
-                self._download(url, digest, what, cancel)
-        finally:
-            with self._lock:
-                self._fetching.pop(digest, None)
-
-    def _download(self, url: str, digest: str, what: str, cancel: threading.Event | None) -> None:
-        if self.store.has(digest):
-            return
-        opts = dataclasses.replace(self.http_options, cancel=cancel)
-        log.info("caching %s %s (sha256:%s)", what, http.redact(url), digest)
-        try:
-            with http.get(url, opts) as body, self.store.writer(digest) as w:
-                for chunk in body.iter_chunks(1 << 20):
-                    w.write(chunk)
-        except ChecksumMismatch as exc:
-            raise ChecksumMismatch(f"{what} {http.redact(url)}: {exc.message}; not cached",
-                                   expected=digest, actual=exc.details.get("actual", "")) from None
+        self.store.fetch(url, digest, dataclasses.replace(self.http_options, cancel=cancel), what)
 
     def _changed(self) -> None:
         if self.on_change is not None:

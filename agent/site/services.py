@@ -105,7 +105,7 @@ class SiteServices:
         self.routes = RouteTable(settings.root / "routes", "")
         self.entries = BootEntries(settings.root / "boot", "", on_change=self._reload,
                                    http_options=options, store=self.store)
-        self.media = MediaSets(settings.root / "media", "", http_options=options)
+        self.media = MediaSets(settings.root / "media", "", http_options=options, store=self.store)
         self.metrics.gauge("routes_open", lambda: float(len(self.routes.all())))
         self.metrics.gauge("boot_entries", lambda: float(len(self.entries.all())))
         # The fleet's figures, read where they are counted: the BMC executor's (once the daemon
@@ -194,8 +194,9 @@ class SiteServices:
             self.dnsmasq.stop()
 
     def _in_use(self) -> set[str]:
-        """What the store must keep: the kernels and initrds of live boot entries."""
-        return self.entries.digests_in_use()
+        """What the store must keep: the kernels and initrds of live boot entries, the ISOs
+        of live media sets."""
+        return self.entries.digests_in_use() | self.media.digests_in_use()
 
     def _reload(self) -> None:
         if self.dnsmasq is not None:

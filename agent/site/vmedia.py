@@ -2,8 +2,11 @@
 
 boot.prepareRamdisk with ``boot_method: "virtual_media"`` makes no PXE entry. Instead the site
 
-- caches the shared ramdisk ISO (``iso_url``, built by ``python -m initramfs.build --iso``;
-  one copy for every node whose request names that URL, never modified);
+- caches the shared ramdisk ISO (``iso_url``, built by ``python -m initramfs.build --iso``,
+  with its sha256 ``iso_digest``): downloaded once, verified before it is kept, and kept in
+  the site's content store (agent/site/chunkstore.py) by that digest, one copy for every node
+  whose request names that content, whatever its URL; the store never evicts the ISO of a
+  live set;
 - builds the node's config medium: a small ISO 9660 image labelled BC_CONFIG (written here,
   in memory, in well under a millisecond) holding what the ramdisk would otherwise learn from
   DHCP and the kernel command line (initramfs/init.sh reads it at boot):
@@ -24,19 +27,21 @@ directory, every file written whole (agent.launcher.write_atomic)::
 
     sets/<mac hex>.json        the set (the source of truth, reconciled at start)
     config/<mac hex>.iso       its config medium
-    cache/<sha256 of URL>      a shared ramdisk ISO
+
+and the shared ISO in the site's store, under its sha256. (The cache by URL of earlier
+versions, ``cache/``, is removed at start; a set written without the ISO's digest is dropped.)
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import ipaddress
 import json
 import logging
 import os
 import re
 import secrets
+import shutil
 import struct
 import threading
 import time
@@ -48,7 +53,15 @@ from agent.errors import InvalidParameters, NotFound
 from agent.images import http
 from agent.launcher import write_atomic
 from agent.proto import site_pb2
-from agent.site.pxe import MAX_CMDLINE, parse_mac, parse_node_id, parse_ttl, script_safe_url
+from agent.site.chunkstore import DIGEST, ChunkStore
+from agent.site.pxe import (
+    MAX_CMDLINE,
+    parse_file_digest,
+    parse_mac,
+    parse_node_id,
+    parse_ttl,
+    script_safe_url,
+)
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +139,7 @@ class MediaRequest:
     node_id: str
     mac: str
     iso_url: str
+    iso_digest: str       # the ISO's sha256 (what names it in the store)
     network: StaticNetwork
     agent_gateway: str
     ca_pem: bytes
@@ -144,6 +158,7 @@ class MediaRequest:
         if not msg.iso_url.strip():
             raise InvalidParameters(f"boot_method {VIRTUAL_MEDIA} needs iso_url (the ramdisk ISO)")
         iso_url = script_safe_url(msg.iso_url.strip(), "iso_url")
+        iso_digest = parse_file_digest(msg.iso_digest, "iso_digest")
         if not msg.HasField("static_network"):
             raise InvalidParameters(f"boot_method {VIRTUAL_MEDIA} needs static_network "
                                     "(there is no DHCP: the node's address, prefix, route, DNS)")
@@ -161,7 +176,8 @@ class MediaRequest:
         if any(not w.startswith("bc.") or "=" not in w for w in cmdline.split()):
             raise InvalidParameters("kernel_cmdline: with virtual media only bc.NAME=VALUE settings "
                                     "(the shared ISO's own command line is fixed)")
-        return cls(node_id, mac, iso_url, network, gateway, ca, cmdline, parse_ttl(msg.ttl_seconds))
+        return cls(node_id, mac, iso_url, iso_digest, network, gateway, ca, cmdline,
+                   parse_ttl(msg.ttl_seconds))
 
     def with_ca(self, default: Path | None) -> MediaRequest:
         """This request, with the site's own CA bundle when the payload gave none."""
@@ -270,6 +286,7 @@ class MediaSet:
     node_id: str
     mac: str
     iso_url: str          # the upstream the shared ISO came from
+    iso_digest: str       # its sha256: its name in the store
     token: str
     expires_at: float
 
@@ -284,34 +301,38 @@ class MediaSet:
     def from_json(cls, text: str) -> MediaSet:
         data = json.loads(text)
         data["mac"] = parse_mac(data["mac"])
+        if not DIGEST.fullmatch(str(data.get("iso_digest", ""))):
+            raise ValueError("a set without its ISO's sha256 (written by an earlier version)")
         return cls(**data)
 
 
-def cache_key(url: str) -> str:
-    return hashlib.sha256(url.encode()).hexdigest()
-
-
 class MediaSets:
-    """The nodes' virtual-media sets, their config media and the shared ISO cache.
-    Thread-safe; ``base_url`` is the site's HTTP service as the BMCs reach it."""
+    """The nodes' virtual-media sets, their config media and their ISOs in the content store
+    (the site's, shared with boot entries and routes; one of its own, root/store, when none
+    is given). Thread-safe; ``base_url`` is the site's HTTP service as the BMCs reach it."""
 
-    def __init__(self, root: Path, base_url: str, http_options: http.HttpOptions | None = None) -> None:
+    def __init__(self, root: Path, base_url: str, http_options: http.HttpOptions | None = None,
+                 store: ChunkStore | None = None) -> None:
         self.root = root
         self.base_url = base_url.rstrip("/")
         self.http_options = http_options or http.HttpOptions(timeout=30.0, max_retries=3)
         self.sets_dir = root / "sets"
         self.config_dir = root / "config"
-        self.cache_dir = root / "cache"
+        self.store = store or ChunkStore(root / "store", protected=self.digests_in_use)
         self._lock = threading.RLock()
         self._sets: dict[str, MediaSet] = {}       # by MAC
         self._tokens: dict[str, MediaSet] = {}     # by token
+        self._in_use: frozenset[str] = frozenset()  # the live sets' ISOs (digests_in_use)
 
     def reconcile(self) -> list[str]:
         """Load the sets on disk; drop the expired and malformed and their media. Returns the
         MACs dropped."""
-        for d in (self.root, self.sets_dir, self.config_dir, self.cache_dir):
+        for d in (self.root, self.sets_dir, self.config_dir):
             d.mkdir(parents=True, exist_ok=True)
             os.chmod(d, 0o700)
+        shutil.rmtree(self.root / "cache", ignore_errors=True)  # by URL: earlier versions'
+        if self.store.root.parent == self.root:
+            self.store.reconcile()  # its own store; the site's is reconciled by the services
         dropped: list[str] = []
         with self._lock:
             self._sets.clear()
@@ -330,20 +351,22 @@ class MediaSets:
                     continue
                 self._sets[media.mac] = media
                 self._tokens[media.token] = media
+            self._changed()
             wanted = {f"{m.mac_hex}.iso" for m in self._sets.values()}
             for path in self.config_dir.iterdir():
                 if path.name not in wanted:
                     path.unlink(missing_ok=True)
-            for path in [*self.cache_dir.glob(".*.tmp"), *self.sets_dir.glob(".*.tmp")]:
+            for path in self.sets_dir.glob(".*.tmp"):
                 path.unlink(missing_ok=True)
         return dropped
 
     def register(self, req: MediaRequest, cancel: threading.Event | None = None) -> MediaSet:
         """The set for ``req.mac`` (replacing an earlier one of that MAC, and its token)."""
-        self._cache(req.iso_url, cancel)
+        self.store.fetch(req.iso_url, req.iso_digest,
+                         dataclasses.replace(self.http_options, cancel=cancel), "ramdisk ISO")
         medium = iso9660(req.medium_files())
-        media = MediaSet(req.node_id, req.mac, req.iso_url, secrets.token_urlsafe(24),
-                         time.time() + req.ttl_seconds)
+        media = MediaSet(req.node_id, req.mac, req.iso_url, req.iso_digest,
+                         secrets.token_urlsafe(24), time.time() + req.ttl_seconds)
         with self._lock:
             previous = self._sets.get(media.mac)
             write_atomic(self.config_dir / f"{media.mac_hex}.iso", medium, 0o600)
@@ -353,6 +376,10 @@ class MediaSets:
                 self._tokens.pop(previous.token, None)
             self._sets[media.mac] = media
             self._tokens[media.token] = media
+            self._changed()
+        if not self.store.has(media.iso_digest):  # evicted before the set protected it
+            self.store.fetch(req.iso_url, req.iso_digest,
+                             dataclasses.replace(self.http_options, cancel=cancel), "ramdisk ISO")
         log.info("virtual media for node %s, MAC %s: config medium %d bytes, for %ds", media.node_id,
                  media.mac, len(medium), req.ttl_seconds)
         return media
@@ -363,17 +390,29 @@ class MediaSets:
         return base + NAMES[0], base + NAMES[1]
 
     def remove(self, node_id: str, macs: Iterable[str] = (), keep_cache: bool = False) -> list[str]:
+        """Remove the node's sets (all, or those of ``macs``), and from the store the ISOs
+        they used that no live set uses, unless ``keep_cache``."""
         wanted = {parse_mac(m) for m in macs}
         removed: list[str] = []
         with self._lock:
+            isos = set()
             for media in list(self._sets.values()):
                 if media.node_id != node_id or (wanted and media.mac not in wanted):
                     continue
                 self._drop(media)
+                isos.add(media.iso_digest)
                 removed.append(f"media {media.mac}")
             if not keep_cache:
-                removed += [f"media cache {k}" for k in self._prune_cache()]
+                for digest in sorted(isos - self.digests_in_use()):
+                    if self.store.remove(digest):
+                        removed.append(f"media cache {digest}")
         return removed
+
+    def digests_in_use(self) -> set[str]:
+        """The ISOs of live sets: the store never evicts them. A snapshot taken at each
+        change, read without the sets' lock (the store asks for it under its own lock, and
+        the sets remove from the store: one lock order)."""
+        return set(self._in_use)
 
     def expire(self, now: float | None = None) -> list[MediaSet]:
         now = time.time() if now is None else now
@@ -396,7 +435,7 @@ class MediaSets:
         if media is None or media.expired() or name not in NAMES:
             raise NotFound("no such medium")
         if name == NAMES[0]:
-            return self.cache_dir / cache_key(media.iso_url)
+            return self.store.root / media.iso_digest
         return self.config_dir / f"{media.mac_hex}.iso"
 
     def _drop(self, media: MediaSet) -> None:
@@ -404,19 +443,9 @@ class MediaSets:
         (self.config_dir / f"{media.mac_hex}.iso").unlink(missing_ok=True)
         self._sets.pop(media.mac, None)
         self._tokens.pop(media.token, None)
+        self._changed()
 
-    def _prune_cache(self) -> list[str]:
-        used = {cache_key(m.iso_url) for m in self._sets.values()}
-        gone = []
-        for path in self.cache_dir.iterdir():
-            if path.name not in used and not path.name.startswith("."):
-                path.unlink(missing_ok=True)
-                gone.append(path.name)
-        return sorted(gone)
+    def _changed(self) -> None:
+        """Lock held: refresh the snapshot of the ISOs in use."""
+        self._in_use = frozenset(m.iso_digest for m in self._sets.values())
 
-    def _cache(self, url: str, cancel: threading.Event | None) -> Path:
-        path = self.cache_dir / cache_key(url)
-        if not path.is_file():
-            log.info("caching %s", http.redact(url))
-            http.download_to(url, path, self.http_options, cancel)
-        return path

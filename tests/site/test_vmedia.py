@@ -4,6 +4,7 @@ serves and for how long, clean-up; through the handlers where a handler decides.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import InvalidParameters
+from agent.errors import ChecksumMismatch, InvalidParameters
 from agent.proto import site_pb2
 from agent.site import vmedia
 from agent.site.services import SiteServices
@@ -21,6 +22,7 @@ from tests.loopback_http import LoopbackServer, self_signed_cert
 from tests.site.test_pxe import MAC, cleanup, fetch, prepare
 
 ISO = b"\x01CD001 the shared ramdisk ISO" * 1000
+ISO_DIGEST = hashlib.sha256(ISO).hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +34,8 @@ def ca_pem(tmp_path_factory: pytest.TempPathFactory) -> str:
 def request(ca: str, **fields: object) -> site_pb2.ProxyDhcpEntry:
     base: dict[str, object] = {
         "node_id": "n1", "mac_address": MAC, "boot_method": "virtual_media",
-        "iso_url": "http://127.0.0.1:1/ramdisk.iso", "ttl_seconds": 60,
+        "iso_url": "http://127.0.0.1:1/ramdisk.iso", "iso_digest": {"hex": ISO_DIGEST},
+        "ttl_seconds": 60,
         "static_network": site_pb2.StaticNetwork(address="10.0.2.50", prefix_length=24,
                                                  default_route="10.0.2.1", dns=["10.0.2.3"]),
         "agent_gateway": "10.0.2.100:443", "ca_pem": ca,
@@ -87,6 +90,9 @@ def test_label_is_found_by_blkid(ca_pem: str, tmp_path: Path) -> None:
                                                dns=["1.1.1.1", "x"])}, "dns"),
     ({"iso_url": ""}, "iso_url"),
     ({"iso_url": "file:///etc/passwd"}, "iso_url"),
+    ({"iso_digest": {}}, "iso_digest: required"),
+    ({"iso_digest": {"hex": "ab"}}, "iso_digest"),
+    ({"iso_digest": {"algorithm": "md5", "hex": "a" * 32}}, "iso_digest: sha256"),
     ({"kernel_url": "http://10.0.0.1/vmlinuz"}, "kernel_url"),
     ({"boot_file": "ipxe.efi"}, "boot_file"),
     ({"agent_gateway": "10.0.2.100"}, "agent_gateway"),
@@ -156,7 +162,7 @@ def test_prepare_serves_both_media_until_clean_up(site: SiteServices, ca_pem: st
     assert fetch(other.ramdisk_media_url) == (200, ISO)  # still in use by n2
     assert any(r.startswith("media cache ") for r in cleanup(site, "n2"))
     assert fetch(other.ramdisk_media_url)[0] == 404
-    assert not list((site.settings.root / "media" / "cache").iterdir())
+    assert not site.store.has(ISO_DIGEST)
 
 
 def test_a_new_request_replaces_the_set_and_its_token(site: SiteServices, ca_pem: str) -> None:
@@ -193,3 +199,41 @@ def test_expiry_and_reconcile(tmp_path: Path, ca_pem: str) -> None:
         again.path(f"{short.token}/config.iso")
     assert again.expire(time.time() + 120) and not again.all()
     assert not list((tmp_path / "media/config").iterdir())
+
+
+def test_the_iso_is_verified_before_it_is_kept(site: SiteServices, ca_pem: str) -> None:
+    """An ISO whose bytes are not those of its digest is not kept, no set is made, and the
+    command says why; the store keeps it by its content: another URL with the same bytes
+    is not downloaded again."""
+    with LoopbackServer() as upstream:
+        changed = upstream.add("/ramdisk.iso", ISO + b"tampered")
+        with pytest.raises(ChecksumMismatch, match=r"ramdisk ISO .* not cached"):
+            prepare(site, request(ca_pem, iso_url=changed))
+        assert not site.store.has(ISO_DIGEST) and site.media.all() == []
+        result = prepare(site, request(ca_pem, iso_url=upstream.add("/v1/ramdisk.iso", ISO)))
+        prepare(site, request(ca_pem, iso_url=upstream.add("/mirror/ramdisk.iso", ISO),
+                              node_id="n2", mac_address="52:54:00:00:00:02"))
+        assert gets(upstream, "/mirror/ramdisk.iso") == 0
+    assert fetch(result.ramdisk_media_url) == (200, ISO)
+    assert ISO_DIGEST in site._in_use(), "the store never evicts a live set's ISO"
+
+
+def test_a_set_of_an_earlier_version_and_its_cache_by_url_are_dropped(tmp_path: Path,
+                                                                     ca_pem: str) -> None:
+    sets = MediaSets(tmp_path / "media", "http://10.0.0.2:8088")
+    sets.reconcile()
+    with LoopbackServer() as upstream:
+        media = sets.register(MediaRequest.from_proto(
+            request(ca_pem, iso_url=upstream.add("/ramdisk.iso", ISO))))
+    path = tmp_path / "media/sets/525400123456.json"
+    data = json.loads(path.read_text())
+    del data["iso_digest"]                                   # as an earlier version wrote it
+    path.write_text(json.dumps(data))
+    (tmp_path / "media/cache").mkdir()
+    (tmp_path / "media/cache" / hashlib.sha256(media.iso_url.encode()).hexdigest()).write_bytes(ISO)
+    again = MediaSets(tmp_path / "media", "http://10.0.0.2:8088")
+    again.reconcile()
+    assert again.all() == [] and not path.exists()
+    assert not (tmp_path / "media/cache").exists()
+    with pytest.raises(Exception, match="no such medium"):
+        again.path(f"{media.token}/ramdisk.iso")
