@@ -15,12 +15,21 @@ slower at K = 8 and 32: a ratio site/straight at most 1), the site daemon's CPU 
 peak RSS (VmHWM). Every deploy must succeed with every data chunk verified by the ramdisk,
 and one disk of each run is compared with the image byte for byte.
 
-Every run starts on disks as new (their backing files' blocks punched out), and with
-``--rounds R`` each K is timed R times both ways, which goes first alternating: the ratio is
-the median of the rounds' ratios (one run's swings by more than the paths differ).
+Every run starts on disks as new (their backing files' blocks punched out), each K begins
+with one deploy straight that is not timed (the first run at a K pays for memory the machine
+had not used lately, whichever path it is), and with ``--rounds R`` each K is timed R times
+both ways, which goes first alternating: the ratio is the median of the rounds' ratios (one
+run's swings by more than the paths differ). Each run also says where the CPU went: the
+ramdisks', the upstream's, the site's, the kernel threads' (by name), and each CPU's idle time.
+
+``--layout``: ``shared`` (default) runs everything on every CPU, so the site's own work (each
+chunk fetched, hashed and stored once, and its requests' handling) competes with the
+ramdisks'; ``rack`` puts the site's side (the upstream, the site daemon, this script's
+gateway) on the first CPU and the ramdisks on the others, as a site server and its nodes are
+separate machines.
 
 Usage (as root: loop devices): python bench/fleet_deploy.py [--size 2G] [--ks 1,8,32]
-    [--rounds 3] [--chunk 4M] [--work DIR] [--json FILE]
+    [--rounds 3] [--layout shared|rack] [--chunk 4M] [--work DIR] [--json FILE]
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import statistics
@@ -128,6 +138,43 @@ def serve(directory: str, port_file: str) -> int:
     return 0
 
 
+def idle_seconds() -> list[float]:
+    """The seconds each CPU has spent idle so far, idle and iowait (/proc/stat)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    return [(int(f[4]) + int(f[5])) / tick for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("cpu") and line[3:4].isdigit() and (f := line.split())]
+
+
+def cpu_by_process() -> dict[int, tuple[str, float]]:
+    """Every process's name and CPU seconds so far, kernel threads included (/proc/PID/stat)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, tuple[str, float]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        name, rest = text[text.index("(") + 1:text.rindex(")")], text.rsplit(")", 1)[1].split()
+        out[int(entry.name)] = (name, (int(rest[11]) + int(rest[12])) / tick)
+    return out
+
+
+def where_cpu_went(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
+                   known: dict[int, str]) -> dict[str, float]:
+    """CPU seconds between two cpu_by_process() snapshots, by what ran: ``known`` names the
+    bench's own processes, the rest go by their name with the digits taken out (kworker/uN:N).
+    A process that ended in between is not counted."""
+    spent: dict[str, float] = {}
+    for pid, (name, cpu) in after.items():
+        used = cpu - before.get(pid, (name, 0.0))[1]
+        if used > 0:
+            what = known.get(pid) or re.sub(r"\d+", "N", name)
+            spent[what] = spent.get(what, 0.0) + used
+    return {k: round(v, 2) for k, v in sorted(spent.items(), key=lambda kv: -kv[1]) if v >= 0.05}
+
+
 def cpu_seconds(pid: int) -> float:
     """User and system CPU seconds of process ``pid`` so far (/proc/PID/stat)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -135,10 +182,10 @@ def cpu_seconds(pid: int) -> float:
 
 
 class Upstream:
-    def __init__(self, directory: Path, work: Path) -> None:
+    def __init__(self, directory: Path, work: Path, cpus: list[str] | None = None) -> None:
         port_file = work / "upstream.port"
         port_file.unlink(missing_ok=True)
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", str(directory),
+        self.proc = subprocess.Popen([*(cpus or []), sys.executable, __file__, "--serve", str(directory),
                                       "--port-file", str(port_file)])
         deadline = time.monotonic() + 30
         while not port_file.exists() or not port_file.read_text():
@@ -227,11 +274,11 @@ def loop_devices(work: Path, count: int, size: int) -> Iterator[list[str]]:
 
 class Agent:
     def __init__(self, pyz: Path, pki: Any, gateway: str, node: str, role: str, work: Path,
-                 extra: tuple[str, ...] = ()) -> None:
+                 extra: tuple[str, ...] = (), cpus: list[str] | None = None) -> None:
         self.node, self.dir = node, work / "agents" / node
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "cmdline").write_text("")
-        self.argv = [sys.executable, str(pyz), "run", "--gateway", gateway, "--node", node,
+        self.argv = [*(cpus or []), sys.executable, str(pyz), "run", "--gateway", gateway, "--node", node,
                      "--role", role, "--ca", str(pki.ca), "--state-dir", str(self.dir / "state"),
                      "--trusted-key", str(pki.signing_pub), "--cmdline-file", str(self.dir / "cmdline"),
                      "--cert", str(pki.client_cert(node)), "--key", str(pki.client_key(node)),
@@ -262,6 +309,22 @@ class Agent:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
         return 0
+
+
+def layout(name: str) -> tuple[list[str], list[str], str]:
+    """The ``taskset`` prefixes of the site's side (the upstream, the site daemon, this
+    script's gateway) and of the nodes' side (the K ramdisks), and a line saying which CPUs.
+
+    rack: as in a rack, the site daemon is a server of its own, not on the nodes' CPUs: the
+    first CPU for the site's side, the others for the nodes (on a machine of two, one each).
+    shared: every process on every CPU, the site's work on the nodes' CPUs."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if name == "shared" or len(cpus) < 2:
+        return [], [], f"every process on CPUs {cpus}"
+    site, nodes = cpus[:1], cpus[1:]
+    os.sched_setaffinity(0, site)  # this script and the threads it starts: the gateway
+    return (["taskset", "-c", ",".join(map(str, site))], ["taskset", "-c", ",".join(map(str, nodes))],
+            f"the site's side (upstream, site daemon, gateway) on CPU {site}, the ramdisks on {nodes}")
 
 
 def run_command(gw: Any, node: str, kind: str, payload: dict[str, Any], timeout: float) -> Any:
@@ -323,6 +386,10 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=1,
                    help="straight and through the site this many times for each K, alternating "
                    "which goes first; the median of the rounds' ratios")
+    p.add_argument("--layout", choices=("shared", "rack"), default="shared",
+                   help="shared (default): every process on every CPU; rack: the site's side "
+                   "on the first CPU and the ramdisks on the others, as a site server and its "
+                   "nodes are separate machines")
     p.add_argument("--serve")
     p.add_argument("--port-file")
     a = p.parse_args()
@@ -334,6 +401,8 @@ def main() -> int:
     ks = [int(k) for k in a.ks.split(",")]
     work = a.work or Path(tempfile.mkdtemp(prefix="fleet-", dir="/var/tmp"))
     work.mkdir(parents=True, exist_ok=True)
+    site_cpus, node_cpus, where = layout(a.layout)
+    print(f"layout {a.layout}: {where}", flush=True)
     from agent.gateway.certs import make_dev_pki
     from tests.runtime.harness import start_gateway
 
@@ -346,16 +415,17 @@ def main() -> int:
     nodes = [f"n{i:02d}" for i in range(max(ks))]
     pki = make_dev_pki(work / "pki", nodes=(SITE, *nodes))
     gw = start_gateway(pki)
-    upstream = Upstream(work / "upstream", work)
+    upstream = Upstream(work / "upstream", work, site_cpus)
     site_port, metrics_port = free_port(), free_port()
     store = work / "store"
     site = Agent(pyz, pki, gw.address, SITE, "site", work, (
         "--site-address", "127.0.0.1", "--site-http-port", str(site_port),
         "--site-store-dir", str(store), "--site-metrics-address", f"127.0.0.1:{metrics_port}",
         # The bench's upstream listens on loopback, which routes may not reach by default.
-        "--site-upstream", "127.0.0.1"))
-    agents = [Agent(pyz, pki, gw.address, n, "ramdisk", work) for n in nodes]
+        "--site-upstream", "127.0.0.1"), site_cpus)
+    agents = [Agent(pyz, pki, gw.address, n, "ramdisk", work, cpus=node_cpus) for n in nodes]
     rows: list[dict[str, Any]] = []
+    site_starts: list[float] = []   # the site daemon's, each a new gateway session
     try:
         with loop_devices(work, len(nodes), a.size) as devices:
             for agent in agents:
@@ -373,12 +443,27 @@ def main() -> int:
                     """The K deploys of ``version`` from ``urls``: wall time, upstream bytes, a disk."""
                     fresh_disks(work, devices[:k], a.size)
                     before, cpu0 = upstream.sent(version["file"]), cpu_seconds(upstream.proc.pid)
+                    ramdisks0, idle0 = sum(x.cpu_seconds() for x in agents[:k]), idle_seconds()
+                    procs0 = cpu_by_process()
+                    started = time.monotonic()
                     wall, results = deploy_all(gw, nodes[:k], devices[:k], urls,
                                                f"{upstream.base}/{version['manifest']}",
                                                version["manifest_sha256"], a.timeout)
                     assert all(r.chunks_verified == images["data_chunks"] for r in results), results[0]
                     row[f"{prefix}_s"] = wall
+                    # For a profile of the run (perf record -k CLOCK_MONOTONIC): when, and who.
+                    row[f"{prefix}_window"] = [started, started + wall]
+                    row[f"{prefix}_pids"] = {"ramdisks": [x.proc.pid for x in agents[:k] if x.proc],
+                                             "site": site.proc.pid if site.proc else 0}
                     row[f"{prefix}_upstream_cpu_s"] = cpu_seconds(upstream.proc.pid) - cpu0
+                    idle = [after - before for after, before in zip(idle_seconds(), idle0, strict=True)]
+                    row[f"{prefix}_idle_s"] = sum(idle)
+                    known = {os.getpid(): "bench (gateway)", upstream.proc.pid: "upstream"} | \
+                        {x.proc.pid: "ramdisks" for x in agents if x.proc is not None} | \
+                        ({site.proc.pid: "site"} if site.proc is not None else {})
+                    row[f"{prefix}_cpu_by_process"] = where_cpu_went(procs0, cpu_by_process(), known)
+                    row[f"{prefix}_idle_per_cpu_s"] = [round(x, 2) for x in idle]
+                    row[f"{prefix}_ramdisks_cpu_s"] = sum(x.cpu_seconds() for x in agents[:k]) - ramdisks0
                     row[f"{prefix}_upstream_bytes"] = upstream.sent(version["file"]) - before
                     row[f"{prefix}_disk_ok"] = disk_matches(devices[k - 1],
                                                             work / "upstream" / version["file"])
@@ -390,12 +475,18 @@ def main() -> int:
                     site.stop()
                     shutil.rmtree(store, ignore_errors=True)
                     site.start()
-                    gw.wait_node(SITE, 120, sessions=len(rows) + 1)
+                    site_starts.append(time.monotonic())
+                    gw.wait_node(SITE, 120, sessions=len(site_starts))
                     routes = make_routes(gw, nodes[:k], upstream.base, v1)
                     cpu0 = site.cpu_seconds()
                     measured("site", routes, v1)
                     row["site_cpu_s"] = site.cpu_seconds() - cpu0
 
+                # Not timed: one deploy straight first. Whichever run comes first at a K uses
+                # memory the machine has not used for a while, which costs its ramdisks up to
+                # a fifth more CPU here (a VM whose freed memory goes back to its host), so the
+                # path that went first was the slower one, both ways round.
+                measured("warmup", [f"{upstream.base}/{v1['file']}"] * k, v1)
                 for r in range(a.rounds):
                     first_straight = (len(rows) + r) % 2 == 0
                     for mode in ((straight, through_site) if first_straight else (through_site, straight)):
@@ -403,7 +494,11 @@ def main() -> int:
                     row["rounds"].append({key: row[key] for key in (
                         "straight_s", "site_s", "site_cpu_s", "straight_upstream_cpu_s",
                         "site_upstream_cpu_s", "site_upstream_bytes",
-                        "straight_upstream_bytes", "site_disk_ok", "straight_disk_ok")}
+                        "straight_upstream_bytes", "site_disk_ok", "straight_disk_ok",
+                        "straight_idle_s", "site_idle_s", "straight_ramdisks_cpu_s",
+                        "site_ramdisks_cpu_s", "straight_idle_per_cpu_s", "site_idle_per_cpu_s",
+                        "straight_cpu_by_process", "site_cpu_by_process", "straight_window",
+                        "site_window", "straight_pids", "site_pids")}
                         | {"first": "straight" if first_straight else "site"})
                 # The second version, to the same K, the store warm from the first.
                 v2 = images["v2"]
@@ -411,7 +506,8 @@ def main() -> int:
                 row["site_peak_rss"] = site.peak_rss()
                 rounds = row["rounds"]
                 for key in ("straight_s", "site_s", "site_cpu_s", "straight_upstream_cpu_s",
-                            "site_upstream_cpu_s"):
+                            "site_upstream_cpu_s", "straight_idle_s", "site_idle_s",
+                            "straight_ramdisks_cpu_s", "site_ramdisks_cpu_s"):
                     row[key] = statistics.median(x[key] for x in rounds)
                 for key in ("site_upstream_bytes", "straight_upstream_bytes"):
                     row[key] = max(x[key] for x in rounds)
@@ -430,22 +526,24 @@ def main() -> int:
     data, changed = images["data_bytes"], images["changed_bytes"]
     print(f"\n{'K':>3} {'straight s':>10} {'site s':>8} {'site/straight':>13} {'upstream (site)':>16}"
           f" {'target':>10} {'straight upstream':>17} {'v2 upstream':>12} {'v2 target':>10}"
-          f" {'site CPU s':>10} {'site peak RSS':>13} {'upstream CPU s straight/site':>28}")
-    for r in rows:
-        print(f"{r['k']:>3} {r['straight_s']:>10.1f} {r['site_s']:>8.1f} {r['ratio']:>13.2f}"
-              f" {r['site_upstream_bytes']:>16} {int(data * 1.01):>10} {r['straight_upstream_bytes']:>17}"
-              f" {r['v2_upstream_bytes']:>12} {int(changed * 1.01):>10} {r['site_cpu_s']:>10.1f}"
-              f" {r['site_peak_rss'] >> 20:>10} MiB"
-              f" {r['straight_upstream_cpu_s']:>20.1f} / {r['site_upstream_cpu_s']:.1f}")
-        if len(r["rounds"]) > 1:
+          f" {'site CPU s':>10} {'site peak RSS':>13} {'upstream CPU s straight/site':>28}"
+          f" {'ramdisks CPU s straight/site':>28}")
+    for row in rows:
+        print(f"{row['k']:>3} {row['straight_s']:>10.1f} {row['site_s']:>8.1f} {row['ratio']:>13.2f}"
+              f" {row['site_upstream_bytes']:>16} {int(data * 1.01):>10} {row['straight_upstream_bytes']:>17}"
+              f" {row['v2_upstream_bytes']:>12} {int(changed * 1.01):>10} {row['site_cpu_s']:>10.1f}"
+              f" {row['site_peak_rss'] >> 20:>10} MiB"
+              f" {row['straight_upstream_cpu_s']:>20.1f} / {row['site_upstream_cpu_s']:.1f}"
+              f" {row['straight_ramdisks_cpu_s']:>22.1f} / {row['site_ramdisks_cpu_s']:.1f}")
+        if len(row["rounds"]) > 1:
             print("    rounds (first, straight s, site s, ratio): " + ", ".join(
                 f"({x['first']}, {x['straight_s']:.1f}, {x['site_s']:.1f}, "
-                f"{x['site_s'] / x['straight_s']:.2f})" for x in r["rounds"]))
+                f"{x['site_s'] / x['straight_s']:.2f})" for x in row["rounds"]))
     ok = all(r["site_upstream_bytes"] <= data * 1.01 and r["v2_upstream_bytes"] <= changed * 1.01
              and r["site_disk_ok"] and r["straight_disk_ok"] and r["v2_disk_ok"] for r in rows)
     print(f"bytes targets {'met' if ok else 'NOT met'}; every deploy verified every data chunk")
     if a.json:
-        a.json.write_text(json.dumps({"images": images, "rows": rows, "size": a.size,
+        a.json.write_text(json.dumps({"images": images, "rows": rows, "size": a.size, "layout": where,
                                       "chunk": a.chunk}, indent=2))
     if not a.work:
         shutil.rmtree(work, ignore_errors=True)
