@@ -28,8 +28,15 @@ ramdisks'; ``rack`` puts the site's side (the upstream, the site daemon, this sc
 gateway) on the first CPU and the ramdisks on the others, as a site server and its nodes are
 separate machines.
 
+``--direct-io``: the loop devices read and write their backing files with direct I/O (no page
+cache of K disks, and their kworkers' CPU mostly gone). ``--uplink RATE`` (bytes a second):
+every response of the upstream crosses one link of that rate, shared by all K deploys,
+straight or through the site, as a rack's nodes share the site's uplink; without it the
+upstream is loopback, free.
+
 Usage (as root: loop devices): python bench/fleet_deploy.py [--size 2G] [--ks 1,8,32]
-    [--rounds 3] [--layout shared|rack] [--chunk 4M] [--work DIR] [--json FILE]
+    [--rounds 3] [--layout shared|rack] [--direct-io] [--uplink 512M] [--chunk 4M]
+    [--work DIR] [--json FILE]
 """
 
 from __future__ import annotations
@@ -76,9 +83,30 @@ def free_port() -> int:
 
 # -- the upstream (--serve) ------------------------------------------------------------------
 
-def serve(directory: str, port_file: str) -> int:
-    """Serve the files of ``directory`` with Range (bytes=a-b, a-); GET /_sent answers the body
-    bytes sent so far per file, as JSON."""
+class Uplink:
+    """One link of ``rate`` bytes a second that every response crosses (0: no limit): each
+    slice a response sends takes the link's next free time, first come first served, so K
+    responses at once share the rate between them, as K nodes pulling through one site's
+    uplink do."""
+
+    SLICE = 1 << 20
+
+    def __init__(self, rate: float) -> None:
+        self.rate, self.next_free, self.lock = rate, 0.0, threading.Lock()
+
+    def wait(self, n: int) -> None:
+        """Block until ``n`` bytes may go out."""
+        if not self.rate:
+            return
+        with self.lock:
+            start = max(time.monotonic(), self.next_free)
+            self.next_free = start + n / self.rate
+        time.sleep(max(0.0, start - time.monotonic()))
+
+
+def serve(directory: str, port_file: str, uplink: Uplink) -> int:
+    """Serve the files of ``directory`` with Range (bytes=a-b, a-) across ``uplink``; GET
+    /_sent answers the body bytes sent so far per file, as JSON."""
     sent: dict[str, int] = {}
     lock = threading.Lock()
 
@@ -123,7 +151,11 @@ def serve(directory: str, port_file: str) -> int:
                 done = 0
                 try:
                     while done < end - start:
-                        n = self.connection.sendfile(f, offset=start + done, count=end - start - done)
+                        want = end - start - done
+                        if uplink.rate:
+                            want = min(uplink.SLICE, want)
+                        uplink.wait(want)
+                        n = self.connection.sendfile(f, offset=start + done, count=want)
                         if not n:
                             break
                         done += n
@@ -182,11 +214,11 @@ def cpu_seconds(pid: int) -> float:
 
 
 class Upstream:
-    def __init__(self, directory: Path, work: Path, cpus: list[str] | None = None) -> None:
+    def __init__(self, directory: Path, work: Path, cpus: list[str] | None = None, uplink: int = 0) -> None:
         port_file = work / "upstream.port"
         port_file.unlink(missing_ok=True)
         self.proc = subprocess.Popen([*(cpus or []), sys.executable, __file__, "--serve", str(directory),
-                                      "--port-file", str(port_file)])
+                                      "--port-file", str(port_file), "--uplink", str(uplink)])
         deadline = time.monotonic() + 30
         while not port_file.exists() or not port_file.read_text():
             if time.monotonic() > deadline:
@@ -253,7 +285,7 @@ def fresh_disks(work: Path, devices: list[str], size: int) -> None:
 
 
 @contextlib.contextmanager
-def loop_devices(work: Path, count: int, size: int) -> Iterator[list[str]]:
+def loop_devices(work: Path, count: int, size: int, direct_io: bool) -> Iterator[list[str]]:
     devices: list[str] = []
     try:
         for i in range(count):
@@ -261,7 +293,8 @@ def loop_devices(work: Path, count: int, size: int) -> Iterator[list[str]]:
             backing.parent.mkdir(exist_ok=True)
             with open(backing, "wb") as f:
                 f.truncate(size)
-            dev = subprocess.run(["losetup", "--find", "--show", str(backing)], check=True,
+            dio = f"--direct-io={'on' if direct_io else 'off'}"
+            dev = subprocess.run(["losetup", "--find", "--show", dio, str(backing)], check=True,
                                  capture_output=True, text=True).stdout.strip()
             devices.append(dev)
         yield devices
@@ -390,11 +423,16 @@ def main() -> int:
                    help="shared (default): every process on every CPU; rack: the site's side "
                    "on the first CPU and the ramdisks on the others, as a site server and its "
                    "nodes are separate machines")
+    p.add_argument("--direct-io", action=argparse.BooleanOptionalAction, default=False,
+                   help="the loop devices read and write their backing files with direct I/O")
+    p.add_argument("--uplink", type=parse_size, default=0, metavar="BYTES_PER_S",
+                   help="the upstream sends across one link of this many bytes a second that "
+                   "every deploy shares, straight or through the site (default: no limit)")
     p.add_argument("--serve")
     p.add_argument("--port-file")
     a = p.parse_args()
     if a.serve:
-        return serve(a.serve, a.port_file)
+        return serve(a.serve, a.port_file, Uplink(a.uplink))
     if os.geteuid() != 0:
         print("fleet_deploy: needs root (loop devices)", file=sys.stderr)
         return 2
@@ -402,7 +440,8 @@ def main() -> int:
     work = a.work or Path(tempfile.mkdtemp(prefix="fleet-", dir="/var/tmp"))
     work.mkdir(parents=True, exist_ok=True)
     site_cpus, node_cpus, where = layout(a.layout)
-    print(f"layout {a.layout}: {where}", flush=True)
+    print(f"layout {a.layout}: {where}; loop devices with{'' if a.direct_io else 'out'} direct I/O; "
+          f"uplink {f'{a.uplink >> 20} MiB/s' if a.uplink else 'without a limit'}", flush=True)
     from agent.gateway.certs import make_dev_pki
     from tests.runtime.harness import start_gateway
 
@@ -415,7 +454,7 @@ def main() -> int:
     nodes = [f"n{i:02d}" for i in range(max(ks))]
     pki = make_dev_pki(work / "pki", nodes=(SITE, *nodes))
     gw = start_gateway(pki)
-    upstream = Upstream(work / "upstream", work, site_cpus)
+    upstream = Upstream(work / "upstream", work, site_cpus, a.uplink)
     site_port, metrics_port = free_port(), free_port()
     store = work / "store"
     site = Agent(pyz, pki, gw.address, SITE, "site", work, (
@@ -427,7 +466,7 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     site_starts: list[float] = []   # the site daemon's, each a new gateway session
     try:
-        with loop_devices(work, len(nodes), a.size) as devices:
+        with loop_devices(work, len(nodes), a.size, a.direct_io) as devices:
             for agent in agents:
                 agent.start()
             for n in nodes:
@@ -544,7 +583,8 @@ def main() -> int:
     print(f"bytes targets {'met' if ok else 'NOT met'}; every deploy verified every data chunk")
     if a.json:
         a.json.write_text(json.dumps({"images": images, "rows": rows, "size": a.size, "layout": where,
-                                      "chunk": a.chunk}, indent=2))
+                                      "chunk": a.chunk, "direct_io": a.direct_io, "uplink": a.uplink},
+                                     indent=2))
     if not a.work:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if ok else 1
