@@ -46,5 +46,5 @@ class Config:
     site_store_dir: Path | None = None      # the content store (default: state_dir/site/store)
     site_store_bytes: int = 64 << 30        # its byte budget (LRU eviction past it)
     site_metrics_address: str = "127.0.0.1:9108"  # GET /metrics (Prometheus); "" serves none
-    site_upstreams: tuple[str, ...] = ()    # what routes and site fetches reach (site/upstreams.py)
+    site_upstreams: tuple[str, ...] = ()    # what routes and site fetches reach (site/serve/upstreams.py)
     extra: dict[str, str] = field(default_factory=dict)  # bc.* parameters not in the settings table

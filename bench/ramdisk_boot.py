@@ -13,7 +13,7 @@ kinds' messages are loaded by then). Prints a Markdown table for docs/performanc
 root. ``--uefi``: OVMF instead of SeaBIOS on x86; ``--arch arm64``: the arm64 ramdisk in
 ``-M virt`` under TCG, always UEFI (``--pxe``: the firmware's PXE loads GRUB, see harness).
 ``--iso``: virtual media, as a BMC presents it: the ramdisk ISO (initramfs/iso.py) in the first
-CD drive, booted by the firmware, and the node's config medium (agent/site/vmedia.py) in the
+CD drive, booted by the firmware, and the node's config medium (agent/site/boot/vmedia.py) in the
 second, with a static address on QEMU's user network (10.0.2.15/24) and no DHCP used.
 """
 

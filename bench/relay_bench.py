@@ -44,7 +44,7 @@ def site(upstream: str, url_file: str, nagle: str) -> int:
     from agent.commands import handler_for
     from agent.commands.base import Context
     from agent.proto import site_pb2
-    from agent.site import web
+    from agent.site.serve import web
     from agent.site.services import ServiceSettings, SiteServices
 
     web._Handler.disable_nagle_algorithm = nagle == "off"

@@ -39,8 +39,8 @@ from agent.cli.app import SWITCH_INTERVAL_SECONDS  # noqa: E402
 from agent.config import Config  # noqa: E402
 from agent.proto import session_pb2, site_pb2  # noqa: E402
 from agent.runtime.core import Agent  # noqa: E402
-from agent.site.bmc import Credentials  # noqa: E402
-from agent.site.secrets import SecretStore  # noqa: E402
+from agent.site.bmc.client import Credentials  # noqa: E402
+from agent.site.bmc.secrets import SecretStore  # noqa: E402
 from tests.runtime.core_harness import Frames, World  # noqa: E402
 from tests.site.test_site_agent import site_agent as tests_site_agent  # noqa: E402
 

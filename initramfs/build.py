@@ -87,7 +87,7 @@ EXCLUDE = frozenset({
 MODULES = ("virtio_pci", "virtio_blk", "virtio_rng", "virtio_console", "virtio_net")
 # Loaded only when booted from virtual media (bc.media= on the ISO's command line): the CD
 # drives (virtio-scsi; the cloud kernel has no AHCI) and ISO 9660, for the node's config
-# medium (initramfs/iso.py, agent/site/vmedia.py). A PXE boot does not pay for them.
+# medium (initramfs/iso.py, agent/site/boot/vmedia.py). A PXE boot does not pay for them.
 MEDIA_MODULES = ("virtio_scsi", "sr_mod", "isofs")
 
 

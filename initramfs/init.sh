@@ -42,7 +42,7 @@ wait_for() {  # wait_for FILE: until it exists, at most ~30 s
 }
 
 # Virtual media (booted from the ISO, whose command line says bc.media=cdrom): the node's
-# config medium, a second CD labelled BC_CONFIG that the site made for it (agent/site/vmedia.py),
+# config medium, a second CD labelled BC_CONFIG that the site made for it (agent/site/boot/vmedia.py),
 # holds what DHCP and the kernel command line would give: "network" (the static address of
 # one NIC, named by MAC), "cmdline" (bc.* settings: node id, gateway, token, ...) and ca.pem.
 # It is mounted read-only on /run/bettercompute/media; its cmdline is added to the kernel's

@@ -188,8 +188,8 @@ set_working_mc 0x20
 
 
 def main(argv: list[str] | None = None) -> int:
-    from agent.site.bmc import Credentials
-    from agent.site.secrets import PasswordPolicy, SecretStore
+    from agent.site.bmc.client import Credentials
+    from agent.site.bmc.secrets import PasswordPolicy, SecretStore
 
     p = argparse.ArgumentParser(prog="python -m qemu.ipmisim", description=__doc__.split("\n\n")[0])
     p.add_argument("--dir", type=Path, required=True, help="work directory (emulator and node state)")

@@ -44,8 +44,8 @@ def missing_packages() -> list[str]:
 def run(workdir: Path, say: Callable[[str], None]) -> None:
     import secrets
 
-    from agent.site.bmc import Credentials
-    from agent.site.secrets import SecretStore
+    from agent.site.bmc.client import Credentials
+    from agent.site.bmc.secrets import SecretStore
     from initramfs import build as ramdisk
     from qemu.ipmisim import start_ipmi_sim
     from qemu.lab import ensure_ramdisk
@@ -123,8 +123,8 @@ def run_virtual_media(workdir: Path, say: Callable[[str], None], *, uefi: bool =
     import secrets
     import tempfile
 
-    from agent.site.bmc import Credentials
-    from agent.site.secrets import SecretStore
+    from agent.site.bmc.client import Credentials
+    from agent.site.bmc.secrets import SecretStore
     from qemu.lab import ensure_ramdisk
     from qemu.sitelab import BRIDGE, SITE_ADDRESS, SITE_HTTP_PORT, SiteLab
     from qemu.sitelife import Bmc, Step

@@ -45,8 +45,8 @@ def fleet_lives(lab: SiteLab, names: list[str], macs: list[str], username: str, 
                 credentials_ref: str) -> list[Lifecycle]:
     """A node, its ipmi_sim (the credentials in the site's secret store under
     ``credentials_ref``) and its Lifecycle with chunk-store routes, for each name."""
-    from agent.site.bmc import Credentials
-    from agent.site.secrets import SecretStore
+    from agent.site.bmc.client import Credentials
+    from agent.site.bmc.secrets import SecretStore
     from qemu.ipmisim import start_ipmi_sim
 
     SecretStore(lab.secrets_dir).put(credentials_ref, Credentials(username, password))

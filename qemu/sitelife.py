@@ -196,7 +196,7 @@ class Lifecycle:
                 raise self.fail(f"bmc.query: the BMC lists NICs {macs}, not the node's {self.node.mac}")
             found = f"host NIC MAC {self.node.mac} found"
         else:
-            # IPMI has no portable way to list the host's NICs (agent/site/ipmi.py): the MAC
+            # IPMI has no portable way to list the host's NICs (agent/site/bmc/ipmi.py): the MAC
             # is the one the site's inventory holds for the node.
             found = f"no host NIC over {self.bmc.protocol}; MAC {self.node.mac} from the inventory"
         self.step("bmc.query", t, f"{system.manufacturer} {system.model}, BMC firmware "

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.proto import site_pb2
-from agent.site.vmedia import MediaRequest, StaticNetwork, iso9660
+from agent.site.boot.vmedia import MediaRequest, StaticNetwork, iso9660
 from initramfs import build as ramdisk
 from initramfs import iso
 from qemu.harness import GUEST_HOST, PLATFORMS
@@ -170,7 +170,7 @@ class MediaLifecycle(Lifecycle):
         token = self.media_urls[0].split("/vm/")[1].split("/")[0]
         if token in log:
             raise self.fail("the site daemon's log holds the media's token")
-        if self.lab.net.plain_dhcp is not None or "agent.site.dnsmasq" in log:
+        if self.lab.net.plain_dhcp is not None or "agent.site.boot.dnsmasq" in log:
             raise self.fail("a DHCP server runs on the lab's network")
         status, out = guest_shell(self.node, "ip -4 addr show; ls /run/udhcpc.* 2>&1; "
                                              'echo "efi=$(test -d /sys/firmware/efi && echo yes)"')

@@ -26,9 +26,10 @@ from agent.hw import dcgm
 from agent.images import http, manifest
 from agent.link.session import parse_address
 from agent.proto import agent_pb2, site_pb2
-from agent.site.ipmi import split_address
-from agent.site.pxe import EntryRequest, parse_mac, parse_node_id, script_safe_url
-from agent.site.secrets import check_ref
+from agent.site.bmc.ipmi import split_address
+from agent.site.bmc.secrets import check_ref
+from agent.site.boot.fields import parse_mac, parse_node_id, script_safe_url
+from agent.site.boot.pxe import EntryRequest
 
 
 def refused(fn: Callable[[], Any], match: str | None = None) -> None:

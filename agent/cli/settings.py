@@ -79,7 +79,7 @@ def _bytes(text: str) -> int:
         raise ValueError(f"{text!r} is not a byte count (e.g. 64G)")
     return int(digits) * mult
 def _upstream(text: str) -> str:
-    from agent.site.upstreams import parse_entry
+    from agent.site.serve.upstreams import parse_entry
 
     return parse_entry(text)
 

@@ -2,11 +2,11 @@
 driven by the site daemon over Redfish or IPMI.
 
 Every kind takes a ``BmcOperationRequest``; ``parse`` checks the protocol, the address, the
-credentials_ref (a name, see agent/site/secrets.py), the operation and every parameter
+credentials_ref (a name, see agent/site/bmc/secrets.py), the operation and every parameter
 before anything runs. ``run`` reads the credentials from the site's secret store, holds
 "bmc:<address>" (one operation at a time per BMC; many BMCs in parallel), settles any
 rotation a crash interrupted, then does the operation through the protocol's client
-(agent/site/ipmi.py, agent/site/redfish.py) and reports a typed BmcOperationResult.
+(agent/site/bmc/ipmi.py, agent/site/bmc/redfish/client.py) and reports a typed BmcOperationResult.
 
 docs/site.md lists the operations and parameters of each kind.
 """
@@ -29,8 +29,8 @@ from agent.errors import (
     InvalidParameters,
 )
 from agent.proto import site_pb2
-from agent.site import events, secrets
-from agent.site.bmc import (
+from agent.site.bmc import events, secrets
+from agent.site.bmc.client import (
     BmcClient,
     BmcProtocol,
     BootDevice,
@@ -43,7 +43,7 @@ from agent.site.bmc import (
     PowerState,
     Target,
 )
-from agent.site.ipmi import check_ipmi_password, split_address
+from agent.site.bmc.ipmi import check_ipmi_password, split_address
 
 Result = site_pb2.BmcOperationResult
 DEFAULT_GRACEFUL_SECONDS = 60.0
@@ -256,10 +256,10 @@ def make_client(protocol: BmcProtocol, target: Target, call: CallContext, kept: 
     """The protocol's client; a Redfish one starts from what ``kept`` holds under ``key``
     (the BMC's paths and connection from its last command)."""
     if protocol is BmcProtocol.IPMI:
-        from agent.site.ipmi import IpmiClient
+        from agent.site.bmc.ipmi import IpmiClient
 
         return IpmiClient(target, call)
-    from agent.site.redfish import Discovered, RedfishClient
+    from agent.site.bmc.redfish.client import Discovered, RedfishClient
 
     return RedfishClient(target, call, kept.take(key, Discovered) if kept is not None else None)
 
@@ -282,7 +282,7 @@ class BmcSession:
     def done(self, client: BmcClient) -> None:
         """End ``client``'s use of its BMC: a Redfish client's paths and idle connection are
         kept for the BMC's next command; every client is closed."""
-        from agent.site.redfish import RedfishClient
+        from agent.site.bmc.redfish.client import RedfishClient
 
         if isinstance(client, RedfishClient):
             self.ctx.kept.put(self.params.lock_name, client.leave())

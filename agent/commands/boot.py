@@ -1,13 +1,13 @@
 """boot.prepareRamdisk and boot.cleanUp: the site's PXE boot entries for a node.
 
 prepareRamdisk registers (or replaces) the entry of one MAC with the site's boot service
-(agent/site/pxe.py): from then until its TTL the proxy DHCP answers that NIC's PXE ROM, TFTP
+(agent/site/boot/pxe.py): from then until its TTL the proxy DHCP answers that NIC's PXE ROM, TFTP
 gives it iPXE, and iPXE runs the node's script. cleanUp removes a node's entries, scripts and
 host files (and its proxy routes), and the cached kernels and initrds no entry uses any more
 unless keep_ramdisk_cache; it is idempotent: removing what is not there is no error.
 
 With ``boot_method: "virtual_media"`` prepareRamdisk makes no PXE entry but the node's virtual
-media (agent/site/vmedia.py): its config medium (static network, gateway, CA, settings) and
+media (agent/site/boot/vmedia.py): its config medium (static network, gateway, CA, settings) and
 the shared ramdisk ISO, served under an unguessable, expiring path whose URLs it returns for
 bmc.storage insert_media; cleanUp removes them too.
 """
@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 from agent.commands.base import Context, Handler
 from agent.proto import site_pb2
-from agent.site import vmedia
-from agent.site.pxe import EntryRequest, parse_mac, parse_node_id
+from agent.site.boot import vmedia
+from agent.site.boot.fields import parse_mac, parse_node_id
+from agent.site.boot.pxe import EntryRequest
+from agent.site.boot.vmedia import MediaRequest
 from agent.site.services import SiteServices
-from agent.site.vmedia import MediaRequest
 
 
 class PrepareRamdiskHandler(Handler[site_pb2.ProxyDhcpEntry, EntryRequest | MediaRequest],

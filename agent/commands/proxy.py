@@ -1,7 +1,7 @@
 """site.httpProxy: a scoped route through the site for one node to one upstream URL
-(agent/site/routes.py says what a route allows; agent/site/web.py serves it). With a
+(agent/site/serve/routes.py says what a route allows; agent/site/serve/web.py serves it). With a
 ``manifest`` the route serves the image from the site's chunk store
-(agent/site/chunkroute.py): the manifest is fetched here, checked against its digest and
+(agent/site/serve/chunkroute.py): the manifest is fetched here, checked against its digest and
 parsed before the route exists."""
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from agent.errors import InvalidParameters
 from agent.images import filesource
 from agent.images.manifest import MAX_MANIFEST
 from agent.proto import site_pb2
-from agent.site.chunkroute import load_plan
-from agent.site.routes import RouteRequest
+from agent.site.serve.routes import RouteRequest, load_plan
 
 
 class HttpProxyHandler(Handler[site_pb2.HttpProxyRequest, RouteRequest], kind="site.httpProxy"):

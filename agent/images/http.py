@@ -146,7 +146,7 @@ class HttpOptions:
     max_backoff: float = 8.0
     total_timeout: float | None = None  # request(): one attempt, connect to last byte (None: no bound)
     # The addresses a connection to (host, port) may dial, raising to refuse it (an address
-    # policy: agent/site/upstreams.py); each connection, a redirect's included, dials only
+    # policy: agent/site/serve/upstreams.py); each connection, a redirect's included, dials only
     # those. None: whatever the host name resolves to.
     resolve: Callable[[str, int], Iterable[str]] | None = None
 

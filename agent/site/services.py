@@ -30,14 +30,14 @@ from typing import Protocol
 from agent.config import Config
 from agent.errors import InvalidParameters
 from agent.images import http
-from agent.site.chunkstore import DEFAULT_BUDGET, ChunkStore
-from agent.site.dnsmasq import DnsmasqSettings, DnsmasqSupervisor
+from agent.site.boot.dnsmasq import DnsmasqSettings, DnsmasqSupervisor
+from agent.site.boot.pxe import BootEntries
+from agent.site.boot.vmedia import MediaSets
 from agent.site.metrics import Metrics, MetricsService
-from agent.site.pxe import BootEntries
-from agent.site.routes import RouteTable
-from agent.site.upstreams import UpstreamPolicy, local_addresses
-from agent.site.vmedia import MediaSets
-from agent.site.web import HttpService
+from agent.site.serve.chunkstore import DEFAULT_BUDGET, ChunkStore
+from agent.site.serve.routes import RouteTable
+from agent.site.serve.upstreams import UpstreamPolicy, local_addresses
+from agent.site.serve.web import HttpService
 
 
 class BmcFigures(Protocol):
@@ -65,7 +65,7 @@ class ServiceSettings:
     store_dir: Path | None = None  # the content store (default: root / "store")
     store_bytes: int = DEFAULT_BUDGET
     metrics: str = ""            # host:port of GET /metrics; "" serves none
-    upstreams: tuple[str, ...] = ()  # what routes may reach (agent/site/upstreams.py)
+    upstreams: tuple[str, ...] = ()  # what routes may reach (agent/site/serve/upstreams.py)
 
     @classmethod
     def from_config(cls, config: Config) -> ServiceSettings:
@@ -138,7 +138,7 @@ class SiteServices:
 
     def upstream_addresses(self, host: str, port: int) -> list[str]:
         """The addresses the site may dial for ``host``: ``site_upstreams``' policy
-        (agent/site/upstreams.py); InvalidParameters when it may not."""
+        (agent/site/serve/upstreams.py); InvalidParameters when it may not."""
         return self.routes.policy.addresses(host, port)
 
     def __enter__(self) -> SiteServices:

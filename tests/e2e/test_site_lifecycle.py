@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.site.bmc import Credentials
-from agent.site.secrets import SecretStore
+from agent.site.bmc.client import Credentials
+from agent.site.bmc.secrets import SecretStore
 from initramfs import build as ramdisk
 from qemu.ipmisim import IpmiSim, start_ipmi_sim
 from qemu.sitelab import OVMF, SiteLab
@@ -89,7 +89,7 @@ def check_common(lab: SiteLab, node: SiteNode, shown: list[Step]) -> None:
     # The site's dnsmasq ran through it all (entries added and removed by SIGHUP) without dying:
     # an earlier configuration of it segfaulted at boot.cleanUp and was restarted.
     assert " exited " not in "".join(line for line in lab.site_log_text().splitlines()
-                                     if "agent.site.dnsmasq" in line)
+                                     if "agent.site.boot.dnsmasq" in line)
     # The image came from the upstream to the site daemon (the route relays it).
     assert [line for line in lab.upstream.served if line.startswith(f"GET /{node.name}.img.zst")]
 

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.site.bmc import Credentials
-from agent.site.secrets import SecretStore
-from agent.site.vmedia import StaticNetwork
+from agent.site.bmc.client import Credentials
+from agent.site.bmc.secrets import SecretStore
+from agent.site.boot.vmedia import StaticNetwork
 from initramfs import iso
 from qemu.lab import Lab, Ramdisk
 from qemu.sitelab import OVMF, SiteLab, missing_network_prerequisites

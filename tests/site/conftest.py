@@ -25,9 +25,9 @@ import pytest
 from agent import proc
 from agent.catalog import Role
 from agent.config import Config
-from agent.site.bmc import Credentials
-from agent.site.dnsmasq import DnsmasqSettings, ours
-from agent.site.secrets import SecretStore
+from agent.site.bmc.client import Credentials
+from agent.site.bmc.secrets import SecretStore
+from agent.site.boot.dnsmasq import DnsmasqSettings, ours
 from agent.site.services import ServiceSettings, SiteServices
 from qemu.ipmisim import IpmiSim, free_udp_port, start_ipmi_sim
 from qemu.powered import NodeSpec, PoweredNode
@@ -85,7 +85,7 @@ def stray_children(settings: DnsmasqSettings, pids: Sequence[int]) -> list[int]:
 @pytest.fixture
 def site(tmp_path: Path) -> Iterator[SiteServices]:
     """The site's HTTP service on loopback (no dnsmasq), for a handler's Context.local(site=...);
-    its routes may reach upstreams on 127.0.0.1 (refused by default: agent/site/upstreams.py)."""
+    its routes may reach upstreams on 127.0.0.1 (refused by default: agent/site/serve/upstreams.py)."""
     with SiteServices(ServiceSettings(address="127.0.0.1", port=0, root=tmp_path / "site",
                                       upstreams=("127.0.0.1",))) as running:
         yield running

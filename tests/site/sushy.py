@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from agent.site.bmc import CallContext, Credentials, Pacing, Target
+from agent.site.bmc.client import CallContext, Credentials, Pacing, Target
 
 VMEDIA_SLOTS = {"Cd": "cd", "Floppy": "usb"}   # the emulator's virtual media -> the node's drives
 SYSTEM_UUID = "8c7f4b36-3c52-4d2a-9f30-1b4f1d0e9a11"

@@ -11,10 +11,10 @@ import pytest
 
 from agent.config import Config
 from agent.errors import InvalidParameters
-from agent.site import events
-from agent.site.bmc import Credentials
-from agent.site.ipmi import parse_sel
-from agent.site.secrets import SecretStore
+from agent.site.bmc import events
+from agent.site.bmc.client import Credentials
+from agent.site.bmc.ipmi import parse_sel
+from agent.site.bmc.secrets import SecretStore
 from tests.loopback_http import self_signed_cert
 from tests.site.conftest import IpmiSim
 from tests.site.redfish_documented import DocumentedBmc

@@ -29,9 +29,9 @@ from agent.errors import (
     Unsupported,
 )
 from agent.proto import site_pb2
-from agent.site.bmc import BootDevice, BootMode, CallContext, Credentials, Pacing, Target
-from agent.site.ipmi import IpmiClient
-from agent.site.secrets import SecretStore
+from agent.site.bmc.client import BootDevice, BootMode, CallContext, Credentials, Pacing, Target
+from agent.site.bmc.ipmi import IpmiClient
+from agent.site.bmc.secrets import SecretStore
 from tests.runtime.harness import wait_until
 from tests.site.conftest import PASSWORD, REF, USERNAME, IpmiSim, free_udp_port
 

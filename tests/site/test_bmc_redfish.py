@@ -15,8 +15,8 @@ from agent.commands.base import Context
 from agent.config import Config
 from agent.errors import BmcRefused, BmcUnreachable
 from agent.proto import site_pb2
-from agent.site.bmc import Credentials
-from agent.site.secrets import SecretStore
+from agent.site.bmc.client import Credentials
+from agent.site.bmc.secrets import SecretStore
 from tests.loopback_http import self_signed_cert
 from tests.site.redfish_documented import DocumentedBmc
 from tests.site.sushy import NODE_MAC, USER, SushyEmulator

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import ToolFailed, ToolMissing
-from agent.site.dnsmasq import DnsmasqSettings, DnsmasqSupervisor, prepare, render_config
+from agent.site.boot.dnsmasq import DnsmasqSettings, DnsmasqSupervisor, prepare, render_config
 from tests.site.conftest import stray_children
 
 FAKE = """#!{python}

@@ -31,7 +31,7 @@ def test_site_install_writes_its_config_and_a_root_only_secret_store(tmp_path: P
     assert secrets.is_dir() and stat.S_IMODE(secrets.stat().st_mode) == 0o700
     unit = (root / UNIT).read_text()
     assert "Description=Better Compute machine agent (site role)" in unit
-    # descriptors for 1,024 connections at two each, and the reserve (agent/site/conns.py)
+    # descriptors for 1,024 connections at two each, and the reserve (agent/site/serve/conns.py)
     assert "\nLimitNOFILE=16384\n" in unit
     assert (root / "etc/systemd/system/multi-user.target.wants/bettercompute-agent.service").is_symlink()
     # A secrets_dir given as a flag wins.

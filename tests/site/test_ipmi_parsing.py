@@ -1,4 +1,4 @@
-"""agent/site/ipmi.py's readers of ipmitool output, on text in ipmitool's formats (the
+"""agent/site/bmc/ipmi.py's readers of ipmitool output, on text in ipmitool's formats (the
 boot parameter, LAN and user list texts are ipmi_sim's own answers)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from agent.errors import BmcRefused, InvalidParameters
-from agent.site.bmc import BootDevice, BootMode, PowerState
-from agent.site.ipmi import (
+from agent.site.bmc.client import BootDevice, BootMode, PowerState
+from agent.site.bmc.ipmi import (
     check_ipmi_password,
     parse_bootparam5,
     parse_fru,

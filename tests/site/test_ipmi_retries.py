@@ -22,9 +22,9 @@ from agent.config import Config
 from agent.errors import AgentError, BmcRefused
 from agent.proto import site_pb2
 from agent.runtime.scheduler import Job, Scheduler
-from agent.site.bmc import CallContext, Credentials, Pacing, PowerState, Target
-from agent.site.ipmi import IpmiClient
-from agent.site.secrets import SecretStore
+from agent.site.bmc.client import CallContext, Credentials, Pacing, PowerState, Target
+from agent.site.bmc.ipmi import IpmiClient
+from agent.site.bmc.secrets import SecretStore
 from tests.site.conftest import PASSWORD, REF
 
 SECRET = "Busy-Secret-5gH"
@@ -215,8 +215,8 @@ esac
     daemon = subprocess.Popen(
         [sys.executable, "-c", f"""
 import threading, time
-from agent.site.bmc import CallContext, Credentials, Target
-from agent.site.ipmi import IpmiClient
+from agent.site.bmc.client import CallContext, Credentials, Target
+from agent.site.bmc.ipmi import IpmiClient
 c = IpmiClient(Target("10.9.9.9", Credentials("admin", {SECRET!r})),
                CallContext(threading.Event(), time.monotonic() + 120), ipmitool={str(bindir / "ipmitool")!r})
 c.set_password("admin", "New-Secret-6hJ")

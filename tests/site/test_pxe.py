@@ -16,7 +16,8 @@ from agent.commands import handler_for
 from agent.commands.base import Context
 from agent.errors import InvalidParameters, Unsupported
 from agent.proto import site_pb2
-from agent.site.pxe import BootEntries, EntryRequest, parse_mac
+from agent.site.boot.fields import parse_mac
+from agent.site.boot.pxe import BootEntries, EntryRequest
 from agent.site.services import SiteServices
 from tests.loopback_http import LoopbackServer
 

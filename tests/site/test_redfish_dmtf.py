@@ -14,8 +14,8 @@ from agent.commands.base import Context
 from agent.config import Config
 from agent.errors import InvalidParameters, Unsupported
 from agent.proto import site_pb2
-from agent.site.bmc import Credentials, Target
-from agent.site.redfish import RedfishClient
+from agent.site.bmc.client import Credentials, Target
+from agent.site.bmc.redfish.client import RedfishClient
 from tests.site.dmtf_mockup import SYSTEM, DmtfMockup
 from tests.site.sushy import fast_call
 from tests.site.test_bmc_redfish import REF, config_with

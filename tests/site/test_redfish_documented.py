@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from agent.errors import AuthFailed, BmcRefused, ChecksumMismatch, Unsupported
-from agent.site.bmc import Credentials, PowerAction, PowerState, Target
-from agent.site.redfish import RedfishClient
+from agent.site.bmc.client import Credentials, PowerAction, PowerState, Target
+from agent.site.bmc.redfish.client import RedfishClient
 from tests.loopback_http import Seen
 from tests.site.redfish_documented import ACCOUNTS, SESSIONS, SYS, UPDATE, VOLUMES, DocumentedBmc
 from tests.site.sushy import fast_call

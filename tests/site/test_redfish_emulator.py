@@ -11,8 +11,16 @@ from pathlib import Path
 import pytest
 
 from agent.errors import AuthFailed, BmcRefused, BmcUnreachable, Unsupported
-from agent.site.bmc import BootDevice, BootMode, BootSetting, Credentials, PowerAction, PowerState, Target
-from agent.site.redfish import RedfishClient
+from agent.site.bmc.client import (
+    BootDevice,
+    BootMode,
+    BootSetting,
+    Credentials,
+    PowerAction,
+    PowerState,
+    Target,
+)
+from agent.site.bmc.redfish.client import RedfishClient
 from tests.loopback_http import LoopbackServer, self_signed_cert
 from tests.site.sushy import NODE_MAC, USER, SushyEmulator, fast_call, free_port
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.site.bmc import BootDevice, BootSetting, PowerAction, PowerState
-from agent.site.redfish import RedfishClient
+from agent.site.bmc.client import BootDevice, BootSetting, PowerAction, PowerState
+from agent.site.bmc.redfish.client import RedfishClient
 from qemu.powered import PoweredNode
 from tests.runtime.harness import wait_until
 from tests.site.sushy import NodeHook, SushyEmulator, fast_call

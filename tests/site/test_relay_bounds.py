@@ -12,7 +12,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from agent.site.conns import Connections
+from agent.site.serve.conns import Connections
 from agent.site.services import ServiceSettings, SiteServices
 from tests.loopback_http import LoopbackServer
 from tests.runtime.harness import wait_until
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _BUFFERS = textwrap.dedent("""
     import threading
     from pathlib import Path
-    from agent.site import web
+    from agent.site.serve import web
 
     def rss():
         for line in Path("/proc/self/status").read_text().splitlines():

@@ -21,8 +21,8 @@ from agent.commands.base import Context
 from agent.errors import InvalidParameters, SourceFailed
 from agent.images import http as agent_http
 from agent.proto import site_pb2
-from agent.site import web
-from agent.site.routes import RouteTable, UpstreamConnections
+from agent.site.serve import web
+from agent.site.serve.routes import RouteTable, UpstreamConnections
 from agent.site.services import SiteServices
 from tests.loopback_http import Fault, LoopbackServer
 from tests.runtime.harness import wait_until
@@ -302,8 +302,8 @@ def test_bad_upstream_refused(url: str) -> None:
 
 
 def test_routes_survive_a_restart(tmp_path: Path, upstream: LoopbackServer) -> None:
-    from agent.site.routes import RouteRequest
-    from agent.site.upstreams import UpstreamPolicy
+    from agent.site.serve.routes import RouteRequest
+    from agent.site.serve.upstreams import UpstreamPolicy
 
     table = RouteTable(tmp_path, "http://s", UpstreamPolicy.parse(["127.0.0.1"]))
     table.reconcile()

@@ -1,4 +1,4 @@
-"""agent/site/secrets.py: the site's secret store, on a real directory."""
+"""agent/site/bmc/secrets.py: the site's secret store, on a real directory."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from agent.errors import AgentError, InvalidParameters, NotFound, Unsupported
-from agent.site.bmc import Credentials
-from agent.site.secrets import PasswordPolicy, SecretStore, SecretStoreError, check_ref
+from agent.site.bmc.client import Credentials
+from agent.site.bmc.secrets import PasswordPolicy, SecretStore, SecretStoreError, check_ref
 
 OLD = Credentials("admin", "old-Secret-1")
 NEW = Credentials("admin", "new-Secret-2")

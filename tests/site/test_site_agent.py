@@ -19,8 +19,8 @@ from agent.commands.base import Handler
 from agent.config import Config
 from agent.proto import session_pb2, site_pb2
 from agent.runtime.core import Agent
-from agent.site.bmc import Credentials
-from agent.site.secrets import SecretStore
+from agent.site.bmc.client import Credentials
+from agent.site.bmc.secrets import SecretStore
 from tests.runtime.core_harness import NODE, Frames, World, accepted, rejected
 from tests.site.conftest import PASSWORD, REF, USERNAME, IpmiSim
 

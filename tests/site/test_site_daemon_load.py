@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from agent.gateway import Gateway
-from agent.site.conns import HEAD_SECONDS
+from agent.site.serve.conns import HEAD_SECONDS
 from tests.loopback_http import LoopbackServer
 from tests.runtime.harness import AgentProcess, wait_until
 from tests.site.test_site_daemon import (  # noqa: F401  (gateway: a fixture)

@@ -12,8 +12,8 @@ import pytest
 
 from agent.cli import settings
 from agent.errors import InvalidParameters
+from agent.site.serve.upstreams import UpstreamPolicy, local_addresses
 from agent.site.services import ServiceSettings, SiteServices
-from agent.site.upstreams import UpstreamPolicy, local_addresses
 from tests.loopback_http import LoopbackServer
 from tests.site.test_chunk_routes import add_route
 from tests.site.test_pxe import entry, prepare

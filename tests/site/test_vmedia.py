@@ -15,9 +15,9 @@ import pytest
 
 from agent.errors import ChecksumMismatch, InvalidParameters
 from agent.proto import site_pb2
-from agent.site import vmedia
+from agent.site.boot import vmedia
+from agent.site.boot.vmedia import MediaRequest, MediaSets, iso9660
 from agent.site.services import SiteServices
-from agent.site.vmedia import MediaRequest, MediaSets, iso9660
 from tests.loopback_http import LoopbackServer, self_signed_cert
 from tests.site.test_pxe import MAC, cleanup, fetch, prepare
 

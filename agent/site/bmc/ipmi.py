@@ -52,8 +52,8 @@ from agent.errors import (
     Unsupported,
 )
 from agent.proto import site_pb2
-from agent.site import events
-from agent.site.bmc import (
+from agent.site.bmc import events
+from agent.site.bmc.client import (
     BootDevice,
     BootMode,
     BootSetting,

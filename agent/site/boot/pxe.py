@@ -2,10 +2,10 @@
 
 An entry says how one NIC boots the ramdisk: which iPXE binary its firmware takes over TFTP
 (``undionly.kpxe`` for BIOS, ``ipxe.efi`` for UEFI: dnsmasq serves each by the architecture
-the client reports, see agent/site/dnsmasq.py) and what the chained iPXE then runs: the
+the client reports, see agent/site/boot/dnsmasq.py) and what the chained iPXE then runs: the
 entry's own script URL, or a kernel and initrd with a kernel command line. A kernel and an
 initrd come with their sha256 digests: each is downloaded once, verified, and kept in the
-site's content store (agent/site/chunkstore.py, the one that holds the routes' chunks) under
+site's content store (agent/site/serve/chunkstore.py, the one that holds the routes' chunks) under
 its digest, shared by every entry with the same content whatever its URL, and served by the
 site's HTTP service at /cache/<sha256>. The store's budget bounds them; a file a live entry
 uses is never evicted.
@@ -32,7 +32,6 @@ import enum
 import json
 import logging
 import os
-import re
 import secrets
 import shutil
 import threading
@@ -44,69 +43,25 @@ from pathlib import Path
 from agent.atomicfile import write_atomic
 from agent.errors import InvalidParameters, NotFound
 from agent.images import http
-from agent.proto import common_pb2, site_pb2
-from agent.site.chunkstore import DIGEST, ChunkStore
+from agent.proto import site_pb2
+from agent.site.boot.fields import (
+    CMDLINE_CHARS,
+    MAX_CMDLINE,
+    parse_file_digest,
+    parse_mac,
+    parse_node_id,
+    parse_ttl,
+    script_safe_url,
+)
+from agent.site.serve.chunkstore import DIGEST, ChunkStore
 
 log = logging.getLogger(__name__)
-
-DEFAULT_TTL_SECONDS = 3600
-MAX_TTL_SECONDS = 7 * 24 * 3600
-MAX_CMDLINE = 2048
-
-_MAC = re.compile(r"[0-9a-f]{2}([:-])[0-9a-f]{2}(\1[0-9a-f]{2}){4}")
-_NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")   # each used with fullmatch
-# What may stand in an iPXE script line unquoted: no whitespace or control characters, no "$"
-# (iPXE expands ${...}), no quotes or backslash, no "|" or "&&" (iPXE's command separators).
-_URL_CHARS = re.compile(r"[A-Za-z0-9\-._~:/?#\[\]@!&()*+,;=%]+")
-_CMDLINE_CHARS = re.compile(r"[A-Za-z0-9 ._,:=/+@%~\-]*")
-
 
 class BootFile(enum.StrEnum):
     """The iPXE binaries the TFTP server serves (Debian's ``ipxe`` package)."""
 
     BIOS = "undionly.kpxe"
     UEFI = "ipxe.efi"
-
-
-def parse_mac(text: str) -> str:
-    """A unicast Ethernet MAC, "aa:bb:cc:dd:ee:ff" (colons or hyphens) -> lower case, colons."""
-    mac = text.strip().lower()
-    if not _MAC.fullmatch(mac):
-        raise InvalidParameters(f"malformed MAC address {text[:40]!r}: expected aa:bb:cc:dd:ee:ff")
-    mac = mac.replace("-", ":")
-    if int(mac[:2], 16) & 1:
-        raise InvalidParameters(f"MAC address {mac} is a multicast address, not a NIC's")
-    return mac
-
-
-def parse_node_id(text: str) -> str:
-    if not _NODE_ID.fullmatch(text):
-        raise InvalidParameters(
-            f"node_id {text[:40]!r}: 1-128 characters of letters, digits and . _ : @ -"
-        )
-    return text
-
-
-def script_safe_url(url: str, field: str) -> str:
-    """An http(s) URL that can stand in an iPXE script line without changing its meaning."""
-    try:
-        http.check_url(url)
-    except InvalidParameters as exc:
-        raise InvalidParameters(f"{field}: {exc.message}") from exc
-    if not _URL_CHARS.fullmatch(url) or "&&" in url:
-        raise InvalidParameters(
-            f"{field}: characters that would break the iPXE script (whitespace, quotes, $, |, "
-            "&&, backslash): percent-encode them"
-        )
-    return url
-
-
-def parse_ttl(seconds: int, field: str = "ttl_seconds") -> int:
-    if seconds == 0:
-        return DEFAULT_TTL_SECONDS
-    if not 0 < seconds <= MAX_TTL_SECONDS:
-        raise InvalidParameters(f"{field} {seconds}: at most {MAX_TTL_SECONDS} (7 days)")
-    return seconds
 
 
 @dataclass(frozen=True)
@@ -122,18 +77,6 @@ class BootSpec:
     cmdline: str
     kernel_digest: str         # sha256 hex of the kernel ("" with a script URL)
     initrd_digest: str         # of the initrd ("" without one)
-
-
-def parse_file_digest(msg: common_pb2.Digest, field: str) -> str:
-    """A kernel's, an initrd's or a media ISO's sha256 (what names it in the store)."""
-    from agent.images.image import Digest
-
-    if not msg.hex:
-        raise InvalidParameters(f"{field}: required with its URL (the sha256 of the file)")
-    if (msg.algorithm or "sha256") != "sha256":
-        raise InvalidParameters(f"{field}: sha256 (the site's store is keyed by sha256), "
-                                f"not {msg.algorithm[:20]!r}")
-    return Digest.from_proto(msg, field).hex
 
 
 @dataclass(frozen=True)
@@ -174,7 +117,7 @@ class EntryRequest(BootSpec):
                 raise InvalidParameters("initrd_digest without an initrd_url")
         else:
             raise InvalidParameters("an entry needs ipxe_script_url or kernel_url")
-        if len(cmdline) > MAX_CMDLINE or not _CMDLINE_CHARS.fullmatch(cmdline):
+        if len(cmdline) > MAX_CMDLINE or not CMDLINE_CHARS.fullmatch(cmdline):
             raise InvalidParameters(
                 "kernel_cmdline: only letters, digits, spaces and . _ , : = / + @ % ~ - "
                 f"(at most {MAX_CMDLINE} characters): anything else could change the iPXE script"
@@ -445,7 +388,7 @@ class BootEntries:
 
     def _drop(self, entry: BootEntry) -> None:
         # The host file is emptied, not removed (a precaution: dnsmasq 2.90 has crashed on
-        # reloads of dhcp-hostsdir, see agent/site/dnsmasq.py); the empty files are removed at
+        # reloads of dhcp-hostsdir, see agent/site/boot/dnsmasq.py); the empty files are removed at
         # the next start, before dnsmasq runs.
         write_atomic(self.hosts_dir / entry.mac_hex, b"", tmp_dir=self.root)
         _unlink(self.scripts_dir / f"{entry.mac_hyphen}.ipxe")

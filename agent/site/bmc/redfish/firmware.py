@@ -40,7 +40,7 @@ from agent.images import http
 from agent.proto import site_pb2
 
 if TYPE_CHECKING:
-    from agent.site.redfish import RedfishClient
+    from agent.site.bmc.redfish.client import RedfishClient
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def update(
 ) -> site_pb2.BmcFirmwareTask:
     if bool(image_uri) == (file is not None):
         raise InvalidParameters("firmware: give image_uri or file, one of them")
-    from agent.site.redfish import link  # redfish imports this module: not at the top
+    from agent.site.bmc.redfish.client import link  # redfish imports this module: not at the top
 
     where = f"Redfish BMC {client.target.address}"
     ref = link(client.root(), "UpdateService")
@@ -133,7 +133,7 @@ def _push(
 def status(client: RedfishClient, task_uri: str = "") -> site_pb2.BmcOperationResult:
     """bmc.firmware status: the UpdateService's FirmwareInventory (``inventory``), and with
     ``task_uri`` that task's state as the BMC reports it now (read once, not followed)."""
-    from agent.site.redfish import link  # redfish imports this module: not at the top
+    from agent.site.bmc.redfish.client import link  # redfish imports this module: not at the top
 
     where = f"Redfish BMC {client.target.address}"
     if not link(client.root(), "UpdateService"):
@@ -224,7 +224,7 @@ def inventory(client: RedfishClient) -> list[site_pb2.BmcFirmwareComponent]:
     """Every component of the UpdateService's FirmwareInventory (name, version, updateable,
     health);
     empty where the BMC has no UpdateService or no FirmwareInventory."""
-    from agent.site.redfish import link  # redfish imports this module: not at the top
+    from agent.site.bmc.redfish.client import link  # redfish imports this module: not at the top
 
     service_ref = link(client.root(), "UpdateService")
     if not service_ref:

@@ -32,7 +32,7 @@ from pathlib import Path
 from agent import proc
 from agent.atomicfile import write_atomic
 from agent.errors import ToolFailed, ToolMissing
-from agent.site.pxe import BootFile
+from agent.site.boot.pxe import BootFile
 
 log = logging.getLogger(__name__)
 

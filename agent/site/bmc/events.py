@@ -3,7 +3,7 @@
 Redfish: every LogService of the node's Manager and System (``LogServices`` -> each
 service's ``Entries``), read page by page (``Members@odata.nextLink``) with the members as the
 BMC expands them (else one GET each), at most ``MAX_ENTRIES`` kept: the newest ones. IPMI:
-the SEL through ``ipmitool -c sel elist`` (agent/site/ipmi.py parses it).
+the SEL through ``ipmitool -c sel elist`` (agent/site/bmc/ipmi.py parses it).
 
 ``since`` is seconds since 1970 or an ISO 8601 time ("2026-12-01T20:00:00Z"); an entry is kept
 when it was created at or after it. An entry without an absolute time (an IPMI record stamped
@@ -20,7 +20,7 @@ from agent.errors import InvalidParameters, Unsupported
 from agent.proto import site_pb2
 
 if TYPE_CHECKING:
-    from agent.site.redfish import RedfishClient
+    from agent.site.bmc.redfish.client import RedfishClient
 
 log = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ from pathlib import Path
 
 from agent.atomicfile import write_atomic
 from agent.errors import AgentError, InvalidParameters, NotFound, Reason, Unsupported
-from agent.site.bmc import Credentials
+from agent.site.bmc.client import Credentials
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ it back, it is replaced by ``<hidden>``.
 
 The System, Manager and Chassis are discovered from the service root: the first System, the
 Manager that lists it (else the first), the System's first Chassis (else the first). The
-UpdateService and its task monitor are in ``agent/site/redfish_firmware.py``.
+UpdateService and its task monitor are in ``agent/site/bmc/redfish/firmware.py``.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ from agent.errors import (
 )
 from agent.images import http
 from agent.proto import site_pb2
-from agent.site import events, redfish_firmware
-from agent.site.bmc import (
+from agent.site.bmc import events
+from agent.site.bmc.client import (
     BootDevice,
     BootMode,
     BootSetting,
@@ -67,6 +67,7 @@ from agent.site.bmc import (
     Target,
     shown_address,
 )
+from agent.site.bmc.redfish import firmware as redfish_firmware
 
 log = logging.getLogger(__name__)
 
@@ -713,7 +714,7 @@ class RedfishClient:
         raise BmcRefused(f"Redfish BMC {self.target.address} has no account {username!r}")
 
 
-    # -- firmware (agent/site/redfish_firmware.py) ----------------------------------------
+    # -- firmware (agent/site/bmc/redfish/firmware.py) ----------------------------------------
 
     def firmware_update(
         self,

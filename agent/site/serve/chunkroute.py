@@ -40,13 +40,11 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import BinaryIO
 
-from agent.errors import InvalidParameters
 from agent.images import http as agent_http
-from agent.images import manifest
 from agent.images.manifest import Plan, Segment
-from agent.site.chunkstore import ChunkStore, StoreFull
 from agent.site.metrics import Metrics
-from agent.site.routes import Route, RouteTable, UpstreamError, done_upstream, open_upstream
+from agent.site.serve.chunkstore import ChunkStore, StoreFull
+from agent.site.serve.routes import Route, RouteTable, UpstreamError, done_upstream, open_upstream
 
 log = logging.getLogger(__name__)
 
@@ -55,20 +53,6 @@ READAHEAD = 4            # data chunks a request has fetched ahead of the one it
 STORE_WRITERS = 2        # threads writing verified chunks to the store
 STORE_QUEUE = 16         # verified chunks waiting for them, at most (then written inline)
 MAX_ATTEMPTS = 2         # a chunk the upstream fails to send is asked for this many times
-
-
-def load_plan(data: bytes, what: str) -> Plan:
-    """A route's manifest: an ImageManifest of a raw image (InvalidParameters otherwise)."""
-    plan = manifest.parse(data, what)
-    if plan.kind != "manifest":
-        raise InvalidParameters(
-            f"{what}: a .bmap's ranges are not chunks; a route serves from the store with an "
-            "image manifest (`agent manifest IMAGE`)")
-    if plan.published_format not in (-1, manifest.Fmt.RAW):
-        raise InvalidParameters(
-            f"{what}: made from a {manifest.image_format_name(plan.published_format)} file; a "
-            "route serves a raw image's chunks (route the raw image, or route without a manifest)")
-    return plan
 
 
 class ChunkRejected(Exception):
@@ -86,7 +70,7 @@ class ChunkCache:
 
     def __init__(self, store: ChunkStore, metrics: Metrics,
                  upstream: agent_http.HttpOptions, routes: RouteTable) -> None:
-        """``routes``: whose upstream policy every fetch is dialled under (agent/site/upstreams.py)."""
+        """``routes``: whose upstream policy every fetch is dialled under (agent/site/serve/upstreams.py)."""
         self.store, self.metrics, self.upstream, self.routes = store, metrics, upstream, routes
         self._lock = threading.Lock()
         self._inflight: dict[str, _Fetch] = {}

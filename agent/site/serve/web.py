@@ -4,17 +4,17 @@ initrds, and the proxy routes.
     GET /boot.ipxe            what every chained iPXE runs: fetch its node's own script
     GET /pxe/<mac>.ipxe       a node's script (404 unless its boot entry is live)
     GET /cache/<sha256>       a kernel or initrd, by its content's digest, from the store
-    GET|HEAD /r/<token>       a proxy route (agent/site/routes.py; one with a manifest is
-                              served from the chunk store, agent/site/chunkroute.py)
+    GET|HEAD /r/<token>       a proxy route (agent/site/serve/routes.py; one with a manifest is
+                              served from the chunk store, agent/site/serve/chunkroute.py)
     GET|HEAD /vm/<token>/ramdisk.iso, /vm/<token>/config.iso
-                              a node's virtual media (agent/site/vmedia.py; 404 once expired)
+                              a node's virtual media (agent/site/boot/vmedia.py; 404 once expired)
 
 Anything else is 404; a method a path does not carry is 405. A route's response streams
 the upstream's body through one buffer. When the upstream fails mid-body the client's
 connection is cut before the announced Content-Length (or without the last chunk of a
 chunked body): the client sees a failure, never a short success. Whatever else an upstream
 does wrong is a 502; a response both chunked and with a Content-Length is framed by its
-chunks. Connections are admitted under agent/site/conns.py's caps, each request's head
+chunks. Connections are admitted under agent/site/serve/conns.py's caps, each request's head
 within its deadline; no token is logged (``_safe``).
 """
 
@@ -40,13 +40,14 @@ from typing import Any, BinaryIO
 
 from agent.errors import NotFound
 from agent.images import http as agent_http
-from agent.site import chunkroute
-from agent.site.chunkroute import ChunkCache
-from agent.site.chunkstore import DIGEST, ChunkStore
-from agent.site.conns import Connections
+from agent.site.boot.pxe import BootEntries
+from agent.site.boot.vmedia import MEDIA_PREFIX, MediaSets
 from agent.site.metrics import Metrics
-from agent.site.pxe import BootEntries
-from agent.site.routes import (
+from agent.site.serve import chunkroute
+from agent.site.serve.chunkroute import ChunkCache
+from agent.site.serve.chunkstore import DIGEST, ChunkStore
+from agent.site.serve.conns import Connections
+from agent.site.serve.routes import (
     PASS_REQUEST_HEADERS,
     PASS_RESPONSE_HEADERS,
     ROUTE_PREFIX,
@@ -56,7 +57,6 @@ from agent.site.routes import (
     done_upstream,
     open_upstream,
 )
-from agent.site.vmedia import MEDIA_PREFIX, MediaSets
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ class SiteHttpServer(ThreadingHTTPServer):
         self._accept_failed = 0.0
         super().__init__(address, _Handler)
 
-    # -- connections: admitted under the caps (agent/site/conns.py), never a spin ----------
+    # -- connections: admitted under the caps (agent/site/serve/conns.py), never a spin ----------
 
     def get_request(self) -> tuple[socket.socket, Any]:
         try:

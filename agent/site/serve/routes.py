@@ -6,17 +6,17 @@ that stands for exactly one upstream URL. It lives ``ttl_seconds``, carries only
 bodies in all (0: no byte limit), and reaches only its upstream: no other path or query is
 accepted, and a redirect is followed only on the same scheme, host and port (a redirect to
 another host is refused, never followed). It is not an open proxy, and it reaches only
-upstreams the site's ``site_upstreams`` policy allows (agent/site/upstreams.py: not loopback,
+upstreams the site's ``site_upstreams`` policy allows (agent/site/serve/upstreams.py: not loopback,
 link-local or the site itself by default), checked when it is made and at each connection.
 
-The bytes are streamed (``agent/site/web.py``): nothing is held in memory beyond one buffer,
+The bytes are streamed (``agent/site/serve/web.py``): nothing is held in memory beyond one buffer,
 nothing is written to disk. Range and If-Range are passed through, so a download resumes
 through a route. Every request is counted and logged. The routes are state on disk
 (``routes/<id>.json``, mode 0600: the token is a capability) and reconciled at start, so a
 restart of the daemon keeps them.
 
 A route with a ``manifest`` (the image's chunk manifest, a FileSource with its digest) is not
-relayed: it serves the image from the site's chunk store (agent/site/chunkroute.py). Its
+relayed: it serves the image from the site's chunk store (agent/site/serve/chunkroute.py). Its
 manifest is fetched and checked when the route is made and kept beside it
 (``routes/<id>.manifest``, checked against its digest again at start).
 
@@ -50,12 +50,13 @@ from pathlib import Path
 from agent.atomicfile import write_atomic
 from agent.errors import InvalidParameters
 from agent.images import http as agent_http
+from agent.images import manifest
 from agent.images.filesource import FileRef, parse_source
 from agent.images.http import PinnedConnection as Pinned
 from agent.images.manifest import Plan
 from agent.proto import site_pb2
-from agent.site.pxe import parse_node_id, parse_ttl
-from agent.site.upstreams import UpstreamPolicy
+from agent.site.boot.fields import parse_node_id, parse_ttl
+from agent.site.serve.upstreams import UpstreamPolicy
 
 log = logging.getLogger(__name__)
 
@@ -95,18 +96,32 @@ class RouteRequest:
                     f"allowed_methods: {name[:20]!r} is not carried by a route; "
                     f"one of {', '.join(m.value for m in Method)}"
                 ) from None
-        manifest = None
+        manifest_ref = None
         if msg.HasField("manifest"):
-            manifest = parse_source(msg.manifest, "manifest")
-            if not manifest.url:
+            manifest_ref = parse_source(msg.manifest, "manifest")
+            if not manifest_ref.url:
                 raise InvalidParameters("manifest: a route's manifest is fetched by its url")
         return cls(node_id, msg.upstream_url, frozenset(methods) or DEFAULT_METHODS,
-                   parse_ttl(msg.ttl_seconds), msg.max_bytes, manifest)
+                   parse_ttl(msg.ttl_seconds), msg.max_bytes, manifest_ref)
 
 
 def route_id(token: str) -> str:
     """What the logs and file names say of a route: a digest of its token, never the token."""
     return hashlib.sha256(token.encode()).hexdigest()[:16]
+
+
+def load_plan(data: bytes, what: str) -> Plan:
+    """A route's manifest: an ImageManifest of a raw image (InvalidParameters otherwise)."""
+    plan = manifest.parse(data, what)
+    if plan.kind != "manifest":
+        raise InvalidParameters(
+            f"{what}: a .bmap's ranges are not chunks; a route serves from the store with an "
+            "image manifest (`agent manifest IMAGE`)")
+    if plan.published_format not in (-1, manifest.Fmt.RAW):
+        raise InvalidParameters(
+            f"{what}: made from a {manifest.image_format_name(plan.published_format)} file; a "
+            "route serves a raw image's chunks (route the raw image, or route without a manifest)")
+    return plan
 
 
 @dataclass
@@ -242,8 +257,6 @@ class RouteTable:
             return len(self._routes)
 
     def _load_manifest(self, route: Route) -> Plan:
-        from agent.site.chunkroute import load_plan
-
         data = (self.root / f"{route.id}.manifest").read_bytes()
         if hashlib.sha256(data).hexdigest() != route.manifest:
             raise InvalidParameters(f"route {route.id}: its manifest file does not match its digest")
@@ -253,7 +266,7 @@ class RouteTable:
             ) -> tuple[Route, str]:
         """A new route for ``req`` (serving from the store with ``plan``, whose ``manifest``
         file is kept beside it); returns it and its proxy URL. InvalidParameters when the
-        upstream is not one routes may reach (agent/site/upstreams.py)."""
+        upstream is not one routes may reach (agent/site/serve/upstreams.py)."""
         self.policy.check(req.upstream_url)
         token = secrets.token_urlsafe(32)
         route = Route(token=token, node_id=req.node_id, upstream_url=req.upstream_url,

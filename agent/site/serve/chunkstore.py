@@ -10,8 +10,8 @@ within a byte budget, least recently used evicted first.
     store.fetch(url, digest, opts, "kernel")  # downloaded once, verified, unless held already
 
 What it holds: the data chunks of images served by proxy routes with a manifest
-(agent/site/chunkroute.py) and the kernels and initrds of boot entries (agent/site/pxe.py),
-and the ramdisk ISOs of virtual-media sets (agent/site/vmedia.py), all keyed by the digest of
+(agent/site/serve/chunkroute.py) and the kernels and initrds of boot entries (agent/site/boot/pxe.py),
+and the ramdisk ISOs of virtual-media sets (agent/site/boot/vmedia.py), all keyed by the digest of
 their bytes, never by a URL. A file is written to a temporary
 sibling (``.<digest>.<random>.tmp``), hashed as it is written, fsync'ed, and renamed to its
 digest only when the digest matches: a crash leaves no partial file under a digest name, and

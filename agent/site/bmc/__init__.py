@@ -1,0 +1,1 @@
+"""BMC control: the client protocol, IPMI, Redfish, the secret store of BMC credentials."""

@@ -1,0 +1,1 @@
+"""The Redfish client: a session module and the resources over it."""

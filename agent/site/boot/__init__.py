@@ -1,0 +1,1 @@
+"""The boot service: PXE boot entries, the supervised dnsmasq, virtual media sets."""
