@@ -69,7 +69,7 @@ from pathlib import Path
 
 from agent import proc
 from agent.errors import AgentError
-from agent.images import http
+from agent.net import http
 from qemu.harness import Disk, Machine, MachineSpec
 
 BOOT_DEVICES = ("pxe", "disk", "cdrom")

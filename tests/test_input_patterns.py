@@ -23,8 +23,9 @@ from agent.commands.upgrade import UpgradeHandler
 from agent.drivers.base import Arg, ArgType
 from agent.errors import InvalidParameters
 from agent.hw import dcgm
-from agent.images import http, manifest
+from agent.images import manifest
 from agent.link.session import parse_address
+from agent.net import http
 from agent.proto import agent_pb2, site_pb2
 from agent.site.bmc.ipmi import split_address
 from agent.site.bmc.secrets import check_ref

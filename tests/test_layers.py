@@ -17,6 +17,7 @@ AGENT = Path(__file__).resolve().parents[1] / "agent"
 LAYERS: list[set[str]] = [
     {"base"},                                           # errors, proc, catalog, config, proto/, ...
     {"hw"},                                             # sysfs, ioctls, syscalls, the boot id
+    {"net"},                                            # the HTTP client: pool, redirects, deadlines
     {"drivers", "security", "images", "policy", "link"},  # tools, trust, images, GPU rules, the session
     {"site", "gateway"},                                # the site's machinery; the reference gateway
     {"commands"},                                       # one handler per kind

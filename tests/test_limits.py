@@ -27,7 +27,7 @@ from agent import catalog, limits, schema
 from agent.cli import settings as agent_settings
 from agent.commands import HandlerTable
 from agent.errors import AgentError, InvalidParameters
-from agent.images import http
+from agent.net import http
 from agent.runtime.journal import MAGIC, scan
 from agent.security.trust import decode_command_body
 from tests.runtime.harness import AGENT_MAIN, ROOT

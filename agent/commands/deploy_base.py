@@ -26,7 +26,8 @@ from pathlib import Path
 from agent.commands.base import Context
 from agent.errors import AgentError, ChecksumMismatch, InvalidParameters, Reason, SourceFailed
 from agent.hw import block, diskio, partitions
-from agent.images import filesource, http, image
+from agent.images import filesource, image
+from agent.net import http
 from agent.policy import conformance
 from agent.proto import agent_pb2
 

@@ -55,8 +55,9 @@ from agent.errors import (
     Unsupported,
 )
 from agent.hw import block, diskio
-from agent.images import filesource, http, image, manifest
+from agent.images import filesource, image, manifest
 from agent.images.manifest import Plan, Segment
+from agent.net import http
 from agent.proto import agent_pb2
 
 log = logging.getLogger(__name__)

@@ -48,7 +48,7 @@ from agent.commands.base import Context, Handler
 from agent.config import Config
 from agent.errors import AgentError, InvalidParameters, Reason
 from agent.hw.kernellog import read_kmsg
-from agent.images import http
+from agent.net import http
 from agent.proto import agent_pb2, common_pb2
 
 MiB = 1024 * 1024

@@ -4,7 +4,7 @@
   result stays inside one of the allowed directories.
 - ``TokenBucket`` / ``throttled``: bounded bandwidth, so the bulk lane does not starve the
   node's other traffic (progress: a ``ctx.meter`` fed from ``on_chunk``).
-- ``upload``: an HTTP(S) PUT through agent.images.http with the request's headers and CA, the
+- ``upload``: an HTTP(S) PUT through agent.net.http with the request's headers and CA, the
   agent's own CA bundle, the command's cancel event, and digest headers when the digest is
   known before the body is sent.
 """
@@ -20,7 +20,7 @@ from typing import BinaryIO
 
 from agent.commands.base import Context
 from agent.errors import InvalidParameters
-from agent.images import http
+from agent.net import http
 
 # Largest burst a bucket allows, in seconds of its rate.
 BURST_SECONDS = 0.25

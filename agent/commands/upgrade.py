@@ -32,7 +32,8 @@ from google.protobuf.message import Message
 from agent import atomicfile, launcher, version
 from agent.commands.base import Context, Handler, SelfTermination, Verdict
 from agent.errors import AgentError, Draining, InvalidParameters, Reason, Unsupported
-from agent.images import filesource, http, image
+from agent.images import filesource, image
+from agent.net import http
 from agent.proto import agent_pb2
 
 log = logging.getLogger(__name__)

@@ -39,8 +39,8 @@ from agent.errors import (
     Reason,
 )
 from agent.hw import block, partitions
-from agent.images import http
 from agent.images.image import Digest
+from agent.net import http
 from agent.proto import common_pb2
 
 log = logging.getLogger(__name__)

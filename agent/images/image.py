@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from agent.errors import AgentError, ChecksumMismatch, InvalidParameters, NotFound, SourceFailed, ToolFailed
 from agent.hw import diskio
-from agent.images import decompress, http
+from agent.images import decompress
+from agent.net import http
 from agent.proc import Child, Completed
 from agent.proto import agent_pb2, common_pb2
 

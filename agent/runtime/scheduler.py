@@ -17,7 +17,7 @@ wait behind its key's earlier jobs counts (as a wait for a lock would), its wait
 under the cap does not (as a lane's queue wait never does), and the watchdog ends a job that
 reaches its deadline still behind its key's earlier jobs. The key is released when the job is
 reported finished, at its deadline or cancel at the latest: a handler abandoned there has its
-cancel event set and its requests cut (agent/images/http.py), and can no longer reach the BMC. A wait
+cancel event set and its requests cut (agent/net/http.py), and can no longer reach the BMC. A wait
 on one BMC thus never holds a lane worker, another BMC or a lock past its deadline
 (docs/site.md, "How BMC work is scheduled").
 

@@ -29,7 +29,7 @@ from typing import Protocol
 
 from agent.config import Config
 from agent.errors import InvalidParameters
-from agent.images import http
+from agent.net import http
 from agent.site.boot.dnsmasq import DnsmasqSettings, DnsmasqSupervisor
 from agent.site.boot.pxe import BootEntries
 from agent.site.boot.vmedia import MediaSets

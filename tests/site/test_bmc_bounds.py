@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import BmcRefused
-from agent.images import http
+from agent.net import http
 from tests.loopback_http import RawServer, self_signed_cert
 from tests.site.test_bmc_redfish import config_with, run_kind
 

@@ -1,5 +1,5 @@
 """Proxy routes with a manifest: the image served from the site's chunk store through the real
-HTTP service, from a real loopback upstream, to real clients (agent/images/http.py and deploy.image
+HTTP service, from a real loopback upstream, to real clients (agent/net/http.py and deploy.image
 onto a file disk). Each data chunk is fetched once, verified, stored and only then served;
 zeros are never fetched; a lying or dying upstream, a wrong manifest and a restart are
 answered without a bad byte served or stored."""
@@ -24,7 +24,7 @@ import pytest
 from agent.commands import handler_for
 from agent.commands.base import Context
 from agent.errors import ChecksumMismatch, InvalidParameters, SourceFailed
-from agent.images import http as agent_http
+from agent.net import http as agent_http
 from agent.proto import site_pb2
 from agent.site.serve.chunkroute import parse_range
 from agent.site.serve.chunkstore import StoreFull
@@ -113,7 +113,7 @@ def test_served_from_the_store_each_chunk_fetched_once(site: SiteServices,
         wanted = [f"bytes={i * CHUNK}-{min((i + 1) * CHUNK, len(img)) - 1}" for i in DATA_CHUNKS]
         assert sorted(first) == sorted(wanted), "each data chunk once, by its own range; no zeros"
         assert srv.sent("/img") == 5 * CHUNK + 100
-        # Again, and through agent/images/http.py with a Range in the middle of chunks: all from the store.
+        # Again, and through agent/net/http.py with a Range in the middle of chunks: all from the store.
         assert get(url)[2] == img
         with agent_http.get(url, agent_http.HttpOptions(timeout=10), offset=CHUNK * 3 + 5,
                             length=2 * CHUNK) as dl:

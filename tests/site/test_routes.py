@@ -19,7 +19,7 @@ import pytest
 from agent.commands import handler_for
 from agent.commands.base import Context
 from agent.errors import InvalidParameters, SourceFailed
-from agent.images import http as agent_http
+from agent.net import http as agent_http
 from agent.proto import site_pb2
 from agent.site.serve import web
 from agent.site.serve.routes import RouteTable, UpstreamConnections
@@ -63,7 +63,7 @@ def test_get_streams_the_upstream(site: SiteServices, upstream: LoopbackServer) 
     assert url.startswith(site.base_url + "/r/") and len(url.rsplit("/", 1)[1]) >= 40
     status, headers, body = request(url)
     assert status == 200 and body == DATA and headers["Content-Length"] == str(len(DATA))
-    # agent/images/http.py (what deploy.image uses) reads through it, and resumes by Range.
+    # agent/net/http.py (what deploy.image uses) reads through it, and resumes by Range.
     with agent_http.get(url, agent_http.HttpOptions(timeout=10), offset=1000) as dl:
         assert b"".join(dl.iter_chunks()) == DATA[1000:]
     r = site.routes.lookup(url.rsplit("/", 1)[1])
@@ -73,7 +73,7 @@ def test_get_streams_the_upstream(site: SiteServices, upstream: LoopbackServer) 
 def test_a_deploys_range_requests_share_one_connection_to_the_route(
         site: SiteServices, upstream: LoopbackServer) -> None:
     """As deploy.image fetches the data runs of a sparse image through a route: bounded Range
-    requests, one after the other, on one kept-alive connection to the site (agent/images/http.py's
+    requests, one after the other, on one kept-alive connection to the site (agent/net/http.py's
     Connections); each is relayed whole, and the connection serves the next."""
     url = route(site, upstream.url("/image.raw"))
     opts = agent_http.HttpOptions(timeout=10, max_retries=0)

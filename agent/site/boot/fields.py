@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from agent.errors import InvalidParameters
-from agent.images import http
+from agent.net import http
 from agent.proto import common_pb2
 
 DEFAULT_TTL_SECONDS = 3600

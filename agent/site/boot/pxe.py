@@ -42,7 +42,7 @@ from pathlib import Path
 
 from agent.atomicfile import write_atomic
 from agent.errors import InvalidParameters, NotFound
-from agent.images import http
+from agent.net import http
 from agent.proto import site_pb2
 from agent.site.boot.fields import (
     CMDLINE_CHARS,

@@ -50,8 +50,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from agent.errors import InvalidParameters, NotFound
-from agent.images import http
 from agent.launcher import write_atomic
+from agent.net import http
 from agent.proto import site_pb2
 from agent.site.boot.fields import (
     MAX_CMDLINE,

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from agent.errors import AgentError, ChecksumMismatch, Reason
-from agent.images import http
+from agent.net import http
 from agent.site.metrics import Metrics
 
 log = logging.getLogger(__name__)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import InvalidParameters
-from agent.images import http as agent_http
+from agent.net import http as agent_http
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from agent.errors import NotFound
-from agent.images import http as agent_http
+from agent.net import http as agent_http
 from agent.site.boot.pxe import BootEntries
 from agent.site.boot.vmedia import MEDIA_PREFIX, MediaSets
 from agent.site.metrics import Metrics

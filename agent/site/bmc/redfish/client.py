@@ -1,4 +1,4 @@
-"""A DMTF Redfish client for one BMC, over the project's HTTP client (agent/images/http.py).
+"""A DMTF Redfish client for one BMC, over the project's HTTP client (agent/net/http.py).
 
     client = RedfishClient(Target("10.0.0.5", Credentials("admin", pw)), CallContext(cancel, deadline))
     try:
@@ -53,7 +53,7 @@ from agent.errors import (
     InvalidParameters,
     Unsupported,
 )
-from agent.images import http
+from agent.net import http
 from agent.proto import site_pb2
 from agent.site.bmc import events
 from agent.site.bmc.client import (

@@ -36,7 +36,7 @@ from agent.errors import (
     InvalidParameters,
     Unsupported,
 )
-from agent.images import http
+from agent.net import http
 from agent.proto import site_pb2
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""agent.images.http against a real loopback server: resume, faults, redirects, TLS, PUT."""
+"""agent.net.http against a real loopback server: resume, faults, redirects, TLS, PUT."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import Cancelled, InvalidParameters, SourceFailed
-from agent.images import http
+from agent.net import http
 from tests.loopback_http import Fault, LoopbackServer, self_signed_cert
 
 DATA = os.urandom(3 * 1024 * 1024 + 123)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pytest import MonkeyPatch
 
-from agent.images import http
+from agent.net import http
 from qemu.bmcfleet import Behaviour, RedfishFleet
 
 AUTH = {"Authorization": "Basic " + base64.b64encode(b"u:p").decode()}

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from agent.errors import Cancelled
-from agent.images import http
+from agent.net import http
 
 
 class Dripper:

@@ -1,4 +1,4 @@
-"""agent.images.http.request and post_multipart (the JSON-API half of the client) against a real
+"""agent.net.http.request and post_multipart (the JSON-API half of the client) against a real
 loopback server: retries of 5xx, busy and refused connections, bounded by the deadline and
 cancel; 4xx never retried; TLS verify on, with a CA, and off; a streamed multipart upload."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import Cancelled
-from agent.images import http
+from agent.net import http
 from tests.loopback_http import ScriptedServer, Seen, self_signed_cert
 
 FAST = http.HttpOptions(timeout=5.0, max_retries=3, backoff=0.01)
@@ -122,7 +122,7 @@ def test_post_dropped_after_sending_is_not_repeated() -> None:
 
 
 def test_header_values_never_logged(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG, logger="agent.images.http")
+    caplog.set_level(logging.DEBUG, logger="agent.net.http")
     with ScriptedServer() as srv:
         srv.route("GET", "/a", countdown(1, 503))
         http.request("GET", srv.url("/a?token=q"), FAST, headers={"X-Auth-Token": "s3cr3t-token"})
