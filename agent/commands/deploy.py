@@ -30,7 +30,7 @@ than the disk is refused. Only then is the disk discarded and written. A failure
 (checksum mismatch, truncated or corrupt stream, dropped download after all resumes, image
 larger than the disk, cancel, timeout) clears the start (4 MiB) and the end (1 MiB, the
 backup GPT) of the disk, so no half image can boot. Over HTTP a deploy's requests share one
-kept-alive connection (agent/net/http.py's Connections).
+kept-alive connection (agent/net/pool.py's ConnectionPool).
 """
 
 from __future__ import annotations

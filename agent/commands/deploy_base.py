@@ -69,7 +69,7 @@ class Deployment:
         self.meter = ctx.meter(subject=disk.name)
         # One kept-alive connection (and over TLS one handshake) for all of the deploy's
         # requests: the manifest, the format probe, every Range request or the download.
-        self.pool = http.Connections(self._http_options())
+        self.pool = http.ConnectionPool()
 
     # -- source --------------------------------------------------------------------------
 

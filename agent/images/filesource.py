@@ -145,7 +145,7 @@ def fetch(
     headers: Mapping[str, str] | None = None,
     progress: Callable[[int], None] | None = None,
     resolve_disk: Callable[[common_pb2.DiskHints], Path] | None = None,
-    pool: http.Connections | None = None,
+    pool: http.ConnectionPool | None = None,
     resolve: Callable[[str, int], Iterable[str]] | None = None,
 ) -> str:
     """Copy ``src`` to ``dest`` (mode 0600) and return its digest, which must match. A URL is

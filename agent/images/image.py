@@ -225,7 +225,7 @@ class FileSource(Source):
 
 class HttpSource(Source):
     def __init__(self, url: str, opts: http.HttpOptions, algorithm: str, *,
-                 pool: http.Connections | None = None) -> None:
+                 pool: http.ConnectionPool | None = None) -> None:
         super().__init__(algorithm)
         self._body = http.get(url, opts, pool=pool)
         self.total = self._body.total
@@ -674,7 +674,7 @@ class RangeReader:
     consecutive data chunks, all on the one kept-alive connection of ``pool``; zero chunks are
     not downloaded at all."""
 
-    def __init__(self, url: str, opts: http.HttpOptions, plan: Plan, pool: http.Connections | None = None
+    def __init__(self, url: str, opts: http.HttpOptions, plan: Plan, pool: http.ConnectionPool | None = None
                  ) -> None:
         self.url, self.opts, self.pool = url, opts, pool
         self.fetched = 0

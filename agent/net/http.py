@@ -1,11 +1,17 @@
 """A small HTTP(S) client on the standard library: streaming GET with resume, streaming PUT,
-requests to JSON APIs, multipart uploads.
+requests to JSON APIs, multipart uploads; the front of agent/net/ (its names are this
+module's: ``http.HttpOptions``, ``http.ConnectionPool``, ``http.check_url``...).
 
 Used by deploy.image (image download), logs.collect and instance.snapshot (uploads),
 daemon.upgrade (agent download) and the site role's Redfish client (``request``,
 ``post_multipart``). Only ``http://`` and ``https://`` URLs; TLS verifies the server's
 certificate and host name unless ``HttpOptions.verify`` is False (only the Redfish client sets
 it, when a request says ``verify_tls: false`` for a BMC with a self-signed certificate).
+
+agent/net/ by noun: urls.py (check_url, redact, origin), exchange.py (HttpOptions, Response,
+HttpError, AmbiguousWrite, the headers), connect.py (ssl_context, pinned connections),
+pool.py (ConnectionPool, the stale-connection rule, the redirect loop), deadlines.py (one
+watcher of many deadlines), and this module.
 
 API::
 
@@ -20,7 +26,7 @@ API::
     # get(url, opts, offset=N) starts at byte N (Range: bytes=N-); with length=L it asks for
     # bytes N to N+L-1 only (Range: bytes=N-M) and ends there.
 
-    with http.Connections(opts) as pool:       # one job's kept-alive connections (a deploy)
+    with http.ConnectionPool() as pool:        # one job's kept-alive connections (a deploy)
         http.get(url, opts, offset=N, length=L, pool=pool)   # each request reuses the one
         # connection to the URL's origin (one TLS handshake), and a redirect is followed once
 
@@ -33,13 +39,13 @@ API::
                         busy=lambda r: r.status == 409 and b"busy" in r.body)
         # one request to a JSON API; returns Response(status, headers, body, attempts) whatever
         # the status: the caller reads 4xx/5xx bodies (a BMC's own error message). Retried, with
-        # backoff bounded by opts.cancel and ``deadline``: connection errors, 408/429/5xx and
-        # answers ``busy`` says are "busy"; the last such answer is returned when retries end.
-        # 4xx is never retried. A transport failure after the retries raises HttpError
-        # (status 0); a TLS certificate that does not verify raises it at once (``tls`` detail).
-        # Each attempt is cut short (its socket shut down by one watch thread for the process)
-        # at ``deadline``, on opts.cancel (Cancelled) and after opts.total_timeout: a server
-        # that drips a byte at a time cannot hold the caller past them.
+        # backoff bounded by opts.cancel and ``deadline``, by the rule of its method (below);
+        # the last such answer is returned when retries end. A transport failure after the
+        # retries raises HttpError (status 0); a TLS certificate that does not verify raises it
+        # at once (``tls`` detail). Each attempt is cut short (its socket shut down by one
+        # watcher for the process, agent/net/deadlines.py) at ``deadline``, on opts.cancel
+        # (Cancelled) and after opts.total_timeout: a server that drips a byte at a time cannot
+        # hold the caller past them.
 
     resp = http.post_multipart(url, [Part("UpdateParameters", json_bytes, "application/json")],
                                Part("UpdateFile", path=Path("fw.bin")), opts)
@@ -48,14 +54,27 @@ API::
 
     http.ssl_context(ca_pem="", ca_file=None, verify=True)  # the TLS context all of them use
 
+Writes are never sent twice. ``request`` retries by the method:
+
+- GET, HEAD, PUT, DELETE, OPTIONS (idempotent): connection errors, timeouts, cut answers,
+  408/429/5xx and answers ``busy`` says are "busy", up to ``max_retries``.
+- POST, PATCH and any other method: sent again only when the server provably did not take
+  it: the connection could not be made (nothing was sent), a kept-alive connection was found
+  closed with nothing of an answer (agent/net/pool.py's ``stale``), a 429 or 503 that carries
+  Retry-After (the server says it refused it for now), or a 4xx ``busy`` says is "busy" (the
+  server refused it before acting on it). An ambiguous outcome (any other 5xx, a timeout or
+  a broken connection after the request was sent, an answer cut short) raises
+  ``AmbiguousWrite`` (an HttpError; ``response`` holds the 5xx answer when there was one):
+  the caller reads back what it meant to change, and never sends it again blindly.
+
 Behaviour of ``get``:
 
 - Redirects (301/302/303/307/308) are followed, at most 5; with a pool, once: the requests
-  after the first go where it led (a failure there forgets it, and the retry follows it again).
+  after the first go where it led (a failure there forgets it and follows the URL again).
   The caller's headers go only to the URL's own origin, before and after a redirect.
 - With a pool, a response read to its end leaves its connection open for the next request;
   a kept-alive connection that the server closed while idle is replaced, not counted as a
-  failure.
+  failure (agent/net/pool.py).
 - 5xx and 429 responses, connection errors and read timeouts are retried ``max_retries`` times
   with a short backoff (interruptible by ``cancel``). 4xx (other than 408/429) fail at once.
 - A connection that drops or stalls (no byte for ``timeout`` seconds) mid-body is resumed with
@@ -73,242 +92,58 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import http.client
 import itertools
 import logging
 import os
-import re
 import secrets
-import select
 import socket
-import ssl
 import threading
 import time
 import urllib.parse
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from agent import limits
 from agent.errors import Cancelled, InvalidParameters, SourceFailed
+from agent.net.connect import (
+    TRANSPORT_ERRORS,
+    PinnedConnection,
+    close_quietly,
+    connect,
+    pinned,
+    ssl_context,
+    still_open,
+    tls_refused,
+)
+from agent.net.exchange import (
+    MAX_BODY,
+    USER_AGENT,
+    AmbiguousWrite,
+    BodyTooLarge,
+    HttpError,
+    HttpOptions,
+    Response,
+    read_body,
+    request_headers,
+)
+from agent.net.pool import (
+    IDEMPOTENT,
+    MAX_REDIRECTS,
+    REDIRECTS,
+    BadRedirect,
+    ConnectionPool,
+    follow,
+    stale,
+)
+from agent.net.urls import check_url, origin, redact, target
 
 log = logging.getLogger(__name__)
 
-MAX_REDIRECTS = 5
-REDIRECTS = (301, 302, 303, 307, 308)
-USER_AGENT = "bettercompute-agent"
 _RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-
-
-class HttpError(SourceFailed):
-    """A non-success HTTP status (``status``) or a transport failure (``status`` 0)."""
-
-    def __init__(self, message: str, *, status: int = 0, **details: Any) -> None:
-        super().__init__(message, status=status, **details)
-        self.status = status
-
-
-class BodyTooLarge(HttpError):
-    """An answer's body longer than the caller takes (``request``'s and ``post_multipart``'s
-    ``max_body``): refused, not read, not retried."""
-
-
-MAX_BODY = 4 << 20  # what request() and post_multipart() read of an answer at most: a JSON API's
-
-
-def _read_body(resp: http.client.HTTPResponse, max_body: int, where: str) -> bytes:
-    """The body of ``resp``, at most ``max_body`` bytes; BodyTooLarge (what came is dropped)
-    when it announces or carries more."""
-    length = resp.getheader("Content-Length", "")
-    if length.isdigit() and int(length) > max_body:
-        raise BodyTooLarge(f"{where}: the answer is {int(length)} bytes, more than the "
-                           f"{max_body} taken", status=resp.status)
-    data = resp.read(max_body + 1)
-    if len(data) > max_body:
-        raise BodyTooLarge(f"{where}: the answer is more than the {max_body} bytes taken",
-                           status=resp.status)
-    return data
-
-
-@dataclass(frozen=True)
-class HttpOptions:
-    ca_pem: str = ""                    # extra trusted CA certificates (PEM text)
-    ca_file: Path | None = None         # extra trusted CA bundle file (the agent's own)
-    headers: Mapping[str, str] = field(default_factory=dict)
-    timeout: float = 30.0               # per connect / per read, seconds
-    max_retries: int = 5
-    backoff: float = 0.5                # first retry delay, doubled each time, up to max_backoff
-    cancel: threading.Event | None = None
-    verify: bool = True                 # False: no certificate or host name check (BMCs only)
-    max_backoff: float = 8.0
-    total_timeout: float | None = None  # request(): one attempt, connect to last byte (None: no bound)
-    # The addresses a connection to (host, port) may dial, raising to refuse it (an address
-    # policy: agent/site/serve/upstreams.py); each connection, a redirect's included, dials only
-    # those. None: whatever the host name resolves to.
-    resolve: Callable[[str, int], Iterable[str]] | None = None
-
-
-@dataclass(frozen=True)
-class Response:
-    status: int
-    headers: dict[str, str]             # names in lower case
-    body: bytes
-    attempts: int = 1                   # requests made, retries included
-
-
-def redact(url: str) -> str:
-    """The URL as it may be logged: no user info, no query string."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    host = parts.netloc.rpartition("@")[2]
-    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
-
-
-_UNSAFE_IN_URL = re.compile(r"[\x00-\x20\x7f]")
-
-
-def check_url(url: str) -> urllib.parse.SplitResult:
-    """Parse and validate an http(s) URL from the wire; InvalidParameters otherwise."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        parts.port  # noqa: B018  (raises ValueError on a bad port)
-    except ValueError as exc:
-        raise InvalidParameters(f"bad URL {redact(url)!r}: {exc}") from exc
-    if parts.scheme not in ("http", "https"):
-        raise InvalidParameters(f"URL scheme must be http or https, not {parts.scheme!r}")
-    if not parts.hostname:
-        raise InvalidParameters(f"URL has no host: {redact(url)!r}")
-    if _UNSAFE_IN_URL.search(url):
-        raise InvalidParameters("URL contains whitespace or control characters")
-    if not url.isascii():
-        raise InvalidParameters(f"URL {redact(url).encode('ascii', 'backslashreplace').decode()!r} "
-                                "is not ASCII: percent-encode its other characters")
-    return parts
-
-
-def origin(url: str | urllib.parse.SplitResult) -> tuple[str, str, int]:
-    """A URL's origin: scheme, host (lower case) and port (the scheme's default if none)."""
-    parts = urllib.parse.urlsplit(url) if isinstance(url, str) else url
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    return parts.scheme, (parts.hostname or "").lower(), port
-
-
-def redirect_location(url: str, resp: http.client.HTTPResponse) -> str:
-    """Where the redirect ``resp`` (to a request for ``url``) points, resolved against ``url``;
-    HttpError when it says nowhere. The caller checks the new URL like any other."""
-    location = resp.getheader("Location", "")
-    if not location:
-        raise HttpError(f"{redact(url)}: redirect without Location", status=resp.status)
-    return urllib.parse.urljoin(url, location)
-
-
-def ssl_context(ca_pem: str = "", ca_file: Path | None = None, *, verify: bool = True) -> ssl.SSLContext:
-    """System trust store plus the given CAs; certificate and host name verified unless
-    ``verify`` is False (then nothing is checked: the caller asked for it by name).
-
-    One context per set of arguments (and CA file as it is on disk), made once and shared:
-    making one reads the system's trust store, about 20 ms of CPU, which every request to a
-    BMC paid before (bench/site_fleet.py)."""
-    stamp = 0
-    if ca_file is not None:
-        with contextlib.suppress(OSError):
-            stamp = ca_file.stat().st_mtime_ns
-    return _context(ca_pem, ca_file, stamp, verify)
-
-
-@functools.lru_cache(maxsize=32)
-def _context(ca_pem: str, ca_file: Path | None, stamp: int, verify: bool) -> ssl.SSLContext:
-    ctx = ssl.create_default_context()
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    if not verify:
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-        return ctx
-    try:
-        if ca_file is not None:
-            ctx.load_verify_locations(cafile=str(ca_file))
-        if ca_pem.strip():
-            ctx.load_verify_locations(cadata=ca_pem)
-    except (ssl.SSLError, OSError, ValueError) as exc:
-        raise InvalidParameters(f"CA bundle is not usable: {exc}") from exc
-    return ctx
-
-
-class PinnedConnection(http.client.HTTPConnection):
-    """A connection to ``addresses``, checked before it was made, not to what the host name
-    resolves to when http.client looks it up again (a name that resolves elsewhere a moment
-    after the check gains nothing)."""
-
-    addresses: tuple[str, ...] = ()
-
-    def connect(self) -> None:
-        error: OSError | None = None
-        for address in self.addresses:
-            try:
-                self.sock = socket.create_connection((address, self.port), self.timeout)
-            except OSError as exc:
-                error = exc
-                continue
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return
-        raise error or OSError("no address to connect to")
-
-
-class PinnedTLSConnection(http.client.HTTPSConnection, PinnedConnection):
-    """The same over TLS: the certificate is checked against the URL's host name."""
-
-
-def pinned(parts: urllib.parse.SplitResult, addresses: tuple[str, ...], timeout: float | None,
-           context: ssl.SSLContext | None, port: int | None = None) -> PinnedConnection:
-    """A connection to the host of ``parts`` that dials ``addresses`` only (the caller checked
-    them), on ``port`` (the URL's by default); over TLS with ``context`` for https."""
-    host, port = parts.hostname or "", parts.port if port is None else port
-    conn = (PinnedTLSConnection(host, port, timeout=timeout, context=context)
-            if parts.scheme == "https" else PinnedConnection(host, port, timeout=timeout))
-    conn.addresses = addresses
-    return conn
-
-
-def _connect(
-    parts: urllib.parse.SplitResult, opts: HttpOptions, timeout: float | None = None, *,
-    context: ssl.SSLContext | None = None,
-) -> http.client.HTTPConnection:
-    host = parts.hostname or ""
-    timeout = opts.timeout if timeout is None else timeout
-    tls = parts.scheme == "https"
-    if tls:
-        context = context or ssl_context(opts.ca_pem, opts.ca_file, verify=opts.verify)
-    if opts.resolve is not None:
-        return pinned(parts, tuple(opts.resolve(host, parts.port or (443 if tls else 80))),
-                      timeout, context)
-    if tls:
-        return http.client.HTTPSConnection(host, parts.port, timeout=timeout, context=context)
-    return http.client.HTTPConnection(host, parts.port, timeout=timeout)
-
-
-def _target(parts: urllib.parse.SplitResult) -> str:
-    path = parts.path or "/"
-    return f"{path}?{parts.query}" if parts.query else path
-
-
-def _headers(opts: HttpOptions, extra: Mapping[str, str] | None = None, *,
-             callers: bool = True) -> dict[str, str]:
-    """The request's headers: ours, the caller's (``opts.headers``, unless ``callers`` is
-    False: a redirect to another origin gets none of them, as curl does), then ``extra``."""
-    hdrs = {"User-Agent": USER_AGENT}
-    if callers:
-        hdrs.update(opts.headers)
-    if extra:
-        hdrs.update(extra)
-    for name, value in hdrs.items():
-        if any(c in name + value for c in "\r\n"):
-            raise InvalidParameters(f"HTTP header {name!r} contains a line break")
-    return hdrs
 
 
 def _sleep(opts: HttpOptions, attempt: int) -> None:
@@ -320,112 +155,12 @@ def _sleep(opts: HttpOptions, attempt: int) -> None:
         time.sleep(delay)
 
 
-_TRANSPORT_ERRORS = (OSError, http.client.HTTPException, ssl.SSLError)
-# What a kept-alive connection that the server closed while idle raises at its next request.
-_STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
-
-
-class Connections:
-    """The kept-alive connections of one job (a deploy; a Redfish BMC's commands, for
-    ``request``): one idle connection per origin, taken
-    by each request and given back when its body was read to the end, so a deploy's Range
-    requests share one TCP connection (and over TLS one handshake); and each URL's redirect,
-    followed once and remembered for the requests after it (forgotten when a request to where
-    it led fails, so a retry follows it again).
-
-        with http.Connections(opts) as pool:
-            with http.get(url, opts, offset=a, length=n, pool=pool) as body: ...
-        pool.opened                        # connections made (counted, for tests and benches)
-    """
-
-    def __init__(self, opts: HttpOptions) -> None:
-        self.opts = opts
-        self.opened = 0
-        self._idle: dict[tuple[str, str, int], tuple[http.client.HTTPConnection, float]] = {}
-        self._redirects: dict[str, str] = {}
-        self._context: ssl.SSLContext | None = None
-        self._lock = threading.Lock()
-
-    def take(self, parts: urllib.parse.SplitResult) -> tuple[http.client.HTTPConnection, bool]:
-        """A connection to ``parts``' origin: the idle one (True: reused) or a new one."""
-        with self._lock:
-            kept = self._idle.pop(origin(parts), None)
-            if kept is not None:
-                return kept[0], True
-            self.opened += 1
-            if parts.scheme == "https" and self._context is None:
-                self._context = ssl_context(self.opts.ca_pem, self.opts.ca_file, verify=self.opts.verify)
-        return _connect(parts, self.opts, context=self._context), False
-
-    def idle(self, parts: urllib.parse.SplitResult, *, fresh: float | None = None
-             ) -> http.client.HTTPConnection | None:
-        """The idle connection to ``parts``' origin, or None (the caller makes one). With
-        ``fresh``, only one given back at most that many seconds ago and that the server has
-        not closed meanwhile (nothing to read on it: no FIN, no stray bytes); else it is closed."""
-        with self._lock:
-            kept = self._idle.pop(origin(parts), None)
-        if kept is None:
-            return None
-        conn, since = kept
-        if fresh is not None and (time.monotonic() - since > fresh or not still_open(conn)):
-            conn.close()
-            return None
-        return conn
-
-    def give_back(self, parts: urllib.parse.SplitResult, conn: http.client.HTTPConnection) -> None:
-        """A connection whose last response was read to its end, for the next request."""
-        with self._lock:
-            old = self._idle.pop(origin(parts), None)
-            self._idle[origin(parts)] = (conn, time.monotonic())
-        if old is not None:
-            old[0].close()
-
-    def resolved(self, url: str) -> str:
-        with self._lock:
-            return self._redirects.get(url, url)
-
-    def remember(self, url: str, final: str) -> None:
-        with self._lock:
-            if final == url:
-                self._redirects.pop(url, None)
-            else:
-                self._redirects[url] = final
-
-    def close(self) -> None:
-        with self._lock:
-            idle, self._idle = [conn for conn, _ in self._idle.values()], {}
-        for conn in idle:
-            conn.close()
-
-    def __enter__(self) -> Connections:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def still_open(conn: http.client.HTTPConnection) -> bool:
-    """True when an idle connection's socket has nothing to read: the server has not closed
-    it (a FIN reads as readable) and sent nothing unasked. poll(2), not select: a site daemon's
-    descriptors go past select's 1024."""
-    sock = conn.sock
-    if sock is None:
-        return False
-    if isinstance(sock, ssl.SSLSocket) and sock.pending():
-        return False
-    poller = select.poll()
-    try:
-        poller.register(sock, select.POLLIN | select.POLLPRI)
-        return not poller.poll(0)
-    except (OSError, ValueError):
-        return False
-
 
 class Download:
     """The body of a GET, read in order; resumes by Range when the connection drops."""
 
     def __init__(self, url: str, opts: HttpOptions, offset: int = 0, length: int | None = None,
-                 pool: Connections | None = None) -> None:
+                 pool: ConnectionPool | None = None) -> None:
         self.url = url
         self.opts = opts
         self.pool = pool
@@ -467,59 +202,33 @@ class Download:
         self.close()
         pool = self.pool
         home = origin(check_url(self.url))
-        url = pool.resolved(self.url) if pool is not None else self.url
         position = self.start + self.received
+        extra: dict[str, str] = {}
+        if position or self.length is not None:
+            last = "" if self.length is None else str(self.start + self.length - 1)
+            extra["Range"] = f"bytes={position}-{last}"
+            if self._validator:
+                extra["If-Range"] = self._validator
+
+        def headers(parts: urllib.parse.SplitResult) -> dict[str, str]:
+            return request_headers(self.opts, extra, callers=origin(parts) == home)
+
+        def dial(parts: urllib.parse.SplitResult) -> http.client.HTTPConnection:
+            return connect(parts, self.opts)
+
         try:
-            for _hop in range(MAX_REDIRECTS + 1):
-                parts = check_url(url)
-                extra: dict[str, str] = {}
-                if position or self.length is not None:
-                    last = "" if self.length is None else str(self.start + self.length - 1)
-                    extra["Range"] = f"bytes={position}-{last}"
-                    if self._validator:
-                        extra["If-Range"] = self._validator
-                conn, resp = self._send(parts, _headers(self.opts, extra, callers=origin(parts) == home))
-                if resp.status in REDIRECTS:
-                    with contextlib.suppress(*_TRANSPORT_ERRORS):
-                        resp.read(64 << 10)  # a redirect's short body, read: its connection is reused
-                    self._conn, self._resp, self._parts = conn, resp, parts
-                    self.close()
-                    url = redirect_location(url, resp)
-                    continue
-                self._conn, self._resp, self._parts = conn, resp, parts
-                break
-            else:
-                raise HttpError(f"{redact(self.url)}: more than {MAX_REDIRECTS} redirects", status=310)
+            conn, resp, final = follow(pool, self.url, "GET", headers, dial)
+        except BadRedirect as exc:
+            raise BadRedirect(f"{redact(self.url)}: {exc.message}", status=exc.status) from None
+        except TRANSPORT_ERRORS as exc:
+            raise HttpError(f"{redact(self.url)}: {type(exc).__name__}: {exc}") from exc
+        self._conn, self._resp, self._parts = conn, resp, check_url(final)
+        try:
             self._accept(resp, position, first=first)
         except BaseException:
             if pool is not None:
                 pool.remember(self.url, self.url)  # the next attempt follows the redirect again
             raise
-        if pool is not None:
-            pool.remember(self.url, url)
-
-    def _send(self, parts: urllib.parse.SplitResult, headers: dict[str, str]
-              ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-        """The GET on a connection of the pool (a kept-alive one that the server closed while
-        idle is replaced once, not counted as a failure) or on a new one."""
-        while True:
-            if self.pool is not None:
-                conn, reused = self.pool.take(parts)
-            else:
-                conn, reused = _connect(parts, self.opts), False
-            try:
-                conn.request("GET", _target(parts), headers=headers)
-                return conn, conn.getresponse()
-            except _STALE as exc:
-                conn.close()
-                if reused:
-                    log.debug("%s: kept-alive connection closed by the server (%s); reconnecting",
-                              redact(self.url), type(exc).__name__)
-                    continue
-                raise HttpError(f"{redact(self.url)}: {type(exc).__name__}: {exc}") from exc
-            except _TRANSPORT_ERRORS as exc:
-                conn.close()
-                raise HttpError(f"{redact(self.url)}: {type(exc).__name__}: {exc}") from exc
 
     def _accept(self, resp: http.client.HTTPResponse, position: int, *, first: bool) -> None:
         status = resp.status
@@ -591,7 +300,7 @@ class Download:
             want = size if left is None else min(size, left)
             try:
                 data = self._resp.read1(want)
-            except _TRANSPORT_ERRORS as exc:
+            except TRANSPORT_ERRORS as exc:
                 self._resume(f"{type(exc).__name__}: {exc}")
                 continue
             if data:
@@ -632,10 +341,8 @@ class Download:
         self._conn = self._resp = self._parts = None
         if conn is None:
             return
-        if (self.pool is not None and resp is not None and parts is not None and not resp.will_close
-                and (resp.isclosed() or resp.length == 0)):
-            resp.close()
-            self.pool.give_back(parts, conn)
+        if self.pool is not None and resp is not None and parts is not None:
+            self.pool.release(origin(parts), conn, resp, whole=resp.isclosed() or resp.length == 0)
         else:
             conn.close()
 
@@ -660,10 +367,10 @@ def _content_range(value: str) -> tuple[int, int | None]:
 
 
 def get(url: str, opts: HttpOptions | None = None, *, offset: int = 0, length: int | None = None,
-        pool: Connections | None = None) -> Download:
+        pool: ConnectionPool | None = None) -> Download:
     """Open ``url`` for streaming from byte ``offset`` (only ``length`` bytes when given: a
     bounded Range request, for the data chunks of a sparse image), on a connection of ``pool``
-    when given (see Connections); see the module docstring."""
+    when given (see ConnectionPool); see the module docstring."""
     check_url(url)
     return Download(url, opts or HttpOptions(), offset, length, pool)
 
@@ -717,18 +424,18 @@ def put(
                 yield data
 
         body = chunks()
-    conn = _connect(parts, opts)
+    conn = connect(parts, opts)
     try:
         conn.request(
             "PUT",
-            _target(parts),
+            target(parts),
             body=body,  # type: ignore[arg-type]  # an iterator of bytes: http.client streams it
-            headers=_headers(opts, extra),
+            headers=request_headers(opts, extra),
             encode_chunked=length is None,
         )
         resp = conn.getresponse()
         data = resp.read(1 << 20)
-    except _TRANSPORT_ERRORS as exc:
+    except TRANSPORT_ERRORS as exc:
         raise HttpError(f"PUT {redact(url)}: {type(exc).__name__}: {exc}") from exc
     finally:
         conn.close()
@@ -744,7 +451,6 @@ def put(
 
 # -- JSON APIs ---------------------------------------------------------------------------
 
-_IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 FRESH_SECONDS = 2.0   # a kept connection this recently used and still open takes a POST or PATCH
 
 
@@ -819,12 +525,6 @@ class _Watch:
 _WATCH = _Watch()
 
 
-def _tls_refused(exc: BaseException) -> bool:
-    return isinstance(exc, ssl.SSLCertVerificationError) or (
-        isinstance(exc, ssl.SSLError) and "CERTIFICATE_VERIFY_FAILED" in str(exc)
-    )
-
-
 def request(
     method: str,
     url: str,
@@ -836,25 +536,26 @@ def request(
     deadline: float | None = None,
     busy: Callable[[Response], bool] | None = None,
     max_body: int = MAX_BODY,
-    connections: Connections | None = None,
+    connections: ConnectionPool | None = None,
 ) -> Response:
-    """One request to a JSON API, retried when the server is down, failing or busy; an
+    """One request to a JSON API, retried by the rule of its method (see the module
+    docstring: a write is never sent twice; an ambiguous outcome raises AmbiguousWrite); an
     answer's body longer than ``max_body`` raises BodyTooLarge.
 
-    Returns the final Response whatever its status (see the module docstring). A request that
-    is not idempotent (POST, PATCH) is retried after a transport error only when the error came
-    before the request was sent (the connection could not be made): a BMC that may have acted
-    on it is never asked twice. ``deadline`` (a time.monotonic() value) bounds every wait.
-    With ``connections``, a request goes over the kept-alive connection to the same origin
-    when there is one (and leaves its own there): an idempotent one over any (one the server
-    closed meanwhile is replaced at once, not counted as an attempt), a POST or PATCH only over
-    one used in the last FRESH_SECONDS and still open (see ``Connections.idle``).
+    Returns the final Response whatever its status. ``deadline`` (a time.monotonic() value)
+    bounds every wait. With ``connections``, a request goes over the kept-alive connection to
+    the same origin when there is one (and leaves its own there): an idempotent one over any
+    (one found stale is replaced at once, not counted as an attempt), a POST or PATCH only
+    over one used in the last FRESH_SECONDS and still open (``ConnectionPool.take``'s
+    ``fresh``).
     """
     import json
 
     opts = opts or HttpOptions()
     method = method.upper()
+    write = method not in IDEMPOTENT
     parts = check_url(url)
+    home = origin(parts)
     if json_body is not None and body is not None:
         raise InvalidParameters("request: give json_body or body, not both")
     extra: dict[str, str] = {"Accept": "application/json"}
@@ -864,7 +565,7 @@ def request(
         extra["Content-Type"] = "application/json"
     if headers:
         extra.update(headers)
-    hdrs = _headers(opts, extra)
+    hdrs = request_headers(opts, extra)
     where = f"{method} {redact(url)}"
     attempt = 0
     while True:
@@ -880,16 +581,17 @@ def request(
                 raise HttpError(f"{where}: deadline passed before attempt {attempt}", attempts=attempt - 1)
             timeout = min(timeout, left)
             until = min(until, deadline)
-        idempotent = method in _IDEMPOTENT
         # A POST or PATCH goes over a kept connection only when it is fresh and still open: a
         # server that closed it meanwhile would leave it unknown whether it acted (never asked
         # twice), where a GET is simply sent again on a new connection.
-        kept = connections.idle(parts, fresh=None if idempotent else FRESH_SECONDS) \
+        kept = connections.take(home, fresh=FRESH_SECONDS if write else None) \
             if connections is not None else None
-        conn = kept or _connect(parts, opts, timeout)
+        conn = kept or connect(parts, opts, timeout)
         if kept is not None and kept.sock is not None:
             kept.sock.settimeout(timeout)
-        sent = False
+        elif kept is None and connections is not None:
+            connections.dialled()
+        sent = answered = False
         retry_why = ""
         last: Response | None = None
         keep = False
@@ -898,13 +600,14 @@ def request(
                 if conn.sock is None:
                     conn.connect()
                 sent = True
-                conn.request(method, _target(parts), body=payload, headers=hdrs)
+                conn.request(method, target(parts), body=payload, headers=hdrs)
                 resp = conn.getresponse()
-                data = _read_body(resp, max_body, where)
+                answered = True
+                data = read_body(resp, max_body, where)
                 last = Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data, attempt)
                 keep = connections is not None and not resp.will_close
-        except _TRANSPORT_ERRORS as exc:
-            if kept is not None and not watched.cut and (idempotent or not sent):
+        except TRANSPORT_ERRORS as exc:
+            if not watched.cut and not answered and stale(exc, reused=kept is not None, method=method):
                 # A kept-alive connection the server had closed: the same attempt, afresh.
                 log.debug("%s: kept-alive connection gone (%s); a new one", where, exc)
                 attempt -= 1
@@ -912,32 +615,34 @@ def request(
             if watched.cut == "cancel":
                 raise Cancelled(f"{where}: cancelled") from exc
             if watched.cut and deadline is not None and time.monotonic() >= deadline:
-                raise HttpError(f"{where}: no complete answer before the deadline (attempt {attempt})",
-                                attempts=attempt) from exc
+                raise (AmbiguousWrite if write and sent else HttpError)(
+                    f"{where}: no complete answer before the deadline (attempt {attempt})",
+                    attempts=attempt) from exc
             if watched.cut:
                 exc = TimeoutError(f"no complete answer within {opts.total_timeout:g} s")
-            if _tls_refused(exc):
+            if tls_refused(exc):
                 raise HttpError(
                     f"{where}: the server's TLS certificate is not trusted: {exc}", tls="untrusted"
                 ) from exc
-            if sent and method not in _IDEMPOTENT:
-                raise HttpError(
+            if sent and write:
+                raise AmbiguousWrite(
                     f"{where}: {type(exc).__name__}: {exc} (after the request was sent; not repeated)",
                     attempts=attempt,
                 ) from exc
             retry_why = f"{type(exc).__name__}: {exc}"
         finally:
             if keep and connections is not None:
-                connections.give_back(parts, conn)
+                connections.give_back(home, conn)
             else:
                 conn.close()
         if last is not None:
             log.debug("%s: HTTP %d (attempt %d)", where, last.status, attempt)
-            if last.status in _RETRY_STATUS:
-                retry_why = f"HTTP {last.status}"
-            elif busy is not None and busy(last):
-                retry_why = f"HTTP {last.status}, busy"
-            else:
+            retry_why = _retry_why(last, write, busy)
+            if not retry_why and write and last.status >= 500:
+                raise AmbiguousWrite(
+                    f"{where}: HTTP {last.status} (the server may have taken it; not repeated)",
+                    response=last, attempts=attempt)
+            if not retry_why:
                 return last
         delay = min(opts.max_backoff, opts.backoff * (2 ** (attempt - 1)))
         out_of_time = deadline is not None and time.monotonic() + delay >= deadline
@@ -955,6 +660,22 @@ def request(
                 raise Cancelled(f"{where}: cancelled")
         else:
             time.sleep(delay)
+
+
+def _retry_why(answer: Response, write: bool, busy: Callable[[Response], bool] | None) -> str:
+    """Why ``answer`` is asked for again ("" when it is the answer): for a write only what
+    says the server refused it untaken (a 429 or 503 with Retry-After, a 4xx that is busy)."""
+    if write:
+        if answer.status in (429, 503) and "retry-after" in answer.headers:
+            return f"HTTP {answer.status}, Retry-After"
+        if 400 <= answer.status < 500 and busy is not None and busy(answer):
+            return f"HTTP {answer.status}, busy"
+        return ""
+    if answer.status in _RETRY_STATUS:
+        return f"HTTP {answer.status}"
+    if busy is not None and busy(answer):
+        return f"HTTP {answer.status}, busy"
+    return ""
 
 
 @dataclass(frozen=True)
@@ -991,7 +712,7 @@ def post_multipart(url: str, parts: Iterable[Part], opts: HttpOptions | None = N
     whatever its status; a transport failure raises HttpError, an answer longer than
     ``max_body`` BodyTooLarge. No retry: the caller decides."""
     opts = opts or HttpOptions()
-    target = check_url(url)
+    to = check_url(url)
     boundary = f"bettercompute-{uuid.uuid4().hex}"
     pieces: list[tuple[bytes, Part]] = [(_part_head(boundary, p), p) for p in parts]
     tail = f"--{boundary}--\r\n".encode()
@@ -1017,19 +738,19 @@ def post_multipart(url: str, parts: Iterable[Part], opts: HttpOptions | None = N
             yield b"\r\n"
         yield tail
 
-    hdrs = _headers(opts, {
+    hdrs = request_headers(opts, {
         "Content-Type": f"multipart/form-data; boundary={boundary}",
         "Content-Length": str(length),
         "Accept": "application/json",
     })
     where = f"POST {redact(url)}"
-    conn = _connect(target, opts)
+    conn = connect(to, opts)
     try:
-        conn.request("POST", _target(target), body=stream(), headers=hdrs)
+        conn.request("POST", target(to), body=stream(), headers=hdrs)
         resp = conn.getresponse()
-        data = _read_body(resp, max_body, where)
-    except _TRANSPORT_ERRORS as exc:
-        tls = "untrusted" if _tls_refused(exc) else ""
+        data = read_body(resp, max_body, where)
+    except TRANSPORT_ERRORS as exc:
+        tls = "untrusted" if tls_refused(exc) else ""
         raise HttpError(f"{where}: {type(exc).__name__}: {exc}", tls=tls) from exc
     finally:
         conn.close()
@@ -1037,5 +758,9 @@ def post_multipart(url: str, parts: Iterable[Part], opts: HttpOptions | None = N
     return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data)
 
 
-__all__ = ["BodyTooLarge", "Connections", "Download", "HttpError", "HttpOptions", "Part", "Response",
-           "check_url", "get", "post_multipart", "put", "redact", "request", "ssl_context"]
+__all__ = [
+    "IDEMPOTENT", "MAX_BODY", "MAX_REDIRECTS", "REDIRECTS", "USER_AGENT", "AmbiguousWrite",
+    "BadRedirect", "BodyTooLarge", "ConnectionPool", "Download", "HttpError", "HttpOptions", "Part",
+    "PinnedConnection", "Response", "check_url", "close_quietly", "connect", "get", "origin",
+    "pinned", "post_multipart", "put", "redact", "request", "ssl_context", "still_open",
+]

@@ -21,7 +21,7 @@ def test_gets_share_one_connection_and_a_closed_one_is_replaced(tmp_path: Path) 
         bmc = fleet.bmcs[0]
         url = f"https://{bmc.address}/redfish/v1/Systems/1"
         opts = http.HttpOptions(verify=False)
-        kept = http.Connections(opts)
+        kept = http.ConnectionPool()
         try:
             for _ in range(3):
                 assert http.request("GET", url, opts, headers=AUTH, connections=kept).status == 200
@@ -51,7 +51,7 @@ def test_a_post_takes_no_connection_idle_too_long(tmp_path: Path, monkeypatch: M
         url = f"https://{bmc.address}/redfish/v1/Systems/1"
         reset = f"{url}/Actions/ComputerSystem.Reset"
         opts = http.HttpOptions(verify=False)
-        kept = http.Connections(opts)
+        kept = http.ConnectionPool()
         try:
             assert http.request("GET", url, opts, headers=AUTH, connections=kept).status == 200
             monkeypatch.setattr(http, "FRESH_SECONDS", 0.0)   # it has been idle longer than that
@@ -62,9 +62,9 @@ def test_a_post_takes_no_connection_idle_too_long(tmp_path: Path, monkeypatch: M
             kept.close()
 
 
-def kill(kept: http.Connections, url: str) -> None:
+def kill(kept: http.ConnectionPool, url: str) -> None:
     """Shut the kept connection to ``url``'s origin down under it, as a BMC that closed it."""
-    conn = kept.idle(http.check_url(url))
+    conn = kept.take(http.origin(url))
     assert conn is not None and conn.sock is not None
     socket.socket.shutdown(conn.sock, socket.SHUT_RDWR)
-    kept.give_back(http.check_url(url), conn)
+    kept.give_back(http.origin(url), conn)

@@ -56,12 +56,63 @@ def test_json_body_sent_and_answer_returned() -> None:
     assert resp.headers["content-type"] == "application/json"
 
 
-@pytest.mark.parametrize("method", ["GET", "POST"])
+@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE"])
 def test_5xx_retried_then_served(method: str) -> None:
     with ScriptedServer() as srv:
         srv.route(method, "/a", countdown(2, 503))
         resp = http.request(method, srv.url("/a"), FAST)
     assert resp.status == 200 and resp.attempts == 3
+
+
+@pytest.mark.parametrize(("method", "status"), [("POST", 500), ("PATCH", 502), ("POST", 503)])
+def test_a_write_answered_5xx_is_sent_once(method: str, status: int) -> None:
+    """A POST or PATCH that the server answers 5xx (a 503 without Retry-After included) may
+    have been taken: never sent again; AmbiguousWrite carries the answer for the caller."""
+    with ScriptedServer() as srv:
+        srv.route(method, "/a", countdown(100, status))
+        with pytest.raises(http.AmbiguousWrite, match=f"HTTP {status}") as err:
+            http.request(method, srv.url("/a"), FAST, json_body={"ResetType": "On"})
+        assert len(srv.seen) == 1
+    assert err.value.response is not None and err.value.response.status == status
+    assert b"later" in err.value.response.body and err.value.status == status
+    assert isinstance(err.value, http.HttpError)     # callers that catch HttpError still do
+
+
+def test_a_write_refused_with_retry_after_is_sent_again() -> None:
+    """A 429 or 503 with Retry-After says the server did not take it: the write goes again."""
+    left = [2]
+
+    def refusing(seen: Seen) -> tuple[int, dict[str, str], bytes]:
+        if left[0] > 0:
+            left[0] -= 1
+            return (429 if left[0] else 503), {**JSON, "Retry-After": "0"}, b'{"error": "later"}'
+        return ok(seen)
+
+    with ScriptedServer() as srv:
+        srv.route("POST", "/a", refusing)
+        resp = http.request("POST", srv.url("/a"), FAST)
+        assert len(srv.seen) == 3
+    assert resp.status == 200 and resp.attempts == 3
+
+
+def test_a_write_with_no_answer_in_time_is_ambiguous() -> None:
+    """Sent, then no answer within the attempt's time: not sent again (a GET would be)."""
+    def slow(seen: Seen) -> tuple[int, dict[str, str], bytes]:
+        time.sleep(1.0)
+        return ok(seen)
+
+    opts = http.HttpOptions(timeout=5.0, max_retries=3, backoff=0.01, total_timeout=0.3)
+    with ScriptedServer() as srv:
+        srv.route("POST", "/a", slow)
+        srv.route("GET", "/a", slow)
+        with pytest.raises(http.AmbiguousWrite, match="not repeated") as err:
+            http.request("POST", srv.url("/a"), opts)
+        assert err.value.response is None and len(srv.seen) == 1
+        with pytest.raises(http.HttpError, match="giving up after 4 attempts") as got:
+            http.request("GET", srv.url("/a"), opts)
+        assert not isinstance(got.value, http.AmbiguousWrite)
+        time.sleep(1.1)
+        assert len(srv.seen) == 1 + 4
 
 
 def test_5xx_forever_returns_last_answer_after_bounded_attempts() -> None:
@@ -116,7 +167,7 @@ def test_cancel_interrupts_the_backoff() -> None:
 def test_post_dropped_after_sending_is_not_repeated() -> None:
     with ScriptedServer() as srv:
         srv.route("POST", "/a", lambda seen: (-1, {}, b""))
-        with pytest.raises(http.HttpError, match="not repeated"):
+        with pytest.raises(http.AmbiguousWrite, match="not repeated"):
             http.request("POST", srv.url("/a"), FAST)
         assert len(srv.seen) == 1
 

@@ -20,9 +20,10 @@ from agent.commands import handler_for
 from agent.commands.base import Context
 from agent.errors import InvalidParameters, SourceFailed
 from agent.net import http as agent_http
+from agent.net.pool import ConnectionPool
 from agent.proto import site_pb2
 from agent.site.serve import web
-from agent.site.serve.routes import RouteTable, UpstreamConnections
+from agent.site.serve.routes import RouteTable
 from agent.site.services import SiteServices
 from tests.loopback_http import Fault, LoopbackServer
 from tests.runtime.harness import wait_until
@@ -74,11 +75,11 @@ def test_a_deploys_range_requests_share_one_connection_to_the_route(
         site: SiteServices, upstream: LoopbackServer) -> None:
     """As deploy.image fetches the data runs of a sparse image through a route: bounded Range
     requests, one after the other, on one kept-alive connection to the site (agent/net/http.py's
-    Connections); each is relayed whole, and the connection serves the next."""
+    ConnectionPool); each is relayed whole, and the connection serves the next."""
     url = route(site, upstream.url("/image.raw"))
     opts = agent_http.HttpOptions(timeout=10, max_retries=0)
     step = 256 * 1024
-    with agent_http.Connections(opts) as pool:
+    with agent_http.ConnectionPool() as pool:
         for start in range(0, len(DATA), 4 * step):
             length = min(step, len(DATA) - start)
             with agent_http.get(url, opts, offset=start, length=length, pool=pool) as dl:
@@ -98,7 +99,7 @@ def test_a_routes_requests_share_one_upstream_connection(
     opts = agent_http.HttpOptions(timeout=10, max_retries=0)
     step = 256 * 1024
     starts = range(0, len(DATA), 3 * step)
-    with agent_http.Connections(opts) as client:      # as deploy.image: one connection to the site
+    with agent_http.ConnectionPool() as client:      # as deploy.image: one connection to the site
         for start in starts:
             length = min(step, len(DATA) - start)
             with agent_http.get(url, opts, offset=start, length=length, pool=client) as dl:
@@ -120,7 +121,7 @@ def test_a_kept_alive_upstream_connection_closed_meanwhile(
     upstream.add("/closing.raw", DATA, Fault(close_after=True))
     url = route(site, upstream.url("/closing.raw"))
     opts = agent_http.HttpOptions(timeout=10, max_retries=0)
-    with agent_http.Connections(opts) as client:
+    with agent_http.ConnectionPool() as client:
         for _ in range(3):
             with agent_http.get(url, opts, offset=0, length=100, pool=client) as dl:
                 assert b"".join(dl.iter_chunks()) == DATA[:100]
@@ -131,17 +132,17 @@ def test_a_kept_alive_upstream_connection_closed_meanwhile(
 def test_idle_upstream_connections_bounded() -> None:
     """At most ``per_route`` idle connections a route and ``total`` in all (the least recently
     used closed first); those idle past ``idle_seconds`` are closed by the sweep."""
-    pool = UpstreamConnections(per_route=2, total=3, idle_seconds=60)
+    pool = ConnectionPool(per_scope=2, total=3, idle_seconds=60)
     origin = ("http", "127.0.0.1", 1)
 
     made = [agent_http.PinnedConnection("127.0.0.1", 1) for _ in range(6)]
     for c in made[:3]:
-        pool.give_back("a", origin, c)          # the first of a's is closed: 2 a route
+        pool.give_back(origin, c, "a")          # the first of a's is closed: 2 a route
     for c in made[3:5]:
-        pool.give_back("b", origin, c)          # 4 in all: a's oldest left closed
+        pool.give_back(origin, c, "b")          # 4 in all: a's oldest left closed
     assert pool.idle() == 3
-    assert pool.take("a", origin) is made[2] and pool.take("a", origin) is None
-    assert pool.take("b", origin) is made[4]
+    assert pool.take(origin, "a") is made[2] and pool.take(origin, "a") is None
+    assert pool.take(origin, "b") is made[4]
     pool.idle_seconds = 0
     assert pool.sweep() == 1 and pool.idle() == 0
 

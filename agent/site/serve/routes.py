@@ -31,8 +31,6 @@ route that changed, and when the service stops.
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import enum
 import hashlib
 import http.client
@@ -53,7 +51,8 @@ from agent.images import manifest
 from agent.images.filesource import FileRef, parse_source
 from agent.images.manifest import Plan
 from agent.net import http as agent_http
-from agent.net.http import PinnedConnection as Pinned
+from agent.net.connect import close_quietly
+from agent.net.pool import BadRedirect, ConnectionPool, follow
 from agent.proto import site_pb2
 from agent.site.boot.fields import parse_node_id, parse_ttl
 from agent.site.serve.upstreams import UpstreamPolicy
@@ -61,7 +60,6 @@ from agent.site.serve.upstreams import UpstreamPolicy
 log = logging.getLogger(__name__)
 
 ROUTE_PREFIX = "/r/"
-MAX_REDIRECTS = 5
 
 
 class Method(enum.StrEnum):
@@ -223,7 +221,7 @@ class RouteTable:
         self.root = root
         self.base_url = base_url.rstrip("/")
         self.policy = policy or UpstreamPolicy()
-        self.upstreams = UpstreamConnections()   # the routes' kept-alive upstream connections
+        self.upstreams = upstream_pool()   # the routes' kept-alive upstream connections
         self._lock = threading.Lock()
         self._routes: dict[str, Route] = {}
 
@@ -376,213 +374,61 @@ class UpstreamError(Exception):
         self.status = status
 
 
-class UpstreamConnections:
-    """The site's kept-alive connections to its routes' upstreams.
+# The site's kept-alive connections to its routes' upstreams: one ConnectionPool, a route's id
+# its scope (agent/net/pool.py). A route's requests (the relay's, and the chunk store's fetches
+# for it) take an idle connection of that route and give it back when the upstream's answer
+# was read to its end, so a deploy through a route opens one connection to its upstream (over
+# TLS, one handshake), not one per Range request; a redirect the route's URL answers with is
+# followed once and remembered for the route's next requests. A connection is only ever reused
+# for the route (and origin) it was made for: the addresses it was pinned to are the ones the
+# policy checked for that route, and they are checked again when it is taken. Bounded: at most
+# UPSTREAM_PER_ROUTE idle connections a route and UPSTREAM_TOTAL in all (the least recently
+# used closed first), each closed after UPSTREAM_IDLE_SECONDS unused; a route's go when it ends.
+UPSTREAM_PER_ROUTE = 4
+UPSTREAM_TOTAL = 64
+UPSTREAM_IDLE_SECONDS = 30.0
 
-    A route's requests (the relay's, and the chunk store's fetches for it) take an idle
-    connection of that route and give it back when the upstream's answer was read to its end,
-    so a deploy through a route opens one connection to its upstream (over TLS, one
-    handshake), not one per Range request; a redirect the route's URL answers with is followed
-    once and remembered for the route's next requests (forgotten when a request to where it led
-    fails, so the next one follows it again). A connection is only ever reused for the route
-    (and origin) it was made for: the addresses it was pinned to are the ones the policy
-    checked for that route. Bounded: at most ``per_route`` idle connections a route and
-    ``total`` in all (the least recently used closed first), each closed after
-    ``idle_seconds`` unused; a route's go when it ends (RouteTable.forget)."""
 
-    def __init__(self, per_route: int = 4, total: int = 64, idle_seconds: float = 30.0) -> None:
-        self.per_route = per_route
-        self.total = total
-        self.idle_seconds = idle_seconds
-        self.opened = 0                # connections made (counted, for tests and benches)
-        self._idle: collections.OrderedDict[tuple[str, tuple[str, str, int]],
-                                            list[tuple[float, Pinned]]] = collections.OrderedDict()
-        self._count = 0
-        self._redirects: dict[str, str] = {}
-        self._lock = threading.Lock()
-
-    def take(self, route_id: str, origin: tuple[str, str, int]) -> Pinned | None:
-        """The route's most recently used idle connection to ``origin``, or None."""
-        stale: list[Pinned] = []
-        conn = None
-        now = time.monotonic()
-        with self._lock:
-            idle = self._idle.get((route_id, origin))
-            while idle:
-                since, candidate = idle.pop()
-                self._count -= 1
-                if now - since < self.idle_seconds:
-                    conn = candidate
-                    break
-                stale.append(candidate)
-            if idle is not None and not idle:
-                del self._idle[(route_id, origin)]
-        for old in stale:
-            close_quietly(old)
-        return conn
-
-    def give_back(self, route_id: str, origin: tuple[str, str, int], conn: Pinned) -> None:
-        """A connection to ``origin`` whose last answer was read to its end, for the route's
-        next request."""
-        closing: list[Pinned] = []
-        key = (route_id, origin)
-        with self._lock:
-            idle = self._idle.setdefault(key, [])
-            self._idle.move_to_end(key)
-            idle.append((time.monotonic(), conn))
-            self._count += 1
-            if len(idle) > self.per_route:
-                closing.append(idle.pop(0)[1])
-                self._count -= 1
-            while self._count > self.total:
-                oldest_key, oldest = next(iter(self._idle.items()))
-                closing.append(oldest.pop(0)[1])
-                self._count -= 1
-                if not oldest:
-                    del self._idle[oldest_key]
-        for old in closing:
-            close_quietly(old)
-
-    def resolved(self, route: Route) -> str:
-        with self._lock:
-            return self._redirects.get(route.id, route.upstream_url)
-
-    def remember(self, route: Route, final: str) -> None:
-        with self._lock:
-            if final == route.upstream_url:
-                self._redirects.pop(route.id, None)
-            else:
-                self._redirects[route.id] = final
-
-    def forget(self, route_id: str) -> None:
-        """A route ended: its idle connections closed, its redirect forgotten."""
-        with self._lock:
-            self._redirects.pop(route_id, None)
-            keys = [key for key in self._idle if key[0] == route_id]
-            closing = [conn for key in keys for _since, conn in self._idle.pop(key)]
-            self._count -= len(closing)
-        for conn in closing:
-            close_quietly(conn)
-
-    def idle(self) -> int:
-        with self._lock:
-            return self._count
-
-    def sweep(self) -> int:
-        """Close the connections idle for ``idle_seconds`` (the service's timer); how many."""
-        limit = time.monotonic() - self.idle_seconds
-        closing: list[Pinned] = []
-        with self._lock:
-            for key in list(self._idle):
-                idle = self._idle[key]
-                closing += [conn for since, conn in idle if since <= limit]
-                idle[:] = [(since, conn) for since, conn in idle if since > limit]
-                if not idle:
-                    del self._idle[key]
-            self._count -= len(closing)
-        for conn in closing:
-            close_quietly(conn)
-        return len(closing)
-
-    def close(self) -> None:
-        with self._lock:
-            closing = [conn for idle in self._idle.values() for _since, conn in idle]
-            self._idle.clear()
-            self._redirects.clear()
-            self._count = 0
-        for conn in closing:
-            close_quietly(conn)
+def upstream_pool() -> ConnectionPool:
+    return ConnectionPool(per_scope=UPSTREAM_PER_ROUTE, total=UPSTREAM_TOTAL,
+                          idle_seconds=UPSTREAM_IDLE_SECONDS)
 
 
 def open_upstream(
     route: Route, method: str, headers: dict[str, str], ssl_options: agent_http.HttpOptions,
-    policy: UpstreamPolicy, pool: UpstreamConnections | None = None,
+    policy: UpstreamPolicy, pool: ConnectionPool | None = None,
 ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
     """Send ``method`` to the route's upstream; follow redirects on the same origin only; dial
     only addresses ``policy`` allows. With ``pool``, an idle connection of the route is used
     (a fresh one when it turns out closed) and the route's remembered redirect is gone to
-    first; hand the connection back with ``done_upstream``."""
-    first = pool.resolved(route) if pool is not None else route.upstream_url
+    first; hand the connection back with ``done_upstream``. UpstreamError when it cannot be
+    asked (504 when it timed out)."""
+    sent = {**headers, "User-Agent": "bettercompute-site"}
+
+    def dial(parts: urllib.parse.SplitResult) -> http.client.HTTPConnection:
+        """A connection to the route's origin, pinned to the addresses its policy allows."""
+        host, port = parts.hostname or "", agent_http.origin(parts)[2]
+        addresses = tuple(policy.addresses(host, port))   # InvalidParameters: refused
+        context = agent_http.ssl_context(ssl_options.ca_pem, ssl_options.ca_file) \
+            if parts.scheme == "https" else None
+        return agent_http.pinned(parts, addresses, ssl_options.timeout, context, port)
+
     try:
-        return _ask_upstream(route, first, method, headers, ssl_options, policy, pool)
-    except UpstreamError:
-        if pool is None or first == route.upstream_url:
-            raise
-    pool.remember(route, route.upstream_url)       # where it led failed: follow it again
-    return _ask_upstream(route, route.upstream_url, method, headers, ssl_options, policy, pool)
+        conn, resp, _final = follow(pool, route.upstream_url, method, lambda _parts: sent, dial,
+                                    scope=route.id, same_origin=True,
+                                    usable=lambda conn: _still_allowed(conn, policy))
+    except BadRedirect as exc:
+        raise UpstreamError(f"upstream {exc.message}") from None
+    except InvalidParameters as exc:
+        raise UpstreamError(exc.message) from None
+    except TimeoutError as exc:
+        raise UpstreamError(f"upstream timed out: {exc}", 504) from exc
+    except (OSError, http.client.HTTPException) as exc:
+        raise UpstreamError(f"upstream failed: {type(exc).__name__}: {exc}") from exc
+    return conn, resp
 
 
-def _ask_upstream(
-    route: Route, url: str, method: str, headers: dict[str, str],
-    ssl_options: agent_http.HttpOptions, policy: UpstreamPolicy, pool: UpstreamConnections | None,
-) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-    home = agent_http.origin(route.upstream_url)
-    remembered = url != route.upstream_url
-    for _hop in range(MAX_REDIRECTS + 1):
-        try:
-            parts = agent_http.check_url(url)
-        except InvalidParameters as exc:  # only a redirect's Location can be bad here
-            raise UpstreamError(f"upstream redirected to an unusable URL: {exc.message}") from None
-        if agent_http.origin(parts) != home:
-            raise UpstreamError(
-                f"upstream redirected to another host ({parts.hostname}); not followed")
-        target = parts.path or "/"
-        if parts.query:
-            target += "?" + parts.query
-        conn, resp = _send(route, parts, home, method, target, headers, ssl_options, policy, pool)
-        if resp.status in agent_http.REDIRECTS:
-            try:
-                url = agent_http.redirect_location(url, resp)
-            except agent_http.HttpError:
-                close_quietly(conn)
-                raise UpstreamError(f"upstream answered {resp.status} without a Location") from None
-            except ValueError:
-                close_quietly(conn)
-                raise UpstreamError(f"upstream answered {resp.status} with an unusable Location") from None
-            done_upstream(pool, route, conn, resp, _drained(resp))
-            continue
-        if pool is not None:
-            if remembered and resp.status >= 400:
-                close_quietly(conn)
-                raise UpstreamError(f"upstream answered {resp.status} where it redirected before")
-            pool.remember(route, url)
-        return conn, resp
-    raise UpstreamError(f"upstream redirected more than {MAX_REDIRECTS} times")
-
-
-def _send(
-    route: Route, parts: urllib.parse.SplitResult, home: tuple[str, str, int], method: str,
-    target: str, headers: dict[str, str], ssl_options: agent_http.HttpOptions,
-    policy: UpstreamPolicy, pool: UpstreamConnections | None,
-) -> tuple[Pinned, http.client.HTTPResponse]:
-    """One request on the route's idle connection to ``home``, or on a new one (also when the
-    idle one turns out closed by the upstream meanwhile)."""
-    conn = pool.take(route.id, home) if pool is not None else None
-    if conn is not None and not _still_allowed(conn, policy):
-        close_quietly(conn)         # the policy changed since it was dialled: dial (and refuse) anew
-        conn = None
-    while True:
-        reused = conn is not None
-        if conn is None:
-            conn = _dial(parts, home, ssl_options, policy)
-            if pool is not None:
-                pool.opened += 1
-        try:
-            conn.request(method, target, headers={**headers, "User-Agent": "bettercompute-site"})
-            return conn, conn.getresponse()
-        except TimeoutError as exc:
-            conn.close()
-            raise UpstreamError(f"upstream timed out: {exc}", 504) from exc
-        except (OSError, http.client.HTTPException) as exc:
-            conn.close()
-            if reused and isinstance(exc, ConnectionError | http.client.RemoteDisconnected
-                                     | http.client.BadStatusLine):
-                conn = None          # kept alive too long: the upstream closed it meanwhile
-                continue
-            raise UpstreamError(f"upstream failed: {type(exc).__name__}: {exc}") from exc
-
-
-def _still_allowed(conn: Pinned, policy: UpstreamPolicy) -> bool:
+def _still_allowed(conn: http.client.HTTPConnection, policy: UpstreamPolicy) -> bool:
     """Whether the address ``conn`` is connected to may still be reached under ``policy``."""
     try:
         address, port = conn.sock.getpeername()[:2]
@@ -591,40 +437,12 @@ def _still_allowed(conn: Pinned, policy: UpstreamPolicy) -> bool:
         return False
 
 
-def _dial(parts: urllib.parse.SplitResult, home: tuple[str, str, int],
-          ssl_options: agent_http.HttpOptions, policy: UpstreamPolicy) -> Pinned:
-    """A connection to ``home`` (the route's origin), pinned to the addresses its policy allows."""
-    host, port = parts.hostname or "", home[2]
-    try:
-        addresses = tuple(policy.addresses(host, port))
-    except InvalidParameters as exc:
-        raise UpstreamError(exc.message) from None
-    context = agent_http.ssl_context(ssl_options.ca_pem, ssl_options.ca_file) \
-        if parts.scheme == "https" else None
-    return agent_http.pinned(parts, addresses, ssl_options.timeout, context, port)
-
-
-def _drained(resp: http.client.HTTPResponse, limit: int = 64 * 1024) -> bool:
-    """Read a small answer's body (a redirect's) to its end; False when it is not small."""
-    try:
-        resp.read(limit)
-    except (OSError, http.client.HTTPException):
-        return False
-    return resp.isclosed()
-
-
-def done_upstream(pool: UpstreamConnections | None, route: Route,
+def done_upstream(pool: ConnectionPool | None, route: Route,
                   conn: http.client.HTTPConnection, resp: http.client.HTTPResponse,
                   whole: bool) -> None:
     """The request on ``conn`` is over: kept for the route's next one when its answer was read
     to the end (``whole``) and the upstream keeps the connection open; closed otherwise."""
-    if pool is None or not whole or resp.will_close or not isinstance(conn, Pinned):
+    if pool is None:
         close_quietly(conn)
-        return
-    resp.close()             # a body read from the socket itself leaves http.client's count
-    pool.give_back(route.id, agent_http.origin(route.upstream_url), conn)
-
-
-def close_quietly(conn: http.client.HTTPConnection) -> None:
-    with contextlib.suppress(OSError):
-        conn.close()
+    else:
+        pool.release(agent_http.origin(route.upstream_url), conn, resp, whole=whole, scope=route.id)

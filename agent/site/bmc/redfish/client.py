@@ -42,7 +42,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from agent.errors import (
     AuthFailed,
@@ -193,7 +193,7 @@ class RedfishClient:
             ca_file=Path(target.ca_file) if target.ca_file else None,
         )
         self.attempts = 0           # requests made, retries included (BmcOperationResult.attempts)
-        self.connections = http.Connections(self.opts)   # GETs reuse one; closed in close()
+        self.connections = http.ConnectionPool()   # GETs reuse one; closed in close()
         self._auth: dict[str, str] | None = None
         self._session_uri = ""
         self._root: Doc | None = None
@@ -205,7 +205,7 @@ class RedfishClient:
                 (self.base, target.verify_tls, target.ca_file):
             self._root, self._paths, self._known = known.root, dict(known.paths), True
             if known.connection is not None:
-                self.connections.give_back(self._root_parts, known.connection)
+                self.connections.give_back(http.origin(self._root_parts), known.connection)
                 known.connection = None
         if known is not None:
             known.close()
@@ -286,21 +286,28 @@ class RedfishClient:
             resp = http.request(method, url, self.opts, json_body=json_body, headers=hdrs,
                                 deadline=self.call.deadline, busy=busy, max_body=MAX_BODY,
                                 connections=self.connections)
+        except http.AmbiguousWrite as exc:
+            if exc.response is None:    # no answer after it was sent: as any transport failure
+                return self._unreachable(exc)
+            resp = exc.response         # a 5xx to a write: its message read, never sent again
         except http.BodyTooLarge as exc:
             self.attempts += 1
             raise BmcRefused(f"Redfish BMC {self.target.address}: {exc.message}; a Redfish "
                              "resource is a few KiB", status=exc.status) from exc
         except http.HttpError as exc:
-            self.attempts += int(exc.details.get("attempts", "1") or 1)
-            where = f"Redfish BMC {self.target.address}"
-            if exc.details.get("tls") == "untrusted":
-                raise BmcUnreachable(
-                    f"{where}: its TLS certificate is not trusted; give the BMC's CA, or set"
-                    f" verify_tls false for a self-signed BMC ({exc.message})", tls="untrusted"
-                ) from exc
-            raise BmcUnreachable(f"{where}: {exc.message}") from exc
+            return self._unreachable(exc)
         self.attempts += resp.attempts
         return resp
+
+    def _unreachable(self, exc: http.HttpError) -> NoReturn:
+        self.attempts += int(exc.details.get("attempts", "1") or 1)
+        where = f"Redfish BMC {self.target.address}"
+        if exc.details.get("tls") == "untrusted":
+            raise BmcUnreachable(
+                f"{where}: its TLS certificate is not trusted; give the BMC's CA, or set"
+                f" verify_tls false for a self-signed BMC ({exc.message})", tls="untrusted"
+            ) from exc
+        raise BmcUnreachable(f"{where}: {exc.message}") from exc
 
     def _answer(self, method: str, url: str, resp: http.Response, ok: tuple[int, ...]) -> Answer:
         where = f"Redfish {method} {http.redact(url)}"
@@ -400,7 +407,7 @@ class RedfishClient:
         may use: the root, the paths and the idle connection (the caller closes or keeps it)."""
         self._end_session()
         known = Discovered(self.base, self.target.verify_tls, self.target.ca_file, self._root,
-                           dict(self._paths), self.connections.idle(self._root_parts))
+                           dict(self._paths), self.connections.take(http.origin(self._root_parts)))
         self.connections.close()
         return known
 

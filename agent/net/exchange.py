@@ -1,0 +1,102 @@
+"""One HTTP exchange's terms: the options it is made with, the answer it gives, the headers it
+carries, and what it fails with.
+
+``AmbiguousWrite`` is the one a caller of a write must know: a POST or PATCH (any request that
+is not idempotent) whose fate is unknown. The server may have taken it: it answered 5xx, the
+connection broke or the time ran out after the request was sent, or the answer was cut. It is
+never sent again by the client (agent/net/http.py's ``request``); the caller reads back what
+it meant to change and decides. ``response`` is the answer when one came (a BMC's 5xx and its
+message), None when none did.
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.errors import InvalidParameters, SourceFailed
+
+USER_AGENT = "bettercompute-agent"
+MAX_BODY = 4 << 20  # what request() and post_multipart() read of an answer at most: a JSON API's
+
+
+@dataclass(frozen=True)
+class HttpOptions:
+    ca_pem: str = ""                    # extra trusted CA certificates (PEM text)
+    ca_file: Path | None = None         # extra trusted CA bundle file (the agent's own)
+    headers: Mapping[str, str] = field(default_factory=dict)
+    timeout: float = 30.0               # per connect / per read, seconds
+    max_retries: int = 5
+    backoff: float = 0.5                # first retry delay, doubled each time, up to max_backoff
+    cancel: threading.Event | None = None
+    verify: bool = True                 # False: no certificate or host name check (BMCs only)
+    max_backoff: float = 8.0
+    total_timeout: float | None = None  # request(): one attempt, connect to last byte (None: no bound)
+    # The addresses a connection to (host, port) may dial, raising to refuse it (an address
+    # policy: agent/site/serve/upstreams.py); each connection, a redirect's included, dials only
+    # those. None: whatever the host name resolves to.
+    resolve: Callable[[str, int], Iterable[str]] | None = None
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    headers: dict[str, str]             # names in lower case
+    body: bytes
+    attempts: int = 1                   # requests made, retries included
+
+
+class HttpError(SourceFailed):
+    """A non-success HTTP status (``status``) or a transport failure (``status`` 0)."""
+
+    def __init__(self, message: str, *, status: int = 0, **details: Any) -> None:
+        super().__init__(message, status=status, **details)
+        self.status = status
+
+
+class BodyTooLarge(HttpError):
+    """An answer's body longer than the caller takes (``request``'s and ``post_multipart``'s
+    ``max_body``): refused, not read, not retried."""
+
+
+class AmbiguousWrite(HttpError):
+    """A request that is not idempotent may or may not have been taken: not sent again; read
+    back instead (see the module docstring). ``response``: the answer, when one came."""
+
+    def __init__(self, message: str, *, response: Response | None = None, **details: Any) -> None:
+        super().__init__(message, status=response.status if response is not None else 0,
+                         ambiguous="write", **details)
+        self.response = response
+
+
+def read_body(resp: http.client.HTTPResponse, max_body: int, where: str) -> bytes:
+    """The body of ``resp``, at most ``max_body`` bytes; BodyTooLarge (what came is dropped)
+    when it announces or carries more."""
+    length = resp.getheader("Content-Length", "")
+    if length.isdigit() and int(length) > max_body:
+        raise BodyTooLarge(f"{where}: the answer is {int(length)} bytes, more than the "
+                           f"{max_body} taken", status=resp.status)
+    data = resp.read(max_body + 1)
+    if len(data) > max_body:
+        raise BodyTooLarge(f"{where}: the answer is more than the {max_body} bytes taken",
+                           status=resp.status)
+    return data
+
+
+def request_headers(opts: HttpOptions, extra: Mapping[str, str] | None = None, *,
+                    callers: bool = True) -> dict[str, str]:
+    """A request's headers: ours, the caller's (``opts.headers``, unless ``callers`` is
+    False: a redirect to another origin gets none of them, as curl does), then ``extra``."""
+    hdrs = {"User-Agent": USER_AGENT}
+    if callers:
+        hdrs.update(opts.headers)
+    if extra:
+        hdrs.update(extra)
+    for name, value in hdrs.items():
+        if any(c in name + value for c in "\r\n"):
+            raise InvalidParameters(f"HTTP header {name!r} contains a line break")
+    return hdrs
