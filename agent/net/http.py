@@ -93,7 +93,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import http.client
-import itertools
 import logging
 import os
 import secrets
@@ -108,6 +107,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from agent import limits
+from agent.deadlines import DeadlineWatch
 from agent.errors import Cancelled, InvalidParameters, SourceFailed
 from agent.net.connect import (
     TRANSPORT_ERRORS,
@@ -454,6 +454,9 @@ def put(
 FRESH_SECONDS = 2.0   # a kept connection this recently used and still open takes a POST or PATCH
 
 
+CANCEL_POLL = 0.25   # how often the watch looks at the cancel events of attempts in flight
+
+
 class _Attempt:
     """One watched attempt: its connection, until when it may last, and why it was cut."""
 
@@ -461,65 +464,64 @@ class _Attempt:
                  cancel: threading.Event | None) -> None:
         self.conn, self.until, self.cancel = conn, until, cancel
         self.cut = ""                   # "", "cancel" or "time"
+        self.over = False               # the attempt ended: its connection is not ours to cut
+        self._lock = threading.Lock()
 
     def cut_short(self, why: str) -> None:
-        self.cut = why
-        sock = self.conn.sock
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                # The plain socket's shutdown, also under TLS: a blocked read returns at once,
-                # and the TLS object is left for the reader to fail on, not pulled from under it.
-                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+        with self._lock:
+            if self.cut or self.over:
+                return
+            self.cut = why
+            sock = self.conn.sock
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    # The plain socket's shutdown, also under TLS: a blocked read returns at
+                    # once, and the TLS object is left for the reader to fail on.
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+    def end(self) -> None:
+        with self._lock:
+            self.over = True
 
 
 class _Watch:
-    """Cuts attempts short at their time or on their cancel; one thread for the process, made
-    on first use, that wakes at the next limit or every ``POLL`` seconds for the cancels."""
-
-    POLL = 0.25
+    """Cuts attempts short at their time (agent/deadlines.py: one thread for the process, woken
+    only for an earlier deadline) or on their cancel (looked at every CANCEL_POLL seconds)."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._attempts: dict[int, _Attempt] = {}
-        self._ids = itertools.count()
-        self._thread: threading.Thread | None = None
-        self._wakes_at = 0.0   # when the thread wakes next: an attempt due before that wakes it
+        self._lock = threading.Lock()
+        self._cancellable: set[_Attempt] = set()
+        self._deadlines: DeadlineWatch[_Attempt] = DeadlineWatch(
+            "http-watch", self._due, tick=CANCEL_POLL, on_tick=self._cancels)
 
     @contextlib.contextmanager
     def attempt(self, conn: http.client.HTTPConnection, until: float,
                 cancel: threading.Event | None) -> Iterator[_Attempt]:
         watched = _Attempt(conn, until, cancel)
-        with self._cond:
-            key = next(self._ids)
-            self._attempts[key] = watched
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="http-watch", daemon=True)
-                self._thread.start()
-            elif until < self._wakes_at:
-                # Only then: with hundreds of requests in flight (a site's BMCs), waking the
-                # thread for each would have it walk them all at every request.
-                self._cond.notify()
+        if cancel is not None:
+            with self._lock:
+                self._cancellable.add(watched)
+            self._deadlines.start()
+        if until != float("inf"):
+            self._deadlines.set(watched, until)
         try:
             yield watched
         finally:
-            with self._cond:
-                del self._attempts[key]
+            watched.end()
+            self._deadlines.clear(watched)
+            with self._lock:
+                self._cancellable.discard(watched)
 
-    def _run(self) -> None:
-        with self._cond:
-            while True:
-                now, wait = time.monotonic(), self.POLL
-                for watched in self._attempts.values():
-                    if watched.cut:
-                        continue
-                    if watched.cancel is not None and watched.cancel.is_set():
-                        watched.cut_short("cancel")
-                    elif now >= watched.until:
-                        watched.cut_short("time")
-                    else:
-                        wait = min(wait, watched.until - now)
-                self._wakes_at = now + max(wait, 0.01)
-                self._cond.wait(max(wait, 0.01))
+    @staticmethod
+    def _due(attempts: list[_Attempt]) -> None:
+        for watched in attempts:
+            watched.cut_short("time")
+
+    def _cancels(self) -> None:
+        with self._lock:
+            cancelled = [w for w in self._cancellable if w.cancel is not None and w.cancel.is_set()]
+        for watched in cancelled:
+            watched.cut_short("cancel")
 
 
 _WATCH = _Watch()
