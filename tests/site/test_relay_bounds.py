@@ -181,12 +181,12 @@ def test_the_watch_sleeps_through_answered_heads_and_wakes_for_an_earlier_deadli
         for s in server:
             assert conns.admit(s, "127.0.0.1")
         conns.waiting(server[0])             # idle for 30 s: the watch sleeps 10 s at most
-        wait_until(lambda: conns._wake_at > time.monotonic() + 5, 5, "the watch asleep")
-        sleeping_to = conns._wake_at
+        wait_until(lambda: conns._deadlines._wakes_at > time.monotonic() + 5, 5, "the watch asleep")
+        sleeping_to = conns._deadlines._wakes_at
         for _ in range(200):                 # a head awaited and come, again and again
             conns.waiting(server[1])
             assert conns.received(server[1])
-        assert conns._wake_at == sleeping_to, "answered heads did not wake the watch"
+        assert conns._deadlines._wakes_at == sleeping_to, "answered heads did not wake the watch"
         conns.head_seconds = 0.3
         started = time.monotonic()
         conns.waiting(server[2])             # due before the watch would wake: it is woken

@@ -24,13 +24,14 @@ from its gateway session, its journal and other nodes' routes (issue 27, item 4)
 from __future__ import annotations
 
 import contextlib
-import heapq
 import logging
 import resource
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
+
+from agent.deadlines import DeadlineWatch
 
 log = logging.getLogger(__name__)
 
@@ -66,15 +67,15 @@ class Connections:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
         self._conns: dict[int, _Conn] = {}
         self._by_host: dict[str, int] = {}
-        self._deadlines: list[tuple[float, int]] = []
         self._refused: dict[str, int] = {}
         self._refused_logged = time.monotonic() - REFUSALS_LOG_SECONDS
-        self._stop = False
-        self._wake_at = 0.0          # when the sleeping watch wakes by itself; 0: awake
-        self._thread: threading.Thread | None = None
+        # The heads awaited, by connection: one thread sleeps to the first (agent/deadlines.py)
+        # and is woken only for an earlier one, so a request's head awaited and come costs no
+        # thread switch (hundreds a second while a rack deploys); it also logs the refusals.
+        self._deadlines: DeadlineWatch[int] = DeadlineWatch(
+            "site-http-deadlines", self._late, tick=REFUSALS_LOG_SECONDS, on_tick=self._log_now)
 
     # -- what the server calls ---------------------------------------------------------
 
@@ -107,9 +108,7 @@ class Connections:
             if conn is None or conn.shut:
                 return
             conn.since, conn.deadline = now, now + self.head_seconds
-            heapq.heappush(self._deadlines, (conn.deadline, id(sock)))
-            if conn.deadline < self._wake_at:  # rare: the watch sleeps past it
-                self._wake.notify()
+            self._deadlines.set(id(sock), conn.deadline)
 
     def received(self, sock: socket.socket) -> bool:
         """The head came on ``sock``; False when it came too late (the connection is shut)."""
@@ -118,6 +117,7 @@ class Connections:
             if conn is None:
                 return False
             conn.deadline = 0.0
+            self._deadlines.clear(id(sock))
             return not conn.shut
 
     def leave(self, sock: socket.socket) -> None:
@@ -138,63 +138,37 @@ class Connections:
     # -- the watch ---------------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._watch, name="site-http-deadlines",
-                                        daemon=True)
-        self._thread.start()
+        self._deadlines.start()
 
     def stop(self) -> None:
-        with self._lock:
-            self._stop = True
-            self._wake.notify()
-        if self._thread is not None:
-            self._thread.join(5)
+        self._deadlines.stop()
 
-    def _watch(self) -> None:
-        while True:
-            with self._lock:
-                late = self._sleep()
-            if late is None:
-                return
-            for sock in late:
-                _shut(sock)
+    def _late(self, keys: list[int]) -> None:
+        """The watch's: the connections whose head is late are shut (without the lock)."""
+        now = time.monotonic()
+        late: list[socket.socket] = []
+        with self._lock:
+            for key in keys:
+                conn = self._conns.get(key)
+                if conn is not None and conn.deadline and conn.deadline <= now and not conn.shut:
+                    conn.shut = True
+                    late.append(conn.sock)
+        for sock in late:
+            _shut(sock)
+        if late:
             log.info("site HTTP: %d connection(s) sent no request within %gs; closed",
                      len(late), self.head_seconds)
 
-    def _sleep(self) -> list[socket.socket] | None:
-        """With the lock held: wait until a connection is late (returned, shut by the
-        caller without the lock) or the watch stops (None). A request waking the watch
-        for every head it awaits cost a thread switch each (hundreds a second while a rack
-        deploys): the watch sleeps to the first live deadline, and a head awaited later
-        than that needs no wake."""
-        while not self._stop:
-            now = time.monotonic()
-            late: list[socket.socket] = []
-            while self._deadlines:
-                deadline, key = self._deadlines[0]
-                conn = self._conns.get(key)
-                if conn is None or conn.deadline != deadline or conn.shut:
-                    heapq.heappop(self._deadlines)  # answered, or gone: nothing to watch
-                elif deadline <= now:
-                    heapq.heappop(self._deadlines)
-                    conn.shut = True
-                    late.append(conn.sock)
-                else:
-                    break
-            if late:
-                return late
-            self._log_refusals(now)
-            wait = self._deadlines[0][0] - now if self._deadlines else REFUSALS_LOG_SECONDS
-            wait = min(wait, REFUSALS_LOG_SECONDS)
-            self._wake_at = now + wait
-            self._wake.wait(wait)
-            self._wake_at = 0.0  # awake: it looks at the deadlines before sleeping again
-        return None
+    def _log_now(self) -> None:
+        with self._lock:
+            self._log_refusals(time.monotonic())
 
     # -- with the lock held ------------------------------------------------------------
 
     def _forget(self, conn: _Conn) -> None:
         if self._conns.pop(id(conn.sock), None) is None:
             return
+        self._deadlines.clear(id(conn.sock))
         left = self._by_host.get(conn.host, 1) - 1
         if left:
             self._by_host[conn.host] = left
