@@ -30,6 +30,7 @@ from google.protobuf.message import Message
 
 from agent import catalog, proc
 from agent.config import Config
+from agent.deadlines import DeadlineWatch
 from agent.errors import Cancelled, CommandTimeout, Unsupported
 from agent.hw import bootid
 from agent.proto import session_pb2
@@ -105,9 +106,9 @@ class Kept:
     def __init__(self, limit: int = 0, idle: float = 60.0) -> None:
         self.limit, self.idle = limit, idle
         self._lock = threading.Lock()
-        self._woken = threading.Condition(self._lock)
         self._entries: dict[str, tuple[Closeable, float]] = {}   # oldest first
-        self._sweeper: threading.Thread | None = None
+        # Each entry's end of idleness (agent/deadlines.py: a thread there only while entries are).
+        self._deadlines: DeadlineWatch[str] = DeadlineWatch("kept-sweeper", self._expired)
         self._closed = False
 
     def take(self, key: str, kind: type[Kept_T]) -> Kept_T | None:
@@ -115,6 +116,7 @@ class Kept:
         type is closed."""
         with self._lock:
             entry = self._entries.pop(key, None)
+            self._deadlines.clear(key)
         if entry is None:
             return None
         if isinstance(entry[0], kind):
@@ -133,12 +135,13 @@ class Kept:
                 old = self._entries.pop(key, None)
                 if old is not None:
                     out.append(old[0])
-                self._entries[key] = (value, time.monotonic())
+                now = time.monotonic()
+                self._entries[key] = (value, now)
+                self._deadlines.set(key, now + self.idle)
                 while len(self._entries) > self.limit:
-                    out.append(self._entries.pop(next(iter(self._entries)))[0])
-                if self._sweeper is None:   # a running one is due at the oldest entry, not this one
-                    self._sweeper = threading.Thread(target=self._sweep, name="kept-sweeper", daemon=True)
-                    self._sweeper.start()
+                    oldest = next(iter(self._entries))
+                    out.append(self._entries.pop(oldest)[0])
+                    self._deadlines.clear(oldest)
         for value in out:
             value.close()
 
@@ -151,31 +154,27 @@ class Kept:
         with self._lock:
             self._closed = True
             out, self._entries = [v for v, _ in self._entries.values()], {}
-            self._woken.notify()
+        self._deadlines.stop()
         for value in out:
             value.close()
 
-    def _sweep(self) -> None:
-        while True:
-            out: list[Closeable] = []
-            with self._lock:
-                now = time.monotonic()
-                for key, (value, since) in list(self._entries.items()):
-                    if now - since < self.idle:
-                        break
-                    out.append(value)
+    @property
+    def sweeping(self) -> bool:
+        """Whether the sweeper's thread is there (only while entries are)."""
+        return self._deadlines.running
+
+    def _expired(self, keys: list[str]) -> None:
+        """The sweeper's: close the entries unused for ``idle`` seconds."""
+        out: list[Closeable] = []
+        now = time.monotonic()
+        with self._lock:
+            for key in keys:
+                entry = self._entries.get(key)
+                if entry is not None and now - entry[1] >= self.idle:
+                    out.append(entry[0])
                     del self._entries[key]
-                if not self._entries or self._closed:
-                    self._sweeper = None
-                    wait = -1.0
-                else:
-                    wait = next(iter(self._entries.values()))[1] + self.idle - now
-            for value in out:
-                value.close()
-            if wait < 0:
-                return
-            with self._lock:
-                self._woken.wait(max(wait, 0.01))
+        for value in out:
+            value.close()
 
 
 @dataclass

@@ -80,9 +80,9 @@ def test_kept_closes_an_entry_unused_for_its_idle_time_and_its_sweeper_ends() ->
     while not old.closed and time.monotonic() < deadline:
         time.sleep(0.05)
     assert old.closed and len(kept) == 0
-    while kept._sweeper is not None and time.monotonic() < deadline:
+    while kept.sweeping and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert kept._sweeper is None, "no thread stays behind once nothing is kept"
+    assert not kept.sweeping, "no thread stays behind once nothing is kept"
 
 
 def test_a_local_context_keeps_nothing() -> None:
