@@ -13,12 +13,13 @@ that deadline comes before the one it sleeps to.
     watch.clear(key)                         # done in time: never due
     watch.stop()                             # the thread ends; nothing is due afterwards
 
-The thread is made at the first ``set`` and ends when nothing is left to watch (made again at
-the next), unless ``tick`` is given: then it also wakes every ``tick`` seconds to call
-``on_tick`` (what must be looked at now and then: a cancel event, a log line held back) and
-lives until ``stop``. ``on_due`` is called without the watch's lock, so it may take the
-caller's: it must check that what it is given is still due (a deadline cleared or moved since
-is not its business), and may ``set`` again.
+The thread is made at the first ``set`` (or ``start``) and ends when nothing is left to watch
+(made again at the next), unless it is ``persistent`` (it lives until ``stop``) or ``tick`` is
+given: then it also wakes every ``tick`` seconds to call ``on_tick`` (what must be looked at
+now and then: a cancel event, a log line held back) and lives until ``stop``. ``on_due`` is
+called without the watch's lock, so it may take the caller's: it must check that what it is
+given is still due (a deadline cleared or moved since is not its business), and may ``set``
+again.
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ class DeadlineWatch(Generic[K]):
     docstring."""
 
     def __init__(self, name: str, on_due: Callable[[list[K]], None], *,
-                 tick: float | None = None, on_tick: Callable[[], None] | None = None) -> None:
+                 tick: float | None = None, on_tick: Callable[[], None] | None = None,
+                 persistent: bool = False) -> None:
         self.name = name
+        self._persistent = persistent or tick is not None
         self._on_due = on_due
         self._tick = tick
         self._on_tick = on_tick
@@ -92,7 +95,7 @@ class DeadlineWatch(Generic[K]):
 
     @property
     def running(self) -> bool:
-        """Whether the thread is there (it ends when nothing is left to watch, without a tick)."""
+        """Whether the thread is there (it ends when nothing is left to watch, unless persistent)."""
         with self._cond:
             return self._thread is not None
 
@@ -146,7 +149,7 @@ class DeadlineWatch(Generic[K]):
             ticked = now >= next_tick
             if due or ticked:
                 return due, ticked
-            if not self._heap and self._tick is None:
+            if not self._heap and not self._persistent:
                 break
             until = min(self._heap[0][0] if self._heap else math.inf, next_tick)
             self._wakes_at = until

@@ -40,6 +40,7 @@ from typing import Any
 
 from agent.catalog import Kind, Lane
 from agent.commands.base import Context
+from agent.deadlines import DeadlineWatch
 from agent.errors import AgentError, Cancelled, CommandTimeout, Draining, Reason
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,6 @@ class Scheduler:
         self,
         workers: Mapping[Lane, int] | None = None,
         *,
-        watchdog_interval: float = 0.25,
         keyed_cap: int = DEFAULT_KEYED_CAP,
         keyed_idle_seconds: float = KEYED_IDLE_SECONDS,
     ) -> None:
@@ -138,26 +138,24 @@ class Scheduler:
                 raise ValueError(f"lane {lane} needs at least one worker")
         if keyed_cap < 1:
             raise ValueError("the keyed pool needs at least one worker")
-        self._interval = watchdog_interval
         # One lock, and a condition for each kind of waiter on it, each woken only for what it
         # waits for: a lane's workers for a job on that lane (one of them), the keyed pool's for
-        # a key that may start, the watchdog for a deadline earlier than its next look, and
-        # wait_idle's callers for a job gone. With hundreds of keyed workers, one condition
+        # a key that may start, and wait_idle's callers for a job gone. The watchdog is the
+        # jobs' DeadlineWatch (agent/deadlines.py), woken only for a deadline earlier than the
+        # one it sleeps to. With hundreds of keyed workers, one condition
         # woken for everything had every thread take the lock (and the GIL) at every submit.
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._lane_cond = {lane: threading.Condition(self._lock) for lane in Lane}
         self._keyed_cond = threading.Condition(self._lock)
-        self._watch_cond = threading.Condition(self._lock)
         self._idle_cond = threading.Condition(self._lock)
-        self._watch_until = 0.0       # when the watchdog looks next (monotonic)
+        self._deadlines: DeadlineWatch[str] = DeadlineWatch("lane-watchdog", self._due, persistent=True)
         self._queues: dict[Lane, collections.deque[Job]] = {lane: collections.deque() for lane in Lane}
         self._jobs: dict[str, Job] = {}      # every job not yet done, queued or running
         self._workers: list[_Worker] = []
         self._names = itertools.count()
         self._stopping = False
         self._started = False
-        self._watchdog: threading.Thread | None = None
         self.abandoned_workers = 0
         # The keyed pool: each key's queued jobs in arrival order, the keys whose first job may
         # start (no job of the key running), the keys with a job running, and its workers.
@@ -179,8 +177,7 @@ class Scheduler:
                 for _ in range(count):
                     self._add_worker(lane)
             self._keyed_workers_for(Lane.CONTROL)
-            self._watchdog = threading.Thread(target=self._watch, name="lane-watchdog", daemon=True)
-            self._watchdog.start()
+            self._deadlines.start()
 
     def _add_worker(self, lane: Lane, *, keyed: bool = False) -> None:
         worker = _Worker(self, lane, next(self._names), keyed=keyed)
@@ -190,10 +187,9 @@ class Scheduler:
             self._keyed_free += 1
         worker.thread.start()
 
-    def _watch_deadline(self, deadline: float) -> None:
-        """Wake the watchdog for a deadline before its next look (the lock held)."""
-        if deadline < self._watch_until:
-            self._watch_cond.notify()
+    def _watch_deadline(self, job: Job) -> None:
+        """The watchdog ends ``job`` at its deadline (the lock held)."""
+        self._deadlines.set(job.id, job.ctx.deadline)
 
     def _keyed_workers_for(self, lane: Lane) -> None:
         """Enough keyed workers for the keys that may start, within the cap (the lock held)."""
@@ -209,11 +205,12 @@ class Scheduler:
         """
         with self._cond:
             self._stopping = True
-            for cond in (*self._lane_cond.values(), self._keyed_cond, self._watch_cond, self._idle_cond):
+            for cond in (*self._lane_cond.values(), self._keyed_cond, self._idle_cond):
                 cond.notify_all()
             threads = [w.thread for w in self._workers]
         end = time.monotonic() + timeout
-        for t in threads + ([self._watchdog] if self._watchdog else []):
+        self._deadlines.stop(timeout)
+        for t in threads:
             if t is not threading.current_thread():
                 t.join(max(0.0, end - time.monotonic()))
 
@@ -266,7 +263,7 @@ class Scheduler:
             self._keyed_cond.notify()
             job.ready_at = job.queued_at
         else:
-            self._watch_deadline(job.ctx.deadline)   # it may expire behind its key's earlier jobs
+            self._watch_deadline(job)   # it may expire behind its key's earlier jobs
         counters.queued += 1
         counters.keys_waiting = len(self._keyed_waiting)
         counters.peak_queued = max(counters.peak_queued, counters.queued)
@@ -355,7 +352,7 @@ class Scheduler:
                     job.started_at = time.monotonic()
                     job.started_ms = int(time.time() * 1000)
                     job.ctx.deadline = job.started_at + job.timeout
-                    self._watch_deadline(job.ctx.deadline)
+                    self._watch_deadline(job)
                     return job
                 self._lane_cond[worker.lane].wait()
 
@@ -390,7 +387,7 @@ class Scheduler:
                 job.started_ms = int(time.time() * 1000)
                 if job.ready_at:
                     job.ctx.deadline += job.started_at - job.ready_at   # the wait for a slot
-                self._watch_deadline(job.ctx.deadline)
+                self._watch_deadline(job)
                 return job
             left = idle_since + self._keyed_idle_seconds - time.monotonic()
             if left <= 0:
@@ -440,6 +437,7 @@ class Scheduler:
             if job.key:
                 self._release_key(job, error)
             job.state = JobState.DONE
+            self._deadlines.clear(job.id)
         try:
             job.on_done(job, value, error)
         except Exception:
@@ -473,49 +471,48 @@ class Scheduler:
 
     # -- deadlines and cancellation --------------------------------------------------------------
 
-    def _watch(self) -> None:
+    def _due(self, ids: list[str]) -> None:
+        """The watchdog's: end the jobs whose deadline came, a running one (expired: cancel,
+        kill, report) and a keyed one still behind its key's earlier jobs (reported without
+        touching its BMC); a keyed one waiting only for a place under the cap is left alone
+        (its deadline runs again from its start)."""
         with self._cond:
-            while not self._stopping:
-                now = time.monotonic()
-                due: list[Job] = []
-                stale: list[Job] = []
-                wait = self._interval
-                for job in self._jobs.values():
-                    if job.key and job.state is JobState.QUEUED and not job.expiring:
-                        if not job.ready_at and job.ctx.deadline <= now:
-                            stale.append(job)   # still behind its key's earlier operations
-                        elif not job.ready_at:
-                            wait = min(wait, job.ctx.deadline - now)
-                        continue
-                    if job.state is not JobState.RUNNING or job.expiring:
-                        continue
-                    if job.ctx.deadline <= now:
-                        due.append(job)
-                    else:
-                        wait = min(wait, job.ctx.deadline - now)
-                for job in due:
-                    timeout = job.timeout
-                    phase = job.phase() if callable(job.phase) else job.phase
-                    what = f" while {phase}" if phase else ""
-                    error = CommandTimeout(
-                        f"{job.kind.name}: deadline of {timeout:g}s reached{what}",
-                        timeout_seconds=f"{timeout:g}",
-                    )
+            if self._stopping:
+                return
+            now = time.monotonic()
+            due: list[Job] = []
+            stale: list[Job] = []
+            for job_id in ids:
+                job = self._jobs.get(job_id)
+                if job is None or job.expiring:
+                    continue
+                if job.ctx.deadline > now:          # moved since it was set: watched anew
+                    self._watch_deadline(job)
+                elif job.key and job.state is JobState.QUEUED:
+                    if not job.ready_at:
+                        stale.append(job)           # still behind its key's earlier operations
+                elif job.state is JobState.RUNNING:
+                    due.append(job)
+            for job in due:
+                timeout = job.timeout
+                phase = job.phase() if callable(job.phase) else job.phase
+                what = f" while {phase}" if phase else ""
+                error = CommandTimeout(
+                    f"{job.kind.name}: deadline of {timeout:g}s reached{what}",
+                    timeout_seconds=f"{timeout:g}",
+                )
+                job.expiring = True
+                job.expiry = error
+                job.ctx.timed_out.set()
+                threading.Thread(
+                    target=self._expire, args=(job, error), name=f"expire-{job.id}", daemon=True
+                ).start()
+            if stale:
+                for job in stale:
                     job.expiring = True
-                    job.expiry = error
-                    job.ctx.timed_out.set()
-                    threading.Thread(
-                        target=self._expire, args=(job, error), name=f"expire-{job.id}", daemon=True
-                    ).start()
-                if stale:
-                    for job in stale:
-                        job.expiring = True
-                        self._unqueue(job)
-                    threading.Thread(target=self._expire_queued, args=(stale,),
-                                     name="expire-queued", daemon=True).start()
-                wait = max(wait, 0.01)
-                self._watch_until = now + wait
-                self._watch_cond.wait(wait)
+                    self._unqueue(job)
+                threading.Thread(target=self._expire_queued, args=(stale,),
+                                 name="expire-queued", daemon=True).start()
 
     def _expire_queued(self, jobs: list[Job]) -> None:
         """Report keyed jobs that reached their deadline before they could start."""

@@ -37,7 +37,7 @@ def plain(cid: str, outcomes: Outcomes) -> Job:
 
 @pytest.fixture
 def pool() -> Iterator[Scheduler]:
-    s = Scheduler({Lane.CONTROL: 1, Lane.PROVISION: 1, Lane.BULK: 1}, watchdog_interval=0.05,
+    s = Scheduler({Lane.CONTROL: 1, Lane.PROVISION: 1, Lane.BULK: 1},
                   keyed_cap=4, keyed_idle_seconds=0.5)
     s.start()
     yield s
