@@ -324,11 +324,6 @@ class Context:
                 with self._children_guard:
                     self._children.discard(child.popen)
 
-    def spawn(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
-        """proc.spawn, tracked: the runtime kills its process group on timeout or cancel.
-        A bare Popen for the callers not yet on ``running``, which kills and checks it."""
-        return proc.spawn(argv, on_spawn=self._track, **kwargs)
-
     def kill_children(self) -> None:
         """Kill the process group of every child this command started (runtime calls it)."""
         with self._children_guard:

@@ -23,8 +23,10 @@ how often a command ran.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -78,17 +80,20 @@ class _TestHandler(Handler[Message, Message]):
             while time.monotonic() < end:
                 n += sum(i * i for i in range(2000))
                 ctx.check()
-        if spec.get("burn"):
-            ctx.spawn(["sha256sum", "/dev/zero"])
-        if spec.get("hold"):
-            flag = TEST_DIR / str(spec["hold"])
-            while not flag.exists():
-                ctx.sleep(0.02)
+        with contextlib.ExitStack() as burning:
+            if spec.get("burn"):
+                burner = burning.enter_context(
+                    ctx.running(["sha256sum", "/dev/zero"], stdout=subprocess.DEVNULL))
+                burning.callback(burner.stop)      # when the hold file appears
+            if spec.get("hold"):
+                flag = TEST_DIR / str(spec["hold"])
+                while not flag.exists():
+                    ctx.sleep(0.02)
         if spec.get("child"):
-            child = ctx.spawn(["sleep", "3600"])
-            (TEST_DIR / f"child-{ctx.command_id}.pid").write_text(str(child.pid))
-            while True:
-                ctx.sleep(0.05)
+            with ctx.running(["sleep", "3600"]) as child:
+                (TEST_DIR / f"child-{ctx.command_id}.pid").write_text(str(child.popen.pid))
+                while True:
+                    ctx.sleep(0.05)
         if spec.get("stuck"):
             while True:
                 time.sleep(0.05)

@@ -57,9 +57,9 @@ def test_timeout_kills_children_and_reports_timed_out(world: World) -> None:
     groups: list[int] = []
 
     def body(ctx: Context) -> Message:
-        child = ctx.spawn(["sh", "-c", "sleep 300 & sleep 300; wait"])
-        groups.append(child.pid)
-        ctx.run(["sleep", "300"])
+        with ctx.running(["sh", "-c", "sleep 300 & sleep 300; wait"]) as child:
+            groups.append(child.popen.pid)
+            ctx.run(["sleep", "300"])
         return agent_pb2.InventoryRefreshResult()
 
     agent, frames = world.agent({"inventory.refresh": Quick("inventory.refresh", body)})
@@ -78,10 +78,10 @@ def test_cancel_kills_children_and_reports_cancelled(world: World) -> None:
     started = threading.Event()
 
     def body(ctx: Context) -> Message:
-        child = ctx.spawn(["sleep", "300"])
-        groups.append(child.pid)
-        started.set()
-        ctx.run(["sleep", "300"])
+        with ctx.running(["sleep", "300"]) as child:
+            groups.append(child.popen.pid)
+            started.set()
+            ctx.run(["sleep", "300"])
         return agent_pb2.WipeResult()
 
     agent, frames = world.agent({"disk.wipe": Quick("disk.wipe", body)})
@@ -606,10 +606,10 @@ def test_stop_kills_the_children_of_running_commands_and_leaves_them_to_the_jour
     started = threading.Event()
 
     def body(ctx: Context) -> Message:
-        child = ctx.spawn(["sleep", "300"])
-        groups.append(child.pid)
-        started.set()
-        ctx.run(["sleep", "300"])
+        with ctx.running(["sleep", "300"]) as child:
+            groups.append(child.popen.pid)
+            started.set()
+            ctx.run(["sleep", "300"])
         return agent_pb2.DiagDcgmResult()
 
     agent, frames = world.agent({"diag.dcgm": Quick("diag.dcgm", body)})

@@ -77,9 +77,9 @@ def test_timeout_kills_the_whole_group_of_children(sched: Scheduler) -> None:
 
     def body(ctx: Context) -> str:
         # a shell with a grandchild, all in one new process group
-        child = ctx.spawn(["sh", "-c", "sleep 300 & sleep 300; wait"])
-        groups.append(child.pid)
-        ctx.run(["sleep", "300"])
+        with ctx.running(["sh", "-c", "sleep 300 & sleep 300; wait"]) as child:
+            groups.append(child.popen.pid)
+            ctx.run(["sleep", "300"])
         return "never"
 
     j = job("slow", "inventory.refresh", body, out, timeout=1.0)
@@ -103,11 +103,11 @@ def test_cancel_running_kills_children_and_reports_cancelled(sched: Scheduler) -
     groups: list[int] = []
 
     def body(ctx: Context) -> str:
-        child = ctx.spawn(["sleep", "300"])
-        groups.append(child.pid)
-        started.set()
-        child.wait()
-        ctx.check()
+        with ctx.running(["sleep", "300"]) as child:
+            groups.append(child.popen.pid)
+            started.set()
+            child.popen.wait()         # until the runtime kills it
+            ctx.check()
         return "never"
 
     sched.submit(job("c1", "disk.wipe", body, out))
