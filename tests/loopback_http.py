@@ -320,6 +320,11 @@ class _ScriptedHandler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
+    def setup(self) -> None:
+        super().setup()
+        with self.server.guard:
+            self.server.connections += 1
+
     def _any(self) -> None:
         length = int(self.headers.get("Content-Length", "0") or "0")
         body = self.rfile.read(length) if length else b""
@@ -349,12 +354,14 @@ class _ScriptedServer(ThreadingHTTPServer):
     routes: dict[tuple[str, str], Route]
     fallback: Route
     seen: list[Seen]
+    connections: int
 
 
 class ScriptedServer(_Serving):
     """Answers each (method, path) with a function of the request: ``srv.route("GET", "/x",
     fn)``, ``fn(seen) -> (status, headers, body)``; status -1 drops the connection. Unrouted
-    requests get 404. ``srv.seen`` lists every request. Only 127.0.0.1; TLS with ``tls``."""
+    requests get 404. ``srv.seen`` lists every request, ``srv.connections`` counts the TCP
+    connections. Only 127.0.0.1; TLS with ``tls``."""
 
     server: _ScriptedServer
 
@@ -362,6 +369,7 @@ class ScriptedServer(_Serving):
         self.server = _ScriptedServer(("127.0.0.1", 0), _ScriptedHandler)
         self.server.guard = threading.Lock()
         self.server.routes, self.server.seen = {}, []
+        self.server.connections = 0
         self.server.fallback = lambda seen: (404, {"Content-Type": "application/json"}, b'{"error": {}}')
         self.scheme = "http"
         if tls is not None:
@@ -378,6 +386,11 @@ class ScriptedServer(_Serving):
     @property
     def seen(self) -> list[Seen]:
         return self.server.seen
+
+    @property
+    def connections(self) -> int:
+        """TCP connections accepted (HTTP/1.1: kept alive between requests)."""
+        return self.server.connections
 
     @property
     def address(self) -> str:
