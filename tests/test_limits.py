@@ -187,7 +187,7 @@ def test_every_handler_parse_accepts_or_refuses_adversarial_payloads(kind: str, 
     handler = HANDLERS_BY_KIND[kind]
     msg = schema.payload_class(kind)()
     fill(msg, rnd)
-    with contextlib.suppress(InvalidParameters, AgentError):
+    with contextlib.suppress(InvalidParameters):   # any other error fails the test
         handler.parse(msg)
 
 
