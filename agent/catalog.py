@@ -27,6 +27,16 @@ class Role(enum.StrEnum):
 
 
 
+class Flag(enum.Flag):
+    """What the runtime must know of a kind beyond its lane (docs/command-kinds.md, "What each
+    flag means for the agent")."""
+
+    RETRY_SAFE = enum.auto()          # may run again after the agent died while it ran
+    SELF_TERMINATING = enum.auto()    # its action ends the agent (kexec, reboot, upgrade)
+    ATTESTED = enum.auto()            # its result is signed with the node key
+    DESTRUCTIVE = enum.auto()         # a signature is required to run it
+
+
 @dataclass(frozen=True)
 class Kind:
     name: str
@@ -63,44 +73,71 @@ class Kind:
         }
 
 
+@dataclass(frozen=True)
+class Row:
+    """A kind's row as the table below writes it: one per line, the flags by name (a flag
+    put in another's column cannot happen: there are no columns of booleans)."""
+
+    name: str
+    lane: Lane
+    roles: tuple[Role, ...]
+    flags: Flag
+    timeout_seconds: int
+    package: str           # "agent" (bettercompute.agent.v1) or "site" (bettercompute.site.v1)
+    payload: str           # the request's message name in the package
+    result: str            # the result's
+    handler: str           # the module under agent/commands/ whose Handler serves the kind
+
+    def kind(self) -> Kind:
+        return Kind(
+            self.name, self.lane, frozenset(self.roles),
+            retry_safe=Flag.RETRY_SAFE in self.flags,
+            self_terminating=Flag.SELF_TERMINATING in self.flags,
+            attested=Flag.ATTESTED in self.flags,
+            destructive=Flag.DESTRUCTIVE in self.flags,
+            timeout_seconds=self.timeout_seconds,
+            payload=f"bettercompute.{self.package}.v1.{self.payload}",
+            result=f"bettercompute.{self.package}.v1.{self.result}",
+            handler_module=f"agent.commands.{self.handler}",
+        )
+
+
 _R, _N, _S = Role.RAMDISK, Role.NODE, Role.SITE
 _C, _P, _B = Lane.CONTROL, Lane.PROVISION, Lane.BULK
+_RS, _ST, _AT, _DE = Flag.RETRY_SAFE, Flag.SELF_TERMINATING, Flag.ATTESTED, Flag.DESTRUCTIVE
+_NONE = Flag(0)
 _M, _H = 60, 3600
 
-# Each kind's one row: everything the agent knows of it. The payload and result are protobuf
-# messages of the kind's package (agent/proto: bettercompute.agent.v1, bettercompute.site.v1);
-# the handler is the module under agent/commands/ whose Handler serves it.
-#        name                  lane roles       retry  selfterm attest destr  timeout  package payload / result / handler module
-_ROWS: tuple[tuple[str, Lane, tuple[Role, ...], bool, bool, bool, bool, int, str, str, str, str], ...] = (
-    ("bmc.boot",            _C, (_S,),         True,  False, False, True,  2 * _M,  "site",  "BmcOperationRequest",     "BmcOperationResult",     "bmc"),
-    ("bmc.firmware",        _C, (_S,),         True,  False, False, False, 1 * _H,  "site",  "BmcOperationRequest",     "BmcOperationResult",     "bmc"),
-    ("bmc.power",           _C, (_S,),         True,  False, False, False, 5 * _M,  "site",  "BmcOperationRequest",     "BmcOperationResult",     "bmc"),
-    ("bmc.query",           _C, (_S,),         True,  False, False, False, 2 * _M,  "site",  "BmcOperationRequest",     "BmcOperationResult",     "bmc"),
-    ("bmc.rotate",          _C, (_S,),         True,  False, False, True,  5 * _M,  "site",  "BmcOperationRequest",     "BmcOperationResult",     "bmc"),
-    ("bmc.storage",         _C, (_S,),         True,  False, False, False, 1 * _H,  "site",  "BmcOperationRequest",     "BmcOperationResult",     "bmc"),
-    ("boot.cleanUp",        _C, (_S,),         True,  False, False, False, 2 * _M,  "site",  "BootCleanUpRequest",      "BootCleanUpResult",      "boot"),
-    ("boot.kexec",          _C, (_R,),         False, True,  False, False, 15 * _M, "agent", "KexecRequest",            "KexecResult",            "kexec"),
-    ("boot.prepareRamdisk", _C, (_S,),         True,  False, False, False, 2 * _M,  "site",  "ProxyDhcpEntry",          "ProxyDhcpResult",        "boot"),
-    ("daemon.upgrade",      _C, (_N, _S),      True,  True,  False, False, 15 * _M, "agent", "DaemonSection",           "DaemonUpgradeResult",    "upgrade"),
-    ("deploy.image",        _P, (_R,),         False, False, False, True,  1 * _H,  "agent", "DeployImageRequest",      "DeployImageResult",      "deploy"),
-    ("diag.dcgm",           _P, (_R, _N),      True,  False, True,  False, 1 * _H,  "agent", "DiagDcgmRequest",         "DiagDcgmResult",         "dcgm"),
-    ("diag.nvml",           _C, (_N, _R),      True,  False, True,  False, 2 * _M,  "agent", "DiagNvmlRequest",         "DiagNvmlResult",         "gpu"),
-    ("disk.wipe",           _P, (_R,),         False, False, True,  True,  6 * _H,  "agent", "WipeRequest",             "WipeResult",             "wipe"),
-    ("driver.invoke",       _P, (_N, _S, _R),  False, False, False, True,  10 * _M, "agent", "DriverInvokeRequest",     "DriverInvokeResult",     "driver"),
-    ("gpu.reset",           _C, (_N,),         True,  False, False, True,  5 * _M,  "agent", "GpuResetRequest",         "GpuResetResult",         "gpu"),
-    ("instance.snapshot",   _B, (_N,),         False, False, False, False, 1 * _H,  "agent", "InstanceSnapshotRequest", "InstanceSnapshotResult", "snapshot"),
-    ("inventory.refresh",   _C, (_N, _S, _R),  True,  False, False, False, 2 * _M,  "agent", "InventoryRefreshRequest", "InventoryRefreshResult", "inventory"),
-    ("logs.collect",        _B, (_N, _S, _R),  True,  False, False, False, 15 * _M, "agent", "LogsCollectRequest",      "LogsCollectResult",      "logs"),
-    ("node.reboot",         _C, (_N, _S),      True,  True,  False, True,  15 * _M, "agent", "NodeRebootRequest",       "NodeRebootResult",       "reboot"),
-    ("site.httpProxy",      _C, (_S,),         True,  False, False, False, 1 * _M,  "site",  "HttpProxyRequest",        "HttpProxyResult",        "proxy"),
+# Each kind's one row: everything the agent knows of it. The flags by name (retry-safe,
+# self-terminating, attested, destructive: docs/command-kinds.md). The payload and result are
+# protobuf messages of the kind's package (agent/proto: bettercompute.agent.v1,
+# bettercompute.site.v1); the handler is the module under agent/commands/ whose Handler serves it.
+#       name                   lane roles         flags           timeout  package  payload                    result                    handler
+_ROWS: tuple[Row, ...] = (
+    Row("bmc.boot",            _C, (_S,),         _RS | _DE,      2 * _M,  "site",  "BmcOperationRequest",     "BmcOperationResult",     "bmc"),
+    Row("bmc.firmware",        _C, (_S,),         _RS,            1 * _H,  "site",  "BmcOperationRequest",     "BmcOperationResult",     "bmc"),
+    Row("bmc.power",           _C, (_S,),         _RS,            5 * _M,  "site",  "BmcOperationRequest",     "BmcOperationResult",     "bmc"),
+    Row("bmc.query",           _C, (_S,),         _RS,            2 * _M,  "site",  "BmcOperationRequest",     "BmcOperationResult",     "bmc"),
+    Row("bmc.rotate",          _C, (_S,),         _RS | _DE,      5 * _M,  "site",  "BmcOperationRequest",     "BmcOperationResult",     "bmc"),
+    Row("bmc.storage",         _C, (_S,),         _RS,            1 * _H,  "site",  "BmcOperationRequest",     "BmcOperationResult",     "bmc"),
+    Row("boot.cleanUp",        _C, (_S,),         _RS,            2 * _M,  "site",  "BootCleanUpRequest",      "BootCleanUpResult",      "boot"),
+    Row("boot.kexec",          _C, (_R,),         _ST,            15 * _M, "agent", "KexecRequest",            "KexecResult",            "kexec"),
+    Row("boot.prepareRamdisk", _C, (_S,),         _RS,            2 * _M,  "site",  "ProxyDhcpEntry",          "ProxyDhcpResult",        "boot"),
+    Row("daemon.upgrade",      _C, (_N, _S),      _RS | _ST,      15 * _M, "agent", "DaemonSection",           "DaemonUpgradeResult",    "upgrade"),
+    Row("deploy.image",        _P, (_R,),         _DE,            1 * _H,  "agent", "DeployImageRequest",      "DeployImageResult",      "deploy"),
+    Row("diag.dcgm",           _P, (_R, _N),      _RS | _AT,      1 * _H,  "agent", "DiagDcgmRequest",         "DiagDcgmResult",         "dcgm"),
+    Row("diag.nvml",           _C, (_N, _R),      _RS | _AT,      2 * _M,  "agent", "DiagNvmlRequest",         "DiagNvmlResult",         "gpu"),
+    Row("disk.wipe",           _P, (_R,),         _AT | _DE,      6 * _H,  "agent", "WipeRequest",             "WipeResult",             "wipe"),
+    Row("driver.invoke",       _P, (_N, _S, _R),  _DE,            10 * _M, "agent", "DriverInvokeRequest",     "DriverInvokeResult",     "driver"),
+    Row("gpu.reset",           _C, (_N,),         _RS | _DE,      5 * _M,  "agent", "GpuResetRequest",         "GpuResetResult",         "gpu"),
+    Row("instance.snapshot",   _B, (_N,),         _NONE,          1 * _H,  "agent", "InstanceSnapshotRequest", "InstanceSnapshotResult", "snapshot"),
+    Row("inventory.refresh",   _C, (_N, _S, _R),  _RS,            2 * _M,  "agent", "InventoryRefreshRequest", "InventoryRefreshResult", "inventory"),
+    Row("logs.collect",        _B, (_N, _S, _R),  _RS,            15 * _M, "agent", "LogsCollectRequest",      "LogsCollectResult",      "logs"),
+    Row("node.reboot",         _C, (_N, _S),      _RS | _ST | _DE, 15 * _M, "agent", "NodeRebootRequest",       "NodeRebootResult",       "reboot"),
+    Row("site.httpProxy",      _C, (_S,),         _RS,            1 * _M,  "site",  "HttpProxyRequest",        "HttpProxyResult",        "proxy"),
 )  # fmt: skip
 
-KINDS: dict[str, Kind] = {
-    name: Kind(name, lane, frozenset(roles), rs, st, at, de, timeout,
-               f"bettercompute.{package}.v1.{payload}", f"bettercompute.{package}.v1.{result}",
-               f"agent.commands.{module}")
-    for name, lane, roles, rs, st, at, de, timeout, package, payload, result, module in _ROWS
-}
+KINDS: dict[str, Kind] = {row.name: row.kind() for row in _ROWS}
 
 
 def get(name: str) -> Kind | None:
