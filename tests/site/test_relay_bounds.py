@@ -12,7 +12,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from agent.site.serve.conns import Connections
+from agent.site.serve.conns import InboundConnections
 from agent.site.services import ServiceSettings, SiteServices
 from tests.loopback_http import LoopbackServer
 from tests.runtime.harness import wait_until
@@ -170,10 +170,10 @@ def test_answers_are_not_held_back_by_nagle(site: SiteServices) -> None:
 
 
 def test_the_watch_sleeps_through_answered_heads_and_wakes_for_an_earlier_deadline() -> None:
-    """Connections on their own: heads that come in time never wake the watch (a deploy's
+    """InboundConnections on their own: heads that come in time never wake the watch (a deploy's
     hundreds of requests a second cost no thread switch each); a head awaited with a deadline
     earlier than the one the watch sleeps to still wakes it, and is cut at that deadline."""
-    conns = Connections(per_client=8, total=8, head_seconds=30)
+    conns = InboundConnections(per_client=8, total=8, head_seconds=30)
     pairs = [socket.socketpair() for _ in range(3)]
     server = [a for a, _b in pairs]
     conns.start()

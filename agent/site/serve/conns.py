@@ -14,7 +14,7 @@ from its gateway session, its journal and other nodes' routes (issue 27, item 4)
   time): one thread watches every deadline and shuts the late connection down. A byte now
   and then does not keep a connection.
 
-    conns = Connections(per_client=32, head_seconds=10)
+    conns = InboundConnections(per_client=32, head_seconds=10)
     if conns.admit(sock, address): ...   # False: refused (past a cap); the caller closes it
     conns.waiting(sock)                  # a head is awaited from now
     if not conns.received(sock): ...     # the head came; False: too late, it was shut down
@@ -60,7 +60,10 @@ class _Conn:
 
 
 @dataclass
-class Connections:
+class InboundConnections:
+    """The site HTTP service's client connections: admitted under the caps, each one's request
+    head awaited within its time (see the module docstring)."""
+
     per_client: int = PER_CLIENT
     total: int = field(default_factory=connection_budget)
     head_seconds: float = HEAD_SECONDS

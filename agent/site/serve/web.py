@@ -46,7 +46,7 @@ from agent.site.metrics import Metrics
 from agent.site.serve import chunkroute
 from agent.site.serve.chunkroute import ChunkCache
 from agent.site.serve.chunkstore import DIGEST, ChunkStore
-from agent.site.serve.conns import Connections
+from agent.site.serve.conns import InboundConnections
 from agent.site.serve.routes import (
     PASS_REQUEST_HEADERS,
     PASS_RESPONSE_HEADERS,
@@ -113,7 +113,7 @@ class SiteHttpServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], entries: BootEntries | None,
                  routes: RouteTable, upstream: agent_http.HttpOptions,
                  store: ChunkStore | None = None, metrics: Metrics | None = None,
-                 conns: Connections | None = None,
+                 conns: InboundConnections | None = None,
                  media: MediaSets | None = None) -> None:
         self.entries = entries
         self.media = media
@@ -123,7 +123,7 @@ class SiteHttpServer(ThreadingHTTPServer):
         self.metrics = metrics or Metrics()
         self.store = store
         self.chunks = ChunkCache(store, self.metrics, upstream, routes) if store is not None else None
-        self.conns = conns or Connections()
+        self.conns = conns or InboundConnections()
         self._accept_failed = 0.0
         super().__init__(address, _Handler)
 
