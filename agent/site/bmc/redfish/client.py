@@ -16,7 +16,9 @@ address may carry ``http://`` for a lab BMC (the emulator), ``https://`` is the 
 Every request goes through ``http.request``, GETs (and the session's DELETE) over one kept-alive
 connection per client (one TLS handshake per command, not per request): connection errors,
 5xx, "busy" answers and (for
-GETs) bodies that are not JSON are retried with backoff from ``Pacing`` (never faster than
+GETs) bodies that are not JSON are retried with backoff from ``Pacing`` (a POST or PATCH only
+when the BMC provably did not take it: agent/net/http.py; a 5xx to one is reported once,
+never resent) (never faster than
 ``min_interval``), bounded by the command's cancel event and deadline, which cut a request
 short even while the BMC is sending (a BMC that drips a byte a second; each answer in full
 within ANSWER_TIMEOUT). The BMC's own error
