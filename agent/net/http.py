@@ -711,8 +711,9 @@ def post_multipart(url: str, parts: Iterable[Part], opts: HttpOptions | None = N
                    max_body: int = MAX_BODY) -> Response:
     """POST a multipart/form-data body, files streamed from disk in 1 MiB chunks (the length is
     computed first, so no chunked encoding: BMCs rarely accept it). Returns the Response
-    whatever its status; a transport failure raises HttpError, an answer longer than
-    ``max_body`` BodyTooLarge. No retry: the caller decides."""
+    whatever its status; a transport failure raises HttpError (AmbiguousWrite once the
+    connection was made: the server may have taken it), an answer longer than ``max_body``
+    BodyTooLarge. No retry: the caller decides."""
     opts = opts or HttpOptions()
     to = check_url(url)
     boundary = f"bettercompute-{uuid.uuid4().hex}"
@@ -747,12 +748,18 @@ def post_multipart(url: str, parts: Iterable[Part], opts: HttpOptions | None = N
     })
     where = f"POST {redact(url)}"
     conn = connect(to, opts)
+    sent = False
     try:
+        conn.connect()
+        sent = True
         conn.request("POST", target(to), body=stream(), headers=hdrs)
         resp = conn.getresponse()
         data = read_body(resp, max_body, where)
     except TRANSPORT_ERRORS as exc:
         tls = "untrusted" if tls_refused(exc) else ""
+        if sent and not tls:
+            raise AmbiguousWrite(f"{where}: {type(exc).__name__}: {exc} (after the request was "
+                                 "sent; not repeated)") from exc
         raise HttpError(f"{where}: {type(exc).__name__}: {exc}", tls=tls) from exc
     finally:
         conn.close()

@@ -218,3 +218,15 @@ def test_multipart_streams_a_file(tmp_path: Path) -> None:
     assert b'name="UpdateFile"; filename="fw.bin"' in upload
     content = upload.split(b"\r\n\r\n", 1)[1][:-2]
     assert hashlib.sha256(content).digest() == hashlib.sha256(data).digest()
+
+
+def test_multipart_dropped_after_sending_is_ambiguous_and_refused_is_not() -> None:
+    parts = [http.Part("UpdateParameters", b"{}", "application/json")]
+    with ScriptedServer() as srv:
+        srv.route("POST", "/push", lambda seen: (-1, {}, b""))
+        with pytest.raises(http.AmbiguousWrite, match="not repeated"):
+            http.post_multipart(srv.url("/push"), parts, FAST)
+        assert len(srv.seen) == 1
+    with pytest.raises(http.HttpError, match="ConnectionRefusedError") as err:
+        http.post_multipart(f"http://127.0.0.1:{free_port()}/push", parts, FAST)
+    assert not isinstance(err.value, http.AmbiguousWrite)
