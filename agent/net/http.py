@@ -10,8 +10,8 @@ it, when a request says ``verify_tls: false`` for a BMC with a self-signed certi
 
 agent/net/ by noun: urls.py (check_url, redact, origin), exchange.py (HttpOptions, Response,
 HttpError, AmbiguousWrite, the headers), connect.py (ssl_context, pinned connections),
-pool.py (ConnectionPool, the stale-connection rule, the redirect loop), deadlines.py (one
-watcher of many deadlines), and this module.
+pool.py (ConnectionPool, the stale-connection rule, the redirect loop), and this module; the
+attempts' deadlines are watched by agent/deadlines.py.
 
 API::
 
@@ -43,7 +43,7 @@ API::
         # the last such answer is returned when retries end. A transport failure after the
         # retries raises HttpError (status 0); a TLS certificate that does not verify raises it
         # at once (``tls`` detail). Each attempt is cut short (its socket shut down by one
-        # watcher for the process, agent/net/deadlines.py) at ``deadline``, on opts.cancel
+        # watcher for the process, agent/deadlines.py) at ``deadline``, on opts.cancel
         # (Cancelled) and after opts.total_timeout: a server that drips a byte at a time cannot
         # hold the caller past them.
 
