@@ -32,6 +32,10 @@ DRIVER = register(
                 _device_query("smart_log", "SMART / health log", "smart-log"),
                 _device_query("fw_log", "firmware slot log: which firmware is in which slot", "fw-log"),
                 _device_query("error_log", "error information log", "error-log"),
+                Operation("list_ns", "every allocated namespace of a controller (nvme list-ns --all)",
+                          build=lambda v: ["list-ns", str(v["device"]), "--all", *JSON], args=(CONTROLLER,)),
+                _device_query("id_ns", "identify namespace: size, capacity, LBA formats (a namespace device)",
+                              "id-ns"),
                 Operation(
                     "get_feature",
                     "read one feature's value (nvme get-feature -f ID -s SEL)",
