@@ -23,7 +23,8 @@ SECURE_BOOT_VARIABLES = (("PK", efivars.GLOBAL), ("KEK", efivars.GLOBAL),
 
 def variables(root: Path) -> efivars.Efivars:
     found = efivars.Efivars(root / str(efivars.EFIVARS).lstrip("/"))
-    if not found.present:
+    # sysfs makes the directory on a UEFI boot; it is empty until efivarfs is mounted on it.
+    if not found.present or not any(found.directory.iterdir()):
         raise Unsupported(f"no UEFI variables under {found.directory} (legacy BIOS boot, or efivarfs "
                           "not mounted)")
     return found
