@@ -128,8 +128,8 @@ def _nvme(ctx: Context, seen: baseline.Observed, root: Path) -> list[baseline.Nv
             nsids = tuple(sorted(int(n["nsid"]) for n in listed.get("nsid_list", [])))
             ctrl = _json(_tool_output(ctx, "nvme", "id_ctrl", device=device))
             sizes = {}
-            for nsid in nsids:
-                if (root / "sys/block" / f"{name}n{nsid}").exists():   # attached: it has a block device
+            attached = tuple(n for n in nsids if (root / "sys/block" / f"{name}n{n}").exists())
+            for nsid in attached:                  # a namespace with a block device: attached here
                     ns = _json(_tool_output(ctx, "nvme", "id_ns", device=f"{device}n{nsid}"))
                     flbas = int(ns.get("flbas", 0))
                     formats = ns.get("lbafs", [])
@@ -140,7 +140,7 @@ def _nvme(ctx: Context, seen: baseline.Observed, root: Path) -> list[baseline.Nv
             message = exc.message if isinstance(exc, AgentError) else f"unexpected nvme-cli output: {exc!r}"
             found.append(baseline.NvmeController(name, error=message))
             continue
-        found.append(baseline.NvmeController(name, nsids, int(ctrl.get("unvmcap", 0)), sizes))
+        found.append(baseline.NvmeController(name, nsids, int(ctrl.get("unvmcap", 0)), sizes, attached))
     return found
 
 

@@ -29,7 +29,8 @@ checked. Checks and their stable names (``where``: the entry, PCI address or con
   nic.config             a parameter's current or next-boot value         mlxconfig|mstconfig.set (next boot)
   nic.firmware_version   not the profile's firmware                       -  (a firmware flash)
   nvme.unreadable        nvme-cli is missing or failed                    -
-  nvme.namespaces        the namespaces are not the factory's             -  (disk.wipe's part, not yet)
+  nvme.namespaces        the namespaces are not the factory's, or one     -  (disk.wipe's part, not yet)
+                         is detached from this controller
   nvme.capacity          capacity left unallocated                        -
   nvme.lba_size          a namespace's LBA size differs                   -
 
@@ -193,7 +194,8 @@ class NvmeController:
     name: str                                     # "nvme0"
     namespaces: tuple[int, ...] = ()
     unallocated_bytes: int | None = None
-    lba_sizes: dict[int, int] = field(default_factory=dict)   # nsid -> bytes
+    lba_sizes: dict[int, int] = field(default_factory=dict)   # nsid -> bytes, of the attached ones
+    attached: tuple[int, ...] = ()                # namespaces with a block device here
     error: str = ""
 
 
@@ -396,10 +398,13 @@ def _nvme_check(e: NvmeLayout, seen: Observed, out: _Found) -> None:
         if c.error:
             out.add("nvme.unreadable", "readable", "unreadable", c.name, f"{c.name}: {c.error}")
             continue
-        if e.namespaces and len(c.namespaces) != e.namespaces:
-            out.add("nvme.namespaces", e.namespaces, len(c.namespaces), c.name,
+        detached = sorted(set(c.namespaces) - set(c.attached))
+        if e.namespaces and (len(c.namespaces) != e.namespaces or detached):
+            also = f", {len(detached)} detached ({','.join(map(str, detached))})" if detached else ""
+            out.add("nvme.namespaces", e.namespaces, f"{len(c.namespaces)}{also}", c.name,
                     f"{c.name} has {len(c.namespaces)} namespace(s) "
-                    f"({','.join(map(str, c.namespaces)) or 'none'}), the factory layout {e.namespaces}")
+                    f"({','.join(map(str, c.namespaces)) or 'none'}){also}, "
+                    f"the factory layout {e.namespaces}")
         if e.full_capacity and c.unallocated_bytes:
             out.add("nvme.capacity", 0, c.unallocated_bytes, c.name,
                     f"{c.name} leaves {c.unallocated_bytes} bytes unallocated to any namespace")

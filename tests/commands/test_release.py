@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import struct
 from pathlib import Path
 from typing import Any
@@ -246,3 +247,10 @@ def test_a_remedy_survives_the_wire_as_the_control_plane_signs_it(node: Node) ->
     again = agent_pb2.DriverInvokeRequest.FromString(m.remedy.SerializeToString())
     params = DriverInvoke().parse(again)
     assert (params.driver, params.tail) == ("nvidia-smi", ("--id=2", "--power-limit=700"))
+
+
+def test_a_detached_namespace_is_found(node: Node) -> None:
+    """What QEMU 7.2 can plant (detach-ns): the namespace is allocated but has no block device."""
+    shutil.rmtree(node.root / "sys/block/nvme0n1")
+    (m,) = node.check({"nvme": {"namespaces": 1}}).release.cannot_restore
+    assert (m.check, m.where, m.found) == ("nvme.namespaces", "nvme0", "1, 1 detached (1)")
