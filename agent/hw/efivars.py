@@ -59,14 +59,16 @@ class BootEntry:
 
     @property
     def description(self) -> str:
-        """The load option's description, "" when the option is malformed."""
+        """The load option's description, "" when the option is malformed. Whoever wrote the
+        entry chose it: what is not printable becomes "?", and it is cut at 128 characters."""
         if len(self.value) < 6:
             return ""
         raw = self.value[6:]
         end = next((i for i in range(0, len(raw) - 1, 2) if raw[i:i + 2] == b"\0\0"), -1)
         if end < 0:
             return ""
-        return raw[:end].decode("utf-16-le", "replace")
+        text = raw[:end].decode("utf-16-le", "replace")[:128]
+        return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def load_option(description: str, device_path: bytes = b"\x7f\xff\x04\x00", attributes: int = 1) -> bytes:

@@ -55,6 +55,12 @@ def test_a_malformed_load_option_has_no_description(vars_dir: Path) -> None:
     assert by_number[2] == "" and by_number[3] == ""
 
 
+def test_a_description_is_printable_and_bounded(vars_dir: Path) -> None:
+    plant(vars_dir, "Boot0005", efivars.load_option("evil\ngate: passed\x1b[2J" + "x" * 300))
+    (entry,) = [e for e in efivars.Efivars(vars_dir).boot_entries() if e.number == 5]
+    assert entry.description.startswith("evil?gate: passed?[2J") and len(entry.description) == 128
+
+
 def test_delete_takes_the_entry_out_of_boot_order(vars_dir: Path) -> None:
     v = efivars.Efivars(vars_dir)
     v.delete_boot_entry(0xA)
