@@ -324,10 +324,11 @@ def _gpu_check(e: ExpectedState, seen: Observed, out: _Found) -> None:
                     invoke("nvidia-smi", "set_mig_mode", gpu=g.index, enabled=False))
         default = g.power_limit_default_mw
         if default and g.power_limit_set_mw is not None and g.power_limit_set_mw != default:
-            out.add("gpu.power_limit", f"{default // 1000} W", f"{g.power_limit_set_mw // 1000} W", where,
-                    f"GPU {where}: power limit {g.power_limit_set_mw // 1000} W, "
-                    f"its default {default // 1000} W",
-                    invoke("nvidia-smi", "set_power_limit", gpu=g.index, watts=default // 1000))
+            watts = default // 1000         # nvidia-smi -pl takes whole watts, 50-2000 (the driver's Arg)
+            out.add("gpu.power_limit", f"{watts} W", f"{g.power_limit_set_mw // 1000} W", where,
+                    f"GPU {where}: power limit {g.power_limit_set_mw // 1000} W, its default {watts} W",
+                    invoke("nvidia-smi", "set_power_limit", gpu=g.index, watts=watts)
+                    if 50 <= watts <= 2000 else None)
         clocks = (g.app_clock_graphics_mhz, g.app_clock_memory_mhz)
         defaults = (g.app_clock_graphics_default_mhz, g.app_clock_memory_default_mhz)
         if None not in clocks and None not in defaults and clocks != defaults:
