@@ -124,7 +124,11 @@ def _nvme(ctx: Context, seen: baseline.Observed, root: Path) -> list[baseline.Nv
         ctx.check()
         device = f"/dev/{name}"
         try:
-            listed = _json(_tool_output(ctx, "nvme", "list_ns", device=device))
+            try:
+                listed = _json(_tool_output(ctx, "nvme", "list_ns", device=device))
+            except AgentError as exc:            # a drive without namespace management: the attached
+                ctx.log.info("%s: no list of allocated namespaces (%s); the attached ones", name, exc.message)
+                listed = _json(_tool_output(ctx, "nvme", "list_ns", device=device, all=False))
             nsids = tuple(sorted(int(n["nsid"]) for n in listed.get("nsid_list", [])))
             ctrl = _json(_tool_output(ctx, "nvme", "id_ctrl", device=device))
             sizes = {}

@@ -32,8 +32,13 @@ DRIVER = register(
                 _device_query("smart_log", "SMART / health log", "smart-log"),
                 _device_query("fw_log", "firmware slot log: which firmware is in which slot", "fw-log"),
                 _device_query("error_log", "error information log", "error-log"),
-                Operation("list_ns", "every allocated namespace of a controller (nvme list-ns --all)",
-                          build=lambda v: ["list-ns", str(v["device"]), "--all", *JSON], args=(CONTROLLER,)),
+                Operation(
+                    "list_ns",
+                    "a controller's namespaces: every allocated one (--all, the default), or the attached",
+                    build=lambda v: ["list-ns", str(v["device"]), *(["--all"] if v["all"] else []), *JSON],
+                    args=(CONTROLLER, Arg("all", ArgType.BOOL, "allocated, attached or not (namespace "
+                                          "management)", required=False, default=True)),
+                ),
                 _device_query("id_ns", "identify namespace: size, capacity, LBA formats (a namespace device)",
                               "id-ns"),
                 Operation(

@@ -254,3 +254,13 @@ def test_a_detached_namespace_is_found(node: Node) -> None:
     shutil.rmtree(node.root / "sys/block/nvme0n1")
     (m,) = node.check({"nvme": {"namespaces": 1}}).release.cannot_restore
     assert (m.check, m.where, m.found) == ("nvme.namespaces", "nvme0", "1, 1 detached (1)")
+
+
+def test_a_drive_without_namespace_management_lists_its_attached_namespaces(node: Node) -> None:
+    node.nvme["nvme1"]["namespace_management"] = False
+    node.save()
+    assert node.check().release.pool_ready
+    node.nvme["nvme1"]["namespaces"]["2"] = {"size": 0, "flbas": 0}
+    node.save()
+    (m,) = node.check().release.cannot_restore
+    assert (m.check, m.where, m.found) == ("nvme.namespaces", "nvme1", "2, 1 detached (2)")
