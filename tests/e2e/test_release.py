@@ -8,7 +8,9 @@ Boot0009 and a BootOrder that starts with it. inventory.refresh's expect.state f
 each with its remedy; the remedies, sent signed through the gateway, delete the entry and
 restore the order, and the gate passes again. (The variables live in OVMF's emulated store
 under -bios: written from the guest in this boot, rather than planted in a copy of
-OVMF_VARS before it.)
+OVMF_VARS before it.) The machine's QEMU NVMe drive is checked against its factory layout
+through the ramdisk's real nvme-cli: it passes, and once reformatted from the guest to 4 KiB
+blocks (Format NVM, which QEMU 7.2 takes) it is named, as what the agent cannot put back.
 
 One guest for the module, the tests in file order.
 """
@@ -24,7 +26,7 @@ import pytest
 from google.protobuf import json_format
 
 from agent.hw import efivars
-from qemu.harness import Machine
+from qemu.harness import Disk, Machine
 from qemu.lab import Lab
 from tests.e2e.conftest import JOIN_TIMEOUT, run_command, skip_reason
 
@@ -32,6 +34,8 @@ pytestmark = [pytest.mark.qemu, pytest.mark.slow]
 
 NODE = "release-1"
 EFIVARS = "/sys/firmware/efi/efivars"
+MiB = 1024 * 1024
+FACTORY_NVME = {"namespaces": 1, "full_capacity": True, "lba_data_size": 512}
 TENANT_ENTRY = 0x0009
 
 
@@ -45,7 +49,9 @@ def ovmf_lab(lab: Lab) -> Lab:
 
 @pytest.fixture(scope="module")
 def node(ovmf_lab: Lab) -> Iterator[Machine]:
-    machine = ovmf_lab.boot(NODE, uefi=True)
+    d = ovmf_lab.workdir / f"{NODE}-disks"
+    d.mkdir(parents=True, exist_ok=True)
+    machine = ovmf_lab.boot(NODE, uefi=True, disks=[Disk(d / "nvme0.img", "NVMERELEASE", "nvme", 64 * MiB)])
     ovmf_lab.wait_joined(machine, NODE, JOIN_TIMEOUT)
     yield machine
     machine.stop()
@@ -68,7 +74,7 @@ def baseline(clean: dict[str, Any]) -> dict[str, Any]:
     }
     if clean["secure_boot"] is not None:
         uefi["secure_boot"] = bool(clean["secure_boot"])
-    return {"state": {"uefi": uefi}}
+    return {"state": {"uefi": uefi, "nvme": FACTORY_NVME}}
 
 
 def gate(lab: Lab, node: Machine, clean: dict[str, Any]) -> Any:
@@ -91,7 +97,7 @@ def test_the_ramdisk_reads_ovmfs_variables_and_a_clean_node_passes(ovmf_lab: Lab
     assert clean["boot_entries"] and clean["boot_order"], clean
     result = gate(ovmf_lab, node, clean)
     assert result.release.pool_ready and list(result.conformance.mismatches) == [], result.conformance
-    assert list(result.release.checked) == ["uefi"]
+    assert list(result.release.checked) == ["uefi", "nvme"]
 
 
 def test_a_planted_entry_and_order_are_found_and_put_back(ovmf_lab: Lab, node: Machine,
@@ -110,3 +116,12 @@ def test_a_planted_entry_and_order_are_found_and_put_back(ovmf_lab: Lab, node: M
     assert again.release.pool_ready, again.conformance
     status, out = node.shell(f"ls {EFIVARS}")
     assert status == 0 and f"Boot{TENANT_ENTRY:04X}-" not in out, out
+
+
+def test_a_reformatted_nvme_namespace_is_named(ovmf_lab: Lab, node: Machine, clean: dict[str, Any]) -> None:
+    status, out = node.shell("nvme format /dev/nvme0n1 --lbaf=4 --force", timeout=120)
+    assert status == 0, out
+    found = gate(ovmf_lab, node, clean)
+    assert [(m.check, m.where, m.expected, m.found) for m in found.release.cannot_restore] == [
+        ("nvme.lba_size", "nvme0n1", "512", "4096")], found.conformance
+    assert not found.release.restorable and not found.release.pool_ready
