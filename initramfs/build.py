@@ -84,7 +84,8 @@ EXCLUDE = frozenset({
 })
 # Kernel modules loaded by /init, dependencies first (the rest is built into the cloud kernel).
 # The NIC's last: /init relies on every other driver being loaded once the network is up.
-MODULES = ("virtio_pci", "virtio_blk", "virtio_rng", "virtio_console", "virtio_net")
+# efivarfs: the UEFI variables the release gate reads and puts back (docs/lifecycle.md).
+MODULES = ("virtio_pci", "virtio_blk", "virtio_rng", "virtio_console", "efivarfs", "virtio_net")
 # Loaded only when booted from virtual media (bc.media= on the ISO's command line): the CD
 # drives (virtio-scsi; the cloud kernel has no AHCI) and ISO 9660, for the node's config
 # medium (initramfs/iso.py, agent/site/boot/vmedia.py). A PXE boot does not pay for them.

@@ -11,6 +11,10 @@ in parallel.
 With ``expect`` (an ExpectedBuild) the result gains ``conformance``: the inventory checked
 against the build by agent.policy.conformance. ``gate()`` is the same check for a command that is
 about to change the node (deploy.image's ``gate``): NotConforming when the node is not the build.
+With ``expect.state`` (ramdisk and node roles) the gate covers what a tenant could change too
+(agent.commands.release reads it, agent.policy.baseline judges it), and the result gains the
+``release`` report: each finding with the driver.invoke that puts it back, or named as one that
+cannot be put back.
 
 Each inventory is compared with the previous one this agent stored (``inventory.pb`` in the
 state directory) and the differences are reported as ``changes``, one per changed leaf
@@ -33,10 +37,12 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from agent import launcher
+from agent.catalog import Role
+from agent.commands import release
 from agent.commands.base import Context, Handler
 from agent.errors import AgentError, InvalidParameters, NotConforming
 from agent.hw import block, gpu, lldp, pci, sysfs, system
-from agent.policy import conformance, xid
+from agent.policy import baseline, conformance, xid
 from agent.proto import agent_pb2
 
 log = logging.getLogger(__name__)
@@ -55,6 +61,7 @@ class InventoryParams:
     include_lldp: bool
     skip_gpus: bool
     expect: conformance.Expected | None = None
+    state: baseline.ExpectedState | None = None
 
 
 # --------------------------------------------------------------------------- readers
@@ -353,10 +360,17 @@ class InventoryRefresh(Handler[agent_pb2.InventoryRefreshRequest, InventoryParam
         expect = conformance.Expected.from_proto(payload.expect) if payload.HasField("expect") else None
         if expect is not None and expect.wants_gpus and payload.skip_gpus:
             raise InvalidParameters("inventory.refresh: expect.gpus cannot be checked with skip_gpus")
-        return InventoryParams(include_lldp=payload.include_lldp, skip_gpus=payload.skip_gpus, expect=expect)
+        state = None
+        if payload.HasField("expect") and payload.expect.HasField("state"):
+            state = baseline.ExpectedState.from_proto(payload.expect.state)
+        return InventoryParams(include_lldp=payload.include_lldp, skip_gpus=payload.skip_gpus, expect=expect,
+                               state=state)
 
     def run(self, ctx: Context, params: InventoryParams) -> agent_pb2.InventoryRefreshResult:
         started = time.monotonic()
+        if params.state is not None and ctx.config.role not in (Role.RAMDISK, Role.NODE):
+            raise InvalidParameters("inventory.refresh: expect.state is checked in the ramdisk and node "
+                                    "roles, by the agent on the node itself")
 
         def run_tool(argv: list[str]) -> str:
             return ctx.run(argv, timeout=min(15.0, ctx.remaining())).text
@@ -378,6 +392,11 @@ class InventoryRefresh(Handler[agent_pb2.InventoryRefreshRequest, InventoryParam
             result.changes.extend(diff(previous, inv))
         if params.expect is not None:
             result.conformance.CopyFrom(conformance.conformance(params.expect, inv))
+            if params.state is not None:
+                found = baseline.check(params.state, release.observe(ctx, params.state, inv, self.root))
+                result.conformance.mismatches.extend(found)
+                result.conformance.passed = not result.conformance.mismatches
+                result.release.CopyFrom(release.report(params.state, list(result.conformance.mismatches)))
             for m in result.conformance.mismatches:
                 ctx.log.info("gate: %s: %s", m.check, m.message)
         store(ctx.config.state_dir, inv)

@@ -5,6 +5,10 @@ never carries a command line: ``Operation.argv`` builds one from values that ``v
 has checked against the operation's signature (type, choices, pattern, bounds). A string
 value can never start with "-", so it can never be read by the tool as an option.
 
+A driver with no tool (``tool=""``) does its operations in the agent itself, through the hw
+layer: each operation's ``local(values, root)`` acts on the machine under ``root`` ("/", or a
+test's tree) and returns its report as text (the efivars driver: UEFI variables).
+
 A driver registers itself by calling ``register(Driver(...))`` at import time; its module is
 imported explicitly by agent/drivers/__init__.py (no entry points inside a zipapp).
 """
@@ -16,6 +20,7 @@ import re
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from agent.errors import InvalidParameters, ToolMissing
 
@@ -86,6 +91,7 @@ class Operation:
     build: Callable[[Values], list[str]]     # argv after the tool name, from checked values
     args: tuple[Arg, ...] = ()
     changes_state: bool = False              # documentation: a write, not a query
+    local: Callable[[Values, Path], str] | None = None   # in-process drivers: the work itself
 
     def validate(self, given: Values) -> dict[str, Value]:
         """Checked values for every argument (defaults filled in); InvalidParameters otherwise."""
@@ -129,8 +135,14 @@ class Driver:
             )
         return op
 
+    @property
+    def in_process(self) -> bool:
+        return not self.tool
+
     def executable(self) -> str:
         """Absolute path of the tool, or ToolMissing with what to install."""
+        if self.in_process:
+            return f"({self.name})"            # what the result's argv shows for in-process work
         path = shutil.which(self.tool)
         if path is None:
             raise ToolMissing(

@@ -1,6 +1,14 @@
-"""mlxconfig (NVIDIA/Mellanox MFT): NIC firmware configuration (SR-IOV, link type, ...)."""
+"""mlxconfig (NVIDIA MFT) and mstconfig (mstflint, its open-source twin with the same command
+line): NIC firmware configuration (SR-IOV, link type, ...).
+
+``parse_query`` reads ``query -e``'s table: each parameter's default, current and next-boot
+value (what the release checks against a profile, agent.policy.baseline).
+"""
 
 from __future__ import annotations
+
+import re
+from dataclasses import dataclass
 
 from agent.drivers.base import Arg, ArgType, Driver, Operation, register
 
@@ -15,37 +23,68 @@ PARAMETER = Arg(
     "parameter", ArgType.STRING, "firmware parameter name, e.g. SRIOV_EN", pattern=r"[A-Z][A-Z0-9_]{0,63}"
 )
 
-DRIVER = register(
-    Driver(
-        name="mlxconfig",
-        tool="mlxconfig",
-        description="NVIDIA ConnectX firmware configuration through mlxconfig (MFT)",
-        install_hint="install NVIDIA MFT (mft package) which ships mlxconfig",
-        operations={
-            op.name: op
-            for op in (
-                Operation("query", "current, default and next-boot values of every parameter",
-                          build=lambda v: ["-d", str(v["device"]), "-e", "query"], args=(DEVICE,)),
-                Operation(
-                    "set",
-                    "set one parameter for the next firmware boot (mlxconfig -y set NAME=VALUE)",
-                    build=lambda v: ["-d", str(v["device"]), "-y", "set", f"{v['parameter']}={v['value']}"],
-                    args=(
-                        DEVICE,
-                        PARAMETER,
-                        Arg("value", ArgType.STRING, "new value: a number or a symbolic name",
-                            pattern=r"[A-Za-z0-9_]{1,64}"),
-                    ),
-                    changes_state=True,
-                ),
-                Operation(
-                    "reset",
-                    "every parameter back to its default at the next firmware boot",
-                    build=lambda v: ["-d", str(v["device"]), "-y", "reset"],
-                    args=(DEVICE,),
-                    changes_state=True,
-                ),
-            )
-        },
+OPERATIONS = {
+    op.name: op
+    for op in (
+        Operation("query", "current, default and next-boot values of every parameter",
+                  build=lambda v: ["-d", str(v["device"]), "-e", "query"], args=(DEVICE,)),
+        Operation(
+            "set",
+            "set one parameter for the next firmware boot (mlxconfig -y set NAME=VALUE)",
+            build=lambda v: ["-d", str(v["device"]), "-y", "set", f"{v['parameter']}={v['value']}"],
+            args=(
+                DEVICE,
+                PARAMETER,
+                Arg("value", ArgType.STRING, "new value: a number or a symbolic name",
+                    pattern=r"[A-Za-z0-9_]{1,64}"),
+            ),
+            changes_state=True,
+        ),
+        Operation(
+            "reset",
+            "every parameter back to its default at the next firmware boot",
+            build=lambda v: ["-d", str(v["device"]), "-y", "reset"],
+            args=(DEVICE,),
+            changes_state=True,
+        ),
     )
-)
+}
+
+
+@dataclass(frozen=True)
+class Setting:
+    default: str
+    current: str
+    next_boot: str
+
+
+_ROW = re.compile(r"^\*?\s+([A-Z][A-Z0-9_]*(?:\[\d+\])?)\s+(\S+)\s+(\S+)\s+(\S+)\s*$")
+
+
+def parse_query(text: str) -> dict[str, Setting]:
+    """``mlxconfig -d DEV -e query``: parameter -> (default, current, next boot); a row marked
+    "*" differs from its default. Rows of other shapes (no -e, notes) are left out."""
+    found: dict[str, Setting] = {}
+    table = False
+    for line in text.splitlines():
+        if line.startswith("Configurations:"):
+            table = True
+            continue
+        match = _ROW.match(line) if table else None
+        if match is not None:
+            found[match.group(1)] = Setting(match.group(2), match.group(3), match.group(4))
+    return found
+
+
+def _driver(name: str, hint: str) -> Driver:
+    return Driver(
+        name=name,
+        tool=name,
+        description=f"NVIDIA ConnectX firmware configuration through {name}",
+        install_hint=hint,
+        operations=OPERATIONS,
+    )
+
+
+DRIVER = register(_driver("mlxconfig", "install NVIDIA MFT (mft package) which ships mlxconfig"))
+MSTCONFIG = register(_driver("mstconfig", "apt install mstflint"))

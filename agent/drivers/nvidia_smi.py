@@ -68,6 +68,21 @@ DRIVER = register(
                     changes_state=True,
                 ),
                 Operation(
+                    "set_mig_mode",
+                    "MIG mode, effective after the next GPU reset (nvidia-smi -mig 0|1)",
+                    build=lambda v: [*_gpu(v), "--multi-instance-gpu=" + ("1" if v["enabled"] else "0")],
+                    args=(GPU, Arg("enabled", ArgType.BOOL)),
+                    changes_state=True,
+                ),
+                Operation(
+                    "reset",
+                    "reset one GPU (nvidia-smi -r): pending retirements and row remaps applied, "
+                    "volatile ECC counters cleared, a pending MIG or ECC mode taken up",
+                    build=lambda v: [*_gpu(v), "--gpu-reset"],
+                    args=(Arg("gpu", ArgType.INT, "GPU index", minimum=0, maximum=63),),
+                    changes_state=True,
+                ),
+                Operation(
                     "reset_application_clocks",
                     "application clocks back to their defaults (nvidia-smi -rac)",
                     build=lambda v: [*_gpu(v), "--reset-applications-clocks"],

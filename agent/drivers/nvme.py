@@ -33,6 +33,15 @@ DRIVER = register(
                 _device_query("fw_log", "firmware slot log: which firmware is in which slot", "fw-log"),
                 _device_query("error_log", "error information log", "error-log"),
                 Operation(
+                    "list_ns",
+                    "a controller's namespaces: every allocated one (--all, the default), or the attached",
+                    build=lambda v: ["list-ns", str(v["device"]), *(["--all"] if v["all"] else []), *JSON],
+                    args=(CONTROLLER, Arg("all", ArgType.BOOL, "allocated, attached or not (namespace "
+                                          "management)", required=False, default=True)),
+                ),
+                _device_query("id_ns", "identify namespace: size, capacity, LBA formats (a namespace device)",
+                              "id-ns"),
+                Operation(
                     "get_feature",
                     "read one feature's value (nvme get-feature -f ID -s SEL)",
                     build=lambda v: [

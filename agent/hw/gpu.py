@@ -146,6 +146,15 @@ class GpuState:
     remapped_rows_failure: bool | None = None
     nvlinks: list[tuple[int, bool]] = field(default_factory=list)
     persistence_mode: bool | None = None
+    # What a tenant can change and the release puts back (agent.policy.baseline).
+    mig_mode: bool | None = None
+    mig_mode_pending: bool | None = None
+    power_limit_set_mw: int | None = None           # the management limit a user set (nvidia-smi -pl)
+    power_limit_default_mw: int | None = None
+    app_clock_graphics_mhz: int | None = None
+    app_clock_memory_mhz: int | None = None
+    app_clock_graphics_default_mhz: int | None = None
+    app_clock_memory_default_mhz: int | None = None
     processes: list[GpuProcess] = field(default_factory=list)
     lost: bool = False
     errors: dict[str, str] = field(default_factory=dict)
@@ -405,8 +414,29 @@ class Nvml:
         s.nvlinks = self._nvlinks(h, err)
         persistence = q("persistence_mode", nv.nvmlDeviceGetPersistenceMode)
         s.persistence_mode = None if persistence is None else persistence == nv.NVML_FEATURE_ENABLED
+        self._settings(s, h)
         if with_processes:
             s.processes = self._processes(h, err)
+
+    def _settings(self, s: GpuState, h: Any) -> None:
+        """MIG mode, the power limit and the application clocks, with their defaults."""
+        nv, err = self.nv, s.errors
+
+        def q(name: str, fn: Callable[..., T], *args: Any) -> T | None:
+            return self._optional(fn, h, *args, errors=err, name=name)
+
+        mig = q("mig_mode", nv.nvmlDeviceGetMigMode)
+        if mig is not None:
+            s.mig_mode, s.mig_mode_pending = bool(mig[0]), bool(mig[1])
+        s.power_limit_set_mw = q("power_limit_set", nv.nvmlDeviceGetPowerManagementLimit)
+        s.power_limit_default_mw = q("power_limit_default", nv.nvmlDeviceGetPowerManagementDefaultLimit)
+        graphics, memory = nv.NVML_CLOCK_GRAPHICS, nv.NVML_CLOCK_MEM
+        s.app_clock_graphics_mhz = q("app_clock_graphics", nv.nvmlDeviceGetApplicationsClock, graphics)
+        s.app_clock_memory_mhz = q("app_clock_memory", nv.nvmlDeviceGetApplicationsClock, memory)
+        s.app_clock_graphics_default_mhz = q("app_clock_graphics_default",
+                                             nv.nvmlDeviceGetDefaultApplicationsClock, graphics)
+        s.app_clock_memory_default_mhz = q("app_clock_memory_default",
+                                           nv.nvmlDeviceGetDefaultApplicationsClock, memory)
 
     def _memory(self, h: Any, err: dict[str, str]) -> tuple[int, int] | None:
         nv = self.nv
@@ -475,6 +505,12 @@ class Nvml:
 
 
 # -- short forms ---------------------------------------------------------------------------
+
+
+def read_all(library: str | None = None) -> list[GpuState]:
+    """Every GPU's whole state (no processes). Raises NoDriver without a driver."""
+    with open_nvml(library if library is not None else library_path()) as nvml:
+        return [nvml.read(i, processes=False) for i in range(nvml.count())]
 
 
 def list_gpus(library: str | None = None) -> list[GpuSummary]:

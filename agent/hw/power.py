@@ -5,9 +5,8 @@ Graceful: through the init system (``systemctl reboot`` where systemd runs, else
 syscall, for a machine whose init is wedged.
 
 EFI: the one-time boot entry is ``BootNext`` and firmware setup is bit 0 of
-``OsIndications``, both written through efivarfs (4 bytes of attributes, then the value).
-Files in efivarfs are often immutable (``chattr +i``); the flag is cleared on the one file
-written, and only there.
+``OsIndications``, both written through efivarfs by agent.hw.efivars (which clears the
+immutable flag on the one file written, and only there).
 
 The final actions go through an injectable ``Syscalls`` and runner: tests replace them with
 recording doubles, and point ``efivars`` at a plain directory.
@@ -15,31 +14,23 @@ recording doubles, and point ``efivars`` at a plain directory.
 
 from __future__ import annotations
 
-import contextlib
 import enum
-import errno
-import fcntl
 import logging
-import os
 import struct
 import time
 from pathlib import Path
 
 from agent import proc
-from agent.errors import AgentError, InvalidParameters, NotFound, Reason, Unsupported
+from agent.errors import NotFound, Unsupported
+from agent.hw import efivars
 from agent.hw.kexec import LINUX_REBOOT_CMD_RESTART, LinuxSyscalls, Runner, Syscalls
 
 log = logging.getLogger(__name__)
 
-EFI_GLOBAL_GUID = "8be4df61-93ca-11d2-aa0d-00e098032b8c"
-EFIVARS = Path("/sys/firmware/efi/efivars")
-# NON_VOLATILE | BOOTSERVICE_ACCESS | RUNTIME_ACCESS
-EFI_ATTRS_NV_BS_RT = 0x7
+EFI_GLOBAL_GUID = efivars.GLOBAL
+EFIVARS = efivars.EFIVARS
+EFI_ATTRS_NV_BS_RT = efivars.ATTRS_NV_BS_RT
 EFI_OS_INDICATIONS_BOOT_TO_FW_UI = 0x1
-
-FS_IOC_GETFLAGS = 0x80086601
-FS_IOC_SETFLAGS = 0x40086602
-FS_IMMUTABLE_FL = 0x10
 
 # After asking init to reboot, how long to wait before forcing it.
 GRACEFUL_WAIT_SECONDS = 300.0
@@ -74,9 +65,6 @@ class Power:
     def has_efi(self) -> bool:
         return self.efivars.is_dir()
 
-    def _var(self, name: str) -> Path:
-        return self.efivars / f"{name}-{EFI_GLOBAL_GUID}"
-
     def _require_efi(self, what: str) -> None:
         if not self.has_efi:
             raise Unsupported(f"{what} needs EFI variables, and {self.efivars} is not there "
@@ -84,25 +72,11 @@ class Power:
 
     def read_var(self, name: str) -> bytes | None:
         """The value of an EFI global variable (without its attributes), or None."""
-        try:
-            data = self._var(name).read_bytes()
-        except FileNotFoundError:
-            return None
-        return data[4:]
+        return efivars.Efivars(self.efivars).value(name)
 
     def write_var(self, name: str, value: bytes, attrs: int = EFI_ATTRS_NV_BS_RT) -> None:
         """Write an EFI global variable in one write(), clearing its immutable flag first."""
-        path = self._var(name)
-        if path.exists():
-            _clear_immutable(path)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, struct.pack("<I", attrs) + value)
-        except OSError as exc:
-            raise AgentError(f"cannot write EFI variable {name}: {exc.strerror}",
-                             reason=Reason.TOOL_FAILED, variable=name) from exc
-        finally:
-            os.close(fd)
+        efivars.Efivars(self.efivars).write(name, value, attrs)
 
     def set_boot_next(self, entry: str) -> int:
         """BootNext = entry (hex "0003"); the entry must exist as Boot0003."""
@@ -147,34 +121,7 @@ class Power:
 
 
 def parse_boot_entry(entry: str) -> int:
-    text = entry.strip()
-    if text.lower().startswith("boot"):
-        text = text[4:]
-    if not 1 <= len(text) <= 4 or any(c not in "0123456789abcdefABCDEF" for c in text):
-        raise InvalidParameters(f"boot entry must be 1-4 hex digits like '0003', not {entry!r}")
-    return int(text, 16)
-
-
-def _clear_immutable(path: Path) -> None:
-    """chattr -i on one efivarfs file; quietly nothing where the filesystem has no flags."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        buf = bytearray(struct.pack("<l", 0))
-        try:
-            fcntl.ioctl(fd, FS_IOC_GETFLAGS, buf)
-        except OSError as exc:
-            if exc.errno in (errno.ENOTTY, errno.EOPNOTSUPP, errno.EINVAL):
-                return
-            raise
-        flags = struct.unpack("<l", buf)[0]
-        if flags & FS_IMMUTABLE_FL:
-            with contextlib.suppress(OSError):
-                fcntl.ioctl(fd, FS_IOC_SETFLAGS, struct.pack("<l", flags & ~FS_IMMUTABLE_FL))
-    finally:
-        os.close(fd)
+    return efivars.parse_number(entry)
 
 
 __all__ = ["Mode", "Power", "parse_boot_entry"]

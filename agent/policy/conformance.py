@@ -14,6 +14,17 @@ field left zero or empty is not checked. Checks and their stable names:
   pcie.slot_speed pcie.slot_width   the port above a device of a ``slots`` class offers less
                                     than the build needs (a riser, a bifurcation setting)
 
+With ``expect.state`` (ramdisk and node roles) the same Conformance carries the release
+gate's findings too, checked by agent.policy.baseline (whose docstring lists them, each with
+its remedy):
+
+  uefi.unreadable uefi.boot_entry uefi.boot_order uefi.secure_boot uefi.setup_mode
+  uefi.pk uefi.kek uefi.db uefi.dbx uefi.memory_overwrite
+  gpu.unreadable gpu.mig_mode gpu.persistence_mode gpu.power_limit gpu.app_clocks
+  gpu.retired_pending gpu.remap_pending gpu.remap_failure gpu.ecc_volatile
+  nic.unreadable nic.config nic.firmware_version
+  nvme.unreadable nvme.namespaces nvme.capacity nvme.lba_size
+
 Versions are compared part by part (``version_key``): "96.00.A5.00.01" > "96.00.74.00.01",
 "2.10" > "2.9", "MPK7525Q" < "MPK7526Q".
 """

@@ -693,7 +693,7 @@ class InventoryRefreshRequest(_message.Message):
     def __init__(self, include_lldp: _Optional[bool] = ..., skip_gpus: _Optional[bool] = ..., expect: _Optional[_Union[ExpectedBuild, _Mapping]] = ...) -> None: ...
 
 class ExpectedBuild(_message.Message):
-    __slots__ = ("cpu_model", "cpu_sockets", "cpu_threads", "memory_bytes", "memory_tolerance_percent", "gpus", "nics", "nvme", "full_link_classes", "slots")
+    __slots__ = ("cpu_model", "cpu_sockets", "cpu_threads", "memory_bytes", "memory_tolerance_percent", "gpus", "nics", "nvme", "full_link_classes", "slots", "state")
     CPU_MODEL_FIELD_NUMBER: _ClassVar[int]
     CPU_SOCKETS_FIELD_NUMBER: _ClassVar[int]
     CPU_THREADS_FIELD_NUMBER: _ClassVar[int]
@@ -704,6 +704,7 @@ class ExpectedBuild(_message.Message):
     NVME_FIELD_NUMBER: _ClassVar[int]
     FULL_LINK_CLASSES_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
     cpu_model: str
     cpu_sockets: int
     cpu_threads: int
@@ -714,7 +715,111 @@ class ExpectedBuild(_message.Message):
     nvme: ExpectedNvme
     full_link_classes: _containers.RepeatedScalarFieldContainer[str]
     slots: _containers.RepeatedCompositeFieldContainer[ExpectedSlot]
-    def __init__(self, cpu_model: _Optional[str] = ..., cpu_sockets: _Optional[int] = ..., cpu_threads: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., memory_tolerance_percent: _Optional[int] = ..., gpus: _Optional[_Union[ExpectedGpus, _Mapping]] = ..., nics: _Optional[_Union[ExpectedNics, _Mapping]] = ..., nvme: _Optional[_Union[ExpectedNvme, _Mapping]] = ..., full_link_classes: _Optional[_Iterable[str]] = ..., slots: _Optional[_Iterable[_Union[ExpectedSlot, _Mapping]]] = ...) -> None: ...
+    state: ExpectedState
+    def __init__(self, cpu_model: _Optional[str] = ..., cpu_sockets: _Optional[int] = ..., cpu_threads: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., memory_tolerance_percent: _Optional[int] = ..., gpus: _Optional[_Union[ExpectedGpus, _Mapping]] = ..., nics: _Optional[_Union[ExpectedNics, _Mapping]] = ..., nvme: _Optional[_Union[ExpectedNvme, _Mapping]] = ..., full_link_classes: _Optional[_Iterable[str]] = ..., slots: _Optional[_Iterable[_Union[ExpectedSlot, _Mapping]]] = ..., state: _Optional[_Union[ExpectedState, _Mapping]] = ...) -> None: ...
+
+class ExpectedState(_message.Message):
+    __slots__ = ("uefi", "gpus", "nics", "nvme", "tpm", "bios", "bmc_accounts", "wipes")
+    UEFI_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    NICS_FIELD_NUMBER: _ClassVar[int]
+    NVME_FIELD_NUMBER: _ClassVar[int]
+    TPM_FIELD_NUMBER: _ClassVar[int]
+    BIOS_FIELD_NUMBER: _ClassVar[int]
+    BMC_ACCOUNTS_FIELD_NUMBER: _ClassVar[int]
+    WIPES_FIELD_NUMBER: _ClassVar[int]
+    uefi: ExpectedUefi
+    gpus: ExpectedGpuState
+    nics: _containers.RepeatedCompositeFieldContainer[NicProfile]
+    nvme: ExpectedNvmeLayout
+    tpm: ExpectedTpm
+    bios: ExpectedBios
+    bmc_accounts: ExpectedBmcAccounts
+    wipes: ExpectedWipes
+    def __init__(self, uefi: _Optional[_Union[ExpectedUefi, _Mapping]] = ..., gpus: _Optional[_Union[ExpectedGpuState, _Mapping]] = ..., nics: _Optional[_Iterable[_Union[NicProfile, _Mapping]]] = ..., nvme: _Optional[_Union[ExpectedNvmeLayout, _Mapping]] = ..., tpm: _Optional[_Union[ExpectedTpm, _Mapping]] = ..., bios: _Optional[_Union[ExpectedBios, _Mapping]] = ..., bmc_accounts: _Optional[_Union[ExpectedBmcAccounts, _Mapping]] = ..., wipes: _Optional[_Union[ExpectedWipes, _Mapping]] = ...) -> None: ...
+
+class ExpectedUefi(_message.Message):
+    __slots__ = ("boot_entries", "boot_order", "secure_boot", "setup_mode", "pk_sha256", "kek_sha256", "db_sha256", "dbx_sha256", "memory_overwrite_request_control")
+    BOOT_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ORDER_FIELD_NUMBER: _ClassVar[int]
+    SECURE_BOOT_FIELD_NUMBER: _ClassVar[int]
+    SETUP_MODE_FIELD_NUMBER: _ClassVar[int]
+    PK_SHA256_FIELD_NUMBER: _ClassVar[int]
+    KEK_SHA256_FIELD_NUMBER: _ClassVar[int]
+    DB_SHA256_FIELD_NUMBER: _ClassVar[int]
+    DBX_SHA256_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_OVERWRITE_REQUEST_CONTROL_FIELD_NUMBER: _ClassVar[int]
+    boot_entries: _containers.RepeatedCompositeFieldContainer[UefiBootEntry]
+    boot_order: _containers.RepeatedScalarFieldContainer[int]
+    secure_boot: bool
+    setup_mode: bool
+    pk_sha256: str
+    kek_sha256: str
+    db_sha256: str
+    dbx_sha256: str
+    memory_overwrite_request_control: int
+    def __init__(self, boot_entries: _Optional[_Iterable[_Union[UefiBootEntry, _Mapping]]] = ..., boot_order: _Optional[_Iterable[int]] = ..., secure_boot: _Optional[bool] = ..., setup_mode: _Optional[bool] = ..., pk_sha256: _Optional[str] = ..., kek_sha256: _Optional[str] = ..., db_sha256: _Optional[str] = ..., dbx_sha256: _Optional[str] = ..., memory_overwrite_request_control: _Optional[int] = ...) -> None: ...
+
+class UefiBootEntry(_message.Message):
+    __slots__ = ("number", "sha256", "description")
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    number: int
+    sha256: str
+    description: str
+    def __init__(self, number: _Optional[int] = ..., sha256: _Optional[str] = ..., description: _Optional[str] = ...) -> None: ...
+
+class ExpectedGpuState(_message.Message):
+    __slots__ = ("at_defaults", "persistence_mode")
+    AT_DEFAULTS_FIELD_NUMBER: _ClassVar[int]
+    PERSISTENCE_MODE_FIELD_NUMBER: _ClassVar[int]
+    at_defaults: bool
+    persistence_mode: bool
+    def __init__(self, at_defaults: _Optional[bool] = ..., persistence_mode: _Optional[bool] = ...) -> None: ...
+
+class NicProfile(_message.Message):
+    __slots__ = ("match", "config", "firmware_version")
+    class ConfigEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    MATCH_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    FIRMWARE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    match: str
+    config: _containers.ScalarMap[str, str]
+    firmware_version: str
+    def __init__(self, match: _Optional[str] = ..., config: _Optional[_Mapping[str, str]] = ..., firmware_version: _Optional[str] = ...) -> None: ...
+
+class ExpectedNvmeLayout(_message.Message):
+    __slots__ = ("namespaces", "full_capacity", "lba_data_size")
+    NAMESPACES_FIELD_NUMBER: _ClassVar[int]
+    FULL_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    LBA_DATA_SIZE_FIELD_NUMBER: _ClassVar[int]
+    namespaces: int
+    full_capacity: bool
+    lba_data_size: int
+    def __init__(self, namespaces: _Optional[int] = ..., full_capacity: _Optional[bool] = ..., lba_data_size: _Optional[int] = ...) -> None: ...
+
+class ExpectedTpm(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ExpectedBios(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ExpectedBmcAccounts(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ExpectedWipes(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class ExpectedSlot(_message.Message):
     __slots__ = ("class_code", "min_speed_gts", "min_width")
@@ -765,18 +870,20 @@ class ExpectedNvme(_message.Message):
     def __init__(self, count: _Optional[int] = ..., model: _Optional[str] = ..., min_capacity_bytes: _Optional[int] = ..., min_firmware: _Optional[str] = ...) -> None: ...
 
 class Mismatch(_message.Message):
-    __slots__ = ("check", "expected", "found", "where", "message")
+    __slots__ = ("check", "expected", "found", "where", "message", "remedy")
     CHECK_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_FIELD_NUMBER: _ClassVar[int]
     FOUND_FIELD_NUMBER: _ClassVar[int]
     WHERE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REMEDY_FIELD_NUMBER: _ClassVar[int]
     check: str
     expected: str
     found: str
     where: str
     message: str
-    def __init__(self, check: _Optional[str] = ..., expected: _Optional[str] = ..., found: _Optional[str] = ..., where: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+    remedy: DriverInvokeRequest
+    def __init__(self, check: _Optional[str] = ..., expected: _Optional[str] = ..., found: _Optional[str] = ..., where: _Optional[str] = ..., message: _Optional[str] = ..., remedy: _Optional[_Union[DriverInvokeRequest, _Mapping]] = ...) -> None: ...
 
 class Conformance(_message.Message):
     __slots__ = ("passed", "mismatches")
@@ -1027,18 +1134,40 @@ class InventoryChange(_message.Message):
     def __init__(self, path: _Optional[str] = ..., old_value: _Optional[str] = ..., new_value: _Optional[str] = ...) -> None: ...
 
 class InventoryRefreshResult(_message.Message):
-    __slots__ = ("inventory", "changes", "first", "seconds", "conformance")
+    __slots__ = ("inventory", "changes", "first", "seconds", "conformance", "release")
     INVENTORY_FIELD_NUMBER: _ClassVar[int]
     CHANGES_FIELD_NUMBER: _ClassVar[int]
     FIRST_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     CONFORMANCE_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
     inventory: Inventory
     changes: _containers.RepeatedCompositeFieldContainer[InventoryChange]
     first: bool
     seconds: float
     conformance: Conformance
-    def __init__(self, inventory: _Optional[_Union[Inventory, _Mapping]] = ..., changes: _Optional[_Iterable[_Union[InventoryChange, _Mapping]]] = ..., first: _Optional[bool] = ..., seconds: _Optional[float] = ..., conformance: _Optional[_Union[Conformance, _Mapping]] = ...) -> None: ...
+    release: ReleaseReport
+    def __init__(self, inventory: _Optional[_Union[Inventory, _Mapping]] = ..., changes: _Optional[_Iterable[_Union[InventoryChange, _Mapping]]] = ..., first: _Optional[bool] = ..., seconds: _Optional[float] = ..., conformance: _Optional[_Union[Conformance, _Mapping]] = ..., release: _Optional[_Union[ReleaseReport, _Mapping]] = ...) -> None: ...
+
+class ReleaseReport(_message.Message):
+    __slots__ = ("boot_id", "pool_ready", "restorable", "cannot_restore", "checked", "not_checked", "wipe_certificates", "attestation_verdict")
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    POOL_READY_FIELD_NUMBER: _ClassVar[int]
+    RESTORABLE_FIELD_NUMBER: _ClassVar[int]
+    CANNOT_RESTORE_FIELD_NUMBER: _ClassVar[int]
+    CHECKED_FIELD_NUMBER: _ClassVar[int]
+    NOT_CHECKED_FIELD_NUMBER: _ClassVar[int]
+    WIPE_CERTIFICATES_FIELD_NUMBER: _ClassVar[int]
+    ATTESTATION_VERDICT_FIELD_NUMBER: _ClassVar[int]
+    boot_id: str
+    pool_ready: bool
+    restorable: _containers.RepeatedCompositeFieldContainer[Mismatch]
+    cannot_restore: _containers.RepeatedCompositeFieldContainer[Mismatch]
+    checked: _containers.RepeatedScalarFieldContainer[str]
+    not_checked: _containers.RepeatedScalarFieldContainer[str]
+    wipe_certificates: _containers.RepeatedCompositeFieldContainer[ErasureCertificate]
+    attestation_verdict: str
+    def __init__(self, boot_id: _Optional[str] = ..., pool_ready: _Optional[bool] = ..., restorable: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., cannot_restore: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., checked: _Optional[_Iterable[str]] = ..., not_checked: _Optional[_Iterable[str]] = ..., wipe_certificates: _Optional[_Iterable[_Union[ErasureCertificate, _Mapping]]] = ..., attestation_verdict: _Optional[str] = ...) -> None: ...
 
 class LogsCollectRequest(_message.Message):
     __slots__ = ("paths", "upload_url", "max_bytes", "max_file_bytes", "include_kernel_log", "include_system_journal", "since_seconds", "http_headers", "ca_bundle_pem")

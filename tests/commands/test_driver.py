@@ -11,7 +11,7 @@ import pytest
 
 from agent.commands.base import Context
 from agent.commands.driver import DriverInvoke
-from agent.errors import CommandTimeout, InvalidParameters, ToolMissing
+from agent.errors import CommandTimeout, InvalidParameters, ToolMissing, Unsupported
 from agent.proc import alive
 from agent.proto import agent_pb2
 from tests.runtime.harness import wait_until
@@ -173,3 +173,63 @@ def test_a_chatty_tool_costs_no_more_memory_than_the_cap(bindir: Path) -> None:
     assert result.exit_code == 0 and result.truncated
     assert len(result.stdout) == len(result.stderr) == 1024 * 1024
     assert grown_mib < 64, f"peak memory grew by {grown_mib:.0f} MiB"
+
+
+QUERY = """
+Device #1:
+----------
+
+Device type:    ConnectX6DX
+Name:           MCX623106AN-CDA_Ax
+Device:         0000:3b:00.0
+
+Configurations:                                      Default         Current         Next Boot
+         NUM_OF_VFS                                  0               0               0
+*        SRIOV_EN                                    False(0)        False(0)        True(1)
+         LINK_TYPE_P1                                ETH(2)          ETH(2)          ETH(2)
+         PF_NUM_PF_MSIX[1]                           0               0               0
+The '*' shows parameters with next value different from default/current value.
+"""
+
+
+def test_mlxconfig_query_table_is_parsed() -> None:
+    from agent.drivers import mlxconfig
+
+    table = mlxconfig.parse_query(QUERY)
+    assert table["SRIOV_EN"] == mlxconfig.Setting("False(0)", "False(0)", "True(1)")
+    assert table["LINK_TYPE_P1"].current == "ETH(2)" and table["PF_NUM_PF_MSIX[1]"].default == "0"
+    assert set(table) == {"NUM_OF_VFS", "SRIOV_EN", "LINK_TYPE_P1", "PF_NUM_PF_MSIX[1]"}
+    assert mlxconfig.parse_query("Device type: ConnectX6\n") == {}
+
+
+def test_efivars_is_done_in_the_agent_on_the_tree_it_is_given(tmp_path: Path) -> None:
+    import json
+    import struct
+
+    from agent.hw import efivars
+
+    directory = tmp_path / "sys/firmware/efi/efivars"
+    directory.mkdir(parents=True)
+    for name, value in (("Boot0001", efivars.load_option("debian")), ("Boot0004", efivars.load_option("x")),
+                        ("BootOrder", struct.pack("<2H", 4, 1))):
+        (directory / f"{name}-{efivars.GLOBAL}").write_bytes(struct.pack("<I", 7) + value)
+    handler = DriverInvoke()
+    handler.root = tmp_path
+
+    def run(msg: agent_pb2.DriverInvokeRequest) -> agent_pb2.DriverInvokeResult:
+        result = handler.run(Context.local("driver.invoke"), handler.parse(msg))
+        assert isinstance(result, agent_pb2.DriverInvokeResult) and result.exit_code == 0
+        return result
+
+    listed = json.loads(run(request("efivars", "list")).stdout)
+    assert [e["number"] for e in listed["boot_entries"]] == ["0001", "0004"]
+    assert listed["boot_order"] == ["0004", "0001"] and listed["pk_sha256"] == "absent"
+    done = run(request("efivars", "delete_boot_entry", entry="0004"))
+    assert done.argv == ["(efivars)", "delete_boot_entry", "0004"] and done.stdout == b"deleted Boot0004\n"
+    assert efivars.Efivars(directory).boot_order() == [1]
+    run(request("efivars", "set_boot_order", order="0001"))
+    with pytest.raises(InvalidParameters):
+        handler.parse(request("efivars", "set_boot_order", order="1; reboot"))
+    handler.root = tmp_path / "elsewhere"
+    with pytest.raises(Unsupported, match="no UEFI variables"):
+        run(request("efivars", "list"))

@@ -171,3 +171,18 @@ def test_real_gpu_read_only(monkeypatch: pytest.MonkeyPatch) -> None:
     assert system.driver_version and count == len(states)
     for s in states:
         assert s.lost or (s.uuid.startswith(("GPU-", "MIG-")) and s.name and s.pci_bus_id), s
+
+
+def test_reads_what_a_tenant_can_set_against_its_defaults(nvml_library: str, machine: FakeMachine) -> None:
+    machine.set(1, mig_mode=True, power_limit_mw=450000, app_clock_graphics=1410)
+    machine.set(2, model="V100")
+    states = gpu.read_all(nvml_library)
+    clean, planted, v100 = states[0], states[1], states[2]
+    assert (clean.mig_mode, clean.mig_mode_pending) == (False, False)
+    assert clean.power_limit_set_mw == clean.power_limit_default_mw == 700000
+    assert (clean.app_clock_graphics_mhz, clean.app_clock_memory_mhz) == (1755, 2619)
+    assert (clean.app_clock_graphics_default_mhz, clean.app_clock_memory_default_mhz) == (1755, 2619)
+    assert (planted.mig_mode, planted.mig_mode_pending) == (True, True)
+    assert (planted.power_limit_set_mw, planted.power_limit_default_mw) == (450000, 700000)
+    assert planted.app_clock_graphics_mhz == 1410 and planted.app_clock_graphics_default_mhz == 1755
+    assert v100.mig_mode is None and v100.errors == {}        # no MIG on a V100: not available

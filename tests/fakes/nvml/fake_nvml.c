@@ -8,7 +8,9 @@
  * pending/failure, retired pages, temperature, narrow or slow PCIe link, NVLink links down,
  * "lost": "unknown" (the handle fails with NVML_ERROR_UNKNOWN, as a GPU that fell off the bus
  * often does), "missing" (the GPU is not enumerated), processes (listed while the pid is alive), and
- * "init_error" (nvmlInit returns that NVML code, e.g. 9 = driver not loaded).
+ * "init_error" (nvmlInit returns that NVML code, e.g. 9 = driver not loaded). What a tenant can set:
+ * "mig_mode" (and "mig_mode_pending"), "power_limit_mw" against "power_limit_default_mw",
+ * "app_clock_graphics"/"app_clock_memory" against their "_default"s, "persistence_mode".
  * Only what the agent calls is implemented; what a model lacks returns NOT_SUPPORTED.
  */
 #include <ctype.h>
@@ -48,6 +50,8 @@ typedef struct fake_gpu {
     unsigned remap_corr, remap_unc;
     unsigned nvlinks; int link_down[MAX_LINKS];
     int persistence;
+    int mig_supported, mig_mode, mig_pending;
+    unsigned power_default_mw, app_graphics, app_memory, app_graphics_default, app_memory_default;
     int nprocs; fake_proc procs[MAX_PROCS];
 } fake_gpu;
 
@@ -190,6 +194,7 @@ static void model_defaults(fake_gpu *g, const char *model, int i) {
         g->power_limit_mw = 300000; g->clock_sm = 1530; g->clock_mem = 877;
         g->pcie_gen = g->pcie_gen_max = g->pcie_gen_gpu_max = 3; g->pcie_width = g->pcie_width_max = 16;
         g->retired_supported = 1; g->remap_supported = 0; g->nvlinks = 6;
+        g->app_graphics_default = 1312; g->app_memory_default = 877;
     } else if (!strcmp(model, "H200")) {
         strcpy(g->name, "NVIDIA H200"); strcpy(g->vbios, "96.00.A5.00.01");
         g->pci_device_id = 0x233510DE; g->pci_subsystem_id = 0x18A410DE;
@@ -198,6 +203,7 @@ static void model_defaults(fake_gpu *g, const char *model, int i) {
         g->power_limit_mw = 700000; g->clock_sm = 1980; g->clock_mem = 3201;
         g->pcie_gen = g->pcie_gen_max = g->pcie_gen_gpu_max = 5; g->pcie_width = g->pcie_width_max = 16;
         g->retired_supported = 0; g->remap_supported = 1; g->nvlinks = 18;
+        g->mig_supported = 1; g->app_graphics_default = 1755; g->app_memory_default = 3201;
     } else {                                     /* H100 SXM */
         strcpy(g->name, "NVIDIA H100 80GB HBM3"); strcpy(g->vbios, "96.00.74.00.01");
         g->pci_device_id = 0x233010DE; g->pci_subsystem_id = 0x16C110DE;
@@ -206,7 +212,10 @@ static void model_defaults(fake_gpu *g, const char *model, int i) {
         g->power_limit_mw = 700000; g->clock_sm = 1980; g->clock_mem = 2619;
         g->pcie_gen = g->pcie_gen_max = g->pcie_gen_gpu_max = 5; g->pcie_width = g->pcie_width_max = 16;
         g->retired_supported = 0; g->remap_supported = 1; g->nvlinks = 18;
+        g->mig_supported = 1; g->app_graphics_default = 1755; g->app_memory_default = 2619;
     }
+    g->power_default_mw = g->power_limit_mw;
+    g->app_graphics = g->app_graphics_default; g->app_memory = g->app_memory_default;
 }
 
 static void gpu_from_json(fake_gpu *g, const jval *o, int i) {
@@ -250,6 +259,14 @@ static void gpu_from_json(fake_gpu *g, const jval *o, int i) {
         if (l >= 0 && l < MAX_LINKS) g->link_down[l] = 1;
     }
     jbool(o, "persistence_mode", &g->persistence);
+    jbool(o, "mig_supported", &g->mig_supported);
+    jbool(o, "mig_mode", &g->mig_mode);
+    g->mig_pending = g->mig_mode;
+    jbool(o, "mig_mode_pending", &g->mig_pending);
+    jnum_u(o, "power_limit_default_mw", &g->power_default_mw);
+    jnum_u(o, "app_clock_graphics", &g->app_graphics); jnum_u(o, "app_clock_memory", &g->app_memory);
+    jnum_u(o, "app_clock_graphics_default", &g->app_graphics_default);
+    jnum_u(o, "app_clock_memory_default", &g->app_memory_default);
     const jval *procs = jget(o, "processes");
     for (int k = 0; procs && procs->t == J_ARR && k < procs->n && g->nprocs < MAX_PROCS; k++) {
         fake_proc *p = &g->procs[g->nprocs++];
@@ -539,6 +556,37 @@ nvmlReturn_t nvmlDeviceGetNvLinkState(void *h, unsigned int link, int *active) {
 
 nvmlReturn_t nvmlDeviceGetPersistenceMode(void *h, int *mode) {
     GPU(h); if (!mode) return 2; *mode = g->persistence; return 0;
+}
+
+nvmlReturn_t nvmlDeviceGetMigMode(void *h, unsigned int *current, unsigned int *pending) {
+    GPU(h);
+    if (!g->mig_supported) return NVML_ERROR_NOT_SUPPORTED;
+    if (!current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
+    *current = (unsigned)g->mig_mode; *pending = (unsigned)g->mig_pending;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetPowerManagementLimit(void *h, unsigned int *p) {
+    GPU(h); if (!p) return 2; *p = g->power_limit_mw; return 0;
+}
+nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(void *h, unsigned int *p) {
+    GPU(h); if (!p) return 2; *p = g->power_default_mw; return 0;
+}
+/* NVML_CLOCK_GRAPHICS 0, NVML_CLOCK_MEM 2 */
+nvmlReturn_t nvmlDeviceGetApplicationsClock(void *h, int type, unsigned int *c) {
+    GPU(h);
+    if (!c) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!g->app_graphics_default) return NVML_ERROR_NOT_SUPPORTED;
+    if (type == 0) { *c = g->app_graphics; return 0; }
+    if (type == 2) { *c = g->app_memory; return 0; }
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+nvmlReturn_t nvmlDeviceGetDefaultApplicationsClock(void *h, int type, unsigned int *c) {
+    GPU(h);
+    if (!c) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!g->app_graphics_default) return NVML_ERROR_NOT_SUPPORTED;
+    if (type == 0) { *c = g->app_graphics_default; return 0; }
+    if (type == 2) { *c = g->app_memory_default; return 0; }
+    return NVML_ERROR_NOT_SUPPORTED;
 }
 
 typedef struct {

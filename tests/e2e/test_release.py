@@ -1,0 +1,127 @@
+"""The release gate on a real kernel under OVMF: what a tenant leaves in the UEFI variables is
+found by the ramdisk, put back by the remedies the gate names, and a clean node passes.
+
+A q35 machine with OVMF boots the ramdisk (its /init mounts efivarfs). The baseline is what
+the agent lists of the clean machine (driver.invoke efivars.list): its gate passes. Then, as a
+tenant with root does (efibootmgr's own way: a write to efivarfs), the guest gets an extra
+Boot0009 and a BootOrder that starts with it. inventory.refresh's expect.state finds both,
+each with its remedy; the remedies, sent signed through the gateway, delete the entry and
+restore the order, and the gate passes again. (The variables live in OVMF's emulated store
+under -bios: written from the guest in this boot, rather than planted in a copy of
+OVMF_VARS before it.) The machine's QEMU NVMe drive is checked against its factory layout
+through the ramdisk's real nvme-cli: it passes, and once reformatted from the guest to 4 KiB
+blocks (Format NVM, which QEMU 7.2 takes) it is named, as what the agent cannot put back.
+
+One guest for the module, the tests in file order.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from google.protobuf import json_format
+
+from agent.hw import efivars
+from qemu.harness import Disk, Machine
+from qemu.lab import Lab
+from tests.e2e.conftest import JOIN_TIMEOUT, run_command, skip_reason
+
+pytestmark = [pytest.mark.qemu, pytest.mark.slow]
+
+NODE = "release-1"
+EFIVARS = "/sys/firmware/efi/efivars"
+MiB = 1024 * 1024
+FACTORY_NVME = {"namespaces": 1, "full_capacity": True, "lba_data_size": 512}
+TENANT_ENTRY = 0x0009
+
+
+@pytest.fixture(scope="module")
+def ovmf_lab(lab: Lab) -> Lab:
+    reason = skip_reason(uefi=True)
+    if reason:
+        pytest.skip(reason)
+    return lab
+
+
+@pytest.fixture(scope="module")
+def node(ovmf_lab: Lab) -> Iterator[Machine]:
+    d = ovmf_lab.workdir / f"{NODE}-disks"
+    d.mkdir(parents=True, exist_ok=True)
+    machine = ovmf_lab.boot(NODE, uefi=True, disks=[Disk(d / "nvme0.img", "NVMERELEASE", "nvme", 64 * MiB)])
+    ovmf_lab.wait_joined(machine, NODE, JOIN_TIMEOUT)
+    yield machine
+    machine.stop()
+
+
+@pytest.fixture(scope="module")
+def clean(ovmf_lab: Lab, node: Machine) -> dict[str, Any]:
+    listing = {"driver": "efivars", "operation": "list"}
+    _, _, listed = run_command(ovmf_lab, node, NODE, "driver.invoke", listing)
+    found: dict[str, Any] = json.loads(listed.stdout)
+    return found
+
+
+def baseline(clean: dict[str, Any]) -> dict[str, Any]:
+    uefi: dict[str, Any] = {
+        "boot_entries": [{"number": int(e["number"], 16), "sha256": e["sha256"],
+                          "description": e["description"]} for e in clean["boot_entries"]],
+        "boot_order": [int(n, 16) for n in clean["boot_order"]],
+        **{f"{name}_sha256": clean[f"{name}_sha256"] for name in ("pk", "kek", "db", "dbx")},
+    }
+    if clean["secure_boot"] is not None:
+        uefi["secure_boot"] = bool(clean["secure_boot"])
+    return {"state": {"uefi": uefi, "nvme": FACTORY_NVME}}
+
+
+def gate(lab: Lab, node: Machine, clean: dict[str, Any]) -> Any:
+    _, _, result = run_command(lab, node, NODE, "inventory.refresh", {"expect": baseline(clean)})
+    return result
+
+
+def write_variable(node: Machine, name: str, value: bytes) -> None:
+    """A tenant's write: attributes and value in one write() to efivarfs, from the guest."""
+    path = f"{EFIVARS}/{name}-{efivars.GLOBAL}"
+    data = (struct.pack("<I", efivars.ATTRS_NV_BS_RT) + value).hex()
+    code = (f"import os; fd = os.open('{path}', os.O_WRONLY | os.O_CREAT, 0o644); "
+            f"os.write(fd, bytes.fromhex('{data}')); os.close(fd)")
+    status, out = node.shell(f'python3 -c "{code}"')
+    assert status == 0, out
+
+
+def test_the_ramdisk_reads_ovmfs_variables_and_a_clean_node_passes(ovmf_lab: Lab, node: Machine,
+                                                                   clean: dict[str, Any]) -> None:
+    assert clean["boot_entries"] and clean["boot_order"], clean
+    result = gate(ovmf_lab, node, clean)
+    assert result.release.pool_ready and list(result.conformance.mismatches) == [], result.conformance
+    assert list(result.release.checked) == ["uefi", "nvme"]
+
+
+def test_a_planted_entry_and_order_are_found_and_put_back(ovmf_lab: Lab, node: Machine,
+                                                          clean: dict[str, Any]) -> None:
+    order = [TENANT_ENTRY, *(int(n, 16) for n in clean["boot_order"])]
+    write_variable(node, f"Boot{TENANT_ENTRY:04X}", efivars.load_option("tenant iPXE"))
+    write_variable(node, "BootOrder", b"".join(struct.pack("<H", n) for n in order))
+    found = gate(ovmf_lab, node, clean)
+    assert {(m.check, m.where) for m in found.conformance.mismatches} == {
+        ("uefi.boot_entry", f"Boot{TENANT_ENTRY:04X}"), ("uefi.boot_order", "BootOrder")}
+    assert not found.release.pool_ready and not found.release.cannot_restore
+    for m in found.release.restorable:
+        run_command(ovmf_lab, node, NODE, "driver.invoke",
+                    json_format.MessageToDict(m.remedy, preserving_proto_field_name=True))
+    again = gate(ovmf_lab, node, clean)
+    assert again.release.pool_ready, again.conformance
+    status, out = node.shell(f"ls {EFIVARS}")
+    assert status == 0 and f"Boot{TENANT_ENTRY:04X}-" not in out, out
+
+
+def test_a_reformatted_nvme_namespace_is_named(ovmf_lab: Lab, node: Machine, clean: dict[str, Any]) -> None:
+    status, out = node.shell("nvme format /dev/nvme0n1 --lbaf=4 --force", timeout=120)
+    assert status == 0, out
+    found = gate(ovmf_lab, node, clean)
+    assert [(m.check, m.where, m.expected, m.found) for m in found.release.cannot_restore] == [
+        ("nvme.lba_size", "nvme0n1", "512", "4096")], found.conformance
+    assert not found.release.restorable and not found.release.pool_ready

@@ -1,0 +1,81 @@
+"""agent.policy.baseline: the expected state checked at the edge, and the checks the fake
+server of tests/commands/test_release.py does not reach (a NIC's firmware version, values
+written in mlxconfig's several ways, a GPU that cannot be read)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from google.protobuf import json_format
+
+from agent.errors import InvalidParameters
+from agent.hw.gpu import GpuState
+from agent.policy import baseline
+from agent.proto import agent_pb2
+
+
+def expected(state: dict[str, Any]) -> baseline.ExpectedState:
+    return baseline.ExpectedState.from_proto(json_format.ParseDict(state, agent_pb2.ExpectedState()))
+
+
+@pytest.mark.parametrize("state", [
+    {"uefi": {"boot_entries": [{"number": 70000, "sha256": "0" * 64}]}},
+    {"uefi": {"boot_entries": [{"number": 1, "sha256": "not hex"}]}},
+    {"uefi": {"boot_entries": [{"number": 1, "sha256": "0" * 64}, {"number": 1, "sha256": "1" * 64}]}},
+    {"uefi": {"boot_order": [65536]}},
+    {"uefi": {"db_sha256": "abc"}},
+    {"uefi": {"memory_overwrite_request_control": 2}},
+    {"nics": [{"match": "mellanox"}]},
+    {"nics": [{"config": {"SRIOV_EN": "1 NUM_OF_VFS=64"}}]},
+    {"nics": [{"config": {"sriov_en": "1"}}]},
+    {"nvme": {"lba_data_size": 1024}},
+    {"tpm": {}},
+])  # fmt: skip
+def test_what_cannot_be_meant_is_refused(state: dict[str, Any]) -> None:
+    with pytest.raises(InvalidParameters, match=r"expect\.state"):
+        expected(state)
+
+
+def test_unset_fields_are_not_checked() -> None:
+    e = expected({"uefi": {"secure_boot": False}, "gpus": {}})
+    assert e.areas == ["uefi"] and e.uefi is not None
+    assert e.uefi.secure_boot is False and e.uefi.setup_mode is None and e.uefi.memory_overwrite is None
+    seen = baseline.Observed(uefi=baseline.UefiState({}, None, 0, 1, {}, None))
+    assert baseline.check(e, seen) == []
+
+
+def test_nic_values_compare_by_their_number_and_firmware_exactly() -> None:
+    assert baseline.same_value("True(1)", "1") and baseline.same_value("true", "True(1)")
+    assert baseline.same_value("ETH(2)", "2") and not baseline.same_value("IB(1)", "ETH(2)")
+    e = expected({"nics": [{"match": "15b3:101d", "config": {"LINK_TYPE_P1": "ETH(2)"},
+                            "firmware_version": "22.39.1002"}]})
+    seen = baseline.Observed(nics=[
+        baseline.NicConfig("0000:3b:00.0", "15b3:101d", "22.39.1002", "mlxconfig",
+                           {"LINK_TYPE_P1": ("2", "2")}),
+        baseline.NicConfig("0000:3c:00.0", "15b3:101d", "22.41.1000", "mlxconfig",
+                           {"LINK_TYPE_P1": ("IB(1)", "ETH(2)")}),
+        baseline.NicConfig("0000:5e:00.0", "8086:1593", "4.40", "mlxconfig", {}),   # no profile matches
+    ])
+    found = baseline.check(e, seen)
+    assert [(m.check, m.where, m.found) for m in found] == [
+        ("nic.firmware_version", "0000:3c:00.0", "22.41.1000"),
+        ("nic.config", "0000:3c:00.0 LINK_TYPE_P1", "current IB(1), next boot ETH(2)")]
+    assert not found[0].HasField("remedy")
+    remedy = found[1].remedy
+    value = remedy.arguments["value"].string_value
+    assert (remedy.driver, remedy.operation, value) == ("mlxconfig", "set", "2")
+
+
+def test_a_parameter_the_nic_lacks_is_named_without_a_remedy() -> None:
+    e = expected({"nics": [{"config": {"NUM_OF_VFS": "0"}}]})
+    seen = baseline.Observed(nics=[baseline.NicConfig("0000:3b:00.0", "15b3:1017", "", "mstconfig", {})])
+    (m,) = baseline.check(e, seen)
+    assert (m.check, m.found) == ("nic.config", "current absent, next boot absent")
+    assert not m.HasField("remedy")
+
+
+def test_a_lost_gpu_is_unreadable_not_passed() -> None:
+    e = expected({"gpus": {"at_defaults": True}})
+    seen = baseline.Observed(gpus=[GpuState(index=0, pci_bus_id="00000000:18:00.0", lost=True)])
+    assert [(m.check, m.where) for m in baseline.check(e, seen)] == [("gpu.unreadable", "0000:18:00.0")]
