@@ -41,7 +41,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import BinaryIO
 
 from agent.images import http as agent_http
-from agent.images.manifest import Plan, Segment
+from agent.images.plan import Plan, Segment
 from agent.site.metrics import Metrics
 from agent.site.serve.chunkstore import ChunkStore, StoreFull
 from agent.site.serve.routes import Route, RouteTable, UpstreamError, done_upstream, open_upstream

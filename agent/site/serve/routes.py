@@ -53,7 +53,7 @@ from agent.images import http as agent_http
 from agent.images import manifest
 from agent.images.filesource import FileRef, parse_source
 from agent.images.http import PinnedConnection as Pinned
-from agent.images.manifest import Plan
+from agent.images.plan import Plan
 from agent.proto import site_pb2
 from agent.site.boot.fields import parse_node_id, parse_ttl
 from agent.site.serve.upstreams import UpstreamPolicy
