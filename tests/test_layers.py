@@ -96,7 +96,6 @@ def test_the_rule_catches_an_upward_import(tmp_path: Path) -> None:
 KNOWN_CIRCLES: set[frozenset[str]] = {
     frozenset({"agent.site.bmc.redfish.client", "agent.site.bmc.redfish.firmware",
                "agent.site.bmc.events"}),                                    # the Redfish package
-    frozenset({"initramfs.build", "initramfs.iso"}),
 }
 
 
