@@ -1,7 +1,8 @@
 """The agent's settings. Loaded (by agent/settings loading in the runtime) from, in order of
 precedence: command-line flags, then a config file, then the kernel command line (``bc.*``
 parameters), then these defaults. Handlers read the frozen object they are given; there is no
-global config."""
+global config. Every field but ``extra`` is a row of agent/cli/settings.py's table, which
+derives its flag and ``bc.*`` parameter and shows the default written here in ``--help``."""
 
 from __future__ import annotations
 
