@@ -1,7 +1,8 @@
 """The agent's settings. Loaded (by agent/settings loading in the runtime) from, in order of
 precedence: command-line flags, then a config file, then the kernel command line (``bc.*``
 parameters), then these defaults. Handlers read the frozen object they are given; there is no
-global config."""
+global config. Every field but ``extra`` is a row of agent/cli/settings.py's table, which
+derives its flag and ``bc.*`` parameter and shows the default written here in ``--help``."""
 
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ class Config:
     site_ipxe_dir: Path = Path("/usr/lib/ipxe")  # undionly.kpxe, ipxe.efi (Debian's ipxe)
     # The site role's caps on BMC work (docs/site.md, "How BMC work is scheduled").
     bmc_max_in_flight: int = 512            # BMC operations running at once; the rest queue
+    bmc_max_queued: int = 4096              # BMC operations queued past those; more are refused
+    # Commands queued on each lane beyond those running; more are refused (busy) at admission.
+    lane_max_queued: int = 256
     ipmi_max_sessions: int = 64             # ipmitool sessions at once, site-wide
     # The vendor tools and libraries the GPU kinds use (docs/gpu.md); a name is looked up on PATH.
     nvml_library: str = ""                  # libnvidia-ml; "" = $BC_NVML_LIBRARY, else the loader's

@@ -27,6 +27,7 @@ class Reason(enum.StrEnum):
     EXPIRED = "expired"
     REPLAYED = "replayed"
     DRAINING = "draining"
+    BUSY = "busy"  # the command's queue is full: nothing journaled; the control plane may retry
     # Failures while running.
     PROTECTED_DEVICE = "protected_device"  # mounted, holds the running system, in use
     NOT_CONFORMING = "not_conforming"  # the node is not the build the command's gate expects
@@ -86,6 +87,14 @@ class Draining(AgentError):
     """The agent accepts nothing new: it is stopping, or a command is ending it."""
 
     reason = Reason.DRAINING
+
+
+class Busy(AgentError):
+    """The queue the command would wait in (its lane's, or the keyed pool's of BMC work) holds
+    as many commands as its bound: refused at admission, nothing journaled nor run. The agent
+    is not failing, only full: the control plane may send the same command again later."""
+
+    reason = Reason.BUSY
 
 
 class Untrusted(AgentError):

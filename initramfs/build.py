@@ -39,23 +39,34 @@ import gzip
 import hashlib
 import logging
 import os
-import platform
 import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.proc import run
 from initramfs import cpio, licences
 
+# The packages' side (initramfs/debs.py, shared with iso.py), by the names build.py, qemu/ and
+# the tests know them.
+from initramfs.debs import AMD64 as AMD64
+from initramfs.debs import ARCHES as ARCHES
+from initramfs.debs import MODULES as MODULES
+from initramfs.debs import OUT as OUT
+from initramfs.debs import Arch as Arch
+from initramfs.debs import download as download
+from initramfs.debs import out_dir as out_dir
+from initramfs.debs import qualified as _qualified
+from initramfs.debs import run_text as _run
+from initramfs.debs import unpacked as unpacked
+
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-OUT = HERE / "out"
 BUILD_VERSION = "1"  # bump to invalidate the cached root after a change in the pruning rules
 
 # What the ramdisk needs; their dependencies are resolved from the apt cache.
@@ -82,47 +93,11 @@ EXCLUDE = frozenset({
     "util-linux-extra", "uuid-runtime", "logsave", "libncursesw6", "libstdc++6", "libsqlite3-0",
     "python3", "python3-minimal", "libpython3-stdlib", "python3.11",
 })
-# Kernel modules loaded by /init, dependencies first (the rest is built into the cloud kernel).
-# The NIC's last: /init relies on every other driver being loaded once the network is up.
-# efivarfs: the UEFI variables the release gate reads and puts back (docs/lifecycle.md).
-MODULES = ("virtio_pci", "virtio_blk", "virtio_rng", "virtio_console", "efivarfs", "virtio_net")
 # Loaded only when booted from virtual media (bc.media= on the ISO's command line): the CD
 # drives (virtio-scsi; the cloud kernel has no AHCI) and ISO 9660, for the node's config
 # medium (initramfs/iso.py, agent/site/boot/vmedia.py). A PXE boot does not pay for them.
 MEDIA_MODULES = ("virtio_scsi", "sr_mod", "isofs")
 
-
-@dataclass(frozen=True)
-class Arch:
-    """What differs between the ramdisk's architectures (Debian's name is the key)."""
-    name: str                    # Debian's: amd64, arm64
-    machine: str                 # the kernel's (uname -m): x86_64, aarch64
-    triplet: str                 # the multiarch library directory
-    loader: str                  # the dynamic loader, in the root
-    modules: tuple[str, ...]     # MODULES for this architecture's cloud kernel
-    emulator: str                # the qemu-user program that runs the root's programs elsewhere
-    gzip_kernel: bool = False    # Debian ships an uncompressed Image: gzip it for the boot files
-
-    @property
-    def kernel_glob(self) -> str:
-        return f"vmlinuz-*-cloud-{self.name}"
-
-    def native(self) -> bool:
-        return platform.machine() == self.machine
-
-
-ARCHES = {
-    "amd64": Arch("amd64", "x86_64", "x86_64-linux-gnu", "/usr/lib64/ld-linux-x86-64.so.2", MODULES,
-                  "qemu-x86_64-static"),
-    "arm64": Arch("arm64", "aarch64", "aarch64-linux-gnu", "/usr/lib/ld-linux-aarch64.so.1", MODULES,
-                  "qemu-aarch64-static", gzip_kernel=True),
-}
-AMD64 = ARCHES["amd64"]
-
-
-def out_dir(arch: Arch) -> Path:
-    """Where ``arch``'s ramdisk is built by default: x86's in OUT, the others beside it."""
-    return OUT if arch is AMD64 else OUT / arch.name
 
 # Pruned from the unpacked root (globs relative to it).
 PRUNE = (
@@ -193,10 +168,6 @@ KEEP_CODECS = frozenset({
 })
 
 
-def _run(argv: list[str], **kw: object) -> str:
-    return run(argv, **kw).stdout.decode()  # type: ignore[arg-type]  # run's keyword arguments, passed on
-
-
 # ---------------------------------------------------------------------------------------------
 # Packages
 
@@ -261,56 +232,6 @@ def _dependency_groups(text: str) -> list[list[str]]:
             continue
         virtual = False
     return [g for g in groups if g]
-
-
-def download(packages: list[str], dest: Path, arch: Arch = AMD64) -> list[Path]:
-    """The .deb of each package, downloaded once into ``dest``."""
-    dest.mkdir(parents=True, exist_ok=True)
-    missing = [p for p in packages if not _deb(dest, p)]
-    if missing:
-        print(f"initramfs: downloading {len(missing)} packages", flush=True)
-        run(["apt-get", "download", "-q", *_qualified(missing, arch)], cwd=str(dest), timeout=900)
-    debs = []
-    for p in packages:
-        deb = _deb(dest, p)
-        if deb is None:
-            sys.exit(f"initramfs: apt-get download gave no .deb for {p}")
-        debs.append(deb)
-    return debs
-
-
-def _qualified(packages: list[str], arch: Arch) -> list[str]:
-    """``packages`` as apt must be asked for them: NAME:ARCH, but NAME for an ``Architecture:
-    all`` package (apt knows no lsb-base:arm64). The host's own architecture: NAME."""
-    if arch.native():
-        return list(packages)
-    text = _run(["apt-cache", "show", "--no-all-versions", *packages])
-    arch_all = set(re.findall(r"(?m)^Package: (\S+)\n(?:[^\n]+\n)*?Architecture: all$", text))
-    return [p if p in arch_all else f"{p}:{arch.name}" for p in packages]
-
-
-def _deb(dest: Path, package: str) -> Path | None:
-    found = sorted(dest.glob(f"{package}_*.deb"))
-    return found[-1] if found else None
-
-
-def unpacked(deb: Path, dest: Path, then: Callable[[Path], None] | None = None) -> Path:
-    """``dest``, holding ``deb`` unpacked (``dpkg-deb -x``: no maintainer scripts) once. The
-    tree is made beside it, finished by ``then``, stamped with the .deb's name and renamed
-    into place: an interrupted unpack or another .deb is unpacked again."""
-    stamp = dest / ".deb"
-    if stamp.is_file() and stamp.read_text() == deb.name:
-        return dest
-    tmp = dest.with_name(dest.name + ".tmp")
-    for stale in (dest, tmp):
-        shutil.rmtree(stale, ignore_errors=True)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    run(["dpkg-deb", "-x", str(deb), str(tmp)], timeout=300)
-    if then is not None:
-        then(tmp)
-    (tmp / ".deb").write_text(deb.name)
-    tmp.rename(dest)
-    return dest
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.proc import run
-from initramfs import licences
+from initramfs import debs, licences
 
 LABEL = "BC_RAMDISK"          # the ISO's volume id; GRUB finds its files by it
 MAX_ISO_BYTES = 32_000_000    # issue #29: at most 32 MB per architecture
@@ -95,16 +95,14 @@ def missing_tools() -> str | None:
 
 def grub_trees(arch_name: str, out: Path) -> list[tuple[Loader, Path, Path]]:
     """(loader, its .deb, the .deb unpacked) for each GRUB core of ``arch_name``."""
-    from initramfs import build as ramdisk
-
-    arch = ramdisk.ARCHES[arch_name]
+    arch = debs.ARCHES[arch_name]
     loaders = LOADERS[arch_name]
-    debs = ramdisk.download([ld.package for ld in loaders], out / "debs", arch)
+    fetched = debs.download([ld.package for ld in loaders], out / "debs", arch)
     found = []
-    for loader, deb in zip(loaders, debs, strict=True):
+    for loader, deb in zip(loaders, fetched, strict=True):
         # grub-efi-arm64-bin unpacked where qemu/harness.py's grub_netboot() has it.
         dest = out / ("grub" if loader.package == "grub-efi-arm64-bin" else f"grub-{loader.platform}")
-        found.append((loader, deb, ramdisk.unpacked(deb, dest)))
+        found.append((loader, deb, debs.unpacked(deb, dest)))
     return found
 
 
@@ -113,12 +111,10 @@ def build_iso(kernel: Path, initrd: Path, target: Path, *, arch: str = "amd64",
     """``target``: a bootable ISO of ``kernel`` and ``initrd`` (see the module's docstring),
     its SBOM beside it (``target``.cdx.json) built on ``sbom``, the initramfs's. ``out``:
     where the GRUB packages are downloaded and unpacked (the arch's build directory)."""
-    from initramfs import build as ramdisk
-
     reason = missing_tools()
     if reason:
         raise IsoError(reason)
-    out = out if out is not None else ramdisk.out_dir(ramdisk.ARCHES[arch])
+    out = out if out is not None else debs.out_dir(debs.ARCHES[arch])
     script_text = grub_script(cmdline if cmdline is not None else default_cmdline(arch))
     trees = grub_trees(arch, out)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -191,10 +187,8 @@ def _fat_image(path: Path, files: list[tuple[str, Path]]) -> None:
 def grub_copyrights(trees: list[tuple[Loader, Path, Path]], arch: str, out: Path) -> dict[str, bytes]:
     """Each GRUB package's Debian copyright file (grub-common's, where its doc directory
     links there: that .deb is fetched for it alone)."""
-    from initramfs import build as ramdisk
-
     def fetch(name: str) -> Path:
-        return ramdisk.download([name], out / "debs", ramdisk.ARCHES[arch])[0]
+        return debs.download([name], out / "debs", debs.ARCHES[arch])[0]
 
     found: dict[str, bytes] = {}
     for loader, _deb, unpacked in trees:

@@ -72,7 +72,8 @@ def _run_args(p: argparse.ArgumentParser) -> None:
 
 @command("run", "serve commands from the gateway (dials out over TLS 1.3)", _run_args)
 def cmd_run(args: argparse.Namespace) -> int:
-    from agent.link.session import Session, SessionOptions
+    from agent.link.options import SessionOptions
+    from agent.link.session import Session
 
     loaded = settings.load_from_args(args)
     Session.check_config(loaded.config)  # before anything is created on disk

@@ -15,6 +15,7 @@ the command line itself) are kept in ``Config.extra``, read by no handler by nam
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import socket
@@ -26,17 +27,57 @@ from typing import Any
 from agent import catalog, limits
 from agent.config import Config
 from agent.errors import InvalidParameters
+from agent.link.options import SessionOptions
 
 
 @dataclass(frozen=True)
 class Setting:
-    key: str              # Config field (or session option) and config-file key
-    flag: str             # command-line flag
-    param: str            # kernel command line parameter
+    """One setting, named once: its Config field (or session option) and config-file key;
+    the flag and the kernel parameter are derived from the name (``--name-with-hyphens``,
+    ``bc.name``) unless the row gives its own (the older, shorter ones). The default is the
+    Config field's (or SessionOptions'), written there once; the help shows it (``shown``
+    words it where the value alone would say too little, or is computed at start)."""
+
+    key: str
     parse: Callable[[str], Any]
     help: str
+    flag: str = ""          # default: --key, with hyphens
+    param: str = ""         # default: bc.key
+    shown: str = ""         # the default as the help says it; default: the field's value
     multiple: bool = False  # a list: repeat the flag, a JSON list, or commas on the kernel line
     session: bool = False   # a session option, not a Config field
+
+    def __post_init__(self) -> None:
+        if not self.flag:
+            object.__setattr__(self, "flag", "--" + self.key.replace("_", "-"))
+        if not self.param:
+            object.__setattr__(self, "param", f"bc.{self.key}")
+
+    @property
+    def default(self) -> Any:
+        """The value when no source sets it: the Config field's or the session option's."""
+        owner = SessionOptions if self.session else Config
+        (f,) = [f for f in dataclasses.fields(owner) if f.name == self.key]
+        if f.default is not dataclasses.MISSING:
+            return f.default
+        assert f.default_factory is not dataclasses.MISSING, f"{self.key} has no default"
+        return f.default_factory()
+
+    def default_text(self) -> str:
+        if self.shown:
+            return self.shown
+        value = self.default
+        if value is None or value in ("", ()):
+            return "none"
+        if self.parse is _bytes:
+            return _bytes_text(value)
+        if self.parse is _path_list:
+            return ":".join(str(v) for v in value)
+        if isinstance(value, tuple):
+            return ",".join(str(v) for v in value)
+        if isinstance(value, float) and value.is_integer():
+            return str(int(value))
+        return str(value)
 
 
 def _role(text: str) -> catalog.Role:
@@ -70,14 +111,29 @@ def _port(text: str) -> int:
 
 def _path_list(text: str) -> tuple[Path, ...]:
     return tuple(Path(p) for p in text.split(":") if p)
+
+
+
+UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
 def _bytes(text: str) -> int:
     """A byte count: digits with an optional K, M, G or T (powers of 1024)."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    mult = units.get(text[-1:].upper(), 1)
+    mult = UNITS.get(text[-1:].upper(), 1)
     digits = text[:-1] if mult > 1 else text
     if not digits.isdigit() or int(digits) == 0:
         raise ValueError(f"{text!r} is not a byte count (e.g. 64G)")
     return int(digits) * mult
+
+
+def _bytes_text(value: int) -> str:
+    """A byte count as _bytes reads it back: 64G, 200M, 4097."""
+    for unit, mult in sorted(UNITS.items(), key=lambda u: -u[1]):
+        if value % mult == 0:
+            return f"{value // mult}{unit}"
+    return str(value)
+
+
 def _upstream(text: str) -> str:
     from agent.site.serve.upstreams import parse_entry
 
@@ -85,58 +141,64 @@ def _upstream(text: str) -> str:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("gateway", "--gateway", "bc.gateway", str, "gateway address, host:port"),
-    Setting("node_id", "--node", "bc.node", str, "this node's id (default: the host name)"),
-    Setting("role", "--role", "bc.role", _role, "ramdisk, node or site (default: ramdisk)"),
-    Setting("ca_bundle", "--ca", "bc.ca", Path, "CA bundle (PEM) that signs the gateway's certificate"),
-    Setting("client_cert", "--cert", "bc.cert", Path, "client certificate (PEM) for mutual TLS"),
-    Setting("client_key", "--key", "bc.key", Path, "its private key (PEM)"),
-    Setting("enrollment_token", "--token", "bc.token", str, "per-boot enrollment token (no client cert)"),
-    Setting("state_dir", "--state-dir", "bc.state", Path, "journal and node key (tmpfs in the ramdisk)"),
-    Setting("cache_dir", "--cache-dir", "bc.cache", Path, "download cache"),
-    Setting("trusted_keys", "--trusted-key", "bc.trust", Path,
-            "control-plane Ed25519 public key file or directory (repeatable)", multiple=True),
-    Setting("log_file", "--log-file", "bc.log", Path, "also log to this file"),
-    Setting("secrets_dir", "--secrets-dir", "bc.secrets", Path,
-            "site role: the secret store of BMC credentials (docs/site.md)"),
-    Setting("heartbeat_seconds", "--heartbeat", "bc.heartbeat", _positive,
-            "heartbeat interval when the gateway does not set one"),
-    Setting("max_signature_lifetime_seconds", "--max-signature-lifetime", "bc.max_sig_lifetime", _positive,
-            "longest signature lifetime accepted: a command expiring further out is refused (900)"),
-    Setting("site_address", "--site-address", "bc.site_address", str,
+    Setting("gateway", str, "gateway address, host:port"),
+    Setting("node_id", str, "this node's id", flag="--node", param="bc.node", shown="the host name"),
+    Setting("role", _role, "ramdisk, node or site"),
+    Setting("ca_bundle", Path, "CA bundle (PEM) that signs the gateway's certificate",
+            flag="--ca", param="bc.ca"),
+    Setting("client_cert", Path, "client certificate (PEM) for mutual TLS", flag="--cert", param="bc.cert"),
+    Setting("client_key", Path, "its private key (PEM)", flag="--key", param="bc.key"),
+    Setting("enrollment_token", str, "per-boot enrollment token (no client cert)",
+            flag="--token", param="bc.token"),
+    Setting("state_dir", Path, "journal and node key (tmpfs in the ramdisk)", param="bc.state"),
+    Setting("cache_dir", Path, "download cache", param="bc.cache", shown="STATE_DIR/cache"),
+    Setting("trusted_keys", Path, "control-plane Ed25519 public key file or directory (repeatable)",
+            flag="--trusted-key", param="bc.trust", multiple=True),
+    Setting("log_file", Path, "also log to this file", param="bc.log"),
+    Setting("secrets_dir", Path, "site role: the secret store of BMC credentials (docs/site.md)",
+            param="bc.secrets"),
+    Setting("heartbeat_seconds", _positive, "heartbeat interval when the gateway does not set one",
+            flag="--heartbeat", param="bc.heartbeat"),
+    Setting("max_signature_lifetime_seconds", _positive,
+            "longest signature lifetime accepted: a command expiring further out is refused",
+            flag="--max-signature-lifetime", param="bc.max_sig_lifetime"),
+    Setting("logs_allow", _path_list,
+            "logs.collect: the folders a named log file may be in, colon-separated"),
+    Setting("bulk_bandwidth_bytes_per_second", _bytes,
+            "the bulk lane's uploads (logs.collect, instance.snapshot) when the command sets no "
+            "rate: bytes a second, e.g. 200M"),
+    Setting("site_address", str,
             "site role: its address on the provisioning network (boot service, proxy routes)"),
-    Setting("site_http_port", "--site-http-port", "bc.site_http_port", _port,
-            "site role: the port of its HTTP service (default 8088)"),
-    Setting("site_interface", "--site-interface", "bc.site_interface", str,
-            "site role: the provisioning interface for proxy DHCP and TFTP (dnsmasq)"),
-    Setting("site_ipxe_dir", "--site-ipxe-dir", "bc.site_ipxe_dir", Path,
-            "site role: where undionly.kpxe and ipxe.efi are (default /usr/lib/ipxe)"),
-    Setting("bmc_max_in_flight", "--bmc-max-in-flight", "bc.bmc_max_in_flight", _count,
-            "site role: BMC operations in flight at once, the rest queued (default 512)"),
-    Setting("ipmi_max_sessions", "--ipmi-max-sessions", "bc.ipmi_max_sessions", _count,
-            "site role: concurrent IPMI sessions (ipmitool runs), site-wide (default 64)"),
-    Setting("nvml_library", "--nvml-library", "bc.nvml_library", str,
-            "the NVML library (libnvidia-ml.so.1) to load (default: $BC_NVML_LIBRARY, the loader's)"),
-    Setting("nvidia_smi", "--nvidia-smi", "bc.nvidia_smi", str, "the nvidia-smi of gpu.reset"),
-    Setting("dcgmi", "--dcgmi", "bc.dcgmi", str, "the dcgmi of diag.dcgm"),
-    Setting("nv_hostengine", "--nv-hostengine", "bc.nv_hostengine", str,
-            "the nv-hostengine diag.dcgm starts when none runs"),
-    Setting("snapshot_allow", "--snapshot-allow", "bc.snapshot_allow", _path_list,
-            "instance.snapshot: the folders a file source may be in, colon-separated"),
-    Setting("site_store_dir", "--site-store-dir", "bc.site_store_dir", Path,
-            "site role: the content store of image chunks, kernels and initrds, on a disk "
-            "(default STATE_DIR/site/store)"),
-    Setting("site_store_bytes", "--site-store-bytes", "bc.site_store_bytes", _bytes,
-            "site role: the content store's byte budget, e.g. 64G (default 64G)"),
-    Setting("site_metrics_address", "--site-metrics-address", "bc.site_metrics", str,
-            "site role: host:port of GET /metrics, or '' for none (default 127.0.0.1:9108)"),
-    Setting("site_upstreams", "--site-upstream", "bc.site_upstreams", _upstream,
-            "site role: a host, address or network proxy routes may reach (repeatable; default "
-            "any but loopback, link-local and the site's own)", multiple=True),
-    Setting("reconnect_min_seconds", "--reconnect-min", "bc.reconnect_min", _positive,
-            "base of the reconnect backoff (seconds)", session=True),
-    Setting("reconnect_max_seconds", "--reconnect-max", "bc.reconnect_max", _positive,
-            "cap of the reconnect backoff (seconds)", session=True),
+    Setting("site_http_port", _port, "site role: the port of its HTTP service"),
+    Setting("site_interface", str, "site role: the provisioning interface for proxy DHCP and TFTP (dnsmasq)"),
+    Setting("site_ipxe_dir", Path, "site role: where undionly.kpxe and ipxe.efi are"),
+    Setting("bmc_max_in_flight", _count, "site role: BMC operations in flight at once, the rest queued"),
+    Setting("bmc_max_queued", _count,
+            "site role: BMC operations queued beyond those in flight; more are refused (busy)"),
+    Setting("lane_max_queued", _count,
+            "commands queued on each lane beyond those running; more are refused (busy)"),
+    Setting("ipmi_max_sessions", _count, "site role: concurrent IPMI sessions (ipmitool runs), site-wide"),
+    Setting("nvml_library", str, "the NVML library (libnvidia-ml.so.1) to load",
+            shown="$BC_NVML_LIBRARY, else the loader's"),
+    Setting("nvidia_smi", str, "the nvidia-smi of gpu.reset"),
+    Setting("dcgmi", str, "the dcgmi of diag.dcgm"),
+    Setting("nv_hostengine", str, "the nv-hostengine diag.dcgm starts when none runs"),
+    Setting("snapshot_allow", _path_list,
+            "instance.snapshot: the folders a file source may be in, colon-separated",
+            shown="instance.snapshot's own"),
+    Setting("site_store_dir", Path,
+            "site role: the content store of image chunks, kernels and initrds, on a disk",
+            shown="STATE_DIR/site/store"),
+    Setting("site_store_bytes", _bytes, "site role: the content store's byte budget, e.g. 64G"),
+    Setting("site_metrics_address", str, "site role: host:port of GET /metrics, or '' for none",
+            param="bc.site_metrics"),
+    Setting("site_upstreams", _upstream,
+            "site role: a host, address or network proxy routes may reach (repeatable)",
+            flag="--site-upstream", shown="any but loopback, link-local and the site's own", multiple=True),
+    Setting("reconnect_min_seconds", _positive, "base of the reconnect backoff (seconds)",
+            flag="--reconnect-min", param="bc.reconnect_min", session=True),
+    Setting("reconnect_max_seconds", _positive, "cap of the reconnect backoff (seconds)",
+            flag="--reconnect-max", param="bc.reconnect_max", session=True),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 BY_PARAM = {s.param: s for s in SETTINGS}
@@ -153,7 +215,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="kernel command line to read bc.* parameters from (default: /proc/cmdline)")
     for s in SETTINGS:
         g.add_argument(s.flag, dest=f"setting_{s.key}", action="append" if s.multiple else "store",
-                       metavar=s.key.upper(), help=f"{s.help} [{s.param}=]")
+                       metavar=s.key.upper(), help=f"{s.help} (default: {s.default_text()}) [{s.param}=]")
 
 
 def parse_cmdline(text: str) -> dict[str, str]:

@@ -1,8 +1,8 @@
 """Image manifests: the digest of every chunk of a raw image, so that a deploy verifies each
 chunk before it writes it, hashes on every core, and never hashes nor downloads a zero chunk.
 
-    plan = manifest.parse(data)              # an ImageManifest or a bmaptool .bmap v2 file
-    plan.segments                            # [Segment(offset, length, digest or None)]
+    plan = manifest.parse(data)              # an ImageManifest or a bmaptool .bmap v2 file: a Plan
+    plan.segments                            # [Segment(offset, length, digest or None)] (plan.py)
     m = manifest.build(path)                 # ImageManifest of a raw or compressed image
     path, sha256, m = manifest.write(image)  # ... written beside it (what `agent manifest` does)
     agent manifest IMAGE [-o FILE]           # writes IMAGE.manifest, prints its sha256
@@ -29,16 +29,13 @@ import os
 import re
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from agent import limits
 from agent.errors import InvalidParameters
+from agent.images import image
+from agent.images.plan import Plan, Segment
 from agent.proto import agent_pb2, common_pb2
-
-if TYPE_CHECKING:
-    from agent.images import image
 
 VERSION = 1
 DEFAULT_CHUNK = 4 << 20
@@ -49,34 +46,6 @@ MAX_MANIFEST = 64 << 20       # bytes of a manifest file (a 4 MiB-chunk manifest
 MAX_BMAP_PIECE = 8 << 20      # a mapped range of a .bmap is read, hashed and written in such pieces
 
 Fmt = agent_pb2.ImageFormat
-
-
-@dataclass(frozen=True)
-class Segment:
-    """A stretch of the raw image: its digest, or None for zeros."""
-
-    index: int          # the chunk's index (a .bmap: the range's, counting unmapped ones too)
-    offset: int
-    length: int
-    digest: bytes | None
-
-    @property
-    def end(self) -> int:
-        return self.offset + self.length
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A parsed manifest: what every byte of the raw image must be."""
-
-    kind: str                       # "manifest" or "bmap"
-    algorithm: str
-    image_size: int
-    chunk_size: int                 # the largest segment a deploy holds in one buffer
-    segments: tuple[Segment, ...]
-    published: image.Digest | None = None
-    published_size: int = 0
-    published_format: int = -1       # of the file the manifest was made from (-1: not said)
 
 
 @functools.lru_cache(maxsize=16)
@@ -138,9 +107,7 @@ def from_proto(m: agent_pb2.ImageManifest, what: str = "manifest") -> Plan:
         segments.append(Segment(i, offset, length, None if zero else digest))
     published = None
     if m.HasField("published") and m.published.hex:
-        from agent.images.image import Digest
-
-        published = Digest.from_proto(m.published, what)
+        published = image.Digest.from_proto(m.published, what)
     return Plan("manifest", m.algorithm, m.image_size, chunk, tuple(segments), published, m.published_size,
                 m.published_format if m.HasField("published") else -1)
 
@@ -235,7 +202,6 @@ def build(path: Path, *, chunk_size: int = DEFAULT_CHUNK,
     thread reads (and decompresses), a pool sized to the cores hashes the chunks, and an
     all-zero chunk (found with memcmp) gets the zero digest without being hashed."""
     from agent.hw.diskio import all_zero
-    from agent.images import image
 
     if chunk_size & (chunk_size - 1) or not MIN_CHUNK <= chunk_size <= MAX_CHUNK:
         raise InvalidParameters(_bad_chunk(chunk_size, "manifest"))

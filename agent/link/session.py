@@ -35,7 +35,6 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -45,6 +44,7 @@ from agent import limits
 from agent.config import Config
 from agent.errors import AgentError, InvalidParameters
 from agent.link import wire
+from agent.link.options import SessionOptions
 from agent.proto import session_pb2
 
 log = logging.getLogger(__name__)
@@ -76,16 +76,6 @@ class AgentLike(Protocol):
     def drain(self, timeout: float | None = None) -> None: ...
     def subscribe(self, sink: Callable[[session_pb2.Frame], None]) -> None: ...
     def add_exit_hook(self, fn: Callable[[], None]) -> None: ...
-
-
-@dataclass(frozen=True)
-class SessionOptions:
-    reconnect_min_seconds: float = 0.5      # base of the exponential backoff
-    reconnect_max_seconds: float = 30.0     # its cap
-    connect_timeout_seconds: float = 10.0   # TCP + TLS handshake + Hello/Welcome
-    max_frame_bytes: int = wire.MAX_FRAME_BYTES
-    exit_flush_seconds: float = 5.0         # how long the exit hook waits for the queue
-    offline_buffer: int = 1000              # progress/log frames kept during a handshake
 
 
 def parse_address(address: str) -> tuple[str, int]:

@@ -31,12 +31,12 @@ from collections.abc import Callable
 from google.protobuf.message import DecodeError
 
 from agent.errors import AgentError
+from agent.link.options import MAX_FRAME_BYTES as MAX_FRAME_BYTES  # the session's limit too
 from agent.proto import session_pb2
 
 log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1                     # the session protocol the Hello announces
-MAX_FRAME_BYTES = 4 * 1024 * 1024
 HEADER = struct.Struct(">I")
 
 # ProtocolError codes (also the close reasons a Channel reports).

@@ -145,7 +145,9 @@ class Agent:
         self.node_key = NodeKey.load_or_create(state_dir / "node.key")
         self.trust = TrustStore.load(config.trusted_keys)
         self.journal = Journal(state_dir / "journal", compact_bytes=journal_compact_bytes)
-        self.scheduler = scheduler.Scheduler(workers, keyed_cap=config.bmc_max_in_flight)
+        self.scheduler = scheduler.Scheduler(workers, keyed_cap=config.bmc_max_in_flight,
+                                             max_queued=config.lane_max_queued,
+                                             keyed_max_queued=config.bmc_max_queued)
         self.locks = ResourceLocks()
         # What a command leaves for the next on the same BMC (its Redfish paths and connection).
         self.kept = Kept(limit=KEPT_ENTRIES, idle=KEPT_IDLE_SECONDS)
@@ -413,6 +415,9 @@ class Agent:
         if self._draining or self._terminating is not None:
             why = "draining" if self._draining else f"{self._terminating} is ending the agent"
             raise Draining(f"not accepting commands: {why}")
+        # Its queue full: refused before it is journaled (submit holds _admit: no other command
+        # enters a queue between this look and its own).
+        self.scheduler.room(kind.lane, self.handlers[kind.name].serial_key(params))
         return kind, params, timeout
 
     def _parse(self, kind: catalog.Kind, payload: Message) -> Any:

@@ -11,8 +11,8 @@ worker in its place. Whatever the abandoned thread returns later is dropped.
 A job may carry a ``key`` (the site's BMC operations: "bmc:<host>:<port>"): it takes no lane
 worker but runs on the keyed pool, whose workers are made on demand up to ``keyed_cap`` (the
 site's cap on BMC operations in flight) and end after a while idle. Jobs of one key run one at a
-time, in their order of arrival; jobs past the cap wait in the pool's queue (never refused) and
-are told so by a "queued" progress frame. A keyed job's deadline runs from its arrival: its
+time, in their order of arrival; jobs past the cap wait in the pool's queue and are told so by a
+"queued" progress frame. A keyed job's deadline runs from its arrival: its
 wait behind its key's earlier jobs counts (as a wait for a lock would), its wait for a place
 under the cap does not (as a lane's queue wait never does), and the watchdog ends a job that
 reaches its deadline still behind its key's earlier jobs. The key is released when the job is
@@ -20,6 +20,11 @@ reported finished, at its deadline or cancel at the latest: a handler abandoned 
 cancel event set and its requests cut (agent/net/http.py), and can no longer reach the BMC. A wait
 on one BMC thus never holds a lane worker, another BMC or a lock past its deadline
 (docs/site.md, "How BMC work is scheduled").
+
+Every queue has a bound: a lane's holds at most ``max_queued`` jobs waiting for a worker, the
+keyed pool's at most ``keyed_max_queued`` (the settings' ``lane_max_queued`` and
+``bmc_max_queued``). Past it a job is refused with Busy (reason ``busy``): ``room`` says so
+before the runtime journals the command (its admission), and ``submit`` refuses it too.
 
 The scheduler knows nothing of journals or results: it calls ``Job.on_start`` before the body
 and ``Job.on_done`` exactly once with either the body's return value or the error.
@@ -41,12 +46,14 @@ from typing import Any
 from agent.catalog import Kind, Lane
 from agent.commands.base import Context
 from agent.deadlines import DeadlineWatch
-from agent.errors import AgentError, Cancelled, CommandTimeout, Draining, Reason
+from agent.errors import AgentError, Busy, Cancelled, CommandTimeout, Draining, Reason
 
 log = logging.getLogger(__name__)
 
 DEFAULT_WORKERS: Mapping[Lane, int] = {Lane.CONTROL: 4, Lane.PROVISION: 4, Lane.BULK: 2}
 DEFAULT_KEYED_CAP = 512          # keyed jobs (BMC operations) in flight at once, site-wide
+DEFAULT_MAX_QUEUED = 256         # jobs waiting on each lane (Config.lane_max_queued)
+DEFAULT_KEYED_MAX_QUEUED = 4096  # keyed jobs waiting (Config.bmc_max_queued)
 KEYED_IDLE_SECONDS = 30.0        # a keyed worker with nothing to do for this long ends
 
 _current = threading.local()
@@ -131,6 +138,8 @@ class Scheduler:
         *,
         keyed_cap: int = DEFAULT_KEYED_CAP,
         keyed_idle_seconds: float = KEYED_IDLE_SECONDS,
+        max_queued: int = DEFAULT_MAX_QUEUED,
+        keyed_max_queued: int = DEFAULT_KEYED_MAX_QUEUED,
     ) -> None:
         self._workers_per_lane = dict(DEFAULT_WORKERS if workers is None else workers)
         for lane in Lane:
@@ -138,6 +147,9 @@ class Scheduler:
                 raise ValueError(f"lane {lane} needs at least one worker")
         if keyed_cap < 1:
             raise ValueError("the keyed pool needs at least one worker")
+        if max_queued < 1 or keyed_max_queued < 1:
+            raise ValueError("a queue holds at least one job")
+        self.max_queued, self.keyed_max_queued = max_queued, keyed_max_queued
         # One lock, and a condition for each kind of waiter on it, each woken only for what it
         # waits for: a lane's workers for a job on that lane (one of them), the keyed pool's for
         # a key that may start, and wait_idle's callers for a job gone. The watchdog is the
@@ -231,12 +243,30 @@ class Scheduler:
 
     # -- submitting, cancelling, observing -----------------------------------------------------
 
+    def room(self, lane: Lane, key: str = "") -> None:
+        """Busy when a job of ``lane`` (of ``key``: the keyed pool's) would find its queue full.
+        The runtime asks at admission, before it journals the command."""
+        with self._cond:
+            self._check_room(lane, key)
+
+    def _check_room(self, lane: Lane, key: str) -> None:
+        if key:
+            if self.keyed.queued >= self.keyed_max_queued:
+                raise Busy(f"{self.keyed.queued} BMC operations queued, the most this agent queues"
+                           f" (bmc_max_queued; {self.keyed.in_flight} in flight): try again later",
+                           queue="keyed", queued=self.keyed.queued, bound=self.keyed_max_queued)
+        elif len(self._queues[lane]) >= self.max_queued:
+            raise Busy(f"{len(self._queues[lane])} commands queued on lane {lane}, the most it queues"
+                       f" (lane_max_queued): try again later",
+                       queue=str(lane), queued=len(self._queues[lane]), bound=self.max_queued)
+
     def submit(self, job: Job) -> None:
         with self._cond:
             if self._stopping:
                 raise Draining("the scheduler is stopping")
             if job.id in self._jobs:
                 raise AgentError(f"command {job.id} is already on a lane", reason=Reason.REPLAYED)
+            self._check_room(job.lane, job.key)
             job.state = JobState.QUEUED
             self._jobs[job.id] = job
             if job.key:

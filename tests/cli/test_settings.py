@@ -79,3 +79,86 @@ def test_site_store_and_metrics_settings() -> None:
     for bad in ("0", "12X", "G", "-1"):
         with pytest.raises(InvalidParameters, match="site_store_bytes"):
             settings.load({"site_store_bytes": bad}, None, "")
+
+
+# -- every setting in the table -------------------------------------------------------------
+
+SAMPLES = {  # a value each kind of row reads, none of them a default
+    str: "sample", Path: "/sample/path", settings._role: "site", settings._positive: "7",
+    settings._count: "7", settings._port: "7", settings._bytes: "3M",
+    settings._path_list: "/a:/b", settings._upstream: "10.9.0.0/16",
+}
+
+
+def _config_reads() -> set[str]:
+    """The Config fields the package reads (``config.X``, ``ctx.config.X``, ``self.config.X``)."""
+    import ast
+    import dataclasses
+
+    from agent.config import Config
+
+    fields = {f.name for f in dataclasses.fields(Config)}
+    found: set[str] = set()
+    for path in (Path(__file__).resolve().parents[2] / "agent").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in fields:
+                owner = node.value
+                name = owner.id if isinstance(owner, ast.Name) else getattr(owner, "attr", "")
+                if name == "config":
+                    found.add(node.attr)
+    return found
+
+
+def test_every_config_field_read_has_a_row() -> None:
+    import dataclasses
+
+    from agent.config import Config
+
+    reads = _config_reads()
+    assert {"logs_allow", "bulk_bandwidth_bytes_per_second", "state_dir"} <= reads  # the scan sees them
+    missing = sorted(reads - set(settings.BY_KEY) - {"extra"})
+    assert not missing, f"Config fields read by the agent that no setting sets: {missing}"
+    unset = sorted({f.name for f in dataclasses.fields(Config)} - set(settings.BY_KEY) - {"extra"})
+    assert not unset, f"Config fields no setting sets: {unset}"
+
+
+@pytest.mark.parametrize("row", settings.SETTINGS, ids=lambda s: s.key)
+def test_every_row_reaches_config_from_each_source(row: settings.Setting, tmp_path: Path) -> None:
+    sample = SAMPLES[row.parse]
+    want = settings._convert(row, [sample] if row.multiple else sample, "test")
+    assert want != row.default
+    cfg = tmp_path / "agent.json"
+    cfg.write_text(json.dumps({row.key: [sample] if row.multiple else sample}))
+    flag = [sample] if row.multiple else sample
+    pair = {"client_cert": "client_key", "client_key": "client_cert"}.get(row.key)
+    other = {pair: "/the/other.pem"} if pair else {}   # a certificate needs its key
+    for loaded in (settings.load({row.key: flag, **other}, None, ""),
+                   settings.load(other, cfg, ""),
+                   settings.load(other, None, f"{row.param}={sample}")):
+        got = loaded.session[row.key] if row.session else getattr(loaded.config, row.key)
+        assert got == want
+    if not row.session:
+        assert "_" not in row.flag and row.flag.startswith("--") and row.param.startswith("bc.")
+
+
+def test_the_help_shows_each_default_once_from_config() -> None:
+    import argparse
+
+    p = argparse.ArgumentParser()
+    settings.add_arguments(p)
+    text = "".join(p.format_help().split())   # argparse wraps lines, at hyphens too
+    for row in settings.SETTINGS:
+        assert "".join(f"(default: {row.default_text()}) [{row.param}=]".split()) in text, row.key
+        assert "default" not in row.help, f"{row.key}: the default is the field's, not the help's"
+    rows = settings.BY_KEY
+    assert rows["bulk_bandwidth_bytes_per_second"].default_text() == "200M"
+    assert rows["logs_allow"].default_text() == "/var/log:/run/bettercompute-agent"
+    assert rows["site_http_port"].default_text() == "8088"
+    assert rows["logs_allow"].flag == "--logs-allow" and rows["logs_allow"].param == "bc.logs_allow"
+
+
+def test_logs_allow_and_the_bulk_bandwidth_are_settings() -> None:
+    c = settings.load({"bulk_bandwidth_bytes_per_second": "50M"}, None,
+                      "bc.logs_allow=/var/log:/srv/logs").config
+    assert c.bulk_bandwidth_bytes_per_second == 50 << 20
+    assert c.logs_allow == (Path("/var/log"), Path("/srv/logs"))

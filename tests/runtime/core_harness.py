@@ -157,6 +157,7 @@ class World:
         role: Role = Role.RAMDISK,
         boot_id: str = "boot-A",
         cmdline: str = "",
+        settings: dict[str, Any] | None = None,   # Config fields beyond the World's
         **kwargs: Any,
     ) -> tuple[Agent, Frames]:
         for h in handlers.values():
@@ -164,7 +165,7 @@ class World:
                 self.releases.append(h.release)
         self.boot_id = boot_id
         agent = Agent(
-            Config(state_dir=self.state, node_id=NODE, role=role, trusted_keys=self.keys),
+            Config(state_dir=self.state, node_id=NODE, role=role, trusted_keys=self.keys, **(settings or {})),
             handlers=handlers, boot_id=boot_id, cmdline=cmdline, **kwargs,
         )
         frames = Frames()

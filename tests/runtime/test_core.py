@@ -236,6 +236,30 @@ def test_no_handler_is_unsupported_and_not_in_hello(world: World) -> None:
     assert list(hello.kinds) == ["inventory.refresh"]
 
 
+def test_a_full_lane_refuses_busy_at_admission_with_nothing_journaled(world: World) -> None:
+    """lane_max_queued: past the bound a command is refused ``busy`` before it is journaled,
+    and the same command sent again once there is room runs (the control plane's retry)."""
+    wipe = Blocking("disk.wipe")
+    agent, frames = world.agent({"disk.wipe": wipe, "inventory.refresh": Quick("inventory.refresh")},
+                                workers={Lane.CONTROL: 1, Lane.PROVISION: 1, Lane.BULK: 1},
+                                settings={"lane_max_queued": 2})
+    accepted(agent.submit(world.command("w1", "disk.wipe")))
+    assert wipe.started.wait(WAIT)                      # w1 holds the provision lane's worker
+    accepted(agent.submit(world.command("w2", "disk.wipe")))
+    accepted(agent.submit(world.command("w3", "disk.wipe")))   # two queued: the bound
+    late = world.command("w4", "disk.wipe")
+    answer = agent.submit(late)
+    assert rejected(answer) == "busy" and "lane_max_queued" in answer.message
+    assert agent.journal.lookup("w4") is None
+    accepted(agent.submit(world.command("i1", "inventory.refresh")))  # the control lane has room
+    assert frames.result("i1").status == session_pb2.SUCCEEDED
+    wipe.release.set()
+    for cid in ("w1", "w2", "w3"):
+        assert frames.result(cid).status == session_pb2.SUCCEEDED
+    accepted(agent.submit(late))                         # the same command, sent again, runs
+    assert frames.result("w4").status == session_pb2.SUCCEEDED
+
+
 def test_drain_refuses_new_commands_after_finishing(world: World) -> None:
     wipe = Blocking("disk.wipe")
     agent, frames = world.agent({"disk.wipe": wipe, "inventory.refresh": Quick("inventory.refresh")})

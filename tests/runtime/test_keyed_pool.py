@@ -14,7 +14,7 @@ import pytest
 from agent import catalog
 from agent.catalog import Lane
 from agent.commands.base import Context
-from agent.errors import AgentError, CommandTimeout, Reason
+from agent.errors import AgentError, Busy, CommandTimeout, Reason
 from agent.proto import session_pb2
 from agent.runtime.scheduler import Job, Scheduler
 from tests.runtime.harness import wait_until
@@ -164,3 +164,32 @@ def test_an_error_is_counted_by_its_reason(pool: Scheduler) -> None:
     pool.submit(keyed("f", "bmc:f", fails, out))
     assert out.wait("f")[1] is not None
     assert pool.keyed.failed == {str(Reason.UNREACHABLE): 1}
+
+
+def test_the_pools_queue_past_its_bound_refuses_busy() -> None:
+    s = Scheduler({Lane.CONTROL: 1, Lane.PROVISION: 1, Lane.BULK: 1},
+                  keyed_cap=1, keyed_max_queued=2)
+    s.start()
+    try:
+        release, started, out = threading.Event(), [], Outcomes()
+        s.submit(keyed("k0", "bmc:a", blocker(release, started), out))
+        wait_until(lambda: s.keyed.in_flight == 1, WAIT, "the first job to run")
+        s.submit(keyed("k1", "bmc:b", blocker(release, started), out))   # past the cap: queued
+        s.submit(keyed("k2", "bmc:a", blocker(release, started), out))   # behind its key
+        assert s.keyed.queued == 2
+        with pytest.raises(Busy) as refused:
+            s.room(Lane.CONTROL, "bmc:c")
+        assert refused.value.reason is Reason.BUSY and "bmc_max_queued" in refused.value.message
+        assert refused.value.details == {"queue": "keyed", "queued": "2", "bound": "2"}
+        with pytest.raises(Busy):
+            s.submit(keyed("k3", "bmc:c", blocker(release, started), out))
+        assert s.get("k3") is None
+        s.submit(plain("lane", out))                   # the lanes' queues are their own
+        assert out.wait("lane") == ("ok", None)
+        release.set()
+        for cid in ("k0", "k1", "k2"):
+            assert out.wait(cid) == (cid, None)
+        s.room(Lane.CONTROL, "bmc:c")
+        assert "k3" not in out.done and s.keyed.queued == 0
+    finally:
+        s.stop(timeout=5)

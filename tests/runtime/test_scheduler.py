@@ -12,7 +12,7 @@ import pytest
 from agent import catalog
 from agent.catalog import Lane
 from agent.commands.base import Context
-from agent.errors import AgentError, Cancelled, CommandTimeout, Reason
+from agent.errors import AgentError, Busy, Cancelled, CommandTimeout, Reason
 from agent.runtime.scheduler import Job, JobState, Scheduler
 from tests.runtime.harness import wait_until
 from tests.runtime.procs import kill_leftovers, wait_group_gone
@@ -225,3 +225,38 @@ def test_a_job_counts_as_busy_until_its_outcome_is_reported(sched: Scheduler) ->
                      body=lambda c: "ok", on_done=slow_report))
     assert sched.wait_idle(except_id=None, deadline=time.monotonic() + WAIT) == []
     assert reported == ["r"]
+
+
+def test_a_lane_queue_past_its_bound_refuses_busy() -> None:
+    s = Scheduler({Lane.CONTROL: 1, Lane.PROVISION: 1, Lane.BULK: 1},
+                  max_queued=2)
+    s.start()
+    try:
+        release, started, out = threading.Event(), threading.Event(), Outcomes()
+
+        def hold(c: Context) -> str:
+            started.set()
+            return "ok" if release.wait(WAIT) else "late"
+
+        s.submit(job("run", "disk.wipe", hold, out))
+        assert started.wait(WAIT)                       # the one provision worker is taken
+        s.submit(job("q1", "disk.wipe", hold, out))
+        s.room(Lane.PROVISION)                          # one place left
+        s.submit(job("q2", "disk.wipe", hold, out))
+        with pytest.raises(Busy) as refused:
+            s.room(Lane.PROVISION)
+        assert refused.value.reason is Reason.BUSY
+        assert refused.value.details == {"queue": "provision", "queued": "2", "bound": "2"}
+        with pytest.raises(Busy):
+            s.submit(job("q3", "disk.wipe", hold, out))
+        assert s.get("q3") is None
+        s.room(Lane.CONTROL)                            # another lane's queue is its own
+        s.submit(job("inv", "inventory.refresh", lambda c: "inventory", out))
+        assert out.wait("inv") == ("inventory", None)
+        release.set()
+        for cid in ("run", "q1", "q2"):
+            assert out.wait(cid) == ("ok", None)
+        s.room(Lane.PROVISION)
+        assert "q3" not in out.done
+    finally:
+        s.stop(timeout=5)

@@ -54,6 +54,7 @@ from agent.site.boot.fields import (
     script_safe_url,
 )
 from agent.site.serve.chunkstore import DIGEST, ChunkStore
+from agent.site.ttltable import TtlTable
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +189,9 @@ class BootEntries:
         self.on_change = on_change
         self.http_options = http_options or http.HttpOptions(timeout=30.0, max_retries=3)
         self.entries_dir = root / "entries"
+        self.table: TtlTable[BootEntry] = TtlTable(self.entries_dir, "boot entry",
+                                                    name=lambda e: e.mac_hex,
+                                                    parse=BootEntry.from_json, dump=BootEntry.to_json)
         self.hosts_dir = root / "hosts"
         self.scripts_dir = root / "scripts"
         # The content store the kernels and initrds are kept in: the site's, shared with the
@@ -204,30 +208,16 @@ class BootEntries:
         """Load the entries on disk, drop the expired and malformed, and rewrite the host
         files and scripts from the entries (anything else in those folders is removed).
         Returns the MACs dropped."""
-        for d, mode in ((self.root, 0o700), (self.entries_dir, 0o700), (self.hosts_dir, 0o755),
-                        (self.scripts_dir, 0o755)):
+        for d, mode in ((self.root, 0o700), (self.hosts_dir, 0o755), (self.scripts_dir, 0o755)):
             d.mkdir(parents=True, exist_ok=True)
             os.chmod(d, mode)
-        dropped: list[str] = []
-        now = time.time()
         with self._lock:
+            loaded = self.table.load()
             self._entries.clear()
-            for path in sorted(self.entries_dir.glob("*.json")):
-                try:
-                    entry = BootEntry.from_json(path.read_text())
-                except (OSError, ValueError, TypeError, KeyError, InvalidParameters) as exc:
-                    log.warning("boot entry %s unreadable, dropped: %s", path.name, exc)
-                    _unlink(path)
-                    continue
-                if entry.expired(now) or path.name != f"{entry.mac_hex}.json":
-                    log.info("boot entry for %s (node %s) expired while the daemon was away; "
-                             "dropped", entry.mac, entry.node_id)
-                    _unlink(path)
-                    dropped.append(entry.mac)
-                    continue
-                self._entries[entry.mac] = entry
+            self._entries.update((entry.mac, entry) for entry in loaded.live)
+            dropped = [entry.mac for entry in loaded.dropped]
             self._entries_changed()
-            for leftover in [*self.entries_dir.glob(".*.tmp"), *self.root.glob(".*.tmp")]:
+            for leftover in self.root.glob(".*.tmp"):   # the host files' temporaries
                 _unlink(leftover)
             wanted_hosts = {e.mac_hex for e in self._entries.values()}
             wanted_scripts = {f"{e.mac_hyphen}.ipxe" for e in self._entries.values()}
@@ -267,8 +257,7 @@ class BootEntries:
             if previous is not None and previous.node_id != entry.node_id:
                 log.warning("MAC %s moves from node %s to node %s", entry.mac, previous.node_id,
                             entry.node_id)
-            write_atomic(self.entries_dir / f"{entry.mac_hex}.json", entry.to_json().encode(),
-                         0o600)
+            self.table.save(entry)
             self._write_files(entry)
             self._entries[entry.mac] = entry
             self._entries_changed()
@@ -305,7 +294,7 @@ class BootEntries:
         """Drop the expired entries; called by the service's timer."""
         now = time.time() if now is None else now
         with self._lock:
-            gone = [e for e in self._entries.values() if e.expired(now)]
+            gone = self.table.due(self._entries.values(), now)
             for entry in gone:
                 log.info("boot entry %s (node %s, MAC %s) expired", entry.entry_id,
                          entry.node_id, entry.mac)
@@ -392,7 +381,7 @@ class BootEntries:
         # the next start, before dnsmasq runs.
         write_atomic(self.hosts_dir / entry.mac_hex, b"", tmp_dir=self.root)
         _unlink(self.scripts_dir / f"{entry.mac_hyphen}.ipxe")
-        _unlink(self.entries_dir / f"{entry.mac_hex}.json")
+        self.table.remove(entry)
         self._entries.pop(entry.mac, None)
         self._entries_changed()
 

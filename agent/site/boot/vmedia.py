@@ -62,6 +62,7 @@ from agent.site.boot.fields import (
     script_safe_url,
 )
 from agent.site.serve.chunkstore import DIGEST, ChunkStore
+from agent.site.ttltable import TtlTable
 
 log = logging.getLogger(__name__)
 
@@ -297,6 +298,9 @@ class MediaSet:
     def expired(self, now: float | None = None) -> bool:
         return (time.time() if now is None else now) >= self.expires_at
 
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
     @classmethod
     def from_json(cls, text: str) -> MediaSet:
         data = json.loads(text)
@@ -317,6 +321,8 @@ class MediaSets:
         self.base_url = base_url.rstrip("/")
         self.http_options = http_options or http.HttpOptions(timeout=30.0, max_retries=3)
         self.sets_dir = root / "sets"
+        self.table: TtlTable[MediaSet] = TtlTable(self.sets_dir, "media set", name=lambda m: m.mac_hex,
+                                                  parse=MediaSet.from_json, dump=MediaSet.to_json)
         self.config_dir = root / "config"
         self.store = store or ChunkStore(root / "store", protected=self.digests_in_use)
         self._lock = threading.RLock()
@@ -327,37 +333,22 @@ class MediaSets:
     def reconcile(self) -> list[str]:
         """Load the sets on disk; drop the expired and malformed and their media. Returns the
         MACs dropped."""
-        for d in (self.root, self.sets_dir, self.config_dir):
+        for d in (self.root, self.config_dir):
             d.mkdir(parents=True, exist_ok=True)
             os.chmod(d, 0o700)
         shutil.rmtree(self.root / "cache", ignore_errors=True)  # by URL: earlier versions'
         if self.store.root.parent == self.root:
             self.store.reconcile()  # its own store; the site's is reconciled by the services
-        dropped: list[str] = []
         with self._lock:
-            self._sets.clear()
-            self._tokens.clear()
-            for path in sorted(self.sets_dir.glob("*.json")):
-                try:
-                    media = MediaSet.from_json(path.read_text())
-                except (OSError, ValueError, TypeError, KeyError, InvalidParameters) as exc:
-                    log.warning("media set %s unreadable, dropped: %s", path.name, exc)
-                    path.unlink(missing_ok=True)
-                    continue
-                if media.expired() or path.name != f"{media.mac_hex}.json" \
-                        or not (self.config_dir / f"{media.mac_hex}.iso").is_file():
-                    path.unlink(missing_ok=True)
-                    dropped.append(media.mac)
-                    continue
-                self._sets[media.mac] = media
-                self._tokens[media.token] = media
+            loaded = self.table.load(check=lambda m: (self.config_dir / f"{m.mac_hex}.iso").is_file())
+            dropped = [media.mac for media in loaded.dropped]
+            self._sets = {media.mac: media for media in loaded.live}
+            self._tokens = {media.token: media for media in loaded.live}
             self._changed()
             wanted = {f"{m.mac_hex}.iso" for m in self._sets.values()}
             for path in self.config_dir.iterdir():
                 if path.name not in wanted:
                     path.unlink(missing_ok=True)
-            for path in self.sets_dir.glob(".*.tmp"):
-                path.unlink(missing_ok=True)
         return dropped
 
     def register(self, req: MediaRequest, cancel: threading.Event | None = None) -> MediaSet:
@@ -370,8 +361,7 @@ class MediaSets:
         with self._lock:
             previous = self._sets.get(media.mac)
             write_atomic(self.config_dir / f"{media.mac_hex}.iso", medium, 0o600)
-            write_atomic(self.sets_dir / f"{media.mac_hex}.json",
-                         json.dumps(asdict(media), sort_keys=True).encode(), 0o600)
+            self.table.save(media)
             if previous is not None:
                 self._tokens.pop(previous.token, None)
             self._sets[media.mac] = media
@@ -417,7 +407,7 @@ class MediaSets:
     def expire(self, now: float | None = None) -> list[MediaSet]:
         now = time.time() if now is None else now
         with self._lock:
-            gone = [m for m in self._sets.values() if m.expired(now)]
+            gone = self.table.due(self._sets.values(), now)
             for media in gone:
                 log.info("virtual media of node %s (MAC %s) expired", media.node_id, media.mac)
                 self._drop(media)
@@ -439,7 +429,7 @@ class MediaSets:
         return self.config_dir / f"{media.mac_hex}.iso"
 
     def _drop(self, media: MediaSet) -> None:
-        (self.sets_dir / f"{media.mac_hex}.json").unlink(missing_ok=True)
+        self.table.remove(media)
         (self.config_dir / f"{media.mac_hex}.iso").unlink(missing_ok=True)
         self._sets.pop(media.mac, None)
         self._tokens.pop(media.token, None)

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import BinaryIO
 
-from agent.images.manifest import Plan, Segment
+from agent.images.plan import Plan, Segment
 from agent.net import http as agent_http
 from agent.site.metrics import Metrics
 from agent.site.serve.chunkstore import ChunkStore, StoreFull

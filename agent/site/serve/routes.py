@@ -49,13 +49,14 @@ from agent.atomicfile import write_atomic
 from agent.errors import InvalidParameters
 from agent.images import manifest
 from agent.images.filesource import FileRef, parse_source
-from agent.images.manifest import Plan
+from agent.images.plan import Plan
 from agent.net import http as agent_http
 from agent.net.connect import close_quietly
 from agent.net.pool import BadRedirect, ConnectionPool, follow
 from agent.proto import site_pb2
 from agent.site.boot.fields import parse_node_id, parse_ttl
 from agent.site.serve.upstreams import UpstreamPolicy
+from agent.site.ttltable import TtlTable
 
 log = logging.getLogger(__name__)
 
@@ -224,29 +225,20 @@ class RouteTable:
         self.upstreams = upstream_pool()   # the routes' kept-alive upstream connections
         self._lock = threading.Lock()
         self._routes: dict[str, Route] = {}
+        self.table: TtlTable[Route] = TtlTable(root, "route", name=lambda r: r.id,
+                                               parse=Route.from_json, dump=lambda r: r.to_json())
 
     def reconcile(self) -> int:
         """Load the routes on disk; drop the expired and unreadable. Returns how many live."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.root.chmod(0o700)
-        now = time.time()
+        def manifest_matches(route: Route) -> bool:
+            if route.manifest:
+                route.plan = self._load_manifest(route)
+            return True
+
         with self._lock:
             self._routes.clear()
-            for path in sorted(self.root.glob("*.json")):
-                try:
-                    route = Route.from_json(path.read_text())
-                    ok = path.name == f"{route.id}.json" and not route.expired(now)
-                    if ok and route.manifest:
-                        route.plan = self._load_manifest(route)
-                except (OSError, ValueError, TypeError, KeyError, InvalidParameters) as exc:
-                    log.warning("route file %s dropped: %s", path.name,
-                                exc.message if isinstance(exc, InvalidParameters) else exc)
-                    ok = False
-                    route = None
-                if not ok or route is None:
-                    path.unlink(missing_ok=True)
-                    continue
-                self._routes[route.token] = route
+            self._routes.update((route.token, route) for route in
+                                self.table.load(check=manifest_matches).live)
             wanted = {f"{r.id}.json" for r in self._routes.values()} | {
                 f"{r.id}.manifest" for r in self._routes.values() if r.manifest}
             for path in self.root.iterdir():
@@ -297,7 +289,7 @@ class RouteTable:
     def expire(self, now: float | None = None) -> int:
         now = time.time() if now is None else now
         with self._lock:
-            gone = [r for r in self._routes.values() if r.expired(now)]
+            gone = self.table.due(self._routes.values(), now)
             for route in gone:
                 del self._routes[route.token]
         for route in gone:
@@ -344,18 +336,18 @@ class RouteTable:
         with self._lock:
             live = self._routes.get(route.token) is route
         if live:
-            write_atomic(self.root / f"{route.id}.json", route.to_json(mark).encode(), 0o600)
+            self.table.save(route, route.to_json(mark))
 
     def reserve(self, route: Route, n: int) -> bool:
         """Take ``n`` bytes of ``route``'s budget, its mark saved first when past it."""
         return route.reserve(n, self.save_mark)
 
     def _save(self, route: Route) -> None:
-        write_atomic(self.root / f"{route.id}.json", route.to_json().encode(), 0o600)
+        self.table.save(route)
 
     def _unlink(self, route: Route) -> None:
         self.upstreams.forget(route.id)
-        (self.root / f"{route.id}.json").unlink(missing_ok=True)
+        self.table.remove(route)
         (self.root / f"{route.id}.manifest").unlink(missing_ok=True)
 
 
