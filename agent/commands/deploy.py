@@ -45,7 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.commands import deploy_verified, inventory
+from agent.commands import deploy_oci, deploy_verified, inventory
 from agent.commands.base import Context, Handler
 from agent.commands.deploy_base import QCOW2_NEEDS_FILE, Deployment, DeployParams
 from agent.errors import (
@@ -58,7 +58,7 @@ from agent.errors import (
     Unsupported,
 )
 from agent.hw import block, diskio, system
-from agent.images import filesource, http, image
+from agent.images import filesource, http, image, oci
 from agent.policy import conformance
 from agent.proc import Exited
 from agent.proto import agent_pb2
@@ -89,7 +89,8 @@ class DeployImage(Handler[agent_pb2.DeployImageRequest, DeployParams], kind="dep
         if which is None:
             raise InvalidParameters("deploy.image needs a source: url or local_path")
         url = payload.url if which == "url" else ""
-        if url:
+        ref = oci.parse(url) if oci.is_reference(url) else None
+        if url and ref is None:
             http.check_url(url)
         local = _local_path(payload.local_path) if which == "local_path" else None
         if payload.format == Fmt.QCOW2 and url:
@@ -105,7 +106,7 @@ class DeployImage(Handler[agent_pb2.DeployImageRequest, DeployParams], kind="dep
         digest = None
         if payload.HasField("digest"):
             digest = image.Digest.parse(payload.digest.algorithm, payload.digest.hex)
-        elif manifest is None and not payload.manifest_inline:
+        elif manifest is None and not payload.manifest_inline and ref is None:
             raise InvalidParameters("deploy.image needs the image's digest (sha256 or sha512) or a manifest")
         if not payload.HasField("target"):
             raise InvalidParameters("deploy.image needs target disk hints")
@@ -128,6 +129,8 @@ class DeployImage(Handler[agent_pb2.DeployImageRequest, DeployParams], kind="dep
             manifest=manifest,
             manifest_inline=payload.manifest_inline,
             gate=conformance.Expected.from_proto(payload.gate) if payload.HasField("gate") else None,
+            oci=ref,
+            registry_hosts=deploy_oci.hosts(payload.registry_hosts, ref),
         )
 
     def run(self, ctx: Context, params: DeployParams) -> agent_pb2.DeployImageResult:
@@ -139,7 +142,10 @@ class DeployImage(Handler[agent_pb2.DeployImageRequest, DeployParams], kind="dep
         if params.local_path is not None and not disk.is_file and params.local_path.resolve() == disk.path:
             raise InvalidParameters("local_path is the target disk itself")
         with ctx.hold(f"disk:{disk.name}"):
-            return pipeline(ctx, params, disk).run()
+            params, resolved = deploy_oci.locate(ctx, params)   # an oci:// source: to its blob
+            result = pipeline(ctx, params, disk).run()
+            result.resolved_manifest = resolved
+            return result
 
     def on_interrupted(self, params: DeployParams) -> None:
         """After a crash (the journal replayed, the deploy reported interrupted): clear the start

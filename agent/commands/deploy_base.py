@@ -19,14 +19,14 @@ import logging
 import mmap
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.commands.base import Context
 from agent.errors import AgentError, ChecksumMismatch, InvalidParameters, Reason, SourceFailed
 from agent.hw import block, diskio, partitions
-from agent.images import filesource, http, image
+from agent.images import filesource, http, image, oci
 from agent.policy import conformance
 from agent.proto import agent_pb2
 
@@ -52,6 +52,9 @@ class DeployParams:
     manifest: filesource.FileRef | None = None   # a manifest file, checked against its signed digest
     manifest_inline: bytes = b""                 # or the manifest itself, inside the signed payload
     gate: conformance.Expected | None = None     # the acceptance gate, run before the disk is opened
+    oci: oci.Reference | None = None             # an oci:// source, resolved by deploy_oci.locate
+    registry_hosts: frozenset[str] = frozenset()  # oci: other hosts a redirect may lead to
+    resolve: Callable[[str, int], Iterable[str]] | None = None   # oci: the hosts it may dial
 
     @property
     def has_manifest(self) -> bool:
@@ -80,6 +83,7 @@ class Deployment:
             headers=p.headers,
             max_retries=p.max_retries,
             cancel=self.ctx.cancel_event,
+            resolve=p.resolve,
         )
 
     def _open_source(self) -> image.Source:

@@ -55,7 +55,8 @@ class TokenService:
     none: anonymous pull when ``anonymous_pull``) answers {"token": JWT}; ``refuse`` makes every
     token one the registry will not take (signed by another key)."""
 
-    def __init__(self, directory: Path, *, anonymous_pull: bool = False) -> None:
+    def __init__(self, directory: Path, *, anonymous_pull: bool = False,
+                 tls: tuple[str, str] | None = None) -> None:
         from cryptography.hazmat.primitives import serialization
 
         self.dir = directory / "token"
@@ -103,7 +104,13 @@ class TokenService:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
-        self.realm = f"http://127.0.0.1:{self.port}/token"
+        if tls is not None:   # the registry's own certificate: one CA for the client to trust
+            import ssl
+
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.realm = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}/token"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()
 
@@ -158,6 +165,7 @@ class Registry:
             "  delete:", "    enabled: true",
             "http:", f"  addr: 127.0.0.1:{self.port}",
         ]
+        cert = key = ""
         if tls:
             certdir = self.dir / "tls"
             certdir.mkdir()
@@ -172,7 +180,8 @@ class Registry:
                            capture_output=True)
             lines += ["auth:", "  htpasswd:", "    realm: test-realm", f"    path: {htpasswd}"]
         elif auth == "token":
-            self.token = TokenService(self.dir, anonymous_pull=anonymous_pull)
+            self.token = TokenService(self.dir, anonymous_pull=anonymous_pull,
+                                      tls=(cert, key) if tls else None)
             lines += ["auth:", "  token:", f"    realm: {self.token.realm}", "    service: test-registry",
                       "    issuer: test-issuer", f"    rootcertbundle: {self.token.certfile}"]
         if redirect_to:
