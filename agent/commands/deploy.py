@@ -58,7 +58,7 @@ from agent.errors import (
     Unsupported,
 )
 from agent.hw import block, diskio, system
-from agent.images import filesource, http, image, oci
+from agent.images import filesource, http, image, oci, ocilayout
 from agent.policy import conformance
 from agent.proc import Exited
 from agent.proto import agent_pb2
@@ -73,8 +73,8 @@ def _local_path(raw: str) -> Path:
     p = Path(raw)
     if not p.is_absolute() or ".." in p.parts:
         raise InvalidParameters(f"local_path must be an absolute path without '..': {raw!r}")
-    if not p.is_file():
-        raise InvalidParameters(f"local_path {raw!r} is not a regular file")
+    if not p.is_file() and not ocilayout.is_layout(p):
+        raise InvalidParameters(f"local_path {raw!r} is neither a regular file nor an OCI image layout")
     return p
 
 
@@ -106,7 +106,8 @@ class DeployImage(Handler[agent_pb2.DeployImageRequest, DeployParams], kind="dep
         digest = None
         if payload.HasField("digest"):
             digest = image.Digest.parse(payload.digest.algorithm, payload.digest.hex)
-        elif manifest is None and not payload.manifest_inline and ref is None:
+        elif manifest is None and not payload.manifest_inline and ref is None and \
+                not (local is not None and local.is_dir()):
             raise InvalidParameters("deploy.image needs the image's digest (sha256 or sha512) or a manifest")
         if not payload.HasField("target"):
             raise InvalidParameters("deploy.image needs target disk hints")

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from typing import Any
 
 from agent.commands.base import Context
 from agent.commands.deploy_base import QCOW2_NEEDS_FILE, DeployParams
 from agent.errors import InvalidParameters, Unsupported
-from agent.images import http, image, oci
+from agent.images import http, image, oci, ocilayout
 from agent.proto import agent_pb2
 
 Fmt = agent_pb2.ImageFormat
@@ -39,9 +40,15 @@ def hosts(names: Iterable[str], ref: oci.Reference | None) -> frozenset[str]:
 
 
 def locate(ctx: Context, params: DeployParams) -> tuple[DeployParams, str]:
-    """``params`` with an oci:// source resolved to its disk blob (see the module docstring),
-    and the manifest digest it resolved to; other params as they are, and ""."""
+    """``params`` with an oci:// source (or an OCI image layout as ``local_path``) resolved to
+    its disk blob (see the module docstring), and the manifest digest it resolved to; other
+    params as they are, and ""."""
     ref = params.oci
+    if params.local_path is not None and params.local_path.is_dir():
+        art, path, chunks = ocilayout.resolve(params.local_path, arch=oci.node_arch())
+        ctx.log.info("deploy.image: layout %s: %s, disk layer %s", params.local_path, art.manifest_digest,
+                     art.disk.digest)
+        return _located(params, art, chunks, local_path=path), art.manifest_digest
     if ref is None:
         return params, ""
     opts = http.HttpOptions(ca_pem=params.ca_pem, ca_file=ctx.config.ca_bundle, headers=params.headers,
@@ -50,6 +57,16 @@ def locate(ctx: Context, params: DeployParams) -> tuple[DeployParams, str]:
     art = reg.resolve(arch=oci.node_arch())
     ctx.log.info("deploy.image: %s is %s, disk layer %s (%d bytes)", ref, art.manifest_digest,
                  art.disk.digest, art.disk.size)
+    fetch = art.chunk_manifest is not None and not params.has_manifest
+    chunks = reg.blob_bytes(art.chunk_manifest) if fetch and art.chunk_manifest else None
+    located = _located(params, art, chunks, url=reg.blob_url(art.disk),
+                       headers={**params.headers, **reg.headers}, resolve=reg.opts.resolve)
+    return located, art.manifest_digest
+
+
+def _located(params: DeployParams, art: oci.Artifact, chunks: bytes | None, **source: Any) -> DeployParams:
+    """The request for the artifact's disk layer at ``source``: the layer's digest (the
+    request's, when given, must be it), its format by media type, its chunk manifest."""
     layer = image.Digest("sha256", art.disk.hex)
     if params.digest is not None and params.digest != layer:
         raise InvalidParameters(f"the request's digest is not the registry's digest of the disk layer"
@@ -60,14 +77,7 @@ def locate(ctx: Context, params: DeployParams) -> tuple[DeployParams, str]:
             raise InvalidParameters(f"declared format {image.format_name(fmt)} but the disk layer is"
                                     f" {art.disk.media_type}")
         fmt = art.format
-    if fmt == Fmt.QCOW2:
+    if fmt == Fmt.QCOW2 and "url" in source:
         raise Unsupported(QCOW2_NEEDS_FILE)
-    manifest_inline = params.manifest_inline
-    if art.chunk_manifest is not None and not params.has_manifest:
-        manifest_inline = reg.blob_bytes(art.chunk_manifest)
-    located = dataclasses.replace(
-        params, url=reg.blob_url(art.disk), digest=layer, format=fmt,
-        headers={**params.headers, **reg.headers}, manifest_inline=manifest_inline,
-        resolve=reg.opts.resolve,
-    )
-    return located, art.manifest_digest
+    manifest_inline = params.manifest_inline if params.has_manifest or chunks is None else chunks
+    return dataclasses.replace(params, digest=layer, format=fmt, manifest_inline=manifest_inline, **source)

@@ -235,7 +235,7 @@ class Artifact:
     index_digest: str = ""
 
 
-def _document(data: bytes, where: str) -> dict[str, Any]:
+def document(data: bytes, where: str) -> dict[str, Any]:
     try:
         doc = json.loads(data)
     except ValueError as exc:
@@ -367,6 +367,8 @@ class Registry:
                 body: bytes | None = None, max_body: int = http.MAX_BODY, push: bool = False
                 ) -> http.Response:
         """One request, authenticated as the registry asks (once); 401 after that: AuthFailed."""
+        if method == "HEAD":  # http.request bounds a HEAD by its Content-Length: the GET's, not read
+            max_body = 1 << 62
         for attempt in range(2):
             hdrs = dict(headers or {})
             if self._auth:
@@ -454,7 +456,7 @@ class Registry:
         arch = arch or node_arch()
         digest, media, data = self.manifest(what or self.ref.what)
         where = f"{self.ref.host}/{self.ref.repository}@{digest}"
-        doc = _document(data, where)
+        doc = document(data, where)
         media = doc.get("mediaType") or media
         index_digest = ""
         if media in INDEX_TYPES or "manifests" in doc:
@@ -462,7 +464,7 @@ class Registry:
             entry = pick_entry(doc, arch, where)
             digest, media, data = self.manifest(entry.digest)
             where = f"{self.ref.host}/{self.ref.repository}@{digest}"
-            doc = _document(data, where)
+            doc = document(data, where)
         disk, fmt, chunk = pick_layers(doc, where)
         log.info("%s resolved to %s%s", self.ref, digest, f" (index {index_digest})" if index_digest else "")
         return Artifact(digest, disk, fmt, chunk, index_digest)
@@ -541,7 +543,7 @@ class Registry:
             if exc.details.get("status") == "404":
                 return None
             raise
-        doc = _document(data, f"{self.ref} {tag}")
+        doc = document(data, f"{self.ref} {tag}")
         return doc if (doc.get("mediaType") or media) in INDEX_TYPES else None
 
 
@@ -586,7 +588,8 @@ def build_manifest(disk: Descriptor, chunk: Descriptor | None, config: bytes) ->
 
 
 def build_index(old: Mapping[str, Any] | None, entry: Descriptor) -> bytes:
-    """An index with ``entry``, keeping the old index's entries of other platforms or disk types."""
+    """An index with ``entry``, keeping the old index's entries of other platforms, disk types
+    or (an image layout's index.json) tags."""
     keep: list[dict[str, Any]] = []
     for raw in (old or {}).get("manifests", []):
         try:
@@ -594,7 +597,8 @@ def build_index(old: Mapping[str, Any] | None, entry: Descriptor) -> bytes:
         except RegistryError:
             continue
         same = (d.platform.get("architecture") == entry.platform.get("architecture")
-                and d.annotations.get(DISKTYPE, WHOLE) == entry.annotations.get(DISKTYPE, WHOLE))
+                and d.annotations.get(DISKTYPE, WHOLE) == entry.annotations.get(DISKTYPE, WHOLE)
+                and d.annotations.get(REF_NAME) == entry.annotations.get(REF_NAME))
         if not same:
             keep.append(d.to_json())
     doc = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [*keep, entry.to_json()]}
@@ -606,6 +610,52 @@ def config_bytes(arch: str, disk: Descriptor) -> bytes:
                       "digest": disk.digest}}, separators=(",", ":"), sort_keys=True).encode()
 
 
+@dataclass(frozen=True)
+class Parts:
+    """An artifact ready to publish: its blobs (disk, chunk manifest, config) and its manifest."""
+
+    disk: Descriptor
+    chunk_manifest: Descriptor | None
+    config: bytes
+    manifest: bytes
+
+    @property
+    def manifest_digest(self) -> str:
+        return "sha256:" + hashlib.sha256(self.manifest).hexdigest()
+
+    def blobs(self, image_path: Path, chunk_manifest: Path | None) -> list[tuple[str, int, bytes | Path]]:
+        out: list[tuple[str, int, bytes | Path]] = [(self.disk.digest, self.disk.size, image_path)]
+        if self.chunk_manifest is not None and chunk_manifest is not None:
+            out.append((self.chunk_manifest.digest, self.chunk_manifest.size, chunk_manifest))
+        out.append(("sha256:" + hashlib.sha256(self.config).hexdigest(), len(self.config), self.config))
+        return out
+
+    def entry(self, arch: str, disktype: str, tag: str = "") -> Descriptor:
+        annotations = {DISKTYPE: disktype, **({REF_NAME: tag} if tag else {})}
+        return Descriptor(OCI_MANIFEST, self.manifest_digest, len(self.manifest), annotations,
+                          {"architecture": arch, "os": "linux"})
+
+
+def prepare(image_path: Path, chunk_manifest: Path | None, arch: str) -> Parts:
+    """The artifact of a disk image (its media type from its magic bytes) and its chunk
+    manifest (checked to be of this image when it says which file it was made from)."""
+    if arch not in ARCHES.values():
+        raise InvalidParameters(f"architecture must be one of {sorted(set(ARCHES.values()))}, not {arch!r}")
+    disk = _file_descriptor(image_path, disk_media_type(image_path))
+    chunk = None
+    if chunk_manifest is not None:
+        from agent.images import manifest as chunks
+
+        chunk = _file_descriptor(chunk_manifest, CHUNK_MANIFEST_TYPE)
+        plan = chunks.parse(chunk_manifest.read_bytes())
+        if (plan.published is not None and plan.published_format == DISK_TYPES[disk.media_type]
+                and plan.published.hex != disk.hex):
+            raise InvalidParameters(f"the chunk manifest {chunk_manifest} is of another file"
+                                    f" than {image_path}")
+    config = config_bytes(arch, disk)
+    return Parts(disk, chunk, config, build_manifest(disk, chunk, config))
+
+
 def push(reg: Registry, image_path: Path, chunk_manifest: Path | None = None, *, arch: str,
          disktype: str = WHOLE, index: bool = True) -> Pushed:
     """The disk image and its chunk manifest as one artifact at the reference's tag: blobs the
@@ -614,32 +664,15 @@ def push(reg: Registry, image_path: Path, chunk_manifest: Path | None = None, *,
     ref = reg.ref
     if not ref.tag or ref.digest:
         raise InvalidParameters("push needs a tag (oci://host/repo:tag), not a digest")
-    if arch not in ARCHES.values():
-        raise InvalidParameters(f"architecture must be one of {sorted(set(ARCHES.values()))}, not {arch!r}")
-    disk = _file_descriptor(image_path, disk_media_type(image_path))
-    chunk = _file_descriptor(chunk_manifest, CHUNK_MANIFEST_TYPE) if chunk_manifest is not None else None
-    if chunk is not None:
-        from agent.images import manifest as chunks
-
-        plan = chunks.parse(chunk_manifest.read_bytes())  # type: ignore[union-attr]  # not None here
-        if plan.published is not None and plan.published.hex != disk.hex and \
-                plan.published_format == DISK_TYPES[disk.media_type]:
-            raise InvalidParameters(f"the chunk manifest is of another file than {image_path}")
-    config = config_bytes(arch, disk)
+    parts = prepare(image_path, chunk_manifest, arch)
     uploaded = 0
-    for digest, size, source in ((disk.digest, disk.size, image_path),
-                                 *(((chunk.digest, chunk.size, chunk_manifest),) if chunk else ()),
-                                 ("sha256:" + hashlib.sha256(config).hexdigest(), len(config), config)):
-        assert source is not None
+    for digest, size, source in parts.blobs(image_path, chunk_manifest):
         if reg.put_blob(digest, size, source):
             uploaded += size
-    body = build_manifest(disk, chunk, config)
     if not index:
-        digest = reg.put_manifest(ref.tag, body, OCI_MANIFEST)
-        return Pushed(digest, "", disk, chunk, uploaded)
-    digest = reg.put_manifest("sha256:" + hashlib.sha256(body).hexdigest(), body, OCI_MANIFEST)
-    entry = Descriptor(OCI_MANIFEST, digest, len(body), {DISKTYPE: disktype},
-                       {"architecture": arch, "os": "linux"})
-    index_body = build_index(reg.index_at(ref.tag), entry)
+        digest = reg.put_manifest(ref.tag, parts.manifest, OCI_MANIFEST)
+        return Pushed(digest, "", parts.disk, parts.chunk_manifest, uploaded)
+    digest = reg.put_manifest(parts.manifest_digest, parts.manifest, OCI_MANIFEST)
+    index_body = build_index(reg.index_at(ref.tag), parts.entry(arch, disktype))
     index_digest = reg.put_manifest(ref.tag, index_body, OCI_INDEX)
-    return Pushed(digest, index_digest, disk, chunk, uploaded)
+    return Pushed(digest, index_digest, parts.disk, parts.chunk_manifest, uploaded)
