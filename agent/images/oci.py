@@ -380,10 +380,10 @@ class Registry:
             if attempt == 1 or not challenge:
                 raise AuthFailed(f"{method} {http.redact(url)}: the registry refused the"
                                  f" {'credentials' if self._auth else 'anonymous request'} (HTTP 401)")
-            self._authenticate(challenge, push)
+            self.authenticate(challenge, push)
         raise AssertionError("unreachable")
 
-    def _authenticate(self, challenge: str, push: bool) -> None:
+    def authenticate(self, challenge: str, push: bool) -> None:
         scheme, params = _challenge(challenge)
         if scheme == "basic":
             if self.credentials is None:

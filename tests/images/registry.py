@@ -18,6 +18,7 @@ import contextlib
 import datetime
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -37,6 +38,7 @@ from tests.loopback_http import self_signed_cert
 
 BINARY = "/usr/bin/docker-registry"
 USER, PASSWORD = "publisher", "s3cret-Pa55"
+LEEWAY = 60   # distribution takes a token up to 60 s past its "exp": ``seconds`` counts that in
 
 
 def free_port() -> int:
@@ -56,7 +58,7 @@ class TokenService:
     token one the registry will not take (signed by another key)."""
 
     def __init__(self, directory: Path, *, anonymous_pull: bool = False,
-                 tls: tuple[str, str] | None = None) -> None:
+                 tls: tuple[str, str] | None = None, seconds: int = 600) -> None:
         from cryptography.hazmat.primitives import serialization
 
         self.dir = directory / "token"
@@ -68,6 +70,7 @@ class TokenService:
         self.other_cert, other_key = self_signed_cert(str(other))
         self.other_key = serialization.load_pem_private_key(Path(other_key).read_bytes(), None)
         self.anonymous_pull = anonymous_pull
+        self.seconds = seconds
         self.refuse = False
         self.issued: list[str] = []
         self.requests = 0
@@ -129,7 +132,7 @@ class TokenService:
 
         now = int(time.time())
         header = {"typ": "JWT", "alg": "ES256", "x5c": [base64.b64encode(der).decode()]}
-        claims = {"iss": "test-issuer", "sub": subject, "aud": audience, "exp": now + 600,
+        claims = {"iss": "test-issuer", "sub": subject, "aud": audience, "exp": now + self.seconds - LEEWAY,
                   "nbf": now - 60, "iat": now, "jti": uuid.uuid4().hex, "access": access}
         signing = f"{b64(json.dumps(header).encode())}.{b64(json.dumps(claims).encode())}"
         assert isinstance(key, ec.EllipticCurvePrivateKey)
@@ -147,7 +150,8 @@ class Registry:
     """docker-registry on 127.0.0.1: ``auth`` "" (anonymous), "htpasswd" or "token"."""
 
     def __init__(self, directory: Path, *, auth: str = "", tls: bool = False,
-                 redirect_to: str = "", anonymous_pull: bool = False, storage: Path | None = None) -> None:
+                 redirect_to: str = "", anonymous_pull: bool = False, storage: Path | None = None,
+                 token_seconds: int = 600) -> None:
         need_registry()
         self.dir = directory / f"registry-{uuid.uuid4().hex[:6]}"
         self.dir.mkdir(parents=True)
@@ -160,7 +164,7 @@ class Registry:
         self.token: TokenService | None = None
         lines = [
             "version: 0.1",
-            "log:", "  level: warn", "  accesslog:", "    disabled: true",
+            "log:", "  level: warn", "  formatter: text",
             "storage:", "  filesystem:", f"    rootdirectory: {self.storage}",
             "  delete:", "    enabled: true",
             "http:", f"  addr: 127.0.0.1:{self.port}",
@@ -181,7 +185,7 @@ class Registry:
             lines += ["auth:", "  htpasswd:", "    realm: test-realm", f"    path: {htpasswd}"]
         elif auth == "token":
             self.token = TokenService(self.dir, anonymous_pull=anonymous_pull,
-                                      tls=(cert, key) if tls else None)
+                                      tls=(cert, key) if tls else None, seconds=token_seconds)
             lines += ["auth:", "  token:", f"    realm: {self.token.realm}", "    service: test-registry",
                       "    issuer: test-issuer", f"    rootcertbundle: {self.token.certfile}"]
         if redirect_to:
@@ -214,6 +218,14 @@ class Registry:
                 return
             time.sleep(0.05)
         raise RuntimeError("docker-registry did not start listening")
+
+    def blob_gets(self, digest: str) -> list[tuple[int, int]]:
+        """(status, bytes sent) of each GET of the blob ``digest``, from the registry's own
+        access log."""
+        self.log.flush()
+        pattern = re.compile(rf'"GET /v2/[^ ]*/blobs/{re.escape(digest)} HTTP/1\.1" (\d+) (\d+)')
+        text = (self.dir / "registry.log").read_text(errors="replace")
+        return [(int(m[1]), int(m[2])) for m in pattern.finditer(text)]
 
     def blob_path(self, digest: str) -> Path:
         hexdigest = digest.partition(":")[2]

@@ -46,11 +46,12 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from agent.atomicfile import write_atomic
 from agent.errors import InvalidParameters
 from agent.images import http as agent_http
-from agent.images import manifest
+from agent.images import manifest, oci
 from agent.images.filesource import FileRef, parse_source
 from agent.images.http import PinnedConnection as Pinned
 from agent.images.manifest import Plan
@@ -82,10 +83,19 @@ class RouteRequest:
     ttl_seconds: int
     max_bytes: int
     manifest: FileRef | None = None       # the image's chunk manifest: served from the store
+    registry: str = ""                    # an oci:// upstream (the handler resolves it to a blob)
+    credentials_ref: str = ""             # the site's secret store entry for that registry
+    architecture: str = ""
+    registry_hosts: tuple[str, ...] = ()
 
     @classmethod
     def from_proto(cls, msg: site_pb2.HttpProxyRequest) -> RouteRequest:
         node_id = parse_node_id(msg.node_id)
+        if oci.is_reference(msg.upstream_url):
+            return cls._registry(msg, node_id)
+        if msg.credentials_ref or msg.architecture or msg.registry_hosts:
+            raise InvalidParameters("credentials_ref, architecture and registry_hosts are for an"
+                                    " oci:// upstream")
         agent_http.check_url(msg.upstream_url)
         methods: set[Method] = set()
         for name in msg.allowed_methods:
@@ -103,6 +113,32 @@ class RouteRequest:
                 raise InvalidParameters("manifest: a route's manifest is fetched by its url")
         return cls(node_id, msg.upstream_url, frozenset(methods) or DEFAULT_METHODS,
                    parse_ttl(msg.ttl_seconds), msg.max_bytes, manifest_ref)
+
+
+    @classmethod
+    def _registry(cls, msg: site_pb2.HttpProxyRequest, node_id: str) -> RouteRequest:
+        """A route to a registry: its manifest is the artifact's own, GET and HEAD only."""
+        oci.parse(msg.upstream_url)
+        if msg.HasField("manifest"):
+            raise InvalidParameters("manifest: a registry route takes the artifact's chunk manifest layer")
+        arch = msg.architecture or "amd64"
+        if arch not in oci.ARCHES.values():
+            raise InvalidParameters(f"architecture: amd64 or arm64, not {arch[:20]!r}")
+        if len(msg.registry_hosts) > 16 or not all(oci.HOST.fullmatch(h) and ":" not in h
+                                                    for h in msg.registry_hosts):
+            raise InvalidParameters("registry_hosts: at most 16 host names")
+        return cls(node_id, msg.upstream_url, DEFAULT_METHODS, parse_ttl(msg.ttl_seconds), msg.max_bytes,
+                   None, msg.upstream_url, msg.credentials_ref, arch,
+                   tuple(h.lower() for h in msg.registry_hosts))
+
+
+class UpstreamAuth(Protocol):
+    """What a route adds to its requests to its upstream (a registry's authorization:
+    agent/site/registries.py), and renews once when the upstream answers 401."""
+
+    def headers(self) -> dict[str, str]: ...
+
+    def renew(self, challenge: str) -> bool: ...
 
 
 def route_id(token: str) -> str:
@@ -135,6 +171,10 @@ class Route:
     bytes_used: int = 0                  # bodies delivered or reserved for a response
     requests: int = 0
     manifest: str = ""                   # sha256 of the chunk manifest ("": a relay)
+    registry: str = ""                   # the oci:// reference the route was made from
+    credentials_ref: str = ""            # the secret store entry whose authorization it adds
+    registry_hosts: tuple[str, ...] = ()
+    auth: UpstreamAuth | None = field(default=None, repr=False, compare=False)
     plan: Plan | None = field(default=None, repr=False, compare=False)
     bytes_mark: int = field(default=0, repr=False, compare=False)   # bytes_used on disk
     dirty: bool = field(default=False, repr=False, compare=False)   # counts not saved yet
@@ -199,6 +239,9 @@ class Route:
                     "upstream_url": self.upstream_url, "methods": sorted(self.methods),
                     "expires_at": self.expires_at, "max_bytes": self.max_bytes,
                     "bytes_used": used, "requests": self.requests, "manifest": self.manifest}
+            if self.registry:
+                data.update(registry=self.registry, credentials_ref=self.credentials_ref,
+                            registry_hosts=list(self.registry_hosts))
             if mark is None:
                 self.dirty = False
         return json.dumps(data, sort_keys=True)
@@ -207,6 +250,7 @@ class Route:
     def from_json(cls, text: str) -> Route:
         data = json.loads(text)
         data["methods"] = frozenset(Method(m) for m in data["methods"])
+        data["registry_hosts"] = tuple(data.get("registry_hosts", ()))
         agent_http.check_url(data["upstream_url"])
         route = cls(**data)
         route.bytes_mark = route.bytes_used
@@ -224,6 +268,7 @@ class RouteTable:
         self.base_url = base_url.rstrip("/")
         self.policy = policy or UpstreamPolicy()
         self.upstreams = UpstreamConnections()   # the routes' kept-alive upstream connections
+        self.authorizer: Callable[[Route], UpstreamAuth | None] | None = None   # registry routes
         self._lock = threading.Lock()
         self._routes: dict[str, Route] = {}
 
@@ -240,6 +285,8 @@ class RouteTable:
                     ok = path.name == f"{route.id}.json" and not route.expired(now)
                     if ok and route.manifest:
                         route.plan = self._load_manifest(route)
+                    if ok and route.registry and self.authorizer is not None:
+                        route.auth = self.authorizer(route)
                 except (OSError, ValueError, TypeError, KeyError, InvalidParameters) as exc:
                     log.warning("route file %s dropped: %s", path.name,
                                 exc.message if isinstance(exc, InvalidParameters) else exc)
@@ -262,8 +309,8 @@ class RouteTable:
             raise InvalidParameters(f"route {route.id}: its manifest file does not match its digest")
         return load_plan(data, f"route {route.id}'s manifest")
 
-    def add(self, req: RouteRequest, manifest: bytes = b"", plan: Plan | None = None
-            ) -> tuple[Route, str]:
+    def add(self, req: RouteRequest, manifest: bytes = b"", plan: Plan | None = None,
+            auth: UpstreamAuth | None = None) -> tuple[Route, str]:
         """A new route for ``req`` (serving from the store with ``plan``, whose ``manifest``
         file is kept beside it); returns it and its proxy URL. InvalidParameters when the
         upstream is not one routes may reach (agent/site/serve/upstreams.py)."""
@@ -272,7 +319,9 @@ class RouteTable:
         route = Route(token=token, node_id=req.node_id, upstream_url=req.upstream_url,
                       methods=req.methods, expires_at=time.time() + req.ttl_seconds,
                       max_bytes=req.max_bytes,
-                      manifest=hashlib.sha256(manifest).hexdigest() if plan else "", plan=plan)
+                      manifest=hashlib.sha256(manifest).hexdigest() if plan else "", plan=plan,
+                      registry=req.registry, credentials_ref=req.credentials_ref,
+                      registry_hosts=req.registry_hosts, auth=auth)
         if plan is not None:
             write_atomic(self.root / f"{route.id}.manifest", manifest, 0o600)
         self._save(route)
@@ -518,6 +567,7 @@ def _ask_upstream(
 ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
     home = agent_http.origin(route.upstream_url)
     remembered = url != route.upstream_url
+    renewed = False
     for _hop in range(MAX_REDIRECTS + 1):
         try:
             parts = agent_http.check_url(url)
@@ -530,6 +580,13 @@ def _ask_upstream(
         if parts.query:
             target += "?" + parts.query
         conn, resp = _send(route, parts, home, method, target, headers, ssl_options, policy, pool)
+        if resp.status == 401 and route.auth is not None and not renewed:
+            renewed = True       # a registry's token expired: its challenge answered once more
+            challenge = resp.getheader("WWW-Authenticate", "")
+            done_upstream(pool, route, conn, resp, _drained(resp))
+            if route.auth.renew(challenge):
+                continue
+            raise UpstreamError("the registry refused the site's authorization", 502)
         if resp.status in agent_http.REDIRECTS:
             try:
                 url = agent_http.redirect_location(url, resp)
@@ -568,7 +625,8 @@ def _send(
             if pool is not None:
                 pool.opened += 1
         try:
-            conn.request(method, target, headers={**headers, "User-Agent": "bettercompute-site"})
+            auth = route.auth.headers() if route.auth is not None else {}
+            conn.request(method, target, headers={**headers, **auth, "User-Agent": "bettercompute-site"})
             return conn, conn.getresponse()
         except TimeoutError as exc:
             conn.close()

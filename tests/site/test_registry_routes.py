@@ -1,0 +1,146 @@
+"""Routes to an OCI registry (site.httpProxy with an oci:// upstream) against a real registry
+(docker-registry on 127.0.0.1): the site resolves the reference with its secret store's
+credentials and adds the registry's authorization to its requests (the ramdisk's carry none);
+with a chunk manifest layer, K ramdisk deploys at once fetch each data chunk from the registry
+once (counted in the registry's own access log); a token that expires is renewed; a route
+survives a restart of the site."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.commands import handler_for
+from agent.commands.base import Context
+from agent.errors import InvalidParameters, NotFound
+from agent.images import http, manifest, oci
+from agent.proto import agent_pb2, common_pb2, site_pb2
+from agent.site.bmc.client import Credentials
+from agent.site.bmc.secrets import SecretStore
+from agent.site.services import ServiceSettings, SiteServices
+from tests.commands.test_deploy import Target, deploy, sparse_image
+from tests.images.registry import PASSWORD, USER, Registry
+from tests.site.test_chunk_routes import get, running
+
+K = 8
+
+
+def settings_for(tmp: Path, reg: Registry) -> ServiceSettings:
+    secrets = tmp / "secrets"
+    SecretStore(secrets).put("registry1", Credentials(USER, PASSWORD))
+    ca = None
+    if reg.ca_pem:
+        ca = tmp / "registry-ca.pem"
+        ca.write_text(reg.ca_pem)
+    return ServiceSettings(upstreams=("127.0.0.1",), address="127.0.0.1", port=0, root=tmp / "site",
+                           secrets_dir=secrets, ca_file=ca)
+
+
+def publish(reg: Registry, name: str, path: Path, *, chunks: bool = True) -> oci.Pushed:
+    client = oci.Registry(oci.parse(reg.ref(name)), http.HttpOptions(ca_pem=reg.ca_pem),
+                          credentials=reg.credentials)
+    return oci.push(client, path, manifest.write(path)[0] if chunks else None, arch="amd64")
+
+
+def add_registry_route(site: SiteServices, ref: str, **fields: object) -> site_pb2.HttpProxyResult:
+    h = handler_for("site.httpProxy")
+    assert h is not None
+    msg = site_pb2.HttpProxyRequest(node_id="n1", upstream_url=ref, **fields)  # type: ignore[arg-type]
+    result = h.run(Context.local("site.httpProxy", site=site), h.parse(msg))
+    assert isinstance(result, site_pb2.HttpProxyResult)
+    return result
+
+
+def ramdisk_request(route: site_pb2.HttpProxyResult, name: str = "disk") -> agent_pb2.DeployImageRequest:
+    """What a control plane sends the ramdisk: the route, the layer's digest, its chunk manifest
+    (no credentials)."""
+    return agent_pb2.DeployImageRequest(url=route.proxy_url, digest=route.disk_digest,
+                                        manifest_inline=route.chunk_manifest,
+                                        target=common_pb2.DiskHints(name=name))
+
+
+def test_k_deploys_fetch_each_chunk_from_the_registry_once(tmp_path: Path) -> None:
+    img = sparse_image(24 << 20)
+    path = tmp_path / "node.raw"
+    path.write_bytes(img)
+    plan = manifest.parse(manifest.build(path).SerializeToString())
+    data_bytes = sum(s.length for s in plan.segments if s.digest is not None)
+    with Registry(tmp_path, auth="htpasswd") as reg:
+        pushed = publish(reg, "fleet/node:1", path)
+        with running(settings_for(tmp_path, reg)) as site:
+            route = add_registry_route(site, reg.ref("fleet/node:1"), credentials_ref="registry1")
+            assert route.resolved_manifest == pushed.manifest_digest
+            assert route.disk_digest.hex == pushed.disk.hex and route.chunk_manifest
+            for i in range(K):
+                (tmp_path / f"n{i}").mkdir()
+            targets = [Target(tmp_path / f"n{i}") for i in range(K)]
+            results: list[agent_pb2.DeployImageResult | BaseException] = [ValueError()] * K
+
+            def one(i: int) -> None:
+                try:
+                    results[i] = deploy(ramdisk_request(route), targets[i].disks)
+                except BaseException as exc:
+                    results[i] = exc
+
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(K)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+        gets = reg.blob_gets(pushed.disk.digest)
+    for i, r in enumerate(results):
+        assert isinstance(r, agent_pb2.DeployImageResult), r
+        assert r.verification == "manifest" and targets[i].data()[: len(img)] == img
+    # The registry sent each data chunk once, by its own Range request, for all K deploys.
+    assert all(status == 206 for status, _ in gets), gets
+    assert sum(n for _, n in gets) == data_bytes < len(img)
+    assert len(gets) == sum(1 for s in plan.segments if s.digest is not None)
+
+
+def test_relay_over_tls_with_a_token_that_expires_and_a_restart(tmp_path: Path) -> None:
+    """No chunk manifest: the route relays the blob; the token service's tokens last 2 s, so
+    the second download needs a new one, which the site gets itself; after a restart the
+    route makes its authorization again from its credentials_ref."""
+    img = sparse_image(4 << 20)
+    path = tmp_path / "node.raw"
+    path.write_bytes(img)
+    with Registry(tmp_path, auth="token", tls=True, token_seconds=2) as reg:
+        pushed = publish(reg, "fleet/relay:1", path, chunks=False)
+        settings = settings_for(tmp_path, reg)
+        assert reg.token is not None
+        with running(settings) as site:
+            route = add_registry_route(site, reg.ref("fleet/relay:1"), credentials_ref="registry1")
+            assert not route.chunk_manifest and route.disk_digest.hex == pushed.disk.hex
+            status, _headers, body = get(route.proxy_url)
+            assert status == 200 and body == img
+            issued = len(reg.token.issued)
+            time.sleep(3)                          # the token has expired
+            status, _headers, body = get(route.proxy_url, {"Range": "bytes=10-19"})
+            assert status == 206 and body == img[10:20]
+            assert len(reg.token.issued) == issued + 1
+        with running(settings) as site:
+            t = Target(tmp_path)
+            req = ramdisk_request(route)
+            req.url = route.proxy_url.replace(route.proxy_url.split("/r/")[0], site.base_url)
+            r = deploy(req, t.disks)
+            assert r.digest.hex == pushed.disk.hex and t.data()[: len(img)] == img
+
+
+def test_registry_route_refusals(tmp_path: Path) -> None:
+    with Registry(tmp_path, auth="htpasswd") as reg:
+        (tmp_path / "x.raw").write_bytes(sparse_image(2 << 20))
+        publish(reg, "fleet/x:1", tmp_path / "x.raw")
+        with running(settings_for(tmp_path, reg)) as site:
+            with pytest.raises(NotFound, match="no such entry"):
+                add_registry_route(site, reg.ref("fleet/x:1"), credentials_ref="nobody")
+            with pytest.raises(oci.RegistryError, match="no whole-disk entry for architecture arm64"):
+                add_registry_route(site, reg.ref("fleet/x:1"), credentials_ref="registry1",
+                                   architecture="arm64")
+            with pytest.raises(InvalidParameters, match="amd64 or arm64"):
+                add_registry_route(site, reg.ref("fleet/x:1"), architecture="sparc")
+            with pytest.raises(InvalidParameters, match="for an oci:// upstream"):
+                add_registry_route(site, "http://127.0.0.1/img", credentials_ref="registry1")
+            assert site.routes.all() == []
