@@ -153,3 +153,27 @@ def test_bad_oci_parameters(url: str, hosts: list[str], match: str) -> None:
         req.digest.CopyFrom(common_pb2.Digest(algorithm="sha256", hex="0" * 64))
     with pytest.raises(InvalidParameters, match=match):
         DeployImage(disks=list).parse(req)
+
+
+def test_redirect_to_blob_storage_only_where_the_request_allows(tmp_path: Path) -> None:
+    """The registry's redirect middleware sends blob GETs to "blob storage" by the name
+    localhost (another host than 127.0.0.1): refused with nothing written, then followed when
+    the request lists it in registry_hosts (the registry's token never goes there)."""
+    from tests.images.test_oci import serve_directory
+
+    t = Target(tmp_path)
+    img = sparse_image()
+    storage = tmp_path / "blob-storage"
+    storage.mkdir()
+    server, port = serve_directory(storage)
+    try:
+        with Registry(tmp_path, storage=storage, redirect_to=f"http://localhost:{port}/") as reg:
+            pushed = publish(reg, "os/r:1", image_file(tmp_path, img), chunks=True)
+            with pytest.raises(oci.RegistryError, match="refused to connect to localhost"):
+                deploy(oci_request(reg.ref("os/r:1")), t.disks)
+            assert t.untouched()
+            r = deploy(oci_request(reg.ref("os/r:1"), registry_hosts=["localhost"]), t.disks)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert t.data()[: len(img)] == img and r.resolved_manifest == pushed.manifest_digest
