@@ -326,7 +326,6 @@ class Registry:
         base = opts or http.HttpOptions()
         self.opts = dataclasses.replace(base, resolve=self._resolve(base.resolve))
         self._auth = ""                      # the Authorization header value that works
-        self._token_scopes: set[str] = set()
 
     # -- the host policy -----------------------------------------------------------------
 
@@ -482,7 +481,7 @@ class Registry:
             if body.total is not None and body.total != desc.size:
                 raise ChecksumMismatch(f"blob {desc.digest} is {body.total} bytes, its descriptor"
                                        f" says {desc.size}")
-            data = b""
+            data = bytearray()
             while chunk := body.read(1 << 20):
                 data += chunk
                 if len(data) > desc.size:
@@ -491,7 +490,7 @@ class Registry:
         got = "sha256:" + hashlib.sha256(data).hexdigest()
         if got != desc.digest:
             raise ChecksumMismatch(f"blob {desc.digest}: its bytes are {got}", expected=desc.digest, got=got)
-        return data
+        return bytes(data)
 
     def open_blob(self, desc: Descriptor, offset: int = 0, *, pool: http.Connections | None = None
                   ) -> http.Download:
