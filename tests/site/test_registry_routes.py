@@ -144,3 +144,29 @@ def test_registry_route_refusals(tmp_path: Path) -> None:
             with pytest.raises(InvalidParameters, match="for an oci:// upstream"):
                 add_registry_route(site, "http://127.0.0.1/img", credentials_ref="registry1")
             assert site.routes.all() == []
+
+
+def test_a_new_version_fetches_only_what_changed(tmp_path: Path) -> None:
+    """Version 2 of an image differs from version 1 in one chunk: through the site, the
+    registry sends version 2's other chunks never again (the store holds them by digest)."""
+    v1 = bytearray(sparse_image(16 << 20))
+    v2 = bytearray(v1)
+    v2[5 << 20: (5 << 20) + 4096] = b"\x01" * 4096          # one 4 MiB chunk changed
+    paths = []
+    for name, data in (("v1.raw", v1), ("v2.raw", v2)):
+        paths.append(tmp_path / name)
+        paths[-1].write_bytes(bytes(data))
+    with Registry(tmp_path) as reg:
+        first = publish(reg, "fleet/node:1", paths[0])
+        second = publish(reg, "fleet/node:2", paths[1])
+        with running(settings_for(tmp_path, reg)) as site:
+            for tag, data in (("1", v1), ("2", v2)):
+                route = add_registry_route(site, reg.ref(f"fleet/node:{tag}"))
+                (tmp_path / f"t{tag}").mkdir()
+                t = Target(tmp_path / f"t{tag}")
+                deploy(ramdisk_request(route), t.disks)
+                assert t.data()[: len(data)] == data
+        sent_v1 = sum(n for _, n in reg.blob_gets(first.disk.digest))
+        sent_v2 = sum(n for _, n in reg.blob_gets(second.disk.digest))
+    assert sent_v1 > 4 << 20
+    assert sent_v2 == 4 << 20               # the changed chunk only
