@@ -51,8 +51,10 @@ class HttpProxyHandler(Handler[site_pb2.HttpProxyRequest, RouteRequest], kind="s
 
 def _registry_route(ctx: Context, params: RouteRequest) -> site_pb2.HttpProxyResult:
     """A route to an OCI registry (docs/oci.md): the reference resolved here, once, with the
-    secret store's credentials, to the disk layer's blob; the route serves that blob, from the
-    chunk store when the artifact carries a chunk manifest, and adds the authorization itself."""
+    secret store's credentials, to the disk layer's blob; the route serves that blob from the
+    site's store, chunk by chunk when the artifact carries a chunk manifest of the raw image,
+    else whole by its digest (agent/site/serve/blobroute.py), and adds the authorization
+    itself."""
     site = ctx.site()
     ref = oci.parse(params.registry)
     reg, art, chunks = site.registries.resolve(ref, params.credentials_ref, arch=params.architecture,
@@ -60,13 +62,14 @@ def _registry_route(ctx: Context, params: RouteRequest) -> site_pb2.HttpProxyRes
     if art.format == Fmt.QCOW2:
         raise Unsupported("a qcow2 disk layer is converted by qemu-img, which needs a local file")
     blob = dataclasses.replace(params, upstream_url=reg.blob_url(art.disk))
-    auth = RegistryAuth(reg)
     plan = None
-    if chunks is not None and art.format == Fmt.RAW:
-        plan = load_plan(chunks, "the chunk manifest layer")   # else relayed: a compressed blob
-    _route, url = site.routes.add(blob, chunks or b"", plan, auth=auth)
-    ctx.progress(message=f"route serves {ref} ({art.manifest_digest}): {art.disk.digest}, "
-                 + ("from the site's chunk store" if plan is not None else "relayed"))
+    if chunks is not None and art.format == Fmt.RAW:   # chunk by chunk from the chunk store
+        plan = load_plan(chunks, "the chunk manifest layer")
+    else:                                              # the whole blob, stored by its digest
+        blob = dataclasses.replace(blob, blob=art.disk.hex)
+    _route, url = site.routes.add(blob, chunks or b"", plan, auth=RegistryAuth(reg))
+    ctx.progress(message=f"route serves {ref} ({art.manifest_digest}): {art.disk.digest} from the "
+                 + ("site's chunk store, chunk by chunk" if plan is not None else "store, by its digest"))
     result = site_pb2.HttpProxyResult(proxy_url=url, resolved_manifest=art.manifest_digest,
                                       chunk_manifest=chunks or b"")
     result.disk_digest.CopyFrom(Digest("sha256", art.disk.hex).to_proto())

@@ -38,6 +38,16 @@ class RegistryAuth:
         with self._lock:
             return self.registry.headers
 
+    def blob_options(self, url: str) -> http.HttpOptions:
+        """A HEAD of ``url`` first (a 401 answered: the token renewed), then the options of a
+        download with the authorization, dialling only the registry's and allowed hosts."""
+        with self._lock:
+            resp = self.registry.request("HEAD", url)
+            if resp.status != 200 and resp.status not in http.REDIRECTS:
+                raise oci.RegistryError(f"{http.redact(url)}: HTTP {resp.status} to a HEAD",
+                                        status=resp.status)
+            return self.registry.download_options()
+
     def renew(self, challenge: str) -> bool:
         """Answer the registry's 401 challenge (a new token); False when that fails."""
         with self._lock:

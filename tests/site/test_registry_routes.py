@@ -28,7 +28,7 @@ from tests.site.test_chunk_routes import get, running
 K = 8
 
 
-def settings_for(tmp: Path, reg: Registry) -> ServiceSettings:
+def settings_for(tmp: Path, reg: Registry, **more: object) -> ServiceSettings:
     secrets = tmp / "secrets"
     SecretStore(secrets).put("registry1", Credentials(USER, PASSWORD))
     ca = None
@@ -36,7 +36,7 @@ def settings_for(tmp: Path, reg: Registry) -> ServiceSettings:
         ca = tmp / "registry-ca.pem"
         ca.write_text(reg.ca_pem)
     return ServiceSettings(upstreams=("127.0.0.1",), address="127.0.0.1", port=0, root=tmp / "site",
-                           secrets_dir=secrets, ca_file=ca)
+                           secrets_dir=secrets, ca_file=ca, **more)  # type: ignore[arg-type]
 
 
 def publish(reg: Registry, name: str, path: Path, *, chunks: bool = True) -> oci.Pushed:
@@ -100,16 +100,70 @@ def test_k_deploys_fetch_each_chunk_from_the_registry_once(tmp_path: Path) -> No
     assert len(gets) == sum(1 for s in plan.segments if s.digest is not None)
 
 
+def test_k_deploys_of_a_blob_without_chunk_manifest_fetch_it_once(tmp_path: Path) -> None:
+    """No chunk manifest: the route serves the whole blob from the store by its digest; the
+    registry sends it once for K deploys at once (its own access log)."""
+    img = sparse_image(8 << 20)
+    path = tmp_path / "node.raw"
+    path.write_bytes(img)
+    with Registry(tmp_path, auth="htpasswd") as reg:
+        pushed = publish(reg, "fleet/whole:1", path, chunks=False)
+        with running(settings_for(tmp_path, reg)) as site:
+            route = add_registry_route(site, reg.ref("fleet/whole:1"), credentials_ref="registry1")
+            assert not route.chunk_manifest
+            for i in range(K):
+                (tmp_path / f"n{i}").mkdir()
+            targets = [Target(tmp_path / f"n{i}") for i in range(K)]
+            results: list[agent_pb2.DeployImageResult | BaseException] = [ValueError()] * K
+
+            def one(i: int) -> None:
+                try:
+                    results[i] = deploy(ramdisk_request(route), targets[i].disks)
+                except BaseException as exc:
+                    results[i] = exc
+
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(K)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+            assert site.store.has(pushed.disk.hex)
+            status, headers, body = get(route.proxy_url, {"Range": "bytes=100-199"})
+            assert status == 206 and body == img[100:200] and headers["ETag"].startswith('"b-')
+        gets = reg.blob_gets(pushed.disk.digest)
+    for i, r in enumerate(results):
+        assert isinstance(r, agent_pb2.DeployImageResult), r
+        assert r.digest.hex == pushed.disk.hex and targets[i].data()[: len(img)] == img
+    assert gets == [(200, len(img))]
+
+
+def test_blob_not_matching_is_not_stored_nor_served(tmp_path: Path) -> None:
+    img = sparse_image(4 << 20)
+    path = tmp_path / "node.raw"
+    path.write_bytes(img)
+    with Registry(tmp_path) as reg:
+        pushed = publish(reg, "fleet/bad:1", path, chunks=False)
+        stored = reg.blob_path(pushed.disk.digest)
+        data = bytearray(stored.read_bytes())
+        data[7] ^= 1
+        stored.write_bytes(bytes(data))
+        with running(settings_for(tmp_path, reg)) as site:
+            route = add_registry_route(site, reg.ref("fleet/bad:1"))
+            status, _headers, body = get(route.proxy_url)
+            assert status == 502 and b"not served" in body
+            assert not site.store.has(pushed.disk.hex)
+
+
 def test_relay_over_tls_with_a_token_that_expires_and_a_restart(tmp_path: Path) -> None:
-    """No chunk manifest: the route relays the blob; the token service's tokens last 2 s, so
-    the second download needs a new one, which the site gets itself; after a restart the
+    """A blob larger than the store's budget is relayed; the token service's tokens last 2 s,
+    so the second download needs a new one, which the site gets itself; after a restart the
     route makes its authorization again from its credentials_ref."""
     img = sparse_image(4 << 20)
     path = tmp_path / "node.raw"
     path.write_bytes(img)
     with Registry(tmp_path, auth="token", tls=True, token_seconds=2) as reg:
         pushed = publish(reg, "fleet/relay:1", path, chunks=False)
-        settings = settings_for(tmp_path, reg)
+        settings = settings_for(tmp_path, reg, store_bytes=1 << 20)
         assert reg.token is not None
         with running(settings) as site:
             route = add_registry_route(site, reg.ref("fleet/relay:1"), credentials_ref="registry1")

@@ -87,6 +87,7 @@ class RouteRequest:
     credentials_ref: str = ""             # the site's secret store entry for that registry
     architecture: str = ""
     registry_hosts: tuple[str, ...] = ()
+    blob: str = ""                        # the blob's sha256 (hex): served from the store by it
 
     @classmethod
     def from_proto(cls, msg: site_pb2.HttpProxyRequest) -> RouteRequest:
@@ -140,6 +141,11 @@ class UpstreamAuth(Protocol):
 
     def renew(self, challenge: str) -> bool: ...
 
+    def blob_options(self, url: str) -> agent_http.HttpOptions:
+        """Options for a download of ``url`` (a blob into the store): the authorization,
+        renewed first if it expired, and the hosts a redirect may lead to."""
+        ...
+
 
 def route_id(token: str) -> str:
     """What the logs and file names say of a route: a digest of its token, never the token."""
@@ -174,6 +180,7 @@ class Route:
     registry: str = ""                   # the oci:// reference the route was made from
     credentials_ref: str = ""            # the secret store entry whose authorization it adds
     registry_hosts: tuple[str, ...] = ()
+    blob: str = ""                       # a blob route: the sha256 hex it is served by from the store
     auth: UpstreamAuth | None = field(default=None, repr=False, compare=False)
     plan: Plan | None = field(default=None, repr=False, compare=False)
     bytes_mark: int = field(default=0, repr=False, compare=False)   # bytes_used on disk
@@ -241,7 +248,7 @@ class Route:
                     "bytes_used": used, "requests": self.requests, "manifest": self.manifest}
             if self.registry:
                 data.update(registry=self.registry, credentials_ref=self.credentials_ref,
-                            registry_hosts=list(self.registry_hosts))
+                            registry_hosts=list(self.registry_hosts), blob=self.blob)
             if mark is None:
                 self.dirty = False
         return json.dumps(data, sort_keys=True)
@@ -321,7 +328,7 @@ class RouteTable:
                       max_bytes=req.max_bytes,
                       manifest=hashlib.sha256(manifest).hexdigest() if plan else "", plan=plan,
                       registry=req.registry, credentials_ref=req.credentials_ref,
-                      registry_hosts=req.registry_hosts, auth=auth)
+                      registry_hosts=req.registry_hosts, blob=req.blob, auth=auth)
         if plan is not None:
             write_atomic(self.root / f"{route.id}.manifest", manifest, 0o600)
         self._save(route)
