@@ -28,7 +28,7 @@ _HOST = oci.HOST
 
 def hosts(names: Iterable[str], ref: oci.Reference | None) -> frozenset[str]:
     """The request's ``registry_hosts``, checked: host names only, at most MAX_HOSTS."""
-    out = frozenset(n.strip().lower() for n in names)
+    out = frozenset(n.lower() for n in names)
     if out and ref is None:
         raise InvalidParameters("registry_hosts is for an oci:// source only")
     if len(out) > MAX_HOSTS:
