@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
+import struct
 from pathlib import Path
 
 import pytest
@@ -177,3 +179,72 @@ def test_redirect_to_blob_storage_only_where_the_request_allows(tmp_path: Path) 
         server.shutdown()
         server.server_close()
     assert t.data()[: len(img)] == img and r.resolved_manifest == pushed.manifest_digest
+
+
+class CuttingProxy:
+    """A TCP forwarder to the registry on 127.0.0.1 that cuts the first connection through
+    which more than ``cut_after`` bytes came back (the blob's download), once."""
+
+    def __init__(self, port: int, cut_after: int) -> None:
+        import socket
+        import threading
+
+        self.target, self.cut_after, self.cuts = port, cut_after, 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self._pipe, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
+
+    def _pipe(self, src: object, dst: object, back: bool) -> None:
+        import socket
+
+        assert isinstance(src, socket.socket) and isinstance(dst, socket.socket)
+        moved = 0
+        try:
+            while data := src.recv(1 << 16):
+                moved += len(data)
+                if back and moved > self.cut_after:
+                    with self._lock:
+                        cut, self.cuts = self.cuts == 0, self.cuts + 1
+                    if cut:
+                        dst.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                        dst.shutdown(socket.SHUT_RDWR)   # now, whatever the other direction's thread does
+                        break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_dropped_blob_download_resumes_by_range(tmp_path: Path) -> None:
+    t = Target(tmp_path)
+    img = sparse_image()
+    with Registry(tmp_path) as reg:
+        pushed = publish(reg, "os/node:1", image_file(tmp_path, img))
+        proxy = CuttingProxy(reg.port, cut_after=2 << 20)
+        try:
+            r = deploy(oci_request(f"oci+http://127.0.0.1:{proxy.port}/os/node:1"), t.disks)
+        finally:
+            proxy.close()
+        gets = reg.blob_gets(pushed.disk.digest)
+    assert t.data()[: len(img)] == img and r.resumes == 1 and proxy.cuts >= 1
+    assert [status for status, _ in gets] == [200, 206]     # the resume: a Range request
