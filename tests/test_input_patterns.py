@@ -168,3 +168,17 @@ def test_an_upstreams_content_length_in_other_digits() -> None:
     finally:
         thread.join(5)
         listener.close()
+
+
+def test_oci_reference_and_registry_hosts() -> None:
+    from agent.commands.deploy_oci import hosts
+    from agent.images import oci
+
+    ref = oci.parse("oci://reg.example:5000/os/node:1")
+    wide = "\uff15\uff10"     # fullwidth "50": digits to str.isdigit, not to the parser
+    for bad in ("oci://reg.example:5000/os/node:1\n", "oci://reg.example:5000/os/node:1\nx",
+                f"oci://reg.example:{wide}/os/node:1", "oci://reg.example/os/node@sha256:" + "a" * 63 + "\n",
+                "oci://reg.example/os/n\u00f6de:1", "oci://reg.example/os/node:v\u00b2"):
+        refused(lambda bad=bad: oci.parse(bad))  # type: ignore[misc]
+    for bad in ("cdn.example\n", "cdn.example\nx", "cdn.exa²mple"):
+        refused(lambda bad=bad: hosts([bad], ref))  # type: ignore[misc]

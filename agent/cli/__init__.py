@@ -119,6 +119,7 @@ SUBCOMMAND_MODULES: dict[str, str] = {
     "run": "agent.cli.app", "exec": "agent.cli.app", "gateway": "agent.cli.app",
     "install": "agent.cli.install",
     "manifest": "agent.cli.manifest",
+    "image": "agent.cli.image",
 }
 
 

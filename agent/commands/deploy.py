@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.commands import inventory
+from agent.commands import deploy_oci, inventory
 from agent.commands.base import Context, Handler
 from agent.errors import AgentError, InvalidParameters, Unsupported
 from agent.hw import block, system
-from agent.images import deploy, filesource, image
+from agent.images import deploy, filesource, image, oci, ocilayout
 from agent.images.readers import QCOW2_NEEDS_FILE
 from agent.net import http
 from agent.policy import conformance
@@ -41,8 +41,8 @@ def _local_path(raw: str) -> Path:
     p = Path(raw)
     if not p.is_absolute() or ".." in p.parts:
         raise InvalidParameters(f"local_path must be an absolute path without '..': {raw!r}")
-    if not p.is_file():
-        raise InvalidParameters(f"local_path {raw!r} is not a regular file")
+    if not p.is_file() and not ocilayout.is_layout(p):
+        raise InvalidParameters(f"local_path {raw!r} is neither a regular file nor an OCI image layout")
     return p
 
 
@@ -57,7 +57,8 @@ class DeployImage(Handler[agent_pb2.DeployImageRequest, DeployImageParams], kind
         if which is None:
             raise InvalidParameters("deploy.image needs a source: url or local_path")
         url = payload.url if which == "url" else ""
-        if url:
+        ref = oci.parse(url) if oci.is_reference(url) else None
+        if url and ref is None:
             http.check_url(url)
         local = _local_path(payload.local_path) if which == "local_path" else None
         if payload.format == Fmt.QCOW2 and url:
@@ -73,7 +74,8 @@ class DeployImage(Handler[agent_pb2.DeployImageRequest, DeployImageParams], kind
         digest = None
         if payload.HasField("digest"):
             digest = image.Digest.parse(payload.digest.algorithm, payload.digest.hex)
-        elif manifest is None and not payload.manifest_inline:
+        elif manifest is None and not payload.manifest_inline and ref is None and \
+                not (local is not None and local.is_dir()):
             raise InvalidParameters("deploy.image needs the image's digest (sha256 or sha512) or a manifest")
         if not payload.HasField("target"):
             raise InvalidParameters("deploy.image needs target disk hints")
@@ -95,6 +97,8 @@ class DeployImage(Handler[agent_pb2.DeployImageRequest, DeployImageParams], kind
                 max_retries=payload.max_retries or 5,
                 manifest=manifest,
                 manifest_inline=payload.manifest_inline,
+                oci=ref,
+                registry_hosts=deploy_oci.hosts(payload.registry_hosts, ref),
             ),
             hints=block.Hints.from_proto(payload.target),
             gate=conformance.Expected.from_proto(payload.gate) if payload.HasField("gate") else None,
@@ -112,7 +116,10 @@ class DeployImage(Handler[agent_pb2.DeployImageRequest, DeployImageParams], kind
         hooks = deploy.Hooks(check=ctx.check, cancel=ctx.cancel_event, meter=ctx.meter(subject=disk.name),
                              running=ctx.running, run=ctx.run, ca_file=ctx.config.ca_bundle)
         with ctx.hold(f"disk:{disk.name}"):
-            return deploy.run(hooks, params.image, disk)
+            image_params, resolved = deploy_oci.locate(ctx, params.image)  # an oci:// source: to its blob
+            result = deploy.run(hooks, image_params, disk)
+            result.resolved_manifest = resolved
+            return result
 
     def on_interrupted(self, params: DeployImageParams) -> None:
         """After a crash (the journal replayed, the deploy reported interrupted): clear the start

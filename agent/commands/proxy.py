@@ -6,14 +6,19 @@ parsed before the route exists."""
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 
 from agent.commands.base import Context, Handler
-from agent.errors import InvalidParameters
-from agent.images import filesource
+from agent.errors import InvalidParameters, Unsupported
+from agent.images import filesource, oci
+from agent.images.image import Digest
 from agent.images.manifest import MAX_MANIFEST
-from agent.proto import site_pb2
+from agent.proto import agent_pb2, site_pb2
+from agent.site.registries import RegistryAuth
 from agent.site.serve.routes import RouteRequest, load_plan
+
+Fmt = agent_pb2.ImageFormat
 
 
 class HttpProxyHandler(Handler[site_pb2.HttpProxyRequest, RouteRequest], kind="site.httpProxy"):
@@ -22,6 +27,8 @@ class HttpProxyHandler(Handler[site_pb2.HttpProxyRequest, RouteRequest], kind="s
 
     def run(self, ctx: Context, params: RouteRequest) -> site_pb2.HttpProxyResult:
         site = ctx.site()
+        if params.registry:
+            return _registry_route(ctx, params)
         if params.manifest is None:
             _route, url = site.routes.add(params)
             return site_pb2.HttpProxyResult(proxy_url=url)
@@ -40,3 +47,30 @@ class HttpProxyHandler(Handler[site_pb2.HttpProxyRequest, RouteRequest], kind="s
         _route, url = site.routes.add(params, data, plan)
         ctx.progress(message=f"route serves {plan.image_size} bytes from the site's chunk store")
         return site_pb2.HttpProxyResult(proxy_url=url)
+
+
+def _registry_route(ctx: Context, params: RouteRequest) -> site_pb2.HttpProxyResult:
+    """A route to an OCI registry (docs/oci.md): the reference resolved here, once, with the
+    secret store's credentials, to the disk layer's blob; the route serves that blob from the
+    site's store, chunk by chunk when the artifact carries a chunk manifest of the raw image,
+    else whole by its digest (agent/site/serve/blobroute.py), and adds the authorization
+    itself."""
+    site = ctx.site()
+    ref = oci.parse(params.registry)
+    reg, art, chunks = site.registries.resolve(ref, params.credentials_ref, arch=params.architecture,
+                                               other_hosts=frozenset(params.registry_hosts))
+    if art.format == Fmt.QCOW2:
+        raise Unsupported("a qcow2 disk layer is converted by qemu-img, which needs a local file")
+    blob = dataclasses.replace(params, upstream_url=reg.blob_url(art.disk))
+    plan = None
+    if chunks is not None and art.format == Fmt.RAW:   # chunk by chunk from the chunk store
+        plan = load_plan(chunks, "the chunk manifest layer")
+    else:                                              # the whole blob, stored by its digest
+        blob = dataclasses.replace(blob, blob=art.disk.hex)
+    _route, url = site.routes.add(blob, chunks or b"", plan, auth=RegistryAuth(reg))
+    ctx.progress(message=f"route serves {ref} ({art.manifest_digest}): {art.disk.digest} from the "
+                 + ("site's chunk store, chunk by chunk" if plan is not None else "store, by its digest"))
+    result = site_pb2.HttpProxyResult(proxy_url=url, resolved_manifest=art.manifest_digest,
+                                      chunk_manifest=chunks or b"")
+    result.disk_digest.CopyFrom(Digest("sha256", art.disk.hex).to_proto())
+    return result

@@ -68,7 +68,7 @@ from agent.errors import (
     Unsupported,
 )
 from agent.hw import block, diskio, partitions
-from agent.images import filesource, image, manifest, readers
+from agent.images import filesource, image, manifest, oci, readers
 from agent.images.plan import Plan
 from agent.images.readers import QCOW2_NEEDS_FILE
 from agent.images.verified import VerifiedCopy
@@ -118,6 +118,9 @@ class DeployParams:
     max_retries: int = 5
     manifest: filesource.FileRef | None = None   # a manifest file, checked against its signed digest
     manifest_inline: bytes = b""                 # or the manifest itself, inside the signed payload
+    oci: oci.Reference | None = None             # an oci:// source, resolved by commands/deploy_oci.locate
+    registry_hosts: frozenset[str] = frozenset()  # oci: other hosts a redirect may lead to
+    resolve: Callable[[str, int], Iterable[str]] | None = None   # oci: the hosts it may dial
 
     @property
     def has_manifest(self) -> bool:
@@ -146,6 +149,7 @@ class Deployment:
             headers=p.headers,
             max_retries=p.max_retries,
             cancel=self.hooks.cancel,
+            resolve=p.resolve,
         )
 
     def _open_source(self) -> image.Source:

@@ -259,7 +259,7 @@ def redirect_location(url: str, resp: http.client.HTTPResponse) -> str:
                           status=resp.status) from None
 
 
-def _drained(resp: http.client.HTTPResponse, limit: int = 64 * 1024) -> bool:
+def drained(resp: http.client.HTTPResponse, limit: int = 64 * 1024) -> bool:
     """Read a small answer's body (a redirect's) to its end; False when it is not small."""
     try:
         resp.read(limit)
@@ -317,7 +317,7 @@ def _hops(
         except BadRedirect:
             close_quietly(conn)
             raise
-        whole = _drained(resp)      # a redirect's short body, read: its connection is reused
+        whole = drained(resp)      # a redirect's short body, read: its connection is reused
         if pool is None:
             close_quietly(conn)
         else:

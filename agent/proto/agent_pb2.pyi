@@ -173,7 +173,7 @@ class DaemonUpgradeResult(_message.Message):
     def __init__(self, old_version: _Optional[str] = ..., new_version: _Optional[str] = ..., old_sha256: _Optional[str] = ..., new_sha256: _Optional[str] = ..., rolled_back: _Optional[bool] = ..., rollback_reason: _Optional[str] = ...) -> None: ...
 
 class DeployImageRequest(_message.Message):
-    __slots__ = ("url", "local_path", "format", "digest", "target", "verify_readback", "disable_zero_skip", "ca_bundle_pem", "http_headers", "max_retries", "manifest", "manifest_inline", "gate")
+    __slots__ = ("url", "local_path", "format", "digest", "target", "verify_readback", "disable_zero_skip", "ca_bundle_pem", "http_headers", "max_retries", "manifest", "manifest_inline", "gate", "registry_hosts")
     class HttpHeadersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +194,7 @@ class DeployImageRequest(_message.Message):
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_INLINE_FIELD_NUMBER: _ClassVar[int]
     GATE_FIELD_NUMBER: _ClassVar[int]
+    REGISTRY_HOSTS_FIELD_NUMBER: _ClassVar[int]
     url: str
     local_path: str
     format: ImageFormat
@@ -207,7 +208,8 @@ class DeployImageRequest(_message.Message):
     manifest: _common_pb2.FileSource
     manifest_inline: bytes
     gate: ExpectedBuild
-    def __init__(self, url: _Optional[str] = ..., local_path: _Optional[str] = ..., format: _Optional[_Union[ImageFormat, str]] = ..., digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., target: _Optional[_Union[_common_pb2.DiskHints, _Mapping]] = ..., verify_readback: _Optional[bool] = ..., disable_zero_skip: _Optional[bool] = ..., ca_bundle_pem: _Optional[str] = ..., http_headers: _Optional[_Mapping[str, str]] = ..., max_retries: _Optional[int] = ..., manifest: _Optional[_Union[_common_pb2.FileSource, _Mapping]] = ..., manifest_inline: _Optional[bytes] = ..., gate: _Optional[_Union[ExpectedBuild, _Mapping]] = ...) -> None: ...
+    registry_hosts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, url: _Optional[str] = ..., local_path: _Optional[str] = ..., format: _Optional[_Union[ImageFormat, str]] = ..., digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., target: _Optional[_Union[_common_pb2.DiskHints, _Mapping]] = ..., verify_readback: _Optional[bool] = ..., disable_zero_skip: _Optional[bool] = ..., ca_bundle_pem: _Optional[str] = ..., http_headers: _Optional[_Mapping[str, str]] = ..., max_retries: _Optional[int] = ..., manifest: _Optional[_Union[_common_pb2.FileSource, _Mapping]] = ..., manifest_inline: _Optional[bytes] = ..., gate: _Optional[_Union[ExpectedBuild, _Mapping]] = ..., registry_hosts: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ImageManifest(_message.Message):
     __slots__ = ("version", "image_size", "chunk_size", "algorithm", "chunk_count", "digests", "published", "published_size", "published_format")
@@ -232,7 +234,7 @@ class ImageManifest(_message.Message):
     def __init__(self, version: _Optional[int] = ..., image_size: _Optional[int] = ..., chunk_size: _Optional[int] = ..., algorithm: _Optional[str] = ..., chunk_count: _Optional[int] = ..., digests: _Optional[bytes] = ..., published: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., published_size: _Optional[int] = ..., published_format: _Optional[_Union[ImageFormat, str]] = ...) -> None: ...
 
 class DeployImageResult(_message.Message):
-    __slots__ = ("disk", "format", "source_bytes", "image_bytes", "bytes_written", "bytes_skipped", "digest", "readback_verified", "discarded", "direct_io", "partitions", "seconds", "throughput_bytes_per_second", "resumes", "verification", "chunks_verified", "zero_chunks")
+    __slots__ = ("disk", "format", "source_bytes", "image_bytes", "bytes_written", "bytes_skipped", "digest", "readback_verified", "discarded", "direct_io", "partitions", "seconds", "throughput_bytes_per_second", "resumes", "verification", "chunks_verified", "zero_chunks", "resolved_manifest")
     DISK_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     SOURCE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -250,6 +252,7 @@ class DeployImageResult(_message.Message):
     VERIFICATION_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_VERIFIED_FIELD_NUMBER: _ClassVar[int]
     ZERO_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    RESOLVED_MANIFEST_FIELD_NUMBER: _ClassVar[int]
     disk: _common_pb2.DiskIdentity
     format: ImageFormat
     source_bytes: int
@@ -267,7 +270,8 @@ class DeployImageResult(_message.Message):
     verification: str
     chunks_verified: int
     zero_chunks: int
-    def __init__(self, disk: _Optional[_Union[_common_pb2.DiskIdentity, _Mapping]] = ..., format: _Optional[_Union[ImageFormat, str]] = ..., source_bytes: _Optional[int] = ..., image_bytes: _Optional[int] = ..., bytes_written: _Optional[int] = ..., bytes_skipped: _Optional[int] = ..., digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., readback_verified: _Optional[bool] = ..., discarded: _Optional[bool] = ..., direct_io: _Optional[bool] = ..., partitions: _Optional[_Iterable[_Union[_common_pb2.Partition, _Mapping]]] = ..., seconds: _Optional[float] = ..., throughput_bytes_per_second: _Optional[float] = ..., resumes: _Optional[int] = ..., verification: _Optional[str] = ..., chunks_verified: _Optional[int] = ..., zero_chunks: _Optional[int] = ...) -> None: ...
+    resolved_manifest: str
+    def __init__(self, disk: _Optional[_Union[_common_pb2.DiskIdentity, _Mapping]] = ..., format: _Optional[_Union[ImageFormat, str]] = ..., source_bytes: _Optional[int] = ..., image_bytes: _Optional[int] = ..., bytes_written: _Optional[int] = ..., bytes_skipped: _Optional[int] = ..., digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., readback_verified: _Optional[bool] = ..., discarded: _Optional[bool] = ..., direct_io: _Optional[bool] = ..., partitions: _Optional[_Iterable[_Union[_common_pb2.Partition, _Mapping]]] = ..., seconds: _Optional[float] = ..., throughput_bytes_per_second: _Optional[float] = ..., resumes: _Optional[int] = ..., verification: _Optional[str] = ..., chunks_verified: _Optional[int] = ..., zero_chunks: _Optional[int] = ..., resolved_manifest: _Optional[str] = ...) -> None: ...
 
 class WipeRequest(_message.Message):
     __slots__ = ("disks", "method", "passes", "verify", "minimum_level", "samples")

@@ -312,23 +312,35 @@ class ProxyDhcpResult(_message.Message):
     def __init__(self, entry_id: _Optional[str] = ..., ramdisk_media_url: _Optional[str] = ..., config_media_url: _Optional[str] = ..., expires_at: _Optional[float] = ...) -> None: ...
 
 class HttpProxyRequest(_message.Message):
-    __slots__ = ("node_id", "upstream_url", "allowed_methods", "ttl_seconds", "max_bytes", "manifest")
+    __slots__ = ("node_id", "upstream_url", "allowed_methods", "ttl_seconds", "max_bytes", "manifest", "credentials_ref", "architecture", "registry_hosts")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     UPSTREAM_URL_FIELD_NUMBER: _ClassVar[int]
     ALLOWED_METHODS_FIELD_NUMBER: _ClassVar[int]
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIALS_REF_FIELD_NUMBER: _ClassVar[int]
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    REGISTRY_HOSTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     upstream_url: str
     allowed_methods: _containers.RepeatedScalarFieldContainer[str]
     ttl_seconds: int
     max_bytes: int
     manifest: _common_pb2.FileSource
-    def __init__(self, node_id: _Optional[str] = ..., upstream_url: _Optional[str] = ..., allowed_methods: _Optional[_Iterable[str]] = ..., ttl_seconds: _Optional[int] = ..., max_bytes: _Optional[int] = ..., manifest: _Optional[_Union[_common_pb2.FileSource, _Mapping]] = ...) -> None: ...
+    credentials_ref: str
+    architecture: str
+    registry_hosts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., upstream_url: _Optional[str] = ..., allowed_methods: _Optional[_Iterable[str]] = ..., ttl_seconds: _Optional[int] = ..., max_bytes: _Optional[int] = ..., manifest: _Optional[_Union[_common_pb2.FileSource, _Mapping]] = ..., credentials_ref: _Optional[str] = ..., architecture: _Optional[str] = ..., registry_hosts: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HttpProxyResult(_message.Message):
-    __slots__ = ("proxy_url",)
+    __slots__ = ("proxy_url", "resolved_manifest", "disk_digest", "chunk_manifest")
     PROXY_URL_FIELD_NUMBER: _ClassVar[int]
+    RESOLVED_MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    DISK_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_MANIFEST_FIELD_NUMBER: _ClassVar[int]
     proxy_url: str
-    def __init__(self, proxy_url: _Optional[str] = ...) -> None: ...
+    resolved_manifest: str
+    disk_digest: _common_pb2.Digest
+    chunk_manifest: bytes
+    def __init__(self, proxy_url: _Optional[str] = ..., resolved_manifest: _Optional[str] = ..., disk_digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., chunk_manifest: _Optional[bytes] = ...) -> None: ...

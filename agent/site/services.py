@@ -34,6 +34,7 @@ from agent.site.boot.dnsmasq import DnsmasqSettings, DnsmasqSupervisor
 from agent.site.boot.pxe import BootEntries
 from agent.site.boot.vmedia import MediaSets
 from agent.site.metrics import Metrics, MetricsService
+from agent.site.registries import Registries
 from agent.site.serve.chunkstore import DEFAULT_BUDGET, ChunkStore
 from agent.site.serve.routes import RouteTable
 from agent.site.serve.upstreams import UpstreamPolicy, local_addresses
@@ -66,6 +67,7 @@ class ServiceSettings:
     store_bytes: int = DEFAULT_BUDGET
     metrics: str = ""            # host:port of GET /metrics; "" serves none
     upstreams: tuple[str, ...] = ()  # what routes may reach (agent/site/serve/upstreams.py)
+    secrets_dir: Path | None = None  # the secret store: registries' credentials (site/registries.py)
 
     @classmethod
     def from_config(cls, config: Config) -> ServiceSettings:
@@ -74,7 +76,7 @@ class ServiceSettings:
                    ipxe_dir=config.site_ipxe_dir, ca_file=config.ca_bundle,
                    store_dir=config.site_store_dir, store_bytes=config.site_store_bytes,
                    metrics=config.site_metrics_address,
-                   upstreams=config.site_upstreams)
+                   upstreams=config.site_upstreams, secrets_dir=config.secrets_dir)
 
 
 class SiteServices:
@@ -103,6 +105,10 @@ class SiteServices:
                                 protected=self._in_use)
         # The port is known only once the server is bound (port 0 in tests): bind first.
         self.routes = RouteTable(settings.root / "routes", "")
+        # Routes to OCI registries: resolved with the secret store's credentials, their
+        # requests authorized by the site (the ramdisk holds none).
+        self.registries = Registries(settings.secrets_dir, options)
+        self.routes.authorizer = self.registries.auth_for
         self.entries = BootEntries(settings.root / "boot", "", on_change=self._reload,
                                    http_options=options, store=self.store)
         self.media = MediaSets(settings.root / "media", "", http_options=options, store=self.store)

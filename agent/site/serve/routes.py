@@ -44,15 +44,16 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from agent.atomicfile import write_atomic
 from agent.errors import InvalidParameters
-from agent.images import manifest
+from agent.images import manifest, oci
 from agent.images.filesource import FileRef, parse_source
 from agent.images.plan import Plan
 from agent.net import http as agent_http
 from agent.net.connect import close_quietly
-from agent.net.pool import BadRedirect, ConnectionPool, follow
+from agent.net.pool import BadRedirect, ConnectionPool, drained, follow
 from agent.proto import site_pb2
 from agent.site.boot.fields import parse_node_id, parse_ttl
 from agent.site.serve.upstreams import UpstreamPolicy
@@ -81,10 +82,20 @@ class RouteRequest:
     ttl_seconds: int
     max_bytes: int
     manifest: FileRef | None = None       # the image's chunk manifest: served from the store
+    registry: str = ""                    # an oci:// upstream (the handler resolves it to a blob)
+    credentials_ref: str = ""             # the site's secret store entry for that registry
+    architecture: str = ""
+    registry_hosts: tuple[str, ...] = ()
+    blob: str = ""                        # the blob's sha256 (hex): served from the store by it
 
     @classmethod
     def from_proto(cls, msg: site_pb2.HttpProxyRequest) -> RouteRequest:
         node_id = parse_node_id(msg.node_id)
+        if oci.is_reference(msg.upstream_url):
+            return cls._registry(msg, node_id)
+        if msg.credentials_ref or msg.architecture or msg.registry_hosts:
+            raise InvalidParameters("credentials_ref, architecture and registry_hosts are for an"
+                                    " oci:// upstream")
         agent_http.check_url(msg.upstream_url)
         methods: set[Method] = set()
         for name in msg.allowed_methods:
@@ -102,6 +113,37 @@ class RouteRequest:
                 raise InvalidParameters("manifest: a route's manifest is fetched by its url")
         return cls(node_id, msg.upstream_url, frozenset(methods) or DEFAULT_METHODS,
                    parse_ttl(msg.ttl_seconds), msg.max_bytes, manifest_ref)
+
+
+    @classmethod
+    def _registry(cls, msg: site_pb2.HttpProxyRequest, node_id: str) -> RouteRequest:
+        """A route to a registry: its manifest is the artifact's own, GET and HEAD only."""
+        oci.parse(msg.upstream_url)
+        if msg.HasField("manifest"):
+            raise InvalidParameters("manifest: a registry route takes the artifact's chunk manifest layer")
+        arch = msg.architecture or "amd64"
+        if arch not in oci.ARCHES.values():
+            raise InvalidParameters(f"architecture: amd64 or arm64, not {arch[:20]!r}")
+        if len(msg.registry_hosts) > 16 or not all(oci.HOST.fullmatch(h) and ":" not in h
+                                                    for h in msg.registry_hosts):
+            raise InvalidParameters("registry_hosts: at most 16 host names")
+        return cls(node_id, msg.upstream_url, DEFAULT_METHODS, parse_ttl(msg.ttl_seconds), msg.max_bytes,
+                   None, msg.upstream_url, msg.credentials_ref, arch,
+                   tuple(h.lower() for h in msg.registry_hosts))
+
+
+class UpstreamAuth(Protocol):
+    """What a route adds to its requests to its upstream (a registry's authorization:
+    agent/site/registries.py), and renews once when the upstream answers 401."""
+
+    def headers(self) -> dict[str, str]: ...
+
+    def renew(self, challenge: str) -> bool: ...
+
+    def blob_options(self, url: str) -> agent_http.HttpOptions:
+        """Options for a download of ``url`` (a blob into the store): the authorization,
+        renewed first if it expired, and the hosts a redirect may lead to."""
+        ...
 
 
 def route_id(token: str) -> str:
@@ -134,6 +176,11 @@ class Route:
     bytes_used: int = 0                  # bodies delivered or reserved for a response
     requests: int = 0
     manifest: str = ""                   # sha256 of the chunk manifest ("": a relay)
+    registry: str = ""                   # the oci:// reference the route was made from
+    credentials_ref: str = ""            # the secret store entry whose authorization it adds
+    registry_hosts: tuple[str, ...] = ()
+    blob: str = ""                       # a blob route: the sha256 hex it is served by from the store
+    auth: UpstreamAuth | None = field(default=None, repr=False, compare=False)
     plan: Plan | None = field(default=None, repr=False, compare=False)
     bytes_mark: int = field(default=0, repr=False, compare=False)   # bytes_used on disk
     dirty: bool = field(default=False, repr=False, compare=False)   # counts not saved yet
@@ -198,6 +245,9 @@ class Route:
                     "upstream_url": self.upstream_url, "methods": sorted(self.methods),
                     "expires_at": self.expires_at, "max_bytes": self.max_bytes,
                     "bytes_used": used, "requests": self.requests, "manifest": self.manifest}
+            if self.registry:
+                data.update(registry=self.registry, credentials_ref=self.credentials_ref,
+                            registry_hosts=list(self.registry_hosts), blob=self.blob)
             if mark is None:
                 self.dirty = False
         return json.dumps(data, sort_keys=True)
@@ -206,6 +256,7 @@ class Route:
     def from_json(cls, text: str) -> Route:
         data = json.loads(text)
         data["methods"] = frozenset(Method(m) for m in data["methods"])
+        data["registry_hosts"] = tuple(data.get("registry_hosts", ()))
         agent_http.check_url(data["upstream_url"])
         route = cls(**data)
         route.bytes_mark = route.bytes_used
@@ -223,6 +274,7 @@ class RouteTable:
         self.base_url = base_url.rstrip("/")
         self.policy = policy or UpstreamPolicy()
         self.upstreams = upstream_pool()   # the routes' kept-alive upstream connections
+        self.authorizer: Callable[[Route], UpstreamAuth | None] | None = None   # registry routes
         self._lock = threading.Lock()
         self._routes: dict[str, Route] = {}
         self.table: TtlTable[Route] = TtlTable(root, "route", name=lambda r: r.id,
@@ -233,6 +285,8 @@ class RouteTable:
         def manifest_matches(route: Route) -> bool:
             if route.manifest:
                 route.plan = self._load_manifest(route)
+            if route.registry and self.authorizer is not None:
+                route.auth = self.authorizer(route)
             return True
 
         with self._lock:
@@ -252,8 +306,8 @@ class RouteTable:
             raise InvalidParameters(f"route {route.id}: its manifest file does not match its digest")
         return load_plan(data, f"route {route.id}'s manifest")
 
-    def add(self, req: RouteRequest, manifest: bytes = b"", plan: Plan | None = None
-            ) -> tuple[Route, str]:
+    def add(self, req: RouteRequest, manifest: bytes = b"", plan: Plan | None = None,
+            auth: UpstreamAuth | None = None) -> tuple[Route, str]:
         """A new route for ``req`` (serving from the store with ``plan``, whose ``manifest``
         file is kept beside it); returns it and its proxy URL. InvalidParameters when the
         upstream is not one routes may reach (agent/site/serve/upstreams.py)."""
@@ -262,7 +316,9 @@ class RouteTable:
         route = Route(token=token, node_id=req.node_id, upstream_url=req.upstream_url,
                       methods=req.methods, expires_at=time.time() + req.ttl_seconds,
                       max_bytes=req.max_bytes,
-                      manifest=hashlib.sha256(manifest).hexdigest() if plan else "", plan=plan)
+                      manifest=hashlib.sha256(manifest).hexdigest() if plan else "", plan=plan,
+                      registry=req.registry, credentials_ref=req.credentials_ref,
+                      registry_hosts=req.registry_hosts, blob=req.blob, auth=auth)
         if plan is not None:
             write_atomic(self.root / f"{route.id}.manifest", manifest, 0o600)
         self._save(route)
@@ -405,10 +461,23 @@ def open_upstream(
             if parts.scheme == "https" else None
         return agent_http.pinned(parts, addresses, ssl_options.timeout, context, port)
 
-    try:
-        conn, resp, _final = follow(pool, route.upstream_url, method, lambda _parts: sent, dial,
+    def ask() -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        auth = route.auth
+        conn, resp, _final = follow(pool, route.upstream_url, method,
+                                    lambda _parts: {**sent, **(auth.headers() if auth else {})}, dial,
                                     scope=route.id, same_origin=True,
                                     usable=lambda conn: _still_allowed(conn, policy))
+        return conn, resp
+
+    try:
+        conn, resp = ask()
+        if resp.status == 401 and route.auth is not None:
+            # A registry's token expired: its challenge answered once more, then asked again.
+            challenge = resp.getheader("WWW-Authenticate", "")
+            done_upstream(pool, route, conn, resp, drained(resp))
+            if not route.auth.renew(challenge):
+                raise UpstreamError("the registry refused the site's authorization", 502)
+            conn, resp = ask()
     except BadRedirect as exc:
         raise UpstreamError(f"upstream {exc.message}") from None
     except InvalidParameters as exc:

@@ -43,7 +43,7 @@ from agent.net import http as agent_http
 from agent.site.boot.pxe import BootEntries
 from agent.site.boot.vmedia import MEDIA_PREFIX, MediaSets
 from agent.site.metrics import Metrics
-from agent.site.serve import chunkroute
+from agent.site.serve import blobroute, chunkroute
 from agent.site.serve.chunkroute import ChunkCache
 from agent.site.serve.chunkstore import DIGEST, ChunkStore
 from agent.site.serve.conns import InboundConnections
@@ -330,6 +330,8 @@ class _Handler(BaseHTTPRequestHandler):
         if route.plan is not None and self.server.chunks is not None:
             self._chunks(route, method, number, self.server.chunks)
             return
+        if route.blob and self.server.store is not None and self._blob(route, method, number):
+            return
         headers = {name: value for name in PASS_REQUEST_HEADERS
                    if (value := self.headers.get(name)) is not None}
         pool = self.server.routes.upstreams
@@ -360,6 +362,20 @@ class _Handler(BaseHTTPRequestHandler):
         note = f"{served.note}; " if served.note else ""
         self._account(route, method, number, served.status, served.sent,
                       note + served.describe() if served.sent else served.note)
+
+    def _blob(self, route: Route, method: str, number: int) -> bool:
+        """A registry blob from the store by its digest (blobroute.py); False: relay it."""
+        assert self.server.store is not None
+        try:
+            with _blocking(self.connection):
+                served = blobroute.serve(self, route, method, self.server.routes, self.server.store)
+        except OSError as exc:
+            self._account(route, method, number, 200, 0, f"cut: {exc}")
+            raise _Cut() from exc
+        if served is None:
+            return False
+        self._account(route, method, number, served.status, served.sent, served.note)
+        return True
 
     def _relay(self, route: Route, method: str, number: int,
                resp: http.client.HTTPResponse) -> tuple[int, int, str, bool]:
