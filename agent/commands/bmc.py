@@ -6,7 +6,7 @@ credentials_ref (a name, see agent/site/bmc/secrets.py), the operation and every
 before anything runs. ``run`` reads the credentials from the site's secret store, holds
 "bmc:<address>" (one operation at a time per BMC; many BMCs in parallel), settles any
 rotation a crash interrupted, then does the operation through the protocol's client
-(agent/site/bmc/ipmi.py, agent/site/bmc/redfish/client.py) and reports a typed BmcOperationResult.
+(agent/site/bmc/ipmi.py, agent/site/bmc/redfish/) and reports a typed BmcOperationResult.
 
 docs/site.md lists the operations and parameters of each kind.
 """
@@ -259,7 +259,8 @@ def make_client(protocol: BmcProtocol, target: Target, call: CallContext, kept: 
         from agent.site.bmc.ipmi import IpmiClient
 
         return IpmiClient(target, call)
-    from agent.site.bmc.redfish.client import Discovered, RedfishClient
+    from agent.site.bmc.redfish.client import RedfishClient
+    from agent.site.bmc.redfish.session import Discovered
 
     return RedfishClient(target, call, kept.take(key, Discovered) if kept is not None else None)
 
@@ -282,9 +283,9 @@ class BmcSession:
     def done(self, client: BmcClient) -> None:
         """End ``client``'s use of its BMC: a Redfish client's paths and idle connection are
         kept for the BMC's next command; every client is closed."""
-        from agent.site.bmc.redfish.client import RedfishClient
+        from agent.site.bmc.redfish.session import RedfishSession
 
-        if isinstance(client, RedfishClient):
+        if isinstance(client, RedfishSession):
             self.ctx.kept.put(self.params.lock_name, client.leave())
         else:
             client.close()

@@ -1,4 +1,4 @@
-"""Redfish UpdateService for RedfishClient.firmware_update, and the task monitor it follows.
+"""The Redfish UpdateService: bmc.firmware's update and status, and the FirmwareInventory.
 
 Two ways in, as the schema (UpdateService v1.6+) documents them:
 
@@ -11,10 +11,7 @@ Two ways in, as the schema (UpdateService v1.6+) documents them:
 ``status`` reads the FirmwareInventory's versions and, given its URI, a task's state now.
 
 Either answers 202 with a Location (a task monitor, or the Task itself), or with the Task in
-its body. ``follow_task`` polls it never faster than ``Pacing.min_interval`` (growing to
-``max_interval``, and never faster than a Retry-After the BMC asks for) until TaskState is
-final: Completed is success; Exception, Killed or Cancelled raise BmcRefused with the task's
-messages; the command's deadline raises CommandTimeout.
+its body; ``tasks.follow`` (agent/site/bmc/redfish/tasks.py) follows it to its end.
 """
 
 from __future__ import annotations
@@ -22,34 +19,26 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agent.errors import (
     BmcRefused,
     BmcUnreachable,
-    Cancelled,
     ChecksumMismatch,
-    CommandTimeout,
     InvalidParameters,
     Unsupported,
 )
 from agent.images import http
 from agent.proto import site_pb2
-
-if TYPE_CHECKING:
-    from agent.site.bmc.redfish.client import RedfishClient
+from agent.site.bmc.redfish import tasks
+from agent.site.bmc.redfish.session import RedfishSession, link
 
 log = logging.getLogger(__name__)
 
-FINAL_OK = frozenset({"Completed"})
-FINAL_BAD = frozenset({"Exception", "Killed", "Cancelled"})
-
-
 def update(
-    client: RedfishClient,
+    client: RedfishSession,
     *,
     image_uri: str = "",
     file: Path | None = None,
@@ -59,8 +48,6 @@ def update(
 ) -> site_pb2.BmcFirmwareTask:
     if bool(image_uri) == (file is not None):
         raise InvalidParameters("firmware: give image_uri or file, one of them")
-    from agent.site.bmc.redfish.client import link  # redfish imports this module: not at the top
-
     where = f"Redfish BMC {client.target.address}"
     ref = link(client.root(), "UpdateService")
     if not ref:
@@ -88,11 +75,11 @@ def update(
         if status in (200, 204):  # applied synchronously
             return site_pb2.BmcFirmwareTask(state="Completed", percent=100)
         raise BmcRefused(f"{where}: the update was accepted (HTTP {status}) without a task to follow")
-    return follow_task(client, location, progress)
+    return tasks.follow(client, location, progress)
 
 
 def _push(
-    client: RedfishClient, service: dict[str, Any], file: Path, sha256: str
+    client: RedfishSession, service: dict[str, Any], file: Path, sha256: str
 ) -> tuple[int, dict[str, str], dict[str, Any]]:
     where = f"Redfish BMC {client.target.address}"
     push = service.get("MultipartHttpPushUri")
@@ -130,11 +117,9 @@ def _push(
     return answer.status, answer.headers, answer.doc
 
 
-def status(client: RedfishClient, task_uri: str = "") -> site_pb2.BmcOperationResult:
+def status(client: RedfishSession, task_uri: str = "") -> site_pb2.BmcOperationResult:
     """bmc.firmware status: the UpdateService's FirmwareInventory (``inventory``), and with
     ``task_uri`` that task's state as the BMC reports it now (read once, not followed)."""
-    from agent.site.bmc.redfish.client import link  # redfish imports this module: not at the top
-
     where = f"Redfish BMC {client.target.address}"
     if not link(client.root(), "UpdateService"):
         raise Unsupported(f"{where} has no UpdateService")
@@ -145,7 +130,7 @@ def status(client: RedfishClient, task_uri: str = "") -> site_pb2.BmcOperationRe
         if answer.status == 404:
             raise BmcRefused(f"{where}: no task {task_uri} (HTTP 404)", status=404)
         task = site_pb2.BmcFirmwareTask(task_uri=task_uri)
-        _read_task(client, answer, task)
+        tasks.read(client, answer, task)
         result.firmware.CopyFrom(task)
         result.state = task.state
     else:
@@ -153,79 +138,13 @@ def status(client: RedfishClient, task_uri: str = "") -> site_pb2.BmcOperationRe
     return result
 
 
-def _read_task(client: RedfishClient, answer: Any, task: site_pb2.BmcFirmwareTask) -> list[str]:
-    """``task`` updated from a task monitor's or Task's answer; the messages, redacted."""
-    doc = answer.doc
-    state = doc.get("TaskState")
-    if isinstance(state, str):
-        task.state = state
-    elif answer.status in (200, 201, 204):
-        task.state = "Completed"    # a monitor that answers the final result has no TaskState
-    else:
-        task.state = task.state or "Running"
-    percent = doc.get("PercentComplete")
-    if isinstance(percent, int) and 0 <= percent <= 100:
-        task.percent = percent
-    messages = [m.get("Message", "") for m in doc.get("Messages", []) if isinstance(m, dict)]
-    messages = [client.hide(m) for m in messages if isinstance(m, str) and m]
-    del task.messages[:]
-    task.messages.extend(messages)
-    if task.state in FINAL_OK:
-        task.percent = 100
-    return messages
-
-
-def follow_task(
-    client: RedfishClient, location: str, progress: Callable[[int, str], None] | None
-) -> site_pb2.BmcFirmwareTask:
-    """Poll a task monitor or Task resource until it ends; see the module docstring."""
-    where = f"Redfish BMC {client.target.address}"
-    task = site_pb2.BmcFirmwareTask(task_uri=location)
-    seen = (-1, "")
-    pacing = client.call.pacing
-    interval = pacing.min_interval
-    while True:
-        answer = client.send("GET", location, ok=(404,))
-        if answer.status == 404:
-            raise BmcRefused(f"{where}: the task {location} is gone (HTTP 404)")
-        messages = _read_task(client, answer, task)
-        if progress is not None and (task.percent, task.state) != seen:
-            seen = (task.percent, task.state)
-            progress(task.percent, task.state + (f": {messages[-1]}" if messages else ""))
-        if task.state in FINAL_OK:
-            return task
-        if task.state in FINAL_BAD:
-            raise BmcRefused(
-                f"{where}: task {location} ended {task.state}"
-                + (f": {'; '.join(messages)}" if messages else ""),
-                bmc_message="; ".join(messages), task_state=task.state,
-            )
-        wait = max(interval, _retry_after(answer.headers.get("retry-after", "")))
-        if time.monotonic() + wait >= client.call.deadline:
-            raise CommandTimeout(
-                f"{where}: task {location} still {task.state} at {task.percent}% at the deadline"
-            )
-        if client.call.cancel.wait(wait):
-            raise Cancelled("cancelled")
-        interval = min(pacing.max_interval, interval * pacing.factor)
-
-
-def _retry_after(value: str) -> float:
-    try:
-        return min(60.0, max(0.0, float(value)))
-    except ValueError:
-        return 0.0
-
-
 MAX_COMPONENTS = 128
 
 
-def inventory(client: RedfishClient) -> list[site_pb2.BmcFirmwareComponent]:
+def inventory(client: RedfishSession) -> list[site_pb2.BmcFirmwareComponent]:
     """Every component of the UpdateService's FirmwareInventory (name, version, updateable,
     health);
     empty where the BMC has no UpdateService or no FirmwareInventory."""
-    from agent.site.bmc.redfish.client import link  # redfish imports this module: not at the top
-
     service_ref = link(client.root(), "UpdateService")
     if not service_ref:
         return []
