@@ -35,11 +35,14 @@ API::
         # the status: the caller reads 4xx/5xx bodies (a BMC's own error message). Retried, with
         # backoff bounded by opts.cancel and ``deadline``: connection errors, 408/429/5xx and
         # answers ``busy`` says are "busy"; the last such answer is returned when retries end.
-        # 4xx is never retried. A transport failure after the retries raises HttpError
-        # (status 0); a TLS certificate that does not verify raises it at once (``tls`` detail).
-        # Each attempt is cut short (its socket shut down by one watch thread for the process)
-        # at ``deadline``, on opts.cancel (Cancelled) and after opts.total_timeout: a server
-        # that drips a byte at a time cannot hold the caller past them.
+        # A POST or PATCH is sent again only where the server provably did not take it: 429,
+        # 503 and "busy" answers, a connection never made; its 500/502/504/408 is returned at
+        # once, and a failure after it was sent raises HttpError with detail ambiguous=true
+        # (the caller reads back). 4xx is never retried. A transport failure after the retries
+        # raises HttpError (status 0); a TLS certificate that does not verify raises it at once
+        # (``tls`` detail). Each attempt is cut short (its socket shut down by one watch thread
+        # for the process) at ``deadline``, on opts.cancel (Cancelled) and after
+        # opts.total_timeout: a server that drips a byte at a time cannot hold the caller past them.
 
     resp = http.post_multipart(url, [Part("UpdateParameters", json_bytes, "application/json")],
                                Part("UpdateFile", path=Path("fw.bin")), opts)
@@ -101,6 +104,8 @@ MAX_REDIRECTS = 5
 REDIRECTS = (301, 302, 303, 307, 308)
 USER_AGENT = "bettercompute-agent"
 _RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+# A write (POST, PATCH) answered so was refused before it was processed: it may be sent again.
+_NOT_TAKEN_STATUS = frozenset({429, 503})
 
 
 class HttpError(SourceFailed):
@@ -923,7 +928,7 @@ def request(
             if sent and method not in _IDEMPOTENT:
                 raise HttpError(
                     f"{where}: {type(exc).__name__}: {exc} (after the request was sent; not repeated)",
-                    attempts=attempt,
+                    attempts=attempt, ambiguous="true",
                 ) from exc
             retry_why = f"{type(exc).__name__}: {exc}"
         finally:
@@ -933,7 +938,7 @@ def request(
                 conn.close()
         if last is not None:
             log.debug("%s: HTTP %d (attempt %d)", where, last.status, attempt)
-            if last.status in _RETRY_STATUS:
+            if last.status in _RETRY_STATUS and (idempotent or last.status in _NOT_TAKEN_STATUS):
                 retry_why = f"HTTP {last.status}"
             elif busy is not None and busy(last):
                 retry_why = f"HTTP {last.status}, busy"

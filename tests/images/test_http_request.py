@@ -72,6 +72,18 @@ def test_5xx_forever_returns_last_answer_after_bounded_attempts() -> None:
     assert resp.status == 500 and resp.attempts == 4 and b"later" in resp.body
 
 
+@pytest.mark.parametrize("status", [500, 502, 504, 408])
+def test_a_write_answered_5xx_is_returned_not_sent_again(status: int) -> None:
+    """The server may have acted on a POST or PATCH it answered 500: sending it again could
+    act twice (a reset, a boot PATCH); the answer goes to the caller, who reads back."""
+    for method in ("POST", "PATCH"):
+        with ScriptedServer() as srv:
+            srv.route(method, "/a", countdown(100, status))
+            resp = http.request(method, srv.url("/a"), FAST)
+            assert len(srv.seen) == 1
+        assert resp.status == status and resp.attempts == 1
+
+
 def test_4xx_never_retried() -> None:
     with ScriptedServer() as srv:
         srv.route("GET", "/a", countdown(100, 401))
@@ -116,9 +128,10 @@ def test_cancel_interrupts_the_backoff() -> None:
 def test_post_dropped_after_sending_is_not_repeated() -> None:
     with ScriptedServer() as srv:
         srv.route("POST", "/a", lambda seen: (-1, {}, b""))
-        with pytest.raises(http.HttpError, match="not repeated"):
+        with pytest.raises(http.HttpError, match="not repeated") as err:
             http.request("POST", srv.url("/a"), FAST)
         assert len(srv.seen) == 1
+    assert err.value.details["ambiguous"] == "true"
 
 
 def test_header_values_never_logged(caplog: pytest.LogCaptureFixture) -> None:
