@@ -27,6 +27,7 @@ from agent.errors import (
     BmcRefused,
     CommandTimeout,
     InvalidParameters,
+    Unsupported,
 )
 from agent.proto import site_pb2
 from agent.site.bmc import events, secrets
@@ -44,6 +45,7 @@ from agent.site.bmc.client import (
     Target,
 )
 from agent.site.bmc.ipmi import check_ipmi_password, split_address
+from agent.site.bmc.redfish.vendors import VENDORS
 
 Result = site_pb2.BmcOperationResult
 DEFAULT_GRACEFUL_SECONDS = 60.0
@@ -99,6 +101,7 @@ class BmcArgs:
     capacity_bytes: int = 0
     volume_id: str = ""
     since: int = 0                # bmc.query events: seconds since 1970
+    vendor: str = ""              # Redfish: the vendor profile to use (redfish/vendors.py); "" detects it
     task_uri: str = ""            # bmc.firmware status: a task to read once
 
 
@@ -176,6 +179,12 @@ def _task_uri(name: str, text: str) -> str:
     return text
 
 
+def _vendor(name: str, text: str) -> str:
+    if text and text not in VENDORS:
+        raise InvalidParameters(f"parameter {name}: one of {', '.join(VENDORS)}")
+    return text
+
+
 def _ref(name: str, text: str) -> str:
     secrets.check_ref(text)
     return text
@@ -207,6 +216,7 @@ READERS: dict[str, Callable[[str, str], Any]] = {
     "volume_id": _text,
     "since": lambda n, t: events.parse_since(t or "0"),
     "task_uri": _task_uri,
+    "vendor": _vendor,
 }
 
 
@@ -234,6 +244,8 @@ def parse_request(kind: str, payload: site_pb2.BmcOperationRequest) -> BmcParams
             f"{kind}: operation {payload.operation!r}: one of {', '.join(ops)}"
         )
     allowed = ops[payload.operation]
+    if protocol is BmcProtocol.REDFISH:      # every Redfish operation: the operator's vendor profile
+        allowed = allowed | {"vendor": False}
     params = dict(payload.parameters)
     unknown = sorted(set(params) - set(allowed))
     if unknown:
@@ -272,12 +284,14 @@ class BmcSession:
         self.ctx = ctx
         self.params = params
         self.store = secrets.SecretStore(ctx.config.secrets_dir)
+        self.partial: list[str] = []    # what the handler could not read, for result.values["partial"]
         self.call = CallContext(
             cancel=ctx.cancel_event, deadline=ctx.deadline, pacing=Pacing(),
             ipmi_sessions=ctx.locks.slots("ipmi-sessions", ctx.config.ipmi_max_sessions))
 
     def client(self, creds: Credentials) -> BmcClient:
-        target = Target(self.params.address, creds, verify_tls=self.params.verify_tls)
+        target = Target(self.params.address, creds, verify_tls=self.params.verify_tls,
+                        vendor=self.params.args.vendor)
         return make_client(self.params.protocol, target, self.call, self.ctx.kept, self.params.lock_name)
 
     def done(self, client: BmcClient) -> None:
@@ -321,7 +335,12 @@ class _BmcHandler(Handler[site_pb2.BmcOperationRequest, BmcParams]):
         session = BmcSession(ctx, params)
         client, creds = session.open()
         try:
-            return self.operate(session, client, creds)
+            result = self.operate(session, client, creds)
+            # What could not be read (a LogService down, no virtual media) is said, not lost.
+            partial = [*getattr(client, "partial", []), *session.partial]
+            if partial:
+                result.values["partial"] = "; ".join(partial)
+            return result
         finally:
             session.done(client)
 
@@ -477,8 +496,18 @@ class BmcStorage(_BmcHandler, kind="bmc.storage"):
         params, args, op = session.params, session.params.args, session.params.operation
         result = _result(params, client)
         if op == "list":
-            result.storage.extend(client.storage())
-            result.virtual_media.extend(client.virtual_media())
+            # Each half on its own: a BMC with Storage and no virtual media (BlueField-3) or
+            # the reverse answers what it has, the rest named partial; neither is refused.
+            try:
+                result.storage.extend(client.storage())
+            except Unsupported as exc:
+                session.partial.append(f"storage: {exc.message}")
+            try:
+                result.virtual_media.extend(client.virtual_media())
+            except Unsupported as exc:
+                if session.partial:
+                    raise
+                session.partial.append(f"virtual_media: {exc.message}")
         elif op == "insert_media":
             media = client.insert_media(args.image_url, media_type=args.media_type)
             result.virtual_media.append(media)

@@ -80,6 +80,7 @@ class Target:
     credentials: Credentials
     verify_tls: bool = True
     ca_file: str = ""        # extra CA bundle for the BMC's certificate (Redfish)
+    vendor: str = ""         # Redfish: the operator's vendor profile (redfish/vendors.py); "" detects it
 
 
 @dataclass(frozen=True)

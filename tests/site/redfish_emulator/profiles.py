@@ -62,7 +62,8 @@ class Quirk(enum.StrEnum):
     # bmcweb and others: a ComputerSystem.Reset answered 5xx after the BMC acted on it (issue 40:
     # a resent reset would reset the node twice).
     RESET_500_AFTER_ACTING = "reset-500-after-acting"
-    # A LogService listed in its collection that answers 404 (issue 40, BlueField-3).
+    # A LogService listed in its collection that answers 404 (issue 40, BlueField-3: its recording
+    # lists the Manager's Journal, whose Entries answer 404; the emulator also takes ``gone`` paths).
     LOG_SERVICE_404 = "log-service-404"
 
 

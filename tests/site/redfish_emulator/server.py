@@ -194,6 +194,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self._path()
         st = self.server.state
+        with st.lock:
+            st.log.append(("GET", path, {}))
         if path not in (ROOT, "/redfish") and not self._authorised():
             return self._send(401, _error("Base.1.8.NoValidSession", "no valid session"))
         with st.lock:
@@ -472,7 +474,12 @@ class _Handler(BaseHTTPRequestHandler):
         image = body.get("Image")
         if image and self._media_refused(path, str(image)):
             return
-        doc.update({"Image": image, "Inserted": bool(image) and body.get("Inserted", True) is not False})
+        if not image and Quirk.EJECT_KEEPS_IMAGE in st.profile.quirks:
+            if doc.get("Inserted") is not True:
+                return self._send(400, _error("Base.1.8.ActionNotSupported", "no media to eject"))
+            doc["Inserted"] = False
+        else:
+            doc.update({"Image": image, "Inserted": bool(image) and body.get("Inserted", True) is not False})
         st.changed(path)
         self._send(204)
 

@@ -52,12 +52,15 @@ from agent.errors import (
 )
 from agent.images import http
 from agent.site.bmc.client import CallContext, Credentials, Target, shown_address
+from agent.site.bmc.redfish import vendors
 
 log = logging.getLogger(__name__)
 
 Doc = dict[str, Any]
 
 ROOT = "/redfish/v1/"
+SESSION_CONTEXT = "bettercompute-agent site"   # a session's Context: how the daemon finds its own
+MAX_STALE_SESSIONS = 32      # a crash's sessions closed at first contact, at most
 MAX_RETRIES = 4
 MAX_BODY = http.MAX_BODY  # a BMC's JSON answer, at most (a service root is a few KiB)
 REQUEST_TIMEOUT = 30.0       # per connect, per read
@@ -127,12 +130,20 @@ def _busy(resp: http.Response) -> bool:
 
 
 def _not_json(resp: http.Response) -> bool:
-    if resp.status != 200 or not resp.body:
+    """A 200 to a GET whose body is not a JSON object (an empty one included): a BMC still
+    starting, or an answer cut short; asked again, never kept."""
+    if resp.status != 200:
         return False
     try:
         return not isinstance(json.loads(resp.body), dict)
     except ValueError:
         return True
+
+
+class Unconfirmed(BmcRefused):
+    """A write the BMC may or may not have taken: answered 500/502/504, or the connection failed
+    after it was sent. Never sent again; the caller reads back what it asked for
+    (``RedfishSession.write``)."""
 
 
 
@@ -171,6 +182,10 @@ class RedfishSession:
         self._secrets: list[str] = []   # passwords being set, hidden like the login's
         self._known = False             # root and paths came from an earlier command
         self._last: tuple[str, Answer] | None = None   # the last GET's answer, until a write
+        self._vendor: vendors.Vendor | None = None
+        self._suspect = False           # an answer was cut, timed out or did not parse: keep nothing
+        self._first_contact = known is None   # no command on this BMC since the daemon started
+        self.partial: list[str] = []    # what this command could not read ("events: ...")
         if known is not None and (known.base, known.verify_tls, known.ca_file) == \
                 (self.base, target.verify_tls, target.ca_file):
             self._root, self._paths, self._known = known.root, dict(known.paths), True
@@ -260,9 +275,16 @@ class RedfishSession:
             self.attempts += 1
             raise BmcRefused(f"Redfish BMC {self.target.address}: {exc.message}; a Redfish "
                              "resource is a few KiB", status=exc.status) from exc
+        except Cancelled:
+            self._suspect = True
+            raise
         except http.HttpError as exc:
             self.attempts += int(exc.details.get("attempts", "1") or 1)
+            self._suspect = True
             where = f"Redfish BMC {self.target.address}"
+            if exc.details.get("ambiguous") == "true":
+                raise Unconfirmed(f"{where}: {exc.message}; the BMC may have acted on it",
+                                  ambiguous="true") from exc
             if exc.details.get("tls") == "untrusted":
                 raise BmcUnreachable(
                     f"{where}: its TLS certificate is not trusted; give the BMC's CA, or set"
@@ -282,6 +304,11 @@ class RedfishSession:
         if not (200 <= resp.status < 300 or resp.status in ok):
             said = bmc_message(resp.body, self.hide)
             retried = f" after {resp.attempts} attempts" if resp.attempts > 1 else ""
+            if method in ("POST", "PATCH") and resp.status in (408, 500, 502, 504):
+                raise Unconfirmed(
+                    f"{where}: HTTP {resp.status}" + (f": {said}" if said else "")
+                    + "; the BMC may have acted on it", status=resp.status, bmc_message=said,
+                    ambiguous="true")
             raise BmcRefused(
                 f"{where}: HTTP {resp.status}{retried}" + (f": {said}" if said else ""),
                 status=resp.status, bmc_message=said,
@@ -291,13 +318,19 @@ class RedfishSession:
             try:
                 parsed = json.loads(resp.body)
             except ValueError as exc:
+                self._suspect = True
                 raise BmcRefused(
                     f"{where}: the BMC answered HTTP {resp.status} with invalid JSON"
                     f" (after {resp.attempts} attempts)", status=resp.status
                 ) from exc
             if not isinstance(parsed, dict):
+                self._suspect = True
                 raise BmcRefused(f"{where}: the BMC answered with JSON that is not an object")
             doc = parsed
+        elif method == "GET" and resp.status == 200:
+            self._suspect = True
+            raise BmcRefused(f"{where}: the BMC answered HTTP 200 with no body"
+                             f" (after {resp.attempts} attempts)", status=200)
         return Answer(resp.status, resp.headers, doc)
 
     def get(self, ref: str) -> Doc:
@@ -332,6 +365,9 @@ class RedfishSession:
                 self._session_uri = location
                 self._auth = {"X-Auth-Token": token}
                 log.debug("Redfish %s: session opened", self.target.address)
+                if self._first_contact:
+                    self._first_contact = False
+                    self._close_stale(sessions, self._auth)
                 return self._auth
         pair = base64.b64encode(f"{creds.username}:{creds.password}".encode()).decode()
         self._auth = {"Authorization": f"Basic {pair}"}
@@ -339,17 +375,55 @@ class RedfishSession:
         return self._auth
 
     def _open_session(self, sessions: str, creds: Credentials) -> Answer | None:
-        """The answer to POSTing a session; None when the BMC does not offer sessions."""
-        body = {"UserName": creds.username, "Password": creds.password}
-        answer = self.send("POST", sessions, json_body=body, auth=False, ok=(404, 405, 501))
+        """The answer to POSTing a session; None when the BMC does not offer sessions. Refused
+        as full (503 after the bounded retries: iDRAC's RAC0218) at the first contact since the
+        daemon started, the sessions a crash left are closed (read with basic auth: the
+        credentials are the ones the POST sent, and 401 is not what it answered) and the POST
+        is sent once more."""
+        body = {"UserName": creds.username, "Password": creds.password, "Context": SESSION_CONTEXT}
+        answer = self.send("POST", sessions, json_body=body, auth=False, ok=(404, 405, 501, 503))
+        if answer.status == 503 and self._first_contact:
+            self._first_contact = False
+            pair = base64.b64encode(f"{creds.username}:{creds.password}".encode()).decode()
+            if self._close_stale(sessions, {"Authorization": f"Basic {pair}"}):
+                answer = self.send("POST", sessions, json_body=body, auth=False, ok=(404, 405, 501, 503))
+        if answer.status == 503:
+            said = bmc_message(json.dumps(answer.doc).encode(), self.hide)
+            raise BmcRefused(f"Redfish BMC {self.target.address}: no session to be had (HTTP 503)"
+                             + (f": {said}" if said else ""), status=503, bmc_message=said)
         return None if answer.status in (404, 405, 501) else answer
+
+    def _close_stale(self, sessions: str, auth: dict[str, str]) -> int:
+        """At the first contact with a BMC since the daemon started (no command on it is kept
+        in the daemon's memory): DELETE the sessions of this user that a daemon of this site
+        opened (their Context says so) and a crash left open, never the one in use (a BMC
+        allows few: iDRAC 8, then RAC0218). A BMC that does not list sessions or their Context
+        is left as it is. How many were closed."""
+        user, closed = self.target.credentials.username, 0
+        mine = self._session_uri.rstrip("/").rsplit("/", 1)[-1] if self._session_uri else ""
+        try:
+            listed = self.send("GET", sessions, auth=False, headers=auth, ok=(401, 403, 404, 405))
+            refs = [str(m.get("@odata.id")) for m in dicts(listed.doc.get("Members"))
+                    if m.get("@odata.id")][:MAX_STALE_SESSIONS] if listed.status == 200 else []
+            for ref in refs:
+                if mine and ref.rstrip("/").rsplit("/", 1)[-1] == mine:
+                    continue
+                doc = self.send("GET", ref, auth=False, headers=auth, ok=(401, 403, 404)).doc
+                if doc.get("Context") == SESSION_CONTEXT and doc.get("UserName") == user:
+                    self.send("DELETE", ref, auth=False, headers=auth, ok=(401, 403, 404, 405))
+                    closed += 1
+                    log.info("Redfish %s: closed a session a crash left open (%s)", self.target.address,
+                             ref.rsplit("/", 1)[-1])
+        except (BmcRefused, BmcUnreachable) as exc:
+            log.info("Redfish %s: stale sessions not checked: %s", self.target.address, exc)
+        return closed
 
     def check_login(self, credentials: Credentials) -> bool:
         """Opens (and closes) a session with ``credentials``; with basic auth, GETs the Systems."""
         probe = RedfishSession(
             Target(self.target.address, credentials, self.target.verify_tls, self.target.ca_file), self.call
         )
-        probe._root = self.root()
+        probe._root, probe._first_contact = self.root(), False
         try:
             probe._login()
             if not probe._session_uri:
@@ -369,6 +443,9 @@ class RedfishSession:
         """Close the session as ``close`` does, and hand over what the next command on this BMC
         may use: the root, the paths and the idle connection (the caller closes or keeps it)."""
         self._end_session()
+        if self._suspect:      # an answer was cut, timed out or did not parse: keep nothing of it
+            self.connections.close()
+            return Discovered(self.base, self.target.verify_tls, self.target.ca_file, None, {})
         known = Discovered(self.base, self.target.verify_tls, self.target.ca_file, self._root,
                            dict(self._paths), self.connections.idle(self._root_parts))
         self.connections.close()
@@ -394,6 +471,9 @@ class RedfishSession:
         if key not in self._paths:
             ref = link(self.root(), collection)
             refs = self.members(ref) if ref else []
+            if not refs and self._known:     # never "unsupported" from what an earlier command saw
+                self._root, self._paths, self._known = None, {}, False
+                return self._first(key, collection)
             if not refs:
                 raise Unsupported(f"Redfish BMC {self.target.address} lists no {collection}")
             self._paths[key] = refs[0]
@@ -464,9 +544,55 @@ class RedfishSession:
 
     def patch(self, ref: str, body: Doc) -> Answer:
         """PATCH with If-Match when the resource has an ETag (some BMCs require it): the ETag of
-        the GET just made of it, else of a GET now."""
+        the GET just made of it, else of a GET now; a weak one in its strong form where the
+        vendor's row says so, and after a 412 to the weak one (the PATCH was not applied)."""
         etag = self.as_read(ref).headers.get("etag", "")
-        return self.send("PATCH", ref, json_body=body, headers={"If-Match": etag} if etag else None)
+        strong = etag.removeprefix("W/")
+        if self.vendor().strong_if_match:
+            etag = strong
+        answer = self.send("PATCH", ref, json_body=body, headers={"If-Match": etag} if etag else None,
+                           ok=(412,) if etag != strong else ())
+        if answer.status == 412:
+            log.info("Redfish %s: weak ETag refused (412); its strong form", self.target.address)
+            answer = self.send("PATCH", ref, json_body=body, headers={"If-Match": strong})
+        return answer
+
+    def write(self, method: str, ref: str, body: Doc, *, taken: Callable[[], bool],
+              etag: bool = False) -> Answer | None:
+        """POST or PATCH ``body`` once (a PATCH with If-Match when ``etag``); on an ambiguous
+        answer (``Unconfirmed``) it is never sent again: ``taken()`` reads back whether the BMC
+        did what was asked, and None is returned when it did; Unconfirmed is raised when not."""
+        try:
+            if method == "PATCH" and etag:
+                return self.patch(ref, body)
+            return self.send(method, ref, json_body=body)
+        except Unconfirmed as exc:
+            if self.call.cancel.is_set():
+                raise
+            if taken():
+                log.warning("Redfish %s: %s answered ambiguously (%s) but reads back as asked",
+                            self.target.address, method, exc.details.get("status", "no answer"))
+                return None
+            raise
+
+    def vendor(self) -> vendors.Vendor:
+        """The row of agent/site/bmc/redfish/vendors.py for this BMC: the operator's (the
+        Target's ``vendor``), else detected from the service root (and the Manager)."""
+        if self._vendor is None:
+            named = self.target.vendor
+            if named:
+                self._vendor = vendors.VENDORS[named]
+            else:
+                root = self.root()
+                manager: Doc | None = None
+                if vendors.needs_manager(root) and link(root, "Managers"):
+                    try:
+                        manager = self.manager()
+                    except (BmcRefused, Unsupported) as exc:    # no Manager to read: generic
+                        log.debug("Redfish %s: no Manager for the vendor: %s", self.target.address, exc)
+                self._vendor = vendors.detect(root, manager)
+            log.debug("Redfish %s: vendor profile %s", self.target.address, self._vendor.name)
+        return self._vendor
 
 
 # -- small readers of Redfish JSON ---------------------------------------------------------

@@ -10,7 +10,7 @@ import contextlib
 import logging
 import time
 
-from agent.errors import BmcRefused, CommandTimeout, Unsupported
+from agent.errors import BmcRefused, Cancelled, CommandTimeout, Unsupported
 from agent.proto import site_pb2
 from agent.site.bmc.client import BootDevice, BootMode, BootSetting, PowerAction, PowerState
 from agent.site.bmc.redfish import firmware
@@ -72,8 +72,11 @@ def _reset_types(s: RedfishSession, system: Doc) -> tuple[str, list[str]]:
 
 
 def _reset(s: RedfishSession, target: str, reset_type: str) -> None:
+    """POST the Reset once. Answered ambiguously (500 after acting, a cut connection), it is
+    not sent again: whether it took is read back by the caller, who settles the power state
+    (commands/bmc.py ``settle``) and fails at the deadline if it did not."""
     log.info("Redfish %s: ResetType %s", s.target.address, reset_type)
-    s.send("POST", target, json_body={"ResetType": reset_type})
+    s.write("POST", target, {"ResetType": reset_type}, taken=lambda: True)
 
 
 def set_power(s: RedfishSession, action: PowerAction, *, graceful_timeout: float) -> None:
@@ -149,25 +152,70 @@ def _boot_of(s: RedfishSession, system: Doc) -> BootSetting:
     return BootSetting(device, persistent=enabled == "Continuous", mode=mode)
 
 
-def set_boot_device(s: RedfishSession, setting: BootSetting) -> BootSetting:
-    system = s.system()
-    boot = system.get("Boot", {})
+def _boot_patches(s: RedfishSession, setting: BootSetting, boot: Doc) -> list[Doc]:
+    """The Boot PATCH bodies for ``setting`` given the Boot read now, in order: checked against
+    the allowable values the BMC gives; the mode only where the Boot offers it, and only when it
+    must change (iDRAC queues a BIOS job for a mode named unchanged) unless the vendor needs
+    it in every PATCH; in a PATCH of its own where the vendor takes no extra property."""
+    where = f"Redfish BMC {s.target.address}"
     wanted = _BOOT_TO_REDFISH[setting.device]
     allowed = boot.get("BootSourceOverrideTarget@Redfish.AllowableValues")
     if setting.device is not BootDevice.NONE and isinstance(allowed, list) and wanted not in allowed:
-        raise Unsupported(
-            f"Redfish BMC {s.target.address} cannot boot from {setting.device}"
-            f" (BootSourceOverrideTarget {wanted} not in {allowed})"
-        )
-    patch: Doc = {"BootSourceOverrideTarget": wanted}
-    if setting.device is BootDevice.NONE:
-        patch["BootSourceOverrideEnabled"] = "Disabled"
-    else:
-        patch["BootSourceOverrideEnabled"] = "Continuous" if setting.persistent else "Once"
-    if setting.mode is not None:
-        patch["BootSourceOverrideMode"] = _MODE_TO_REDFISH[setting.mode]
-    s.patch(s.system_ref(), {"Boot": patch})
-    got = boot_device(s)
+        raise Unsupported(f"{where} cannot boot from {setting.device}"
+                          f" (BootSourceOverrideTarget {wanted} not in {allowed})")
+    enabled = "Disabled" if setting.device is BootDevice.NONE else \
+        "Continuous" if setting.persistent else "Once"
+    offered = boot.get("BootSourceOverrideEnabled@Redfish.AllowableValues")
+    if isinstance(offered, list) and enabled not in offered:
+        raise Unsupported(f"{where} offers no {enabled} boot override (BootSourceOverrideEnabled {offered})")
+    patch: Doc = {"BootSourceOverrideTarget": wanted, "BootSourceOverrideEnabled": enabled}
+    vendor = s.vendor()
+    modes = boot.get("BootSourceOverrideMode@Redfish.AllowableValues")
+    has_mode = "BootSourceOverrideMode" in boot or isinstance(modes, list)
+    current = boot.get("BootSourceOverrideMode")
+    mode = _MODE_TO_REDFISH[setting.mode] if setting.mode is not None else None
+    if mode is not None and not has_mode:
+        log.info("%s: its Boot has no BootSourceOverrideMode; mode %s not sent", where, mode)
+        mode = None
+    if mode is not None and isinstance(modes, list) and mode not in modes:
+        raise Unsupported(f"{where} offers no boot mode {mode} (BootSourceOverrideMode {modes})")
+    if mode is None and vendor.mode_in_every_boot_patch and has_mode and isinstance(current, str):
+        mode = current                 # named, unchanged, lest the BMC reset it to Legacy
+    if mode is None or (mode == current and not vendor.mode_in_every_boot_patch):
+        return [patch]
+    if vendor.boot_patch_minimal:
+        return [patch, {"BootSourceOverrideMode": mode}]
+    return [patch | {"BootSourceOverrideMode": mode}]
+
+
+def _boot_ref(s: RedfishSession, system: Doc) -> str:
+    """Where the Boot PATCH goes: the System, or the settings object it names in
+    @Redfish.Settings where the vendor takes boot properties only there (applied at the next
+    reset; the System reads back the old override until then)."""
+    settings = system.get("@Redfish.Settings")
+    if s.vendor().boot_in_settings_object and isinstance(settings, dict):
+        ref = link(settings, "SettingsObject")
+        if ref:
+            return ref
+    return s.system_ref()
+
+
+def set_boot_device(s: RedfishSession, setting: BootSetting) -> BootSetting:
+    system = s.system()
+    ref = _boot_ref(s, system)
+    boot = s.get(ref).get("Boot", {}) if ref != s.system_ref() else system.get("Boot", {})
+    wanted = _BOOT_TO_REDFISH[setting.device]
+
+    def read_back() -> BootSetting:
+        return _boot_of(s, s.get(ref)) if ref != s.system_ref() else boot_device(s)
+
+    for body in _boot_patches(s, setting, boot if isinstance(boot, dict) else {}):
+        s.write("PATCH", ref, {"Boot": body}, etag=True,
+                taken=lambda: read_back().device is setting.device)
+    delay = s.vendor().boot_readback_delay
+    if delay and s.call.cancel.wait(min(delay, max(0.0, s.call.deadline - time.monotonic()))):
+        raise Cancelled("cancelled")
+    got = read_back()
     if got.device is not setting.device:
         raise BmcRefused(
             f"Redfish BMC {s.target.address} accepted boot override {wanted} but reads back"
