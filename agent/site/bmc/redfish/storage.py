@@ -22,15 +22,16 @@ def _storage_refs(s: RedfishSession) -> list[str]:
 
 
 def controllers(s: RedfishSession) -> list[site_pb2.BmcStorageController]:
-    """The System's Storage (controllers, drives, volumes); where it has none, its
-    SimpleStorage (older BMCs, and DMTF's public-rackmount1 mockup): each controller with
-    the devices present in its bays, no volumes."""
+    """The System's Storage (controllers, drives, volumes); where it has none, or lists none
+    (DGX H100's AMI BMC), its SimpleStorage (older BMCs, and DMTF's public-rackmount1 mockup):
+    each controller with the devices present in its bays, no volumes."""
     system = s.system()
     simple = link(system, "SimpleStorage")
-    if not link(system, "Storage") and simple:
+    refs = s.members(link(system, "Storage")) if link(system, "Storage") else []
+    if not refs and simple:
         return [_simple_storage(s.get(ref)) for ref in s.members(simple)]
     out: list[site_pb2.BmcStorageController] = []
-    for ref in _storage_refs(s):
+    for ref in refs or _storage_refs(s):
         doc = s.get(ref)
         ctl = site_pb2.BmcStorageController(id=text(doc.get("Id")), name=text(doc.get("Name")))
         for drive_ref in [text(d.get("@odata.id")) for d in dicts(doc.get("Drives"))]:
