@@ -107,6 +107,6 @@ def test_every_recorded_tree_answers_every_operation_it_offers(tmp_path: Path) -
 
 # What the nine recordings offer, as ``offered`` reads them: 4 reads on each (36), power on
 # 9 trees (27), boot on 9 (24: once everywhere, persistent on 7, UEFI on 7, Legacy on 1), virtual
-# media on 8 (16 less DGX H100's empty collection: 14). Any change here is a tree or a reading
-# of it changing: docs/site.md ("Vendors") quotes it.
+# media on 7 (14: BlueField-3 has none, DGX H100 an empty collection). A change here is a tree
+# or a reading of it changing: docs/site.md ("Vendors") quotes it.
 EXPECTED = 101
