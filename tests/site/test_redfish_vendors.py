@@ -79,6 +79,19 @@ def test_a_patch_answered_500_and_not_applied_is_read_back_not_resent(trees: Pat
         assert len(boot_patches(bmc)) == 1
 
 
+def test_a_write_whose_answer_is_lost_is_read_back_not_resent(trees: Path) -> None:
+    """The connection drops after the BMC took the PATCH: it reads back as asked, so the
+    command succeeds, and the PATCH was sent once."""
+    with RedfishEmulator.of("dell_r750", trees) as bmc:
+        bmc.state.cut.add("/redfish/v1/Systems/System.Embedded.1")
+        c = client_of(bmc)
+        try:
+            assert c.set_boot_device(BootSetting(BootDevice.PXE)).device is BootDevice.PXE
+        finally:
+            c.close()
+        assert len(boot_patches(bmc)) == 1
+
+
 def test_bmcweb_gets_no_boot_mode_it_does_not_offer(trees: Path) -> None:
     """GH200's Boot has no BootSourceOverrideMode; naming it answers 500 after the target."""
     with RedfishEmulator.of("nvidia_gh200", trees) as bmc:

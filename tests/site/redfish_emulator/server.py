@@ -32,6 +32,7 @@ import copy
 import hashlib
 import json
 import secrets
+import socket
 import ssl
 import tarfile
 import threading
@@ -115,6 +116,7 @@ class State:
     fail_next: dict[str, int] = field(default_factory=dict)   # path -> status of its next write
     drip: dict[str, float] = field(default_factory=dict)      # path -> seconds per byte
     gone: set[str] = field(default_factory=set)               # paths answering 404
+    cut: set[str] = field(default_factory=set)     # paths whose next write is done, then unanswered
     polls: dict[str, int] = field(default_factory=dict)
     resets: list[str] = field(default_factory=list)
     lock: threading.RLock = field(default_factory=threading.RLock)
@@ -151,6 +153,13 @@ class _Handler(BaseHTTPRequestHandler):
     def _send(self, status: int, doc: Doc | None = None, headers: dict[str, str] | None = None,
               path: str = "") -> None:
         body = json.dumps(doc).encode() if doc is not None else b""
+        st = self.server.state
+        if self.command in ("POST", "PATCH") and self._path() in st.cut:
+            st.cut.discard(self._path())       # acted on, and the connection lost before the answer
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+            return
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
