@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent import limits
 from agent.commands.base import Context, Handler, Kept
@@ -47,6 +47,9 @@ from agent.site.bmc.client import (
 from agent.site.bmc.ipmi import check_ipmi_password, split_address
 from agent.site.bmc.redfish.vendors import VENDORS
 
+if TYPE_CHECKING:
+    from agent.site.bmc.redfish.client import RedfishClient
+
 Result = site_pb2.BmcOperationResult
 DEFAULT_GRACEFUL_SECONDS = 60.0
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no", "")
@@ -59,12 +62,13 @@ OPERATIONS: dict[str, dict[str, dict[str, bool]]] = {
         "set_boot_device": {"device": True, "persistent": False, "mode": False},
         "get_boot_device": {},
     },
-    "bmc.query": {"query": {}, "events": {"since": False}},
+    "bmc.query": {"query": {}, "events": {"since": False}, "bios": {"names": False}},
     "bmc.rotate": {"rotate": {"new_password_ref": False, "length": False}},
     "bmc.firmware": {
         "simple_update": {"image_uri": True, "transfer_protocol": False},
         "push": {"file": True, "sha256": True},
         "status": {"task_uri": False},
+        "set_bios": {"attributes": True},
     },
     "bmc.storage": {
         "list": {},
@@ -102,6 +106,8 @@ class BmcArgs:
     volume_id: str = ""
     since: int = 0                # bmc.query events: seconds since 1970
     vendor: str = ""              # Redfish: the vendor profile to use (redfish/vendors.py); "" detects it
+    attributes: tuple[tuple[str, Any], ...] = ()   # bmc.firmware set_bios: BIOS attributes, in order
+    names: tuple[str, ...] = ()   # bmc.query bios: the attributes to read (all when empty)
     task_uri: str = ""            # bmc.firmware status: a task to read once
 
 
@@ -185,6 +191,36 @@ def _vendor(name: str, text: str) -> str:
     return text
 
 
+MAX_BIOS_ATTRIBUTES = 64
+_ATTRIBUTE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+
+def _attributes(name: str, text: str) -> tuple[tuple[str, Any], ...]:
+    """A JSON object of BIOS attribute names to values (string, integer or boolean)."""
+    import json
+
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise InvalidParameters(f"parameter {name}: a JSON object of attribute names to values") from None
+    if not isinstance(doc, dict) or not doc or len(doc) > MAX_BIOS_ATTRIBUTES:
+        raise InvalidParameters(f"parameter {name}: a JSON object of 1 to {MAX_BIOS_ATTRIBUTES} attributes")
+    for key, value in doc.items():
+        if not _ATTRIBUTE_NAME.fullmatch(key):
+            raise InvalidParameters(f"parameter {name}: {key[:40]!r} is no attribute name")
+        if not isinstance(value, str | int | bool) or (isinstance(value, str) and len(value) > 256):
+            raise InvalidParameters(f"parameter {name}: {key}: a string (256 at most), integer or boolean")
+    return tuple(doc.items())
+
+
+def _names(name: str, text: str) -> tuple[str, ...]:
+    names = tuple(n for n in text.split(",") if n)
+    if len(names) > MAX_BIOS_ATTRIBUTES or not all(_ATTRIBUTE_NAME.fullmatch(n) for n in names):
+        raise InvalidParameters(f"parameter {name}: up to {MAX_BIOS_ATTRIBUTES} attribute names,"
+                                " comma separated")
+    return names
+
+
 def _ref(name: str, text: str) -> str:
     secrets.check_ref(text)
     return text
@@ -217,6 +253,8 @@ READERS: dict[str, Callable[[str, str], Any]] = {
     "since": lambda n, t: events.parse_since(t or "0"),
     "task_uri": _task_uri,
     "vendor": _vendor,
+    "attributes": _attributes,
+    "names": _names,
 }
 
 
@@ -410,8 +448,24 @@ class BmcBoot(_BmcHandler, kind="bmc.boot"):
         return result
 
 
+def _redfish(session: BmcSession, client: BmcClient) -> RedfishClient:
+    """The client as Redfish, for what only Redfish offers (BIOS attributes)."""
+    from agent.site.bmc.redfish.client import RedfishClient
+
+    if not isinstance(client, RedfishClient):
+        raise Unsupported(f"{session.params.operation}: Redfish only (the BMC's AttributeRegistry)")
+    return client
+
+
 class BmcQuery(_BmcHandler, kind="bmc.query"):
     def operate(self, session: BmcSession, client: BmcClient, creds: Credentials) -> Result:
+        if session.params.operation == "bios":
+            current, pending = _redfish(session, client).bios(list(session.params.args.names))
+            state = f"{len(current)} attributes, {len(pending)} pending"
+            result = _result(session.params, client, state=state)
+            result.values.update({k: str(v) for k, v in current.items()})
+            result.values.update({f"pending.{k}": str(v) for k, v in pending.items()})
+            return result
         if session.params.operation == "events":
             result = _result(session.params, client, events=client.event_log(session.params.args.since))
             result.state = f"{len(result.events)} entries"
@@ -479,6 +533,12 @@ class BmcFirmware(_BmcHandler, kind="bmc.firmware"):
         def progress(percent: int, message: str) -> None:
             session.ctx.progress(done=percent, total=100, message=message, subject=params.address)
 
+        if params.operation == "set_bios":
+            back, pending = _redfish(session, client).set_bios(dict(args.attributes))
+            state = "pending: applied at the next reset" if pending else "applied"
+            result = _result(params, client, state=state)
+            result.values.update({k: str(v) for k, v in back.items()})
+            return result
         if params.operation == "status":
             result = client.firmware_status(args.task_uri)
             result.attempts = getattr(client, "attempts", 0)

@@ -111,6 +111,7 @@ class State:
     log: list[tuple[str, str, Doc]] = field(default_factory=list)
     versions: dict[str, int] = field(default_factory=dict)
     pending: dict[str, Doc] = field(default_factory=dict)     # system path -> settings to apply
+    pending_attributes: dict[str, Doc] = field(default_factory=dict)   # Bios path -> attributes
     bios_jobs: int = 0
     busy_left: int = 0             # writes still refused busy (BUSY_JOB_QUEUE)
     fail_next: dict[str, int] = field(default_factory=dict)   # path -> status of its next write
@@ -295,9 +296,24 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._boot(path, body["Boot"])
             if "Image" in body or "Inserted" in body:
                 return self._patch_media(path, body)
+            if isinstance(body.get("Attributes"), dict):
+                return self._attributes(path, body["Attributes"])
             doc.update({k: v for k, v in body.items() if not k.startswith("@")})
             st.changed(path)
             self._send(204)
+
+    def _attributes(self, path: str, attributes: Doc) -> None:
+        """BIOS attributes: merged into a settings object and applied to the resource that names
+        it at the next reset, or into the resource itself."""
+        st = self.server.state
+        st.docs[path].setdefault("Attributes", {}).update(attributes)
+        owner = next((p for p, d in st.docs.items() if isinstance(d.get("@Redfish.Settings"), dict)
+                      and d["@Redfish.Settings"].get("SettingsObject", {}).get("@odata.id", "").rstrip("/")
+                      == path), "")
+        if owner:
+            st.pending_attributes.setdefault(owner, {}).update(attributes)
+        st.changed(path)
+        self._send(204)
 
     def _refused_early(self, path: str) -> bool:
         """A busy answer or a scripted failure, before anything is done."""
@@ -374,6 +390,12 @@ class _Handler(BaseHTTPRequestHandler):
         if kind not in ("ForceOff", "GracefulShutdown") and system_path in st.pending:
             boot = st.pending.pop(system_path)
             system.setdefault("Boot", {}).update(boot)
+        if kind not in ("ForceOff", "GracefulShutdown"):
+            for owner, attributes in list(st.pending_attributes.items()):
+                if owner.startswith(system_path + "/"):
+                    st.docs[owner].setdefault("Attributes", {}).update(attributes)
+                    del st.pending_attributes[owner]
+                    st.changed(owner)
         st.changed(system_path)
         if Quirk.RESET_500_AFTER_ACTING in st.profile.quirks and st.resets.count(kind) == 1:
             return self._send(500, _error("Base.1.8.InternalError", "internal error"))

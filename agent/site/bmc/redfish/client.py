@@ -11,6 +11,7 @@ every BMC client offers, each a call into the module of its noun.
     session.py   transport, login and sessions, the kept connection and paths, pacing
     system.py    power, the boot override, the inventory bmc.query reads, accounts
     storage.py   Storage / SimpleStorage, volumes
+    bios.py      BIOS attributes checked against the BMC's AttributeRegistry
     media.py     virtual media
     firmware.py  the UpdateService; tasks.py the task monitor it (and volumes) follow
     events.py    the LogServices' entries
@@ -20,10 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from agent.proto import site_pb2
 from agent.site.bmc.client import BootSetting, PowerAction, PowerState
-from agent.site.bmc.redfish import events, firmware, media, storage, system
+from agent.site.bmc.redfish import bios, events, firmware, media, storage, system
 from agent.site.bmc.redfish.session import RedfishSession
 
 
@@ -68,6 +70,12 @@ class RedfishClient(RedfishSession):
 
     def firmware_status(self, task_uri: str = "") -> site_pb2.BmcOperationResult:
         return firmware.status(self, task_uri)
+
+    def bios(self, names: list[str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        return bios.read(self, names)
+
+    def set_bios(self, attributes: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        return bios.set_attributes(self, attributes)
 
     def storage(self) -> list[site_pb2.BmcStorageController]:
         return storage.controllers(self)
