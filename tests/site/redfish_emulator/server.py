@@ -118,6 +118,9 @@ class State:
     drip: dict[str, float] = field(default_factory=dict)      # path -> seconds per byte
     gone: set[str] = field(default_factory=set)               # paths answering 404
     cut: set[str] = field(default_factory=set)     # paths whose next write is done, then unanswered
+    update_to: tuple[str, str] | None = None       # a firmware update sets (component path, version)
+    reboot_seconds: float = 0.0                    # after which the BMC answers nothing this long
+    down_until: float = 0.0
     polls: dict[str, int] = field(default_factory=dict)
     resets: list[str] = field(default_factory=list)
     lock: threading.RLock = field(default_factory=threading.RLock)
@@ -177,11 +180,22 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self.wfile.write(body)
 
+    def _down(self) -> bool:
+        """A BMC rebooting after its update: the connection closed, no answer."""
+        if time.monotonic() >= self.server.state.down_until:
+            return False
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+        return True
+
     def _body(self) -> Doc:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         if not raw:
             return {}
+        if self.headers.get("Content-Type", "").startswith("multipart/"):
+            return {"multipart": len(raw)}
         doc = json.loads(raw)
         return doc if isinstance(doc, dict) else {}
 
@@ -202,6 +216,8 @@ class _Handler(BaseHTTPRequestHandler):
     # -- GET ---------------------------------------------------------------------------------
 
     def do_GET(self) -> None:
+        if self._down():
+            return
         path = self._path()
         st = self.server.state
         with st.lock:
@@ -235,6 +251,11 @@ class _Handler(BaseHTTPRequestHandler):
         st = self.server.state
         st.polls[path] = st.polls.get(path, 0) + 1
         done = st.polls[path] > st.profile.task_polls
+        if done and st.polls[path] == st.profile.task_polls + 1 and st.update_to:
+            component, version = st.update_to      # the update took: the BMC reboots into it
+            st.docs[component]["Version"] = version
+            st.changed(component)
+            st.down_until = time.monotonic() + st.reboot_seconds
         state = "Completed" if done else "Running"
         doc = {"@odata.id": path, "TaskState": state, "PercentComplete": 100 if done else 50,
                "Messages": [{"Message": f"update {state.lower()}"}]}
@@ -243,6 +264,8 @@ class _Handler(BaseHTTPRequestHandler):
     # -- writes ------------------------------------------------------------------------------
 
     def do_DELETE(self) -> None:
+        if self._down():
+            return
         path = self._path()
         st = self.server.state
         with st.lock:
@@ -257,6 +280,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(405, _error("Base.1.8.OperationNotAllowed", "DELETE not allowed"))
 
     def do_POST(self) -> None:
+        if self._down():
+            return
         path = self._path()
         st = self.server.state
         body = self._body()
@@ -274,12 +299,15 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._insert(path.rsplit("/Actions/", 1)[0], body)
             if path.endswith("/Actions/VirtualMedia.EjectMedia"):
                 return self._eject(path.rsplit("/Actions/", 1)[0])
-            if path.endswith("/Actions/UpdateService.SimpleUpdate"):
+            push = st.docs.get(f"{ROOT}/UpdateService", {}).get("MultipartHttpPushUri")
+            if path.endswith("/Actions/UpdateService.SimpleUpdate") or (push and path == push.rstrip("/")):
                 monitor = f"{ROOT}/TaskService/TaskMonitors/{secrets.token_hex(4)}"
                 return self._send(202, {"@odata.id": monitor, "TaskState": "New"}, {"Location": monitor})
             self._send(404, _error("Base.1.8.ActionNotSupported", f"{path} is no action here"))
 
     def do_PATCH(self) -> None:
+        if self._down():
+            return
         path = self._path()
         st = self.server.state
         body = self._body()

@@ -11,7 +11,10 @@ Two ways in, as the schema (UpdateService v1.6+) documents them:
 ``status`` reads the FirmwareInventory's versions and, given its URI, a task's state now.
 
 Either answers 202 with a Location (a task monitor, or the Task itself), or with the Task in
-its body; ``tasks.follow`` (agent/site/bmc/redfish/tasks.py) follows it to its end.
+its body; ``tasks.follow`` (agent/site/bmc/redfish/tasks.py) follows it to its end. Then the
+BMC's own reboot after its update is waited out (``wait_settled``: 3 good answers in a row,
+30 s apart by default, as Ironic waits) and the FirmwareInventory read again: the task's
+messages say which component went from which version to which.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,14 +30,16 @@ from typing import Any
 from agent.errors import (
     BmcRefused,
     BmcUnreachable,
+    Cancelled,
     ChecksumMismatch,
+    CommandTimeout,
     InvalidParameters,
     Unsupported,
 )
 from agent.images import http
 from agent.proto import site_pb2
 from agent.site.bmc.redfish import tasks
-from agent.site.bmc.redfish.session import RedfishSession, link
+from agent.site.bmc.redfish.session import ROOT, RedfishSession, link
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +59,7 @@ def update(
     if not ref:
         raise Unsupported(f"{where} has no UpdateService")
     service = client.get(ref)
+    before = {c.id: c.version for c in inventory(client)}
     if image_uri:
         http.check_url(image_uri)
         action = service.get("Actions", {}).get("#UpdateService.SimpleUpdate", {})
@@ -72,10 +79,43 @@ def update(
         status, headers, doc = _push(client, service, file, sha256)
     location = headers.get("location", "") or str(doc.get("@odata.id", "") if "TaskState" in doc else "")
     if not location:
-        if status in (200, 204):  # applied synchronously
-            return site_pb2.BmcFirmwareTask(state="Completed", percent=100)
-        raise BmcRefused(f"{where}: the update was accepted (HTTP {status}) without a task to follow")
-    return tasks.follow(client, location, progress)
+        if status not in (200, 204):
+            raise BmcRefused(f"{where}: the update was accepted (HTTP {status}) without a task to follow")
+        task = site_pb2.BmcFirmwareTask(state="Completed", percent=100)   # applied synchronously
+    else:
+        task = tasks.follow(client, location, progress)
+    if progress is not None:
+        progress(100, "waiting for the BMC to answer steadily after its update")
+    wait_settled(client)
+    after = {c.id: c.version for c in inventory(client)}
+    changed = [f"updated {cid}: {before.get(cid, '')} -> {version}"
+               for cid, version in sorted(after.items()) if before.get(cid) != version]
+    task.messages.extend(changed or ["no component's version changed yet (one may wait for a reset)"])
+    return task
+
+
+STABLE_ANSWERS = 3           # good answers in a row before a BMC that updated itself is trusted again
+
+
+def wait_settled(client: RedfishSession) -> None:
+    """After an update a BMC often reboots itself: wait until it answers its service root
+    STABLE_ANSWERS times in a row, spaced twice the pacing's max_interval (30 s by default, as
+    Ironic waits), within the command's deadline (CommandTimeout) and cancel."""
+    where = f"Redfish BMC {client.target.address}"
+    interval = min(30.0, 2 * client.call.pacing.max_interval)
+    good = 0
+    while good < STABLE_ANSWERS:
+        if time.monotonic() + interval >= client.call.deadline:
+            raise CommandTimeout(f"{where}: not answering steadily after its update before the deadline"
+                                 f" ({good} good answers in a row of {STABLE_ANSWERS})")
+        if client.call.cancel.wait(interval):
+            raise Cancelled("cancelled")
+        try:
+            client.send("GET", ROOT, auth=False)
+            good += 1
+        except (BmcUnreachable, BmcRefused) as exc:
+            log.info("%s: not settled after its update (%s)", where, exc.message)
+            good = 0
 
 
 def _push(
