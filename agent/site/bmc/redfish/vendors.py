@@ -41,9 +41,6 @@ class Vendor:
     media_schemes: tuple[str, ...] = ()
     # The InsertMedia action's body: the properties it takes.
     insert_properties: tuple[str, ...] = ("Image", "Inserted", "WriteProtected")
-    # Redfish sessions the BMC allows at once (0: not documented); the client never holds more
-    # than one per command, and closes those a crash left (``session.close_stale``).
-    max_sessions: int = 0
 
 
 GENERIC = Vendor("generic")
@@ -52,8 +49,10 @@ VENDORS: dict[str, Vendor] = {v.name: v for v in (
     GENERIC,
     # iDRAC9: naming the boot mode, even unchanged, queues a BIOS job and an extra reboot
     # (ironcore-dev/metal-operator#81): the generic "mode only when it must change" covers it.
-    # 8 sessions at most, then 503 RAC0218 (stmcginnis/gofish#75, quadsproject/badfish#447).
-    Vendor("dell", max_sessions=8),
+    # 8 sessions at most, then 503 RAC0218 (stmcginnis/gofish#75, quadsproject/badfish#447): no
+    # row field, as every BMC gets the same rule (one session per command, two while a rotation
+    # proves a password, every one DELETEd, a crash's swept at first contact: session.py).
+    Vendor("dell"),
     # iLO: weak ETags (W/"...", bb-Ricardo/check_redfish#178) matched only in their strong
     # form; a Boot PATCH with more than Enabled and Target refused (bmc-toolbox/bmclib#318,
     # DL160 Gen10); iLO 4's InsertMedia takes Image alone (ansible-collections/community.general#4595).
