@@ -346,7 +346,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _refused_early(self, path: str) -> bool:
         """A busy answer or a scripted failure, before anything is done."""
         st = self.server.state
-        if st.busy_left > 0:
+        if st.busy_left > 0 and Quirk.BUSY_JOB_QUEUE in st.profile.quirks:
             st.busy_left -= 1
             self._send(503, _error("IDRAC.2.8.SYS518", "Lifecycle Controller in use: the job queue is busy"))
             return True
@@ -377,7 +377,7 @@ class _Handler(BaseHTTPRequestHandler):
         st = self.server.state
         if (body.get("UserName"), body.get("Password")) != (self.server.user, self.server.password):
             return self._send(401, _error("Base.1.8.NoValidSession", "invalid credentials"))
-        if st.profile.max_sessions and len(st.sessions) >= st.profile.max_sessions:
+        if Quirk.SESSION_LIMIT in st.profile.quirks and len(st.sessions) >= st.profile.max_sessions:
             full = "The maximum number of user sessions is reached."
             return self._send(503, _error("IDRAC.2.4.RAC0218", full))
         sid = secrets.token_hex(4)
@@ -486,7 +486,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _media_refused(self, path: str, image: str) -> bool:
         st = self.server.state
         scheme = urllib.parse.urlsplit(image).scheme.lower()
-        if scheme not in st.profile.media_schemes:
+        if Quirk.MEDIA_HTTPS_ONLY in st.profile.quirks and scheme not in st.profile.media_schemes:
             self._send(400, _error("Base.1.8.ActionParameterValueFormatError",
                                    f"transfer protocol {scheme} not supported"))
             return True
