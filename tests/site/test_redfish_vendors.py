@@ -326,3 +326,31 @@ def test_an_unknown_vendor_name_is_refused_in_parse() -> None:
         handler.parse(payload)
     payload.parameters["vendor"] = "dell"
     assert handler.parse(payload).args.vendor == "dell"
+
+
+def test_the_operators_vendor_reaches_the_client_through_the_handler(trees: Path, tmp_path: Path) -> None:
+    """Named "generic" for the DGX, its boot goes to the System, which refuses it (AMI wants the
+    settings object); detected, it goes to the settings object and succeeds."""
+    from agent.commands import handler_for
+    from agent.commands.base import Context
+    from agent.proto import site_pb2
+    from tests.site.redfish_emulator import PASSWORD, USER
+    from tests.site.test_bmc_redfish import REF, config_with
+
+    config = config_with(tmp_path, USER, PASSWORD)
+    handler = handler_for("bmc.boot")
+    assert handler is not None
+    with RedfishEmulator.of("nvidia_dgxh100", trees) as bmc:
+        def boot(**extra: str) -> site_pb2.BmcOperationResult:
+            payload = site_pb2.BmcOperationRequest(
+                node_id="n1", bmc_address=bmc.address, protocol="redfish", operation="set_boot_device",
+                credentials_ref=REF, verify_tls=False, parameters={"device": "pxe", **extra})
+            result = handler.run(Context.local("bmc.boot", config, timeout=60), handler.parse(payload))
+            assert isinstance(result, site_pb2.BmcOperationResult)
+            return result
+
+        with pytest.raises(BmcRefused, match="FutureState"):
+            boot(vendor="generic")
+        assert boot().boot.device == "pxe"
+        assert [p for _, p, _ in bmc.writes("PATCH")] == ["/redfish/v1/Systems/DGX",
+                                                          "/redfish/v1/Systems/DGX/SD"]
