@@ -354,3 +354,25 @@ def test_the_operators_vendor_reaches_the_client_through_the_handler(trees: Path
         assert boot().boot.device == "pxe"
         assert [p for _, p, _ in bmc.writes("PATCH")] == ["/redfish/v1/Systems/DGX",
                                                           "/redfish/v1/Systems/DGX/SD"]
+
+
+def test_storage_list_without_virtual_media_keeps_the_controllers(trees: Path, tmp_path: Path) -> None:
+    """BlueField-3 has Storage and no VirtualMedia: the controllers are returned, the missing
+    media named partial."""
+    from agent.commands import handler_for
+    from agent.commands.base import Context
+    from agent.proto import site_pb2
+    from tests.site.redfish_emulator import PASSWORD, USER
+    from tests.site.test_bmc_redfish import REF, config_with
+
+    handler = handler_for("bmc.storage")
+    assert handler is not None
+    with RedfishEmulator.of("nvidia_bluefield3", trees) as bmc:
+        payload = site_pb2.BmcOperationRequest(node_id="n1", bmc_address=bmc.address, protocol="redfish",
+                                               operation="list", credentials_ref=REF, verify_tls=False)
+        result = handler.run(Context.local("bmc.storage", config_with(tmp_path, USER, PASSWORD), timeout=60),
+                             handler.parse(payload))
+    assert isinstance(result, site_pb2.BmcOperationResult)
+    assert result.storage and not result.virtual_media
+    partial = result.values["partial"]
+    assert partial.startswith("virtual_media: ") and "has no VirtualMedia" in partial
