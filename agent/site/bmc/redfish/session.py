@@ -10,19 +10,24 @@ Every other module of this package (system, storage, media, firmware, events, ta
 set of functions over a ``RedfishSession``; ``client.RedfishClient`` is the session with the
 ``BmcClient`` methods that call them.
 
-Auth: a session (POST to the service root's ``Links.Sessions``, then ``X-Auth-Token``; the
-session is DELETEd on close and opened again once if the BMC drops it), or HTTP basic auth
-when the BMC offers no session service. A 401 raises AuthFailed at once: wrong credentials
-are never retried (BMCs lock accounts out). TLS is verified unless ``verify_tls`` is False; an
-address may carry ``http://`` for a lab BMC (the emulator), ``https://`` is the default.
+Auth: a session (POST to the service root's ``Links.Sessions`` with our ``Context``, then
+``X-Auth-Token``; the session is DELETEd on close and opened again once if the BMC drops it;
+at the first contact since the daemon started, the sessions a crash left are closed:
+``_close_stale``), or HTTP basic auth when the BMC offers no session service. A 401 raises
+AuthFailed at once: wrong credentials are never retried (BMCs lock accounts out). TLS is
+verified unless ``verify_tls`` is False; an address may carry ``http://`` for a lab BMC (the
+emulator), ``https://`` is the default.
 
 Every request goes through ``http.request``, GETs (and the session's DELETE) over one kept-alive
 connection per client (one TLS handshake per command, not per request): connection errors,
-5xx, "busy" answers and (for
-GETs) bodies that are not JSON are retried with backoff from ``Pacing`` (never faster than
-``min_interval``), bounded by the command's cancel event and deadline, which cut a request
-short even while the BMC is sending (a BMC that drips a byte a second; each answer in full
-within ANSWER_TIMEOUT). The BMC's own error
+5xx, "busy" answers and (for GETs) bodies that are not JSON are retried with backoff from
+``Pacing`` (never faster than ``min_interval``), bounded by the command's cancel event and
+deadline, which cut a request short even while the BMC is sending (a BMC that drips a byte a
+second; each answer in full within ANSWER_TIMEOUT). A POST or PATCH is sent again only where
+the BMC did not take it (429, 503, busy, never connected); an ambiguous answer raises
+``Unconfirmed`` and ``write`` reads back instead. An answer that was cut, timed out or did not
+parse leaves nothing to the next command (``leave``). The vendor's row
+(agent/site/bmc/redfish/vendors.py) is ``vendor()``. The BMC's own error
 text (``error.message`` and ``@Message.ExtendedInfo``) is kept in BmcRefused's message. Every
 ``@odata.id`` or Location the BMC gives is checked to stay on the BMC's own host before it is
 followed. The password is never logged, returned or kept in an error message: if a BMC echoes
