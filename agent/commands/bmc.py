@@ -6,7 +6,7 @@ credentials_ref (a name, see agent/site/bmc/secrets.py), the operation and every
 before anything runs. ``run`` reads the credentials from the site's secret store, holds
 "bmc:<address>" (one operation at a time per BMC; many BMCs in parallel), settles any
 rotation a crash interrupted, then does the operation through the protocol's client
-(agent/site/bmc/ipmi.py, agent/site/bmc/redfish/client.py) and reports a typed BmcOperationResult.
+(agent/site/bmc/ipmi.py, agent/site/bmc/redfish/) and reports a typed BmcOperationResult.
 
 docs/site.md lists the operations and parameters of each kind.
 """
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent import limits
 from agent.commands.base import Context, Handler, Kept
@@ -27,6 +27,7 @@ from agent.errors import (
     BmcRefused,
     CommandTimeout,
     InvalidParameters,
+    Unsupported,
 )
 from agent.proto import site_pb2
 from agent.site.bmc import events, secrets
@@ -44,6 +45,10 @@ from agent.site.bmc.client import (
     Target,
 )
 from agent.site.bmc.ipmi import check_ipmi_password, split_address
+from agent.site.bmc.redfish.vendors import VENDORS
+
+if TYPE_CHECKING:
+    from agent.site.bmc.redfish.client import RedfishClient
 
 Result = site_pb2.BmcOperationResult
 DEFAULT_GRACEFUL_SECONDS = 60.0
@@ -57,12 +62,13 @@ OPERATIONS: dict[str, dict[str, dict[str, bool]]] = {
         "set_boot_device": {"device": True, "persistent": False, "mode": False},
         "get_boot_device": {},
     },
-    "bmc.query": {"query": {}, "events": {"since": False}},
+    "bmc.query": {"query": {}, "events": {"since": False}, "bios": {"names": False}},
     "bmc.rotate": {"rotate": {"new_password_ref": False, "length": False}},
     "bmc.firmware": {
         "simple_update": {"image_uri": True, "transfer_protocol": False},
         "push": {"file": True, "sha256": True},
         "status": {"task_uri": False},
+        "set_bios": {"attributes": True},
     },
     "bmc.storage": {
         "list": {},
@@ -99,6 +105,9 @@ class BmcArgs:
     capacity_bytes: int = 0
     volume_id: str = ""
     since: int = 0                # bmc.query events: seconds since 1970
+    vendor: str = ""              # Redfish: the vendor profile to use (redfish/vendors.py); "" detects it
+    attributes: tuple[tuple[str, Any], ...] = ()   # bmc.firmware set_bios: BIOS attributes, in order
+    names: tuple[str, ...] = ()   # bmc.query bios: the attributes to read (all when empty)
     task_uri: str = ""            # bmc.firmware status: a task to read once
 
 
@@ -176,6 +185,42 @@ def _task_uri(name: str, text: str) -> str:
     return text
 
 
+def _vendor(name: str, text: str) -> str:
+    if text and text not in VENDORS:
+        raise InvalidParameters(f"parameter {name}: one of {', '.join(VENDORS)}")
+    return text
+
+
+MAX_BIOS_ATTRIBUTES = 64
+_ATTRIBUTE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+
+def _attributes(name: str, text: str) -> tuple[tuple[str, Any], ...]:
+    """A JSON object of BIOS attribute names to values (string, integer or boolean)."""
+    import json
+
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise InvalidParameters(f"parameter {name}: a JSON object of attribute names to values") from None
+    if not isinstance(doc, dict) or not doc or len(doc) > MAX_BIOS_ATTRIBUTES:
+        raise InvalidParameters(f"parameter {name}: a JSON object of 1 to {MAX_BIOS_ATTRIBUTES} attributes")
+    for key, value in doc.items():
+        if not _ATTRIBUTE_NAME.fullmatch(key):
+            raise InvalidParameters(f"parameter {name}: {key[:40]!r} is no attribute name")
+        if not isinstance(value, str | int | bool) or (isinstance(value, str) and len(value) > 256):
+            raise InvalidParameters(f"parameter {name}: {key}: a string (256 at most), integer or boolean")
+    return tuple(doc.items())
+
+
+def _names(name: str, text: str) -> tuple[str, ...]:
+    names = tuple(n for n in text.split(",") if n)
+    if len(names) > MAX_BIOS_ATTRIBUTES or not all(_ATTRIBUTE_NAME.fullmatch(n) for n in names):
+        raise InvalidParameters(f"parameter {name}: up to {MAX_BIOS_ATTRIBUTES} attribute names,"
+                                " comma separated")
+    return names
+
+
 def _ref(name: str, text: str) -> str:
     secrets.check_ref(text)
     return text
@@ -207,6 +252,9 @@ READERS: dict[str, Callable[[str, str], Any]] = {
     "volume_id": _text,
     "since": lambda n, t: events.parse_since(t or "0"),
     "task_uri": _task_uri,
+    "vendor": _vendor,
+    "attributes": _attributes,
+    "names": _names,
 }
 
 
@@ -234,6 +282,8 @@ def parse_request(kind: str, payload: site_pb2.BmcOperationRequest) -> BmcParams
             f"{kind}: operation {payload.operation!r}: one of {', '.join(ops)}"
         )
     allowed = ops[payload.operation]
+    if protocol is BmcProtocol.REDFISH:      # every Redfish operation: the operator's vendor profile
+        allowed = allowed | {"vendor": False}
     params = dict(payload.parameters)
     unknown = sorted(set(params) - set(allowed))
     if unknown:
@@ -259,7 +309,8 @@ def make_client(protocol: BmcProtocol, target: Target, call: CallContext, kept: 
         from agent.site.bmc.ipmi import IpmiClient
 
         return IpmiClient(target, call)
-    from agent.site.bmc.redfish.client import Discovered, RedfishClient
+    from agent.site.bmc.redfish.client import RedfishClient
+    from agent.site.bmc.redfish.session import Discovered
 
     return RedfishClient(target, call, kept.take(key, Discovered) if kept is not None else None)
 
@@ -271,20 +322,22 @@ class BmcSession:
         self.ctx = ctx
         self.params = params
         self.store = secrets.SecretStore(ctx.config.secrets_dir)
+        self.partial: list[str] = []    # what the handler could not read, for result.values["partial"]
         self.call = CallContext(
             cancel=ctx.cancel_event, deadline=ctx.deadline, pacing=Pacing(),
             ipmi_sessions=ctx.locks.slots("ipmi-sessions", ctx.config.ipmi_max_sessions))
 
     def client(self, creds: Credentials) -> BmcClient:
-        target = Target(self.params.address, creds, verify_tls=self.params.verify_tls)
+        target = Target(self.params.address, creds, verify_tls=self.params.verify_tls,
+                        vendor=self.params.args.vendor)
         return make_client(self.params.protocol, target, self.call, self.ctx.kept, self.params.lock_name)
 
     def done(self, client: BmcClient) -> None:
         """End ``client``'s use of its BMC: a Redfish client's paths and idle connection are
         kept for the BMC's next command; every client is closed."""
-        from agent.site.bmc.redfish.client import RedfishClient
+        from agent.site.bmc.redfish.session import RedfishSession
 
-        if isinstance(client, RedfishClient):
+        if isinstance(client, RedfishSession):
             self.ctx.kept.put(self.params.lock_name, client.leave())
         else:
             client.close()
@@ -320,7 +373,12 @@ class _BmcHandler(Handler[site_pb2.BmcOperationRequest, BmcParams]):
         session = BmcSession(ctx, params)
         client, creds = session.open()
         try:
-            return self.operate(session, client, creds)
+            result = self.operate(session, client, creds)
+            # What could not be read (a LogService down, no virtual media) is said, not lost.
+            partial = [*getattr(client, "partial", []), *session.partial]
+            if partial:
+                result.values["partial"] = "; ".join(partial)
+            return result
         finally:
             session.done(client)
 
@@ -390,8 +448,24 @@ class BmcBoot(_BmcHandler, kind="bmc.boot"):
         return result
 
 
+def _redfish(session: BmcSession, client: BmcClient) -> RedfishClient:
+    """The client as Redfish, for what only Redfish offers (BIOS attributes)."""
+    from agent.site.bmc.redfish.client import RedfishClient
+
+    if not isinstance(client, RedfishClient):
+        raise Unsupported(f"{session.params.operation}: Redfish only (the BMC's AttributeRegistry)")
+    return client
+
+
 class BmcQuery(_BmcHandler, kind="bmc.query"):
     def operate(self, session: BmcSession, client: BmcClient, creds: Credentials) -> Result:
+        if session.params.operation == "bios":
+            current, pending = _redfish(session, client).bios(list(session.params.args.names))
+            state = f"{len(current)} attributes, {len(pending)} pending"
+            result = _result(session.params, client, state=state)
+            result.values.update({k: str(v) for k, v in current.items()})
+            result.values.update({f"pending.{k}": str(v) for k, v in pending.items()})
+            return result
         if session.params.operation == "events":
             result = _result(session.params, client, events=client.event_log(session.params.args.since))
             result.state = f"{len(result.events)} entries"
@@ -459,6 +533,12 @@ class BmcFirmware(_BmcHandler, kind="bmc.firmware"):
         def progress(percent: int, message: str) -> None:
             session.ctx.progress(done=percent, total=100, message=message, subject=params.address)
 
+        if params.operation == "set_bios":
+            back, pending = _redfish(session, client).set_bios(dict(args.attributes))
+            state = "pending: applied at the next reset" if pending else "applied"
+            result = _result(params, client, state=state)
+            result.values.update({k: str(v) for k, v in back.items()})
+            return result
         if params.operation == "status":
             result = client.firmware_status(args.task_uri)
             result.attempts = getattr(client, "attempts", 0)
@@ -476,8 +556,18 @@ class BmcStorage(_BmcHandler, kind="bmc.storage"):
         params, args, op = session.params, session.params.args, session.params.operation
         result = _result(params, client)
         if op == "list":
-            result.storage.extend(client.storage())
-            result.virtual_media.extend(client.virtual_media())
+            # Each half on its own: a BMC with Storage and no virtual media (BlueField-3) or
+            # the reverse answers what it has, the rest named partial; neither is refused.
+            try:
+                result.storage.extend(client.storage())
+            except Unsupported as exc:
+                session.partial.append(f"storage: {exc.message}")
+            try:
+                result.virtual_media.extend(client.virtual_media())
+            except Unsupported as exc:
+                if session.partial:
+                    raise
+                session.partial.append(f"virtual_media: {exc.message}")
         elif op == "insert_media":
             media = client.insert_media(args.image_url, media_type=args.media_type)
             result.virtual_media.append(media)

@@ -60,9 +60,9 @@ Writes are never sent twice. ``request`` retries by the method:
   408/429/5xx and answers ``busy`` says are "busy", up to ``max_retries``.
 - POST, PATCH and any other method: sent again only when the server provably did not take
   it: the connection could not be made (nothing was sent), a kept-alive connection was found
-  closed with nothing of an answer (agent/net/pool.py's ``stale``), a 429 or 503 that carries
-  Retry-After (the server says it refused it for now), or a 4xx ``busy`` says is "busy" (the
-  server refused it before acting on it). An ambiguous outcome (any other 5xx, a timeout or
+  closed before the request was written whole (agent/net/pool.py's ``stale``), a 429 or 503 that carries
+  Retry-After (the server says it refused it for now), or a 4xx or 503 ``busy`` says is "busy"
+  (the server refused it before acting on it). An ambiguous outcome (any other 5xx, a timeout or
   a broken connection after the request was sent, an answer cut short) raises
   ``AmbiguousWrite`` (an HttpError; ``response`` holds the 5xx answer when there was one):
   the caller reads back what it meant to change, and never sends it again blindly.
@@ -593,7 +593,7 @@ def request(
             kept.sock.settimeout(timeout)
         elif kept is None and connections is not None:
             connections.dialled()
-        sent = answered = False
+        sent = written = answered = False
         retry_why = ""
         last: Response | None = None
         keep = False
@@ -603,13 +603,17 @@ def request(
                     conn.connect()
                 sent = True
                 conn.request(method, target(parts), body=payload, headers=hdrs)
+                written = True
                 resp = conn.getresponse()
                 answered = True
                 data = read_body(resp, max_body, where)
                 last = Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data, attempt)
                 keep = connections is not None and not resp.will_close
         except TRANSPORT_ERRORS as exc:
-            if not watched.cut and not answered and stale(exc, reused=kept is not None, method=method):
+            # A write that went out whole may have been taken even when nothing of an answer
+            # came (the BMC acted, then dropped the connection): never sent again.
+            if not watched.cut and not answered and not (write and written) \
+                    and stale(exc, reused=kept is not None, method=method):
                 # A kept-alive connection the server had closed: the same attempt, afresh.
                 log.debug("%s: kept-alive connection gone (%s); a new one", where, exc)
                 attempt -= 1
@@ -666,11 +670,12 @@ def request(
 
 def _retry_why(answer: Response, write: bool, busy: Callable[[Response], bool] | None) -> str:
     """Why ``answer`` is asked for again ("" when it is the answer): for a write only what
-    says the server refused it untaken (a 429 or 503 with Retry-After, a 4xx that is busy)."""
+    says the server refused it untaken (a 429 or 503 with Retry-After, a 4xx or 503 that is
+    busy: iDRAC's SYS518 job queue answers 503 without Retry-After)."""
     if write:
         if answer.status in (429, 503) and "retry-after" in answer.headers:
             return f"HTTP {answer.status}, Retry-After"
-        if 400 <= answer.status < 500 and busy is not None and busy(answer):
+        if (400 <= answer.status < 500 or answer.status == 503) and busy is not None and busy(answer):
             return f"HTTP {answer.status}, busy"
         return ""
     if answer.status in _RETRY_STATUS:

@@ -22,8 +22,9 @@ The rules, each written once:
   at once (reset, broken pipe, or closed with no byte of an answer: RemoteDisconnected; for a
   request that may be repeated also a garbled status line, BadStatusLine). It is replaced
   by a new one, once, and that is not counted as a failure. A request that is not idempotent
-  is replaced only when nothing of an answer came (``stale``): ``request`` takes a kept
-  connection for one only when it was used a moment ago and the server has not closed it.
+  is replaced only when it failed before it was written whole (``request``): once sent, a lost
+  answer may mean the server acted, so it is ambiguous; ``request`` takes a kept connection for
+  one only when it was used a moment ago and the server has not closed it.
 - Redirects (301/302/303/307/308): followed, at most MAX_REDIRECTS; with ``same_origin`` only
   to the URL's own scheme, host and port. Where a URL led is remembered per scope, and its next
   request goes there at once; a failure there (no answer, or an answer of 400 and more) forgets

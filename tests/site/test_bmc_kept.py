@@ -1,5 +1,5 @@
 """What a Redfish BMC's command leaves for the next one on it (agent/commands/base.py Kept,
-agent/site/bmc/redfish/client.py Discovered): the service root and System path are discovered once and
+agent/site/bmc/redfish/session.py Discovered): the service root and System path are discovered once and
 the kept-alive connection carries the BMC's next commands (a POST only when fresh and open);
 a kept path the BMC no longer has is discovered again; a client of another address or TLS
 setting does not take what another kept."""
@@ -16,7 +16,8 @@ import pytest
 from agent.config import Config
 from agent.proto import session_pb2, site_pb2
 from agent.site.bmc.client import CallContext, Credentials, Target
-from agent.site.bmc.redfish.client import Discovered, RedfishClient
+from agent.site.bmc.redfish.client import RedfishClient
+from agent.site.bmc.redfish.session import Discovered
 from qemu.bmcfleet import ROOT, SYSTEM, SYSTEMS, Behaviour, Bmc, RedfishFleet
 from tests.runtime.core_harness import World, accepted
 from tests.site.conftest import PASSWORD, USERNAME

@@ -1,6 +1,6 @@
-"""The Redfish client against DMTF's own public-rackmount1 mockup, served by DMTF's Redfish
-Mockup Server (tests/site/dmtf_mockup.py): Redfish as DMTF publishes it, not as an emulator
-or this project's documented-response server reads the specification."""
+"""The Redfish client against DMTF's own public-rackmount1 mockup (../shared/vendor-trees/
+dmtf_public_rackmount1, read in place), served by the project's Redfish emulator
+(tests/site/redfish_emulator) over TLS: Redfish as DMTF publishes it."""
 
 from __future__ import annotations
 
@@ -16,16 +16,16 @@ from agent.errors import InvalidParameters, Unsupported
 from agent.proto import site_pb2
 from agent.site.bmc.client import Credentials, Target
 from agent.site.bmc.redfish.client import RedfishClient
-from tests.site.dmtf_mockup import SYSTEM, DmtfMockup
+from tests.site.redfish_emulator import PASSWORD, USER, RedfishEmulator
 from tests.site.sushy import fast_call
 from tests.site.test_bmc_redfish import REF, config_with
 
-USER, PASSWORD = "Administrator", "Dmtf-Mockup-4u"
+SYSTEM = "/redfish/v1/Systems/437XR1138R2"
 
 
 @pytest.fixture(scope="module")
-def mockup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DmtfMockup]:
-    with DmtfMockup(tmp_path_factory.mktemp("dmtf")) as server:
+def mockup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedfishEmulator]:
+    with RedfishEmulator.of("dmtf_public_rackmount1", tmp_path_factory.mktemp("dmtf")) as server:
         yield server
 
 
@@ -34,7 +34,7 @@ def config(tmp_path: Path) -> Config:
     return config_with(tmp_path, USER, PASSWORD)
 
 
-def run_kind(kind: str, config: Config, mockup: DmtfMockup, operation: str,
+def run_kind(kind: str, config: Config, mockup: RedfishEmulator, operation: str,
              **parameters: str) -> site_pb2.BmcOperationResult:
     payload = site_pb2.BmcOperationRequest(node_id="rack1", bmc_address=mockup.address, protocol="redfish",
                                            operation=operation, credentials_ref=REF, verify_tls=False,
@@ -46,7 +46,7 @@ def run_kind(kind: str, config: Config, mockup: DmtfMockup, operation: str,
     return result
 
 
-def test_storage_list_reads_simple_storage_where_there_is_no_storage(mockup: DmtfMockup,
+def test_storage_list_reads_simple_storage_where_there_is_no_storage(mockup: RedfishEmulator,
                                                                      config: Config) -> None:
     """The mockup's System has SimpleStorage only (as many older BMCs): its controller and the
     devices present in its bays; the two Absent bays are not drives."""
@@ -59,7 +59,7 @@ def test_storage_list_reads_simple_storage_where_there_is_no_storage(mockup: Dmt
     assert {m.id for m in result.virtual_media} == {"CD1", "Floppy1"}
 
 
-def test_volumes_on_simple_storage_are_unsupported_and_say_why(mockup: DmtfMockup) -> None:
+def test_volumes_on_simple_storage_are_unsupported_and_say_why(mockup: RedfishEmulator) -> None:
     client = RedfishClient(Target(f"https://{mockup.address}", Credentials(USER, PASSWORD), verify_tls=False),
                            fast_call(30))
     try:
@@ -70,7 +70,8 @@ def test_volumes_on_simple_storage_are_unsupported_and_say_why(mockup: DmtfMocku
         client.close()
 
 
-def test_firmware_status_lists_the_inventory_and_reads_a_task(mockup: DmtfMockup, config: Config) -> None:
+def test_firmware_status_lists_the_inventory_and_reads_a_task(mockup: RedfishEmulator,
+                                                              config: Config) -> None:
     result = run_kind("bmc.firmware", config, mockup, "status")
     versions = {item.id: item.version for item in result.firmware_inventory}
     assert versions["BMC"] == "1.45.455b66-rev4" and set(versions) == {"BIOS", "BMC", "SS"}

@@ -1,6 +1,6 @@
 """What every BMC client offers, whatever its protocol, and what it is given.
 
-``agent/site/bmc/redfish/client.py`` (DMTF Redfish over HTTPS) and ``agent/site/bmc/ipmi.py`` (IPMI 2.0
+``agent/site/bmc/redfish/`` (DMTF Redfish over HTTPS) and ``agent/site/bmc/ipmi.py`` (IPMI 2.0
 lanplus through ``ipmitool``) implement ``BmcClient``; ``agent/commands/bmc.py`` picks one by
 the request's protocol, holds the BMC's resource lock and turns the typed answers into
 ``BmcOperationResult``. A client raises the errors of agent/errors.py: ``AuthFailed`` for
@@ -80,6 +80,7 @@ class Target:
     credentials: Credentials
     verify_tls: bool = True
     ca_file: str = ""        # extra CA bundle for the BMC's certificate (Redfish)
+    vendor: str = ""         # Redfish: the operator's vendor profile (redfish/vendors.py); "" detects it
 
 
 @dataclass(frozen=True)

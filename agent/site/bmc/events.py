@@ -1,9 +1,9 @@
 """A BMC's event log since a given time, for bmc.query's ``events`` operation.
 
-Redfish: every LogService of the node's Manager and System (``LogServices`` -> each
-service's ``Entries``), read page by page (``Members@odata.nextLink``) with the members as the
-BMC expands them (else one GET each), at most ``MAX_ENTRIES`` kept: the newest ones. IPMI:
-the SEL through ``ipmitool -c sel elist`` (agent/site/bmc/ipmi.py parses it).
+Redfish: every LogService of the node's Manager and System, read by
+agent/site/bmc/redfish/events.py; IPMI: the SEL through ``ipmitool -c sel elist``
+(agent/site/bmc/ipmi.py parses it). What both share is here: ``since`` parsed, an entry
+kept or not, at most ``MAX_ENTRIES`` (the newest ones).
 
 ``since`` is seconds since 1970 or an ISO 8601 time ("2026-12-01T20:00:00Z"); an entry is kept
 when it was created at or after it. An entry without an absolute time (an IPMI record stamped
@@ -14,19 +14,14 @@ from __future__ import annotations
 
 import datetime
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from agent.errors import InvalidParameters, Unsupported
+from agent.errors import InvalidParameters
 from agent.proto import site_pb2
-
-if TYPE_CHECKING:
-    from agent.site.bmc.redfish.client import RedfishClient
 
 log = logging.getLogger(__name__)
 
 MAX_ENTRIES = 1000           # per command: the newest ones
-MAX_PAGES = 64               # of one Entries collection
-MAX_SERVICES = 16
 
 
 def parse_since(text: str) -> int:
@@ -62,12 +57,6 @@ def _text(value: object) -> str:
     return value.strip() if isinstance(value, str) else "" if value is None else str(value)
 
 
-def _ref(doc: dict[str, Any], name: str) -> str:
-    value = doc.get(name)
-    ref = value.get("@odata.id", "") if isinstance(value, dict) else ""
-    return ref if isinstance(ref, str) else ""
-
-
 def entry(doc: dict[str, Any], log_id: str) -> site_pb2.BmcLogEntry:
     """One Redfish LogEntry."""
     created = _text(doc.get("Created"))
@@ -76,33 +65,3 @@ def entry(doc: dict[str, Any], log_id: str) -> site_pb2.BmcLogEntry:
         severity=_text(doc.get("Severity")), message=_text(doc.get("Message"))[:1024],
         sensor=_text(doc.get("SensorType") or doc.get("EntryType")), log=log_id,
     )
-
-
-def redfish_entries(client: RedfishClient, since: int) -> list[site_pb2.BmcLogEntry]:
-    """The entries of every LogService of the node's Manager and System since ``since``."""
-    services: list[str] = []
-    for owner in (client.manager_ref(), client.system_ref()):
-        ref = _ref(client.get(owner), "LogServices")
-        if ref:
-            services.extend(client.members(ref))
-    if not services:
-        raise Unsupported(f"Redfish BMC {client.target.address} has no LogServices")
-    found: list[site_pb2.BmcLogEntry] = []
-    for ref in services[:MAX_SERVICES]:
-        service = client.get(ref)
-        log_id = _text(service.get("Id")) or ref.rstrip("/").rsplit("/", 1)[-1]
-        page = _ref(service, "Entries")
-        for _ in range(MAX_PAGES):
-            if not page:
-                break
-            doc = client.get(page)
-            for member in doc.get("Members", []):
-                if not isinstance(member, dict):
-                    continue
-                if "Created" not in member and "Message" not in member and member.get("@odata.id"):
-                    member = client.get(str(member["@odata.id"]))   # not expanded: read it
-                found.append(entry(member, log_id))
-            found = keep(found, since)
-            next_page = doc.get("Members@odata.nextLink")
-            page = next_page if isinstance(next_page, str) else ""
-    return keep(found, since)

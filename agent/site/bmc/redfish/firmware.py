@@ -1,4 +1,4 @@
-"""Redfish UpdateService for RedfishClient.firmware_update, and the task monitor it follows.
+"""The Redfish UpdateService: bmc.firmware's update and status, and the FirmwareInventory.
 
 Two ways in, as the schema (UpdateService v1.6+) documents them:
 
@@ -11,10 +11,10 @@ Two ways in, as the schema (UpdateService v1.6+) documents them:
 ``status`` reads the FirmwareInventory's versions and, given its URI, a task's state now.
 
 Either answers 202 with a Location (a task monitor, or the Task itself), or with the Task in
-its body. ``follow_task`` polls it never faster than ``Pacing.min_interval`` (growing to
-``max_interval``, and never faster than a Retry-After the BMC asks for) until TaskState is
-final: Completed is success; Exception, Killed or Cancelled raise BmcRefused with the task's
-messages; the command's deadline raises CommandTimeout.
+its body; ``tasks.follow`` (agent/site/bmc/redfish/tasks.py) follows it to its end. Then the
+BMC's own reboot after its update is waited out (``wait_settled``: 3 good answers in a row,
+30 s apart by default, as Ironic waits) and the FirmwareInventory read again: the task's
+messages say which component went from which version to which.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agent.errors import (
     BmcRefused,
@@ -38,18 +38,13 @@ from agent.errors import (
 )
 from agent.net import http
 from agent.proto import site_pb2
-
-if TYPE_CHECKING:
-    from agent.site.bmc.redfish.client import RedfishClient
+from agent.site.bmc.redfish import tasks
+from agent.site.bmc.redfish.session import ROOT, RedfishSession, link
 
 log = logging.getLogger(__name__)
 
-FINAL_OK = frozenset({"Completed"})
-FINAL_BAD = frozenset({"Exception", "Killed", "Cancelled"})
-
-
 def update(
-    client: RedfishClient,
+    client: RedfishSession,
     *,
     image_uri: str = "",
     file: Path | None = None,
@@ -59,13 +54,12 @@ def update(
 ) -> site_pb2.BmcFirmwareTask:
     if bool(image_uri) == (file is not None):
         raise InvalidParameters("firmware: give image_uri or file, one of them")
-    from agent.site.bmc.redfish.client import link  # redfish imports this module: not at the top
-
     where = f"Redfish BMC {client.target.address}"
     ref = link(client.root(), "UpdateService")
     if not ref:
         raise Unsupported(f"{where} has no UpdateService")
     service = client.get(ref)
+    before = {c.id: c.version for c in inventory(client)}
     if image_uri:
         http.check_url(image_uri)
         action = service.get("Actions", {}).get("#UpdateService.SimpleUpdate", {})
@@ -85,14 +79,47 @@ def update(
         status, headers, doc = _push(client, service, file, sha256)
     location = headers.get("location", "") or str(doc.get("@odata.id", "") if "TaskState" in doc else "")
     if not location:
-        if status in (200, 204):  # applied synchronously
-            return site_pb2.BmcFirmwareTask(state="Completed", percent=100)
-        raise BmcRefused(f"{where}: the update was accepted (HTTP {status}) without a task to follow")
-    return follow_task(client, location, progress)
+        if status not in (200, 204):
+            raise BmcRefused(f"{where}: the update was accepted (HTTP {status}) without a task to follow")
+        task = site_pb2.BmcFirmwareTask(state="Completed", percent=100)   # applied synchronously
+    else:
+        task = tasks.follow(client, location, progress)
+    if progress is not None:
+        progress(100, "waiting for the BMC to answer steadily after its update")
+    wait_settled(client)
+    after = {c.id: c.version for c in inventory(client)}
+    changed = [f"updated {cid}: {before.get(cid, '')} -> {version}"
+               for cid, version in sorted(after.items()) if before.get(cid) != version]
+    task.messages.extend(changed or ["no component's version changed yet (one may wait for a reset)"])
+    return task
+
+
+STABLE_ANSWERS = 3           # good answers in a row before a BMC that updated itself is trusted again
+
+
+def wait_settled(client: RedfishSession) -> None:
+    """After an update a BMC often reboots itself: wait until it answers its service root
+    STABLE_ANSWERS times in a row, spaced twice the pacing's max_interval (30 s by default, as
+    Ironic waits), within the command's deadline (CommandTimeout) and cancel."""
+    where = f"Redfish BMC {client.target.address}"
+    interval = min(30.0, 2 * client.call.pacing.max_interval)
+    good = 0
+    while good < STABLE_ANSWERS:
+        if time.monotonic() + interval >= client.call.deadline:
+            raise CommandTimeout(f"{where}: not answering steadily after its update before the deadline"
+                                 f" ({good} good answers in a row of {STABLE_ANSWERS})")
+        if client.call.cancel.wait(interval):
+            raise Cancelled("cancelled")
+        try:
+            client.send("GET", ROOT, auth=False)
+            good += 1
+        except (BmcUnreachable, BmcRefused) as exc:
+            log.info("%s: not settled after its update (%s)", where, exc.message)
+            good = 0
 
 
 def _push(
-    client: RedfishClient, service: dict[str, Any], file: Path, sha256: str
+    client: RedfishSession, service: dict[str, Any], file: Path, sha256: str
 ) -> tuple[int, dict[str, str], dict[str, Any]]:
     where = f"Redfish BMC {client.target.address}"
     push = service.get("MultipartHttpPushUri")
@@ -130,11 +157,9 @@ def _push(
     return answer.status, answer.headers, answer.doc
 
 
-def status(client: RedfishClient, task_uri: str = "") -> site_pb2.BmcOperationResult:
+def status(client: RedfishSession, task_uri: str = "") -> site_pb2.BmcOperationResult:
     """bmc.firmware status: the UpdateService's FirmwareInventory (``inventory``), and with
     ``task_uri`` that task's state as the BMC reports it now (read once, not followed)."""
-    from agent.site.bmc.redfish.client import link  # redfish imports this module: not at the top
-
     where = f"Redfish BMC {client.target.address}"
     if not link(client.root(), "UpdateService"):
         raise Unsupported(f"{where} has no UpdateService")
@@ -145,7 +170,7 @@ def status(client: RedfishClient, task_uri: str = "") -> site_pb2.BmcOperationRe
         if answer.status == 404:
             raise BmcRefused(f"{where}: no task {task_uri} (HTTP 404)", status=404)
         task = site_pb2.BmcFirmwareTask(task_uri=task_uri)
-        _read_task(client, answer, task)
+        tasks.read(client, answer, task)
         result.firmware.CopyFrom(task)
         result.state = task.state
     else:
@@ -153,79 +178,13 @@ def status(client: RedfishClient, task_uri: str = "") -> site_pb2.BmcOperationRe
     return result
 
 
-def _read_task(client: RedfishClient, answer: Any, task: site_pb2.BmcFirmwareTask) -> list[str]:
-    """``task`` updated from a task monitor's or Task's answer; the messages, redacted."""
-    doc = answer.doc
-    state = doc.get("TaskState")
-    if isinstance(state, str):
-        task.state = state
-    elif answer.status in (200, 201, 204):
-        task.state = "Completed"    # a monitor that answers the final result has no TaskState
-    else:
-        task.state = task.state or "Running"
-    percent = doc.get("PercentComplete")
-    if isinstance(percent, int) and 0 <= percent <= 100:
-        task.percent = percent
-    messages = [m.get("Message", "") for m in doc.get("Messages", []) if isinstance(m, dict)]
-    messages = [client.hide(m) for m in messages if isinstance(m, str) and m]
-    del task.messages[:]
-    task.messages.extend(messages)
-    if task.state in FINAL_OK:
-        task.percent = 100
-    return messages
-
-
-def follow_task(
-    client: RedfishClient, location: str, progress: Callable[[int, str], None] | None
-) -> site_pb2.BmcFirmwareTask:
-    """Poll a task monitor or Task resource until it ends; see the module docstring."""
-    where = f"Redfish BMC {client.target.address}"
-    task = site_pb2.BmcFirmwareTask(task_uri=location)
-    seen = (-1, "")
-    pacing = client.call.pacing
-    interval = pacing.min_interval
-    while True:
-        answer = client.send("GET", location, ok=(404,))
-        if answer.status == 404:
-            raise BmcRefused(f"{where}: the task {location} is gone (HTTP 404)")
-        messages = _read_task(client, answer, task)
-        if progress is not None and (task.percent, task.state) != seen:
-            seen = (task.percent, task.state)
-            progress(task.percent, task.state + (f": {messages[-1]}" if messages else ""))
-        if task.state in FINAL_OK:
-            return task
-        if task.state in FINAL_BAD:
-            raise BmcRefused(
-                f"{where}: task {location} ended {task.state}"
-                + (f": {'; '.join(messages)}" if messages else ""),
-                bmc_message="; ".join(messages), task_state=task.state,
-            )
-        wait = max(interval, _retry_after(answer.headers.get("retry-after", "")))
-        if time.monotonic() + wait >= client.call.deadline:
-            raise CommandTimeout(
-                f"{where}: task {location} still {task.state} at {task.percent}% at the deadline"
-            )
-        if client.call.cancel.wait(wait):
-            raise Cancelled("cancelled")
-        interval = min(pacing.max_interval, interval * pacing.factor)
-
-
-def _retry_after(value: str) -> float:
-    try:
-        return min(60.0, max(0.0, float(value)))
-    except ValueError:
-        return 0.0
-
-
 MAX_COMPONENTS = 128
 
 
-def inventory(client: RedfishClient) -> list[site_pb2.BmcFirmwareComponent]:
+def inventory(client: RedfishSession) -> list[site_pb2.BmcFirmwareComponent]:
     """Every component of the UpdateService's FirmwareInventory (name, version, updateable,
     health);
     empty where the BMC has no UpdateService or no FirmwareInventory."""
-    from agent.site.bmc.redfish.client import link  # redfish imports this module: not at the top
-
     service_ref = link(client.root(), "UpdateService")
     if not service_ref:
         return []

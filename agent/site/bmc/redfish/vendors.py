@@ -1,0 +1,101 @@
+"""What each BMC vendor's Redfish needs, refuses or does late: one row per vendor, each field
+citing where the behaviour is documented. The client consults the row of the BMC it talks to
+(``detect``: the service root's Vendor and Oem, else the Manager's Model; an operator may name
+the row for a BMC, the ``vendor`` parameter of a bmc.* request); nothing in the client says
+``if vendor ==``.
+
+What every BMC gets, whatever its row (the standard's rules and the client's own caution):
+a write sent once unless the BMC provably did not take it, read back on an ambiguous answer;
+the boot mode sent only when it must change and only where the Boot resource offers it; a
+weak ETag resent in its strong form after a 412; media ejected only where Inserted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+Doc = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Vendor:
+    name: str
+    # Every Boot PATCH names BootSourceOverrideMode (the current one when unchanged): without it
+    # the BMC resets the mode to Legacy.
+    mode_in_every_boot_patch: bool = False
+    # A Boot PATCH carries BootSourceOverrideEnabled and BootSourceOverrideTarget only; the
+    # mode, when it must change, goes in a PATCH of its own.
+    boot_patch_minimal: bool = False
+    # Boot properties go to the settings object the System names in @Redfish.Settings, with
+    # that object's ETag; applied at the next reset.
+    boot_in_settings_object: bool = False
+    # Seconds after a Boot PATCH before the override is read back (a BMC that accepts it and
+    # reverts it a moment later); 0: read back at once.
+    boot_readback_delay: float = 0.0
+    # If-Match carries the strong form of the BMC's weak ETags from the first PATCH.
+    strong_if_match: bool = False
+    # Virtual-media slots, by Id prefix, that take a network image (others are skipped).
+    media_slot_prefixes: tuple[str, ...] = ()
+    # The image URL schemes virtual media takes; () for any.
+    media_schemes: tuple[str, ...] = ()
+    # The InsertMedia action's body: the properties it takes.
+    insert_properties: tuple[str, ...] = ("Image", "Inserted", "WriteProtected")
+
+
+GENERIC = Vendor("generic")
+
+VENDORS: dict[str, Vendor] = {v.name: v for v in (
+    GENERIC,
+    # iDRAC9: naming the boot mode, even unchanged, queues a BIOS job and an extra reboot
+    # (ironcore-dev/metal-operator#81): the generic "mode only when it must change" covers it.
+    # 8 sessions at most, then 503 RAC0218 (stmcginnis/gofish#75, quadsproject/badfish#447): no
+    # row field, as every BMC gets the same rule (one session per command, two while a rotation
+    # proves a password, every one DELETEd, a crash's swept at first contact: session.py).
+    Vendor("dell"),
+    # iLO: weak ETags (W/"...", bb-Ricardo/check_redfish#178) matched only in their strong
+    # form; a Boot PATCH with more than Enabled and Target refused (bmc-toolbox/bmclib#318,
+    # DL160 Gen10); iLO 4's InsertMedia takes Image alone (ansible-collections/community.general#4595).
+    Vendor("hpe", strong_if_match=True, boot_patch_minimal=True, insert_properties=("Image",)),
+    # XCC mounts network images in its EXT slots only (lenovo/python-redfish-lenovo#21).
+    Vendor("lenovo", media_slot_prefixes=("EXT",)),
+    # Supermicro resets the mode to Legacy when a Boot PATCH does not name it
+    # (DMTF/Redfishtool#106), and may revert an accepted override a moment later
+    # (bmc-toolbox/bmclib#459): read back after 2 s.
+    Vendor("supermicro", mode_in_every_boot_patch=True, boot_readback_delay=2.0),
+    # AMI MegaRAC (DGX H100): boot properties in the @Redfish.Settings object (/Systems/Self/SD)
+    # with its ETag (DMTF/Redfish-Tacklebox#144, #111).
+    Vendor("ami", boot_in_settings_object=True),
+    # bmcweb (OpenBMC: GH200, GB200, BlueField-3): virtual media takes https and smb images
+    # only (openbmc/bmcweb redfish-core/lib/virtual_media.hpp); its Boot has no mode property,
+    # and a PATCH naming it answers 500 (issue 40): the generic "where offered" covers it.
+    Vendor("bmcweb", media_schemes=("https", "smb")),
+)}
+
+# (where, word, vendor): the first row whose word is in the service root's Vendor ("vendor"),
+# among its Oem keys ("oem"), or in the Manager's Model ("manager") names the vendor.
+DETECT: tuple[tuple[str, str, str], ...] = (
+    ("vendor", "dell", "dell"), ("oem", "dell", "dell"),
+    ("vendor", "hpe", "hpe"), ("oem", "hpe", "hpe"), ("oem", "hp", "hpe"),
+    ("vendor", "lenovo", "lenovo"), ("oem", "lenovo", "lenovo"),
+    ("vendor", "supermicro", "supermicro"), ("oem", "supermicro", "supermicro"),
+    ("vendor", "ami", "ami"), ("oem", "ami", "ami"),
+    ("manager", "openbmc", "bmcweb"),
+)
+
+
+def detect(root: Doc, manager: Doc | None) -> Vendor:
+    """The row for a BMC from its service root and (where the root does not say) its Manager."""
+    vendor = str(root.get("Vendor") or "").lower()
+    oem = {str(k).lower() for k in root.get("Oem", {})} if isinstance(root.get("Oem"), dict) else set()
+    model = str((manager or {}).get("Model") or "").lower()
+    for where, word, name in DETECT:
+        if (where == "vendor" and word == vendor) or (where == "oem" and word in oem) \
+                or (where == "manager" and word in model):
+            return VENDORS[name]
+    return GENERIC
+
+
+def needs_manager(root: Doc) -> bool:
+    """Whether ``detect`` would read the Manager: the root alone names no vendor."""
+    return detect(root, None) is GENERIC
