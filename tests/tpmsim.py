@@ -1,0 +1,148 @@
+"""A real TPM 2.0 for tests: swtpm, manufactured by swtpm_setup with an EK certificate from a
+local CA made in a temp dir (swtpm_localca pointed at a config of our own), serving raw TPM
+commands on 127.0.0.1.
+
+    with SimTpm.manufacture(tmp_path / "tpm") as sim:
+        with sim.tpm() as tpm: ...        # agent.hw.tpm.Tpm over the simulator's socket
+        sim.tcti                          # "swtpm:host=127.0.0.1,port=P" for tpm2-tools
+        sim.ca_root, sim.ca_issuer        # the local CA's root and issuing certificates (PEM)
+
+Skips the test where swtpm or swtpm_setup is absent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Self
+
+import pytest
+
+from agent import proc
+from agent.hw import tpm as tpmwire
+
+
+def need(*tools: str) -> None:
+    for tool in tools:
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def manufacture(state: Path, ca: Path) -> None:
+    """A new TPM state in ``state`` with RSA and ECC EKs and their certificates from the CA in ``ca``."""
+    need("swtpm", "swtpm_setup", "swtpm_localca")
+    state.mkdir(parents=True, exist_ok=True)
+    ca.mkdir(parents=True, exist_ok=True)
+    (ca / "localca.conf").write_text(
+        f"statedir = {ca}\nsigningkey = {ca}/signkey.pem\nissuercert = {ca}/issuercert.pem\n"
+        f"certserial = {ca}/certserial\n")
+    (ca / "localca.options").write_text(
+        "--platform-manufacturer Test\n--platform-version 2.1\n--platform-model QEMU\n")
+    (ca / "setup.conf").write_text(
+        f"create_certs_tool = {shutil.which('swtpm_localca')}\n"
+        f"create_certs_tool_config = {ca}/localca.conf\n"
+        f"create_certs_tool_options = {ca}/localca.options\nactive_pcr_banks = sha256\n")
+    proc.run(["swtpm_setup", "--tpm2", "--tpmstate", str(state), "--create-ek-cert",
+              "--config", str(ca / "setup.conf"), "--overwrite"], timeout=60)
+
+
+class SimTpm:
+    def __init__(self, state: Path, ca: Path) -> None:
+        self.state = state
+        self.ca = ca
+        self.port = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def manufacture(cls, root: Path) -> Self:
+        manufacture(root / "state", root / "ca")
+        return cls(root / "state", root / "ca")
+
+    @property
+    def ca_root(self) -> Path:
+        return self.ca / "swtpm-localca-rootca-cert.pem"
+
+    @property
+    def ca_issuer(self) -> Path:
+        return self.ca / "issuercert.pem"
+
+    @property
+    def tcti(self) -> str:
+        return f"swtpm:host=127.0.0.1,port={self.port}"
+
+    def start(self) -> None:
+        for _ in range(5):
+            self.port = _free_port()
+            self._proc = proc.spawn(
+                ["swtpm", "socket", "--tpm2", "--tpmstate", f"dir={self.state}",
+                 "--server", f"type=tcp,port={self.port},bindaddr=127.0.0.1",
+                 "--ctrl", f"type=tcp,port={self.port + 1},bindaddr=127.0.0.1",
+                 "--flags", "not-need-init,startup-clear"],
+                stdout=subprocess.DEVNULL)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and self._proc.poll() is None:
+                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.2):
+                    return
+                time.sleep(0.05)
+            self.stop()
+        raise RuntimeError("swtpm did not start")
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            proc.kill_group(self._proc)
+            self._proc.wait()
+            self._proc = None
+
+    def restart(self) -> None:
+        """The TPM's reset: power cycle, a new boot (resetCount up, PCRs zero)."""
+        self.stop()
+        self.start()
+
+    def transport(self) -> tpmwire.SocketTransport:
+        return tpmwire.SocketTransport(("127.0.0.1", self.port))
+
+    @contextlib.contextmanager
+    def tpm(self) -> Iterator[tpmwire.Tpm]:
+        with tpmwire.opened(self.transport()) as t:
+            yield t
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@pytest.fixture(scope="session")
+def manufactured_tpm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One manufactured TPM state and its CA per test session (swtpm_setup takes about a second)."""
+    root = tmp_path_factory.mktemp("tpm-manufactured")
+    manufacture(root / "state", root / "ca")
+    return root
+
+
+@pytest.fixture
+def sim(manufactured_tpm: Path, tmp_path: Path) -> Iterator[SimTpm]:
+    """A running swtpm on a copy of the session's TPM state: every test its own TPM, the same EK."""
+    shutil.copytree(manufactured_tpm / "state", tmp_path / "tpm-state")
+    with SimTpm(tmp_path / "tpm-state", manufactured_tpm / "ca") as running:
+        yield running
+
+
+@pytest.fixture
+def other_sim(tmp_path: Path) -> Iterator[SimTpm]:
+    """A second TPM with its own EK, certified by a CA of its own."""
+    with SimTpm.manufacture(tmp_path / "other-tpm") as running:
+        yield running
