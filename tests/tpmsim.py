@@ -13,17 +13,20 @@ Skips the test where swtpm or swtpm_setup is absent.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import shutil
 import socket
+import struct
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Self
 
 import pytest
 
 from agent import proc
+from agent.gateway import eventlog
 from agent.hw import tpm as tpmwire
 
 
@@ -146,3 +149,79 @@ def other_sim(tmp_path: Path) -> Iterator[SimTpm]:
     """A second TPM with its own EK, certified by a CA of its own."""
     with SimTpm.manufacture(tmp_path / "other-tpm") as running:
         yield running
+
+
+# A firmware's measured boot, played into a TPM --------------------------------------------
+
+def event_log(events: Iterable[tuple[int, int, bytes, bytes]], *, locality: int | None = None) -> bytes:
+    """A crypto-agile SHA-256 event log of (PCR, type, SHA-256 digest, data) events, as firmware
+    writes one (TCG PC Client PFP)."""
+    sha256 = eventlog.SHA256
+    spec = eventlog.SPEC_ID + struct.pack("<IBBBBIHH", 0, 0, 2, 0, 2, 1, sha256, 32) + b"\0"
+    out = bytearray(struct.pack("<II", 0, Ev.NO_ACTION) + bytes(20) + struct.pack("<I", len(spec)) + spec)
+
+    def record(pcr: int, kind: int, digest: bytes, data: bytes) -> bytes:
+        return struct.pack("<IIIH", pcr, kind, 1, sha256) + digest + struct.pack("<I", len(data)) + data
+
+    if locality is not None:
+        out += record(0, Ev.NO_ACTION, bytes(32), eventlog.STARTUP_LOCALITY + bytes([locality]))
+    for pcr, kind, digest, data in events:
+        out += record(pcr, kind, digest, data)
+    return bytes(out)
+
+
+def h(text: bytes) -> bytes:
+    return hashlib.sha256(text).digest()
+
+
+Ev = eventlog.Ev
+
+
+def variable(name: str, value: bytes) -> bytes:
+    """UEFI_VARIABLE_DATA: the EFI global variable GUID, the name's length, the value's, both."""
+    guid = bytes.fromhex("61dfe48bca93d211aa0d00e098032b8c")
+    return guid + struct.pack("<QQ", len(name), len(value)) + name.encode("utf-16-le") + value
+
+
+def image() -> bytes:
+    """UEFI_IMAGE_LOAD_EVENT of an image at no address, with an empty device path."""
+    return struct.pack("<QQQQ", 0, 0, 0, 0)
+
+
+def ev(pcr: int, kind: int, data: bytes, digest: bytes | None = None) -> tuple[int, int, bytes, bytes]:
+    """One event; its digest is of its data unless given (an image's is its Authenticode hash)."""
+    return pcr, kind, h(data) if digest is None else digest, data
+
+
+# A UEFI boot as OVMF measures one, shortened: firmware (0), its configuration (1), option ROMs
+# (2), Secure Boot state (7), separators, the boot attempt, then the loaded image (4), and what
+# the kernel's EFI stub measures (9). Digests of made-up content; tests change them to tamper.
+UEFI_BOOT: list[tuple[int, int, bytes, bytes]] = [
+    ev(0, Ev.S_CRTM_VERSION, "1.0".encode("utf-16-le") + b"\0\0"),
+    ev(0, Ev.EFI_PLATFORM_FIRMWARE_BLOB, struct.pack("<QQ", 0x820000, 0xE0000), h(b"firmware volume")),
+    ev(1, Ev.EFI_VARIABLE_BOOT, variable("BootOrder", b"\0\0")),
+    ev(2, Ev.EFI_BOOT_SERVICES_DRIVER, image(), h(b"nic option rom")),
+    ev(7, Ev.EFI_VARIABLE_DRIVER_CONFIG, variable("SecureBoot", b"\0")),
+    *[ev(pcr, Ev.SEPARATOR, bytes(4)) for pcr in range(8)],
+    ev(4, Ev.EFI_ACTION, b"Calling EFI Application from Boot Option"),
+    ev(4, Ev.EFI_BOOT_SERVICES_APPLICATION, image(), h(b"ramdisk uki")),
+    ev(9, Ev.EVENT_TAG, struct.pack("<II", 0x8F3B22EC, 7) + b"initrd\0", h(b"initrd")),
+]
+# A BIOS boot (SeaBIOS): firmware measured, the loader handed an IPL event, nothing in PCR 4
+# that is an EFI application.
+BIOS_BOOT: list[tuple[int, int, bytes, bytes]] = [
+    ev(0, Ev.S_CRTM_VERSION, b"SeaBIOS\0"),
+    *[ev(pcr, Ev.SEPARATOR, bytes(4)) for pcr in range(8)],
+    ev(4, Ev.ACTION, b"Calling INT 19h"),
+    ev(4, Ev.IPL, bytes(16), h(b"boot sector")),
+]
+
+
+def measure(tpm: tpmwire.Tpm, events: Iterable[tuple[int, int, bytes, bytes]],
+            *, locality: int | None = None) -> bytes:
+    """Extend ``events`` into the TPM as firmware would; the event log that records them."""
+    events = list(events)
+    for pcr, kind, digest, _ in events:
+        if kind != Ev.NO_ACTION:
+            tpm.pcr_extend(pcr, digest)
+    return event_log(events, locality=locality)
