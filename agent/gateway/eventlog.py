@@ -127,7 +127,8 @@ def parse(data: bytes) -> EventLog:
         algorithms[alg] = size
     if SHA256 not in algorithms:
         raise BadEventLog("the event log carries no SHA-256 digests")
-    locality, events = 0, []
+    locality = 0
+    events: list[Event] = []
     while r.left:
         if len(events) >= MAX_EVENTS:
             raise BadEventLog(f"more than {MAX_EVENTS} events")
