@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import InvalidParameters, TpmFailed
+from agent.hw import sysfs
 from agent.hw import tpm as tpmwire
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 QUOTE_DOMAIN = b"bettercompute.attest.v1\0"
 QUOTED_PCRS = tuple(range(13))  # 0-12: firmware, boot loaders and the stub's PCRs 11 and 12
 EVENT_LOG = Path("/sys/kernel/security/tpm0/binary_bios_measurements")
+DMI = Path("/sys/class/dmi/id")
 MAX_EVENT_LOG = 1 << 20  # a server's log is tens of KiB; a MiB bounds what one join carries
 NONCE_BYTES = (16, 64)
 
@@ -62,6 +64,7 @@ class Identity:
     ak_name: bytes
     manufacturer: str      # e.g. "IBM", "INTC", "NTC", "STM", "IFX"
     firmware: str          # "major.minor" of TPM_PT_FIRMWARE_VERSION_1, then _2 in hex
+    platform: str          # the hardware profile: "maker|model|firmware version" from DMI
 
 
 @dataclass(frozen=True)
@@ -83,9 +86,10 @@ class Attestor:
     """The machine's TPM, opened once per join, or the fact that there is none."""
 
     def __init__(self, opener: Callable[[], tpmwire.Tpm | None] = tpmwire.open_default,
-                 event_log: Path = EVENT_LOG) -> None:
+                 event_log: Path = EVENT_LOG, dmi: Path = DMI) -> None:
         self._opener = opener
         self._event_log = event_log
+        self._dmi = dmi
         self._tpm: tpmwire.Tpm | None = None
         self._ek: tpmwire.Public | None = None
         self._ak: tpmwire.Public | None = None
@@ -147,6 +151,8 @@ class Attestor:
             ek_public=self._ek.area, ek_certificate=_der_only(cert), ak_public=self._ak.area,
             ak_name=self._ak.name, manufacturer=_text(props.get(0x105, 0)),
             firmware=f"{fw1 >> 16}.{fw1 & 0xFFFF}.{fw2:08x}",
+            platform="|".join(sysfs.read(self._dmi / name).replace("|", "/")
+                              for name in ("sys_vendor", "product_name", "bios_version")),
         )
 
     def answer(self, *, credential_blob: bytes, encrypted_secret: bytes, nonce: bytes,
