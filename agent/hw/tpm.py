@@ -152,14 +152,18 @@ class SocketTransport:
     Tests and development only; the address is loopback or a unix socket, checked here."""
 
     def __init__(self, address: tuple[str, int] | Path, timeout: float = 30.0) -> None:
+        self.check(address)
         if isinstance(address, tuple):
-            if address[0] not in ("127.0.0.1", "::1"):
-                raise InvalidParameters(f"a TPM socket must be on loopback, not {address[0]}")
             self._sock = socket.create_connection(address, timeout=timeout)
         else:
             self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self._sock.settimeout(timeout)
             self._sock.connect(str(address))
+
+    @staticmethod
+    def check(address: tuple[str, int] | Path) -> None:
+        if isinstance(address, tuple) and address[0] not in ("127.0.0.1", "::1"):
+            raise InvalidParameters(f"a TPM socket must be on loopback, not {address[0]}")
 
     def transact(self, command: bytes) -> bytes:
         self._sock.sendall(command)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import struct
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from pathlib import Path
 from agent.errors import InvalidParameters, TpmFailed
 from agent.hw import sysfs
 from agent.hw import tpm as tpmwire
+from agent.proto import session_pb2
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,8 @@ class Attestor:
         self._tpm: tpmwire.Tpm | None = None
         self._ek: tpmwire.Public | None = None
         self._ak: tpmwire.Public | None = None
+        self._identity: Identity | None = None
+        self._lock = threading.RLock()  # the Hello and a challenge come from different threads
         self.absent = ""  # why there is no TPM to attest with; "" where there is one
 
     def open(self) -> bool:
@@ -105,9 +109,41 @@ class Attestor:
         return self._tpm is not None
 
     def close(self) -> None:
-        if self._tpm is not None:
-            self._tpm.close()
-        self._tpm = self._ek = self._ak = None
+        with self._lock:
+            if self._tpm is not None:
+                self._tpm.close()
+            self._tpm = self._ek = self._ak = None
+            self._identity = None
+
+    # On the wire (agent/proto/session.proto) ---------------------------------------------
+
+    def identity_message(self) -> session_pb2.TpmIdentity:
+        """The Hello's TpmIdentity: the TPM, why there is none, or how it failed."""
+        try:
+            if not self.open():
+                return session_pb2.TpmIdentity(absent=self.absent)
+            i = self.identity()
+        except TpmFailed as e:
+            log.warning("the TPM: %s", e)
+            self.close()  # asked again at the next Hello
+            return session_pb2.TpmIdentity(error=str(e))
+        return session_pb2.TpmIdentity(
+            ek_public=i.ek_public, ek_certificate=i.ek_certificate, ak_public=i.ak_public,
+            ak_name=i.ak_name, manufacturer=i.manufacturer, firmware=i.firmware, platform=i.platform)
+
+    def answer_message(self, challenge: session_pb2.AttestChallenge, *, boot_id: str,
+                       node_public: bytes) -> session_pb2.AttestAnswer:
+        try:
+            ev = self.answer(credential_blob=challenge.credential_blob,
+                             encrypted_secret=challenge.encrypted_secret, nonce=challenge.nonce,
+                             boot_id=boot_id, node_public=node_public)
+        except (TpmFailed, InvalidParameters) as e:
+            log.warning("attestation: %s", e)
+            return session_pb2.AttestAnswer(nonce=challenge.nonce, error=str(e))
+        return session_pb2.AttestAnswer(
+            nonce=challenge.nonce, activated=ev.activated, quote=ev.quote, signature=ev.signature,
+            pcrs=[session_pb2.PcrValue(index=i, sha256=v) for i, v in sorted(ev.pcrs.items())],
+            event_log=ev.event_log)
 
     def __enter__(self) -> Attestor:
         return self
@@ -138,6 +174,12 @@ class Attestor:
         return tpm.create_primary(tpmwire.RH_ENDORSEMENT, tpmwire.EK_RSA_TEMPLATE)
 
     def identity(self) -> Identity:
+        with self._lock:
+            if self._identity is None:
+                self._identity = self._read_identity()
+            return self._identity
+
+    def _read_identity(self) -> Identity:
         tpm = self._need()
         if self._ek is None:
             self._ek = self._load_ek(tpm)
@@ -160,6 +202,11 @@ class Attestor:
         """Activate the gateway's credential and quote this boot for its nonce."""
         if not NONCE_BYTES[0] <= len(nonce) <= NONCE_BYTES[1]:
             raise InvalidParameters(f"a nonce of {len(nonce)} bytes (expected 16-64)")
+        with self._lock:
+            return self._answer(credential_blob, encrypted_secret, nonce, boot_id, node_public)
+
+    def _answer(self, credential_blob: bytes, encrypted_secret: bytes, nonce: bytes, boot_id: str,
+                node_public: bytes) -> Evidence:
         tpm = self._need()
         if self._ek is None or self._ak is None:
             self.identity()
@@ -189,3 +236,40 @@ def _der_only(cert: bytes) -> bytes:
     if cert[1] == 0x81:
         return cert[:3 + cert[2]]
     return cert[:2 + cert[1]] if cert[1] < 0x80 else cert
+
+
+def identity_from(msg: session_pb2.TpmIdentity) -> Identity:
+    return Identity(bytes(msg.ek_public), bytes(msg.ek_certificate), bytes(msg.ak_public),
+                    bytes(msg.ak_name), msg.manufacturer, msg.firmware, msg.platform)
+
+
+def evidence_from(msg: session_pb2.AttestAnswer) -> Evidence:
+    return Evidence(bytes(msg.activated), bytes(msg.quote), bytes(msg.signature),
+                    {p.index: bytes(p.sha256) for p in msg.pcrs}, bytes(msg.event_log))
+
+
+def attestor_for(spec: str, event_log: str = "") -> Attestor:
+    """The TPM the setting ``bc.tpm`` names: "" the kernel's /dev/tpmrm0; "none" no TPM at all;
+    "tcp:127.0.0.1:PORT" or "unix:PATH" a simulator's command socket (tests, development), with
+    the event log of its made-up boot at ``bc.tpm_event_log``."""
+    log_path = Path(event_log) if event_log else EVENT_LOG
+    if spec == "":
+        return Attestor(event_log=log_path)
+    if spec == "none":
+        def no_tpm() -> tpmwire.Tpm | None:
+            return None
+        attestor = Attestor(no_tpm)
+        attestor.absent = "no TPM: disabled by the setting bc.tpm=none"
+        return attestor
+    kind, _, where = spec.partition(":")
+    if kind == "tcp":
+        host, _, port = where.rpartition(":")
+        if not port.isdigit():
+            raise InvalidParameters(f"bc.tpm={spec!r}: expected tcp:127.0.0.1:PORT")
+        address: tuple[str, int] | Path = (host.strip("[]"), int(port))
+    elif kind == "unix" and where.startswith("/"):
+        address = Path(where)
+    else:
+        raise InvalidParameters(f"bc.tpm={spec!r}: expected \"\", \"none\", tcp:127.0.0.1:PORT or unix:/PATH")
+    tpmwire.SocketTransport.check(address)
+    return Attestor(lambda: tpmwire.Tpm(tpmwire.SocketTransport(address)), event_log=log_path)
