@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -96,6 +97,13 @@ class JoinAttestation:
         with self._lock:
             join = self._joins.get(node_id)
         return join.verdict if join is not None else None
+
+    def wait_verdict(self, node_id: str, timeout: float) -> Verdict | None:
+        """The node's verdict, waiting up to ``timeout`` while its challenge is unanswered."""
+        deadline = time.monotonic() + timeout
+        while (verdict := self.verdict(node_id)) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return verdict
 
     def vouches(self, node_id: str, boot_id: str, public_key: bytes) -> tuple[bool, str]:
         """Whether the boot that signed a result attested: (yes or no, why)."""

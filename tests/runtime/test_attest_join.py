@@ -4,6 +4,12 @@ result verified only when its boot attested."""
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import subprocess
+import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +20,7 @@ from agent.gateway.attest import Status, Verdict, Verifier, load_certificates
 from agent.gateway.attest_join import JoinAttestation
 from agent.gateway.attest_policy import Build, Policy
 from agent.gateway.certs import DevPki
-from tests.runtime.harness import AgentProcess, start_gateway
+from tests.runtime.harness import ROOT, AgentProcess, start_gateway
 from tests.tpmsim import UEFI_BOOT, SimTpm, h, manufactured_tpm, measure, sim
 
 __all__ = ["manufactured_tpm", "sim"]
@@ -88,3 +94,38 @@ def test_a_refused_boot(attesting_gateway: Gateway, pki: DevPki, sim: SimTpm, tm
         assert verdict.status is Status.REFUSED and verdict.check == "event_log", verdict
     finally:
         agent.kill()
+
+
+def test_gateway_send_shows_a_wipe_verified(pki: DevPki, sim: SimTpm, tmp_path: Path) -> None:
+    """`agent gateway send --attest-policy`: the operator sees the erasure certificate verified."""
+    with sim.tpm() as tpm:
+        (tmp_path / "log").write_bytes(measure(tpm, UEFI_BOOT))
+    (tmp_path / "policy.json").write_text(json.dumps(
+        {"builds": [{"build_id": "b1", "pcr4": h(b"ramdisk uki").hex()}], "learn": "first"}))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    send = subprocess.Popen(
+        [sys.executable, "-m", "agent", "gateway", "send", "--pki", str(pki.dir),
+         "--listen", f"127.0.0.1:{port}",
+         "--node", "node-1", "--kind", "disk.wipe", "--payload", '{"disks": [{"serial": "S-1"}]}',
+         "--attest-policy", str(tmp_path / "policy.json"),
+         "--ek-ca", str(sim.ca_root), "--ek-ca", str(sim.ca_issuer),
+         "--wait-node", "60", "--wait-result", "60", "--heartbeat", "1"],
+        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    address = types.SimpleNamespace(address=f"127.0.0.1:{port}")
+    agent = AgentProcess(pki, address, tmp_path / "agent",  # type: ignore[arg-type]
+                         cmdline=f"bc.tpm=tcp:127.0.0.1:{sim.port} bc.tpm_event_log={tmp_path / 'log'}")
+    try:
+        agent.start()
+        out, err = send.communicate(timeout=120)
+    finally:
+        agent.kill()
+        if send.poll() is None:
+            send.kill()
+    assert send.returncode == 0, err
+    result = json.loads(out)
+    assert result["status"] == "SUCCEEDED" and result["verified"] is True, result
+    assert "attested" in result["verified_why"] and "b1" in result["verified_why"]
+    assert json.loads((tmp_path / "policy.json").read_text())["profiles"]  # the profile was learned
