@@ -28,6 +28,7 @@ import pytest
 from agent import proc
 from agent.gateway import eventlog
 from agent.hw import tpm as tpmwire
+from qemu import tpm as qemu_tpm
 
 
 def need(*tools: str) -> None:
@@ -43,21 +44,12 @@ def _free_port() -> int:
 
 
 def manufacture(state: Path, ca: Path) -> None:
-    """A new TPM state in ``state`` with RSA and ECC EKs and their certificates from the CA in ``ca``."""
-    need("swtpm", "swtpm_setup", "swtpm_localca")
-    state.mkdir(parents=True, exist_ok=True)
-    ca.mkdir(parents=True, exist_ok=True)
-    (ca / "localca.conf").write_text(
-        f"statedir = {ca}\nsigningkey = {ca}/signkey.pem\nissuercert = {ca}/issuercert.pem\n"
-        f"certserial = {ca}/certserial\n")
-    (ca / "localca.options").write_text(
-        "--platform-manufacturer Test\n--platform-version 2.1\n--platform-model QEMU\n")
-    (ca / "setup.conf").write_text(
-        f"create_certs_tool = {shutil.which('swtpm_localca')}\n"
-        f"create_certs_tool_config = {ca}/localca.conf\n"
-        f"create_certs_tool_options = {ca}/localca.options\nactive_pcr_banks = sha256\n")
-    proc.run(["swtpm_setup", "--tpm2", "--tpmstate", str(state), "--create-ek-cert",
-              "--config", str(ca / "setup.conf"), "--overwrite"], timeout=60)
+    """A new TPM state with EKs and their certificates from a local CA (qemu/tpm.py); skips
+    the test where swtpm is absent."""
+    reason = qemu_tpm.missing()
+    if reason:
+        pytest.skip(reason)
+    qemu_tpm.manufacture(state, ca)
 
 
 class SimTpm:
@@ -74,11 +66,11 @@ class SimTpm:
 
     @property
     def ca_root(self) -> Path:
-        return self.ca / "swtpm-localca-rootca-cert.pem"
+        return self.ca / qemu_tpm.CA_ROOT
 
     @property
     def ca_issuer(self) -> Path:
-        return self.ca / "issuercert.pem"
+        return self.ca / qemu_tpm.CA_ISSUER
 
     @property
     def tcti(self) -> str:

@@ -1,0 +1,91 @@
+"""Attestation on real (emulated) firmware: the ramdisk as a UKI under OVMF with a TPM 2.0
+(swtpm) joins an attesting gateway, and its disk.wipe certificate counts as verified; the same
+ramdisk under SeaBIOS is reported unattested, with why.
+
+The gateway's policy holds what initramfs/uki.py says of the UKI (PCR 4's Authenticode
+digest, PCRs 11 and 12) and learns the machine's firmware profile (PCRs 0, 2, 7) on the
+first join. Marked qemu and slow: a boot under TCG takes a minute or more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.gateway.attest import Status, Verdict, Verifier, load_certificates
+from agent.gateway.attest_join import JoinAttestation
+from agent.gateway.attest_policy import Build, Policy
+from qemu import tpm as qemu_tpm
+from qemu.lab import Lab
+from tests.e2e.conftest import JOIN_TIMEOUT, run_command, skip_reason
+
+pytestmark = [pytest.mark.qemu, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def tpm_lab(lab: Lab) -> Lab:
+    reason = skip_reason(uefi=True) or qemu_tpm.missing()
+    if reason:
+        pytest.skip(reason)
+    return lab
+
+
+@pytest.fixture
+def swtpm(tmp_path: Path) -> Iterator[qemu_tpm.Swtpm]:
+    qemu_tpm.manufacture(tmp_path / "state", tmp_path / "ca")
+    with qemu_tpm.Swtpm(tmp_path / "state", tmp_path / "swtpm.sock") as running:
+        yield running
+
+
+def attest(lab: Lab, ca: Path, builds: list[Build]) -> JoinAttestation:
+    verifier = Verifier(Policy(builds=builds, learn="first"),
+                        ek_roots=load_certificates([ca / qemu_tpm.CA_ROOT, ca / qemu_tpm.CA_ISSUER]))
+    joins = JoinAttestation(verifier)
+    lab.gateway.attestation = joins  # the lab's gateway attests from its next session on
+    return joins
+
+
+def verdict(joins: JoinAttestation, node: str) -> Verdict:
+    found = joins.wait_verdict(node, 120)
+    assert found is not None, "no attestation verdict"
+    return found
+
+
+def test_a_uki_under_ovmf_attests_and_its_wipe_is_verified(tpm_lab: Lab, swtpm: qemu_tpm.Swtpm,
+                                                           tmp_path: Path) -> None:
+    node = "attest-uefi"
+    esp, values = tpm_lab.uki(node)
+    build = Build(values["build_id"], bytes.fromhex(values["pcr4"]),
+                  {11: bytes.fromhex(values["pcr11"]), 12: bytes.fromhex(values["pcr12"])})
+    joins = attest(tpm_lab, tmp_path / "ca", [build])
+    disks = tpm_lab.standard_disks(node, size=64 * 1024 * 1024)
+    machine = tpm_lab.boot(node, uefi=True, tpm=swtpm.socket, esp=esp, disks=disks[:1])
+    try:
+        tpm_lab.wait_joined(machine, node, JOIN_TIMEOUT)
+        found = verdict(joins, node)
+        assert found.status is Status.ATTESTED, f"{found}\n{machine.console_tail()}"
+        assert found.matched["build"] == values["build_id"] and found.matched["pcr4"] == values["pcr4"]
+        cid, _, _ = run_command(tpm_lab, machine, node, "disk.wipe",
+                                {"disks": [{"serial": disks[0].serial}], "method": "BEST_AVAILABLE",
+                                 "verify": "FULL"})
+        ok, why = tpm_lab.gateway.verified(cid)
+        assert ok, why
+    finally:
+        machine.stop()
+        tpm_lab.gateway.attestation = None
+
+
+def test_a_seabios_boot_is_unattested(tpm_lab: Lab, swtpm: qemu_tpm.Swtpm, tmp_path: Path) -> None:
+    node = "attest-bios"
+    joins = attest(tpm_lab, tmp_path / "ca", [])
+    machine = tpm_lab.boot(node, tpm=swtpm.socket)  # SeaBIOS, the kernel given by QEMU
+    try:
+        tpm_lab.wait_joined(machine, node, JOIN_TIMEOUT)
+        found = verdict(joins, node)
+        assert found.status is Status.UNATTESTED, f"{found}\n{machine.console_tail()}"
+        assert "BIOS boot" in found.reason or "no event log" in found.reason, found
+    finally:
+        machine.stop()
+        tpm_lab.gateway.attestation = None
