@@ -11,7 +11,7 @@ for the gateway's policy (docs/attestation.md):
 
     .venv/bin/python -m initramfs.uki --kernel initramfs/out/vmlinuz \\
         --initrd initramfs/out/initramfs.img --cmdline "console=ttyS0 ..." --out ramdisk.efi
-    # -> ramdisk.efi and ramdisk.efi.json: {"build_id", "pcr4", "pcr11", "pcr12", ...}
+    # -> ramdisk.efi and ramdisk.efi.json: {"build_id", "pcr4": [UKI, kernel], "pcr11", "pcr12", ...}
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agent.proc import run
 
@@ -154,12 +155,15 @@ def build(stub: Path, kernel: Path, initrd: Path, cmdline: str, out: Path, *,
         tmp_out.replace(out)
 
 
-def reference_values(uki: Path, build_id: str = "") -> dict[str, str]:
+def reference_values(uki: Path, build_id: str = "") -> dict[str, Any]:
     """What a TPM holds after firmware started this UKI as it is (the gateway policy's build)."""
     data = uki.read_bytes()
     return {
         "build_id": build_id or hashlib.sha256(data).hexdigest()[:16],
-        "pcr4": authenticode_sha256(data).hex(),
+        # The firmware measures the UKI; the stub starts the kernel through the firmware's
+        # LoadImage, which measures that too.
+        "pcr4": [authenticode_sha256(data).hex(),
+                 authenticode_sha256(parse_pe(data).section(".linux")).hex()],
         "pcr11": predicted_pcr11(data).hex(),
         "pcr12": bytes(32).hex(),
         "sha256": hashlib.sha256(data).hexdigest(),
@@ -167,7 +171,7 @@ def reference_values(uki: Path, build_id: str = "") -> dict[str, str]:
 
 
 def write(stub: Path, kernel: Path, initrd: Path, cmdline: str, out: Path,
-          build_id: str = "") -> dict[str, str]:
+          build_id: str = "") -> dict[str, Any]:
     """The UKI and, beside it, OUT.json with its reference values."""
     build(stub, kernel, initrd, cmdline, out)
     values = reference_values(out, build_id)

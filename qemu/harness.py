@@ -379,7 +379,7 @@ class Machine:
         if spec.esp is not None:
             if "," in str(spec.esp):
                 raise ValueError(f"an ESP folder with a comma (QEMU's option separator): {spec.esp}")
-            argv += ["-drive", f"if=none,id=esp,format=raw,file=fat:{spec.esp}",
+            argv += ["-drive", f"if=none,id=esp,format=raw,readonly=on,file=fat:{spec.esp}",
                      "-device", "virtio-blk-pci,drive=esp,bootindex=1"]
         if not spec.pxe and not spec.disk_boot and not spec.media_boot and spec.esp is None:
             argv += ["-kernel", str(spec.kernel), "-initrd", str(spec.initrd), "-append", spec.append]

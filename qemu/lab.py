@@ -20,6 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agent.gateway import Gateway
 from agent.gateway.certs import DevPki, make_dev_pki
@@ -159,7 +160,7 @@ class Lab:
             entries.append(cpio.file(path, data, 0o755 if path.endswith((".so", ".so.1")) else 0o644))
         return ramdisk.compress(cpio.archive(entries), 3)
 
-    def uki(self, node_id: str, *, test: bool = True) -> tuple[Path, dict[str, str]]:
+    def uki(self, node_id: str, *, test: bool = True) -> tuple[Path, dict[str, Any]]:
         """The node's ramdisk as a UKI (initramfs/uki.py) in a folder the firmware boots as its
         ESP (``boot(esp=...)``), and the UKI's reference values (docs/attestation.md)."""
         from initramfs import uki

@@ -3,7 +3,7 @@ edits (docs/attestation.md):
 
     {
       "builds": [                       # the ramdisk builds accepted, as their build writes them
-        {"build_id": "...", "pcr4": "<Authenticode SHA-256 of the UKI>",
+        {"build_id": "...", "pcr4": ["<the UKI's Authenticode SHA-256>", "<its kernel's>"],
          "pcr9": "<hex>", "pcr11": "<hex>", "pcr12": "<hex>"}     # each optional but pcr4
       ],
       "loaders": ["<Authenticode SHA-256>", ...],   # what may start before the ramdisk (iPXE, GRUB)
@@ -50,7 +50,7 @@ class PolicyFailed(Exception):
 @dataclass(frozen=True)
 class Build:
     build_id: str
-    pcr4: bytes
+    pcr4: tuple[bytes, ...]  # the images it starts, in order: the UKI, then the kernel it carries
     pcrs: dict[int, bytes]  # 9, 11, 12 where the build states them
 
 
@@ -92,8 +92,11 @@ class Policy:
                 raise InvalidParameters(f"{source}: builds[{i}] needs at least pcr4")
             pcrs = {p: _digest(b[f"pcr{p}"], f"{source}: builds[{i}].pcr{p}")
                     for p in BUILD_PCRS if f"pcr{p}" in b}
-            builds.append(Build(str(b.get("build_id", "")), _digest(b["pcr4"], f"{source}: builds[{i}]"),
-                                pcrs))
+            images = b["pcr4"] if isinstance(b["pcr4"], list) else [b["pcr4"]]
+            if not images:
+                raise InvalidParameters(f"{source}: builds[{i}].pcr4 names no image")
+            builds.append(Build(str(b.get("build_id", "")),
+                                tuple(_digest(v, f"{source}: builds[{i}].pcr4") for v in images), pcrs))
         learn = doc.get("learn", "never")
         if learn not in ("first", "never"):
             raise InvalidParameters(f"{source}: learn is \"first\" or \"never\", not {learn!r}")
@@ -107,7 +110,7 @@ class Policy:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "builds": [{"build_id": b.build_id, "pcr4": b.pcr4.hex(),
+            "builds": [{"build_id": b.build_id, "pcr4": [v.hex() for v in b.pcr4],
                         **{f"pcr{p}": v.hex() for p, v in sorted(b.pcrs.items())}} for b in self.builds],
             "loaders": sorted(v.hex() for v in self.loaders),
             "learn": self.learn,
@@ -118,11 +121,12 @@ class Policy:
     def judge(self, log_: eventlog.EventLog, pcrs: dict[int, bytes], profile: str) -> dict[str, str]:
         """What matched (build, profile); PolicyFailed names the first check that did not."""
         apps = [e.sha256 for e in log_.of(4, eventlog.Ev.EFI_BOOT_SERVICES_APPLICATION)]
-        build = next((b for b in self.builds if apps and b.pcr4 == apps[-1]), None)
+        build = next((b for b in self.builds if tuple(apps[-len(b.pcr4):]) == b.pcr4), None)
         if build is None:
-            raise PolicyFailed("policy_pcr4", "the image started last (PCR 4: "
-                               f"{apps[-1].hex() if apps else 'none'}) is no accepted ramdisk build")
-        before = [a for a in apps[:-1] if a not in self.loaders]
+            raise PolicyFailed("policy_pcr4", "the images started last (PCR 4: "
+                               f"{', '.join(a.hex() for a in apps[-2:]) or 'none'}) are no accepted "
+                               "ramdisk build")
+        before = [a for a in apps[:-len(build.pcr4)] if a not in self.loaders]
         if before:
             raise PolicyFailed("policy_pcr4", f"PCR 4: {before[0].hex()} started before the ramdisk "
                                "and is no accepted loader")
@@ -132,7 +136,7 @@ class Policy:
                         11: "the UKI's sections", 12: "a command line or credentials given by the loader"}
                 raise PolicyFailed(f"policy_pcr{pcr}", f"PCR {pcr} ({what[pcr]}) is "
                                    f"{pcrs.get(pcr, b'').hex()}, build {build.build_id} says {want.hex()}")
-        matched = {"build": build.build_id, "pcr4": build.pcr4.hex(), "profile": profile}
+        matched = {"build": build.build_id, "pcr4": build.pcr4[0].hex(), "profile": profile}
         with self._lock:
             known = self.profiles.get(profile)
             if known is None:

@@ -23,7 +23,7 @@ def built(tmp_path: Path) -> Path:
         pytest.skip(f"no {STUB} (apt-get install systemd-boot-efi)")
     if shutil.which("objcopy") is None:
         pytest.skip("objcopy is not installed (apt-get install binutils)")
-    (tmp_path / "vmlinuz").write_bytes(b"MZ a kernel" + bytes(5000))
+    (tmp_path / "vmlinuz").write_bytes(STUB.read_bytes())  # a PE image, as a kernel with its EFI stub is
     (tmp_path / "initrd").write_bytes(b"070701 an initramfs" * 300)
     uki.write(STUB, tmp_path / "vmlinuz", tmp_path / "initrd", "console=ttyS0 bc.role=ramdisk",
               tmp_path / "ramdisk.efi", build_id="test-1")
@@ -48,10 +48,11 @@ def test_reference_values_beside_it(built: Path) -> None:
     values = json.loads(built.with_name("ramdisk.efi.json").read_text())
     data = built.read_bytes()
     assert values["build_id"] == "test-1" and values["sha256"] == hashlib.sha256(data).hexdigest()
-    assert values["pcr4"] == uki.authenticode_sha256(data).hex()
+    pe = uki.parse_pe(data)
+    assert values["pcr4"] == [uki.authenticode_sha256(data).hex(),
+                              uki.authenticode_sha256(pe.section(".linux")).hex()]
     assert values["pcr12"] == "00" * 32
     # PCR 11 by the UKI specification's order: .linux, .osrel, .cmdline, .initrd; name, then contents.
-    pe = uki.parse_pe(data)
     pcr = bytes(32)
     for name in (".linux", ".osrel", ".cmdline", ".initrd"):
         for part in (name.encode() + b"\0", pe.section(name)):

@@ -30,7 +30,7 @@ TIMEOUT = 60
 
 @pytest.fixture
 def attesting_gateway(pki: DevPki, sim: SimTpm) -> Iterator[Gateway]:
-    policy = Policy(builds=[Build("b1", h(b"ramdisk uki"), {})], learn="first")
+    policy = Policy(builds=[Build("b1", (h(b"ramdisk uki"),), {})], learn="first")
     verifier = Verifier(policy, ek_roots=load_certificates([sim.ca_root, sim.ca_issuer]))
     gw = start_gateway(pki, attestation=JoinAttestation(verifier))
     yield gw
