@@ -153,6 +153,8 @@ class MachineSpec:
     # EFI/BOOT/BOOTX64.EFI), instead of -kernel.
     tpm: Path | None = None
     esp: Path | None = None
+    # Another UEFI build on pflash instead of -bios: (code, a writable copy of its variables).
+    pflash: tuple[Path, Path] | None = None
 
     @property
     def platform(self) -> Platform:
@@ -325,7 +327,10 @@ class Machine:
             argv += ["-device", "virtio-serial-pci", "-device", "virtconsole,chardev=sh0"]
         else:
             argv += ["-serial", "chardev:sh0"]
-        if spec.firmware is not None:
+        if spec.pflash is not None:
+            argv += ["-drive", f"if=pflash,format=raw,readonly=on,file={spec.pflash[0]}",
+                     "-drive", f"if=pflash,format=raw,file={spec.pflash[1]}"]
+        elif spec.firmware is not None:
             argv += ["-bios", spec.firmware]
         argv += [
             "-netdev", netdev,

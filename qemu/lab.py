@@ -160,14 +160,15 @@ class Lab:
             entries.append(cpio.file(path, data, 0o755 if path.endswith((".so", ".so.1")) else 0o644))
         return ramdisk.compress(cpio.archive(entries), 3)
 
-    def uki(self, node_id: str, *, test: bool = True) -> tuple[Path, dict[str, Any]]:
+    def uki(self, node_id: str, *, test: bool = True,
+            files: Mapping[str, bytes] | None = None) -> tuple[Path, dict[str, Any]]:
         """The node's ramdisk as a UKI (initramfs/uki.py) in a folder the firmware boots as its
         ESP (``boot(esp=...)``), and the UKI's reference values (docs/attestation.md)."""
         from initramfs import uki
 
         esp = self.workdir / f"{node_id}-esp"
         (esp / "EFI" / "BOOT").mkdir(parents=True, exist_ok=True)
-        initrd = self.initrd(node_id, self.overlay(test=test))
+        initrd = self.initrd(node_id, self.overlay(test=test, files=files))
         append = kernel_args(PLATFORMS[self.ramdisk.arch].console, **self.settings(node_id))
         name = "BOOTX64.EFI" if self.ramdisk.arch == "amd64" else "BOOTAA64.EFI"
         image = esp / "EFI" / "BOOT" / name
@@ -199,6 +200,7 @@ class Lab:
         media: Sequence[str] = (),
         tpm: Path | None = None,
         esp: Path | None = None,
+        pflash: tuple[Path, Path] | None = None,
     ) -> Machine:
         """Start a ramdisk node (returns at once; wait with gateway.wait_node). ``kernel``,
         ``initrd`` and ``append`` boot something else (an installed node's kernel);
@@ -216,7 +218,7 @@ class Lab:
                            kvm=kvm_wanted() and ramdisk.ARCHES[arch].native(), pxe=pxe, name=node_id,
                            memory_mb=memory_mb, arch=arch, uefi=uefi, disk_boot=disk_boot,
                            nics=tuple(nics), media=tuple(media), media_boot=bool(media),
-                           tpm=tpm, esp=esp)
+                           tpm=tpm, esp=esp, pflash=pflash)
         machine = Machine(spec)
         self.machines.append(machine)
         return machine.start()
