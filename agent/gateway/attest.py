@@ -49,7 +49,15 @@ from agent.errors import AgentError
 from agent.gateway import eventlog
 from agent.gateway.attest_policy import Policy, PolicyFailed
 from agent.hw import tpm as tpmwire
-from agent.security.attest import QUOTED_PCRS, Evidence, Identity, pcr_digest, qualifying_data
+from agent.security.attest import (
+    LEFT_EVENT,
+    LEFT_PCR,
+    QUOTED_PCRS,
+    Evidence,
+    Identity,
+    pcr_digest,
+    qualifying_data,
+)
 
 log = logging.getLogger(__name__)
 
@@ -253,6 +261,7 @@ class Counters:
     reset: int
     restart: int
     clock: int
+    measured_boot: str  # the first boot id quoted since the TPM's last reset: the one it measured
 
 
 class Verifier:
@@ -352,7 +361,7 @@ class Verifier:
         if set(evidence.pcrs) != set(QUOTED_PCRS) or any(len(v) != 32 for v in evidence.pcrs.values()) \
                 or pcr_digest(evidence.pcrs) != attest.pcr_digest:
             raise Refused("pcr_digest", "the PCR values sent do not hash to the quoted digest")
-        self._counters(ch.node_id, attest)
+        kexec = self._counters(ch.node_id, attest, boot_id)
         if not evidence.event_log:
             return Verdict(Status.UNATTESTED, reason="the firmware left no event log: nothing says what "
                            "the PCRs measured")
@@ -361,6 +370,13 @@ class Verifier:
         except eventlog.BadEventLog as e:
             raise Refused("event_log", str(e)) from e
         replayed = log_.replay(QUOTED_PCRS)
+        left, marked = 0, replayed[LEFT_PCR]  # the agent's marks on PCR 11 after the firmware's log
+        while left < 4 and marked != evidence.pcrs[LEFT_PCR]:
+            left, marked = left + 1, hashlib.sha256(marked + LEFT_EVENT).digest()
+        if marked == evidence.pcrs[LEFT_PCR]:
+            replayed[LEFT_PCR] = marked
+        else:
+            left = 0
         for pcr in QUOTED_PCRS:
             if pcr not in UNREPLAYED_PCRS and replayed[pcr] != evidence.pcrs[pcr]:
                 raise Refused("event_log", f"the event log replays PCR {pcr} to {replayed[pcr].hex()}, "
@@ -368,17 +384,27 @@ class Verifier:
         if not log_.of(4, eventlog.Ev.EFI_BOOT_SERVICES_APPLICATION):
             return Verdict(Status.UNATTESTED, reason="a BIOS boot: the firmware measured itself, "
                            "not the ramdisk (PCR 4 holds no EFI application)")
+        if left:
+            return Verdict(Status.UNATTESTED, reason=f"the agent left the measured boot {left} time(s) "
+                           "(a kexec or an agent upgrade: PCR 11 marked): what runs now was not measured")
+        if kexec:
+            return Verdict(Status.UNATTESTED, reason=f"the TPM was not reset since boot {kexec}, which it "
+                           "measured: this boot came by kexec, and what runs now was not measured")
         matched = self.policy.judge(log_, evidence.pcrs, ch.identity.platform)
         matched["ek"] = hashlib.sha256(ch.identity.ek_public).hexdigest()[:16]
         return Verdict(Status.ATTESTED, matched=matched)
 
-    def _counters(self, node_id: str, attest: tpmwire.Attest) -> None:
-        now = Counters(attest.reset_count, attest.restart_count, attest.clock)
+    def _counters(self, node_id: str, attest: tpmwire.Attest, boot_id: str) -> str:
+        """Refuses a quote not past the node's last; returns the boot id the TPM measured where
+        this quote is of another boot since the TPM's last reset (a kexec), else ""."""
+        now = (attest.reset_count, attest.restart_count, attest.clock)
         with self._lock:
             last = self._last.get(node_id)
-            if last is not None and \
-                    (now.reset, now.restart, now.clock) <= (last.reset, last.restart, last.clock):
-                raise Refused("counters", f"the TPM's reset/restart counters and clock ({now.reset}/"
-                              f"{now.restart}/{now.clock}) are not past the last quote's "
-                              f"({last.reset}/{last.restart}/{last.clock}): a replayed quote")
-            self._last[node_id] = now
+            if last is not None and now <= (last.reset, last.restart, last.clock):
+                raise Refused("counters", "the TPM's reset/restart counters and clock ({}/{}/{}) are not "
+                              "past the last quote's ({}/{}/{}): a replayed quote".format(
+                                  *now, last.reset, last.restart, last.clock))
+            same_epoch = last is not None and (last.reset, last.restart) == now[:2]
+            measured = last.measured_boot if same_epoch and last is not None else boot_id
+            self._last[node_id] = Counters(*now, measured)
+        return measured if measured != boot_id else ""

@@ -612,6 +612,8 @@ class Agent:
                     hook()
                 except Exception:
                     log.exception("exit hook failed")
+            if job.kind.name in ("boot.kexec", "daemon.upgrade"):
+                self.attestor.leave_measured_boot()  # attestation: what runs next is not measured
             log.warning("%s %s: ending the agent now", job.kind.name, job.id)
             st.action()
         except BaseException:

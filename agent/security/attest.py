@@ -34,6 +34,11 @@ EVENT_LOG = Path("/sys/kernel/security/tpm0/binary_bios_measurements")
 DMI = Path("/sys/class/dmi/id")
 MAX_EVENT_LOG = 1 << 20  # a server's log is tens of KiB; a MiB bounds what one join carries
 NONCE_BYTES = (16, 64)
+# Extended into PCR 11 before the agent leaves the measured boot (a kexec into another kernel,
+# an agent upgrade): what runs next was not measured, and the gateway then sees PCR 11 differ
+# from the build's and says so (docs/attestation.md, "Leaving the measured boot").
+LEFT_PCR = 11
+LEFT_EVENT = hashlib.sha256(b"bettercompute.left-measured-boot.v1\0").digest()
 
 
 def qualifying_data(nonce: bytes, boot_id: str, node_public: bytes) -> bytes:
@@ -114,6 +119,18 @@ class Attestor:
                 self._tpm.close()
             self._tpm = self._ek = self._ak = None
             self._identity = None
+
+    def leave_measured_boot(self) -> None:
+        """Mark PCR 11 before a kexec or an agent upgrade; no TPM, nothing to mark. A TPM that
+        refuses is logged: the gateway also tells a kexec by the TPM's unchanged reset count."""
+        with self._lock:
+            try:
+                if self.open() and self._tpm is not None:
+                    self._tpm.pcr_extend(LEFT_PCR, LEFT_EVENT)
+                    log.info("attestation: PCR %d marked: this boot's measured code ends here", LEFT_PCR)
+            except TpmFailed as e:
+                log.error("attestation: could not mark PCR %d before leaving the measured boot: %s",
+                          LEFT_PCR, e)
 
     # On the wire (agent/proto/session.proto) ---------------------------------------------
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,6 +49,12 @@ def attest(lab: Lab, ca: Path, builds: list[Build]) -> JoinAttestation:
     return joins
 
 
+def build_of(values: dict[str, Any]) -> Build:
+    """The policy's build from initramfs/uki.py's reference values."""
+    return Build(values["build_id"], tuple(bytes.fromhex(v) for v in values["pcr4"]),
+                 {11: bytes.fromhex(values["pcr11"]), 12: bytes.fromhex(values["pcr12"])})
+
+
 def verdict(joins: JoinAttestation, node: str) -> Verdict:
     found = joins.wait_verdict(node, 120)
     assert found is not None, "no attestation verdict"
@@ -58,9 +65,7 @@ def test_a_uki_under_ovmf_attests_and_its_wipe_is_verified(tpm_lab: Lab, swtpm: 
                                                            tmp_path: Path) -> None:
     node = "attest-uefi"
     esp, values = tpm_lab.uki(node)
-    build = Build(values["build_id"], tuple(bytes.fromhex(v) for v in values["pcr4"]),
-                  {11: bytes.fromhex(values["pcr11"]), 12: bytes.fromhex(values["pcr12"])})
-    joins = attest(tpm_lab, tmp_path / "ca", [build])
+    joins = attest(tpm_lab, tmp_path / "ca", [build_of(values)])
     disks = tpm_lab.standard_disks(node, size=64 * 1024 * 1024)
     machine = tpm_lab.boot(node, uefi=True, tpm=swtpm.socket, esp=esp, disks=disks[:1])
     try:
@@ -96,8 +101,7 @@ def test_one_byte_changed_in_the_initramfs(tpm_lab: Lab, swtpm: qemu_tpm.Swtpm, 
     node = "attest-tampered"
     _, accepted = tpm_lab.uki(node, files={"/etc/bettercompute/build-note": b"0"})
     esp, _ = tpm_lab.uki(node, files={"/etc/bettercompute/build-note": b"1"})  # one byte changed
-    joins = attest(tpm_lab, tmp_path / "ca", [Build(accepted["build_id"],
-                                                    tuple(bytes.fromhex(v) for v in accepted["pcr4"]), {})])
+    joins = attest(tpm_lab, tmp_path / "ca", [build_of(accepted)])
     machine = tpm_lab.boot(node, uefi=True, tpm=swtpm.socket, esp=esp)
     try:
         tpm_lab.wait_joined(machine, node, JOIN_TIMEOUT)
@@ -121,7 +125,7 @@ def test_another_firmware_for_an_enrolled_profile(tpm_lab: Lab, tmp_path: Path) 
     verdicts = []
     for node, pflash in (("attest-fw-1", None), ("attest-fw-2", (code, tmp_path / "vars.fd"))):
         esp, values = tpm_lab.uki(node)
-        builds.append(Build(values["build_id"], tuple(bytes.fromhex(v) for v in values["pcr4"]), {}))
+        builds.append(build_of(values))
         with qemu_tpm.Swtpm(tmp_path / "state", tmp_path / "swtpm.sock") as swtpm:
             machine = tpm_lab.boot(node, uefi=True, tpm=swtpm.socket, esp=esp, pflash=pflash)
             try:

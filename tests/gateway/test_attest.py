@@ -331,3 +331,28 @@ def _as_verdict(out: Challenge | Verdict) -> Verdict:
 def _honest_evidence(node: Node, verifier: Verifier) -> Evidence:
     ch = verifier.challenge(node.node_id, node.identity())
     return node.answer(ch)
+
+
+# Leaving the measured boot --------------------------------------------------------------------
+
+def test_a_kexec_after_the_agent_marked_pcr11(node: Node, verifier: Verifier) -> None:
+    assert node.join(verifier).attested
+    with node.sim.tpm() as tpm:
+        node.attestor(tpm).leave_measured_boot()  # what boot.kexec does before it ends the agent
+    node.boot_id = "5d6c8d9e-0000-4000-8000-000000000002"  # the kernel it kexec'd into
+    verdict = node.join(verifier)
+    assert verdict.status is Status.UNATTESTED and "kexec" in verdict.reason, verdict
+
+
+def test_a_kexec_the_agent_did_not_mark(node: Node, verifier: Verifier) -> None:
+    assert node.join(verifier).attested
+    node.boot_id = "5d6c8d9e-0000-4000-8000-000000000003"  # a new boot id, the TPM not reset
+    verdict = node.join(verifier)
+    assert verdict.status is Status.UNATTESTED and "not reset since boot" in verdict.reason, verdict
+    assert node.join(verifier).status is Status.UNATTESTED  # and so on for the rest of that boot
+
+
+def test_pcr11_that_no_build_explains(sim: SimTpm, tmp_path: Path, verifier: Verifier) -> None:
+    node = Node(sim, tmp_path)
+    node.boot([*UEFI_BOOT, ev(11, Ev.IPL, b".linux\0")])  # a stub the build does not have
+    refused(node.join(verifier), "policy_pcr11")

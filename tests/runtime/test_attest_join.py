@@ -4,6 +4,7 @@ result verified only when its boot attested."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -20,7 +21,9 @@ from agent.gateway.attest import Status, Verdict, Verifier, load_certificates
 from agent.gateway.attest_join import JoinAttestation
 from agent.gateway.attest_policy import Build, Policy
 from agent.gateway.certs import DevPki
-from tests.runtime.harness import ROOT, AgentProcess, start_gateway
+from agent.security.attest import LEFT_EVENT, attestor_for
+from tests.runtime.core_harness import Terminating, World, accepted
+from tests.runtime.harness import ROOT, AgentProcess, start_gateway, wait_until
 from tests.tpmsim import UEFI_BOOT, SimTpm, h, manufactured_tpm, measure, sim
 
 __all__ = ["manufactured_tpm", "sim"]
@@ -129,3 +132,17 @@ def test_gateway_send_shows_a_wipe_verified(pki: DevPki, sim: SimTpm, tmp_path: 
     assert result["status"] == "SUCCEEDED" and result["verified"] is True, result
     assert "attested" in result["verified_why"] and "b1" in result["verified_why"]
     assert json.loads((tmp_path / "policy.json").read_text())["profiles"]  # the profile was learned
+
+
+def test_a_kexec_marks_pcr11_before_the_agent_ends(world: World, sim: SimTpm) -> None:
+    """boot.kexec (and daemon.upgrade) mark PCR 11 before the action: the kernel that runs next
+    was not measured, and the gateway's next verdict says so (tests/gateway/test_attest.py)."""
+    with sim.tpm() as tpm:
+        before = tpm.pcr_read([11])[11]
+    kexec = Terminating("boot.kexec")
+    agent, _ = world.agent({"boot.kexec": kexec}, attestor=attestor_for(f"tcp:127.0.0.1:{sim.port}"))
+    accepted(agent.submit(world.command("k1", "boot.kexec")))
+    wait_until(lambda: kexec.actions, TIMEOUT, "the kexec action")
+    agent.attestor.close()  # swtpm serves one connection at a time
+    with sim.tpm() as tpm:
+        assert tpm.pcr_read([11])[11] == hashlib.sha256(before + LEFT_EVENT).digest()
