@@ -170,7 +170,7 @@ class SocketTransport:
         head = self._read(10)
         size = struct.unpack(">I", head[2:6])[0]
         if not 10 <= size <= MAX_RESPONSE:
-            raise TpmFailed(f"the TPM's response claims {size} bytes", rc="", rc_name="")
+            raise TpmFailed(f"the TPM's response claims {size} bytes")
         return head + self._read(size - 10)
 
     def _read(self, n: int) -> bytes:
@@ -178,7 +178,7 @@ class SocketTransport:
         while len(out) < n:
             chunk = self._sock.recv(n - len(out))
             if not chunk:
-                raise TpmFailed("the TPM socket closed mid-response", rc="", rc_name="")
+                raise TpmFailed("the TPM socket closed mid-response")
             out += chunk
         return bytes(out)
 
@@ -217,8 +217,7 @@ class Reader:
 
     def take(self, n: int) -> bytes:
         if n < 0 or self.pos + n > len(self.data):
-            raise TpmFailed(f"{self.what} is truncated (wanted {n} bytes at {self.pos})",
-                            rc="", rc_name="")
+            raise TpmFailed(f"{self.what} is truncated (wanted {n} bytes at {self.pos})")
         out = self.data[self.pos:self.pos + n]
         self.pos += n
         return out
@@ -243,8 +242,7 @@ class Reader:
 
     def done(self) -> None:
         if self.pos != len(self.data):
-            raise TpmFailed(f"{self.what} has {len(self.data) - self.pos} bytes left over",
-                            rc="", rc_name="")
+            raise TpmFailed(f"{self.what} has {len(self.data) - self.pos} bytes left over")
 
 
 def pcr_selection(pcrs: Iterable[int], alg: int = Alg.SHA256) -> bytes:
@@ -331,7 +329,7 @@ def parse_public(area: bytes) -> PublicFields:
         params = area[start:r.pos]
         unique = r.rest()
     else:
-        raise TpmFailed(f"a public area of type {kind:#x}: only RSA and ECC are used", rc="", rc_name="")
+        raise TpmFailed(f"a public area of type {kind:#x}: only RSA and ECC are used")
     r.done()
     return PublicFields(kind, name_alg, attributes, policy, params, unique)
 
@@ -375,12 +373,11 @@ class Tpm:
             try:
                 raw = self.transport.transact(u16(tag) + u32(10 + len(body)) + u32(cc) + body)
             except OSError as e:
-                raise TpmFailed(f"{cc.name}: the TPM could not be reached: {e}", rc="", rc_name="") from e
+                raise TpmFailed(f"{cc.name}: the TPM could not be reached: {e}") from e
             r = Reader(raw, f"{cc.name}'s response")
             r.u16()
             if r.u32() != len(raw):
-                raise TpmFailed(f"{cc.name}: the response's size field is not its length", rc="",
-                                rc_name="")
+                raise TpmFailed(f"{cc.name}: the response's size field is not its length")
             rc = r.u32()
             if rc not in RETRY_CODES:
                 break
@@ -491,8 +488,7 @@ class Tpm:
             got = read_pcr_selection(r).get(Alg.SHA256, [])
             values = [r.b2() for _ in range(r.u32())]
             if not got or len(got) != len(values):
-                raise TpmFailed("PCR_Read: the TPM has no SHA-256 bank for these PCRs", rc="",
-                                rc_name="", pcrs=left)
+                raise TpmFailed("PCR_Read: the TPM has no SHA-256 bank for these PCRs", pcrs=left)
             out.update(zip(got, values, strict=True))
         return out
 
@@ -528,7 +524,7 @@ def parse_attest(data: bytes) -> Attest:
     magic, kind, signer, extra = r.u32(), r.u16(), r.b2(), r.b2()
     clock, resets, restarts, safe, firmware = r.u64(), r.u32(), r.u32(), r.u8(), r.u64()
     if kind != ST_ATTEST_QUOTE:
-        raise TpmFailed(f"TPMS_ATTEST of type {kind:#x}, not a quote", rc="", rc_name="")
+        raise TpmFailed(f"TPMS_ATTEST of type {kind:#x}, not a quote")
     select = read_pcr_selection(r)
     digest = r.b2()
     r.done()
@@ -552,4 +548,4 @@ def open_default(path: Path = DEVICE) -> Tpm | None:
     try:
         return Tpm(DeviceTransport(path))
     except OSError as e:
-        raise TpmFailed(f"{path}: cannot open the TPM: {e}", rc="", rc_name="") from e
+        raise TpmFailed(f"{path}: cannot open the TPM: {e}") from e

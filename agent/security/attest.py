@@ -170,7 +170,7 @@ class Attestor:
 
     def _need(self) -> tpmwire.Tpm:
         if not self.open() or self._tpm is None:
-            raise TpmFailed(self.absent or "no TPM", rc="", rc_name="")
+            raise TpmFailed(self.absent or "no TPM")
         return self._tpm
 
     def _load_ek(self, tpm: tpmwire.Tpm) -> tpmwire.Public:
