@@ -19,8 +19,10 @@ import pytest
 from agent.gateway.attest import Status, Verdict, Verifier, load_certificates
 from agent.gateway.attest_join import JoinAttestation
 from agent.gateway.attest_policy import Build, Policy
+from initramfs import uki
 from qemu import tpm as qemu_tpm
 from qemu.lab import Lab
+from qemu.nodeimage import SYSTEMD_BOOT
 from tests.e2e.conftest import JOIN_TIMEOUT, run_command, skip_reason
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow]
@@ -137,3 +139,32 @@ def test_another_firmware_for_an_enrolled_profile(tpm_lab: Lab, tmp_path: Path) 
     assert verdicts[0].status is Status.ATTESTED and verdicts[0].matched.get("learned"), verdicts[0]
     assert verdicts[1].status is Status.REFUSED and verdicts[1].check == "policy_profile", verdicts[1]
     assert "PCR 0" in verdicts[1].reason, verdicts[1]
+
+
+def test_a_command_line_added_by_the_boot_loader(tpm_lab: Lab, swtpm: qemu_tpm.Swtpm, tmp_path: Path) -> None:
+    """systemd-boot in front of the UKI, its entry adding to the kernel command line: the loader
+    is accepted (policy loaders), the UKI is the build, and PCR 12 holds what the loader added."""
+    if not SYSTEMD_BOOT.is_file():
+        pytest.skip(f"no {SYSTEMD_BOOT} (apt-get install systemd-boot-efi)")
+    node = "attest-cmdline"
+    esp, values = tpm_lab.uki(node)
+    image = esp / "EFI" / "Linux" / "ramdisk.efi"
+    image.parent.mkdir(parents=True)
+    (esp / "EFI" / "BOOT" / "BOOTX64.EFI").rename(image)
+    shutil.copyfile(SYSTEMD_BOOT, esp / "EFI" / "BOOT" / "BOOTX64.EFI")
+    cmdline = uki.parse_pe(image.read_bytes()).section(".cmdline").decode()
+    (esp / "loader" / "entries").mkdir(parents=True)
+    (esp / "loader" / "loader.conf").write_text("timeout 0\ndefault ramdisk.conf\n")
+    (esp / "loader" / "entries" / "ramdisk.conf").write_text(
+        f"title ramdisk\nefi /EFI/Linux/ramdisk.efi\noptions {cmdline} loglevel=7\n")
+    joins = attest(tpm_lab, tmp_path / "ca", [build_of(values)])
+    joins.verifier.policy.loaders.add(uki.authenticode_sha256(SYSTEMD_BOOT.read_bytes()))
+    machine = tpm_lab.boot(node, uefi=True, tpm=swtpm.socket, esp=esp)
+    try:
+        tpm_lab.wait_joined(machine, node, JOIN_TIMEOUT)
+        found = verdict(joins, node)
+        assert found.status is Status.REFUSED and found.check == "policy_pcr12", \
+            f"{found}\n{machine.console_tail()}"
+    finally:
+        machine.stop()
+        tpm_lab.gateway.attestation = None
