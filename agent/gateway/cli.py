@@ -226,8 +226,10 @@ def _console(gw: Gateway, words: list[str]) -> bool:
         for n in gw.node_list():
             h = n.hello
             state = "connected" if n.connected else "gone"
+            verdict = gw.attestation.verdict(n.node_id) if gw.attestation is not None else None
             print(f"{n.node_id} {state} {h.role} {h.agent_version} boot={h.boot_id} state={h.state_id} "
-                  f"key={n.public_key.hex()[:16]} kinds={','.join(h.kinds)}")
+                  f"key={n.public_key.hex()[:16]} kinds={','.join(h.kinds)}"
+                  + (f" boot {verdict}" if verdict is not None else ""))
     elif cmd == "send" and len(rest) in (3, 4):
         timeout = int(rest[3]) if len(rest) == 4 else 0
         print(gw.send(rest[0], rest[1], rest[2], timeout_seconds=timeout))
