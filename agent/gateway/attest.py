@@ -314,14 +314,20 @@ class Verifier:
             return Verdict(Status.REFUSED, e.check, e.reason)
 
     def verify(self, challenge: Challenge, evidence: Evidence | str, *, boot_id: str,
-               node_public: bytes) -> Verdict:
-        """The verdict on a node's answer (``evidence``, or the reason its TPM gave none)."""
+               node_public: bytes, role: str = "ramdisk") -> Verdict:
+        """The verdict on a node's answer (``evidence``, or the reason its TPM gave none).
+
+        Only the ramdisk is a build the policy lists: an installed system (``role`` node) whose
+        boot chain is no ramdisk build is unattested, not refused; its firmware is still judged."""
         try:
             with self._verifying:
                 return self._verify(challenge, evidence, boot_id, node_public)
         except Refused as e:
             verdict = Verdict(Status.REFUSED, e.check, e.reason)
         except PolicyFailed as e:
+            if e.check == "policy_pcr4" and role != "ramdisk":
+                return Verdict(Status.UNATTESTED, reason=f"a {role} boot: its boot chain is no ramdisk "
+                               f"build, and an installed system is not one the policy lists ({e.reason})")
             verdict = Verdict(Status.REFUSED, e.check, e.reason)
         except Exception as e:  # fails closed: a surprise is a refusal, with what it was
             log.exception("attestation of %s: the verifier failed", challenge.node_id)

@@ -31,6 +31,7 @@ MAX_NODES = 100_000
 class Join:
     boot_id: str
     public_key: bytes
+    role: str = "ramdisk"
     challenge: Challenge | None = None
     verdict: Verdict | None = None
 
@@ -50,7 +51,7 @@ class JoinAttestation:
 
     def on_hello(self, node_id: str, hello: session_pb2.Hello) -> session_pb2.Frame:
         """The frame to send after the Welcome: a challenge, or the verdict already reached."""
-        join = Join(hello.boot_id, bytes(hello.public_key))
+        join = Join(hello.boot_id, bytes(hello.public_key), hello.role or "ramdisk")
         tpm = hello.tpm
         if not hello.HasField("tpm"):
             join.verdict = Verdict(Status.UNATTESTED, reason="the agent presents no TPM (an agent "
@@ -88,7 +89,7 @@ class JoinAttestation:
         else:
             evidence = answer.error or evidence_from(answer)
             verdict = self.verifier.verify(join.challenge, evidence, boot_id=join.boot_id,
-                                           node_public=join.public_key)
+                                           node_public=join.public_key, role=join.role)
             join.verdict = verdict
         self._decided(node_id, verdict)
         return session_pb2.Frame(attest_verdict=verdict_message(verdict))

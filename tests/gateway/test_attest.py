@@ -356,3 +356,15 @@ def test_pcr11_that_no_build_explains(sim: SimTpm, tmp_path: Path, verifier: Ver
     node = Node(sim, tmp_path)
     node.boot([*UEFI_BOOT, ev(11, Ev.IPL, b".linux\0")])  # a stub the build does not have
     refused(node.join(verifier), "policy_pcr11")
+
+
+def test_an_installed_systems_boot_is_unattested_not_refused(sim: SimTpm, tmp_path: Path,
+                                                            verifier: Verifier) -> None:
+    node = Node(sim, tmp_path)
+    node.boot([e if e[2] != RAMDISK else ev(4, Ev.EFI_BOOT_SERVICES_APPLICATION, image(), h(b"grubx64.efi"))
+               for e in UEFI_BOOT])
+    ch = verifier.challenge(node.node_id, node.identity())
+    verdict = verifier.verify(ch, node.answer(ch), boot_id=node.boot_id, node_public=NODE_KEY, role="node")
+    assert verdict.status is Status.UNATTESTED and "node boot" in verdict.reason, verdict
+    ch = verifier.challenge(node.node_id, node.identity())  # the same boot claiming to be a ramdisk
+    refused(verifier.verify(ch, node.answer(ch), boot_id=node.boot_id, node_public=NODE_KEY), "policy_pcr4")
