@@ -126,17 +126,46 @@ def kdfa(key: bytes, label: bytes, context_u: bytes, context_v: bytes, bits: int
     return out[:bits // 8]
 
 
-def ek_rsa_key(ek_public: bytes) -> rsa.RSAPublicKey:
+def kdfe(z: bytes, label: bytes, party_u: bytes, party_v: bytes, bits: int) -> bytes:
+    """KDFe with SHA-256 (Part 1, 11.4.10.3): the seed from an ECDH shared secret's x."""
+    out = b""
+    counter = 0
+    while len(out) * 8 < bits:
+        counter += 1
+        out += hashlib.sha256(struct.pack(">I", counter) + z + label + party_u + party_v).digest()
+    return out[:bits // 8]
+
+
+def ek_key(ek_public: bytes) -> rsa.RSAPublicKey | ec.EllipticCurvePublicKey:
+    """The EK's public key: RSA 2048 (template L-1) or NIST P-256 (L-2)."""
     fields = tpmwire.parse_public(ek_public)
+    if fields.type == tpmwire.Alg.ECC:
+        r = tpmwire.Reader(fields.unique, "the EK's point")
+        x, y = r.b2(), r.b2()
+        return ec.EllipticCurvePublicNumbers(int.from_bytes(x, "big"), int.from_bytes(y, "big"),
+                                             ec.SECP256R1()).public_key()
     return rsa.RSAPublicNumbers(65537, int.from_bytes(fields.unique, "big")).public_key()
 
 
+def _seed(ek_public: bytes) -> tuple[bytes, bytes]:
+    """(seed, the EK-protected form of it: TPM2B_ENCRYPTED_SECRET contents) for the "IDENTITY"
+    use: RSA-OAEP with that label, or an ephemeral ECDH key whose point goes with it."""
+    key = ek_key(ek_public)
+    if isinstance(key, rsa.RSAPublicKey):
+        seed = os.urandom(32)
+        label = b"IDENTITY\0"
+        return seed, key.encrypt(seed, padding.OAEP(padding.MGF1(hashes.SHA256()), hashes.SHA256(), label))
+    ephemeral = ec.generate_private_key(ec.SECP256R1())
+    z = ephemeral.exchange(ec.ECDH(), key)
+    mine, theirs = ephemeral.public_key().public_numbers(), key.public_numbers()
+    mx, my, tx = (v.to_bytes(32, "big") for v in (mine.x, mine.y, theirs.x))
+    return kdfe(z, b"IDENTITY\0", mx, tx, 256), tpmwire.b2(mx) + tpmwire.b2(my)
+
+
 def make_credential(ek_public: bytes, ak_name: bytes, secret: bytes) -> tuple[bytes, bytes]:
-    """(TPM2B_ID_OBJECT contents, TPM2B_ENCRYPTED_SECRET contents) for an RSA EK of the default
+    """(TPM2B_ID_OBJECT contents, TPM2B_ENCRYPTED_SECRET contents) for an EK of a default
     template (SHA-256 name algorithm, AES-128-CFB): what TPM2_MakeCredential computes."""
-    seed = os.urandom(32)
-    encrypted_seed = ek_rsa_key(ek_public).encrypt(
-        seed, padding.OAEP(padding.MGF1(hashes.SHA256()), hashes.SHA256(), b"IDENTITY\0"))
+    seed, encrypted_seed = _seed(ek_public)
     sym_key = kdfa(seed, b"STORAGE", ak_name, b"", 128)
     encryptor = Cipher(algorithms.AES(sym_key), CFB(bytes(16))).encryptor()
     enc_identity = encryptor.update(tpmwire.b2(secret)) + encryptor.finalize()
@@ -161,15 +190,18 @@ def qualified_name_of_primary(hierarchy: int, name: bytes) -> bytes:
 
 
 def check_ek_public(ek_public: bytes) -> None:
-    want = tpmwire.parse_public(tpmwire.EK_RSA_TEMPLATE)
     try:
         got = tpmwire.parse_public(ek_public)
-    except AgentError as e:
-        raise Refused("ek_public", f"the EK's public area does not parse: {e}") from e
-    if (got.type, got.name_alg, got.attributes, got.auth_policy, got.parameters) != \
-            (want.type, want.name_alg, want.attributes, want.auth_policy, want.parameters) \
-            or len(got.unique) != 256:
-        raise Refused("ek_public", "the EK is not a key of the TCG default RSA 2048 EK template")
+        ek_key(ek_public)
+    except (AgentError, ValueError) as e:
+        raise Refused("ek_public", f"the EK's public area is not a usable key: {e}") from e
+    for template, unique in ((tpmwire.EK_RSA_TEMPLATE, 256), (tpmwire.EK_ECC_TEMPLATE, 2 * (2 + 32))):
+        want = tpmwire.parse_public(template)
+        if (got.type, got.name_alg, got.attributes, got.auth_policy, got.parameters) == \
+                (want.type, want.name_alg, want.attributes, want.auth_policy, want.parameters) \
+                and len(got.unique) == unique:
+            return
+    raise Refused("ek_public", "the EK is not a key of a TCG default EK template (RSA 2048, NIST P-256)")
 
 
 def check_ak_public(ak_public: bytes) -> AkKey:
@@ -230,9 +262,7 @@ def check_ek_certificate(der: bytes, ek_public: bytes, roots: list[x509.Certific
         cert = x509.load_der_x509_certificate(der)
     except ValueError as e:
         raise Refused("ek_certificate", f"the EK certificate does not parse: {e}") from e
-    key = cert.public_key()
-    modulus = ek_rsa_key(ek_public).public_numbers().n
-    if not isinstance(key, rsa.RSAPublicKey) or key.public_numbers().n != modulus:
+    if cert.public_key() != ek_key(ek_public):
         raise Refused("ek_certificate", "the EK certificate is for another key than the EK")
     current = cert
     for _ in range(8):

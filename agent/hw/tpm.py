@@ -44,7 +44,9 @@ RH_NULL = 0x40000007
 RH_ENDORSEMENT = 0x4000000B
 
 EK_HANDLE = 0x81010001  # where the TCG's provisioning guidance persists the RSA EK
+EK_ECC_HANDLE = 0x81010002  # ... and the ECC P-256 EK
 EK_CERT_RSA_INDEX = 0x01C00002  # the RSA 2048 EK certificate (TCG EK Credential Profile)
+EK_CERT_ECC_INDEX = 0x01C0000A  # the ECC NIST P-256 EK certificate
 
 
 class Alg(enum.IntEnum):
@@ -274,14 +276,20 @@ def rsa_template(attrs: int, *, policy: bytes = b"", restricted_decrypt: bool = 
             + u16(2048) + u32(0) + b2(bytes(unique_size)))
 
 
-def ecc_template(attrs: int, *, scheme: int = Alg.ECDSA) -> bytes:
-    """A TPMT_PUBLIC for an unrestricted-symmetric NIST P-256 signing key."""
-    return (u16(Alg.ECC) + u16(Alg.SHA256) + u32(attrs) + b2(b"") + u16(Alg.NULL)
-            + u16(scheme) + u16(Alg.SHA256) + u16(0x0003) + u16(Alg.NULL) + b2(b"") + b2(b""))
+def ecc_template(attrs: int, *, policy: bytes = b"", restricted_decrypt: bool = False,
+                 scheme: int = Alg.ECDSA, unique_size: int = 0) -> bytes:
+    """A TPMT_PUBLIC for a NIST P-256 key."""
+    symmetric = u16(Alg.AES) + u16(128) + u16(Alg.CFB) if restricted_decrypt else u16(Alg.NULL)
+    scheme_part = u16(scheme) + (u16(Alg.SHA256) if scheme != Alg.NULL else b"")
+    return (u16(Alg.ECC) + u16(Alg.SHA256) + u32(attrs) + b2(policy) + symmetric + scheme_part
+            + u16(0x0003) + u16(Alg.NULL) + b2(bytes(unique_size)) + b2(bytes(unique_size)))
 
 
 # The TCG EK Credential Profile's default RSA 2048 template (L-1): its unique is 256 zeros.
 EK_RSA_TEMPLATE = rsa_template(EK_ATTRS, policy=EK_POLICY, restricted_decrypt=True, unique_size=256)
+# ... and its ECC NIST P-256 template (L-2): x and y of 32 zeros each.
+EK_ECC_TEMPLATE = ecc_template(EK_ATTRS, policy=EK_POLICY, restricted_decrypt=True, scheme=Alg.NULL,
+                               unique_size=32)
 # The attestation key: a restricted ECDSA P-256 signing key, primary in the endorsement hierarchy.
 AK_TEMPLATE = ecc_template(AK_ATTRS)
 

@@ -93,8 +93,9 @@ class Attestor:
     """The machine's TPM, opened once per join, or the fact that there is none."""
 
     def __init__(self, opener: Callable[[], tpmwire.Tpm | None] = tpmwire.open_default,
-                 event_log: Path = EVENT_LOG, dmi: Path = DMI) -> None:
+                 event_log: Path = EVENT_LOG, dmi: Path = DMI, ek: str = "auto") -> None:
         self._opener = opener
+        self._ek_kind = ek  # "auto" (the certified one, RSA first), "rsa" or "ecc"
         self._event_log = event_log
         self._dmi = dmi
         self._tpm: tpmwire.Tpm | None = None
@@ -173,22 +174,34 @@ class Attestor:
             raise TpmFailed(self.absent or "no TPM")
         return self._tpm
 
-    def _load_ek(self, tpm: tpmwire.Tpm) -> tpmwire.Public:
-        """The RSA EK: persisted at 0x81010001 where it matches the default template, else made
-        from the template (the same key: a primary key is a function of the seed and template)."""
-        want = tpmwire.parse_public(tpmwire.EK_RSA_TEMPLATE)
+    def _load_ek(self, tpm: tpmwire.Tpm) -> tuple[tpmwire.Public, bytes]:
+        """The EK and its certificate: the RSA 2048 one where NV holds its certificate (or where
+        NV holds none, for an EK pinned at the gateway), else the ECC P-256 one with its."""
+        cert, template, handle = b"", tpmwire.EK_RSA_TEMPLATE, tpmwire.EK_HANDLE
+        for index, tmpl, hdl in ((tpmwire.EK_CERT_RSA_INDEX, tpmwire.EK_RSA_TEMPLATE, tpmwire.EK_HANDLE),
+                                 (tpmwire.EK_CERT_ECC_INDEX, tpmwire.EK_ECC_TEMPLATE, tpmwire.EK_ECC_HANDLE)):
+            if self._ek_kind in ("auto", "rsa" if hdl == tpmwire.EK_HANDLE else "ecc"):
+                size = tpm.nv_size(index)
+                if size or self._ek_kind != "auto":
+                    cert, template, handle = (tpm.nv_read(index, size) if size else b""), tmpl, hdl
+                    break
+        return self._ek_from(tpm, template, handle), _der_only(cert)
+
+    def _ek_from(self, tpm: tpmwire.Tpm, template: bytes, handle: int) -> tpmwire.Public:
+        """Persisted at ``handle`` where it matches the default template, else made from the
+        template (the same key: a primary key is a function of the seed and the template)."""
+        want = tpmwire.parse_public(template)
         try:
-            persisted = tpm.read_public(tpmwire.EK_HANDLE)
+            persisted = tpm.read_public(handle)
             got = tpmwire.parse_public(persisted.area)
             if (got.type, got.attributes, got.auth_policy, got.parameters) == \
                     (want.type, want.attributes, want.auth_policy, want.parameters):
                 return persisted
-            log.info("the key at %#x is not the default EK; making the EK from its template",
-                     tpmwire.EK_HANDLE)
+            log.info("the key at %#x is not the default EK; making the EK from its template", handle)
         except TpmFailed as e:
             if not e.details.get("rc_name", "").startswith("TPM_RC_HANDLE"):
                 raise
-        return tpm.create_primary(tpmwire.RH_ENDORSEMENT, tpmwire.EK_RSA_TEMPLATE)
+        return tpm.create_primary(tpmwire.RH_ENDORSEMENT, template)
 
     def identity(self) -> Identity:
         with self._lock:
@@ -198,16 +211,13 @@ class Attestor:
 
     def _read_identity(self) -> Identity:
         tpm = self._need()
-        if self._ek is None:
-            self._ek = self._load_ek(tpm)
+        self._ek, cert = self._load_ek(tpm)
         if self._ak is None:
             self._ak = tpm.create_primary(tpmwire.RH_ENDORSEMENT, tpmwire.AK_TEMPLATE)
-        size = tpm.nv_size(tpmwire.EK_CERT_RSA_INDEX)
-        cert = tpm.nv_read(tpmwire.EK_CERT_RSA_INDEX, size) if size else b""
         props = tpm.properties()
         fw1, fw2 = props.get(0x10B, 0), props.get(0x10C, 0)
         return Identity(
-            ek_public=self._ek.area, ek_certificate=_der_only(cert), ak_public=self._ak.area,
+            ek_public=self._ek.area, ek_certificate=cert, ak_public=self._ak.area,
             ak_name=self._ak.name, manufacturer=_text(props.get(0x105, 0)),
             firmware=f"{fw1 >> 16}.{fw1 & 0xFFFF}.{fw2:08x}",
             platform="|".join(sysfs.read(self._dmi / name).replace("|", "/")

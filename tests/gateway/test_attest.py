@@ -55,13 +55,15 @@ class Node:
         with self.sim.tpm() as tpm:
             (self.root / "log").write_bytes(measure(tpm, events))
 
+    ek: str = "auto"
+
     def attestor(self, tpm: tpmwire.Tpm) -> Attestor:
         dmi = self.root / "dmi"
         dmi.mkdir(parents=True, exist_ok=True)
         names = ("sys_vendor", "product_name", "bios_version")
         for name, value in zip(names, PROFILE.split("|"), strict=True):
             (dmi / name).write_text(value + "\n")
-        return Attestor(lambda: tpm, event_log=self.root / "log", dmi=dmi)
+        return Attestor(lambda: tpm, event_log=self.root / "log", dmi=dmi, ek=self.ek)
 
     def identity(self) -> Identity:
         with self.sim.tpm() as tpm:
@@ -368,3 +370,15 @@ def test_an_installed_systems_boot_is_unattested_not_refused(sim: SimTpm, tmp_pa
     assert verdict.status is Status.UNATTESTED and "node boot" in verdict.reason, verdict
     ch = verifier.challenge(node.node_id, node.identity())  # the same boot claiming to be a ramdisk
     refused(verifier.verify(ch, node.answer(ch), boot_id=node.boot_id, node_public=NODE_KEY), "policy_pcr4")
+
+
+def test_an_ecc_p256_ek(node: Node, verifier: Verifier) -> None:
+    """The ECC EK of the TCG template L-2 (swtpm certifies a P-384 one only, so it is pinned
+    here): MakeCredential by ECDH and KDFe, activated by the TPM."""
+    node.ek = "ecc"
+    ident = node.identity()
+    assert tpmwire.parse_public(ident.ek_public).type == tpmwire.Alg.ECC and not ident.ek_certificate
+    refused(_as_verdict(verifier.try_challenge(node.node_id, ident)), "ek_certificate")
+    verifier.pinned_ek[node.node_id] = hashlib.sha256(ident.ek_public).digest()
+    verdict = node.join(verifier)
+    assert verdict.attested, verdict

@@ -47,6 +47,8 @@ def test_templates_parse_as_what_they_say() -> None:
     ek = w.parse_public(w.EK_RSA_TEMPLATE)
     assert ek.type == w.Alg.RSA and ek.attributes == 0x000300B2 and ek.auth_policy == w.EK_POLICY
     assert ek.unique == bytes(256)
+    ecc = w.parse_public(w.EK_ECC_TEMPLATE)
+    assert ecc.type == w.Alg.ECC and ecc.attributes == 0x000300B2 and ecc.unique == w.b2(bytes(32)) * 2
     ak = w.parse_public(w.AK_TEMPLATE)
     assert ak.type == w.Alg.ECC and ak.attributes & w.Attr.RESTRICTED and ak.attributes & w.Attr.SIGN
     assert not ak.attributes & w.Attr.DECRYPT
