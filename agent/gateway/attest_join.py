@@ -81,11 +81,11 @@ class JoinAttestation:
     def on_answer(self, node_id: str, answer: session_pb2.AttestAnswer) -> session_pb2.Frame:
         with self._lock:
             join = self._joins.get(node_id)
-        if join is None or join.challenge is None or join.challenge.nonce != answer.nonce \
-                or join.verdict is not None:
+        if join is None or join.challenge is None or join.challenge.nonce != answer.nonce:
             verdict = Verdict(Status.REFUSED, "nonce_reused", "an answer to no challenge of this session")
-            if join is not None and join.challenge is not None and join.verdict is None:
-                join.verdict = verdict  # the session's one challenge is spent
+        elif join.verdict is not None:  # the same challenge answered again: the boot is not trusted
+            verdict = join.verdict = Verdict(Status.REFUSED, "nonce_reused",
+                                             "this session's challenge was answered twice")
         else:
             evidence = answer.error or evidence_from(answer)
             verdict = self.verifier.verify(join.challenge, evidence, boot_id=join.boot_id,

@@ -403,7 +403,11 @@ class Gateway:
             return
         what = frame.WhichOneof("msg")
         if what == "attest_answer" and self.attestation is not None:  # attestation, off the lock
-            channel.send(self.attestation.on_answer(node_id, frame.attest_answer))
+            with self._cond:
+                node = self.nodes.get(node_id)
+                current = node is not None and node.channel is channel
+            if current:  # an answer on a session already replaced answers nothing
+                channel.send(self.attestation.on_answer(node_id, frame.attest_answer))
             return
         with self._cond:
             node = self.nodes.get(node_id)
