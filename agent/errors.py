@@ -46,6 +46,7 @@ class Reason(enum.StrEnum):
     TIMEOUT = "timeout"
     CANCELLED = "cancelled"
     INTERRUPTED = "interrupted"  # agent died while a non-retry-safe command ran
+    TPM_ERROR = "tpm_error"  # the TPM refused a command; details name its response code
     INTERNAL = "internal"
 
 
@@ -167,3 +168,9 @@ class MissingDependency(AgentError):
     """A Python dependency or a native library cannot be imported."""
 
     reason = Reason.TOOL_MISSING
+
+
+class TpmFailed(AgentError):
+    """The TPM answered a command with an error; ``rc`` and ``rc_name`` in the details."""
+
+    reason = Reason.TPM_ERROR

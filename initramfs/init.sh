@@ -18,6 +18,8 @@ mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev 2>/dev/null
 mount -t tmpfs -o mode=0755,nosuid,nodev run /run
 mount -t tmpfs -o mode=1777,nosuid,nodev tmp /tmp
+# The firmware's TPM event log (attestation, docs/attestation.md): only where there is a TPM.
+[ -e /sys/class/tpm/tpm0 ] && mount -t securityfs securityfs /sys/kernel/security
 exec </dev/console >/dev/console 2>&1
 
 read -r CMDLINE </proc/cmdline

@@ -21,7 +21,9 @@ TCG by default (BC_QEMU_KVM=1 uses KVM where /dev/kvm works). Takes a few minute
 
 ``--uefi`` and ``--arch arm64`` run that former sequence. ``--uefi``: the machine boots OVMF
 (UEFI) and PXE is done by the EFI build of the iPXE ROM; the node image carries an EFI system
-partition (systemd-boot) too. ``--arch arm64``: an arm64
+partition (systemd-boot) too; before the node's life, two more machines show attestation
+(qemu/attestdemo.py, docs/attestation.md): the ramdisk as a UKI on a machine with a TPM (swtpm),
+attested, and the same with one byte changed in its initramfs, refused. ``--arch arm64``: an arm64
 node (``-M virt``, UEFI firmware, Debian's arm64 ramdisk; its PXE loads GRUB, which fetches
 the ramdisk over HTTP), without the fake NVML library (built for x86 only).
 """
@@ -107,7 +109,8 @@ def install_packages(arch: str = "amd64", uefi: bool = False, extra: Sequence[st
     if arch != "amd64":
         tools.update({"qemu-aarch64-static": "qemu-user-static", "grub-mkimage": "grub-common"})
     if uefi:
-        tools.update({"mkfs.vfat": "dosfstools", "mcopy": "mtools"})
+        tools.update({"mkfs.vfat": "dosfstools", "mcopy": "mtools", "objcopy": "binutils",
+                      "swtpm": "swtpm", "swtpm_setup": "swtpm-tools"})  # the UKI, the TPM
     missing = sorted({pkg for tool, pkg in tools.items() if shutil.which(tool) is None})
     missing += extra
     if (uefi or plat.always_uefi) and not Path(plat.uefi_firmware).is_file():
@@ -217,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         tl.say(f"node image built: {mib(image.raw.stat().st_size)} GPT disk, "
                f"{'an EFI system partition with systemd-boot, ' if image.esp else ''}ext4 root with kernel, "
                f"initramfs and the node agent ({mib(image.zst.stat().st_size)} as node.img.zst)")
+        if args.uefi and args.arch == "amd64":  # attestation: a UKI on a machine with a TPM; a tampered one
+            from qemu import attestdemo
+
+            attestdemo.run(lab, args.workdir, tl.say)
         last_step: dict[str, int] = {}
 
         def on_event(ev, rec) -> None:  # type: ignore[no-untyped-def]  # the gateway's listener

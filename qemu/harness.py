@@ -148,6 +148,13 @@ class MachineSpec:
     # drive "cdrom<i>"); with ``media_boot`` the firmware boots the first one.
     media: Sequence[str] = ()
     media_boot: bool = False
+    # Attestation (docs/attestation.md): a TPM 2.0 on the machine, served by swtpm on this
+    # control socket (qemu/tpm.py); and a folder the firmware boots as a FAT disk (a UKI at
+    # EFI/BOOT/BOOTX64.EFI), instead of -kernel.
+    tpm: Path | None = None
+    esp: Path | None = None
+    # Another UEFI build on pflash instead of -bios: (code, a writable copy of its variables).
+    pflash: tuple[Path, Path] | None = None
 
     @property
     def platform(self) -> Platform:
@@ -320,7 +327,10 @@ class Machine:
             argv += ["-device", "virtio-serial-pci", "-device", "virtconsole,chardev=sh0"]
         else:
             argv += ["-serial", "chardev:sh0"]
-        if spec.firmware is not None:
+        if spec.pflash is not None:
+            argv += ["-drive", f"if=pflash,format=raw,readonly=on,file={spec.pflash[0]}",
+                     "-drive", f"if=pflash,format=raw,file={spec.pflash[1]}"]
+        elif spec.firmware is not None:
             argv += ["-bios", spec.firmware]
         argv += [
             "-netdev", netdev,
@@ -367,7 +377,16 @@ class Machine:
                 boot = ",bootindex=1" if spec.media_boot and i == 0 else ""
                 argv += ["-drive", f"if=none,id=cd{i},media=cdrom,readonly=on{medium}",
                          "-device", f"scsi-cd,bus=scsi0.0,drive=cd{i},id=cdrom{i}{boot}"]
-        if not spec.pxe and not spec.disk_boot and not spec.media_boot:
+        if spec.tpm is not None:
+            device = "tpm-tis" if spec.arch == "amd64" else "tpm-tis-device"
+            argv += ["-chardev", f"socket,id=chrtpm,path={spec.tpm}",
+                     "-tpmdev", "emulator,id=tpm0,chardev=chrtpm", "-device", f"{device},tpmdev=tpm0"]
+        if spec.esp is not None:
+            if "," in str(spec.esp):
+                raise ValueError(f"an ESP folder with a comma (QEMU's option separator): {spec.esp}")
+            argv += ["-drive", f"if=none,id=esp,format=raw,readonly=on,file=fat:{spec.esp}",
+                     "-device", "virtio-blk-pci,drive=esp,bootindex=1"]
+        if not spec.pxe and not spec.disk_boot and not spec.media_boot and spec.esp is None:
             argv += ["-kernel", str(spec.kernel), "-initrd", str(spec.initrd), "-append", spec.append]
         return argv
 

@@ -20,6 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agent.gateway import Gateway
 from agent.gateway.certs import DevPki, make_dev_pki
@@ -159,6 +160,21 @@ class Lab:
             entries.append(cpio.file(path, data, 0o755 if path.endswith((".so", ".so.1")) else 0o644))
         return ramdisk.compress(cpio.archive(entries), 3)
 
+    def uki(self, node_id: str, *, test: bool = True,
+            files: Mapping[str, bytes] | None = None) -> tuple[Path, dict[str, Any]]:
+        """The node's ramdisk as a UKI (initramfs/uki.py) in a folder the firmware boots as its
+        ESP (``boot(esp=...)``), and the UKI's reference values (docs/attestation.md)."""
+        from initramfs import uki
+
+        esp = self.workdir / f"{node_id}-esp"
+        (esp / "EFI" / "BOOT").mkdir(parents=True, exist_ok=True)
+        initrd = self.initrd(node_id, self.overlay(test=test, files=files))
+        append = kernel_args(PLATFORMS[self.ramdisk.arch].console, **self.settings(node_id))
+        name = "BOOTX64.EFI" if self.ramdisk.arch == "amd64" else "BOOTAA64.EFI"
+        image = esp / "EFI" / "BOOT" / name
+        uki.build(uki.STUBS[self.ramdisk.arch], self.ramdisk.kernel, initrd, append, image)
+        return esp, uki.reference_values(image, build_id=f"{node_id}-uki")
+
     def initrd(self, name: str, overlay: bytes) -> Path:
         path = self.workdir / f"{name}-initrd.img"
         path.write_bytes(self.ramdisk.base.read_bytes() + overlay)
@@ -182,6 +198,9 @@ class Lab:
         disk_boot: bool = False,
         nics: Sequence[ExtraNic] = (),
         media: Sequence[str] = (),
+        tpm: Path | None = None,
+        esp: Path | None = None,
+        pflash: tuple[Path, Path] | None = None,
     ) -> Machine:
         """Start a ramdisk node (returns at once; wait with gateway.wait_node). ``kernel``,
         ``initrd`` and ``append`` boot something else (an installed node's kernel);
@@ -198,7 +217,8 @@ class Lab:
                            append=append, disks=tuple(disks), forwards=forwards,
                            kvm=kvm_wanted() and ramdisk.ARCHES[arch].native(), pxe=pxe, name=node_id,
                            memory_mb=memory_mb, arch=arch, uefi=uefi, disk_boot=disk_boot,
-                           nics=tuple(nics), media=tuple(media), media_boot=bool(media))
+                           nics=tuple(nics), media=tuple(media), media_boot=bool(media),
+                           tpm=tpm, esp=esp, pflash=pflash)
         machine = Machine(spec)
         self.machines.append(machine)
         return machine.start()

@@ -26,7 +26,10 @@ from pathlib import Path
 
 from google.protobuf import json_format
 
-from agent.errors import AgentError
+from agent.errors import AgentError, InvalidParameters
+from agent.gateway.attest import Verifier, load_certificates
+from agent.gateway.attest_join import JoinAttestation
+from agent.gateway.attest_policy import Policy
 from agent.gateway.certs import DevPki, make_dev_pki
 from agent.gateway.server import CommandRecord, CommandRejected, Event, Gateway, build_command
 from agent.progressbar import ProgressBar
@@ -59,6 +62,14 @@ def _gateway_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heartbeat", type=float, default=5.0, metavar="SECONDS",
                    help="heartbeat interval asked of agents; a session silent for 3 intervals is "
                    "dropped (default: %(default)g)")
+    p.add_argument("--attest-policy", type=Path, metavar="JSON",
+                   help="attest every join against this policy file (docs/attestation.md); "
+                   "without it the gateway does not challenge TPMs")
+    p.add_argument("--ek-ca", action="append", default=[], type=Path, metavar="PEM",
+                   help="a TPM vendor's EK CA (root or intermediate) the EK certificates chain to "
+                   "(repeatable)")
+    p.add_argument("--pin-ek", action="append", default=[], metavar="NODE=SHA256",
+                   help="the SHA-256 of a node's EK public area, trusted without a certificate (repeatable)")
 
 
 def _make_gateway(args: argparse.Namespace) -> Gateway:
@@ -72,7 +83,26 @@ def _make_gateway(args: argparse.Namespace) -> Gateway:
     tokens = dict(t.partition("=")[::2] for t in args.token)
     host, port = _listen(args.listen)
     return Gateway(cert=cert, key=key, client_ca=client_ca, signing_key=signing, tokens=tokens,
-                   host=host, port=port, heartbeat_seconds=args.heartbeat)
+                   host=host, port=port, heartbeat_seconds=args.heartbeat, attestation=_attestation(args))
+
+
+def _attestation(args: argparse.Namespace) -> JoinAttestation | None:
+    if args.attest_policy is None:
+        if args.ek_ca or args.pin_ek:
+            raise InvalidParameters("--ek-ca and --pin-ek need --attest-policy")
+        return None
+    pinned = {}
+    for item in args.pin_ek:
+        node, _, digest = item.partition("=")
+        try:
+            pinned[node] = bytes.fromhex(digest)
+        except ValueError:
+            pinned[node] = b""
+        if not node or len(pinned[node]) != 32:
+            raise InvalidParameters(f"--pin-ek {item!r}: expected NODE=<64 hex digits>")
+    verifier = Verifier(Policy.load(args.attest_policy), ek_roots=load_certificates(args.ek_ca),
+                        pinned_ek=pinned)
+    return JoinAttestation(verifier)
 
 
 def _record_json(rec: CommandRecord, gw: Gateway) -> dict[str, object]:
@@ -89,6 +119,9 @@ def _record_json(rec: CommandRecord, gw: Gateway) -> dict[str, object]:
             out["details"] = dict(body.details)
         if msg is not None:
             out["result"] = json_format.MessageToDict(msg, preserving_proto_field_name=True)
+        if rec.catalog_kind is not None and rec.catalog_kind.attested and gw.attestation is not None:
+            gw.attestation.wait_verdict(rec.node_id, 30.0)
+            out["verified"], out["verified_why"] = gw.verified(rec.command_id)
     return out
 
 
@@ -193,8 +226,10 @@ def _console(gw: Gateway, words: list[str]) -> bool:
         for n in gw.node_list():
             h = n.hello
             state = "connected" if n.connected else "gone"
+            verdict = gw.attestation.verdict(n.node_id) if gw.attestation is not None else None
             print(f"{n.node_id} {state} {h.role} {h.agent_version} boot={h.boot_id} state={h.state_id} "
-                  f"key={n.public_key.hex()[:16]} kinds={','.join(h.kinds)}")
+                  f"key={n.public_key.hex()[:16]} kinds={','.join(h.kinds)}"
+                  + (f" boot {verdict}" if verdict is not None else ""))
     elif cmd == "send" and len(rest) in (3, 4):
         timeout = int(rest[3]) if len(rest) == 4 else 0
         print(gw.send(rest[0], rest[1], rest[2], timeout_seconds=timeout))

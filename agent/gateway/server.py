@@ -23,6 +23,7 @@ from google.protobuf.message import DecodeError, Message
 from agent import catalog, schema
 from agent.errors import AgentError, InvalidParameters, Untrusted
 from agent.gateway import certs
+from agent.gateway.attest_join import JoinAttestation
 from agent.link import wire
 from agent.proto import session_pb2
 from agent.security.trust import SigningKey, verify_result
@@ -93,6 +94,7 @@ class CommandRecord:
     body: session_pb2.CommandBody | None = None  # built here: bound (and signed) at delivery
     sign_body: bool = False               # ... and signed with the gateway's key
     timeout_seconds: int = 0              # as the command asked (0: the kind's)
+    result_key: bytes = b""               # attested kinds: the node key that signed the result
     done: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -154,6 +156,7 @@ class Gateway:
         max_frame_bytes: int = wire.MAX_FRAME_BYTES,
         gateway_id: str = "reference-gateway",
         handshake_seconds: float = 10.0,
+        attestation: JoinAttestation | None = None,
     ) -> None:
         self._ssl = certs.server_context(cert, key, client_ca)
         if isinstance(signing_key, SigningKey) or signing_key is None:
@@ -167,6 +170,9 @@ class Gateway:
         self.max_frame_bytes = max_frame_bytes
         self.gateway_id = gateway_id
         self.handshake_seconds = handshake_seconds
+        self.attestation = attestation  # attestation at every join (docs/attestation.md)
+        if attestation is not None and attestation.on_verdict is None:
+            attestation.on_verdict = lambda node, v: self._event(f"attest_{v.status}", node, detail=str(v))
         self.nodes: dict[str, NodeRecord] = {}
         self.commands: dict[str, CommandRecord] = {}
         self.orphan_results: list[session_pb2.ResultBody] = []  # results for ids it never sent
@@ -317,6 +323,8 @@ class Gateway:
             channel.start()
             self._process_hello(node, hello)
             self._cond.notify_all()
+        if self.attestation is not None:  # attestation: challenge the node's TPM, off the lock
+            channel.send(self.attestation.on_hello(node_id, hello))
 
     def _authenticate(self, tls: ssl.SSLSocket, hello: session_pb2.Hello) -> str:
         if not hello.node_id:
@@ -394,6 +402,13 @@ class Gateway:
             channel.abort("fault_injected")
             return
         what = frame.WhichOneof("msg")
+        if what == "attest_answer" and self.attestation is not None:  # attestation, off the lock
+            with self._cond:
+                node = self.nodes.get(node_id)
+                current = node is not None and node.channel is channel
+            if current:  # an answer on a session already replaced answers nothing
+                channel.send(self.attestation.on_answer(node_id, frame.attest_answer))
+            return
         with self._cond:
             node = self.nodes.get(node_id)
             if node is None or node.channel is not channel:
@@ -470,6 +485,8 @@ class Gateway:
                 # Not acknowledged and nothing marked: a forged result changes nothing.
                 self._event("result_rejected", node.node_id, cid, f"{exc.reason}: {exc}")
                 return
+            if rec is not None:
+                rec.result_key = node.public_key
         status = session_pb2.Status.Name(body.status)
         self._ack(node, cid)
         if rec is None:
@@ -730,6 +747,15 @@ class Gateway:
             return body, None
         assert rec.result is not None
         return rec.result, rec.result_message
+
+    def verified(self, command_id: str) -> tuple[bool, str]:
+        """An attested kind's result is verified only when its signature verified (it was
+        accepted) and the boot that signed it attested: (verified, why)."""
+        with self._cond:
+            rec = self.commands.get(command_id)
+        if rec is None or rec.result is None or not rec.result_key or self.attestation is None:
+            return False, "no signed result of an attested kind, or a gateway that does not attest"
+        return self.attestation.vouches(rec.node_id, rec.result.boot_id, rec.result_key)
 
     def _last_detail(self, command_id: str) -> str:
         for ev in reversed(self.events):

@@ -258,6 +258,15 @@ class Session:
             # handled before the drain thread would get to run.
             self.agent.drain(timeout=0)
             threading.Thread(target=self._drain, args=(reason,), name="drain", daemon=True).start()
+        elif what == "attest_challenge":
+            # Attestation (docs/attestation.md): the TPM works off the reader's thread.
+            threading.Thread(target=self._attest, args=(frame.attest_challenge,), name="attest",
+                             daemon=True).start()
+        elif what == "attest_verdict":
+            v = frame.attest_verdict
+            said = f" ({v.check}): {v.reason}" if v.check else (f": {v.reason}" if v.reason else "")
+            matched = "".join(f" {k}={x}" for k, x in sorted(v.matched.items()))
+            log.info("the gateway's attestation verdict: %s%s%s", v.status, said, matched)
         elif what == "error":
             log.warning("gateway reports a protocol error: %s: %s", frame.error.code, frame.error.message)
             with self._lock:
@@ -277,6 +286,18 @@ class Session:
             if channel is not None:
                 channel.close(wire.UNEXPECTED_FRAME, error=wire.error_frame(
                     wire.UNEXPECTED_FRAME, f"an agent does not take {what} frames"))
+
+    def _attest(self, challenge: session_pb2.AttestChallenge) -> None:
+        attest = getattr(self.agent, "attest", None)
+        if attest is None:
+            answer = session_pb2.AttestAnswer(nonce=challenge.nonce, error="this agent does not attest")
+        else:
+            try:
+                answer = attest(challenge)
+            except Exception as exc:  # the gateway gets an answer, whatever went wrong
+                log.exception("attestation failed")
+                answer = session_pb2.AttestAnswer(nonce=challenge.nonce, error=f"{type(exc).__name__}: {exc}")
+        self._send(session_pb2.Frame(attest_answer=answer))
 
     def _submit(self, cmd: session_pb2.SignedCommand) -> session_pb2.Frame:
         try:

@@ -38,7 +38,7 @@ CANCELLED: Status
 INTERRUPTED: Status
 
 class Frame(_message.Message):
-    __slots__ = ("hello", "welcome", "command", "accept", "reject", "progress", "log", "result", "ack", "cancel", "heartbeat", "drain", "goodbye", "error")
+    __slots__ = ("hello", "welcome", "command", "accept", "reject", "progress", "log", "result", "ack", "cancel", "heartbeat", "drain", "goodbye", "error", "attest_challenge", "attest_answer", "attest_verdict")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,9 @@ class Frame(_message.Message):
     DRAIN_FIELD_NUMBER: _ClassVar[int]
     GOODBYE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    ATTEST_CHALLENGE_FIELD_NUMBER: _ClassVar[int]
+    ATTEST_ANSWER_FIELD_NUMBER: _ClassVar[int]
+    ATTEST_VERDICT_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     welcome: Welcome
     command: SignedCommand
@@ -67,10 +70,13 @@ class Frame(_message.Message):
     drain: Drain
     goodbye: Goodbye
     error: ProtocolError
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., command: _Optional[_Union[SignedCommand, _Mapping]] = ..., accept: _Optional[_Union[Accept, _Mapping]] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., log: _Optional[_Union[LogLine, _Mapping]] = ..., result: _Optional[_Union[SignedResult, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., error: _Optional[_Union[ProtocolError, _Mapping]] = ...) -> None: ...
+    attest_challenge: AttestChallenge
+    attest_answer: AttestAnswer
+    attest_verdict: AttestVerdict
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., command: _Optional[_Union[SignedCommand, _Mapping]] = ..., accept: _Optional[_Union[Accept, _Mapping]] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., log: _Optional[_Union[LogLine, _Mapping]] = ..., result: _Optional[_Union[SignedResult, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., error: _Optional[_Union[ProtocolError, _Mapping]] = ..., attest_challenge: _Optional[_Union[AttestChallenge, _Mapping]] = ..., attest_answer: _Optional[_Union[AttestAnswer, _Mapping]] = ..., attest_verdict: _Optional[_Union[AttestVerdict, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("protocol_version", "node_id", "role", "agent_version", "boot_id", "kinds", "public_key", "unacked_results", "completions", "in_flight", "enrollment_token", "agent_sha256", "state_id")
+    __slots__ = ("protocol_version", "node_id", "role", "agent_version", "boot_id", "kinds", "public_key", "unacked_results", "completions", "in_flight", "enrollment_token", "agent_sha256", "state_id", "tpm")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +90,7 @@ class Hello(_message.Message):
     ENROLLMENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     AGENT_SHA256_FIELD_NUMBER: _ClassVar[int]
     STATE_ID_FIELD_NUMBER: _ClassVar[int]
+    TPM_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     node_id: str
     role: str
@@ -97,7 +104,85 @@ class Hello(_message.Message):
     enrollment_token: str
     agent_sha256: str
     state_id: str
-    def __init__(self, protocol_version: _Optional[int] = ..., node_id: _Optional[str] = ..., role: _Optional[str] = ..., agent_version: _Optional[str] = ..., boot_id: _Optional[str] = ..., kinds: _Optional[_Iterable[str]] = ..., public_key: _Optional[bytes] = ..., unacked_results: _Optional[_Iterable[_Union[SignedResult, _Mapping]]] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., in_flight: _Optional[_Iterable[_Union[CommandStatus, _Mapping]]] = ..., enrollment_token: _Optional[str] = ..., agent_sha256: _Optional[str] = ..., state_id: _Optional[str] = ...) -> None: ...
+    tpm: TpmIdentity
+    def __init__(self, protocol_version: _Optional[int] = ..., node_id: _Optional[str] = ..., role: _Optional[str] = ..., agent_version: _Optional[str] = ..., boot_id: _Optional[str] = ..., kinds: _Optional[_Iterable[str]] = ..., public_key: _Optional[bytes] = ..., unacked_results: _Optional[_Iterable[_Union[SignedResult, _Mapping]]] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., in_flight: _Optional[_Iterable[_Union[CommandStatus, _Mapping]]] = ..., enrollment_token: _Optional[str] = ..., agent_sha256: _Optional[str] = ..., state_id: _Optional[str] = ..., tpm: _Optional[_Union[TpmIdentity, _Mapping]] = ...) -> None: ...
+
+class TpmIdentity(_message.Message):
+    __slots__ = ("absent", "error", "ek_public", "ek_certificate", "ak_public", "ak_name", "manufacturer", "firmware", "platform")
+    ABSENT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    EK_PUBLIC_FIELD_NUMBER: _ClassVar[int]
+    EK_CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    AK_PUBLIC_FIELD_NUMBER: _ClassVar[int]
+    AK_NAME_FIELD_NUMBER: _ClassVar[int]
+    MANUFACTURER_FIELD_NUMBER: _ClassVar[int]
+    FIRMWARE_FIELD_NUMBER: _ClassVar[int]
+    PLATFORM_FIELD_NUMBER: _ClassVar[int]
+    absent: str
+    error: str
+    ek_public: bytes
+    ek_certificate: bytes
+    ak_public: bytes
+    ak_name: bytes
+    manufacturer: str
+    firmware: str
+    platform: str
+    def __init__(self, absent: _Optional[str] = ..., error: _Optional[str] = ..., ek_public: _Optional[bytes] = ..., ek_certificate: _Optional[bytes] = ..., ak_public: _Optional[bytes] = ..., ak_name: _Optional[bytes] = ..., manufacturer: _Optional[str] = ..., firmware: _Optional[str] = ..., platform: _Optional[str] = ...) -> None: ...
+
+class AttestChallenge(_message.Message):
+    __slots__ = ("nonce", "credential_blob", "encrypted_secret")
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_BLOB_FIELD_NUMBER: _ClassVar[int]
+    ENCRYPTED_SECRET_FIELD_NUMBER: _ClassVar[int]
+    nonce: bytes
+    credential_blob: bytes
+    encrypted_secret: bytes
+    def __init__(self, nonce: _Optional[bytes] = ..., credential_blob: _Optional[bytes] = ..., encrypted_secret: _Optional[bytes] = ...) -> None: ...
+
+class PcrValue(_message.Message):
+    __slots__ = ("index", "sha256")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    sha256: bytes
+    def __init__(self, index: _Optional[int] = ..., sha256: _Optional[bytes] = ...) -> None: ...
+
+class AttestAnswer(_message.Message):
+    __slots__ = ("nonce", "error", "activated", "quote", "signature", "pcrs", "event_log")
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ACTIVATED_FIELD_NUMBER: _ClassVar[int]
+    QUOTE_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    PCRS_FIELD_NUMBER: _ClassVar[int]
+    EVENT_LOG_FIELD_NUMBER: _ClassVar[int]
+    nonce: bytes
+    error: str
+    activated: bytes
+    quote: bytes
+    signature: bytes
+    pcrs: _containers.RepeatedCompositeFieldContainer[PcrValue]
+    event_log: bytes
+    def __init__(self, nonce: _Optional[bytes] = ..., error: _Optional[str] = ..., activated: _Optional[bytes] = ..., quote: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., pcrs: _Optional[_Iterable[_Union[PcrValue, _Mapping]]] = ..., event_log: _Optional[bytes] = ...) -> None: ...
+
+class AttestVerdict(_message.Message):
+    __slots__ = ("status", "check", "reason", "matched")
+    class MatchedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    CHECK_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MATCHED_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    check: str
+    reason: str
+    matched: _containers.ScalarMap[str, str]
+    def __init__(self, status: _Optional[str] = ..., check: _Optional[str] = ..., reason: _Optional[str] = ..., matched: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Completion(_message.Message):
     __slots__ = ("command_id", "kind", "ok", "old_boot_id", "new_boot_id", "old_version", "new_version", "reason", "message")

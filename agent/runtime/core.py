@@ -49,6 +49,7 @@ from agent.proto import session_pb2
 from agent.runtime import scheduler
 from agent.runtime.journal import DEFAULT_COMPACT_BYTES, Entry, Journal, Known, State
 from agent.runtime.streams import CommandLog, CommandStream, ThreadLogForwarder
+from agent.security.attest import Attestor, attestor_for
 from agent.security.trust import NodeKey, TrustStore, check_boot, decode_command_body
 
 if TYPE_CHECKING:
@@ -129,6 +130,7 @@ class Agent:
         workers: Mapping[catalog.Lane, int] | None = None,
         journal_compact_bytes: int = DEFAULT_COMPACT_BYTES,
         site: SiteServices | None = None,
+        attestor: Attestor | None = None,
     ) -> None:
         self.config = config
         self.site = site  # the site role's running services, handed to each command's context
@@ -143,6 +145,9 @@ class Agent:
         state_dir = Path(config.state_dir)
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.node_key = NodeKey.load_or_create(state_dir / "node.key")
+        # Attestation (docs/attestation.md): the TPM the Hello presents and the gateway challenges.
+        self.attestor = attestor if attestor is not None else \
+            attestor_for(config.extra.get("tpm", ""), config.extra.get("tpm_event_log", ""))
         self.trust = TrustStore.load(config.trusted_keys)
         self.journal = Journal(state_dir / "journal", compact_bytes=journal_compact_bytes)
         self.scheduler = scheduler.Scheduler(workers, keyed_cap=config.bmc_max_in_flight,
@@ -222,6 +227,7 @@ class Agent:
         logging.getLogger("agent").removeHandler(self._forwarder)
         self.kept.close()
         self.journal.close()
+        self.attestor.close()
 
     # -- the session's view --------------------------------------------------------------------
 
@@ -235,6 +241,7 @@ class Agent:
         (at most ``results_bytes`` and HELLO_RESULTS_BYTES, so the Hello stays below the frame
         limit); the others are emitted to the subscribers as result frames right away, to
         follow the Hello."""
+        tpm = self.attestor.identity_message()  # attestation: who the TPM is (outside the lock)
         with self._admit:
             entries = sorted(self.journal.entries.values(), key=lambda e: e.accepted_ms)
             in_flight = [
@@ -263,10 +270,16 @@ class Agent:
                 completions=completions,
                 in_flight=in_flight,
                 agent_sha256=self._archive_digest(),
+                tpm=tpm,
             )
             for signed in overflow:
                 self._emit(Frame(result=signed))
             return hello
+
+    def attest(self, challenge: session_pb2.AttestChallenge) -> session_pb2.AttestAnswer:
+        """Attestation: the gateway's challenge answered by the TPM, bound to this boot and key."""
+        return self.attestor.answer_message(challenge, boot_id=self.boot_id,
+                                            node_public=self.node_key.public_raw)
 
     def completions(self) -> list[session_pb2.Completion]:
         """Self-terminating commands of an earlier agent, judged now by their proof, until acked.
@@ -604,6 +617,8 @@ class Agent:
                     hook()
                 except Exception:
                     log.exception("exit hook failed")
+            if job.kind.name in ("boot.kexec", "daemon.upgrade"):
+                self.attestor.leave_measured_boot()  # attestation: what runs next is not measured
             log.warning("%s %s: ending the agent now", job.kind.name, job.id)
             st.action()
         except BaseException:

@@ -1,0 +1,446 @@
+"""The reference gateway's verifier: is this node's boot the one its TPM says, and one we accept?
+
+A join is two steps. ``challenge`` checks who the TPM is (the EK certificate's chain to the
+configured EK roots, or an EK pinned for the node; the EK's and the AK's public areas) and
+makes a credential for the AK that only that EK's TPM can activate (TPM2_MakeCredential:
+KDFa, RSA-OAEP with the "IDENTITY" label, AES-128-CFB and an HMAC over the AK's name),
+with a fresh nonce. ``verify`` then takes the node's answer and refuses on the first check
+that fails, naming it:
+
+    nonce_reused      the challenge was answered already, expired, or is not this node's
+    activation        the TPM did not release the credential's secret (the AK is not in it)
+    quote_signature   the quote is not signed by the AK
+    quote_magic, quote_type, quote_signer, quote_nonce
+                      TPMS_ATTEST not made by a TPM, not a quote, signed by another key, or its
+                      qualifying data is not this nonce, boot id and node key
+    pcr_selection, pcr_digest   not PCRs 0-12 of SHA-256; the PCR values do not hash to it
+    counters          the TPM's reset/restart counters and clock went back: a replayed quote
+    event_log         the log does not parse, or does not replay to the quoted PCRs
+    policy_*          the boot is not one the policy accepts (attest_policy.py)
+
+The verdict is ``attested`` (what matched), ``unattested`` (no TPM, no event log, or a BIOS
+boot, with why) or ``refused`` (the check, and why). It fails closed: an exception anywhere
+is a refusal.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import logging
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.decrepit.ciphers.modes import CFB  # TPM2 credentials use AES-CFB
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+from agent.errors import AgentError
+from agent.gateway import eventlog
+from agent.gateway.attest_policy import Policy, PolicyFailed
+from agent.hw import tpm as tpmwire
+from agent.security.attest import (
+    LEFT_EVENT,
+    LEFT_PCR,
+    QUOTED_PCRS,
+    Evidence,
+    Identity,
+    pcr_digest,
+    qualifying_data,
+)
+
+log = logging.getLogger(__name__)
+
+CHALLENGE_TTL = 120.0
+MAX_PENDING = 4096
+# Joins verified at once; the rest wait their turn off the interpreter's lock, so that many
+# joins arriving together leave the other sessions' threads their share (bench/attest_verify.py).
+MAX_VERIFYING = 2
+UNREPLAYED_PCRS = {10}  # IMA's: its log is IMA's own, not the firmware's
+
+
+class Status(enum.StrEnum):
+    ATTESTED = "attested"
+    UNATTESTED = "unattested"
+    REFUSED = "refused"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: Status
+    check: str = ""       # refused: the check that failed
+    reason: str = ""      # why, for a person
+    matched: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def attested(self) -> bool:
+        return self.status is Status.ATTESTED
+
+    def __str__(self) -> str:
+        if self.status is Status.ATTESTED:
+            return "attested: " + ", ".join(f"{k} {v}" for k, v in sorted(self.matched.items()))
+        return f"{self.status}" + (f" ({self.check})" if self.check else "") + f": {self.reason}"
+
+
+class Refused(Exception):
+    def __init__(self, check: str, reason: str) -> None:
+        super().__init__(reason)
+        self.check = check
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Challenge:
+    """What the gateway sends; ``secret`` and ``identity`` stay with it."""
+
+    node_id: str
+    nonce: bytes
+    credential_blob: bytes
+    encrypted_secret: bytes
+    secret: bytes = field(repr=False)
+    identity: Identity = field(repr=False)
+    issued: float = 0.0
+
+
+# TPM2 credential protection (Part 1, 24) ---------------------------------------------------
+
+def kdfa(key: bytes, label: bytes, context_u: bytes, context_v: bytes, bits: int) -> bytes:
+    """KDFa with HMAC-SHA256 (Part 1, 11.4.10.2); the label gets its terminating zero."""
+    label = label if label.endswith(b"\0") else label + b"\0"
+    out = b""
+    counter = 0
+    while len(out) * 8 < bits:
+        counter += 1
+        out += hmac.new(key, struct.pack(">I", counter) + label + context_u + context_v
+                        + struct.pack(">I", bits), hashlib.sha256).digest()
+    return out[:bits // 8]
+
+
+def kdfe(z: bytes, label: bytes, party_u: bytes, party_v: bytes, bits: int) -> bytes:
+    """KDFe with SHA-256 (Part 1, 11.4.10.3): the seed from an ECDH shared secret's x."""
+    out = b""
+    counter = 0
+    while len(out) * 8 < bits:
+        counter += 1
+        out += hashlib.sha256(struct.pack(">I", counter) + z + label + party_u + party_v).digest()
+    return out[:bits // 8]
+
+
+def ek_key(ek_public: bytes) -> rsa.RSAPublicKey | ec.EllipticCurvePublicKey:
+    """The EK's public key: RSA 2048 (template L-1) or NIST P-256 (L-2)."""
+    fields = tpmwire.parse_public(ek_public)
+    if fields.type == tpmwire.Alg.ECC:
+        r = tpmwire.Reader(fields.unique, "the EK's point")
+        x, y = r.b2(), r.b2()
+        return ec.EllipticCurvePublicNumbers(int.from_bytes(x, "big"), int.from_bytes(y, "big"),
+                                             ec.SECP256R1()).public_key()
+    return rsa.RSAPublicNumbers(65537, int.from_bytes(fields.unique, "big")).public_key()
+
+
+def _seed(ek_public: bytes) -> tuple[bytes, bytes]:
+    """(seed, the EK-protected form of it: TPM2B_ENCRYPTED_SECRET contents) for the "IDENTITY"
+    use: RSA-OAEP with that label, or an ephemeral ECDH key whose point goes with it."""
+    key = ek_key(ek_public)
+    if isinstance(key, rsa.RSAPublicKey):
+        seed = os.urandom(32)
+        label = b"IDENTITY\0"
+        return seed, key.encrypt(seed, padding.OAEP(padding.MGF1(hashes.SHA256()), hashes.SHA256(), label))
+    ephemeral = ec.generate_private_key(ec.SECP256R1())
+    z = ephemeral.exchange(ec.ECDH(), key)
+    mine, theirs = ephemeral.public_key().public_numbers(), key.public_numbers()
+    mx, my, tx = (v.to_bytes(32, "big") for v in (mine.x, mine.y, theirs.x))
+    return kdfe(z, b"IDENTITY\0", mx, tx, 256), tpmwire.b2(mx) + tpmwire.b2(my)
+
+
+def make_credential(ek_public: bytes, ak_name: bytes, secret: bytes) -> tuple[bytes, bytes]:
+    """(TPM2B_ID_OBJECT contents, TPM2B_ENCRYPTED_SECRET contents) for an EK of a default
+    template (SHA-256 name algorithm, AES-128-CFB): what TPM2_MakeCredential computes."""
+    seed, encrypted_seed = _seed(ek_public)
+    sym_key = kdfa(seed, b"STORAGE", ak_name, b"", 128)
+    encryptor = Cipher(algorithms.AES(sym_key), CFB(bytes(16))).encryptor()
+    enc_identity = encryptor.update(tpmwire.b2(secret)) + encryptor.finalize()
+    hmac_key = kdfa(seed, b"INTEGRITY", b"", b"", 256)
+    outer = hmac.new(hmac_key, enc_identity + ak_name, hashlib.sha256).digest()
+    return tpmwire.b2(outer) + enc_identity, encrypted_seed
+
+
+# Keys and names ---------------------------------------------------------------------------
+
+AkKey = ec.EllipticCurvePublicKey | rsa.RSAPublicKey
+
+
+def name_of(public: bytes) -> bytes:
+    return struct.pack(">H", tpmwire.Alg.SHA256) + hashlib.sha256(public).digest()
+
+
+def qualified_name_of_primary(hierarchy: int, name: bytes) -> bytes:
+    """The qualified name of a primary key: H(the hierarchy's handle || its name)."""
+    digest = hashlib.sha256(struct.pack(">I", hierarchy) + name).digest()
+    return struct.pack(">H", tpmwire.Alg.SHA256) + digest
+
+
+def check_ek_public(ek_public: bytes) -> None:
+    try:
+        got = tpmwire.parse_public(ek_public)
+        ek_key(ek_public)
+    except (AgentError, ValueError) as e:
+        raise Refused("ek_public", f"the EK's public area is not a usable key: {e}") from e
+    for template, unique in ((tpmwire.EK_RSA_TEMPLATE, 256), (tpmwire.EK_ECC_TEMPLATE, 2 * (2 + 32))):
+        want = tpmwire.parse_public(template)
+        if (got.type, got.name_alg, got.attributes, got.auth_policy, got.parameters) == \
+                (want.type, want.name_alg, want.attributes, want.auth_policy, want.parameters) \
+                and len(got.unique) == unique:
+            return
+    raise Refused("ek_public", "the EK is not a key of a TCG default EK template (RSA 2048, NIST P-256)")
+
+
+def check_ak_public(ak_public: bytes) -> AkKey:
+    try:
+        got = tpmwire.parse_public(ak_public)
+        need = (tpmwire.Attr.FIXED_TPM | tpmwire.Attr.FIXED_PARENT | tpmwire.Attr.SENSITIVE_DATA_ORIGIN
+                | tpmwire.Attr.RESTRICTED | tpmwire.Attr.SIGN)
+        if got.name_alg != tpmwire.Alg.SHA256 or got.attributes & need != need \
+                or got.attributes & tpmwire.Attr.DECRYPT:
+            raise Refused("ak_public", "the AK is not a restricted signing key that never leaves its TPM")
+        if got.type == tpmwire.Alg.ECC:
+            r = tpmwire.Reader(got.unique, "the AK's point")
+            x, y = r.b2(), r.b2()
+            return ec.EllipticCurvePublicNumbers(int.from_bytes(x, "big"), int.from_bytes(y, "big"),
+                                                 ec.SECP256R1()).public_key()
+        return rsa.RSAPublicNumbers(65537, int.from_bytes(got.unique, "big")).public_key()
+    except (AgentError, ValueError) as e:
+        raise Refused("ak_public", f"the AK's public area is not a usable key: {e}") from e
+
+
+def verify_signature(key: AkKey, message: bytes, signature: bytes) -> None:
+    """A TPMT_SIGNATURE (ECDSA or RSASSA, SHA-256) over ``message``; Refused quote_signature."""
+    try:
+        r = tpmwire.Reader(signature, "TPMT_SIGNATURE")
+        alg, hash_alg = r.u16(), r.u16()
+        if hash_alg != tpmwire.Alg.SHA256:
+            raise Refused("quote_signature", f"a signature over hash {hash_alg:#x}, not SHA-256")
+        if alg == tpmwire.Alg.ECDSA and isinstance(key, ec.EllipticCurvePublicKey):
+            sig_r, sig_s = r.b2(), r.b2()
+            r.done()
+            der = encode_dss_signature(int.from_bytes(sig_r, "big"), int.from_bytes(sig_s, "big"))
+            key.verify(der, message, ec.ECDSA(hashes.SHA256()))
+        elif alg == tpmwire.Alg.RSASSA and isinstance(key, rsa.RSAPublicKey):
+            sig = r.b2()
+            r.done()
+            key.verify(sig, message, padding.PKCS1v15(), hashes.SHA256())
+        else:
+            raise Refused("quote_signature", f"a signature of scheme {alg:#x} for this AK")
+    except InvalidSignature as e:
+        raise Refused("quote_signature", "the quote's signature does not verify with the AK") from e
+    except AgentError as e:
+        raise Refused("quote_signature", f"the signature does not parse: {e}") from e
+
+
+def load_certificates(paths: Iterable[Path]) -> list[x509.Certificate]:
+    out: list[x509.Certificate] = []
+    for path in paths:
+        data = Path(path).read_bytes()
+        out += x509.load_pem_x509_certificates(data) if b"-----BEGIN" in data else \
+            [x509.load_der_x509_certificate(data)]
+    return out
+
+
+def check_ek_certificate(der: bytes, ek_public: bytes, roots: list[x509.Certificate]) -> str:
+    """The EK certificate's chain to one of ``roots`` (the vendors' EK CAs, intermediates beside
+    them), and its key the EK's. Returns the issuer that anchored it."""
+    try:
+        cert = x509.load_der_x509_certificate(der)
+    except ValueError as e:
+        raise Refused("ek_certificate", f"the EK certificate does not parse: {e}") from e
+    if cert.public_key() != ek_key(ek_public):
+        raise Refused("ek_certificate", "the EK certificate is for another key than the EK")
+    current = cert
+    for _ in range(8):
+        issuer = next((c for c in roots if c.subject == current.issuer and _issued(current, c)), None)
+        if issuer is None:
+            raise Refused("ek_certificate", f"the EK certificate's chain ({current.issuer.rfc4514_string()}) "
+                          "reaches no configured EK CA")
+        if issuer.subject == issuer.issuer or issuer in roots:
+            return issuer.subject.rfc4514_string()
+        current = issuer
+    raise Refused("ek_certificate", "the EK certificate's chain is too long")
+
+
+def _issued(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(issuer)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
+# The verifier -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Counters:
+    reset: int
+    restart: int
+    clock: int
+    measured_boot: str  # the first boot id quoted since the TPM's last reset: the one it measured
+
+
+class Verifier:
+    """Challenges and verdicts for every node of one gateway; thread-safe."""
+
+    def __init__(self, policy: Policy, *, ek_roots: Iterable[x509.Certificate] = (),
+                 pinned_ek: dict[str, bytes] | None = None, ttl: float = CHALLENGE_TTL,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.policy = policy
+        self.roots = list(ek_roots)
+        self.pinned_ek = dict(pinned_ek or {})  # node id -> SHA-256 of the EK's public area
+        self.ttl = ttl
+        self.clock = clock
+        self._pending: dict[bytes, Challenge] = {}
+        self._last: dict[str, Counters] = {}
+        self._lock = threading.Lock()
+        self._verifying = threading.BoundedSemaphore(MAX_VERIFYING)
+
+    def challenge(self, node_id: str, identity: Identity) -> Challenge:
+        """Check who the TPM is and make its challenge; Refused on the first failing check."""
+        check_ek_public(identity.ek_public)
+        pinned = self.pinned_ek.get(node_id)
+        if pinned is not None:
+            if not hmac.compare_digest(hashlib.sha256(identity.ek_public).digest(), pinned):
+                raise Refused("ek_pinned", "the EK is not the one pinned for this node")
+        elif not identity.ek_certificate:
+            raise Refused("ek_certificate", "no EK certificate in the TPM's NV and no EK pinned for the node")
+        else:
+            check_ek_certificate(identity.ek_certificate, identity.ek_public, self.roots)
+        check_ak_public(identity.ak_public)
+        if identity.ak_name != name_of(identity.ak_public):
+            raise Refused("ak_public", "the AK's name is not its public area's")
+        secret, nonce = os.urandom(32), os.urandom(32)
+        blob, encrypted = make_credential(identity.ek_public, name_of(identity.ak_public), secret)
+        ch = Challenge(node_id, nonce, blob, encrypted, secret, identity, self.clock())
+        with self._lock:
+            now = self.clock()
+            for key in [k for k, c in self._pending.items() if now - c.issued > self.ttl]:
+                del self._pending[key]
+            if len(self._pending) >= MAX_PENDING:
+                raise Refused("busy", f"{MAX_PENDING} challenges outstanding")
+            self._pending[nonce] = ch
+        return ch
+
+    def try_challenge(self, node_id: str, identity: Identity) -> Challenge | Verdict:
+        """``challenge``, with a refusal as a Verdict."""
+        try:
+            return self.challenge(node_id, identity)
+        except Refused as e:
+            return Verdict(Status.REFUSED, e.check, e.reason)
+
+    def verify(self, challenge: Challenge, evidence: Evidence | str, *, boot_id: str,
+               node_public: bytes, role: str = "ramdisk") -> Verdict:
+        """The verdict on a node's answer (``evidence``, or the reason its TPM gave none).
+
+        Only the ramdisk is a build the policy lists: an installed system (``role`` node) whose
+        boot chain is no ramdisk build is unattested, not refused; its firmware is still judged."""
+        try:
+            with self._verifying:
+                return self._verify(challenge, evidence, boot_id, node_public)
+        except Refused as e:
+            verdict = Verdict(Status.REFUSED, e.check, e.reason)
+        except PolicyFailed as e:
+            if e.check == "policy_pcr4" and role != "ramdisk":
+                return Verdict(Status.UNATTESTED, reason=f"a {role} boot: its boot chain is no ramdisk "
+                               f"build, and an installed system is not one the policy lists ({e.reason})")
+            verdict = Verdict(Status.REFUSED, e.check, e.reason)
+        except Exception as e:  # fails closed: a surprise is a refusal, with what it was
+            log.exception("attestation of %s: the verifier failed", challenge.node_id)
+            verdict = Verdict(Status.REFUSED, "verifier", f"{type(e).__name__}: {e}")
+        log.warning("attestation of %s refused: %s", challenge.node_id, verdict)
+        return verdict
+
+    def _verify(self, ch: Challenge, evidence: Evidence | str, boot_id: str, node_public: bytes) -> Verdict:
+        with self._lock:
+            pending = self._pending.pop(ch.nonce, None)
+        if pending is None or pending != ch:
+            raise Refused("nonce_reused", "this challenge was answered already, or was never made")
+        if self.clock() - ch.issued > self.ttl:
+            raise Refused("nonce_reused", f"the challenge is older than {self.ttl:.0f} s")
+        if isinstance(evidence, str):
+            raise Refused("activation", f"the node's TPM gave no answer: {evidence}")
+        if not hmac.compare_digest(evidence.activated, ch.secret):
+            raise Refused("activation", "the TPM did not release the credential's secret: "
+                          "the AK is not in the TPM of this EK")
+        ak_key = check_ak_public(ch.identity.ak_public)
+        verify_signature(ak_key, evidence.quote, evidence.signature)
+        try:
+            attest = tpmwire.parse_attest(evidence.quote)
+        except AgentError as e:
+            raise Refused("quote_type", f"the quote does not parse: {e}") from e
+        if attest.magic != tpmwire.GENERATED_VALUE:
+            raise Refused("quote_magic", "the quote was not made by a TPM (magic)")
+        if attest.type != tpmwire.ST_ATTEST_QUOTE:
+            raise Refused("quote_type", "the attestation is not a quote")
+        if attest.signer != qualified_name_of_primary(tpmwire.RH_ENDORSEMENT, ch.identity.ak_name):
+            raise Refused("quote_signer", "the quote names another signer than this AK")
+        if not hmac.compare_digest(attest.extra_data, qualifying_data(ch.nonce, boot_id, node_public)):
+            raise Refused("quote_nonce", "the quote's qualifying data is not this challenge's nonce, "
+                          "this boot's id and this node's key")
+        if attest.pcr_select != {tpmwire.Alg.SHA256: list(QUOTED_PCRS)}:
+            raise Refused("pcr_selection", "the quote is not over SHA-256 PCRs 0-12")
+        if set(evidence.pcrs) != set(QUOTED_PCRS) or any(len(v) != 32 for v in evidence.pcrs.values()) \
+                or pcr_digest(evidence.pcrs) != attest.pcr_digest:
+            raise Refused("pcr_digest", "the PCR values sent do not hash to the quoted digest")
+        kexec = self._counters(ch.node_id, attest, boot_id)
+        if not evidence.event_log:
+            return Verdict(Status.UNATTESTED, reason="the firmware left no event log: nothing says what "
+                           "the PCRs measured")
+        try:
+            log_ = eventlog.parse(evidence.event_log)
+        except eventlog.BadEventLog as e:
+            raise Refused("event_log", str(e)) from e
+        replayed = log_.replay(QUOTED_PCRS)
+        left, marked = 0, replayed[LEFT_PCR]  # the agent's marks on PCR 11 after the firmware's log
+        while left < 4 and marked != evidence.pcrs[LEFT_PCR]:
+            left, marked = left + 1, hashlib.sha256(marked + LEFT_EVENT).digest()
+        if marked == evidence.pcrs[LEFT_PCR]:
+            replayed[LEFT_PCR] = marked
+        else:
+            left = 0
+        for pcr in QUOTED_PCRS:
+            if pcr not in UNREPLAYED_PCRS and replayed[pcr] != evidence.pcrs[pcr]:
+                raise Refused("event_log", f"the event log replays PCR {pcr} to {replayed[pcr].hex()}, "
+                              f"the TPM quoted {evidence.pcrs[pcr].hex()}")
+        if not log_.of(4, eventlog.Ev.EFI_BOOT_SERVICES_APPLICATION):
+            return Verdict(Status.UNATTESTED, reason="a BIOS boot: the firmware measured itself, "
+                           "not the ramdisk (PCR 4 holds no EFI application)")
+        if left:
+            return Verdict(Status.UNATTESTED, reason=f"the agent left the measured boot {left} time(s) "
+                           "(a kexec or an agent upgrade: PCR 11 marked): what runs now was not measured")
+        if kexec:
+            return Verdict(Status.UNATTESTED, reason=f"the TPM was not reset since boot {kexec}, which it "
+                           "measured: this boot came by kexec, and what runs now was not measured")
+        matched = self.policy.judge(log_, evidence.pcrs, ch.identity.platform)
+        matched["ek"] = hashlib.sha256(ch.identity.ek_public).hexdigest()[:16]
+        return Verdict(Status.ATTESTED, matched=matched)
+
+    def _counters(self, node_id: str, attest: tpmwire.Attest, boot_id: str) -> str:
+        """Refuses a quote not past the node's last; returns the boot id the TPM measured where
+        this quote is of another boot since the TPM's last reset (a kexec), else ""."""
+        now = (attest.reset_count, attest.restart_count, attest.clock)
+        with self._lock:
+            last = self._last.get(node_id)
+            if last is not None and now <= (last.reset, last.restart, last.clock):
+                raise Refused("counters", "the TPM's reset/restart counters and clock ({}/{}/{}) are not "
+                              "past the last quote's ({}/{}/{}): a replayed quote".format(
+                                  *now, last.reset, last.restart, last.clock))
+            same_epoch = last is not None and (last.reset, last.restart) == now[:2]
+            measured = last.measured_boot if same_epoch and last is not None else boot_id
+            self._last[node_id] = Counters(*now, measured)
+        return measured if measured != boot_id else ""

@@ -1,0 +1,124 @@
+"""Attestation at every join, for the reference gateway's sessions (agent/gateway/server.py).
+
+The Hello carries the node's TpmIdentity. ``on_hello`` answers it with an AttestChallenge
+frame (or decides at once: no TPM, a TPM that failed, an identity refused); ``on_answer``
+verifies the node's AttestAnswer and returns the AttestVerdict frame the gateway sends back.
+A verdict belongs to one boot of one node with one node key: ``vouches`` says whether a
+result signed by that key in that boot comes from an attested boot.
+
+The verification runs on the session's own thread, outside the gateway's lock: a join being
+verified holds up no other session.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agent.gateway.attest import Challenge, Status, Verdict, Verifier
+from agent.proto import session_pb2
+from agent.security.attest import evidence_from, identity_from
+
+log = logging.getLogger(__name__)
+
+MAX_NODES = 100_000
+
+
+@dataclass
+class Join:
+    boot_id: str
+    public_key: bytes
+    role: str = "ramdisk"
+    challenge: Challenge | None = None
+    verdict: Verdict | None = None
+
+
+def verdict_message(v: Verdict) -> session_pb2.AttestVerdict:
+    return session_pb2.AttestVerdict(status=str(v.status), check=v.check, reason=v.reason, matched=v.matched)
+
+
+class JoinAttestation:
+    """Per node, this session's challenge and the verdict on it."""
+
+    def __init__(self, verifier: Verifier, on_verdict: Callable[[str, Verdict], None] | None = None) -> None:
+        self.verifier = verifier
+        self.on_verdict = on_verdict
+        self._joins: dict[str, Join] = {}
+        self._lock = threading.Lock()
+
+    def on_hello(self, node_id: str, hello: session_pb2.Hello) -> session_pb2.Frame:
+        """The frame to send after the Welcome: a challenge, or the verdict already reached."""
+        join = Join(hello.boot_id, bytes(hello.public_key), hello.role or "ramdisk")
+        tpm = hello.tpm
+        if not hello.HasField("tpm"):
+            join.verdict = Verdict(Status.UNATTESTED, reason="the agent presents no TPM (an agent "
+                                   "that does not attest)")
+        elif tpm.absent:
+            join.verdict = Verdict(Status.UNATTESTED, reason=tpm.absent)
+        elif tpm.error:
+            join.verdict = Verdict(Status.UNATTESTED, reason=f"the node's TPM failed: {tpm.error}")
+        else:
+            out = self.verifier.try_challenge(node_id, identity_from(tpm))
+            if isinstance(out, Verdict):
+                join.verdict = out
+            else:
+                join.challenge = out
+        with self._lock:
+            if node_id not in self._joins and len(self._joins) >= MAX_NODES:
+                self._joins.pop(next(iter(self._joins)))
+            self._joins[node_id] = join
+        if join.verdict is not None:
+            self._decided(node_id, join.verdict)
+            return session_pb2.Frame(attest_verdict=verdict_message(join.verdict))
+        assert join.challenge is not None
+        ch = join.challenge
+        return session_pb2.Frame(attest_challenge=session_pb2.AttestChallenge(
+            nonce=ch.nonce, credential_blob=ch.credential_blob, encrypted_secret=ch.encrypted_secret))
+
+    def on_answer(self, node_id: str, answer: session_pb2.AttestAnswer) -> session_pb2.Frame:
+        with self._lock:
+            join = self._joins.get(node_id)
+        if join is None or join.challenge is None or join.challenge.nonce != answer.nonce:
+            verdict = Verdict(Status.REFUSED, "nonce_reused", "an answer to no challenge of this session")
+        elif join.verdict is not None:  # the same challenge answered again: the boot is not trusted
+            verdict = join.verdict = Verdict(Status.REFUSED, "nonce_reused",
+                                             "this session's challenge was answered twice")
+        else:
+            evidence = answer.error or evidence_from(answer)
+            verdict = self.verifier.verify(join.challenge, evidence, boot_id=join.boot_id,
+                                           node_public=join.public_key, role=join.role)
+            join.verdict = verdict
+        self._decided(node_id, verdict)
+        return session_pb2.Frame(attest_verdict=verdict_message(verdict))
+
+    def verdict(self, node_id: str) -> Verdict | None:
+        with self._lock:
+            join = self._joins.get(node_id)
+        return join.verdict if join is not None else None
+
+    def wait_verdict(self, node_id: str, timeout: float) -> Verdict | None:
+        """The node's verdict, waiting up to ``timeout`` while its challenge is unanswered."""
+        deadline = time.monotonic() + timeout
+        while (verdict := self.verdict(node_id)) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return verdict
+
+    def vouches(self, node_id: str, boot_id: str, public_key: bytes) -> tuple[bool, str]:
+        """Whether the boot that signed a result attested: (yes or no, why)."""
+        with self._lock:
+            join = self._joins.get(node_id)
+        if join is None or join.verdict is None:
+            return False, "the node's boot has no attestation verdict (yet)"
+        if (join.boot_id, join.public_key) != (boot_id, public_key):
+            return False, "the result was signed in another boot, or by another key, than the attested one"
+        return join.verdict.attested, str(join.verdict)
+
+    def _decided(self, node_id: str, verdict: Verdict) -> None:
+        if self.on_verdict is not None:
+            try:
+                self.on_verdict(node_id, verdict)
+            except Exception:
+                log.exception("attestation: the verdict listener failed")

@@ -1,0 +1,157 @@
+"""The firmware's TCG event log: parsed, and replayed to the PCR values it claims.
+
+The format is the TCG PC Client Platform Firmware Profile's "crypto agile" log, little-endian
+(unlike the TPM's own structures): a first event in the old SHA-1 layout whose data is the
+"Spec ID Event03" header (the digest algorithms and their sizes), then TCG_PCR_EVENT2 records
+(PCR, event type, one digest per algorithm, the event's data). Linux exposes it, the final
+events table included, at /sys/kernel/security/tpm0/binary_bios_measurements.
+
+Replaying extends each event's SHA-256 digest into its PCR, from zero (PCR 0 from the
+locality the StartupLocality event names); EV_NO_ACTION events are not extended. A log that
+replays to other values than the quoted ones was edited, or is not this boot's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from agent.errors import InvalidParameters
+
+SHA1, SHA256 = 0x0004, 0x000B
+SPEC_ID = b"Spec ID Event03\0"
+STARTUP_LOCALITY = b"StartupLocality\0"
+MAX_EVENTS = 20000
+MAX_EVENT_DATA = 1 << 20
+
+
+class Ev:
+    """Event types (TCG PC Client PFP, 10.4.1) that the policy and the reports name."""
+
+    POST_CODE = 0x1
+    NO_ACTION = 0x3
+    SEPARATOR = 0x4
+    ACTION = 0x5
+    EVENT_TAG = 0x6
+    S_CRTM_VERSION = 0x8
+    IPL = 0xD
+    EFI_VARIABLE_DRIVER_CONFIG = 0x80000001
+    EFI_VARIABLE_BOOT = 0x80000002
+    EFI_BOOT_SERVICES_APPLICATION = 0x80000003
+    EFI_BOOT_SERVICES_DRIVER = 0x80000004
+    EFI_GPT_EVENT = 0x80000006
+    EFI_ACTION = 0x80000007
+    EFI_PLATFORM_FIRMWARE_BLOB = 0x80000008
+    EFI_HANDOFF_TABLES = 0x80000009
+    EFI_VARIABLE_AUTHORITY = 0x800000E0
+
+
+class BadEventLog(InvalidParameters):
+    """The log does not parse: truncated, no Spec ID header, sizes out of bounds."""
+
+
+@dataclass(frozen=True)
+class Event:
+    pcr: int
+    type: int
+    digests: dict[int, bytes]  # algorithm -> digest
+    data: bytes
+
+    @property
+    def sha256(self) -> bytes:
+        return self.digests.get(SHA256, b"")
+
+
+@dataclass(frozen=True)
+class EventLog:
+    algorithms: dict[int, int]  # algorithm -> digest size, from the Spec ID header
+    locality: int
+    events: list[Event]
+
+    def replay(self, pcrs: Iterable[int] = range(24)) -> dict[int, bytes]:
+        """The SHA-256 PCR values this log leads to, for ``pcrs``."""
+        values = {p: bytes(32) for p in pcrs}
+        if 0 in values:
+            values[0] = bytes(31) + bytes([self.locality])
+        for ev in self.events:
+            if ev.type != Ev.NO_ACTION and ev.pcr in values:
+                values[ev.pcr] = hashlib.sha256(values[ev.pcr] + ev.sha256).digest()
+        return values
+
+    def of(self, pcr: int, event_type: int | None = None) -> list[Event]:
+        return [e for e in self.events if e.pcr == pcr and (event_type is None or e.type == event_type)]
+
+
+class _Le:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def take(self, n: int) -> bytes:
+        if n < 0 or self.pos + n > len(self.data):
+            raise BadEventLog(f"the event log is truncated at byte {self.pos} (wanted {n} more)")
+        out = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return out
+
+    def u8(self) -> int:
+        return self.take(1)[0]
+
+    def u16(self) -> int:
+        return int(struct.unpack("<H", self.take(2))[0])
+
+    def u32(self) -> int:
+        return int(struct.unpack("<I", self.take(4))[0])
+
+    @property
+    def left(self) -> int:
+        return len(self.data) - self.pos
+
+
+def parse(data: bytes) -> EventLog:
+    """Parse a crypto-agile log; a SHA-1-only (TPM 1.2 layout) log is a BadEventLog."""
+    r = _Le(data)
+    pcr, kind = r.u32(), r.u32()
+    r.take(20)
+    header = _Le(r.take(_size(r.u32())))
+    if pcr != 0 or kind != Ev.NO_ACTION or header.take(16) != SPEC_ID:
+        raise BadEventLog("the event log has no Spec ID Event03 header: not a TPM 2.0 crypto-agile log")
+    header.take(4 + 4)  # platform class, version minor/major, errata, uintn size
+    algorithms = {}
+    for _ in range(header.u32()):
+        alg, size = header.u16(), header.u16()
+        if not 0 < size <= 64:
+            raise BadEventLog(f"algorithm {alg:#x} with a digest of {size} bytes")
+        algorithms[alg] = size
+    if SHA256 not in algorithms:
+        raise BadEventLog("the event log carries no SHA-256 digests")
+    locality = 0
+    events: list[Event] = []
+    while r.left:
+        if len(events) >= MAX_EVENTS:
+            raise BadEventLog(f"more than {MAX_EVENTS} events")
+        pcr, kind = r.u32(), r.u32()
+        digests = {}
+        for _ in range(r.u32()):
+            alg = r.u16()
+            if alg not in algorithms:
+                raise BadEventLog(f"event {len(events) + 1}: digest algorithm {alg:#x} not in the header")
+            digests[alg] = r.take(algorithms[alg])
+        event_data = r.take(_size(r.u32()))
+        if pcr > 23:
+            raise BadEventLog(f"event {len(events) + 1}: PCR {pcr}")
+        if kind != Ev.NO_ACTION and SHA256 not in digests:
+            raise BadEventLog(f"event {len(events) + 1} has no SHA-256 digest")
+        if kind == Ev.NO_ACTION and pcr == 0 and event_data.startswith(STARTUP_LOCALITY):
+            locality = event_data[len(STARTUP_LOCALITY)] if len(event_data) > 16 else 0
+        events.append(Event(pcr, kind, digests, event_data))
+    return EventLog(algorithms, locality, events)
+
+
+def _size(n: int) -> int:
+    if n > MAX_EVENT_DATA:
+        raise BadEventLog(f"an event of {n} bytes")
+    return n
+

@@ -1,0 +1,198 @@
+"""The ramdisk as a unified kernel image (UKI), and the values a TPM will hold after booting it.
+
+A UKI is the systemd-boot stub (Debian's systemd-boot-efi: linuxx64.efi.stub, linuxaa64.efi.stub)
+with the kernel, the initramfs, the kernel command line and an os-release added as PE sections
+(.linux, .initrd, .cmdline, .osrel), assembled here with binutils' objcopy. UEFI firmware that
+starts it measures its Authenticode digest into PCR 4; the stub measures each of those sections
+into PCR 11 (the section's name with its NUL, then its contents, in the UKI specification's
+order), and into PCR 12 only what a boot loader passes it (a command line, credentials): none
+for a UKI started as it is. ``reference_values`` writes those expectations beside the image,
+for the gateway's policy (docs/attestation.md):
+
+    .venv/bin/python -m initramfs.uki --kernel initramfs/out/vmlinuz \\
+        --initrd initramfs/out/initramfs.img --cmdline "console=ttyS0 ..." --out ramdisk.efi
+    # -> ramdisk.efi and ramdisk.efi.json: {"build_id", "pcr4": [UKI, kernel], "pcr11", "pcr12", ...}
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import struct
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.proc import run
+
+STUBS = {"amd64": Path("/usr/lib/systemd/boot/efi/linuxx64.efi.stub"),
+         "arm64": Path("/usr/lib/systemd/boot/efi/linuxaa64.efi.stub")}
+# The UKI specification's section order, the order systemd-stub measures them into PCR 11
+# (.pcrsig is never measured; the rest of it this build does not add).
+MEASURED_SECTIONS = (".linux", ".osrel", ".cmdline", ".initrd", ".splash", ".dtb", ".pcrpkey")
+OS_RELEASE = 'NAME="bettercompute ramdisk"\nID=bettercompute-ramdisk\n'
+
+
+class PeError(ValueError):
+    """Not a PE image this module can read."""
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str
+    virtual_size: int
+    virtual_address: int
+    raw_size: int
+    raw_offset: int
+
+
+@dataclass(frozen=True)
+class Pe:
+    data: bytes
+    image_base: int
+    section_alignment: int
+    size_of_headers: int
+    checksum_at: int      # offset of the optional header's CheckSum
+    cert_dir_at: int      # offset of the Certificate Table's data directory entry
+    cert_size: int
+    sections: list[Section]
+
+    def section(self, name: str) -> bytes:
+        s = next((s for s in self.sections if s.name == name), None)
+        if s is None:
+            raise PeError(f"no {name} section")
+        return self.data[s.raw_offset:s.raw_offset + min(s.virtual_size, s.raw_size)]
+
+
+def parse_pe(data: bytes) -> Pe:
+    if data[:2] != b"MZ" or len(data) < 0x40:
+        raise PeError("no MZ header")
+    pe = struct.unpack_from("<I", data, 0x3C)[0]
+    if data[pe:pe + 4] != b"PE\0\0":
+        raise PeError("no PE signature")
+    nsections = struct.unpack_from("<H", data, pe + 6)[0]
+    opt_size = struct.unpack_from("<H", data, pe + 20)[0]
+    opt = pe + 24
+    magic = struct.unpack_from("<H", data, opt)[0]
+    if magic == 0x20B:      # PE32+
+        image_base = struct.unpack_from("<Q", data, opt + 24)[0]
+        dirs = opt + 112
+    elif magic == 0x10B:    # PE32
+        image_base = struct.unpack_from("<I", data, opt + 28)[0]
+        dirs = opt + 96
+    else:
+        raise PeError(f"optional header magic {magic:#x}")
+    section_alignment = struct.unpack_from("<I", data, opt + 32)[0]
+    size_of_headers = struct.unpack_from("<I", data, opt + 60)[0]
+    cert_dir_at = dirs + 4 * 8
+    cert_size = struct.unpack_from("<I", data, cert_dir_at + 4)[0] if cert_dir_at + 8 <= opt + opt_size else 0
+    sections = []
+    for i in range(nsections):
+        at = opt + opt_size + 40 * i
+        name = data[at:at + 8].rstrip(b"\0").decode("ascii", "replace")
+        vsize, vaddr, rsize, roff = struct.unpack_from("<IIII", data, at + 8)
+        sections.append(Section(name, vsize, vaddr, rsize, roff))
+    return Pe(data, image_base, section_alignment, size_of_headers, opt + 64, cert_dir_at, cert_size,
+              sections)
+
+
+def authenticode_sha256(data: bytes) -> bytes:
+    """The PE image's Authenticode digest (Microsoft PE/COFF specification, "Calculating the PE
+    Image Hash"): what UEFI firmware extends into PCR 4 when it starts the image."""
+    pe = parse_pe(data)
+    h = hashlib.sha256()
+    h.update(data[:pe.checksum_at])
+    h.update(data[pe.checksum_at + 4:pe.cert_dir_at])
+    h.update(data[pe.cert_dir_at + 8:pe.size_of_headers])
+    hashed = pe.size_of_headers
+    for s in sorted((s for s in pe.sections if s.raw_size), key=lambda s: s.raw_offset):
+        h.update(data[s.raw_offset:s.raw_offset + s.raw_size])
+        hashed += s.raw_size
+    if len(data) > hashed:
+        h.update(data[hashed:len(data) - pe.cert_size])
+    return h.digest()
+
+
+def extend(pcr: bytes, digest: bytes) -> bytes:
+    return hashlib.sha256(pcr + digest).digest()
+
+
+def predicted_pcr11(data: bytes) -> bytes:
+    """PCR 11 after systemd-stub measured this UKI: each UKI section present, in the
+    specification's order, its name (with the NUL) and then its contents."""
+    pe = parse_pe(data)
+    names = {s.name for s in pe.sections}
+    pcr = bytes(32)
+    for name in MEASURED_SECTIONS:
+        if name in names:
+            pcr = extend(pcr, hashlib.sha256(name.encode() + b"\0").digest())
+            pcr = extend(pcr, hashlib.sha256(pe.section(name)).digest())
+    return pcr
+
+
+def build(stub: Path, kernel: Path, initrd: Path, cmdline: str, out: Path, *,
+          os_release: str = OS_RELEASE) -> None:
+    """Assemble the UKI with objcopy: each added section placed after the stub's own."""
+    pe = parse_pe(stub.read_bytes())
+    align = max(pe.section_alignment, 0x1000)
+    end = max(s.virtual_address + max(s.virtual_size, s.raw_size) for s in pe.sections)
+    with tempfile.TemporaryDirectory() as tmp:
+        osrel, cmd = Path(tmp) / "osrel", Path(tmp) / "cmdline"
+        osrel.write_text(os_release)
+        cmd.write_text(cmdline)
+        argv = ["objcopy"]
+        for name, path in ((".osrel", osrel), (".cmdline", cmd), (".linux", kernel), (".initrd", initrd)):
+            at = (end + align - 1) // align * align
+            argv += ["--add-section", f"{name}={path}",
+                     "--change-section-vma", f"{name}={pe.image_base + at:#x}"]
+            end = at + path.stat().st_size
+        tmp_out = out.with_name(f".{out.name}.tmp")
+        run([*argv, str(stub), str(tmp_out)], timeout=120)
+        with tmp_out.open("ab") as f:  # 8-byte aligned: signing it later leaves its digest as it is
+            f.write(bytes(-f.tell() % 8))
+        tmp_out.replace(out)
+
+
+def reference_values(uki: Path, build_id: str = "") -> dict[str, Any]:
+    """What a TPM holds after firmware started this UKI as it is (the gateway policy's build)."""
+    data = uki.read_bytes()
+    return {
+        "build_id": build_id or hashlib.sha256(data).hexdigest()[:16],
+        # The firmware measures the UKI; the stub starts the kernel through the firmware's
+        # LoadImage, which measures that too.
+        "pcr4": [authenticode_sha256(data).hex(),
+                 authenticode_sha256(parse_pe(data).section(".linux")).hex()],
+        "pcr11": predicted_pcr11(data).hex(),
+        "pcr12": bytes(32).hex(),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+
+
+def write(stub: Path, kernel: Path, initrd: Path, cmdline: str, out: Path,
+          build_id: str = "") -> dict[str, Any]:
+    """The UKI and, beside it, OUT.json with its reference values."""
+    build(stub, kernel, initrd, cmdline, out)
+    values = reference_values(out, build_id)
+    out.with_name(out.name + ".json").write_text(json.dumps(values, indent=2, sort_keys=True) + "\n")
+    return values
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arch", choices=sorted(STUBS), default="amd64")
+    p.add_argument("--stub", type=Path, help="the systemd-boot stub (default: Debian's for --arch)")
+    p.add_argument("--kernel", type=Path, required=True)
+    p.add_argument("--initrd", type=Path, required=True)
+    p.add_argument("--cmdline", default="")
+    p.add_argument("--build-id", default="")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+    stub = args.stub or STUBS[args.arch]
+    values = write(stub, args.kernel, args.initrd, args.cmdline, args.out, args.build_id)
+    print(json.dumps(values, indent=2, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""Attestation on real (emulated) firmware: the ramdisk as a UKI under OVMF with a TPM 2.0
+(swtpm) joins an attesting gateway, and its disk.wipe certificate counts as verified; the same
+ramdisk under SeaBIOS is reported unattested, with why.
+
+The gateway's policy holds what initramfs/uki.py says of the UKI (PCR 4's Authenticode
+digest, PCRs 11 and 12) and learns the machine's firmware profile (PCRs 0, 2, 7) on the
+first join. Marked qemu and slow: a boot under TCG takes a minute or more.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.gateway.attest import Status, Verdict, Verifier, load_certificates
+from agent.gateway.attest_join import JoinAttestation
+from agent.gateway.attest_policy import Build, Policy
+from initramfs import uki
+from qemu import tpm as qemu_tpm
+from qemu.lab import Lab
+from qemu.nodeimage import SYSTEMD_BOOT
+from tests.e2e.conftest import JOIN_TIMEOUT, run_command, skip_reason
+
+pytestmark = [pytest.mark.qemu, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def tpm_lab(lab: Lab) -> Lab:
+    reason = skip_reason(uefi=True) or qemu_tpm.missing()
+    if reason:
+        pytest.skip(reason)
+    return lab
+
+
+@pytest.fixture
+def swtpm(tmp_path: Path) -> Iterator[qemu_tpm.Swtpm]:
+    qemu_tpm.manufacture(tmp_path / "state", tmp_path / "ca")
+    with qemu_tpm.Swtpm(tmp_path / "state", tmp_path / "swtpm.sock") as running:
+        yield running
+
+
+def attest(lab: Lab, ca: Path, builds: list[Build]) -> JoinAttestation:
+    verifier = Verifier(Policy(builds=builds, learn="first"),
+                        ek_roots=load_certificates([ca / qemu_tpm.CA_ROOT, ca / qemu_tpm.CA_ISSUER]))
+    joins = JoinAttestation(verifier)
+    lab.gateway.attestation = joins  # the lab's gateway attests from its next session on
+    return joins
+
+
+def build_of(values: dict[str, Any]) -> Build:
+    """The policy's build from initramfs/uki.py's reference values."""
+    return Build(values["build_id"], tuple(bytes.fromhex(v) for v in values["pcr4"]),
+                 {11: bytes.fromhex(values["pcr11"]), 12: bytes.fromhex(values["pcr12"])})
+
+
+def verdict(joins: JoinAttestation, node: str) -> Verdict:
+    found = joins.wait_verdict(node, 120)
+    assert found is not None, "no attestation verdict"
+    return found
+
+
+def test_a_uki_under_ovmf_attests_and_its_wipe_is_verified(tpm_lab: Lab, swtpm: qemu_tpm.Swtpm,
+                                                           tmp_path: Path) -> None:
+    node = "attest-uefi"
+    esp, values = tpm_lab.uki(node)
+    joins = attest(tpm_lab, tmp_path / "ca", [build_of(values)])
+    disks = tpm_lab.standard_disks(node, size=64 * 1024 * 1024)
+    machine = tpm_lab.boot(node, uefi=True, tpm=swtpm.socket, esp=esp, disks=disks[:1])
+    try:
+        tpm_lab.wait_joined(machine, node, JOIN_TIMEOUT)
+        found = verdict(joins, node)
+        assert found.status is Status.ATTESTED, f"{found}\n{machine.console_tail()}"
+        assert found.matched["build"] == values["build_id"] and found.matched["pcr4"] == values["pcr4"][0]
+        cid, _, _ = run_command(tpm_lab, machine, node, "disk.wipe",
+                                {"disks": [{"serial": disks[0].serial}], "method": "BEST_AVAILABLE",
+                                 "verify": "FULL"})
+        ok, why = tpm_lab.gateway.verified(cid)
+        assert ok, why
+    finally:
+        machine.stop()
+        tpm_lab.gateway.attestation = None
+
+
+def test_a_seabios_boot_is_unattested(tpm_lab: Lab, swtpm: qemu_tpm.Swtpm, tmp_path: Path) -> None:
+    node = "attest-bios"
+    joins = attest(tpm_lab, tmp_path / "ca", [])
+    machine = tpm_lab.boot(node, tpm=swtpm.socket)  # SeaBIOS, the kernel given by QEMU
+    try:
+        tpm_lab.wait_joined(machine, node, JOIN_TIMEOUT)
+        found = verdict(joins, node)
+        assert found.status is Status.UNATTESTED, f"{found}\n{machine.console_tail()}"
+        assert "BIOS boot" in found.reason, found  # SeaBIOS logs its own measurements, no EFI image
+    finally:
+        machine.stop()
+        tpm_lab.gateway.attestation = None
+
+
+def test_one_byte_changed_in_the_initramfs(tpm_lab: Lab, swtpm: qemu_tpm.Swtpm, tmp_path: Path) -> None:
+    node = "attest-tampered"
+    _, accepted = tpm_lab.uki(node, files={"/etc/bettercompute/build-note": b"0"})
+    esp, _ = tpm_lab.uki(node, files={"/etc/bettercompute/build-note": b"1"})  # one byte changed
+    joins = attest(tpm_lab, tmp_path / "ca", [build_of(accepted)])
+    machine = tpm_lab.boot(node, uefi=True, tpm=swtpm.socket, esp=esp)
+    try:
+        tpm_lab.wait_joined(machine, node, JOIN_TIMEOUT)
+        found = verdict(joins, node)
+        assert found.status is Status.REFUSED and found.check == "policy_pcr4", found
+    finally:
+        machine.stop()
+        tpm_lab.gateway.attestation = None
+
+
+def test_another_firmware_for_an_enrolled_profile(tpm_lab: Lab, tmp_path: Path) -> None:
+    """The profile (QEMU's q35, its SMBIOS firmware version) is learned under OVMF.fd; the same
+    profile then boots another OVMF build (the 4 MiB one on pflash): PCR 0 differs, refused."""
+    code, variables = Path("/usr/share/OVMF/OVMF_CODE_4M.fd"), Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
+    if not code.is_file() or not variables.is_file():
+        pytest.skip("no OVMF_CODE_4M.fd / OVMF_VARS_4M.fd (Debian's ovmf)")
+    qemu_tpm.manufacture(tmp_path / "state", tmp_path / "ca")
+    shutil.copyfile(variables, tmp_path / "vars.fd")
+    builds: list[Build] = []
+    joins = attest(tpm_lab, tmp_path / "ca", builds)
+    verdicts = []
+    for node, pflash in (("attest-fw-1", None), ("attest-fw-2", (code, tmp_path / "vars.fd"))):
+        esp, values = tpm_lab.uki(node)
+        builds.append(build_of(values))
+        with qemu_tpm.Swtpm(tmp_path / "state", tmp_path / "swtpm.sock") as swtpm:
+            machine = tpm_lab.boot(node, uefi=True, tpm=swtpm.socket, esp=esp, pflash=pflash)
+            try:
+                tpm_lab.wait_joined(machine, node, JOIN_TIMEOUT)
+                verdicts.append(verdict(joins, node))
+            finally:
+                machine.stop()
+    tpm_lab.gateway.attestation = None
+    assert verdicts[0].status is Status.ATTESTED and verdicts[0].matched.get("learned"), verdicts[0]
+    assert verdicts[1].status is Status.REFUSED and verdicts[1].check == "policy_profile", verdicts[1]
+    assert "PCR 0" in verdicts[1].reason, verdicts[1]
+
+
+def test_a_command_line_added_by_the_boot_loader(tpm_lab: Lab, swtpm: qemu_tpm.Swtpm, tmp_path: Path) -> None:
+    """systemd-boot in front of the UKI, its entry adding to the kernel command line: the loader
+    is accepted (policy loaders), the UKI is the build, and PCR 12 holds what the loader added."""
+    if not SYSTEMD_BOOT.is_file():
+        pytest.skip(f"no {SYSTEMD_BOOT} (apt-get install systemd-boot-efi)")
+    node = "attest-cmdline"
+    esp, values = tpm_lab.uki(node)
+    image = esp / "EFI" / "Linux" / "ramdisk.efi"
+    image.parent.mkdir(parents=True)
+    (esp / "EFI" / "BOOT" / "BOOTX64.EFI").rename(image)
+    shutil.copyfile(SYSTEMD_BOOT, esp / "EFI" / "BOOT" / "BOOTX64.EFI")
+    cmdline = uki.parse_pe(image.read_bytes()).section(".cmdline").decode()
+    (esp / "loader" / "entries").mkdir(parents=True)
+    (esp / "loader" / "loader.conf").write_text("timeout 0\ndefault ramdisk.conf\n")
+    (esp / "loader" / "entries" / "ramdisk.conf").write_text(
+        f"title ramdisk\nefi /EFI/Linux/ramdisk.efi\noptions {cmdline} loglevel=7\n")
+    joins = attest(tpm_lab, tmp_path / "ca", [build_of(values)])
+    joins.verifier.policy.loaders.add(uki.authenticode_sha256(SYSTEMD_BOOT.read_bytes()))
+    machine = tpm_lab.boot(node, uefi=True, tpm=swtpm.socket, esp=esp)
+    try:
+        tpm_lab.wait_joined(machine, node, JOIN_TIMEOUT)
+        found = verdict(joins, node)
+        assert found.status is Status.REFUSED and found.check == "policy_pcr12", \
+            f"{found}\n{machine.console_tail()}"
+    finally:
+        machine.stop()
+        tpm_lab.gateway.attestation = None

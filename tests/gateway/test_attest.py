@@ -1,0 +1,384 @@
+"""The gateway's verifier against a real TPM (swtpm) measured as firmware would: an attested join,
+and every refusal that can be made without QEMU, each with its check named."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from agent.errors import TpmFailed
+from agent.gateway import eventlog
+from agent.gateway.attest import Challenge, Status, Verdict, Verifier, load_certificates, name_of
+from agent.gateway.attest_policy import Policy
+from agent.hw import tpm as tpmwire
+from agent.security.attest import Attestor, Evidence, Identity
+from tests.tpmsim import (
+    BIOS_BOOT,
+    UEFI_BOOT,
+    Ev,
+    SimTpm,
+    ev,
+    event_log,
+    h,
+    image,
+    manufactured_tpm,
+    measure,
+    other_sim,
+    sim,
+)
+
+__all__ = ["manufactured_tpm", "other_sim", "sim"]
+
+RAMDISK = h(b"ramdisk uki")
+NODE_KEY = bytes(range(32))
+PROFILE = "QEMU|Standard PC (Q35 + ICH9, 2009)|1.16.2"
+
+
+@dataclass
+class Node:
+    """A node: its TPM (swtpm), the event log its firmware wrote, its DMI, its boot and key."""
+
+    sim: SimTpm
+    root: Path
+    node_id: str = "node-1"
+    boot_id: str = "5d6c8d9e-0000-4000-8000-000000000001"
+    node_key: bytes = NODE_KEY
+
+    def boot(self, events: list[tuple[int, int, bytes, bytes]] = UEFI_BOOT) -> None:
+        with self.sim.tpm() as tpm:
+            (self.root / "log").write_bytes(measure(tpm, events))
+
+    ek: str = "auto"
+
+    def attestor(self, tpm: tpmwire.Tpm) -> Attestor:
+        dmi = self.root / "dmi"
+        dmi.mkdir(parents=True, exist_ok=True)
+        names = ("sys_vendor", "product_name", "bios_version")
+        for name, value in zip(names, PROFILE.split("|"), strict=True):
+            (dmi / name).write_text(value + "\n")
+        return Attestor(lambda: tpm, event_log=self.root / "log", dmi=dmi, ek=self.ek)
+
+    def identity(self) -> Identity:
+        with self.sim.tpm() as tpm:
+            return self.attestor(tpm).identity()
+
+    def answer(self, ch: Challenge) -> Evidence:
+        with self.sim.tpm() as tpm:
+            return self.attestor(tpm).answer(credential_blob=ch.credential_blob,
+                                             encrypted_secret=ch.encrypted_secret, nonce=ch.nonce,
+                                             boot_id=self.boot_id, node_public=self.node_key)
+
+    def join(self, verifier: Verifier) -> Verdict:
+        ch = verifier.challenge(self.node_id, self.identity())
+        return verifier.verify(ch, self.answer(ch), boot_id=self.boot_id, node_public=self.node_key)
+
+
+def replayed(events: list[tuple[int, int, bytes, bytes]], pcr: int) -> str:
+    return eventlog.parse(event_log(events)).replay([pcr])[pcr].hex()
+
+
+def policy_doc(**extra: object) -> dict[str, object]:
+    return {"builds": [{"build_id": "b1", "pcr4": RAMDISK.hex(), "pcr9": replayed(UEFI_BOOT, 9),
+                        "pcr11": bytes(32).hex(), "pcr12": bytes(32).hex()}],
+            "learn": "first", **extra}
+
+
+@pytest.fixture
+def node(sim: SimTpm, tmp_path: Path) -> Node:
+    n = Node(sim, tmp_path)
+    n.boot()
+    return n
+
+
+@pytest.fixture
+def verifier(sim: SimTpm, tmp_path: Path) -> Iterator[Verifier]:
+    (tmp_path / "policy.json").write_text(json.dumps(policy_doc()))
+    yield Verifier(Policy.load(tmp_path / "policy.json"),
+                   ek_roots=load_certificates([sim.ca_root, sim.ca_issuer]))
+
+
+def refused(verdict: Verdict, check: str) -> None:
+    assert verdict.status is Status.REFUSED, verdict
+    assert verdict.check == check, verdict
+
+
+# Attested, and what is learned --------------------------------------------------------------
+
+def test_an_attested_join_learns_then_enforces_the_profile(node: Node, verifier: Verifier,
+                                                            tmp_path: Path) -> None:
+    first = node.join(verifier)
+    assert first.status is Status.ATTESTED, first
+    assert first.matched["build"] == "b1" and first.matched["learned"] == "pcr0,pcr2,pcr7"
+    assert first.matched["profile"] == PROFILE
+    saved = json.loads((tmp_path / "policy.json").read_text())
+    assert saved["profiles"][PROFILE]["pcr0"] == [replayed(UEFI_BOOT, 0)]
+    second = node.join(verifier)
+    assert second.status is Status.ATTESTED and "learned" not in second.matched
+    reloaded = Policy.load(tmp_path / "policy.json")
+    assert reloaded.profiles == verifier.policy.profiles
+
+
+def test_firmware_changed_for_an_enrolled_profile(sim: SimTpm, tmp_path: Path, verifier: Verifier) -> None:
+    node = Node(sim, tmp_path)
+    node.boot()
+    assert node.join(verifier).attested
+    sim.restart()  # power cycle; another firmware build this time
+    other_firmware = [ev(0, Ev.S_CRTM_VERSION, "1.1".encode("utf-16-le") + b"\0\0"), *UEFI_BOOT[1:]]
+    node.boot(other_firmware)
+    refused(node.join(verifier), "policy_profile")
+
+
+def test_an_unknown_profile_is_refused_where_the_policy_learns_none(node: Node, verifier: Verifier) -> None:
+    verifier.policy.learn = "never"
+    refused(node.join(verifier), "policy_profile")
+
+
+# Unattested ---------------------------------------------------------------------------------
+
+def test_a_bios_boot_is_unattested_with_its_reason(sim: SimTpm, tmp_path: Path, verifier: Verifier) -> None:
+    node = Node(sim, tmp_path)
+    node.boot(BIOS_BOOT)
+    verdict = node.join(verifier)
+    assert verdict.status is Status.UNATTESTED and "BIOS boot" in verdict.reason
+
+
+def test_no_event_log_is_unattested(sim: SimTpm, tmp_path: Path, verifier: Verifier) -> None:
+    node = Node(sim, tmp_path)  # nothing measured, no log file
+    verdict = node.join(verifier)
+    assert verdict.status is Status.UNATTESTED and "no event log" in verdict.reason
+
+
+# Refused: the TPM's identity ----------------------------------------------------------------
+
+def test_an_ek_certificate_from_another_ca(node: Node, other_sim: SimTpm, verifier: Verifier) -> None:
+    foreign = Verifier(verifier.policy, ek_roots=load_certificates([other_sim.ca_root, other_sim.ca_issuer]))
+    verdict = foreign.try_challenge(node.node_id, node.identity())
+    assert isinstance(verdict, Verdict)
+    refused(verdict, "ek_certificate")
+
+
+def test_a_pinned_ek(node: Node, other_sim: SimTpm, verifier: Verifier, tmp_path: Path) -> None:
+    mine = node.identity()
+    pinned = Verifier(verifier.policy, pinned_ek={"node-1": hashlib.sha256(mine.ek_public).digest()})
+    assert isinstance(pinned.try_challenge("node-1", mine), Challenge)  # no CA configured at all
+    theirs = Node(other_sim, tmp_path / "other").identity()
+    refused(_as_verdict(pinned.try_challenge("node-1", theirs)), "ek_pinned")
+
+
+def test_an_ak_not_in_this_tpm(node: Node, other_sim: SimTpm, verifier: Verifier, tmp_path: Path) -> None:
+    (tmp_path / "other").mkdir()
+    foreign_ak = Node(other_sim, tmp_path / "other").identity()
+    claimed = dataclasses.replace(node.identity(), ak_public=foreign_ak.ak_public, ak_name=foreign_ak.ak_name)
+    ch = verifier.challenge(node.node_id, claimed)
+    with pytest.raises(TpmFailed, match="TPM_RC_INTEGRITY") as err:  # the TPM refuses to activate
+        node.answer(ch)
+    refused(verifier.verify(ch, str(err.value), boot_id=node.boot_id, node_public=NODE_KEY), "activation")
+    ch = verifier.challenge(node.node_id, claimed)  # a node that makes the secret up
+    made_up = dataclasses.replace(_honest_evidence(node, verifier), activated=bytes(32))
+    refused(verifier.verify(ch, made_up, boot_id=node.boot_id, node_public=NODE_KEY), "activation")
+
+
+def test_a_bit_flipped_in_the_ak_public_key(node: Node, verifier: Verifier) -> None:
+    ident = node.identity()
+    flipped = bytearray(ident.ak_public)
+    flipped[-1] ^= 1  # the point's y: no longer on the curve
+    claimed = dataclasses.replace(ident, ak_public=bytes(flipped), ak_name=name_of(bytes(flipped)))
+    refused(_as_verdict(verifier.try_challenge(node.node_id, claimed)), "ak_public")
+
+
+# Refused: the quote -------------------------------------------------------------------------
+
+def test_a_bit_flipped_in_the_quote_or_its_signature(node: Node, verifier: Verifier) -> None:
+    for field_name in ("quote", "signature"):
+        ch = verifier.challenge(node.node_id, node.identity())
+        evidence = node.answer(ch)
+        flipped = bytearray(getattr(evidence, field_name))
+        flipped[len(flipped) // 2] ^= 0x10
+        evidence = dataclasses.replace(evidence, **{field_name: bytes(flipped)})
+        refused(verifier.verify(ch, evidence, boot_id=node.boot_id, node_public=NODE_KEY), "quote_signature")
+
+
+def test_a_replayed_quote(node: Node, verifier: Verifier) -> None:
+    ch = verifier.challenge(node.node_id, node.identity())
+    old = node.answer(ch)
+    assert verifier.verify(ch, old, boot_id=node.boot_id, node_public=NODE_KEY).attested
+    ch = verifier.challenge(node.node_id, node.identity())
+    fresh = node.answer(ch)  # the TPM activates the new credential; the quote is the old one
+    replay = dataclasses.replace(fresh, quote=old.quote, signature=old.signature, pcrs=old.pcrs)
+    refused(verifier.verify(ch, replay, boot_id=node.boot_id, node_public=NODE_KEY), "quote_nonce")
+
+
+def test_a_nonce_reused(node: Node, verifier: Verifier) -> None:
+    ch = verifier.challenge(node.node_id, node.identity())
+    evidence = node.answer(ch)
+    assert verifier.verify(ch, evidence, boot_id=node.boot_id, node_public=NODE_KEY).attested
+    refused(verifier.verify(ch, evidence, boot_id=node.boot_id, node_public=NODE_KEY), "nonce_reused")
+
+
+def test_the_quote_binds_the_boot_and_the_node_key(node: Node, verifier: Verifier) -> None:
+    ch = verifier.challenge(node.node_id, node.identity())
+    evidence = node.answer(ch)
+    refused(verifier.verify(ch, evidence, boot_id="another-boot", node_public=NODE_KEY), "quote_nonce")
+    ch = verifier.challenge(node.node_id, node.identity())
+    evidence = node.answer(ch)
+    refused(verifier.verify(ch, evidence, boot_id=node.boot_id, node_public=bytes(32)), "quote_nonce")
+
+
+def test_a_second_node_presenting_the_first_ones_quote(node: Node, other_sim: SimTpm, verifier: Verifier,
+                                                       tmp_path: Path) -> None:
+    first = node.answer(ch := verifier.challenge(node.node_id, node.identity()))
+    assert verifier.verify(ch, first, boot_id=node.boot_id, node_public=NODE_KEY).attested
+    (tmp_path / "second").mkdir()
+    second = Node(other_sim, tmp_path / "second", node_id="node-2", node_key=bytes(32))
+    second.boot()
+    roots = load_certificates([other_sim.ca_root, other_sim.ca_issuer, node.sim.ca_root, node.sim.ca_issuer])
+    both = Verifier(verifier.policy, ek_roots=roots)
+    ch = both.challenge("node-2", second.identity())
+    own = second.answer(ch)  # its own TPM activates; the quote it shows is the first node's
+    shown = dataclasses.replace(own, quote=first.quote, signature=first.signature, pcrs=first.pcrs)
+    refused(both.verify(ch, shown, boot_id=second.boot_id, node_public=second.node_key), "quote_signature")
+    ch = both.challenge("node-2", node.identity())  # or it claims to be the first node's TPM
+    refused(both.verify(ch, first, boot_id=second.boot_id, node_public=second.node_key), "activation")
+
+
+def test_a_tpm_state_rolled_back(sim: SimTpm, tmp_path: Path, verifier: Verifier) -> None:
+    node = Node(sim, tmp_path)
+    sim.stop()
+    shutil.copytree(sim.state, tmp_path / "snapshot")
+    for _ in range(2):  # two boots: resetCount goes up twice
+        sim.start()
+        node.boot()
+        assert node.join(verifier).attested
+        sim.stop()
+    shutil.rmtree(sim.state)
+    shutil.copytree(tmp_path / "snapshot", sim.state)  # the TPM as it was: one reset fewer
+    sim.start()
+    node.boot()
+    refused(node.join(verifier), "counters")
+
+
+def test_pcr_values_that_do_not_hash_to_the_quote(node: Node, verifier: Verifier) -> None:
+    ch = verifier.challenge(node.node_id, node.identity())
+    evidence = node.answer(ch)
+    pcrs = dict(evidence.pcrs)
+    pcrs[4] = h(b"what the node would like PCR 4 to be")
+    refused(verifier.verify(ch, dataclasses.replace(evidence, pcrs=pcrs), boot_id=node.boot_id,
+                            node_public=NODE_KEY), "pcr_digest")
+
+
+# Refused: the event log and the policy ------------------------------------------------------
+
+def test_a_tampered_event_log(node: Node, verifier: Verifier) -> None:
+    ch = verifier.challenge(node.node_id, node.identity())
+    evidence = node.answer(ch)
+    log = evidence.event_log
+    i = log.index(RAMDISK)
+    forged = log[:i] + h(b"another ramdisk") + log[i + 32:]
+    refused(verifier.verify(ch, dataclasses.replace(evidence, event_log=forged), boot_id=node.boot_id,
+                            node_public=NODE_KEY), "event_log")
+    ch = verifier.challenge(node.node_id, node.identity())
+    evidence = node.answer(ch)
+    refused(verifier.verify(ch, dataclasses.replace(evidence, event_log=log[:-5]), boot_id=node.boot_id,
+                            node_public=NODE_KEY), "event_log")
+
+
+def test_another_ramdisk(sim: SimTpm, tmp_path: Path, verifier: Verifier) -> None:
+    node = Node(sim, tmp_path)
+    events = [e if e[2] != RAMDISK else ev(4, Ev.EFI_BOOT_SERVICES_APPLICATION, image(), h(b"tampered"))
+              for e in UEFI_BOOT]
+    node.boot(events)
+    refused(node.join(verifier), "policy_pcr4")
+
+
+def test_a_loader_the_policy_does_not_know(sim: SimTpm, tmp_path: Path, verifier: Verifier) -> None:
+    node = Node(sim, tmp_path)
+    ipxe = ev(4, Ev.EFI_BOOT_SERVICES_APPLICATION, image(), h(b"ipxe.efi"))
+    at = UEFI_BOOT.index(next(e for e in UEFI_BOOT if e[2] == RAMDISK))
+    node.boot([*UEFI_BOOT[:at], ipxe, *UEFI_BOOT[at:]])
+    refused(node.join(verifier), "policy_pcr4")
+    verifier.policy.loaders.add(h(b"ipxe.efi"))
+    sim.restart()
+    node.boot([*UEFI_BOOT[:at], ipxe, *UEFI_BOOT[at:]])
+    assert node.join(verifier).attested
+
+
+def test_a_command_line_given_by_the_boot_loader(sim: SimTpm, tmp_path: Path, verifier: Verifier) -> None:
+    node = Node(sim, tmp_path)
+    node.boot([*UEFI_BOOT, ev(12, Ev.IPL, "console=ttyS0 init=/bin/sh".encode("utf-16-le"))])
+    refused(node.join(verifier), "policy_pcr12")
+
+
+def test_the_policy_file_is_checked(tmp_path: Path) -> None:
+    from agent.errors import InvalidParameters
+
+    for bad in ({"builds": [{"pcr11": "00"}]}, {"learn": "sometimes"}, {"extra": 1},
+                {"builds": [{"pcr4": "zz"}]}):
+        (tmp_path / "p.json").write_text(json.dumps(bad))
+        with pytest.raises(InvalidParameters):
+            Policy.load(tmp_path / "p.json")
+
+
+def _as_verdict(out: Challenge | Verdict) -> Verdict:
+    assert isinstance(out, Verdict), out
+    return out
+
+
+def _honest_evidence(node: Node, verifier: Verifier) -> Evidence:
+    ch = verifier.challenge(node.node_id, node.identity())
+    return node.answer(ch)
+
+
+# Leaving the measured boot --------------------------------------------------------------------
+
+def test_a_kexec_after_the_agent_marked_pcr11(node: Node, verifier: Verifier) -> None:
+    assert node.join(verifier).attested
+    with node.sim.tpm() as tpm:
+        node.attestor(tpm).leave_measured_boot()  # what boot.kexec does before it ends the agent
+    node.boot_id = "5d6c8d9e-0000-4000-8000-000000000002"  # the kernel it kexec'd into
+    verdict = node.join(verifier)
+    assert verdict.status is Status.UNATTESTED and "kexec" in verdict.reason, verdict
+
+
+def test_a_kexec_the_agent_did_not_mark(node: Node, verifier: Verifier) -> None:
+    assert node.join(verifier).attested
+    node.boot_id = "5d6c8d9e-0000-4000-8000-000000000003"  # a new boot id, the TPM not reset
+    verdict = node.join(verifier)
+    assert verdict.status is Status.UNATTESTED and "not reset since boot" in verdict.reason, verdict
+    assert node.join(verifier).status is Status.UNATTESTED  # and so on for the rest of that boot
+
+
+def test_pcr11_that_no_build_explains(sim: SimTpm, tmp_path: Path, verifier: Verifier) -> None:
+    node = Node(sim, tmp_path)
+    node.boot([*UEFI_BOOT, ev(11, Ev.IPL, b".linux\0")])  # a stub the build does not have
+    refused(node.join(verifier), "policy_pcr11")
+
+
+def test_an_installed_systems_boot_is_unattested_not_refused(sim: SimTpm, tmp_path: Path,
+                                                            verifier: Verifier) -> None:
+    node = Node(sim, tmp_path)
+    node.boot([e if e[2] != RAMDISK else ev(4, Ev.EFI_BOOT_SERVICES_APPLICATION, image(), h(b"grubx64.efi"))
+               for e in UEFI_BOOT])
+    ch = verifier.challenge(node.node_id, node.identity())
+    verdict = verifier.verify(ch, node.answer(ch), boot_id=node.boot_id, node_public=NODE_KEY, role="node")
+    assert verdict.status is Status.UNATTESTED and "node boot" in verdict.reason, verdict
+    ch = verifier.challenge(node.node_id, node.identity())  # the same boot claiming to be a ramdisk
+    refused(verifier.verify(ch, node.answer(ch), boot_id=node.boot_id, node_public=NODE_KEY), "policy_pcr4")
+
+
+def test_an_ecc_p256_ek(node: Node, verifier: Verifier) -> None:
+    """The ECC EK of the TCG template L-2 (swtpm certifies a P-384 one only, so it is pinned
+    here): MakeCredential by ECDH and KDFe, activated by the TPM."""
+    node.ek = "ecc"
+    ident = node.identity()
+    assert tpmwire.parse_public(ident.ek_public).type == tpmwire.Alg.ECC and not ident.ek_certificate
+    refused(_as_verdict(verifier.try_challenge(node.node_id, ident)), "ek_certificate")
+    verifier.pinned_ek[node.node_id] = hashlib.sha256(ident.ek_public).digest()
+    verdict = node.join(verifier)
+    assert verdict.attested, verdict

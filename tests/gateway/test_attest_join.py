@@ -1,0 +1,65 @@
+"""The join's attestation frames at the gateway (agent/gateway/attest_join.py), with a real TPM
+(swtpm) behind the agent's side: the challenge, the verdict, answers that answer nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from agent.gateway.attest import Status, Verifier, load_certificates
+from agent.gateway.attest_join import JoinAttestation
+from agent.gateway.attest_policy import Build, Policy
+from agent.proto import session_pb2
+from agent.security.attest import Attestor
+from tests.tpmsim import UEFI_BOOT, SimTpm, h, manufactured_tpm, measure, sim
+
+__all__ = ["manufactured_tpm", "sim"]
+
+KEY = bytes(range(32))
+
+
+def hello(attestor: Attestor, boot: str = "boot-1", role: str = "ramdisk") -> session_pb2.Hello:
+    return session_pb2.Hello(node_id="n1", role=role, boot_id=boot, public_key=KEY,
+                             tpm=attestor.identity_message())
+
+
+def test_challenge_answer_verdict_and_answers_to_nothing(sim: SimTpm, tmp_path: Path) -> None:
+    events: list[tuple[str, str]] = []
+    verifier = Verifier(Policy(builds=[Build("b1", (h(b"ramdisk uki"),), {})], learn="first"),
+                        ek_roots=load_certificates([sim.ca_root, sim.ca_issuer]))
+    joins = JoinAttestation(verifier, on_verdict=lambda node, v: events.append((node, str(v.status))))
+    with sim.tpm() as tpm:
+        (tmp_path / "log").write_bytes(measure(tpm, UEFI_BOOT))
+        attestor = Attestor(lambda: tpm, event_log=tmp_path / "log")
+        frame = joins.on_hello("n1", hello(attestor))
+        assert frame.WhichOneof("msg") == "attest_challenge" and joins.verdict("n1") is None
+        ok, why = joins.vouches("n1", "boot-1", KEY)
+        assert not ok and "no attestation verdict" in why
+        answer = attestor.answer_message(frame.attest_challenge, boot_id="boot-1", node_public=KEY)
+        stray = session_pb2.AttestAnswer()
+        stray.CopyFrom(answer)
+        stray.nonce = bytes(32)
+        assert joins.on_answer("n1", stray).attest_verdict.check == "nonce_reused"
+        assert joins.verdict("n1") is None  # a stray answer spends nothing
+        verdict = joins.on_answer("n1", answer).attest_verdict
+        assert verdict.status == "attested" and verdict.matched["build"] == "b1"
+        assert joins.vouches("n1", "boot-1", KEY)[0]
+        assert not joins.vouches("n1", "boot-2", KEY)[0] and not joins.vouches("n1", "boot-1", bytes(32))[0]
+        again = joins.on_answer("n1", answer).attest_verdict  # the same challenge answered twice
+        assert again.check == "nonce_reused"
+        assert joins.verdict("n1").status is Status.REFUSED  # type: ignore[union-attr]
+    assert [s for _, s in events] == ["refused", "attested", "refused"]
+
+
+def test_no_tpm_is_decided_at_the_hello(tmp_path: Path) -> None:
+    verifier = Verifier(Policy())
+    joins = JoinAttestation(verifier)
+    frame = joins.on_hello("n1", session_pb2.Hello(node_id="n1", boot_id="b", public_key=KEY,
+                                                   tpm=session_pb2.TpmIdentity(absent="no TPM: none here")))
+    assert frame.attest_verdict.status == "unattested" and frame.attest_verdict.reason == "no TPM: none here"
+    frame = joins.on_hello("n2", session_pb2.Hello(node_id="n2", boot_id="b", public_key=KEY))
+    assert frame.attest_verdict.status == "unattested"  # an agent that presents no TPM at all
+    frame = joins.on_hello("n3", session_pb2.Hello(node_id="n3", boot_id="b", public_key=KEY,
+                                                   tpm=session_pb2.TpmIdentity(ek_public=b"junk")))
+    assert (frame.attest_verdict.status, frame.attest_verdict.check) == ("refused", "ek_public")
+    assert json.dumps(dict(frame.attest_verdict.matched)) == "{}"

@@ -1,0 +1,177 @@
+"""agent/hw/tpm.py against a real TPM 2.0 (swtpm), with tpm2-tools as the oracle of its encoding."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from agent.errors import InvalidParameters, Reason, TpmFailed
+from agent.hw import tpm as w
+from agent.security.attest import Attestor
+from tests.tpmsim import SimTpm, manufactured_tpm, need, sim
+
+__all__ = ["manufactured_tpm", "sim"]
+
+
+def tools(sim: SimTpm, *argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    need(argv[0])
+    env = dict(os.environ, TPM2TOOLS_TCTI=sim.tcti)
+    return subprocess.run(list(argv), cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+
+
+# Without a TPM ----------------------------------------------------------------------------
+
+def test_response_codes_are_named() -> None:
+    assert w.rc_name(0x18B) == "TPM_RC_HANDLE (handle 1)"
+    assert w.rc_name(0x9A2) == "TPM_RC_BAD_AUTH (session 1)"
+    assert w.rc_name(0x1DF) == "TPM_RC_INTEGRITY (parameter 1)"
+    assert w.rc_name(0x922) == "TPM_RC_RETRY"
+    assert w.rc_name(0x101) == "TPM_RC_FAILURE"
+
+
+def test_pcr_selection_encoding() -> None:
+    assert w.pcr_selection(range(13)) == bytes.fromhex("00000001000b03ff1f00")
+    assert w.read_pcr_selection(w.Reader(w.pcr_selection([0, 7, 16]))) == {w.Alg.SHA256: [0, 7, 16]}
+    with pytest.raises(InvalidParameters):
+        w.pcr_selection([24])
+
+
+def test_templates_parse_as_what_they_say() -> None:
+    ek = w.parse_public(w.EK_RSA_TEMPLATE)
+    assert ek.type == w.Alg.RSA and ek.attributes == 0x000300B2 and ek.auth_policy == w.EK_POLICY
+    assert ek.unique == bytes(256)
+    ecc = w.parse_public(w.EK_ECC_TEMPLATE)
+    assert ecc.type == w.Alg.ECC and ecc.attributes == 0x000300B2 and ecc.unique == w.b2(bytes(32)) * 2
+    ak = w.parse_public(w.AK_TEMPLATE)
+    assert ak.type == w.Alg.ECC and ak.attributes & w.Attr.RESTRICTED and ak.attributes & w.Attr.SIGN
+    assert not ak.attributes & w.Attr.DECRYPT
+
+
+def test_a_truncated_response_is_a_tpm_error() -> None:
+    with pytest.raises(TpmFailed, match="truncated"):
+        w.Reader(b"\x00\x05abc").b2()
+
+
+def test_no_tpm_is_a_fact_not_an_error(tmp_path: Path) -> None:
+    assert w.open_default(tmp_path / "tpmrm0") is None
+    attestor = Attestor(lambda: w.open_default(tmp_path / "tpmrm0"))
+    assert attestor.open() is False
+    assert "no TPM" in attestor.absent
+
+
+def test_a_loopback_socket_only() -> None:
+    with pytest.raises(InvalidParameters, match="loopback"):
+        w.SocketTransport(("192.0.2.1", 2321))
+
+
+# Against swtpm ----------------------------------------------------------------------------
+
+def test_an_error_names_the_response_code(sim: SimTpm) -> None:
+    with sim.tpm() as tpm, pytest.raises(TpmFailed) as err:
+        tpm.read_public(0x81000099)
+    assert err.value.reason == Reason.TPM_ERROR
+    assert err.value.details["rc"] == "0x18b"
+    assert "TPM_RC_HANDLE" in str(err.value)
+
+
+def test_the_ek_is_the_certified_one(sim: SimTpm) -> None:
+    with sim.tpm() as tpm:
+        ident = Attestor(lambda: tpm).identity()
+        made = tpm.create_primary(w.RH_ENDORSEMENT, w.EK_RSA_TEMPLATE)  # from the template
+        assert made.area == ident.ek_public  # the same key as the persisted one
+    cert = x509.load_der_x509_certificate(ident.ek_certificate)
+    key = cert.public_key()
+    assert isinstance(key, rsa.RSAPublicKey)
+    modulus = w.parse_public(ident.ek_public).unique
+    assert key.public_numbers().n == int.from_bytes(modulus, "big")
+    assert ident.manufacturer == "IBM"
+    assert ident.ak_name == struct.pack(">H", w.Alg.SHA256) + hashlib.sha256(ident.ak_public).digest()
+
+
+def test_pcr_read_follows_extends(sim: SimTpm) -> None:
+    digest = hashlib.sha256(b"measured").digest()
+    with sim.tpm() as tpm:
+        before = tpm.pcr_read(range(24))
+        tpm.pcr_extend(16, digest)
+        after = tpm.pcr_read([16, 3])
+    assert len(before) == 24 and before[16] == bytes(32)
+    assert after == {16: hashlib.sha256(bytes(32) + digest).digest(), 3: before[3]}
+
+
+def test_quote_checked_by_tpm2_checkquote(sim: SimTpm, tmp_path: Path) -> None:
+    with sim.tpm() as tpm:
+        attestor = Attestor(lambda: tpm)
+        ident = attestor.identity()
+        tpm.pcr_extend(4, hashlib.sha256(b"app").digest())
+        quote, signature = tpm.quote(attestor._ak.handle if attestor._ak else 0, b"q" * 32, range(13))
+        pcrs = tpm.pcr_read(range(13))
+    attest = w.parse_attest(quote)
+    assert attest.magic == w.GENERATED_VALUE and attest.type == w.ST_ATTEST_QUOTE
+    assert attest.signer[:2] == ident.ak_name[:2]
+    assert attest.extra_data == b"q" * 32
+    assert attest.pcr_select == {w.Alg.SHA256: list(range(13))}
+    assert attest.pcr_digest == hashlib.sha256(b"".join(pcrs[i] for i in range(13))).digest()
+    (tmp_path / "ak.pub").write_bytes(w.b2(ident.ak_public))
+    (tmp_path / "q.msg").write_bytes(quote)
+    (tmp_path / "q.sig").write_bytes(signature)
+    ok = tools(sim, "tpm2_checkquote", "-u", "ak.pub", "-m", "q.msg", "-s", "q.sig",
+               "-g", "sha256", "-q", (b"q" * 32).hex(), cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    bad = bytearray(quote)
+    bad[-1] ^= 1
+    (tmp_path / "q.msg").write_bytes(bytes(bad))
+    refused = tools(sim, "tpm2_checkquote", "-u", "ak.pub", "-m", "q.msg", "-s", "q.sig",
+                    "-g", "sha256", "-q", (b"q" * 32).hex(), cwd=tmp_path)
+    assert refused.returncode != 0
+
+
+def test_tpm2_quote_parses_here(sim: SimTpm, tmp_path: Path) -> None:
+    attrs = "fixedtpm|fixedparent|sensitivedataorigin|userwithauth|restricted|sign"
+    made = tools(sim, "tpm2_createprimary", "-C", "e", "-g", "sha256", "-G", "ecc256:ecdsa-sha256:null",
+                 "-a", attrs, "-c", "ak.ctx", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    quoted = tools(sim, "tpm2_quote", "-c", "ak.ctx", "-l", "sha256:0,1,2,3,4,5,6,7,8,9,10,11,12",
+                   "-q", "00112233445566778899", "-m", "q.msg", "-s", "q.sig", "-g", "sha256",
+                   cwd=tmp_path)
+    assert quoted.returncode == 0, quoted.stderr
+    tools(sim, "tpm2_flushcontext", "-t", cwd=tmp_path)
+    attest = w.parse_attest((tmp_path / "q.msg").read_bytes())
+    assert attest.extra_data == bytes.fromhex("00112233445566778899")
+    with sim.tpm() as tpm:
+        pcrs = tpm.pcr_read(range(13))
+    assert attest.pcr_digest == hashlib.sha256(b"".join(pcrs[i] for i in range(13))).digest()
+
+
+def test_activate_a_tpm2_makecredential(sim: SimTpm, tmp_path: Path) -> None:
+    with sim.tpm() as tpm:
+        attestor = Attestor(lambda: tpm)
+        ident = attestor.identity()
+        (tmp_path / "ek.pub").write_bytes(w.b2(ident.ek_public))
+        (tmp_path / "secret").write_bytes(b"the gateway's secret")
+        for name, out in ((ident.ak_name, "cred"), (b"\x00\x0b" + bytes(32), "cred.other")):
+            made = tools(sim, "tpm2_makecredential", "-T", "none", "-u", "ek.pub", "-s", "secret",
+                         "-n", name.hex(), "-o", out, cwd=tmp_path)
+            assert made.returncode == 0, made.stderr
+        blob, secret = read_tools_credential(tmp_path / "cred")
+        assert attestor._ak is not None and attestor._ek is not None
+        got = tpm.activate_credential(attestor._ak.handle, attestor._ek.handle, blob, secret)
+        assert got == b"the gateway's secret"
+        blob, secret = read_tools_credential(tmp_path / "cred.other")  # made for another key
+        with pytest.raises(TpmFailed, match="TPM_RC_INTEGRITY"):
+            tpm.activate_credential(attestor._ak.handle, attestor._ek.handle, blob, secret)
+
+
+def read_tools_credential(path: Path) -> tuple[bytes, bytes]:
+    """tpm2-tools' credential file: magic, version, TPM2B_ID_OBJECT, TPM2B_ENCRYPTED_SECRET."""
+    r = w.Reader(path.read_bytes())
+    assert r.u32() == 0xBADCC0DE and r.u32() == 1
+    blob, secret = r.b2(), r.b2()
+    r.done()
+    return blob, secret

@@ -1,0 +1,148 @@
+"""Attestation at the join, end to end on this machine: a real agent process whose TPM is a
+swtpm measured as firmware would, the reference gateway's verifier, and an attested kind's
+result verified only when its boot attested."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.gateway import Gateway
+from agent.gateway.attest import Status, Verdict, Verifier, load_certificates
+from agent.gateway.attest_join import JoinAttestation
+from agent.gateway.attest_policy import Build, Policy
+from agent.gateway.certs import DevPki
+from agent.security.attest import LEFT_EVENT, attestor_for
+from tests.runtime.core_harness import Terminating, World, accepted
+from tests.runtime.harness import ROOT, AgentProcess, start_gateway, wait_until
+from tests.tpmsim import UEFI_BOOT, SimTpm, h, manufactured_tpm, measure, sim
+
+__all__ = ["manufactured_tpm", "sim"]
+
+TIMEOUT = 60
+
+
+@pytest.fixture
+def attesting_gateway(pki: DevPki, sim: SimTpm) -> Iterator[Gateway]:
+    policy = Policy(builds=[Build("b1", (h(b"ramdisk uki"),), {})], learn="first")
+    verifier = Verifier(policy, ek_roots=load_certificates([sim.ca_root, sim.ca_issuer]))
+    gw = start_gateway(pki, attestation=JoinAttestation(verifier))
+    yield gw
+    gw.stop()
+
+
+def verdict_of(gw: Gateway, node: str = "node-1") -> Verdict:
+    assert gw.attestation is not None
+    found: Verdict = gw.wait_for(lambda: gw.attestation.verdict(node) if gw.attestation else None,
+                                 TIMEOUT, "an attestation verdict")
+    return found
+
+
+def test_an_attested_join_and_a_verified_result(attesting_gateway: Gateway, pki: DevPki, sim: SimTpm,
+                                                tmp_path: Path) -> None:
+    with sim.tpm() as tpm:
+        (tmp_path / "log").write_bytes(measure(tpm, UEFI_BOOT))
+    agent = AgentProcess(pki, attesting_gateway, tmp_path / "agent",
+                         cmdline=f"bc.tpm=tcp:127.0.0.1:{sim.port} bc.tpm_event_log={tmp_path / 'log'}")
+    try:
+        agent.start()
+        verdict = verdict_of(attesting_gateway)
+        assert verdict.status is Status.ATTESTED, verdict
+        assert verdict.matched["build"] == "b1"
+        verdicts = [e.what for e in attesting_gateway.events if e.what.startswith("attest_")]
+        assert verdicts == ["attest_attested"]
+        cid = attesting_gateway.send("node-1", "diag.nvml", {})
+        attesting_gateway.wait_result(cid, TIMEOUT)
+        ok, why = attesting_gateway.verified(cid)
+        assert ok, why
+    finally:
+        agent.kill()
+    log = (tmp_path / "agent" / "agent-1.log").read_text()
+    assert "attestation verdict: attested" in log
+
+
+def test_no_tpm_joins_unattested_and_its_results_are_not_verified(attesting_gateway: Gateway, pki: DevPki,
+                                                                   tmp_path: Path) -> None:
+    agent = AgentProcess(pki, attesting_gateway, tmp_path / "agent", cmdline="bc.tpm=none")
+    try:
+        agent.start()
+        verdict = verdict_of(attesting_gateway)
+        assert verdict.status is Status.UNATTESTED and "bc.tpm=none" in verdict.reason
+        cid = attesting_gateway.send("node-1", "diag.nvml", {})
+        attesting_gateway.wait_result(cid, TIMEOUT)
+        ok, why = attesting_gateway.verified(cid)
+        assert not ok and "unattested" in why
+    finally:
+        agent.kill()
+
+
+def test_a_refused_boot(attesting_gateway: Gateway, pki: DevPki, sim: SimTpm, tmp_path: Path) -> None:
+    with sim.tpm() as tpm:
+        log = measure(tpm, UEFI_BOOT)
+    (tmp_path / "log").write_bytes(log.replace(h(b"ramdisk uki"), h(b"what the node says it booted")))
+    agent = AgentProcess(pki, attesting_gateway, tmp_path / "agent",
+                         cmdline=f"bc.tpm=tcp:127.0.0.1:{sim.port} bc.tpm_event_log={tmp_path / 'log'}")
+    try:
+        agent.start()
+        verdict = verdict_of(attesting_gateway)
+        assert verdict.status is Status.REFUSED and verdict.check == "event_log", verdict
+    finally:
+        agent.kill()
+
+
+def test_gateway_send_shows_a_wipe_verified(pki: DevPki, sim: SimTpm, tmp_path: Path) -> None:
+    """`agent gateway send --attest-policy`: the operator sees the erasure certificate verified."""
+    with sim.tpm() as tpm:
+        (tmp_path / "log").write_bytes(measure(tpm, UEFI_BOOT))
+    (tmp_path / "policy.json").write_text(json.dumps(
+        {"builds": [{"build_id": "b1", "pcr4": h(b"ramdisk uki").hex()}], "learn": "first"}))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    send = subprocess.Popen(
+        [sys.executable, "-m", "agent", "gateway", "send", "--pki", str(pki.dir),
+         "--listen", f"127.0.0.1:{port}",
+         "--node", "node-1", "--kind", "disk.wipe", "--payload", '{"disks": [{"serial": "S-1"}]}',
+         "--attest-policy", str(tmp_path / "policy.json"),
+         "--ek-ca", str(sim.ca_root), "--ek-ca", str(sim.ca_issuer),
+         "--wait-node", "60", "--wait-result", "60", "--heartbeat", "1"],
+        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    address = types.SimpleNamespace(address=f"127.0.0.1:{port}")
+    agent = AgentProcess(pki, address, tmp_path / "agent",  # type: ignore[arg-type]
+                         cmdline=f"bc.tpm=tcp:127.0.0.1:{sim.port} bc.tpm_event_log={tmp_path / 'log'}")
+    try:
+        agent.start()
+        out, err = send.communicate(timeout=120)
+    finally:
+        agent.kill()
+        if send.poll() is None:
+            send.kill()
+    assert send.returncode == 0, err
+    result = json.loads(out)
+    assert result["status"] == "SUCCEEDED" and result["verified"] is True, result
+    assert "attested" in result["verified_why"] and "b1" in result["verified_why"]
+    assert json.loads((tmp_path / "policy.json").read_text())["profiles"]  # the profile was learned
+
+
+def test_a_kexec_marks_pcr11_before_the_agent_ends(world: World, sim: SimTpm) -> None:
+    """boot.kexec (and daemon.upgrade) mark PCR 11 before the action: the kernel that runs next
+    was not measured, and the gateway's next verdict says so (tests/gateway/test_attest.py)."""
+    with sim.tpm() as tpm:
+        before = tpm.pcr_read([11])[11]
+    kexec = Terminating("boot.kexec")
+    agent, _ = world.agent({"boot.kexec": kexec}, attestor=attestor_for(f"tcp:127.0.0.1:{sim.port}"))
+    accepted(agent.submit(world.command("k1", "boot.kexec")))
+    wait_until(lambda: kexec.actions, TIMEOUT, "the kexec action")
+    agent.attestor.close()  # swtpm serves one connection at a time
+    with sim.tpm() as tpm:
+        assert tpm.pcr_read([11])[11] == hashlib.sha256(before + LEFT_EVENT).digest()
