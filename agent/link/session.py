@@ -258,6 +258,12 @@ class Session:
             # handled before the drain thread would get to run.
             self.agent.drain(timeout=0)
             threading.Thread(target=self._drain, args=(reason,), name="drain", daemon=True).start()
+        elif what == "attest_challenge" and len(frame.attest_challenge.nonce) != 32:
+            with self._lock:
+                channel = self._channel
+            if channel is not None:    # a challenge without its nonce binds nothing: refused
+                channel.close(wire.MALFORMED_FRAME, error=wire.error_frame(
+                    wire.MALFORMED_FRAME, "an attest_challenge carries a nonce of 32 bytes"))
         elif what == "attest_challenge":
             # Attestation (docs/attestation.md): the TPM works off the reader's thread.
             threading.Thread(target=self._attest, args=(frame.attest_challenge,), name="attest",
