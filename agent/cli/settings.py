@@ -133,6 +133,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("site_upstreams", "--site-upstream", "bc.site_upstreams", _upstream,
             "site role: a host, address or network proxy routes may reach (repeatable; default "
             "any but loopback, link-local and the site's own)", multiple=True),
+    Setting("site_console_dir", "--site-console-dir", "bc.site_console_dir", Path,
+            "site role: where the nodes' kept serial consoles are, on a disk "
+            "(default STATE_DIR/site/observe/console)"),
+    Setting("site_console_ring_bytes", "--site-console-ring-bytes", "bc.site_console_ring_bytes", _bytes,
+            "site role: each node's console ring, e.g. 4M (default 4M)"),
+    Setting("site_console_budget_bytes", "--site-console-budget-bytes", "bc.site_console_budget_bytes",
+            _bytes, "site role: all the consoles' rings together, e.g. 1G (default 1G)"),
     Setting("reconnect_min_seconds", "--reconnect-min", "bc.reconnect_min", _positive,
             "base of the reconnect backoff (seconds)", session=True),
     Setting("reconnect_max_seconds", "--reconnect-max", "bc.reconnect_max", _positive,

@@ -320,9 +320,17 @@ class _BmcHandler(Handler[site_pb2.BmcOperationRequest, BmcParams]):
         session = BmcSession(ctx, params)
         client, creds = session.open()
         try:
-            return self.operate(session, client, creds)
+            result = self.operate(session, client, creds)
         finally:
             session.done(client)
+        if ctx.site_services is not None and params.node_id:
+            # The node's boot timeline and console (agent/site/observe/): power, boot device.
+            from agent.site.observe.console import Bmc
+
+            ctx.site_services.observe.bmc_done(
+                params.node_id, Bmc(params.address, str(params.protocol), params.credentials_ref),
+                self.kind, params.operation, str(params.args.device or ""))
+        return result
 
     def operate(self, session: BmcSession, client: BmcClient, creds: Credentials) -> Result:
         raise NotImplementedError
