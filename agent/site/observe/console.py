@@ -81,8 +81,11 @@ MILESTONES: tuple[tuple[Step, re.Pattern[str]], ...] = (
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>78cM]")
 
 BUSY_PATTERNS = ("already active on another session", "sol payload already active")
+# What a BMC without SOL answers (ipmi_sim without a ``sol`` line: "Error activating SOL
+# payload: Invalid command"), or with SOL disabled.
 NO_SOL_PATTERNS = ("sol payload disabled", "sol is not enabled", "sol not supported",
-                   "payload type", "invalid payload")
+                   "error activating sol payload: invalid command",
+                   "error activating sol payload: command not supported", "invalid payload")
 AUTH_PATTERNS = ("rakp 2 hmac is invalid", "unauthorized name", "invalid user name", "password invalid")
 
 
@@ -207,16 +210,18 @@ class SolSession:
 
     def _say(self, state: str, detail: str = "") -> None:
         if state != self.state:
-            self.state = state
             text = f"{state}: {detail}" if detail else state
             log.info("console of %s (%s): %s", self.node_id, self.bmc.address, text)
             self.ring.append(time.time(), f"[site: console {text}]")
             self.report(self.node_id, Step.CONSOLE, text)
+            self.state = state
 
     def _argv(self, creds: Credentials) -> list[str]:
         host, port = split_address(self.bmc.address)
-        return [self.ipmitool, "-v", "-I", "lanplus", "-H", host, "-p", str(port), "-U", creds.username,
-                "-E", "-C", CIPHER_SUITE, "sol", "activate"]
+        # stdbuf: ipmitool's stdout is block-buffered when it is not a terminal, and a
+        # console's lines must come as they are written (coreutils' stdbuf, -o0).
+        return ["stdbuf", "-o0", self.ipmitool, "-v", "-I", "lanplus", "-H", host, "-p", str(port),
+                "-U", creds.username, "-E", "-C", CIPHER_SUITE, "sol", "activate"]
 
     def _loop(self) -> None:
         if self.bmc.protocol != "ipmi":
