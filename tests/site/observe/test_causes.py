@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.site.observe.causes import NAMES, RULES, Diagnosis
-from agent.site.observe.timeline import Outcome, Prepared, Step, Timelines
+from agent.site.observe.timeline import Event, Outcome, Prepared, Step, Timelines
 
 MAC = "52:54:00:00:00:01"
 IP = "10.99.0.50"
@@ -65,9 +65,7 @@ def boot_to_script(tl: Timelines, clock: Clock) -> None:
     fetch(tl, Step.NODE_SCRIPT, mac=MAC)
 
 
-def ev(clock: Clock, step: str, detail: str = "") -> object:
-    from agent.site.observe.timeline import Event
-
+def ev(clock: Clock, step: str, detail: str = "") -> Event:
     return Event(clock.now, step, detail)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -211,7 +212,7 @@ def test_busy_when_another_session_holds_sol_then_attached(
              "sol", "activate"]
     obs = make_observer(tmp_path, secrets_dir)
     try:
-        with proc.running(other, stdin=proc.subprocess.PIPE, env=env, check=False) as holder:
+        with proc.running(other, stdin=subprocess.PIPE, env=env, check=False) as holder:
             time.sleep(2)      # the other session is up
             obs.bmc_done("n1", Bmc(sol_sim.address, "ipmi", REF), "bmc.power", "on")
             wait_for("busy", lambda: obs.consoles.state("n1") == "busy")
