@@ -11,7 +11,9 @@
   (re)connect, so a rotation is followed.
 - A session takes no BMC lock and no IPMI session slot (those are for short commands, and a
   console is held for the whole boot): bmc.* commands on the node run beside it.
-- Dropped by the BMC (ipmitool exits): reconnected, backing off from 1 s to 30 s. Another
+- Dropped by the BMC (ipmitool exits; ``usesolkeepalive`` makes it notice a session the BMC
+  ended, about 25 s later with ipmi_sim, where its default keepalive never does): reconnected,
+  backing off from 1 s to 30 s. Another
   session holds SOL ("SOL payload already active on another session"): said as ``busy`` and
   tried again every 30 s, never taken over. A BMC whose SOL is disabled or absent, or a node
   driven over Redfish: said as ``no SOL`` once, no retries. Wrong credentials: said, no
@@ -221,7 +223,7 @@ class SolSession:
         # stdbuf: ipmitool's stdout is block-buffered when it is not a terminal, and a
         # console's lines must come as they are written (coreutils' stdbuf, -o0).
         return ["stdbuf", "-o0", self.ipmitool, "-v", "-I", "lanplus", "-H", host, "-p", str(port),
-                "-U", creds.username, "-E", "-C", CIPHER_SUITE, "sol", "activate"]
+                "-U", creds.username, "-E", "-C", CIPHER_SUITE, "sol", "activate", "usesolkeepalive"]
 
     def _loop(self) -> None:
         if self.bmc.protocol != "ipmi":

@@ -226,6 +226,27 @@ def test_busy_when_another_session_holds_sol_then_attached(
         obs.stop()
 
 
+@pytest.mark.slow
+def test_a_session_the_bmc_drops_is_reconnected(
+        tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path) -> None:
+    """The BMC ends the SOL session (another client's ``sol deactivate``): ipmitool's SOL
+    keepalive finds it gone (about 25 s with ipmi_sim), the site says so and reconnects."""
+    obs = make_observer(tmp_path, secrets_dir)
+    try:
+        obs.bmc_done("n1", Bmc(sol_sim.address, "ipmi", REF), "bmc.power", "on")
+        wait_for("attached", lambda: obs.consoles.state("n1") == "attached")
+        assert sol_sim.ipmitool("sol", "deactivate").returncode == 0
+        wait_for("dropped", lambda: obs.consoles.state("n1") == "dropped", 60)
+        wait_for("attached again", lambda: obs.consoles.state("n1") == "attached", 30)
+        wait_for("the serial port", serial.connected.is_set)
+        serial.say("after the drop")
+        wait_for("the line", lambda: any(t == "after the drop" for _, t in obs.consoles.read("n1")))
+        said = consoles_of(obs)
+        assert said[0] == "attached" and said[1].startswith("dropped") and said[2] == "attached", said
+    finally:
+        obs.stop()
+
+
 def test_a_daemon_restart_resumes_the_console_and_the_ring(
         tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path) -> None:
     obs = make_observer(tmp_path, secrets_dir)
