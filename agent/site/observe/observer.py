@@ -22,16 +22,18 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from agent.atomicfile import write_atomic
+from agent.proto import agent_pb2
 from agent.site.metrics import Metrics
 from agent.site.observe import dhcplog
 from agent.site.observe.causes import Diagnosis
 from agent.site.observe.console import DEFAULT_BUDGET_BYTES, DEFAULT_RING_BYTES, Bmc, Consoles
-from agent.site.observe.timeline import Attempt, Event, Prepared, Step, Timelines
+from agent.site.observe.timeline import Attempt, Event, Outcome, Prepared, Step, Timelines, render
 
 log = logging.getLogger(__name__)
 
@@ -209,3 +211,36 @@ class Observer:
     def _on_joined(self, node_id: str, attempt: Attempt) -> None:
         for phase, seconds in self.joined_phases(attempt).items():
             self.metrics.observe(PHASE_HISTOGRAM, seconds, phase=phase)
+
+    # -- how it reaches people ----------------------------------------------------------------
+
+    def node_boot(self, node_id: str) -> agent_pb2.NodeBoot | None:
+        """The node's last attempt, for inventory.refresh in role site (None: none kept)."""
+        a = self.timelines.last(node_id)
+        if a is None:
+            return None
+        boot = agent_pb2.NodeBoot(
+            node_id=node_id, attempt=a.number, method=a.method, trigger=a.trigger,
+            started_unix_ms=int(a.started * 1000), outcome=a.outcome, cause=a.cause,
+            cause_detail=a.cause_detail, console=self.consoles.state(node_id),
+            steps=[f"+{e.t - a.started:.1f}s {e.step} {e.detail}".rstrip() for e in a.events][-64:])
+        if a.outcome == Outcome.FAILED:
+            boot.last_lines.extend(self.consoles.last_lines(node_id, 10))
+        return boot
+
+    def node_boots(self) -> list[agent_pb2.NodeBoot]:
+        return [b for n in self.timelines.nodes() if (b := self.node_boot(n)) is not None]
+
+    def node_files(self, node_id: str, since: float = 0.0, until: float = 0.0) -> dict[str, bytes]:
+        """What logs.collect gathers of a node: its console within [since, until], its
+        timelines (JSON and text)."""
+        lines = self.consoles.read(node_id, since, until)
+        console = "".join(
+            f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(t))}.{int(t * 1000) % 1000:03d}Z {text}\n"
+            for t, text in lines)
+        attempts = self.timelines.attempts(node_id)
+        return {
+            "console.txt": console.encode(),
+            "timeline.json": json.dumps([a.to_dict() for a in attempts], indent=1).encode(),
+            "timeline.txt": render(node_id, attempts).encode(),
+        }
