@@ -225,11 +225,13 @@ class SolSession:
         return ["stdbuf", "-o0", self.ipmitool, "-v", "-I", "lanplus", "-H", host, "-p", str(port),
                 "-U", creds.username, "-E", "-C", CIPHER_SUITE, "sol", "activate", "usesolkeepalive"]
 
+    @property
+    def alive(self) -> bool:
+        """Still keeping (or trying to keep) the console: not ended for no SOL or refused
+        credentials."""
+        return self._thread.is_alive() or self.state == "starting"
+
     def _loop(self) -> None:
-        if self.bmc.protocol != "ipmi":
-            self._say("no SOL", f"the BMC is driven over {self.bmc.protocol}; the site keeps "
-                      "consoles over IPMI Serial-over-LAN only")
-            return
         delay = RECONNECT_MIN
         while not self._stop.is_set():
             started = time.monotonic()
@@ -358,11 +360,16 @@ class Consoles:
     def attach(self, node_id: str, bmc: Bmc) -> str:
         """Keep the node's console (a session already kept for the same BMC is left as it is).
         Returns the session's state, or why it is not kept."""
+        if bmc.protocol != "ipmi":
+            why = (f"no SOL: the BMC is driven over {bmc.protocol}; the site keeps consoles over "
+                   "IPMI Serial-over-LAN only")
+            self.report(node_id, Step.CONSOLE, why)
+            return "no SOL"
         with self._lock:
             old = self._sessions.get(node_id)
-            if old is not None and old.bmc == bmc:
+            if old is not None and old.bmc == bmc and old.alive:
                 return old.state
-            if old is None and len(self._sessions) >= self.capacity:
+            if old is None and sum(s.alive for s in self._sessions.values()) >= self.capacity:
                 why = f"not kept: the site's console budget holds {self.capacity} at once"
                 self.report(node_id, Step.CONSOLE, why)
                 return why
@@ -416,6 +423,11 @@ class Consoles:
         with self._lock:
             session = self._sessions.get(node_id)
             return session.state if session is not None else "not kept"
+
+    def alive(self) -> int:
+        """How many consoles are kept (or being tried) now."""
+        with self._lock:
+            return sum(s.alive for s in self._sessions.values())
 
     def attached(self) -> list[str]:
         with self._lock:

@@ -75,7 +75,7 @@ class Observer:
                                  budget_bytes=settings.console_budget_bytes, ipmitool=settings.ipmitool)
         self._bmcs: OrderedDict[str, Bmc] = OrderedDict()
         self._lock = threading.Lock()
-        self.metrics.gauge("consoles_kept", lambda: float(len(self.consoles.attached())))
+        self.metrics.gauge("consoles_kept", lambda: float(self.consoles.alive()))
 
     # -- life ------------------------------------------------------------------------------
 
