@@ -300,3 +300,55 @@ def test_the_budget_bounds_the_consoles(tmp_path: Path, secrets_dir: Path) -> No
         assert "bettercompute_site_consoles_kept 3" in obs.metrics.render()
     finally:
         obs.stop()
+
+
+@pytest.mark.slow
+def test_32_consoles_at_once_within_the_budget(tmp_path: Path, secrets_dir: Path) -> None:
+    """32 BMCs serving SOL, 32 consoles kept at once: every node's line lands in its own ring;
+    what they cost the daemon counted (threads, descriptors, the ipmitool children's memory)
+    and the rings within the site's budget."""
+    _tools()
+    count, ring_bytes = 32, 64 << 10
+    ports = [SerialPort() for _ in range(count)]
+    sims: list[IpmiSim] = []
+    obs = make_observer(tmp_path, secrets_dir, console_ring_bytes=ring_bytes,
+                        console_budget_bytes=count * ring_bytes)
+    try:
+        for i, port in enumerate(ports):
+            sims.append(make_sim(tmp_path, f"bmc{i}", f"tcp:127.0.0.1:{port.port}"))
+        threads, fds = threading.active_count(), len(os.listdir("/proc/self/fd"))
+        for i, sim in enumerate(sims):
+            obs.bmc_done(f"n{i}", Bmc(sim.address, "ipmi", REF), "bmc.power", "on")
+        wait_for("32 attached", lambda: all(obs.consoles.state(f"n{i}") == "attached"
+                                            for i in range(count)), 120)
+        for i, port in enumerate(ports):
+            wait_for("its serial port", port.connected.is_set)
+            port.say(f"node {i} speaking", "x" * 1000)
+        for i in range(count):
+            wait_for(f"n{i}'s line", lambda i=i: any(t == f"node {i} speaking"   # type: ignore[misc]
+                                                     for _, t in obs.consoles.read(f"n{i}")))
+            assert all(t != f"node {(i + 1) % count} speaking" for _, t in obs.consoles.read(f"n{i}"))
+        more_threads = threading.active_count() - threads
+        more_fds = len(os.listdir("/proc/self/fd")) - fds
+        rss = 0
+        for session in obs.consoles._sessions.values():
+            child = session._child
+            assert child is not None
+            for pid in (child.pid, *map(int, Path(f"/proc/{child.pid}/task/{child.pid}/children")
+                                         .read_text().split())):
+                rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+                rss += int(rollup.split("\nPss:")[1].split()[0])     # its share, in KiB
+        held = sum(obs.consoles.ring(f"n{i}").bytes() for i in range(count))
+        print(f"32 consoles: {more_threads} threads, {more_fds} descriptors, ipmitool PSS "
+              f"{rss / 1024:.1f} MiB in all, rings {held} bytes of {count * ring_bytes}")
+        assert more_threads <= 2 * count + 4        # a session's thread and its stderr reader
+        assert more_fds <= 3 * count + 8            # ipmitool's stdin, stdout and stderr pipes
+        assert held <= count * ring_bytes
+        assert obs.consoles.capacity == count
+        assert obs.consoles.attach("n-extra", Bmc(sims[0].address, "ipmi", REF)).startswith("not kept")
+    finally:
+        obs.stop()
+        for sim in sims:
+            sim.stop()
+        for port in ports:
+            port.close()
