@@ -162,6 +162,9 @@ class MachineSpec:
     # instead of the user network: no guestfwd, no built-in TFTP; with ``pxe`` the NIC's iPXE
     # ROM boots from whatever DHCP and boot servers that network has.
     tap: str = ""
+    # The first serial port also on this TCP port of 127.0.0.1, which QEMU dials at start (the
+    # line to the emulated BMC's SOL: qemu/serialrelay.py), its output still logged; 0: the log alone.
+    serial_port: int = 0
     mac: str = "52:54:00:12:34:56"
     nics: Sequence[ExtraNic] = ()
 
@@ -313,7 +316,9 @@ class Machine:
             plat.qemu, "-machine", plat.machine, "-accel", accel, "-cpu", cpu,
             "-m", str(spec.memory_mb), "-smp", str(spec.cpus),
             "-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none",
-            "-chardev", f"file,id=con0,path={spec.console_log}", "-serial", "chardev:con0",
+            "-chardev", f"file,id=con0,path={spec.console_log}" if not spec.serial_port else
+            f"socket,id=con0,host=127.0.0.1,port={spec.serial_port},server=off,"
+            f"logfile={spec.console_log}", "-serial", "chardev:con0",
             "-chardev", f"socket,id=sh0,path={self.shell_socket},server=on,wait=off",
         ]
         if plat.shell_tty.startswith("hvc"):
