@@ -28,7 +28,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from agent.atomicfile import write_atomic
+from agent.errors import InvalidParameters
 from agent.proto import agent_pb2
+from agent.site.boot.fields import parse_mac, parse_node_id
 from agent.site.metrics import Metrics
 from agent.site.observe import dhcplog
 from agent.site.observe.causes import Diagnosis
@@ -127,6 +129,12 @@ class Observer:
         """A bmc.* command that succeeded for ``node_id`` (none: the site cannot tell whose)."""
         if not node_id:
             return
+        try:
+            parse_node_id(node_id)   # it names files: a request's id is checked before it is kept
+        except InvalidParameters:
+            log.warning("%s %s: node_id %r is no node id; not in the timelines", kind, operation,
+                        node_id[:40])
+            return
         self._learn(node_id, bmc)
         if kind == "bmc.power" and operation in ("on", "cycle", "reset"):
             self.timelines.power(node_id, operation)
@@ -175,7 +183,10 @@ class Observer:
         if path == "/boot.ipxe":
             self.timelines.fetch(ip, Step.CHAIN_SCRIPT, "", status, sent, seconds)
         elif path.startswith("/pxe/") and path.endswith(".ipxe"):
-            name = path[len("/pxe/"):-len(".ipxe")].replace("-", ":").lower()
+            try:
+                name = parse_mac(path[len("/pxe/"):-len(".ipxe")])
+            except InvalidParameters:
+                return
             self.timelines.fetch(ip, Step.NODE_SCRIPT, name, status, sent, seconds)
         elif path.startswith("/cache/"):
             self.timelines.cache_fetch(ip, path[len("/cache/"):], status, sent, seconds)

@@ -135,3 +135,13 @@ def test_an_unknown_mac_is_dropped_and_pending_addresses_expire(tmp_path: Path) 
     tl.learn_ip("10.0.0.9", MAC)
     a = tl.last("n1")
     assert a is not None and all(e.step != "tftp_sent" for e in a.events)
+
+
+def test_a_request_node_id_that_is_no_id_names_no_file(tmp_path: Path) -> None:
+    from agent.site.observe.console import Bmc
+
+    obs = observer(tmp_path)
+    obs.bmc_done("../../escape", Bmc("127.0.0.1:9", "redfish", "r"), "bmc.power", "on")
+    obs.http_fetch("10.0.0.1", "/pxe/../../x.ipxe", 404, 0, 0.0)
+    assert obs.timelines.nodes() == []
+    assert not (tmp_path / "escape.json").exists() and not (tmp_path / "observe" / "bmcs.json").exists()
