@@ -136,8 +136,16 @@ def _late_join(step: Step, what: str) -> Callable[[Attempt, Prepared | None, flo
     return rule
 
 
+def _watched(a: Attempt) -> bool:
+    """Whether the site could have seen a join in this attempt: a console was attached (the
+    agent's "connected to gateway" line) or the gateway told a verdict. Without either the
+    site cannot tell a join from none, and names no never_joined."""
+    return any(e.step == Step.CONSOLE and e.detail.startswith("attached") for e in a.events) or \
+        a.first(Step.REFUSED) is not None
+
+
 def _never_joined(a: Attempt, p: Prepared | None, now: float, wait: float) -> str | None:
-    if a.method == "disk" or a.first(Step.JOINED) is not None:
+    if a.method == "disk" or a.first(Step.JOINED) is not None or not _watched(a):
         return None
     booted = a.first(Step.INITRD, Step.ISO, *BOOTED, ok=True)
     if booted is None or now - booted.t < wait:

@@ -220,10 +220,19 @@ def test_never_joined_with_the_console_last_word(tl: Timelines, clock: Clock) ->
     boot_to_script(tl, clock)
     tl.cache_fetch(IP, KERNEL, 200, 9000, 0.5)
     tl.cache_fetch(IP, INITRD, 200, 9000, 0.5)
+    tl.console("n1", Step.CONSOLE, "attached")
     tl.console("n1", Step.AGENT_STARTED, "bc-init [3.2]: starting agent")
     assert cause(tl, clock, 299) == ""
     assert cause(tl, clock, 2) == "never_joined"
     assert "agent_started" in (tl.last("n1") or pytest.fail()).cause_detail
+
+
+def test_never_joined_is_not_named_without_a_console(tl: Timelines, clock: Clock) -> None:
+    """Without a kept console the site cannot see a join: it names none rather than a wrong one."""
+    boot_to_script(tl, clock)
+    tl.cache_fetch(IP, KERNEL, 200, 9000, 0.5)
+    tl.cache_fetch(IP, INITRD, 200, 9000, 0.5)
+    assert cause(tl, clock, 1000) == ""
 
 
 def test_disk_not_bootable(tl: Timelines, clock: Clock) -> None:
