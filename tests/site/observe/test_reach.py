@@ -99,3 +99,13 @@ def test_inventory_refresh_in_role_site_reports_each_nodes_last_attempt(
     summary = boots_summary(result)
     assert summary[0].startswith("n1: attempt 1 (pxe, boot.prepareRamdisk): failed: kernel_panic")
     assert summary[-1].startswith("n2: attempt 1 (disk, bmc.power on): joined")
+
+
+def test_the_demo_prints_each_nodes_timeline(site: SiteServices) -> None:
+    from qemu.sitelife import timeline_lines
+
+    failed_boot(site)
+    result = agent_pb2.InventoryRefreshResult(node_boots=site.observe.node_boots())
+    lines = timeline_lines(result)
+    assert lines[0].startswith("n1: attempt 1 (pxe, boot.prepareRamdisk): failed: kernel_panic")
+    assert [line.split()[1] for line in lines[1:]] == ["prepared", "power_on", "kernel_started", "panic"]
