@@ -327,6 +327,12 @@ class Machine:
             argv += ["-serial", "chardev:sh0"]
         if spec.firmware is not None:
             argv += ["-bios", spec.firmware]
+        elif spec.serial_port and spec.arch == "amd64":
+            # A BMC's SOL line: SeaBIOS writes its screen to the serial port too (its "sercon",
+            # a server's BIOS console redirection); the fw_cfg file holds the port, 0x3f8.
+            sercon = spec.workdir / "sercon-port.bin"
+            sercon.write_bytes((0x3F8).to_bytes(2, "little"))
+            argv += ["-fw_cfg", f"name=etc/sercon-port,file={sercon}"]
         argv += [
             "-netdev", netdev,
             "-device", f"virtio-net-pci,netdev=net0,mac={spec.mac}"

@@ -44,6 +44,7 @@ from agent.site.bmc.client import (
     Target,
 )
 from agent.site.bmc.ipmi import check_ipmi_password, split_address
+from agent.site.observe.console import Bmc
 
 Result = site_pb2.BmcOperationResult
 DEFAULT_GRACEFUL_SECONDS = 60.0
@@ -317,23 +318,36 @@ class _BmcHandler(Handler[site_pb2.BmcOperationRequest, BmcParams]):
         return params.lock_name
 
     def run(self, ctx: Context, params: BmcParams) -> site_pb2.BmcOperationResult:
+        # The node's boot timeline and console (agent/site/observe/): its console attached
+        # before a power on (the firmware's first lines), the power and boot device after.
+        observe = ctx.site_services.observe if ctx.site_services is not None and params.node_id else None
+        bmc = _observed(params)
+        powering = self.kind == "bmc.power" and params.operation in ("on", "cycle", "reset")
+        if observe is not None and powering:
+            observe.before_power(params.node_id, bmc)
         session = BmcSession(ctx, params)
         client, creds = session.open()
         try:
+            if observe is not None and powering:
+                observe.power_requested(params.node_id, params.operation)
             result = self.operate(session, client, creds)
+        except AgentError as exc:
+            if observe is not None:
+                observe.bmc_failed(params.node_id, self.kind, params.operation, exc.message)
+            raise
         finally:
             session.done(client)
-        if ctx.site_services is not None and params.node_id:
-            # The node's boot timeline and console (agent/site/observe/): power, boot device.
-            from agent.site.observe.console import Bmc
-
-            ctx.site_services.observe.bmc_done(
-                params.node_id, Bmc(params.address, str(params.protocol), params.credentials_ref),
-                self.kind, params.operation, str(params.args.device or ""))
+        if observe is not None:
+            observe.bmc_done(params.node_id, bmc, self.kind, params.operation,
+                             str(params.args.device or ""))
         return result
 
     def operate(self, session: BmcSession, client: BmcClient, creds: Credentials) -> Result:
         raise NotImplementedError
+
+
+def _observed(params: BmcParams) -> Bmc:
+    return Bmc(params.address, str(params.protocol), params.credentials_ref)
 
 
 def settle(session: BmcSession, client: BmcClient, want: PowerState, since: float) -> float:

@@ -40,6 +40,7 @@ from agent.site.observe.timeline import Attempt, Event, Outcome, Prepared, Step,
 log = logging.getLogger(__name__)
 
 MAX_BMCS = 4096
+CONSOLE_READY_SECONDS = 5.0   # how long a power on waits for the node's SOL session to be up
 PHASE_HISTOGRAM = "bettercompute_site_boot_phase_seconds"
 
 # (phase, from the first of, to the first of): a joined attempt's durations, for /metrics.
@@ -62,6 +63,18 @@ class ObserverSettings:
     console_dir: Path | None = None  # the rings (default: root / "console"): put it on a disk
     ipmitool: str = "ipmitool"
     waits: dict[str, float] = field(default_factory=dict)   # rule name -> seconds (causes.py)
+
+
+def _node_id_ok(node_id: str) -> bool:
+    """A bmc.* request's node_id names files: checked before it is kept ("" is none)."""
+    if not node_id:
+        return False
+    try:
+        parse_node_id(node_id)
+    except InvalidParameters:
+        log.warning("node_id %r is no node id; not in the timelines", node_id[:40])
+        return False
+    return True
 
 
 class Observer:
@@ -127,23 +140,39 @@ class Observer:
 
     def bmc_done(self, node_id: str, bmc: Bmc, kind: str, operation: str, device: str = "") -> None:
         """A bmc.* command that succeeded for ``node_id`` (none: the site cannot tell whose)."""
-        if not node_id:
-            return
-        try:
-            parse_node_id(node_id)   # it names files: a request's id is checked before it is kept
-        except InvalidParameters:
-            log.warning("%s %s: node_id %r is no node id; not in the timelines", kind, operation,
-                        node_id[:40])
+        if not _node_id_ok(node_id):
             return
         self._learn(node_id, bmc)
         if kind == "bmc.power" and operation in ("on", "cycle", "reset"):
-            self.timelines.power(node_id, operation)
-            self.consoles.attach(node_id, bmc)
+            self.consoles.attach(node_id, bmc)   # the attempt began at power_requested
         elif kind == "bmc.power" and operation == "off":
             self.timelines.power(node_id, "off")
             self.consoles.detach(node_id)
         elif kind == "bmc.boot" and operation == "set_boot_device":
             self.timelines.boot_device(node_id, device)
+
+    def before_power(self, node_id: str, bmc: Bmc, *, wait: float = CONSOLE_READY_SECONDS) -> None:
+        """Before bmc.power on, cycle or reset: the node's console attached first (waited for,
+        ``wait`` seconds at most), so that SOL carries the firmware's first lines: a BMC drops
+        what the serial port says while no SOL session is active."""
+        if not _node_id_ok(node_id):
+            return
+        self._learn(node_id, bmc)
+        self.consoles.attach(node_id, bmc)
+        deadline = time.monotonic() + wait
+        while self.consoles.state(node_id) == "starting" and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def power_requested(self, node_id: str, operation: str) -> None:
+        """bmc.power on, cycle or reset is about to be sent: the attempt begins now (the
+        firmware may fail before the command has settled)."""
+        if _node_id_ok(node_id):
+            self.timelines.power(node_id, operation)
+
+    def bmc_failed(self, node_id: str, kind: str, operation: str, why: str) -> None:
+        """A power on, cycle or reset that failed: its attempt ends there."""
+        if kind == "bmc.power" and operation in ("on", "cycle", "reset") and _node_id_ok(node_id):
+            self.timelines.power(node_id, "off", f"bmc.power {operation} failed: {why[:200]}")
 
     def prepared(self, node_id: str, prepared: Prepared) -> None:
         self.timelines.prepared(node_id, prepared)

@@ -304,7 +304,11 @@ class Timelines:
             attempt = record.current
             if begin and attempt is not None and attempt.outcome == Outcome.BOOTING and \
                     all(e.step in _SETUP for e in attempt.events):
-                begin = ""    # the power on of an attempt that was only being set up
+                # the power on of an attempt that was only being set up: it is what began it,
+                # unless a boot.prepareRamdisk did
+                if attempt.trigger != "boot.prepareRamdisk":
+                    attempt.trigger = begin
+                begin = ""
             if begin or attempt is None:
                 attempt = self._begin(record, begin or event.step, event.t)
             elif event.step == Step.FIRMWARE and attempt.first(Step.KERNEL_STARTED) is not None:

@@ -158,6 +158,13 @@ def wait_for(what: str, check: Callable[[], object], timeout: float = 30.0) -> N
         time.sleep(0.1)
 
 
+def power_on(obs: Observer, node: str, bmc: Bmc) -> None:
+    """What the bmc.power handler tells the observer around a power on (agent/commands/bmc.py)."""
+    obs.before_power(node, bmc)
+    obs.power_requested(node, "on")
+    obs.bmc_done(node, bmc, "bmc.power", "on")
+
+
 def steps(obs: Observer, node: str = "n1") -> list[str]:
     a = obs.timelines.last(node)
     return [e.step for e in a.events] if a else []
@@ -175,14 +182,14 @@ def test_a_console_kept_from_power_on_with_its_milestones(
     try:
         with ArgvWatcher() as argv:
             obs.prepared("n1", Prepared("pxe", MAC, time.time() + 3600))
-            obs.bmc_done("n1", bmc, "bmc.power", "on")
+            power_on(obs, "n1", bmc)
             wait_for("the SOL session", lambda: obs.consoles.state("n1") == "attached")
             wait_for("the serial port", serial.connected.is_set)
             serial.say("SeaBIOS (version 1.16.2)", "iPXE initialising devices...",
                        "[    0.000000] Linux version 6.1.0-28-cloud-amd64",
                        "[    2.1] Kernel panic - not syncing: VFS: Unable to mount root fs")
             wait_for("the panic", lambda: "panic" in steps(obs))
-        assert steps(obs) == ["prepared", "power_on", "console", "firmware", "boot_loader",
+        assert steps(obs) == ["prepared", "console", "power_on", "firmware", "boot_loader",
                               "kernel_started", "panic"]
         obs.tick()
         a = obs.timelines.last("n1")
