@@ -18,8 +18,9 @@ node's console (the ramdisk's init sends the agent's log there), or a verdict th
 hands the site (``verdict``: where a refused join, e.g. attestation, comes in).
 
 A new attempt starts at bmc.power on, cycle or reset, at a boot.prepareRamdisk when the node's
-last attempt is over (joined, failed, cleaned up), and when the console shows firmware again
-after a kernel had started (a reboot the site did not order). Bounded: KEEP_ATTEMPTS attempts
+last attempt is over (joined, failed, cleaned up), when the console shows firmware again
+after a kernel had started (a reboot the site did not order), and at a PXE request of the
+node's MAC once its last attempt is over (a boot the site did not order). Bounded: KEEP_ATTEMPTS attempts
 per node, MAX_EVENTS events per attempt (the first ones and the newest kept), MAX_NODES nodes
 (the least recently active forgotten first), MAX_PENDING unattributed addresses; each node's
 file is written whole (write_atomic) at each change, so a restart of the daemon keeps them.
@@ -281,11 +282,11 @@ class Timelines:
 
     # -- what the node's attempts are ------------------------------------------------------
 
-    def _begin(self, record: NodeRecord, trigger: str, now: float) -> Attempt:
+    def _begin(self, record: NodeRecord, trigger: str, now: float, method: str = "") -> Attempt:
         prepared = record.prepared
         live = prepared is not None and prepared.expires_at > now
         attempt = Attempt(record.next_number, now, trigger,
-                          prepared.method if live and prepared is not None else "disk")
+                          method or (prepared.method if live and prepared is not None else "disk"))
         record.next_number += 1
         current = record.current
         if current is not None and current.outcome == Outcome.BOOTING:
@@ -309,7 +310,12 @@ class Timelines:
                 if attempt.trigger != "boot.prepareRamdisk":
                     attempt.trigger = begin
                 begin = ""
-            if begin or attempt is None:
+            if not begin and attempt is not None and event.step in (Step.DHCP_IGNORED, Step.DHCP_OFFER) \
+                    and attempt.over:
+                # a node the site did not power asks to boot from the network (a reboot of its
+                # own, an operator at its BMC): a new attempt, by PXE
+                attempt = self._begin(record, "a PXE request seen", event.t, method="pxe")
+            elif begin or attempt is None:
                 attempt = self._begin(record, begin or event.step, event.t)
             elif event.step == Step.FIRMWARE and attempt.first(Step.KERNEL_STARTED) is not None:
                 attempt = self._begin(record, "reboot seen on the console", event.t)

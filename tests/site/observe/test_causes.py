@@ -261,3 +261,16 @@ def test_waits_are_settable(tmp_path: Path, clock: Clock) -> None:
     tl.arp = lambda ip: ""
     boot_to_script(tl, clock)
     assert cause(tl, clock, 3) == "no_kernel"
+
+
+def test_an_unregistered_mac_booting_on_its_own_is_named(tl: Timelines, clock: Clock) -> None:
+    """A node cleaned up reboots by PXE on its own: a new attempt, named not_registered at once."""
+    prepare(tl, clock)
+    tl.console("n1", Step.JOINED, "connected to gateway")
+    tl.cleaned("n1")
+    clock.step(100)
+    tl.by_mac(MAC, ev(clock, Step.DHCP_IGNORED, MAC))
+    attempts = tl.attempts("n1")
+    assert [(a.number, a.trigger, a.method) for a in attempts] == [
+        (1, "boot.prepareRamdisk", "pxe"), (2, "a PXE request seen", "pxe")]
+    assert attempts[-1].cause == "not_registered" and "no boot entry" in attempts[-1].cause_detail
