@@ -276,6 +276,40 @@ def test_a_daemon_restart_resumes_the_console_and_the_ring(
         again.stop()
 
 
+@pytest.mark.slow
+def test_a_daemon_killed_with_consoles_open_resumes_them(
+        tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path) -> None:
+    """The daemon dies (SIGKILL: its ipmitool killed with it, no ``~.`` sent, nothing saved):
+    the next daemon resumes the console from the record; the BMC still holds the dead session,
+    so it is busy until the BMC times that out (about 30 s with ipmi_sim), then attached; the
+    ring holds the lines from before the kill, and the new ones after them."""
+    obs = make_observer(tmp_path, secrets_dir)
+    power_on(obs, "n1", Bmc(sol_sim.address, "ipmi", REF))
+    wait_for("attached", lambda: obs.consoles.state("n1") == "attached")
+    wait_for("the serial port", serial.connected.is_set)
+    serial.say("before the kill")
+    wait_for("the line", lambda: any(t == "before the kill" for _, t in obs.consoles.read("n1")))
+    session = obs.consoles._sessions["n1"]
+    child = session._child
+    assert child is not None
+    session._stop.set()                        # the old daemon's thread ends with its process ...
+    os.killpg(child.pid, 9)                    # ... and its ipmitool dies without a word
+    session._thread.join(10)
+    again = make_observer(tmp_path, secrets_dir)   # the record was never cleared
+    try:
+        assert again.consoles.attached() == ["n1"]
+        wait_for("attached again", lambda: again.consoles.state("n1") == "attached", 90)
+        time.sleep(0.5)
+        serial.say("after the restart")
+        wait_for("the line", lambda: any(t == "after the restart" for _, t in again.consoles.read("n1")))
+        texts = [t for _, t in again.consoles.read("n1")]
+        assert texts.index("before the kill") < texts.index("after the restart")
+        said = consoles_of(again)
+        assert any(c.startswith("busy") for c in said) and said[-1] == "attached", said
+    finally:
+        again.stop()
+
+
 def test_a_bmc_without_sol_and_a_redfish_bmc_say_so(
         tmp_path: Path, secrets_dir: Path) -> None:
     _tools()
