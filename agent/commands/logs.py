@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from agent import redact
 from agent.commands import transfer
 from agent.commands.base import Context, Handler
 from agent.config import Config
@@ -93,13 +94,7 @@ class Redactor:
     """Replaces the secrets of the agent's own configuration in a byte string."""
 
     MARK = b"[REDACTED]"
-    PATTERNS = (
-        (re.compile(rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?-----END [A-Z0-9 ]*PRIVATE KEY-----", re.S),
-         b"[REDACTED PRIVATE KEY]"),
-        (re.compile(rb"(\bbc\.[\w.]*(?:token|secret|password|passwd|key)\w*=)[^\s\"']+", re.I),
-         rb"\1[REDACTED]"),
-        (re.compile(rb"(\bauthorization\s*[:=]\s*)(?:\"[^\"\r\n]*\"|[^\r\n,}]+)", re.I), rb"\1[REDACTED]"),
-    )  # fmt: skip
+    PATTERNS = redact.PATTERNS
     SECRET_SETTING = re.compile(r"token|secret|password|passwd|key", re.I)
 
     def __init__(self, config: Config) -> None:

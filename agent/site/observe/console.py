@@ -45,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from agent import proc
+from agent import proc, redact
 from agent.atomicfile import write_atomic
 from agent.errors import AgentError
 from agent.site.bmc.client import Credentials
@@ -99,9 +99,10 @@ def milestone(line: str) -> Step | None:
 
 
 def clean(raw: str) -> str:
-    """A console line without escape sequences, carriage returns or other control characters."""
+    """A console line without escape sequences, carriage returns or other control characters,
+    and without secrets (agent/redact.py: a kernel prints its command line, bc.token= in it)."""
     text = _ANSI.sub("", raw)
-    return "".join(c for c in text if c == "\t" or c.isprintable())[:MAX_LINE]
+    return redact.scrub_text("".join(c for c in text if c == "\t" or c.isprintable())[:MAX_LINE])
 
 
 @dataclass(frozen=True)
