@@ -118,3 +118,27 @@ def test_command_durations_by_kind_and_result(tmp_path: Path, site: SiteServices
     text = site.metrics.render()
     assert f"# TYPE {name} histogram" in text
     assert f'{name}_count{{kind="boot.cleanUp",result="succeeded"}} 1' in text
+
+
+def test_a_power_on_that_fails_ends_its_attempt(sim: object, site_config: object, site: SiteServices) -> None:
+    """bmc.power on through the real handler against ipmi_sim whose node cannot start (no
+    kernel): the attempt began when the command was sent, and ends with why it failed."""
+    from agent.commands.base import Context
+    from agent.config import Config
+    from agent.errors import AgentError
+    from qemu.ipmisim import IpmiSim
+    from tests.site.conftest import REF
+
+    assert isinstance(sim, IpmiSim) and isinstance(site_config, Config)
+    handler = handler_for("bmc.power")
+    assert handler is not None
+    params = handler.parse(site_pb2.BmcOperationRequest(
+        node_id="n1", bmc_address=sim.address, protocol="ipmi", operation="on", credentials_ref=REF))
+    with pytest.raises(AgentError):
+        handler.run(Context.local("bmc.power", site_config, site=site, timeout=8), params)
+    a = site.observe.timelines.last("n1")
+    assert a is not None and a.trigger == "bmc.power on"
+    steps = [e.step for e in a.events]
+    assert "power_on" in steps and steps[-1] == "power_off", steps
+    assert a.events[-1].detail.startswith("bmc.power on failed"), a.events[-1]
+    assert a.outcome == "ended"
