@@ -88,6 +88,12 @@ class Step(enum.StrEnum):
     REFUSED = "refused"
 
 
+def _sets_up(event: Event) -> bool:
+    """Whether ``event`` is the next attempt's set-up when the last one is over."""
+    return event.step == Step.BOOT_DEVICE or (
+        event.step == Step.CONSOLE and not event.detail.startswith(("released", "dropped")))
+
+
 # What sets an attempt up before the node is powered: a power on after them continues it.
 _SETUP = frozenset({Step.PREPARED, Step.BOOT_DEVICE, Step.CONSOLE, Step.POWER_OFF})
 FETCHES = frozenset({Step.CHAIN_SCRIPT, Step.NODE_SCRIPT, Step.KERNEL, Step.INITRD, Step.ISO,
@@ -310,7 +316,10 @@ class Timelines:
                 if attempt.trigger != "boot.prepareRamdisk":
                     attempt.trigger = begin
                 begin = ""
-            if not begin and attempt is not None and event.step in (Step.DHCP_IGNORED, Step.DHCP_OFFER) \
+            if not begin and attempt is not None and attempt.over and _sets_up(event):
+                # the next boot being set up (its boot device, its console) once the last is over
+                attempt = self._begin(record, event.step, event.t)
+            elif not begin and attempt is not None and event.step in (Step.DHCP_IGNORED, Step.DHCP_OFFER) \
                     and attempt.over:
                 # a node the site did not power asks to boot from the network (a reboot of its
                 # own, an operator at its BMC): a new attempt, by PXE
@@ -469,7 +478,9 @@ class Timelines:
               detail: str = "") -> None:
         """An HTTP fetch of the boot service: by the MAC when the path names it (a node's
         script, a medium), else by the client's address."""
-        event = Event(self.clock(), step, detail, status=status, bytes=sent, seconds=round(seconds, 3))
+        # stamped with the request's start: answers told from several threads keep their order
+        event = Event(self.clock() - seconds, step, detail, status=status, bytes=sent,
+                      seconds=round(seconds, 3))
         if mac:
             if ip:
                 self.learn_ip(ip, mac)

@@ -55,7 +55,7 @@ def cause(tl: Timelines, clock: Clock, after: float = 0.0) -> str:
 
 
 def fetch(tl: Timelines, step: str, status: int = 200, mac: str = "") -> None:
-    tl.fetch(IP, step, mac, status, 1000, 0.1)
+    tl.fetch(IP, step, mac, status, 1000, 0.0)
 
 
 def boot_to_script(tl: Timelines, clock: Clock) -> None:
@@ -77,8 +77,8 @@ def test_the_table_is_whole() -> None:
 
 def test_a_boot_that_joins_has_no_cause(tl: Timelines, clock: Clock) -> None:
     boot_to_script(tl, clock)
-    tl.cache_fetch(IP, KERNEL, 200, 9000, 0.5)
-    tl.cache_fetch(IP, INITRD, 200, 9000, 0.5)
+    tl.cache_fetch(IP, KERNEL, 200, 9000, 0.0)
+    tl.cache_fetch(IP, INITRD, 200, 9000, 0.0)
     tl.console("n1", Step.KERNEL_STARTED, "Linux version 6.1")
     tl.console("n1", Step.JOINED, "connected to gateway gw at 10.0.0.1:7443")
     assert cause(tl, clock, 10_000) == ""
@@ -179,14 +179,14 @@ def test_a_script_of_its_own_is_not_no_kernel(tl: Timelines, clock: Clock) -> No
 
 def test_no_initrd(tl: Timelines, clock: Clock) -> None:
     boot_to_script(tl, clock)
-    tl.cache_fetch(IP, KERNEL, 200, 9000, 0.5)
+    tl.cache_fetch(IP, KERNEL, 200, 9000, 0.0)
     assert (tl.last("n1") or pytest.fail()).events[-1].step == "kernel"
     assert cause(tl, clock, 61) == "no_initrd"
 
 
 def test_no_initrd_at_once_when_its_fetch_fails(tl: Timelines, clock: Clock) -> None:
     boot_to_script(tl, clock)
-    tl.cache_fetch(IP, KERNEL, 200, 9000, 0.5)
+    tl.cache_fetch(IP, KERNEL, 200, 9000, 0.0)
     tl.cache_fetch(IP, INITRD, 404, 0, 0.0)
     assert cause(tl, clock) == "no_initrd"
 
@@ -201,8 +201,8 @@ def test_no_dhcp_request(tl: Timelines, clock: Clock) -> None:
 
 def test_no_network_and_gateway_unreachable(tl: Timelines, clock: Clock) -> None:
     boot_to_script(tl, clock)
-    tl.cache_fetch(IP, KERNEL, 200, 9000, 0.5)
-    tl.cache_fetch(IP, INITRD, 200, 9000, 0.5)
+    tl.cache_fetch(IP, KERNEL, 200, 9000, 0.0)
+    tl.cache_fetch(IP, INITRD, 200, 9000, 0.0)
     tl.console("n1", Step.KERNEL_STARTED, "Linux version 6.1")
     tl.console("n1", Step.NO_NETWORK, "gateway 10.0.0.1:7443: the network is not up yet")
     assert cause(tl, clock, 100) == ""
@@ -218,8 +218,8 @@ def test_gateway_unreachable(tl: Timelines, clock: Clock) -> None:
 
 def test_never_joined_with_the_console_last_word(tl: Timelines, clock: Clock) -> None:
     boot_to_script(tl, clock)
-    tl.cache_fetch(IP, KERNEL, 200, 9000, 0.5)
-    tl.cache_fetch(IP, INITRD, 200, 9000, 0.5)
+    tl.cache_fetch(IP, KERNEL, 200, 9000, 0.0)
+    tl.cache_fetch(IP, INITRD, 200, 9000, 0.0)
     tl.console("n1", Step.CONSOLE, "attached")
     tl.console("n1", Step.AGENT_STARTED, "bc-init [3.2]: starting agent")
     assert cause(tl, clock, 299) == ""
@@ -230,8 +230,8 @@ def test_never_joined_with_the_console_last_word(tl: Timelines, clock: Clock) ->
 def test_never_joined_is_not_named_without_a_console(tl: Timelines, clock: Clock) -> None:
     """Without a kept console the site cannot see a join: it names none rather than a wrong one."""
     boot_to_script(tl, clock)
-    tl.cache_fetch(IP, KERNEL, 200, 9000, 0.5)
-    tl.cache_fetch(IP, INITRD, 200, 9000, 0.5)
+    tl.cache_fetch(IP, KERNEL, 200, 9000, 0.0)
+    tl.cache_fetch(IP, INITRD, 200, 9000, 0.0)
     assert cause(tl, clock, 1000) == ""
 
 

@@ -3,6 +3,7 @@ address (dnsmasq's real log lines), kept across a restart, rendered for a person
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -40,6 +41,8 @@ def observer(tmp_path: Path) -> Observer:
 
 def test_a_bios_pxe_boot_attributed_from_the_log_and_the_fetches(tmp_path: Path) -> None:
     obs = observer(tmp_path)
+    ticks = itertools.count(1_800_000_000, 10)      # each step 10 s after the one before
+    obs.timelines.clock = lambda: float(next(ticks))
     obs.prepared("n1", Prepared("pxe", MAC, 4e9, "a" * 64, "b" * 64))
     obs.dnsmasq_line("dnsmasq-dhcp[1]: 2353434870 PXE(eth0) 52:54:00:00:00:01 proxy")
     # the boot server's answer names the client's address: the TFTP transfer to it is the MAC's
@@ -145,3 +148,21 @@ def test_a_request_node_id_that_is_no_id_names_no_file(tmp_path: Path) -> None:
     obs.http_fetch("10.0.0.1", "/pxe/../../x.ipxe", 404, 0, 0.0)
     assert obs.timelines.nodes() == []
     assert not (tmp_path / "escape.json").exists() and not (tmp_path / "observe" / "bmcs.json").exists()
+
+
+def test_the_next_boots_set_up_after_a_clean_up_is_its_own_attempt(tmp_path: Path) -> None:
+    """The demo's second boot: boot.cleanUp, bmc.boot disk, the console attached, bmc.power
+    cycle: one new disk attempt begun by the power cycle, the boot device in it."""
+    tl = Timelines(tmp_path / "t")
+    tl.prepared("n1", Prepared("pxe", MAC, 4e9))
+    tl.power("n1", "on")
+    tl.console("n1", Step.JOINED, "connected to gateway")
+    tl.cleaned("n1")
+    tl.console("n1", Step.CONSOLE, "released")
+    tl.boot_device("n1", "disk")
+    tl.console("n1", Step.CONSOLE, "attached")
+    tl.power("n1", "cycle")
+    first, second = tl.attempts("n1")
+    assert [e.step for e in first.events] == ["prepared", "power_on", "joined", "cleaned", "console"]
+    assert (second.trigger, second.method) == ("bmc.power cycle", "disk")
+    assert [e.step for e in second.events] == ["boot_device", "console", "power_on"]
