@@ -17,7 +17,9 @@ scripts, the kernel, initrd and ISO with bytes and seconds), the kept console's 
 node's console (the ramdisk's init sends the agent's log there), or a verdict the gateway
 hands the site (``verdict``: where a refused join, e.g. attestation, comes in).
 
-A new attempt starts at bmc.power on, cycle or reset, at a boot.prepareRamdisk when the node's
+A new attempt starts at bmc.power on, cycle or reset (continuing one only set up: prepared,
+boot device, console; such a set-up once the last attempt is over begins the next), at a
+boot.prepareRamdisk when the node's
 last attempt is over (joined, failed, cleaned up), when the console shows firmware again
 after a kernel had started (a reboot the site did not order), and at a PXE request of the
 node's MAC once its last attempt is over (a boot the site did not order). Bounded: KEEP_ATTEMPTS attempts
