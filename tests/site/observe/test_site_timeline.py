@@ -142,3 +142,22 @@ def test_a_power_on_that_fails_ends_its_attempt(sim: object, site_config: object
     assert "power_on" in steps and steps[-1] == "power_off", steps
     assert a.events[-1].detail.startswith("bmc.power on failed"), a.events[-1]
     assert a.outcome == "ended"
+
+
+def test_a_missing_kernel_is_named_at_its_404(site: SiteServices) -> None:
+    """The kernel the node's script names is gone from the site's store: its fetch is answered
+    404, and the attempt is named no_kernel at once, with the status."""
+    with LoopbackServer() as upstream:
+        upstream.add("/vmlinuz", b"K" * 1000)
+        upstream.add("/initrd", b"I" * 3000)
+        prepare(site, kernel_entry(upstream))
+    k = sha256(b"K" * 1000)
+    (site.store.root / k).unlink()
+    assert fetch(f"{site.base_url}/pxe/52-54-00-12-34-56.ipxe")[0] == 200
+    assert fetch(f"{site.base_url}/cache/{k}")[0] == 404
+    deadline = time.monotonic() + 10
+    while getattr(site.observe.timelines.last("n1"), "cause", "") != "no_kernel":
+        assert time.monotonic() < deadline, site.observe.timelines.last("n1")
+        time.sleep(0.05)
+    a = site.observe.timelines.last("n1")
+    assert a is not None and "404" in a.cause_detail
