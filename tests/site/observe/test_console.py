@@ -212,6 +212,38 @@ def test_a_console_kept_from_power_on_with_its_milestones(
         obs.stop()
 
 
+def test_bmc_commands_run_beside_a_kept_console(
+        tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path) -> None:
+    """A console holds no BMC lock and no IPMI session slot: bmc.power status and bmc.query on
+    the node go through while its SOL session is up, and it stays up."""
+    from agent.catalog import Role
+    from agent.commands import handler_for
+    from agent.commands.base import Context
+    from agent.config import Config
+    from agent.proto import site_pb2
+
+    obs = make_observer(tmp_path, secrets_dir)
+    try:
+        power_on(obs, "n1", Bmc(sol_sim.address, "ipmi", REF))
+        wait_for("attached", lambda: obs.consoles.state("n1") == "attached")
+        config = Config(role=Role.SITE, state_dir=tmp_path / "state", secrets_dir=secrets_dir,
+                        ipmi_max_sessions=1)
+        for kind, operation in (("bmc.power", "status"), ("bmc.query", "query")):
+            handler = handler_for(kind)
+            assert handler is not None
+            params = handler.parse(site_pb2.BmcOperationRequest(
+                node_id="n1", bmc_address=sol_sim.address, protocol="ipmi", operation=operation,
+                credentials_ref=REF))
+            result = handler.run(Context.local(kind, config, timeout=60), params)
+            assert isinstance(result, site_pb2.BmcOperationResult) and result.power_state
+        assert obs.consoles.state("n1") == "attached"
+        wait_for("the serial port", serial.connected.is_set)
+        serial.say("still here")
+        wait_for("the line", lambda: any(t == "still here" for _, t in obs.consoles.read("n1")))
+    finally:
+        obs.stop()
+
+
 def test_busy_when_another_session_holds_sol_then_attached(
         tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
