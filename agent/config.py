@@ -51,4 +51,8 @@ class Config:
     site_store_bytes: int = 64 << 30        # its byte budget (LRU eviction past it)
     site_metrics_address: str = "127.0.0.1:9108"  # GET /metrics (Prometheus); "" serves none
     site_upstreams: tuple[str, ...] = ()    # what routes and site fetches reach (site/serve/upstreams.py)
+    # The nodes' kept serial consoles (agent/site/observe/console.py).
+    site_console_dir: Path | None = None    # the rings (default: state_dir/site/observe/console)
+    site_console_ring_bytes: int = 4 << 20  # each node's ring
+    site_console_budget_bytes: int = 1 << 30  # all the rings together
     extra: dict[str, str] = field(default_factory=dict)  # bc.* parameters not in the settings table

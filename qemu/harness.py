@@ -169,6 +169,9 @@ class MachineSpec:
     # instead of the user network: no guestfwd, no built-in TFTP; with ``pxe`` the NIC's iPXE
     # ROM boots from whatever DHCP and boot servers that network has.
     tap: str = ""
+    # The first serial port also on this TCP port of 127.0.0.1, which QEMU dials at start (the
+    # line to the emulated BMC's SOL: qemu/serialrelay.py), its output still logged; 0: the log alone.
+    serial_port: int = 0
     mac: str = "52:54:00:12:34:56"
     nics: Sequence[ExtraNic] = ()
 
@@ -320,7 +323,9 @@ class Machine:
             plat.qemu, "-machine", plat.machine, "-accel", accel, "-cpu", cpu,
             "-m", str(spec.memory_mb), "-smp", str(spec.cpus),
             "-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none",
-            "-chardev", f"file,id=con0,path={spec.console_log}", "-serial", "chardev:con0",
+            "-chardev", f"file,id=con0,path={spec.console_log}" if not spec.serial_port else
+            f"socket,id=con0,host=127.0.0.1,port={spec.serial_port},server=off,"
+            f"logfile={spec.console_log}", "-serial", "chardev:con0",
             "-chardev", f"socket,id=sh0,path={self.shell_socket},server=on,wait=off",
         ]
         if plat.shell_tty.startswith("hvc"):
@@ -332,6 +337,12 @@ class Machine:
                      "-drive", f"if=pflash,format=raw,file={spec.pflash[1]}"]
         elif spec.firmware is not None:
             argv += ["-bios", spec.firmware]
+        elif spec.serial_port and spec.arch == "amd64":
+            # A BMC's SOL line: SeaBIOS writes its screen to the serial port too (its "sercon",
+            # a server's BIOS console redirection); the fw_cfg file holds the port, 0x3f8.
+            sercon = spec.workdir / "sercon-port.bin"
+            sercon.write_bytes((0x3F8).to_bytes(2, "little"))
+            argv += ["-fw_cfg", f"name=etc/sercon-port,file={sercon}"]
         argv += [
             "-netdev", netdev,
             "-device", f"virtio-net-pci,netdev=net0,mac={spec.mac}"

@@ -140,7 +140,11 @@ def emu_commands() -> str:
     return "\n".join(lines) + "\n"
 
 
-def start_ipmi_sim(workdir: Path, node: PoweredNode, username: str, password: str) -> IpmiSim:
+def start_ipmi_sim(workdir: Path, node: PoweredNode, username: str, password: str, *,
+                   sol: str = "") -> IpmiSim:
+    """``sol``: the node's serial port that the BMC serves as Serial-over-LAN, ``tcp:HOST:PORT``
+    (ipmi_sim connects to it: a QEMU ``-serial tcp:...,server`` or a test's scripted port);
+    "" gives the BMC no SOL."""
     workdir.mkdir(parents=True, exist_ok=True)
     control = workdir / "chassis-control"
     control.write_text(
@@ -166,6 +170,7 @@ set_working_mc 0x20
     guid a6c1e0d0b2c34f8e9d7a1b2c3d4e5f60
   endlan
   chassis_control "{control} 0x20"
+{f'  sol "{sol}" 115200' if sol else ""}
   user 2 true "{username}" "{password}" admin 10 md5 straight
 """)
     (workdir / "sim.emu").write_text(emu_commands())

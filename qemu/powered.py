@@ -110,6 +110,9 @@ class NodeSpec:
     mac: str = "52:54:00:12:34:56"
     uefi: bool = False       # UEFI firmware (OVMF on amd64) instead of SeaBIOS
     arch: str = "amd64"      # a key of qemu.harness.PLATFORMS (arm64: -M virt, always UEFI)
+    serial_port: int = 0     # the serial line's TCP port QEMU dials (qemu/serialrelay.py: the BMC's SOL)
+    disk_firmware: bool = False  # a "disk" boot is the firmware's boot of the first disk, as a
+                                 # real server's (not -kernel): an empty disk fails as one does
     machine: bool = True     # False: no guest at all (a fleet of emulated BMCs): power is the
                              # ``power`` file, a start or reset is recorded, a power button obeyed
 
@@ -370,6 +373,7 @@ class PoweredNode:
             pxe=device == "pxe", name=spec.name, tap=spec.tap, mac=spec.mac, uefi=spec.uefi, arch=spec.arch,
             media=[self.media().get(slot, "") for slot in MEDIA_SLOTS], media_boot=device == "cdrom",
             disks=[Disk(Path(p), serial=f"disk{i}", interface="virtio") for i, p in enumerate(spec.disks)],
+            serial_port=spec.serial_port, disk_boot=device == "disk" and spec.disk_firmware,
         )
         machine = _QmpMachine(mspec, self.qmp_socket)
         self._record(device, "start")

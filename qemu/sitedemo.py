@@ -50,7 +50,7 @@ def run(workdir: Path, say: Callable[[str], None]) -> None:
     from qemu.ipmisim import start_ipmi_sim
     from qemu.lab import ensure_ramdisk
     from qemu.sitelab import BRIDGE, DHCP_RANGE, SITE_ADDRESS, SITE_HTTP_PORT, SiteLab
-    from qemu.sitelife import Bmc, Lifecycle, NodeRoleSteps, Step, make_node
+    from qemu.sitelife import Bmc, Lifecycle, NodeRoleSteps, Step, make_node, say_timelines
 
     say("building the agent zipapp and the ramdisk (cached under initramfs/out/)")
     parts = ensure_ramdisk()
@@ -82,6 +82,7 @@ def run(workdir: Path, say: Callable[[str], None]) -> None:
         life = Lifecycle(lab, node, Bmc("ipmi", sim.address, REF), on_step=shown)
         life.run_all()
         NodeRoleSteps(life, upload).run_all(new_build, NEW_VERSION)
+        say_timelines(lab, say)
         total = sum(s.seconds for s in node.steps)
         say(f"done: {len(node.steps)} steps in {total:.0f}s; console log "
             f"{node.power.dir / (NODE + '-console.log')}, site daemon log {lab.site_log}")
@@ -95,6 +96,7 @@ def run_fleet(workdir: Path, count: int, say: Callable[[str], None]) -> None:
     from qemu.sitefleet import fleet_lives
     from qemu.sitefleet import run_fleet as run_all
     from qemu.sitelab import SiteLab
+    from qemu.sitelife import say_timelines
 
     say("building the agent zipapp and the ramdisk (cached under initramfs/out/)")
     parts = ensure_ramdisk()
@@ -109,6 +111,7 @@ def run_fleet(workdir: Path, count: int, say: Callable[[str], None]) -> None:
         finally:
             for life in lives:
                 life.node.power.stop(force=True)
+        say_timelines(lab, say)
         if report.errors:
             raise RuntimeError("\n\n".join(report.errors))
         say(f"done: {count} nodes deployed; from the upstream {report.upstream_bytes} bytes (each of "

@@ -490,3 +490,36 @@ def guest_shell(node: SiteNode, command: str, timeout: float = 60.0) -> tuple[in
         return shell.shell(command, timeout)
     finally:
         shell.stop()
+
+
+def timeline_lines(result: Any) -> list[str]:
+    """What the demo prints of the site's view of each node's boot: the site's inventory.refresh
+    result's ``node_boots`` (agent/site/observe/), a line per node and one per step under it."""
+    lines = []
+    for boot, head in zip(getattr(result, "node_boots", ()), _heads(result), strict=False):
+        lines.append(head)
+        lines.extend(f"    {step}" for step in boot.steps)
+    return lines
+
+
+def _heads(result: Any) -> list[str]:
+    from agent.gateway.cli import boots_summary
+
+    return [line for line in boots_summary(result) if not line.startswith("    |")]
+
+
+def say_timelines(lab: SiteLab, say: Callable[[str], None]) -> None:
+    """Ask the site for each node's last boot attempt and print its timeline; never fails the
+    demo (a site that cannot answer is said)."""
+    try:
+        cid = lab.gateway.send(SITE_NODE_ID, "inventory.refresh", {"skip_gpus": True})
+        body, result = lab.gateway.wait_result(cid, 120)
+    except Exception as exc:  # the demo's work is done; this is its report
+        say(f"TIMELINES: the site did not answer ({exc})")
+        return
+    if body.status != session_pb2.SUCCEEDED:
+        say(f"TIMELINES: inventory.refresh {body.reason}: {body.message}")
+        return
+    say("TIMELINES (the site's view of each node's last boot attempt; docs/site.md):")
+    for line in timeline_lines(result):
+        say(line)

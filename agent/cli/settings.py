@@ -199,6 +199,10 @@ SETTINGS: tuple[Setting, ...] = (
             flag="--reconnect-min", param="bc.reconnect_min", session=True),
     Setting("reconnect_max_seconds", _positive, "cap of the reconnect backoff (seconds)",
             flag="--reconnect-max", param="bc.reconnect_max", session=True),
+    Setting("site_console_dir", Path, "site role: where the nodes' kept serial consoles are, on a disk",
+            shown="STATE_DIR/site/observe/console"),
+    Setting("site_console_ring_bytes", _bytes, "site role: each node's console ring, e.g. 4M"),
+    Setting("site_console_budget_bytes", _bytes, "site role: all the consoles' rings together, e.g. 1G"),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 BY_PARAM = {s.param: s for s in SETTINGS}

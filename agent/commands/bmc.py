@@ -49,6 +49,7 @@ from agent.site.bmc.redfish.vendors import VENDORS
 
 if TYPE_CHECKING:
     from agent.site.bmc.redfish.client import RedfishClient
+from agent.site.observe.console import Bmc
 
 Result = site_pb2.BmcOperationResult
 DEFAULT_GRACEFUL_SECONDS = 60.0
@@ -370,20 +371,40 @@ class _BmcHandler(Handler[site_pb2.BmcOperationRequest, BmcParams]):
         return params.lock_name
 
     def run(self, ctx: Context, params: BmcParams) -> site_pb2.BmcOperationResult:
+        # The node's boot timeline and console (agent/site/observe/): its console attached
+        # before a power on (the firmware's first lines), the power and boot device after.
+        observe = ctx.site_services.observe if ctx.site_services is not None and params.node_id else None
+        bmc = _observed(params)
+        powering = self.kind == "bmc.power" and params.operation in ("on", "cycle", "reset")
+        if observe is not None and powering:
+            observe.before_power(params.node_id, bmc)
         session = BmcSession(ctx, params)
         client, creds = session.open()
         try:
+            if observe is not None and powering:
+                observe.power_requested(params.node_id, params.operation)
             result = self.operate(session, client, creds)
             # What could not be read (a LogService down, no virtual media) is said, not lost.
             partial = [*getattr(client, "partial", []), *session.partial]
             if partial:
                 result.values["partial"] = "; ".join(partial)
-            return result
+        except AgentError as exc:
+            if observe is not None:
+                observe.bmc_failed(params.node_id, self.kind, params.operation, exc.message)
+            raise
         finally:
             session.done(client)
+        if observe is not None:
+            observe.bmc_done(params.node_id, bmc, self.kind, params.operation,
+                             str(params.args.device or ""))
+        return result
 
     def operate(self, session: BmcSession, client: BmcClient, creds: Credentials) -> Result:
         raise NotImplementedError
+
+
+def _observed(params: BmcParams) -> Bmc:
+    return Bmc(params.address, str(params.protocol), params.credentials_ref)
 
 
 def settle(session: BmcSession, client: BmcClient, want: PowerState, since: float) -> float:

@@ -14,14 +14,18 @@ bmc.storage insert_media; cleanUp removes them too.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from agent.commands.base import Context, Handler
+from agent.errors import ChecksumMismatch
 from agent.proto import site_pb2
 from agent.site.boot import vmedia
 from agent.site.boot.fields import parse_mac, parse_node_id
 from agent.site.boot.pxe import EntryRequest
 from agent.site.boot.vmedia import MediaRequest
+from agent.site.observe.timeline import Prepared
 from agent.site.services import SiteServices
 
 
@@ -36,8 +40,11 @@ class PrepareRamdiskHandler(Handler[site_pb2.ProxyDhcpEntry, EntryRequest | Medi
         site = ctx.site()
         if isinstance(params, MediaRequest):
             return self.virtual_media(ctx, site, params)
-        with ctx.hold(f"boot:{params.mac}"):
+        with ctx.hold(f"boot:{params.mac}"), _digests_said(site, params.node_id):
             entry = site.entries.register(params, cancel=ctx.cancel_event)
+        site.observe.prepared(entry.node_id, Prepared(
+            "pxe", entry.mac, entry.expires_at, entry.kernel_digest, entry.initrd_digest,
+            script_url=bool(entry.script_url)))
         ctx.progress(message=f"boot entry {entry.entry_id} for {entry.mac} until "
                              f"{entry.expires_at:.0f}")
         return site_pb2.ProxyDhcpResult(entry_id=entry.entry_id)
@@ -46,12 +53,23 @@ class PrepareRamdiskHandler(Handler[site_pb2.ProxyDhcpEntry, EntryRequest | Medi
                       params: MediaRequest) -> site_pb2.ProxyDhcpResult:
         """No PXE entry: the node's config medium and the shared ISO, served for the BMC."""
         params = params.with_ca(site.settings.ca_file)
-        with ctx.hold(f"boot:{params.mac}"):
+        with ctx.hold(f"boot:{params.mac}"), _digests_said(site, params.node_id):
             media = site.media.register(params, cancel=ctx.cancel_event)
+        site.observe.prepared(media.node_id, Prepared("virtual_media", media.mac, media.expires_at))
         iso, config = site.media.urls(media)
         ctx.progress(message=f"virtual media for {media.mac} until {media.expires_at:.0f}")
         return site_pb2.ProxyDhcpResult(entry_id=f"media-{media.mac_hex}", ramdisk_media_url=iso,
                                         config_media_url=config, expires_at=media.expires_at)
+
+
+@contextlib.contextmanager
+def _digests_said(site: SiteServices, node_id: str) -> Iterator[None]:
+    """A kernel, initrd or ISO refused for its digest goes into the node's timeline too."""
+    try:
+        yield
+    except ChecksumMismatch as exc:
+        site.observe.digest_refused(node_id, exc.message)
+        raise
 
 
 @dataclass(frozen=True)
@@ -73,4 +91,5 @@ class CleanUpHandler(Handler[site_pb2.BootCleanUpRequest, CleanUpParams], kind="
         removed += site.media.remove(params.node_id, params.macs, params.keep_ramdisk_cache)
         if not params.macs:
             removed += [f"route {r}" for r in site.routes.remove_node(params.node_id)]
+            site.observe.cleaned(params.node_id)     # its timeline says so; its console is let go
         return site_pb2.BootCleanUpResult(removed=removed)

@@ -400,5 +400,8 @@ class InventoryRefresh(Handler[agent_pb2.InventoryRefreshRequest, InventoryParam
             for m in result.conformance.mismatches:
                 ctx.log.info("gate: %s: %s", m.check, m.message)
         store(ctx.config.state_dir, inv)
+        if ctx.site_services is not None:
+            # Role site: each known node's last boot attempt and its cause (docs/site.md).
+            result.node_boots.extend(ctx.site_services.observe.node_boots())
         result.seconds = time.monotonic() - started
         return result

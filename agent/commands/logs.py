@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from agent import redact
 from agent.commands import transfer
 from agent.commands.base import Context, Handler
 from agent.config import Config
@@ -81,6 +82,9 @@ class LogsParams:
     since_seconds: int
     headers: tuple[tuple[str, str], ...]
     ca_pem: str
+    node_ids: tuple[str, ...] = ()    # role site: these nodes' consoles and timelines
+    since: float = 0.0                # their consoles' lines from, until (0: unbounded)
+    until: float = 0.0
 
 
 # ------------------------------------------------------------------------ redaction
@@ -90,13 +94,7 @@ class Redactor:
     """Replaces the secrets of the agent's own configuration in a byte string."""
 
     MARK = b"[REDACTED]"
-    PATTERNS = (
-        (re.compile(rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?-----END [A-Z0-9 ]*PRIVATE KEY-----", re.S),
-         b"[REDACTED PRIVATE KEY]"),
-        (re.compile(rb"(\bbc\.[\w.]*(?:token|secret|password|passwd|key)\w*=)[^\s\"']+", re.I),
-         rb"\1[REDACTED]"),
-        (re.compile(rb"(\bauthorization\s*[:=]\s*)(?:\"[^\"\r\n]*\"|[^\r\n,}]+)", re.I), rb"\1[REDACTED]"),
-    )  # fmt: skip
+    PATTERNS = redact.PATTERNS
     SECRET_SETTING = re.compile(r"token|secret|password|passwd|key", re.I)
 
     def __init__(self, config: Config) -> None:
@@ -309,6 +307,15 @@ class LogsCollect(Handler[agent_pb2.LogsCollectRequest, LogsParams], kind="logs.
         max_bytes = _limit(payload.max_bytes, DEFAULT_MAX_BYTES, "max_bytes", MIN_MAX_BYTES, LIMIT_MAX_BYTES)
         max_file = _limit(payload.max_file_bytes, min(DEFAULT_MAX_FILE_BYTES, max_bytes), "max_file_bytes",
                           4096, max_bytes)
+        if len(payload.node_ids) > MAX_PATHS:
+            raise InvalidParameters(f"logs.collect: at most {MAX_PATHS} node_ids")
+        from agent.site.boot.fields import parse_node_id
+
+        node_ids = tuple(dict.fromkeys(parse_node_id(n) for n in payload.node_ids))
+        if payload.from_unix_ms < 0 or payload.until_unix_ms < 0 or (
+                payload.until_unix_ms and payload.until_unix_ms < payload.from_unix_ms):
+            raise InvalidParameters("logs.collect: from_unix_ms and until_unix_ms: 0 or a time, "
+                                    "until not before from")
         return LogsParams(
             paths=tuple(payload.paths),
             url=payload.upload_url,
@@ -319,6 +326,9 @@ class LogsCollect(Handler[agent_pb2.LogsCollectRequest, LogsParams], kind="logs.
             since_seconds=payload.since_seconds or DEFAULT_SINCE_SECONDS,
             headers=tuple(sorted(payload.http_headers.items())),
             ca_pem=payload.ca_bundle_pem,
+            node_ids=node_ids,
+            since=payload.from_unix_ms / 1000,
+            until=payload.until_unix_ms / 1000,
         )
 
     def admit(self, config: Config, params: LogsParams) -> None:
@@ -339,6 +349,7 @@ class LogsCollect(Handler[agent_pb2.LogsCollectRequest, LogsParams], kind="logs.
                 raise InvalidParameters(f"logs.collect: {raw!r} does not exist", path=raw)
             if self._secret(ctx.config, path):
                 raise InvalidParameters(f"logs.collect: {raw!r} is key material and is never collected")
+        site = ctx.site() if params.node_ids else None   # Unsupported outside the site daemon
         spool_dir = ctx.config.cache_dir if ctx.config.cache_dir.is_dir() else None
         with tempfile.TemporaryFile(dir=spool_dir) as spool:
             archive = Archive(spool, params.max_bytes, Redactor(ctx.config))
@@ -349,6 +360,16 @@ class LogsCollect(Handler[agent_pb2.LogsCollectRequest, LogsParams], kind="logs.
                 self._system_journal(ctx, archive, params)
             for raw, path in zip(params.paths, named, strict=True):
                 self._named(ctx, archive, params, raw, path, roots)
+            for node_id in params.node_ids:
+                assert site is not None   # ctx.site() above, or Unsupported
+                for name, data in site.observe.node_files(node_id, params.since, params.until).items():
+                    cap = min(params.max_file_bytes, archive.room(f"nodes/{node_id}/{name}", node_id))
+                    if cap < 4096:
+                        archive.skip(f"node {node_id} {name}: archive size cap reached")
+                        continue
+                    kept, truncated = keep_tail(data, cap, truncated=False)
+                    archive.add(f"nodes/{node_id}/{name}", f"site: node {node_id}", kept,
+                                truncated=truncated, mtime=time.time())
             archive.close()
             size, digest = archive.sink.size, archive.sink.sha256
             result = agent_pb2.LogsCollectResult(

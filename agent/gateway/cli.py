@@ -125,6 +125,29 @@ def _record_json(rec: CommandRecord, gw: Gateway) -> dict[str, object]:
     return out
 
 
+def boots_summary(msg: object) -> list[str]:
+    """A site's inventory.refresh result in a line per node: its last boot attempt and cause
+    (docs/site.md, "Why a node did not come up"); none for any other result."""
+    boots = getattr(msg, "node_boots", None)
+    if not boots:
+        return []
+    lines = []
+    for b in boots:
+        line = f"{b.node_id}: attempt {b.attempt} ({b.method}, {b.trigger}): {b.outcome}"
+        if b.cause:
+            line += f": {b.cause}: {b.cause_detail}"
+        lines.append(line + f" [console: {b.console}]")
+        lines.extend(f"    | {text}" for text in b.last_lines[-5:])
+    return lines
+
+
+def _print_boots(rec: CommandRecord, gw: Gateway) -> None:
+    if rec.state.final and rec.state != "rejected" and rec.kind == "inventory.refresh":
+        _, msg = gw.wait_result(rec.command_id, 0.1)
+        for line in boots_summary(msg):
+            print(line, file=sys.stderr)
+
+
 # -- keys ------------------------------------------------------------------------------------
 
 
@@ -179,6 +202,7 @@ def cmd_send(args: argparse.Namespace) -> int:
             return 2
         bar.finish()
         print(json.dumps(_record_json(rec, gw), indent=2))
+        _print_boots(rec, gw)
         if rec.state == "rejected":
             return 2
         return 0 if rec.succeeded else 1
@@ -240,6 +264,7 @@ def _console(gw: Gateway, words: list[str]) -> bool:
     elif cmd == "wait" and len(rest) in (1, 2):
         rec = gw.wait(rest[0], float(rest[1]) if len(rest) == 2 else 3600)
         print(json.dumps(_record_json(rec, gw), indent=2))
+        _print_boots(rec, gw)
     elif cmd == "events":
         for ev in gw.events:
             print(ev)

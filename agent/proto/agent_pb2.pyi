@@ -1138,20 +1138,22 @@ class InventoryChange(_message.Message):
     def __init__(self, path: _Optional[str] = ..., old_value: _Optional[str] = ..., new_value: _Optional[str] = ...) -> None: ...
 
 class InventoryRefreshResult(_message.Message):
-    __slots__ = ("inventory", "changes", "first", "seconds", "conformance", "release")
+    __slots__ = ("inventory", "changes", "first", "seconds", "conformance", "release", "node_boots")
     INVENTORY_FIELD_NUMBER: _ClassVar[int]
     CHANGES_FIELD_NUMBER: _ClassVar[int]
     FIRST_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     CONFORMANCE_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
+    NODE_BOOTS_FIELD_NUMBER: _ClassVar[int]
     inventory: Inventory
     changes: _containers.RepeatedCompositeFieldContainer[InventoryChange]
     first: bool
     seconds: float
     conformance: Conformance
     release: ReleaseReport
-    def __init__(self, inventory: _Optional[_Union[Inventory, _Mapping]] = ..., changes: _Optional[_Iterable[_Union[InventoryChange, _Mapping]]] = ..., first: _Optional[bool] = ..., seconds: _Optional[float] = ..., conformance: _Optional[_Union[Conformance, _Mapping]] = ..., release: _Optional[_Union[ReleaseReport, _Mapping]] = ...) -> None: ...
+    node_boots: _containers.RepeatedCompositeFieldContainer[NodeBoot]
+    def __init__(self, inventory: _Optional[_Union[Inventory, _Mapping]] = ..., changes: _Optional[_Iterable[_Union[InventoryChange, _Mapping]]] = ..., first: _Optional[bool] = ..., seconds: _Optional[float] = ..., conformance: _Optional[_Union[Conformance, _Mapping]] = ..., release: _Optional[_Union[ReleaseReport, _Mapping]] = ..., node_boots: _Optional[_Iterable[_Union[NodeBoot, _Mapping]]] = ...) -> None: ...
 
 class ReleaseReport(_message.Message):
     __slots__ = ("boot_id", "pool_ready", "restorable", "cannot_restore", "checked", "not_checked", "wipe_certificates", "attestation_verdict")
@@ -1173,8 +1175,34 @@ class ReleaseReport(_message.Message):
     attestation_verdict: str
     def __init__(self, boot_id: _Optional[str] = ..., pool_ready: _Optional[bool] = ..., restorable: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., cannot_restore: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., checked: _Optional[_Iterable[str]] = ..., not_checked: _Optional[_Iterable[str]] = ..., wipe_certificates: _Optional[_Iterable[_Union[ErasureCertificate, _Mapping]]] = ..., attestation_verdict: _Optional[str] = ...) -> None: ...
 
+class NodeBoot(_message.Message):
+    __slots__ = ("node_id", "attempt", "method", "trigger", "started_unix_ms", "outcome", "cause", "cause_detail", "console", "last_lines", "steps")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    STARTED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_DETAIL_FIELD_NUMBER: _ClassVar[int]
+    CONSOLE_FIELD_NUMBER: _ClassVar[int]
+    LAST_LINES_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    attempt: int
+    method: str
+    trigger: str
+    started_unix_ms: int
+    outcome: str
+    cause: str
+    cause_detail: str
+    console: str
+    last_lines: _containers.RepeatedScalarFieldContainer[str]
+    steps: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., attempt: _Optional[int] = ..., method: _Optional[str] = ..., trigger: _Optional[str] = ..., started_unix_ms: _Optional[int] = ..., outcome: _Optional[str] = ..., cause: _Optional[str] = ..., cause_detail: _Optional[str] = ..., console: _Optional[str] = ..., last_lines: _Optional[_Iterable[str]] = ..., steps: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class LogsCollectRequest(_message.Message):
-    __slots__ = ("paths", "upload_url", "max_bytes", "max_file_bytes", "include_kernel_log", "include_system_journal", "since_seconds", "http_headers", "ca_bundle_pem")
+    __slots__ = ("paths", "upload_url", "max_bytes", "max_file_bytes", "include_kernel_log", "include_system_journal", "since_seconds", "http_headers", "ca_bundle_pem", "node_ids", "from_unix_ms", "until_unix_ms")
     class HttpHeadersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -1191,6 +1219,9 @@ class LogsCollectRequest(_message.Message):
     SINCE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     HTTP_HEADERS_FIELD_NUMBER: _ClassVar[int]
     CA_BUNDLE_PEM_FIELD_NUMBER: _ClassVar[int]
+    NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    FROM_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     paths: _containers.RepeatedScalarFieldContainer[str]
     upload_url: str
     max_bytes: int
@@ -1200,7 +1231,10 @@ class LogsCollectRequest(_message.Message):
     since_seconds: int
     http_headers: _containers.ScalarMap[str, str]
     ca_bundle_pem: str
-    def __init__(self, paths: _Optional[_Iterable[str]] = ..., upload_url: _Optional[str] = ..., max_bytes: _Optional[int] = ..., max_file_bytes: _Optional[int] = ..., include_kernel_log: _Optional[bool] = ..., include_system_journal: _Optional[bool] = ..., since_seconds: _Optional[int] = ..., http_headers: _Optional[_Mapping[str, str]] = ..., ca_bundle_pem: _Optional[str] = ...) -> None: ...
+    node_ids: _containers.RepeatedScalarFieldContainer[str]
+    from_unix_ms: int
+    until_unix_ms: int
+    def __init__(self, paths: _Optional[_Iterable[str]] = ..., upload_url: _Optional[str] = ..., max_bytes: _Optional[int] = ..., max_file_bytes: _Optional[int] = ..., include_kernel_log: _Optional[bool] = ..., include_system_journal: _Optional[bool] = ..., since_seconds: _Optional[int] = ..., http_headers: _Optional[_Mapping[str, str]] = ..., ca_bundle_pem: _Optional[str] = ..., node_ids: _Optional[_Iterable[str]] = ..., from_unix_ms: _Optional[int] = ..., until_unix_ms: _Optional[int] = ...) -> None: ...
 
 class ManifestEntry(_message.Message):
     __slots__ = ("name", "source", "size_bytes", "sha256", "truncated", "redacted")

@@ -519,6 +519,12 @@ class Agent:
             log.error("%s %s: cannot journal the result (%s)", kind.name, cid, exc)
         log.info("%s %s finished: %s%s", kind.name, cid, status, f" ({error.reason}: {error.message})"
                  if error is not None else "")
+        if self.site is not None and started_ms:
+            # bettercompute_command_duration_seconds{kind,result}: where this agent exports
+            # metrics (the site daemon's /metrics).
+            self.site.metrics.observe("bettercompute_command_duration_seconds",
+                                      max(0.0, (_now_ms() - started_ms) / 1000), kind=kind.name,
+                                      result=status.lower())
         if stream is not None:
             stream.close()
         self._emit(Frame(result=signed))

@@ -50,6 +50,20 @@ FAMILIES: Mapping[str, tuple[str, str]] = {
     "bmc_operations_queued": ("gauge", "BMC operations waiting for a worker."),
     "bmc_operations_failed_total": ("counter", "BMC operations that failed, by reason."),
     "pxe_offers_total": ("counter", "PXE offers made by the proxy DHCP."),
+    # From the boot timelines (agent/site/observe/): attempts, the causes named, the consoles.
+    "boot_attempts_total": ("counter", "Boot attempts begun (power on, cycle, reset, a new prepare)."),
+    "boot_failures_total": ("counter", "Boot attempts a rule named a cause for, by cause."),
+    "consoles_kept": ("gauge", "Nodes whose serial console the site keeps."),
+}
+# Histograms: full name (the command durations are every role's family, not the site's) ->
+# (help, bucket bounds in seconds).
+HISTOGRAMS: Mapping[str, tuple[str, tuple[float, ...]]] = {
+    "bettercompute_command_duration_seconds": (
+        "How long commands took from their start to their result, by kind and result.",
+        (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)),
+    "bettercompute_site_boot_phase_seconds": (
+        "How long each phase of a node's boot took, by phase (agent/site/observe/).",
+        (1, 2.5, 5, 10, 20, 30, 60, 120, 180, 300, 600, 1200)),
 }
 # Families another service counts: shown once counted (a 0 would claim a count nobody keeps).
 COUNTED_ELSEWHERE = frozenset({"bmc_operations_in_flight", "bmc_operations_queued",
@@ -85,6 +99,23 @@ class Metrics:
         self._lock = threading.Lock()
         self._values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         self._samplers: dict[str, tuple[str, Callable[[], Sample]]] = {}
+        # (name, labels) -> [count per bucket (the last: +Inf), sum]
+        self._histograms: dict[tuple[str, Labels], tuple[list[int], list[float]]] = {}
+
+    def observe(self, name: str, value: float, **labels: str) -> None:
+        """One observation of a histogram of HISTOGRAMS (a name outside it: KeyError)."""
+        _, bounds = HISTOGRAMS[name]
+        key = (name, tuple(sorted(labels.items())))
+        with self._lock:
+            counts, total = self._histograms.setdefault(key, ([0] * (len(bounds) + 1), [0.0]))
+            counts[next((i for i, b in enumerate(bounds) if value <= b), len(bounds))] += 1
+            total[0] += value
+
+    def count(self, name: str, **labels: str) -> int:
+        """A histogram's number of observations (tests, logs)."""
+        with self._lock:
+            got = self._histograms.get((name, tuple(sorted(labels.items()))))
+            return sum(got[0]) if got is not None else 0
 
     def inc(self, name: str, n: float = 1, **labels: str) -> None:
         kind, _ = FAMILIES[name]
@@ -137,6 +168,22 @@ class Metrics:
             for labels, v in series:
                 number = repr(int(v)) if float(v).is_integer() else repr(float(v))
                 lines.append(f"{PREFIX}{name}{_labels(dict(labels))} {number}")
+        with self._lock:
+            histograms = {k: (list(c), t[0]) for k, (c, t) in self._histograms.items()}
+        for name, (help_text, bounds) in HISTOGRAMS.items():
+            kept = sorted((labels, v) for (n, labels), v in histograms.items() if n == name)
+            if not kept:
+                continue
+            lines.append(f"# HELP {name} {help_text}")
+            lines.append(f"# TYPE {name} histogram")
+            for labels, (counts, total) in kept:
+                running = 0
+                for bound, n in zip((*bounds, float("inf")), counts, strict=True):
+                    running += n
+                    le = "+Inf" if bound == float("inf") else repr(float(bound))
+                    lines.append(f"{name}_bucket{_labels({**dict(labels), 'le': le})} {running}")
+                lines.append(f"{name}_sum{_labels(dict(labels))} {total!r}")
+                lines.append(f"{name}_count{_labels(dict(labels))} {running}")
         return "\n".join(lines) + "\n"
 
 

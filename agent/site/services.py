@@ -34,6 +34,8 @@ from agent.site.boot.dnsmasq import DnsmasqSettings, DnsmasqSupervisor
 from agent.site.boot.pxe import BootEntries
 from agent.site.boot.vmedia import MediaSets
 from agent.site.metrics import Metrics, MetricsService
+from agent.site.observe.console import DEFAULT_BUDGET_BYTES, DEFAULT_RING_BYTES
+from agent.site.observe.observer import Observer, ObserverSettings
 from agent.site.registries import Registries
 from agent.site.serve.chunkstore import DEFAULT_BUDGET, ChunkStore
 from agent.site.serve.routes import RouteTable
@@ -67,7 +69,13 @@ class ServiceSettings:
     store_bytes: int = DEFAULT_BUDGET
     metrics: str = ""            # host:port of GET /metrics; "" serves none
     upstreams: tuple[str, ...] = ()  # what routes may reach (agent/site/serve/upstreams.py)
-    secrets_dir: Path | None = None  # the secret store: registries' credentials (site/registries.py)
+    # The boot timelines and kept consoles (agent/site/observe/): the BMCs' credentials, the rings.
+    secrets_dir: Path = Path("/var/lib/bettercompute-agent/secrets")
+    console_dir: Path | None = None
+    console_ring_bytes: int = DEFAULT_RING_BYTES
+    console_budget_bytes: int = DEFAULT_BUDGET_BYTES
+    cause_waits: tuple[tuple[str, float], ...] = ()   # a rule's wait, by name (tests)
+    ipmitool: str = "ipmitool"
 
     @classmethod
     def from_config(cls, config: Config) -> ServiceSettings:
@@ -76,7 +84,10 @@ class ServiceSettings:
                    ipxe_dir=config.site_ipxe_dir, ca_file=config.ca_bundle,
                    store_dir=config.site_store_dir, store_bytes=config.site_store_bytes,
                    metrics=config.site_metrics_address,
-                   upstreams=config.site_upstreams, secrets_dir=config.secrets_dir)
+                   upstreams=config.site_upstreams, secrets_dir=config.secrets_dir,
+                   console_dir=config.site_console_dir,
+                   console_ring_bytes=config.site_console_ring_bytes,
+                   console_budget_bytes=config.site_console_budget_bytes)
 
 
 class SiteServices:
@@ -100,6 +111,12 @@ class SiteServices:
         options = http.HttpOptions(ca_file=settings.ca_file, timeout=30.0, max_retries=3,
                                    resolve=self.upstream_addresses)
         self.metrics = Metrics()
+        # What the site sees of each node's boot: timelines, causes, consoles (agent/site/observe/).
+        self.observe = Observer(ObserverSettings(
+            settings.root / "observe", settings.secrets_dir, console_dir=settings.console_dir,
+            console_ring_bytes=settings.console_ring_bytes,
+            console_budget_bytes=settings.console_budget_bytes, ipmitool=settings.ipmitool,
+            waits=dict(settings.cause_waits)), self.metrics)
         self.store = ChunkStore(settings.store_dir or settings.root / "store",
                                 settings.store_bytes, metrics=self.metrics,
                                 protected=self._in_use)
@@ -125,7 +142,8 @@ class SiteServices:
         self.metrics.sample("pxe_offers_total", lambda: None if self.dnsmasq is None
                             else float(self.dnsmasq.counters.pxe_offers))
         self.http = HttpService(settings.bind or settings.address, settings.port, self.entries,
-                                self.routes, options, self.store, self.metrics, media=self.media)
+                                self.routes, options, self.store, self.metrics, media=self.media,
+                                observe=self.observe.http_fetch)
         self.metrics_service: MetricsService | None = None
         if settings.metrics:
             host, port = parse_host_port(settings.metrics, "site_metrics_address")
@@ -169,11 +187,13 @@ class SiteServices:
         self.media.reconcile()
         log.info("site services: %d boot entries (%d expired dropped), %d proxy routes",
                  len(self.entries.all()), len(dropped), live)
+        self.observe.start()
         if self.settings.interface:
             self.dnsmasq = DnsmasqSupervisor(DnsmasqSettings(
                 interface=self.settings.interface, address=self.settings.address,
                 http_base_url=self.base_url, root=self.settings.root / "boot",
-                ipxe_dir=self.settings.ipxe_dir, argv_prefix=self.settings.dnsmasq_argv_prefix))
+                ipxe_dir=self.settings.ipxe_dir, argv_prefix=self.settings.dnsmasq_argv_prefix),
+                on_line=self.observe.dnsmasq_line)
             self.dnsmasq.start()
         self.http.start()
         self._serving = True
@@ -198,6 +218,7 @@ class SiteServices:
         self.routes.upstreams.close()
         if self.dnsmasq is not None:
             self.dnsmasq.stop()
+        self.observe.stop()
 
     def _in_use(self) -> set[str]:
         """What the store must keep: the kernels and initrds of live boot entries, the ISOs
@@ -217,6 +238,7 @@ class SiteServices:
                 self.routes.flush()
                 self.routes.upstreams.sweep()
                 self.media.expire(now)
+                self.observe.tick()
             except Exception:
                 log.exception("site services: expiry failed")
 

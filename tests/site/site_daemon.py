@@ -5,7 +5,8 @@ It starts the site's services (agent/site/services.py) with the given settings, 
 one JSON command a line on stdin ({"kind": "boot.prepareRamdisk", "payload": {...}}), runs the
 kind's real handler with them in its context and writes one JSON line on stdout:
 {"ok": true, "result": {...}} or {"ok": false, "error": "..."}.
-{"kind": "counters"} answers with the dnsmasq supervisor's counters (PXE offers, TFTP files).
+{"kind": "counters"} answers with the dnsmasq supervisor's counters (PXE offers, TFTP files);
+{"kind": "timeline", "payload": {"node_id": ...}} with the node's boot attempts (agent/site/observe/).
 Logs (every HTTP request the service answers) go to stderr. EOF on stdin stops it.
 """
 
@@ -48,6 +49,10 @@ def main() -> int:
         for line in sys.stdin:
             request = json.loads(line)
             kind = request["kind"]
+            if kind == "timeline":     # a node's attempts as the site saw them (site/observe/)
+                attempts = site.observe.timelines.attempts(request["payload"]["node_id"])
+                print(json.dumps({"ok": True, "result": [a.to_dict() for a in attempts]}), flush=True)
+                continue
             if kind == "counters":     # what a scrape of the site's services would read
                 dnsmasq = site.dnsmasq
                 print(json.dumps({"ok": True, "result": dataclasses.asdict(dnsmasq.counters)

@@ -125,6 +125,26 @@ def test_expired_and_removed_entries_get_no_offer(net: Net, site: SiteServices) 
     assert site.dnsmasq is not None and site.dnsmasq.restarts == 0, "dnsmasq died on a reload"
 
 
+def test_the_sites_timeline_names_a_boot_loader_it_does_not_serve(net: Net, site: SiteServices) -> None:
+    """What dnsmasq logs feeds the node's timeline (agent/site/observe/): the proxy offer, the
+    boot server's answer (the client's address), and a TFTP read of a file the site does not
+    serve (a firmware of another architecture): named no_boot_loader at once, with the file."""
+    mac = "52:54:00:00:00:21"
+    prepare(site, mac)
+    assert proxy_offers(ask(net, mac))
+    got = json.loads(proc.run([*net.exec(net.cli), sys.executable, str(HERE / "dhcp_client.py"),
+                               "--tftp", SITE, "snponly.efi"], timeout=30).text)
+    assert "error" in got
+    deadline = time.monotonic() + 10
+    while (site.observe.timelines.last("n1") or pytest.fail("no timeline")).cause != "no_boot_loader":
+        assert time.monotonic() < deadline, site.observe.timelines.last("n1")
+        time.sleep(0.2)
+    a = site.observe.timelines.last("n1")
+    assert a is not None and "snponly.efi" in a.cause_detail
+    steps = [e.step for e in a.events]
+    assert steps[0] == "prepared" and "dhcp_offer" in steps and steps[-1] == "tftp_missing", steps
+
+
 def test_dnsmasq_restarted_and_no_stray_left(net: Net, tmp_path: Path) -> None:
     settings = ServiceSettings(address=SITE, port=0, bind="127.0.0.1", root=tmp_path / "site",
                                interface="eth0", dnsmasq_argv_prefix=net.exec(net.site))

@@ -131,3 +131,13 @@ def test_node_ipxe_boots_through_the_site_only_while_registered(
     after = site_daemon.log()[mark:]
     assert "GET /" not in after, after
     assert " exited (" not in site_daemon.log(), "dnsmasq died"
+    # The site's timeline of the node (agent/site/observe/), from dnsmasq's log and its HTTP
+    # service: the registered boot, then the unregistered one named at once.
+    answer = site_daemon.send("timeline", {"node_id": "qemu-node"})
+    attempts = answer["result"]
+    first = [e["step"] for e in attempts[0]["events"]]
+    assert first[0] == "prepared" and "dhcp_offer" in first, first
+    assert first.index("dhcp_offer") < first.index("chain_script") < first.index("node_script"), first
+    assert first[-1] == "cleaned"
+    assert attempts[-1]["trigger"] == "a PXE request seen", attempts[-1]
+    assert attempts[-1]["cause"] == "not_registered", attempts[-1]

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,8 +171,10 @@ class DnsmasqCounters:
 class DnsmasqSupervisor:
     """Start, watch, reload and stop one dnsmasq."""
 
-    def __init__(self, settings: DnsmasqSettings) -> None:
+    def __init__(self, settings: DnsmasqSettings, *,
+                 on_line: Callable[[str], None] | None = None) -> None:
         self.settings = settings
+        self.on_line = on_line           # each log line, for the boot timelines (site/observe/)
         self.restarts = 0
         self.counters = DnsmasqCounters()
         self._child: proc.Child | None = None
@@ -241,6 +244,11 @@ class DnsmasqSupervisor:
             self.counters.pxe_offers += 1
         elif _TFTP_SENT.search(line):
             self.counters.tftp_files += 1
+        if self.on_line is not None:
+            try:
+                self.on_line(line)
+            except Exception:  # the timelines are worth less than reading dnsmasq's log on
+                log.exception("dnsmasq: a log line's observer failed")
 
     def _run_once(self, restart: bool) -> None:
         """One dnsmasq, from its start to its exit (``stop`` ends it)."""

@@ -417,6 +417,12 @@ class MediaSets:
         with self._lock:
             return sorted(self._sets.values(), key=lambda m: m.mac)
 
+    def mac_of(self, rest: str) -> str:
+        """The MAC of the set whose medium /vm/<rest> is ("" for none): whose boot fetched it."""
+        with self._lock:
+            media = self._tokens.get(rest.partition("/")[0])
+        return media.mac if media is not None else ""
+
     def path(self, rest: str) -> Path:
         """The file served at /vm/<rest>; NotFound unless its set is live."""
         token, _, name = rest.partition("/")

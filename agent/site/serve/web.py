@@ -64,6 +64,8 @@ BUFFER = 16 << 20  # a route's relay buffer, while it relays a body (docs/perfor
 RELAY_MEMORY = 256 << 20  # all relay buffers together: 16 requests at BUFFER
 SMALL_BUFFER = 1 << 20  # a request's buffer once RELAY_MEMORY is taken
 CLIENT_TIMEOUT = 120.0
+# (client address, path, status, bytes sent, seconds, the MAC of a medium's set or "")
+FetchObserver = Callable[[str, str, int, int, float, str], None]
 
 
 class BufferBudget:
@@ -114,8 +116,9 @@ class SiteHttpServer(ThreadingHTTPServer):
                  routes: RouteTable, upstream: agent_http.HttpOptions,
                  store: ChunkStore | None = None, metrics: Metrics | None = None,
                  conns: InboundConnections | None = None,
-                 media: MediaSets | None = None) -> None:
+                 media: MediaSets | None = None, observe: FetchObserver | None = None) -> None:
         self.entries = entries
+        self.observe = observe   # each boot file served (agent/site/observe/: the timelines)
         self.media = media
         self.routes = routes
         self.upstream = upstream
@@ -180,6 +183,7 @@ class _Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
     server_version = "bettercompute-site"
     sys_version = ""
+    _answered: tuple[int, int] = (0, 0)   # the status and the bytes of the body sent
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # every request is logged once, by what serves it
@@ -220,6 +224,33 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self, method: str) -> None:
         path = self.path
+        if path.startswith(ROUTE_PREFIX):
+            self._serve(method, path)
+            return
+        self._answered = (0, 0)
+        started = time.monotonic()
+        try:
+            self._serve(method, path)
+        finally:
+            self._observe(path, started)
+
+    def _observe(self, path: str, started: float) -> None:
+        """Tell the timelines what a node fetched of its boot: status, bytes, seconds."""
+        observe = self.server.observe
+        if observe is None or "?" in path:
+            return
+        status, sent = self._answered
+        mac = ""
+        if path.startswith(MEDIA_PREFIX) and self.server.media is not None:
+            mac = self.server.media.mac_of(path[len(MEDIA_PREFIX):])
+            if not mac:
+                return  # a token of no set: nothing a node's timeline can hold
+        try:
+            observe(self.client_address[0], path, status, sent, time.monotonic() - started, mac)
+        except Exception:  # a timeline is worth less than the boot file
+            log.exception("site HTTP: the boot timelines' observer failed")
+
+    def _serve(self, method: str, path: str) -> None:
         try:
             if path.startswith(ROUTE_PREFIX):
                 self._route(method, path[len(ROUTE_PREFIX):])
@@ -260,6 +291,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _refuse(self, status: int, message: str, **headers: str) -> None:
         body = (message + "\n").encode()
+        self._answered = (status, 0)
         log.info("%s %s -> %d %s", self.command, _safe(self.path), status, _scrub(message))
         self.send_response(status)
         for name, value in headers.items():
@@ -277,6 +309,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if method == "GET":
             self.wfile.write(data)
+        self._answered = (200, len(data) if method == "GET" else 0)
         log.info("%s %s -> 200, %d bytes", method, _safe(self.path), len(data))
 
     def _file(self, method: str, path: Path, ctype: str) -> None:
@@ -303,9 +336,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(size))
         self.end_headers()
+        self._answered = (200, 0)
         if method == "GET":
             self.wfile.flush()
-            self.connection.sendfile(f)
+            self._answered = (200, self.connection.sendfile(f))
         log.info("%s %s -> 200, %d bytes", method, _safe(self.path), size)
 
     # -- proxy routes ------------------------------------------------------------------
@@ -564,10 +598,11 @@ class HttpService:
 
     def __init__(self, address: str, port: int, entries: BootEntries | None, routes: RouteTable,
                  upstream: agent_http.HttpOptions | None = None, store: ChunkStore | None = None,
-                 metrics: Metrics | None = None, *, media: MediaSets | None = None) -> None:
+                 metrics: Metrics | None = None, *, media: MediaSets | None = None,
+                 observe: FetchObserver | None = None) -> None:
         self.server = SiteHttpServer((address, port), entries, routes,
                                      upstream or agent_http.HttpOptions(timeout=30.0), store,
-                                     metrics, media=media)
+                                     metrics, media=media, observe=observe)
         self._thread = threading.Thread(target=self.server.serve_forever, name="site-http",
                                         kwargs={"poll_interval": 0.2}, daemon=True)
 

@@ -1,0 +1,225 @@
+"""Why a boot attempt failed, named by rules over its timeline: the one table, RULES.
+
+    diagnose = Diagnosis()                      # or Diagnosis(waits={"no_kernel": 5.0}) in tests
+    diagnose(attempt, prepared, now)            # -> (rule name, detail) or None
+
+Each rule looks for a step of the attempt that did not lead to the next one. A rule whose
+``wait`` is 0 can tell at once (a PXE request ignored, a digest refused, a kernel panic on the
+console); the others fire ``wait`` seconds after the step they wait on, while the attempt is
+still booting, so a late boot is named as soon as it is late rather than at the control
+plane's timeout (the site's timer runs them each second). The first rule that fires names
+the cause; a later step (the node joins after all) ends the attempt as joined. docs/site.md
+("Why a node did not come up") has the same table for people.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from agent.site.observe.timeline import Attempt, Prepared, Step
+
+BOOTED = (Step.KERNEL_STARTED, Step.INIT, Step.AGENT_STARTED)
+
+
+def _when(t: float) -> str:
+    return time.strftime("%H:%M:%SZ", time.gmtime(t))
+
+
+def _refused(a: Attempt, p: Prepared | None, now: float, wait: float) -> str | None:
+    e = a.first(Step.REFUSED)
+    return f"the gateway refused the join: {e.detail or 'no reason given'}" if e else None
+
+
+def _digest(a: Attempt, p: Prepared | None, now: float, wait: float) -> str | None:
+    e = a.first(Step.DIGEST_REFUSED)
+    return e.detail or "a file did not match its digest" if e else None
+
+
+def _panic(a: Attempt, p: Prepared | None, now: float, wait: float) -> str | None:
+    e = a.first(Step.PANIC)
+    return f"kernel panic on the console: {e.detail}" if e else None
+
+
+def _ignored(a: Attempt, p: Prepared | None, now: float, wait: float) -> str | None:
+    e = a.last(Step.DHCP_IGNORED)
+    if a.method == "disk" or e is None or any(x.step == Step.DHCP_OFFER and x.t >= e.t for x in a.events):
+        return None
+    if p is None:
+        return f"a PXE request from {e.detail or 'the node'} but no offer: the MAC has no boot entry"
+    if p.expires_at <= e.t:
+        return f"a PXE request from {e.detail} but no offer: its entry expired at {_when(p.expires_at)}"
+    if p.method != "pxe":
+        return f"a PXE request from {e.detail}, but the node was prepared for virtual media"
+    return f"a PXE request from {e.detail} but no offer (the entry was not live then)"
+
+
+def _no_loader(a: Attempt, p: Prepared | None, now: float, wait: float) -> str | None:
+    missing = a.first(Step.TFTP_MISSING)
+    if missing is not None and a.first(Step.TFTP_SENT, Step.CHAIN_SCRIPT, Step.NODE_SCRIPT) is None:
+        return (f"the firmware asked for {missing.detail}, which the site does not serve: a "
+                "firmware or architecture mismatch with the entry's boot file")
+    offer = a.last(Step.DHCP_OFFER)
+    if offer is None or now - offer.t < wait:
+        return None
+    if any(x.step in (Step.TFTP_SENT, Step.CHAIN_SCRIPT, Step.NODE_SCRIPT) and x.t >= offer.t
+           for x in a.events):
+        return None
+    return (f"a proxy offer at {_when(offer.t)} but no boot loader fetched in {wait:.0f}s: a "
+            "firmware or architecture mismatch (BIOS/UEFI, the entry's boot_file)")
+
+
+def _no_script(a: Attempt, p: Prepared | None, now: float, wait: float) -> str | None:
+    failed = a.first(Step.NODE_SCRIPT, ok=False)
+    if failed is not None and a.first(Step.NODE_SCRIPT, ok=True) is None:
+        return f"the node's script was refused ({failed.status}): its entry was not live"
+    sent = a.last(Step.TFTP_SENT)
+    if sent is None or now - sent.t < wait:
+        return None
+    if any(x.step in (Step.CHAIN_SCRIPT, Step.NODE_SCRIPT) and x.t >= sent.t for x in a.events):
+        return None
+    return f"the boot loader ({sent.detail}) was sent but fetched no script in {wait:.0f}s"
+
+
+def _no_kernel(a: Attempt, p: Prepared | None, now: float, wait: float) -> str | None:
+    if p is not None and (p.method != "pxe" or p.script_url):
+        return None   # the kernel comes from elsewhere (a script of its own, a medium)
+    failed = a.first(Step.KERNEL, ok=False)
+    if failed is not None and a.first(Step.KERNEL, ok=True) is None:
+        return f"the kernel's fetch failed ({failed.status} {failed.detail})"
+    script = a.first(Step.NODE_SCRIPT, ok=True)
+    if script is None or now - script.t < wait or a.first(Step.KERNEL, ok=True) is not None:
+        return None
+    if a.first(*BOOTED) is not None:
+        return None
+    return f"the node's script was fetched but no kernel in {wait:.0f}s"
+
+
+def _no_initrd(a: Attempt, p: Prepared | None, now: float, wait: float) -> str | None:
+    if p is not None and (p.method != "pxe" or p.script_url or not p.initrd):
+        return None
+    failed = a.first(Step.INITRD, ok=False)
+    if failed is not None and a.first(Step.INITRD, ok=True) is None:
+        return f"the initrd's fetch failed ({failed.status} {failed.detail})"
+    kernel = a.first(Step.KERNEL, ok=True)
+    if kernel is None or now - kernel.t < wait or a.first(Step.INITRD, ok=True) is not None:
+        return None
+    if a.first(Step.INIT, Step.AGENT_STARTED) is not None:
+        return None
+    return f"a kernel but no initrd in {wait:.0f}s"
+
+
+def _no_dhcp(a: Attempt, p: Prepared | None, now: float, wait: float) -> str | None:
+    if a.method != "pxe":
+        return None
+    power = a.first(Step.POWER_ON)
+    if power is None or now - power.t < wait:
+        return None
+    if a.first(Step.DHCP_IGNORED, Step.DHCP_OFFER, Step.TFTP_SENT, Step.TFTP_MISSING,
+               Step.CHAIN_SCRIPT, Step.NODE_SCRIPT, Step.KERNEL, *BOOTED) is not None:
+        return None
+    seen = a.last(Step.FIRMWARE, Step.BOOT_LOADER, Step.NO_BOOT_DEVICE)
+    console = f"; the console's last milestone: {seen.step} ({seen.detail})" if seen else ""
+    return f"no DHCP request seen in {wait:.0f}s after power on{console}"
+
+
+def _late_join(step: Step, what: str) -> Callable[[Attempt, Prepared | None, float, float], str | None]:
+    def rule(a: Attempt, p: Prepared | None, now: float, wait: float) -> str | None:
+        if a.first(Step.JOINED) is not None:
+            return None
+        e = a.first(step)
+        if e is None or now - e.t < wait:
+            return None
+        last = a.last(step)
+        return f"{what} for {now - e.t:.0f}s: {(last or e).detail}"
+    return rule
+
+
+def _watched(a: Attempt) -> bool:
+    """Whether the site could have seen a join in this attempt: a console was attached (the
+    agent's "connected to gateway" line) or the gateway told a verdict. Without either the
+    site cannot tell a join from none, and names no never_joined."""
+    return any(e.step == Step.CONSOLE and e.detail.startswith("attached") for e in a.events) or \
+        a.first(Step.REFUSED) is not None
+
+
+def _never_joined(a: Attempt, p: Prepared | None, now: float, wait: float) -> str | None:
+    if a.method == "disk" or a.first(Step.JOINED) is not None or not _watched(a):
+        return None
+    booted = a.first(Step.INITRD, Step.ISO, *BOOTED, ok=True)
+    if booted is None or now - booted.t < wait:
+        return None
+    seen = a.last(*BOOTED, Step.NO_NETWORK, Step.GATEWAY_UNREACHABLE, Step.CONSOLE)
+    console = f"; the console's last word: {seen.step} ({seen.detail})" if seen else \
+        "; nothing on the console"
+    return f"the ramdisk booted ({booted.step} at {_when(booted.t)}) but never joined in {wait:.0f}s{console}"
+
+
+def _disk(a: Attempt, p: Prepared | None, now: float, wait: float) -> str | None:
+    if a.method != "disk":
+        return None
+    e = a.first(Step.NO_BOOT_DEVICE)
+    if e is not None and a.first(Step.KERNEL_STARTED) is None:
+        return f"no boot entry on the disk: {e.detail}"
+    pxe = a.first(Step.DHCP_IGNORED)
+    if pxe is not None and a.first(Step.KERNEL_STARTED) is None:
+        return "the disk did not boot: the firmware fell through to a network boot (PXE request ignored)"
+    power = a.first(Step.POWER_ON)
+    attached = a.first(Step.CONSOLE)
+    if power is None or attached is None or "attached" not in attached.detail or now - power.t < wait:
+        return None
+    if a.first(*BOOTED, Step.JOINED) is not None:
+        return None
+    seen = a.last(Step.FIRMWARE, Step.BOOT_LOADER)
+    return (f"the disk did not boot a kernel in {wait:.0f}s after power on; the console's last "
+            f"milestone: {seen.step + ' (' + seen.detail + ')' if seen else 'none'}")
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    says: str                # the cause, for a person
+    wait: float              # seconds it waits after its step (0: it tells at once)
+    check: Callable[[Attempt, Prepared | None, float, float], str | None]
+
+
+# The causes, in the order they are tried (the first that fires names the attempt's cause).
+RULES: tuple[Rule, ...] = (
+    Rule("refused",             "joined but refused by the gateway (e.g. attestation)",     0,   _refused),
+    Rule("digest_refused",      "a kernel, initrd or ISO did not match its digest",         0,   _digest),
+    Rule("kernel_panic",        "the kernel panicked (console)",                            0,   _panic),
+    Rule("not_registered",      "a PXE request but no offer: the MAC not registered, or its entry expired",
+         0, _ignored),
+    Rule("no_boot_loader",      "an offer but no boot loader fetched: firmware/architecture mismatch",
+         60, _no_loader),
+    Rule("no_script",           "a boot loader but no script",                              60,  _no_script),
+    Rule("no_kernel",           "a script but no kernel",                                   60,  _no_kernel),
+    Rule("no_initrd",           "a kernel but no initrd",                                   60,  _no_initrd),
+    Rule("no_dhcp_request",     "no DHCP request seen after power on",                      180, _no_dhcp),
+    Rule("no_network",          "the ramdisk booted but never joined: no network (console)", 120,
+         _late_join(Step.NO_NETWORK, "the agent has had no network")),
+    Rule("gateway_unreachable", "the ramdisk booted but never joined: the gateway unreachable (console)", 90,
+         _late_join(Step.GATEWAY_UNREACHABLE, "the agent cannot reach its gateway")),
+    Rule("never_joined",        "the ramdisk booted but never joined",                    300, _never_joined),
+    Rule("disk_not_bootable",   "deployed but the disk does not boot (no boot entry)",     180, _disk),
+)  # fmt: skip
+
+NAMES = tuple(r.name for r in RULES)
+
+
+class Diagnosis:
+    """RULES with their waits (``waits`` overrides some, by name: tests, a slow site)."""
+
+    def __init__(self, waits: Mapping[str, float] | None = None) -> None:
+        unknown = set(waits or ()) - set(NAMES)
+        if unknown:
+            raise ValueError(f"no such rule: {', '.join(sorted(unknown))}")
+        self.waits = {r.name: (waits or {}).get(r.name, r.wait) for r in RULES}
+
+    def __call__(self, attempt: Attempt, prepared: Prepared | None, now: float) -> tuple[str, str] | None:
+        for rule in RULES:
+            detail = rule.check(attempt, prepared, now, self.waits[rule.name])
+            if detail is not None:
+                return rule.name, detail
+        return None

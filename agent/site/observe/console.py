@@ -1,0 +1,448 @@
+"""Each registered node's serial console, kept by the site: IPMI Serial-over-LAN through
+``ipmitool sol activate``, one session per node, into a ring of bounded size on the site's disk.
+
+    consoles = Consoles(root, secrets_dir, on_milestone=timelines.console, ...)
+    consoles.attach(node_id, Bmc(address, "ipmi", credentials_ref))  # boot.prepareRamdisk, bmc.power on
+    consoles.detach(node_id)                                         # boot.cleanUp, bmc.power off
+    consoles.read(node_id, since=t0, until=t1)                       # [(time, line)], oldest first
+
+- The password travels as for every ipmitool call (agent/site/bmc/ipmi.py): in the child's
+  environment (``-E``), never in argv or a file; it is read from the secret store at each
+  (re)connect, so a rotation is followed.
+- A session takes no BMC lock and no IPMI session slot (those are for short commands, and a
+  console is held for the whole boot): bmc.* commands on the node run beside it.
+- Dropped by the BMC (ipmitool exits; ``usesolkeepalive`` makes it notice a session the BMC
+  ended, about 25 s later with ipmi_sim, where its default keepalive never does): reconnected,
+  backing off from 1 s to 30 s. Another
+  session holds SOL ("SOL payload already active on another session"): said as ``busy`` and
+  tried again every 30 s, never taken over. A BMC whose SOL is disabled or absent, or a node
+  driven over Redfish: said as ``no SOL`` once, no retries. Wrong credentials: said, no
+  retries (a BMC locks accounts).
+- Leaving: ``~.`` on ipmitool's stdin ends the session at the BMC (a killed ipmitool leaves
+  it held until the BMC times it out), then its process group is stopped.
+- The ring: ``<root>/<node>/console.log`` and ``console.log.1``, lines ``<unix ms> <text>``;
+  past half the ring's size the newer file becomes the older one, so a node holds at most
+  ``ring_bytes`` and a restart of the daemon appends where it was. The site's budget
+  (``budget_bytes``) caps the rings together: a new console past it first removes the rings
+  of the nodes not attached, oldest first, and is refused (said) when that is not enough.
+- The attached nodes are recorded (``sessions.json``): a daemon that restarts resumes them.
+- Milestones (MILESTONES: firmware, boot loader, kernel started, init, the agent's first line,
+  the join, a panic, no network, the gateway unreachable, no boot device) go to
+  ``on_milestone``, each once per boot (again after the firmware shows again).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from agent import proc, redact
+from agent.atomicfile import write_atomic
+from agent.errors import AgentError
+from agent.site.bmc.client import Credentials
+from agent.site.bmc.ipmi import CIPHER_SUITE, split_address
+from agent.site.bmc.secrets import SecretStore
+from agent.site.observe.timeline import Step
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RING_BYTES = 4 << 20
+DEFAULT_BUDGET_BYTES = 1 << 30
+MAX_LINE = 2048
+RECONNECT_MIN, RECONNECT_MAX = 1.0, 30.0
+BUSY_RETRY = 30.0
+
+# (milestone, what on the console shows it), tried in order on each line.
+MILESTONES: tuple[tuple[Step, re.Pattern[str]], ...] = (
+    (Step.PANIC, re.compile(r"Kernel panic - not syncing")),
+    (Step.JOINED, re.compile(r"\bconnected to gateway\b")),
+    (Step.GATEWAY_UNREACHABLE, re.compile(
+        r"agent\.link\.session: gateway \S+: (?!.*network is not up).*(refused|timed out|unreachable|"
+        r"No route|certificate|Errno)")),
+    (Step.NO_NETWORK, re.compile(r"the network is not up yet|no DHCP lease|Network is unreachable")),
+    (Step.AGENT_STARTED, re.compile(r"bc-init \[[\d.]+\]: starting agent\b")),
+    (Step.INIT, re.compile(r"bc-init \[[\d.]+\]: up, kernel|Run /init as init process|systemd\[1\]: ")),
+    (Step.KERNEL_STARTED, re.compile(r"\bLinux version \d|Booting Linux on physical CPU|EFI stub: ")),
+    (Step.NO_BOOT_DEVICE, re.compile(r"No bootable device|Boot failed: not a bootable disk|"
+                                     r"No boot device|BdsDxe: No bootable option|Boot failed")),
+    (Step.BOOT_LOADER, re.compile(r"iPXE initialising|iPXE \d|GNU GRUB|Booting from (?:Hard Disk|DVD|ROM)|"
+                                  r"Loading Linux|systemd-boot|Booting `")),
+    (Step.FIRMWARE, re.compile(r"SeaBIOS \(version|EDK II|BdsDxe|UEFI Interactive Shell|"
+                               r"Press (?:F2|DEL|ESC)")),
+)
+# The ones that may repeat within a boot (the agent's retries): reported once per boot too.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>78cM]")
+
+BUSY_PATTERNS = ("already active on another session", "sol payload already active")
+# What a BMC without SOL answers (ipmi_sim without a ``sol`` line: "Error activating SOL
+# payload: Invalid command"), or with SOL disabled.
+NO_SOL_PATTERNS = ("sol payload disabled", "sol is not enabled", "sol not supported",
+                   "error activating sol payload: invalid command",
+                   "error activating sol payload: command not supported", "invalid payload")
+AUTH_PATTERNS = ("rakp 2 hmac is invalid", "unauthorized name", "invalid user name", "password invalid")
+
+
+def milestone(line: str) -> Step | None:
+    for step, pattern in MILESTONES:
+        if pattern.search(line):
+            return step
+    return None
+
+
+def clean(raw: str) -> str:
+    """A console line without escape sequences, carriage returns or other control characters,
+    and without secrets (agent/redact.py: a kernel prints its command line, bc.token= in it)."""
+    text = _ANSI.sub("", raw)
+    return redact.scrub_text("".join(c for c in text if c == "\t" or c.isprintable())[:MAX_LINE])
+
+
+@dataclass(frozen=True)
+class Bmc:
+    address: str
+    protocol: str            # "ipmi" (SOL) or "redfish" (no SOL here)
+    credentials_ref: str
+
+
+class Ring:
+    """A node's console on disk: two files, at most ``size`` bytes together."""
+
+    def __init__(self, folder: Path, size: int) -> None:
+        self.folder = folder
+        self.size = max(size, 4096)
+        self.current = folder / "console.log"
+        self.older = folder / "console.log.1"
+        self._lock = threading.Lock()
+
+    def append(self, t: float, line: str) -> None:
+        record = f"{int(t * 1000)} {line}\n".encode()
+        with self._lock:
+            self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            try:
+                held = self.current.stat().st_size
+            except FileNotFoundError:
+                held = 0
+            if held and held + len(record) > self.size // 2:
+                os.replace(self.current, self.older)
+            fd = os.open(self.current, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+            try:
+                os.write(fd, record[: self.size // 2])
+            finally:
+                os.close(fd)
+
+    def bytes(self) -> int:
+        total = 0
+        for path in (self.current, self.older):
+            with contextlib.suppress(FileNotFoundError):
+                total += path.stat().st_size
+        return total
+
+    def read(self, since: float = 0.0, until: float = 0.0) -> list[tuple[float, str]]:
+        """The lines kept, oldest first, within [since, until] (0: no bound)."""
+        out: list[tuple[float, str]] = []
+        with self._lock:
+            for path in (self.older, self.current):
+                try:
+                    data = path.read_bytes()
+                except FileNotFoundError:
+                    continue
+                for raw in data.decode("utf-8", "replace").splitlines():
+                    stamp, _, text = raw.partition(" ")
+                    if not stamp.isdigit():
+                        continue      # a line torn by a crash
+                    t = int(stamp) / 1000
+                    if (since and t < since) or (until and t > until):
+                        continue
+                    out.append((t, text))
+        return out
+
+    def remove(self) -> None:
+        with self._lock:
+            for path in (self.current, self.older):
+                path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                self.folder.rmdir()
+
+
+class SolSession:
+    """One node's SOL session under a thread of its own, reconnected until ``stop``."""
+
+    def __init__(self, node_id: str, bmc: Bmc, ring: Ring, store: SecretStore, *,
+                 report: Callable[[str, str, str], None], ipmitool: str = "ipmitool") -> None:
+        self.node_id = node_id
+        self.bmc = bmc
+        self.ring = ring
+        self.store = store
+        self.report = report            # (node_id, step, line)
+        self.ipmitool = ipmitool
+        self.state = "starting"         # attached, busy, no SOL, dropped, auth failed, stopped
+        self.connects = 0
+        self._stop = threading.Event()
+        self._child: proc.Child | None = None
+        self._lock = threading.Lock()
+        self._seen: set[str] = set()
+        self._partial = ""
+        self._thread = threading.Thread(target=self._loop, name=f"sol-{node_id}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, wait: float = 5.0) -> None:
+        self._stop.set()
+        with self._lock:
+            child = self._child
+        if child is not None:
+            with contextlib.suppress(OSError, ValueError):
+                if child.popen.stdin is not None:
+                    child.popen.stdin.write(b"\r~.")   # ends the session at the BMC
+                    child.popen.stdin.flush()
+            deadline = time.monotonic() + 2.0
+            while child.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            child.stop()
+        self._thread.join(wait)
+        self.state = "stopped"
+
+    def _say(self, state: str, detail: str = "") -> None:
+        if state != self.state:
+            text = f"{state}: {detail}" if detail else state
+            log.info("console of %s (%s): %s", self.node_id, self.bmc.address, text)
+            self.ring.append(time.time(), f"[site: console {text}]")
+            self.report(self.node_id, Step.CONSOLE, text)
+            self.state = state
+
+    def _argv(self, creds: Credentials) -> list[str]:
+        host, port = split_address(self.bmc.address)
+        # stdbuf: ipmitool's stdout is block-buffered when it is not a terminal, and a
+        # console's lines must come as they are written (coreutils' stdbuf, -o0).
+        return ["stdbuf", "-o0", self.ipmitool, "-v", "-I", "lanplus", "-H", host, "-p", str(port),
+                "-U", creds.username, "-E", "-C", CIPHER_SUITE, "sol", "activate", "usesolkeepalive"]
+
+    @property
+    def alive(self) -> bool:
+        """Still keeping (or trying to keep) the console: not ended for no SOL or refused
+        credentials."""
+        return self._thread.is_alive() or self.state == "starting"
+
+    def _loop(self) -> None:
+        delay = RECONNECT_MIN
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                creds = self.store.get(self.bmc.credentials_ref)
+                stderr = self._session(creds)
+            except AgentError as exc:
+                stderr = ""
+                self._say("dropped", exc.message[:200])
+            if self._stop.is_set():
+                return
+            lower = stderr.lower()
+            if any(p in lower for p in AUTH_PATTERNS):
+                self._say("auth failed", "the BMC refused the credentials; not retried")
+                return
+            if any(p in lower for p in BUSY_PATTERNS):
+                self._say("busy", "another session holds the node's SOL; tried again every "
+                          f"{BUSY_RETRY:.0f}s, never taken over")
+                self._stop.wait(BUSY_RETRY)
+                continue
+            if any(p in lower for p in NO_SOL_PATTERNS) and not self.connects:
+                self._say("no SOL", _tail(stderr))
+                return
+            if self.state != "dropped":
+                self._say("dropped", _tail(stderr) or "the session ended")
+            delay = RECONNECT_MIN if time.monotonic() - started > 30 else min(delay * 2, RECONNECT_MAX)
+            self._stop.wait(delay)
+
+    def _session(self, creds: Credentials) -> str:
+        """One ipmitool sol activate, its output into the ring; returns its stderr."""
+        env = proc.clean_env({"IPMI_PASSWORD": creds.password})
+        with proc.running(self._argv(creds), stdin=subprocess.PIPE, env=env, check=False) as child:
+            with self._lock:
+                self._child = child
+            if self._stop.is_set():
+                child.stop()
+            fd = child.popen.stdout.fileno() if child.popen.stdout is not None else -1
+            while fd >= 0:
+                try:
+                    data = os.read(fd, 65536)
+                except OSError:
+                    break
+                if not data:
+                    break
+                self._lines(data.decode("utf-8", "replace"))
+            child.stop(grace=1.0)
+        with self._lock:
+            self._child = None
+        said = child.stderr_text()
+        return said.replace(creds.password, "<hidden>") if creds.password else said
+
+    def _lines(self, text: str) -> None:
+        text = self._partial + text
+        *whole, self._partial = re.split(r"\r\n|\n|\r", text)
+        if len(self._partial) > MAX_LINE:
+            whole.append(self._partial)
+            self._partial = ""
+        now = time.time()
+        for raw in whole:
+            line = clean(raw).rstrip()
+            if not line:
+                continue
+            if line.startswith("[SOL Session operational"):
+                self.connects += 1
+                self._say("attached")
+                continue
+            self.ring.append(now, line)
+            step = milestone(line)
+            if step is None:
+                continue
+            if step == Step.FIRMWARE and Step.KERNEL_STARTED in self._seen:
+                self._seen.clear()           # a new boot
+            if step not in self._seen:
+                self._seen.add(step)
+                self.report(self.node_id, step, line)
+
+
+def _tail(text: str) -> str:
+    kept = [ln.strip() for ln in text.splitlines() if ln.strip() and "tcgetattr" not in ln]
+    return " / ".join(kept[-2:])[:200]
+
+
+class Consoles:
+    """Every attached node's SolSession, the rings, the budget, and the record for restarts."""
+
+    def __init__(self, root: Path, secrets_dir: Path, *, report: Callable[[str, str, str], None],
+                 ring_bytes: int = DEFAULT_RING_BYTES, budget_bytes: int = DEFAULT_BUDGET_BYTES,
+                 ipmitool: str = "ipmitool") -> None:
+        self.root = root
+        self.store = SecretStore(secrets_dir)
+        self.report = report
+        self.ring_bytes = ring_bytes
+        self.budget_bytes = budget_bytes
+        self.ipmitool = ipmitool
+        self._sessions: dict[str, SolSession] = {}
+        self._lock = threading.Lock()
+        self._record = root / "sessions.json"
+
+    @property
+    def capacity(self) -> int:
+        """How many consoles the budget holds at once."""
+        return max(1, self.budget_bytes // self.ring_bytes)
+
+    def ring(self, node_id: str) -> Ring:
+        return Ring(self.root / node_id, self.ring_bytes)
+
+    def resume(self) -> int:
+        """Attach the nodes recorded by the daemon before this one (a restart)."""
+        try:
+            data = json.loads(self._record.read_text())
+            wanted = {str(k): Bmc(**v) for k, v in data.items()}
+        except FileNotFoundError:
+            return 0
+        except (OSError, ValueError, TypeError) as exc:
+            log.warning("consoles: %s unreadable (%s); none resumed", self._record, exc)
+            return 0
+        for node_id, bmc in wanted.items():
+            self.attach(node_id, bmc)
+        return len(wanted)
+
+    def _save(self) -> None:
+        data = {n: asdict(s.bmc) for n, s in self._sessions.items()}
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        write_atomic(self._record, json.dumps(data, sort_keys=True).encode(), 0o600)
+
+    def attach(self, node_id: str, bmc: Bmc) -> str:
+        """Keep the node's console (a session already kept for the same BMC is left as it is).
+        Returns the session's state, or why it is not kept."""
+        if bmc.protocol != "ipmi":
+            why = (f"no SOL: the BMC is driven over {bmc.protocol}; the site keeps consoles over "
+                   "IPMI Serial-over-LAN only")
+            self.report(node_id, Step.CONSOLE, why)
+            return "no SOL"
+        with self._lock:
+            old = self._sessions.get(node_id)
+            if old is not None and old.bmc == bmc and old.alive:
+                return old.state
+            if old is None and sum(s.alive for s in self._sessions.values()) >= self.capacity:
+                why = f"not kept: the site's console budget holds {self.capacity} at once"
+                self.report(node_id, Step.CONSOLE, why)
+                return why
+            if old is None and not self._make_room():
+                why = "not kept: the console rings fill the site's budget"
+                self.report(node_id, Step.CONSOLE, why)
+                return why
+            self._sessions.pop(node_id, None)
+        if old is not None:
+            old.stop()
+        session = SolSession(node_id, bmc, self.ring(node_id), self.store, report=self.report,
+                             ipmitool=self.ipmitool)
+        with self._lock:
+            self._sessions[node_id] = session
+            self._save()
+        session.start()
+        return session.state
+
+    def _make_room(self) -> bool:
+        """Within the budget for one more ring: the rings of nodes not attached removed,
+        least recently written first, as needed."""
+        rings = []
+        if self.root.is_dir():
+            for folder in self.root.iterdir():
+                if folder.is_dir():
+                    ring = Ring(folder, self.ring_bytes)
+                    written = ring.current.stat().st_mtime if ring.current.exists() else 0.0
+                    rings.append((written, folder.name, ring))
+        held = sum(r.bytes() for _, _, r in rings)
+        for _, name, ring in sorted(rings):
+            if held + self.ring_bytes <= self.budget_bytes:
+                break
+            if name in self._sessions:
+                continue
+            held -= ring.bytes()
+            ring.remove()
+        return held + self.ring_bytes <= self.budget_bytes
+
+    def detach(self, node_id: str) -> bool:
+        with self._lock:
+            session = self._sessions.pop(node_id, None)
+            if session is not None:
+                self._save()
+        if session is None:
+            return False
+        session.stop()
+        self.report(node_id, Step.CONSOLE, "released")
+        return True
+
+    def state(self, node_id: str) -> str:
+        with self._lock:
+            session = self._sessions.get(node_id)
+            return session.state if session is not None else "not kept"
+
+    def alive(self) -> int:
+        """How many consoles are kept (or being tried) now."""
+        with self._lock:
+            return sum(s.alive for s in self._sessions.values())
+
+    def attached(self) -> list[str]:
+        with self._lock:
+            return sorted(self._sessions)
+
+    def read(self, node_id: str, since: float = 0.0, until: float = 0.0) -> list[tuple[float, str]]:
+        return self.ring(node_id).read(since, until)
+
+    def last_lines(self, node_id: str, n: int = 5) -> list[str]:
+        return [text for _, text in self.read(node_id)[-n:]]
+
+    def stop(self) -> None:
+        """Stop every session and keep the record: the next start resumes them."""
+        with self._lock:
+            sessions = list(self._sessions.values())
+        for session in sessions:
+            session.stop()

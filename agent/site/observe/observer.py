@@ -1,0 +1,286 @@
+"""The site's view of each node's boot, composed: timelines, causes, consoles and their metrics.
+The handlers and services tell it what they did (one call each); it is ``SiteServices.observe``.
+
+    obs = Observer(ObserverSettings(root, secrets_dir), metrics)
+    obs.start()                                  # load the timelines, resume the consoles
+    obs.bmc_done(node_id, bmc, "bmc.power", "on")        # agent/commands/bmc.py
+    obs.prepared(node_id, Prepared(...))                 # agent/commands/boot.py
+    obs.cleaned(node_id)
+    obs.dnsmasq_line(line)                               # the dnsmasq supervisor's log reader
+    obs.http_fetch(ip, path, status, sent, seconds, mac) # the HTTP service
+    obs.tick()                                           # the site's timer: late boots named
+    obs.stop()
+
+When the console is kept: from boot.prepareRamdisk, or bmc.power on, cycle or reset, of a
+node whose BMC the site knows (a bmc.* command with the node's id taught it) until
+boot.cleanUp or bmc.power off; a disk boot's console (an attempt with nothing prepared) is
+released once the node has joined.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from agent.atomicfile import write_atomic
+from agent.errors import InvalidParameters
+from agent.proto import agent_pb2
+from agent.site.boot.fields import parse_mac, parse_node_id
+from agent.site.metrics import Metrics
+from agent.site.observe import dhcplog
+from agent.site.observe.causes import Diagnosis
+from agent.site.observe.console import DEFAULT_BUDGET_BYTES, DEFAULT_RING_BYTES, Bmc, Consoles
+from agent.site.observe.timeline import Attempt, Event, Outcome, Prepared, Step, Timelines, render
+
+log = logging.getLogger(__name__)
+
+MAX_BMCS = 4096
+CONSOLE_READY_SECONDS = 5.0   # how long a power on waits for the node's SOL session to be up
+PHASE_HISTOGRAM = "bettercompute_site_boot_phase_seconds"
+
+# (phase, from the first of, to the first of): a joined attempt's durations, for /metrics.
+PHASES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
+    ("power_to_dhcp", (Step.POWER_ON,), (Step.DHCP_OFFER, Step.DHCP_IGNORED)),
+    ("dhcp_to_boot_loader", (Step.DHCP_OFFER,), (Step.TFTP_SENT, Step.CHAIN_SCRIPT, Step.NODE_SCRIPT)),
+    ("boot_loader_to_kernel", (Step.TFTP_SENT, Step.CHAIN_SCRIPT, Step.NODE_SCRIPT), (Step.KERNEL, Step.ISO)),
+    ("kernel_fetch", (Step.KERNEL, Step.ISO), (Step.INITRD, Step.KERNEL_STARTED)),
+    ("kernel_to_join", (Step.KERNEL_STARTED, Step.INITRD, Step.ISO), (Step.JOINED,)),
+    ("power_to_join", (Step.POWER_ON,), (Step.JOINED,)),
+)
+
+
+@dataclass(frozen=True)
+class ObserverSettings:
+    root: Path                       # <state_dir>/site/observe: timeline/, console/, bmcs.json
+    secrets_dir: Path
+    console_ring_bytes: int = DEFAULT_RING_BYTES
+    console_budget_bytes: int = DEFAULT_BUDGET_BYTES
+    console_dir: Path | None = None  # the rings (default: root / "console"): put it on a disk
+    ipmitool: str = "ipmitool"
+    waits: dict[str, float] = field(default_factory=dict)   # rule name -> seconds (causes.py)
+
+
+def _node_id_ok(node_id: str) -> bool:
+    """A bmc.* request's node_id names files: checked before it is kept ("" is none)."""
+    if not node_id:
+        return False
+    try:
+        parse_node_id(node_id)
+    except InvalidParameters:
+        log.warning("node_id %r is no node id; not in the timelines", node_id[:40])
+        return False
+    return True
+
+
+class Observer:
+    def __init__(self, settings: ObserverSettings, metrics: Metrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.timelines = Timelines(settings.root / "timeline", diagnose=Diagnosis(settings.waits),
+                                   on_cause=self._on_cause)
+        self.timelines.on_attempt = self._on_attempt
+        self.timelines.on_joined = self._on_joined
+        self.consoles = Consoles(settings.console_dir or settings.root / "console", settings.secrets_dir,
+                                 report=self._console_report, ring_bytes=settings.console_ring_bytes,
+                                 budget_bytes=settings.console_budget_bytes, ipmitool=settings.ipmitool)
+        self._bmcs: OrderedDict[str, Bmc] = OrderedDict()
+        self._lock = threading.Lock()
+        self.metrics.gauge("consoles_kept", lambda: float(self.consoles.alive()))
+
+    # -- life ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.settings.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.timelines.load()
+        self._load_bmcs()
+        resumed = self.consoles.resume()
+        log.info("site observer: %d nodes' timelines, %d consoles resumed",
+                 len(self.timelines.nodes()), resumed)
+
+    def stop(self) -> None:
+        self.consoles.stop()
+
+    def tick(self) -> None:
+        self.timelines.evaluate()
+        self.timelines.expire_pending()
+
+    # -- the BMCs the site knows, by node (what a console needs) ------------------------------
+
+    def _load_bmcs(self) -> None:
+        try:
+            data = json.loads((self.settings.root / "bmcs.json").read_text())
+            for node_id, bmc in list(data.items())[-MAX_BMCS:]:
+                self._bmcs[str(node_id)] = Bmc(**bmc)
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, TypeError) as exc:
+            log.warning("site observer: bmcs.json unreadable (%s); relearned from bmc.* commands", exc)
+
+    def _learn(self, node_id: str, bmc: Bmc) -> None:
+        with self._lock:
+            if self._bmcs.get(node_id) == bmc:
+                self._bmcs.move_to_end(node_id)
+                return
+            self._bmcs[node_id] = bmc
+            while len(self._bmcs) > MAX_BMCS:
+                self._bmcs.popitem(last=False)
+            data = {n: asdict(b) for n, b in self._bmcs.items()}
+        write_atomic(self.settings.root / "bmcs.json", json.dumps(data).encode(), 0o600)
+
+    def bmc_of(self, node_id: str) -> Bmc | None:
+        with self._lock:
+            return self._bmcs.get(node_id)
+
+    # -- what the commands did ----------------------------------------------------------------
+
+    def bmc_done(self, node_id: str, bmc: Bmc, kind: str, operation: str, device: str = "") -> None:
+        """A bmc.* command that succeeded for ``node_id`` (none: the site cannot tell whose)."""
+        if not _node_id_ok(node_id):
+            return
+        self._learn(node_id, bmc)
+        if kind == "bmc.power" and operation in ("on", "cycle", "reset"):
+            self.consoles.attach(node_id, bmc)   # the attempt began at power_requested
+        elif kind == "bmc.power" and operation == "off":
+            self.timelines.power(node_id, "off")
+            self.consoles.detach(node_id)
+        elif kind == "bmc.boot" and operation == "set_boot_device":
+            self.timelines.boot_device(node_id, device)
+
+    def before_power(self, node_id: str, bmc: Bmc, *, wait: float = CONSOLE_READY_SECONDS) -> None:
+        """Before bmc.power on, cycle or reset: the node's console attached first (waited for,
+        ``wait`` seconds at most), so that SOL carries the firmware's first lines: a BMC drops
+        what the serial port says while no SOL session is active."""
+        if not _node_id_ok(node_id):
+            return
+        self._learn(node_id, bmc)
+        self.consoles.attach(node_id, bmc)
+        deadline = time.monotonic() + wait
+        while self.consoles.state(node_id) == "starting" and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def power_requested(self, node_id: str, operation: str) -> None:
+        """bmc.power on, cycle or reset is about to be sent: the attempt begins now (the
+        firmware may fail before the command has settled)."""
+        if _node_id_ok(node_id):
+            self.timelines.power(node_id, operation)
+
+    def bmc_failed(self, node_id: str, kind: str, operation: str, why: str) -> None:
+        """A power on, cycle or reset that failed: its attempt ends there."""
+        if kind == "bmc.power" and operation in ("on", "cycle", "reset") and _node_id_ok(node_id):
+            self.timelines.power(node_id, "off", f"bmc.power {operation} failed: {why[:200]}")
+
+    def prepared(self, node_id: str, prepared: Prepared) -> None:
+        self.timelines.prepared(node_id, prepared)
+        bmc = self.bmc_of(node_id)
+        if bmc is not None:
+            self.consoles.attach(node_id, bmc)
+
+    def digest_refused(self, node_id: str, detail: str) -> None:
+        self.timelines.digest_refused(node_id, detail)
+
+    def cleaned(self, node_id: str) -> None:
+        self.timelines.cleaned(node_id)
+        self.consoles.detach(node_id)
+
+    def verdict(self, node_id: str, joined: bool, detail: str = "") -> None:
+        """The join as the gateway judged it (the attestation work's hook: a refused join)."""
+        self.timelines.verdict(node_id, joined, detail)
+
+    # -- what the services saw ----------------------------------------------------------------
+
+    def dnsmasq_line(self, line: str) -> None:
+        got = dhcplog.parse(line)
+        if got is None:
+            return
+        event = Event(self.timelines.clock(), got.step, got.detail)
+        if got.mac:
+            if got.ip:
+                self.timelines.learn_ip(got.ip, got.mac)
+            self.timelines.by_mac(got.mac, event)
+        else:
+            self.timelines.by_ip(got.ip, event)
+
+    def http_fetch(self, ip: str, path: str, status: int, sent: int, seconds: float,
+                   mac: str = "") -> None:
+        """A request to the boot service: /boot.ipxe, /pxe/<mac>.ipxe, /cache/<sha256>, or a
+        medium (``mac`` given by the service, which knows the medium's set)."""
+        if path == "/boot.ipxe":
+            self.timelines.fetch(ip, Step.CHAIN_SCRIPT, "", status, sent, seconds)
+        elif path.startswith("/pxe/") and path.endswith(".ipxe"):
+            try:
+                name = parse_mac(path[len("/pxe/"):-len(".ipxe")])
+            except InvalidParameters:
+                return
+            self.timelines.fetch(ip, Step.NODE_SCRIPT, name, status, sent, seconds)
+        elif path.startswith("/cache/"):
+            self.timelines.cache_fetch(ip, path[len("/cache/"):], status, sent, seconds)
+        elif path.startswith("/vm/") and mac:
+            step = Step.ISO if path.endswith("/ramdisk.iso") else Step.CONFIG_MEDIUM
+            self.timelines.fetch(ip, step, mac, status, sent, seconds)
+
+    # -- the rest ------------------------------------------------------------------------------
+
+    def _console_report(self, node_id: str, step: str, line: str) -> None:
+        self.timelines.console(node_id, step, line)
+        if step == Step.JOINED:
+            attempt = self.timelines.last(node_id)
+            if attempt is not None and attempt.method == "disk":
+                # A disk boot's console is kept until the node is up; then it is let go.
+                threading.Thread(target=self.consoles.detach, args=(node_id,), daemon=True).start()
+
+    def _on_attempt(self, node_id: str, attempt: Attempt) -> None:
+        self.metrics.inc("boot_attempts_total")
+
+    def _on_cause(self, node_id: str, attempt: Attempt) -> None:
+        self.metrics.inc("boot_failures_total", cause=attempt.cause)
+
+    def joined_phases(self, attempt: Attempt) -> dict[str, float]:
+        """A joined attempt's phase durations (PHASES)."""
+        out = {}
+        for phase, start, end in PHASES:
+            a, b = attempt.first(*start), attempt.first(*end)
+            if a is not None and b is not None and b.t >= a.t:
+                out[phase] = b.t - a.t
+        return out
+
+    def _on_joined(self, node_id: str, attempt: Attempt) -> None:
+        for phase, seconds in self.joined_phases(attempt).items():
+            self.metrics.observe(PHASE_HISTOGRAM, seconds, phase=phase)
+
+    # -- how it reaches people ----------------------------------------------------------------
+
+    def node_boot(self, node_id: str) -> agent_pb2.NodeBoot | None:
+        """The node's last attempt, for inventory.refresh in role site (None: none kept)."""
+        a = self.timelines.last(node_id)
+        if a is None:
+            return None
+        boot = agent_pb2.NodeBoot(
+            node_id=node_id, attempt=a.number, method=a.method, trigger=a.trigger,
+            started_unix_ms=int(a.started * 1000), outcome=a.outcome, cause=a.cause,
+            cause_detail=a.cause_detail, console=self.consoles.state(node_id),
+            steps=[f"+{e.t - a.started:.1f}s {e.step} {e.detail}".rstrip() for e in a.events][-64:])
+        if a.outcome == Outcome.FAILED:
+            boot.last_lines.extend(self.consoles.last_lines(node_id, 10))
+        return boot
+
+    def node_boots(self) -> list[agent_pb2.NodeBoot]:
+        return [b for n in self.timelines.nodes() if (b := self.node_boot(n)) is not None]
+
+    def node_files(self, node_id: str, since: float = 0.0, until: float = 0.0) -> dict[str, bytes]:
+        """What logs.collect gathers of a node: its console within [since, until], its
+        timelines (JSON and text)."""
+        lines = self.consoles.read(node_id, since, until)
+        console = "".join(
+            f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(t))}.{int(t * 1000) % 1000:03d}Z {text}\n"
+            for t, text in lines)
+        attempts = self.timelines.attempts(node_id)
+        return {
+            "console.txt": console.encode(),
+            "timeline.json": json.dumps([a.to_dict() for a in attempts], indent=1).encode(),
+            "timeline.txt": render(node_id, attempts).encode(),
+        }

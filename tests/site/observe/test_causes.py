@@ -1,0 +1,276 @@
+"""Each rule of agent/site/observe/causes.py on a timeline built through Timelines' own entry
+points (the ones the handlers, dnsmasq's log and the HTTP service call), with a clock the test
+moves: the cause named when the rule can tell, not before, and not when the boot went on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.site.observe.causes import NAMES, RULES, Diagnosis
+from agent.site.observe.timeline import Event, Outcome, Prepared, Step, Timelines
+
+MAC = "52:54:00:00:00:01"
+IP = "10.99.0.50"
+KERNEL, INITRD = "a" * 64, "b" * 64
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def step(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def tl(tmp_path: Path, clock: Clock) -> Timelines:
+    t = Timelines(tmp_path / "timeline", diagnose=Diagnosis(), clock=clock)
+    t.arp = lambda ip: ""
+    t.load()
+    return t
+
+
+def prepare(tl: Timelines, clock: Clock, *, method: str = "pxe", ttl: float = 3600,
+            script_url: bool = False) -> None:
+    tl.prepared("n1", Prepared(method, MAC, clock.now + ttl, KERNEL, INITRD, script_url))
+    tl.power("n1", "on")
+
+
+def cause(tl: Timelines, clock: Clock, after: float = 0.0) -> str:
+    clock.step(after)
+    tl.evaluate()
+    a = tl.last("n1")
+    assert a is not None
+    return a.cause
+
+
+def fetch(tl: Timelines, step: str, status: int = 200, mac: str = "") -> None:
+    tl.fetch(IP, step, mac, status, 1000, 0.0)
+
+
+def boot_to_script(tl: Timelines, clock: Clock) -> None:
+    prepare(tl, clock)
+    tl.by_mac(MAC, ev(clock, Step.DHCP_OFFER))
+    fetch(tl, Step.CHAIN_SCRIPT)
+    fetch(tl, Step.NODE_SCRIPT, mac=MAC)
+
+
+def ev(clock: Clock, step: str, detail: str = "") -> Event:
+    return Event(clock.now, step, detail)
+
+
+def test_the_table_is_whole() -> None:
+    assert len(set(NAMES)) == len(NAMES) == len(RULES)
+    with pytest.raises(ValueError, match="no such rule"):
+        Diagnosis({"nope": 1})
+
+
+def test_a_boot_that_joins_has_no_cause(tl: Timelines, clock: Clock) -> None:
+    boot_to_script(tl, clock)
+    tl.cache_fetch(IP, KERNEL, 200, 9000, 0.0)
+    tl.cache_fetch(IP, INITRD, 200, 9000, 0.0)
+    tl.console("n1", Step.KERNEL_STARTED, "Linux version 6.1")
+    tl.console("n1", Step.JOINED, "connected to gateway gw at 10.0.0.1:7443")
+    assert cause(tl, clock, 10_000) == ""
+    a = tl.last("n1")
+    assert a is not None and a.outcome == Outcome.JOINED
+    assert [e.step for e in a.events] == [
+        "prepared", "power_on", "dhcp_offer", "chain_script", "node_script", "kernel", "initrd",
+        "kernel_started", "joined"]
+
+
+def test_refused(tl: Timelines, clock: Clock) -> None:
+    prepare(tl, clock)
+    tl.verdict("n1", False, "attestation: PCR 7 differs")
+    assert cause(tl, clock) == "refused"
+    assert "PCR 7" in (tl.last("n1") or pytest.fail()).cause_detail
+
+
+def test_digest_refused(tl: Timelines, clock: Clock) -> None:
+    prepare(tl, clock)
+    tl.digest_refused("n1", "kernel: sha256 mismatch")
+    assert cause(tl, clock) == "digest_refused"
+
+
+def test_kernel_panic_at_once(tl: Timelines, clock: Clock) -> None:
+    boot_to_script(tl, clock)
+    tl.console("n1", Step.PANIC, "Kernel panic - not syncing: VFS: Unable to mount root fs")
+    assert cause(tl, clock) == "kernel_panic"
+
+
+def test_not_registered_and_expired(tl: Timelines, clock: Clock) -> None:
+    prepare(tl, clock, ttl=5)
+    clock.step(10)
+    tl.by_mac(MAC, ev(clock, Step.DHCP_IGNORED, MAC))
+    assert cause(tl, clock) == "not_registered"
+    assert "expired" in (tl.last("n1") or pytest.fail()).cause_detail
+
+
+def test_not_registered_then_offered_is_not_named(tl: Timelines, clock: Clock) -> None:
+    prepare(tl, clock)
+    tl.by_mac(MAC, ev(clock, Step.DHCP_IGNORED, MAC))
+    tl.by_mac(MAC, ev(clock, Step.DHCP_OFFER))
+    fetch(tl, Step.CHAIN_SCRIPT)
+    a = tl.last("n1")
+    assert a is not None and a.cause == "not_registered"   # named when it was so
+    tl.evaluate()
+    # the next rules do not fire: the boot went on
+
+
+def test_no_boot_loader_waits_for_its_time(tl: Timelines, clock: Clock) -> None:
+    prepare(tl, clock)
+    tl.by_mac(MAC, ev(clock, Step.DHCP_OFFER))
+    assert cause(tl, clock, 59) == ""
+    assert cause(tl, clock, 2) == "no_boot_loader"
+
+
+def test_no_boot_loader_at_once_when_the_firmware_asks_another_file(tl: Timelines, clock: Clock) -> None:
+    prepare(tl, clock)
+    tl.by_mac(MAC, ev(clock, Step.DHCP_OFFER, "boot server: undionly.kpxe"))
+    tl.learn_ip(IP, MAC)
+    tl.by_ip(IP, ev(clock, Step.TFTP_MISSING, "snponly.efi"))
+    assert cause(tl, clock) == "no_boot_loader"
+    assert "snponly.efi" in (tl.last("n1") or pytest.fail()).cause_detail
+
+
+def test_no_script(tl: Timelines, clock: Clock) -> None:
+    prepare(tl, clock)
+    tl.by_mac(MAC, ev(clock, Step.DHCP_OFFER))
+    tl.learn_ip(IP, MAC)
+    tl.by_ip(IP, ev(clock, Step.TFTP_SENT, "undionly.kpxe"))
+    assert cause(tl, clock, 30) == ""
+    assert cause(tl, clock, 31) == "no_script"
+
+
+def test_no_script_at_once_when_refused(tl: Timelines, clock: Clock) -> None:
+    prepare(tl, clock)
+    tl.by_mac(MAC, ev(clock, Step.DHCP_OFFER))
+    fetch(tl, Step.NODE_SCRIPT, status=404, mac=MAC)
+    assert cause(tl, clock) == "no_script"
+
+
+def test_no_kernel(tl: Timelines, clock: Clock) -> None:
+    boot_to_script(tl, clock)
+    assert cause(tl, clock, 50) == ""
+    assert cause(tl, clock, 11) == "no_kernel"
+
+
+def test_no_kernel_at_once_when_its_fetch_fails(tl: Timelines, clock: Clock) -> None:
+    boot_to_script(tl, clock)
+    tl.cache_fetch(IP, KERNEL, 404, 0, 0.0)
+    assert cause(tl, clock) == "no_kernel"
+
+
+def test_a_script_of_its_own_is_not_no_kernel(tl: Timelines, clock: Clock) -> None:
+    prepare(tl, clock, script_url=True)
+    fetch(tl, Step.NODE_SCRIPT, mac=MAC)
+    assert cause(tl, clock, 100) == ""
+
+
+def test_no_initrd(tl: Timelines, clock: Clock) -> None:
+    boot_to_script(tl, clock)
+    tl.cache_fetch(IP, KERNEL, 200, 9000, 0.0)
+    assert (tl.last("n1") or pytest.fail()).events[-1].step == "kernel"
+    assert cause(tl, clock, 61) == "no_initrd"
+
+
+def test_no_initrd_at_once_when_its_fetch_fails(tl: Timelines, clock: Clock) -> None:
+    boot_to_script(tl, clock)
+    tl.cache_fetch(IP, KERNEL, 200, 9000, 0.0)
+    tl.cache_fetch(IP, INITRD, 404, 0, 0.0)
+    assert cause(tl, clock) == "no_initrd"
+
+
+def test_no_dhcp_request(tl: Timelines, clock: Clock) -> None:
+    prepare(tl, clock)
+    tl.console("n1", Step.FIRMWARE, "SeaBIOS (version 1.16)")
+    assert cause(tl, clock, 170) == ""
+    assert cause(tl, clock, 11) == "no_dhcp_request"
+    assert "SeaBIOS" in (tl.last("n1") or pytest.fail()).cause_detail
+
+
+def test_no_network_and_gateway_unreachable(tl: Timelines, clock: Clock) -> None:
+    boot_to_script(tl, clock)
+    tl.cache_fetch(IP, KERNEL, 200, 9000, 0.0)
+    tl.cache_fetch(IP, INITRD, 200, 9000, 0.0)
+    tl.console("n1", Step.KERNEL_STARTED, "Linux version 6.1")
+    tl.console("n1", Step.NO_NETWORK, "gateway 10.0.0.1:7443: the network is not up yet")
+    assert cause(tl, clock, 100) == ""
+    assert cause(tl, clock, 21) == "no_network"
+
+
+def test_gateway_unreachable(tl: Timelines, clock: Clock) -> None:
+    boot_to_script(tl, clock)
+    tl.console("n1", Step.KERNEL_STARTED, "Linux version 6.1")
+    tl.console("n1", Step.GATEWAY_UNREACHABLE, "gateway 10.9.9.9:7443: [Errno 111] refused")
+    assert cause(tl, clock, 91) == "gateway_unreachable"
+
+
+def test_never_joined_with_the_console_last_word(tl: Timelines, clock: Clock) -> None:
+    boot_to_script(tl, clock)
+    tl.cache_fetch(IP, KERNEL, 200, 9000, 0.0)
+    tl.cache_fetch(IP, INITRD, 200, 9000, 0.0)
+    tl.console("n1", Step.CONSOLE, "attached")
+    tl.console("n1", Step.AGENT_STARTED, "bc-init [3.2]: starting agent")
+    assert cause(tl, clock, 299) == ""
+    assert cause(tl, clock, 2) == "never_joined"
+    assert "agent_started" in (tl.last("n1") or pytest.fail()).cause_detail
+
+
+def test_never_joined_is_not_named_without_a_console(tl: Timelines, clock: Clock) -> None:
+    """Without a kept console the site cannot see a join: it names none rather than a wrong one."""
+    boot_to_script(tl, clock)
+    tl.cache_fetch(IP, KERNEL, 200, 9000, 0.0)
+    tl.cache_fetch(IP, INITRD, 200, 9000, 0.0)
+    assert cause(tl, clock, 1000) == ""
+
+
+def test_disk_not_bootable(tl: Timelines, clock: Clock) -> None:
+    tl.power("n1", "cycle")          # nothing prepared: a disk boot
+    a = tl.last("n1")
+    assert a is not None and a.method == "disk"
+    tl.console("n1", Step.NO_BOOT_DEVICE, "Boot failed: not a bootable disk")
+    assert cause(tl, clock) == "disk_not_bootable"
+
+
+def test_disk_not_bootable_when_late_with_a_console(tl: Timelines, clock: Clock) -> None:
+    tl.power("n1", "on")
+    tl.console("n1", Step.CONSOLE, "attached")
+    tl.console("n1", Step.FIRMWARE, "SeaBIOS (version 1.16)")
+    assert cause(tl, clock, 179) == ""
+    assert cause(tl, clock, 2) == "disk_not_bootable"
+
+
+def test_disk_boot_without_a_console_is_not_guessed(tl: Timelines, clock: Clock) -> None:
+    tl.power("n1", "on")
+    assert cause(tl, clock, 1000) == ""
+
+
+def test_waits_are_settable(tmp_path: Path, clock: Clock) -> None:
+    tl = Timelines(tmp_path / "t", diagnose=Diagnosis({"no_kernel": 2}), clock=clock)
+    tl.arp = lambda ip: ""
+    boot_to_script(tl, clock)
+    assert cause(tl, clock, 3) == "no_kernel"
+
+
+def test_an_unregistered_mac_booting_on_its_own_is_named(tl: Timelines, clock: Clock) -> None:
+    """A node cleaned up reboots by PXE on its own: a new attempt, named not_registered at once."""
+    prepare(tl, clock)
+    tl.console("n1", Step.JOINED, "connected to gateway")
+    tl.cleaned("n1")
+    clock.step(100)
+    tl.by_mac(MAC, ev(clock, Step.DHCP_IGNORED, MAC))
+    attempts = tl.attempts("n1")
+    assert [(a.number, a.trigger, a.method) for a in attempts] == [
+        (1, "boot.prepareRamdisk", "pxe"), (2, "a PXE request seen", "pxe")]
+    assert attempts[-1].cause == "not_registered" and "no boot entry" in attempts[-1].cause_detail

@@ -1,0 +1,430 @@
+"""The kept console against a real BMC: OpenIPMI's ipmi_sim serving Serial-over-LAN from a
+scripted serial port (a TCP server standing for the node's ttyS0, which ipmi_sim connects to as
+it would to QEMU's), through real ``ipmitool sol activate`` sessions supervised by the site.
+
+The ring (bounds, time ranges, a restart's append) is tested on its own first."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from agent import proc
+from agent.site.bmc.client import Credentials
+from agent.site.bmc.secrets import SecretStore
+from agent.site.observe import console
+from agent.site.observe.console import Bmc, Ring, clean, milestone
+from agent.site.observe.observer import Observer, ObserverSettings
+from agent.site.observe.timeline import Prepared, Step
+from qemu.ipmisim import IpmiSim, start_ipmi_sim
+from qemu.powered import NodeSpec, PoweredNode
+from tests.site.test_site_agent import ArgvWatcher
+
+USERNAME, PASSWORD, REF = "bcadmin", "Sol-Pass-7hq2Wm", "rack1-n01"
+MAC = "52:54:00:00:00:01"
+
+
+# -- the ring and the milestones, on their own --------------------------------------------------
+
+
+def test_ring_is_bounded_and_read_by_time(tmp_path: Path) -> None:
+    ring = Ring(tmp_path / "n1", 8192)
+    for i in range(2000):
+        ring.append(1000.0 + i, f"line {i:04d} " + "x" * 40)
+    assert ring.bytes() <= 8192
+    lines = ring.read()
+    assert lines[-1] == (2999.0, "line 1999 " + "x" * 40)
+    numbers = [int(text.split()[1]) for _, text in lines]
+    assert numbers == sorted(numbers) and numbers == list(range(numbers[0], 2000))   # nothing lost within
+    window = ring.read(since=2990.0, until=2995.0)
+    assert [t for t, _ in window] == [2990.0 + i for i in range(6)]
+    # a restart appends where it was
+    again = Ring(tmp_path / "n1", 8192)
+    again.append(5000.0, "after the restart")
+    assert again.read()[-1] == (5000.0, "after the restart") and again.read()[-2] == lines[-1]
+
+
+def test_lines_are_cleaned_and_milestones_named() -> None:
+    assert clean("\x1b[2J\x1b[1;1HSeaBIOS (version 1.16.2)\r") == "SeaBIOS (version 1.16.2)"
+    # the kernel prints its command line: the node's enrollment token never reaches the ring
+    assert clean("[    0.0] Command line: console=ttyS0 bc.token=Zq8-secret bc.gateway=gw:443") == \
+        "[    0.0] Command line: console=ttyS0 bc.token=[REDACTED] bc.gateway=gw:443"
+    cases = {
+        "SeaBIOS (version 1.16.2-debian-1.16.2-1)": Step.FIRMWARE,
+        "iPXE initialising devices...": Step.BOOT_LOADER,
+        "[    0.000000] Linux version 6.1.0-28-cloud-amd64 (debian-kernel@lists)": Step.KERNEL_STARTED,
+        "bc-init [1.52]: up, kernel 6.1.0-28-cloud-amd64": Step.INIT,
+        "bc-init [1.60]: starting agent: python3 /usr/lib/bettercompute/agent.pyz run": Step.AGENT_STARTED,
+        "2026-12-03 18:00:01,123 INFO agent.link.session: connected to gateway gw-1 at 10.0.2.2:7443 "
+        "(heartbeat 5.0s, dead after 15.0s, 0 unacked results)": Step.JOINED,
+        "2026-12-03 18:00:01,123 WARNING agent.link.session: gateway 10.0.2.2:7443: [Errno 111] "
+        "Connection refused": Step.GATEWAY_UNREACHABLE,
+        "2026-12-03 18:00:01,123 INFO agent.link.session: gateway 10.0.2.2:7443: [Errno 101] Network "
+        "is unreachable: the network is not up yet": Step.NO_NETWORK,
+        "[    2.1] Kernel panic - not syncing: VFS: Unable to mount root fs on unknown-block": Step.PANIC,
+        "Boot failed: not a bootable disk": Step.NO_BOOT_DEVICE,
+        "nothing here": None,
+    }
+    for line, step in cases.items():
+        assert milestone(line) == step, line
+
+
+# -- a real BMC serving SOL ----------------------------------------------------------------------
+
+
+class SerialPort:
+    """The node's serial port as a TCP server (what QEMU's -serial tcp:...,server is): ipmi_sim
+    connects to it; ``say`` writes lines to whoever is connected."""
+
+    def __init__(self) -> None:
+        self.server = socket.socket()
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen(4)
+        self.port = self.server.getsockname()[1]
+        self.conn: socket.socket | None = None
+        self.connected = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            self.conn = conn
+            self.connected.set()
+
+    def say(self, *lines: str) -> None:
+        assert self.conn is not None
+        for line in lines:
+            self.conn.sendall(line.encode() + b"\r\n")
+
+    def close(self) -> None:
+        self.server.close()
+        if self.conn is not None:
+            self.conn.close()
+
+
+def _tools() -> None:
+    for tool in ("ipmi_sim", "ipmitool"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed (apt-get install openipmi ipmitool)")
+
+
+@pytest.fixture
+def serial() -> Iterator[SerialPort]:
+    port = SerialPort()
+    yield port
+    port.close()
+
+
+def make_sim(tmp_path: Path, name: str, sol: str) -> IpmiSim:
+    node = PoweredNode(tmp_path / f"{name}-node").configure(
+        NodeSpec(kernel="/nonexistent/vmlinuz", initrd="/nonexistent/initrd", owner_pid=os.getpid()))
+    return start_ipmi_sim(tmp_path / name, node, USERNAME, PASSWORD, sol=sol)
+
+
+@pytest.fixture
+def sol_sim(tmp_path: Path, serial: SerialPort) -> Iterator[IpmiSim]:
+    _tools()
+    sim = make_sim(tmp_path, "bmc", f"tcp:127.0.0.1:{serial.port}")
+    yield sim
+    sim.stop()
+
+
+@pytest.fixture
+def secrets_dir(tmp_path: Path) -> Path:
+    store = SecretStore(tmp_path / "secrets")
+    store.put(REF, Credentials(USERNAME, PASSWORD))
+    return store.root
+
+
+def make_observer(tmp_path: Path, secrets_dir: Path, **settings: int) -> Observer:
+    obs = Observer(ObserverSettings(tmp_path / "observe", secrets_dir, **settings))  # type: ignore[arg-type]
+    obs.start()
+    return obs
+
+
+def wait_for(what: str, check: Callable[[], object], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def power_on(obs: Observer, node: str, bmc: Bmc) -> None:
+    """What the bmc.power handler tells the observer around a power on (agent/commands/bmc.py)."""
+    obs.before_power(node, bmc)
+    obs.power_requested(node, "on")
+    obs.bmc_done(node, bmc, "bmc.power", "on")
+
+
+def steps(obs: Observer, node: str = "n1") -> list[str]:
+    a = obs.timelines.last(node)
+    return [e.step for e in a.events] if a else []
+
+
+def consoles_of(obs: Observer, node: str = "n1") -> list[str]:
+    a = obs.timelines.last(node)
+    return [e.detail for e in a.events if e.step == Step.CONSOLE] if a else []
+
+
+def test_a_console_kept_from_power_on_with_its_milestones(
+        tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path) -> None:
+    obs = make_observer(tmp_path, secrets_dir)
+    bmc = Bmc(sol_sim.address, "ipmi", REF)
+    try:
+        with ArgvWatcher() as argv:
+            obs.prepared("n1", Prepared("pxe", MAC, time.time() + 3600))
+            power_on(obs, "n1", bmc)
+            wait_for("the SOL session", lambda: obs.consoles.state("n1") == "attached")
+            wait_for("the serial port", serial.connected.is_set)
+            serial.say("SeaBIOS (version 1.16.2)", "iPXE initialising devices...",
+                       "[    0.000000] Linux version 6.1.0-28-cloud-amd64",
+                       "[    2.1] Kernel panic - not syncing: VFS: Unable to mount root fs")
+            wait_for("the panic", lambda: "panic" in steps(obs))
+        assert steps(obs) == ["prepared", "console", "power_on", "firmware", "boot_loader",
+                              "kernel_started", "panic"]
+        obs.tick()
+        a = obs.timelines.last("n1")
+        assert a is not None and a.cause == "kernel_panic"
+        kept = [text for _, text in obs.consoles.read("n1")]
+        assert "[    2.1] Kernel panic - not syncing: VFS: Unable to mount root fs" in kept
+        assert kept[0].startswith("[site: console attached")
+        for cmdline in argv.seen.values():
+            assert PASSWORD.encode() not in cmdline
+        # boot.cleanUp lets the console go, ending the session at the BMC: another can take it
+        obs.cleaned("n1")
+        assert obs.consoles.state("n1") == "not kept"
+        taken = sol_sim.ipmitool("sol", "info")
+        assert taken.returncode == 0
+        assert "released" in consoles_of(obs)
+    finally:
+        obs.stop()
+
+
+def test_bmc_commands_run_beside_a_kept_console(
+        tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path) -> None:
+    """A console holds no BMC lock and no IPMI session slot: bmc.power status and bmc.query on
+    the node go through while its SOL session is up, and it stays up."""
+    from agent.catalog import Role
+    from agent.commands import handler_for
+    from agent.commands.base import Context
+    from agent.config import Config
+    from agent.proto import site_pb2
+
+    obs = make_observer(tmp_path, secrets_dir)
+    try:
+        power_on(obs, "n1", Bmc(sol_sim.address, "ipmi", REF))
+        wait_for("attached", lambda: obs.consoles.state("n1") == "attached")
+        config = Config(role=Role.SITE, state_dir=tmp_path / "state", secrets_dir=secrets_dir,
+                        ipmi_max_sessions=1)
+        for kind, operation in (("bmc.power", "status"), ("bmc.query", "query")):
+            handler = handler_for(kind)
+            assert handler is not None
+            params = handler.parse(site_pb2.BmcOperationRequest(
+                node_id="n1", bmc_address=sol_sim.address, protocol="ipmi", operation=operation,
+                credentials_ref=REF))
+            result = handler.run(Context.local(kind, config, timeout=60), params)
+            assert isinstance(result, site_pb2.BmcOperationResult) and result.power_state
+        assert obs.consoles.state("n1") == "attached"
+        wait_for("the serial port", serial.connected.is_set)
+        serial.say("still here")
+        wait_for("the line", lambda: any(t == "still here" for _, t in obs.consoles.read("n1")))
+    finally:
+        obs.stop()
+
+
+def test_busy_when_another_session_holds_sol_then_attached(
+        tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(console, "BUSY_RETRY", 1.0)
+    env = proc.clean_env({"IPMI_PASSWORD": PASSWORD})
+    host, port = sol_sim.address.split(":")
+    other = ["ipmitool", "-I", "lanplus", "-H", host, "-p", port, "-U", USERNAME, "-E", "-C", "3",
+             "sol", "activate"]
+    obs = make_observer(tmp_path, secrets_dir)
+    try:
+        with proc.running(other, stdin=subprocess.PIPE, env=env, check=False) as holder:
+            time.sleep(2)      # the other session is up
+            obs.bmc_done("n1", Bmc(sol_sim.address, "ipmi", REF), "bmc.power", "on")
+            wait_for("busy", lambda: obs.consoles.state("n1") == "busy")
+            assert any(c.startswith("busy") for c in consoles_of(obs))
+            assert holder.popen.stdin is not None
+            holder.popen.stdin.write(b"\r~.")       # the other one leaves
+            holder.popen.stdin.flush()
+            wait_for("the holder's exit", lambda: holder.poll() is not None, 10)
+        wait_for("attached after the other left", lambda: obs.consoles.state("n1") == "attached")
+    finally:
+        obs.stop()
+
+
+@pytest.mark.slow
+def test_a_session_the_bmc_drops_is_reconnected(
+        tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path) -> None:
+    """The BMC ends the SOL session (another client's ``sol deactivate``): ipmitool's SOL
+    keepalive finds it gone (about 25 s with ipmi_sim), the site says so and reconnects."""
+    obs = make_observer(tmp_path, secrets_dir)
+    try:
+        obs.bmc_done("n1", Bmc(sol_sim.address, "ipmi", REF), "bmc.power", "on")
+        wait_for("attached", lambda: obs.consoles.state("n1") == "attached")
+        assert sol_sim.ipmitool("sol", "deactivate").returncode == 0
+        wait_for("dropped", lambda: obs.consoles.state("n1") == "dropped", 60)
+        wait_for("attached again", lambda: obs.consoles.state("n1") == "attached", 30)
+        wait_for("the serial port", serial.connected.is_set)
+        serial.say("after the drop")
+        wait_for("the line", lambda: any(t == "after the drop" for _, t in obs.consoles.read("n1")))
+        said = consoles_of(obs)
+        assert said[0] == "attached" and said[1].startswith("dropped") and said[2] == "attached", said
+    finally:
+        obs.stop()
+
+
+def test_a_daemon_restart_resumes_the_console_and_the_ring(
+        tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path) -> None:
+    obs = make_observer(tmp_path, secrets_dir)
+    obs.bmc_done("n1", Bmc(sol_sim.address, "ipmi", REF), "bmc.power", "on")
+    wait_for("attached", lambda: obs.consoles.state("n1") == "attached")
+    wait_for("the serial port", serial.connected.is_set)
+    serial.say("before the restart")
+    wait_for("the line", lambda: any(t == "before the restart" for _, t in obs.consoles.read("n1")))
+    obs.stop()                                   # the daemon stops; the record stays
+    again = make_observer(tmp_path, secrets_dir)
+    try:
+        assert again.consoles.attached() == ["n1"]
+        wait_for("attached again", lambda: again.consoles.state("n1") == "attached")
+        time.sleep(0.5)
+        serial.say("after the restart")
+        wait_for("the line", lambda: any(t == "after the restart" for _, t in again.consoles.read("n1")))
+        texts = [t for _, t in again.consoles.read("n1")]
+        assert texts.index("before the restart") < texts.index("after the restart")
+    finally:
+        again.stop()
+
+
+@pytest.mark.slow
+def test_a_daemon_killed_with_consoles_open_resumes_them(
+        tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path) -> None:
+    """The daemon dies (SIGKILL: its ipmitool killed with it, no ``~.`` sent, nothing saved):
+    the next daemon resumes the console from the record; the BMC still holds the dead session,
+    so it is busy until the BMC times that out (about 30 s with ipmi_sim), then attached; the
+    ring holds the lines from before the kill, and the new ones after them."""
+    obs = make_observer(tmp_path, secrets_dir)
+    power_on(obs, "n1", Bmc(sol_sim.address, "ipmi", REF))
+    wait_for("attached", lambda: obs.consoles.state("n1") == "attached")
+    wait_for("the serial port", serial.connected.is_set)
+    serial.say("before the kill")
+    wait_for("the line", lambda: any(t == "before the kill" for _, t in obs.consoles.read("n1")))
+    session = obs.consoles._sessions["n1"]
+    child = session._child
+    assert child is not None
+    session._stop.set()                        # the old daemon's thread ends with its process ...
+    os.killpg(child.pid, 9)                    # ... and its ipmitool dies without a word
+    session._thread.join(10)
+    again = make_observer(tmp_path, secrets_dir)   # the record was never cleared
+    try:
+        assert again.consoles.attached() == ["n1"]
+        wait_for("attached again", lambda: again.consoles.state("n1") == "attached", 90)
+        time.sleep(0.5)
+        serial.say("after the restart")
+        wait_for("the line", lambda: any(t == "after the restart" for _, t in again.consoles.read("n1")))
+        texts = [t for _, t in again.consoles.read("n1")]
+        assert texts.index("before the kill") < texts.index("after the restart")
+        said = consoles_of(again)
+        assert any(c.startswith("busy") for c in said) and said[-1] == "attached", said
+    finally:
+        again.stop()
+
+
+def test_a_bmc_without_sol_and_a_redfish_bmc_say_so(
+        tmp_path: Path, secrets_dir: Path) -> None:
+    _tools()
+    sim = make_sim(tmp_path, "nosol", "")
+    obs = make_observer(tmp_path, secrets_dir)
+    try:
+        obs.bmc_done("n1", Bmc(sim.address, "ipmi", REF), "bmc.power", "on")
+        wait_for("a verdict", lambda: obs.consoles.state("n1") not in ("starting", "attached"), 40)
+        assert obs.consoles.attach("n2", Bmc("10.0.0.9", "redfish", REF)) == "no SOL"
+        assert any(c.startswith("no SOL: the BMC is driven over redfish") for c in consoles_of(obs, "n2"))
+        assert obs.consoles.state("n1") == "no SOL", consoles_of(obs)
+    finally:
+        obs.stop()
+        sim.stop()
+
+
+def test_the_budget_bounds_the_consoles(tmp_path: Path, secrets_dir: Path) -> None:
+    """Unreachable BMCs (port 9 of loopback: no answer) keep their sessions trying: each holds a
+    place; the fourth is refused, and the place of one let go is taken."""
+    obs = make_observer(tmp_path, secrets_dir, console_ring_bytes=1 << 20, console_budget_bytes=3 << 20)
+    try:
+        for n in range(4):
+            obs.bmc_done(f"n{n}", Bmc("127.0.0.1:9", "ipmi", REF), "bmc.power", "on")
+        assert obs.consoles.attached() == ["n0", "n1", "n2"]
+        assert any("budget" in c for c in consoles_of(obs, "n3"))
+        obs.bmc_done("n0", Bmc("127.0.0.1:9", "ipmi", REF), "bmc.power", "off")
+        obs.bmc_done("n3", Bmc("127.0.0.1:9", "ipmi", REF), "bmc.power", "on")
+        assert obs.consoles.attached() == ["n1", "n2", "n3"]
+        assert "bettercompute_site_consoles_kept 3" in obs.metrics.render()
+    finally:
+        obs.stop()
+
+
+@pytest.mark.slow
+def test_32_consoles_at_once_within_the_budget(tmp_path: Path, secrets_dir: Path) -> None:
+    """32 BMCs serving SOL, 32 consoles kept at once: every node's line lands in its own ring;
+    what they cost the daemon counted (threads, descriptors, the ipmitool children's memory)
+    and the rings within the site's budget."""
+    _tools()
+    count, ring_bytes = 32, 64 << 10
+    ports = [SerialPort() for _ in range(count)]
+    sims: list[IpmiSim] = []
+    obs = make_observer(tmp_path, secrets_dir, console_ring_bytes=ring_bytes,
+                        console_budget_bytes=count * ring_bytes)
+    try:
+        for i, port in enumerate(ports):
+            sims.append(make_sim(tmp_path, f"bmc{i}", f"tcp:127.0.0.1:{port.port}"))
+        threads, fds = threading.active_count(), len(os.listdir("/proc/self/fd"))
+        for i, sim in enumerate(sims):
+            obs.bmc_done(f"n{i}", Bmc(sim.address, "ipmi", REF), "bmc.power", "on")
+        wait_for("32 attached", lambda: all(obs.consoles.state(f"n{i}") == "attached"
+                                            for i in range(count)), 120)
+        for i, port in enumerate(ports):
+            wait_for("its serial port", port.connected.is_set)
+            port.say(f"node {i} speaking", "x" * 1000)
+        for i in range(count):
+            wait_for(f"n{i}'s line", lambda i=i: any(t == f"node {i} speaking"   # type: ignore[misc]
+                                                     for _, t in obs.consoles.read(f"n{i}")))
+            assert all(t != f"node {(i + 1) % count} speaking" for _, t in obs.consoles.read(f"n{i}"))
+        more_threads = threading.active_count() - threads
+        more_fds = len(os.listdir("/proc/self/fd")) - fds
+        rss = 0
+        for session in obs.consoles._sessions.values():
+            child = session._child
+            assert child is not None
+            for pid in (child.pid, *map(int, Path(f"/proc/{child.pid}/task/{child.pid}/children")
+                                         .read_text().split())):
+                rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+                rss += int(rollup.split("\nPss:")[1].split()[0])     # its share, in KiB
+        held = sum(obs.consoles.ring(f"n{i}").bytes() for i in range(count))
+        print(f"32 consoles: {more_threads} threads, {more_fds} descriptors, ipmitool PSS "
+              f"{rss / 1024:.1f} MiB in all, rings {held} bytes of {count * ring_bytes}")
+        assert more_threads <= 2 * count + 4        # a session's thread and its stderr reader
+        assert more_fds <= 3 * count + 8            # ipmitool's stdin, stdout and stderr pipes
+        assert held <= count * ring_bytes
+        assert obs.consoles.capacity == count
+        assert obs.consoles.attach("n-extra", Bmc(sims[0].address, "ipmi", REF)).startswith("not kept")
+    finally:
+        obs.stop()
+        for sim in sims:
+            sim.stop()
+        for port in ports:
+            port.close()
