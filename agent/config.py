@@ -35,6 +35,10 @@ class Config:
     site_http_port: int = 8088              # its HTTP service (iPXE scripts, routes)
     site_interface: str = ""                # dnsmasq's interface; "" = no proxy DHCP/TFTP
     site_ipxe_dir: Path = Path("/usr/lib/ipxe")  # undionly.kpxe, ipxe.efi (Debian's ipxe)
+    # Its TLS listener for BMCs that mount https:// media only: port, certificate, key (all or none).
+    site_https_port: int = 0                # 0 = no https listener
+    site_tls_cert: Path | None = None       # PEM, the site's certificate (chain) for that listener
+    site_tls_key: Path | None = None        # its private key (PEM)
     # The site role's caps on BMC work (docs/site.md, "How BMC work is scheduled").
     bmc_max_in_flight: int = 512            # BMC operations running at once; the rest queue
     bmc_max_queued: int = 4096              # BMC operations queued past those; more are refused

@@ -172,6 +172,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("site_http_port", _port, "site role: the port of its HTTP service"),
     Setting("site_interface", str, "site role: the provisioning interface for proxy DHCP and TFTP (dnsmasq)"),
     Setting("site_ipxe_dir", Path, "site role: where undionly.kpxe and ipxe.efi are"),
+    Setting("site_https_port", _port,
+            "site role: the port of its HTTP service's TLS listener (virtual media for BMCs that "
+            "mount https:// only), with --site-tls-cert and --site-tls-key", shown="none"),
+    Setting("site_tls_cert", Path, "site role: the certificate (PEM) of that https listener"),
+    Setting("site_tls_key", Path, "site role: the private key (PEM) of that https listener"),
     Setting("bmc_max_in_flight", _count, "site role: BMC operations in flight at once, the rest queued"),
     Setting("bmc_max_queued", _count,
             "site role: BMC operations queued beyond those in flight; more are refused (busy)"),

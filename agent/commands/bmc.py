@@ -590,11 +590,16 @@ class BmcStorage(_BmcHandler, kind="bmc.storage"):
                     raise
                 session.partial.append(f"virtual_media: {exc.message}")
         elif op == "insert_media":
-            media = client.insert_media(args.image_url, media_type=args.media_type)
+            # The site's own media URL has an https twin where the site serves its media over
+            # TLS: a BMC that mounts https:// only is handed that one (docs/site.md).
+            site = session.ctx.site_services
+            twin = site.media.over_https(args.image_url) if site is not None else ""
+            alternates = (twin,) if twin else ()
+            media = client.insert_media(args.image_url, media_type=args.media_type, alternates=alternates)
             result.virtual_media.append(media)
             # Read back, as bmc.boot does the boot device: a BMC that accepted the request but
             # holds no medium (or another one) would boot something else.
-            if not media.inserted or media.image != args.image_url:
+            if not media.inserted or media.image not in (args.image_url, *alternates):
                 raise BmcRefused(
                     f"BMC {params.address} accepted the medium but reads back "
                     f"{'inserted' if media.inserted else 'not inserted'}"

@@ -4,6 +4,7 @@ were dialled, and whether an idle connection is still open.
     ssl_context(ca_pem="", ca_file=None, verify=True)   # the TLS context every connection uses
     connect(parts, opts)                     # a connection to the URL's host (not yet dialled)
     pinned(parts, addresses, timeout, context)   # one that dials only ``addresses``
+    server_context(cert, key)                # the context of a TLS listener (the site's https)
 """
 
 from __future__ import annotations
@@ -53,6 +54,20 @@ def _context(ca_pem: str, ca_file: Path | None, stamp: int, verify: bool) -> ssl
             ctx.load_verify_locations(cadata=ca_pem)
     except (ssl.SSLError, OSError, ValueError) as exc:
         raise InvalidParameters(f"CA bundle is not usable: {exc}") from exc
+    return ctx
+
+
+def server_context(cert: Path, key: Path) -> ssl.SSLContext:
+    """The context of a TLS listener: ``cert`` (PEM, the chain) and its ``key``, TLS 1.2 at
+    least (a BMC's media client may not speak 1.3), no client certificate asked for.
+    InvalidParameters when the files cannot be used, naming them, never their content."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(str(cert), str(key))
+    except (ssl.SSLError, OSError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc.__class__.__name__
+        raise InvalidParameters(f"TLS certificate {cert} with key {key} is not usable: {why}") from None
     return ctx
 
 

@@ -29,7 +29,7 @@ from typing import Protocol
 
 from agent.config import Config
 from agent.errors import InvalidParameters
-from agent.net import http
+from agent.net import connect, http
 from agent.site.boot.dnsmasq import DnsmasqSettings, DnsmasqSupervisor
 from agent.site.boot.pxe import BootEntries
 from agent.site.boot.vmedia import MediaSets
@@ -76,6 +76,11 @@ class ServiceSettings:
     console_budget_bytes: int = DEFAULT_BUDGET_BYTES
     cause_waits: tuple[tuple[str, float], ...] = ()   # a rule's wait, by name (tests)
     ipmitool: str = "ipmitool"
+    # The HTTP service's TLS listener, for the BMCs that mount https:// images only: all three,
+    # or none (no listener). https_port 0 binds any free port (tests).
+    https_port: int | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
 
     @classmethod
     def from_config(cls, config: Config) -> ServiceSettings:
@@ -87,7 +92,9 @@ class ServiceSettings:
                    upstreams=config.site_upstreams, secrets_dir=config.secrets_dir,
                    console_dir=config.site_console_dir,
                    console_ring_bytes=config.site_console_ring_bytes,
-                   console_budget_bytes=config.site_console_budget_bytes)
+                   console_budget_bytes=config.site_console_budget_bytes,
+                   https_port=config.site_https_port or None, tls_cert=config.site_tls_cert,
+                   tls_key=config.site_tls_key)
 
 
 class SiteServices:
@@ -144,6 +151,11 @@ class SiteServices:
         self.http = HttpService(settings.bind or settings.address, settings.port, self.entries,
                                 self.routes, options, self.store, self.metrics, media=self.media,
                                 observe=self.observe.http_fetch)
+        try:
+            self.https = self._https_listener(options)
+        except BaseException:
+            self.http.server.server_close()
+            raise
         self.metrics_service: MetricsService | None = None
         if settings.metrics:
             host, port = parse_host_port(settings.metrics, "site_metrics_address")
@@ -159,6 +171,27 @@ class SiteServices:
             settings.upstreams, own={settings.address, *local_addresses()}, own_port=self.http.port)
         self.entries.base_url = self.base_url
         self.media.base_url = self.base_url
+        if self.https is not None:
+            self.media.https_base_url = f"https://{host}:{self.https.port}"
+
+    def _https_listener(self, options: http.HttpOptions) -> HttpService | None:
+        """The HTTP service's TLS listener (virtual media alone, under the first listener's
+        connection caps), where the settings name its port, certificate and key; None where
+        they name none of them."""
+        st = self.settings
+        given = {"site_https_port": st.https_port is not None, "site_tls_cert": st.tls_cert is not None,
+                 "site_tls_key": st.tls_key is not None}
+        if not any(given.values()):
+            return None
+        if not all(given.values()):
+            missing = ", ".join(k for k, v in given.items() if not v)
+            raise InvalidParameters(f"the site's https listener needs site_https_port, site_tls_cert and "
+                                    f"site_tls_key together; missing: {missing}")
+        assert st.https_port is not None and st.tls_cert is not None and st.tls_key is not None
+        context = connect.server_context(st.tls_cert, st.tls_key)
+        return HttpService(st.bind or st.address, st.https_port, None, self.routes, options,
+                           metrics=self.metrics, media=self.media, observe=self.observe.http_fetch,
+                           tls=context, conns=self.http.server.conns)
 
     def upstream_addresses(self, host: str, port: int) -> list[str]:
         """The addresses the site may dial for ``host``: ``site_upstreams``' policy
@@ -197,6 +230,8 @@ class SiteServices:
             self.dnsmasq.start()
         self.http.start()
         self._serving = True
+        if self.https is not None:
+            self.https.start()
         if self.metrics_service is not None:
             self.metrics_service.start()
         self._timer = threading.Thread(target=self._tick, name="site-expiry", daemon=True)
@@ -207,11 +242,15 @@ class SiteServices:
         if self._timer is not None:
             self._timer.join(5)
         if self._serving:
+            if self.https is not None:
+                self.https.stop()
             self.http.stop()
             if self.metrics_service is not None:
                 self.metrics_service.stop()
         else:  # bound in __init__, never served: shutdown() would wait for a loop never run
             self.http.server.server_close()
+            if self.https is not None:
+                self.https.server.server_close()
             if self.metrics_service is not None:
                 self.metrics_service.server.server_close()
         self.routes.flush()

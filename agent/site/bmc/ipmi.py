@@ -508,7 +508,8 @@ class IpmiClient:
     def virtual_media(self) -> list[site_pb2.BmcVirtualMedia]:
         raise Unsupported(f"virtual media is {NOT_IPMI}")
 
-    def insert_media(self, image_url: str, *, media_type: str = "CD") -> site_pb2.BmcVirtualMedia:
+    def insert_media(self, image_url: str, *, media_type: str = "CD",
+                     alternates: tuple[str, ...] = ()) -> site_pb2.BmcVirtualMedia:
         raise Unsupported(f"virtual media is {NOT_IPMI}")
 
     def eject_media(self) -> None:

@@ -319,6 +319,9 @@ class MediaSets:
                  store: ChunkStore | None = None) -> None:
         self.root = root
         self.base_url = base_url.rstrip("/")
+        # The service's TLS listener as the BMCs reach it, "" where the site has none (the
+        # settings site_https_port, site_tls_cert, site_tls_key: agent/site/services.py).
+        self.https_base_url = ""
         self.http_options = http_options or http.HttpOptions(timeout=30.0, max_retries=3)
         self.sets_dir = root / "sets"
         self.table: TtlTable[MediaSet] = TtlTable(self.sets_dir, "media set", name=lambda m: m.mac_hex,
@@ -378,6 +381,19 @@ class MediaSets:
         """(the ramdisk ISO's URL, the config medium's URL) as the BMC fetches them."""
         base = f"{self.base_url}{MEDIA_PREFIX}{media.token}/"
         return base + NAMES[0], base + NAMES[1]
+
+    def over_https(self, url: str) -> str:
+        """The https URL of ``url`` where it is one of this site's media URLs (as ``urls``
+        gives them) and the site serves its media over TLS too; "" otherwise. A BMC that
+        mounts https:// images only is handed this one (bmc.storage insert_media)."""
+        prefix = f"{self.base_url}{MEDIA_PREFIX}"
+        if not self.https_base_url or not self.base_url or not url.startswith(prefix):
+            return ""
+        rest = url[len(prefix):]
+        token, _, name = rest.partition("/")
+        if name not in NAMES or not token or "?" in rest or "#" in rest:
+            return ""
+        return f"{self.https_base_url}{MEDIA_PREFIX}{token}/{name}"
 
     def remove(self, node_id: str, macs: Iterable[str] = (), keep_cache: bool = False) -> list[str]:
         """Remove the node's sets (all, or those of ``macs``), and from the store the ISOs

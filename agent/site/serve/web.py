@@ -9,6 +9,11 @@ initrds, and the proxy routes.
     GET|HEAD /vm/<token>/ramdisk.iso, /vm/<token>/config.iso
                               a node's virtual media (agent/site/boot/vmedia.py; 404 once expired)
 
+The same service may have a second listener with TLS (``HttpService(..., tls=context)``: the
+site's own certificate, for BMCs that mount https:// images only): it serves the virtual
+media alone (anything else is 404 there), under the same connection admission as the first
+(one InboundConnections), each TLS handshake within the request head's deadline.
+
 Anything else is 404; a method a path does not carry is 405. A route's response streams
 the upstream's body through one buffer. When the upstream fails mid-body the client's
 connection is cut before the announced Content-Length (or without the last chunk of a
@@ -116,7 +121,9 @@ class SiteHttpServer(ThreadingHTTPServer):
                  routes: RouteTable, upstream: agent_http.HttpOptions,
                  store: ChunkStore | None = None, metrics: Metrics | None = None,
                  conns: InboundConnections | None = None,
-                 media: MediaSets | None = None, observe: FetchObserver | None = None) -> None:
+                 media: MediaSets | None = None, observe: FetchObserver | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
+        self.tls = tls           # a TLS listener: the virtual media alone
         self.entries = entries
         self.observe = observe   # each boot file served (agent/site/observe/: the timelines)
         self.media = media
@@ -134,7 +141,7 @@ class SiteHttpServer(ThreadingHTTPServer):
 
     def get_request(self) -> tuple[socket.socket, Any]:
         try:
-            return super().get_request()
+            sock, address = super().get_request()
         except OSError as exc:
             if exc.errno in (errno.EMFILE, errno.ENFILE):
                 # No descriptor for it: the connection waits in the backlog. Pause rather
@@ -145,10 +152,21 @@ class SiteHttpServer(ThreadingHTTPServer):
                 self._accept_failed = now
                 time.sleep(0.1)
             raise
+        if self.tls is None:
+            return sock, address
+        # No handshake here: the accept loop would wait on one slow client. It is made on the
+        # connection's own thread, within the head's deadline (_Handler.setup).
+        try:
+            return self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address
+        except OSError:
+            sock.close()
+            raise
 
     def verify_request(self, request: Any, client_address: Any) -> bool:
         if self.conns.admit(request, str(client_address[0])):
             return True
+        if self.tls is not None:   # no plain text into a TLS handshake: closed, said nothing
+            return False
         with contextlib.suppress(OSError):
             request.setblocking(False)
             request.send(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
@@ -187,6 +205,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # every request is logged once, by what serves it
+
+    def setup(self) -> None:
+        super().setup()
+        if isinstance(self.connection, ssl.SSLSocket):
+            # The TLS handshake under the head's deadline: a client that stalls in it is shut
+            # down by the watch like one that sends no request (its failure: handle_error).
+            self.server.conns.waiting(self.connection)
+            self.connection.do_handshake()
 
     def handle_one_request(self) -> None:
         self.server.conns.waiting(self.connection)  # its head within HEAD_SECONDS
@@ -252,7 +278,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, method: str, path: str) -> None:
         try:
-            if path.startswith(ROUTE_PREFIX):
+            if path.startswith(ROUTE_PREFIX) and self.server.tls is None:
                 self._route(method, path[len(ROUTE_PREFIX):])
                 return
             if path.startswith(MEDIA_PREFIX) and self.server.media is not None and "?" not in path:
@@ -261,6 +287,9 @@ class _Handler(BaseHTTPRequestHandler):
                     return
                 self._file(method, self.server.media.path(path[len(MEDIA_PREFIX):]),
                            "application/octet-stream")
+                return
+            if self.server.tls is not None:
+                self._refuse(404, "not found (only virtual media is served over https)")
                 return
             if self.server.entries is None or "?" in path:
                 self._refuse(404, "not found")
@@ -599,11 +628,17 @@ class HttpService:
     def __init__(self, address: str, port: int, entries: BootEntries | None, routes: RouteTable,
                  upstream: agent_http.HttpOptions | None = None, store: ChunkStore | None = None,
                  metrics: Metrics | None = None, *, media: MediaSets | None = None,
-                 observe: FetchObserver | None = None) -> None:
+                 observe: FetchObserver | None = None, tls: ssl.SSLContext | None = None,
+                 conns: InboundConnections | None = None) -> None:
+        """``tls``: a TLS listener serving the virtual media alone; ``conns``: the admission of
+        another listener of the service, shared (the caps hold for both together; its owner
+        starts and stops its watch)."""
         self.server = SiteHttpServer((address, port), entries, routes,
                                      upstream or agent_http.HttpOptions(timeout=30.0), store,
-                                     metrics, media=media, observe=observe)
-        self._thread = threading.Thread(target=self.server.serve_forever, name="site-http",
+                                     metrics, conns, media=media, observe=observe, tls=tls)
+        self._owns_conns = conns is None
+        self.scheme = "https" if tls is not None else "http"
+        self._thread = threading.Thread(target=self.server.serve_forever, name=f"site-{self.scheme}",
                                         kwargs={"poll_interval": 0.2}, daemon=True)
 
     @property
@@ -611,16 +646,19 @@ class HttpService:
         return int(self.server.server_address[1])
 
     def start(self) -> None:
-        self.server.conns.start()
+        if self._owns_conns:
+            self.server.conns.start()
         self._thread.start()
         conns = self.server.conns
-        log.info("site HTTP service on %s:%d (at most %d connections, %d per client)",
-                 self.server.server_address[0], self.port, conns.total, conns.per_client)
+        log.info("site HTTP service (%s) on %s:%d (at most %d connections, %d per client%s)",
+                 self.scheme, self.server.server_address[0], self.port, conns.total, conns.per_client,
+                 "" if self._owns_conns else ", with the http listener's")
 
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
-        self.server.conns.stop()
+        if self._owns_conns:
+            self.server.conns.stop()
         self._thread.join(5)
         if self.server.chunks is not None:
             self.server.chunks.close()

@@ -20,7 +20,8 @@ says, bent by the profile:
   ActionInfo); PowerState follows; settings pending in a settings object are applied.
 - Boot PATCH: values checked against the recording's allowable values; a settings object
   (@Redfish.Settings) takes what the profile sends there.
-- VirtualMedia: InsertMedia / EjectMedia actions or PATCH, with the profile's transports.
+- VirtualMedia: InsertMedia / EjectMedia actions or PATCH, with the profile's transports; an
+  https image fetched as it is mounted (its certificate verified) where ``state.media_ca`` is set.
 - UpdateService.SimpleUpdate: 202 and a task monitor that completes after ``task_polls`` GETs.
 """
 
@@ -38,6 +39,7 @@ import tarfile
 import threading
 import time
 import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -123,6 +125,10 @@ class State:
     down_until: float = 0.0
     polls: dict[str, int] = field(default_factory=dict)
     resets: list[str] = field(default_factory=list)
+    # Where set, an https image is fetched when it is mounted (its first bytes, the server's
+    # certificate verified against this CA, as a BMC that mounts it would), else refused 400.
+    media_ca: Path | None = None
+    fetched: list[tuple[str, bytes]] = field(default_factory=list)   # (image, its first bytes)
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     def etag(self, path: str) -> str:
@@ -493,6 +499,14 @@ class _Handler(BaseHTTPRequestHandler):
         if Quirk.EXT_SLOTS_ONLY in st.profile.quirks and not path.rsplit("/", 1)[-1].startswith("EXT"):
             self._send(400, _error("Base.1.8.ActionNotSupported", "network images mount in EXT slots only"))
             return True
+        if st.media_ca is not None and scheme == "https":
+            try:
+                context = ssl.create_default_context(cafile=str(st.media_ca))
+                with urllib.request.urlopen(image, timeout=10, context=context) as resp:
+                    st.fetched.append((image, resp.read(2048)))
+            except (OSError, ValueError) as exc:
+                self._send(400, _error("Base.1.8.ResourceAtUriUnauthorized", f"image not reachable: {exc}"))
+                return True
         return False
 
     def _insert(self, path: str, body: Doc) -> None:

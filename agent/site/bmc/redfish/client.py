@@ -92,8 +92,9 @@ class RedfishClient(RedfishSession):
     def virtual_media(self) -> list[site_pb2.BmcVirtualMedia]:
         return media.virtual_media(self)
 
-    def insert_media(self, image_url: str, *, media_type: str = "CD") -> site_pb2.BmcVirtualMedia:
-        return media.insert_media(self, image_url, media_type=media_type)
+    def insert_media(self, image_url: str, *, media_type: str = "CD",
+                     alternates: tuple[str, ...] = ()) -> site_pb2.BmcVirtualMedia:
+        return media.insert_media(self, image_url, media_type=media_type, alternates=alternates)
 
     def eject_media(self) -> None:
         media.eject_media(self)

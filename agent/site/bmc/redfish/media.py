@@ -37,18 +37,26 @@ def _holds(doc: Doc) -> bool:
     return inserted is True if isinstance(inserted, bool) else bool(doc.get("Image"))
 
 
-def insert_media(s: RedfishSession, image_url: str, *, media_type: str = "CD") -> site_pb2.BmcVirtualMedia:
-    """Insert ``image_url`` into the first slot that takes ``media_type`` (among those the
-    vendor mounts network images in), with the InsertMedia properties the vendor takes; the
-    slot as read back afterwards (the caller checks that it holds the image). An image whose
-    scheme the vendor's virtual media does not take is refused before anything is written."""
-    http.check_url(image_url)
+def insert_media(s: RedfishSession, image_url: str, *, media_type: str = "CD",
+                 alternates: tuple[str, ...] = ()) -> site_pb2.BmcVirtualMedia:
+    """Insert ``image_url`` (or the first of ``alternates``, the same image at other URLs,
+    where the vendor does not mount the first's scheme) into the first slot that takes
+    ``media_type`` (among those the vendor mounts network images in), with the InsertMedia
+    properties the vendor takes; the slot as read back afterwards (the caller checks that it
+    holds the image). An image whose scheme the vendor's virtual media does not take is
+    refused before anything is written."""
+    for url in (image_url, *alternates):
+        http.check_url(url)
     where = f"Redfish BMC {s.target.address}"
     vendor = s.vendor()
-    scheme = image_url.split(":", 1)[0].lower()
-    if vendor.media_schemes and scheme not in vendor.media_schemes:
+    chosen = _mountable(vendor.media_schemes, (image_url, *alternates))
+    if not chosen:
+        scheme = image_url.split(":", 1)[0].lower()
         raise Unsupported(f"{where} ({vendor.name}) mounts {', '.join(vendor.media_schemes)} images only,"
-                          f" not {scheme}:// (docs/site.md, \"Virtual media\")")
+                          f" not {scheme}://; to serve the site's media over https, configure its TLS:"
+                          f" site_https_port, site_tls_cert and site_tls_key"
+                          f" (docs/site.md, \"Virtual media over https\")")
+    image_url = chosen
     for ref in _media_refs(s):
         doc = s.get(ref)
         slot = text(doc.get("Id")) or ref.rstrip("/").rsplit("/", 1)[-1]
@@ -76,6 +84,15 @@ def insert_media(s: RedfishSession, image_url: str, *, media_type: str = "CD") -
     raise Unsupported(f"{where} has no virtual {media_type} drive"
                       + (f" among its {'/'.join(vendor.media_slot_prefixes)} slots"
                          if vendor.media_slot_prefixes else ""))
+
+
+def _mountable(schemes: tuple[str, ...], urls: tuple[str, ...]) -> str:
+    """The first of ``urls`` whose scheme is among ``schemes`` (any, where there are none); ""
+    when none is."""
+    for url in urls:
+        if not schemes or url.split(":", 1)[0].lower() in schemes:
+            return url
+    return ""
 
 
 def eject_media(s: RedfishSession) -> None:
