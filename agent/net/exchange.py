@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import http.client
 import threading
+import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,7 +76,10 @@ class AmbiguousWrite(HttpError):
 
 def read_body(resp: http.client.HTTPResponse, max_body: int, where: str) -> bytes:
     """The body of ``resp``, at most ``max_body`` bytes; BodyTooLarge (what came is dropped)
-    when it announces or carries more."""
+    when it announces or carries more. A body sent ``Content-Encoding: gzip`` (asked for, or
+    not: HPE iLO 5 compresses parts of its tree whatever the request says,
+    DMTF/Redfish-Mockup-Creator#58) is decoded, to at most ``max_body`` bytes too; another
+    coding is refused (HttpError)."""
     length = resp.getheader("Content-Length", "")
     if length.isdigit() and int(length) > max_body:
         raise BodyTooLarge(f"{where}: the answer is {int(length)} bytes, more than the "
@@ -84,7 +88,24 @@ def read_body(resp: http.client.HTTPResponse, max_body: int, where: str) -> byte
     if len(data) > max_body:
         raise BodyTooLarge(f"{where}: the answer is more than the {max_body} bytes taken",
                            status=resp.status)
-    return data
+    coding = (resp.getheader("Content-Encoding") or "identity").strip().lower()
+    if coding == "identity" or not data:
+        return data
+    if coding not in ("gzip", "x-gzip"):
+        raise HttpError(f"{where}: the answer's Content-Encoding {coding[:40]!r} is not one this "
+                        "client reads (gzip)", status=resp.status)
+    inflate = zlib.decompressobj(wbits=31)
+    try:
+        plain = inflate.decompress(data, max_body + 1)
+    except zlib.error as exc:
+        raise HttpError(f"{where}: the answer's gzip body does not decode: {exc}",
+                        status=resp.status) from None
+    if len(plain) > max_body:
+        raise BodyTooLarge(f"{where}: the answer decodes to more than the {max_body} bytes taken",
+                           status=resp.status)
+    if not inflate.eof:
+        raise HttpError(f"{where}: the answer's gzip body is cut short", status=resp.status)
+    return plain
 
 
 def request_headers(opts: HttpOptions, extra: Mapping[str, str] | None = None, *,

@@ -44,3 +44,31 @@ def test_request_reads_no_more_than_max_body() -> None:
     with RawServer(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + body) as srv, pytest.raises(
             http.BodyTooLarge, match="more than the 4999 bytes"):
         http.request("GET", srv.url("/x"), max_body=4999)
+
+
+def test_a_gzip_answer_is_decoded_within_the_same_bound() -> None:
+    """A body sent Content-Encoding: gzip (iLO 5 sends it, asked or not) is decoded; one that
+    decodes past max_body is refused like a long one (a 64 MiB bomb in 64 KiB), a coding the
+    client does not read and a cut gzip body are errors, never passed on as JSON."""
+    import gzip
+    import zlib
+
+    doc = b'{"Name": "' + b"z" * 3000 + b'"}'
+
+    def answer(body: bytes, coding: str = "gzip") -> bytes:
+        return (b"HTTP/1.1 200 OK\r\nContent-Encoding: " + coding.encode()
+                + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+    with RawServer(answer(gzip.compress(doc))) as srv:
+        assert http.request("GET", srv.url("/x"), max_body=5000).body == doc
+        with pytest.raises(http.BodyTooLarge, match="decodes to more than the 2999 bytes"):
+            http.request("GET", srv.url("/x"), max_body=2999)
+    bomb = zlib.compressobj(wbits=31)
+    packed = bomb.compress(b"\0" * (64 << 20)) + bomb.flush()
+    assert len(packed) < 128 << 10
+    with RawServer(answer(packed)) as srv, pytest.raises(http.BodyTooLarge, match="decodes to more"):
+        http.request("GET", srv.url("/x"))
+    with RawServer(answer(gzip.compress(doc)[:-20])) as srv, pytest.raises(http.HttpError, match="cut short"):
+        http.request("GET", srv.url("/x"))
+    with RawServer(answer(b"xx", "br")) as srv, pytest.raises(http.HttpError, match="'br' is not one"):
+        http.request("GET", srv.url("/x"))

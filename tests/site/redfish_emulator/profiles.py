@@ -47,6 +47,12 @@ class Quirk(enum.StrEnum):
     # HPE iLO: ETags are weak (W/"8BFACCBF", bb-Ricardo/check_redfish#178) but If-Match must
     # carry the strong form: the weak one answers 412 (openstack/sushy's weak-ETag handling).
     WEAK_ETAG = "weak-etag"
+    # HPE iLO 5 (firmware 2.30 and later) compresses parts of its resource tree: a GET there from
+    # a client that does not accept gzip answers 406 (DMTF/Redfish-Mockup-Creator#56), and one
+    # with no Accept-Encoding at all gets gzip anyway (#58; the tool's fix, #62, accepts any
+    # coding). Python's http.client sends "Accept-Encoding: identity" unless told otherwise. The
+    # emulator compresses every resource but the service root (which names the vendor).
+    GZIP_OR_406 = "gzip-or-406"
     # HPE iLO 4: InsertMedia takes Image alone; Inserted or WriteProtected answers 400
     # Base.0.10.PropertyUnknown (ansible-collections/community.general#4595, #4596).
     INSERT_TAKES_IMAGE_ONLY = "insert-takes-image-only"
@@ -91,7 +97,7 @@ PROFILES: dict[str, Profile] = {
     "dell_r750": _p("dell", Quirk.SESSION_LIMIT, Quirk.BUSY_JOB_QUEUE, Quirk.MODE_QUEUES_BIOS_JOB,
                     max_sessions=8),
     "hpe_dl385": _p("hpe", Quirk.WEAK_ETAG, Quirk.EXTRA_BOOT_FIELDS_REFUSED,
-                    Quirk.INSERT_TAKES_IMAGE_ONLY, etag="weak"),
+                    Quirk.INSERT_TAKES_IMAGE_ONLY, Quirk.GZIP_OR_406, etag="weak"),
     "lenovo_sr670": _p("lenovo", Quirk.EXT_SLOTS_ONLY),
     # OVERRIDE_REVERTED is a board's BIOS setting (CSM off), not every Supermicro's: a test adds it.
     "supermicro_sys821": _p("supermicro", Quirk.MODE_RESET_WITHOUT_MODE, Quirk.EJECT_KEEPS_IMAGE),

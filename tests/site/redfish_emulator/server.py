@@ -16,6 +16,8 @@ says, bent by the profile:
   too. A session's Context is shown in the collection, so a client can find its own.
 - ETags on every resource (strong, weak or none); If-Match checked (412), required (428) where
   the profile says.
+- GZIP_OR_406 (iLO 5): every resource but the service root gzip-compressed, 406 to a GET that
+  does not accept gzip.
 - ComputerSystem.Reset: ResetType checked against the recording's allowable values (or its
   ActionInfo); PowerState follows; settings pending in a settings object are applied.
 - Boot PATCH: values checked against the recording's allowable values; a settings object
@@ -30,6 +32,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
+import gzip
 import hashlib
 import json
 import secrets
@@ -93,6 +96,19 @@ def unpack(name: str, into: Path) -> Path:
 def _error(message_id: str, message: str) -> Doc:
     return {"error": {"code": "Base.1.8.GeneralError", "message": message,
                       "@Message.ExtendedInfo": [{"MessageId": message_id, "Message": message}]}}
+
+
+def _takes_gzip(accept: str | None) -> bool:
+    """Whether a request's Accept-Encoding takes gzip: no header at all counts as yes, as iLO
+    answers it (DMTF/Redfish-Mockup-Creator#58); ``gzip`` or ``*`` with a q above 0."""
+    if accept is None:
+        return True
+    for item in accept.split(","):
+        coding, _, params = item.strip().partition(";")
+        q = params.strip().removeprefix("q=") if params.strip().startswith("q=") else "1"
+        if coding.strip().lower() in ("gzip", "*") and q.strip() not in ("0", "0.0", "0.00", "0.000"):
+            return True
+    return False
 
 
 @dataclass
@@ -161,8 +177,11 @@ class _Handler(BaseHTTPRequestHandler):
     # -- plumbing ----------------------------------------------------------------------------
 
     def _send(self, status: int, doc: Doc | None = None, headers: dict[str, str] | None = None,
-              path: str = "") -> None:
+              path: str = "", gzipped: bool = False) -> None:
         body = json.dumps(doc).encode() if doc is not None else b""
+        if gzipped:
+            body = gzip.compress(body)
+            headers = {**(headers or {}), "Content-Encoding": "gzip"}
         st = self.server.state
         if self.command in ("POST", "PATCH") and self._path() in st.cut:
             st.cut.discard(self._path())       # acted on, and the connection lost before the answer
@@ -251,7 +270,10 @@ class _Handler(BaseHTTPRequestHandler):
             if query and "skip" in query:     # a page past what was recorded
                 doc = {"@odata.id": path, "Members": []}
             headers = {"ETag": st.etag(path)} if st.profile.etag else {}
-            self._send(200, doc, headers, path)
+            gzipped = Quirk.GZIP_OR_406 in st.profile.quirks and path not in (ROOT, "/redfish")
+            if gzipped and not _takes_gzip(self.headers.get("Accept-Encoding")):
+                return self._send(406, _error("Base.1.8.GeneralError", "Not Acceptable"), path=path)
+            self._send(200, doc, headers, path, gzipped)
 
     def _task(self, path: str) -> None:
         st = self.server.state

@@ -247,6 +247,9 @@ class RedfishSession:
         hdrs = {"OData-Version": "4.0"}
         if auth:
             hdrs.update(self._login())
+        row = self._known_vendor()
+        if row is not None and row.accept_encoding:
+            hdrs["Accept-Encoding"] = row.accept_encoding
         if headers:
             hdrs.update(headers)
         if method != "GET":
@@ -585,6 +588,17 @@ class RedfishSession:
                             self.target.address, method, exc.details.get("status", "no answer"))
                 return None
             raise
+
+    def _known_vendor(self) -> vendors.Vendor | None:
+        """The vendor's row where it is known without asking the BMC anything more: named by
+        the operator, detected, or named by the service root already read; else None."""
+        if self._vendor is not None:
+            return self._vendor
+        if self.target.vendor:
+            return vendors.VENDORS[self.target.vendor]
+        if self._root is not None and not vendors.needs_manager(self._root):
+            return vendors.detect(self._root, None)
+        return None
 
     def vendor(self) -> vendors.Vendor:
         """The row of agent/site/bmc/redfish/vendors.py for this BMC: the operator's (the

@@ -41,6 +41,9 @@ class Vendor:
     media_schemes: tuple[str, ...] = ()
     # The InsertMedia action's body: the properties it takes.
     insert_properties: tuple[str, ...] = ("Image", "Inserted", "WriteProtected")
+    # The Accept-Encoding of every request once the row is known ("": the HTTP client's
+    # ``identity``). A gzip answer is decoded whatever the row (agent/net/exchange.py).
+    accept_encoding: str = ""
 
 
 GENERIC = Vendor("generic")
@@ -56,7 +59,10 @@ VENDORS: dict[str, Vendor] = {v.name: v for v in (
     # iLO: weak ETags (W/"...", bb-Ricardo/check_redfish#178) matched only in their strong
     # form; a Boot PATCH with more than Enabled and Target refused (bmc-toolbox/bmclib#318,
     # DL160 Gen10); iLO 4's InsertMedia takes Image alone (ansible-collections/community.general#4595).
-    Vendor("hpe", strong_if_match=True, boot_patch_minimal=True, insert_properties=("Image",)),
+    # iLO 5 from firmware 2.30 compresses parts of its tree and answers 406 there to a client
+    # that does not take gzip (DMTF/Redfish-Mockup-Creator#56; #58 and its fix #62): gzip asked.
+    Vendor("hpe", strong_if_match=True, boot_patch_minimal=True, insert_properties=("Image",),
+           accept_encoding="gzip"),
     # XCC mounts network images in its EXT slots only (lenovo/python-redfish-lenovo#21).
     Vendor("lenovo", media_slot_prefixes=("EXT",)),
     # Supermicro resets the mode to Legacy when a Boot PATCH does not name it
