@@ -181,3 +181,17 @@ def test_a_vendor_that_mounts_http_keeps_the_http_url(tls_site: SiteServices, pk
     with RedfishEmulator.of("dell_r750", tmp_path / "trees") as bmc:
         (media,) = insert(tls_site, bmc, result.ramdisk_media_url, tmp_path).virtual_media
     assert media.image == result.ramdisk_media_url
+
+
+def test_the_settings_rows_reach_the_listener(tmp_path: Path, pki: DevPki) -> None:
+    """site_https_port, site_tls_cert and site_tls_key (agent/cli/settings.py) make the listener
+    through ServiceSettings.from_config; the default (0) makes none."""
+    from agent.cli import settings as cli_settings
+
+    loaded = cli_settings.load({"site_address": "127.0.0.1", "state_dir": str(tmp_path),
+                                "site_https_port": "8443", "site_tls_cert": str(pki.gateway_cert),
+                                "site_tls_key": str(pki.gateway_key)})
+    got = ServiceSettings.from_config(loaded.config)
+    assert (got.https_port, got.tls_cert, got.tls_key) == (8443, pki.gateway_cert, pki.gateway_key)
+    plain = ServiceSettings.from_config(cli_settings.load({"site_address": "127.0.0.1"}).config)
+    assert (plain.https_port, plain.tls_cert, plain.tls_key) == (None, None, None)
