@@ -30,7 +30,8 @@ def expected(state: dict[str, Any]) -> baseline.ExpectedState:
     {"nics": [{"config": {"SRIOV_EN": "1 NUM_OF_VFS=64"}}]},
     {"nics": [{"config": {"sriov_en": "1"}}]},
     {"nvme": {"lba_data_size": 1024}},
-    {"tpm": {}},
+    {"tpm": {"persistent_handles": [0x01500001]}},
+    {"tpm": {"nv_indices": [0x81000001]}},
 ])  # fmt: skip
 def test_what_cannot_be_meant_is_refused(state: dict[str, Any]) -> None:
     with pytest.raises(InvalidParameters, match=r"expect\.state"):
