@@ -73,6 +73,9 @@ def _tpm(seen: baseline.Observed, spec: str, root: Path) -> None:
     except AgentError as exc:
         seen.unread["tpm"] = exc.message
         return
+    except OSError as exc:                         # the simulator's socket refused the connection
+        seen.unread["tpm"] = f"the TPM could not be reached: {exc}"
+        return
     seen.tpm = baseline.TpmState(nv, persistent, props.get(tpmwire.PT_PERMANENT, 0),
                                  props.get(tpmwire.PT_LOCKOUT_COUNTER, 0),
                                  props.get(tpmwire.PT_LOCKOUT_INTERVAL, 0), tpm_ppi.clear_refused(root))

@@ -8,6 +8,7 @@ the lockout counter is left (a Clear keeps it), named without a remedy."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -178,3 +179,14 @@ def test_no_tpm_is_stated_not_a_finding(tmp_path: Path) -> None:
     assert "tpm" in report.not_checked and "tpm" not in report.checked
     machine.config.extra["tpm"] = "none"
     assert machine.check().release.tpm_absent == "no TPM: disabled by the setting bc.tpm=none"
+
+
+def test_a_tpm_that_cannot_be_reached_is_a_finding(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]                 # nothing listens there once closed
+    machine = Machine(build_machine(tmp_path / "root", gpus=0, disks=1), tmp_path / "state",
+                      f"tcp:127.0.0.1:{port}")
+    report = machine.check().release
+    assert [m.check for m in report.cannot_restore] == ["tpm.unreadable"] and not report.pool_ready
+    assert "could not be reached" in report.cannot_restore[0].message
