@@ -393,10 +393,11 @@ class InventoryRefresh(Handler[agent_pb2.InventoryRefreshRequest, InventoryParam
         if params.expect is not None:
             result.conformance.CopyFrom(conformance.conformance(params.expect, inv))
             if params.state is not None:
-                found = baseline.check(params.state, release.observe(ctx, params.state, inv, self.root))
-                result.conformance.mismatches.extend(found)
+                seen = release.observe(ctx, params.state, inv, self.root)
+                result.conformance.mismatches.extend(baseline.check(params.state, seen))
                 result.conformance.passed = not result.conformance.mismatches
-                result.release.CopyFrom(release.report(params.state, list(result.conformance.mismatches)))
+                result.release.CopyFrom(release.report(params.state, list(result.conformance.mismatches),
+                                                       seen.tpm_absent))
             for m in result.conformance.mismatches:
                 ctx.log.info("gate: %s: %s", m.check, m.message)
         store(ctx.config.state_dir, inv)

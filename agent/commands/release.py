@@ -4,7 +4,9 @@
 the UEFI variables (efivarfs under the machine's root), every GPU's state (NVML, holding the
 "nvml" lock as diag.nvml does), each NIC's firmware configuration (``mlxconfig``, else
 ``mstconfig``: ``query -e`` through the driver layer) and each NVMe controller's namespaces
-(nvme-cli's JSON: ``list-ns --all``, ``id-ctrl``, ``id-ns``). What cannot be read is kept in
+(nvme-cli's JSON: ``list-ns --all``, ``id-ctrl``, ``id-ns``) and the TPM (the one the setting
+``bc.tpm`` names, else ``root``/dev/tpmrm0: its NV indices, persistent handles, TPMA_PERMANENT
+and lockout counter; whether its firmware's PPI can clear it). What cannot be read is kept in
 ``Observed.unread`` or the device's ``error``, and becomes an ``*.unreadable`` finding: the gate
 never passes what it could not look at. ``report`` makes the ReleaseReport.
 """
@@ -21,15 +23,16 @@ from agent import drivers
 from agent.commands.base import Context
 from agent.commands.gpu import NVML_LOCK
 from agent.drivers import efivars as efivars_driver
-from agent.drivers import mlxconfig
+from agent.drivers import mlxconfig, tpm_ppi
 from agent.errors import AgentError
 from agent.hw import bootid, efivars, gpu, system
+from agent.hw import tpm as tpmwire
 from agent.policy import baseline
 from agent.proto import agent_pb2
 
 TOOL_SECONDS = 30.0                 # one query of one device
 NIC_TOOLS = ("mlxconfig", "mstconfig")
-NOT_CHECKED_YET = ("tpm", "bios", "bmc_accounts", "wipes")
+NOT_CHECKED_YET = ("bios", "bmc_accounts", "wipes")
 
 
 def observe(ctx: Context, expected: baseline.ExpectedState, inv: agent_pb2.Inventory,
@@ -47,7 +50,35 @@ def observe(ctx: Context, expected: baseline.ExpectedState, inv: agent_pb2.Inven
         seen.nics = _nics(ctx, expected.nics, inv)
     if expected.nvme is not None:
         seen.nvme = _nvme(ctx, seen, root)
+    if expected.tpm is not None:
+        _tpm(seen, ctx.config.extra.get("tpm", ""), root)
     return seen
+
+
+def _tpm(seen: baseline.Observed, spec: str, root: Path) -> None:
+    try:
+        tpm = tpmwire.open_default(root / "dev/tpmrm0") if spec == "" else tpmwire.opener(spec)()
+        if tpm is None:
+            seen.tpm_absent = ("no TPM: disabled by the setting bc.tpm=none" if spec == "none"
+                               else "no TPM: the kernel offers no /dev/tpmrm0")
+            return
+        with tpm:
+            nv = {}
+            for index in tpm.handles(tpmwire.HR_NV_INDEX):
+                public = tpm.nv_public(index)
+                if public is not None:
+                    nv[index] = public.platform_created
+            persistent = tuple(tpm.handles(tpmwire.HR_PERSISTENT))
+            props = tpm.properties(tpmwire.PT_PERMANENT, 17)   # 0x200-0x210: PERMANENT to the lockout's
+    except AgentError as exc:
+        seen.unread["tpm"] = exc.message
+        return
+    except OSError as exc:                         # the simulator's socket refused the connection
+        seen.unread["tpm"] = f"the TPM could not be reached: {exc}"
+        return
+    seen.tpm = baseline.TpmState(nv, persistent, props.get(tpmwire.PT_PERMANENT, 0),
+                                 props.get(tpmwire.PT_LOCKOUT_COUNTER, 0),
+                                 props.get(tpmwire.PT_LOCKOUT_INTERVAL, 0), tpm_ppi.clear_refused(root))
 
 
 def _uefi(seen: baseline.Observed, root: Path) -> None:
@@ -148,10 +179,14 @@ def _nvme(ctx: Context, seen: baseline.Observed, root: Path) -> list[baseline.Nv
     return found
 
 
-def report(expected: baseline.ExpectedState, mismatches: list[agent_pb2.Mismatch]) -> agent_pb2.ReleaseReport:
-    """The release's record: every finding of the whole gate, split by whether it can be put back."""
-    out = agent_pb2.ReleaseReport(boot_id=bootid.boot_id(), pool_ready=not mismatches,
-                                  checked=expected.areas, not_checked=NOT_CHECKED_YET)
+def report(expected: baseline.ExpectedState, mismatches: list[agent_pb2.Mismatch],
+           tpm_absent: str = "") -> agent_pb2.ReleaseReport:
+    """The release's record: every finding of the whole gate, split by whether it can be put back.
+    A machine without a TPM has "tpm" not checked, and says why in ``tpm_absent``."""
+    checked = [a for a in expected.areas if not (a == "tpm" and tpm_absent)]
+    out = agent_pb2.ReleaseReport(boot_id=bootid.boot_id(), pool_ready=not mismatches, checked=checked,
+                                  not_checked=(["tpm"] if tpm_absent else []) + list(NOT_CHECKED_YET),
+                                  tpm_absent=tpm_absent)
     for m in mismatches:
         (out.restorable if m.HasField("remedy") else out.cannot_restore).append(m)
     return out

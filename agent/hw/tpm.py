@@ -5,9 +5,11 @@ The wire format is TPM 2.0 Library Part 3 (commands) and Part 2 (structures), bi
 a command is a header (tag, size, code), its handles, an authorization area where the command
 takes sessions, and its parameters; a response is a header (tag, size, response code), the
 handles it returns, the parameter size where sessions were used, the parameters, and the
-sessions' answers. Only what attestation uses is here: capabilities, primary keys (the EK from
-the TCG default template, the attestation key), public areas, NV reads (the EK certificate),
-policy sessions with PolicySecret (the EK's policy), ActivateCredential, PCR_Read and Quote.
+sessions' answers. Only what attestation and the release gate use is here: capabilities (the
+properties, the handles of NV indices and persistent objects), primary keys (the EK from the TCG
+default template, the attestation key), public areas, NV public areas and reads (the EK
+certificate), policy sessions with PolicySecret (the EK's policy), ActivateCredential, PCR_Read
+and Quote.
 
 Every error the TPM answers is a ``TpmFailed`` naming the response code. No TPM is a fact:
 ``open_default()`` returns None where the kernel offers no /dev/tpmrm0.
@@ -21,7 +23,7 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -47,6 +49,28 @@ EK_HANDLE = 0x81010001  # where the TCG's provisioning guidance persists the RSA
 EK_ECC_HANDLE = 0x81010002  # ... and the ECC P-256 EK
 EK_CERT_RSA_INDEX = 0x01C00002  # the RSA 2048 EK certificate (TCG EK Credential Profile)
 EK_CERT_ECC_INDEX = 0x01C0000A  # the ECC NIST P-256 EK certificate
+# The TCG's registry of reserved handles: NV indices 0x01C00000-0x01C07FFF hold the TPM maker's
+# EK certificates and templates.
+EK_NV_RANGE = range(0x01C00000, 0x01C08000)
+
+CAP_HANDLES = 0x1
+CAP_TPM_PROPERTIES = 0x6
+HR_NV_INDEX = 0x01000000  # the first handle of each range, as TPM_CAP_HANDLES takes it
+HR_PERSISTENT = 0x81000000
+PT_PERMANENT = 0x200  # TPMA_PERMANENT
+PT_LOCKOUT_COUNTER = 0x20E  # authorization failures since the last reset of the counter
+PT_LOCKOUT_INTERVAL = 0x210  # seconds for the counter to fall by one
+NV_PLATFORMCREATE = 1 << 30  # TPMA_NV: defined by the platform hierarchy (firmware), not the owner
+
+
+class Permanent(enum.IntFlag):
+    """TPMA_PERMANENT bits: what survives a reboot and only a clear takes back."""
+
+    OWNER_AUTH_SET = 1 << 0
+    ENDORSEMENT_AUTH_SET = 1 << 1
+    LOCKOUT_AUTH_SET = 1 << 2
+    DISABLE_CLEAR = 1 << 8
+    IN_LOCKOUT = 1 << 9
 
 
 class Alg(enum.IntEnum):
@@ -295,6 +319,21 @@ AK_TEMPLATE = ecc_template(AK_ATTRS)
 
 
 @dataclass(frozen=True)
+class NvPublic:
+    """An NV index's public area."""
+
+    index: int
+    name_alg: int
+    attributes: int  # TPMA_NV
+    auth_policy: bytes
+    size: int
+
+    @property
+    def platform_created(self) -> bool:
+        return bool(self.attributes & NV_PLATFORMCREATE)
+
+
+@dataclass(frozen=True)
 class Public:
     """A loaded object's public area (TPMT_PUBLIC bytes) and its name (nameAlg || digest)."""
 
@@ -402,11 +441,27 @@ class Tpm:
     # Capabilities ---------------------------------------------------------------------------
 
     def properties(self, first: int = 0x100, count: int = 64) -> dict[int, int]:
-        """TPM_CAP_TPM_PROPERTIES from ``first`` (0x100: the fixed ones)."""
-        _, r = self.command(Cc.GET_CAPABILITY, params=u32(6) + u32(first) + u32(count))
+        """TPM_CAP_TPM_PROPERTIES from ``first`` (0x100: the fixed ones; 0x200: the variable ones)."""
+        _, r = self.command(Cc.GET_CAPABILITY, params=u32(CAP_TPM_PROPERTIES) + u32(first) + u32(count))
         r.u8()  # moreData
         r.u32()  # the capability
         return {r.u32(): r.u32() for _ in range(r.u32())}
+
+    def handles(self, first: int) -> list[int]:
+        """TPM_CAP_HANDLES: every handle in the range of ``first`` (HR_NV_INDEX, HR_PERSISTENT),
+        asked again from the last one while the TPM says there is more."""
+        out: list[int] = []
+        start = first
+        for _ in range(64):  # a TPM holds a few hundred handles at most; 128 per answer
+            _, r = self.command(Cc.GET_CAPABILITY, params=u32(CAP_HANDLES) + u32(start) + u32(128))
+            more = r.u8()
+            r.u32()
+            got = [h for h in (r.u32() for _ in range(r.u32())) if h >> 24 == first >> 24]
+            out += got
+            if not more or not got:
+                break
+            start = got[-1] + 1
+        return out
 
     # Objects --------------------------------------------------------------------------------
 
@@ -433,8 +488,8 @@ class Tpm:
 
     # NV -------------------------------------------------------------------------------------
 
-    def nv_size(self, index: int) -> int | None:
-        """The data size of a defined NV index; None where it is not defined."""
+    def nv_public(self, index: int) -> NvPublic | None:
+        """A defined NV index's public area (TPMS_NV_PUBLIC); None where it is not defined."""
         try:
             _, r = self.command(Cc.NV_READ_PUBLIC, [index])
         except TpmFailed as e:
@@ -442,9 +497,14 @@ class Tpm:
                 return None
             raise
         nv = Reader(r.b2(), "TPMS_NV_PUBLIC")
-        nv.take(4 + 2 + 4)  # index, name algorithm, attributes
-        nv.b2()
-        return nv.u16()
+        found = NvPublic(nv.u32(), nv.u16(), nv.u32(), nv.b2(), nv.u16())
+        nv.done()
+        return found
+
+    def nv_size(self, index: int) -> int | None:
+        """The data size of a defined NV index; None where it is not defined."""
+        nv = self.nv_public(index)
+        return None if nv is None else nv.size
 
     def nv_read(self, index: int, size: int, chunk: int = 512) -> bytes:
         """An NV index's data, read with its own (empty) auth in chunks the TPM accepts."""
@@ -547,6 +607,28 @@ def opened(transport: Transport) -> Iterator[Tpm]:
         yield tpm
     finally:
         tpm.close()
+
+
+def opener(spec: str) -> Callable[[], Tpm | None]:
+    """How to open the TPM the setting ``bc.tpm`` names, checked now, opened at each call: ""
+    the kernel's /dev/tpmrm0 (None where there is none); "none" no TPM at all;
+    "tcp:127.0.0.1:PORT" or "unix:/PATH" a simulator's command socket (tests, development)."""
+    if spec == "":
+        return open_default
+    if spec == "none":
+        return lambda: None
+    kind, _, where = spec.partition(":")
+    if kind == "tcp":
+        host, _, port = where.rpartition(":")
+        if not port.isdigit():
+            raise InvalidParameters(f"bc.tpm={spec!r}: expected tcp:127.0.0.1:PORT")
+        address: tuple[str, int] | Path = (host.strip("[]"), int(port))
+    elif kind == "unix" and where.startswith("/"):
+        address = Path(where)
+    else:
+        raise InvalidParameters(f"bc.tpm={spec!r}: expected \"\", \"none\", tcp:127.0.0.1:PORT or unix:/PATH")
+    SocketTransport.check(address)
+    return lambda: Tpm(SocketTransport(address))
 
 
 def open_default(path: Path = DEVICE) -> Tpm | None:

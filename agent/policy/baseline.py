@@ -33,9 +33,25 @@ checked. Checks and their stable names (``where``: the entry, PCI address or con
                          is detached from this controller
   nvme.capacity          capacity left unallocated                        -
   nvme.lba_size          a namespace's LBA size differs                   -
+  tpm.unreadable         the TPM answered with an error                   -
+  tpm.nv_index           an NV index the owner defined, not the baseline's  tpm-ppi.clear (next boot)
+  tpm.persistent_handle  a persistent object not the EK (0x81010001) nor  tpm-ppi.clear (next boot)
+                         one the baseline names
+  tpm.owner_auth tpm.endorsement_auth tpm.lockout_auth
+                         that hierarchy's authorization is set            tpm-ppi.clear (next boot)
+  tpm.lockout_counter    authorization failures counted (above zero)      -  (falls by one each
+                                                                          lockout interval; a Clear
+                                                                          keeps it)
 
-A NIC parameter set back takes effect at the next firmware boot (a reboot): its current value
-stays a mismatch until then, with the same remedy, which is harmless to send again.
+The TPM's findings are put back by one thing: a Clear the firmware carries out at the next boot,
+asked for through its Physical Presence Interface (agent/drivers/tpm_ppi.py). Where the firmware
+offers no PPI, or refuses Clear from the OS, they have no remedy and say why. NV indices the
+platform defined (TPMA_NV_PLATFORMCREATE: the firmware's, which a Clear keeps) and those in the
+TCG's EK range (0x01C00000-0x01C07FFF: the EK certificates) are never findings. No TPM is stated
+in the report (``tpm_absent``, "tpm" not checked), not a finding.
+
+A NIC parameter set back, or the TPM's Clear, takes effect at the next firmware boot (a reboot):
+the finding stays until then, with the same remedy, which is harmless to send again.
 """
 
 from __future__ import annotations
@@ -45,6 +61,7 @@ from dataclasses import dataclass, field
 
 from agent.errors import InvalidParameters
 from agent.hw import efivars
+from agent.hw import tpm as tpmwire
 from agent.hw.gpu import GpuState, pci_address
 from agent.proto import agent_pb2
 
@@ -88,22 +105,30 @@ class NvmeLayout:
 
 
 @dataclass(frozen=True)
+class TpmBaseline:
+    persistent_handles: frozenset[int] = frozenset()    # kept besides the EK at 0x81010001
+    nv_indices: frozenset[int] = frozenset()            # owner-defined indices kept
+
+
+@dataclass(frozen=True)
 class ExpectedState:
     uefi: Uefi | None = None
     gpus_at_defaults: bool = False
     gpu_persistence_mode: bool | None = None
     nics: tuple[NicProfile, ...] = ()
     nvme: NvmeLayout | None = None
+    tpm: TpmBaseline | None = None
 
     @property
     def areas(self) -> list[str]:
         wants_gpus = self.gpus_at_defaults or self.gpu_persistence_mode is not None
         return [name for name, on in (("uefi", self.uefi is not None), ("gpus", wants_gpus),
-                                      ("nics", bool(self.nics)), ("nvme", self.nvme is not None)) if on]
+                                      ("nics", bool(self.nics)), ("nvme", self.nvme is not None),
+                                      ("tpm", self.tpm is not None)) if on]
 
     @classmethod
     def from_proto(cls, msg: agent_pb2.ExpectedState) -> ExpectedState:
-        for name in ("tpm", "bios", "bmc_accounts", "wipes"):
+        for name in ("bios", "bmc_accounts", "wipes"):
             if msg.HasField(name):
                 raise InvalidParameters(f"expect.state.{name} is not checked by this agent yet "
                                         "(docs/lifecycle.md, \"Release\"); leave it unset")
@@ -121,7 +146,17 @@ class ExpectedState:
         return cls(uefi=uefi, gpus_at_defaults=msg.gpus.at_defaults,
                    gpu_persistence_mode=(msg.gpus.persistence_mode
                                          if msg.gpus.HasField("persistence_mode") else None),
-                   nics=nics, nvme=nvme)
+                   nics=nics, nvme=nvme, tpm=_tpm(msg.tpm) if msg.HasField("tpm") else None)
+
+
+def _tpm(msg: agent_pb2.ExpectedTpm) -> TpmBaseline:
+    if len(msg.persistent_handles) > 64 or len(msg.nv_indices) > 64:
+        raise InvalidParameters("expect.state.tpm: at most 64 persistent handles and 64 NV indices")
+    if any(h >> 24 != tpmwire.HR_PERSISTENT >> 24 for h in msg.persistent_handles):
+        raise InvalidParameters("expect.state.tpm.persistent_handles: persistent handles, 0x81xxxxxx")
+    if any(i >> 24 != tpmwire.HR_NV_INDEX >> 24 for i in msg.nv_indices):
+        raise InvalidParameters("expect.state.tpm.nv_indices: NV indices, 0x01xxxxxx")
+    return TpmBaseline(frozenset(msg.persistent_handles), frozenset(msg.nv_indices))
 
 
 def _uefi(msg: agent_pb2.ExpectedUefi) -> Uefi:
@@ -199,12 +234,24 @@ class NvmeController:
     error: str = ""
 
 
+@dataclass(frozen=True)
+class TpmState:
+    nv_indices: dict[int, bool]                   # index -> defined by the platform (PLATFORMCREATE)
+    persistent: tuple[int, ...]
+    permanent: int                                # TPMA_PERMANENT
+    lockout_counter: int
+    lockout_interval: int = 0                     # seconds for the counter to fall by one
+    clear_refused: str = ""                       # why the firmware cannot be asked to clear it
+
+
 @dataclass
 class Observed:
     uefi: UefiState | None = None
     gpus: list[GpuState] | None = None
     nics: list[NicConfig] = field(default_factory=list)
     nvme: list[NvmeController] = field(default_factory=list)
+    tpm: TpmState | None = None
+    tpm_absent: str = ""                          # "no TPM: ..." where the machine has none
     unread: dict[str, str] = field(default_factory=dict)      # area -> why it could not be read
 
 
@@ -248,6 +295,8 @@ def check(e: ExpectedState, seen: Observed) -> list[agent_pb2.Mismatch]:
         _nic_check(e.nics, seen, out)
     if e.nvme is not None:
         _nvme_check(e.nvme, seen, out)
+    if e.tpm is not None:
+        _tpm_check(e.tpm, seen, out)
     return out.mismatches
 
 
@@ -414,3 +463,39 @@ def _nvme_check(e: NvmeLayout, seen: Observed, out: _Found) -> None:
                 out.add("nvme.lba_size", e.lba_data_size, size, f"{c.name}n{nsid}",
                         f"{c.name}n{nsid} is formatted with {size}-byte blocks, "
                         f"the baseline {e.lba_data_size}")
+
+
+_AUTH_SET = (("tpm.owner_auth", tpmwire.Permanent.OWNER_AUTH_SET, "owner"),
+             ("tpm.endorsement_auth", tpmwire.Permanent.ENDORSEMENT_AUTH_SET, "endorsement"),
+             ("tpm.lockout_auth", tpmwire.Permanent.LOCKOUT_AUTH_SET, "lockout"))
+
+
+def _tpm_check(e: TpmBaseline, seen: Observed, out: _Found) -> None:
+    t = seen.tpm
+    if t is None:
+        if "tpm" in seen.unread:
+            out.add("tpm.unreadable", "readable", "unreadable", "",
+                    f"the TPM cannot be read: {seen.unread['tpm']}")
+        return                                    # no TPM: stated in the report, not a finding
+    remedy = None if t.clear_refused else invoke("tpm-ppi", "clear")
+    after = f"; it cannot be cleared from here: {t.clear_refused}" if t.clear_refused else \
+        "; the firmware clears the TPM at the next boot once asked"
+    for index, by_platform in sorted(t.nv_indices.items()):
+        if by_platform or index in tpmwire.EK_NV_RANGE or index in e.nv_indices:
+            continue
+        out.add("tpm.nv_index", "absent", "defined", f"{index:#010x}",
+                f"the TPM holds NV index {index:#010x}, defined by its owner{after}", remedy)
+    for handle in t.persistent:
+        if handle == tpmwire.EK_HANDLE or handle in e.persistent_handles:
+            continue
+        out.add("tpm.persistent_handle", "absent", "present", f"{handle:#010x}",
+                f"the TPM holds a persistent object at {handle:#010x}{after}", remedy)
+    for check, bit, hierarchy in _AUTH_SET:
+        if t.permanent & bit:
+            out.add(check, "empty", "set", hierarchy,
+                    f"the TPM's {hierarchy} authorization is set{after}", remedy)
+    if t.lockout_counter:                         # TPM2_Clear keeps failedTries: time takes them back
+        out.add("tpm.lockout_counter", 0, t.lockout_counter, "",
+                f"the TPM counts {t.lockout_counter} authorization failure(s); a Clear keeps them, and "
+                f"they fall by one every {t.lockout_interval} s (TPM_PT_LOCKOUT_INTERVAL): check again "
+                f"after {t.lockout_counter * t.lockout_interval} s")

@@ -810,8 +810,12 @@ class ExpectedNvmeLayout(_message.Message):
     def __init__(self, namespaces: _Optional[int] = ..., full_capacity: _Optional[bool] = ..., lba_data_size: _Optional[int] = ...) -> None: ...
 
 class ExpectedTpm(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("persistent_handles", "nv_indices")
+    PERSISTENT_HANDLES_FIELD_NUMBER: _ClassVar[int]
+    NV_INDICES_FIELD_NUMBER: _ClassVar[int]
+    persistent_handles: _containers.RepeatedScalarFieldContainer[int]
+    nv_indices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, persistent_handles: _Optional[_Iterable[int]] = ..., nv_indices: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ExpectedBios(_message.Message):
     __slots__ = ()
@@ -1156,7 +1160,7 @@ class InventoryRefreshResult(_message.Message):
     def __init__(self, inventory: _Optional[_Union[Inventory, _Mapping]] = ..., changes: _Optional[_Iterable[_Union[InventoryChange, _Mapping]]] = ..., first: _Optional[bool] = ..., seconds: _Optional[float] = ..., conformance: _Optional[_Union[Conformance, _Mapping]] = ..., release: _Optional[_Union[ReleaseReport, _Mapping]] = ..., node_boots: _Optional[_Iterable[_Union[NodeBoot, _Mapping]]] = ...) -> None: ...
 
 class ReleaseReport(_message.Message):
-    __slots__ = ("boot_id", "pool_ready", "restorable", "cannot_restore", "checked", "not_checked", "wipe_certificates", "attestation_verdict")
+    __slots__ = ("boot_id", "pool_ready", "restorable", "cannot_restore", "checked", "not_checked", "wipe_certificates", "attestation_verdict", "tpm_absent")
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_READY_FIELD_NUMBER: _ClassVar[int]
     RESTORABLE_FIELD_NUMBER: _ClassVar[int]
@@ -1165,6 +1169,7 @@ class ReleaseReport(_message.Message):
     NOT_CHECKED_FIELD_NUMBER: _ClassVar[int]
     WIPE_CERTIFICATES_FIELD_NUMBER: _ClassVar[int]
     ATTESTATION_VERDICT_FIELD_NUMBER: _ClassVar[int]
+    TPM_ABSENT_FIELD_NUMBER: _ClassVar[int]
     boot_id: str
     pool_ready: bool
     restorable: _containers.RepeatedCompositeFieldContainer[Mismatch]
@@ -1173,7 +1178,8 @@ class ReleaseReport(_message.Message):
     not_checked: _containers.RepeatedScalarFieldContainer[str]
     wipe_certificates: _containers.RepeatedCompositeFieldContainer[ErasureCertificate]
     attestation_verdict: str
-    def __init__(self, boot_id: _Optional[str] = ..., pool_ready: _Optional[bool] = ..., restorable: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., cannot_restore: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., checked: _Optional[_Iterable[str]] = ..., not_checked: _Optional[_Iterable[str]] = ..., wipe_certificates: _Optional[_Iterable[_Union[ErasureCertificate, _Mapping]]] = ..., attestation_verdict: _Optional[str] = ...) -> None: ...
+    tpm_absent: str
+    def __init__(self, boot_id: _Optional[str] = ..., pool_ready: _Optional[bool] = ..., restorable: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., cannot_restore: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., checked: _Optional[_Iterable[str]] = ..., not_checked: _Optional[_Iterable[str]] = ..., wipe_certificates: _Optional[_Iterable[_Union[ErasureCertificate, _Mapping]]] = ..., attestation_verdict: _Optional[str] = ..., tpm_absent: _Optional[str] = ...) -> None: ...
 
 class NodeBoot(_message.Message):
     __slots__ = ("node_id", "attempt", "method", "trigger", "started_unix_ms", "outcome", "cause", "cause_detail", "console", "last_lines", "steps")

@@ -288,15 +288,4 @@ def attestor_for(spec: str, event_log: str = "") -> Attestor:
         attestor = Attestor(no_tpm)
         attestor.absent = "no TPM: disabled by the setting bc.tpm=none"
         return attestor
-    kind, _, where = spec.partition(":")
-    if kind == "tcp":
-        host, _, port = where.rpartition(":")
-        if not port.isdigit():
-            raise InvalidParameters(f"bc.tpm={spec!r}: expected tcp:127.0.0.1:PORT")
-        address: tuple[str, int] | Path = (host.strip("[]"), int(port))
-    elif kind == "unix" and where.startswith("/"):
-        address = Path(where)
-    else:
-        raise InvalidParameters(f"bc.tpm={spec!r}: expected \"\", \"none\", tcp:127.0.0.1:PORT or unix:/PATH")
-    tpmwire.SocketTransport.check(address)
-    return Attestor(lambda: tpmwire.Tpm(tpmwire.SocketTransport(address)), event_log=log_path)
+    return Attestor(tpmwire.opener(spec), event_log=log_path)

@@ -175,3 +175,22 @@ def read_tools_credential(path: Path) -> tuple[bytes, bytes]:
     blob, secret = r.b2(), r.b2()
     r.done()
     return blob, secret
+
+
+def test_handles_and_nv_public_match_tpm2_tools(sim: SimTpm, tmp_path: Path) -> None:
+    """TPM_CAP_HANDLES and TPM2_NV_ReadPublic, against tpm2_getcap and tpm2_nvreadpublic."""
+    assert tools(sim, "tpm2_nvdefine", "0x1500001", "-C", "o", "-s", "16", cwd=tmp_path).returncode == 0
+    listed = tools(sim, "tpm2_getcap", "handles-nv-index", cwd=tmp_path).stdout
+    with sim.tpm() as tpm:
+        nv = tpm.handles(w.HR_NV_INDEX)
+        assert nv == [int(line.strip("- "), 16) for line in listed.split() if line != "-"]
+        assert w.EK_CERT_RSA_INDEX in nv and 0x01500001 in nv
+        persistent = tpm.handles(w.HR_PERSISTENT)
+        ek_cert, owner = tpm.nv_public(w.EK_CERT_RSA_INDEX), tpm.nv_public(0x01500001)
+        assert tpm.nv_public(0x01500002) is None
+    assert w.EK_HANDLE in persistent and all(h >> 24 == 0x81 for h in persistent)
+    assert ek_cert is not None and ek_cert.platform_created
+    assert owner is not None and not owner.platform_created
+    assert owner.size == 16 and owner.index == 0x01500001
+    shown = tools(sim, "tpm2_nvreadpublic", "0x1c00002", cwd=tmp_path).stdout
+    assert f"value: {ek_cert.attributes:#010X}".replace("0X", "0x") in shown

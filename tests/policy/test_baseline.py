@@ -30,7 +30,8 @@ def expected(state: dict[str, Any]) -> baseline.ExpectedState:
     {"nics": [{"config": {"SRIOV_EN": "1 NUM_OF_VFS=64"}}]},
     {"nics": [{"config": {"sriov_en": "1"}}]},
     {"nvme": {"lba_data_size": 1024}},
-    {"tpm": {}},
+    {"tpm": {"persistent_handles": [0x01500001]}},
+    {"tpm": {"nv_indices": [0x81000001]}},
 ])  # fmt: skip
 def test_what_cannot_be_meant_is_refused(state: dict[str, Any]) -> None:
     with pytest.raises(InvalidParameters, match=r"expect\.state"):
@@ -79,3 +80,22 @@ def test_a_lost_gpu_is_unreadable_not_passed() -> None:
     e = expected({"gpus": {"at_defaults": True}})
     seen = baseline.Observed(gpus=[GpuState(index=0, pci_bus_id="00000000:18:00.0", lost=True)])
     assert [(m.check, m.where) for m in baseline.check(e, seen)] == [("gpu.unreadable", "0000:18:00.0")]
+
+
+def test_the_tpms_own_and_the_platforms_nv_indices_are_never_findings() -> None:
+    """An EK certificate's index even where the owner defined it (some TPMs do), the platform's
+    anywhere; an owner's index elsewhere is a finding, without a remedy where PPI cannot clear."""
+    e = expected({"tpm": {"nv_indices": [0x01500002]}})
+    nv = {0x01C00002: False, 0x01C0000A: False, 0x01C00100: False, 0x01C08000: True, 0x01400001: True,
+          0x01500001: False, 0x01500002: False}
+    seen = baseline.Observed(tpm=baseline.TpmState(nv, (0x81010001,), 0, 0, 1000, "no PPI"))
+    found = baseline.check(e, seen)
+    assert [(m.check, m.where) for m in found] == [("tpm.nv_index", "0x01500001")]
+    assert not found[0].HasField("remedy") and "no PPI" in found[0].message
+
+
+def test_no_tpm_is_not_a_finding_and_an_unreadable_one_is() -> None:
+    e = expected({"tpm": {}})
+    assert baseline.check(e, baseline.Observed(tpm_absent="no TPM: the kernel offers no /dev/tpmrm0")) == []
+    found = baseline.check(e, baseline.Observed(unread={"tpm": "TPM_RC_FAILURE"}))
+    assert [m.check for m in found] == ["tpm.unreadable"] and "TPM_RC_FAILURE" in found[0].message

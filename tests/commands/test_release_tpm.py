@@ -1,0 +1,192 @@
+"""The release gate's TPM part against a real TPM (swtpm, one per test): a clean TPM passes; an
+NV index the owner defined, a persistent object, an owner password and a counted authorization
+failure, planted with tpm2-tools, are each found, the first three with the remedy that asks the
+firmware's PPI (a fake sysfs tree here) for a Clear; the EK certificates' indices are never
+reported; after the Clear the firmware would make (tpm2_clear with the platform hierarchy), only
+the lockout counter is left (a Clear keeps it), named without a remedy."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.protobuf import json_format
+
+from agent.catalog import Role
+from agent.commands.base import Context
+from agent.commands.driver import DriverInvoke
+from agent.commands.inventory import InventoryRefresh
+from agent.config import Config
+from agent.errors import Unsupported
+from agent.proto import agent_pb2
+from tests.hw.fake_machine import build_machine
+from tests.tpmsim import SimTpm, manufactured_tpm, need, sim
+
+__all__ = ["manufactured_tpm", "sim"]
+
+SWTPM_ECC_EK = 0x81010016          # where swtpm_setup persists its ECC EK (the baseline names it)
+OWNER_INDEX = 0x01500001
+
+
+class Machine:
+    def __init__(self, root: Path, state_dir: Path, tpm: str) -> None:
+        self.root = root
+        self.ppi = root / "sys/class/tpm/tpm0/ppi"
+        self.config = Config(state_dir=state_dir, role=Role.RAMDISK, extra={"tpm": tpm} if tpm else {})
+
+    def with_ppi(self, clear_status: int = 4) -> None:
+        self.ppi.mkdir(parents=True)
+        (self.ppi / "version").write_text("1.3\n")
+        (self.ppi / "request").write_text("0\n")
+        (self.ppi / "response").write_text("0 0: Success\n")
+        (self.ppi / "tcg_operations").write_text(f"1 4: User not required\n5 {clear_status}: whatever\n")
+
+    def check(self, tpm: dict[str, Any] | None = None) -> agent_pb2.InventoryRefreshResult:
+        handler = InventoryRefresh()
+        handler.root = self.root
+        handler.kernel_log = lambda: []
+        state = {"tpm": tpm if tpm is not None else {"persistent_handles": [SWTPM_ECC_EK]}}
+        payload = json_format.ParseDict({"skip_gpus": True, "expect": {"state": state}},
+                                        agent_pb2.InventoryRefreshRequest())
+        result = handler.run(Context.local("inventory.refresh", self.config), handler.parse(payload))
+        assert isinstance(result, agent_pb2.InventoryRefreshResult)
+        return result
+
+    def invoke(self, request: agent_pb2.DriverInvokeRequest) -> agent_pb2.DriverInvokeResult:
+        handler = DriverInvoke()
+        handler.root = self.root
+        result = handler.run(Context.local("driver.invoke", self.config), handler.parse(request))
+        assert isinstance(result, agent_pb2.DriverInvokeResult)
+        return result
+
+
+@pytest.fixture
+def machine(tmp_path: Path, sim: SimTpm) -> Machine:
+    return Machine(build_machine(tmp_path / "root", gpus=0, disks=1), tmp_path / "state",
+                   f"tcp:127.0.0.1:{sim.port}")
+
+
+def tpm2(sim: SimTpm, cwd: Path, *argv: str) -> None:
+    need(argv[0])
+    done = subprocess.run(list(argv), cwd=cwd, env=dict(os.environ, TPM2TOOLS_TCTI=sim.tcti),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, (argv, done.stderr)
+
+
+def found(result: agent_pb2.InventoryRefreshResult) -> set[tuple[str, str]]:
+    return {(m.check, m.where) for m in result.conformance.mismatches}
+
+
+def test_a_clean_tpm_passes(machine: Machine) -> None:
+    machine.with_ppi()
+    result = machine.check()
+    assert list(result.conformance.mismatches) == [] and result.release.pool_ready
+    assert list(result.release.checked) == ["tpm"] and "tpm" not in result.release.not_checked
+    assert result.release.tpm_absent == ""
+
+
+def test_the_ecc_ek_is_a_finding_unless_the_baseline_names_it(machine: Machine) -> None:
+    """The EK at 0x81010001 is always expected; swtpm's second EK only where the baseline says."""
+    machine.with_ppi()
+    assert found(machine.check({})) == {("tpm.persistent_handle", f"{SWTPM_ECC_EK:#010x}")}
+
+
+def test_planted_residue_is_each_found_and_the_ppi_clear_puts_it_back(machine: Machine, sim: SimTpm,
+                                                                      tmp_path: Path) -> None:
+    machine.with_ppi()
+    index = f"{OWNER_INDEX:#x}"
+    tpm2(sim, tmp_path, "tpm2_nvdefine", index, "-C", "o", "-s", "32", "-p", "secret",
+         "-a", "ownerwrite|ownerread|authwrite|authread")
+    done = subprocess.run(["tpm2_nvread", index, "-P", "wrong", "-s", "1"], cwd=tmp_path, capture_output=True,
+                          env=dict(os.environ, TPM2TOOLS_TCTI=sim.tcti), timeout=60)
+    assert done.returncode != 0                       # a failed authorization: the lockout counter
+    tpm2(sim, tmp_path, "tpm2_createprimary", "-C", "o", "-c", "primary.ctx")
+    tpm2(sim, tmp_path, "tpm2_evictcontrol", "-C", "o", "-c", "primary.ctx", "0x81000001")
+    tpm2(sim, tmp_path, "tpm2_changeauth", "-c", "owner", "tenant-password")
+
+    result = machine.check()
+    assert found(result) == {("tpm.nv_index", "0x01500001"), ("tpm.persistent_handle", "0x81000001"),
+                             ("tpm.owner_auth", "owner"), ("tpm.lockout_counter", "")}
+    assert not any(m.where.startswith("0x01c0") for m in result.conformance.mismatches)  # EK certificates
+    report = result.release
+    assert not report.pool_ready and [m.check for m in report.cannot_restore] == ["tpm.lockout_counter"]
+    assert "1 authorization failure(s)" in report.cannot_restore[0].message
+    assert "check again after 1000 s" in report.cannot_restore[0].message      # swtpm's interval
+    assert {(m.remedy.driver, m.remedy.operation) for m in report.restorable} == {("tpm-ppi", "clear")}
+    assert len(report.restorable) == 3
+
+    done_clear = machine.invoke(report.restorable[0].remedy)
+    assert b"pending" in done_clear.stdout
+    assert (machine.ppi / "request").read_text().strip() == "5"
+    assert found(machine.check()) == found(result)    # nothing changes until the firmware acts
+
+    # The firmware at the next boot: the PPI request carried out with the platform hierarchy.
+    tpm2(sim, tmp_path, "tpm2_clear", "-c", "p")
+    sim.restart()
+    machine.config.extra["tpm"] = f"tcp:127.0.0.1:{sim.port}"
+    after = machine.check({})                          # the Clear took the persisted EKs too
+    assert found(after) == {("tpm.lockout_counter", "")}   # TPM2_Clear keeps failedTries
+
+
+def test_an_endorsement_password_is_found(machine: Machine, sim: SimTpm, tmp_path: Path) -> None:
+    machine.with_ppi()
+    tpm2(sim, tmp_path, "tpm2_changeauth", "-c", "endorsement", "tenant")
+    tpm2(sim, tmp_path, "tpm2_changeauth", "-c", "lockout", "tenant")
+    assert found(machine.check()) == {("tpm.endorsement_auth", "endorsement"),
+                                      ("tpm.lockout_auth", "lockout")}
+
+
+def test_an_index_the_baseline_keeps_is_not_reported(machine: Machine, sim: SimTpm, tmp_path: Path) -> None:
+    machine.with_ppi()
+    tpm2(sim, tmp_path, "tpm2_nvdefine", f"{OWNER_INDEX:#x}", "-C", "o", "-s", "8")
+    result = machine.check({"persistent_handles": [SWTPM_ECC_EK], "nv_indices": [OWNER_INDEX]})
+    assert list(result.conformance.mismatches) == []
+
+
+@pytest.mark.parametrize(("ppi", "why"), [(None, "no TPM Physical Presence Interface"),
+                                          (2, "blocks Clear requests from the OS"),
+                                          (0, "not implemented")])
+def test_without_a_ppi_that_clears_the_findings_cannot_be_put_back(machine: Machine, sim: SimTpm,
+                                                                     tmp_path: Path, ppi: int | None,
+                                                                     why: str) -> None:
+    if ppi is not None:
+        machine.with_ppi(ppi)
+    tpm2(sim, tmp_path, "tpm2_changeauth", "-c", "owner", "tenant-password")
+    report = machine.check().release
+    assert not report.restorable and [m.check for m in report.cannot_restore] == ["tpm.owner_auth"]
+    assert why in report.cannot_restore[0].message
+    with pytest.raises(Unsupported, match=why):
+        machine.invoke(json_format.ParseDict({"driver": "tpm-ppi", "operation": "clear"},
+                                             agent_pb2.DriverInvokeRequest()))
+
+
+def test_a_ppi_that_needs_a_person_says_so(machine: Machine) -> None:
+    machine.with_ppi(3)
+    out = machine.invoke(agent_pb2.DriverInvokeRequest(driver="tpm-ppi", operation="clear")).stdout
+    assert b"confirm" in out and (machine.ppi / "request").read_text().strip() == "5"
+    status = machine.invoke(agent_pb2.DriverInvokeRequest(driver="tpm-ppi", operation="status")).stdout
+    assert b'"request": "5"' in status and b'"clear_status": 3' in status
+
+
+def test_no_tpm_is_stated_not_a_finding(tmp_path: Path) -> None:
+    machine = Machine(build_machine(tmp_path / "root", gpus=0, disks=1), tmp_path / "state", "")
+    report = machine.check().release
+    assert report.pool_ready and report.tpm_absent == "no TPM: the kernel offers no /dev/tpmrm0"
+    assert "tpm" in report.not_checked and "tpm" not in report.checked
+    machine.config.extra["tpm"] = "none"
+    assert machine.check().release.tpm_absent == "no TPM: disabled by the setting bc.tpm=none"
+
+
+def test_a_tpm_that_cannot_be_reached_is_a_finding(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]                 # nothing listens there once closed
+    machine = Machine(build_machine(tmp_path / "root", gpus=0, disks=1), tmp_path / "state",
+                      f"tcp:127.0.0.1:{port}")
+    report = machine.check().release
+    assert [m.check for m in report.cannot_restore] == ["tpm.unreadable"] and not report.pool_ready
+    assert "could not be reached" in report.cannot_restore[0].message
