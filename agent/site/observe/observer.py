@@ -104,10 +104,12 @@ class Observer:
 
     def stop(self) -> None:
         self.consoles.stop()
+        self.timelines.flush()
 
     def tick(self) -> None:
         self.timelines.evaluate()
         self.timelines.expire_pending()
+        self.timelines.flush()
 
     # -- the BMCs the site knows, by node (what a console needs) ------------------------------
 

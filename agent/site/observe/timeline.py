@@ -24,8 +24,10 @@ last attempt is over (joined, failed, cleaned up), when the console shows firmwa
 after a kernel had started (a reboot the site did not order), and at a PXE request of the
 node's MAC once its last attempt is over (a boot the site did not order). Bounded: KEEP_ATTEMPTS attempts
 per node, MAX_EVENTS events per attempt (the first ones and the newest kept), MAX_NODES nodes
-(the least recently active forgotten first), MAX_PENDING unattributed addresses; each node's
-file is written whole (write_atomic) at each change, so a restart of the daemon keeps them.
+(the least recently active forgotten first), MAX_PENDING unattributed addresses; a changed
+node's file is written whole (write_atomic) by ``flush``, at the site's timer (each second) and
+at stop, off the request threads and the lock (a PXE storm's fetches never wait for a disk), so a
+restart of the daemon keeps them (a kill loses at most the last second).
 """
 
 from __future__ import annotations
@@ -241,6 +243,8 @@ class Timelines:
         self._by_ip: OrderedDict[str, str] = OrderedDict()        # client address -> MAC
         self._pending: OrderedDict[str, list[Event]] = OrderedDict()   # address -> its events
         self._offers: OrderedDict[str, float] = OrderedDict()     # MAC -> last proxy offer, no IP known
+        self._dirty: set[str] = set()                             # nodes changed since the last flush
+        self._flushing = threading.Lock()                         # one flush at a time
         self.arp: Callable[[str], str] = read_arp
 
     # -- state on disk ---------------------------------------------------------------------
@@ -265,14 +269,27 @@ class Timelines:
             return len(self._nodes)
 
     def _save(self, record: NodeRecord) -> None:
-        try:
-            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-            write_atomic(self.root / f"{record.node_id}.json", record.to_json(), 0o600)
-        except OSError as exc:
-            log.error("timeline of %s not saved: %s", record.node_id, exc)
+        """The record changed: written at the next ``flush`` (under the lock)."""
+        self._dirty.add(record.node_id)
+
+    def flush(self) -> int:
+        """Write the nodes changed since the last flush, each whole; returns how many."""
+        with self._flushing:
+            with self._lock:
+                changed = [(node_id, self._nodes[node_id].to_json())
+                           for node_id in sorted(self._dirty) if node_id in self._nodes]
+                self._dirty.clear()
+            for node_id, data in changed:
+                try:
+                    self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+                    write_atomic(self.root / f"{node_id}.json", data, 0o600)
+                except OSError as exc:
+                    log.error("timeline of %s not saved: %s", node_id, exc)
+            return len(changed)
 
     def _forget_oldest(self) -> None:
         node_id, record = self._nodes.popitem(last=False)
+        self._dirty.discard(node_id)
         for mac in record.macs:
             if self._by_mac.get(mac) == node_id:
                 del self._by_mac[mac]

@@ -94,6 +94,8 @@ def test_attempts_and_events_are_bounded_and_survive_a_restart(tmp_path: Path) -
     last = tl.last("n1")
     assert last is not None and len(last.events) == timeline.MAX_EVENTS and last.dropped == 11
     assert last.events[0].step == "power_on" and last.events[-1].detail == f"line {timeline.MAX_EVENTS + 9}"
+    assert not (root / "n1.json").exists()      # written by the flush, off the event's path
+    assert tl.flush() == 1 and tl.flush() == 0
     again = Timelines(root)
     assert again.load() == 1
     assert [a.number for a in again.attempts("n1")] == [a.number for a in attempts]
@@ -112,6 +114,7 @@ def test_nodes_are_bounded(tmp_path: Path, monkeypatch: object) -> None:
         for n in range(5):
             tl.power(f"n{n}", "on")
         assert tl.nodes() == ["n2", "n3", "n4"]
+        tl.flush()
         assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["n2.json", "n3.json", "n4.json"]
     finally:
         mp.undo()
