@@ -366,8 +366,6 @@ class Registry:
                 body: bytes | None = None, max_body: int = http.MAX_BODY, push: bool = False
                 ) -> http.Response:
         """One request, authenticated as the registry asks (once); 401 after that: AuthFailed."""
-        if method == "HEAD":  # http.request bounds a HEAD by its Content-Length: the GET's, not read
-            max_body = 1 << 62
         for attempt in range(2):
             hdrs = dict(headers or {})
             if self._auth:

@@ -542,7 +542,8 @@ def request(
 ) -> Response:
     """One request to a JSON API, retried by the rule of its method (see the module
     docstring: a write is never sent twice; an ambiguous outcome raises AmbiguousWrite); an
-    answer's body longer than ``max_body`` raises BodyTooLarge.
+    answer's body longer than ``max_body`` raises BodyTooLarge (a HEAD's answer has no body:
+    its Content-Length, the size of the GET's, is not read nor bounded).
 
     Returns the final Response whatever its status. ``deadline`` (a time.monotonic() value)
     bounds every wait. With ``connections``, a request goes over the kept-alive connection to
@@ -606,7 +607,9 @@ def request(
                 written = True
                 resp = conn.getresponse()
                 answered = True
-                data = read_body(resp, max_body, where)
+                # A HEAD's answer has no body (RFC 9110 9.3.2): its Content-Length is the GET's;
+                # http.client reads nothing of it (b"") and frees the connection.
+                data = resp.read() if method == "HEAD" else read_body(resp, max_body, where)
                 last = Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data, attempt)
                 keep = connections is not None and not resp.will_close
         except TRANSPORT_ERRORS as exc:
