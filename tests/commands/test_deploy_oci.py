@@ -185,9 +185,9 @@ def test_redirect_to_blob_storage_only_where_the_request_allows(tmp_path: Path) 
 
 class CuttingProxy:
     """A TCP forwarder to the registry on 127.0.0.1 that cuts the first connection through
-    which more than ``cut_after`` bytes came back (the blob's download), once; the connections
-    made after the cut wait ``hold`` seconds before they are forwarded (``on_cut`` runs at the
-    cut)."""
+    which more than ``cut_after`` bytes came back (the blob's download), once; the first
+    connection made after the cut waits ``hold`` seconds before it is forwarded (``on_cut``
+    runs at the cut)."""
 
     def __init__(self, port: int, cut_after: int, hold: float = 0.0,
                  on_cut: Callable[[], None] | None = None) -> None:
@@ -195,7 +195,7 @@ class CuttingProxy:
         import threading
 
         self.target, self.cut_after, self.cuts = port, cut_after, 0
-        self.hold, self.on_cut = hold, on_cut
+        self.hold, self.on_cut, self.held = hold, on_cut, 0
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self._lock = threading.Lock()
@@ -209,7 +209,10 @@ class CuttingProxy:
                 client, _ = self.sock.accept()
             except OSError:
                 return
-            threading.Thread(target=self._forward, args=(client, self.cuts > 0), daemon=True).start()
+            with self._lock:
+                held = self.cuts > 0 and self.held == 0
+                self.held += held
+            threading.Thread(target=self._forward, args=(client, held), daemon=True).start()
 
     def _forward(self, client: object, held: bool) -> None:
         import socket
