@@ -347,6 +347,22 @@ class _ScriptedHandler(BaseHTTPRequestHandler):
 
     do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _any
 
+    def do_HEAD(self) -> None:
+        """As the GET would answer, without its body (a route may give the GET's
+        Content-Length among its headers)."""
+        seen = Seen(self.command, self.path, dict(self.headers.items()), b"")
+        with self.server.guard:
+            self.server.seen.append(seen)
+            route = self.server.routes.get((self.command, self.path.split("?", 1)[0]))
+            route = route or self.server.fallback
+        status, headers, data = route(seen)
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        if "Content-Length" not in headers:
+            self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+
 
 class _ScriptedServer(ThreadingHTTPServer):
     daemon_threads = True

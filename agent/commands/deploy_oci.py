@@ -3,8 +3,9 @@ resolved once, at the start, to the disk layer of the node's platform, and the r
 into the one the pipelines already know: the blob's URL, its sha256 (the registry's content
 address) as the published file's digest, its format by media type, the chunk manifest layer
 (fetched, checked by its digest) as the manifest, and the registry's authorization for the
-blob's origin only. Every connection of the deploy, a redirect's included, dials only the
-registry's host or one of the request's ``registry_hosts``.
+blob's origin only (renewed from the registry's challenge when a token expires mid-deploy).
+Every connection of the deploy, a redirect's included, dials only the registry's host or one
+of the request's ``registry_hosts``.
 
     params, resolved = deploy_oci.locate(ctx, params)   # resolved: the manifest digest ("" if not oci)
 """
@@ -62,7 +63,7 @@ def locate(ctx: Context, params: DeployParams) -> tuple[DeployParams, str]:
     fetch = art.chunk_manifest is not None and not params.has_manifest
     chunks = reg.blob_bytes(art.chunk_manifest) if fetch and art.chunk_manifest else None
     located = _located(params, art, chunks, url=reg.blob_url(art.disk),
-                       headers={**params.headers, **reg.headers}, resolve=reg.opts.resolve)
+                       headers=params.headers, auth=reg.authorizer, resolve=reg.opts.resolve)
     return located, art.manifest_digest
 
 

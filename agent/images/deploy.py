@@ -121,6 +121,7 @@ class DeployParams:
     oci: oci.Reference | None = None             # an oci:// source, resolved by commands/deploy_oci.locate
     registry_hosts: frozenset[str] = frozenset()  # oci: other hosts a redirect may lead to
     resolve: Callable[[str, int], Iterable[str]] | None = None   # oci: the hosts it may dial
+    auth: http.Authorization | None = None       # oci: the registry's token, renewed on a 401
 
     @property
     def has_manifest(self) -> bool:
@@ -150,6 +151,7 @@ class Deployment:
             max_retries=p.max_retries,
             cancel=self.hooks.cancel,
             resolve=p.resolve,
+            auth=p.auth,
         )
 
     def _open_source(self) -> image.Source:

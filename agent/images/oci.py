@@ -32,7 +32,9 @@ without it is taken as whole, one with another value is skipped).
 Authentication: anonymous; basic (``Credentials``); and the token flow: a 401 with
 ``WWW-Authenticate: Bearer realm=...,service=...,scope=...`` is answered by asking the realm
 for a token (with the credentials, if any, as basic) and retrying once with it; a second 401
-raises AuthFailed. The realm must be the registry's own host or one the policy allows.
+raises AuthFailed. The realm must be the registry's own host or one the policy allows. A
+download (``download_options``, a deploy's blob) carries the token through ``Authorizer``: a
+401 at a resume after the token expired has the challenge answered once more, then goes on.
 
 Bounds (``Policy``): a manifest or index larger than ``max_manifest`` bytes is refused
 (RegistryError, reason too_large) without reading more; a small blob (chunk manifest, config)
@@ -55,6 +57,7 @@ import logging
 import os
 import re
 import socket
+import threading
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -314,6 +317,31 @@ def _challenge(header: str) -> tuple[str, dict[str, str]]:
     return scheme.lower(), params
 
 
+class Authorizer:
+    """A registry's authorization for the downloads of a job (http.Authorization): the header
+    that works now (a token, basic), and a new token from the registry's challenge when it
+    answers 401 (the token expired during a long deploy, or for a route at the site). One lock
+    for the renewals of the many downloads that may share it (a site's route)."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self.lock = threading.RLock()
+
+    def headers(self) -> dict[str, str]:
+        with self.lock:
+            return self.registry.headers
+
+    def renew(self, challenge: str) -> bool:
+        with self.lock:
+            try:
+                self.registry.authenticate(challenge, push=False)
+            except AgentError as exc:
+                log.warning("registry %s: authorization not renewed: %s", self.registry.ref.host, exc.message)
+                return False
+            log.info("registry %s: authorization renewed", self.registry.ref.host)
+            return True
+
+
 class Registry:
     """One registry's distribution API, for one job: its token kept for the job's requests."""
 
@@ -326,6 +354,7 @@ class Registry:
         base = opts or http.HttpOptions()
         self.opts = dataclasses.replace(base, resolve=self._resolve(base.resolve))
         self._auth = ""                      # the Authorization header value that works
+        self.authorizer = Authorizer(self)   # that header for downloads, renewed on their 401
 
     # -- the host policy -----------------------------------------------------------------
 
@@ -350,12 +379,13 @@ class Registry:
 
     @property
     def headers(self) -> dict[str, str]:
-        """The Authorization that works (a token, basic) for requests made elsewhere (a deploy's
-        download); sent to the registry's origin only."""
+        """The Authorization that works (a token, basic) now; sent to the registry's origin only."""
         return {"Authorization": self._auth} if self._auth else {}
 
     def download_options(self) -> http.HttpOptions:
-        return dataclasses.replace(self.opts, headers={**self.opts.headers, **self.headers})
+        """Options for a download from the registry (a blob): its authorization made at each
+        request and renewed once on a 401 (``authorizer``), to the registry's origin only."""
+        return dataclasses.replace(self.opts, auth=self.authorizer)
 
     # -- requests ------------------------------------------------------------------------
 
@@ -366,8 +396,6 @@ class Registry:
                 body: bytes | None = None, max_body: int = http.MAX_BODY, push: bool = False
                 ) -> http.Response:
         """One request, authenticated as the registry asks (once); 401 after that: AuthFailed."""
-        if method == "HEAD":  # http.request bounds a HEAD by its Content-Length: the GET's, not read
-            max_body = 1 << 62
         for attempt in range(2):
             hdrs = dict(headers or {})
             if self._auth:

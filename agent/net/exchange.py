@@ -17,12 +17,22 @@ import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from agent.errors import InvalidParameters, SourceFailed
 
 USER_AGENT = "bettercompute-agent"
 MAX_BODY = 4 << 20  # what request() and post_multipart() read of an answer at most: a JSON API's
+
+
+class Authorization(Protocol):
+    """What a job's requests to one origin carry, read at each request (a registry's Bearer
+    token: agent/images/oci.py's ``Authorizer``), and renewed from the server's 401 challenge
+    (its WWW-Authenticate) when it expired: ``renew`` answers whether it was."""
+
+    def headers(self) -> Mapping[str, str]: ...
+
+    def renew(self, challenge: str) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,9 @@ class HttpOptions:
     # policy: agent/site/serve/upstreams.py); each connection, a redirect's included, dials only
     # those. None: whatever the host name resolves to.
     resolve: Callable[[str, int], Iterable[str]] | None = None
+    # Headers made at each request and renewed on a 401 (get(): once per 401, then asked
+    # again); like ``headers``, sent to the URL's own origin only.
+    auth: Authorization | None = None
 
 
 @dataclass(frozen=True)
@@ -110,11 +123,14 @@ def read_body(resp: http.client.HTTPResponse, max_body: int, where: str) -> byte
 
 def request_headers(opts: HttpOptions, extra: Mapping[str, str] | None = None, *,
                     callers: bool = True) -> dict[str, str]:
-    """A request's headers: ours, the caller's (``opts.headers``, unless ``callers`` is
-    False: a redirect to another origin gets none of them, as curl does), then ``extra``."""
+    """A request's headers: ours, the caller's (``opts.headers`` and ``opts.auth``'s, unless
+    ``callers`` is False: a redirect to another origin gets none of them, as curl does), then
+    ``extra``."""
     hdrs = {"User-Agent": USER_AGENT}
     if callers:
         hdrs.update(opts.headers)
+        if opts.auth is not None:
+            hdrs.update(opts.auth.headers())
     if extra:
         hdrs.update(extra)
     for name, value in hdrs.items():

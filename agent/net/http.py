@@ -81,6 +81,10 @@ Behaviour of ``get``:
   ``Range: bytes=<received>-`` (and ``If-Range`` with the ETag or Last-Modified when the server
   sent one, so a changed file is never spliced). A server that answers 200 to the Range request
   is read again from the start and the bytes already delivered are skipped.
+- With ``opts.auth`` (a registry's token, agent/images/oci.py), a 401 from the URL's own origin,
+  at the start or at a resume (the token expired during a long download), has the challenge
+  answered once (``auth.renew``) and the request made again with the new headers; a second 401
+  fails as any 4xx.
 - A body that ends before its Content-Length (or before the total of its Content-Range) after
   all retries raises SourceFailed: a short download is never a success. A body without a length
   (connection-delimited) cannot be checked here; callers check a digest.
@@ -123,6 +127,7 @@ from agent.net.exchange import (
     MAX_BODY,
     USER_AGENT,
     AmbiguousWrite,
+    Authorization,
     BodyTooLarge,
     HttpError,
     HttpOptions,
@@ -175,18 +180,30 @@ class Download:
         self._resp: http.client.HTTPResponse | None = None
         self._parts: urllib.parse.SplitResult | None = None   # where _conn is connected
         self._failures = 0
+        self._challenge = ""           # a 401's WWW-Authenticate from the URL's origin
         self._open(first=True)
 
     # -- connection ----------------------------------------------------------------------
 
     def _open(self, *, first: bool) -> None:
-        """(Re)open the response at ``start + received``; retries transient failures."""
+        """(Re)open the response at ``start + received``; retries transient failures, and
+        renews ``opts.auth`` once when the URL's origin answers 401 (a token expired)."""
+        renewed = False
         while True:
             self._check_cancel()
             try:
                 self._request(first=first)
                 return
             except HttpError as exc:
+                auth = self.opts.auth
+                if exc.status == 401 and self._challenge and auth is not None and not renewed:
+                    renewed = True
+                    if not auth.renew(self._challenge):
+                        raise HttpError(f"{exc.message} (the authorization could not be renewed)",
+                                        status=401) from exc
+                    log.info("%s: HTTP 401 at byte %d: authorization renewed", redact(self.url),
+                             self.start + self.received)
+                    continue
                 if exc.status and exc.status not in _RETRY_STATUS:
                     raise
                 self._failures += 1
@@ -200,6 +217,7 @@ class Download:
 
     def _request(self, *, first: bool) -> None:
         self.close()
+        self._challenge = ""
         pool = self.pool
         home = origin(check_url(self.url))
         position = self.start + self.received
@@ -235,6 +253,9 @@ class Download:
         if status == 416 and self.total is not None and position >= self.total:
             return  # nothing left; read() returns b""
         if status not in (200, 206):
+            home = origin(check_url(self.url))
+            if status == 401 and self._parts is not None and origin(self._parts) == home:
+                self._challenge = resp.getheader("WWW-Authenticate", "")
             detail = resp.read(512).decode("utf-8", "replace").strip().splitlines()[:1]
             self.close()
             raise HttpError(
@@ -542,7 +563,8 @@ def request(
 ) -> Response:
     """One request to a JSON API, retried by the rule of its method (see the module
     docstring: a write is never sent twice; an ambiguous outcome raises AmbiguousWrite); an
-    answer's body longer than ``max_body`` raises BodyTooLarge.
+    answer's body longer than ``max_body`` raises BodyTooLarge (a HEAD's answer has no body:
+    its Content-Length, the size of the GET's, is not read nor bounded).
 
     Returns the final Response whatever its status. ``deadline`` (a time.monotonic() value)
     bounds every wait. With ``connections``, a request goes over the kept-alive connection to
@@ -606,7 +628,9 @@ def request(
                 written = True
                 resp = conn.getresponse()
                 answered = True
-                data = read_body(resp, max_body, where)
+                # A HEAD's answer has no body (RFC 9110 9.3.2): its Content-Length is the GET's;
+                # http.client reads nothing of it (b"") and frees the connection.
+                data = resp.read() if method == "HEAD" else read_body(resp, max_body, where)
                 last = Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data, attempt)
                 keep = connections is not None and not resp.will_close
         except TRANSPORT_ERRORS as exc:
@@ -774,7 +798,7 @@ def post_multipart(url: str, parts: Iterable[Part], opts: HttpOptions | None = N
 
 __all__ = [
     "IDEMPOTENT", "MAX_BODY", "MAX_REDIRECTS", "REDIRECTS", "USER_AGENT", "AmbiguousWrite",
-    "BadRedirect", "BodyTooLarge", "ConnectionPool", "Download", "HttpError", "HttpOptions", "Part",
-    "PinnedConnection", "Response", "check_url", "close_quietly", "connect", "get", "origin",
-    "pinned", "post_multipart", "put", "redact", "request", "ssl_context", "still_open",
+    "Authorization", "BadRedirect", "BodyTooLarge", "ConnectionPool", "Download", "HttpError",
+    "HttpOptions", "Part", "PinnedConnection", "Response", "check_url", "close_quietly", "connect",
+    "get", "origin", "pinned", "post_multipart", "put", "redact", "request", "ssl_context", "still_open",
 ]

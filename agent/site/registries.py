@@ -13,7 +13,6 @@ when the registry answers 401 (a token expired), runs its challenge again once.
 from __future__ import annotations
 
 import logging
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,20 +28,21 @@ log = logging.getLogger(__name__)
 
 
 class RegistryAuth:
-    """One route's authorization at its registry (routes.UpstreamAuth)."""
+    """One route's authorization at its registry (routes.UpstreamAuth): the registry's own
+    ``oci.Authorizer`` (the header that works, renewed once on a 401), which the blob store's
+    downloads carry too."""
 
     def __init__(self, registry: oci.Registry) -> None:
         self.registry = registry
-        self._lock = threading.Lock()
 
     def headers(self) -> dict[str, str]:
-        with self._lock:
-            return self.registry.headers
+        return self.registry.authorizer.headers()
 
     def blob_options(self, url: str) -> http.HttpOptions:
         """A HEAD of ``url`` first (a 401 answered: the token renewed), then the options of a
-        download with the authorization, dialling only the registry's and allowed hosts."""
-        with self._lock:
+        download with the authorization (renewed again if it expires during the download),
+        dialling only the registry's and allowed hosts."""
+        with self.registry.authorizer.lock:
             resp = self.registry.request("HEAD", url)
             if resp.status != 200 and resp.status not in http.REDIRECTS:
                 raise oci.RegistryError(f"{http.redact(url)}: HTTP {resp.status} to a HEAD",
@@ -51,13 +51,7 @@ class RegistryAuth:
 
     def renew(self, challenge: str) -> bool:
         """Answer the registry's 401 challenge (a new token); False when that fails."""
-        with self._lock:
-            try:
-                self.registry.authenticate(challenge, push=False)
-                return True
-            except AgentError as exc:
-                log.warning("registry %s: authorization not renewed: %s", self.registry.ref.host, exc.message)
-                return False
+        return self.registry.authorizer.renew(challenge)
 
 
 class Registries:

@@ -7,6 +7,7 @@ import contextlib
 import gzip
 import hashlib
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -184,20 +185,23 @@ def test_redirect_to_blob_storage_only_where_the_request_allows(tmp_path: Path) 
 
 class CuttingProxy:
     """A TCP forwarder to the registry on 127.0.0.1 that cuts the first connection through
-    which more than ``cut_after`` bytes came back (the blob's download), once."""
+    which more than ``cut_after`` bytes came back (the blob's download), once; the first
+    connection made after the cut waits ``hold`` seconds before it is forwarded (``on_cut``
+    runs at the cut)."""
 
-    def __init__(self, port: int, cut_after: int) -> None:
+    def __init__(self, port: int, cut_after: int, hold: float = 0.0,
+                 on_cut: Callable[[], None] | None = None) -> None:
         import socket
         import threading
 
         self.target, self.cut_after, self.cuts = port, cut_after, 0
+        self.hold, self.on_cut, self.held = hold, on_cut, 0
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
-        import socket
         import threading
 
         while True:
@@ -205,9 +209,22 @@ class CuttingProxy:
                 client, _ = self.sock.accept()
             except OSError:
                 return
-            upstream = socket.create_connection(("127.0.0.1", self.target))
-            threading.Thread(target=self._pipe, args=(client, upstream, False), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
+            with self._lock:
+                held = self.cuts > 0 and self.held == 0
+                self.held += held
+            threading.Thread(target=self._forward, args=(client, held), daemon=True).start()
+
+    def _forward(self, client: object, held: bool) -> None:
+        import socket
+        import threading
+        import time
+
+        assert isinstance(client, socket.socket)
+        if held:
+            time.sleep(self.hold)
+        upstream = socket.create_connection(("127.0.0.1", self.target))
+        threading.Thread(target=self._pipe, args=(client, upstream, False), daemon=True).start()
+        threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
 
     def _pipe(self, src: object, dst: object, back: bool) -> None:
         import socket
@@ -221,6 +238,8 @@ class CuttingProxy:
                     with self._lock:
                         cut, self.cuts = self.cuts == 0, self.cuts + 1
                     if cut:
+                        if self.on_cut is not None:
+                            self.on_cut()
                         dst.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                         dst.shutdown(socket.SHUT_RDWR)   # now, whatever the other direction's thread does
                         break
@@ -249,3 +268,52 @@ def test_a_dropped_blob_download_resumes_by_range(tmp_path: Path) -> None:
         gets = reg.blob_gets(pushed.disk.digest)
     assert t.data()[: len(img)] == img and r.resumes == 1 and proxy.cuts >= 1
     assert [status for status, _ in gets] == [200, 206]     # the resume: a Range request
+
+
+def _token_deploy(tmp_path: Path, *, refuse_at_cut: bool) -> tuple[
+        Target, bytes, oci.Pushed, list[int], CuttingProxy, int, object]:
+    """A direct deploy from a node (no site; no credentials: anonymous pull through the token
+    flow, tokens lasting 2 s) whose blob download is cut after 2 MiB, its resume held 3 s:
+    the token has expired when the Range request reaches the registry. Returns the statuses of
+    the registry's blob GETs (its access log), the tokens issued for the deploy, and the deploy's
+    result or the exception it raised."""
+    t = Target(tmp_path)
+    img = sparse_image()
+    with Registry(tmp_path, auth="token", anonymous_pull=True, token_seconds=2) as reg:
+        token = reg.token
+        assert token is not None
+        pushed = publish(reg, "os/node:1", image_file(tmp_path, img))
+
+        def refuse() -> None:
+            token.refuse = refuse_at_cut      # from now on, tokens the registry does not take
+
+        before = len(token.issued)
+        proxy = CuttingProxy(reg.port, cut_after=2 << 20, hold=3.0, on_cut=refuse)
+        outcome: object
+        try:
+            outcome = deploy(oci_request(f"oci+http://127.0.0.1:{proxy.port}/os/node:1"), t.disks)
+        except Exception as exc:   # handed to the test
+            outcome = exc
+        finally:
+            proxy.close()
+        gets = [status for status, _ in reg.blob_gets(pushed.disk.digest)]
+        return t, img, pushed, gets, proxy, len(token.issued) - before, outcome
+
+
+def test_a_resume_after_the_token_expired_renews_it_once_and_goes_on(tmp_path: Path) -> None:
+    t, img, pushed, gets, proxy, issued, r = _token_deploy(tmp_path, refuse_at_cut=False)
+    assert isinstance(r, agent_pb2.DeployImageResult), r
+    assert t.data()[: len(img)] == img and r.digest.hex == pushed.disk.hex
+    assert r.resumes == 1 and proxy.cuts >= 1
+    # The registry refused the resume's first Range request (the token expired), took the
+    # renewed token's: one token at the start and one more at the resume.
+    assert gets == [200, 401, 206]
+    assert issued == 2
+
+
+def test_a_renewed_token_refused_again_fails_the_deploy_without_a_loop(tmp_path: Path) -> None:
+    t, img, _pushed, gets, _proxy, issued, r = _token_deploy(tmp_path, refuse_at_cut=True)
+    assert isinstance(r, http.HttpError) and r.status == 401, r
+    assert t.data()[: len(img)] != img
+    assert gets == [200, 401, 401]
+    assert issued == 2         # renewed once, not again

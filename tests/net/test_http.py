@@ -5,13 +5,14 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from agent.errors import Cancelled, InvalidParameters, SourceFailed
 from agent.net import http
-from tests.loopback_http import Fault, LoopbackServer, self_signed_cert
+from tests.loopback_http import Fault, LoopbackServer, ScriptedServer, Seen, self_signed_cert
 
 DATA = os.urandom(3 * 1024 * 1024 + 123)
 FAST = http.HttpOptions(timeout=5.0, max_retries=3, backoff=0.01)
@@ -264,3 +265,74 @@ def test_tls_ranges_pay_one_handshake(tmp_path: Path) -> None:
         with http.ConnectionPool() as pool:
             assert ranged(url, pool, opts=opts) == DATA
         assert srv.connections == 1
+
+
+class Tokens:
+    """An http.Authorization: a Bearer token, renewed (or not, ``grant``) on a 401."""
+
+    def __init__(self, grant: bool = True) -> None:
+        self.token, self.grant = "old", grant
+        self.challenges: list[str] = []
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def renew(self, challenge: str) -> bool:
+        self.challenges.append(challenge)
+        if self.grant:
+            self.token = "new"
+        return self.grant
+
+
+CHALLENGE = 'Bearer realm="https://auth.example/token",scope="repository:os:pull"'
+
+
+def wants(token: str) -> Callable[[Seen], tuple[int, dict[str, str], bytes]]:
+    def answer(seen: Seen) -> tuple[int, dict[str, str], bytes]:
+        if seen.headers.get("Authorization") == f"Bearer {token}":
+            return 200, {}, DATA[:1000]
+        return 401, {"WWW-Authenticate": CHALLENGE}, b'{"errors": []}'
+    return answer
+
+
+@pytest.mark.parametrize("accepted", ["new", "never"])
+def test_a_401_has_the_authorization_renewed_once(accepted: str) -> None:
+    tokens = Tokens()
+    opts = http.HttpOptions(timeout=5.0, max_retries=3, backoff=0.01, auth=tokens)
+    with ScriptedServer() as srv:
+        srv.route("GET", "/blob", wants(accepted))
+        if accepted == "new":
+            assert fetch(srv.url("/blob"), opts)[0] == DATA[:1000]
+        else:
+            with pytest.raises(http.HttpError, match="401") as info:
+                fetch(srv.url("/blob"), opts)
+            assert info.value.status == 401
+        sent = [seen.headers.get("Authorization") for seen in srv.seen]
+    assert tokens.challenges == [CHALLENGE]            # once, never a loop
+    assert sent == ["Bearer old", "Bearer new"]
+
+
+def test_an_authorization_not_renewed_fails_clearly() -> None:
+    tokens = Tokens(grant=False)
+    opts = http.HttpOptions(timeout=5.0, max_retries=3, backoff=0.01, auth=tokens)
+    with ScriptedServer() as srv:
+        srv.route("GET", "/blob", wants("new"))
+        with pytest.raises(http.HttpError, match="could not be renewed") as info:
+            fetch(srv.url("/blob"), opts)
+        assert len(srv.seen) == 1
+    assert info.value.status == 401 and tokens.challenges == [CHALLENGE]
+
+
+def test_a_401_from_another_origin_is_not_answered_with_the_authorization() -> None:
+    """The authorization goes to the URL's origin only: blob storage elsewhere that answers
+    401 neither gets it nor has it renewed."""
+    tokens = Tokens()
+    opts = http.HttpOptions(timeout=5.0, max_retries=3, backoff=0.01, auth=tokens)
+    with ScriptedServer() as home, ScriptedServer() as storage:
+        storage.route("GET", "/data", wants("old"))
+        home.route("GET", "/blob", lambda seen: (307, {"Location": storage.url("/data")}, b""))
+        with pytest.raises(http.HttpError, match="401"):
+            fetch(home.url("/blob"), opts)
+        assert home.seen[0].headers.get("Authorization") == "Bearer old"
+        assert all("Authorization" not in seen.headers for seen in storage.seen)
+    assert tokens.challenges == []

@@ -230,3 +230,19 @@ def test_multipart_dropped_after_sending_is_ambiguous_and_refused_is_not() -> No
     with pytest.raises(http.HttpError, match="ConnectionRefusedError") as err:
         http.post_multipart(f"http://127.0.0.1:{free_port()}/push", parts, FAST)
     assert not isinstance(err.value, http.AmbiguousWrite)
+
+
+def test_head_reads_no_body_whatever_its_content_length() -> None:
+    # RFC 9110 9.3.2: a HEAD's Content-Length is the GET's (here past the bound of a body
+    # taken), and no body follows: none is read, and the kept connection serves the next one.
+    big = str(http.MAX_BODY * 4)
+    with ScriptedServer() as srv, http.ConnectionPool() as kept:
+        srv.route("HEAD", "/blob", lambda seen: (200, {"Content-Length": big, "ETag": '"e"'}, b""))
+        srv.route("GET", "/small", ok)
+        head = http.request("HEAD", srv.url("/blob"), FAST, connections=kept)
+        after = http.request("GET", srv.url("/small"), FAST, connections=kept)
+        connections = srv.connections
+    assert head.status == 200 and head.body == b"" and head.attempts == 1
+    assert head.headers["content-length"] == big and head.headers["etag"] == '"e"'
+    assert after.status == 200 and json.loads(after.body)["method"] == "GET"
+    assert connections == 1

@@ -184,6 +184,35 @@ def test_relay_over_tls_with_a_token_that_expires_and_a_restart(tmp_path: Path) 
             assert r.digest.hex == pushed.disk.hex and t.data()[: len(img)] == img
 
 
+def test_the_stores_download_renews_an_expired_token_at_its_resume(tmp_path: Path) -> None:
+    """The site's download of a whole blob into its store is cut after 2 MiB by a forwarder in
+    front of the registry, its resume held 3 s, and the token service's tokens last 2 s: the
+    registry answers the Range request 401, the site answers the challenge once more and the
+    blob is stored and served whole."""
+    from tests.commands.test_deploy_oci import CuttingProxy
+
+    img = sparse_image(8 << 20)
+    path = tmp_path / "node.raw"
+    path.write_bytes(img)
+    with Registry(tmp_path, auth="token", token_seconds=2) as reg:
+        pushed = publish(reg, "fleet/long:1", path, chunks=False)
+        assert reg.token is not None
+        proxy = CuttingProxy(reg.port, cut_after=2 << 20, hold=3.0)
+        try:
+            with running(settings_for(tmp_path, reg)) as site:
+                route = add_registry_route(site, f"oci+http://127.0.0.1:{proxy.port}/fleet/long:1",
+                                           credentials_ref="registry1")
+                issued = len(reg.token.issued)
+                status, _headers, body = get(route.proxy_url)
+                assert status == 200 and body == img and proxy.cuts >= 1, body[:300]
+                assert site.store.has(pushed.disk.hex)
+                assert len(reg.token.issued) == issued + 1
+        finally:
+            proxy.close()
+        gets = [status for status, _ in reg.blob_gets(pushed.disk.digest)]
+    assert gets == [200, 401, 206]
+
+
 def test_registry_route_refusals(tmp_path: Path) -> None:
     with Registry(tmp_path, auth="htpasswd") as reg:
         (tmp_path / "x.raw").write_bytes(sparse_image(2 << 20))
