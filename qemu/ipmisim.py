@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +67,17 @@ class IpmiSim:
         if self.process.poll() is None:
             proc.kill_group(self.process, grace=2.0)
         self.node.stop(force=True)
+
+
+@dataclass(frozen=True)
+class SimUser:
+    """One more IPMI user of the emulated BMC (ipmi_sim's ``user`` line)."""
+
+    id: int                  # 3..15 (1 is the anonymous user, 2 the admin)
+    name: str
+    password: str
+    privilege: str = "user"  # callback | user | operator | admin
+    enabled: bool = True
 
 
 # (sensor number, name, IPMI sensor type, base unit code, M, raw value): what the emulated
@@ -141,10 +153,11 @@ def emu_commands() -> str:
 
 
 def start_ipmi_sim(workdir: Path, node: PoweredNode, username: str, password: str, *,
-                   sol: str = "") -> IpmiSim:
+                   sol: str = "", users: Sequence[SimUser] = ()) -> IpmiSim:
     """``sol``: the node's serial port that the BMC serves as Serial-over-LAN, ``tcp:HOST:PORT``
     (ipmi_sim connects to it: a QEMU ``-serial tcp:...,server`` or a test's scripted port);
-    "" gives the BMC no SOL."""
+    "" gives the BMC no SOL. ``users``: accounts besides the admin (user 2), e.g. the one a
+    tenant left behind, for the release's account check."""
     workdir.mkdir(parents=True, exist_ok=True)
     control = workdir / "chassis-control"
     control.write_text(
@@ -173,6 +186,9 @@ set_working_mc 0x20
 {f'  sol "{sol}" 115200' if sol else ""}
   user 2 true "{username}" "{password}" admin 10 md5 straight
 """)
+        for u in users:
+            f.write(f'  user {u.id} {"true" if u.enabled else "false"} "{u.name}" "{u.password}" '
+                    f'{u.privilege} 10 md5 straight\n')
     (workdir / "sim.emu").write_text(emu_commands())
     state = workdir / "state"
     state.mkdir(exist_ok=True, mode=0o700)

@@ -29,8 +29,10 @@ from agent.errors import (
     InvalidParameters,
     Unsupported,
 )
+from agent.policy import baseline
 from agent.proto import site_pb2
 from agent.site.bmc import events, secrets
+from agent.site.bmc import release as bmc_release
 from agent.site.bmc.client import (
     BmcClient,
     BmcProtocol,
@@ -63,8 +65,9 @@ OPERATIONS: dict[str, dict[str, dict[str, bool]]] = {
         "set_boot_device": {"device": True, "persistent": False, "mode": False},
         "get_boot_device": {},
     },
-    "bmc.query": {"query": {}, "events": {"since": False}, "bios": {"names": False}},
-    "bmc.rotate": {"rotate": {"new_password_ref": False, "length": False}},
+    "bmc.query": {"query": {}, "events": {"since": False}, "bios": {"names": False}, "baseline": {}},
+    "bmc.rotate": {"rotate": {"new_password_ref": False, "length": False},
+                   "disable_account": {"username": True}},
     "bmc.firmware": {
         "simple_update": {"image_uri": True, "transfer_protocol": False},
         "push": {"file": True, "sha256": True},
@@ -110,6 +113,7 @@ class BmcArgs:
     attributes: tuple[tuple[str, Any], ...] = ()   # bmc.firmware set_bios: BIOS attributes, in order
     names: tuple[str, ...] = ()   # bmc.query bios: the attributes to read (all when empty)
     task_uri: str = ""            # bmc.firmware status: a task to read once
+    username: str = ""            # bmc.rotate disable_account: the account to disable
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,7 @@ class BmcParams:
     credentials_ref: str
     verify_tls: bool
     args: BmcArgs = field(default_factory=BmcArgs)
+    expect: baseline.ExpectedState | None = None    # bmc.query baseline: the BMC's half
 
     @property
     def lock_name(self) -> str:
@@ -222,6 +227,13 @@ def _names(name: str, text: str) -> tuple[str, ...]:
     return names
 
 
+def _username(name: str, text: str) -> str:
+    """An account's name as the BMC lists it: matched, never put on a command line."""
+    if not 0 < len(text) <= 64 or not text.isprintable():
+        raise InvalidParameters(f"parameter {name}: a user name, printable, 64 characters at most")
+    return text
+
+
 def _ref(name: str, text: str) -> str:
     secrets.check_ref(text)
     return text
@@ -256,6 +268,7 @@ READERS: dict[str, Callable[[str, str], Any]] = {
     "vendor": _vendor,
     "attributes": _attributes,
     "names": _names,
+    "username": _username,
 }
 
 
@@ -298,8 +311,24 @@ def parse_request(kind: str, payload: site_pb2.BmcOperationRequest) -> BmcParams
     return BmcParams(
         node_id=payload.node_id, address=payload.bmc_address, protocol=protocol,
         operation=payload.operation, credentials_ref=payload.credentials_ref,
-        verify_tls=payload.verify_tls, args=read_args(params),
+        verify_tls=payload.verify_tls, args=read_args(params), expect=_expect(kind, payload),
     )
+
+
+def _expect(kind: str, payload: site_pb2.BmcOperationRequest) -> baseline.ExpectedState | None:
+    """bmc.query baseline's expected state, which must set the BMC's half (bios, bmc_accounts);
+    no other operation takes one."""
+    wanted = kind == "bmc.query" and payload.operation == "baseline"
+    if not payload.HasField("expect"):
+        if wanted:
+            raise InvalidParameters(f"{kind} baseline: expect is required (its bios and/or bmc_accounts)")
+        return None
+    if not wanted:
+        raise InvalidParameters(f"{kind} {payload.operation}: takes no expect (bmc.query baseline does)")
+    expected = baseline.ExpectedState.from_proto(payload.expect)
+    if not expected.site_areas:
+        raise InvalidParameters(f"{kind} baseline: expect sets neither bios nor bmc_accounts, the BMC's half")
+    return expected
 
 
 def make_client(protocol: BmcProtocol, target: Target, call: CallContext, kept: Kept | None = None,
@@ -480,6 +509,15 @@ def _redfish(session: BmcSession, client: BmcClient) -> RedfishClient:
 
 class BmcQuery(_BmcHandler, kind="bmc.query"):
     def operate(self, session: BmcSession, client: BmcClient, creds: Credentials) -> Result:
+        if session.params.operation == "baseline":
+            expected = session.params.expect
+            assert expected is not None           # parse saw to it
+            seen = bmc_release.observe(client, expected, creds.username)
+            mismatches = baseline.check_bmc(expected, seen)
+            result = _result(session.params, client, state="pool_ready" if not mismatches
+                             else f"{len(mismatches)} finding(s)")
+            result.release.CopyFrom(bmc_release.report(expected, mismatches))
+            return result
         if session.params.operation == "bios":
             current, pending = _redfish(session, client).bios(list(session.params.args.names))
             state = f"{len(current)} attributes, {len(pending)} pending"
@@ -500,7 +538,20 @@ class BmcQuery(_BmcHandler, kind="bmc.query"):
 
 
 class BmcRotate(_BmcHandler, kind="bmc.rotate"):
-    """Stage, set, prove, promote: the working password is kept until the new one is proven."""
+    """rotate: stage, set, prove, promote: the working password is kept until the new one is
+    proven. disable_account: an account the release's check found (bmc.query baseline) disabled,
+    once, and read back; never the site's own."""
+
+    def disable(self, session: BmcSession, client: BmcClient, creds: Credentials) -> Result:
+        params, username = session.params, session.params.args.username
+        if username == creds.username:
+            raise InvalidParameters(f"{username!r} is the site's own account on this BMC "
+                                    f"({params.credentials_ref}); it is not disabled")
+        back = client.disable_account(username)
+        session.ctx.log.info("bmc.rotate: %s: account %r disabled (%d)", params.address, username, len(back))
+        result = _result(params, client, state="disabled")
+        result.values.update({"username": username, "accounts": ",".join(a.id for a in back)})
+        return result
 
     def new_password(self, session: BmcSession) -> str:
         args = session.params.args
@@ -516,6 +567,8 @@ class BmcRotate(_BmcHandler, kind="bmc.rotate"):
         return password
 
     def operate(self, session: BmcSession, client: BmcClient, creds: Credentials) -> Result:
+        if session.params.operation == "disable_account":
+            return self.disable(session, client, creds)
         params, store, ref = session.params, session.store, session.params.credentials_ref
         new = Credentials(creds.username, self.new_password(session))
         if new.password == creds.password:

@@ -32,7 +32,9 @@ from agent.proto import agent_pb2
 
 TOOL_SECONDS = 30.0                 # one query of one device
 NIC_TOOLS = ("mlxconfig", "mstconfig")
-NOT_CHECKED_YET = ("bios", "bmc_accounts", "wipes")
+NOT_CHECKED_YET = ("wipes",)
+# The BMC's half: checked at the site (bmc.query baseline), named in checked_elsewhere.
+CHECKED_AT_SITE = baseline.SITE_AREAS
 
 
 def observe(ctx: Context, expected: baseline.ExpectedState, inv: agent_pb2.Inventory,
@@ -186,7 +188,7 @@ def report(expected: baseline.ExpectedState, mismatches: list[agent_pb2.Mismatch
     checked = [a for a in expected.areas if not (a == "tpm" and tpm_absent)]
     out = agent_pb2.ReleaseReport(boot_id=bootid.boot_id(), pool_ready=not mismatches, checked=checked,
                                   not_checked=(["tpm"] if tpm_absent else []) + list(NOT_CHECKED_YET),
-                                  tpm_absent=tpm_absent)
+                                  tpm_absent=tpm_absent, checked_elsewhere=CHECKED_AT_SITE)
     for m in mismatches:
-        (out.restorable if m.HasField("remedy") else out.cannot_restore).append(m)
+        (out.restorable if baseline.restorable(m) else out.cannot_restore).append(m)
     return out

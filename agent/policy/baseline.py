@@ -43,6 +43,20 @@ checked. Checks and their stable names (``where``: the entry, PCI address or con
                                                                           lockout interval; a Clear
                                                                           keeps it)
 
+The BMC's half is checked at the site (``check_bmc``, bmc.query baseline, agent/commands/bmc.py);
+its remedies are site commands (``Mismatch.bmc_remedy``), sent with the same BMC and credentials:
+
+  bmc.unreadable         the accounts could not be read                   -
+  bmc.account_extra      an enabled account not in the expected set       bmc.rotate disable_account
+  bmc.account_enabled    an expected-disabled account is enabled          bmc.rotate disable_account
+                         an expected account is disabled                  -
+  bmc.account_missing    an expected account is not on the BMC            -  (its password is not ours)
+  bmc.account_role       an expected account has another role             -
+  bios.unreadable        no BIOS attributes (IPMI, no registry, an error) -
+  bios.unknown_attribute the BMC's AttributeRegistry has no such name     -  (a baseline for another BIOS)
+  bios.invalid_value     the baseline's value is not of its registry type -
+  bios.attribute         the current or pending value differs             bmc.firmware set_bios (next reset)
+
 The TPM's findings are put back by one thing: a Clear the firmware carries out at the next boot,
 asked for through its Physical Presence Interface (agent/drivers/tpm_ppi.py). Where the firmware
 offers no PPI, or refuses Clear from the OS, they have no remedy and say why. NV indices the
@@ -56,8 +70,10 @@ the finding stays until then, with the same remedy, which is harmless to send ag
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from agent.errors import InvalidParameters
 from agent.hw import efivars
@@ -69,6 +85,10 @@ _SHA256 = re.compile(r"[0-9a-f]{64}|absent")
 _PCI_IDS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{4}")
 _PARAMETER = re.compile(r"[A-Z][A-Z0-9_]{0,63}(\[\d{1,3}\])?")
 _VALUE = re.compile(r"[A-Za-z0-9_]{1,64}(\(\d{1,10}\))?")
+_BIOS_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+MAX_BIOS_ATTRIBUTES = 256
+MAX_ACCOUNTS = 64
+SITE_AREAS = ("bios", "bmc_accounts")     # the BMC's half of the state, checked at the site
 MELLANOX = "15b3"
 SECURE_BOOT_DATABASES = ("pk", "kek", "db", "dbx")
 
@@ -111,6 +131,13 @@ class TpmBaseline:
 
 
 @dataclass(frozen=True)
+class ExpectedAccount:
+    user_name: str
+    role: str = ""                                # Redfish RoleId; "" not checked
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
 class ExpectedState:
     uefi: Uefi | None = None
     gpus_at_defaults: bool = False
@@ -118,20 +145,30 @@ class ExpectedState:
     nics: tuple[NicProfile, ...] = ()
     nvme: NvmeLayout | None = None
     tpm: TpmBaseline | None = None
+    bios: dict[str, str] | None = None                        # the site's: name -> value as given
+    bmc_accounts: tuple[ExpectedAccount, ...] | None = None   # the site's
 
     @property
     def areas(self) -> list[str]:
+        """The areas the ramdisk checks (those set)."""
         wants_gpus = self.gpus_at_defaults or self.gpu_persistence_mode is not None
         return [name for name, on in (("uefi", self.uefi is not None), ("gpus", wants_gpus),
                                       ("nics", bool(self.nics)), ("nvme", self.nvme is not None),
                                       ("tpm", self.tpm is not None)) if on]
 
+    @property
+    def site_areas(self) -> list[str]:
+        """The areas the site checks (those set): the BMC's half."""
+        return [name for name, on in (("bios", self.bios is not None),
+                                      ("bmc_accounts", self.bmc_accounts is not None)) if on]
+
     @classmethod
     def from_proto(cls, msg: agent_pb2.ExpectedState) -> ExpectedState:
-        for name in ("bios", "bmc_accounts", "wipes"):
-            if msg.HasField(name):
-                raise InvalidParameters(f"expect.state.{name} is not checked by this agent yet "
-                                        "(docs/lifecycle.md, \"Release\"); leave it unset")
+        if msg.HasField("wipes"):
+            raise InvalidParameters("expect.state.wipes is not checked by this agent yet "
+                                    "(docs/lifecycle.md, \"Release\"); leave it unset")
+        bios = _bios(msg.bios) if msg.HasField("bios") else None
+        accounts = _accounts(msg.bmc_accounts) if msg.HasField("bmc_accounts") else None
         uefi = _uefi(msg.uefi) if msg.HasField("uefi") else None
         if len(msg.nics) > 16:
             raise InvalidParameters("expect.state.nics: at most 16 profiles")
@@ -146,7 +183,30 @@ class ExpectedState:
         return cls(uefi=uefi, gpus_at_defaults=msg.gpus.at_defaults,
                    gpu_persistence_mode=(msg.gpus.persistence_mode
                                          if msg.gpus.HasField("persistence_mode") else None),
-                   nics=nics, nvme=nvme, tpm=_tpm(msg.tpm) if msg.HasField("tpm") else None)
+                   nics=nics, nvme=nvme, tpm=_tpm(msg.tpm) if msg.HasField("tpm") else None,
+                   bios=bios, bmc_accounts=accounts)
+
+
+def _bios(msg: agent_pb2.ExpectedBios) -> dict[str, str]:
+    if len(msg.attributes) > MAX_BIOS_ATTRIBUTES:
+        raise InvalidParameters(f"expect.state.bios: at most {MAX_BIOS_ATTRIBUTES} attributes")
+    for name, value in msg.attributes.items():
+        if not _BIOS_NAME.fullmatch(name) or len(value) > 256 or not value.isprintable():
+            raise InvalidParameters(f"expect.state.bios {name[:40]!r}: an attribute name (letters, digits, "
+                                    "_ . : -) and a printable value of 256 characters at most")
+    return dict(msg.attributes)
+
+
+def _accounts(msg: agent_pb2.ExpectedBmcAccounts) -> tuple[ExpectedAccount, ...]:
+    if len(msg.accounts) > MAX_ACCOUNTS:
+        raise InvalidParameters(f"expect.state.bmc_accounts: at most {MAX_ACCOUNTS} accounts")
+    names = [a.user_name for a in msg.accounts]
+    for a in msg.accounts:
+        if not a.user_name or len(a.user_name) > 64 or not a.user_name.isprintable() \
+                or len(a.role) > 32 or not a.role.isprintable() or names.count(a.user_name) > 1:
+            raise InvalidParameters(f"expect.state.bmc_accounts {a.user_name[:40]!r}: a printable user "
+                                    "name (64 at most), once, and a role of 32 characters at most")
+    return tuple(ExpectedAccount(a.user_name, a.role, not a.disabled) for a in msg.accounts)
 
 
 def _tpm(msg: agent_pb2.ExpectedTpm) -> TpmBaseline:
@@ -244,6 +304,38 @@ class TpmState:
     clear_refused: str = ""                       # why the firmware cannot be asked to clear it
 
 
+@dataclass(frozen=True)
+class Account:
+    """One BMC user account as the BMC lists it."""
+
+    id: str                                       # Redfish Id, IPMI user id
+    user_name: str
+    role: str                                     # Redfish RoleId; IPMI's privilege read as one
+    enabled: bool
+
+
+@dataclass(frozen=True)
+class BiosValue:
+    """One expected BIOS attribute as the BMC sees it, every value typed by its registry entry."""
+
+    name: str
+    registered: bool                              # the AttributeRegistry has it
+    expected: Any = None                          # the baseline's value, typed
+    invalid: str = ""                             # why the baseline's value does not fit its type
+    current: Any = None                           # None: the Bios does not list it
+    pending: Any = None                           # in the settings object; None: nothing pending
+
+
+@dataclass
+class BmcObserved:
+    """The BMC's half, read at the site (agent/site/bmc/baseline.py)."""
+
+    management_user: str                          # the site's own account: always expected
+    accounts: list[Account] | None = None
+    bios: list[BiosValue] | None = None
+    unread: dict[str, str] = field(default_factory=dict)      # "bmc_accounts"/"bios" -> why
+
+
 @dataclass
 class Observed:
     uefi: UefiState | None = None
@@ -271,15 +363,27 @@ def invoke(driver: str, operation: str, **arguments: str | int | bool) -> agent_
     return request
 
 
+def bmc_remedy(kind: str, operation: str, **parameters: str) -> agent_pb2.BmcRemedy:
+    """A site command that puts a BMC finding back (sent with the check's BMC and credentials)."""
+    return agent_pb2.BmcRemedy(kind=kind, operation=operation, parameters=parameters)
+
+
+def restorable(m: agent_pb2.Mismatch) -> bool:
+    """Whether the finding has a remedy: a driver.invoke (node) or a site command (BMC)."""
+    return m.HasField("remedy") or m.HasField("bmc_remedy")
+
+
 class _Found:
     def __init__(self) -> None:
         self.mismatches: list[agent_pb2.Mismatch] = []
 
     def add(self, check: str, expected: object, found: object, where: str, message: str,
-            remedy: agent_pb2.DriverInvokeRequest | None = None) -> None:
+            remedy: agent_pb2.DriverInvokeRequest | agent_pb2.BmcRemedy | None = None) -> None:
         m = agent_pb2.Mismatch(check=check, expected=str(expected), found=str(found), where=where,
                                message=message)
-        if remedy is not None:
+        if isinstance(remedy, agent_pb2.BmcRemedy):
+            m.bmc_remedy.CopyFrom(remedy)
+        elif remedy is not None:
             m.remedy.CopyFrom(remedy)
         self.mismatches.append(m)
 
@@ -499,3 +603,84 @@ def _tpm_check(e: TpmBaseline, seen: Observed, out: _Found) -> None:
                 f"the TPM counts {t.lockout_counter} authorization failure(s); a Clear keeps them, and "
                 f"they fall by one every {t.lockout_interval} s (TPM_PT_LOCKOUT_INTERVAL): check again "
                 f"after {t.lockout_counter * t.lockout_interval} s")
+
+
+# --------------------------------------------------------------------------- the BMC's half
+
+
+def check_bmc(e: ExpectedState, seen: BmcObserved) -> list[agent_pb2.Mismatch]:
+    """Every way the BMC differs from ``e``'s bios and bmc_accounts, each with its site remedy
+    where there is one."""
+    out = _Found()
+    if e.bmc_accounts is not None:
+        _accounts_check(e.bmc_accounts, seen, out)
+    if e.bios is not None:
+        _bios_check(seen, out)
+    return out.mismatches
+
+
+def _accounts_check(expected: tuple[ExpectedAccount, ...], seen: BmcObserved, out: _Found) -> None:
+    if seen.accounts is None:
+        why = seen.unread.get("bmc_accounts", "not read")
+        out.add("bmc.unreadable", "accounts", "unreadable", "accounts",
+                f"the BMC's accounts cannot be read: {why}")
+        return
+    wanted = {a.user_name: a for a in expected}
+    if seen.management_user not in wanted:            # the site's own: always there, enabled
+        wanted[seen.management_user] = ExpectedAccount(seen.management_user)
+    for a in seen.accounts:
+        want = wanted.get(a.user_name)
+        disable = bmc_remedy("bmc.rotate", "disable_account", username=a.user_name)
+        if want is None:
+            if a.enabled:
+                out.add("bmc.account_extra", "absent", f"{a.role or 'no role'}, enabled", a.user_name,
+                        f"the BMC has an enabled account {a.user_name!r} ({a.role or 'no role'}, id {a.id}) "
+                        "not in the baseline", disable)
+            continue
+        if want.role and a.role != want.role:
+            out.add("bmc.account_role", want.role, a.role or "none", a.user_name,
+                    f"the BMC's account {a.user_name!r} has role {a.role or 'none'}, "
+                    f"the baseline's {want.role}")
+        if a.enabled != want.enabled:
+            state = "enabled" if a.enabled else "disabled"
+            out.add("bmc.account_enabled", "enabled" if want.enabled else "disabled", state, a.user_name,
+                    f"the BMC's account {a.user_name!r} is {state}, the baseline's is not",
+                    None if want.enabled else disable)
+    listed = {a.user_name for a in seen.accounts}
+    for name in sorted(set(wanted) - listed):
+        out.add("bmc.account_missing", "present", "absent", name,
+                f"the BMC has no account {name!r}; the baseline keeps one")
+
+
+def _bios_check(seen: BmcObserved, out: _Found) -> None:
+    if seen.bios is None:
+        why = seen.unread.get("bios", "not read")
+        out.add("bios.unreadable", "BIOS attributes", "unreadable", "bios",
+                f"the BIOS attributes cannot be read: {why}")
+        return
+    for v in seen.bios:
+        if not v.registered:
+            out.add("bios.unknown_attribute", "in the AttributeRegistry", "unknown", v.name,
+                    f"BIOS attribute {v.name} is not in the BMC's AttributeRegistry: the baseline is "
+                    "not this BIOS's")
+            continue
+        if v.invalid:
+            out.add("bios.invalid_value", "a value of its type", v.invalid, v.name,
+                    f"BIOS attribute {v.name}: the baseline's value does not fit the registry: {v.invalid}")
+            continue
+        pending_differs = v.pending is not None and v.pending != v.expected
+        if v.current == v.expected and not pending_differs:
+            continue
+        found = f"current {_shown(v.current)}"
+        if v.pending is not None:
+            found += f", pending {_shown(v.pending)}"
+        out.add("bios.attribute", _shown(v.expected), found, v.name,
+                f"BIOS attribute {v.name} is {found}, the baseline's {_shown(v.expected)}"
+                + ("; set back, it takes effect at the next reset" if v.pending == v.expected else ""),
+                bmc_remedy("bmc.firmware", "set_bios", attributes=json.dumps({v.name: v.expected})))
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "(absent)"
+    return str(value).lower() if isinstance(value, bool) else str(value)

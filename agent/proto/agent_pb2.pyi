@@ -818,12 +818,33 @@ class ExpectedTpm(_message.Message):
     def __init__(self, persistent_handles: _Optional[_Iterable[int]] = ..., nv_indices: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ExpectedBios(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("attributes",)
+    class AttributesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    attributes: _containers.ScalarMap[str, str]
+    def __init__(self, attributes: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ExpectedBmcAccounts(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("accounts",)
+    ACCOUNTS_FIELD_NUMBER: _ClassVar[int]
+    accounts: _containers.RepeatedCompositeFieldContainer[BmcAccount]
+    def __init__(self, accounts: _Optional[_Iterable[_Union[BmcAccount, _Mapping]]] = ...) -> None: ...
+
+class BmcAccount(_message.Message):
+    __slots__ = ("user_name", "role", "disabled")
+    USER_NAME_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    DISABLED_FIELD_NUMBER: _ClassVar[int]
+    user_name: str
+    role: str
+    disabled: bool
+    def __init__(self, user_name: _Optional[str] = ..., role: _Optional[str] = ..., disabled: _Optional[bool] = ...) -> None: ...
 
 class ExpectedWipes(_message.Message):
     __slots__ = ()
@@ -878,20 +899,39 @@ class ExpectedNvme(_message.Message):
     def __init__(self, count: _Optional[int] = ..., model: _Optional[str] = ..., min_capacity_bytes: _Optional[int] = ..., min_firmware: _Optional[str] = ...) -> None: ...
 
 class Mismatch(_message.Message):
-    __slots__ = ("check", "expected", "found", "where", "message", "remedy")
+    __slots__ = ("check", "expected", "found", "where", "message", "remedy", "bmc_remedy")
     CHECK_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_FIELD_NUMBER: _ClassVar[int]
     FOUND_FIELD_NUMBER: _ClassVar[int]
     WHERE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REMEDY_FIELD_NUMBER: _ClassVar[int]
+    BMC_REMEDY_FIELD_NUMBER: _ClassVar[int]
     check: str
     expected: str
     found: str
     where: str
     message: str
     remedy: DriverInvokeRequest
-    def __init__(self, check: _Optional[str] = ..., expected: _Optional[str] = ..., found: _Optional[str] = ..., where: _Optional[str] = ..., message: _Optional[str] = ..., remedy: _Optional[_Union[DriverInvokeRequest, _Mapping]] = ...) -> None: ...
+    bmc_remedy: BmcRemedy
+    def __init__(self, check: _Optional[str] = ..., expected: _Optional[str] = ..., found: _Optional[str] = ..., where: _Optional[str] = ..., message: _Optional[str] = ..., remedy: _Optional[_Union[DriverInvokeRequest, _Mapping]] = ..., bmc_remedy: _Optional[_Union[BmcRemedy, _Mapping]] = ...) -> None: ...
+
+class BmcRemedy(_message.Message):
+    __slots__ = ("kind", "operation", "parameters")
+    class ParametersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    operation: str
+    parameters: _containers.ScalarMap[str, str]
+    def __init__(self, kind: _Optional[str] = ..., operation: _Optional[str] = ..., parameters: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Conformance(_message.Message):
     __slots__ = ("passed", "mismatches")
@@ -1160,7 +1200,7 @@ class InventoryRefreshResult(_message.Message):
     def __init__(self, inventory: _Optional[_Union[Inventory, _Mapping]] = ..., changes: _Optional[_Iterable[_Union[InventoryChange, _Mapping]]] = ..., first: _Optional[bool] = ..., seconds: _Optional[float] = ..., conformance: _Optional[_Union[Conformance, _Mapping]] = ..., release: _Optional[_Union[ReleaseReport, _Mapping]] = ..., node_boots: _Optional[_Iterable[_Union[NodeBoot, _Mapping]]] = ...) -> None: ...
 
 class ReleaseReport(_message.Message):
-    __slots__ = ("boot_id", "pool_ready", "restorable", "cannot_restore", "checked", "not_checked", "wipe_certificates", "attestation_verdict", "tpm_absent")
+    __slots__ = ("boot_id", "pool_ready", "restorable", "cannot_restore", "checked", "not_checked", "wipe_certificates", "attestation_verdict", "tpm_absent", "checked_elsewhere")
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_READY_FIELD_NUMBER: _ClassVar[int]
     RESTORABLE_FIELD_NUMBER: _ClassVar[int]
@@ -1170,6 +1210,7 @@ class ReleaseReport(_message.Message):
     WIPE_CERTIFICATES_FIELD_NUMBER: _ClassVar[int]
     ATTESTATION_VERDICT_FIELD_NUMBER: _ClassVar[int]
     TPM_ABSENT_FIELD_NUMBER: _ClassVar[int]
+    CHECKED_ELSEWHERE_FIELD_NUMBER: _ClassVar[int]
     boot_id: str
     pool_ready: bool
     restorable: _containers.RepeatedCompositeFieldContainer[Mismatch]
@@ -1179,7 +1220,8 @@ class ReleaseReport(_message.Message):
     wipe_certificates: _containers.RepeatedCompositeFieldContainer[ErasureCertificate]
     attestation_verdict: str
     tpm_absent: str
-    def __init__(self, boot_id: _Optional[str] = ..., pool_ready: _Optional[bool] = ..., restorable: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., cannot_restore: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., checked: _Optional[_Iterable[str]] = ..., not_checked: _Optional[_Iterable[str]] = ..., wipe_certificates: _Optional[_Iterable[_Union[ErasureCertificate, _Mapping]]] = ..., attestation_verdict: _Optional[str] = ..., tpm_absent: _Optional[str] = ...) -> None: ...
+    checked_elsewhere: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, boot_id: _Optional[str] = ..., pool_ready: _Optional[bool] = ..., restorable: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., cannot_restore: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., checked: _Optional[_Iterable[str]] = ..., not_checked: _Optional[_Iterable[str]] = ..., wipe_certificates: _Optional[_Iterable[_Union[ErasureCertificate, _Mapping]]] = ..., attestation_verdict: _Optional[str] = ..., tpm_absent: _Optional[str] = ..., checked_elsewhere: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NodeBoot(_message.Message):
     __slots__ = ("node_id", "attempt", "method", "trigger", "started_unix_ms", "outcome", "cause", "cause_detail", "console", "last_lines", "steps")

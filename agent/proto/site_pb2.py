@@ -22,10 +22,11 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from agent.proto import agent_pb2 as agent_dot_proto_dot_agent__pb2
 from agent.proto import common_pb2 as agent_dot_proto_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x61gent/proto/site.proto\x12\x15\x62\x65ttercompute.site.v1\x1a\x18\x61gent/proto/common.proto\"\x90\x02\n\x13\x42mcOperationRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0b\x62mc_address\x18\x02 \x01(\t\x12\x10\n\x08protocol\x18\x03 \x01(\t\x12\x11\n\toperation\x18\x04 \x01(\t\x12N\n\nparameters\x18\x05 \x03(\x0b\x32:.bettercompute.site.v1.BmcOperationRequest.ParametersEntry\x12\x17\n\x0f\x63redentials_ref\x18\x06 \x01(\t\x12\x12\n\nverify_tls\x18\x07 \x01(\x08\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x92\x01\n\tBmcSystem\x12\x14\n\x0cmanufacturer\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06serial\x18\x03 \x01(\t\x12\x14\n\x0c\x62ios_version\x18\x04 \x01(\t\x12\x1c\n\x14\x62mc_firmware_version\x18\x05 \x01(\t\x12\x0e\n\x06health\x18\x06 \x01(\t\x12\x0c\n\x04uuid\x18\x07 \x01(\t\">\n\x06\x42mcNic\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0bmac_address\x18\x02 \x01(\t\x12\x13\n\x0blink_status\x18\x03 \x01(\t\"l\n\tBmcSensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07reading\x18\x03 \x01(\x01\x12\r\n\x05units\x18\x04 \x01(\t\x12\x0e\n\x06health\x18\x05 \x01(\t\x12\x13\n\x0bhas_reading\x18\x06 \x01(\x08\"A\n\rBmcBootDevice\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x12\n\npersistent\x18\x02 \x01(\x08\x12\x0c\n\x04mode\x18\x03 \x01(\t\"\x83\x01\n\x08\x42mcDrive\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06serial\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\x12\x12\n\nmedia_type\x18\x05 \x01(\t\x12\x10\n\x08protocol\x18\x06 \x01(\t\x12\x0e\n\x06health\x18\x07 \x01(\t\"`\n\tBmcVolume\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x03 \x01(\x04\x12\x11\n\traid_type\x18\x04 \x01(\t\x12\x0e\n\x06\x64rives\x18\x05 \x03(\t\"\x94\x01\n\x14\x42mcStorageController\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12/\n\x06\x64rives\x18\x03 \x03(\x0b\x32\x1f.bettercompute.site.v1.BmcDrive\x12\x31\n\x07volumes\x18\x04 \x03(\x0b\x32 .bettercompute.site.v1.BmcVolume\"S\n\x0f\x42mcVirtualMedia\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05image\x18\x02 \x01(\t\x12\x10\n\x08inserted\x18\x03 \x01(\x08\x12\x13\n\x0bmedia_types\x18\x04 \x03(\t\"U\n\x0f\x42mcFirmwareTask\x12\x10\n\x08task_uri\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0f\n\x07percent\x18\x03 \x01(\r\x12\x10\n\x08messages\x18\x04 \x03(\t\"\xca\x06\n\x12\x42mcOperationResult\x12\x11\n\toperation\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x45\n\x06values\x18\x03 \x03(\x0b\x32\x35.bettercompute.site.v1.BmcOperationResult.ValuesEntry\x12\x13\n\x0bpower_state\x18\x04 \x01(\t\x12\x30\n\x06system\x18\x05 \x01(\x0b\x32 .bettercompute.site.v1.BmcSystem\x12+\n\x04nics\x18\x06 \x03(\x0b\x32\x1d.bettercompute.site.v1.BmcNic\x12\x31\n\x07sensors\x18\x07 \x03(\x0b\x32 .bettercompute.site.v1.BmcSensor\x12\x32\n\x04\x62oot\x18\x08 \x01(\x0b\x32$.bettercompute.site.v1.BmcBootDevice\x12<\n\x07storage\x18\t \x03(\x0b\x32+.bettercompute.site.v1.BmcStorageController\x12=\n\rvirtual_media\x18\n \x03(\x0b\x32&.bettercompute.site.v1.BmcVirtualMedia\x12\x38\n\x08\x66irmware\x18\x0b \x01(\x0b\x32&.bettercompute.site.v1.BmcFirmwareTask\x12\x13\n\x0b\x62mc_message\x18\x0c \x01(\t\x12\x10\n\x08\x61ttempts\x18\r \x01(\r\x12\x16\n\x0esettle_seconds\x18\x0e \x01(\x01\x12G\n\x12\x66irmware_inventory\x18\x0f \x03(\x0b\x32+.bettercompute.site.v1.BmcFirmwareComponent\x12\x32\n\x06\x65vents\x18\x10 \x03(\x0b\x32\".bettercompute.site.v1.BmcLogEntry\x12\x14\n\x07\x63hanged\x18\x14 \x01(\x08H\x00\x88\x01\x01\x12\x1a\n\x12power_state_before\x18\x15 \x01(\t\x12\x10\n\x08not_kept\x18\x16 \x03(\t\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\n\n\x08_changed\"e\n\x14\x42mcFirmwareComponent\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x12\n\nupdateable\x18\x04 \x01(\x08\x12\x0e\n\x06health\x18\x05 \x01(\t\"\x80\x01\n\x0b\x42mcLogEntry\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\t\x12\x14\n\x0c\x63reated_unix\x18\x03 \x01(\x03\x12\x10\n\x08severity\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x0e\n\x06sensor\x18\x06 \x01(\t\x12\x0b\n\x03log\x18\x07 \x01(\t\"X\n\x12\x42ootCleanUpRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x15\n\rmac_addresses\x18\x02 \x03(\t\x12\x1a\n\x12keep_ramdisk_cache\x18\x03 \x01(\x08\"$\n\x11\x42ootCleanUpResult\x12\x0f\n\x07removed\x18\x01 \x03(\t\"\xe4\x03\n\x0eProxyDhcpEntry\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bmac_address\x18\x02 \x01(\t\x12\x11\n\tboot_file\x18\x03 \x01(\t\x12\x17\n\x0fipxe_script_url\x18\x04 \x01(\t\x12\x12\n\nkernel_url\x18\x05 \x01(\t\x12\x12\n\ninitrd_url\x18\x06 \x01(\t\x12\x16\n\x0ekernel_cmdline\x18\x07 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x08 \x01(\r\x12\x35\n\rkernel_digest\x18\t \x01(\x0b\x32\x1e.bettercompute.agent.v1.Digest\x12\x35\n\rinitrd_digest\x18\n \x01(\x0b\x32\x1e.bettercompute.agent.v1.Digest\x12\x13\n\x0b\x62oot_method\x18\x14 \x01(\t\x12\x0f\n\x07iso_url\x18\x15 \x01(\t\x12<\n\x0estatic_network\x18\x16 \x01(\x0b\x32$.bettercompute.site.v1.StaticNetwork\x12\x15\n\ragent_gateway\x18\x17 \x01(\t\x12\x0e\n\x06\x63\x61_pem\x18\x18 \x01(\t\x12\x32\n\niso_digest\x18\x19 \x01(\x0b\x32\x1e.bettercompute.agent.v1.Digest\"[\n\rStaticNetwork\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x15\n\rprefix_length\x18\x02 \x01(\r\x12\x15\n\rdefault_route\x18\x03 \x01(\t\x12\x0b\n\x03\x64ns\x18\x04 \x03(\t\"l\n\x0fProxyDhcpResult\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\t\x12\x19\n\x11ramdisk_media_url\x18\x14 \x01(\t\x12\x18\n\x10\x63onfig_media_url\x18\x15 \x01(\t\x12\x12\n\nexpires_at\x18\x16 \x01(\x01\"\xf7\x01\n\x10HttpProxyRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x14\n\x0cupstream_url\x18\x02 \x01(\t\x12\x17\n\x0f\x61llowed_methods\x18\x03 \x03(\t\x12\x13\n\x0bttl_seconds\x18\x04 \x01(\r\x12\x11\n\tmax_bytes\x18\x05 \x01(\x04\x12\x34\n\x08manifest\x18\x06 \x01(\x0b\x32\".bettercompute.agent.v1.FileSource\x12\x17\n\x0f\x63redentials_ref\x18\x07 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x08 \x01(\t\x12\x16\n\x0eregistry_hosts\x18\t \x03(\t\"\x8c\x01\n\x0fHttpProxyResult\x12\x11\n\tproxy_url\x18\x01 \x01(\t\x12\x19\n\x11resolved_manifest\x18\x02 \x01(\t\x12\x33\n\x0b\x64isk_digest\x18\x03 \x01(\x0b\x32\x1e.bettercompute.agent.v1.Digest\x12\x16\n\x0e\x63hunk_manifest\x18\x04 \x01(\x0c\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x61gent/proto/site.proto\x12\x15\x62\x65ttercompute.site.v1\x1a\x17\x61gent/proto/agent.proto\x1a\x18\x61gent/proto/common.proto\"\xc7\x02\n\x13\x42mcOperationRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0b\x62mc_address\x18\x02 \x01(\t\x12\x10\n\x08protocol\x18\x03 \x01(\t\x12\x11\n\toperation\x18\x04 \x01(\t\x12N\n\nparameters\x18\x05 \x03(\x0b\x32:.bettercompute.site.v1.BmcOperationRequest.ParametersEntry\x12\x17\n\x0f\x63redentials_ref\x18\x06 \x01(\t\x12\x12\n\nverify_tls\x18\x07 \x01(\x08\x12\x35\n\x06\x65xpect\x18\x08 \x01(\x0b\x32%.bettercompute.agent.v1.ExpectedState\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x92\x01\n\tBmcSystem\x12\x14\n\x0cmanufacturer\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06serial\x18\x03 \x01(\t\x12\x14\n\x0c\x62ios_version\x18\x04 \x01(\t\x12\x1c\n\x14\x62mc_firmware_version\x18\x05 \x01(\t\x12\x0e\n\x06health\x18\x06 \x01(\t\x12\x0c\n\x04uuid\x18\x07 \x01(\t\">\n\x06\x42mcNic\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0bmac_address\x18\x02 \x01(\t\x12\x13\n\x0blink_status\x18\x03 \x01(\t\"l\n\tBmcSensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07reading\x18\x03 \x01(\x01\x12\r\n\x05units\x18\x04 \x01(\t\x12\x0e\n\x06health\x18\x05 \x01(\t\x12\x13\n\x0bhas_reading\x18\x06 \x01(\x08\"A\n\rBmcBootDevice\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x12\n\npersistent\x18\x02 \x01(\x08\x12\x0c\n\x04mode\x18\x03 \x01(\t\"\x83\x01\n\x08\x42mcDrive\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06serial\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\x12\x12\n\nmedia_type\x18\x05 \x01(\t\x12\x10\n\x08protocol\x18\x06 \x01(\t\x12\x0e\n\x06health\x18\x07 \x01(\t\"`\n\tBmcVolume\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x03 \x01(\x04\x12\x11\n\traid_type\x18\x04 \x01(\t\x12\x0e\n\x06\x64rives\x18\x05 \x03(\t\"\x94\x01\n\x14\x42mcStorageController\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12/\n\x06\x64rives\x18\x03 \x03(\x0b\x32\x1f.bettercompute.site.v1.BmcDrive\x12\x31\n\x07volumes\x18\x04 \x03(\x0b\x32 .bettercompute.site.v1.BmcVolume\"S\n\x0f\x42mcVirtualMedia\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05image\x18\x02 \x01(\t\x12\x10\n\x08inserted\x18\x03 \x01(\x08\x12\x13\n\x0bmedia_types\x18\x04 \x03(\t\"U\n\x0f\x42mcFirmwareTask\x12\x10\n\x08task_uri\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0f\n\x07percent\x18\x03 \x01(\r\x12\x10\n\x08messages\x18\x04 \x03(\t\"\x82\x07\n\x12\x42mcOperationResult\x12\x11\n\toperation\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x45\n\x06values\x18\x03 \x03(\x0b\x32\x35.bettercompute.site.v1.BmcOperationResult.ValuesEntry\x12\x13\n\x0bpower_state\x18\x04 \x01(\t\x12\x30\n\x06system\x18\x05 \x01(\x0b\x32 .bettercompute.site.v1.BmcSystem\x12+\n\x04nics\x18\x06 \x03(\x0b\x32\x1d.bettercompute.site.v1.BmcNic\x12\x31\n\x07sensors\x18\x07 \x03(\x0b\x32 .bettercompute.site.v1.BmcSensor\x12\x32\n\x04\x62oot\x18\x08 \x01(\x0b\x32$.bettercompute.site.v1.BmcBootDevice\x12<\n\x07storage\x18\t \x03(\x0b\x32+.bettercompute.site.v1.BmcStorageController\x12=\n\rvirtual_media\x18\n \x03(\x0b\x32&.bettercompute.site.v1.BmcVirtualMedia\x12\x38\n\x08\x66irmware\x18\x0b \x01(\x0b\x32&.bettercompute.site.v1.BmcFirmwareTask\x12\x13\n\x0b\x62mc_message\x18\x0c \x01(\t\x12\x10\n\x08\x61ttempts\x18\r \x01(\r\x12\x16\n\x0esettle_seconds\x18\x0e \x01(\x01\x12G\n\x12\x66irmware_inventory\x18\x0f \x03(\x0b\x32+.bettercompute.site.v1.BmcFirmwareComponent\x12\x32\n\x06\x65vents\x18\x10 \x03(\x0b\x32\".bettercompute.site.v1.BmcLogEntry\x12\x14\n\x07\x63hanged\x18\x14 \x01(\x08H\x00\x88\x01\x01\x12\x1a\n\x12power_state_before\x18\x15 \x01(\t\x12\x10\n\x08not_kept\x18\x16 \x03(\t\x12\x36\n\x07release\x18\x17 \x01(\x0b\x32%.bettercompute.agent.v1.ReleaseReport\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\n\n\x08_changed\"e\n\x14\x42mcFirmwareComponent\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x12\n\nupdateable\x18\x04 \x01(\x08\x12\x0e\n\x06health\x18\x05 \x01(\t\"\x80\x01\n\x0b\x42mcLogEntry\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\t\x12\x14\n\x0c\x63reated_unix\x18\x03 \x01(\x03\x12\x10\n\x08severity\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x0e\n\x06sensor\x18\x06 \x01(\t\x12\x0b\n\x03log\x18\x07 \x01(\t\"X\n\x12\x42ootCleanUpRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x15\n\rmac_addresses\x18\x02 \x03(\t\x12\x1a\n\x12keep_ramdisk_cache\x18\x03 \x01(\x08\"$\n\x11\x42ootCleanUpResult\x12\x0f\n\x07removed\x18\x01 \x03(\t\"\xe4\x03\n\x0eProxyDhcpEntry\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bmac_address\x18\x02 \x01(\t\x12\x11\n\tboot_file\x18\x03 \x01(\t\x12\x17\n\x0fipxe_script_url\x18\x04 \x01(\t\x12\x12\n\nkernel_url\x18\x05 \x01(\t\x12\x12\n\ninitrd_url\x18\x06 \x01(\t\x12\x16\n\x0ekernel_cmdline\x18\x07 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x08 \x01(\r\x12\x35\n\rkernel_digest\x18\t \x01(\x0b\x32\x1e.bettercompute.agent.v1.Digest\x12\x35\n\rinitrd_digest\x18\n \x01(\x0b\x32\x1e.bettercompute.agent.v1.Digest\x12\x13\n\x0b\x62oot_method\x18\x14 \x01(\t\x12\x0f\n\x07iso_url\x18\x15 \x01(\t\x12<\n\x0estatic_network\x18\x16 \x01(\x0b\x32$.bettercompute.site.v1.StaticNetwork\x12\x15\n\ragent_gateway\x18\x17 \x01(\t\x12\x0e\n\x06\x63\x61_pem\x18\x18 \x01(\t\x12\x32\n\niso_digest\x18\x19 \x01(\x0b\x32\x1e.bettercompute.agent.v1.Digest\"[\n\rStaticNetwork\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x15\n\rprefix_length\x18\x02 \x01(\r\x12\x15\n\rdefault_route\x18\x03 \x01(\t\x12\x0b\n\x03\x64ns\x18\x04 \x03(\t\"l\n\x0fProxyDhcpResult\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\t\x12\x19\n\x11ramdisk_media_url\x18\x14 \x01(\t\x12\x18\n\x10\x63onfig_media_url\x18\x15 \x01(\t\x12\x12\n\nexpires_at\x18\x16 \x01(\x01\"\xf7\x01\n\x10HttpProxyRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x14\n\x0cupstream_url\x18\x02 \x01(\t\x12\x17\n\x0f\x61llowed_methods\x18\x03 \x03(\t\x12\x13\n\x0bttl_seconds\x18\x04 \x01(\r\x12\x11\n\tmax_bytes\x18\x05 \x01(\x04\x12\x34\n\x08manifest\x18\x06 \x01(\x0b\x32\".bettercompute.agent.v1.FileSource\x12\x17\n\x0f\x63redentials_ref\x18\x07 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x08 \x01(\t\x12\x16\n\x0eregistry_hosts\x18\t \x03(\t\"\x8c\x01\n\x0fHttpProxyResult\x12\x11\n\tproxy_url\x18\x01 \x01(\t\x12\x19\n\x11resolved_manifest\x18\x02 \x01(\t\x12\x33\n\x0b\x64isk_digest\x18\x03 \x01(\x0b\x32\x1e.bettercompute.agent.v1.Digest\x12\x16\n\x0e\x63hunk_manifest\x18\x04 \x01(\x0c\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,48 +37,48 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BMCOPERATIONREQUEST_PARAMETERSENTRY']._serialized_options = b'8\001'
   _globals['_BMCOPERATIONRESULT_VALUESENTRY']._loaded_options = None
   _globals['_BMCOPERATIONRESULT_VALUESENTRY']._serialized_options = b'8\001'
-  _globals['_BMCOPERATIONREQUEST']._serialized_start=76
-  _globals['_BMCOPERATIONREQUEST']._serialized_end=348
-  _globals['_BMCOPERATIONREQUEST_PARAMETERSENTRY']._serialized_start=299
-  _globals['_BMCOPERATIONREQUEST_PARAMETERSENTRY']._serialized_end=348
-  _globals['_BMCSYSTEM']._serialized_start=351
-  _globals['_BMCSYSTEM']._serialized_end=497
-  _globals['_BMCNIC']._serialized_start=499
-  _globals['_BMCNIC']._serialized_end=561
-  _globals['_BMCSENSOR']._serialized_start=563
-  _globals['_BMCSENSOR']._serialized_end=671
-  _globals['_BMCBOOTDEVICE']._serialized_start=673
-  _globals['_BMCBOOTDEVICE']._serialized_end=738
-  _globals['_BMCDRIVE']._serialized_start=741
-  _globals['_BMCDRIVE']._serialized_end=872
-  _globals['_BMCVOLUME']._serialized_start=874
-  _globals['_BMCVOLUME']._serialized_end=970
-  _globals['_BMCSTORAGECONTROLLER']._serialized_start=973
-  _globals['_BMCSTORAGECONTROLLER']._serialized_end=1121
-  _globals['_BMCVIRTUALMEDIA']._serialized_start=1123
-  _globals['_BMCVIRTUALMEDIA']._serialized_end=1206
-  _globals['_BMCFIRMWARETASK']._serialized_start=1208
-  _globals['_BMCFIRMWARETASK']._serialized_end=1293
-  _globals['_BMCOPERATIONRESULT']._serialized_start=1296
-  _globals['_BMCOPERATIONRESULT']._serialized_end=2138
-  _globals['_BMCOPERATIONRESULT_VALUESENTRY']._serialized_start=2081
-  _globals['_BMCOPERATIONRESULT_VALUESENTRY']._serialized_end=2126
-  _globals['_BMCFIRMWARECOMPONENT']._serialized_start=2140
-  _globals['_BMCFIRMWARECOMPONENT']._serialized_end=2241
-  _globals['_BMCLOGENTRY']._serialized_start=2244
-  _globals['_BMCLOGENTRY']._serialized_end=2372
-  _globals['_BOOTCLEANUPREQUEST']._serialized_start=2374
-  _globals['_BOOTCLEANUPREQUEST']._serialized_end=2462
-  _globals['_BOOTCLEANUPRESULT']._serialized_start=2464
-  _globals['_BOOTCLEANUPRESULT']._serialized_end=2500
-  _globals['_PROXYDHCPENTRY']._serialized_start=2503
-  _globals['_PROXYDHCPENTRY']._serialized_end=2987
-  _globals['_STATICNETWORK']._serialized_start=2989
-  _globals['_STATICNETWORK']._serialized_end=3080
-  _globals['_PROXYDHCPRESULT']._serialized_start=3082
-  _globals['_PROXYDHCPRESULT']._serialized_end=3190
-  _globals['_HTTPPROXYREQUEST']._serialized_start=3193
-  _globals['_HTTPPROXYREQUEST']._serialized_end=3440
-  _globals['_HTTPPROXYRESULT']._serialized_start=3443
-  _globals['_HTTPPROXYRESULT']._serialized_end=3583
+  _globals['_BMCOPERATIONREQUEST']._serialized_start=101
+  _globals['_BMCOPERATIONREQUEST']._serialized_end=428
+  _globals['_BMCOPERATIONREQUEST_PARAMETERSENTRY']._serialized_start=379
+  _globals['_BMCOPERATIONREQUEST_PARAMETERSENTRY']._serialized_end=428
+  _globals['_BMCSYSTEM']._serialized_start=431
+  _globals['_BMCSYSTEM']._serialized_end=577
+  _globals['_BMCNIC']._serialized_start=579
+  _globals['_BMCNIC']._serialized_end=641
+  _globals['_BMCSENSOR']._serialized_start=643
+  _globals['_BMCSENSOR']._serialized_end=751
+  _globals['_BMCBOOTDEVICE']._serialized_start=753
+  _globals['_BMCBOOTDEVICE']._serialized_end=818
+  _globals['_BMCDRIVE']._serialized_start=821
+  _globals['_BMCDRIVE']._serialized_end=952
+  _globals['_BMCVOLUME']._serialized_start=954
+  _globals['_BMCVOLUME']._serialized_end=1050
+  _globals['_BMCSTORAGECONTROLLER']._serialized_start=1053
+  _globals['_BMCSTORAGECONTROLLER']._serialized_end=1201
+  _globals['_BMCVIRTUALMEDIA']._serialized_start=1203
+  _globals['_BMCVIRTUALMEDIA']._serialized_end=1286
+  _globals['_BMCFIRMWARETASK']._serialized_start=1288
+  _globals['_BMCFIRMWARETASK']._serialized_end=1373
+  _globals['_BMCOPERATIONRESULT']._serialized_start=1376
+  _globals['_BMCOPERATIONRESULT']._serialized_end=2274
+  _globals['_BMCOPERATIONRESULT_VALUESENTRY']._serialized_start=2217
+  _globals['_BMCOPERATIONRESULT_VALUESENTRY']._serialized_end=2262
+  _globals['_BMCFIRMWARECOMPONENT']._serialized_start=2276
+  _globals['_BMCFIRMWARECOMPONENT']._serialized_end=2377
+  _globals['_BMCLOGENTRY']._serialized_start=2380
+  _globals['_BMCLOGENTRY']._serialized_end=2508
+  _globals['_BOOTCLEANUPREQUEST']._serialized_start=2510
+  _globals['_BOOTCLEANUPREQUEST']._serialized_end=2598
+  _globals['_BOOTCLEANUPRESULT']._serialized_start=2600
+  _globals['_BOOTCLEANUPRESULT']._serialized_end=2636
+  _globals['_PROXYDHCPENTRY']._serialized_start=2639
+  _globals['_PROXYDHCPENTRY']._serialized_end=3123
+  _globals['_STATICNETWORK']._serialized_start=3125
+  _globals['_STATICNETWORK']._serialized_end=3216
+  _globals['_PROXYDHCPRESULT']._serialized_start=3218
+  _globals['_PROXYDHCPRESULT']._serialized_end=3326
+  _globals['_HTTPPROXYREQUEST']._serialized_start=3329
+  _globals['_HTTPPROXYREQUEST']._serialized_end=3576
+  _globals['_HTTPPROXYRESULT']._serialized_start=3579
+  _globals['_HTTPPROXYRESULT']._serialized_end=3719
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,4 @@
+from agent.proto import agent_pb2 as _agent_pb2
 from agent.proto import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -8,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class BmcOperationRequest(_message.Message):
-    __slots__ = ("node_id", "bmc_address", "protocol", "operation", "parameters", "credentials_ref", "verify_tls")
+    __slots__ = ("node_id", "bmc_address", "protocol", "operation", "parameters", "credentials_ref", "verify_tls", "expect")
     class ParametersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +24,7 @@ class BmcOperationRequest(_message.Message):
     PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     CREDENTIALS_REF_FIELD_NUMBER: _ClassVar[int]
     VERIFY_TLS_FIELD_NUMBER: _ClassVar[int]
+    EXPECT_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     bmc_address: str
     protocol: str
@@ -30,7 +32,8 @@ class BmcOperationRequest(_message.Message):
     parameters: _containers.ScalarMap[str, str]
     credentials_ref: str
     verify_tls: bool
-    def __init__(self, node_id: _Optional[str] = ..., bmc_address: _Optional[str] = ..., protocol: _Optional[str] = ..., operation: _Optional[str] = ..., parameters: _Optional[_Mapping[str, str]] = ..., credentials_ref: _Optional[str] = ..., verify_tls: _Optional[bool] = ...) -> None: ...
+    expect: _agent_pb2.ExpectedState
+    def __init__(self, node_id: _Optional[str] = ..., bmc_address: _Optional[str] = ..., protocol: _Optional[str] = ..., operation: _Optional[str] = ..., parameters: _Optional[_Mapping[str, str]] = ..., credentials_ref: _Optional[str] = ..., verify_tls: _Optional[bool] = ..., expect: _Optional[_Union[_agent_pb2.ExpectedState, _Mapping]] = ...) -> None: ...
 
 class BmcSystem(_message.Message):
     __slots__ = ("manufacturer", "model", "serial", "bios_version", "bmc_firmware_version", "health", "uuid")
@@ -155,7 +158,7 @@ class BmcFirmwareTask(_message.Message):
     def __init__(self, task_uri: _Optional[str] = ..., state: _Optional[str] = ..., percent: _Optional[int] = ..., messages: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class BmcOperationResult(_message.Message):
-    __slots__ = ("operation", "state", "values", "power_state", "system", "nics", "sensors", "boot", "storage", "virtual_media", "firmware", "bmc_message", "attempts", "settle_seconds", "firmware_inventory", "events", "changed", "power_state_before", "not_kept")
+    __slots__ = ("operation", "state", "values", "power_state", "system", "nics", "sensors", "boot", "storage", "virtual_media", "firmware", "bmc_message", "attempts", "settle_seconds", "firmware_inventory", "events", "changed", "power_state_before", "not_kept", "release")
     class ValuesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -182,6 +185,7 @@ class BmcOperationResult(_message.Message):
     CHANGED_FIELD_NUMBER: _ClassVar[int]
     POWER_STATE_BEFORE_FIELD_NUMBER: _ClassVar[int]
     NOT_KEPT_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
     operation: str
     state: str
     values: _containers.ScalarMap[str, str]
@@ -201,7 +205,8 @@ class BmcOperationResult(_message.Message):
     changed: bool
     power_state_before: str
     not_kept: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, operation: _Optional[str] = ..., state: _Optional[str] = ..., values: _Optional[_Mapping[str, str]] = ..., power_state: _Optional[str] = ..., system: _Optional[_Union[BmcSystem, _Mapping]] = ..., nics: _Optional[_Iterable[_Union[BmcNic, _Mapping]]] = ..., sensors: _Optional[_Iterable[_Union[BmcSensor, _Mapping]]] = ..., boot: _Optional[_Union[BmcBootDevice, _Mapping]] = ..., storage: _Optional[_Iterable[_Union[BmcStorageController, _Mapping]]] = ..., virtual_media: _Optional[_Iterable[_Union[BmcVirtualMedia, _Mapping]]] = ..., firmware: _Optional[_Union[BmcFirmwareTask, _Mapping]] = ..., bmc_message: _Optional[str] = ..., attempts: _Optional[int] = ..., settle_seconds: _Optional[float] = ..., firmware_inventory: _Optional[_Iterable[_Union[BmcFirmwareComponent, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[BmcLogEntry, _Mapping]]] = ..., changed: _Optional[bool] = ..., power_state_before: _Optional[str] = ..., not_kept: _Optional[_Iterable[str]] = ...) -> None: ...
+    release: _agent_pb2.ReleaseReport
+    def __init__(self, operation: _Optional[str] = ..., state: _Optional[str] = ..., values: _Optional[_Mapping[str, str]] = ..., power_state: _Optional[str] = ..., system: _Optional[_Union[BmcSystem, _Mapping]] = ..., nics: _Optional[_Iterable[_Union[BmcNic, _Mapping]]] = ..., sensors: _Optional[_Iterable[_Union[BmcSensor, _Mapping]]] = ..., boot: _Optional[_Union[BmcBootDevice, _Mapping]] = ..., storage: _Optional[_Iterable[_Union[BmcStorageController, _Mapping]]] = ..., virtual_media: _Optional[_Iterable[_Union[BmcVirtualMedia, _Mapping]]] = ..., firmware: _Optional[_Union[BmcFirmwareTask, _Mapping]] = ..., bmc_message: _Optional[str] = ..., attempts: _Optional[int] = ..., settle_seconds: _Optional[float] = ..., firmware_inventory: _Optional[_Iterable[_Union[BmcFirmwareComponent, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[BmcLogEntry, _Mapping]]] = ..., changed: _Optional[bool] = ..., power_state_before: _Optional[str] = ..., not_kept: _Optional[_Iterable[str]] = ..., release: _Optional[_Union[_agent_pb2.ReleaseReport, _Mapping]] = ...) -> None: ...
 
 class BmcFirmwareComponent(_message.Message):
     __slots__ = ("id", "name", "version", "updateable", "health")

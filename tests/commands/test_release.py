@@ -17,6 +17,7 @@ import pytest
 from google.protobuf import json_format
 
 from agent.catalog import Role
+from agent.commands import release
 from agent.commands.base import Context
 from agent.commands.driver import DriverInvoke
 from agent.commands.inventory import InventoryRefresh
@@ -137,7 +138,8 @@ def test_a_clean_node_passes_with_nothing_reported(node: Node) -> None:
     report = result.release
     assert report.pool_ready and not report.restorable and not report.cannot_restore
     assert list(report.checked) == ["uefi", "gpus", "nics", "nvme"]
-    assert list(report.not_checked) == ["bios", "bmc_accounts", "wipes"]
+    assert list(report.not_checked) == ["wipes"]
+    assert list(report.checked_elsewhere) == ["bios", "bmc_accounts"]      # at the site
     assert report.boot_id == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
 
@@ -229,11 +231,22 @@ def test_what_cannot_be_read_is_not_passed(node: Node, monkeypatch: pytest.Monke
 
 
 def test_the_extension_points_are_refused_until_checked(node: Node) -> None:
-    for area in ("bios", "bmc_accounts", "wipes"):
-        payload = json_format.ParseDict({"expect": {"state": {area: {}}}},
-                                        agent_pb2.InventoryRefreshRequest())
-        with pytest.raises(InvalidParameters, match=f"expect.state.{area} is not checked"):
-            InventoryRefresh().parse(payload)
+    payload = json_format.ParseDict({"expect": {"state": {"wipes": {}}}}, agent_pb2.InventoryRefreshRequest())
+    with pytest.raises(InvalidParameters, match=r"expect\.state\.wipes is not checked"):
+        InventoryRefresh().parse(payload)
+
+
+def test_the_bmcs_half_is_accepted_and_left_to_the_site(node: Node) -> None:
+    """bios and bmc_accounts are the site's (bmc.query baseline): the ramdisk takes a state that
+    sets them, reads nothing for them, and says in its report that the site checks them."""
+    state = {**node.baseline(), "bios": {"attributes": {"LogicalProc": "Enabled"}},
+             "bmcAccounts": {"accounts": [{"userName": "root", "role": "Administrator"}]}}
+    result = node.check(state)
+    report = result.release
+    assert report.pool_ready and list(report.checked) == ["uefi", "gpus", "nics", "nvme"]
+    assert list(report.checked_elsewhere) == list(release.CHECKED_AT_SITE) == ["bios", "bmc_accounts"]
+    assert "bios" not in report.not_checked and "bmc_accounts" not in report.not_checked
+    assert not any(m.check.startswith(("bios.", "bmc.")) for m in result.conformance.mismatches)
 
 
 def test_the_site_role_does_not_read_a_nodes_state(node: Node) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from agent.policy.baseline import Account
 from agent.proto import site_pb2
 
 
@@ -126,6 +127,15 @@ class BmcClient(Protocol):
         ...
 
     def set_password(self, username: str, new_password: str) -> None: ...
+
+    def accounts(self) -> list[Account]:
+        """The BMC's user accounts that have a name (Redfish Accounts; IPMI's LAN channel)."""
+        ...
+
+    def disable_account(self, username: str) -> list[Account]:
+        """Disable each account named ``username`` (one write each), read back after: those
+        accounts as the BMC now lists them; BmcRefused when there is none or one stays enabled."""
+        ...
 
     def check_login(self, credentials: Credentials) -> bool:
         """True when ``credentials`` are accepted; False when refused (AuthFailed is not

@@ -51,6 +51,7 @@ from agent.errors import (
     InvalidParameters,
     Unsupported,
 )
+from agent.policy.baseline import Account
 from agent.proto import site_pb2
 from agent.site.bmc import events
 from agent.site.bmc.client import (
@@ -271,6 +272,28 @@ def parse_user_id(text: str, username: str) -> int | None:
     return None
 
 
+_PRIVILEGE_ROLE = {"administrator": "Administrator", "operator": "Operator", "user": "ReadOnly",
+                   "callback": "Callback", "no access": "NoAccess"}
+
+
+def parse_getaccess(text: str) -> list[Account]:
+    """``channel getaccess CHANNEL [ID]`` -> the users that have a name. A user is enabled unless
+    its Enable Status reads disabled or its IPMI Messaging is off (no LAN login either way; ipmi_sim
+    leaves the status "unknown" and turns messaging off for ``user disable``). The privilege is
+    read as a Redfish RoleId (USER as ReadOnly); one without a name here is kept as ipmitool says."""
+    out = []
+    for block in re.split(r"\n\s*\n", text):
+        f = _fields(block)
+        uid, name = f.get("User ID", ""), f.get("User Name", "")
+        if not uid.isdigit() or not name:
+            continue
+        privilege = f.get("Privilege Level", "")
+        status, messaging = f.get("Enable Status", "").lower(), f.get("IPMI Messaging", "")
+        enabled = status != "disabled" and messaging == "enabled"
+        out.append(Account(uid, name, _PRIVILEGE_ROLE.get(privilege.lower(), privilege), enabled))
+    return out
+
+
 class IpmiClient:
     """One BMC over IPMI 2.0 lanplus. ``attempts`` counts the ipmitool runs made."""
 
@@ -478,6 +501,27 @@ class IpmiClient:
         if "successful" not in out.lower():
             raise BmcRefused(f"BMC {self.target.address}: password change not confirmed",
                              bmc_message=self._redact(_tail(out), new_password))
+
+    def accounts(self) -> list[Account]:
+        return parse_getaccess(self.run("channel", "getaccess", str(self.channel)))
+
+    def disable_account(self, username: str) -> list[Account]:
+        """``user disable`` each enabled user named ``username`` once, each read back after."""
+        named = [a for a in self.accounts() if a.user_name == username]
+        if not named:
+            raise BmcRefused(f"BMC {self.target.address}: no user {username!r} on channel {self.channel}",
+                             bmc_message="user not found")
+        back = []
+        for account in named:
+            if account.enabled:
+                self.run("user", "disable", account.id)
+                log.info("BMC %s: user %r (id %s) disabled", self.target.address, username, account.id)
+            now = parse_getaccess(self.run("channel", "getaccess", str(self.channel), account.id))
+            if not now or now[0].enabled:
+                raise BmcRefused(f"BMC {self.target.address} accepted disabling user {username!r} "
+                                 "but reads it back enabled", bmc_message="read back enabled")
+            back.append(now[0])
+        return back
 
     def check_login(self, credentials: Credentials) -> bool:
         try:

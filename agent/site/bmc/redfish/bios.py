@@ -9,6 +9,7 @@ lengths and ValueExpression, a Boolean); one that is not refuses the whole set b
 write. The set goes to the settings object the Bios names in ``@Redfish.Settings`` (else the
 Bios itself) in one PATCH with If-Match, with ``@Redfish.SettingsApplyTime`` OnReset where the
 BMC lists it; it is applied at the node's next reset, and ``read`` after it shows the values.
+``baseline`` reads the release's expected attributes the same way (bmc.query baseline).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import re
 from typing import Any
 
 from agent.errors import BmcRefused, InvalidParameters, Unsupported
+from agent.policy.baseline import BiosValue
 from agent.site.bmc.redfish.session import Doc, RedfishSession, dicts, link, text
 
 log = logging.getLogger(__name__)
@@ -166,3 +168,33 @@ def read(s: RedfishSession, names: list[str] | None = None) -> tuple[dict[str, A
         current = {k: v for k, v in current.items() if k in names}
         pending = {k: v for k, v in pending.items() if k in names}
     return dict(current), dict(pending)
+
+
+def baseline(s: RedfishSession, expected: dict[str, str]) -> list[BiosValue]:
+    """Each of ``expected``'s attributes as the BMC has it: in its registry or not, the expected,
+    current and pending values typed by the registry entry (a current or pending value that does
+    not type is kept as the BMC gave it, and so differs)."""
+    _, doc = _bios(s)
+    entries = registry(s, doc)
+    current, pending = read(s, list(expected))
+
+    def typed(entry: Doc, value: Any) -> Any:
+        try:
+            return _typed(entry, value)
+        except ValueError:
+            return value
+
+    out = []
+    for name, value in sorted(expected.items()):
+        entry = entries.get(name)
+        if entry is None:
+            out.append(BiosValue(name, registered=False))
+            continue
+        try:
+            want, invalid = _typed(entry, value), ""
+        except ValueError as exc:
+            want, invalid = None, str(exc)
+        out.append(BiosValue(name, True, want, invalid,
+                             typed(entry, current[name]) if name in current else None,
+                             typed(entry, pending[name]) if name in pending else None))
+    return out

@@ -12,6 +12,7 @@ every BMC client offers, each a call into the module of its noun.
     system.py    power, the boot override, the inventory bmc.query reads, accounts
     storage.py   Storage / SimpleStorage, volumes
     bios.py      BIOS attributes checked against the BMC's AttributeRegistry
+    accounts.py  the AccountService's accounts: listed, disabled
     media.py     virtual media
     firmware.py  the UpdateService; tasks.py the task monitor it (and volumes) follow
     events.py    the LogServices' entries
@@ -23,9 +24,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agent.policy.baseline import Account, BiosValue
 from agent.proto import site_pb2
 from agent.site.bmc.client import BootSetting, PowerAction, PowerState
-from agent.site.bmc.redfish import bios, events, firmware, media, storage, system
+from agent.site.bmc.redfish import accounts, bios, events, firmware, media, storage, system
 from agent.site.bmc.redfish.session import RedfishSession
 
 
@@ -56,6 +58,12 @@ class RedfishClient(RedfishSession):
     def set_password(self, username: str, new_password: str) -> None:
         system.set_password(self, username, new_password)
 
+    def accounts(self) -> list[Account]:
+        return accounts.accounts(self)
+
+    def disable_account(self, username: str) -> list[Account]:
+        return accounts.disable(self, username)
+
     def firmware_update(
         self,
         *,
@@ -76,6 +84,9 @@ class RedfishClient(RedfishSession):
 
     def set_bios(self, attributes: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         return bios.set_attributes(self, attributes)
+
+    def bios_baseline(self, expected: dict[str, str]) -> list[BiosValue]:
+        return bios.baseline(self, expected)
 
     def storage(self) -> list[site_pb2.BmcStorageController]:
         return storage.controllers(self)

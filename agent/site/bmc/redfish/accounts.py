@@ -1,0 +1,67 @@
+"""The BMC's user accounts over Redfish (AccountService Accounts), for the release's check.
+
+``accounts`` lists every account that has a UserName (iDRAC lists its 16 slots, the empty
+ones without one) with its RoleId and Enabled. ``disable`` PATCHes ``Enabled: false`` to each
+account of that name once (with If-Match) and reads it back: an account still enabled after
+the write is a BmcRefused, not a success.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from agent.errors import BmcRefused, Unsupported
+from agent.policy.baseline import Account
+from agent.site.bmc.redfish.session import Doc, RedfishSession, link, text
+
+log = logging.getLogger(__name__)
+
+MAX_ACCOUNTS = 256            # of a collection's members, read
+
+
+def _collection(s: RedfishSession) -> str:
+    service = link(s.root(), "AccountService")
+    accounts = link(s.get(service), "Accounts") if service else ""
+    if not accounts:
+        raise Unsupported(f"Redfish BMC {s.target.address} has no AccountService Accounts")
+    return accounts
+
+
+def _account(ref: str, doc: Doc) -> Account:
+    return Account(text(doc.get("Id")) or ref.rstrip("/").rsplit("/", 1)[-1], text(doc.get("UserName")),
+                   text(doc.get("RoleId")), doc.get("Enabled") is True)
+
+
+def _listed(s: RedfishSession) -> list[tuple[str, Account]]:
+    out = []
+    for ref in s.members(_collection(s))[:MAX_ACCOUNTS]:
+        account = _account(ref, s.get(ref))
+        if account.user_name:
+            out.append((ref, account))
+    return out
+
+
+def accounts(s: RedfishSession) -> list[Account]:
+    return [a for _, a in _listed(s)]
+
+
+def disable(s: RedfishSession, username: str) -> list[Account]:
+    """Disable every enabled account named ``username``; the accounts of that name as read back
+    (BmcRefused when there is none, or one is still enabled after its write)."""
+    where = f"Redfish BMC {s.target.address}"
+    named = [(ref, a) for ref, a in _listed(s) if a.user_name == username]
+    if not named:
+        raise BmcRefused(f"{where} has no account {username!r}", bmc_message="no such account")
+    back = []
+    for ref, account in named:
+        if account.enabled:
+            def off(ref: str = ref) -> bool:
+                return s.get(ref).get("Enabled") is False
+            s.write("PATCH", ref, {"Enabled": False}, etag=True, taken=off)
+            log.info("%s: account %r (id %s) disabled", where, username, account.id)
+        now = _account(ref, s.get(ref))
+        if now.enabled:
+            raise BmcRefused(f"{where} accepted disabling account {username!r} but reads it back enabled",
+                             bmc_message="read back Enabled true")
+        back.append(now)
+    return back

@@ -1,0 +1,49 @@
+"""The BMC's half of the release gate (bmc.query baseline): what the expected state's ``bios``
+and ``bmc_accounts`` name, read from the BMC, checked by agent/policy/baseline.py's
+``check_bmc`` and reported in the ramdisk's form (a ReleaseReport).
+
+``observe`` reads only the areas the expected state sets: the accounts (Redfish AccountService;
+IPMI ``channel getaccess``) and, over Redfish, each expected BIOS attribute typed by the BMC's
+AttributeRegistry with its current and pending value. What cannot be read (IPMI has no BIOS
+attributes; a BMC without a registry or an AccountService) is kept in ``unread`` and becomes a
+``*.unreadable`` finding: the gate never passes what it could not look at. An unreachable BMC, a
+refused login or the deadline fail the command instead.
+"""
+
+from __future__ import annotations
+
+from agent.errors import BmcRefused, Unsupported
+from agent.policy import baseline
+from agent.proto import agent_pb2
+from agent.site.bmc.client import BmcClient
+
+
+def observe(client: BmcClient, expected: baseline.ExpectedState,
+            management_user: str) -> baseline.BmcObserved:
+    seen = baseline.BmcObserved(management_user)
+    if expected.bmc_accounts is not None:
+        try:
+            seen.accounts = client.accounts()
+        except (Unsupported, BmcRefused) as exc:
+            seen.unread["bmc_accounts"] = exc.message
+    if expected.bios is not None:
+        from agent.site.bmc.redfish.client import RedfishClient
+
+        if not isinstance(client, RedfishClient):
+            seen.unread["bios"] = "IPMI has no BIOS attributes; check them over redfish"
+        else:
+            try:
+                seen.bios = client.bios_baseline(expected.bios)
+            except (Unsupported, BmcRefused) as exc:
+                seen.unread["bios"] = exc.message
+    return seen
+
+
+def report(expected: baseline.ExpectedState, mismatches: list[agent_pb2.Mismatch]) -> agent_pb2.ReleaseReport:
+    """The BMC's half of the release record: ``checked`` its areas, ``checked_elsewhere`` the
+    ramdisk's areas the expected state also set (no boot id: no boot of the node checked it)."""
+    out = agent_pb2.ReleaseReport(pool_ready=not mismatches, checked=expected.site_areas,
+                                  checked_elsewhere=expected.areas)
+    for m in mismatches:
+        (out.restorable if baseline.restorable(m) else out.cannot_restore).append(m)
+    return out
