@@ -328,7 +328,7 @@ class BiosValue:
 
 @dataclass
 class BmcObserved:
-    """The BMC's half, read at the site (agent/site/bmc/baseline.py)."""
+    """The BMC's half, read at the site (agent/site/bmc/release.py)."""
 
     management_user: str                          # the site's own account: always expected
     accounts: list[Account] | None = None

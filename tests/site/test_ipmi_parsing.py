@@ -11,6 +11,7 @@ from agent.site.bmc.ipmi import (
     check_ipmi_password,
     parse_bootparam5,
     parse_fru,
+    parse_getaccess,
     parse_lan_mac,
     parse_power,
     parse_sdr,
@@ -134,3 +135,54 @@ def test_bad_addresses(address: str) -> None:
 def test_passwords_ipmi_cannot_take(password: str) -> None:
     with pytest.raises(InvalidParameters):
         check_ipmi_password(password)
+
+
+# ipmi_sim's answer to ``channel getaccess 1`` (trimmed to four users): it leaves Enable Status
+# "unknown"; user 3 was disabled with ``user disable`` (its IPMI Messaging off).
+GETACCESS_SIM = """\
+Maximum User IDs     : 63
+Enabled User IDs     : 2
+
+User ID              : 1
+User Name            :
+Fixed Name           : No
+Access Available     : call-in / callback
+Link Authentication  : disabled
+IPMI Messaging       : disabled
+Privilege Level      : Unknown (0x00)
+Enable Status        : unknown
+
+User ID              : 2
+User Name            : bcadmin
+Fixed Name           : No
+Access Available     : call-in / callback
+Link Authentication  : disabled
+IPMI Messaging       : enabled
+Privilege Level      : ADMINISTRATOR
+Enable Status        : unknown
+
+User ID              : 3
+User Name            : tenant
+Fixed Name           : No
+Access Available     : call-in / callback
+Link Authentication  : disabled
+IPMI Messaging       : disabled
+Privilege Level      : ADMINISTRATOR
+Enable Status        : unknown
+
+User ID              : 4
+User Name            : ops
+Fixed Name           : No
+Access Available     : call-in / callback
+Link Authentication  : disabled
+IPMI Messaging       : enabled
+Privilege Level      : USER
+Enable Status        : disabled
+"""
+
+
+def test_getaccess_reads_named_users_their_role_and_whether_they_can_log_in() -> None:
+    got = [(a.id, a.user_name, a.role, a.enabled) for a in parse_getaccess(GETACCESS_SIM)]
+    assert got == [("2", "bcadmin", "Administrator", True), ("3", "tenant", "Administrator", False),
+                   ("4", "ops", "ReadOnly", False)]
+    assert parse_getaccess("") == []
