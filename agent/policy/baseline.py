@@ -48,6 +48,7 @@ its remedies are site commands (``Mismatch.bmc_remedy``), sent with the same BMC
 
   bmc.unreadable         the accounts could not be read                   -
   bmc.account_extra      an enabled account not in the expected set       bmc.rotate disable_account
+                         an enabled one without a name (IPMI anonymous)   -
   bmc.account_enabled    an expected-disabled account is enabled          bmc.rotate disable_account
                          an expected account is disabled                  -
   bmc.account_missing    an expected account is not on the BMC            -  (its password is not ours)
@@ -629,6 +630,11 @@ def _accounts_check(expected: tuple[ExpectedAccount, ...], seen: BmcObserved, ou
     if seen.management_user not in wanted:            # the site's own: always there, enabled
         wanted[seen.management_user] = ExpectedAccount(seen.management_user)
     for a in seen.accounts:
+        if not a.user_name:                           # IPMI's anonymous user, turned on
+            out.add("bmc.account_extra", "absent", f"{a.role or 'no role'}, enabled", f"id {a.id}",
+                    f"the BMC's user {a.id} has no name and is enabled: an anonymous login "
+                    f"({a.role or 'no role'}); disable it by its id (ipmitool user disable {a.id})")
+            continue
         want = wanted.get(a.user_name)
         disable = bmc_remedy("bmc.rotate", "disable_account", username=a.user_name)
         if want is None:

@@ -73,6 +73,15 @@ def test_accounts_against_the_expected_set() -> None:
     assert (audit.expected, audit.found) == ("enabled", "disabled")
 
 
+def test_an_enabled_account_without_a_name_is_named_by_its_id() -> None:
+    """IPMI's user 1 (a null user name: the anonymous login) turned on by a tenant."""
+    found = checks(expected({"bmcAccounts": {}}), BmcObserved("site", accounts=[
+        Account("1", "", "Administrator", True), Account("2", "site", "Administrator", True)]))
+    [(key, m)] = found.items()
+    assert key == ("bmc.account_extra", "id 1") and not baseline.restorable(m)
+    assert "anonymous login" in m.message
+
+
 def test_the_sites_own_account_is_always_expected() -> None:
     e = expected({"bmcAccounts": {}})
     assert checks(e, BmcObserved("site", accounts=[Account("2", "site", "Administrator", True)])) == {}

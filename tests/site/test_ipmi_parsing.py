@@ -186,3 +186,7 @@ def test_getaccess_reads_named_users_their_role_and_whether_they_can_log_in() ->
     assert got == [("2", "bcadmin", "Administrator", True), ("3", "tenant", "Administrator", False),
                    ("4", "ops", "ReadOnly", False)]
     assert parse_getaccess("") == []
+    off, on = ("IPMI Messaging       : disabled\nPrivilege Level      : Unknown (0x00)",
+               "IPMI Messaging       : enabled\nPrivilege Level      : ADMINISTRATOR")
+    first = parse_getaccess(GETACCESS_SIM.replace(off, on, 1))[0]     # user 1, the anonymous one
+    assert (first.id, first.user_name, first.role, first.enabled) == ("1", "", "Administrator", True)

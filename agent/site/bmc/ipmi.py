@@ -277,20 +277,20 @@ _PRIVILEGE_ROLE = {"administrator": "Administrator", "operator": "Operator", "us
 
 
 def parse_getaccess(text: str) -> list[Account]:
-    """``channel getaccess CHANNEL [ID]`` -> the users that have a name. A user is enabled unless
-    its Enable Status reads disabled or its IPMI Messaging is off (no LAN login either way; ipmi_sim
+    """``channel getaccess CHANNEL [ID]`` -> the users that have a name, and those without one
+    that are enabled (user 1, the anonymous login, turned on). A user is enabled unless its
+    Enable Status reads disabled or its IPMI Messaging is off (no LAN login either way; ipmi_sim
     leaves the status "unknown" and turns messaging off for ``user disable``). The privilege is
     read as a Redfish RoleId (USER as ReadOnly); one without a name here is kept as ipmitool says."""
     out = []
     for block in re.split(r"\n\s*\n", text):
         f = _fields(block)
         uid, name = f.get("User ID", ""), f.get("User Name", "")
-        if not uid.isdigit() or not name:
-            continue
         privilege = f.get("Privilege Level", "")
         status, messaging = f.get("Enable Status", "").lower(), f.get("IPMI Messaging", "")
         enabled = status != "disabled" and messaging == "enabled"
-        out.append(Account(uid, name, _PRIVILEGE_ROLE.get(privilege.lower(), privilege), enabled))
+        if uid.isdigit() and (name or enabled):
+            out.append(Account(uid, name, _PRIVILEGE_ROLE.get(privilege.lower(), privilege), enabled))
     return out
 
 

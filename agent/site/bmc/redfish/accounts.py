@@ -1,7 +1,8 @@
 """The BMC's user accounts over Redfish (AccountService Accounts), for the release's check.
 
 ``accounts`` lists every account that has a UserName (iDRAC lists its 16 slots, the empty
-ones without one) with its RoleId and Enabled. ``disable`` PATCHes ``Enabled: false`` to each
+ones without one) with its RoleId and Enabled; an account without ``Enabled`` (a service that
+cannot disable one) logs in, and is read as enabled. ``disable`` PATCHes ``Enabled: false`` to each
 account of that name once (with If-Match) and reads it back: an account still enabled after
 the write is a BmcRefused, not a success.
 """
@@ -29,7 +30,7 @@ def _collection(s: RedfishSession) -> str:
 
 def _account(ref: str, doc: Doc) -> Account:
     return Account(text(doc.get("Id")) or ref.rstrip("/").rsplit("/", 1)[-1], text(doc.get("UserName")),
-                   text(doc.get("RoleId")), doc.get("Enabled") is True)
+                   text(doc.get("RoleId")), doc.get("Enabled") is not False)
 
 
 def _listed(s: RedfishSession) -> list[tuple[str, Account]]:
