@@ -24,14 +24,16 @@ from agent.commands import handler_for
 from agent.commands.base import Context
 from agent.config import Config
 from agent.errors import InvalidParameters
-from agent.proto import agent_pb2, site_pb2
+from agent.proto import agent_pb2, session_pb2, site_pb2
 from agent.site.bmc.client import CallContext, Credentials, Target
 from agent.site.bmc.ipmi import IpmiClient
 from qemu.ipmisim import IpmiSim, SimUser, start_ipmi_sim
 from qemu.powered import NodeSpec, PoweredNode
+from tests.runtime.core_harness import World, accepted, rejected
 from tests.site.conftest import PASSWORD, USERNAME
 from tests.site.redfish_emulator import RedfishEmulator
 from tests.site.test_bmc_redfish import REF, config_with
+from tests.site.test_site_agent import site_agent
 
 TENANT_PASSWORD = "Tenant-Pw-9x2"
 DELL_ACCOUNTS = "/redfish/v1/AccountService/Accounts"
@@ -272,10 +274,7 @@ def test_bad_requests_are_refused_at_parse(operation: str, expect: dict[str, Any
         handler.parse(bmc.request(operation, expect, **parameters))
 
 
-def test_disable_account_is_signed_as_bmc_rotate_is(tmp_path: Path) -> None:
-    """The remedy that writes an account rides on bmc.rotate: destructive, so the agent runs it
-    only signed by the control plane (agent/security/trust.py)."""
-    assert KINDS["bmc.rotate"].destructive
+def test_disable_account_takes_a_user_name(tmp_path: Path) -> None:
     handler = handler_for("bmc.rotate")
     assert handler is not None
     bmc = Bmc(config_with(tmp_path, "u", "p"), "127.0.0.1:9", "ipmi")
@@ -283,3 +282,31 @@ def test_disable_account_is_signed_as_bmc_rotate_is(tmp_path: Path) -> None:
         handler.parse(bmc.request("disable_account"))
     with pytest.raises(InvalidParameters, match="printable"):
         handler.parse(bmc.request("disable_account", username="bad\nname"))
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    (tmp_path / "world").mkdir()
+    w = World(tmp_path / "world")
+    yield w
+    for a in w.agents:
+        a.stop(timeout=5)
+
+
+def test_through_the_agent_disable_account_runs_only_signed(tmp_path: Path, tenant_sim: IpmiSim,
+                                                            world: World) -> None:
+    """The remedy that writes an account rides on bmc.rotate: destructive, so the site daemon
+    refuses it unsigned (and the account stays as it was) and runs it signed."""
+    assert KINDS["bmc.rotate"].destructive
+    agent, frames = site_agent(world, config_with(tmp_path, USERNAME, PASSWORD), kinds=("bmc.rotate",))
+
+    def disable(cid: str, sign: bool) -> session_pb2.SignedCommand:
+        payload = Bmc(agent.config, tenant_sim.address, "ipmi").request("disable_account", username="tenant")
+        return world.command(cid, "bmc.rotate", payload, sign=sign)
+
+    assert rejected(agent.submit(disable("d1", sign=False))) == "signature_missing"
+    assert can_log_in(tenant_sim, "tenant", TENANT_PASSWORD)
+    accepted(agent.submit(disable("d2", sign=True)))
+    done = frames.result("d2", timeout=60)
+    assert done.status == session_pb2.SUCCEEDED, done
+    assert not can_log_in(tenant_sim, "tenant", TENANT_PASSWORD)
