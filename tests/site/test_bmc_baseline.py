@@ -23,7 +23,7 @@ from agent.catalog import KINDS
 from agent.commands import handler_for
 from agent.commands.base import Context
 from agent.config import Config
-from agent.errors import InvalidParameters
+from agent.errors import InvalidParameters, Unsupported
 from agent.proto import agent_pb2, session_pb2, site_pb2
 from agent.site.bmc.client import CallContext, Credentials, Target
 from agent.site.bmc.ipmi import IpmiClient
@@ -236,6 +236,66 @@ def test_redfish_an_extra_account_and_a_changed_bios_attribute_are_found_and_put
     run_kind(bmc.config, bmc.request("reset"), "bmc.power")
     after = bmc.check(DELL_BASELINE)
     assert after.pool_ready and not after.restorable and not after.cannot_restore
+
+
+# Each recorded tree that lists accounts with Enabled: (the site's login, a recorded account that
+# plays the tenant's). Every other named, enabled account its collection lists is the baseline's.
+# (DMTF's public mockup lists one account, Administrator: no second one to play the tenant.)
+TENANTS = {
+    "dell_r750": ("root", "forge_admin"),
+    "lenovo_sr670": ("USERID", "dcops"),
+    "nvidia_bluefield3": ("root", "forge_admin"),
+    "nvidia_dgxh100": ("admin", "S6AmJsX9uejbhS2r"),
+    "nvidia_gb200": ("root", "ipmiuser"),
+    "nvidia_gh200": ("root", "G1ZgR8ufrlnPjwJg"),
+    "supermicro_sys821": ("root", "tests_admin"),
+}
+
+
+def recorded_accounts(bmc: RedfishEmulator) -> dict[str, tuple[str, dict[str, Any]]]:
+    """UserName -> (path, the account) of those the recording's Accounts collection lists."""
+    members = bmc.doc("/redfish/v1/AccountService/Accounts")["Members"]
+    docs = {m["@odata.id"].rstrip("/"): bmc.doc(m["@odata.id"]) for m in members}
+    return {d["UserName"]: (p, d) for p, d in docs.items() if d.get("UserName")}
+
+
+@pytest.mark.parametrize("tree", sorted(TENANTS))
+def test_redfish_an_extra_account_is_disabled_on_every_recorded_bmc(tree: str, trees: Path,
+                                                                    tmp_path: Path) -> None:
+    login, tenant = TENANTS[tree]
+    with RedfishEmulator.of(tree, trees, user=login, password=ROOT_PASSWORD) as emulator:
+        bmc = Bmc(config_with(tmp_path, login, ROOT_PASSWORD), emulator.address, "redfish")
+        recorded = recorded_accounts(emulator)
+        baseline = [{"userName": name, "role": a["RoleId"]} for name, (_, a) in sorted(recorded.items())
+                    if a.get("Enabled") is True and name not in (login, tenant)]
+        expect = {"bmcAccounts": {"accounts": baseline}}
+        report = bmc.check(expect)
+        assert findings(report) == {("bmc.account_extra", tenant)} and not report.cannot_restore
+        bmc.put_back(report)
+        path = recorded[tenant][0]
+        assert [(p, body) for _, p, body in emulator.writes("PATCH")] == [(path, {"Enabled": False})]
+        assert emulator.doc(path)["Enabled"] is False
+        assert bmc.check(expect).pool_ready
+
+
+def test_redfish_accounts_without_enabled_are_found_but_not_disabled(trees: Path, tmp_path: Path) -> None:
+    """The iLO 5 recording's accounts have no Enabled: each logs in, so the tenant's is found;
+    this BMC cannot disable it over Redfish, which is said, and nothing is written."""
+    with RedfishEmulator.of("hpe_dl385", trees, user="root", password=ROOT_PASSWORD) as emulator:
+        bmc = Bmc(config_with(tmp_path, "root", ROOT_PASSWORD), emulator.address, "redfish")
+        report = bmc.check({"bmcAccounts": {}})
+        assert findings(report) == {("bmc.account_extra", "tests_admin")}
+        with pytest.raises(Unsupported, match="no Enabled property"):
+            bmc.put_back(report)
+        assert not emulator.writes("PATCH")
+
+
+def test_redfish_bios_without_a_registry_is_named_unreadable(trees: Path, tmp_path: Path) -> None:
+    with RedfishEmulator.of("supermicro_sys821", trees, user="root", password=ROOT_PASSWORD) as emulator:
+        bmc = Bmc(config_with(tmp_path, "root", ROOT_PASSWORD), emulator.address, "redfish")
+        report = bmc.check({"bios": {"attributes": {"QuietBoot": "true"}}})
+        [m] = report.cannot_restore
+        assert m.check == "bios.unreadable" and "publishes no BIOS AttributeRegistry" in m.message
 
 
 def test_redfish_an_attribute_unknown_to_the_registry_is_itself_a_finding(tmp_path: Path,

@@ -2,7 +2,8 @@
 
 ``accounts`` lists every account that has a UserName (iDRAC lists its 16 slots, the empty
 ones without one) with its RoleId and Enabled; an account without ``Enabled`` (a service that
-cannot disable one) logs in, and is read as enabled. ``disable`` PATCHes ``Enabled: false`` to each
+cannot disable one: the iLO 5 recording's) logs in, and is read as enabled; ``disable`` refuses
+it (Unsupported) before any write. ``disable`` PATCHes ``Enabled: false`` to each
 account of that name once (with If-Match) and reads it back: an account still enabled after
 the write is a BmcRefused, not a success.
 """
@@ -54,6 +55,10 @@ def disable(s: RedfishSession, username: str) -> list[Account]:
     if not named:
         raise BmcRefused(f"{where} has no account {username!r}", bmc_message="no such account")
     back = []
+    for ref, account in named:
+        if account.enabled and "Enabled" not in s.get(ref):
+            raise Unsupported(f"{where}: account {username!r} has no Enabled property: this BMC cannot "
+                              "disable it over Redfish; remove it, or its login privilege, by hand")
     for ref, account in named:
         if account.enabled:
             def off(ref: str = ref) -> bool:
