@@ -4,22 +4,27 @@ by AAVMF (Debian's qemu-efi-aarch64, on pflash with a copy of its variables) on 
 machine with a TPM 2.0 (``tpm-tis-device``, swtpm). The ramdisk's /init loads the TPM's driver
 (tpm_tis, a module in Debian's arm64 cloud kernel) before the agent starts; the join is attested
 with PCRs 4, 11 and 12 as uki.py predicted, and the node's disk.wipe certificate counts as
-verified.
+verified. GRUB in front of the UKI (``chainloader`` with no arguments, as the arm64 PXE path's
+GRUB would start it) is measured before it, and with GRUB listed as a loader the join attests.
 
 Marked qemu and slow: arm64 under TCG boots in minutes.
 """
 
 from __future__ import annotations
 
+import base64
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from agent.gateway import eventlog
 from agent.gateway.attest import Status
 from initramfs import uki
 from qemu import tpm as qemu_tpm
+from qemu.harness import Machine, grub_chainloader
 from qemu.lab import Lab, ensure_ramdisk
 from tests.e2e.conftest import JOIN_TIMEOUT, run_command, skip_reason
 from tests.e2e.test_attest_uefi import attest, build_of, verdict
@@ -44,10 +49,28 @@ def arm_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         yield lab
 
 
-def test_an_arm64_uki_under_aavmf_attests_and_its_wipe_is_verified(arm_lab: Lab, tmp_path: Path) -> None:
-    qemu_tpm.manufacture(tmp_path / "state", tmp_path / "ca")
+def firmware_variables(tmp_path: Path) -> Path:
+    """A writable copy of AAVMF's variables for one machine (pflash unit 1)."""
     variables = tmp_path / "AAVMF_VARS.fd"
     shutil.copyfile(AAVMF_VARS, variables)
+    return variables
+
+
+def pcr4_images(machine: Machine) -> list[str]:
+    """The EFI applications the firmware measured into PCR 4, in order, from the event log the
+    guest's kernel exposes (through the test ramdisk's shell, parsed here)."""
+    # Between marks that the shell's echo of the command line does not hold as lines of their own.
+    status, out = machine.shell("echo LOG-''START;"
+                                " base64 </sys/kernel/security/tpm0/binary_bios_measurements; echo LOG-''END")
+    found = re.search(r"(?ms)^LOG-START$(.*?)^LOG-END$", out)
+    assert status == 0 and found, out
+    log = eventlog.parse(base64.b64decode("".join(found.group(1).split())))
+    return [e.sha256.hex() for e in log.of(4, eventlog.Ev.EFI_BOOT_SERVICES_APPLICATION)]
+
+
+def test_an_arm64_uki_under_aavmf_attests_and_its_wipe_is_verified(arm_lab: Lab, tmp_path: Path) -> None:
+    qemu_tpm.manufacture(tmp_path / "state", tmp_path / "ca")
+    variables = firmware_variables(tmp_path)
     esp, values = arm_lab.uki(NODE)
     assert (esp / "EFI" / "BOOT" / "BOOTAA64.EFI").is_file()
     joins = attest(arm_lab, tmp_path / "ca", [build_of(values)])
@@ -65,6 +88,7 @@ def test_an_arm64_uki_under_aavmf_attests_and_its_wipe_is_verified(arm_lab: Lab,
             assert status == 0, out
             assert "tpm_tis" in out.split() and "tpm_tis_core" in out.split(), out
             assert int(out.split()[-2]) > 0, out  # the event log's size
+            assert pcr4_images(machine) == values["pcr4"]  # the UKI, then the kernel the stub started
             found = verdict(joins, NODE)
             assert found.status is Status.ATTESTED, f"{found}\n{out}\n{machine.console_tail()}"
             assert found.matched["build"] == values["build_id"] and found.matched["pcr4"] == values["pcr4"][0]
@@ -73,6 +97,33 @@ def test_an_arm64_uki_under_aavmf_attests_and_its_wipe_is_verified(arm_lab: Lab,
                                      "verify": "FULL"})
             ok, why = arm_lab.gateway.verified(cid)
             assert ok, why
+        finally:
+            machine.stop()
+            arm_lab.gateway.attestation = None
+
+
+def test_grub_chainloading_the_uki_is_measured_and_attests_as_a_loader(arm_lab: Lab, tmp_path: Path) -> None:
+    node = "attest-arm64-grub"
+    qemu_tpm.manufacture(tmp_path / "state", tmp_path / "ca")
+    esp, values = arm_lab.uki(node)
+    image = esp / "EFI" / "Linux" / "ramdisk.efi"
+    image.parent.mkdir(parents=True)
+    (esp / "EFI" / "BOOT" / "BOOTAA64.EFI").rename(image)
+    grub = grub_chainloader(esp / "EFI" / "BOOT" / "BOOTAA64.EFI", "/EFI/Linux/ramdisk.efi")
+    grub_digest = uki.authenticode_sha256(grub.read_bytes())
+    joins = attest(arm_lab, tmp_path / "ca", [build_of(values)])
+    joins.verifier.policy.loaders.add(grub_digest)
+    with qemu_tpm.Swtpm(tmp_path / "state", tmp_path / "swtpm.sock") as swtpm:
+        machine = arm_lab.boot(node, tpm=swtpm.socket, esp=esp,
+                               pflash=(AAVMF_CODE, firmware_variables(tmp_path)))
+        try:
+            arm_lab.wait_joined(machine, node, JOIN_TIMEOUT)
+            assert "bc-grub: starting /EFI/Linux/ramdisk.efi" in machine.console()
+            # GRUB, then the UKI it chainloaded through the firmware's LoadImage, then the kernel.
+            assert pcr4_images(machine) == [grub_digest.hex(), *values["pcr4"]]
+            found = verdict(joins, node)
+            assert found.status is Status.ATTESTED, f"{found}\n{machine.console_tail()}"
+            assert found.matched["pcr4"] == values["pcr4"][0]  # PCR 12 zero: GRUB passed no options
         finally:
             machine.stop()
             arm_lab.gateway.attestation = None
