@@ -149,12 +149,14 @@ class MachineSpec:
     # drive "cdrom<i>"); with ``media_boot`` the firmware boots the first one.
     media: Sequence[str] = ()
     media_boot: bool = False
-    # Attestation (docs/attestation.md): a TPM 2.0 on the machine, served by swtpm on this
-    # control socket (qemu/tpm.py); and a folder the firmware boots as a FAT disk (a UKI at
-    # EFI/BOOT/BOOTX64.EFI), instead of -kernel.
+    # Attestation (docs/attestation.md): a TPM 2.0 on the machine (tpm-tis on q35,
+    # tpm-tis-device on arm64's virt), served by swtpm on this control socket (qemu/tpm.py);
+    # and a folder the firmware boots as a FAT disk (a UKI at EFI/BOOT/BOOTX64.EFI, BOOTAA64.EFI
+    # on arm64), instead of -kernel.
     tpm: Path | None = None
     esp: Path | None = None
-    # Another UEFI build on pflash instead of -bios: (code, a writable copy of its variables).
+    # Another UEFI build on pflash instead of -bios: (code, a writable copy of its variables);
+    # on arm64 AAVMF, whose measured boot is checked (tests/e2e/test_attest_arm64.py).
     pflash: tuple[Path, Path] | None = None
 
     @property
