@@ -97,6 +97,10 @@ EXCLUDE = frozenset({
 # drives (virtio-scsi; the cloud kernel has no AHCI) and ISO 9660, for the node's config
 # medium (initramfs/iso.py, agent/site/boot/vmedia.py). A PXE boot does not pay for them.
 MEDIA_MODULES = ("virtio_scsi", "sr_mod", "isofs")
+# The TPM's driver (attestation, docs/attestation.md), loaded by /init before the agent starts,
+# which looks for /dev/tpmrm0 once. arm64's cloud kernel has it as modules (tpm_tis and
+# tpm_tis_core; the TPM core is built in); x86's has it built in, so its ramdisk gets nothing.
+TPM_MODULES = ("tpm_tis",)
 
 
 # Pruned from the unpacked root (globs relative to it).
@@ -358,22 +362,32 @@ def build_root(debs: list[Path], kernel: Kernel, dest: Path, agent: Path | None,
     _install(tmp / "etc/os-release", b'NAME="Better Compute ramdisk"\nID=bc-ramdisk\nID_LIKE=debian\n',
              0o644)
     _compile_imported(tmp, agent, arch)
-    mods = module_files(kernel, arch.modules)
-    media = [m for m in module_files(kernel, MEDIA_MODULES) if m not in mods]
-    for mod in [*mods, *media]:
-        target = tmp / "lib/modules" / mod
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(kernel.modules / mod, target)
-    # /usr/share/bettercompute: the ramdisk's own files, outside the directories /init binds
-    # from an installed node's disk (etc/bettercompute among them) while DHCP may still run.
-    _install(tmp / "usr/share/bettercompute/modules", "".join(f"{m}\n" for m in mods).encode(), 0o644)
-    _install(tmp / "usr/share/bettercompute/modules.media", "".join(f"{m}\n" for m in media).encode(),
-             0o644)
+    install_modules(kernel, tmp, arch)
     missing = check_libraries(tmp, arch)
     if missing:
         sys.exit("initramfs: pruned too much, missing shared libraries:\n  " + "\n  ".join(missing))
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)
+
+
+def install_modules(kernel: Kernel, root: Path, arch: Arch = AMD64) -> None:
+    """``kernel``'s modules that /init loads, copied into ``root``, and their lists in load
+    order: ``modules`` (in the background, the NIC's last), ``modules.media`` (virtual media
+    only) and, where the TPM's driver is a module, ``modules.tpm`` (before the agent)."""
+    mods = module_files(kernel, arch.modules)
+    media = [m for m in module_files(kernel, MEDIA_MODULES) if m not in mods]
+    tpm = [m for m in module_files(kernel, TPM_MODULES) if m not in mods]
+    for mod in [*mods, *media, *tpm]:
+        target = root / "lib/modules" / mod
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(kernel.modules / mod, target)
+    # /usr/share/bettercompute: the ramdisk's own files, outside the directories /init binds
+    # from an installed node's disk (etc/bettercompute among them) while DHCP may still run.
+    lists = {"modules": mods, "modules.media": media, "modules.tpm": tpm}
+    for name, listed in lists.items():
+        if listed or name != "modules.tpm":  # no TPM list where the driver is built in (x86)
+            _install(root / "usr/share/bettercompute" / name, "".join(f"{m}\n" for m in listed).encode(),
+                     0o644)
 
 
 def _merge_usr(root: Path) -> None:

@@ -18,7 +18,14 @@ mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev 2>/dev/null
 mount -t tmpfs -o mode=0755,nosuid,nodev run /run
 mount -t tmpfs -o mode=1777,nosuid,nodev tmp /tmp
-# The firmware's TPM event log (attestation, docs/attestation.md): only where there is a TPM.
+# The TPM (attestation, docs/attestation.md): its driver where the kernel has it as modules
+# (arm64's cloud kernel; x86's has it built in and its ramdisk no list), loaded before the agent
+# starts, which looks for /dev/tpmrm0 once; then the firmware's event log, where there is a TPM.
+if [ -f /usr/share/bettercompute/modules.tpm ]; then
+	while read -r m; do
+		insmod "/lib/modules/$m" 2>/dev/null || echo "bc-init: module $m did not load"
+	done </usr/share/bettercompute/modules.tpm
+fi
 [ -e /sys/class/tpm/tpm0 ] && mount -t securityfs securityfs /sys/kernel/security
 exec </dev/console >/dev/console 2>&1
 

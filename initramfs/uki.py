@@ -12,11 +12,19 @@ for the gateway's policy (docs/attestation.md):
     .venv/bin/python -m initramfs.uki --kernel initramfs/out/vmlinuz \\
         --initrd initramfs/out/initramfs.img --cmdline "console=ttyS0 ..." --out ramdisk.efi
     # -> ramdisk.efi and ramdisk.efi.json: {"build_id", "pcr4": [UKI, kernel], "pcr11", "pcr12", ...}
+    .venv/bin/python -m initramfs.uki --arch arm64 --kernel initramfs/out/arm64/vmlinuz \\
+        --initrd initramfs/out/arm64/initramfs.img --cmdline "console=ttyAMA0 ..." --out ramdisk.efi
+
+On an x86 host the arm64 UKI takes the stub out of Debian's arm64 systemd-boot-efi .deb
+(``find_stub``) and is assembled by binutils-aarch64-linux-gnu's objcopy; its .linux section is
+the arm64 kernel's Image, unpacked (the stub starts it through the firmware's LoadImage, which
+takes a PE image, not a gzipped one).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import struct
@@ -26,9 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from agent.proc import run
+from initramfs import debs
 
 STUBS = {"amd64": Path("/usr/lib/systemd/boot/efi/linuxx64.efi.stub"),
          "arm64": Path("/usr/lib/systemd/boot/efi/linuxaa64.efi.stub")}
+STUB_PACKAGE = "systemd-boot-efi"
+# The PE/COFF machine of each architecture's images (the COFF header's Machine field).
+PE_MACHINES = {0x8664: "amd64", 0xAA64: "arm64"}
 # The UKI specification's section order, the order systemd-stub measures them into PCR 11
 # (.pcrsig is never measured; the rest of it this build does not add).
 MEASURED_SECTIONS = (".linux", ".osrel", ".cmdline", ".initrd", ".splash", ".dtb", ".pcrpkey")
@@ -98,6 +110,48 @@ def parse_pe(data: bytes) -> Pe:
               sections)
 
 
+def pe_arch(data: bytes) -> str:
+    """The Debian architecture a PE image is for (its COFF header's Machine)."""
+    parse_pe(data)
+    machine = struct.unpack_from("<H", data, struct.unpack_from("<I", data, 0x3C)[0] + 4)[0]
+    if machine not in PE_MACHINES:
+        raise PeError(f"PE machine {machine:#x} is neither x86-64 nor AArch64")
+    return PE_MACHINES[machine]
+
+
+def objcopy(arch: str) -> str:
+    """binutils' objcopy for ``arch``'s PE images by its target triplet: an x86 host's own
+    objcopy knows pei-x86-64 only, binutils-aarch64-linux-gnu's knows pei-aarch64-little."""
+    return f"{debs.ARCHES[arch].triplet}-objcopy"
+
+
+def find_stub(arch: str) -> Path:
+    """Debian's systemd-boot stub for ``arch``: the host's where its systemd-boot-efi has it
+    (amd64 on an x86 host), else taken out of that architecture's systemd-boot-efi .deb,
+    downloaded (``apt-get download``) and unpacked once, as the arm64 ramdisk's packages are
+    (initramfs/debs.py), under initramfs/out/ARCH/."""
+    if STUBS[arch].is_file():
+        return STUBS[arch]
+    target = debs.ARCHES[arch]
+    out = debs.out_dir(target)
+    (deb,) = debs.download([STUB_PACKAGE], out / "debs", target)
+    stub = debs.unpacked(deb, out / STUB_PACKAGE) / STUBS[arch].relative_to("/")
+    if not stub.is_file():
+        raise FileNotFoundError(f"{deb.name} holds no {STUBS[arch]}")
+    return stub
+
+
+def pe_kernel(kernel: Path, tmp: Path) -> Path:
+    """``kernel`` as a PE image the stub can start: a gzipped arm64 Image (initramfs/out/arm64/
+    vmlinuz; Debian's arm64 kernel is no EFI zboot image) unpacked into ``tmp``."""
+    with kernel.open("rb") as f:
+        if f.read(2) != b"\x1f\x8b":
+            return kernel
+    image = tmp / "linux"
+    image.write_bytes(gzip.decompress(kernel.read_bytes()))
+    return image
+
+
 def authenticode_sha256(data: bytes) -> bytes:
     """The PE image's Authenticode digest (Microsoft PE/COFF specification, "Calculating the PE
     Image Hash"): what UEFI firmware extends into PCR 4 when it starts the image."""
@@ -134,15 +188,18 @@ def predicted_pcr11(data: bytes) -> bytes:
 
 def build(stub: Path, kernel: Path, initrd: Path, cmdline: str, out: Path, *,
           os_release: str = OS_RELEASE) -> None:
-    """Assemble the UKI with objcopy: each added section placed after the stub's own."""
-    pe = parse_pe(stub.read_bytes())
+    """Assemble the UKI with objcopy (the stub's architecture's): each added section placed
+    after the stub's own; a gzipped kernel is added unpacked (pe_kernel)."""
+    data = stub.read_bytes()
+    pe = parse_pe(data)
     align = max(pe.section_alignment, 0x1000)
     end = max(s.virtual_address + max(s.virtual_size, s.raw_size) for s in pe.sections)
     with tempfile.TemporaryDirectory() as tmp:
         osrel, cmd = Path(tmp) / "osrel", Path(tmp) / "cmdline"
         osrel.write_text(os_release)
         cmd.write_text(cmdline)
-        argv = ["objcopy"]
+        kernel = pe_kernel(kernel, Path(tmp))
+        argv = [objcopy(pe_arch(data))]
         for name, path in ((".osrel", osrel), (".cmdline", cmd), (".linux", kernel), (".initrd", initrd)):
             at = (end + align - 1) // align * align
             argv += ["--add-section", f"{name}={path}",
@@ -189,7 +246,7 @@ def main() -> None:
     p.add_argument("--build-id", default="")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
-    stub = args.stub or STUBS[args.arch]
+    stub = args.stub or find_stub(args.arch)
     values = write(stub, args.kernel, args.initrd, args.cmdline, args.out, args.build_id)
     print(json.dumps(values, indent=2, sort_keys=True))
 

@@ -49,6 +49,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -148,12 +149,14 @@ class MachineSpec:
     # drive "cdrom<i>"); with ``media_boot`` the firmware boots the first one.
     media: Sequence[str] = ()
     media_boot: bool = False
-    # Attestation (docs/attestation.md): a TPM 2.0 on the machine, served by swtpm on this
-    # control socket (qemu/tpm.py); and a folder the firmware boots as a FAT disk (a UKI at
-    # EFI/BOOT/BOOTX64.EFI), instead of -kernel.
+    # Attestation (docs/attestation.md): a TPM 2.0 on the machine (tpm-tis on q35,
+    # tpm-tis-device on arm64's virt), served by swtpm on this control socket (qemu/tpm.py);
+    # and a folder the firmware boots as a FAT disk (a UKI at EFI/BOOT/BOOTX64.EFI, BOOTAA64.EFI
+    # on arm64), instead of -kernel.
     tpm: Path | None = None
     esp: Path | None = None
-    # Another UEFI build on pflash instead of -bios: (code, a writable copy of its variables).
+    # Another UEFI build on pflash instead of -bios: (code, a writable copy of its variables);
+    # on arm64 AAVMF, whose measured boot is checked (tests/e2e/test_attest_arm64.py).
     pflash: tuple[Path, Path] | None = None
 
     @property
@@ -552,14 +555,6 @@ def grub_netboot(target: Path, append: str) -> Path:
     script fetches the kernel and initramfs over HTTP and boots them with ``append``, as
     boot.ipxe does on x86. The kernel is served as the Image, unpacked: GRUB's gzio cannot
     size a gzipped file over HTTP ("out of memory")."""
-    from initramfs import build as ramdisk
-
-    arch = ramdisk.ARCHES["arm64"]
-    if shutil.which("grub-mkimage") is None:
-        raise FileNotFoundError("grub-mkimage is missing (apt-get install grub-common)")
-    out = ramdisk.out_dir(arch)
-    (deb,) = ramdisk.download(["grub-efi-arm64-bin"], out / "debs", arch)
-    tree = ramdisk.unpacked(deb, out / "grub")
     if any(c in append for c in "\"'$;{}|&<>\\\n"):
         raise ValueError(f"kernel command line with characters GRUB's script would parse: {append!r}")
     script = target.with_suffix(".cfg")
@@ -568,8 +563,40 @@ def grub_netboot(target: Path, append: str) -> Path:
                       f"linux {server}/vmlinuz {append}\n"
                       f"initrd {server}/initrd.img\n"
                       "boot\n")
-    run(["grub-mkimage", "-O", "arm64-efi", "-d", str(tree / "usr/lib/grub/arm64-efi"), "-o", str(target),
+    run(["grub-mkimage", "-O", "arm64-efi", "-d", str(arm64_grub_modules()), "-o", str(target),
          "-p", "/", "-c", str(script), *GRUB_MODULES], timeout=120)
+    return target
+
+
+def arm64_grub_modules() -> Path:
+    """The arm64-efi modules of Debian's grub-efi-arm64-bin (the .deb downloaded and unpacked
+    into initramfs/out/arm64/grub, not installed), for the host's grub-mkimage."""
+    from initramfs import build as ramdisk
+
+    arch = ramdisk.ARCHES["arm64"]
+    if shutil.which("grub-mkimage") is None:
+        raise FileNotFoundError("grub-mkimage is missing (apt-get install grub-common)")
+    out = ramdisk.out_dir(arch)
+    (deb,) = ramdisk.download(["grub-efi-arm64-bin"], out / "debs", arch)
+    return ramdisk.unpacked(deb, out / "grub") / "usr/lib/grub/arm64-efi"
+
+
+GRUB_CHAIN_MODULES = ("part_msdos", "part_gpt", "fat", "chain", "echo", "boot")
+
+
+def grub_chainloader(target: Path, image: str) -> Path:
+    """An arm64 GRUB EFI image at ``target`` whose embedded script starts the EFI image
+    ``image`` (a path on the disk GRUB was loaded from: a UKI in an ESP) with ``chainloader``
+    and no arguments of its own: the UKI's command line is its own, and the firmware's
+    LoadImage measures it into PCR 4 after GRUB (docs/attestation.md, ``loaders``)."""
+    if not re.fullmatch(r"(/[A-Za-z0-9._-]+)+", image):
+        raise ValueError(f"an EFI image path GRUB's script would parse: {image!r}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "grub.cfg"
+        script.write_text(f"echo bc-grub: starting {image}\nchainloader {image}\nboot\n")
+        run(["grub-mkimage", "-O", "arm64-efi", "-d", str(arm64_grub_modules()), "-o", str(target),
+             "-p", "/EFI/BOOT", "-c", str(script), *GRUB_CHAIN_MODULES], timeout=120)
     return target
 
 

@@ -172,7 +172,7 @@ class Lab:
         append = kernel_args(PLATFORMS[self.ramdisk.arch].console, **self.settings(node_id))
         name = "BOOTX64.EFI" if self.ramdisk.arch == "amd64" else "BOOTAA64.EFI"
         image = esp / "EFI" / "BOOT" / name
-        uki.build(uki.STUBS[self.ramdisk.arch], self.ramdisk.kernel, initrd, append, image)
+        uki.build(uki.find_stub(self.ramdisk.arch), self.ramdisk.kernel, initrd, append, image)
         return esp, uki.reference_values(image, build_id=f"{node_id}-uki")
 
     def initrd(self, name: str, overlay: bytes) -> Path:

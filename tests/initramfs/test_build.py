@@ -9,7 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from initramfs.build import ARCHES, OUT, checked_bytecode, find_kernel, out_dir, unpacked
+from initramfs.build import (
+    ARCHES,
+    MEDIA_MODULES,
+    MODULES,
+    OUT,
+    TPM_MODULES,
+    Kernel,
+    checked_bytecode,
+    find_kernel,
+    install_modules,
+    module_files,
+    out_dir,
+    unpacked,
+)
 from initramfs.build import _qualified as qualified
 
 
@@ -82,3 +95,49 @@ def test_foreign_packages_are_asked_for_by_architecture_but_arch_all_ones_are_no
     if known.returncode != 0:
         pytest.skip("apt does not know arm64 packages here (dpkg --add-architecture arm64; apt-get update)")
     assert qualified(["busybox", "lsb-base"], ARCHES["arm64"]) == ["busybox:arm64", "lsb-base"]
+
+
+def installed(kernel: Kernel, root: Path, arch: str) -> tuple[dict[str, list[str]], list[str]]:
+    """install_modules into ``root``: the lists it wrote, by name, and the .ko files it copied."""
+    install_modules(kernel, root, ARCHES[arch])
+    lists = {p.name: p.read_text().split() for p in (root / "usr/share/bettercompute").iterdir()}
+    files = sorted(str(p.relative_to(root / "lib/modules")) for p in (root / "lib/modules").rglob("*.ko"))
+    return lists, files
+
+
+def test_the_x86_ramdisk_gets_no_tpm_modules(tmp_path: Path) -> None:
+    """x86's cloud kernel has the TPM's driver built in: its ramdisk's modules and their lists
+    are what they were before the TPM list existed, and there is no modules.tpm."""
+    if not list(Path("/boot").glob(ARCHES["amd64"].kernel_glob)):
+        pytest.skip("no /boot/vmlinuz-*-cloud-amd64 (apt-get install linux-image-cloud-amd64)")
+    kernel = find_kernel(arch=ARCHES["amd64"])
+    assert module_files(kernel, TPM_MODULES) == []  # built in
+    lists, files = installed(kernel, tmp_path, "amd64")
+    mods = module_files(kernel, MODULES)
+    media = [m for m in module_files(kernel, MEDIA_MODULES) if m not in mods]
+    assert lists == {"modules": mods, "modules.media": media}
+    assert files == sorted(mods + media)
+    assert not any("/tpm/" in f for f in files)
+
+
+def test_the_arm64_ramdisk_loads_the_tpm_driver(tmp_path: Path) -> None:
+    """arm64's cloud kernel has tpm_tis and tpm_tis_core as modules: the ramdisk carries both,
+    listed in load order in modules.tpm (which /init loads before the agent), apart from the
+    background list."""
+    boots = sorted((out_dir(ARCHES["arm64"]) / "kernel/boot").glob(ARCHES["arm64"].kernel_glob))
+    if not boots:
+        pytest.skip("no arm64 kernel unpacked (python -m initramfs.build --arch arm64)")
+    kernel = find_kernel(boots[-1], ARCHES["arm64"])
+    lists, files = installed(kernel, tmp_path, "arm64")
+    tpm = "kernel/drivers/char/tpm"
+    assert lists["modules.tpm"] == [f"{tpm}/tpm_tis_core.ko", f"{tpm}/tpm_tis.ko"]
+    assert not any("/tpm/" in m for m in lists["modules"] + lists["modules.media"])
+    assert set(lists["modules.tpm"]) <= set(files)
+    assert lists["modules"] == module_files(kernel, MODULES)
+
+
+def test_init_loads_the_tpm_list_before_the_agent_starts() -> None:
+    text = (Path(__file__).resolve().parents[2] / "initramfs" / "init.sh").read_text()
+    load, mount = text.index("</usr/share/bettercompute/modules.tpm"), text.index("mount -t securityfs")
+    background, agent = text.index("</usr/share/bettercompute/modules\n"), text.index('say "starting agent')
+    assert load < mount < background < agent

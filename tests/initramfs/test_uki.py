@@ -1,8 +1,10 @@
 """The ramdisk UKI: assembled with objcopy around Debian's systemd-boot stub, its Authenticode
-digest checked against osslsigncode's, its PCR 11 expectation from its sections."""
+digest checked against osslsigncode's, its PCR 11 expectation from its sections; for amd64 and
+for arm64 (the stub taken out of Debian's arm64 systemd-boot-efi .deb, the kernel unpacked)."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import itertools
 import json
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from initramfs import uki
+from initramfs import debs, uki
 
 STUB = uki.STUBS["amd64"]
 
@@ -21,8 +23,8 @@ STUB = uki.STUBS["amd64"]
 def built(tmp_path: Path) -> Path:
     if not STUB.is_file():
         pytest.skip(f"no {STUB} (apt-get install systemd-boot-efi)")
-    if shutil.which("objcopy") is None:
-        pytest.skip("objcopy is not installed (apt-get install binutils)")
+    if shutil.which(uki.objcopy("amd64")) is None:
+        pytest.skip(f"{uki.objcopy('amd64')} is not installed (apt-get install binutils)")
     (tmp_path / "vmlinuz").write_bytes(STUB.read_bytes())  # a PE image, as a kernel with its EFI stub is
     (tmp_path / "initrd").write_bytes(b"070701 an initramfs" * 300)
     uki.write(STUB, tmp_path / "vmlinuz", tmp_path / "initrd", "console=ttyS0 bc.role=ramdisk",
@@ -67,24 +69,122 @@ def test_a_changed_command_line_changes_pcr4_and_pcr11(built: Path, tmp_path: Pa
     assert other["pcr4"] != mine["pcr4"] and other["pcr11"] != mine["pcr11"]
 
 
-def test_authenticode_digest_agrees_with_osslsigncode(built: Path, tmp_path: Path) -> None:
+def osslsigncode_digest(image: Path, tmp_path: Path) -> tuple[str, Path]:
+    """The Authenticode digest osslsigncode calculates for ``image`` (signed with a throwaway
+    key: it reads the digest of a signed image), and the signed image."""
     if shutil.which("osslsigncode") is None or shutil.which("openssl") is None:
         pytest.skip("osslsigncode or openssl is not installed")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "k.pem",
-                    "-out", "c.pem", "-subj", "/CN=uki test", "-days", "1"], cwd=tmp_path, check=True,
-                   capture_output=True)
-    subprocess.run(["osslsigncode", "sign", "-certs", "c.pem", "-key", "k.pem", "-in", str(built),
-                    "-out", "signed.efi"], cwd=tmp_path, check=True, capture_output=True)
-    out = subprocess.run(["osslsigncode", "verify", "-in", "signed.efi"], cwd=tmp_path, capture_output=True,
+    if not (tmp_path / "k.pem").exists():
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "k.pem",
+                        "-out", "c.pem", "-subj", "/CN=uki test", "-days", "1"], cwd=tmp_path, check=True,
+                       capture_output=True)
+    signed = tmp_path / f"{image.name}.signed"
+    subprocess.run(["osslsigncode", "sign", "-certs", "c.pem", "-key", "k.pem", "-in", str(image),
+                    "-out", str(signed)], cwd=tmp_path, check=True, capture_output=True)
+    out = subprocess.run(["osslsigncode", "verify", "-in", str(signed)], cwd=tmp_path, capture_output=True,
                          text=True).stdout
     calculated = next(line.split(":")[1].strip() for line in out.splitlines()
                       if line.startswith("Calculated message digest"))
+    return calculated.lower(), signed
+
+
+def test_authenticode_digest_agrees_with_osslsigncode(built: Path, tmp_path: Path) -> None:
+    calculated, signed = osslsigncode_digest(built, tmp_path)
     want = uki.authenticode_sha256(built.read_bytes()).hex()
-    assert calculated.lower() == want
+    assert calculated == want
     # Signing leaves the digest as it was: the certificate table is not hashed.
-    assert uki.authenticode_sha256((tmp_path / "signed.efi").read_bytes()).hex() == want
+    assert uki.authenticode_sha256(signed.read_bytes()).hex() == want
 
 
 def test_not_a_pe_image() -> None:
     with pytest.raises(uki.PeError):
         uki.parse_pe(b"\x7fELF" + bytes(100))
+
+
+# -- arm64 ------------------------------------------------------------------------------------
+
+ARM64_KERNELS = sorted((debs.out_dir(debs.ARCHES["arm64"]) / "kernel/boot").glob("vmlinuz-*-arm64"))
+
+
+@pytest.fixture(scope="module")
+def arm64_stub() -> Path:
+    """Debian's arm64 stub, out of its .deb (downloaded once into initramfs/out/arm64/)."""
+    if shutil.which(uki.objcopy("arm64")) is None:
+        pytest.skip(f"{uki.objcopy('arm64')} is not installed (apt-get install binutils-aarch64-linux-gnu)")
+    known = subprocess.run(["apt-cache", "show", "--no-all-versions", f"{uki.STUB_PACKAGE}:arm64"],
+                           capture_output=True, check=False)
+    if known.returncode != 0:
+        pytest.skip("apt does not know arm64 packages here (dpkg --add-architecture arm64; apt-get update)")
+    return uki.find_stub("arm64")
+
+
+@pytest.fixture
+def built_arm64(arm64_stub: Path, tmp_path: Path) -> Path:
+    # The kernel gzipped, as initramfs/out/arm64/vmlinuz is; a PE image (the stub itself) inside.
+    (tmp_path / "vmlinuz").write_bytes(gzip.compress(arm64_stub.read_bytes(), mtime=0))
+    (tmp_path / "initrd").write_bytes(b"070701 an arm64 initramfs" * 300)
+    uki.write(arm64_stub, tmp_path / "vmlinuz", tmp_path / "initrd", "console=ttyAMA0 bc.role=ramdisk",
+              tmp_path / "ramdisk.efi", build_id="test-arm64")
+    return tmp_path / "ramdisk.efi"
+
+
+def test_the_arm64_stub_comes_out_of_its_deb(arm64_stub: Path) -> None:
+    assert arm64_stub.name == "linuxaa64.efi.stub"
+    assert uki.pe_arch(arm64_stub.read_bytes()) == "arm64"
+    assert uki.find_stub("arm64") == arm64_stub  # unpacked once, found again
+    if uki.STUBS["amd64"].is_file():
+        assert uki.pe_arch(uki.STUBS["amd64"].read_bytes()) == "amd64"
+
+
+def test_the_arm64_uki_holds_the_kernel_unpacked(built_arm64: Path, arm64_stub: Path) -> None:
+    data = built_arm64.read_bytes()
+    assert uki.pe_arch(data) == "arm64"
+    pe = uki.parse_pe(data)
+    # LoadImage takes a PE image: the gzipped kernel went in unpacked.
+    assert pe.section(".linux") == arm64_stub.read_bytes()
+    assert pe.section(".initrd") == (built_arm64.parent / "initrd").read_bytes()
+    assert pe.section(".cmdline") == b"console=ttyAMA0 bc.role=ramdisk"
+    names = [s.name for s in pe.sections]
+    assert names.index(".text") < names.index(".osrel") < names.index(".linux") < names.index(".initrd")
+    spans = sorted((s.virtual_address, s.virtual_address + s.virtual_size) for s in pe.sections)
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+    assert all(s.virtual_address % 0x1000 == 0 for s in pe.sections)
+
+
+def test_arm64_reference_values_and_osslsigncode_agree(built_arm64: Path, tmp_path: Path) -> None:
+    values = json.loads(built_arm64.with_name("ramdisk.efi.json").read_text())
+    data = built_arm64.read_bytes()
+    pe = uki.parse_pe(data)
+    assert values["build_id"] == "test-arm64" and values["pcr12"] == "00" * 32
+    assert values["pcr11"] == uki.predicted_pcr11(data).hex()
+    calculated, _ = osslsigncode_digest(built_arm64, tmp_path)
+    assert values["pcr4"][0] == calculated == uki.authenticode_sha256(data).hex()
+    assert values["pcr4"][1] == uki.authenticode_sha256(pe.section(".linux")).hex()
+
+
+@pytest.mark.skipif(not ARM64_KERNELS,
+                    reason="no arm64 kernel unpacked (python -m initramfs.build --arch arm64)")
+def test_the_arm64_kernel_digest_agrees_with_osslsigncode(tmp_path: Path) -> None:
+    """PCR 4's second value: Debian's arm64 kernel Image, which the stub starts by LoadImage."""
+    image = ARM64_KERNELS[-1]
+    assert uki.pe_arch(image.read_bytes()) == "arm64"
+    calculated, _ = osslsigncode_digest(image, tmp_path)
+    assert uki.authenticode_sha256(image.read_bytes()).hex() == calculated
+
+
+def test_a_kernel_that_is_no_gzip_goes_in_as_it_is(tmp_path: Path) -> None:
+    (tmp_path / "Image").write_bytes(b"MZ" + bytes(64))
+    assert uki.pe_kernel(tmp_path / "Image", tmp_path) == tmp_path / "Image"
+    (tmp_path / "Image.gz").write_bytes(gzip.compress(b"MZ" + bytes(64)))
+    assert uki.pe_kernel(tmp_path / "Image.gz", tmp_path).read_bytes() == b"MZ" + bytes(64)
+
+
+def test_an_image_for_another_machine() -> None:
+    stub = uki.STUBS["amd64"]
+    if not stub.is_file():
+        pytest.skip(f"no {stub}")
+    data = bytearray(stub.read_bytes())
+    at = int.from_bytes(data[0x3C:0x40], "little") + 4
+    data[at:at + 2] = (0x01C4).to_bytes(2, "little")  # ARMv7 Thumb
+    with pytest.raises(uki.PeError, match="0x1c4"):
+        uki.pe_arch(bytes(data))

@@ -1,8 +1,10 @@
 """The QEMU harness without booting: its command line keeps the guest's network closed, the
-forwarder relays one connection to the loopback, kernel parameters are checked."""
+forwarder relays one connection to the loopback, kernel parameters are checked; arm64's
+attestation machine and its GRUB chainloader."""
 
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
 import sys
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agent.proc import alive
+from initramfs import uki
 from qemu import harness
 from qemu.harness import Disk, Machine, MachineSpec
 from tests.runtime.harness import wait_until
@@ -153,3 +156,37 @@ def test_uefi_on_amd64_is_ovmf_and_disk_boot_boots_the_first_disk(tmp_path: Path
     devices = [argv[i + 1] for i, a in enumerate(argv) if a == "-device"]
     assert "nvme,serial=SERA,drive=d0,bootindex=1" in devices
     assert "nvme,serial=SERB,drive=d1" in devices
+
+
+def test_arm64_attestation_is_a_tis_device_aavmf_on_pflash_and_the_esp_not_kernel(tmp_path: Path) -> None:
+    code, variables = tmp_path / "AAVMF_CODE.fd", tmp_path / "AAVMF_VARS.fd"
+    argv = Machine(spec(tmp_path, arch="arm64", tpm=tmp_path / "swtpm.sock", esp=tmp_path / "esp",
+                        pflash=(code, variables))).argv()
+    devices = [argv[i + 1] for i, a in enumerate(argv) if a == "-device"]
+    assert "tpm-tis-device,tpmdev=tpm0" in devices and "tpm-tis,tpmdev=tpm0" not in devices
+    drives = [argv[i + 1] for i, a in enumerate(argv) if a == "-drive"]
+    assert drives[:2] == [f"if=pflash,format=raw,readonly=on,file={code}",
+                          f"if=pflash,format=raw,file={variables}"]
+    assert "-bios" not in argv and "-kernel" not in argv
+    assert f"if=none,id=esp,format=raw,readonly=on,file=fat:{tmp_path / 'esp'}" in drives
+
+
+def test_grub_chainloader_starts_one_image_and_takes_no_script_from_a_path() -> None:
+    with pytest.raises(ValueError, match="GRUB's script"):
+        harness.grub_chainloader(Path("/nonexistent/BOOTAA64.EFI"), "/EFI/Linux/a.efi\nlinux /x")
+    with pytest.raises(ValueError, match="GRUB's script"):
+        harness.grub_chainloader(Path("/nonexistent/BOOTAA64.EFI"), "EFI/Linux/ramdisk.efi; boot")
+
+
+def test_grub_chainloader_is_an_arm64_efi_image_with_its_script(tmp_path: Path) -> None:
+    if shutil.which("grub-mkimage") is None:
+        pytest.skip("grub-mkimage is not installed (apt-get install grub-common)")
+    known = subprocess.run(["apt-cache", "show", "--no-all-versions", "grub-efi-arm64-bin:arm64"],
+                           capture_output=True, check=False)
+    if known.returncode != 0:
+        pytest.skip("apt does not know arm64 packages here (dpkg --add-architecture arm64; apt-get update)")
+    target = harness.grub_chainloader(tmp_path / "EFI" / "BOOT" / "BOOTAA64.EFI", "/EFI/Linux/ramdisk.efi")
+    data = target.read_bytes()
+    assert uki.pe_arch(data) == "arm64"
+    assert b"chainloader /EFI/Linux/ramdisk.efi\nboot\n" in data  # the embedded script
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["BOOT", "BOOTAA64.EFI", "EFI"]  # nothing beside it

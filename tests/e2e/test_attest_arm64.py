@@ -1,0 +1,129 @@
+"""Attestation on arm64's real (emulated) firmware: the arm64 ramdisk as a UKI (initramfs/uki.py:
+Debian's arm64 systemd-boot stub, the kernel's Image, the initramfs) booted from an ESP folder
+by AAVMF (Debian's qemu-efi-aarch64, on pflash with a copy of its variables) on QEMU's virt
+machine with a TPM 2.0 (``tpm-tis-device``, swtpm). The ramdisk's /init loads the TPM's driver
+(tpm_tis, a module in Debian's arm64 cloud kernel) before the agent starts; the join is attested
+with PCRs 4, 11 and 12 as uki.py predicted, and the node's disk.wipe certificate counts as
+verified. GRUB in front of the UKI (``chainloader`` with no arguments, as the arm64 PXE path's
+GRUB would start it) is measured before it, and with GRUB listed as a loader the join attests.
+
+Marked qemu and slow: arm64 under TCG boots in minutes.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.gateway import eventlog
+from agent.gateway.attest import Status
+from initramfs import uki
+from qemu import tpm as qemu_tpm
+from qemu.harness import Machine, grub_chainloader
+from qemu.lab import Lab, ensure_ramdisk
+from tests.e2e.conftest import JOIN_TIMEOUT, run_command, skip_reason
+from tests.e2e.test_attest_uefi import attest, build_of, verdict
+
+pytestmark = [pytest.mark.qemu, pytest.mark.slow]
+
+AAVMF_CODE = Path("/usr/share/AAVMF/AAVMF_CODE.fd")
+AAVMF_VARS = Path("/usr/share/AAVMF/AAVMF_VARS.fd")
+NODE = "attest-arm64"
+
+
+@pytest.fixture(scope="module")
+def arm_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    reason = skip_reason("arm64") or qemu_tpm.missing()
+    if reason is None and not (AAVMF_CODE.is_file() and AAVMF_VARS.is_file()):
+        reason = f"no {AAVMF_CODE} / {AAVMF_VARS} (apt-get install qemu-efi-aarch64)"
+    if reason is None and shutil.which(uki.objcopy("arm64")) is None:
+        reason = f"{uki.objcopy('arm64')} is not installed (apt-get install binutils-aarch64-linux-gnu)"
+    if reason:
+        pytest.skip(reason)
+    with Lab(tmp_path_factory.mktemp("lab-attest-arm64"), ensure_ramdisk(arch="arm64")) as lab:
+        yield lab
+
+
+def firmware_variables(tmp_path: Path) -> Path:
+    """A writable copy of AAVMF's variables for one machine (pflash unit 1)."""
+    variables = tmp_path / "AAVMF_VARS.fd"
+    shutil.copyfile(AAVMF_VARS, variables)
+    return variables
+
+
+def pcr4_images(machine: Machine) -> list[str]:
+    """The EFI applications the firmware measured into PCR 4, in order, from the event log the
+    guest's kernel exposes (through the test ramdisk's shell, parsed here)."""
+    # Between marks that the shell's echo of the command line does not hold as lines of their own.
+    status, out = machine.shell("echo LOG-''START;"
+                                " base64 </sys/kernel/security/tpm0/binary_bios_measurements; echo LOG-''END")
+    found = re.search(r"(?ms)^LOG-START$(.*?)^LOG-END$", out)
+    assert status == 0 and found, out
+    log = eventlog.parse(base64.b64decode("".join(found.group(1).split())))
+    return [e.sha256.hex() for e in log.of(4, eventlog.Ev.EFI_BOOT_SERVICES_APPLICATION)]
+
+
+def test_an_arm64_uki_under_aavmf_attests_and_its_wipe_is_verified(arm_lab: Lab, tmp_path: Path) -> None:
+    qemu_tpm.manufacture(tmp_path / "state", tmp_path / "ca")
+    variables = firmware_variables(tmp_path)
+    esp, values = arm_lab.uki(NODE)
+    assert (esp / "EFI" / "BOOT" / "BOOTAA64.EFI").is_file()
+    joins = attest(arm_lab, tmp_path / "ca", [build_of(values)])
+    disks = arm_lab.standard_disks(NODE, size=64 * 1024 * 1024)
+    with qemu_tpm.Swtpm(tmp_path / "state", tmp_path / "swtpm.sock") as swtpm:
+        machine = arm_lab.boot(NODE, tpm=swtpm.socket, esp=esp, disks=disks[:1],
+                               pflash=(AAVMF_CODE, variables))
+        try:
+            assert "tpm-tis-device,tpmdev=tpm0" in " ".join(machine.argv())
+            arm_lab.wait_joined(machine, NODE, JOIN_TIMEOUT)
+            # The driver came from the ramdisk's modules; the firmware's log is in securityfs.
+            status, out = machine.shell(
+                "cut -d' ' -f1 /proc/modules; wc -c </sys/kernel/security/tpm0/binary_bios_measurements;"
+                " cat /sys/class/tpm/tpm0/pcr-sha256/4")
+            assert status == 0, out
+            assert "tpm_tis" in out.split() and "tpm_tis_core" in out.split(), out
+            assert int(out.split()[-2]) > 0, out  # the event log's size
+            assert pcr4_images(machine) == values["pcr4"]  # the UKI, then the kernel the stub started
+            found = verdict(joins, NODE)
+            assert found.status is Status.ATTESTED, f"{found}\n{out}\n{machine.console_tail()}"
+            assert found.matched["build"] == values["build_id"] and found.matched["pcr4"] == values["pcr4"][0]
+            cid, _, _ = run_command(arm_lab, machine, NODE, "disk.wipe",
+                                    {"disks": [{"serial": disks[0].serial}], "method": "BEST_AVAILABLE",
+                                     "verify": "FULL"})
+            ok, why = arm_lab.gateway.verified(cid)
+            assert ok, why
+        finally:
+            machine.stop()
+            arm_lab.gateway.attestation = None
+
+
+def test_grub_chainloading_the_uki_is_measured_and_attests_as_a_loader(arm_lab: Lab, tmp_path: Path) -> None:
+    node = "attest-arm64-grub"
+    qemu_tpm.manufacture(tmp_path / "state", tmp_path / "ca")
+    esp, values = arm_lab.uki(node)
+    image = esp / "EFI" / "Linux" / "ramdisk.efi"
+    image.parent.mkdir(parents=True)
+    (esp / "EFI" / "BOOT" / "BOOTAA64.EFI").rename(image)
+    grub = grub_chainloader(esp / "EFI" / "BOOT" / "BOOTAA64.EFI", "/EFI/Linux/ramdisk.efi")
+    grub_digest = uki.authenticode_sha256(grub.read_bytes())
+    joins = attest(arm_lab, tmp_path / "ca", [build_of(values)])
+    joins.verifier.policy.loaders.add(grub_digest)
+    with qemu_tpm.Swtpm(tmp_path / "state", tmp_path / "swtpm.sock") as swtpm:
+        machine = arm_lab.boot(node, tpm=swtpm.socket, esp=esp,
+                               pflash=(AAVMF_CODE, firmware_variables(tmp_path)))
+        try:
+            arm_lab.wait_joined(machine, node, JOIN_TIMEOUT)
+            assert "bc-grub: starting /EFI/Linux/ramdisk.efi" in machine.console()
+            # GRUB, then the UKI it chainloaded through the firmware's LoadImage, then the kernel.
+            assert pcr4_images(machine) == [grub_digest.hex(), *values["pcr4"]]
+            found = verdict(joins, node)
+            assert found.status is Status.ATTESTED, f"{found}\n{machine.console_tail()}"
+            assert found.matched["pcr4"] == values["pcr4"][0]  # PCR 12 zero: GRUB passed no options
+        finally:
+            machine.stop()
+            arm_lab.gateway.attestation = None
