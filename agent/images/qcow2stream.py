@@ -209,7 +209,10 @@ class Qcow2Stream:
     def _data(self, guest: int, data: memoryview) -> None:
         assert self._batch is not None
         self._batch.put(guest, data)
-        self._written.append((guest, len(data)))
+        if self._written and sum(self._written[-1]) == guest:   # one entry per run in the guest
+            self._written[-1] = (self._written[-1][0], self._written[-1][1] + len(data))
+        else:
+            self._written.append((guest, len(data)))
         self.guest_bytes += len(data)
 
     def _aligned(self, offset: int, what: str) -> int:
