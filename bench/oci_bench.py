@@ -8,15 +8,21 @@ HTTP server is bench/proxy_bench.py's upstream (sendfile, Range honoured) servin
 blob file the registry stores. Each deploy is deploy.image itself in a process of its own, to
 a fresh sparse file under --target-dir, checked by the image's sha256: from the registry by
 ``oci+http://`` (the tag resolved, the layer's digest checked), over HTTP with the digest in the
-request. Rounds alternate who goes first; the result is the median of the rounds' ratios (the
-machine's drift cancels), with each side's median time beside it.
+request. One warm-up deploy of each first (not counted: the page cache, the imports), then
+rounds that alternate who goes first; the result is the median of the rounds' ratios (the
+machine's drift cancels), with each side's median time beside it. Around each deploy the
+bench records the load average, the CPU seconds of the deploy's process, of the server it read
+from (the registry's apart from the sendfile server's) and of the rest of the machine (from
+/proc/stat: the other work on a shared machine), and gives the median ratio over the quiet
+rounds (the rest of the machine under QUIET of a core during both deploys) beside the one over
+all rounds.
 
 K deploys: the site's services in this process, a route made by the real site.httpProxy
 handler from the registry reference (the artifact carrying its chunk manifest layer), K
 deploy.image handlers at once (threads) from the route's URL with the layer's digest and the
 chunk manifest; the registry's bytes are read from its own access log.
 
-Usage: python bench/oci_bench.py [--size 2G] [--runs 5] [--k 8] [--k-size 512M]
+Usage: python bench/oci_bench.py [--size 2G] [--runs 9] [--k 8] [--k-size 512M]
 """
 
 from __future__ import annotations
@@ -24,12 +30,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,6 +45,8 @@ sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(ROOT / "bench"))
 from proxy_bench import parse_size  # noqa: E402
+
+QUIET = 0.25     # a round is quiet when the rest of the machine used less than this many cores
 
 
 def make_image(path: Path, size: int) -> str:
@@ -83,11 +93,39 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def timed(argv: list[str]) -> float:
+def machine_busy() -> float:
+    """CPU seconds the whole machine has spent not idle (every core, every process) so far."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]                  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One deploy: its wall time, and the CPU seconds spent meanwhile by the deploy's process,
+    by the server it read from, and by everything else on the machine (the other engineers'
+    work: what makes a round noisy), all over the child's whole life."""
+
+    wall: float          # the deploy itself, as the child timed it
+    elapsed: float       # the child's whole life (its start, imports, the target's set-up)
+    client: float
+    server: float
+    others: float
+
+
+def timed(argv: list[str], server_pid: int) -> Run:
+    """``argv`` run as a child that prints its wall seconds last; the CPU around it."""
+    children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    server0, busy0, t0 = cpu_seconds(server_pid), machine_busy(), time.perf_counter()
     done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, check=False)
+    elapsed = time.perf_counter() - t0
+    busy, server = machine_busy() - busy0, cpu_seconds(server_pid) - server0
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(f"{argv[0]} failed: {done.stderr[-2000:]}")
-    return float(done.stdout.strip().splitlines()[-1])
+    client = (children.ru_utime - children0.ru_utime) + (children.ru_stime - children0.ru_stime)
+    return Run(float(done.stdout.strip().splitlines()[-1]), elapsed, client, server,
+               max(0.0, busy - client - server))
 
 
 def ratio(work: Path, size: int, runs: int, target_dir: Path) -> None:
@@ -110,38 +148,53 @@ def ratio(work: Path, size: int, runs: int, target_dir: Path) -> None:
                 time.sleep(0.05)
             http_url = f"http://127.0.0.1:{port_file.read_text()}/blob"
             target = target_dir / "oci-bench.disk"
-            ratios, reg_times, http_times = [], [], []
-            server_cpu: dict[str, list[float]] = {"oci": [], "http": []}
+            argv = {"oci": [__file__, "--deploy-oci", reg.ref("bench/image:1"), str(size), str(target)],
+                    "http": [str(ROOT / "bench/proxy_bench.py"), "--deploy", http_url, str(size), sha,
+                             str(target)]}
             pids = {"oci": reg.proc.pid, "http": upstream.pid}
+            for which in ("oci", "http"):    # a warm-up of each, not counted (the page cache, imports)
+                timed(argv[which], pids[which])
+            rounds: list[dict[str, Run]] = []
             for i in range(runs):
-                order = ["oci", "http"] if i % 2 == 0 else ["http", "oci"]
-                got: dict[str, float] = {}
-                for which in order:
-                    before = cpu_seconds(pids[which])
-                    if which == "oci":
-                        got[which] = timed([__file__, "--deploy-oci", reg.ref("bench/image:1"), str(size),
-                                            str(target)])
-                    else:
-                        got[which] = timed([str(ROOT / "bench/proxy_bench.py"), "--deploy", http_url,
-                                            str(size), sha, str(target)])
-                    server_cpu[which].append(cpu_seconds(pids[which]) - before)
-                reg_times.append(got["oci"])
-                http_times.append(got["http"])
-                ratios.append(got["oci"] / got["http"])
-                print(f"round {i + 1}: registry {got['oci']:.2f} s, http {got['http']:.2f} s, "
-                      f"ratio {ratios[-1]:.3f}", flush=True)
+                load = os.getloadavg()[0]
+                got = {which: timed(argv[which], pids[which])
+                       for which in (("oci", "http") if i % 2 == 0 else ("http", "oci"))}
+                rounds.append(got)
+                o, h = got["oci"], got["http"]
+                print(f"round {i + 1}: load {load:.2f}; registry {o.wall:.2f} s (deploy CPU {o.client:.2f},"
+                      f" registry CPU {o.server:.2f}, others {o.others / o.elapsed:.2f} core), http"
+                      f" {h.wall:.2f} s (deploy CPU {h.client:.2f}, server CPU {h.server:.2f}, others"
+                      f" {h.others / h.elapsed:.2f} core); ratio {o.wall / h.wall:.3f}", flush=True)
             target.unlink(missing_ok=True)
         finally:
             upstream.terminate()
             upstream.wait()
+    summarize(size, rounds)
+
+
+def summarize(size: int, rounds: list[dict[str, Run]]) -> None:
+    """The medians; the ratio over the rounds where the rest of the machine stayed quiet (less
+    than QUIET of a core's worth of others' CPU during either deploy) beside the one over all."""
+    def med(which: str, field: str) -> float:
+        return statistics.median(float(getattr(r[which], field)) for r in rounds)
+
     gib = size / (1 << 30)
-    reg_s, http_s = statistics.median(reg_times), statistics.median(http_times)
-    print(f"\n{gib:g} GiB, {runs} rounds: registry {reg_s:.2f} s ({gib / reg_s:.2f} GiB/s), plain HTTP "
-          f"{http_s:.2f} s ({gib / http_s:.2f} GiB/s); registry/http: median of ratios "
+    ratios = [r["oci"].wall / r["http"].wall for r in rounds]
+    quiet = [r["oci"].wall / r["http"].wall for r in rounds
+             if all(r[w].others < QUIET * r[w].elapsed for w in r)]
+    reg_s, http_s = med("oci", "wall"), med("http", "wall")
+    print(f"\n{gib:g} GiB, {len(rounds)} rounds: registry {reg_s:.2f} s ({gib / reg_s:.2f} GiB/s), "
+          f"plain HTTP {http_s:.2f} s ({gib / http_s:.2f} GiB/s); registry/http: median of ratios "
           f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}), ratio of "
-          f"medians {reg_s / http_s:.3f}; the server's CPU per deploy (median): registry "
-          f"{statistics.median(server_cpu['oci']):.2f} s, plain HTTP "
-          f"{statistics.median(server_cpu['http']):.2f} s")
+          f"medians {reg_s / http_s:.3f}")
+    print(f"quiet rounds (others < {QUIET:g} core): {len(quiet)}" + (
+        f", median of their ratios {statistics.median(quiet):.3f} (min {min(quiet):.3f},"
+        f" max {max(quiet):.3f})" if quiet else ""))
+    print(f"CPU per deploy (medians): the deploy's process {med('oci', 'client'):.2f} s from the registry,"
+          f" {med('http', 'client'):.2f} s over HTTP; the server {med('oci', 'server'):.2f} s (registry),"
+          f" {med('http', 'server'):.2f} s (sendfile); the rest of the machine meanwhile"
+          f" {med('oci', 'others'):.2f} s / {med('http', 'others'):.2f} s"
+          f" ({statistics.median(r[w].others / r[w].elapsed for r in rounds for w in r):.2f} core)")
 
 
 def fleet(work: Path, size: int, k: int, target_dir: Path) -> None:
@@ -208,7 +261,7 @@ def fleet(work: Path, size: int, k: int, target_dir: Path) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", default="2G", help="image size for the ratio (default 2G)")
-    p.add_argument("--runs", type=int, default=5, help="rounds (default 5)")
+    p.add_argument("--runs", type=int, default=9, help="rounds (default 9)")
     p.add_argument("--k", type=int, default=8, help="deploys at once through the site (default 8; 0: none)")
     p.add_argument("--k-size", default="512M", help="image size for the K deploys (default 512M)")
     p.add_argument("--target-dir", default="/var/tmp", help="where the target files go")

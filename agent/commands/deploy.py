@@ -61,11 +61,11 @@ class DeployImage(Handler[agent_pb2.DeployImageRequest, DeployImageParams], kind
         if url and ref is None:
             http.check_url(url)
         local = _local_path(payload.local_path) if which == "local_path" else None
-        if payload.format == Fmt.QCOW2 and url:
-            raise Unsupported(QCOW2_NEEDS_FILE)
         manifest = None
         if payload.HasField("manifest"):
             manifest = filesource.parse_source(payload.manifest, "manifest")
+        if payload.format == Fmt.QCOW2 and url and (manifest is not None or payload.manifest_inline):
+            raise Unsupported(QCOW2_NEEDS_FILE)
         if manifest is not None and payload.manifest_inline:
             raise InvalidParameters("give the manifest as a file or inline, not both")
         if len(payload.manifest_inline) > MAX_INLINE_MANIFEST:

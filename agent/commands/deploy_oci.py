@@ -2,7 +2,8 @@
 resolved once, at the start, to the disk layer of the node's platform, and the request turned
 into the one the pipelines already know: the blob's URL, its sha256 (the registry's content
 address) as the published file's digest, its format by media type, the chunk manifest layer
-(fetched, checked by its digest) as the manifest, and the registry's authorization for the
+(fetched, checked by its digest) as the manifest (not for a qcow2 layer, which streams by its
+digest through its tables), and the registry's authorization for the
 blob's origin only (renewed from the registry's challenge when a token expires mid-deploy).
 Every connection of the deploy, a redirect's included, dials only the registry's host or one
 of the request's ``registry_hosts``.
@@ -60,7 +61,9 @@ def locate(ctx: Context, params: DeployParams) -> tuple[DeployParams, str]:
     art = reg.resolve(arch=oci.node_arch())
     ctx.log.info("deploy.image: %s is %s, disk layer %s (%d bytes)", ref, art.manifest_digest,
                  art.disk.digest, art.disk.size)
-    fetch = art.chunk_manifest is not None and not params.has_manifest
+    # A qcow2 layer streams by its digest (agent/images/qcow2stream.py): its chunk manifest,
+    # made for the guest's bytes in their order, needs a local file.
+    fetch = art.chunk_manifest is not None and not params.has_manifest and art.format != Fmt.QCOW2
     chunks = reg.blob_bytes(art.chunk_manifest) if fetch and art.chunk_manifest else None
     located = _located(params, art, chunks, url=reg.blob_url(art.disk),
                        headers=params.headers, auth=reg.authorizer, resolve=reg.opts.resolve)
@@ -80,7 +83,7 @@ def _located(params: DeployParams, art: oci.Artifact, chunks: bytes | None, **so
             raise InvalidParameters(f"declared format {image.format_name(fmt)} but the disk layer is"
                                     f" {art.disk.media_type}")
         fmt = art.format
-    if fmt == Fmt.QCOW2 and "url" in source:
+    if fmt == Fmt.QCOW2 and "url" in source and params.has_manifest:
         raise Unsupported(QCOW2_NEEDS_FILE)
     manifest_inline = params.manifest_inline if params.has_manifest or chunks is None else chunks
     return dataclasses.replace(params, digest=layer, format=fmt, manifest_inline=manifest_inline, **source)

@@ -10,7 +10,7 @@ import dataclasses
 import secrets
 
 from agent.commands.base import Context, Handler
-from agent.errors import InvalidParameters, Unsupported
+from agent.errors import InvalidParameters
 from agent.images import filesource, oci
 from agent.images.image import Digest
 from agent.images.manifest import MAX_MANIFEST
@@ -53,14 +53,14 @@ def _registry_route(ctx: Context, params: RouteRequest) -> site_pb2.HttpProxyRes
     """A route to an OCI registry (docs/oci.md): the reference resolved here, once, with the
     secret store's credentials, to the disk layer's blob; the route serves that blob from the
     site's store, chunk by chunk when the artifact carries a chunk manifest of the raw image,
-    else whole by its digest (agent/site/serve/blobroute.py), and adds the authorization
-    itself."""
+    else whole by its digest (agent/site/serve/blobroute.py; a qcow2 layer always: the ramdisk
+    streams it by its digest), and adds the authorization itself."""
     site = ctx.site()
     ref = oci.parse(params.registry)
     reg, art, chunks = site.registries.resolve(ref, params.credentials_ref, arch=params.architecture,
                                                other_hosts=frozenset(params.registry_hosts))
-    if art.format == Fmt.QCOW2:
-        raise Unsupported("a qcow2 disk layer is converted by qemu-img, which needs a local file")
+    if art.format == Fmt.QCOW2:  # streamed by its digest (agent/images/qcow2stream.py): a chunk
+        chunks = None            # manifest of its guest bytes needs a local file on the node
     blob = dataclasses.replace(params, upstream_url=reg.blob_url(art.disk))
     plan = None
     if chunks is not None and art.format == Fmt.RAW:   # chunk by chunk from the chunk store

@@ -10,10 +10,12 @@ image is checked; what they share (the source, the format and size checks, the t
 digest check, the read-back) is ``Deployment``'s:
 
 - ``StreamDeployment``: raw or compressed (gzip, xz, bzip2, zstd), streamed onto the
-  disk, the whole published file's digest computed as it passes and compared at the end.
+  disk, the whole published file's digest computed as it passes and compared at the end; a
+  qcow2 file over HTTP (a registry's blob) the same way, through its tables as the stream
+  passes them (agent/images/qcow2stream.py).
 - ``Qcow2Deployment``: a local qcow2 file without a manifest; its digest is checked
   over the whole file before the disk is touched, then ``qemu-img convert -n`` writes it
-  (qemu-img needs a seekable file: an HTTP source is refused with UNSUPPORTED). For qcow2
+  (qemu-img needs a seekable file: over HTTP, StreamDeployment streams it). For qcow2
   ``bytes_written`` is the virtual size (qemu-img skips zeros itself and does not say how
   many).
 - ``ManifestDeployment``: with a manifest (``manifest`` or ``manifest_inline``: an
@@ -65,12 +67,10 @@ from agent.errors import (
     Reason,
     SourceFailed,
     ToolFailed,
-    Unsupported,
 )
 from agent.hw import block, diskio, partitions
 from agent.images import filesource, image, manifest, oci, readers
 from agent.images.plan import Plan
-from agent.images.readers import QCOW2_NEEDS_FILE
 from agent.images.verified import VerifiedCopy
 from agent.net import http
 from agent.proc import Completed, Exited
@@ -311,8 +311,9 @@ class StreamDeployment(Deployment):
             fmt = self._check_format(source.peek())
             self._check_fits(fmt, source.total)
             if fmt == Fmt.QCOW2:
-                raise Unsupported(QCOW2_NEEDS_FILE)
-            self._stream(source, fmt)
+                self._stream_qcow2(source)
+            else:
+                self._stream(source, fmt)
         finally:
             source.close()
 
@@ -341,6 +342,32 @@ class StreamDeployment(Deployment):
             if stream is not None:
                 stream.close()
             raise
+
+    def _stream_qcow2(self, source: image.Source) -> None:
+        """A qcow2 file from a stream, through its tables as they pass (agent/images/qcow2stream.py);
+        zeros written only where the disk does not read zeros. ``verify_readback`` is not done
+        here (as for qemu-img's path): the guest's bytes are written out of order."""
+        from agent.images.qcow2stream import Qcow2Stream
+
+        q = Qcow2Stream(source, self.hooks.check)
+        if q.size > self.disk.size:
+            raise AgentError(f"qcow2 virtual size {q.size} is larger than disk {self.disk.name}"
+                             f" ({self.disk.size})", reason=Reason.TOO_LARGE)
+        with self._open_target() as (fd, dfd):
+            skip = self._prepare(fd)
+            direct = dfd if q.header.cluster >= self.disk.logical_block_size else None
+            self.result.direct_io = direct is not None
+            with diskio.DiskWriter(fd, direct, size=self.disk.size, skip_zeros=skip, cancel=self.hooks.cancel,
+                                   block=self.disk.logical_block_size) as writer:
+                q.progress = lambda done: self._progress(source, done, writer.written, writer.skipped)
+                q.copy(writer, zeros=not skip)
+            self.result.bytes_written = writer.written
+            self.result.bytes_skipped = writer.skipped
+            self.result.image_bytes = q.size
+            self.result.source_bytes = source.count
+            self.result.resumes = source.resumes
+            self._check_digest(source.hasher.hexdigest())
+            self._finish(fd)
 
     def _copy(self, source: image.Source, stream: image.RawStream | None, writer: diskio.DiskWriter,
               raw_hash: Any) -> int:

@@ -5,6 +5,7 @@ that verifies each chunk against a manifest before it writes it.
         q.size                        # the virtual (raw image) size
         q.read(offset, view)          # guest bytes into view: data clusters read, others zeros
         q.allocated(offset, length)   # whether any cluster there holds data
+    Header.parse(head, what)          # the header's fields, checked (qcow2stream.py's too)
 
 Only what a published image uses: no backing file, no encryption, no external data file, no
 extended L2 entries (all refused with Unsupported); compressed clusters with deflate (zlib)
@@ -17,6 +18,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -27,7 +29,86 @@ OFFSET_MASK = 0x00FFFFFFFFFFFE00
 COMPRESSED = 1 << 62
 ZERO_FLAG = 1
 INCOMPATIBLE_DIRTY = 1
+INCOMPATIBLE_COMPRESSION = 8   # a compression type other than deflate (zstd)
+ZSTD_REFUSED = "qcow2 clusters compressed with zstd are not supported; use deflate or none"
 INCOMPATIBLE_OK = INCOMPATIBLE_DIRTY  # dirty: refcounts may be stale, the tables are fine
+
+
+HEADER_READ = 112          # what ``Header.parse`` needs of the file's start (version 3's fields)
+MAX_L1 = 32 << 20          # bytes of L1 table at most (QEMU's own bound)
+
+
+@dataclass(frozen=True)
+class Header:
+    """What a qcow2 file's header says, checked: the features we refuse are refused here."""
+
+    cluster_bits: int
+    size: int                  # the virtual (raw image) size
+    l1_size: int               # entries
+    l1_offset: int
+    compression: int           # 0: deflate, 1: zstd
+
+    @classmethod
+    def parse(cls, head: bytes, what: str) -> Header:
+        if len(head) < 72 or head[:4] != MAGIC:
+            raise InvalidParameters(f"{what} is not a qcow2 file")
+        (version, backing, _bsize, cluster_bits, size, crypt, l1_size, l1_offset) = struct.unpack(
+            ">IQIIQIIQ", head[4:48])
+        if version not in (2, 3):
+            raise Unsupported(f"qcow2 version {version}")
+        if backing:
+            raise InvalidParameters("qcow2 image has a backing file: refused (it would read another file)")
+        if crypt:
+            raise Unsupported("encrypted qcow2 images are not supported")
+        if not 9 <= cluster_bits <= 21:
+            raise InvalidParameters(f"qcow2: cluster_bits {cluster_bits} out of range")
+        compression = 0
+        if version == 3:
+            if len(head) < 104:
+                raise InvalidParameters(f"{what}: the qcow2 header is cut short")
+            incompatible = struct.unpack(">Q", head[72:80])[0]
+            if incompatible & INCOMPATIBLE_COMPRESSION:
+                raise Unsupported(ZSTD_REFUSED)
+            if incompatible & ~INCOMPATIBLE_OK:
+                raise Unsupported(f"qcow2 incompatible features {incompatible:#x} (external data file,"
+                                  " extended L2 entries, corrupt, ...) are not supported")
+            header_length = struct.unpack(">I", head[100:104])[0]
+            if header_length > 104 and len(head) > 104:
+                compression = head[104]
+        cluster = 1 << cluster_bits
+        if l1_size * (cluster // 8) * cluster < size:
+            raise InvalidParameters("qcow2: the L1 table is too small for the virtual size")
+        if l1_size * 8 > MAX_L1:
+            raise InvalidParameters(f"qcow2: an L1 table of {l1_size} entries is over the bound"
+                                    f" ({MAX_L1} bytes)")
+        return cls(cluster_bits, size, l1_size, l1_offset, compression)
+
+    @property
+    def cluster(self) -> int:
+        return 1 << self.cluster_bits
+
+    @property
+    def l2_entries(self) -> int:
+        return self.cluster // 8
+
+    def compressed_extent(self, entry: int) -> tuple[int, int]:
+        """Where a compressed cluster's deflate stream lies in the file: (offset, length at most)."""
+        shift = 62 - (self.cluster_bits - 8)
+        host = entry & ((1 << shift) - 1)
+        sectors = ((entry & ~COMPRESSED & ((1 << 62) - 1)) >> shift) + 1
+        return host, sectors * 512 - (host & 511)
+
+    def inflate(self, data: bytes | memoryview) -> bytes:
+        """A compressed cluster's bytes: exactly one cluster, or SourceFailed."""
+        if self.compression != 0:
+            raise Unsupported(ZSTD_REFUSED)
+        try:
+            out = zlib.decompressobj(-12).decompress(data, self.cluster)
+        except zlib.error as exc:
+            raise SourceFailed(f"qcow2: corrupt compressed cluster ({exc})") from exc
+        if len(out) != self.cluster:
+            raise SourceFailed("qcow2: a compressed cluster inflates to the wrong size")
+        return out
 
 
 class Qcow2File:
@@ -48,36 +129,14 @@ class Qcow2File:
         return data
 
     def _header(self, path: Path) -> None:
-        head = os.pread(self.fd, 112, 0)
-        if len(head) < 72 or head[:4] != MAGIC:
-            raise InvalidParameters(f"{path} is not a qcow2 file")
-        (version, backing, _bsize, cluster_bits, size, crypt, l1_size, l1_offset) = struct.unpack(
-            ">IQIIQIIQ", head[4:48])
-        if version not in (2, 3):
-            raise Unsupported(f"qcow2 version {version}")
-        if backing:
-            raise InvalidParameters("qcow2 image has a backing file: refused (it would read another file)")
-        if crypt:
-            raise Unsupported("encrypted qcow2 images are not supported")
-        if not 9 <= cluster_bits <= 21:
-            raise InvalidParameters(f"qcow2: cluster_bits {cluster_bits} out of range")
-        self.compression = 0
-        if version == 3:
-            incompatible = struct.unpack(">Q", head[72:80])[0]
-            if incompatible & ~INCOMPATIBLE_OK:
-                raise Unsupported(f"qcow2 incompatible features {incompatible:#x} (external data file,"
-                                  " extended L2 entries, corrupt, ...) are not supported")
-            header_length = struct.unpack(">I", head[100:104])[0]
-            if header_length > 104 and len(head) > 104:
-                self.compression = head[104]
-        self.cluster = 1 << cluster_bits
-        self.cluster_bits = cluster_bits
-        self.size: int = size
-        self.l2_entries = self.cluster // 8
-        if l1_size * self.l2_entries * self.cluster < size:
-            raise InvalidParameters("qcow2: the L1 table is too small for the virtual size")
-        self.l1 = struct.unpack(f">{l1_size}Q", self._pread(8 * l1_size, l1_offset)) if l1_size else ()
-        self._csize_shift = 62 - (cluster_bits - 8)
+        h = self.header = Header.parse(os.pread(self.fd, HEADER_READ, 0), str(path))
+        self.compression = h.compression
+        self.cluster = h.cluster
+        self.cluster_bits = h.cluster_bits
+        self.size: int = h.size
+        self.l2_entries = h.l2_entries
+        self.l1 = struct.unpack(f">{h.l1_size}Q", self._pread(8 * h.l1_size, h.l1_offset)) \
+            if h.l1_size else ()
 
     def _entry(self, cluster_index: int) -> int:
         """The L2 entry of a guest cluster (0: unallocated)."""
@@ -135,18 +194,8 @@ class Qcow2File:
             pos += n
 
     def _inflate(self, entry: int) -> bytes:
-        if self.compression != 0:
-            raise Unsupported("qcow2 clusters compressed with zstd are not supported; use deflate or none")
-        host = entry & ((1 << self._csize_shift) - 1)
-        sectors = ((entry & ~COMPRESSED & ((1 << 62) - 1)) >> self._csize_shift) + 1
-        data = os.pread(self.fd, sectors * 512 - (host & 511), host)
-        try:
-            out = zlib.decompressobj(-12).decompress(data, self.cluster)
-        except zlib.error as exc:
-            raise SourceFailed(f"qcow2: corrupt compressed cluster ({exc})") from exc
-        if len(out) != self.cluster:
-            raise SourceFailed("qcow2: a compressed cluster inflates to the wrong size")
-        return out
+        host, length = self.header.compressed_extent(entry)
+        return self.header.inflate(os.pread(self.fd, length, host))
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -23,7 +23,8 @@ from agent.net import http
 from agent.proto import agent_pb2
 
 Fmt = agent_pb2.ImageFormat
-QCOW2_NEEDS_FILE = "qcow2 is converted by qemu-img, which needs a seekable file: use local_path"
+QCOW2_NEEDS_FILE = ("a qcow2 image over HTTP is deployed by its digest, streamed through its tables;"
+                    " chunk by chunk against a manifest it needs a local file (local_path)")
 
 
 class Reader(enum.StrEnum):
@@ -38,7 +39,8 @@ def pick(fmt: int, *, local: bool, ranged: bool, must_hash: bool) -> Reader:
     through its tables (qcow2); a raw image over HTTP whose server takes Range requests is
     fetched by Range, unless the published bytes must be hashed whole (``must_hash``: a digest
     the manifest does not vouch for); anything else is read as a stream. A qcow2 image over
-    HTTP is refused (its tables need a seekable file)."""
+    HTTP is refused here (its chunks in the guest's order need a seekable file; without a
+    manifest it streams: agent/images/qcow2stream.py)."""
     if fmt == Fmt.QCOW2:
         if not local:
             raise Unsupported(QCOW2_NEEDS_FILE)

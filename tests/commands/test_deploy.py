@@ -32,7 +32,7 @@ from agent.errors import (
     Unsupported,
 )
 from agent.hw import block
-from agent.images import decompress
+from agent.images import decompress, manifest
 from agent.proto import agent_pb2, common_pb2, session_pb2
 from tests.diskfixtures import MiB, gpt_image, loop_device, mounted, random_file
 from tests.loopback_http import Fault, LoopbackServer
@@ -198,16 +198,21 @@ def test_qcow2_with_backing_file_refused(tmp_path: Path) -> None:
     assert t.untouched()
 
 
-def test_qcow2_over_http_unsupported(tmp_path: Path) -> None:
+def test_qcow2_over_http_with_a_manifest_unsupported(tmp_path: Path) -> None:
+    """Without a manifest a qcow2 file streams over HTTP (tests/images/test_qcow2stream.py);
+    chunk by chunk against a manifest it needs a local file."""
     with pytest.raises(Unsupported, match="local_path"):
-        DeployImage().parse(request("http://127.0.0.1:1/x.qcow2", b"", format=Fmt.QCOW2))
+        DeployImage().parse(request("http://127.0.0.1:1/x.qcow2", b"", format=Fmt.QCOW2,
+                                    manifest_inline=b"m"))
     if shutil.which("qemu-img") is None:
         return
     t = Target(tmp_path)
     proc.run(["qemu-img", "create", "-q", "-f", "qcow2", str(tmp_path / "x.qcow2"), "1M"])
     published = (tmp_path / "x.qcow2").read_bytes()
+    (tmp_path / "raw").write_bytes(bytes(MiB))
+    man = manifest.write(tmp_path / "raw")[0].read_bytes()
     with LoopbackServer() as srv, pytest.raises(Unsupported, match="local_path"):
-        deploy(request(srv.add("/x", published), published), t.disks)  # detected, not declared
+        deploy(request(srv.add("/x", published), published, manifest_inline=man), t.disks)  # detected
     assert t.untouched()
 
 

@@ -7,6 +7,8 @@ survives a restart of the site."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -254,3 +256,29 @@ def test_a_new_version_fetches_only_what_changed(tmp_path: Path) -> None:
         sent_v2 = sum(n for _, n in reg.blob_gets(second.disk.digest))
     assert sent_v1 > 4 << 20
     assert sent_v2 == 4 << 20               # the changed chunk only
+
+
+@pytest.mark.skipif(shutil.which("qemu-img") is None, reason="qemu-img not installed")
+def test_a_qcow2_layer_through_a_route_streams_by_its_digest(tmp_path: Path) -> None:
+    """A qcow2 layer pushed with its chunk manifest: the route serves the whole blob from the
+    store, the result gives no chunk manifest, and two ramdisks write the raw image through
+    the qcow2 file's tables; the registry sends the blob once."""
+    img = sparse_image(8 << 20)
+    (tmp_path / "node.raw").write_bytes(img)
+    path = tmp_path / "node.qcow2"
+    subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", str(tmp_path / "node.raw"), str(path)],
+                   check=True, stdin=subprocess.DEVNULL)
+    with Registry(tmp_path, auth="htpasswd") as reg:
+        pushed = publish(reg, "fleet/q:1", path)
+        with running(settings_for(tmp_path, reg)) as site:
+            route = add_registry_route(site, reg.ref("fleet/q:1"), credentials_ref="registry1")
+            assert not route.chunk_manifest and route.disk_digest.hex == pushed.disk.hex
+            results = []
+            for i in range(2):
+                (tmp_path / f"n{i}").mkdir()
+                t = Target(tmp_path / f"n{i}")
+                results.append(deploy(ramdisk_request(route), t.disks))
+                assert t.data()[: len(img)] == img
+        gets = reg.blob_gets(pushed.disk.digest)
+    assert all(r.format == agent_pb2.ImageFormat.QCOW2 and r.verification == "digest" for r in results)
+    assert gets == [(200, path.stat().st_size)]
