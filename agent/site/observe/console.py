@@ -28,7 +28,8 @@
 - The attached nodes are recorded (``sessions.json``): a daemon that restarts resumes them.
 - Milestones (MILESTONES: firmware, boot loader, kernel started, init, the agent's first line,
   the join, a panic, no network, the gateway unreachable, no boot device) go to
-  ``on_milestone``, each once per boot (again after the firmware shows again).
+  ``on_milestone``, each once per boot (again when the firmware shows again after a kernel
+  started or after it found no boot device: a reset).
 """
 
 from __future__ import annotations
@@ -303,8 +304,8 @@ class SolSession:
             step = milestone(line)
             if step is None:
                 continue
-            if step == Step.FIRMWARE and Step.KERNEL_STARTED in self._seen:
-                self._seen.clear()           # a new boot
+            if step == Step.FIRMWARE and self._seen & {Step.KERNEL_STARTED, Step.NO_BOOT_DEVICE}:
+                self._seen.clear()           # a new boot (a reset before any kernel, too)
             if step not in self._seen:
                 self._seen.add(step)
                 self.report(self.node_id, step, line)

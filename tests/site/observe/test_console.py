@@ -178,6 +178,21 @@ def consoles_of(obs: Observer, node: str = "n1") -> list[str]:
     return [e.detail for e in a.events if e.step == Step.CONSOLE] if a else []
 
 
+def test_a_reset_before_any_kernel_is_a_new_boot_for_the_milestones(tmp_path: Path) -> None:
+    """A node reset after its firmware found no boot device (bmc.power reset of an empty disk,
+    the QEMU fault matrix) boots again: its milestones are reported again, so the new attempt
+    is named from its own lines."""
+    seen: list[str] = []
+    session = console.SolSession(
+        "n1", Bmc("127.0.0.1:623", "ipmi", REF), Ring(tmp_path / "ring", 1 << 20),
+        SecretStore(tmp_path / "secrets"), report=lambda node, step, line: seen.append(step))
+    boot = ("SeaBIOS (version 1.16.2)\r\nBooting from Hard Disk...\r\n"
+            "Boot failed: not a bootable disk\r\nBooting from DVD/CD...\r\nNo bootable device.\r\n")
+    session._lines(boot)
+    session._lines(boot)
+    assert seen == ["firmware", "boot_loader", "no_boot_device"] * 2
+
+
 def test_a_console_kept_from_power_on_with_its_milestones(
         tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path) -> None:
     obs = make_observer(tmp_path, secrets_dir)
