@@ -279,11 +279,18 @@ class SolSession:
                 if not data:
                     break
                 self._lines(data.decode("utf-8", "replace"))
+            self._ended()
             child.stop(grace=1.0)
         with self._lock:
             self._child = None
         said = child.stderr_text()
         return said.replace(creds.password, "<hidden>") if creds.password else said
+
+    def _ended(self) -> None:
+        """The session's output is over: a line it cut short is kept as it is, not joined to
+        what the next session writes first (its "[SOL Session operational" mark)."""
+        if self._partial:
+            self._lines("\n")
 
     def _lines(self, text: str) -> None:
         text = self._partial + text
@@ -299,6 +306,8 @@ class SolSession:
             if line.startswith("[SOL Session operational"):
                 self.connects += 1
                 self._say("attached")
+                continue
+            if line.endswith("[terminated ipmitool]"):    # ipmitool's answer to our "~."
                 continue
             self.ring.append(now, line)
             step = milestone(line)
