@@ -42,9 +42,19 @@ def _panic(a: Attempt, p: Prepared | None, now: float, wait: float) -> str | Non
     return f"kernel panic on the console: {e.detail}" if e else None
 
 
+def _network_boot(a: Attempt) -> bool:
+    """Whether the attempt is a network boot: an entry was live (method pxe), or the BMC was
+    told to boot from the network (bmc.boot pxe) with nothing prepared: a node whose entry was
+    cleaned up, or never made, booted by PXE on purpose, is not a disk that fell through."""
+    if a.method == "pxe":
+        return True
+    device = a.last(Step.BOOT_DEVICE)
+    return a.method == "disk" and device is not None and device.detail == "pxe"
+
+
 def _ignored(a: Attempt, p: Prepared | None, now: float, wait: float) -> str | None:
     e = a.last(Step.DHCP_IGNORED)
-    if a.method == "disk" or e is None or any(x.step == Step.DHCP_OFFER and x.t >= e.t for x in a.events):
+    if not _network_boot(a) or e is None or any(x.step == Step.DHCP_OFFER and x.t >= e.t for x in a.events):
         return None
     if p is None:
         return f"a PXE request from {e.detail or 'the node'} but no offer: the MAC has no boot entry"
@@ -157,7 +167,7 @@ def _never_joined(a: Attempt, p: Prepared | None, now: float, wait: float) -> st
 
 
 def _disk(a: Attempt, p: Prepared | None, now: float, wait: float) -> str | None:
-    if a.method != "disk":
+    if a.method != "disk" or _network_boot(a):
         return None
     e = a.first(Step.NO_BOOT_DEVICE)
     if e is not None and a.first(Step.KERNEL_STARTED) is None:

@@ -28,7 +28,8 @@
 - The attached nodes are recorded (``sessions.json``): a daemon that restarts resumes them.
 - Milestones (MILESTONES: firmware, boot loader, kernel started, init, the agent's first line,
   the join, a panic, no network, the gateway unreachable, no boot device) go to
-  ``on_milestone``, each once per boot (again after the firmware shows again).
+  ``on_milestone``, each once per boot (again when the firmware shows again after a kernel
+  started or after it found no boot device: a reset).
 """
 
 from __future__ import annotations
@@ -278,11 +279,18 @@ class SolSession:
                 if not data:
                     break
                 self._lines(data.decode("utf-8", "replace"))
+            self._ended()
             child.stop(grace=1.0)
         with self._lock:
             self._child = None
         said = child.stderr_text()
         return said.replace(creds.password, "<hidden>") if creds.password else said
+
+    def _ended(self) -> None:
+        """The session's output is over: a line it cut short is kept as it is, not joined to
+        what the next session writes first (its "[SOL Session operational" mark)."""
+        if self._partial:
+            self._lines("\n")
 
     def _lines(self, text: str) -> None:
         text = self._partial + text
@@ -299,12 +307,14 @@ class SolSession:
                 self.connects += 1
                 self._say("attached")
                 continue
+            if line.endswith("[terminated ipmitool]"):    # ipmitool's answer to our "~."
+                continue
             self.ring.append(now, line)
             step = milestone(line)
             if step is None:
                 continue
-            if step == Step.FIRMWARE and Step.KERNEL_STARTED in self._seen:
-                self._seen.clear()           # a new boot
+            if step == Step.FIRMWARE and self._seen & {Step.KERNEL_STARTED, Step.NO_BOOT_DEVICE}:
+                self._seen.clear()           # a new boot (a reset before any kernel, too)
             if step not in self._seen:
                 self._seen.add(step)
                 self.report(self.node_id, step, line)

@@ -274,3 +274,34 @@ def test_an_unregistered_mac_booting_on_its_own_is_named(tl: Timelines, clock: C
     assert [(a.number, a.trigger, a.method) for a in attempts] == [
         (1, "boot.prepareRamdisk", "pxe"), (2, "a PXE request seen", "pxe")]
     assert attempts[-1].cause == "not_registered" and "no boot entry" in attempts[-1].cause_detail
+
+
+def test_a_pxe_boot_ordered_after_clean_up_is_not_registered_not_a_disk(tl: Timelines, clock: Clock) -> None:
+    """bmc.boot pxe and bmc.power on of a node whose entry was cleaned up (nothing prepared, so
+    the attempt's method is disk): the ignored PXE request names it not_registered, and the
+    firmware falling through to "No bootable device" afterwards does not make it a disk that
+    does not boot (the QEMU fault matrix, tests/site/observe/test_faults_qemu.py, saw this)."""
+    prepare(tl, clock)
+    tl.cleaned("n1")
+    clock.step(5)
+    tl.boot_device("n1", "pxe")
+    tl.power("n1", "on")
+    tl.console("n1", Step.CONSOLE, "attached")
+    tl.by_mac(MAC, ev(clock, Step.DHCP_IGNORED, MAC))
+    tl.console("n1", Step.NO_BOOT_DEVICE, "Boot failed: could not read the boot disk")
+    a = tl.last("n1")
+    assert a is not None and a.method == "disk" and a.trigger == "bmc.power on"
+    assert cause(tl, clock) == "not_registered"
+    assert "no boot entry" in a.cause_detail
+
+
+def test_a_disk_boot_device_falling_through_to_pxe_is_still_a_disk_not_bootable(
+        tl: Timelines, clock: Clock) -> None:
+    prepare(tl, clock)
+    tl.cleaned("n1")
+    clock.step(5)
+    tl.boot_device("n1", "disk")
+    tl.power("n1", "on")
+    tl.by_mac(MAC, ev(clock, Step.DHCP_IGNORED, MAC))
+    assert cause(tl, clock) == "disk_not_bootable"
+    assert "fell through" in (tl.last("n1") or pytest.fail()).cause_detail

@@ -178,6 +178,43 @@ def consoles_of(obs: Observer, node: str = "n1") -> list[str]:
     return [e.detail for e in a.events if e.step == Step.CONSOLE] if a else []
 
 
+def test_a_reset_before_any_kernel_is_a_new_boot_for_the_milestones(tmp_path: Path) -> None:
+    """A node reset after its firmware found no boot device (bmc.power reset of an empty disk,
+    the QEMU fault matrix) boots again: its milestones are reported again, so the new attempt
+    is named from its own lines."""
+    seen: list[str] = []
+    session = console.SolSession(
+        "n1", Bmc("127.0.0.1:623", "ipmi", REF), Ring(tmp_path / "ring", 1 << 20),
+        SecretStore(tmp_path / "secrets"), report=lambda node, step, line: seen.append(step))
+    boot = ("SeaBIOS (version 1.16.2)\r\nBooting from Hard Disk...\r\n"
+            "Boot failed: not a bootable disk\r\nBooting from DVD/CD...\r\nNo bootable device.\r\n")
+    session._lines(boot)
+    session._lines(boot)
+    assert seen == ["firmware", "boot_loader", "no_boot_device"] * 2
+
+
+def test_a_line_cut_by_a_drop_is_kept_apart_from_the_next_sessions_mark(tmp_path: Path) -> None:
+    """A session that ends mid-line (ipmi_sim's keepalive drop, seen in the QEMU fault matrix:
+    ">>Start PXE over IPv6.[SOL Session operational..." kept as one line, the attach missed):
+    the cut line is kept alone, the next session's mark says attached, ipmitool's own answer
+    to the site's "~." is no console line."""
+    states: list[str] = []
+    ring = Ring(tmp_path / "ring", 1 << 20)
+    session = console.SolSession(
+        "n1", Bmc("127.0.0.1:623", "ipmi", REF), ring, SecretStore(tmp_path / "secrets"),
+        report=lambda node, step, line: states.append(line) if step == Step.CONSOLE else None)
+    session._lines("[SOL Session operational.  Use ~? for help]\r\n>>Start PXE over IPv6.")
+    session._ended()
+    session._say("dropped", "the session ended")
+    session._lines("[SOL Session operational.  Use ~? for help]\r\nSeaBIOS (version 1.16.2)\r\n")
+    session._lines("~. [terminated ipmitool]\r\n")
+    kept = [text for _, text in ring.read()]
+    assert kept == ["[site: console attached]", ">>Start PXE over IPv6.",
+                    "[site: console dropped: the session ended]", "[site: console attached]",
+                    "SeaBIOS (version 1.16.2)"], kept
+    assert states == ["attached", "dropped: the session ended", "attached"]
+
+
 def test_a_console_kept_from_power_on_with_its_milestones(
         tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path) -> None:
     obs = make_observer(tmp_path, secrets_dir)
