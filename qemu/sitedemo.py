@@ -70,7 +70,8 @@ def run(workdir: Path, say: Callable[[str], None]) -> None:
             f"node agent; {NODE} is off, NIC {node.mac} on a tap device of {BRIDGE}")
         password = secrets.token_urlsafe(12)
         SecretStore(lab.secrets_dir).put(REF, Credentials(BMC_USER, password))
-        sim = lab.in_lan(start_ipmi_sim, workdir / "ipmi", node.power, BMC_USER, password)
+        sim = lab.in_lan(start_ipmi_sim, workdir / "ipmi", node.power, BMC_USER, password,
+                         sol=lab.sol(node.power))
         lab.closers.append(sim.stop)
         say(f"BMC: ipmi_sim at {sim.address}, credentials in the site's secret store as {REF!r}")
         upload = lab.start_upload_target()

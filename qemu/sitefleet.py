@@ -53,7 +53,8 @@ def fleet_lives(lab: SiteLab, names: list[str], macs: list[str], username: str, 
     lives = []
     for name, mac in zip(names, macs, strict=True):
         node = make_node(lab, name, mac=mac)
-        sim = lab.in_lan(start_ipmi_sim, lab.workdir / f"ipmi-{name}", node.power, username, password)
+        sim = lab.in_lan(start_ipmi_sim, lab.workdir / f"ipmi-{name}", node.power, username, password,
+                         sol=lab.sol(node.power))
         lab.closers.append(sim.stop)
         lives.append(Lifecycle(lab, node, Bmc("ipmi", sim.address, credentials_ref), chunk_store=True))
     return lives

@@ -9,12 +9,19 @@ powered and booted from outside (qemu/powered.py).
       tap-node         the QEMU node's NIC  ────────────── br0 ── p-dhcp
       lo   127.0.0.1   the images' upstream (an HTTP server): the site daemon reaches it,
                        the node cannot (no route to another namespace's loopback)
-                       ipmi_sim (the node's BMC, tests/site/conftest.py) where a test starts one
+                       ipmi_sim (the node's BMC, tests/site/conftest.py) where a test starts one;
+                       each node's serial line (qemu/serialrelay.py), which its BMC serves as SOL
 
     with SiteLab(workdir) as lab:
         lab.start_site()                      # `agent run --role site` inside the namespace
         node = lab.powered_node("site-n1", kernel=..., initrd=..., append=..., disks=[...])
-        lab.in_lan(start_ipmi_sim, workdir, node)   # anything that must live in the namespace
+        lab.in_lan(start_ipmi_sim, workdir, node, user, password, sol=lab.sol(node))
+        # anything that must live in the namespace; sol: the BMC serves the node's serial line
+
+Each node's first serial port is a line QEMU dials at start (qemu/serialrelay.py), held until
+its BMC's SOL connects, so the site daemon keeps the node's console from power-on (its
+firmware's first lines included) as it would a server's; the console log in the node's
+directory is written as before.
 
 The gateway is the test's (the same in-process reference gateway as qemu/lab.py), bound on
 the bridge from a thread that entered the namespace (``NetnsThread``): a socket stays in the
@@ -41,6 +48,7 @@ from agent import proc
 from qemu.harness import PLATFORMS, BootFileServer, kvm_wanted
 from qemu.lab import GATEWAY_PORT, Lab, Ramdisk
 from qemu.powered import NodeSpec, PoweredNode
+from qemu.serialrelay import SerialRelay
 
 T = TypeVar("T")
 
@@ -172,6 +180,7 @@ class SiteLab(Lab):
         self.lan = NetnsThread(self.net.lan)
         self.site: subprocess.Popen[bytes] | None = None
         self.nodes: list[PoweredNode] = []
+        self.relays: dict[str, SerialRelay] = {}   # node name -> its serial line
         self.closers: list[Callable[[], object]] = []
         try:
             # The gateway listens on the bridge; the file server (the images' upstream) on
@@ -263,13 +272,19 @@ class SiteLab(Lab):
         ``initrd``, ``append`` are what a "disk" boot runs (the installed OS); a "pxe" boot
         runs what the site's boot service offers."""
         tap = self.net.add_tap(f"tap{len(self.nodes)}")
+        # The relay's ports on the namespace's loopback, where QEMU and ipmi_sim run.
+        relay = self.relays[name] = self.lan.call(lambda: SerialRelay().start())
         node = PoweredNode(self.workdir / name).configure(NodeSpec(
             kernel=str(kernel), initrd=str(initrd), append=append, memory_mb=memory_mb, cpus=1,
             kvm=kvm_wanted() and self.ramdisk.arch == "amd64", disks=[str(d) for d in disks],
             owner_pid=os.getpid(), name=name,
-            tap=tap, mac=mac, uefi=uefi, arch=self.ramdisk.arch))
+            tap=tap, mac=mac, uefi=uefi, arch=self.ramdisk.arch, serial_port=relay.node_port))
         self.nodes.append(node)
         return node
+
+    def sol(self, node: PoweredNode) -> str:
+        """ipmi_sim's ``sol`` for ``node``: its serial line (start_ipmi_sim(..., sol=...))."""
+        return self.relays[node.spec().name].sol
 
     def in_lan(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         """Run ``fn`` in the lan namespace (its sockets and children are made there)."""
@@ -301,6 +316,8 @@ class SiteLab(Lab):
         for node in self.nodes:
             with contextlib.suppress(Exception):
                 node.stop(force=True)
+        for relay in self.relays.values():
+            relay.stop()
         self.stop_site()
         try:
             super().close()
