@@ -349,6 +349,11 @@ class Timelines:
             elif event.step == Step.FIRMWARE and attempt.first(Step.KERNEL_STARTED) is not None:
                 attempt = self._begin(record, "reboot seen on the console", event.t)
             attempt.add(event)
+            if event.step == Step.BOOT_DEVICE and event.detail == "pxe" and attempt.method == "disk" \
+                    and all(e.step in _SETUP for e in attempt.events):
+                # an attempt being set up to boot from the network, nothing prepared for it: a
+                # PXE boot (its request ignored is not_registered, not a disk that fell through)
+                attempt.method = "pxe"
             if event.step == Step.JOINED and attempt.outcome != Outcome.JOINED \
                     and attempt.first(Step.REFUSED) is None:
                 attempt.outcome = Outcome.JOINED
