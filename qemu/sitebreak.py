@@ -13,7 +13,7 @@ node's own BMC, NIC and ramdisk are the healthy nodes' ones:
 - ``bad-cmdline``: its entry's kernel command line names no init (``rdinit=/nonexistent``):
   the kernel panics; named ``kernel_panic`` from the kept console, with the panic's line.
 
-The node is powered off once the site has named a cause (or after ``CAUSE_TIMEOUT``), so it
+The node is powered off (forced) once the site has named a cause (or after ``CAUSE_TIMEOUT``), so it
 does not boot again and again beside the others. A break never fails the demo: a cause not
 named, or another than the one expected, is said.
 """
@@ -93,8 +93,8 @@ def breaker(brk: Break, say: Callable[[str], None], *, timeout: float = CAUSE_TI
             while not cause and clock() - started < timeout:
                 sleep(poll)
                 cause, detail = cause_of(life.site("inventory.refresh", {"skip_gpus": True}), name)
-        finally:
-            life.bmc_op("bmc.power", "off")
+        finally:   # forced: the broken node has no system to shut down gracefully
+            life.bmc_op("bmc.power", "off", graceful_timeout_seconds="0")
         if not cause:
             say(f"{name}: the site named no cause within {timeout:.0f}s (expected {brk.cause}); powered off")
         else:

@@ -116,10 +116,11 @@ def check_kept_console(lab: SiteLab, node: SiteNode) -> None:
     installed node's join; the PXE attempt's timeline has the console attached before the power
     on and the ramdisk's milestones from it, the disk boot's its join.
 
-    Not asserted: the ramdisk's own "connected to gateway" line. ipmi_sim ended the SOL session
-    about 30 s after it began in both runs here (ipmitool's SOL keepalive noticed it some 20 s
-    later: "No response to keepalive"), and what the node wrote in between, the ramdisk's join
-    among it, never reached the site (ipmi_sim kept reading the serial line without a session)."""
+    Not asserted: the ramdisk's own "connected to gateway" line. In the run that showed why,
+    ipmi_sim ended the SOL session about 30 s after it began (ipmitool's SOL keepalive noticed
+    it some 20 s later: "No response to keepalive"), and what the node wrote in between, the
+    ramdisk's join among it, never reached the site; the run before had the same symptom (no
+    join in the PXE attempt)."""
     ring = lab.site_state / "site" / "observe" / "console" / node.name
     kept = "".join(f.read_text(errors="replace") for f in (ring / "console.log.1", ring / "console.log")
                    if f.exists())

@@ -48,6 +48,7 @@ class FakeLife:
 
     def bmc_op(self, kind: str, operation: str, **parameters: str) -> Any:
         self.calls.append((kind, operation))
+        self.parameters = parameters
 
 
 class Clock:
@@ -76,6 +77,7 @@ def test_an_unregistered_mac_is_prepared_then_removed_before_the_power_on() -> N
     assert life.calls[1] == ("boot.prepareRamdisk", "")
     assert life.calls[2] == ("boot.cleanUp", {"node_id": NODE})
     assert life.calls[3] == ("bmc.boot", "pxe") and life.calls[-1] == ("bmc.power", "off")
+    assert life.parameters == {"graceful_timeout_seconds": "0"}   # nothing to shut down gracefully
     assert "not_registered (as expected): the MAC has no boot entry" in said[-1]
 
 
