@@ -88,18 +88,19 @@ def breaker(brk: Break, say: Callable[[str], None], *, timeout: float = CAUSE_TI
         life.boot_device("pxe")
         life.power_on()
         started = clock()
-        cause, detail = "", ""
+        cause, detail, after = "", "", 0.0
         try:
             while not cause and clock() - started < timeout:
                 sleep(poll)
                 cause, detail = cause_of(life.site("inventory.refresh", {"skip_gpus": True}), name)
+                after = clock() - started
         finally:   # forced: the broken node has no system to shut down gracefully
             life.bmc_op("bmc.power", "off", graceful_timeout_seconds="0")
         if not cause:
             say(f"{name}: the site named no cause within {timeout:.0f}s (expected {brk.cause}); powered off")
         else:
             verdict = "as expected" if cause == brk.cause else f"expected {brk.cause}"
-            say(f"{name}: CAUSE named by the site after {clock() - started:.0f}s: {cause} "
+            say(f"{name}: CAUSE named by the site, seen {after:.0f}s after power on: {cause} "
                 f"({verdict}): {detail}; powered off")
         return cause
 

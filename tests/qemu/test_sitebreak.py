@@ -78,7 +78,7 @@ def test_an_unregistered_mac_is_prepared_then_removed_before_the_power_on() -> N
     assert life.calls[2] == ("boot.cleanUp", {"node_id": NODE})
     assert life.calls[3] == ("bmc.boot", "pxe") and life.calls[-1] == ("bmc.power", "off")
     assert life.parameters == {"graceful_timeout_seconds": "0"}   # nothing to shut down gracefully
-    assert "not_registered (as expected): the MAC has no boot entry" in said[-1]
+    assert "seen 10s after power on: not_registered (as expected): the MAC has no boot entry" in said[-1]
 
 
 def test_a_bad_command_line_names_no_init_and_keeps_the_entry() -> None:
