@@ -109,3 +109,20 @@ def test_a_join_refused_by_attestation_is_named_in_the_site_s_timeline(
         assert all(e.node_id == NODE for e in gateway.events if e.what == "join_refused")
     finally:
         site.terminate()
+
+
+def test_agent_gateway_serve_takes_the_site_node(site_pki: DevPki, tmp_path: Path) -> None:
+    """`agent gateway serve|send --site-node NODE` makes the gateway that tells that site of
+    refused joins; without --attest-policy there is nothing to refuse, and it says so."""
+    from agent.errors import InvalidParameters
+    from agent.gateway.cli import _make_gateway, build_parser
+
+    policy = tmp_path / "policy.json"
+    policy.write_text('{"builds": [], "learn": "first"}')
+    args = build_parser().parse_args(["serve", "--pki", str(site_pki.dir), "--attest-policy", str(policy),
+                                      "--site-node", SITE])
+    gw = _make_gateway(args)
+    assert gw.site_node == SITE and gw.attestation is not None
+    args = build_parser().parse_args(["serve", "--pki", str(site_pki.dir), "--site-node", SITE])
+    with pytest.raises(InvalidParameters, match="--site-node needs --attest-policy"):
+        _make_gateway(args)
