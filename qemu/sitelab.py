@@ -18,10 +18,10 @@ powered and booted from outside (qemu/powered.py).
         lab.in_lan(start_ipmi_sim, workdir, node, user, password, sol=lab.sol(node))
         # anything that must live in the namespace; sol: the BMC serves the node's serial line
 
-Each node's first serial port is a line QEMU dials at start (qemu/serialrelay.py), held until
-its BMC's SOL connects, so the site daemon keeps the node's console from power-on (its
-firmware's first lines included) as it would a server's; the console log in the node's
-directory is written as before.
+A node whose BMC serves SOL (``lab.sol(node)``) has its first serial port on a line QEMU dials
+at start (qemu/serialrelay.py), held until the BMC's SOL connects, so the site daemon keeps the
+node's console from power-on (its firmware's first lines included) as it would a server's; the
+console log in the node's directory is written as before.
 
 The gateway is the test's (the same in-process reference gateway as qemu/lab.py), bound on
 the bridge from a thread that entered the namespace (``NetnsThread``): a socket stays in the
@@ -37,6 +37,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import ctypes
+import dataclasses
 import os
 import subprocess
 import sys
@@ -272,19 +273,24 @@ class SiteLab(Lab):
         ``initrd``, ``append`` are what a "disk" boot runs (the installed OS); a "pxe" boot
         runs what the site's boot service offers."""
         tap = self.net.add_tap(f"tap{len(self.nodes)}")
-        # The relay's ports on the namespace's loopback, where QEMU and ipmi_sim run.
-        relay = self.relays[name] = self.lan.call(lambda: SerialRelay().start())
         node = PoweredNode(self.workdir / name).configure(NodeSpec(
             kernel=str(kernel), initrd=str(initrd), append=append, memory_mb=memory_mb, cpus=1,
             kvm=kvm_wanted() and self.ramdisk.arch == "amd64", disks=[str(d) for d in disks],
             owner_pid=os.getpid(), name=name,
-            tap=tap, mac=mac, uefi=uefi, arch=self.ramdisk.arch, serial_port=relay.node_port))
+            tap=tap, mac=mac, uefi=uefi, arch=self.ramdisk.arch))
         self.nodes.append(node)
         return node
 
     def sol(self, node: PoweredNode) -> str:
-        """ipmi_sim's ``sol`` for ``node``: its serial line (start_ipmi_sim(..., sol=...))."""
-        return self.relays[node.spec().name].sol
+        """ipmi_sim's ``sol`` for ``node`` (start_ipmi_sim(..., sol=...)): the node's serial
+        line, made on first call (the node off) in the namespace, where QEMU and ipmi_sim run.
+        Only the nodes whose BMC serves SOL get one: the others log their console as before."""
+        spec = node.spec()
+        relay = self.relays.get(spec.name)
+        if relay is None:
+            relay = self.relays[spec.name] = self.lan.call(lambda: SerialRelay().start())
+            node.configure(dataclasses.replace(spec, serial_port=relay.node_port))
+        return relay.sol
 
     def in_lan(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         """Run ``fn`` in the lan namespace (its sockets and children are made there)."""
