@@ -193,7 +193,11 @@ class Observer:
     def verdict(self, node_id: str, joined: bool, detail: str = "") -> None:
         """The join as the gateway judged it: a refused one (attestation) comes with
         boot.cleanUp's ``join_refused`` (agent/commands/boot.py), and names the cause
-        ``refused`` even when the console saw the agent connect."""
+        ``refused`` even when the console saw the agent connect. A node this site keeps no
+        timeline of (another site's, or one it never saw) is not started one by a verdict."""
+        if not _node_id_ok(node_id) or not self.timelines.attempts(node_id):
+            log.info("verdict for %s, a node with no boot timeline here: not kept", node_id[:64])
+            return
         self.timelines.verdict(node_id, joined, detail)
 
     # -- what the services saw ----------------------------------------------------------------

@@ -71,3 +71,15 @@ def test_a_refusal_is_kept_as_one_bounded_line() -> None:
     assert len(parse_refusal("x" * (4 * MAX_REFUSAL))) == MAX_REFUSAL
     with pytest.raises(InvalidParameters, match="join_refused"):
         parse_refusal("x" * (4 * MAX_REFUSAL + 1))
+
+
+def test_the_observer_keeps_no_verdict_of_a_node_it_never_saw_boot(tmp_path: Path) -> None:
+    from agent.site.observe.observer import Observer, ObserverSettings
+
+    obs = Observer(ObserverSettings(tmp_path / "observe", tmp_path / "secrets"))
+    obs.verdict("elsewhere-1", joined=False, detail=WHY)
+    assert obs.timelines.nodes() == []
+    obs.timelines.power("n1", "on")
+    obs.verdict("n1", joined=False, detail=WHY)
+    a = obs.timelines.last("n1")
+    assert a is not None and a.cause == "refused"
