@@ -510,9 +510,12 @@ def _heads(result: Any) -> list[str]:
     return [line for line in boots_summary(result) if not line.startswith("    |")]
 
 
-def say_timelines(lab: SiteLab, say: Callable[[str], None]) -> None:
+def say_timelines(lab: SiteLab, say: Callable[[str], None], settle: float = 3.0) -> None:
     """Ask the site for each node's last boot attempt and print its timeline; never fails the
-    demo (a site that cannot answer is said)."""
+    demo (a site that cannot answer is said). ``settle``: seconds waited first, as the demo asks
+    right after the last join and the console's line of it comes a moment after the gateway's
+    (asked 0.4 s after, a joined node showed ``booting``)."""
+    time.sleep(settle)
     try:
         cid = lab.gateway.send(SITE_NODE_ID, "inventory.refresh", {"skip_gpus": True})
         body, result = lab.gateway.wait_result(cid, 120)
