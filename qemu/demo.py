@@ -1,6 +1,7 @@
 """The demo: one node's life in QEMU, driven through the reference gateway, as a timeline.
 
     python -m qemu.demo [--workdir qemu/out/demo] [--no-install] [--user-net] [--uefi] [--arch arm64]
+    python -m qemu.demo --nodes 3 [--break unregistered-mac|bad-cmdline]
 
 On a fresh Debian bookworm machine (as root) it installs the Debian packages it needs, builds
 what is missing (the agent zipapp, the ramdisk, a bootable node image), then runs the
@@ -44,6 +45,7 @@ from typing import Any
 
 from qemu import sitedemo
 from qemu.harness import Machine
+from qemu.sitebreak import BREAKS
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -169,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="N nodes at once through the site daemon (1-8): routes served from the "
                              "site's chunk store, each node's timeline, the bytes from the upstream "
                              "and from the cache")
+    parser.add_argument("--break", dest="break_way", choices=sorted(BREAKS), default="", metavar="WAY",
+                        help="with --nodes N (2-8): break the last node on purpose, one of "
+                             + ", ".join(f"{b.name} ({b.cause})" for b in BREAKS.values())
+                             + "; the site's cause for it is shown beside the others' success")
     parser.add_argument("--arch", choices=("amd64", "arm64"), default="amd64",
                         help="the node's architecture (arm64: the former demo on -M virt, UEFI PXE through "
                              "GRUB)")
@@ -176,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="no PXE and no DHCP: the BMC (Redfish, sushy-tools' emulator) mounts the "
                              "ramdisk ISO and the node's config medium (with --uefi: under OVMF)")
     args = parser.parse_args(argv)
+    if args.break_way and (args.nodes < 2 or args.user_net or args.uefi or args.arch != "amd64"
+                           or args.virtual_media):
+        parser.error("--break: with --nodes N of 2 or more, the site-driven demo (one node broken, the "
+                     "others succeeding)")
     if args.virtual_media:
         if os.geteuid() != 0:
             sys.exit("demo: run as root (network namespaces, QEMU on a tap device)")
@@ -197,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     if not user_net:
         shutil.rmtree(args.workdir, ignore_errors=True)
         if args.nodes > 1:
-            sitedemo.run_fleet(args.workdir, args.nodes, Timeline().say)
+            sitedemo.run_fleet(args.workdir, args.nodes, Timeline().say, args.break_way)
         else:
             sitedemo.run(args.workdir, Timeline().say)
         return 0

@@ -17,7 +17,8 @@ and its gateway session. Each step is a command through the reference gateway
 ``run_fleet`` (``./dev demo --nodes 3``) runs N nodes at once through the same site daemon
 (qemu/sitefleet.py): each its own BMC and NIC, routes that serve the raw image from the
 site's chunk store, the deploys started together; each node's timeline, then the bytes the
-site fetched from the upstream and served from its store.
+site fetched from the upstream and served from its store. ``--break WAY`` breaks the last node
+(qemu/sitebreak.py) and shows the cause the site names for it beside the others' success.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def run(workdir: Path, say: Callable[[str], None]) -> None:
             f"node agent; {NODE} is off, NIC {node.mac} on a tap device of {BRIDGE}")
         password = secrets.token_urlsafe(12)
         SecretStore(lab.secrets_dir).put(REF, Credentials(BMC_USER, password))
-        sim = lab.in_lan(start_ipmi_sim, workdir / "ipmi", node.power, BMC_USER, password)
+        sim = lab.in_lan(start_ipmi_sim, workdir / "ipmi", node.power, BMC_USER, password,
+                         sol=lab.sol(node.power))
         lab.closers.append(sim.stop)
         say(f"BMC: ipmi_sim at {sim.address}, credentials in the site's secret store as {REF!r}")
         upload = lab.start_upload_target()
@@ -89,10 +91,13 @@ def run(workdir: Path, say: Callable[[str], None]) -> None:
         node.power.stop(force=True)
 
 
-def run_fleet(workdir: Path, count: int, say: Callable[[str], None]) -> None:
+def run_fleet(workdir: Path, count: int, say: Callable[[str], None], broken: str = "") -> None:
+    """``broken``: a way of qemu/sitebreak.py's BREAKS: the last node is broken so, and its
+    cause is shown beside the others' success (the demo does not fail for it)."""
     import secrets
 
     from qemu.lab import ensure_ramdisk
+    from qemu.sitebreak import BREAKS, breaker
     from qemu.sitefleet import fleet_lives
     from qemu.sitefleet import run_fleet as run_all
     from qemu.sitelab import SiteLab
@@ -107,16 +112,19 @@ def run_fleet(workdir: Path, count: int, say: Callable[[str], None]) -> None:
         macs = [f"52:54:00:5e:01:{i + 1:02x}" for i in range(count)]
         lives = fleet_lives(lab, names, macs, BMC_USER, secrets.token_urlsafe(12), REF)
         try:
-            report = run_all(lab, lives, say)
+            report = run_all(lab, lives, say, breaker(BREAKS[broken], say) if broken else None)
         finally:
             for life in lives:
                 life.node.power.stop(force=True)
         say_timelines(lab, say)
         if report.errors:
             raise RuntimeError("\n\n".join(report.errors))
-        say(f"done: {count} nodes deployed; from the upstream {report.upstream_bytes} bytes (each of "
+        deployed = count - (1 if broken else 0)
+        odd = f"; {report.broken} broken on purpose ({broken}): the site named " \
+              f"{report.broken_cause or 'no cause'}" if broken else ""
+        say(f"done: {deployed} nodes deployed; from the upstream {report.upstream_bytes} bytes (each of "
             f"the {report.distinct_data_chunks} distinct data chunks once), from the site's store "
-            f"{report.store_bytes_served} bytes; site daemon log {lab.site_log}")
+            f"{report.store_bytes_served} bytes{odd}; site daemon log {lab.site_log}")
 
 
 def run_virtual_media(workdir: Path, say: Callable[[str], None], *, uefi: bool = False) -> None:

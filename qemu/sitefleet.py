@@ -39,6 +39,8 @@ class FleetReport:
     upstream_bytes: int = 0                # the site fetched from the upstream
     store_bytes_served: int = 0
     errors: list[str] = field(default_factory=list)
+    broken: str = ""                       # the broken node's name (qemu/sitebreak.py)
+    broken_cause: str = ""                 # the cause the site named for it ("" for none)
 
 
 def fleet_lives(lab: SiteLab, names: list[str], macs: list[str], username: str, password: str,
@@ -53,7 +55,8 @@ def fleet_lives(lab: SiteLab, names: list[str], macs: list[str], username: str, 
     lives = []
     for name, mac in zip(names, macs, strict=True):
         node = make_node(lab, name, mac=mac)
-        sim = lab.in_lan(start_ipmi_sim, lab.workdir / f"ipmi-{name}", node.power, username, password)
+        sim = lab.in_lan(start_ipmi_sim, lab.workdir / f"ipmi-{name}", node.power, username, password,
+                         sol=lab.sol(node.power))
         lab.closers.append(sim.stop)
         lives.append(Lifecycle(lab, node, Bmc("ipmi", sim.address, credentials_ref), chunk_store=True))
     return lives
@@ -72,11 +75,24 @@ def site_metrics(lab: SiteLab) -> dict[str, float]:
     return values
 
 
-def run_fleet(lab: SiteLab, lives: list[Lifecycle], say: Callable[[str], None]) -> FleetReport:
-    """Every node's life at once; the deploys wait for each other and start together."""
+def run_fleet(lab: SiteLab, lives: list[Lifecycle], say: Callable[[str], None],
+              broken: Callable[[Lifecycle], str] | None = None) -> FleetReport:
+    """Every node's life at once; the deploys wait for each other and start together.
+    ``broken`` (qemu/sitebreak.py ``breaker``): the last node runs it instead of its life,
+    and the others go on without it."""
     report = FleetReport(len(lives))
+    if broken is not None:
+        *lives, odd = lives
+        report.broken = odd.node.name
     ready = threading.Barrier(len(lives), timeout=BARRIER_TIMEOUT)
     lock = threading.Lock()
+
+    def broken_life(life: Lifecycle) -> None:
+        assert broken is not None
+        try:
+            report.broken_cause = broken(life)
+        except BaseException as exc:   # said, never the demo's failure: the node was broken
+            say(f"{life.node.name}: the broken node's run ended early: {str(exc)[:2000]}")
 
     def life_of(life: Lifecycle) -> None:
         try:
@@ -107,11 +123,15 @@ def run_fleet(lab: SiteLab, lives: list[Lifecycle], say: Callable[[str], None]) 
         life.on_step = shown
     started = time.monotonic()
     threads = [threading.Thread(target=life_of, args=(life,), name=life.node.name) for life in lives]
+    if broken is not None:
+        odd.on_step = lambda step: say(f"{odd.node.name}: {step.name.upper()} ({step.seconds:.1f}s): "
+                                       f"{step.evidence}")
+        threads.append(threading.Thread(target=broken_life, args=(odd,), name=odd.node.name))
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    say(f"{len(lives)} nodes in {time.monotonic() - started:.0f}s")
+    say(f"{len(threads)} nodes in {time.monotonic() - started:.0f}s")
     if report.errors:
         return report
     data = [{s.digest: s.length for s in manifest.from_proto(life.chunks).segments

@@ -9,12 +9,19 @@ powered and booted from outside (qemu/powered.py).
       tap-node         the QEMU node's NIC  ────────────── br0 ── p-dhcp
       lo   127.0.0.1   the images' upstream (an HTTP server): the site daemon reaches it,
                        the node cannot (no route to another namespace's loopback)
-                       ipmi_sim (the node's BMC, tests/site/conftest.py) where a test starts one
+                       ipmi_sim (the node's BMC, tests/site/conftest.py) where a test starts one;
+                       each node's serial line (qemu/serialrelay.py), which its BMC serves as SOL
 
     with SiteLab(workdir) as lab:
         lab.start_site()                      # `agent run --role site` inside the namespace
         node = lab.powered_node("site-n1", kernel=..., initrd=..., append=..., disks=[...])
-        lab.in_lan(start_ipmi_sim, workdir, node)   # anything that must live in the namespace
+        lab.in_lan(start_ipmi_sim, workdir, node, user, password, sol=lab.sol(node))
+        # anything that must live in the namespace; sol: the BMC serves the node's serial line
+
+A node whose BMC serves SOL (``lab.sol(node)``) has its first serial port on a line QEMU dials
+at start (qemu/serialrelay.py), held until the BMC's SOL connects, so the site daemon keeps the
+node's console from power-on (its firmware's first lines included) as it would a server's; the
+console log in the node's directory is written as before.
 
 The gateway is the test's (the same in-process reference gateway as qemu/lab.py), bound on
 the bridge from a thread that entered the namespace (``NetnsThread``): a socket stays in the
@@ -30,6 +37,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import ctypes
+import dataclasses
 import os
 import subprocess
 import sys
@@ -41,6 +49,7 @@ from agent import proc
 from qemu.harness import PLATFORMS, BootFileServer, kvm_wanted
 from qemu.lab import GATEWAY_PORT, Lab, Ramdisk
 from qemu.powered import NodeSpec, PoweredNode
+from qemu.serialrelay import SerialRelay
 
 T = TypeVar("T")
 
@@ -172,6 +181,7 @@ class SiteLab(Lab):
         self.lan = NetnsThread(self.net.lan)
         self.site: subprocess.Popen[bytes] | None = None
         self.nodes: list[PoweredNode] = []
+        self.relays: dict[str, SerialRelay] = {}   # node name -> its serial line
         self.closers: list[Callable[[], object]] = []
         try:
             # The gateway listens on the bridge; the file server (the images' upstream) on
@@ -271,6 +281,17 @@ class SiteLab(Lab):
         self.nodes.append(node)
         return node
 
+    def sol(self, node: PoweredNode) -> str:
+        """ipmi_sim's ``sol`` for ``node`` (start_ipmi_sim(..., sol=...)): the node's serial
+        line, made on first call (the node off) in the namespace, where QEMU and ipmi_sim run.
+        Only the nodes whose BMC serves SOL get one: the others log their console as before."""
+        spec = node.spec()
+        relay = self.relays.get(spec.name)
+        if relay is None:
+            relay = self.relays[spec.name] = self.lan.call(lambda: SerialRelay().start())
+            node.configure(dataclasses.replace(spec, serial_port=relay.node_port))
+        return relay.sol
+
     def in_lan(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         """Run ``fn`` in the lan namespace (its sockets and children are made there)."""
         return self.lan.call(fn, *args, **kwargs)
@@ -301,6 +322,8 @@ class SiteLab(Lab):
         for node in self.nodes:
             with contextlib.suppress(Exception):
                 node.stop(force=True)
+        for relay in self.relays.values():
+            relay.stop()
         self.stop_site()
         try:
             super().close()

@@ -4,7 +4,10 @@ prepareRamdisk registers (or replaces) the entry of one MAC with the site's boot
 (agent/site/boot/pxe.py): from then until its TTL the proxy DHCP answers that NIC's PXE ROM, TFTP
 gives it iPXE, and iPXE runs the node's script. cleanUp removes a node's entries, scripts and
 host files (and its proxy routes), and the cached kernels and initrds no entry uses any more
-unless keep_ramdisk_cache; it is idempotent: removing what is not there is no error.
+unless keep_ramdisk_cache; it is idempotent: removing what is not there is no error. With
+``join_refused`` (the control plane refused the node's join, e.g. its attestation: the
+reference gateway sends it so, agent/gateway/server.py) the node's boot timeline names the
+cause ``refused`` with that reason first (docs/site.md, "Why a node did not come up").
 
 With ``boot_method: "virtual_media"`` prepareRamdisk makes no PXE entry but the node's virtual
 media (agent/site/boot/vmedia.py): its config medium (static network, gateway, CA, settings) and
@@ -19,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from agent.commands.base import Context, Handler
-from agent.errors import ChecksumMismatch
+from agent.errors import ChecksumMismatch, InvalidParameters
 from agent.proto import site_pb2
 from agent.site.boot import vmedia
 from agent.site.boot.fields import parse_mac, parse_node_id
@@ -72,21 +75,35 @@ def _digests_said(site: SiteServices, node_id: str) -> Iterator[None]:
         raise
 
 
+MAX_REFUSAL = 300   # characters of a join_refused kept in the timeline
+
+
 @dataclass(frozen=True)
 class CleanUpParams:
     node_id: str
     macs: tuple[str, ...]
     keep_ramdisk_cache: bool
+    join_refused: str = ""
+
+
+def parse_refusal(text: str) -> str:
+    """A join_refused as the timeline keeps it: one line of printable text, bounded."""
+    if len(text) > 4 * MAX_REFUSAL:
+        raise InvalidParameters(f"join_refused: {len(text)} characters, at most {4 * MAX_REFUSAL}")
+    line = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    return line[:MAX_REFUSAL]
 
 
 class CleanUpHandler(Handler[site_pb2.BootCleanUpRequest, CleanUpParams], kind="boot.cleanUp"):
     def parse(self, payload: site_pb2.BootCleanUpRequest) -> CleanUpParams:
         return CleanUpParams(parse_node_id(payload.node_id),
                              tuple(parse_mac(m) for m in payload.mac_addresses),
-                             payload.keep_ramdisk_cache)
+                             payload.keep_ramdisk_cache, parse_refusal(payload.join_refused))
 
     def run(self, ctx: Context, params: CleanUpParams) -> site_pb2.BootCleanUpResult:
         site = ctx.site()
+        if params.join_refused:   # said before the attempt is cleaned up: its cause is named
+            site.observe.verdict(params.node_id, joined=False, detail=params.join_refused)
         removed = site.entries.remove(params.node_id, params.macs, params.keep_ramdisk_cache)
         removed += site.media.remove(params.node_id, params.macs, params.keep_ramdisk_cache)
         if not params.macs:

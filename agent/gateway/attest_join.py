@@ -8,6 +8,12 @@ result signed by that key in that boot comes from an attested boot.
 
 The verification runs on the session's own thread, outside the gateway's lock: a join being
 verified holds up no other session.
+
+A refused join is handed to the site daemon that booted the node (``Gateway(site_node=...)``)
+as boot.cleanUp with ``join_refused`` (``site_refusal``): what the site serves that boot goes,
+and its timeline names the cause ``refused`` with the gateway's reason (docs/site.md, "Why a
+node did not come up"). The command kinds are the project's given table: an existing kind
+carries it, the one a control plane sends a boot it will not trust anyway.
 """
 
 from __future__ import annotations
@@ -122,3 +128,13 @@ class JoinAttestation:
                 self.on_verdict(node_id, verdict)
             except Exception:
                 log.exception("attestation: the verdict listener failed")
+
+
+def site_refusal(node_id: str, frame: session_pb2.Frame) -> dict[str, str] | None:
+    """boot.cleanUp's payload that tells the site a join was refused, for an AttestVerdict
+    frame that refuses; None for any other frame."""
+    if frame.WhichOneof("msg") != "attest_verdict" or frame.attest_verdict.status != Status.REFUSED:
+        return None
+    v = frame.attest_verdict
+    return {"node_id": node_id,
+            "join_refused": f"attestation refused ({v.check or 'no check named'}): {v.reason}"[:300]}

@@ -70,6 +70,9 @@ def _gateway_options(p: argparse.ArgumentParser) -> None:
                    "(repeatable)")
     p.add_argument("--pin-ek", action="append", default=[], metavar="NODE=SHA256",
                    help="the SHA-256 of a node's EK public area, trusted without a certificate (repeatable)")
+    p.add_argument("--site-node", default="", metavar="NODE",
+                   help="the site daemon that boots the nodes: a join refused by attestation is told "
+                   "to it as boot.cleanUp with join_refused (its timeline names the cause; docs/site.md)")
 
 
 def _make_gateway(args: argparse.Namespace) -> Gateway:
@@ -82,8 +85,11 @@ def _make_gateway(args: argparse.Namespace) -> Gateway:
     signing = args.signing_key or (pki.signing_key if pki and pki.signing_key.exists() else None)
     tokens = dict(t.partition("=")[::2] for t in args.token)
     host, port = _listen(args.listen)
+    if args.site_node and args.attest_policy is None:
+        raise InvalidParameters("--site-node needs --attest-policy (it is told of refused joins)")
     return Gateway(cert=cert, key=key, client_ca=client_ca, signing_key=signing, tokens=tokens,
-                   host=host, port=port, heartbeat_seconds=args.heartbeat, attestation=_attestation(args))
+                   host=host, port=port, heartbeat_seconds=args.heartbeat, attestation=_attestation(args),
+                   site_node=args.site_node)
 
 
 def _attestation(args: argparse.Namespace) -> JoinAttestation | None:

@@ -23,7 +23,7 @@ from google.protobuf.message import DecodeError, Message
 from agent import catalog, schema
 from agent.errors import AgentError, InvalidParameters, Untrusted
 from agent.gateway import certs
-from agent.gateway.attest_join import JoinAttestation
+from agent.gateway.attest_join import JoinAttestation, site_refusal
 from agent.link import wire
 from agent.proto import session_pb2
 from agent.security.trust import SigningKey, verify_result
@@ -157,6 +157,7 @@ class Gateway:
         gateway_id: str = "reference-gateway",
         handshake_seconds: float = 10.0,
         attestation: JoinAttestation | None = None,
+        site_node: str = "",
     ) -> None:
         self._ssl = certs.server_context(cert, key, client_ca)
         if isinstance(signing_key, SigningKey) or signing_key is None:
@@ -171,6 +172,7 @@ class Gateway:
         self.gateway_id = gateway_id
         self.handshake_seconds = handshake_seconds
         self.attestation = attestation  # attestation at every join (docs/attestation.md)
+        self.site_node = site_node      # the site daemon told of a refused join (attest_join.py)
         if attestation is not None and attestation.on_verdict is None:
             attestation.on_verdict = lambda node, v: self._event(f"attest_{v.status}", node, detail=str(v))
         self.nodes: dict[str, NodeRecord] = {}
@@ -324,7 +326,15 @@ class Gateway:
             self._process_hello(node, hello)
             self._cond.notify_all()
         if self.attestation is not None:  # attestation: challenge the node's TPM, off the lock
-            channel.send(self.attestation.on_hello(node_id, hello))
+            self._attest_reply(node_id, channel, self.attestation.on_hello(node_id, hello))
+
+    def _attest_reply(self, node_id: str, channel: wire.Channel, frame: session_pb2.Frame) -> None:
+        """Send the node its challenge or verdict; a refused join is told to the site."""
+        channel.send(frame)
+        told = site_refusal(node_id, frame) if self.site_node and node_id != self.site_node else None
+        if told is not None:
+            cid = self.send(self.site_node, "boot.cleanUp", told)
+            self._event("join_refused", node_id, cid, f"told {self.site_node}: {told['join_refused']}")
 
     def _authenticate(self, tls: ssl.SSLSocket, hello: session_pb2.Hello) -> str:
         if not hello.node_id:
@@ -407,7 +417,7 @@ class Gateway:
                 node = self.nodes.get(node_id)
                 current = node is not None and node.channel is channel
             if current:  # an answer on a session already replaced answers nothing
-                channel.send(self.attestation.on_answer(node_id, frame.attest_answer))
+                self._attest_reply(node_id, channel, self.attestation.on_answer(node_id, frame.attest_answer))
             return
         with self._cond:
             node = self.nodes.get(node_id)

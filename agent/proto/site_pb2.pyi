@@ -241,14 +241,16 @@ class BmcLogEntry(_message.Message):
     def __init__(self, id: _Optional[str] = ..., created: _Optional[str] = ..., created_unix: _Optional[int] = ..., severity: _Optional[str] = ..., message: _Optional[str] = ..., sensor: _Optional[str] = ..., log: _Optional[str] = ...) -> None: ...
 
 class BootCleanUpRequest(_message.Message):
-    __slots__ = ("node_id", "mac_addresses", "keep_ramdisk_cache")
+    __slots__ = ("node_id", "mac_addresses", "keep_ramdisk_cache", "join_refused")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     MAC_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     KEEP_RAMDISK_CACHE_FIELD_NUMBER: _ClassVar[int]
+    JOIN_REFUSED_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     mac_addresses: _containers.RepeatedScalarFieldContainer[str]
     keep_ramdisk_cache: bool
-    def __init__(self, node_id: _Optional[str] = ..., mac_addresses: _Optional[_Iterable[str]] = ..., keep_ramdisk_cache: _Optional[bool] = ...) -> None: ...
+    join_refused: str
+    def __init__(self, node_id: _Optional[str] = ..., mac_addresses: _Optional[_Iterable[str]] = ..., keep_ramdisk_cache: _Optional[bool] = ..., join_refused: _Optional[str] = ...) -> None: ...
 
 class BootCleanUpResult(_message.Message):
     __slots__ = ("removed",)

@@ -6,6 +6,7 @@ The handlers and services tell it what they did (one call each); it is ``SiteSer
     obs.bmc_done(node_id, bmc, "bmc.power", "on")        # agent/commands/bmc.py
     obs.prepared(node_id, Prepared(...))                 # agent/commands/boot.py
     obs.cleaned(node_id)
+    obs.verdict(node_id, joined=False, detail=why)      # boot.cleanUp's join_refused
     obs.dnsmasq_line(line)                               # the dnsmasq supervisor's log reader
     obs.http_fetch(ip, path, status, sent, seconds, mac) # the HTTP service
     obs.tick()                                           # the site's timer: late boots named
@@ -190,7 +191,13 @@ class Observer:
         self.consoles.detach(node_id)
 
     def verdict(self, node_id: str, joined: bool, detail: str = "") -> None:
-        """The join as the gateway judged it (the attestation work's hook: a refused join)."""
+        """The join as the gateway judged it: a refused one (attestation) comes with
+        boot.cleanUp's ``join_refused`` (agent/commands/boot.py), and names the cause
+        ``refused`` even when the console saw the agent connect. A node this site keeps no
+        timeline of (another site's, or one it never saw) is not started one by a verdict."""
+        if not _node_id_ok(node_id) or not self.timelines.attempts(node_id):
+            log.info("verdict for %s, a node with no boot timeline here: not kept", node_id[:64])
+            return
         self.timelines.verdict(node_id, joined, detail)
 
     # -- what the services saw ----------------------------------------------------------------

@@ -15,7 +15,8 @@ proxy offer, the TFTP transfer of the boot loader), the HTTP service (the chain 
 scripts, the kernel, initrd and ISO with bytes and seconds), the kept console's milestones
 (agent/site/observe/console.py), and the join: the agent's "connected to gateway" line on the
 node's console (the ramdisk's init sends the agent's log there), or a verdict the gateway
-hands the site (``verdict``: where a refused join, e.g. attestation, comes in).
+hands the site (``verdict``: a join refused, e.g. by attestation, which boot.cleanUp's
+``join_refused`` carries; it outweighs the console's join).
 
 A new attempt starts at bmc.power on, cycle or reset (continuing one only set up: prepared,
 boot device, console; such a set-up once the last attempt is over begins the next), at a
@@ -348,10 +349,20 @@ class Timelines:
             elif event.step == Step.FIRMWARE and attempt.first(Step.KERNEL_STARTED) is not None:
                 attempt = self._begin(record, "reboot seen on the console", event.t)
             attempt.add(event)
-            if event.step == Step.JOINED and attempt.outcome != Outcome.JOINED:
+            if event.step == Step.BOOT_DEVICE and event.detail == "pxe" and attempt.method == "disk" \
+                    and all(e.step in _SETUP for e in attempt.events):
+                # an attempt being set up to boot from the network, nothing prepared for it: a
+                # PXE boot (its request ignored is not_registered, not a disk that fell through)
+                attempt.method = "pxe"
+            if event.step == Step.JOINED and attempt.outcome != Outcome.JOINED \
+                    and attempt.first(Step.REFUSED) is None:
                 attempt.outcome = Outcome.JOINED
                 if self.on_joined is not None:
                     self.on_joined(record.node_id, attempt)
+            elif event.step == Step.REFUSED and attempt.outcome == Outcome.JOINED:
+                # the console saw the agent connect; the gateway then refused the join: the
+                # attempt is judged again (the refused rule comes first)
+                attempt.outcome = Outcome.BOOTING
             elif event.step in (Step.CLEANED, Step.POWER_OFF) and attempt.outcome == Outcome.BOOTING:
                 attempt.outcome = Outcome.ENDED
             self._judge(record, attempt, event.t)
