@@ -474,8 +474,19 @@ def _redfish(session: BmcSession, client: BmcClient) -> RedfishClient:
     from agent.site.bmc.redfish.client import RedfishClient
 
     if not isinstance(client, RedfishClient):
-        raise Unsupported(f"{session.params.operation}: Redfish only (the BMC's AttributeRegistry)")
+        raise Unsupported(f"{session.params.operation}: Redfish only")
     return client
+
+
+def media_schemes(ctx: Context, params: BmcParams) -> tuple[str, ...]:
+    """The image URL schemes the BMC's virtual media mounts (() for any), asked for
+    boot.prepareRamdisk under the BMC's own serial key (its ``lock_name``)."""
+    session = BmcSession(ctx, params)
+    client, _ = session.open()
+    try:
+        return _redfish(session, client).media_schemes()
+    finally:
+        session.done(client)
 
 
 class BmcQuery(_BmcHandler, kind="bmc.query"):

@@ -96,5 +96,9 @@ class RedfishClient(RedfishSession):
                      alternates: tuple[str, ...] = ()) -> site_pb2.BmcVirtualMedia:
         return media.insert_media(self, image_url, media_type=media_type, alternates=alternates)
 
+    def media_schemes(self, media_type: str = "CD") -> tuple[str, ...]:
+        """The image URL schemes its virtual media mounts (() for any); Redfish only."""
+        return media.mountable_schemes(self, media_type)
+
     def eject_media(self) -> None:
         media.eject_media(self)
