@@ -388,6 +388,10 @@ class _BmcHandler(Handler[site_pb2.BmcOperationRequest, BmcParams]):
             partial = [*getattr(client, "partial", []), *session.partial]
             if partial:
                 result.values["partial"] = "; ".join(partial)
+            # An ambiguous answer read back (a Reset answered 500 that took) is said too.
+            readback = getattr(client, "readback", [])
+            if readback:
+                result.values["readback"] = "; ".join(readback)
         except AgentError as exc:
             if observe is not None:
                 observe.bmc_failed(params.node_id, self.kind, params.operation, exc.message)

@@ -19,7 +19,8 @@ says, bent by the profile:
 - GZIP_OR_406 (iLO 5): every resource but the service root gzip-compressed, 406 to a GET that
   does not accept gzip.
 - ComputerSystem.Reset: ResetType checked against the recording's allowable values (or its
-  ActionInfo); PowerState follows; settings pending in a settings object are applied.
+  ActionInfo); PowerState follows, and LastResetTime where the System has one; settings
+  pending in a settings object are applied.
 - Boot PATCH: values checked against the recording's allowable values; a settings object
   (@Redfish.Settings) takes what the profile sends there.
 - VirtualMedia: InsertMedia / EjectMedia actions or PATCH, with the profile's transports; an
@@ -437,6 +438,9 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(400, _error("Base.1.8.ActionParameterValueNotInList",
                                           f"ResetType {kind} is not one of {allowed}"))
         st.resets.append(kind)
+        if "LastResetTime" in system:       # the System's own record of its resets (ComputerSystem 1.12)
+            system["LastResetTime"] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()) \
+                + f"#{len(st.resets)}"
         if kind in ("On", "ForceOn"):
             system["PowerState"] = "On"
         elif kind in ("ForceOff", "GracefulShutdown"):
