@@ -63,10 +63,11 @@ class RedfishClient(RedfishSession):
         file: Path | None = None,
         sha256: str = "",
         transfer_protocol: str = "",
+        method: str = "",
         progress: Callable[[int, str], None] | None = None,
     ) -> site_pb2.BmcFirmwareTask:
         return firmware.update(self, image_uri=image_uri, file=file, sha256=sha256,
-                               transfer_protocol=transfer_protocol, progress=progress)
+                               transfer_protocol=transfer_protocol, method=method, progress=progress)
 
     def firmware_status(self, task_uri: str = "") -> site_pb2.BmcOperationResult:
         return firmware.status(self, task_uri)
