@@ -289,3 +289,18 @@ def test_media_bmc_is_checked_in_parse() -> None:
     msg.media_bmc.credentials_ref, msg.media_bmc.vendor = "rack1-n01", "acme"
     with pytest.raises(InvalidParameters, match=r"media_bmc: .*vendor"):
         handler.parse(msg)
+
+
+def test_the_insert_actions_action_info_is_read_for_its_transfer_protocols(
+        tls_site: SiteServices, pki: DevPki, tmp_path: Path) -> None:
+    """Supermicro names its InsertMedia parameters in an ActionInfo; where that lists
+    TransferProtocolType values (HTTPS and CIFS here), they decide."""
+    with RedfishEmulator.of("supermicro_sys821", tmp_path / "trees") as bmc, LoopbackServer() as upstream:
+        infos = [d for p, d in bmc.state.docs.items() if p.endswith("/InsertMediaActionInfo")]
+        assert infos
+        for info in infos:
+            for param in info["Parameters"]:
+                if param["Name"] == "TransferProtocolType":
+                    param["AllowableValues"] = ["HTTPS", "CIFS"]
+        result = prepare_for(tls_site, bmc, pki.ca.read_text(), tmp_path, upstream)
+    assert result.media_scheme == "https"
