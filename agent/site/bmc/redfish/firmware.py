@@ -129,7 +129,9 @@ def choose(offered: Offer, *, image_uri: str = "", file: Path | None = None, met
         protocol = transfer_protocol or _PROTOCOLS.get(scheme, "")
         if offered.protocols is not None and protocol not in offered.protocols:
             raise Unsupported(f"{where}: SimpleUpdate takes TransferProtocol {', '.join(offered.protocols)},"
-                              f" not {protocol or scheme} (it offers {offers})")
+                              f" not {protocol or scheme} (it offers {offers})"
+                              + ("; give file and sha256 to push it" if offered.multipart or offered.http_push
+                                 else ""))
         # Named where the BMC lists its values (DGX H100's ActionInfo requires it), or the operator did.
         sent = protocol if transfer_protocol or offered.protocols is not None or offered.protocol_required \
             else ""
