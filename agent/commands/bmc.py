@@ -70,7 +70,10 @@ OPERATIONS: dict[str, dict[str, dict[str, bool]]] = {
                    "disable_account": {"username": True}},
     "bmc.firmware": {
         "simple_update": {"image_uri": True, "transfer_protocol": False},
-        "push": {"file": True, "sha256": True},
+        "push": {"file": True, "sha256": True, "method": False},
+        # The way in picked from what the BMC's UpdateService offers, or named by ``method``.
+        "update": {"image_uri": False, "file": False, "sha256": False, "transfer_protocol": False,
+                   "method": False},
         "status": {"task_uri": False},
         "set_bios": {"attributes": True},
     },
@@ -114,6 +117,7 @@ class BmcArgs:
     names: tuple[str, ...] = ()   # bmc.query bios: the attributes to read (all when empty)
     task_uri: str = ""            # bmc.firmware status: a task to read once
     username: str = ""            # bmc.rotate disable_account: the account to disable
+    method: str = ""              # bmc.firmware update/push: simple_update, multipart, http_push; "": picked
 
 
 @dataclass(frozen=True)
@@ -234,6 +238,31 @@ def _username(name: str, text: str) -> str:
     return text
 
 
+def _method(name: str, text: str) -> str:
+    from agent.site.bmc.redfish.firmware import Method
+
+    if text and text not in tuple(Method):
+        raise InvalidParameters(f"parameter {name}: one of {', '.join(Method)}"
+                                " (or none: what the BMC offers)")
+    return text
+
+
+def _check_firmware(operation: str, args: BmcArgs) -> None:
+    """bmc.firmware update and push: one image, as a URL or as a file with its sha256, and a
+    method that takes that kind of image."""
+    if operation == "update" and bool(args.image_uri) == (args.file is not None):
+        raise InvalidParameters("bmc.firmware update: give image_uri (the BMC fetches it) or file and "
+                                "sha256 (the site pushes it), one of them")
+    if args.file is not None and not args.sha256:
+        raise InvalidParameters(f"bmc.firmware {operation}: file needs its sha256")
+    if args.file is not None and args.method == "simple_update":
+        raise InvalidParameters(f"bmc.firmware {operation}: method simple_update fetches image_uri,"
+                                " it pushes no file")
+    if args.image_uri and args.method not in ("", "simple_update"):
+        raise InvalidParameters(f"bmc.firmware {operation}: method {args.method} pushes a file:"
+                                " give file and sha256")
+
+
 def _ref(name: str, text: str) -> str:
     secrets.check_ref(text)
     return text
@@ -269,6 +298,7 @@ READERS: dict[str, Callable[[str, str], Any]] = {
     "attributes": _attributes,
     "names": _names,
     "username": _username,
+    "method": _method,
 }
 
 
@@ -308,10 +338,13 @@ def parse_request(kind: str, payload: site_pb2.BmcOperationRequest) -> BmcParams
     missing = sorted(n for n, required in allowed.items() if required and not params.get(n))
     if missing:
         raise InvalidParameters(f"{kind} {payload.operation}: missing parameter(s) {', '.join(missing)}")
+    args = read_args(params)
+    if kind == "bmc.firmware":
+        _check_firmware(payload.operation, args)
     return BmcParams(
         node_id=payload.node_id, address=payload.bmc_address, protocol=protocol,
         operation=payload.operation, credentials_ref=payload.credentials_ref,
-        verify_tls=payload.verify_tls, args=read_args(params), expect=_expect(kind, payload),
+        verify_tls=payload.verify_tls, args=args, expect=_expect(kind, payload),
     )
 
 
@@ -417,6 +450,10 @@ class _BmcHandler(Handler[site_pb2.BmcOperationRequest, BmcParams]):
             partial = [*getattr(client, "partial", []), *session.partial]
             if partial:
                 result.values["partial"] = "; ".join(partial)
+            # An ambiguous answer read back (a Reset answered 500 that took) is said too.
+            readback = getattr(client, "readback", [])
+            if readback:
+                result.values["readback"] = "; ".join(readback)
         except AgentError as exc:
             if observe is not None:
                 observe.bmc_failed(params.node_id, self.kind, params.operation, exc.message)
@@ -503,8 +540,19 @@ def _redfish(session: BmcSession, client: BmcClient) -> RedfishClient:
     from agent.site.bmc.redfish.client import RedfishClient
 
     if not isinstance(client, RedfishClient):
-        raise Unsupported(f"{session.params.operation}: Redfish only (the BMC's AttributeRegistry)")
+        raise Unsupported(f"{session.params.operation}: Redfish only")
     return client
+
+
+def media_schemes(ctx: Context, params: BmcParams) -> tuple[str, ...]:
+    """The image URL schemes the BMC's virtual media mounts (() for any), asked for
+    boot.prepareRamdisk under the BMC's own serial key (its ``lock_name``)."""
+    session = BmcSession(ctx, params)
+    client, _ = session.open()
+    try:
+        return _redfish(session, client).media_schemes()
+    finally:
+        session.done(client)
 
 
 class BmcQuery(_BmcHandler, kind="bmc.query"):
@@ -618,10 +666,12 @@ class BmcFirmware(_BmcHandler, kind="bmc.firmware"):
             result.attempts = getattr(client, "attempts", 0)
             return result
         if params.operation == "simple_update":
-            task = client.firmware_update(image_uri=args.image_uri,
-                                          transfer_protocol=args.transfer_protocol, progress=progress)
-        else:
-            task = client.firmware_update(file=args.file, sha256=args.sha256, progress=progress)
+            task = client.firmware_update(image_uri=args.image_uri, transfer_protocol=args.transfer_protocol,
+                                          method="simple_update", progress=progress)
+        else:     # push (a file: multipart, else HttpPushUri) or update (what the BMC offers that fits)
+            task = client.firmware_update(image_uri=args.image_uri, file=args.file, sha256=args.sha256,
+                                          transfer_protocol=args.transfer_protocol, method=args.method,
+                                          progress=progress)
         return _result(params, client, state=task.state, firmware=task)
 
 

@@ -12,7 +12,8 @@ cause ``refused`` with that reason first (docs/site.md, "Why a node did not come
 With ``boot_method: "virtual_media"`` prepareRamdisk makes no PXE entry but the node's virtual
 media (agent/site/boot/vmedia.py): its config medium (static network, gateway, CA, settings) and
 the shared ramdisk ISO, served under an unguessable, expiring path whose URLs it returns for
-bmc.storage insert_media; cleanUp removes them too.
+bmc.storage insert_media (over https where ``media_bmc``, asked first, mounts https:// images
+only); cleanUp removes them too.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from agent.commands import bmc
 from agent.commands.base import Context, Handler
+from agent.commands.bmc import BmcParams, parse_request
 from agent.errors import ChecksumMismatch, InvalidParameters
 from agent.proto import site_pb2
 from agent.site.boot import vmedia
@@ -32,16 +35,45 @@ from agent.site.observe.timeline import Prepared
 from agent.site.services import SiteServices
 
 
-class PrepareRamdiskHandler(Handler[site_pb2.ProxyDhcpEntry, EntryRequest | MediaRequest],
+@dataclass(frozen=True)
+class MediaPlan:
+    """A virtual-media prepareRamdisk: the request, and the BMC to ask which transports its
+    virtual media mounts (None: the http URLs)."""
+
+    request: MediaRequest
+    bmc: BmcParams | None
+
+
+def _media_bmc(msg: site_pb2.ProxyDhcpEntry) -> BmcParams | None:
+    """``media_bmc`` checked as a bmc.* request's fields are (agent/commands/bmc.py)."""
+    if not msg.HasField("media_bmc"):
+        return None
+    given = msg.media_bmc
+    try:
+        return parse_request("bmc.storage", site_pb2.BmcOperationRequest(
+            node_id=msg.node_id, bmc_address=given.bmc_address, protocol="redfish", operation="list",
+            credentials_ref=given.credentials_ref, verify_tls=given.verify_tls,
+            parameters={"vendor": given.vendor} if given.vendor else {}))
+    except InvalidParameters as exc:
+        raise InvalidParameters(f"media_bmc: {exc.message}") from None
+
+
+class PrepareRamdiskHandler(Handler[site_pb2.ProxyDhcpEntry, EntryRequest | MediaPlan],
                             kind="boot.prepareRamdisk"):
-    def parse(self, payload: site_pb2.ProxyDhcpEntry) -> EntryRequest | MediaRequest:
+    def parse(self, payload: site_pb2.ProxyDhcpEntry) -> EntryRequest | MediaPlan:
         if vmedia.boot_method(payload) == vmedia.VIRTUAL_MEDIA:
-            return MediaRequest.from_proto(payload)
+            return MediaPlan(MediaRequest.from_proto(payload), _media_bmc(payload))
+        if payload.HasField("media_bmc"):
+            raise InvalidParameters(f"media_bmc: for boot_method {vmedia.VIRTUAL_MEDIA} only")
         return EntryRequest.from_proto(payload)
 
-    def run(self, ctx: Context, params: EntryRequest | MediaRequest) -> site_pb2.ProxyDhcpResult:
+    def serial_key(self, params: EntryRequest | MediaPlan) -> str:
+        # Asking the node's BMC: in turn with the bmc.* commands on it.
+        return params.bmc.lock_name if isinstance(params, MediaPlan) and params.bmc is not None else ""
+
+    def run(self, ctx: Context, params: EntryRequest | MediaPlan) -> site_pb2.ProxyDhcpResult:
         site = ctx.site()
-        if isinstance(params, MediaRequest):
+        if isinstance(params, MediaPlan):
             return self.virtual_media(ctx, site, params)
         with ctx.hold(f"boot:{params.mac}"), _digests_said(site, params.node_id):
             entry = site.entries.register(params, cancel=ctx.cancel_event)
@@ -52,17 +84,23 @@ class PrepareRamdiskHandler(Handler[site_pb2.ProxyDhcpEntry, EntryRequest | Medi
                              f"{entry.expires_at:.0f}")
         return site_pb2.ProxyDhcpResult(entry_id=entry.entry_id)
 
-    def virtual_media(self, ctx: Context, site: SiteServices,
-                      params: MediaRequest) -> site_pb2.ProxyDhcpResult:
-        """No PXE entry: the node's config medium and the shared ISO, served for the BMC."""
-        params = params.with_ca(site.settings.ca_file)
+    def virtual_media(self, ctx: Context, site: SiteServices, plan: MediaPlan) -> site_pb2.ProxyDhcpResult:
+        """No PXE entry: the node's config medium and the shared ISO, served for the BMC over
+        the transport it mounts (asked first, so that nothing is made for a BMC that cannot
+        take the site's media)."""
+        params = plan.request.with_ca(site.settings.ca_file)
+        scheme = "http"
+        if plan.bmc is not None:
+            accepted = bmc.media_schemes(ctx, plan.bmc)
+            scheme = site.media.scheme_for(accepted, f"BMC {plan.bmc.address}")
         with ctx.hold(f"boot:{params.mac}"), _digests_said(site, params.node_id):
             media = site.media.register(params, cancel=ctx.cancel_event)
         site.observe.prepared(media.node_id, Prepared("virtual_media", media.mac, media.expires_at))
-        iso, config = site.media.urls(media)
-        ctx.progress(message=f"virtual media for {media.mac} until {media.expires_at:.0f}")
+        iso, config = site.media.urls(media, scheme)
+        ctx.progress(message=f"virtual media for {media.mac} until {media.expires_at:.0f} ({scheme})")
         return site_pb2.ProxyDhcpResult(entry_id=f"media-{media.mac_hex}", ramdisk_media_url=iso,
-                                        config_media_url=config, expires_at=media.expires_at)
+                                        config_media_url=config, expires_at=media.expires_at,
+                                        media_scheme=scheme)
 
 
 @contextlib.contextmanager

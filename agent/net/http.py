@@ -744,7 +744,7 @@ def post_multipart(url: str, parts: Iterable[Part], opts: HttpOptions | None = N
     connection was made: the server may have taken it), an answer longer than ``max_body``
     BodyTooLarge. No retry: the caller decides."""
     opts = opts or HttpOptions()
-    to = check_url(url)
+    check_url(url)
     boundary = f"bettercompute-{uuid.uuid4().hex}"
     pieces: list[tuple[bytes, Part]] = [(_part_head(boundary, p), p) for p in parts]
     tail = f"--{boundary}--\r\n".encode()
@@ -770,8 +770,36 @@ def post_multipart(url: str, parts: Iterable[Part], opts: HttpOptions | None = N
             yield b"\r\n"
         yield tail
 
+    return _post_stream(url, stream(), length, f"multipart/form-data; boundary={boundary}", opts, max_body)
+
+
+def post_file(url: str, path: Path, opts: HttpOptions | None = None, *,
+              content_type: str = "application/octet-stream", max_body: int = MAX_BODY) -> Response:
+    """POST the file at ``path`` as the whole body (a Redfish HttpPushUri push), streamed in
+    1 MiB chunks with its length; as ``post_multipart`` otherwise (no retry, AmbiguousWrite
+    once the connection was made)."""
+    opts = opts or HttpOptions()
+    try:
+        length = path.stat().st_size
+    except OSError as exc:
+        raise InvalidParameters(f"POST: cannot read {path}: {exc.strerror}") from exc
+
+    def stream() -> Iterator[bytes]:
+        with path.open("rb") as f:
+            while data := f.read(1 << 20):
+                if opts.cancel is not None and opts.cancel.is_set():
+                    raise Cancelled("upload cancelled")
+                yield data
+
+    return _post_stream(url, stream(), length, content_type, opts, max_body)
+
+
+def _post_stream(url: str, body: Iterator[bytes], length: int, content_type: str, opts: HttpOptions,
+                 max_body: int) -> Response:
+    """POST ``body`` (``length`` bytes) once: post_multipart's and post_file's one transport."""
+    to = check_url(url)
     hdrs = request_headers(opts, {
-        "Content-Type": f"multipart/form-data; boundary={boundary}",
+        "Content-Type": content_type,
         "Content-Length": str(length),
         "Accept": "application/json",
     })
@@ -781,7 +809,7 @@ def post_multipart(url: str, parts: Iterable[Part], opts: HttpOptions | None = N
     try:
         conn.connect()
         sent = True
-        conn.request("POST", target(to), body=stream(), headers=hdrs)
+        conn.request("POST", target(to), body=body, headers=hdrs)
         resp = conn.getresponse()
         data = read_body(resp, max_body, where)
     except TRANSPORT_ERRORS as exc:
@@ -800,5 +828,6 @@ __all__ = [
     "IDEMPOTENT", "MAX_BODY", "MAX_REDIRECTS", "REDIRECTS", "USER_AGENT", "AmbiguousWrite",
     "Authorization", "BadRedirect", "BodyTooLarge", "ConnectionPool", "Download", "HttpError",
     "HttpOptions", "Part", "PinnedConnection", "Response", "check_url", "close_quietly", "connect",
-    "get", "origin", "pinned", "post_multipart", "put", "redact", "request", "ssl_context", "still_open",
+    "get", "origin", "pinned", "post_file", "post_multipart", "put", "redact", "request", "ssl_context",
+    "still_open",
 ]

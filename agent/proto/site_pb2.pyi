@@ -259,7 +259,7 @@ class BootCleanUpResult(_message.Message):
     def __init__(self, removed: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ProxyDhcpEntry(_message.Message):
-    __slots__ = ("node_id", "mac_address", "boot_file", "ipxe_script_url", "kernel_url", "initrd_url", "kernel_cmdline", "ttl_seconds", "kernel_digest", "initrd_digest", "boot_method", "iso_url", "static_network", "agent_gateway", "ca_pem", "iso_digest")
+    __slots__ = ("node_id", "mac_address", "boot_file", "ipxe_script_url", "kernel_url", "initrd_url", "kernel_cmdline", "ttl_seconds", "kernel_digest", "initrd_digest", "boot_method", "iso_url", "static_network", "agent_gateway", "ca_pem", "iso_digest", "media_bmc")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     MAC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     BOOT_FILE_FIELD_NUMBER: _ClassVar[int]
@@ -276,6 +276,7 @@ class ProxyDhcpEntry(_message.Message):
     AGENT_GATEWAY_FIELD_NUMBER: _ClassVar[int]
     CA_PEM_FIELD_NUMBER: _ClassVar[int]
     ISO_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    MEDIA_BMC_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     mac_address: str
     boot_file: str
@@ -292,7 +293,20 @@ class ProxyDhcpEntry(_message.Message):
     agent_gateway: str
     ca_pem: str
     iso_digest: _common_pb2.Digest
-    def __init__(self, node_id: _Optional[str] = ..., mac_address: _Optional[str] = ..., boot_file: _Optional[str] = ..., ipxe_script_url: _Optional[str] = ..., kernel_url: _Optional[str] = ..., initrd_url: _Optional[str] = ..., kernel_cmdline: _Optional[str] = ..., ttl_seconds: _Optional[int] = ..., kernel_digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., initrd_digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., boot_method: _Optional[str] = ..., iso_url: _Optional[str] = ..., static_network: _Optional[_Union[StaticNetwork, _Mapping]] = ..., agent_gateway: _Optional[str] = ..., ca_pem: _Optional[str] = ..., iso_digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ...) -> None: ...
+    media_bmc: MediaBmc
+    def __init__(self, node_id: _Optional[str] = ..., mac_address: _Optional[str] = ..., boot_file: _Optional[str] = ..., ipxe_script_url: _Optional[str] = ..., kernel_url: _Optional[str] = ..., initrd_url: _Optional[str] = ..., kernel_cmdline: _Optional[str] = ..., ttl_seconds: _Optional[int] = ..., kernel_digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., initrd_digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., boot_method: _Optional[str] = ..., iso_url: _Optional[str] = ..., static_network: _Optional[_Union[StaticNetwork, _Mapping]] = ..., agent_gateway: _Optional[str] = ..., ca_pem: _Optional[str] = ..., iso_digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., media_bmc: _Optional[_Union[MediaBmc, _Mapping]] = ...) -> None: ...
+
+class MediaBmc(_message.Message):
+    __slots__ = ("bmc_address", "credentials_ref", "verify_tls", "vendor")
+    BMC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIALS_REF_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_TLS_FIELD_NUMBER: _ClassVar[int]
+    VENDOR_FIELD_NUMBER: _ClassVar[int]
+    bmc_address: str
+    credentials_ref: str
+    verify_tls: bool
+    vendor: str
+    def __init__(self, bmc_address: _Optional[str] = ..., credentials_ref: _Optional[str] = ..., verify_tls: _Optional[bool] = ..., vendor: _Optional[str] = ...) -> None: ...
 
 class StaticNetwork(_message.Message):
     __slots__ = ("address", "prefix_length", "default_route", "dns")
@@ -307,16 +321,18 @@ class StaticNetwork(_message.Message):
     def __init__(self, address: _Optional[str] = ..., prefix_length: _Optional[int] = ..., default_route: _Optional[str] = ..., dns: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ProxyDhcpResult(_message.Message):
-    __slots__ = ("entry_id", "ramdisk_media_url", "config_media_url", "expires_at")
+    __slots__ = ("entry_id", "ramdisk_media_url", "config_media_url", "expires_at", "media_scheme")
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     RAMDISK_MEDIA_URL_FIELD_NUMBER: _ClassVar[int]
     CONFIG_MEDIA_URL_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    MEDIA_SCHEME_FIELD_NUMBER: _ClassVar[int]
     entry_id: str
     ramdisk_media_url: str
     config_media_url: str
     expires_at: float
-    def __init__(self, entry_id: _Optional[str] = ..., ramdisk_media_url: _Optional[str] = ..., config_media_url: _Optional[str] = ..., expires_at: _Optional[float] = ...) -> None: ...
+    media_scheme: str
+    def __init__(self, entry_id: _Optional[str] = ..., ramdisk_media_url: _Optional[str] = ..., config_media_url: _Optional[str] = ..., expires_at: _Optional[float] = ..., media_scheme: _Optional[str] = ...) -> None: ...
 
 class HttpProxyRequest(_message.Message):
     __slots__ = ("node_id", "upstream_url", "allowed_methods", "ttl_seconds", "max_bytes", "manifest", "credentials_ref", "architecture", "registry_hosts")

@@ -195,3 +195,112 @@ def test_the_settings_rows_reach_the_listener(tmp_path: Path, pki: DevPki) -> No
     assert (got.https_port, got.tls_cert, got.tls_key) == (8443, pki.gateway_cert, pki.gateway_key)
     plain = ServiceSettings.from_config(cli_settings.load({"site_address": "127.0.0.1"}).config)
     assert (plain.https_port, plain.tls_cert, plain.tls_key) == (None, None, None)
+
+
+# -- boot.prepareRamdisk asks the node's BMC which transport it mounts ---------------------
+
+
+def prepare_for(site: SiteServices, bmc: RedfishEmulator, ca_pem: str, tmp_path: Path,
+                upstream: LoopbackServer) -> site_pb2.ProxyDhcpResult:
+    """boot.prepareRamdisk of a virtual-media boot naming the node's BMC (the emulator)."""
+    from agent.commands import handler_for
+    from agent.commands.base import Context
+    from tests.site.test_bmc_redfish import REF, config_with
+
+    handler = handler_for("boot.prepareRamdisk")
+    assert handler is not None
+    msg = site_pb2.ProxyDhcpEntry(
+        node_id="n1", mac_address=MAC, boot_method="virtual_media",
+        iso_url=upstream.add("/ramdisk.iso", ISO), iso_digest={"hex": ISO_DIGEST}, ttl_seconds=60,
+        static_network=site_pb2.StaticNetwork(address="10.0.2.50", prefix_length=24),
+        agent_gateway="10.0.2.100:443", ca_pem=ca_pem,
+        media_bmc=site_pb2.MediaBmc(bmc_address=bmc.address, credentials_ref=REF))
+    params = handler.parse(msg)
+    assert handler.serial_key(params) == f"bmc:{bmc.address}"    # in turn with the BMC's bmc.*
+    context = Context.local("boot.prepareRamdisk", config_with(tmp_path, USER, PASSWORD), timeout=60,
+                            site=site)
+    result = handler.run(context, params)
+    assert isinstance(result, site_pb2.ProxyDhcpResult)
+    return result
+
+
+@pytest.mark.parametrize("tree", ["nvidia_gh200", "nvidia_gb200"])
+def test_prepare_ramdisk_hands_an_https_only_bmc_https_urls(tls_site: SiteServices, pki: DevPki,
+                                                           tmp_path: Path, tree: str) -> None:
+    """bmcweb mounts https:// and smb:// only: the media URLs answered are the TLS listener's,
+    and inserted as they are, the BMC fetches the ISO from there with the site's CA."""
+    with RedfishEmulator.of(tree, tmp_path / "trees") as bmc, LoopbackServer() as upstream:
+        bmc.state.media_ca = pki.ca
+        result = prepare_for(tls_site, bmc, pki.ca.read_text(), tmp_path, upstream)
+        base = f"{tls_site.media.https_base_url}/vm/"
+        assert result.media_scheme == "https"
+        assert result.ramdisk_media_url.startswith(base) and result.config_media_url.startswith(base)
+        assert fetch(result.config_media_url, pki.ca)[0] == 200
+        (media,) = insert(tls_site, bmc, result.ramdisk_media_url, tmp_path).virtual_media
+        assert media.inserted and media.image == result.ramdisk_media_url
+        assert [i for i, _ in bmc.state.fetched] == [result.ramdisk_media_url]
+        assert not bmc.state.sessions                        # its session closed after the ask
+
+
+def test_prepare_ramdisk_for_an_https_only_bmc_without_the_sites_tls_is_refused_first(
+        tmp_path: Path, pki: DevPki) -> None:
+    """Refused naming the settings, before the ISO is fetched or any set is made."""
+    with SiteServices(settings(tmp_path, None)) as site, \
+            RedfishEmulator.of("nvidia_gh200", tmp_path / "trees") as bmc, LoopbackServer() as upstream:
+        with pytest.raises(Unsupported, match="site_https_port, site_tls_cert and site_tls_key"):
+            prepare_for(site, bmc, pki.ca.read_text(), tmp_path, upstream)
+        assert site.media.all() == [] and not upstream.requests
+        assert not [w for w in bmc.writes() if w[0] != "GET" and "Session" not in w[1]]
+
+
+@pytest.mark.parametrize("tree", ["dell_r750", "supermicro_sys821", "lenovo_sr670"])
+def test_prepare_ramdisk_hands_a_bmc_that_mounts_http_the_http_urls(tls_site: SiteServices, pki: DevPki,
+                                                                   tmp_path: Path, tree: str) -> None:
+    with RedfishEmulator.of(tree, tmp_path / "trees") as bmc, LoopbackServer() as upstream:
+        result = prepare_for(tls_site, bmc, pki.ca.read_text(), tmp_path, upstream)
+    assert result.media_scheme == "http"
+    assert result.ramdisk_media_url.startswith(f"{tls_site.media.base_url}/vm/")
+
+
+def test_the_slots_own_transfer_protocols_decide_over_the_vendor_row(tls_site: SiteServices, pki: DevPki,
+                                                                     tmp_path: Path) -> None:
+    """A slot that lists TransferProtocolType@Redfish.AllowableValues (HTTPS and NFS here) is
+    taken at its word, though its vendor's row (Dell) mounts anything."""
+    with RedfishEmulator.of("dell_r750", tmp_path / "trees") as bmc, LoopbackServer() as upstream:
+        for path, doc in bmc.state.docs.items():
+            if "/VirtualMedia/" in path and "MediaTypes" in doc:
+                doc["TransferProtocolType@Redfish.AllowableValues"] = ["HTTPS", "NFS"]
+        result = prepare_for(tls_site, bmc, pki.ca.read_text(), tmp_path, upstream)
+    assert result.media_scheme == "https"
+
+
+def test_media_bmc_is_checked_in_parse() -> None:
+    from agent.commands import handler_for
+
+    handler = handler_for("boot.prepareRamdisk")
+    assert handler is not None
+    msg = site_pb2.ProxyDhcpEntry(
+        node_id="n1", mac_address=MAC, boot_method="virtual_media", iso_url="http://127.0.0.1:9/r.iso",
+        iso_digest={"hex": ISO_DIGEST}, agent_gateway="10.0.2.100:443",
+        static_network=site_pb2.StaticNetwork(address="10.0.2.50", prefix_length=24),
+        media_bmc=site_pb2.MediaBmc(bmc_address="127.0.0.1:443", credentials_ref="../etc/passwd"))
+    with pytest.raises(InvalidParameters, match="media_bmc"):
+        handler.parse(msg)
+    msg.media_bmc.credentials_ref, msg.media_bmc.vendor = "rack1-n01", "acme"
+    with pytest.raises(InvalidParameters, match=r"media_bmc: .*vendor"):
+        handler.parse(msg)
+
+
+def test_the_insert_actions_action_info_is_read_for_its_transfer_protocols(
+        tls_site: SiteServices, pki: DevPki, tmp_path: Path) -> None:
+    """Supermicro names its InsertMedia parameters in an ActionInfo; where that lists
+    TransferProtocolType values (HTTPS and CIFS here), they decide."""
+    with RedfishEmulator.of("supermicro_sys821", tmp_path / "trees") as bmc, LoopbackServer() as upstream:
+        infos = [d for p, d in bmc.state.docs.items() if p.endswith("/InsertMediaActionInfo")]
+        assert infos
+        for info in infos:
+            for param in info["Parameters"]:
+                if param["Name"] == "TransferProtocolType":
+                    param["AllowableValues"] = ["HTTPS", "CIFS"]
+        result = prepare_for(tls_site, bmc, pki.ca.read_text(), tmp_path, upstream)
+    assert result.media_scheme == "https"

@@ -126,9 +126,11 @@ def test_simple_update_follows_the_task_monitor_with_progress(bmc: DocumentedBmc
     start = time.monotonic()
     task = client.firmware_update(image_uri="https://files.example/fw.bin", transfer_protocol="HTTPS",
                                   progress=lambda p, m: seen.append((p, m)))
-    assert task.state == "Completed" and task.percent == 100 and task.messages[0] == "Update done"
-    # Then the BMC's own reboot is waited out and the inventory read again (no version changed here).
-    assert task.messages[1:] == ["no component's version changed yet (one may wait for a reset)"]
+    assert task.state == "Completed" and task.percent == 100
+    # The way in, the task's own words; then the BMC's own reboot is waited out and the
+    # inventory read again (no version changed here).
+    assert task.messages == ["method simple_update", "Update done",
+                             "no component's version changed yet (one may wait for a reset)"]
     assert seen == [(30, "Running: Flashing image"), (60, "Running: Flashing image"),
                     (100, "Completed: Update done"),
                     (100, "waiting for the BMC to answer steadily after its update")]
@@ -144,7 +146,7 @@ def test_task_exception_is_refused_with_its_messages(bmc: DocumentedBmc) -> None
 
 
 def test_unknown_transfer_protocol_unsupported(bmc: DocumentedBmc) -> None:
-    with pytest.raises(Unsupported, match="TransferProtocol NFS"):
+    with pytest.raises(Unsupported, match="TransferProtocol HTTP, HTTPS, not NFS"):
         client_for(bmc).firmware_update(image_uri="https://files.example/fw.bin", transfer_protocol="NFS")
 
 

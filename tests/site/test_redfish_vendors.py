@@ -66,6 +66,92 @@ def test_a_reset_answered_500_after_acting_is_sent_once(trees: Path) -> None:
         finally:
             c.close()
         assert [b for _, _, b in bmc.writes("POST", "ComputerSystem.Reset")] == [{"ResetType": "On"}]
+        assert c.readback == ["Reset On: HTTP 500; read back: applied (LastResetTime moved)"]
+
+
+DELL_SYSTEM = "/redfish/v1/Systems/System.Embedded.1"
+DELL_RESET = f"{DELL_SYSTEM}/Actions/ComputerSystem.Reset"
+
+
+def resets(bmc: RedfishEmulator) -> list[object]:
+    return [b.get("ResetType") for _, _, b in bmc.writes("POST", "ComputerSystem.Reset")]
+
+
+def test_a_reset_whose_answer_is_cut_after_acting_is_read_back_applied_and_sent_once(trees: Path) -> None:
+    """The BMC restarts the node and the connection drops before its answer: a restart leaves
+    PowerState On, so only the System's LastResetTime tells that it took."""
+    with RedfishEmulator.of("dell_r750", trees) as bmc:
+        bmc.state.cut.add(DELL_RESET)
+        c = client_of(bmc)
+        try:
+            c.set_power(PowerAction.RESET, graceful_timeout=1)
+        finally:
+            c.close()
+        assert resets(bmc) == ["ForceRestart"] and bmc.state.resets == ["ForceRestart"]
+        assert c.readback == ["Reset ForceRestart: no answer; read back: applied (LastResetTime moved)"]
+
+
+def test_a_reset_provably_not_taken_is_sent_once_more(trees: Path) -> None:
+    """A 500 before the BMC did anything: its LastResetTime and PowerState stay as they were
+    through the reads, so the reset is sent again, once, and takes."""
+    with RedfishEmulator.of("dell_r750", trees) as bmc:
+        bmc.state.fail_next[DELL_RESET] = 500
+        c = client_of(bmc)
+        try:
+            c.set_power(PowerAction.RESET, graceful_timeout=1)
+        finally:
+            c.close()
+        assert resets(bmc) == ["ForceRestart", "ForceRestart"] and bmc.state.resets == ["ForceRestart"]
+        assert c.readback == ["Reset ForceRestart: HTTP 500; read back: not applied"
+                              " (LastResetTime and PowerState unchanged in 3 reads)"]
+
+
+def test_a_reset_that_cannot_be_read_back_is_unknown_and_not_resent(trees: Path) -> None:
+    """iLO's System has no LastResetTime: a restart answered 500 may or may not have taken, and
+    nothing tells; the command fails saying so, the reset sent once."""
+    with RedfishEmulator.of("hpe_dl385", trees) as bmc:
+        bmc.state.fail_next["/redfish/v1/Systems/1/Actions/ComputerSystem.Reset"] = 500
+        c = client_of(bmc)
+        try:
+            with pytest.raises(Unconfirmed, match=r"read back: unknown .*no LastResetTime.*not sent again"):
+                c.set_power(PowerAction.RESET, graceful_timeout=1)
+        finally:
+            c.close()
+        assert resets(bmc) == ["ForceRestart"]
+
+
+def test_a_power_on_cut_after_acting_is_read_back_by_its_power_state(trees: Path) -> None:
+    """Without LastResetTime (iLO) an On is still told by the PowerState it leaves."""
+    with RedfishEmulator.of("hpe_dl385", trees) as bmc:
+        bmc.state.docs["/redfish/v1/Systems/1"]["PowerState"] = "Off"
+        bmc.state.cut.add("/redfish/v1/Systems/1/Actions/ComputerSystem.Reset")
+        c = client_of(bmc)
+        try:
+            c.set_power(PowerAction.ON, graceful_timeout=1)
+        finally:
+            c.close()
+        assert resets(bmc) == ["On"]
+        assert c.readback == ["Reset On: no answer; read back: applied (PowerState On)"]
+
+
+def test_the_read_back_reaches_the_result_through_the_handler(trees: Path, tmp_path: Path) -> None:
+    from agent.commands import handler_for
+    from agent.commands.base import Context
+    from agent.proto import site_pb2
+    from tests.site.redfish_emulator import PASSWORD, USER
+    from tests.site.test_bmc_redfish import REF, config_with
+
+    with RedfishEmulator.of("nvidia_gh200", trees) as bmc:
+        bmc.state.docs["/redfish/v1/Systems/System_0"]["PowerState"] = "Off"
+        handler = handler_for("bmc.power")
+        assert handler is not None
+        payload = site_pb2.BmcOperationRequest(node_id="n1", bmc_address=bmc.address, protocol="redfish",
+                                               operation="on", credentials_ref=REF)
+        context = Context.local("bmc.power", config_with(tmp_path, USER, PASSWORD), timeout=60)
+        result = handler.run(context, handler.parse(payload))
+        assert isinstance(result, site_pb2.BmcOperationResult)
+        assert result.power_state == "on" and resets(bmc) == ["On"]
+        assert result.values["readback"] == "Reset On: HTTP 500; read back: applied (LastResetTime moved)"
 
 
 def test_a_patch_answered_500_and_not_applied_is_read_back_not_resent(trees: Path) -> None:

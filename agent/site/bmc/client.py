@@ -151,10 +151,12 @@ class BmcClient(Protocol):
         file: Path | None = None,
         sha256: str = "",
         transfer_protocol: str = "",
+        method: str = "",
         progress: Callable[[int, str], None] | None = None,
     ) -> site_pb2.BmcFirmwareTask:
-        """SimpleUpdate from ``image_uri``, or a multipart push of ``file`` (its ``sha256``
-        checked first); follows the task monitor to its end, ``progress(percent, message)``."""
+        """SimpleUpdate from ``image_uri``, or a push of ``file`` (its ``sha256`` checked first),
+        as ``method`` says ("": what the BMC offers that fits; simple_update, multipart,
+        http_push); follows the task monitor to its end, ``progress(percent, message)``."""
         ...
 
     def firmware_status(self, task_uri: str = "") -> site_pb2.BmcOperationResult:

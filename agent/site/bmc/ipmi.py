@@ -539,6 +539,7 @@ class IpmiClient:
         file: Path | None = None,
         sha256: str = "",
         transfer_protocol: str = "",
+        method: str = "",
         progress: Callable[[int, str], None] | None = None,
     ) -> site_pb2.BmcFirmwareTask:
         raise Unsupported(f"firmware update is {NOT_IPMI}")

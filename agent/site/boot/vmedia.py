@@ -49,7 +49,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from agent.errors import InvalidParameters, NotFound
+from agent.errors import InvalidParameters, NotFound, Unsupported
 from agent.launcher import write_atomic
 from agent.net import http
 from agent.proto import site_pb2
@@ -377,10 +377,28 @@ class MediaSets:
                  media.mac, len(medium), req.ttl_seconds)
         return media
 
-    def urls(self, media: MediaSet) -> tuple[str, str]:
-        """(the ramdisk ISO's URL, the config medium's URL) as the BMC fetches them."""
-        base = f"{self.base_url}{MEDIA_PREFIX}{media.token}/"
+    def urls(self, media: MediaSet, scheme: str = "http") -> tuple[str, str]:
+        """(the ramdisk ISO's URL, the config medium's URL) as the BMC fetches them, over
+        ``scheme`` (``scheme_for``)."""
+        root = self.https_base_url if scheme == "https" else self.base_url
+        base = f"{root}{MEDIA_PREFIX}{media.token}/"
         return base + NAMES[0], base + NAMES[1]
+
+    def scheme_for(self, accepted: tuple[str, ...], who: str = "the BMC") -> str:
+        """The scheme to hand a BMC whose virtual media mounts ``accepted`` (() for any): http
+        where it takes it, else https where the site serves its media over TLS; Unsupported,
+        naming the settings, where the BMC needs https and the site has no TLS, or where it
+        takes neither."""
+        if not accepted or "http" in accepted:
+            return "http"
+        if "https" not in accepted:
+            raise Unsupported(f"{who} mounts {', '.join(accepted)} images only; the site serves its "
+                              "media over http and https")
+        if not self.https_base_url:
+            raise Unsupported(f"{who} mounts {', '.join(accepted)} images only, and the site serves "
+                              "its media over http alone: configure its TLS, site_https_port, "
+                              "site_tls_cert and site_tls_key (docs/site.md, \"Virtual media over https\")")
+        return "https"
 
     def over_https(self, url: str) -> str:
         """The https URL of ``url`` where it is one of this site's media URLs (as ``urls``

@@ -19,12 +19,16 @@ says, bent by the profile:
 - GZIP_OR_406 (iLO 5): every resource but the service root gzip-compressed, 406 to a GET that
   does not accept gzip.
 - ComputerSystem.Reset: ResetType checked against the recording's allowable values (or its
-  ActionInfo); PowerState follows; settings pending in a settings object are applied.
+  ActionInfo); PowerState follows, and LastResetTime where the System has one; settings
+  pending in a settings object are applied.
 - Boot PATCH: values checked against the recording's allowable values; a settings object
   (@Redfish.Settings) takes what the profile sends there.
 - VirtualMedia: InsertMedia / EjectMedia actions or PATCH, with the profile's transports; an
   https image fetched as it is mounted (its certificate verified) where ``state.media_ca`` is set.
-- UpdateService.SimpleUpdate: 202 and a task monitor that completes after ``task_polls`` GETs.
+- UpdateService.SimpleUpdate (its TransferProtocol checked against the action's or ActionInfo's
+  allowable values, and required where that says so), a multipart push to
+  MultipartHttpPushUri or a raw one to HttpPushUri: 202 and a task monitor that completes after
+  ``task_polls`` GETs.
 """
 
 from __future__ import annotations
@@ -221,6 +225,8 @@ class _Handler(BaseHTTPRequestHandler):
             return {}
         if self.headers.get("Content-Type", "").startswith("multipart/"):
             return {"multipart": len(raw)}
+        if self.headers.get("Content-Type", "").startswith("application/octet-stream"):
+            return {"octets": len(raw)}       # an HttpPushUri push: the image as the body
         doc = json.loads(raw)
         return doc if isinstance(doc, dict) else {}
 
@@ -327,11 +333,32 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._insert(path.rsplit("/Actions/", 1)[0], body)
             if path.endswith("/Actions/VirtualMedia.EjectMedia"):
                 return self._eject(path.rsplit("/Actions/", 1)[0])
-            push = st.docs.get(f"{ROOT}/UpdateService", {}).get("MultipartHttpPushUri")
-            if path.endswith("/Actions/UpdateService.SimpleUpdate") or (push and path == push.rstrip("/")):
+            service = st.docs.get(f"{ROOT}/UpdateService", {})
+            pushes = {str(service.get(k) or "").rstrip("/") for k in ("MultipartHttpPushUri", "HttpPushUri")}
+            simple = service.get("Actions", {}).get("#UpdateService.SimpleUpdate", {})
+            if path in pushes - {""} or path == str(simple.get("target", "")).rstrip("/"):
+                if "ImageURI" in body and not self._transfer_protocol_taken(simple, body):
+                    return
                 monitor = f"{ROOT}/TaskService/TaskMonitors/{secrets.token_hex(4)}"
                 return self._send(202, {"@odata.id": monitor, "TaskState": "New"}, {"Location": monitor})
             self._send(404, _error("Base.1.8.ActionNotSupported", f"{path} is no action here"))
+
+    def _transfer_protocol_taken(self, action: Doc, body: Doc) -> bool:
+        """SimpleUpdate's TransferProtocol against the allowable values of the action or its
+        ActionInfo, and present where the ActionInfo requires it (DGX H100's does); else 400."""
+        allowed, required = action.get("TransferProtocol@Redfish.AllowableValues"), False
+        info = self.server.state.docs.get(str(action.get("@Redfish.ActionInfo", "")).rstrip("/"), {})
+        for param in info.get("Parameters", []):
+            if isinstance(param, dict) and param.get("Name") == "TransferProtocol":
+                allowed, required = param.get("AllowableValues", allowed), param.get("Required") is True
+        given = body.get("TransferProtocol")
+        listed = allowed if isinstance(allowed, list) else []
+        flat = [v for a in listed for v in (a if isinstance(a, list) else [a])]
+        if (given is None and required) or (given is not None and flat and given not in flat):
+            self._send(400, _error("Base.1.8.ActionParameterValueNotInList" if given else
+                                   "Base.1.8.ActionParameterMissing", f"TransferProtocol {given} not taken"))
+            return False
+        return True
 
     def do_PATCH(self) -> None:
         if self._down():
@@ -437,6 +464,9 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(400, _error("Base.1.8.ActionParameterValueNotInList",
                                           f"ResetType {kind} is not one of {allowed}"))
         st.resets.append(kind)
+        if "LastResetTime" in system:       # the System's own record of its resets (ComputerSystem 1.12)
+            system["LastResetTime"] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()) \
+                + f"#{len(st.resets)}"
         if kind in ("On", "ForceOn"):
             system["PowerState"] = "On"
         elif kind in ("ForceOff", "GracefulShutdown"):

@@ -71,10 +71,11 @@ class RedfishClient(RedfishSession):
         file: Path | None = None,
         sha256: str = "",
         transfer_protocol: str = "",
+        method: str = "",
         progress: Callable[[int, str], None] | None = None,
     ) -> site_pb2.BmcFirmwareTask:
         return firmware.update(self, image_uri=image_uri, file=file, sha256=sha256,
-                               transfer_protocol=transfer_protocol, progress=progress)
+                               transfer_protocol=transfer_protocol, method=method, progress=progress)
 
     def firmware_status(self, task_uri: str = "") -> site_pb2.BmcOperationResult:
         return firmware.status(self, task_uri)
@@ -106,6 +107,10 @@ class RedfishClient(RedfishSession):
     def insert_media(self, image_url: str, *, media_type: str = "CD",
                      alternates: tuple[str, ...] = ()) -> site_pb2.BmcVirtualMedia:
         return media.insert_media(self, image_url, media_type=media_type, alternates=alternates)
+
+    def media_schemes(self, media_type: str = "CD") -> tuple[str, ...]:
+        """The image URL schemes its virtual media mounts (() for any); Redfish only."""
+        return media.mountable_schemes(self, media_type)
 
     def eject_media(self) -> None:
         media.eject_media(self)

@@ -1,12 +1,16 @@
 """The Redfish UpdateService: bmc.firmware's update and status, and the FirmwareInventory.
 
-Two ways in, as the schema (UpdateService v1.6+) documents them:
+Three ways in, as the schema (UpdateService v1.6+) documents them, picked by ``choose`` from
+what the BMC's UpdateService offers (``offer``), or named by the operator (``Method``):
 
 - SimpleUpdate: POST ``{"ImageURI": ..., "TransferProtocol": ...}`` to the action's target; the
-  BMC fetches the image itself.
+  BMC fetches the image itself. Chosen for an image URL whose scheme is among its
+  TransferProtocol allowable values (on the action or in its ActionInfo).
 - A multipart push: POST multipart/form-data to ``MultipartHttpPushUri`` with the parts
   ``UpdateParameters`` (JSON) and ``UpdateFile`` (the image, streamed from disk after its
-  sha256 has been checked against the one the request gave).
+  sha256 has been checked against the one the request gave). Chosen for a file.
+- A push to ``HttpPushUri`` (deprecated by the schema for the multipart one): the image as the
+  whole body. Chosen for a file where no multipart push is offered.
 
 ``status`` reads the FirmwareInventory's versions and, given its URI, a task's state now.
 
@@ -19,11 +23,13 @@ messages say which component went from which version to which.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +45,106 @@ from agent.errors import (
 from agent.net import http
 from agent.proto import site_pb2
 from agent.site.bmc.redfish import tasks
-from agent.site.bmc.redfish.session import ROOT, RedfishSession, link
+from agent.site.bmc.redfish.session import ROOT, Doc, RedfishSession, link
 
 log = logging.getLogger(__name__)
+
+class Method(enum.StrEnum):
+    """How an image reaches the BMC: it fetches a URL (SimpleUpdate), or the site pushes a file
+    (MultipartHttpPushUri; HttpPushUri, the older raw-body push)."""
+
+    SIMPLE_UPDATE = "simple_update"
+    MULTIPART = "multipart"
+    HTTP_PUSH = "http_push"
+
+
+# An image URL's scheme -> the UpdateService's TransferProtocol (TransferProtocolType) value.
+_PROTOCOLS = {"http": "HTTP", "https": "HTTPS", "ftp": "FTP", "sftp": "SFTP", "scp": "SCP", "tftp": "TFTP",
+              "nfs": "NFS", "cifs": "CIFS", "smb": "CIFS"}
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What an UpdateService offers: the SimpleUpdate action's target ("" for none) and its
+    TransferProtocol allowable values (None where it lists none), the push URIs ("" for none)."""
+
+    simple_update: str
+    protocols: tuple[str, ...] | None
+    protocol_required: bool
+    multipart: str
+    http_push: str
+
+    def methods(self) -> list[str]:
+        said = [f"SimpleUpdate ({', '.join(self.protocols)})" if self.protocols is not None
+                else "SimpleUpdate"] if self.simple_update else []
+        return said + [name for name, uri in (("MultipartHttpPushUri", self.multipart),
+                                              ("HttpPushUri", self.http_push)) if uri]
+
+
+def offer(client: RedfishSession, service: Doc) -> Offer:
+    """The UpdateService's ways in, its SimpleUpdate's protocols read from the action or, where
+    it names one, its ActionInfo."""
+    action = service.get("Actions", {}).get("#UpdateService.SimpleUpdate", {})
+    target, listed, required = "", None, False
+    if isinstance(action, dict) and isinstance(action.get("target"), str):
+        target = action["target"]
+        listed = action.get("TransferProtocol@Redfish.AllowableValues")
+        info = action.get("@Redfish.ActionInfo")
+        if isinstance(info, str) and info:
+            for param in client.get(info).get("Parameters", []):
+                if isinstance(param, dict) and param.get("Name") == "TransferProtocol":
+                    listed = param.get("AllowableValues", listed)
+                    required = param.get("Required") is True
+    protocols = tuple(_flat(listed)) if isinstance(listed, list) else None
+    multipart, push = (v if isinstance(v := service.get(k), str) else ""
+                       for k in ("MultipartHttpPushUri", "HttpPushUri"))
+    return Offer(target, protocols, required, multipart, push)
+
+
+def _flat(values: list[Any]) -> list[str]:
+    """Allowable values as strings, a nested list flattened (BlueField-3 lists [["SCP"]])."""
+    out: list[str] = []
+    for value in values:
+        out.extend(_flat(value) if isinstance(value, list) else [value] if isinstance(value, str) else [])
+    return out
+
+
+def choose(offered: Offer, *, image_uri: str = "", file: Path | None = None, method: str = "",
+           transfer_protocol: str = "", where: str = "the BMC") -> tuple[Method, str]:
+    """(the method, the TransferProtocol to send: "" for none) for an image given as a URL the
+    BMC fetches or a file the site pushes: ``method`` where the operator names one (it must be
+    offered), else SimpleUpdate for a URL whose scheme its TransferProtocol values take, the
+    multipart push for a file, else HttpPushUri; Unsupported naming what is offered where
+    nothing fits, before anything is sent."""
+    if bool(image_uri) == (file is not None):
+        raise InvalidParameters("firmware: give image_uri or file, one of them")
+    offers = ", ".join(offered.methods()) or "no way in"
+    if image_uri:
+        if method not in ("", Method.SIMPLE_UPDATE):
+            raise InvalidParameters(f"firmware: method {method} pushes a file: give file and sha256")
+        if not offered.simple_update:
+            raise Unsupported(f"{where}: its UpdateService has no SimpleUpdate to fetch {image_uri.split(':')[0]}://"
+                              f" images (it offers {offers}): give file and sha256 to push it")
+        scheme = image_uri.split(":", 1)[0].lower()
+        protocol = transfer_protocol or _PROTOCOLS.get(scheme, "")
+        if offered.protocols is not None and protocol not in offered.protocols:
+            raise Unsupported(f"{where}: SimpleUpdate takes TransferProtocol {', '.join(offered.protocols)},"
+                              f" not {protocol or scheme} (it offers {offers})"
+                              + ("; give file and sha256 to push it" if offered.multipart or offered.http_push
+                                 else ""))
+        # Named where the BMC lists its values (DGX H100's ActionInfo requires it), or the operator did.
+        sent = protocol if transfer_protocol or offered.protocols is not None or offered.protocol_required \
+            else ""
+        return Method.SIMPLE_UPDATE, sent
+    if method == Method.SIMPLE_UPDATE:
+        raise InvalidParameters("firmware: SimpleUpdate fetches an image: give image_uri")
+    for candidate, uri in ((Method.MULTIPART, offered.multipart), (Method.HTTP_PUSH, offered.http_push)):
+        if uri and method in ("", candidate):
+            return candidate, ""
+    wanted = {"": "a push", Method.MULTIPART: "MultipartHttpPushUri", Method.HTTP_PUSH: "HttpPushUri"}[method]
+    raise Unsupported(f"{where}: its UpdateService offers no {wanted} (it offers {offers})"
+                      + ("; give image_uri for its SimpleUpdate" if offered.simple_update else ""))
+
 
 def update(
     client: RedfishSession,
@@ -50,33 +153,35 @@ def update(
     file: Path | None = None,
     sha256: str = "",
     transfer_protocol: str = "",
+    method: str = "",
     progress: Callable[[int, str], None] | None = None,
 ) -> site_pb2.BmcFirmwareTask:
-    if bool(image_uri) == (file is not None):
-        raise InvalidParameters("firmware: give image_uri or file, one of them")
+    """Update through the way ``choose`` picks from what the UpdateService offers (``method``
+    names one), follow its task, wait out the BMC's reboot, and name what changed."""
+    if method and method not in tuple(Method):
+        raise InvalidParameters(f"firmware: method {method!r}: one of {', '.join(Method)}")
     where = f"Redfish BMC {client.target.address}"
     ref = link(client.root(), "UpdateService")
     if not ref:
         raise Unsupported(f"{where} has no UpdateService")
     service = client.get(ref)
-    before = {c.id: c.version for c in inventory(client)}
+    offered = offer(client, service)
+    chosen, protocol = choose(offered, image_uri=image_uri, file=file, method=method,
+                              transfer_protocol=transfer_protocol, where=where)
     if image_uri:
         http.check_url(image_uri)
-        action = service.get("Actions", {}).get("#UpdateService.SimpleUpdate", {})
-        if not isinstance(action, dict) or not action.get("target"):
-            raise Unsupported(f"{where}: its UpdateService has no SimpleUpdate")
+    before = {c.id: c.version for c in inventory(client)}
+    if chosen is Method.SIMPLE_UPDATE:
         body: dict[str, Any] = {"ImageURI": image_uri}
-        if transfer_protocol:
-            allowed = action.get("TransferProtocol@Redfish.AllowableValues")
-            if isinstance(allowed, list) and transfer_protocol not in allowed:
-                raise Unsupported(f"{where}: TransferProtocol {transfer_protocol} not in {allowed}")
-            body["TransferProtocol"] = transfer_protocol
+        if protocol:
+            body["TransferProtocol"] = protocol
         log.info("%s: SimpleUpdate from %s", where, http.redact(image_uri))
-        answer = client.send("POST", action["target"], json_body=body)
+        answer = client.send("POST", offered.simple_update, json_body=body)
         status, headers, doc = answer.status, answer.headers, answer.doc
     else:
         assert file is not None
-        status, headers, doc = _push(client, service, file, sha256)
+        uri = offered.multipart if chosen is Method.MULTIPART else offered.http_push
+        status, headers, doc = _push(client, uri, chosen, file, sha256)
     location = headers.get("location", "") or str(doc.get("@odata.id", "") if "TaskState" in doc else "")
     if not location:
         if status not in (200, 204):
@@ -90,6 +195,7 @@ def update(
     after = {c.id: c.version for c in inventory(client)}
     changed = [f"updated {cid}: {before.get(cid, '')} -> {version}"
                for cid, version in sorted(after.items()) if before.get(cid) != version]
+    task.messages.insert(0, f"method {chosen}")
     task.messages.extend(changed or ["no component's version changed yet (one may wait for a reset)"])
     return task
 
@@ -119,12 +225,11 @@ def wait_settled(client: RedfishSession) -> None:
 
 
 def _push(
-    client: RedfishSession, service: dict[str, Any], file: Path, sha256: str
+    client: RedfishSession, uri: str, method: Method, file: Path, sha256: str
 ) -> tuple[int, dict[str, str], dict[str, Any]]:
+    """Push ``file`` (its sha256 checked first) to ``uri``: multipart (UpdateParameters and
+    UpdateFile) or, for HttpPushUri, the image as the whole body. Sent once."""
     where = f"Redfish BMC {client.target.address}"
-    push = service.get("MultipartHttpPushUri")
-    if not isinstance(push, str) or not push:
-        raise Unsupported(f"{where}: its UpdateService offers no MultipartHttpPushUri (multipart push)")
     want = sha256.strip().lower()
     if len(want) != 64 or any(c not in "0123456789abcdef" for c in want):
         raise InvalidParameters("firmware push: sha256 must be 64 hex digits")
@@ -137,23 +242,26 @@ def _push(
         raise InvalidParameters(f"firmware push: cannot read {file}: {exc.strerror}") from exc
     if digest.hexdigest() != want:
         raise ChecksumMismatch(f"firmware push: {file.name} has sha256 {digest.hexdigest()}, expected {want}")
-    params = json.dumps({"Targets": [], "@Redfish.OperationApplyTime": "Immediate"}).encode()
     headers = dict(client._login())
     opts = http.HttpOptions(timeout=300.0, verify=client.opts.verify, ca_file=client.opts.ca_file,
                             cancel=client.call.cancel, headers=headers)
-    log.info("%s: pushing %s (%d bytes)", where, file.name, file.stat().st_size)
+    log.info("%s: pushing %s (%d bytes, %s)", where, file.name, file.stat().st_size, method)
     try:
-        resp = http.post_multipart(client.url(push), [
-            http.Part("UpdateParameters", params, "application/json"),
-            http.Part("UpdateFile", path=file),
-        ], opts)
+        if method is Method.MULTIPART:
+            params = json.dumps({"Targets": [], "@Redfish.OperationApplyTime": "Immediate"}).encode()
+            resp = http.post_multipart(client.url(uri), [
+                http.Part("UpdateParameters", params, "application/json"),
+                http.Part("UpdateFile", path=file),
+            ], opts)
+        else:
+            resp = http.post_file(client.url(uri), file, opts)
     except http.BodyTooLarge as exc:
         raise BmcRefused(f"{where}: firmware push: {exc.message}", status=exc.status) from exc
     except http.HttpError as exc:
         raise BmcUnreachable(f"{where}: firmware push failed: {exc.message}",
                              tls=exc.details.get("tls", "")) from exc
     client.attempts += 1
-    answer = client._answer("POST", client.url(push), resp, ())
+    answer = client._answer("POST", client.url(uri), resp, ())
     return answer.status, answer.headers, answer.doc
 
 

@@ -37,26 +37,16 @@ def _holds(doc: Doc) -> bool:
     return inserted is True if isinstance(inserted, bool) else bool(doc.get("Image"))
 
 
-def insert_media(s: RedfishSession, image_url: str, *, media_type: str = "CD",
-                 alternates: tuple[str, ...] = ()) -> site_pb2.BmcVirtualMedia:
-    """Insert ``image_url`` (or the first of ``alternates``, the same image at other URLs,
-    where the vendor does not mount the first's scheme) into the first slot that takes
-    ``media_type`` (among those the vendor mounts network images in), with the InsertMedia
-    properties the vendor takes; the slot as read back afterwards (the caller checks that it
-    holds the image). An image whose scheme the vendor's virtual media does not take is
-    refused before anything is written."""
-    for url in (image_url, *alternates):
-        http.check_url(url)
-    where = f"Redfish BMC {s.target.address}"
+# The VirtualMedia schema's TransferProtocolType values, as the schemes of image URLs.
+_PROTOCOL_SCHEMES = {"HTTP": ("http",), "HTTPS": ("https",), "CIFS": ("smb", "cifs"), "NFS": ("nfs",),
+                     "FTP": ("ftp",), "SFTP": ("sftp",), "SCP": ("scp",), "TFTP": ("tftp",)}
+
+
+def _slots(s: RedfishSession, media_type: str) -> list[tuple[str, Doc]]:
+    """The slots that take ``media_type`` (among those the vendor mounts network images in), in
+    the BMC's order: (path, the slot as read now)."""
     vendor = s.vendor()
-    chosen = _mountable(vendor.media_schemes, (image_url, *alternates))
-    if not chosen:
-        scheme = image_url.split(":", 1)[0].lower()
-        raise Unsupported(f"{where} ({vendor.name}) mounts {', '.join(vendor.media_schemes)} images only,"
-                          f" not {scheme}://; to serve the site's media over https, configure its TLS:"
-                          f" site_https_port, site_tls_cert and site_tls_key"
-                          f" (docs/site.md, \"Virtual media over https\")")
-    image_url = chosen
+    out: list[tuple[str, Doc]] = []
     for ref in _media_refs(s):
         doc = s.get(ref)
         slot = text(doc.get("Id")) or ref.rstrip("/").rsplit("/", 1)[-1]
@@ -64,26 +54,86 @@ def insert_media(s: RedfishSession, image_url: str, *, media_type: str = "CD",
             continue
         if vendor.media_slot_prefixes and not slot.startswith(vendor.media_slot_prefixes):
             continue
-        if _holds(doc):
-            _eject(s, ref, doc)
+        out.append((ref, doc))
+    return out
 
-        def taken(ref: str = ref) -> bool:
-            back = s.get(ref)
-            return _holds(back) and back.get("Image") == image_url
 
-        action = doc.get("Actions", {}).get("#VirtualMedia.InsertMedia", {})
-        if isinstance(action, dict) and action.get("target"):
-            full = {"Image": image_url, "Inserted": True, "WriteProtected": True}
-            body = {k: v for k, v in full.items() if k in vendor.insert_properties}
-            s.write("POST", str(action["target"]), body, taken=taken)
-        else:
-            s.write("PATCH", ref, {"Image": image_url, "Inserted": True}, etag=True, taken=taken)
-        # The file's name alone: a path may hold a capability (the site's /vm/<token>/).
-        log.info("%s: …/%s inserted into %s", where, http.redact(image_url).rsplit("/", 1)[-1], slot)
-        return _media_of(s.get(ref))
-    raise Unsupported(f"{where} has no virtual {media_type} drive"
-                      + (f" among its {'/'.join(vendor.media_slot_prefixes)} slots"
-                         if vendor.media_slot_prefixes else ""))
+def _no_slot(s: RedfishSession, media_type: str) -> Unsupported:
+    prefixes = s.vendor().media_slot_prefixes
+    return Unsupported(f"Redfish BMC {s.target.address} has no virtual {media_type} drive"
+                       + (f" among its {'/'.join(prefixes)} slots" if prefixes else ""))
+
+
+def _slot_schemes(s: RedfishSession, doc: Doc) -> tuple[str, ...]:
+    """The image schemes a slot mounts: its TransferProtocolType allowable values (on the slot,
+    on its InsertMedia action, or in that action's ActionInfo: the BMC's own word), else the
+    vendor row's ``media_schemes``; () where neither says (any)."""
+    listed = doc.get("TransferProtocolType@Redfish.AllowableValues")
+    action = doc.get("Actions", {}).get("#VirtualMedia.InsertMedia", {})
+    if listed is None and isinstance(action, dict):
+        listed = action.get("TransferProtocolType@Redfish.AllowableValues")
+        info = action.get("@Redfish.ActionInfo")
+        if listed is None and isinstance(info, str) and info:
+            for param in s.get(info).get("Parameters", []):
+                if isinstance(param, dict) and param.get("Name") == "TransferProtocolType":
+                    listed = param.get("AllowableValues")
+    schemes = tuple(sch for value in listed if isinstance(value, str)
+                    for sch in _PROTOCOL_SCHEMES.get(value.upper(), ())) if isinstance(listed, list) else ()
+    return schemes or s.vendor().media_schemes     # the BMC's own word first, else the row's
+
+
+def mountable_schemes(s: RedfishSession, media_type: str = "CD") -> tuple[str, ...]:
+    """The image URL schemes the slot ``insert_media`` would use mounts (() for any): what
+    boot.prepareRamdisk asks before it makes a node's media, to hand URLs the BMC takes."""
+    slots = _slots(s, media_type)
+    if not slots:
+        raise _no_slot(s, media_type)
+    return _slot_schemes(s, slots[0][1])
+
+
+def insert_media(s: RedfishSession, image_url: str, *, media_type: str = "CD",
+                 alternates: tuple[str, ...] = ()) -> site_pb2.BmcVirtualMedia:
+    """Insert ``image_url`` (or the first of ``alternates``, the same image at other URLs,
+    where the slot does not mount the first's scheme) into the first slot that takes
+    ``media_type`` (among those the vendor mounts network images in), with the InsertMedia
+    properties the vendor takes; the slot as read back afterwards (the caller checks that it
+    holds the image). An image whose scheme the slot does not take (``_slot_schemes``) is
+    refused before anything is written."""
+    for url in (image_url, *alternates):
+        http.check_url(url)
+    where = f"Redfish BMC {s.target.address}"
+    vendor = s.vendor()
+    slots = _slots(s, media_type)
+    if not slots:
+        raise _no_slot(s, media_type)
+    ref, doc = slots[0]
+    slot = text(doc.get("Id")) or ref.rstrip("/").rsplit("/", 1)[-1]
+    schemes = _slot_schemes(s, doc)
+    chosen = _mountable(schemes, (image_url, *alternates))
+    if not chosen:
+        scheme = image_url.split(":", 1)[0].lower()
+        raise Unsupported(f"{where} ({vendor.name}) mounts {', '.join(schemes)} images only,"
+                          f" not {scheme}://; to serve the site's media over https, configure its TLS:"
+                          f" site_https_port, site_tls_cert and site_tls_key"
+                          f" (docs/site.md, \"Virtual media over https\")")
+    image_url = chosen
+    if _holds(doc):
+        _eject(s, ref, doc)
+
+    def taken() -> bool:
+        back = s.get(ref)
+        return _holds(back) and back.get("Image") == image_url
+
+    action = doc.get("Actions", {}).get("#VirtualMedia.InsertMedia", {})
+    if isinstance(action, dict) and action.get("target"):
+        full = {"Image": image_url, "Inserted": True, "WriteProtected": True}
+        body = {k: v for k, v in full.items() if k in vendor.insert_properties}
+        s.write("POST", str(action["target"]), body, taken=taken)
+    else:
+        s.write("PATCH", ref, {"Image": image_url, "Inserted": True}, etag=True, taken=taken)
+    # The file's name alone: a path may hold a capability (the site's /vm/<token>/).
+    log.info("%s: …/%s inserted into %s", where, http.redact(image_url).rsplit("/", 1)[-1], slot)
+    return _media_of(s.get(ref))
 
 
 def _mountable(schemes: tuple[str, ...], urls: tuple[str, ...]) -> str:

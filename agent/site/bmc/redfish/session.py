@@ -193,6 +193,7 @@ class RedfishSession:
         self._suspect = False           # an answer was cut, timed out or did not parse: keep nothing
         self._first_contact = known is None   # no command on this BMC since the daemon started
         self.partial: list[str] = []    # what this command could not read ("events: ...")
+        self.readback: list[str] = []   # what an ambiguous write was read back as (system._reset)
         if known is not None and (known.base, known.verify_tls, known.ca_file) == \
                 (self.base, target.verify_tls, target.ca_file):
             self._root, self._paths, self._known = known.root, dict(known.paths), True

@@ -7,16 +7,18 @@ Functions over a ``RedfishSession`` (agent/site/bmc/redfish/session.py).
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import time
 
-from agent.errors import BmcRefused, Cancelled, CommandTimeout, Unsupported
+from agent.errors import BmcRefused, BmcUnreachable, Cancelled, CommandTimeout, Unsupported
 from agent.proto import site_pb2
 from agent.site.bmc.client import BootDevice, BootMode, BootSetting, PowerAction, PowerState
 from agent.site.bmc.redfish import firmware
 from agent.site.bmc.redfish.session import (
     Doc,
     RedfishSession,
+    Unconfirmed,
     dicts,
     link,
     normal_mac,
@@ -71,12 +73,88 @@ def _reset_types(s: RedfishSession, system: Doc) -> tuple[str, list[str]]:
     return str(action["target"]), [str(a) for a in allowed or []]
 
 
-def _reset(s: RedfishSession, target: str, reset_type: str) -> None:
-    """POST the Reset once. Answered ambiguously (500 after acting, a cut connection), it is
-    not sent again: whether it took is read back by the caller, who settles the power state
-    (commands/bmc.py ``settle``) and fails at the deadline if it did not."""
+class ResetOutcome(enum.StrEnum):
+    """What a Reset answered ambiguously did, as read back (``_reset``)."""
+
+    APPLIED = "applied"
+    NOT_APPLIED = "not applied"
+    UNKNOWN = "unknown"
+
+
+# The PowerState a ResetType leaves the System in; the others (ForceRestart, PowerCycle,
+# GracefulRestart, Nmi, PushPowerButton) leave it as it was, or say nothing by it.
+_RESET_LEAVES = {"On": PowerState.ON, "ForceOn": PowerState.ON,
+                 "ForceOff": PowerState.OFF, "GracefulShutdown": PowerState.OFF}
+
+
+def _reset(s: RedfishSession, target: str, reset_type: str, *, quiet: bool = False) -> ResetOutcome:
+    """POST the Reset once. Answered ambiguously (a 5xx after the request went out whole, a cut
+    answer, a timeout: ``Unconfirmed``), it is not sent again but read back (``_reset_readback``):
+    applied, and the command goes on; not applied (the BMC's own LastResetTime and PowerState
+    unchanged after the reads), and it is sent once more, the one resend a reset ever gets;
+    unknown, and Unconfirmed is raised saying so. ``quiet`` (GracefulShutdown, whose caller
+    waits and then forces off anyway): never resent nor raised. Each outcome is noted in
+    ``s.readback``."""
     log.info("Redfish %s: ResetType %s", s.target.address, reset_type)
-    s.write("POST", target, {"ResetType": reset_type}, taken=lambda: True)
+    before = s.as_read(s.system_ref()).doc
+    for attempt in (1, 2):
+        try:
+            s.send("POST", target, json_body={"ResetType": reset_type})
+            return ResetOutcome.APPLIED
+        except Unconfirmed as exc:
+            if s.call.cancel.is_set():
+                raise
+            outcome, why = _reset_readback(s, reset_type, before)
+            status = exc.details.get("status", "")
+            said = f"HTTP {status}" if status and status != "0" else "no answer"
+            s.readback.append(f"Reset {reset_type}: {said}; read back: {outcome} ({why})")
+            log.warning("Redfish %s: Reset %s answered ambiguously (%s); read back: %s (%s)",
+                        s.target.address, reset_type, said, outcome, why)
+            if outcome is ResetOutcome.APPLIED or quiet:
+                return outcome
+            if outcome is ResetOutcome.UNKNOWN or attempt == 2:
+                raise Unconfirmed(f"Redfish BMC {s.target.address}: Reset {reset_type}: {said};"
+                                  f" read back: {outcome} ({why}); not sent again: the BMC may have"
+                                  " acted on it", status=exc.details.get("status", ""), ambiguous="true",
+                                  readback=str(outcome)) from exc
+    raise AssertionError("unreachable")
+
+
+def _reset_readback(s: RedfishSession, reset_type: str, before: Doc) -> tuple[ResetOutcome, str]:
+    """Read the System back, paced, ``reset_readback_polls`` times (the vendor row's): applied
+    where its LastResetTime moved, or its PowerState became the one the reset leaves (or, for a
+    restart, was seen off); not applied where it has a LastResetTime and neither it nor the
+    PowerState moved in all the reads; unknown otherwise (no LastResetTime to tell by, an
+    answer missing, the deadline)."""
+    was, last = before.get("PowerState"), before.get("LastResetTime")
+    leaves = _RESET_LEAVES.get(reset_type)
+    pacing, polls = s.call.pacing, s.vendor().reset_readback_polls
+    interval, seen, moved = pacing.min_interval, 0, False
+    for _ in range(polls):
+        left = s.call.deadline - time.monotonic()
+        if left <= interval:
+            return ResetOutcome.UNKNOWN, "the deadline came before the reads"
+        if s.call.cancel.wait(interval):
+            raise Cancelled("cancelled")
+        interval = min(pacing.max_interval, interval * pacing.factor)
+        try:
+            doc = s.get(s.system_ref())
+        except (BmcRefused, BmcUnreachable) as exc:
+            log.info("Redfish %s: reading the System back: %s", s.target.address, exc.message)
+            continue
+        seen += 1
+        now = doc.get("PowerState")
+        if last is not None and doc.get("LastResetTime") not in (None, last):
+            return ResetOutcome.APPLIED, "LastResetTime moved"
+        if leaves is not None and now != was and _POWER_FROM_REDFISH.get(str(now)) is leaves:
+            return ResetOutcome.APPLIED, f"PowerState {now}"
+        if leaves is None and was == "On" and now in ("Off", "PoweringOn", "PoweringOff"):
+            return ResetOutcome.APPLIED, f"PowerState {now} on the way back"
+        moved = moved or now != was
+    if seen == polls and last is not None and not moved:
+        return ResetOutcome.NOT_APPLIED, f"LastResetTime and PowerState unchanged in {polls} reads"
+    return ResetOutcome.UNKNOWN, ("the System has no LastResetTime to tell by" if last is None
+                                  else f"{seen} of {polls} reads answered")
 
 
 def set_power(s: RedfishSession, action: PowerAction, *, graceful_timeout: float) -> None:
@@ -112,7 +190,7 @@ def set_power(s: RedfishSession, action: PowerAction, *, graceful_timeout: float
 
 def _power_off(s: RedfishSession, target: str, allowed: list[str], graceful_timeout: float) -> None:
     if not allowed or "GracefulShutdown" in allowed:
-        _reset(s, target, "GracefulShutdown")
+        _reset(s, target, "GracefulShutdown", quiet=True)
         until = min(time.monotonic() + graceful_timeout, s.call.deadline)
         if _wait_power(s, PowerState.OFF, until, raise_timeout=False):
             return

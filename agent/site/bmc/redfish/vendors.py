@@ -5,7 +5,8 @@ the row for a BMC, the ``vendor`` parameter of a bmc.* request); nothing in the 
 ``if vendor ==``.
 
 What every BMC gets, whatever its row (the standard's rules and the client's own caution):
-a write sent once unless the BMC provably did not take it, read back on an ambiguous answer;
+a write sent once unless the BMC provably did not take it, read back on an ambiguous answer
+(a Reset for ``reset_readback_polls`` paced reads);
 the boot mode sent only when it must change and only where the Boot resource offers it; a
 weak ETag resent in its strong form after a 412; media ejected only where Inserted.
 """
@@ -44,6 +45,10 @@ class Vendor:
     # The Accept-Encoding of every request once the row is known ("": the HTTP client's
     # ``identity``). A gzip answer is decoded whatever the row (agent/net/exchange.py).
     accept_encoding: str = ""
+    # After a ComputerSystem.Reset answered ambiguously (5xx, a cut answer, a timeout): how many
+    # paced reads of the System (PowerState, LastResetTime) look for it before the client says
+    # applied, not applied or unknown (system.py ``_reset``). 3 at the default pacing: about 10 s.
+    reset_readback_polls: int = 3
 
 
 GENERIC = Vendor("generic")
@@ -75,7 +80,10 @@ VENDORS: dict[str, Vendor] = {v.name: v for v in (
     # bmcweb (OpenBMC: GH200, GB200, BlueField-3): virtual media takes https and smb images
     # only (openbmc/bmcweb redfish-core/lib/virtual_media.hpp); its Boot has no mode property,
     # and a PATCH naming it answers 500 (issue 40): the generic "where offered" covers it.
-    Vendor("bmcweb", media_schemes=("https", "smb")),
+    # Its Reset answers once the host state manager has been asked for the transition
+    # (openbmc/phosphor-state-manager: RequestedHostTransition); PowerState follows when the
+    # transition is done, seconds later: 5 paced reads (about 26 s) before "unknown".
+    Vendor("bmcweb", media_schemes=("https", "smb"), reset_readback_polls=5),
 )}
 
 # (where, word, vendor): the first row whose word is in the service root's Vendor ("vendor"),
