@@ -155,6 +155,48 @@ static_network() {  # static_network FILE: the NIC FILE names up with its addres
 	return 0
 }
 
+# A UKI booted by the site (docs/attestation.md): one build for the site's nodes, whose
+# embedded (measured) command line holds nothing per node but bc.site=<the site's HTTP base
+# URL>. The node's bc.* settings (node id, gateway, token) are fetched from the site by MAC,
+# /pxe/<mac-hyphen>.cmdline, once DHCP is up (each NIC's MAC tried; the site answers only the
+# one with a live entry), and added to the kernel's for the agent, as a config medium's are.
+site_settings() {
+	mkdir -p /run/bettercompute
+	case "$SITE" in
+	http://*) ;;
+	*) say "bc.site '$SITE' is not an http:// URL: no settings from the site"; : >/run/bc-site-done; return ;;
+	esac
+	case "${SITE#http://}" in
+	"" | *[!A-Za-z0-9.:/_-]*)
+		say "bc.site '$SITE' is not a plain http://host:port URL: no settings from the site"
+		: >/run/bc-site-done; return ;;
+	esac
+	f=/run/bettercompute/site.cmdline
+	i=0
+	while [ $i -lt 50 ]; do
+		for dev in /sys/class/net/*; do
+			[ "${dev##*/}" = lo ] && continue
+			read -r a <"$dev/address" || continue
+			rm -f "$f"
+			wget -q -T 5 -O "$f" "${SITE%/}/pxe/$(echo "$a" | tr : -).cmdline" 2>/dev/null || continue
+			if small "$f" 4096; then
+				read -r extra <"$f"
+				echo "$CMDLINE $extra" >/run/bettercompute/cmdline
+				say "settings: from the site $SITE for $a"
+			else
+				say "settings from the site $SITE for $a: larger than 4096 bytes; not used"
+			fi
+			rm -f "$f"
+			: >/run/bc-site-done
+			return
+		done
+		sleep 0.5
+		i=$((i + 1))
+	done
+	say "no settings from the site $SITE for any NIC's MAC; the agent starts without them"
+	: >/run/bc-site-done
+}
+
 read -r release </proc/sys/kernel/osrelease
 say "up, kernel $release"
 arg bc.hostname
@@ -163,6 +205,8 @@ arg bc.media
 MEDIA="$v"
 arg bc.root
 ROOT="$v"
+arg bc.site
+SITE="$v"
 v="$host"
 echo "${v:-bc-ramdisk}" >/proc/sys/kernel/hostname  # the agent's node id when bc.node is not given
 
@@ -200,8 +244,10 @@ echo "${v:-bc-ramdisk}" >/proc/sys/kernel/hostname  # the agent's node id when b
 		ip link set "$n" up
 		udhcpc -i "$n" -s /usr/share/bettercompute/udhcpc.script -t 20 -T 1 -A 2 -q -n -f >/run/udhcpc.$n.log 2>&1 &
 	done
+	[ -z "$SITE" ] || site_settings
 ) &
 [ -n "$MEDIA" ] && wait_for /run/bc-media-done
+[ -n "$SITE" ] && wait_for /run/bc-site-done
 
 # Test ramdisks only (tests/e2e): extra environment for the agent, and a root shell on the
 # second serial port (or on the port the marker file names: hvc0, a virtio console, on arm64's
