@@ -101,9 +101,10 @@ def grub_script(cmdline: str) -> str:
 
 def grub_uki_script() -> str:
     """A UEFI core's script that starts the UKI: ``chainloader`` with no arguments passes the
-    image no LoadOptions (a command line would replace the UKI's own and land in PCR 12)."""
+    image no LoadOptions (a command line would replace the UKI's own and land in PCR 12).
+    No quote in it: GRUB's parser would take the lines after one as a single word."""
     return (f"search --no-floppy --label --set=root {LABEL}\n"
-            "echo bc-iso: starting the ramdisk's UKI from the CD\n"
+            "echo bc-iso: starting the ramdisk UKI from the CD\n"
             f"chainloader /boot/{UKI_NAME}\n"
             "boot\n")
 

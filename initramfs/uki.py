@@ -12,6 +12,11 @@ for the gateway's policy (docs/attestation.md):
     .venv/bin/python -m initramfs.uki --kernel initramfs/out/vmlinuz \\
         --initrd initramfs/out/initramfs.img --cmdline "console=ttyS0 ..." --out ramdisk.efi
     # -> ramdisk.efi and ramdisk.efi.json: {"build_id", "pcr4": [UKI, kernel], "pcr11", "pcr12", ...}
+
+What is measured is the same on every node that boots one build, so the command line holds
+nothing per node (never a node id or a token). A site's build names the site
+(``bc.site=http://<site>:<port>``: its nodes fetch their settings from it, docs/site.md); the
+virtual-media ISO's names the config medium (``bc.media=cdrom``, initramfs/iso.py).
 """
 
 from __future__ import annotations

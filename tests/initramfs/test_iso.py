@@ -84,6 +84,12 @@ def test_iso_boot_entries_files_sbom_and_reproducible(arch: str, tmp_path: Path)
         assert sorted(t.getnames()) == sorted(f"{p}/copyright" for p in packages)
 
 
+def test_the_uki_script_has_nothing_grub_would_parse_as_a_quote() -> None:
+    script = iso.grub_uki_script()
+    assert not any(c in script for c in "\"'$;{}|&<>\\#"), script
+    assert script.splitlines()[-2:] == ["chainloader /boot/ramdisk.efi", "boot"]
+
+
 def test_cmdline_that_grub_would_parse_refused() -> None:
     with pytest.raises(iso.IsoError, match="GRUB"):
         iso.grub_script("console=ttyS0 $(reboot)")
