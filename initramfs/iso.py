@@ -49,7 +49,7 @@ from pathlib import Path
 
 from agent.proc import run
 from initramfs import debs, licences
-from initramfs.uki import authenticode_sha256
+from initramfs.uki import authenticode_sha256, boot_cmdline
 
 LABEL = "BC_RAMDISK"          # the ISO's volume id; GRUB finds its files by it
 MAX_ISO_BYTES = 32_000_000    # issue #29: at most 32 MB per architecture
@@ -76,7 +76,6 @@ LOADERS = {
               Loader("grub-efi-amd64-bin", "x86_64-efi", COMMON, "BOOTX64.EFI")),
     "arm64": (Loader("grub-efi-arm64-bin", "arm64-efi", (*COMMON, "gzio"), "BOOTAA64.EFI"),),
 }
-CONSOLE = {"amd64": "ttyS0", "arm64": "ttyAMA0"}
 
 
 class IsoError(RuntimeError):
@@ -86,7 +85,7 @@ class IsoError(RuntimeError):
 def default_cmdline(arch: str) -> str:
     """The kernel command line on the shared ISO: the console and the boot-time settings of
     the PXE boot; everything per node comes from the node's config medium."""
-    return f"console={CONSOLE[arch]},115200 panic=-1 quiet loglevel=4 cryptomgr.notests bc.media=cdrom"
+    return f"{boot_cmdline(arch)} bc.media=cdrom"
 
 
 def grub_script(cmdline: str) -> str:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import struct
 import tempfile
 from dataclasses import dataclass
@@ -38,6 +39,23 @@ STUBS = {"amd64": Path("/usr/lib/systemd/boot/efi/linuxx64.efi.stub"),
 # (.pcrsig is never measured; the rest of it this build does not add).
 MEASURED_SECTIONS = (".linux", ".osrel", ".cmdline", ".initrd", ".splash", ".dtb", ".pcrpkey")
 OS_RELEASE = 'NAME="bettercompute ramdisk"\nID=bettercompute-ramdisk\n'
+CONSOLE = {"amd64": "ttyS0", "arm64": "ttyAMA0"}
+# What initramfs/init.sh takes as a site's address: http://host:port, nothing else.
+SITE_URL = re.compile(r"http://[A-Za-z0-9.-]+:[0-9]{1,5}")
+
+
+def boot_cmdline(arch: str) -> str:
+    """The console and boot-time words every ramdisk boot has (the PXE boot's, the ISO's)."""
+    return f"console={CONSOLE[arch]},115200 panic=-1 quiet loglevel=4 cryptomgr.notests"
+
+
+def site_cmdline(arch: str, site_url: str) -> str:
+    """A site's UKI's command line: the boot words and the site its nodes fetch their
+    settings from (``bc.site``, docs/site.md); nothing per node."""
+    if not SITE_URL.fullmatch(site_url):
+        raise ValueError(f"the site's URL is http://host:port (the ramdisk takes nothing else), "
+                         f"not {site_url!r}")
+    return f"{boot_cmdline(arch)} bc.site={site_url}"
 
 
 class PeError(ValueError):

@@ -88,3 +88,24 @@ def test_authenticode_digest_agrees_with_osslsigncode(built: Path, tmp_path: Pat
 def test_not_a_pe_image() -> None:
     with pytest.raises(uki.PeError):
         uki.parse_pe(b"\x7fELF" + bytes(100))
+
+
+def test_a_sites_command_line_names_the_site_and_nothing_of_a_node() -> None:
+    line = uki.site_cmdline("amd64", "http://10.0.0.2:8088")
+    assert line.startswith("console=ttyS0,115200 ") and line.endswith(" bc.site=http://10.0.0.2:8088")
+    assert "console=ttyAMA0" in uki.site_cmdline("arm64", "http://site.example:80")
+    for bad in ("https://10.0.0.2:8443", "http://10.0.0.2", "http://10.0.0.2:8088/x", "http://a b:1",
+                "http://10.0.0.2:8088 bc.token=x", "10.0.0.2:8088", "http://$(reboot):1"):
+        with pytest.raises(ValueError, match="http://host:port"):
+            uki.site_cmdline("amd64", bad)
+
+
+def test_the_build_refuses_bad_uki_options_before_building() -> None:
+    from initramfs import build
+
+    with pytest.raises(SystemExit) as info:
+        build.main(["--iso-uki"])
+    assert info.value.code == 2
+    with pytest.raises(SystemExit) as info:
+        build.main(["--uki-site", "http://10.0.0.2:8088/../x"])
+    assert info.value.code == 2
