@@ -29,7 +29,9 @@ UKI into PCR 4: the cores' Authenticode digests are written beside the ISO
 (``TARGET.loaders.json``) for the attestation policy's ``loaders``. The UKI's command line is
 the ISO's (``default_cmdline``, bc.media=cdrom): the node's settings come from its config
 medium as before, never from the UKI. BIOS (El Torito) still boots the kernel and initramfs.
-The same code serves arm64's core (BOOTAA64.EFI), which is UEFI only.
+The same code serves arm64's core (BOOTAA64.EFI), which is UEFI only. The amd64 ISO then holds
+the kernel and initramfs twice (for BIOS, and inside the UKI): about twice the size, over
+the 32 MB target (build_iso warns).
 
 The ISO carries its licence notices and SBOM as the initramfs does: ``licenses/`` holds the
 GRUB packages' Debian copyright files (``debian-copyright.tar.xz``) and ``sbom.cdx.json`` (the
