@@ -1,7 +1,7 @@
 """Build the ramdisk: a Debian kernel and a zstd-compressed cpio initramfs that runs the agent.
 
     python -m initramfs.build [--arch amd64|arm64] [--agent dist/agent.pyz] [--out DIR] [--kernel PATH]
-                              [--iso]
+                              [--iso [--iso-uki]] [--uki-site http://HOST:PORT]
 
 The userland is assembled from Debian bookworm packages, downloaded with ``apt-get download``
 and unpacked with ``dpkg-deb -x`` (no maintainer scripts, no dpkg database: a ramdisk never
@@ -14,7 +14,10 @@ files, this script, /init and the kernel modules), and the final image. Outputs:
 
     initramfs/out/vmlinuz          the kernel (a copy of /boot/vmlinuz-*-cloud-amd64)
     initramfs/out/initramfs.img    the ramdisk (cpio, zstd), with dist/agent.pyz inside
-    initramfs/out/ramdisk.iso      with --iso: both on a bootable ISO for virtual media (iso.py)
+    initramfs/out/ramdisk.iso      with --iso: both on a bootable ISO for virtual media (iso.py);
+                                   --iso-uki: its UEFI boot starts them as a UKI (ramdisk-iso.efi)
+    initramfs/out/ramdisk.efi      with --uki-site: both as a UKI for that site's PXE boot entries
+                                   (uki.py; .json beside it: its reference values, for attestation)
     initramfs/out/base.img         the userland alone, without /init and the agent (tests append
                                    their own, see top_entries() and initramfs/cpio.py)
 
@@ -686,10 +689,25 @@ def main(argv: list[str] | None = None) -> int:
                         help="also make OUT/ramdisk.iso: the kernel and initramfs on a bootable ISO "
                         "for a BMC's virtual media (BIOS and UEFI on amd64, UEFI on arm64; "
                         "initramfs/iso.py)")
+    parser.add_argument("--iso-uki", action="store_true",
+                        help="with --iso: the ISO's UEFI GRUB chainloads the ramdisk as a UKI "
+                        "(OUT/ramdisk-iso.efi and .json), measured for attestation (docs/attestation.md)")
+    parser.add_argument("--uki-site", metavar="http://HOST:PORT",
+                        help="also make OUT/ramdisk.efi: the ramdisk as a UKI whose nodes fetch "
+                        "their settings from this site (docs/site.md), and its reference values")
     parser.add_argument("--add", action="append", default=[], metavar="SRC:DEST",
                         help="put file SRC at DEST in the ramdisk, e.g. the site's gateway CA: "
                         "--add ca.pem:/etc/bettercompute/ca.pem (then boot with bc.ca=that path)")
     args = parser.parse_args(argv)
+    if args.iso_uki and not args.iso:
+        parser.error("--iso-uki needs --iso")
+    if args.uki_site:
+        from initramfs import uki
+
+        try:
+            site_cmdline = uki.site_cmdline(args.arch, args.uki_site)
+        except ValueError as exc:
+            parser.error(f"--uki-site: {exc}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     arch = ARCHES[args.arch]
     out = args.out or out_dir(arch)
@@ -709,10 +727,24 @@ def main(argv: list[str] | None = None) -> int:
         from initramfs import iso
 
         bom = built.initramfs.with_name(built.initramfs.name + ".cdx.json").read_bytes()
+        iso_uki = None
+        if args.iso_uki:
+            from initramfs import uki
+
+            iso_uki = out / "ramdisk-iso.efi"
+            uki.write(uki.STUBS[arch.name], built.kernel, built.initramfs, iso.default_cmdline(arch.name),
+                      iso_uki)
         target = iso.build_iso(built.kernel, built.initramfs, out / "ramdisk.iso", arch=arch.name,
-                               sbom=bom, out=out)
+                               sbom=bom, out=out, uki=iso_uki)
         n = target.stat().st_size
         print(f"{target}: {n / 1e6:.1f} MB ({n} bytes; target <= {iso.MAX_ISO_BYTES / 1e6:.0f} MB)")
+    if args.uki_site:
+        from initramfs import uki
+
+        values = uki.write(uki.STUBS[arch.name], built.kernel, built.initramfs, site_cmdline,
+                           out / "ramdisk.efi")
+        print(f"{out / 'ramdisk.efi'}: build {values['build_id']}, PCR 4 {values['pcr4'][0]} "
+              "(its reference values in ramdisk.efi.json)")
     return 0
 
 

@@ -42,9 +42,9 @@ arg() {  # arg NAME: $v = the value of NAME= on the kernel command line (last on
 	done
 	set +f
 }
-wait_for() {  # wait_for FILE: until it exists, at most ~30 s
+wait_for() {  # wait_for FILE [TENTHS]: until it exists, at most TENTHS tenths of a second (~30 s)
 	i=0
-	while [ ! -e "$1" ] && [ $i -lt 300 ]; do
+	while [ ! -e "$1" ] && [ $i -lt "${2:-300}" ]; do
 		sleep 0.1
 		i=$((i + 1))
 	done
@@ -162,6 +162,61 @@ static_network() {  # static_network FILE: the NIC FILE names up with its addres
 	return 0
 }
 
+# A UKI booted by the site (docs/attestation.md): one build for the site's nodes, whose
+# embedded (measured) command line holds nothing per node but bc.site=http://<host>:<port>,
+# the site's HTTP service. The node's bc.* settings (node id, gateway, token) are fetched from
+# the site by MAC, /pxe/<mac-hyphen>.cmdline, once DHCP is up (each NIC's MAC tried; the site
+# answers only the one with a live entry; for ~25 s), and added to the kernel's for the agent,
+# as a config medium's are. Fetched with python3's http.client: busybox's wget segfaults here.
+SITE_GET='import http.client as h,sys
+c = h.HTTPConnection(sys.argv[1], timeout=5)
+c.request("GET", sys.argv[2])
+r = c.getresponse()
+r.status == 200 or sys.exit(1)
+sys.stdout.buffer.write(r.read(4097))'
+site_settings() {
+	mkdir -p /run/bettercompute
+	server="${SITE#http://}"
+	server="${server%/}"
+	case "$SITE" in
+	http://*) ;;
+	*) server="" ;;
+	esac
+	case "$server" in
+	"" | *[!A-Za-z0-9.:-]*)
+		say "bc.site '$SITE' is not http://host:port: no settings from the site"
+		: >/run/bc-site-done
+		return ;;
+	esac
+	f=/run/bettercompute/site.cmdline
+	read -r up _ </proc/uptime
+	until=$((${up%.*} + 25))
+	while :; do
+		for dev in /sys/class/net/*; do
+			[ "${dev##*/}" = lo ] && continue
+			read -r a <"$dev/address" || continue
+			python3 -I -S -c "$SITE_GET" "$server" "/pxe/$(echo "$a" | tr : -).cmdline" >"$f" 2>/dev/null \
+				|| continue
+			if small "$f" 4096; then
+				read -r extra <"$f"
+				echo "$CMDLINE $extra" >/run/bettercompute/cmdline
+				say "settings: from the site $SITE for $a"
+			else
+				say "settings from the site $SITE for $a: larger than 4096 bytes; not used"
+			fi
+			rm -f "$f"
+			: >/run/bc-site-done
+			return
+		done
+		read -r up _ </proc/uptime
+		[ "${up%.*}" -lt "$until" ] || break
+		sleep 0.5
+	done
+	rm -f "$f"
+	say "no settings from the site $SITE for any NIC's MAC; the agent starts without them"
+	: >/run/bc-site-done
+}
+
 read -r release </proc/sys/kernel/osrelease
 say "up, kernel $release"
 arg bc.hostname
@@ -170,6 +225,8 @@ arg bc.media
 MEDIA="$v"
 arg bc.root
 ROOT="$v"
+arg bc.site
+SITE="$v"
 v="$host"
 echo "${v:-bc-ramdisk}" >/proc/sys/kernel/hostname  # the agent's node id when bc.node is not given
 
@@ -207,8 +264,10 @@ echo "${v:-bc-ramdisk}" >/proc/sys/kernel/hostname  # the agent's node id when b
 		ip link set "$n" up
 		udhcpc -i "$n" -s /usr/share/bettercompute/udhcpc.script -t 20 -T 1 -A 2 -q -n -f >/run/udhcpc.$n.log 2>&1 &
 	done
+	[ -z "$SITE" ] || site_settings
 ) &
 [ -n "$MEDIA" ] && wait_for /run/bc-media-done
+[ -n "$SITE" ] && wait_for /run/bc-site-done 600  # the modules, DHCP, then ~25 s at most
 
 # Test ramdisks only (tests/e2e): extra environment for the agent, and a root shell on the
 # second serial port (or on the port the marker file names: hvc0, a virtio console, on arm64's

@@ -21,6 +21,18 @@ Why GRUB and not systemd-boot or isolinux: one tool does BIOS and UEFI and arm64
 same embedded script; systemd-boot is UEFI only (BIOS would need isolinux beside it, a second
 boot loader and configuration for one ISO).
 
+With ``uki`` (``build_iso(..., uki=PATH)``, the ramdisk as a UKI: initramfs/uki.py), the UEFI
+cores start the UKI instead: their script finds the ISO and ``chainloader /boot/ramdisk.efi``
+with no arguments, so GRUB hands the UKI no LoadOptions and systemd-stub boots the UKI's own
+command line, PCR 12 empty (docs/attestation.md). The firmware measures GRUB's core and the
+UKI into PCR 4: the cores' Authenticode digests are written beside the ISO
+(``TARGET.loaders.json``) for the attestation policy's ``loaders``. The UKI's command line is
+the ISO's (``default_cmdline``, bc.media=cdrom): the node's settings come from its config
+medium as before, never from the UKI. BIOS (El Torito) still boots the kernel and initramfs.
+The same code serves arm64's core (BOOTAA64.EFI), which is UEFI only. The amd64 ISO then holds
+the kernel and initramfs twice (for BIOS, and inside the UKI): about twice the size, over
+the 32 MB target (build_iso warns).
+
 The ISO carries its licence notices and SBOM as the initramfs does: ``licenses/`` holds the
 GRUB packages' Debian copyright files (``debian-copyright.tar.xz``) and ``sbom.cdx.json`` (the
 initramfs's SBOM with the GRUB packages added; the initramfs keeps its own inside it).
@@ -39,6 +51,7 @@ from pathlib import Path
 
 from agent.proc import run
 from initramfs import debs, licences
+from initramfs.uki import authenticode_sha256, boot_cmdline
 
 LABEL = "BC_RAMDISK"          # the ISO's volume id; GRUB finds its files by it
 MAX_ISO_BYTES = 32_000_000    # issue #29: at most 32 MB per architecture
@@ -56,12 +69,15 @@ class Loader:
 
 
 COMMON = ("iso9660", "search", "search_label", "linux", "echo")
+UKI_NAME = "ramdisk.efi"       # the UKI on the ISO, under /boot
+# GRUB's tpm module is never in a core: it would measure GRUB's commands into PCR 8 and the
+# files it reads into PCR 9, which the policy's builds do not predict.
+UKI_MODULES = ("iso9660", "search", "search_label", "chain", "echo")
 LOADERS = {
     "amd64": (Loader("grub-pc-bin", "i386-pc-eltorito", ("biosdisk", *COMMON)),
               Loader("grub-efi-amd64-bin", "x86_64-efi", COMMON, "BOOTX64.EFI")),
     "arm64": (Loader("grub-efi-arm64-bin", "arm64-efi", (*COMMON, "gzio"), "BOOTAA64.EFI"),),
 }
-CONSOLE = {"amd64": "ttyS0", "arm64": "ttyAMA0"}
 
 
 class IsoError(RuntimeError):
@@ -71,7 +87,7 @@ class IsoError(RuntimeError):
 def default_cmdline(arch: str) -> str:
     """The kernel command line on the shared ISO: the console and the boot-time settings of
     the PXE boot; everything per node comes from the node's config medium."""
-    return f"console={CONSOLE[arch]},115200 panic=-1 quiet loglevel=4 cryptomgr.notests bc.media=cdrom"
+    return f"{boot_cmdline(arch)} bc.media=cdrom"
 
 
 def grub_script(cmdline: str) -> str:
@@ -81,6 +97,16 @@ def grub_script(cmdline: str) -> str:
             f"echo bc-iso: booting the ramdisk from the CD\n"
             f"linux /boot/vmlinuz {cmdline}\n"
             "initrd /boot/initrd.img\n"
+            "boot\n")
+
+
+def grub_uki_script() -> str:
+    """A UEFI core's script that starts the UKI: ``chainloader`` with no arguments passes the
+    image no LoadOptions (a command line would replace the UKI's own and land in PCR 12).
+    No quote in it: GRUB's parser would take the lines after one as a single word."""
+    return (f"search --no-floppy --label --set=root {LABEL}\n"
+            "echo bc-iso: starting the ramdisk UKI from the CD\n"
+            f"chainloader /boot/{UKI_NAME}\n"
             "boot\n")
 
 
@@ -107,10 +133,13 @@ def grub_trees(arch_name: str, out: Path) -> list[tuple[Loader, Path, Path]]:
 
 
 def build_iso(kernel: Path, initrd: Path, target: Path, *, arch: str = "amd64",
-              cmdline: str | None = None, sbom: bytes | None = None, out: Path | None = None) -> Path:
+              cmdline: str | None = None, sbom: bytes | None = None, out: Path | None = None,
+              uki: Path | None = None) -> Path:
     """``target``: a bootable ISO of ``kernel`` and ``initrd`` (see the module's docstring),
     its SBOM beside it (``target``.cdx.json) built on ``sbom``, the initramfs's. ``out``:
-    where the GRUB packages are downloaded and unpacked (the arch's build directory)."""
+    where the GRUB packages are downloaded and unpacked (the arch's build directory).
+    ``uki``: the UEFI cores start this UKI (built with ``default_cmdline``) instead, and
+    ``target``.loaders.json lists their Authenticode digests."""
     reason = missing_tools()
     if reason:
         raise IsoError(reason)
@@ -127,16 +156,24 @@ def build_iso(kernel: Path, initrd: Path, target: Path, *, arch: str = "amd64",
         shutil.copyfile(initrd, tree / "boot/initrd.img")
         script = work / "grub.cfg"
         script.write_text(script_text)
+        uki_script = work / "grub-uki.cfg"
+        uki_script.write_text(grub_uki_script())
+        if uki is not None:
+            shutil.copyfile(uki, tree / "boot" / UKI_NAME)
+        loader_digests: list[str] = []
         argv = ["xorriso", "-as", "mkisofs", "-quiet", "-o", str(work / "out.iso"), "-V", LABEL,
                 "-r", "-J", "-joliet-long"]
         efi_files: list[tuple[str, Path]] = []
         for loader, _deb, unpacked in trees:
             modules = unpacked / "usr/lib/grub" / loader.platform.removesuffix("-eltorito")
             core = work / (loader.efi_name or "eltorito.img")
+            chain = uki is not None and bool(loader.efi_name)
             run(["grub-mkimage", "-O", loader.platform, "-d", str(modules), "-o", str(core),
-                 "-p", "/boot/grub", "-c", str(script), *loader.modules], timeout=120)
+                 "-p", "/boot/grub", "-c", str(uki_script if chain else script),
+                 *(UKI_MODULES if chain else loader.modules)], timeout=120)
             if loader.efi_name:
                 efi_files.append((loader.efi_name, core))
+                loader_digests.append(authenticode_sha256(core.read_bytes()).hex())
             else:
                 shutil.copyfile(core, tree / "boot/eltorito.img")
                 argv += ["-b", "boot/eltorito.img", "-no-emul-boot", "-boot-load-size", "4",
@@ -159,6 +196,11 @@ def build_iso(kernel: Path, initrd: Path, target: Path, *, arch: str = "amd64",
         size = (work / "out.iso").stat().st_size
         os.replace(work / "out.iso", target)
     target.with_name(target.name + ".cdx.json").write_bytes(bom)
+    loaders = target.with_name(target.name + ".loaders.json")
+    if uki is not None:
+        loaders.write_text(json.dumps({"loaders": loader_digests}, indent=2) + "\n")
+    else:
+        loaders.unlink(missing_ok=True)
     if size > MAX_ISO_BYTES:
         print(f"initramfs: warning: {target} is {size} bytes, over the {MAX_ISO_BYTES} target",
               flush=True)

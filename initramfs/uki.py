@@ -19,6 +19,11 @@ On an x86 host the arm64 UKI takes the stub out of Debian's arm64 systemd-boot-e
 (``find_stub``) and is assembled by binutils-aarch64-linux-gnu's objcopy; its .linux section is
 the arm64 kernel's Image, unpacked (the stub starts it through the firmware's LoadImage, which
 takes a PE image, not a gzipped one).
+
+What is measured is the same on every node that boots one build, so the command line holds
+nothing per node (never a node id or a token). A site's build names the site
+(``bc.site=http://<site>:<port>``: its nodes fetch their settings from it, docs/site.md); the
+virtual-media ISO's names the config medium (``bc.media=cdrom``, initramfs/iso.py).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import argparse
 import gzip
 import hashlib
 import json
+import re
 import struct
 import tempfile
 from dataclasses import dataclass
@@ -45,6 +51,23 @@ PE_MACHINES = {0x8664: "amd64", 0xAA64: "arm64"}
 # (.pcrsig is never measured; the rest of it this build does not add).
 MEASURED_SECTIONS = (".linux", ".osrel", ".cmdline", ".initrd", ".splash", ".dtb", ".pcrpkey")
 OS_RELEASE = 'NAME="bettercompute ramdisk"\nID=bettercompute-ramdisk\n'
+CONSOLE = {"amd64": "ttyS0", "arm64": "ttyAMA0"}
+# What initramfs/init.sh takes as a site's address: http://host:port, nothing else.
+SITE_URL = re.compile(r"http://[A-Za-z0-9.-]+:[0-9]{1,5}")
+
+
+def boot_cmdline(arch: str) -> str:
+    """The console and boot-time words every ramdisk boot has (the PXE boot's, the ISO's)."""
+    return f"console={CONSOLE[arch]},115200 panic=-1 quiet loglevel=4 cryptomgr.notests"
+
+
+def site_cmdline(arch: str, site_url: str) -> str:
+    """A site's UKI's command line: the boot words and the site its nodes fetch their
+    settings from (``bc.site``, docs/site.md); nothing per node."""
+    if not SITE_URL.fullmatch(site_url):
+        raise ValueError(f"the site's URL is http://host:port (the ramdisk takes nothing else), "
+                         f"not {site_url!r}")
+    return f"{boot_cmdline(arch)} bc.site={site_url}"
 
 
 class PeError(ValueError):

@@ -140,6 +140,7 @@ class MachineSpec:
     cpus: int = 2
     kvm: bool = False
     pxe: bool = False             # boot by iPXE over the network instead of -kernel
+    pxe_chain: str = ""           # with pxe (x86): boot.ipxe chains this URL (a site's /boot.ipxe)
     name: str = "node"
     arch: str = "amd64"           # a key of PLATFORMS
     uefi: bool = False            # UEFI firmware (always on arm64)
@@ -422,13 +423,18 @@ class Machine:
             if kernel[:2] == b"\x1f\x8b":  # GRUB's gzio cannot size a gzipped file over HTTP
                 (d / "vmlinuz").unlink()
                 (d / "vmlinuz").write_bytes(gzip.decompress(kernel))
-        (d / "boot.ipxe").write_text(
-            "#!ipxe\n"
-            "echo bc-pxe: fetching the ramdisk over HTTP\n"
-            f"kernel {base}/vmlinuz initrd=initrd.img {self.spec.append}\n"
-            f"initrd {base}/initrd.img\n"
-            "boot\n"
-        )
+        if self.spec.pxe_chain:
+            if any(c.isspace() or c in "${}|&;" for c in self.spec.pxe_chain):
+                raise ValueError(f"not a URL an iPXE script can hold: {self.spec.pxe_chain!r}")
+            (d / "boot.ipxe").write_text(f"#!ipxe\nchain {self.spec.pxe_chain}\n")
+        else:
+            (d / "boot.ipxe").write_text(
+                "#!ipxe\n"
+                "echo bc-pxe: fetching the ramdisk over HTTP\n"
+                f"kernel {base}/vmlinuz initrd=initrd.img {self.spec.append}\n"
+                f"initrd {base}/initrd.img\n"
+                "boot\n"
+            )
         self.http = BootFileServer(d).start()
         self.pxe_served = self.http.served
 

@@ -160,16 +160,19 @@ class Lab:
             entries.append(cpio.file(path, data, 0o755 if path.endswith((".so", ".so.1")) else 0o644))
         return ramdisk.compress(cpio.archive(entries), 3)
 
-    def uki(self, node_id: str, *, test: bool = True,
-            files: Mapping[str, bytes] | None = None) -> tuple[Path, dict[str, Any]]:
+    def uki(self, node_id: str, *, test: bool = True, files: Mapping[str, bytes] | None = None,
+            settings: Mapping[str, str] | None = None) -> tuple[Path, dict[str, Any]]:
         """The node's ramdisk as a UKI (initramfs/uki.py) in a folder the firmware boots as its
-        ESP (``boot(esp=...)``), and the UKI's reference values (docs/attestation.md)."""
+        ESP (``boot(esp=...)``), and the UKI's reference values (docs/attestation.md).
+        ``settings``: the bc.* settings of its command line instead of the node's own (a site's
+        UKI names the site and nothing per node: tests/e2e/test_attest_site.py)."""
         from initramfs import uki
 
         esp = self.workdir / f"{node_id}-esp"
         (esp / "EFI" / "BOOT").mkdir(parents=True, exist_ok=True)
         initrd = self.initrd(node_id, self.overlay(test=test, files=files))
-        append = kernel_args(PLATFORMS[self.ramdisk.arch].console, **self.settings(node_id))
+        append = kernel_args(PLATFORMS[self.ramdisk.arch].console,
+                             **(self.settings(node_id) if settings is None else settings))
         name = "BOOTX64.EFI" if self.ramdisk.arch == "amd64" else "BOOTAA64.EFI"
         image = esp / "EFI" / "BOOT" / name
         uki.build(uki.find_stub(self.ramdisk.arch), self.ramdisk.kernel, initrd, append, image)
@@ -201,24 +204,28 @@ class Lab:
         tpm: Path | None = None,
         esp: Path | None = None,
         pflash: tuple[Path, Path] | None = None,
+        pxe_chain: str = "",
+        forwards: Mapping[int, int] | None = None,
     ) -> Machine:
         """Start a ramdisk node (returns at once; wait with gateway.wait_node). ``kernel``,
         ``initrd`` and ``append`` boot something else (an installed node's kernel);
         ``disk_boot`` lets the firmware boot the first disk. The architecture is the ramdisk's;
         ``uefi`` (always on arm64) boots UEFI firmware; ``media`` (ISO paths in CD drives)
-        boots the first one through the firmware, as a BMC's virtual CD."""
+        boots the first one through the firmware, as a BMC's virtual CD. ``pxe_chain``: with
+        ``pxe``, the URL iPXE chains (a site's /boot.ipxe) instead of the lab's kernel;
+        ``forwards``: more guest ports on GUEST_HOST to host ports (a site's HTTP service)."""
         arch = self.ramdisk.arch
         if initrd is None:
             initrd = self.initrd(node_id, self.overlay(test=test, files=files, env=env))
         if append is None:
             append = kernel_args(PLATFORMS[arch].console, **(settings or self.settings(node_id)))
-        forwards = {GATEWAY_PORT: self.gateway.port, FILES_PORT: self.files.port}
+        forwards = {GATEWAY_PORT: self.gateway.port, FILES_PORT: self.files.port, **(forwards or {})}
         spec = MachineSpec(self.workdir, kernel=kernel or self.ramdisk.kernel, initrd=initrd,
                            append=append, disks=tuple(disks), forwards=forwards,
                            kvm=kvm_wanted() and ramdisk.ARCHES[arch].native(), pxe=pxe, name=node_id,
                            memory_mb=memory_mb, arch=arch, uefi=uefi, disk_boot=disk_boot,
                            nics=tuple(nics), media=tuple(media), media_boot=bool(media),
-                           tpm=tpm, esp=esp, pflash=pflash)
+                           tpm=tpm, esp=esp, pflash=pflash, pxe_chain=pxe_chain)
         machine = Machine(spec)
         self.machines.append(machine)
         return machine.start()

@@ -61,6 +61,11 @@ def user_net_media(lab: Lab, node: str, workdir: Path, *,
     """(the lab's ramdisk ISO, ``node``'s config medium) for a node on QEMU's user network
     (qemu/lab.py's ``Lab.boot(media=...)``): by default the harness NIC's static address
     10.0.2.15/24, the gateway reached at GUEST_HOST as ever."""
+    return str(build_lab_iso(lab)), str(user_net_config(lab, node, workdir, network=network))
+
+
+def user_net_config(lab: Lab, node: str, workdir: Path, *, network: StaticNetwork | None = None) -> Path:
+    """``node``'s config medium for a node on QEMU's user network (``user_net_media``)."""
     mac = "52:54:00:12:34:56"  # the harness's NIC
     s = lab.settings(node)
     req = MediaRequest(node, mac, "", "", network or StaticNetwork(mac, "10.0.2.15", 24, "10.0.2.2", ()),
@@ -69,7 +74,7 @@ def user_net_media(lab: Lab, node: str, workdir: Path, *,
                        "bc.reconnect_max=3", 60)
     config = workdir / f"{node}-config.iso"
     config.write_bytes(iso9660(req.medium_files()))
-    return str(build_lab_iso(lab)), str(config)
+    return config
 
 
 def make_media_node(lab: SiteLab, name: str, *, mac: str, uefi: bool = False) -> SiteNode:

@@ -126,7 +126,10 @@ class Policy:
             raise PolicyFailed("policy_pcr4", "the images started last (PCR 4: "
                                f"{', '.join(a.hex() for a in apps[-2:]) or 'none'}) are no accepted "
                                "ramdisk build")
-        before = [a for a in apps[:-len(build.pcr4)] if a not in self.loaders]
+        # Before the build: accepted loaders (the firmware's PXE starting ipxe.efi, GRUB), and
+        # the build's own UKI: iPXE loads an image once to probe it before it starts it (PCR 4
+        # shows the UKI twice under OVMF), and that image is the accepted one.
+        before = [a for a in apps[:-len(build.pcr4)] if a not in self.loaders and a != build.pcr4[0]]
         if before:
             raise PolicyFailed("policy_pcr4", f"PCR 4: {before[0].hex()} started before the ramdisk "
                                "and is no accepted loader")

@@ -259,7 +259,7 @@ class BootCleanUpResult(_message.Message):
     def __init__(self, removed: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ProxyDhcpEntry(_message.Message):
-    __slots__ = ("node_id", "mac_address", "boot_file", "ipxe_script_url", "kernel_url", "initrd_url", "kernel_cmdline", "ttl_seconds", "kernel_digest", "initrd_digest", "boot_method", "iso_url", "static_network", "agent_gateway", "ca_pem", "iso_digest", "media_bmc")
+    __slots__ = ("node_id", "mac_address", "boot_file", "ipxe_script_url", "kernel_url", "initrd_url", "kernel_cmdline", "ttl_seconds", "kernel_digest", "initrd_digest", "boot_method", "iso_url", "static_network", "agent_gateway", "ca_pem", "iso_digest", "media_bmc", "uki_url", "uki_digest")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     MAC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     BOOT_FILE_FIELD_NUMBER: _ClassVar[int]
@@ -277,6 +277,8 @@ class ProxyDhcpEntry(_message.Message):
     CA_PEM_FIELD_NUMBER: _ClassVar[int]
     ISO_DIGEST_FIELD_NUMBER: _ClassVar[int]
     MEDIA_BMC_FIELD_NUMBER: _ClassVar[int]
+    UKI_URL_FIELD_NUMBER: _ClassVar[int]
+    UKI_DIGEST_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     mac_address: str
     boot_file: str
@@ -294,7 +296,9 @@ class ProxyDhcpEntry(_message.Message):
     ca_pem: str
     iso_digest: _common_pb2.Digest
     media_bmc: MediaBmc
-    def __init__(self, node_id: _Optional[str] = ..., mac_address: _Optional[str] = ..., boot_file: _Optional[str] = ..., ipxe_script_url: _Optional[str] = ..., kernel_url: _Optional[str] = ..., initrd_url: _Optional[str] = ..., kernel_cmdline: _Optional[str] = ..., ttl_seconds: _Optional[int] = ..., kernel_digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., initrd_digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., boot_method: _Optional[str] = ..., iso_url: _Optional[str] = ..., static_network: _Optional[_Union[StaticNetwork, _Mapping]] = ..., agent_gateway: _Optional[str] = ..., ca_pem: _Optional[str] = ..., iso_digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., media_bmc: _Optional[_Union[MediaBmc, _Mapping]] = ...) -> None: ...
+    uki_url: str
+    uki_digest: _common_pb2.Digest
+    def __init__(self, node_id: _Optional[str] = ..., mac_address: _Optional[str] = ..., boot_file: _Optional[str] = ..., ipxe_script_url: _Optional[str] = ..., kernel_url: _Optional[str] = ..., initrd_url: _Optional[str] = ..., kernel_cmdline: _Optional[str] = ..., ttl_seconds: _Optional[int] = ..., kernel_digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., initrd_digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., boot_method: _Optional[str] = ..., iso_url: _Optional[str] = ..., static_network: _Optional[_Union[StaticNetwork, _Mapping]] = ..., agent_gateway: _Optional[str] = ..., ca_pem: _Optional[str] = ..., iso_digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., media_bmc: _Optional[_Union[MediaBmc, _Mapping]] = ..., uki_url: _Optional[str] = ..., uki_digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ...) -> None: ...
 
 class MediaBmc(_message.Message):
     __slots__ = ("bmc_address", "credentials_ref", "verify_tls", "vendor")

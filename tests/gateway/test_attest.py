@@ -309,6 +309,44 @@ def test_a_loader_the_policy_does_not_know(sim: SimTpm, tmp_path: Path, verifier
     assert node.join(verifier).attested
 
 
+def _chained_by_ipxe(probe: bytes = RAMDISK,
+                     cmdline: bytes | None = None) -> list[tuple[int, int, bytes, bytes]]:
+    """UEFI_BOOT as the site's boot entry makes it (seen under OVMF): the firmware's PXE starts
+    ipxe.efi, which loads the UKI once to probe it and again to start it; iPXE's name for the
+    image as the stub's command line (PCR 12) where ``cmdline`` is given."""
+    at = UEFI_BOOT.index(next(e for e in UEFI_BOOT if e[2] == RAMDISK))
+    chain = [ev(4, Ev.EFI_BOOT_SERVICES_APPLICATION, image(), h(b"ipxe.efi")),
+             ev(4, Ev.EFI_BOOT_SERVICES_APPLICATION, image(), probe)]
+    extra = [] if cmdline is None else [ev(12, Ev.IPL, cmdline)]
+    return [*UEFI_BOOT[:at], *chain, *UEFI_BOOT[at:], *extra]
+
+
+def test_ipxe_chaining_the_uki_with_nothing_passed(sim: SimTpm, tmp_path: Path, verifier: Verifier) -> None:
+    verifier.policy.loaders.add(h(b"ipxe.efi"))
+    node = Node(sim, tmp_path)
+    node.boot(_chained_by_ipxe())
+    verdict = node.join(verifier)
+    assert verdict.attested, verdict
+    assert verdict.matched["pcr4"] == RAMDISK.hex()
+
+
+def test_ipxe_passing_its_name_as_the_uki_command_line(sim: SimTpm, tmp_path: Path,
+                                                      verifier: Verifier) -> None:
+    """What a plain ``chain URL`` does: systemd-stub takes the name as the command line."""
+    verifier.policy.loaders.add(h(b"ipxe.efi"))
+    node = Node(sim, tmp_path)
+    node.boot(_chained_by_ipxe(cmdline="ramdisk.efi\0".encode("utf-16-le")))
+    refused(node.join(verifier), "policy_pcr12")
+
+
+def test_another_image_probed_before_the_uki_is_no_loader(sim: SimTpm, tmp_path: Path,
+                                                          verifier: Verifier) -> None:
+    verifier.policy.loaders.add(h(b"ipxe.efi"))
+    node = Node(sim, tmp_path)
+    node.boot(_chained_by_ipxe(probe=h(b"another image")))
+    refused(node.join(verifier), "policy_pcr4")
+
+
 def test_a_command_line_given_by_the_boot_loader(sim: SimTpm, tmp_path: Path, verifier: Verifier) -> None:
     node = Node(sim, tmp_path)
     node.boot([*UEFI_BOOT, ev(12, Ev.IPL, "console=ttyS0 init=/bin/sh".encode("utf-16-le"))])

@@ -84,8 +84,47 @@ def test_iso_boot_entries_files_sbom_and_reproducible(arch: str, tmp_path: Path)
         assert sorted(t.getnames()) == sorted(f"{p}/copyright" for p in packages)
 
 
+def test_the_uki_script_has_nothing_grub_would_parse_as_a_quote() -> None:
+    script = iso.grub_uki_script()
+    assert not any(c in script for c in "\"'$;{}|&<>\\#"), script
+    assert script.splitlines()[-2:] == ["chainloader /boot/ramdisk.efi", "boot"]
+
+
 def test_cmdline_that_grub_would_parse_refused() -> None:
     with pytest.raises(iso.IsoError, match="GRUB"):
         iso.grub_script("console=ttyS0 $(reboot)")
     assert "bc.media=cdrom" in iso.default_cmdline("amd64")
     assert "console=ttyAMA0" in iso.default_cmdline("arm64")
+
+
+def test_with_a_uki_the_uefi_core_chainloads_it_with_no_arguments(tmp_path: Path) -> None:
+    """amd64: the EFI core's script chainloads /boot/ramdisk.efi (no arguments, no tpm module)
+    and its Authenticode digest is written for the policy's loaders; BIOS boots the kernel."""
+    from initramfs.uki import authenticode_sha256
+
+    need_tools()
+    kernel, initrd, uki = tmp_path / "vmlinuz", tmp_path / "initrd.img", tmp_path / "ramdisk.efi"
+    kernel.write_bytes(os.urandom(100_000))
+    initrd.write_bytes(os.urandom(100_000))
+    uki.write_bytes(b"MZ" + os.urandom(50_000))  # only copied: GRUB reads it at boot
+    out = ramdisk.out_dir(ramdisk.ARCHES["amd64"])
+    image = iso.build_iso(kernel, initrd, tmp_path / "u.iso", arch="amd64", out=out, uki=uki)
+    assert extract(image, "/boot/ramdisk.efi", tmp_path / "u") == uki.read_bytes()
+    efi_img = extract(image, "/boot/efi.img", tmp_path / "efi.img")
+    assert efi_img
+    subprocess.run(["mcopy", "-i", str(tmp_path / "efi.img"), "::/EFI/BOOT/BOOTX64.EFI",
+                    str(tmp_path / "core")],
+                   check=True, timeout=60, env={**os.environ, "MTOOLS_SKIP_CHECK": "1"})
+    core = (tmp_path / "core").read_bytes()
+    assert b"chainloader /boot/ramdisk.efi\n" in core and b"linux /boot/vmlinuz" not in core
+    assert b"tpm" not in core.lower().replace(b"tpmfs", b"")  # GRUB's measuring module left out
+    loaders = json.loads(image.with_name("u.iso.loaders.json").read_text())
+    assert loaders == {"loaders": [authenticode_sha256(core).hex()]}
+    # BIOS still boots the kernel and initramfs (its core is compressed: not read here).
+    assert files_of(image)["/boot/vmlinuz"] == 100_000
+    platforms = [line.split()[6] for line in el_torito(image).splitlines()
+                 if line.startswith("El Torito boot img :")]
+    assert platforms == ["BIOS", "UEFI"]
+    # Without a UKI, no loaders file is left from an earlier build.
+    iso.build_iso(kernel, initrd, tmp_path / "u.iso", arch="amd64", out=out)
+    assert not image.with_name("u.iso.loaders.json").exists()

@@ -188,3 +188,24 @@ def test_an_image_for_another_machine() -> None:
     data[at:at + 2] = (0x01C4).to_bytes(2, "little")  # ARMv7 Thumb
     with pytest.raises(uki.PeError, match="0x1c4"):
         uki.pe_arch(bytes(data))
+
+
+def test_a_sites_command_line_names_the_site_and_nothing_of_a_node() -> None:
+    line = uki.site_cmdline("amd64", "http://10.0.0.2:8088")
+    assert line.startswith("console=ttyS0,115200 ") and line.endswith(" bc.site=http://10.0.0.2:8088")
+    assert "console=ttyAMA0" in uki.site_cmdline("arm64", "http://site.example:80")
+    for bad in ("https://10.0.0.2:8443", "http://10.0.0.2", "http://10.0.0.2:8088/x", "http://a b:1",
+                "http://10.0.0.2:8088 bc.token=x", "10.0.0.2:8088", "http://$(reboot):1"):
+        with pytest.raises(ValueError, match="http://host:port"):
+            uki.site_cmdline("amd64", bad)
+
+
+def test_the_build_refuses_bad_uki_options_before_building() -> None:
+    from initramfs import build
+
+    with pytest.raises(SystemExit) as info:
+        build.main(["--iso-uki"])
+    assert info.value.code == 2
+    with pytest.raises(SystemExit) as info:
+        build.main(["--uki-site", "http://10.0.0.2:8088/../x"])
+    assert info.value.code == 2

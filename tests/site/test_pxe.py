@@ -24,6 +24,7 @@ from tests.loopback_http import LoopbackServer
 MAC = "52:54:00:12:34:56"
 D = {"hex": "a" * 64}
 K = {"ipxe_script_url": "", "kernel_url": "http://h/k", "kernel_digest": D}
+U = {"ipxe_script_url": "", "boot_file": "ipxe.efi", "uki_url": "http://h/ramdisk.efi", "uki_digest": D}
 
 
 def entry(**fields: object) -> site_pb2.ProxyDhcpEntry:
@@ -85,7 +86,14 @@ def test_mac_normalised() -> None:
     ({"ipxe_script_url": "http://10.0.0.1/x\nshell"}, "whitespace"),
     ({"ipxe_script_url": "http://10.0.0.1/${net0/ip}"}, "iPXE script"),
     ({"ipxe_script_url": "http://10.0.0.1/x||shell"}, "iPXE script"),
-    ({"ipxe_script_url": "", "kernel_url": ""}, "needs ipxe_script_url or kernel_url"),
+    ({"ipxe_script_url": "", "kernel_url": ""}, "needs ipxe_script_url, kernel_url or uki_url"),
+    ({**U, "uki_digest": {}}, "uki_digest: required"),
+    ({**U, "boot_file": "undionly.kpxe"}, "UEFI firmware only"),
+    ({**U, "kernel_url": "http://h/k", "kernel_digest": D}, "uki_url alone"),
+    ({**U, "ipxe_script_url": "http://h/s.ipxe"}, "uki_url alone"),
+    ({**U, "uki_url": "http://h/${x}"}, "iPXE script"),
+    ({**U, "kernel_cmdline": "bc.node=n1 || shell"}, "kernel_cmdline"),
+    ({"uki_digest": D}, "uki_digest without a uki_url"),
     ({**K, "kernel_cmdline": "a\nshell"}, "kernel_cmdline"),
     ({**K, "kernel_cmdline": "x || shell"}, "kernel_cmdline"),
     ({**K, "kernel_cmdline": "x=${y}"}, "kernel_cmdline"),
@@ -183,9 +191,9 @@ def test_an_entry_on_disk_keeps_its_shape(tmp_path: Path) -> None:
     on_disk = json.loads((tmp_path / "entries" / "525400123456.json").read_text())
     assert sorted(on_disk) == ["boot_file", "cmdline", "entry_id", "expires_at", "initrd_digest",
                                "initrd_url", "kernel_digest", "kernel_url", "mac", "node_id",
-                               "script_url"]
-    # An entry written before kernels carried digests reads back as it was.
-    del on_disk["kernel_digest"], on_disk["initrd_digest"]
+                               "script_url", "uki_digest", "uki_url"]
+    # An entry written before kernels carried digests, or UKIs were served, reads back as it was.
+    del on_disk["kernel_digest"], on_disk["initrd_digest"], on_disk["uki_url"], on_disk["uki_digest"]
     on_disk["entry_id"] = "525400123456-0badf00d"
     (tmp_path / "entries" / "525400123456.json").write_text(json.dumps(on_disk))
     again = BootEntries(tmp_path, "http://10.0.0.2:8088")
@@ -222,6 +230,45 @@ def test_kernel_and_initrd_cached_shared_and_cleaned(site: SiteServices) -> None
     assert fetch(f"{site.base_url}/cache/{i}")[0] == 200
     assert sorted(cleanup(site, "n2")) == sorted([f"cache {i}", f"cache {k}"])
     assert fetch(f"{site.base_url}/cache/{k}")[0] == 404
+
+
+def test_a_uki_entry_chains_it_with_nothing_passed_and_serves_the_node_settings(site: SiteServices) -> None:
+    """One UKI for the site's nodes, cached by digest; iPXE names the image U+0001 so that
+    systemd-stub keeps its embedded command line; the node's settings at /pxe/<mac>.cmdline."""
+    uki = b"MZ a UKI" * 100
+    u = sha256(uki)
+    settings = "bc.node=n1 bc.gateway=10.0.0.1:8443 bc.token=t0k3n"
+    with LoopbackServer() as upstream:
+        upstream.add("/ramdisk.efi", uki)
+        fields = {**U, "uki_url": upstream.url("/ramdisk.efi"), "uki_digest": {"hex": u},
+                  "kernel_cmdline": settings}
+        prepare(site, entry(**fields))
+        prepare(site, entry(**{**fields, "node_id": "n2", "mac_address": "52:54:00:00:00:02",
+                               "kernel_cmdline": "bc.node=n2"}))
+        assert len([r for r in upstream.requests if r[0] == "GET"]) == 1, "one build, fetched once"
+    status, script = fetch(f"{site.base_url}/pxe/52-54-00-12-34-56.ipxe")
+    assert status == 200
+    lines = script.decode().splitlines()
+    at = lines.index("set bc-name:hex 01")
+    assert lines[at + 1] == f"chain --name ${{bc-name:string}} {site.base_url}/cache/{u} || goto failed"
+    assert "bc.node" not in script.decode() and "t0k3n" not in script.decode()
+    assert fetch(f"{site.base_url}/cache/{u}") == (200, uki)
+    assert fetch(f"{site.base_url}/pxe/52-54-00-12-34-56.cmdline") == (200, f"{settings}\n".encode())
+    assert fetch(f"{site.base_url}/pxe/52-54-00-00-00-02.cmdline") == (200, b"bc.node=n2\n")
+    assert fetch(f"{site.base_url}/pxe/52-54-00-00-00-03.cmdline")[0] == 404
+    assert fetch(f"{site.base_url}/pxe/..%2F52-54-00-12-34-56.cmdline")[0] == 404
+    assert fetch(f"{site.base_url}/pxe/52-54-00-12-34-56.cmdline?x")[0] == 404
+    assert cleanup(site, "n1") == [f"entry {MAC}"]
+    assert fetch(f"{site.base_url}/pxe/52-54-00-12-34-56.cmdline")[0] == 404
+    assert fetch(f"{site.base_url}/cache/{u}")[0] == 200, "n2 still boots it"
+    assert sorted(cleanup(site, "n2")) == ["cache " + u, "entry 52:54:00:00:00:02"]
+    assert fetch(f"{site.base_url}/cache/{u}")[0] == 404
+
+
+def test_a_kernel_entry_has_no_settings_route(site: SiteServices) -> None:
+    """Its settings are in its script already: /pxe/<mac>.cmdline answers UKI entries only."""
+    prepare(site, entry())
+    assert fetch(f"{site.base_url}/pxe/52-54-00-12-34-56.cmdline")[0] == 404
 
 
 def test_cleanup_idempotent_and_by_mac(site: SiteServices) -> None:

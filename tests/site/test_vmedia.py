@@ -94,6 +94,7 @@ def test_label_is_found_by_blkid(ca_pem: str, tmp_path: Path) -> None:
     ({"iso_digest": {"hex": "ab"}}, "iso_digest"),
     ({"iso_digest": {"algorithm": "md5", "hex": "a" * 32}}, "iso_digest: sha256"),
     ({"kernel_url": "http://10.0.0.1/vmlinuz"}, "kernel_url"),
+    ({"uki_url": "http://10.0.0.1/ramdisk.efi"}, "uki_url"),
     ({"boot_file": "ipxe.efi"}, "boot_file"),
     ({"agent_gateway": "10.0.2.100"}, "agent_gateway"),
     ({"agent_gateway": "10.0.2.100:443 bc.x=y"}, "agent_gateway"),

@@ -3,12 +3,13 @@
 An entry says how one NIC boots the ramdisk: which iPXE binary its firmware takes over TFTP
 (``undionly.kpxe`` for BIOS, ``ipxe.efi`` for UEFI: dnsmasq serves each by the architecture
 the client reports, see agent/site/boot/dnsmasq.py) and what the chained iPXE then runs: the
-entry's own script URL, or a kernel and initrd with a kernel command line. A kernel and an
-initrd come with their sha256 digests: each is downloaded once, verified, and kept in the
-site's content store (agent/site/serve/chunkstore.py, the one that holds the routes' chunks) under
-its digest, shared by every entry with the same content whatever its URL, and served by the
-site's HTTP service at /cache/<sha256>. The store's budget bounds them; a file a live entry
-uses is never evicted.
+entry's own script URL, a kernel and initrd with a kernel command line, or (UEFI) the ramdisk
+as a UKI (initramfs/uki.py). A kernel, an initrd and a UKI come with their sha256 digests:
+each is downloaded once, verified, and kept in the site's content store
+(agent/site/serve/chunkstore.py, the one that holds the routes' chunks) under its digest,
+shared by every entry with the same content whatever its URL, and served by the site's HTTP
+service at /cache/<sha256>. The store's budget bounds them; a file a live entry uses is never
+evicted.
 
 On disk, under the boot service's directory (every file written to a temporary sibling and
 renamed into place, as Ironic's dnsmasq PXE filter writes its host files)::
@@ -19,6 +20,13 @@ renamed into place, as Ironic's dnsmasq PXE filter writes its host files)::
     scripts/<mac-hyphen>.ipxe the per-node iPXE script, served at /pxe/<mac-hyphen>.ipxe
     cached.json               the digests of the kernels and initrds entries put in the store
                               (what boot.cleanUp may remove from it)
+
+A UKI is one build for the site's nodes: its embedded command line holds nothing per node
+(no node id, no token: what the firmware measures is the same on every node) but names the
+site (``bc.site=<this service's base URL>``). iPXE chains it with no command line of its own
+(see ``script``), and the ramdisk's init fetches the node's bc.* settings, the entry's
+``kernel_cmdline``, from /pxe/<mac-hyphen>.cmdline: the same words a kernel entry's script
+holds, served under the same rule (a live entry of that MAC), so nothing new is exposed.
 
 A MAC without a host line gets no answer from the proxy DHCP (``dhcp-ignore`` of clients not
 "known"), so an expired or removed entry means the node falls through to its disk. The
@@ -78,6 +86,8 @@ class BootSpec:
     cmdline: str
     kernel_digest: str         # sha256 hex of the kernel ("" with a script URL)
     initrd_digest: str         # of the initrd ("" without one)
+    uki_url: str               # the ramdisk as a UKI (UEFI): iPXE chains it, kernel_url is ""
+    uki_digest: str            # its sha256 hex ("" without a UKI)
 
 
 @dataclass(frozen=True)
@@ -100,9 +110,21 @@ class EntryRequest(BootSpec):
         script = msg.ipxe_script_url.strip()
         kernel = msg.kernel_url.strip()
         initrd = msg.initrd_url.strip()
+        uki = msg.uki_url.strip()
         cmdline = msg.kernel_cmdline.strip()
-        kernel_digest = initrd_digest = ""
-        if script:
+        kernel_digest = initrd_digest = uki_digest = ""
+        if uki:
+            script_safe_url(uki, "uki_url")
+            uki_digest = parse_file_digest(msg.uki_digest, "uki_digest")
+            if script or kernel or initrd or msg.kernel_digest.hex or msg.initrd_digest.hex:
+                raise InvalidParameters("give uki_url alone, or ipxe_script_url, or kernel_url "
+                                        "(with initrd_url): not two of them")
+            if boot_file is not BootFile.UEFI:
+                raise InvalidParameters(f"uki_url boots UEFI firmware only: boot_file "
+                                        f"{BootFile.UEFI.value}, not {boot_file.value}")
+        elif msg.uki_digest.hex:
+            raise InvalidParameters("uki_digest without a uki_url")
+        elif script:
             script_safe_url(script, "ipxe_script_url")
             if kernel or initrd or cmdline or msg.kernel_digest.hex or msg.initrd_digest.hex:
                 raise InvalidParameters(
@@ -117,14 +139,14 @@ class EntryRequest(BootSpec):
             elif msg.initrd_digest.hex:
                 raise InvalidParameters("initrd_digest without an initrd_url")
         else:
-            raise InvalidParameters("an entry needs ipxe_script_url or kernel_url")
+            raise InvalidParameters("an entry needs ipxe_script_url, kernel_url or uki_url")
         if len(cmdline) > MAX_CMDLINE or not CMDLINE_CHARS.fullmatch(cmdline):
             raise InvalidParameters(
                 "kernel_cmdline: only letters, digits, spaces and . _ , : = / + @ % ~ - "
                 f"(at most {MAX_CMDLINE} characters): anything else could change the iPXE script"
             )
         return cls(node_id, mac, boot_file, script, kernel, initrd, cmdline, kernel_digest,
-                   initrd_digest, parse_ttl(msg.ttl_seconds))
+                   initrd_digest, uki, uki_digest, parse_ttl(msg.ttl_seconds))
 
 
 @dataclass(frozen=True)
@@ -157,9 +179,11 @@ class BootEntry(BootSpec):
         # kernel entry cannot be served by content and is dropped (ValueError).
         data.setdefault("kernel_digest", "")
         data.setdefault("initrd_digest", "")
+        data.setdefault("uki_url", "")
+        data.setdefault("uki_digest", "")
         entry = cls(**data)
         if (entry.kernel_url and not entry.kernel_digest) or \
-                (entry.initrd_url and not entry.initrd_digest):
+                (entry.initrd_url and not entry.initrd_digest) or (entry.uki_url and not entry.uki_digest):
             raise ValueError("a kernel entry without the digests of its files (written by an "
                              "earlier version): register it again")
         return entry
@@ -245,10 +269,7 @@ class BootEntries:
 
     def register(self, req: EntryRequest, cancel: threading.Event | None = None) -> BootEntry:
         """Add the entry for ``req.mac``, replacing any earlier one of that MAC."""
-        if req.kernel_url:
-            self._cache(req.kernel_url, req.kernel_digest, "kernel", cancel)
-            if req.initrd_url:
-                self._cache(req.initrd_url, req.initrd_digest, "initrd", cancel)
+        self._cache_files(req, cancel)
         spec = {f.name: getattr(req, f.name) for f in fields(BootSpec)}
         entry = BootEntry(**spec, entry_id=f"{req.mac.replace(':', '')}-{secrets.token_hex(4)}",
                           expires_at=time.time() + req.ttl_seconds)
@@ -261,10 +282,7 @@ class BootEntries:
             self._write_files(entry)
             self._entries[entry.mac] = entry
             self._entries_changed()
-        if req.kernel_url:  # evicted before the entry protected them (a store near its budget)
-            self._cache(req.kernel_url, req.kernel_digest, "kernel", cancel)
-            if req.initrd_url:
-                self._cache(req.initrd_url, req.initrd_digest, "initrd", cancel)
+        self._cache_files(req, cancel)  # evicted before the entry protected them (a store near its budget)
         log.info("boot entry %s: node %s, MAC %s, %s, for %ds", entry.entry_id, entry.node_id,
                  entry.mac, entry.boot_file, req.ttl_seconds)
         self._changed()
@@ -339,6 +357,21 @@ class BootEntries:
             raise NotFound(f"no live boot entry for {mac}")
         return self.scripts_dir / f"{mac.replace(':', '-')}.ipxe"
 
+    def node_settings(self, name: str) -> bytes:
+        """/pxe/<mac-hyphen>.cmdline: the bc.* settings of a live UKI entry, for the ramdisk's
+        init (the UKI's own command line holds none); NotFound for any other name or entry."""
+        stem, dot, ext = name.partition(".")
+        if ext != "cmdline" or not dot:
+            raise NotFound(f"no such settings {name[:40]!r}")
+        try:
+            mac = parse_mac(stem)
+        except InvalidParameters:
+            raise NotFound(f"no such settings {name[:40]!r}") from None
+        entry = self.get(mac)
+        if entry is None or not entry.uki_url:
+            raise NotFound(f"no live UKI boot entry for {mac}")
+        return f"{entry.cmdline}\n".encode()
+
     def digests_in_use(self) -> set[str]:
         """The kernels and initrds live entries boot: the store never evicts them. A snapshot
         taken at each change, read without the entries' lock (the store asks for it under its
@@ -348,7 +381,7 @@ class BootEntries:
     def _entries_changed(self) -> None:
         """Lock held: refresh the snapshot of the digests in use."""
         self._in_use = frozenset(d for e in self._entries.values()
-                                 for d in (e.kernel_digest, e.initrd_digest) if d)
+                                 for d in (e.kernel_digest, e.initrd_digest, e.uki_digest) if d)
 
     # -- inside ------------------------------------------------------------------------
 
@@ -356,6 +389,16 @@ class BootEntries:
         lines = ["#!ipxe", f"# bettercompute: node {entry.node_id}, entry {entry.entry_id}"]
         if entry.script_url:
             lines.append(f"chain {entry.script_url} || goto failed")
+        elif entry.uki_url:
+            # iPXE hands an EFI image its name (and any arguments) as LoadOptions, and
+            # systemd-stub takes LoadOptions that start with a printable character as the
+            # kernel's command line instead of its embedded one, measured into PCR 12 (seen
+            # with Debian's iPXE and systemd 252 under OVMF: the kernel got "ramdisk.efi").
+            # The stub ignores LoadOptions whose first character is a control character: the
+            # image is named U+0001, so the UKI boots with its own command line, PCR 12 empty.
+            lines += ["set bc-name:hex 01",
+                      f"chain --name ${{bc-name:string}} {self.base_url}/cache/{entry.uki_digest} "
+                      "|| goto failed"]
         else:
             kernel = f"{self.base_url}/cache/{entry.kernel_digest}"
             args = entry.cmdline
@@ -407,6 +450,14 @@ class BootEntries:
             self._cached = {n for n in names if isinstance(n, str) and DIGEST.fullmatch(n)}
         except (OSError, ValueError, TypeError):
             self._cached = set()
+
+    def _cache_files(self, req: EntryRequest, cancel: threading.Event | None) -> None:
+        if req.kernel_url:
+            self._cache(req.kernel_url, req.kernel_digest, "kernel", cancel)
+        if req.initrd_url:
+            self._cache(req.initrd_url, req.initrd_digest, "initrd", cancel)
+        if req.uki_url:
+            self._cache(req.uki_url, req.uki_digest, "UKI", cancel)
 
     def _cache(self, url: str, digest: str, what: str, cancel: threading.Event | None) -> None:
         """Download ``url`` into the store under ``digest`` unless it holds it already; the

@@ -152,7 +152,7 @@ class MediaRequest:
         """The request; its ca_pem empty when the payload gives none (``with_ca`` then)."""
         node_id = parse_node_id(msg.node_id)
         mac = parse_mac(msg.mac_address)
-        for name in ("ipxe_script_url", "kernel_url", "initrd_url", "boot_file"):
+        for name in ("ipxe_script_url", "kernel_url", "initrd_url", "uki_url", "boot_file"):
             if getattr(msg, name):
                 raise InvalidParameters(f"{name}: not used by boot_method {VIRTUAL_MEDIA} "
                                         "(the ISO at iso_url carries the kernel and initrd)")
