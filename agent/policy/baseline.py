@@ -39,9 +39,11 @@ checked. Checks and their stable names (``where``: the entry, PCI address or con
                          one the baseline names
   tpm.owner_auth tpm.endorsement_auth tpm.lockout_auth
                          that hierarchy's authorization is set            tpm-ppi.clear (next boot)
-  tpm.lockout_counter    authorization failures counted (above zero)      -  (falls by one each
-                                                                          lockout interval; a Clear
-                                                                          keeps it)
+  tpm.lockout_counter    authorization failures counted (above zero)      tpm.reset_lockout (with the
+                                                                          empty lockout auth; none
+                                                                          while it is set: Clear first)
+  wipe.certificate       a disk the baseline names without a verified     -  (disk.wipe, then check
+                         erasure certificate of this boot                    again)
 
 The TPM's findings are put back by one thing: a Clear the firmware carries out at the next boot,
 asked for through its Physical Presence Interface (agent/drivers/tpm_ppi.py). Where the firmware
@@ -68,6 +70,7 @@ from agent.proto import agent_pb2
 _SHA256 = re.compile(r"[0-9a-f]{64}|absent")
 _PCI_IDS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{4}")
 _PARAMETER = re.compile(r"[A-Z][A-Z0-9_]{0,63}(\[\d{1,3}\])?")
+_DISK = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _VALUE = re.compile(r"[A-Za-z0-9_]{1,64}(\(\d{1,10}\))?")
 MELLANOX = "15b3"
 SECURE_BOOT_DATABASES = ("pk", "kek", "db", "dbx")
@@ -118,17 +121,19 @@ class ExpectedState:
     nics: tuple[NicProfile, ...] = ()
     nvme: NvmeLayout | None = None
     tpm: TpmBaseline | None = None
+    wipes: tuple[str, ...] | None = None          # disks by serial, WWN or name: a certificate each
 
     @property
     def areas(self) -> list[str]:
         wants_gpus = self.gpus_at_defaults or self.gpu_persistence_mode is not None
         return [name for name, on in (("uefi", self.uefi is not None), ("gpus", wants_gpus),
                                       ("nics", bool(self.nics)), ("nvme", self.nvme is not None),
-                                      ("tpm", self.tpm is not None)) if on]
+                                      ("tpm", self.tpm is not None),
+                                      ("wipes", self.wipes is not None)) if on]
 
     @classmethod
     def from_proto(cls, msg: agent_pb2.ExpectedState) -> ExpectedState:
-        for name in ("bios", "bmc_accounts", "wipes"):
+        for name in ("bios", "bmc_accounts"):
             if msg.HasField(name):
                 raise InvalidParameters(f"expect.state.{name} is not checked by this agent yet "
                                         "(docs/lifecycle.md, \"Release\"); leave it unset")
@@ -146,7 +151,17 @@ class ExpectedState:
         return cls(uefi=uefi, gpus_at_defaults=msg.gpus.at_defaults,
                    gpu_persistence_mode=(msg.gpus.persistence_mode
                                          if msg.gpus.HasField("persistence_mode") else None),
-                   nics=nics, nvme=nvme, tpm=_tpm(msg.tpm) if msg.HasField("tpm") else None)
+                   nics=nics, nvme=nvme, tpm=_tpm(msg.tpm) if msg.HasField("tpm") else None,
+                   wipes=_wipes(msg.wipes) if msg.HasField("wipes") else None)
+
+
+def _wipes(msg: agent_pb2.ExpectedWipes) -> tuple[str, ...]:
+    if len(msg.disks) > 64 or len(set(msg.disks)) != len(msg.disks):
+        raise InvalidParameters("expect.state.wipes.disks: at most 64 disks, none twice")
+    if not all(_DISK.fullmatch(d) for d in msg.disks):
+        raise InvalidParameters("expect.state.wipes.disks: a serial, WWN or kernel name each "
+                                "(letters, digits and ._:- only)")
+    return tuple(msg.disks)
 
 
 def _tpm(msg: agent_pb2.ExpectedTpm) -> TpmBaseline:
@@ -252,6 +267,9 @@ class Observed:
     nvme: list[NvmeController] = field(default_factory=list)
     tpm: TpmState | None = None
     tpm_absent: str = ""                          # "no TPM: ..." where the machine has none
+    wipes: list[agent_pb2.ErasureCertificate] = field(default_factory=list)  # verified, this boot's
+    wipes_refused: list[str] = field(default_factory=list)   # kept results that do not count, and why
+    wipe_results: list[bytes] = field(default_factory=list)  # the SignedResult of each of ``wipes``
     unread: dict[str, str] = field(default_factory=dict)      # area -> why it could not be read
 
 
@@ -297,7 +315,35 @@ def check(e: ExpectedState, seen: Observed) -> list[agent_pb2.Mismatch]:
         _nvme_check(e.nvme, seen, out)
     if e.tpm is not None:
         _tpm_check(e.tpm, seen, out)
+    if e.wipes is not None:
+        _wipe_check(e.wipes, seen, out)
     return out.mismatches
+
+
+def disk_names(cert: agent_pb2.ErasureCertificate) -> set[str]:
+    """What names the certificate's disk: serial, WWN, kernel name (the non-empty ones)."""
+    d = cert.disk
+    return {n for n in (d.serial, d.wwn, d.name) if n}
+
+
+def certificates_of(disks: tuple[str, ...], certificates: list[agent_pb2.ErasureCertificate]) -> list[int]:
+    """The index of the first (newest) certificate of each named disk that has one."""
+    chosen: list[int] = []
+    for disk in disks:
+        i = next((i for i, c in enumerate(certificates) if disk in disk_names(c)), None)
+        if i is not None and i not in chosen:
+            chosen.append(i)
+    return chosen
+
+
+def _wipe_check(disks: tuple[str, ...], seen: Observed, out: _Found) -> None:
+    refused = (f" (kept results that do not count: {'; '.join(seen.wipes_refused)})"
+               if seen.wipes_refused else "")
+    for disk in disks:
+        if not any(disk in disk_names(c) for c in seen.wipes):
+            out.add("wipe.certificate", "verified in this boot", "none", disk,
+                    f"disk {disk} has no verified erasure certificate of this boot: run disk.wipe on it, "
+                    f"then check again{refused}")
 
 
 def _hex(numbers: tuple[int, ...] | list[int] | None) -> str:

@@ -137,7 +137,7 @@ def test_a_clean_node_passes_with_nothing_reported(node: Node) -> None:
     report = result.release
     assert report.pool_ready and not report.restorable and not report.cannot_restore
     assert list(report.checked) == ["uefi", "gpus", "nics", "nvme"]
-    assert list(report.not_checked) == ["bios", "bmc_accounts", "wipes"]
+    assert list(report.not_checked) == ["bios", "bmc_accounts"]
     assert report.boot_id == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
 
@@ -229,7 +229,7 @@ def test_what_cannot_be_read_is_not_passed(node: Node, monkeypatch: pytest.Monke
 
 
 def test_the_extension_points_are_refused_until_checked(node: Node) -> None:
-    for area in ("bios", "bmc_accounts", "wipes"):
+    for area in ("bios", "bmc_accounts"):
         payload = json_format.ParseDict({"expect": {"state": {area: {}}}},
                                         agent_pb2.InventoryRefreshRequest())
         with pytest.raises(InvalidParameters, match=f"expect.state.{area} is not checked"):
