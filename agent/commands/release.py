@@ -71,7 +71,7 @@ def _wipes(seen: baseline.Observed, ctx: Context) -> None:
 
 def _tpm(seen: baseline.Observed, spec: str, root: Path) -> None:
     try:
-        tpm = tpmwire.open_default(root / "dev/tpmrm0") if spec == "" else tpmwire.opener(spec)()
+        tpm = tpmwire.open_setting(spec, root)
         if tpm is None:
             seen.tpm_absent = ("no TPM: disabled by the setting bc.tpm=none" if spec == "none"
                                else "no TPM: the kernel offers no /dev/tpmrm0")

@@ -540,8 +540,14 @@ def _tpm_check(e: TpmBaseline, seen: Observed, out: _Found) -> None:
         if t.permanent & bit:
             out.add(check, "empty", "set", hierarchy,
                     f"the TPM's {hierarchy} authorization is set{after}", remedy)
-    if t.lockout_counter:                         # TPM2_Clear keeps failedTries: time takes them back
+    if t.lockout_counter:                         # not every TPM's Clear zeroes failedTries: reset it
+        if t.permanent & tpmwire.Permanent.LOCKOUT_AUTH_SET:
+            how, reset = ("the reset needs the lockout authorization its owner set: once the firmware's "
+                          "Clear has emptied it, check again"), None
+        else:
+            how, reset = "TPM2_DictionaryAttackLockReset with the empty lockout authorization resets "\
+                "them", invoke("tpm", "reset_lockout")
         out.add("tpm.lockout_counter", 0, t.lockout_counter, "",
-                f"the TPM counts {t.lockout_counter} authorization failure(s); a Clear keeps them, and "
-                f"they fall by one every {t.lockout_interval} s (TPM_PT_LOCKOUT_INTERVAL): check again "
-                f"after {t.lockout_counter * t.lockout_interval} s")
+                f"the TPM counts {t.lockout_counter} authorization failure(s) (a power cycle without "
+                f"TPM2_Shutdown counts one); they fall by one every {t.lockout_interval} s "
+                f"(TPM_PT_LOCKOUT_INTERVAL); {how}", reset)
