@@ -24,6 +24,7 @@ from agent.commands.base import Context
 from agent.commands.gpu import NVML_LOCK
 from agent.drivers import efivars as efivars_driver
 from agent.drivers import mlxconfig, tpm_ppi
+from agent.drivers import nvme as nvme_driver
 from agent.errors import AgentError
 from agent.hw import bootid, efivars, gpu, system
 from agent.hw import tpm as tpmwire
@@ -189,7 +190,12 @@ def _nvme(ctx: Context, seen: baseline.Observed, root: Path) -> list[baseline.Nv
             message = exc.message if isinstance(exc, AgentError) else f"unexpected nvme-cli output: {exc!r}"
             found.append(baseline.NvmeController(name, error=message))
             continue
-        found.append(baseline.NvmeController(name, nsids, int(ctrl.get("unvmcap", 0)), sizes, attached))
+        # Namespace management (OACS bit 3) with a capacity to carve from: QEMU 7.2 sets the bit for
+        # attachment alone, with no total capacity (tnvmcap 0) and no create-ns.
+        managed = bool(int(ctrl.get("oacs", 0)) & nvme_driver.OACS_NS_MANAGEMENT) and \
+            int(ctrl.get("tnvmcap", 0)) > 0
+        found.append(baseline.NvmeController(name, nsids, int(ctrl.get("unvmcap", 0)), sizes, attached,
+                                             managed=managed))
     return found
 
 

@@ -29,10 +29,11 @@ checked. Checks and their stable names (``where``: the entry, PCI address or con
   nic.config             a parameter's current or next-boot value         mlxconfig|mstconfig.set (next boot)
   nic.firmware_version   not the profile's firmware                       -  (a firmware flash)
   nvme.unreadable        nvme-cli is missing or failed                    -
-  nvme.namespaces        the namespaces are not the factory's, or one     -  (disk.wipe's part, not yet)
-                         is detached from this controller
-  nvme.capacity          capacity left unallocated                        -
-  nvme.lba_size          a namespace's LBA size differs                   -
+  nvme.namespaces        the namespaces are not the factory's, or one     nvme.factory_layout (with the
+                         is detached from this controller                  baseline's namespaces and LBA
+  nvme.capacity          capacity left unallocated                        size both set, on a drive with
+  nvme.lba_size          a namespace's LBA size differs                   namespace management; before
+                                                                          disk.wipe)
   tpm.unreadable         the TPM answered with an error                   -
   tpm.nv_index           an NV index the owner defined, not the baseline's  tpm-ppi.clear (next boot)
   tpm.persistent_handle  a persistent object not the EK (0x81010001) nor  tpm-ppi.clear (next boot)
@@ -247,6 +248,7 @@ class NvmeController:
     lba_sizes: dict[int, int] = field(default_factory=dict)   # nsid -> bytes, of the attached ones
     attached: tuple[int, ...] = ()                # namespaces with a block device here
     error: str = ""
+    managed: bool = True                          # namespace management (id-ctrl's OACS bit 3)
 
 
 @dataclass(frozen=True)
@@ -494,6 +496,10 @@ def _nvme_check(e: NvmeLayout, seen: Observed, out: _Found) -> None:
         if c.error:
             out.add("nvme.unreadable", "readable", "unreadable", c.name, f"{c.name}: {c.error}")
             continue
+        remedy = (invoke("nvme", "factory_layout", device=f"/dev/{c.name}", namespaces=e.namespaces,
+                         lba_data_size=e.lba_data_size)
+                  if c.managed and e.namespaces and e.lba_data_size else None)
+        seen_before = len(out.mismatches)
         detached = sorted(set(c.namespaces) - set(c.attached))
         if e.namespaces and (len(c.namespaces) != e.namespaces or detached):
             also = f", {len(detached)} detached ({','.join(map(str, detached))})" if detached else ""
@@ -509,6 +515,13 @@ def _nvme_check(e: NvmeLayout, seen: Observed, out: _Found) -> None:
                 out.add("nvme.lba_size", e.lba_data_size, size, f"{c.name}n{nsid}",
                         f"{c.name}n{nsid} is formatted with {size}-byte blocks, "
                         f"the baseline {e.lba_data_size}")
+        for m in out.mismatches[seen_before:]:     # the whole layout, put back at once, before disk.wipe
+            if remedy is not None:
+                m.remedy.CopyFrom(remedy)
+            else:
+                m.message += ("; the drive has no namespace management: its layout cannot be changed "
+                              "from the OS" if not c.managed else
+                              "; the baseline names no namespace count and LBA size to put it back to")
 
 
 _AUTH_SET = (("tpm.owner_auth", tpmwire.Permanent.OWNER_AUTH_SET, "owner"),
