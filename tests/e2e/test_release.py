@@ -17,9 +17,15 @@ One guest for the module, the tests in file order.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import struct
+import subprocess
+import sys
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -118,6 +124,14 @@ def test_a_planted_entry_and_order_are_found_and_put_back(ovmf_lab: Lab, node: M
     assert status == 0 and f"Boot{TENANT_ENTRY:04X}-" not in out, out
 
 
+def test_the_gateway_files_the_boots_attestation_verdict(ovmf_lab: Lab, node: Machine,
+                                                       clean: dict[str, Any]) -> None:
+    """The reference gateway fills the report's verdict; this lab's gateway attests nobody."""
+    report = gate(ovmf_lab, node, clean).release
+    assert report.boot_id and report.attestation_verdict == (
+        "no attestation verdict: this gateway does not attest its nodes"), report
+
+
 def test_a_reformatted_nvme_namespace_is_named(ovmf_lab: Lab, node: Machine, clean: dict[str, Any]) -> None:
     status, out = node.shell("nvme format /dev/nvme0n1 --lbaf=4 --force", timeout=120)
     assert status == 0, out
@@ -125,3 +139,47 @@ def test_a_reformatted_nvme_namespace_is_named(ovmf_lab: Lab, node: Machine, cle
     assert [(m.check, m.where, m.expected, m.found) for m in found.release.cannot_restore] == [
         ("nvme.lba_size", "nvme0n1", "512", "4096")], found.conformance
     assert not found.release.restorable and not found.release.pool_ready
+
+
+OVMF_CODE_4M, OVMF_VARS_4M = Path("/usr/share/OVMF/OVMF_CODE_4M.fd"), Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
+EFI_CERT_X509 = uuid.UUID("a5c059a1-94e4-4aa7-87b5-ab155c2bf072")
+TENANT_OWNER = uuid.UUID("7e4a1f3c-52b8-4d0e-9c61-0a2b3c4d5e6f")
+
+
+def signature_list(der: bytes) -> bytes:
+    """An EFI_SIGNATURE_LIST of one X.509 certificate (UEFI 2.10, 32.4.1), as db holds it."""
+    size = 16 + len(der)
+    return EFI_CERT_X509.bytes_le + struct.pack("<III", 28 + size, 0, size) + TENANT_OWNER.bytes_le + der
+
+
+def test_a_db_entry_planted_in_ovmfs_vars_is_found(ovmf_lab: Lab, tmp_path: Path) -> None:
+    """A tenant's own key in Secure Boot's db, planted offline in a copy of OVMF's variable store
+    (virt-fw-vars) and booted on pflash: the gate names the changed db digest, which no remedy
+    puts back (an authenticated write needs the platform owner's keys)."""
+    fw_vars = Path(sys.executable).parent / "virt-fw-vars"
+    if not fw_vars.exists() or not OVMF_CODE_4M.is_file() or not OVMF_VARS_4M.is_file():
+        pytest.skip("no virt-fw-vars (the dev extra's virt-firmware) or no OVMF_CODE_4M.fd/OVMF_VARS_4M.fd")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=tenant",
+                    "-days", "2", "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")],
+                   check=True, capture_output=True, timeout=60)
+    der = subprocess.run(["openssl", "x509", "-in", str(tmp_path / "cert.pem"), "-outform", "DER"],
+                         check=True, capture_output=True, timeout=60).stdout
+    shutil.copyfile(OVMF_VARS_4M, tmp_path / "clean.fd")
+    subprocess.run([str(fw_vars), "--input", str(tmp_path / "clean.fd"),
+                    "--output", str(tmp_path / "vars.fd"),
+                    "--add-db", str(TENANT_OWNER), str(tmp_path / "cert.pem")],
+                   check=True, capture_output=True, timeout=60)
+    node_id = "release-db"
+    machine = ovmf_lab.boot(node_id, uefi=True, pflash=(OVMF_CODE_4M, tmp_path / "vars.fd"))
+    try:
+        ovmf_lab.wait_joined(machine, node_id, JOIN_TIMEOUT)
+        # The clean store's Secure Boot databases: none enrolled (no PK, no KEK, no db).
+        state = {"uefi": {"pk_sha256": "absent", "kek_sha256": "absent", "db_sha256": "absent"}}
+        _, _, result = run_command(ovmf_lab, machine, node_id, "inventory.refresh",
+                                   {"expect": {"state": state}})
+    finally:
+        machine.stop()
+    report = result.release
+    assert [(m.check, m.where, m.expected, m.found) for m in report.cannot_restore] == [
+        ("uefi.db", "db", "absent", hashlib.sha256(signature_list(der)).hexdigest())], result.conformance
+    assert not report.restorable and not report.pool_ready
