@@ -32,9 +32,11 @@ import pytest
 from google.protobuf import json_format
 
 from agent.hw import efivars
+from qemu import tpm as qemu_tpm
 from qemu.harness import Disk, Machine
 from qemu.lab import Lab
 from tests.e2e.conftest import JOIN_TIMEOUT, run_command, skip_reason
+from tests.tpmsim import SimTpm, need
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow]
 
@@ -183,3 +185,59 @@ def test_a_db_entry_planted_in_ovmfs_vars_is_found(ovmf_lab: Lab, tmp_path: Path
     assert [(m.check, m.where, m.expected, m.found) for m in report.cannot_restore] == [
         ("uefi.db", "db", "absent", hashlib.sha256(signature_list(der)).hexdigest())], result.conformance
     assert not report.restorable and not report.pool_ready
+
+
+OWNER_INDEX = 0x01500001
+
+
+def plant_tpm_residue(state: Path, ca: Path, cwd: Path) -> None:
+    """As a tenant leaves it: an NV index of the owner's and an owner password (tpm2-tools on
+    the same swtpm state, before the machine boots on it)."""
+    need("tpm2_nvdefine", "tpm2_changeauth")
+    sim = SimTpm(state, ca)
+    sim.start()
+    try:
+        for argv in (["tpm2_nvdefine", f"{OWNER_INDEX:#x}", "-C", "o", "-s", "32",
+                      "-a", "ownerwrite|ownerread"], ["tpm2_changeauth", "-c", "owner", "tenant-password"]):
+            done = subprocess.run(argv, cwd=cwd, env={"PATH": "/usr/bin:/bin", "TPM2TOOLS_TCTI": sim.tcti},
+                                  capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, (argv, done.stderr)
+    finally:
+        sim.stop()
+
+
+def test_a_ppi_clear_is_asked_for_and_ovmf_asks_its_console_to_confirm(ovmf_lab: Lab, tmp_path: Path) -> None:
+    """An NV index and an owner password on swtpm are found, each with the PPI Clear as remedy;
+    the agent's driver asks OVMF's PPI for it (QEMU's tpm-tis offers the PPI, Linux shows it in
+    sysfs); at the reboot OVMF asks at its console for F12 before it clears. The harness's
+    console is a log, not a terminal: nobody can press F12 here, so the Clear itself and the
+    check after it are not run in QEMU (tests/commands/test_release_tpm.py plays the firmware's
+    Clear on swtpm with tpm2_clear -c p)."""
+    if qemu_tpm.missing() or not OVMF_CODE_4M.is_file() or not OVMF_VARS_4M.is_file():
+        pytest.skip(qemu_tpm.missing() or "no OVMF_CODE_4M.fd / OVMF_VARS_4M.fd (Debian's ovmf)")
+    qemu_tpm.manufacture(tmp_path / "state", tmp_path / "ca")
+    plant_tpm_residue(tmp_path / "state", tmp_path / "ca", tmp_path)
+    shutil.copyfile(OVMF_VARS_4M, tmp_path / "vars.fd")
+    node_id = "release-ppi"
+    planted = {("tpm.nv_index", f"{OWNER_INDEX:#010x}"), ("tpm.owner_auth", "owner")}
+    with qemu_tpm.Swtpm(tmp_path / "state", tmp_path / "swtpm.sock") as swtpm:
+        machine = ovmf_lab.boot(node_id, uefi=True, tpm=swtpm.socket,
+                                pflash=(OVMF_CODE_4M, tmp_path / "vars.fd"))
+        try:
+            ovmf_lab.wait_joined(machine, node_id, JOIN_TIMEOUT)
+            _, _, before = run_command(ovmf_lab, machine, node_id, "inventory.refresh",
+                                       {"expect": {"state": {"tpm": {}}}})
+            found = {(m.check, m.where): m for m in before.release.restorable}
+            assert planted <= set(found), before.release
+            clear = found[("tpm.owner_auth", "owner")].remedy
+            assert (clear.driver, clear.operation) == ("tpm-ppi", "clear")
+            _, _, asked = run_command(ovmf_lab, machine, node_id, "driver.invoke",
+                                      json_format.MessageToDict(clear, preserving_proto_field_name=True))
+            assert b"pending" in asked.stdout, asked
+            booted = len(machine.console())
+            status, out = machine.shell("(sleep 1; echo b > /proc/sysrq-trigger) >/dev/null 2>&1 & true")
+            assert status == 0, out
+            machine.wait_console(r"clear this computer's TPM[\s\S]*Press F12 to clear the TPM", 300,
+                                 after=booted)
+        finally:
+            machine.stop()
