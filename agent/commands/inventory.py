@@ -397,7 +397,7 @@ class InventoryRefresh(Handler[agent_pb2.InventoryRefreshRequest, InventoryParam
                 result.conformance.mismatches.extend(baseline.check(params.state, seen))
                 result.conformance.passed = not result.conformance.mismatches
                 result.release.CopyFrom(release.report(params.state, list(result.conformance.mismatches),
-                                                       seen.tpm_absent))
+                                                       seen, ctx.boot_id))
             for m in result.conformance.mismatches:
                 ctx.log.info("gate: %s: %s", m.check, m.message)
         store(ctx.config.state_dir, inv)

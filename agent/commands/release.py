@@ -24,15 +24,17 @@ from agent.commands.base import Context
 from agent.commands.gpu import NVML_LOCK
 from agent.drivers import efivars as efivars_driver
 from agent.drivers import mlxconfig, tpm_ppi
+from agent.drivers import nvme as nvme_driver
 from agent.errors import AgentError
 from agent.hw import bootid, efivars, gpu, system
 from agent.hw import tpm as tpmwire
 from agent.policy import baseline
 from agent.proto import agent_pb2
+from agent.security import erasure
 
 TOOL_SECONDS = 30.0                 # one query of one device
 NIC_TOOLS = ("mlxconfig", "mstconfig")
-NOT_CHECKED_YET = ("wipes",)
+NOT_CHECKED_YET: tuple[str, ...] = ()
 # The BMC's half: checked at the site (bmc.query baseline), named in checked_elsewhere.
 CHECKED_AT_SITE = baseline.SITE_AREAS
 
@@ -54,12 +56,25 @@ def observe(ctx: Context, expected: baseline.ExpectedState, inv: agent_pb2.Inven
         seen.nvme = _nvme(ctx, seen, root)
     if expected.tpm is not None:
         _tpm(seen, ctx.config.extra.get("tpm", ""), root)
+    if expected.wipes is not None:
+        _wipes(seen, ctx)
     return seen
+
+
+def _wipes(seen: baseline.Observed, ctx: Context) -> None:
+    """This boot's verified erasure certificates (agent/security/erasure.py)."""
+    public = erasure.node_public_key(ctx.config.state_dir)
+    if public is None:
+        seen.wipes_refused.append("no node key in the state directory: no disk.wipe ran here")
+        return
+    kept = erasure.certified(ctx.config.state_dir, public, ctx.boot_id or bootid.boot_id())
+    seen.wipes, seen.wipes_refused = kept.certificates, kept.refused
+    seen.wipe_results = kept.results
 
 
 def _tpm(seen: baseline.Observed, spec: str, root: Path) -> None:
     try:
-        tpm = tpmwire.open_default(root / "dev/tpmrm0") if spec == "" else tpmwire.opener(spec)()
+        tpm = tpmwire.open_setting(spec, root)
         if tpm is None:
             seen.tpm_absent = ("no TPM: disabled by the setting bc.tpm=none" if spec == "none"
                                else "no TPM: the kernel offers no /dev/tpmrm0")
@@ -177,18 +192,33 @@ def _nvme(ctx: Context, seen: baseline.Observed, root: Path) -> list[baseline.Nv
             message = exc.message if isinstance(exc, AgentError) else f"unexpected nvme-cli output: {exc!r}"
             found.append(baseline.NvmeController(name, error=message))
             continue
-        found.append(baseline.NvmeController(name, nsids, int(ctrl.get("unvmcap", 0)), sizes, attached))
+        # Namespace management (OACS bit 3) with a capacity to carve from: QEMU 7.2 sets the bit for
+        # attachment alone, with no total capacity (tnvmcap 0) and no create-ns.
+        managed = bool(int(ctrl.get("oacs", 0)) & nvme_driver.OACS_NS_MANAGEMENT) and \
+            int(ctrl.get("tnvmcap", 0)) > 0
+        found.append(baseline.NvmeController(name, nsids, int(ctrl.get("unvmcap", 0)), sizes, attached,
+                                             managed=managed))
     return found
 
 
 def report(expected: baseline.ExpectedState, mismatches: list[agent_pb2.Mismatch],
-           tpm_absent: str = "") -> agent_pb2.ReleaseReport:
+           seen: baseline.Observed | None = None, boot_id: str = "") -> agent_pb2.ReleaseReport:
     """The release's record: every finding of the whole gate, split by whether it can be put back.
-    A machine without a TPM has "tpm" not checked, and says why in ``tpm_absent``."""
+    A machine without a TPM has "tpm" not checked, and says why in ``tpm_absent``. With
+    ``expect.state.wipes``, the certificate of each disk named (the newest of this boot) and the
+    signed result that carries it. ``attestation_verdict`` is the gateway's to fill."""
+    seen = seen or baseline.Observed()
+    tpm_absent = seen.tpm_absent
     checked = [a for a in expected.areas if not (a == "tpm" and tpm_absent)]
-    out = agent_pb2.ReleaseReport(boot_id=bootid.boot_id(), pool_ready=not mismatches, checked=checked,
+    out = agent_pb2.ReleaseReport(boot_id=boot_id or bootid.boot_id(), pool_ready=not mismatches,
+                                  checked=checked,
                                   not_checked=(["tpm"] if tpm_absent else []) + list(NOT_CHECKED_YET),
                                   tpm_absent=tpm_absent, checked_elsewhere=CHECKED_AT_SITE)
+    if expected.wipes:
+        for i in baseline.certificates_of(expected.wipes, seen.wipes):
+            out.wipe_certificates.append(seen.wipes[i])
+            if i < len(seen.wipe_results) and seen.wipe_results[i] not in out.wipe_results:
+                out.wipe_results.append(seen.wipe_results[i])
     for m in mismatches:
         (out.restorable if baseline.restorable(m) else out.cannot_restore).append(m)
     return out

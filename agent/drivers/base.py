@@ -6,8 +6,9 @@ has checked against the operation's signature (type, choices, pattern, bounds). 
 value can never start with "-", so it can never be read by the tool as an option.
 
 A driver with no tool (``tool=""``) does its operations in the agent itself, through the hw
-layer: each operation's ``local(values, root)`` acts on the machine under ``root`` ("/", or a
-test's tree) and returns its report as text (the efivars driver: UEFI variables).
+layer: each operation's ``local(values, root, settings)`` acts on the machine under ``root``
+("/", or a test's tree), with the agent's ``bc.*`` settings that name a device (``bc.tpm``),
+and returns its report as text (the efivars driver: UEFI variables).
 
 A driver registers itself by calling ``register(Driver(...))`` at import time; its module is
 imported explicitly by agent/drivers/__init__.py (no entry points inside a zipapp).
@@ -26,6 +27,7 @@ from agent.errors import InvalidParameters, ToolMissing
 
 Value = str | int | bool
 Values = Mapping[str, Value]
+Settings = Mapping[str, str]                 # Config.extra: the bc.* settings (e.g. "tpm")
 
 
 class ArgType(enum.StrEnum):
@@ -91,7 +93,7 @@ class Operation:
     build: Callable[[Values], list[str]]     # argv after the tool name, from checked values
     args: tuple[Arg, ...] = ()
     changes_state: bool = False              # documentation: a write, not a query
-    local: Callable[[Values, Path], str] | None = None   # in-process drivers: the work itself
+    local: Callable[[Values, Path, Settings], str] | None = None   # in-process drivers: the work
 
     def validate(self, given: Values) -> dict[str, Value]:
         """Checked values for every argument (defaults filled in); InvalidParameters otherwise."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agent.drivers.base import Arg, ArgType, Driver, Operation, Values, register
+from agent.drivers.base import Arg, ArgType, Driver, Operation, Settings, Values, register
 from agent.errors import Unsupported
 from agent.hw import efivars
 
@@ -30,7 +30,7 @@ def variables(root: Path) -> efivars.Efivars:
     return found
 
 
-def _list(_: Values, root: Path) -> str:
+def _list(_: Values, root: Path, _settings: Settings) -> str:
     v = variables(root)
     return json.dumps({
         "boot_entries": [{"number": f"{e.number:04X}", "description": e.description, "sha256": e.sha256}
@@ -42,19 +42,19 @@ def _list(_: Values, root: Path) -> str:
     }, indent=1)  # fmt: skip
 
 
-def _delete_entry(values: Values, root: Path) -> str:
+def _delete_entry(values: Values, root: Path, _settings: Settings) -> str:
     number = efivars.parse_number(str(values["entry"]))
     variables(root).delete_boot_entry(number)
     return f"deleted {efivars.boot_name(number)}\n"
 
 
-def _set_order(values: Values, root: Path) -> str:
+def _set_order(values: Values, root: Path, _settings: Settings) -> str:
     order = [int(n, 16) for n in str(values["order"]).split(",")]
     variables(root).set_boot_order(order)
     return "BootOrder " + ",".join(f"{n:04X}" for n in order) + "\n"
 
 
-def _set_mor(values: Values, root: Path) -> str:
+def _set_mor(values: Values, root: Path, _settings: Settings) -> str:
     variables(root).write("MemoryOverwriteRequestControl", bytes([int(values["value"])]),
                           guid=efivars.MOR)
     return f"MemoryOverwriteRequestControl {values['value']}\n"

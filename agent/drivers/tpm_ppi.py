@@ -16,7 +16,7 @@ import logging
 import os
 from pathlib import Path
 
-from agent.drivers.base import Driver, Operation, Values, register
+from agent.drivers.base import Driver, Operation, Settings, Values, register
 from agent.errors import AgentError, Reason, Unsupported
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def clear_refused(root: Path) -> str:
     return REFUSED.get(status, "") if status is not None else ""
 
 
-def _status(_: Values, root: Path) -> str:
+def _status(_: Values, root: Path, _settings: Settings) -> str:
     ppi = root / PPI
     if not ppi.is_dir():
         raise Unsupported("no TPM Physical Presence Interface under " + str(ppi))
@@ -69,7 +69,7 @@ def _status(_: Values, root: Path) -> str:
                        "clear_status": clear, "clear_refused": clear_refused(root)}, indent=1)
 
 
-def _clear(_: Values, root: Path) -> str:
+def _clear(_: Values, root: Path, _settings: Settings) -> str:
     refused = clear_refused(root)
     if refused:
         raise Unsupported(f"the TPM cannot be cleared through PPI: {refused}")

@@ -24,8 +24,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from google.protobuf.message import Message
+
 from agent.gateway.attest import Challenge, Status, Verdict, Verifier
-from agent.proto import session_pb2
+from agent.proto import agent_pb2, session_pb2
 from agent.security.attest import evidence_from, identity_from
 
 log = logging.getLogger(__name__)
@@ -40,6 +42,23 @@ class Join:
     role: str = "ramdisk"
     challenge: Challenge | None = None
     verdict: Verdict | None = None
+
+
+def file_release(attestation: JoinAttestation | None, node_id: str, boot_id: str,
+                 result: Message | None) -> None:
+    """A release report (inventory.refresh's ``release``) gets the verdict of the attestation of
+    the boot it was taken in: the agent leaves ``attestation_verdict`` to the gateway, which holds
+    the session's verdict (docs/lifecycle.md, "The release report")."""
+    if not isinstance(result, agent_pb2.InventoryRefreshResult) or not result.HasField("release"):
+        return
+    report = result.release
+    if report.boot_id != boot_id:
+        report.attestation_verdict = (f"no attestation verdict: the report names boot {report.boot_id}, "
+                                      f"its result was signed in {boot_id}")
+    elif attestation is None:
+        report.attestation_verdict = "no attestation verdict: this gateway does not attest its nodes"
+    else:
+        report.attestation_verdict = attestation.verdict_of_boot(node_id, boot_id)
 
 
 def verdict_message(v: Verdict) -> session_pb2.AttestVerdict:
@@ -121,6 +140,16 @@ class JoinAttestation:
         if (join.boot_id, join.public_key) != (boot_id, public_key):
             return False, "the result was signed in another boot, or by another key, than the attested one"
         return join.verdict.attested, str(join.verdict)
+
+    def verdict_of_boot(self, node_id: str, boot_id: str) -> str:
+        """The verdict on the node's boot ``boot_id``, for a person and a record."""
+        with self._lock:
+            join = self._joins.get(node_id)
+        if join is None or join.verdict is None:
+            return "no attestation verdict: the node's boot has none (yet)"
+        if join.boot_id != boot_id:
+            return f"no attestation verdict: boot {boot_id} is not the attested one ({join.boot_id})"
+        return str(join.verdict)
 
     def _decided(self, node_id: str, verdict: Verdict) -> None:
         if self.on_verdict is not None:

@@ -23,7 +23,7 @@ from google.protobuf.message import DecodeError, Message
 from agent import catalog, schema
 from agent.errors import AgentError, InvalidParameters, Untrusted
 from agent.gateway import certs
-from agent.gateway.attest_join import JoinAttestation, site_refusal
+from agent.gateway.attest_join import JoinAttestation, file_release, site_refusal
 from agent.link import wire
 from agent.proto import session_pb2
 from agent.security.trust import SigningKey, verify_result
@@ -514,6 +514,7 @@ class Gateway:
             return
         rec.result = body
         rec.result_message = _decode_result(body)
+        file_release(self.attestation, node.node_id, body.boot_id, rec.result_message)
         detail = status + (f" {body.reason}: {body.message}" if body.reason else "")
         self._finish(rec, State.FINISHED, detail, event="result")
 

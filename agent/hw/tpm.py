@@ -42,6 +42,7 @@ RETRIES = 20
 RETRY_CODES = (0x908, 0x90A, 0x922)  # TPM_RC_YIELDED, TPM_RC_TESTING, TPM_RC_RETRY: ask again
 RS_PW = 0x40000009  # the password session
 RH_OWNER = 0x40000001
+RH_LOCKOUT = 0x4000000A
 RH_NULL = 0x40000007
 RH_ENDORSEMENT = 0x4000000B
 
@@ -87,6 +88,7 @@ class Alg(enum.IntEnum):
 class Cc(enum.IntEnum):
     """The command codes used here."""
 
+    DICTIONARY_ATTACK_LOCK_RESET = 0x139
     CREATE_PRIMARY = 0x131
     ACTIVATE_CREDENTIAL = 0x147
     NV_READ = 0x14E
@@ -517,6 +519,12 @@ class Tpm:
 
     # Sessions and credential activation ------------------------------------------------------
 
+    def dictionary_attack_lock_reset(self, lockout_auth: bytes = b"") -> None:
+        """TPM2_DictionaryAttackLockReset: the lockout counter to zero, with the lockout
+        hierarchy's authorization (empty on a cleared TPM). A wrong one counts against the lockout
+        hierarchy itself (TPM_PT_LOCKOUT_RECOVERY), so ask only where it is known."""
+        self.command(Cc.DICTIONARY_ATTACK_LOCK_RESET, [RH_LOCKOUT], sessions=[(RS_PW, lockout_auth)])
+
     def policy_session(self) -> int:
         """A policy session (unbound, unsalted, SHA-256)."""
         params = b2(os.urandom(32)) + b2(b"") + u8(0x01) + u16(Alg.NULL) + u16(Alg.SHA256)
@@ -629,6 +637,12 @@ def opener(spec: str) -> Callable[[], Tpm | None]:
         raise InvalidParameters(f"bc.tpm={spec!r}: expected \"\", \"none\", tcp:127.0.0.1:PORT or unix:/PATH")
     SocketTransport.check(address)
     return lambda: Tpm(SocketTransport(address))
+
+
+def open_setting(spec: str, root: Path) -> Tpm | None:
+    """The TPM the setting ``bc.tpm`` names (``opener``), with "" the kernel's under ``root``
+    (the machine's "/", or a test's tree); None where there is none."""
+    return open_default(root / "dev/tpmrm0") if spec == "" else opener(spec)()
 
 
 def open_default(path: Path = DEVICE) -> Tpm | None:

@@ -29,19 +29,22 @@ checked. Checks and their stable names (``where``: the entry, PCI address or con
   nic.config             a parameter's current or next-boot value         mlxconfig|mstconfig.set (next boot)
   nic.firmware_version   not the profile's firmware                       -  (a firmware flash)
   nvme.unreadable        nvme-cli is missing or failed                    -
-  nvme.namespaces        the namespaces are not the factory's, or one     -  (disk.wipe's part, not yet)
-                         is detached from this controller
-  nvme.capacity          capacity left unallocated                        -
-  nvme.lba_size          a namespace's LBA size differs                   -
+  nvme.namespaces        the namespaces are not the factory's, or one     nvme.factory_layout (with the
+                         is detached from this controller                  baseline's namespaces and LBA
+  nvme.capacity          capacity left unallocated                        size both set, on a drive with
+  nvme.lba_size          a namespace's LBA size differs                   namespace management; before
+                                                                          disk.wipe)
   tpm.unreadable         the TPM answered with an error                   -
   tpm.nv_index           an NV index the owner defined, not the baseline's  tpm-ppi.clear (next boot)
   tpm.persistent_handle  a persistent object not the EK (0x81010001) nor  tpm-ppi.clear (next boot)
                          one the baseline names
   tpm.owner_auth tpm.endorsement_auth tpm.lockout_auth
                          that hierarchy's authorization is set            tpm-ppi.clear (next boot)
-  tpm.lockout_counter    authorization failures counted (above zero)      -  (falls by one each
-                                                                          lockout interval; a Clear
-                                                                          keeps it)
+  tpm.lockout_counter    authorization failures counted (above zero)      tpm.reset_lockout (with the
+                                                                          empty lockout auth; none
+                                                                          while it is set: Clear first)
+  wipe.certificate       a disk the baseline names without a verified     -  (disk.wipe, then check
+                         erasure certificate of this boot                    again)
 
 The BMC's half is checked at the site (``check_bmc``, bmc.query baseline, agent/commands/bmc.py);
 its remedies are site commands (``Mismatch.bmc_remedy``), sent with the same BMC and credentials:
@@ -85,6 +88,7 @@ from agent.proto import agent_pb2
 _SHA256 = re.compile(r"[0-9a-f]{64}|absent")
 _PCI_IDS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{4}")
 _PARAMETER = re.compile(r"[A-Z][A-Z0-9_]{0,63}(\[\d{1,3}\])?")
+_DISK = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _VALUE = re.compile(r"[A-Za-z0-9_]{1,64}(\(\d{1,10}\))?")
 _BIOS_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 MAX_BIOS_ATTRIBUTES = 256
@@ -148,6 +152,7 @@ class ExpectedState:
     tpm: TpmBaseline | None = None
     bios: dict[str, str] | None = None                        # the site's: name -> value as given
     bmc_accounts: tuple[ExpectedAccount, ...] | None = None   # the site's
+    wipes: tuple[str, ...] | None = None          # disks by serial, WWN or name: a certificate each
 
     @property
     def areas(self) -> list[str]:
@@ -155,7 +160,8 @@ class ExpectedState:
         wants_gpus = self.gpus_at_defaults or self.gpu_persistence_mode is not None
         return [name for name, on in (("uefi", self.uefi is not None), ("gpus", wants_gpus),
                                       ("nics", bool(self.nics)), ("nvme", self.nvme is not None),
-                                      ("tpm", self.tpm is not None)) if on]
+                                      ("tpm", self.tpm is not None),
+                                      ("wipes", self.wipes is not None)) if on]
 
     @property
     def site_areas(self) -> list[str]:
@@ -165,9 +171,6 @@ class ExpectedState:
 
     @classmethod
     def from_proto(cls, msg: agent_pb2.ExpectedState) -> ExpectedState:
-        if msg.HasField("wipes"):
-            raise InvalidParameters("expect.state.wipes is not checked by this agent yet "
-                                    "(docs/lifecycle.md, \"Release\"); leave it unset")
         bios = _bios(msg.bios) if msg.HasField("bios") else None
         accounts = _accounts(msg.bmc_accounts) if msg.HasField("bmc_accounts") else None
         uefi = _uefi(msg.uefi) if msg.HasField("uefi") else None
@@ -185,7 +188,8 @@ class ExpectedState:
                    gpu_persistence_mode=(msg.gpus.persistence_mode
                                          if msg.gpus.HasField("persistence_mode") else None),
                    nics=nics, nvme=nvme, tpm=_tpm(msg.tpm) if msg.HasField("tpm") else None,
-                   bios=bios, bmc_accounts=accounts)
+                   bios=bios, bmc_accounts=accounts,
+                   wipes=_wipes(msg.wipes) if msg.HasField("wipes") else None)
 
 
 def _bios(msg: agent_pb2.ExpectedBios) -> dict[str, str]:
@@ -208,6 +212,16 @@ def _accounts(msg: agent_pb2.ExpectedBmcAccounts) -> tuple[ExpectedAccount, ...]
             raise InvalidParameters(f"expect.state.bmc_accounts {a.user_name[:40]!r}: a printable user "
                                     "name (64 at most), once, and a role of 32 characters at most")
     return tuple(ExpectedAccount(a.user_name, a.role, not a.disabled) for a in msg.accounts)
+
+
+
+def _wipes(msg: agent_pb2.ExpectedWipes) -> tuple[str, ...]:
+    if len(msg.disks) > 64 or len(set(msg.disks)) != len(msg.disks):
+        raise InvalidParameters("expect.state.wipes.disks: at most 64 disks, none twice")
+    if not all(_DISK.fullmatch(d) for d in msg.disks):
+        raise InvalidParameters("expect.state.wipes.disks: a serial, WWN or kernel name each "
+                                "(letters, digits and ._:- only)")
+    return tuple(msg.disks)
 
 
 def _tpm(msg: agent_pb2.ExpectedTpm) -> TpmBaseline:
@@ -293,6 +307,7 @@ class NvmeController:
     lba_sizes: dict[int, int] = field(default_factory=dict)   # nsid -> bytes, of the attached ones
     attached: tuple[int, ...] = ()                # namespaces with a block device here
     error: str = ""
+    managed: bool = True                          # namespace management (id-ctrl's OACS bit 3)
 
 
 @dataclass(frozen=True)
@@ -345,6 +360,9 @@ class Observed:
     nvme: list[NvmeController] = field(default_factory=list)
     tpm: TpmState | None = None
     tpm_absent: str = ""                          # "no TPM: ..." where the machine has none
+    wipes: list[agent_pb2.ErasureCertificate] = field(default_factory=list)  # verified, this boot's
+    wipes_refused: list[str] = field(default_factory=list)   # kept results that do not count, and why
+    wipe_results: list[bytes] = field(default_factory=list)  # the SignedResult of each of ``wipes``
     unread: dict[str, str] = field(default_factory=dict)      # area -> why it could not be read
 
 
@@ -402,7 +420,35 @@ def check(e: ExpectedState, seen: Observed) -> list[agent_pb2.Mismatch]:
         _nvme_check(e.nvme, seen, out)
     if e.tpm is not None:
         _tpm_check(e.tpm, seen, out)
+    if e.wipes is not None:
+        _wipe_check(e.wipes, seen, out)
     return out.mismatches
+
+
+def disk_names(cert: agent_pb2.ErasureCertificate) -> set[str]:
+    """What names the certificate's disk: serial, WWN, kernel name (the non-empty ones)."""
+    d = cert.disk
+    return {n for n in (d.serial, d.wwn, d.name) if n}
+
+
+def certificates_of(disks: tuple[str, ...], certificates: list[agent_pb2.ErasureCertificate]) -> list[int]:
+    """The index of the first (newest) certificate of each named disk that has one."""
+    chosen: list[int] = []
+    for disk in disks:
+        i = next((i for i, c in enumerate(certificates) if disk in disk_names(c)), None)
+        if i is not None and i not in chosen:
+            chosen.append(i)
+    return chosen
+
+
+def _wipe_check(disks: tuple[str, ...], seen: Observed, out: _Found) -> None:
+    refused = (f" (kept results that do not count: {'; '.join(seen.wipes_refused)})"
+               if seen.wipes_refused else "")
+    for disk in disks:
+        if not any(disk in disk_names(c) for c in seen.wipes):
+            out.add("wipe.certificate", "verified in this boot", "none", disk,
+                    f"disk {disk} has no verified erasure certificate of this boot: run disk.wipe on it, "
+                    f"then check again{refused}")
 
 
 def _hex(numbers: tuple[int, ...] | list[int] | None) -> str:
@@ -553,6 +599,10 @@ def _nvme_check(e: NvmeLayout, seen: Observed, out: _Found) -> None:
         if c.error:
             out.add("nvme.unreadable", "readable", "unreadable", c.name, f"{c.name}: {c.error}")
             continue
+        remedy = (invoke("nvme", "factory_layout", device=f"/dev/{c.name}", namespaces=e.namespaces,
+                         lba_data_size=e.lba_data_size)
+                  if c.managed and e.namespaces and e.lba_data_size else None)
+        seen_before = len(out.mismatches)
         detached = sorted(set(c.namespaces) - set(c.attached))
         if e.namespaces and (len(c.namespaces) != e.namespaces or detached):
             also = f", {len(detached)} detached ({','.join(map(str, detached))})" if detached else ""
@@ -568,6 +618,13 @@ def _nvme_check(e: NvmeLayout, seen: Observed, out: _Found) -> None:
                 out.add("nvme.lba_size", e.lba_data_size, size, f"{c.name}n{nsid}",
                         f"{c.name}n{nsid} is formatted with {size}-byte blocks, "
                         f"the baseline {e.lba_data_size}")
+        for m in out.mismatches[seen_before:]:     # the whole layout, put back at once, before disk.wipe
+            if remedy is not None:
+                m.remedy.CopyFrom(remedy)
+            else:
+                m.message += ("; the drive has no namespace management: its layout cannot be changed "
+                              "from the OS" if not c.managed else
+                              "; the baseline names no namespace count and LBA size to put it back to")
 
 
 _AUTH_SET = (("tpm.owner_auth", tpmwire.Permanent.OWNER_AUTH_SET, "owner"),
@@ -599,12 +656,17 @@ def _tpm_check(e: TpmBaseline, seen: Observed, out: _Found) -> None:
         if t.permanent & bit:
             out.add(check, "empty", "set", hierarchy,
                     f"the TPM's {hierarchy} authorization is set{after}", remedy)
-    if t.lockout_counter:                         # TPM2_Clear keeps failedTries: time takes them back
+    if t.lockout_counter:                         # not every TPM's Clear zeroes failedTries: reset it
+        if t.permanent & tpmwire.Permanent.LOCKOUT_AUTH_SET:
+            how, reset = ("the reset needs the lockout authorization its owner set: once the firmware's "
+                          "Clear has emptied it, check again"), None
+        else:
+            how, reset = "TPM2_DictionaryAttackLockReset with the empty lockout authorization resets "\
+                "them", invoke("tpm", "reset_lockout")
         out.add("tpm.lockout_counter", 0, t.lockout_counter, "",
-                f"the TPM counts {t.lockout_counter} authorization failure(s); a Clear keeps them, and "
-                f"they fall by one every {t.lockout_interval} s (TPM_PT_LOCKOUT_INTERVAL): check again "
-                f"after {t.lockout_counter * t.lockout_interval} s")
-
+                f"the TPM counts {t.lockout_counter} authorization failure(s) (a power cycle without "
+                f"TPM2_Shutdown counts one); they fall by one every {t.lockout_interval} s "
+                f"(TPM_PT_LOCKOUT_INTERVAL); {how}", reset)
 
 # --------------------------------------------------------------------------- the BMC's half
 

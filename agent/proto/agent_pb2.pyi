@@ -847,8 +847,10 @@ class BmcAccount(_message.Message):
     def __init__(self, user_name: _Optional[str] = ..., role: _Optional[str] = ..., disabled: _Optional[bool] = ...) -> None: ...
 
 class ExpectedWipes(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("disks",)
+    DISKS_FIELD_NUMBER: _ClassVar[int]
+    disks: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, disks: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ExpectedSlot(_message.Message):
     __slots__ = ("class_code", "min_speed_gts", "min_width")
@@ -1200,7 +1202,7 @@ class InventoryRefreshResult(_message.Message):
     def __init__(self, inventory: _Optional[_Union[Inventory, _Mapping]] = ..., changes: _Optional[_Iterable[_Union[InventoryChange, _Mapping]]] = ..., first: _Optional[bool] = ..., seconds: _Optional[float] = ..., conformance: _Optional[_Union[Conformance, _Mapping]] = ..., release: _Optional[_Union[ReleaseReport, _Mapping]] = ..., node_boots: _Optional[_Iterable[_Union[NodeBoot, _Mapping]]] = ...) -> None: ...
 
 class ReleaseReport(_message.Message):
-    __slots__ = ("boot_id", "pool_ready", "restorable", "cannot_restore", "checked", "not_checked", "wipe_certificates", "attestation_verdict", "tpm_absent", "checked_elsewhere")
+    __slots__ = ("boot_id", "pool_ready", "restorable", "cannot_restore", "checked", "not_checked", "wipe_certificates", "attestation_verdict", "tpm_absent", "checked_elsewhere", "wipe_results")
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_READY_FIELD_NUMBER: _ClassVar[int]
     RESTORABLE_FIELD_NUMBER: _ClassVar[int]
@@ -1211,6 +1213,7 @@ class ReleaseReport(_message.Message):
     ATTESTATION_VERDICT_FIELD_NUMBER: _ClassVar[int]
     TPM_ABSENT_FIELD_NUMBER: _ClassVar[int]
     CHECKED_ELSEWHERE_FIELD_NUMBER: _ClassVar[int]
+    WIPE_RESULTS_FIELD_NUMBER: _ClassVar[int]
     boot_id: str
     pool_ready: bool
     restorable: _containers.RepeatedCompositeFieldContainer[Mismatch]
@@ -1221,7 +1224,8 @@ class ReleaseReport(_message.Message):
     attestation_verdict: str
     tpm_absent: str
     checked_elsewhere: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, boot_id: _Optional[str] = ..., pool_ready: _Optional[bool] = ..., restorable: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., cannot_restore: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., checked: _Optional[_Iterable[str]] = ..., not_checked: _Optional[_Iterable[str]] = ..., wipe_certificates: _Optional[_Iterable[_Union[ErasureCertificate, _Mapping]]] = ..., attestation_verdict: _Optional[str] = ..., tpm_absent: _Optional[str] = ..., checked_elsewhere: _Optional[_Iterable[str]] = ...) -> None: ...
+    wipe_results: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, boot_id: _Optional[str] = ..., pool_ready: _Optional[bool] = ..., restorable: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., cannot_restore: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., checked: _Optional[_Iterable[str]] = ..., not_checked: _Optional[_Iterable[str]] = ..., wipe_certificates: _Optional[_Iterable[_Union[ErasureCertificate, _Mapping]]] = ..., attestation_verdict: _Optional[str] = ..., tpm_absent: _Optional[str] = ..., checked_elsewhere: _Optional[_Iterable[str]] = ..., wipe_results: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class NodeBoot(_message.Message):
     __slots__ = ("node_id", "attempt", "method", "trigger", "started_unix_ms", "outcome", "cause", "cause_detail", "console", "last_lines", "steps")

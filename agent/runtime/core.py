@@ -49,6 +49,7 @@ from agent.proto import session_pb2
 from agent.runtime import scheduler
 from agent.runtime.journal import DEFAULT_COMPACT_BYTES, Entry, Journal, Known, State
 from agent.runtime.streams import CommandLog, CommandStream, ThreadLogForwarder
+from agent.security import erasure
 from agent.security.attest import Attestor, attestor_for
 from agent.security.trust import NodeKey, TrustStore, check_boot, decode_command_body
 
@@ -519,6 +520,11 @@ class Agent:
             log.error("%s %s: cannot journal the result (%s)", kind.name, cid, exc)
         log.info("%s %s finished: %s%s", kind.name, cid, status, f" ({error.reason}: {error.message})"
                  if error is not None else "")
+        if kind.name == erasure.KIND and error is None:
+            try:  # the release report carries this boot's certificates (docs/lifecycle.md)
+                erasure.keep(Path(self.config.state_dir), cid, signed)
+            except OSError as exc:
+                log.error("%s %s: cannot keep the certificates for the release (%s)", kind.name, cid, exc)
         if self.site is not None and started_ms:
             # bettercompute_command_duration_seconds{kind,result}: where this agent exports
             # metrics (the site daemon's /metrics).

@@ -17,18 +17,26 @@ One guest for the module, the tests in file order.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import struct
+import subprocess
+import sys
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from google.protobuf import json_format
 
 from agent.hw import efivars
+from qemu import tpm as qemu_tpm
 from qemu.harness import Disk, Machine
 from qemu.lab import Lab
 from tests.e2e.conftest import JOIN_TIMEOUT, run_command, skip_reason
+from tests.tpmsim import SimTpm, need
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow]
 
@@ -118,6 +126,14 @@ def test_a_planted_entry_and_order_are_found_and_put_back(ovmf_lab: Lab, node: M
     assert status == 0 and f"Boot{TENANT_ENTRY:04X}-" not in out, out
 
 
+def test_the_gateway_files_the_boots_attestation_verdict(ovmf_lab: Lab, node: Machine,
+                                                       clean: dict[str, Any]) -> None:
+    """The reference gateway fills the report's verdict; this lab's gateway attests nobody."""
+    report = gate(ovmf_lab, node, clean).release
+    assert report.boot_id and report.attestation_verdict == (
+        "no attestation verdict: this gateway does not attest its nodes"), report
+
+
 def test_a_reformatted_nvme_namespace_is_named(ovmf_lab: Lab, node: Machine, clean: dict[str, Any]) -> None:
     status, out = node.shell("nvme format /dev/nvme0n1 --lbaf=4 --force", timeout=120)
     assert status == 0, out
@@ -125,3 +141,103 @@ def test_a_reformatted_nvme_namespace_is_named(ovmf_lab: Lab, node: Machine, cle
     assert [(m.check, m.where, m.expected, m.found) for m in found.release.cannot_restore] == [
         ("nvme.lba_size", "nvme0n1", "512", "4096")], found.conformance
     assert not found.release.restorable and not found.release.pool_ready
+
+
+OVMF_CODE_4M, OVMF_VARS_4M = Path("/usr/share/OVMF/OVMF_CODE_4M.fd"), Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
+EFI_CERT_X509 = uuid.UUID("a5c059a1-94e4-4aa7-87b5-ab155c2bf072")
+TENANT_OWNER = uuid.UUID("7e4a1f3c-52b8-4d0e-9c61-0a2b3c4d5e6f")
+
+
+def signature_list(der: bytes) -> bytes:
+    """An EFI_SIGNATURE_LIST of one X.509 certificate (UEFI 2.10, 32.4.1), as db holds it."""
+    size = 16 + len(der)
+    return EFI_CERT_X509.bytes_le + struct.pack("<III", 28 + size, 0, size) + TENANT_OWNER.bytes_le + der
+
+
+def test_a_db_entry_planted_in_ovmfs_vars_is_found(ovmf_lab: Lab, tmp_path: Path) -> None:
+    """A tenant's own key in Secure Boot's db, planted offline in a copy of OVMF's variable store
+    (virt-fw-vars) and booted on pflash: the gate names the changed db digest, which no remedy
+    puts back (an authenticated write needs the platform owner's keys)."""
+    fw_vars = Path(sys.executable).parent / "virt-fw-vars"
+    if not fw_vars.exists() or not OVMF_CODE_4M.is_file() or not OVMF_VARS_4M.is_file():
+        pytest.skip("no virt-fw-vars (the dev extra's virt-firmware) or no OVMF_CODE_4M.fd/OVMF_VARS_4M.fd")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=tenant",
+                    "-days", "2", "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")],
+                   check=True, capture_output=True, timeout=60)
+    der = subprocess.run(["openssl", "x509", "-in", str(tmp_path / "cert.pem"), "-outform", "DER"],
+                         check=True, capture_output=True, timeout=60).stdout
+    shutil.copyfile(OVMF_VARS_4M, tmp_path / "clean.fd")
+    subprocess.run([str(fw_vars), "--input", str(tmp_path / "clean.fd"),
+                    "--output", str(tmp_path / "vars.fd"),
+                    "--add-db", str(TENANT_OWNER), str(tmp_path / "cert.pem")],
+                   check=True, capture_output=True, timeout=60)
+    node_id = "release-db"
+    machine = ovmf_lab.boot(node_id, uefi=True, pflash=(OVMF_CODE_4M, tmp_path / "vars.fd"))
+    try:
+        ovmf_lab.wait_joined(machine, node_id, JOIN_TIMEOUT)
+        # The clean store's Secure Boot databases: none enrolled (no PK, no KEK, no db).
+        state = {"uefi": {"pk_sha256": "absent", "kek_sha256": "absent", "db_sha256": "absent"}}
+        _, _, result = run_command(ovmf_lab, machine, node_id, "inventory.refresh",
+                                   {"expect": {"state": state}})
+    finally:
+        machine.stop()
+    report = result.release
+    assert [(m.check, m.where, m.expected, m.found) for m in report.cannot_restore] == [
+        ("uefi.db", "db", "absent", hashlib.sha256(signature_list(der)).hexdigest())], result.conformance
+    assert not report.restorable and not report.pool_ready
+
+
+OWNER_INDEX = 0x01500001
+
+
+def plant_tpm_residue(state: Path, ca: Path, cwd: Path) -> None:
+    """As a tenant leaves it: an NV index of the owner's and an owner password (tpm2-tools on
+    the same swtpm state, before the machine boots on it)."""
+    need("tpm2_nvdefine", "tpm2_changeauth")
+    sim = SimTpm(state, ca)
+    sim.start()
+    try:
+        for argv in (["tpm2_nvdefine", f"{OWNER_INDEX:#x}", "-C", "o", "-s", "32",
+                      "-a", "ownerwrite|ownerread"], ["tpm2_changeauth", "-c", "owner", "tenant-password"]):
+            done = subprocess.run(argv, cwd=cwd, env={"PATH": "/usr/bin:/bin", "TPM2TOOLS_TCTI": sim.tcti},
+                                  capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, (argv, done.stderr)
+    finally:
+        sim.stop()
+
+
+def test_a_ppi_clear_is_asked_for_and_ovmf_asks_its_console_to_confirm(ovmf_lab: Lab, tmp_path: Path) -> None:
+    """An NV index and an owner password on swtpm are found, each with the PPI Clear as remedy;
+    the agent's driver asks OVMF's PPI for it (QEMU's tpm-tis offers the PPI, Linux shows it in
+    sysfs); at the reboot OVMF asks at its console for F12 before it clears. The harness's
+    console is a log, not a terminal: nobody can press F12 here, so the Clear itself and the
+    check after it are not run in QEMU (tests/commands/test_release_tpm.py plays the firmware's
+    Clear on swtpm with tpm2_clear -c p)."""
+    if qemu_tpm.missing() or not OVMF_CODE_4M.is_file() or not OVMF_VARS_4M.is_file():
+        pytest.skip(qemu_tpm.missing() or "no OVMF_CODE_4M.fd / OVMF_VARS_4M.fd (Debian's ovmf)")
+    qemu_tpm.manufacture(tmp_path / "state", tmp_path / "ca")
+    plant_tpm_residue(tmp_path / "state", tmp_path / "ca", tmp_path)
+    shutil.copyfile(OVMF_VARS_4M, tmp_path / "vars.fd")
+    node_id = "release-ppi"
+    planted = {("tpm.nv_index", f"{OWNER_INDEX:#010x}"), ("tpm.owner_auth", "owner")}
+    with qemu_tpm.Swtpm(tmp_path / "state", tmp_path / "swtpm.sock") as swtpm:
+        machine = ovmf_lab.boot(node_id, uefi=True, tpm=swtpm.socket,
+                                pflash=(OVMF_CODE_4M, tmp_path / "vars.fd"))
+        try:
+            ovmf_lab.wait_joined(machine, node_id, JOIN_TIMEOUT)
+            _, _, before = run_command(ovmf_lab, machine, node_id, "inventory.refresh",
+                                       {"expect": {"state": {"tpm": {}}}})
+            found = {(m.check, m.where): m for m in before.release.restorable}
+            assert planted <= set(found), before.release
+            clear = found[("tpm.owner_auth", "owner")].remedy
+            assert (clear.driver, clear.operation) == ("tpm-ppi", "clear")
+            _, _, asked = run_command(ovmf_lab, machine, node_id, "driver.invoke",
+                                      json_format.MessageToDict(clear, preserving_proto_field_name=True))
+            assert b"pending" in asked.stdout, asked
+            booted = len(machine.console())
+            status, out = machine.shell("(sleep 1; echo b > /proc/sysrq-trigger) >/dev/null 2>&1 & true")
+            assert status == 0, out
+            machine.wait_console(r"clear this computer's TPM[\s\S]*Press F12 to clear the TPM", 300,
+                                 after=booted)
+        finally:
+            machine.stop()

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 from agent.gateway.attest import Status, Verifier, load_certificates
-from agent.gateway.attest_join import JoinAttestation
+from agent.gateway.attest_join import JoinAttestation, file_release
 from agent.gateway.attest_policy import Build, Policy
-from agent.proto import session_pb2
+from agent.proto import agent_pb2, session_pb2
 from agent.security.attest import Attestor
 from tests.tpmsim import UEFI_BOOT, SimTpm, h, manufactured_tpm, measure, sim
 
@@ -44,6 +44,8 @@ def test_challenge_answer_verdict_and_answers_to_nothing(sim: SimTpm, tmp_path: 
         verdict = joins.on_answer("n1", answer).attest_verdict
         assert verdict.status == "attested" and verdict.matched["build"] == "b1"
         assert joins.vouches("n1", "boot-1", KEY)[0]
+        report = release_verdict(joins, "boot-1")
+        assert report.startswith("attested: ") and "build b1" in report
         assert not joins.vouches("n1", "boot-2", KEY)[0] and not joins.vouches("n1", "boot-1", bytes(32))[0]
         again = joins.on_answer("n1", answer).attest_verdict  # the same challenge answered twice
         assert again.check == "nonce_reused"
@@ -63,3 +65,23 @@ def test_no_tpm_is_decided_at_the_hello(tmp_path: Path) -> None:
                                                    tpm=session_pb2.TpmIdentity(ek_public=b"junk")))
     assert (frame.attest_verdict.status, frame.attest_verdict.check) == ("refused", "ek_public")
     assert json.dumps(dict(frame.attest_verdict.matched)) == "{}"
+
+
+def release_verdict(joins: JoinAttestation | None, boot: str, report_boot: str = "") -> str:
+    result = agent_pb2.InventoryRefreshResult(release=agent_pb2.ReleaseReport(boot_id=report_boot or boot))
+    file_release(joins, "n1", boot, result)
+    return result.release.attestation_verdict
+
+
+def test_the_gateway_files_the_verdict_of_the_boot_a_release_report_was_taken_in() -> None:
+    joins = JoinAttestation(Verifier(Policy()))
+    assert release_verdict(joins, "b") == "no attestation verdict: the node's boot has none (yet)"
+    joins.on_hello("n1", session_pb2.Hello(node_id="n1", boot_id="b", public_key=KEY,
+                                           tpm=session_pb2.TpmIdentity(absent="no TPM: none here")))
+    assert release_verdict(joins, "b") == "unattested: no TPM: none here"
+    assert "boot b2 is not the attested one (b)" in release_verdict(joins, "b2")
+    assert "the report names boot other" in release_verdict(joins, "b", report_boot="other")
+    assert release_verdict(None, "b") == "no attestation verdict: this gateway does not attest its nodes"
+    plain = agent_pb2.InventoryRefreshResult()            # no release: nothing filed
+    file_release(joins, "n1", "b", plain)
+    assert not plain.HasField("release")
