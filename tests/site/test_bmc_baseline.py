@@ -320,7 +320,7 @@ def test_the_ramdisks_areas_are_named_as_checked_elsewhere(tmp_path: Path, dell:
 @pytest.mark.parametrize(("operation", "expect", "parameters", "message"), [
     ("baseline", None, {}, "expect is required"),
     ("baseline", {"tpm": {}}, {}, "sets neither bios nor bmc_accounts"),
-    ("baseline", {"wipes": {}}, {}, "wipes is not checked"),
+    ("baseline", {"wipes": {}}, {}, "sets neither bios nor bmc_accounts"),
     ("query", {"bmcAccounts": {}}, {}, "takes no expect"),
     ("baseline", {"bmcAccounts": {"accounts": [{"userName": "a"}, {"userName": "a"}]}}, {}, "once"),
     ("baseline", {"bios": {"attributes": {"bad name": "1"}}}, {}, "an attribute name"),

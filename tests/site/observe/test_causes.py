@@ -278,7 +278,7 @@ def test_an_unregistered_mac_booting_on_its_own_is_named(tl: Timelines, clock: C
 
 def test_a_pxe_boot_ordered_after_clean_up_is_not_registered_not_a_disk(tl: Timelines, clock: Clock) -> None:
     """bmc.boot pxe and bmc.power on of a node whose entry was cleaned up (nothing prepared, so
-    the attempt's method is disk): the ignored PXE request names it not_registered, and the
+    the timeline counts it a PXE attempt): the ignored PXE request names it not_registered, and the
     firmware falling through to "No bootable device" afterwards does not make it a disk that
     does not boot (the QEMU fault matrix, tests/site/observe/test_faults_qemu.py, saw this)."""
     prepare(tl, clock)
@@ -290,7 +290,7 @@ def test_a_pxe_boot_ordered_after_clean_up_is_not_registered_not_a_disk(tl: Time
     tl.by_mac(MAC, ev(clock, Step.DHCP_IGNORED, MAC))
     tl.console("n1", Step.NO_BOOT_DEVICE, "Boot failed: could not read the boot disk")
     a = tl.last("n1")
-    assert a is not None and a.method == "disk" and a.trigger == "bmc.power on"
+    assert a is not None and a.method == "pxe" and a.trigger == "bmc.power on"
     assert cause(tl, clock) == "not_registered"
     assert "no boot entry" in a.cause_detail
 
