@@ -6,7 +6,7 @@ sendfile, Range honoured), the site's HTTP service (agent/site, in this process,
 by the real site.httpProxy handler) and the fetcher, each fetch its own process:
 
 - read:   this script with --fetch: the body read with http.client into a 1 MiB buffer, as
-          agent/net/http.py does for deploy.image, and its length checked; nothing else.
+          agent/net/download.py does for deploy.image, and its length checked; nothing else.
 - deploy: this script with --deploy: deploy.image itself (the handler, through
           Context.local) to a file under --target-dir, the image's SHA-256 checked.
 

@@ -5,7 +5,7 @@ TLS 1.3 (``certs.server_context``), accepts agent sessions authenticated by a cl
 certificate (CN = node id) or an enrollment token, records each node's Hello (role, version,
 boot id, kinds, public key), sends commands and collects what comes back.
 
-Python API (agent/gateway/server.py)::
+Python API (agent/gateway/server.py; its records: records.py)::
 
     gw = Gateway(cert=..., key=..., client_ca=ca, signing_key=key_path, tokens={tok: node}).start()
     gw.wait_node("node-1", timeout=30)                  # -> NodeRecord (hello, public key)
@@ -38,6 +38,7 @@ CLI: ``python -m agent.gateway`` (also ``agent gateway``): ``keys`` makes a dev 
 signing key, ``serve`` runs a gateway with a small console, ``send`` runs one command.
 """
 
-from agent.gateway.server import CommandRecord, CommandRejected, Event, Gateway, NodeRecord, State
+from agent.gateway.records import CommandRecord, CommandRejected, Event, NodeRecord, State
+from agent.gateway.server import Gateway
 
 __all__ = ["CommandRecord", "CommandRejected", "Event", "Gateway", "NodeRecord", "State"]

@@ -31,7 +31,8 @@ from agent.gateway.attest import Verifier, load_certificates
 from agent.gateway.attest_join import JoinAttestation
 from agent.gateway.attest_policy import Policy
 from agent.gateway.certs import DevPki, make_dev_pki
-from agent.gateway.server import CommandRecord, CommandRejected, Event, Gateway, build_command
+from agent.gateway.records import CommandRecord, CommandRejected, Event, build_command
+from agent.gateway.server import Gateway
 from agent.progressbar import ProgressBar
 from agent.proto import session_pb2
 from agent.security.trust import CONSOLE_STATE_ID, SigningKey

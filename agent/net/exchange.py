@@ -24,6 +24,10 @@ from agent.errors import InvalidParameters, SourceFailed
 USER_AGENT = "bettercompute-agent"
 MAX_BODY = 4 << 20  # what request() and post_multipart() read of an answer at most: a JSON API's
 
+# The answers that say "ask again later": get() and request() retry them (a write only as
+# agent/net/http.py's request says).
+RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
 
 class Authorization(Protocol):
     """What a job's requests to one origin carry, read at each request (a registry's Bearer

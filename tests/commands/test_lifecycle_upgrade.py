@@ -26,7 +26,7 @@ import pytest
 from agent import launcher
 from agent.gateway import Gateway
 from agent.gateway.certs import DevPki
-from agent.gateway.server import State
+from agent.gateway.records import State
 from agent.proto import agent_pb2, common_pb2, session_pb2
 from agent.security.trust import SigningKey
 from tests.loopback_http import LoopbackServer
