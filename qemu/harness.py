@@ -36,9 +36,10 @@ riser or a misset bifurcation, to the guest). QEMU 7.2's emulated endpoints (nvm
 virtio-net-pci) advertise and train x1 at 2.5 GT/s whatever the port is: the port's own
 maximum is what the guest sees change, the device always trains at its own maximum.
 
-A keyboard (``MachineSpec.keyboard``): QEMU's monitor on a QMP socket, and ``Machine.press``
-sends a key to the machine's PS/2 keyboard, as an operator answers a firmware prompt (OVMF's
-TPM Physical Presence confirmation) at a BMC's KVM console.
+QEMU's monitor (``MachineSpec.qmp``): a QMP socket, ``qmp()`` one command on it. A test's
+keyboard: ``Machine.press`` sends a key to the machine's PS/2 keyboard, as an operator answers
+a firmware prompt (OVMF's TPM Physical Presence confirmation) at a BMC's KVM console; a BMC's
+power control (qemu/powered.py).
 """
 
 from __future__ import annotations
@@ -105,7 +106,11 @@ class BootError(RuntimeError):
 
 
 class QmpError(RuntimeError):
-    """QEMU's monitor answered a command with an error, or hung up before its answer."""
+    """QEMU's monitor answered a command with an error."""
+
+
+class QmpClosed(QmpError):
+    """QEMU's monitor hung up before its answer (as it may after ``quit``)."""
 
 
 @dataclass(frozen=True)
@@ -187,12 +192,12 @@ class MachineSpec:
     serial_port: int = 0
     mac: str = "52:54:00:12:34:56"
     nics: Sequence[ExtraNic] = ()
-    # A keyboard a test can press (``Machine.press``): QEMU's monitor on a QMP socket, whose
-    # send-key reaches the machine's PS/2 keyboard as an operator's keys at a BMC's KVM console
-    # do. Not the serial line: OVMF's serial console is a PC ANSI terminal (its ConIn device
-    # path), for which edk2's TerminalDxe maps no F11 or F12, and the ESC that starts every
-    # other terminal's F12 sequence reads as the Escape key.
-    keyboard: bool = False
+    # QEMU's monitor on a QMP socket (``Machine.qmp_socket``): power control from outside, and
+    # a keyboard a test can press (``Machine.press``: send-key reaches the machine's PS/2
+    # keyboard as an operator's keys at a BMC's KVM console do). Not the serial line: OVMF's
+    # serial console is a PC ANSI terminal (its ConIn device path), for which edk2's TerminalDxe
+    # maps no F11 or F12, and the ESC that starts every other terminal's F12 reads as Escape.
+    qmp: bool = False
 
     @property
     def console_log(self) -> Path:
@@ -419,7 +424,7 @@ class Machine:
                      "-device", "virtio-blk-pci,drive=esp,bootindex=1"]
         if not spec.pxe and not spec.disk_boot and not spec.media_boot and spec.esp is None:
             argv += ["-kernel", str(spec.kernel), "-initrd", str(spec.initrd), "-append", spec.append]
-        if spec.keyboard:
+        if spec.qmp:
             argv += ["-qmp", f"unix:{self.qmp_socket},server=on,wait=off"]
         return argv
 
@@ -530,13 +535,13 @@ class Machine:
                 raise self.fail(f"timed out after {timeout:g}s waiting for /{pattern}/ on the console")
             time.sleep(0.2)
 
-    # -- the keyboard (MachineSpec.keyboard) ----------------------------------------------
+    # -- the keyboard (MachineSpec.qmp) ---------------------------------------------------
 
     def press(self, key: str, timeout: float = 10.0) -> None:
         """Press and release ``key`` (QEMU's name for it, a qcode: "f12", "esc", "ret") on the
         machine's keyboard."""
-        if not self.spec.keyboard:
-            raise ValueError(f"{self.spec.name}: booted without a keyboard (MachineSpec.keyboard)")
+        if not self.spec.qmp:
+            raise ValueError(f"{self.spec.name}: booted without a keyboard (MachineSpec.qmp)")
         if not re.fullmatch(r"[a-z0-9_]+", key):
             raise ValueError(f"not a QEMU key name: {key!r}")
         qmp(self.qmp_socket, "send-key", {"keys": [{"type": "qcode", "data": key}]}, timeout)
@@ -585,15 +590,15 @@ def qmp(path: Path, command: str, arguments: Mapping[str, object] | None = None,
         timeout: float = 10.0) -> dict[str, object]:
     """One command to the QEMU monitor listening on the unix socket ``path`` (``-qmp
     unix:PATH,server=on,wait=off``), on a connection of its own: the greeting, capabilities
-    negotiation, the command; its ``return`` value ({} for none). Events in between are skipped.
-    QmpError for an error answer or a connection closed before it; OSError where the socket
-    cannot be reached."""
+    negotiation, the command; its answer (``{"return": ...}``). Events in between are skipped.
+    QmpError for an error answer, QmpClosed for a connection closed before it; OSError where
+    the socket cannot be reached."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         s.connect(str(path))
         f = s.makefile("rwb")
         f.readline()  # the greeting
-        reply: object = {}
+        answer: dict[str, object] = {}
         for cmd, args in (("qmp_capabilities", None), (command, arguments)):
             f.write(json.dumps({"execute": cmd, **({"arguments": dict(args)} if args else {})}).encode()
                     + b"\n")
@@ -601,15 +606,14 @@ def qmp(path: Path, command: str, arguments: Mapping[str, object] | None = None,
             while True:
                 line = f.readline()
                 if not line:
-                    raise QmpError(f"QMP {cmd}: the monitor closed the connection")
+                    raise QmpClosed(f"QMP {cmd}: the monitor closed the connection")
                 answer = json.loads(line)
                 if "event" in answer:
                     continue
                 if "error" in answer:
                     raise QmpError(f"QMP {cmd}: {answer['error']}")
-                reply = answer.get("return", {})
                 break
-        return reply if isinstance(reply, dict) else {}
+        return answer
 
 
 GRUB_MODULES = ("efinet", "tftp", "http", "linux", "gzio", "echo", "boot")

@@ -227,7 +227,7 @@ class Lab:
                            kvm=kvm_wanted() and ramdisk.ARCHES[arch].native(), pxe=pxe, name=node_id,
                            memory_mb=memory_mb, arch=arch, uefi=uefi, disk_boot=disk_boot,
                            nics=tuple(nics), media=tuple(media), media_boot=bool(media),
-                           tpm=tpm, esp=esp, pflash=pflash, pxe_chain=pxe_chain, keyboard=keyboard)
+                           tpm=tpm, esp=esp, pflash=pflash, pxe_chain=pxe_chain, qmp=keyboard)
         machine = Machine(spec)
         self.machines.append(machine)
         return machine.start()

@@ -194,7 +194,7 @@ def test_grub_chainloader_is_an_arm64_efi_image_with_its_script(tmp_path: Path) 
 
 def test_a_keyboard_is_a_qmp_socket_only_when_asked_for_and_takes_key_names_only(tmp_path: Path) -> None:
     assert "-qmp" not in Machine(spec(tmp_path)).argv()
-    machine = Machine(spec(tmp_path, keyboard=True))
+    machine = Machine(spec(tmp_path, qmp=True))
     argv = machine.argv()
     assert argv[argv.index("-qmp") + 1] == f"unix:{machine.qmp_socket},server=on,wait=off"
     with pytest.raises(ValueError, match="without a keyboard"):
@@ -213,7 +213,7 @@ def test_qmp_answers_a_command_and_names_an_error(tmp_path: Path) -> None:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_until(sock.exists, 30, "QEMU's QMP socket")
-        assert harness.qmp(sock, "query-status")["status"] in ("prelaunch", "running", "paused")
+        assert harness.qmp(sock, "query-status")["return"]["status"] in ("prelaunch", "running", "paused")
         with pytest.raises(harness.QmpError, match="no-such-command"):
             harness.qmp(sock, "no-such-command")
         with pytest.raises(harness.QmpError, match="send-key"):
