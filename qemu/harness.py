@@ -35,6 +35,11 @@ PCIe slots (amd64's q35): a Disk or an ExtraNic with a ``PciePort`` sits behind 
 riser or a misset bifurcation, to the guest). QEMU 7.2's emulated endpoints (nvme,
 virtio-net-pci) advertise and train x1 at 2.5 GT/s whatever the port is: the port's own
 maximum is what the guest sees change, the device always trains at its own maximum.
+
+QEMU's monitor (``MachineSpec.qmp``): a QMP socket, ``qmp()`` one command on it. A test's
+keyboard: ``Machine.press`` sends a key to the machine's PS/2 keyboard, as an operator answers
+a firmware prompt (OVMF's TPM Physical Presence confirmation) at a BMC's KVM console; a BMC's
+power control (qemu/powered.py).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import contextlib
 import functools
 import gzip
 import http.server
+import json
 import os
 import re
 import shutil
@@ -97,6 +103,14 @@ PLATFORMS = {
 class BootError(RuntimeError):
     """The guest did not do what was awaited in time, or QEMU died; the message carries the
     tail of the console log."""
+
+
+class QmpError(RuntimeError):
+    """QEMU's monitor answered a command with an error."""
+
+
+class QmpClosed(QmpError):
+    """QEMU's monitor hung up before its answer (as it may after ``quit``)."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +192,12 @@ class MachineSpec:
     serial_port: int = 0
     mac: str = "52:54:00:12:34:56"
     nics: Sequence[ExtraNic] = ()
+    # QEMU's monitor on a QMP socket (``Machine.qmp_socket``): power control from outside, and
+    # a keyboard a test can press (``Machine.press``: send-key reaches the machine's PS/2
+    # keyboard as an operator's keys at a BMC's KVM console do). Not the serial line: OVMF's
+    # serial console is a PC ANSI terminal (its ConIn device path), for which edk2's TerminalDxe
+    # maps no F11 or F12, and the ESC that starts every other terminal's F12 reads as Escape.
+    qmp: bool = False
 
     @property
     def console_log(self) -> Path:
@@ -300,6 +320,7 @@ class Machine:
         self.http: BootFileServer | None = None
         self.pxe_served: list[str] = []  # the PXE HTTP requests of the last boot
         self.shell_socket = spec.workdir / f"{spec.name}-shell.sock"
+        self.qmp_socket = spec.workdir / f"{spec.name}-qmp.sock"
         self._shell: socket.socket | None = None
         self._shell_buf = b""
         self._shell_seq = 0
@@ -403,6 +424,8 @@ class Machine:
                      "-device", "virtio-blk-pci,drive=esp,bootindex=1"]
         if not spec.pxe and not spec.disk_boot and not spec.media_boot and spec.esp is None:
             argv += ["-kernel", str(spec.kernel), "-initrd", str(spec.initrd), "-append", spec.append]
+        if spec.qmp:
+            argv += ["-qmp", f"unix:{self.qmp_socket},server=on,wait=off"]
         return argv
 
     def _pxe_dir(self) -> Path:
@@ -442,6 +465,7 @@ class Machine:
         self.spec.workdir.mkdir(parents=True, exist_ok=True)
         self.spec.console_log.unlink(missing_ok=True)
         self.shell_socket.unlink(missing_ok=True)
+        self.qmp_socket.unlink(missing_ok=True)
         if self.spec.pxe and not self.spec.tap:
             self._prepare_pxe()
         log = (self.spec.workdir / f"{self.spec.name}-qemu.log").open("wb")
@@ -511,6 +535,17 @@ class Machine:
                 raise self.fail(f"timed out after {timeout:g}s waiting for /{pattern}/ on the console")
             time.sleep(0.2)
 
+    # -- the keyboard (MachineSpec.qmp) ---------------------------------------------------
+
+    def press(self, key: str, timeout: float = 10.0) -> None:
+        """Press and release ``key`` (QEMU's name for it, a qcode: "f12", "esc", "ret") on the
+        machine's keyboard."""
+        if not self.spec.qmp:
+            raise ValueError(f"{self.spec.name}: booted without a keyboard (MachineSpec.qmp)")
+        if not re.fullmatch(r"[a-z0-9_]+", key):
+            raise ValueError(f"not a QEMU key name: {key!r}")
+        qmp(self.qmp_socket, "send-key", {"keys": [{"type": "qcode", "data": key}]}, timeout)
+
     # -- the debug shell (test ramdisks only) ---------------------------------------------
 
     def shell(self, command: str, timeout: float = 60.0) -> tuple[int, str]:
@@ -549,6 +584,36 @@ class Machine:
                 if not chunk:
                     raise self.fail("the guest's debug shell closed")
                 self._shell_buf += chunk
+
+
+def qmp(path: Path, command: str, arguments: Mapping[str, object] | None = None,
+        timeout: float = 10.0) -> dict[str, object]:
+    """One command to the QEMU monitor listening on the unix socket ``path`` (``-qmp
+    unix:PATH,server=on,wait=off``), on a connection of its own: the greeting, capabilities
+    negotiation, the command; its answer (``{"return": ...}``). Events in between are skipped.
+    QmpError for an error answer, QmpClosed for a connection closed before it; OSError where
+    the socket cannot be reached."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(path))
+        f = s.makefile("rwb")
+        f.readline()  # the greeting
+        answer: dict[str, object] = {}
+        for cmd, args in (("qmp_capabilities", None), (command, arguments)):
+            f.write(json.dumps({"execute": cmd, **({"arguments": dict(args)} if args else {})}).encode()
+                    + b"\n")
+            f.flush()
+            while True:
+                line = f.readline()
+                if not line:
+                    raise QmpClosed(f"QMP {cmd}: the monitor closed the connection")
+                answer = json.loads(line)
+                if "event" in answer:
+                    continue
+                if "error" in answer:
+                    raise QmpError(f"QMP {cmd}: {answer['error']}")
+                break
+        return answer
 
 
 GRUB_MODULES = ("efinet", "tftp", "http", "linux", "gzio", "echo", "boot")

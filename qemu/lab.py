@@ -206,6 +206,7 @@ class Lab:
         pflash: tuple[Path, Path] | None = None,
         pxe_chain: str = "",
         forwards: Mapping[int, int] | None = None,
+        keyboard: bool = False,
     ) -> Machine:
         """Start a ramdisk node (returns at once; wait with gateway.wait_node). ``kernel``,
         ``initrd`` and ``append`` boot something else (an installed node's kernel);
@@ -213,7 +214,8 @@ class Lab:
         ``uefi`` (always on arm64) boots UEFI firmware; ``media`` (ISO paths in CD drives)
         boots the first one through the firmware, as a BMC's virtual CD. ``pxe_chain``: with
         ``pxe``, the URL iPXE chains (a site's /boot.ipxe) instead of the lab's kernel;
-        ``forwards``: more guest ports on GUEST_HOST to host ports (a site's HTTP service)."""
+        ``forwards``: more guest ports on GUEST_HOST to host ports (a site's HTTP service);
+        ``keyboard``: keys a test presses at the firmware's prompts (``Machine.press``)."""
         arch = self.ramdisk.arch
         if initrd is None:
             initrd = self.initrd(node_id, self.overlay(test=test, files=files, env=env))
@@ -225,7 +227,7 @@ class Lab:
                            kvm=kvm_wanted() and ramdisk.ARCHES[arch].native(), pxe=pxe, name=node_id,
                            memory_mb=memory_mb, arch=arch, uefi=uefi, disk_boot=disk_boot,
                            nics=tuple(nics), media=tuple(media), media_boot=bool(media),
-                           tpm=tpm, esp=esp, pflash=pflash, pxe_chain=pxe_chain)
+                           tpm=tpm, esp=esp, pflash=pflash, pxe_chain=pxe_chain, qmp=keyboard)
         machine = Machine(spec)
         self.machines.append(machine)
         return machine.start()

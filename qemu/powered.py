@@ -60,7 +60,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -70,6 +69,7 @@ from pathlib import Path
 from agent import proc
 from agent.errors import AgentError
 from agent.net import http
+from qemu import harness
 from qemu.harness import Disk, Machine, MachineSpec
 
 BOOT_DEVICES = ("pxe", "disk", "cdrom")
@@ -336,30 +336,14 @@ class PoweredNode:
 
     def _qmp(self, command: str, arguments: dict[str, object] | None = None,
              timeout: float = 5.0) -> dict[str, object]:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(timeout)
-            s.connect(str(self.qmp_socket))
-            f = s.makefile("rwb")
-            json.loads(f.readline() or b"{}")  # greeting
-            for cmd in ("qmp_capabilities", command):
-                message: dict[str, object] = {"execute": cmd}
-                if cmd == command and arguments:
-                    message["arguments"] = arguments
-                f.write(json.dumps(message).encode() + b"\n")
-                f.flush()
-                while True:
-                    line = f.readline()
-                    if not line:
-                        if cmd == "quit":
-                            return {}
-                        raise PowerError(f"QMP {cmd}: connection closed")
-                    reply = json.loads(line)
-                    if "event" in reply:
-                        continue
-                    if "error" in reply:
-                        raise PowerError(f"QMP {cmd}: {reply['error']}")
-                    break
-            return reply if isinstance(reply, dict) else {}
+        try:
+            return harness.qmp(self.qmp_socket, command, arguments, timeout)
+        except harness.QmpClosed:
+            if command == "quit":
+                return {}
+            raise PowerError(f"QMP {command}: connection closed") from None
+        except harness.QmpError as exc:
+            raise PowerError(str(exc)) from exc
 
     # -- the supervisor (runs detached, one per power-on) ---------------------------------
 
@@ -373,7 +357,7 @@ class PoweredNode:
             pxe=device == "pxe", name=spec.name, tap=spec.tap, mac=spec.mac, uefi=spec.uefi, arch=spec.arch,
             media=[self.media().get(slot, "") for slot in MEDIA_SLOTS], media_boot=device == "cdrom",
             disks=[Disk(Path(p), serial=f"disk{i}", interface="virtio") for i, p in enumerate(spec.disks)],
-            serial_port=spec.serial_port, disk_boot=device == "disk" and spec.disk_firmware,
+            serial_port=spec.serial_port, disk_boot=device == "disk" and spec.disk_firmware, qmp=True,
         )
         machine = _QmpMachine(mspec, self.qmp_socket)
         self._record(device, "start")
@@ -437,14 +421,12 @@ class PoweredNode:
 
 
 class _QmpMachine(Machine):
-    """The harness's Machine with a QMP socket (power button, reset, quit from outside)."""
+    """The harness's Machine with its QMP socket (power button, reset, quit from outside) at
+    the node directory's ``qmp.sock``."""
 
     def __init__(self, spec: MachineSpec, qmp: Path) -> None:
         super().__init__(spec)
-        self.qmp = qmp
-
-    def argv(self) -> list[str]:
-        return [*super().argv(), "-qmp", f"unix:{self.qmp},server=on,wait=off"]
+        self.qmp_socket = qmp
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,13 +12,17 @@ OVMF_VARS before it.) The machine's QEMU NVMe drive is checked against its facto
 through the ramdisk's real nvme-cli: it passes, and once reformatted from the guest to 4 KiB
 blocks (Format NVM, which QEMU 7.2 takes) it is named, as what the agent cannot put back.
 
-One guest for the module, the tests in file order.
+One guest for the module, the tests in file order; two more machines boot OVMF on pflash: one
+with a tenant's key in Secure Boot's db, one with swtpm whose planted residue is cleared through
+the firmware's PPI, the Clear rejected at OVMF's prompt with ESC, then confirmed with F12, both
+pressed on the machine's keyboard.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import struct
 import subprocess
@@ -188,56 +192,122 @@ def test_a_db_entry_planted_in_ovmfs_vars_is_found(ovmf_lab: Lab, tmp_path: Path
 
 
 OWNER_INDEX = 0x01500001
+SWTPM_ECC_EK = ("tpm.persistent_handle", "0x81010016")   # swtpm_setup persists its ECC EK there
+PROMPT = r"clear this computer's TPM[\s\S]*Press F12 to clear the TPM[\s\S]*Press ESC to reject"
+
+
+def tpm2(state: Path, ca: Path, cwd: Path, *argvs: list[str]) -> list[str]:
+    """tpm2-tools run on the machine's swtpm state while no machine holds it; their outputs."""
+    need(*{argv[0] for argv in argvs})
+    sim = SimTpm(state, ca)
+    sim.start()
+    outs = []
+    try:
+        for argv in argvs:
+            done = subprocess.run(argv, cwd=cwd, env={"PATH": "/usr/bin:/bin", "TPM2TOOLS_TCTI": sim.tcti},
+                                  capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, (argv, done.stderr)
+            outs.append(done.stdout)
+    finally:
+        sim.stop()
+    return outs
+
+
+def tenant_traces(state: Path, ca: Path, cwd: Path) -> tuple[bool, bool]:
+    """(the owner's NV index is defined, an owner password is set), as tpm2-tools read them:
+    the NV handles listed and TPM2_PT_PERMANENT's ownerAuthSet."""
+    handles, props = tpm2(state, ca, cwd, ["tpm2_getcap", "handles-nv-index"],
+                          ["tpm2_getcap", "properties-variable"])
+    listed = {int(h, 16) for h in re.findall(r"0x[0-9a-fA-F]+", handles)}
+    assert 0x01C00002 in listed, handles                  # the RSA EK certificate: read as it is
+    auth = re.search(r"ownerAuthSet:\s+(\d)", props)
+    assert auth is not None, props
+    return OWNER_INDEX in listed, auth.group(1) == "1"
 
 
 def plant_tpm_residue(state: Path, ca: Path, cwd: Path) -> None:
     """As a tenant leaves it: an NV index of the owner's and an owner password (tpm2-tools on
     the same swtpm state, before the machine boots on it)."""
-    need("tpm2_nvdefine", "tpm2_changeauth")
-    sim = SimTpm(state, ca)
-    sim.start()
-    try:
-        for argv in (["tpm2_nvdefine", f"{OWNER_INDEX:#x}", "-C", "o", "-s", "32",
-                      "-a", "ownerwrite|ownerread"], ["tpm2_changeauth", "-c", "owner", "tenant-password"]):
-            done = subprocess.run(argv, cwd=cwd, env={"PATH": "/usr/bin:/bin", "TPM2TOOLS_TCTI": sim.tcti},
-                                  capture_output=True, text=True, timeout=60)
-            assert done.returncode == 0, (argv, done.stderr)
-    finally:
-        sim.stop()
+    tpm2(state, ca, cwd,
+         ["tpm2_nvdefine", f"{OWNER_INDEX:#x}", "-C", "o", "-s", "32", "-a", "ownerwrite|ownerread"],
+         ["tpm2_changeauth", "-c", "owner", "tenant-password"])
+    assert tenant_traces(state, ca, cwd) == (True, True)
 
 
-def test_a_ppi_clear_is_asked_for_and_ovmf_asks_its_console_to_confirm(ovmf_lab: Lab, tmp_path: Path) -> None:
+def tpm_findings(result: Any) -> dict[tuple[str, str], Any]:
+    return {(m.check, m.where): m for m in result.conformance.mismatches if m.check.startswith("tpm.")}
+
+
+def ask_clear_and_reboot(lab: Lab, machine: Machine, node_id: str, clear: Any) -> int:
+    """The gate's remedy through the agent (PPI request 5), then the reboot that carries it to
+    the firmware; the console's length before it."""
+    _, _, asked = run_command(lab, machine, node_id, "driver.invoke",
+                              json_format.MessageToDict(clear, preserving_proto_field_name=True))
+    assert b"pending" in asked.stdout, asked
+    booted = len(machine.console())
+    status, out = machine.shell("(sleep 1; echo b > /proc/sysrq-trigger) >/dev/null 2>&1 & true")
+    assert status == 0, out
+    return booted
+
+
+def ppi_status(lab: Lab, machine: Machine, node_id: str) -> dict[str, Any]:
+    _, _, result = run_command(lab, machine, node_id, "driver.invoke",
+                               {"driver": "tpm-ppi", "operation": "status"})
+    status: dict[str, Any] = json.loads(result.stdout)
+    return status
+
+
+def test_a_ppi_clear_is_rejected_with_esc_then_confirmed_with_f12_and_the_tpm_passes(
+        ovmf_lab: Lab, tmp_path: Path) -> None:
     """An NV index and an owner password on swtpm are found, each with the PPI Clear as remedy;
     the agent's driver asks OVMF's PPI for it (QEMU's tpm-tis offers the PPI, Linux shows it in
-    sysfs); at the reboot OVMF asks at its console for F12 before it clears. The harness's
-    console is a log, not a terminal: nobody can press F12 here, so the Clear itself and the
-    check after it are not run in QEMU (tests/commands/test_release_tpm.py plays the firmware's
-    Clear on swtpm with tpm2_clear -c p)."""
+    sysfs); at the reboot OVMF asks at its console for F12, and an operator at the machine's
+    keyboard (QMP send-key, as at a BMC's KVM console: OVMF's serial terminal is PC ANSI, which
+    has no F12) answers. ESC first: the request is rejected, the node boots on and the residue
+    is still named. Asked again and confirmed with F12: OVMF clears the TPM and resets, the node
+    rejoins, the gate's TPM part passes, and the swtpm state read with tpm2-tools after has
+    neither trace."""
     if qemu_tpm.missing() or not OVMF_CODE_4M.is_file() or not OVMF_VARS_4M.is_file():
         pytest.skip(qemu_tpm.missing() or "no OVMF_CODE_4M.fd / OVMF_VARS_4M.fd (Debian's ovmf)")
-    qemu_tpm.manufacture(tmp_path / "state", tmp_path / "ca")
-    plant_tpm_residue(tmp_path / "state", tmp_path / "ca", tmp_path)
+    state, ca = tmp_path / "state", tmp_path / "ca"
+    qemu_tpm.manufacture(state, ca)
+    plant_tpm_residue(state, ca, tmp_path)
     shutil.copyfile(OVMF_VARS_4M, tmp_path / "vars.fd")
     node_id = "release-ppi"
     planted = {("tpm.nv_index", f"{OWNER_INDEX:#010x}"), ("tpm.owner_auth", "owner")}
-    with qemu_tpm.Swtpm(tmp_path / "state", tmp_path / "swtpm.sock") as swtpm:
-        machine = ovmf_lab.boot(node_id, uefi=True, tpm=swtpm.socket,
+    baseline = {"expect": {"state": {"tpm": {}}}}
+    with qemu_tpm.Swtpm(state, tmp_path / "swtpm.sock") as swtpm:
+        machine = ovmf_lab.boot(node_id, uefi=True, tpm=swtpm.socket, keyboard=True,
                                 pflash=(OVMF_CODE_4M, tmp_path / "vars.fd"))
         try:
             ovmf_lab.wait_joined(machine, node_id, JOIN_TIMEOUT)
-            _, _, before = run_command(ovmf_lab, machine, node_id, "inventory.refresh",
-                                       {"expect": {"state": {"tpm": {}}}})
-            found = {(m.check, m.where): m for m in before.release.restorable}
-            assert planted <= set(found), before.release
+            _, _, before = run_command(ovmf_lab, machine, node_id, "inventory.refresh", baseline)
+            found = tpm_findings(before)
+            assert set(found) == planted | {SWTPM_ECC_EK} and not before.release.pool_ready, before.release
             clear = found[("tpm.owner_auth", "owner")].remedy
             assert (clear.driver, clear.operation) == ("tpm-ppi", "clear")
-            _, _, asked = run_command(ovmf_lab, machine, node_id, "driver.invoke",
-                                      json_format.MessageToDict(clear, preserving_proto_field_name=True))
-            assert b"pending" in asked.stdout, asked
-            booted = len(machine.console())
-            status, out = machine.shell("(sleep 1; echo b > /proc/sysrq-trigger) >/dev/null 2>&1 & true")
-            assert status == 0, out
-            machine.wait_console(r"clear this computer's TPM[\s\S]*Press F12 to clear the TPM", 300,
-                                 after=booted)
+
+            # ESC: the operator rejects the request; the firmware boots on without clearing.
+            booted = ask_clear_and_reboot(ovmf_lab, machine, node_id, clear)
+            machine.wait_console(PROMPT, 300, after=booted)
+            machine.press("esc")
+            ovmf_lab.wait_joined(machine, node_id, JOIN_TIMEOUT, sessions=2)
+            _, _, rejected = run_command(ovmf_lab, machine, node_id, "inventory.refresh", baseline)
+            assert set(tpm_findings(rejected)) == planted | {SWTPM_ECC_EK}, rejected.release
+            assert ppi_status(ovmf_lab, machine, node_id)["response"] == "5 0xFFFFFFF0: User Abort"
+
+            # F12: the operator confirms; the firmware clears the TPM and resets the machine.
+            booted = ask_clear_and_reboot(ovmf_lab, machine, node_id, clear)
+            machine.wait_console(PROMPT, 300, after=booted)
+            machine.press("f12")
+            machine.wait_console(r"Rebooting system to make TPM2 settings in effect", 120, after=booted)
+            ovmf_lab.wait_joined(machine, node_id, JOIN_TIMEOUT, sessions=3)
+            assert ppi_status(ovmf_lab, machine, node_id)["response"] == "5 0: Success"
+            _, _, cleared = run_command(ovmf_lab, machine, node_id, "inventory.refresh", baseline)
+            # The index, the owner password and swtpm's persisted ECC EK gone; the unclean resets
+            # counted no authorization failure: the gate's TPM part passes as it is.
+            assert cleared.release.pool_ready and not cleared.conformance.mismatches, cleared.conformance
+            assert list(cleared.release.checked) == ["tpm"]
         finally:
             machine.stop()
+    assert tenant_traces(state, ca, tmp_path) == (False, False)

@@ -190,3 +190,34 @@ def test_grub_chainloader_is_an_arm64_efi_image_with_its_script(tmp_path: Path) 
     assert uki.pe_arch(data) == "arm64"
     assert b"chainloader /EFI/Linux/ramdisk.efi\nboot\n" in data  # the embedded script
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["BOOT", "BOOTAA64.EFI", "EFI"]  # nothing beside it
+
+
+def test_a_keyboard_is_a_qmp_socket_only_when_asked_for_and_takes_key_names_only(tmp_path: Path) -> None:
+    assert "-qmp" not in Machine(spec(tmp_path)).argv()
+    machine = Machine(spec(tmp_path, qmp=True))
+    argv = machine.argv()
+    assert argv[argv.index("-qmp") + 1] == f"unix:{machine.qmp_socket},server=on,wait=off"
+    with pytest.raises(ValueError, match="without a keyboard"):
+        Machine(spec(tmp_path)).press("f12")
+    with pytest.raises(ValueError, match="not a QEMU key name"):
+        machine.press('f12"}]}')
+
+
+def test_qmp_answers_a_command_and_names_an_error(tmp_path: Path) -> None:
+    """A real QEMU's monitor (no machine: -M none starts in a moment and runs nothing)."""
+    if shutil.which(harness.QEMU) is None:
+        pytest.skip(f"{harness.QEMU} is not installed")
+    sock = tmp_path / "qmp.sock"
+    qemu = subprocess.Popen([harness.QEMU, "-M", "none", "-nodefaults", "-display", "none",
+                             "-qmp", f"unix:{sock},server=on,wait=off"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(sock.exists, 30, "QEMU's QMP socket")
+        assert harness.qmp(sock, "query-status")["return"]["status"] in ("prelaunch", "running", "paused")
+        with pytest.raises(harness.QmpError, match="no-such-command"):
+            harness.qmp(sock, "no-such-command")
+        with pytest.raises(harness.QmpError, match="send-key"):
+            harness.qmp(sock, "send-key", {"keys": [{"type": "qcode", "data": "no-such-key"}]})
+    finally:
+        qemu.kill()
+        qemu.wait(10)
