@@ -294,6 +294,7 @@ def test_an_arm64_uki_entry_gets_a_grub_script_chainloading_it_with_no_arguments
         assert status == 200, name
     text = script.decode()
     assert f"chainloader {server}/cache/{u}" in text.splitlines()
+    assert f"set root={server}" in text.splitlines()  # the chainloaded image's device
     assert text.splitlines()[text.splitlines().index(f"chainloader {server}/cache/{u}") + 1] == "boot"
     assert "bc.node" not in text and "t0k3n" not in text and ";" not in text
     assert fetch(f"{site.base_url}/pxe/52-54-00-12-34-56.ipxe")[0] == 404  # not iPXE's

@@ -485,6 +485,10 @@ class BootEntries:
         return "\n".join([
             f"# bettercompute: node {entry.node_id}, entry {entry.entry_id}",
             "echo bc-pxe: GRUB starting the ramdisk UKI",
+            # chainloader opens $root for the image's device path: the PXE boot left it at
+            # (tftp,<DHCP server>), which GRUB cannot open without its tftp module ("disk
+            # `tftp,10.0.2.2' not found", seen under AAVMF); the site's device is the one used.
+            f"set root={self.grub_server()}",
             f"chainloader {self.grub_server()}/cache/{entry.uki_digest}",
             "boot",
             "echo bettercompute: the ramdisk did not boot, booting the next device",
