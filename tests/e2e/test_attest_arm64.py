@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import re
 import shutil
 from collections.abc import Iterator
@@ -28,10 +29,11 @@ from agent.proto import site_pb2
 from agent.site.boot.pxe import EntryRequest
 from agent.site.services import ServiceSettings, SiteServices
 from initramfs import build as ramdisk
-from initramfs import netgrub, uki
+from initramfs import iso, netgrub, uki
 from qemu import tpm as qemu_tpm
 from qemu.harness import GUEST_HOST, Machine, grub_chainloader
 from qemu.lab import GATEWAY_PORT, GUEST_CA, GUEST_TRUST, Lab, ensure_ramdisk
+from qemu.sitemedia import user_net_config
 from tests.e2e.conftest import JOIN_TIMEOUT, run_command, skip_reason
 from tests.e2e.test_attest_uefi import attest, build_of, verdict
 
@@ -182,3 +184,40 @@ def test_the_sites_arm64_pxe_entry_starts_the_uki_through_the_sites_grub_and_att
             finally:
                 machine.stop()
                 arm_lab.gateway.attestation = None
+
+
+def test_the_arm64_iso_chainloads_the_uki_and_the_node_attests(arm_lab: Lab, tmp_path: Path) -> None:
+    """The arm64 virtual-media ISO with the UKI (initramfs/iso.py): AAVMF boots its
+    BOOTAA64.EFI, GRUB chainloads /boot/ramdisk.efi with no arguments, the node's settings come
+    from its config medium (the second CD); PCR 4 holds the core, the UKI and the kernel."""
+    node = "attest-arm64-media"
+    reason = iso.missing_tools()
+    if reason:
+        pytest.skip(reason)
+    esp, values = arm_lab.uki("arm64-media-build", settings={"media": "cdrom"})
+    arch = ramdisk.ARCHES["arm64"]
+    image = iso.build_iso(arm_lab.ramdisk.kernel, arm_lab.workdir / "arm64-media-build-initrd.img",
+                          tmp_path / "ramdisk.iso", arch=arch.name, out=ramdisk.out_dir(arch),
+                          uki=esp / "EFI" / "BOOT" / "BOOTAA64.EFI")
+    loaders = json.loads(image.with_name("ramdisk.iso.loaders.json").read_text())["loaders"]
+    config = user_net_config(arm_lab, node, tmp_path)
+    qemu_tpm.manufacture(tmp_path / "state", tmp_path / "ca")
+    joins = attest(arm_lab, tmp_path / "ca", [build_of(values)])
+    joins.verifier.policy.loaders.update(bytes.fromhex(d) for d in loaders)
+    with qemu_tpm.Swtpm(tmp_path / "state", tmp_path / "swtpm.sock") as swtpm:
+        machine = arm_lab.boot(node, tpm=swtpm.socket, media=[str(image), str(config)],
+                               pflash=(AAVMF_CODE, firmware_variables(tmp_path)))
+        try:
+            arm_lab.wait_joined(machine, node, JOIN_TIMEOUT)
+            assert "starting the ramdisk UKI from the CD" in machine.console()
+            assert pcr4_images(machine) == [*loaders, *values["pcr4"]]
+            found = verdict(joins, node)
+            assert found.status is Status.ATTESTED, f"{found}\n{machine.console_tail()}"
+            assert found.matched["pcr4"] == values["pcr4"][0], found
+            code, cmdline = machine.shell("cat /proc/cmdline")
+            assert code == 0 and "bc.media=cdrom" in cmdline and "bc.token" not in cmdline, cmdline
+            code, pcr12 = machine.shell("cat /sys/class/tpm/tpm0/pcr-sha256/12")
+            assert code == 0 and pcr12.split()[-1] == "0" * 64, pcr12
+        finally:
+            machine.stop()
+            arm_lab.gateway.attestation = None
