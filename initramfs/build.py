@@ -18,6 +18,8 @@ files, this script, /init and the kernel modules), and the final image. Outputs:
                                    --iso-uki: its UEFI boot starts them as a UKI (ramdisk-iso.efi)
     initramfs/out/ramdisk.efi      with --uki-site: both as a UKI for that site's PXE boot entries
                                    (uki.py; .json beside it: its reference values, for attestation)
+                                   arm64: with grubaa64.efi, the site's GRUB that starts it
+                                   (netgrub.py; .json: its Authenticode digest, a loader)
     initramfs/out/base.img         the userland alone, without /init and the agent (tests append
                                    their own, see top_entries() and initramfs/cpio.py)
 
@@ -732,7 +734,7 @@ def main(argv: list[str] | None = None) -> int:
             from initramfs import uki
 
             iso_uki = out / "ramdisk-iso.efi"
-            uki.write(uki.STUBS[arch.name], built.kernel, built.initramfs, iso.default_cmdline(arch.name),
+            uki.write(uki.find_stub(arch.name), built.kernel, built.initramfs, iso.default_cmdline(arch.name),
                       iso_uki)
         target = iso.build_iso(built.kernel, built.initramfs, out / "ramdisk.iso", arch=arch.name,
                                sbom=bom, out=out, uki=iso_uki)
@@ -741,10 +743,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.uki_site:
         from initramfs import uki
 
-        values = uki.write(uki.STUBS[arch.name], built.kernel, built.initramfs, site_cmdline,
+        values = uki.write(uki.find_stub(arch.name), built.kernel, built.initramfs, site_cmdline,
                            out / "ramdisk.efi")
         print(f"{out / 'ramdisk.efi'}: build {values['build_id']}, PCR 4 {values['pcr4'][0]} "
               "(its reference values in ramdisk.efi.json)")
+        if arch.name == "arm64":
+            from initramfs import netgrub
+
+            loader = netgrub.build(args.uki_site, out / netgrub.NAME, out)
+            print(f"{out / netgrub.NAME}: the site's GRUB for arm64 PXE, Authenticode {loader} "
+                  f"(the policy's loaders; {netgrub.NAME}.json)")
     return 0
 
 

@@ -29,9 +29,9 @@ UKI into PCR 4: the cores' Authenticode digests are written beside the ISO
 (``TARGET.loaders.json``) for the attestation policy's ``loaders``. The UKI's command line is
 the ISO's (``default_cmdline``, bc.media=cdrom): the node's settings come from its config
 medium as before, never from the UKI. BIOS (El Torito) still boots the kernel and initramfs.
-The same code serves arm64's core (BOOTAA64.EFI), which is UEFI only. The amd64 ISO then holds
-the kernel and initramfs twice (for BIOS, and inside the UKI): about twice the size, over
-the 32 MB target (build_iso warns).
+The same code serves arm64's core (BOOTAA64.EFI), which is UEFI only: its ISO holds the UKI
+and no separate kernel and initramfs. The amd64 ISO holds them twice (for BIOS, and inside the
+UKI): about twice the size, over the 32 MB target (build_iso warns).
 
 The ISO carries its licence notices and SBOM as the initramfs does: ``licenses/`` holds the
 GRUB packages' Debian copyright files (``debian-copyright.tar.xz``) and ``sbom.cdx.json`` (the
@@ -152,8 +152,11 @@ def build_iso(kernel: Path, initrd: Path, target: Path, *, arch: str = "amd64",
         tree = work / "tree"
         (tree / "boot").mkdir(parents=True)
         (tree / ISO_LICENSES).mkdir()
-        shutil.copyfile(kernel, tree / "boot/vmlinuz")
-        shutil.copyfile(initrd, tree / "boot/initrd.img")
+        # With a UKI, the kernel and initramfs are on the ISO for a BIOS boot only: arm64's
+        # (UEFI only) has them inside the UKI alone.
+        if uki is None or any(not loader.efi_name for loader, _d, _u in trees):
+            shutil.copyfile(kernel, tree / "boot/vmlinuz")
+            shutil.copyfile(initrd, tree / "boot/initrd.img")
         script = work / "grub.cfg"
         script.write_text(script_text)
         uki_script = work / "grub-uki.cfg"

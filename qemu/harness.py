@@ -155,6 +155,7 @@ class MachineSpec:
     kvm: bool = False
     pxe: bool = False             # boot by iPXE over the network instead of -kernel
     pxe_chain: str = ""           # with pxe (x86): boot.ipxe chains this URL (a site's /boot.ipxe)
+    pxe_loader: Path | None = None  # with pxe (arm64): the EFI image TFTP serves (a site's GRUB)
     name: str = "node"
     arch: str = "amd64"           # a key of PLATFORMS
     uefi: bool = False            # UEFI firmware (always on arm64)
@@ -440,7 +441,9 @@ class Machine:
                 target.unlink()
             os.link(src, target) if src.stat().st_dev == d.stat().st_dev else shutil.copyfile(src, target)
         base = f"http://{GUEST_HOST}:{HTTP_PORT}"
-        if self.spec.arch == "arm64":
+        if self.spec.arch == "arm64" and self.spec.pxe_loader is not None:
+            shutil.copyfile(self.spec.pxe_loader, d / self.spec.platform.pxe_bootfile)
+        elif self.spec.arch == "arm64":
             grub_netboot(d / self.spec.platform.pxe_bootfile, self.spec.append)
             kernel = (d / "vmlinuz").read_bytes()
             if kernel[:2] == b"\x1f\x8b":  # GRUB's gzio cannot size a gzipped file over HTTP

@@ -205,6 +205,7 @@ class Lab:
         esp: Path | None = None,
         pflash: tuple[Path, Path] | None = None,
         pxe_chain: str = "",
+        pxe_loader: Path | None = None,
         forwards: Mapping[int, int] | None = None,
         keyboard: bool = False,
     ) -> Machine:
@@ -214,6 +215,8 @@ class Lab:
         ``uefi`` (always on arm64) boots UEFI firmware; ``media`` (ISO paths in CD drives)
         boots the first one through the firmware, as a BMC's virtual CD. ``pxe_chain``: with
         ``pxe``, the URL iPXE chains (a site's /boot.ipxe) instead of the lab's kernel;
+        ``pxe_loader``: with ``pxe`` on arm64, the EFI image the firmware's PXE starts (a
+        site's GRUB, initramfs/netgrub.py) instead of the lab's GRUB;
         ``forwards``: more guest ports on GUEST_HOST to host ports (a site's HTTP service);
         ``keyboard``: keys a test presses at the firmware's prompts (``Machine.press``)."""
         arch = self.ramdisk.arch
@@ -227,7 +230,8 @@ class Lab:
                            kvm=kvm_wanted() and ramdisk.ARCHES[arch].native(), pxe=pxe, name=node_id,
                            memory_mb=memory_mb, arch=arch, uefi=uefi, disk_boot=disk_boot,
                            nics=tuple(nics), media=tuple(media), media_boot=bool(media),
-                           tpm=tpm, esp=esp, pflash=pflash, pxe_chain=pxe_chain, qmp=keyboard)
+                           tpm=tpm, esp=esp, pflash=pflash, pxe_chain=pxe_chain,
+                           pxe_loader=pxe_loader, qmp=keyboard)
         machine = Machine(spec)
         self.machines.append(machine)
         return machine.start()

@@ -97,34 +97,43 @@ def test_cmdline_that_grub_would_parse_refused() -> None:
     assert "console=ttyAMA0" in iso.default_cmdline("arm64")
 
 
-def test_with_a_uki_the_uefi_core_chainloads_it_with_no_arguments(tmp_path: Path) -> None:
-    """amd64: the EFI core's script chainloads /boot/ramdisk.efi (no arguments, no tpm module)
-    and its Authenticode digest is written for the policy's loaders; BIOS boots the kernel."""
-    from initramfs.uki import authenticode_sha256
+@pytest.mark.parametrize("arch", ["amd64", "arm64"])
+def test_with_a_uki_the_uefi_core_chainloads_it_with_no_arguments(arch: str, tmp_path: Path) -> None:
+    """The EFI core's script chainloads /boot/ramdisk.efi (no arguments, no tpm module) and its
+    Authenticode digest is written for the policy's loaders; amd64's BIOS boots the kernel,
+    arm64's ISO (UEFI only) holds the UKI and no kernel beside it."""
+    from initramfs.uki import authenticode_sha256, pe_arch
 
     need_tools()
     kernel, initrd, uki = tmp_path / "vmlinuz", tmp_path / "initrd.img", tmp_path / "ramdisk.efi"
     kernel.write_bytes(os.urandom(100_000))
     initrd.write_bytes(os.urandom(100_000))
     uki.write_bytes(b"MZ" + os.urandom(50_000))  # only copied: GRUB reads it at boot
-    out = ramdisk.out_dir(ramdisk.ARCHES["amd64"])
-    image = iso.build_iso(kernel, initrd, tmp_path / "u.iso", arch="amd64", out=out, uki=uki)
+    out = ramdisk.out_dir(ramdisk.ARCHES[arch])
+    image = iso.build_iso(kernel, initrd, tmp_path / "u.iso", arch=arch, out=out, uki=uki)
     assert extract(image, "/boot/ramdisk.efi", tmp_path / "u") == uki.read_bytes()
     efi_img = extract(image, "/boot/efi.img", tmp_path / "efi.img")
     assert efi_img
-    subprocess.run(["mcopy", "-i", str(tmp_path / "efi.img"), "::/EFI/BOOT/BOOTX64.EFI",
+    core_name = {"amd64": "BOOTX64.EFI", "arm64": "BOOTAA64.EFI"}[arch]
+    subprocess.run(["mcopy", "-i", str(tmp_path / "efi.img"), f"::/EFI/BOOT/{core_name}",
                     str(tmp_path / "core")],
                    check=True, timeout=60, env={**os.environ, "MTOOLS_SKIP_CHECK": "1"})
     core = (tmp_path / "core").read_bytes()
     assert b"chainloader /boot/ramdisk.efi\n" in core and b"linux /boot/vmlinuz" not in core
     assert b"tpm" not in core.lower().replace(b"tpmfs", b"")  # GRUB's measuring module left out
+    assert pe_arch(core) == arch
     loaders = json.loads(image.with_name("u.iso.loaders.json").read_text())
     assert loaders == {"loaders": [authenticode_sha256(core).hex()]}
-    # BIOS still boots the kernel and initramfs (its core is compressed: not read here).
-    assert files_of(image)["/boot/vmlinuz"] == 100_000
     platforms = [line.split()[6] for line in el_torito(image).splitlines()
                  if line.startswith("El Torito boot img :")]
-    assert platforms == ["BIOS", "UEFI"]
+    files = files_of(image)
+    if arch == "amd64":  # BIOS still boots the kernel and initramfs (its core is compressed)
+        assert files["/boot/vmlinuz"] == 100_000
+        assert platforms == ["BIOS", "UEFI"]
+    else:  # UEFI only: the kernel and initramfs are in the UKI alone
+        assert "/boot/vmlinuz" not in files and "/boot/initrd.img" not in files, files
+        assert platforms == ["UEFI"]
     # Without a UKI, no loaders file is left from an earlier build.
-    iso.build_iso(kernel, initrd, tmp_path / "u.iso", arch="amd64", out=out)
+    iso.build_iso(kernel, initrd, tmp_path / "u.iso", arch=arch, out=out)
     assert not image.with_name("u.iso.loaders.json").exists()
+    assert files_of(image)["/boot/vmlinuz"] == 100_000

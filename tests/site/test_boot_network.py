@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from agent.commands import handler_for
 from agent.commands.base import Context
 from agent.proto import site_pb2
 from agent.site.services import ServiceSettings, SiteServices
+from tests.loopback_http import LoopbackServer
 from tests.site.conftest import stray_children
 from tests.site.netns import CLIENT, DHCP, IPXE, SITE, Net, wait_listening
 
@@ -180,3 +182,33 @@ def test_dnsmasq_restarted_and_no_stray_left(net: Net, tmp_path: Path) -> None:
     finally:
         second.stop()
     assert last is not None and stray_children(second.dnsmasq.settings, [last]) == []  # type: ignore[union-attr]
+
+
+def test_an_arm64_uefi_client_gets_the_sites_grub(net: Net, tmp_path: Path) -> None:
+    """Client architecture 11 (arm64 UEFI) with an arm64 UKI entry gets grubaa64.efi, the site's
+    GRUB, in the proxy offer, and TFTP serves it byte for byte, where site_ipxe_dir holds it."""
+    ipxe = tmp_path / "ipxe"
+    ipxe.mkdir()
+    for name in ("undionly.kpxe", "ipxe.efi"):
+        shutil.copyfile(IPXE / name, ipxe / name)
+    (ipxe / "grubaa64.efi").write_bytes(b"MZ the site's arm64 GRUB" * 100)
+    uki = b"MZ an arm64 UKI" * 100
+    mac = "52:54:00:00:00:31"
+    with SiteServices(ServiceSettings(
+            address=SITE, port=0, bind="127.0.0.1", root=tmp_path / "site", interface="eth0",
+            ipxe_dir=ipxe, upstreams=("127.0.0.1",),
+            dnsmasq_argv_prefix=net.exec(net.site))) as site, LoopbackServer() as upstream:
+        wait_listening(net)
+        upstream.add("/ramdisk.efi", uki)
+        h = handler_for("boot.prepareRamdisk")
+        assert h is not None
+        h.run(Context.local("boot.prepareRamdisk", site=site), h.parse(site_pb2.ProxyDhcpEntry(
+            node_id="n1", mac_address=mac, boot_file="grubaa64.efi", ttl_seconds=600,
+            uki_url=upstream.url("/ramdisk.efi"),
+            uki_digest={"hex": hashlib.sha256(uki).hexdigest()}, kernel_cmdline="bc.node=n1")))
+        offers = proxy_offers(ask(net, mac, arch=11))
+        assert offers and offers[0]["file"] == "grubaa64.efi", json.dumps(offers)
+        assert offers[0]["yiaddr"] == "0.0.0.0" and offers[0]["siaddr"] == SITE
+        got = json.loads(proc.run([*net.exec(net.cli), sys.executable, str(HERE / "dhcp_client.py"),
+                                   "--tftp", SITE, "grubaa64.efi"], timeout=60).text)
+        assert got["sha256"] == hashlib.sha256((ipxe / "grubaa64.efi").read_bytes()).hexdigest(), got

@@ -82,6 +82,25 @@ def test_tftp_folder_holds_the_two_binaries_only(tmp_path: Path) -> None:
     assert s.conf_path.read_text() == render_config(s)
 
 
+def test_arm64_uefi_gets_the_sites_grub_where_there_is_one(tmp_path: Path) -> None:
+    """Client architecture 11 (arm64 UEFI) gets grubaa64.efi, the site's GRUB, only where the
+    iPXE folder holds one; without it nothing is said to arm64 clients and nothing is missing."""
+    s = settings(tmp_path)
+    prepare(s)
+    assert "efiarm64" not in s.conf_path.read_text()
+    (s.ipxe_dir / "grubaa64.efi").write_bytes(b"MZ the site's GRUB")
+    prepare(s)
+    lines = s.conf_path.read_text().splitlines()
+    assert "dhcp-match=set:efiarm64,option:client-arch,11" in lines
+    assert "dhcp-boot=tag:!ipxe,tag:efiarm64,grubaa64.efi" in lines
+    assert sorted(p.name for p in s.tftp_dir.iterdir()) == ["grubaa64.efi", "ipxe.efi", "undionly.kpxe"]
+    assert (s.tftp_dir / "grubaa64.efi").read_bytes() == b"MZ the site's GRUB"
+    (s.ipxe_dir / "grubaa64.efi").unlink()
+    prepare(s)
+    assert "grubaa64.efi" not in [p.name for p in s.tftp_dir.iterdir()]
+    assert "efiarm64" not in s.conf_path.read_text()
+
+
 def test_missing_binary_and_bad_interface(tmp_path: Path) -> None:
     s = settings(tmp_path)
     (s.ipxe_dir / "ipxe.efi").unlink()

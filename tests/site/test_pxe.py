@@ -3,6 +3,7 @@ the scripts and cache the HTTP service serves; through the handlers where a hand
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -17,7 +18,7 @@ from agent.commands.base import Context
 from agent.errors import InvalidParameters, Unsupported
 from agent.proto import site_pb2
 from agent.site.boot.fields import parse_mac
-from agent.site.boot.pxe import BootEntries, EntryRequest
+from agent.site.boot.pxe import BootEntries, BootEntry, BootSpec, EntryRequest, grub_http_device
 from agent.site.services import SiteServices
 from tests.loopback_http import LoopbackServer
 
@@ -94,6 +95,8 @@ def test_mac_normalised() -> None:
     ({**U, "uki_url": "http://h/${x}"}, "iPXE script"),
     ({**U, "kernel_cmdline": "bc.node=n1 || shell"}, "kernel_cmdline"),
     ({"uki_digest": D}, "uki_digest without a uki_url"),
+    ({"boot_file": "grubaa64.efi"}, "boots a uki_url"),
+    ({**K, "boot_file": "grubaa64.efi"}, "boots a uki_url"),
     ({**K, "kernel_cmdline": "a\nshell"}, "kernel_cmdline"),
     ({**K, "kernel_cmdline": "x || shell"}, "kernel_cmdline"),
     ({**K, "kernel_cmdline": "x=${y}"}, "kernel_cmdline"),
@@ -263,6 +266,76 @@ def test_a_uki_entry_chains_it_with_nothing_passed_and_serves_the_node_settings(
     assert fetch(f"{site.base_url}/cache/{u}")[0] == 200, "n2 still boots it"
     assert sorted(cleanup(site, "n2")) == ["cache " + u, "entry 52:54:00:00:00:02"]
     assert fetch(f"{site.base_url}/cache/{u}")[0] == 404
+
+
+def test_an_arm64_uki_entry_gets_a_grub_script_chainloading_it_with_no_arguments(
+        site: SiteServices) -> None:
+    """arm64 UEFI (boot_file grubaa64.efi, the site's GRUB): /boot.grub runs the node's GRUB
+    script by the MAC GRUB booted from; that script chainloads the UKI from the store with
+    nothing after its path (no LoadOptions: the UKI's own command line, PCR 12 empty); the
+    settings come from /pxe/<mac>.cmdline as on x86."""
+    uki = b"MZ an arm64 UKI" * 100
+    u = sha256(uki)
+    settings = "bc.node=n1 bc.gateway=10.0.0.1:8443 bc.token=t0k3n"
+    with LoopbackServer() as upstream:
+        upstream.add("/ramdisk.efi", uki)
+        prepare(site, entry(**{**U, "boot_file": "grubaa64.efi", "uki_url": upstream.url("/ramdisk.efi"),
+                               "uki_digest": {"hex": u}, "kernel_cmdline": settings}))
+    port = site.base_url.rsplit(":", 1)[1]
+    server = f"(http,127.0.0.1:{port})"
+    status, chain = fetch(f"{site.base_url}/boot.grub")
+    assert status == 200
+    lines = chain.decode().splitlines()
+    assert f"configfile {server}/pxe/${{net_default_mac}}.grub" in lines
+    assert lines[-1] == "exit"  # no entry: back to the firmware, the next boot device
+    # GRUB asks by its MAC with colons; hyphens are taken too.
+    for name in ("52:54:00:12:34:56.grub", "52-54-00-12-34-56.grub"):
+        status, script = fetch(f"{site.base_url}/pxe/{name}")
+        assert status == 200, name
+    text = script.decode()
+    assert f"chainloader {server}/cache/{u}" in text.splitlines()
+    assert f"set root={server}" in text.splitlines()  # the chainloaded image's device
+    assert text.splitlines()[text.splitlines().index(f"chainloader {server}/cache/{u}") + 1] == "boot"
+    assert "bc.node" not in text and "t0k3n" not in text and ";" not in text
+    assert fetch(f"{site.base_url}/pxe/52-54-00-12-34-56.ipxe")[0] == 404  # not iPXE's
+    assert fetch(f"{site.base_url}/pxe/52-54-00-12-34-56.cmdline") == (200, f"{settings}\n".encode())
+    assert fetch(f"{site.base_url}/cache/{u}") == (200, uki)
+    root = site.settings.root / "boot"
+    assert sorted(p.name for p in (root / "scripts").iterdir()) == ["52-54-00-12-34-56.grub"]
+    # Registered again as an x86 entry: iPXE's script replaces GRUB's.
+    prepare(site, entry())
+    assert sorted(p.name for p in (root / "scripts").iterdir()) == ["52-54-00-12-34-56.ipxe"]
+    assert fetch(f"{site.base_url}/pxe/52:54:00:12:34:56.grub")[0] == 404
+    assert cleanup(site, "n1")[0] == f"entry {MAC}"
+    assert list((root / "scripts").iterdir()) == []
+
+
+def test_an_arm64_entry_survives_a_restart(tmp_path: Path) -> None:
+    """Reconciled at start, its GRUB script is written again and kept (not taken for a stray)."""
+    first = BootEntries(tmp_path / "boot", "http://10.0.0.2:8088")
+    first.reconcile()
+    req = EntryRequest.from_proto(entry(**{**U, "boot_file": "grubaa64.efi"}))
+    first.table.save(  # as register() keeps it, without fetching the UKI
+        BootEntry(**{f.name: getattr(req, f.name) for f in dataclasses.fields(BootSpec)},
+                               entry_id="e1", expires_at=time.time() + 60))
+    again = BootEntries(tmp_path / "boot", "http://10.0.0.2:8088")
+    assert again.reconcile() == []
+    script = (tmp_path / "boot" / "scripts" / "52-54-00-12-34-56.grub").read_text()
+    assert f"chainloader (http,10.0.0.2:8088)/cache/{'a' * 64}" in script
+    assert again.script_path("52:54:00:12:34:56.grub") == tmp_path / "boot/scripts/52-54-00-12-34-56.grub"
+
+
+def test_grub_reaches_the_site_over_http_only(tmp_path: Path) -> None:
+    assert grub_http_device("http://10.0.0.2:8088/") == "(http,10.0.0.2:8088)"
+    assert grub_http_device("http://site.example") == "(http,site.example)"
+    for bad in ("https://10.0.0.2:8443", "http://10.0.0.2:8088/x", "http://h;reboot"):
+        with pytest.raises(InvalidParameters, match="http://host"):
+            grub_http_device(bad)
+    entries = BootEntries(tmp_path / "boot", "https://10.0.0.2:8443")
+    entries.reconcile()
+    with pytest.raises(InvalidParameters, match="http://host"):
+        entries.register(EntryRequest.from_proto(entry(**{**U, "boot_file": "grubaa64.efi"})))
+    assert entries.all() == []
 
 
 def test_a_kernel_entry_has_no_settings_route(site: SiteServices) -> None:

@@ -5,8 +5,11 @@ address (the provisioning network's own DHCP server does), it only tells PXE and
 where to boot from, and it does so only for the MACs that have a line in ``hosts/``
 (``dhcp-ignore`` of every client not "known"). The PXE ROM gets ``undionly.kpxe`` (BIOS,
 client architecture 0) or ``ipxe.efi`` (UEFI x86-64, architecture 7 or 9) over TFTP, from a
-folder that holds those two files and nothing else; iPXE, once chained (user class "iPXE"),
-gets the URL of the site's ``/boot.ipxe``.
+folder that holds those files and nothing else; iPXE, once chained (user class "iPXE"),
+gets the URL of the site's ``/boot.ipxe``. arm64 UEFI (architecture 11) gets ``grubaa64.efi``
+where the iPXE folder holds one: the site's own GRUB build (initramfs/netgrub.py), whose
+embedded script fetches the site's ``/boot.grub`` over HTTP (QEMU's and most arm64 firmware
+has no iPXE); without it, arm64 clients get no boot file.
 
 The supervisor starts dnsmasq in the foreground in its own process group, logs its output,
 restarts it when it dies (with a backoff), reloads it with SIGHUP after every change of the
@@ -47,7 +50,8 @@ class DnsmasqSettings:
     address: str                # the site's address on it (the proxy's subnet, the TFTP server)
     http_base_url: str          # the site's HTTP service, as the nodes reach it
     root: Path                  # the boot service's folder (hosts/ inside it)
-    ipxe_dir: Path = Path("/usr/lib/ipxe")   # where undionly.kpxe and ipxe.efi come from
+    ipxe_dir: Path = Path("/usr/lib/ipxe")   # where undionly.kpxe and ipxe.efi (and the
+                                             # site's grubaa64.efi, optional) come from
     binary: str = "dnsmasq"
     argv_prefix: tuple[str, ...] = ()        # e.g. ("ip", "netns", "exec", "site") in tests
 
@@ -68,8 +72,14 @@ class DnsmasqSettings:
         return self.root / "dnsmasq.pid"
 
 
+def serves_arm64(s: DnsmasqSettings) -> bool:
+    """Whether the iPXE folder holds the site's GRUB for arm64 UEFI (optional)."""
+    return (s.ipxe_dir / BootFile.UEFI_ARM64).is_file()
+
+
 def render_config(s: DnsmasqSettings) -> str:
     boot = f"{s.http_base_url.rstrip('/')}/boot.ipxe"
+    arm64 = serves_arm64(s)
     lines = [
         "# Written by the bettercompute site daemon at each start; edits are lost.",
         "port=0",                                   # no DNS
@@ -92,6 +102,9 @@ def render_config(s: DnsmasqSettings) -> str:
         f'pxe-service=tag:ipxe,x86PC,"bettercompute",{boot}',
         # UEFI PXE: the file in the proxy offer itself (dnsmasq sends no menu to UEFI).
         f"dhcp-boot=tag:!ipxe,tag:efi64,{BootFile.UEFI}",
+        # arm64 UEFI: the site's GRUB, which fetches /boot.grub itself (no iPXE after it).
+        "dhcp-match=set:efiarm64,option:client-arch,11" if arm64 else "",
+        f"dhcp-boot=tag:!ipxe,tag:efiarm64,{BootFile.UEFI_ARM64}" if arm64 else "",
         # iPXE, once chained (either firmware): the site's chain script over HTTP.
         f"dhcp-boot=tag:ipxe,{boot}",
         "enable-tftp",
@@ -110,7 +123,9 @@ def prepare(s: DnsmasqSettings) -> None:
             raise ToolFailed(f"boot service: bad {name} {value!r} for dnsmasq")
     s.tftp_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(s.tftp_dir, 0o755)  # noqa: S103  (the iPXE binaries are public)
-    served = {b.value for b in BootFile}
+    served = {BootFile.BIOS.value, BootFile.UEFI.value}
+    if serves_arm64(s):
+        served.add(BootFile.UEFI_ARM64.value)
     for path in s.tftp_dir.iterdir():
         if path.name not in served:
             path.unlink()

@@ -1,11 +1,13 @@
 """The site's PXE boot entries: one per registered MAC, state on disk, each with its own TTL.
 
-An entry says how one NIC boots the ramdisk: which iPXE binary its firmware takes over TFTP
-(``undionly.kpxe`` for BIOS, ``ipxe.efi`` for UEFI: dnsmasq serves each by the architecture
-the client reports, see agent/site/boot/dnsmasq.py) and what the chained iPXE then runs: the
-entry's own script URL, a kernel and initrd with a kernel command line, or (UEFI) the ramdisk
-as a UKI (initramfs/uki.py). A kernel, an initrd and a UKI come with their sha256 digests:
-each is downloaded once, verified, and kept in the site's content store
+An entry says how one NIC boots the ramdisk: which boot loader its firmware takes over TFTP
+(``undionly.kpxe`` for BIOS, ``ipxe.efi`` for x86 UEFI, ``grubaa64.efi`` for arm64 UEFI, the
+site's own GRUB build: dnsmasq serves each by the architecture the client reports, see
+agent/site/boot/dnsmasq.py) and what the loader then runs: the entry's own script URL, a kernel
+and initrd with a kernel command line, or (UEFI) the ramdisk as a UKI (initramfs/uki.py); an
+arm64 entry is a UKI entry (its GRUB runs the node's GRUB script, ``grub_script``). A kernel,
+an initrd and a UKI come with their sha256 digests: each is downloaded once, verified, and
+kept in the site's content store
 (agent/site/serve/chunkstore.py, the one that holds the routes' chunks) under its digest,
 shared by every entry with the same content whatever its URL, and served by the site's HTTP
 service at /cache/<sha256>. The store's budget bounds them; a file a live entry uses is never
@@ -17,14 +19,16 @@ renamed into place, as Ironic's dnsmasq PXE filter writes its host files)::
     entries/<mac hex>.json    the entry (the source of truth, reconciled at start)
     hosts/<mac hex>           dnsmasq's dhcp-hostsdir line for the MAC: "<mac>" (empty once the
                               entry is gone; removed at the next start)
-    scripts/<mac-hyphen>.ipxe the per-node iPXE script, served at /pxe/<mac-hyphen>.ipxe
+    scripts/<mac-hyphen>.ipxe the per-node iPXE script, served at /pxe/<mac-hyphen>.ipxe (an
+                              arm64 entry's: <mac-hyphen>.grub, GRUB's, at /pxe/<mac>.grub)
     cached.json               the digests of the kernels and initrds entries put in the store
                               (what boot.cleanUp may remove from it)
 
 A UKI is one build for the site's nodes: its embedded command line holds nothing per node
 (no node id, no token: what the firmware measures is the same on every node) but names the
 site (``bc.site=<this service's base URL>``). iPXE chains it with no command line of its own
-(see ``script``), and the ramdisk's init fetches the node's bc.* settings, the entry's
+(see ``script``; on arm64 the site's GRUB chainloads it, see ``grub_script``), and the
+ramdisk's init fetches the node's bc.* settings, the entry's
 ``kernel_cmdline``, from /pxe/<mac-hyphen>.cmdline: the same words a kernel entry's script
 holds, served under the same rule (a live entry of that MAC), so nothing new is exposed.
 
@@ -40,6 +44,7 @@ import enum
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import threading
@@ -67,10 +72,19 @@ from agent.site.ttltable import TtlTable
 log = logging.getLogger(__name__)
 
 class BootFile(enum.StrEnum):
-    """The iPXE binaries the TFTP server serves (Debian's ``ipxe`` package)."""
+    """The boot loaders the TFTP server serves: Debian's iPXE binaries (package ``ipxe``) and
+    the site's GRUB for arm64 UEFI (initramfs/netgrub.py: its embedded script names the site)."""
 
     BIOS = "undionly.kpxe"
     UEFI = "ipxe.efi"
+    UEFI_ARM64 = "grubaa64.efi"
+
+    @property
+    def grub(self) -> bool:
+        return self is BootFile.UEFI_ARM64
+
+
+UEFI_BOOT_FILES = (BootFile.UEFI, BootFile.UEFI_ARM64)
 
 
 @dataclass(frozen=True)
@@ -119,11 +133,15 @@ class EntryRequest(BootSpec):
             if script or kernel or initrd or msg.kernel_digest.hex or msg.initrd_digest.hex:
                 raise InvalidParameters("give uki_url alone, or ipxe_script_url, or kernel_url "
                                         "(with initrd_url): not two of them")
-            if boot_file is not BootFile.UEFI:
+            if boot_file not in UEFI_BOOT_FILES:
                 raise InvalidParameters(f"uki_url boots UEFI firmware only: boot_file "
-                                        f"{BootFile.UEFI.value}, not {boot_file.value}")
+                                        f"{BootFile.UEFI.value} or {BootFile.UEFI_ARM64.value}, "
+                                        f"not {boot_file.value}")
         elif msg.uki_digest.hex:
             raise InvalidParameters("uki_digest without a uki_url")
+        elif boot_file.grub:
+            raise InvalidParameters(f"boot_file {boot_file.value} (arm64 UEFI, the site's GRUB) "
+                                    "boots a uki_url: script and kernel entries are iPXE's")
         elif script:
             script_safe_url(script, "ipxe_script_url")
             if kernel or initrd or cmdline or msg.kernel_digest.hex or msg.initrd_digest.hex:
@@ -164,6 +182,11 @@ class BootEntry(BootSpec):
     def mac_hyphen(self) -> str:
         return self.mac.replace(":", "-")
 
+    @property
+    def script_name(self) -> str:
+        """Its script's file under scripts/: GRUB's for an arm64 entry, else iPXE's."""
+        return f"{self.mac_hyphen}.{'grub' if self.boot_file.grub else 'ipxe'}"
+
     def expired(self, now: float | None = None) -> bool:
         return (time.time() if now is None else now) >= self.expires_at
 
@@ -187,6 +210,16 @@ class BootEntry(BootSpec):
             raise ValueError("a kernel entry without the digests of its files (written by an "
                              "earlier version): register it again")
         return entry
+
+
+def grub_http_device(base_url: str) -> str:
+    """``http://HOST[:PORT]`` as GRUB's device for it, ``(http,HOST:PORT)``; InvalidParameters
+    for a URL GRUB cannot fetch from (https, a path, characters its parser would take)."""
+    host = base_url.removeprefix("http://").rstrip("/")
+    if host == base_url or not re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]{1,5})?", host):
+        raise InvalidParameters(f"the site's GRUB fetches from http://host[:port] only, and the "
+                                f"site's HTTP service is {base_url[:80]!r}")
+    return f"(http,{host})"
 
 
 def _unlink(path: Path) -> bool:
@@ -244,7 +277,7 @@ class BootEntries:
             for leftover in self.root.glob(".*.tmp"):   # the host files' temporaries
                 _unlink(leftover)
             wanted_hosts = {e.mac_hex for e in self._entries.values()}
-            wanted_scripts = {f"{e.mac_hyphen}.ipxe" for e in self._entries.values()}
+            wanted_scripts = {e.script_name for e in self._entries.values()}
             for path in self.hosts_dir.iterdir():
                 if path.name not in wanted_hosts:
                     _unlink(path)
@@ -269,6 +302,8 @@ class BootEntries:
 
     def register(self, req: EntryRequest, cancel: threading.Event | None = None) -> BootEntry:
         """Add the entry for ``req.mac``, replacing any earlier one of that MAC."""
+        if req.boot_file.grub:
+            self.grub_server()  # refused before anything when GRUB cannot reach the service
         self._cache_files(req, cancel)
         spec = {f.name: getattr(req, f.name) for f in fields(BootSpec)}
         entry = BootEntry(**spec, entry_id=f"{req.mac.replace(':', '')}-{secrets.token_hex(4)}",
@@ -279,6 +314,8 @@ class BootEntries:
                 log.warning("MAC %s moves from node %s to node %s", entry.mac, previous.node_id,
                             entry.node_id)
             self.table.save(entry)
+            if previous is not None and previous.script_name != entry.script_name:
+                _unlink(self.scripts_dir / previous.script_name)  # its other loader's script
             self._write_files(entry)
             self._entries[entry.mac] = entry
             self._entries_changed()
@@ -344,18 +381,43 @@ class BootEntries:
             "exit 1\n"
         ).encode()
 
+    def chain_grub(self) -> bytes:
+        """/boot.grub: what the site's GRUB (arm64 UEFI) runs first, as iPXE runs /boot.ipxe:
+        the node's own GRUB script by the MAC GRUB booted from, and when there is none, back
+        to the firmware, which boots the next device. No ";" in an echo: GRUB's parser splits
+        commands there. NotFound where GRUB cannot reach this service (https)."""
+        try:
+            server = self.grub_server()
+        except InvalidParameters as exc:
+            raise NotFound(exc.message) from None
+        return (
+            "echo bc-pxe: GRUB asking the site for the boot entry of ${net_default_mac}\n"
+            f"configfile {server}/pxe/${{net_default_mac}}.grub\n"
+            "echo bettercompute: no boot entry for ${net_default_mac}, booting the next device\n"
+            "exit\n"
+        ).encode()
+
+    def grub_server(self) -> str:
+        """The site's HTTP service as a GRUB device, "(http,HOST:PORT)" (Debian's GRUB 2.06
+        takes a port there)."""
+        return grub_http_device(self.base_url)
+
     def script_path(self, name: str) -> Path:
-        """The per-node script served as /pxe/<name>; NotFound unless its entry is live."""
+        """The per-node script served as /pxe/<name> (<mac>.ipxe, or <mac>.grub for an arm64
+        entry); NotFound unless its entry is live and of that kind."""
         stem, dot, ext = name.partition(".")
-        if ext != "ipxe" or not dot:
+        if ext not in ("ipxe", "grub") or not dot:
             raise NotFound(f"no such script {name[:40]!r}")
         try:
             mac = parse_mac(stem)
         except InvalidParameters:
             raise NotFound(f"no such script {name[:40]!r}") from None
-        if self.get(mac) is None:
+        entry = self.get(mac)
+        if entry is None:
             raise NotFound(f"no live boot entry for {mac}")
-        return self.scripts_dir / f"{mac.replace(':', '-')}.ipxe"
+        if entry.script_name != f"{entry.mac_hyphen}.{ext}":
+            raise NotFound(f"the boot entry for {mac} has no {ext} script")
+        return self.scripts_dir / entry.script_name
 
     def node_settings(self, name: str) -> bytes:
         """/pxe/<mac-hyphen>.cmdline: the bc.* settings of a live UKI entry, for the ramdisk's
@@ -386,6 +448,8 @@ class BootEntries:
     # -- inside ------------------------------------------------------------------------
 
     def script(self, entry: BootEntry) -> str:
+        if entry.boot_file.grub:
+            return self.grub_script(entry)
         lines = ["#!ipxe", f"# bettercompute: node {entry.node_id}, entry {entry.entry_id}"]
         if entry.script_url:
             lines.append(f"chain {entry.script_url} || goto failed")
@@ -413,17 +477,34 @@ class BootEntries:
                   "exit 1", ""]
         return "\n".join(lines)
 
+    def grub_script(self, entry: BootEntry) -> str:
+        """An arm64 entry's GRUB script (/pxe/<mac>.grub): the UKI chainloaded from the store
+        with no arguments, so GRUB hands it no LoadOptions: systemd-stub keeps the UKI's own
+        command line and PCR 12 stays empty (docs/attestation.md). The firmware's LoadImage
+        measures the UKI into PCR 4 after the site's GRUB (a loader the policy lists)."""
+        return "\n".join([
+            f"# bettercompute: node {entry.node_id}, entry {entry.entry_id}",
+            "echo bc-pxe: GRUB starting the ramdisk UKI",
+            # chainloader opens $root for the image's device path: the PXE boot left it at
+            # (tftp,<DHCP server>), which GRUB cannot open without its tftp module ("disk
+            # `tftp,10.0.2.2' not found", seen under AAVMF); the site's device is the one used.
+            f"set root={self.grub_server()}",
+            f"chainloader {self.grub_server()}/cache/{entry.uki_digest}",
+            "boot",
+            "echo bettercompute: the ramdisk did not boot, booting the next device",
+            "exit", ""])
+
     def _write_files(self, entry: BootEntry) -> None:
         write_atomic(self.hosts_dir / entry.mac_hex,
                      f"{entry.mac}\n".encode(), tmp_dir=self.root)
-        write_atomic(self.scripts_dir / f"{entry.mac_hyphen}.ipxe", self.script(entry).encode())
+        write_atomic(self.scripts_dir / entry.script_name, self.script(entry).encode())
 
     def _drop(self, entry: BootEntry) -> None:
         # The host file is emptied, not removed (a precaution: dnsmasq 2.90 has crashed on
         # reloads of dhcp-hostsdir, see agent/site/boot/dnsmasq.py); the empty files are removed at
         # the next start, before dnsmasq runs.
         write_atomic(self.hosts_dir / entry.mac_hex, b"", tmp_dir=self.root)
-        _unlink(self.scripts_dir / f"{entry.mac_hyphen}.ipxe")
+        _unlink(self.scripts_dir / entry.script_name)
         self.table.remove(entry)
         self._entries.pop(entry.mac, None)
         self._entries_changed()

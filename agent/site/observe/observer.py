@@ -216,11 +216,12 @@ class Observer:
 
     def http_fetch(self, ip: str, path: str, status: int, sent: int, seconds: float,
                    mac: str = "") -> None:
-        """A request to the boot service: /boot.ipxe, /pxe/<mac>.ipxe, /cache/<sha256>, or a
-        medium (``mac`` given by the service, which knows the medium's set)."""
-        if path == "/boot.ipxe":
+        """A request to the boot service: /boot.ipxe (/boot.grub, arm64's), /pxe/<mac>.ipxe
+        (.grub), /cache/<sha256>, or a medium (``mac`` given by the service, which knows the
+        medium's set)."""
+        if path in ("/boot.ipxe", "/boot.grub"):
             self.timelines.fetch(ip, Step.CHAIN_SCRIPT, "", status, sent, seconds)
-        elif path.startswith("/pxe/") and path.endswith(".ipxe"):
+        elif path.startswith("/pxe/") and path.endswith((".ipxe", ".grub")):
             try:
                 name = parse_mac(path[len("/pxe/"):-len(".ipxe")])
             except InvalidParameters:

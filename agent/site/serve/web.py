@@ -2,7 +2,8 @@
 initrds, and the proxy routes.
 
     GET /boot.ipxe            what every chained iPXE runs: fetch its node's own script
-    GET /pxe/<mac>.ipxe       a node's script (404 unless its boot entry is live)
+    GET /boot.grub            the same for the site's GRUB (arm64 UEFI): its node's GRUB script
+    GET /pxe/<mac>.ipxe       a node's script (404 unless its boot entry is live; .grub: arm64's)
     GET /pxe/<mac>.cmdline    a UKI entry's bc.* settings, for the ramdisk's init (404 unless live)
     GET /cache/<sha256>       a kernel or initrd, by its content's digest, from the store
     GET|HEAD /r/<token>       a proxy route (agent/site/serve/routes.py; one with a manifest is
@@ -300,6 +301,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             if path == "/boot.ipxe":
                 self._bytes(method, self.server.entries.chain_script(), "text/plain")
+            elif path == "/boot.grub":
+                self._bytes(method, self.server.entries.chain_grub(), "text/plain")
             elif path.startswith("/pxe/") and path.endswith(".cmdline"):
                 self._bytes(method, self.server.entries.node_settings(path[len("/pxe/"):]),
                             "text/plain")
