@@ -55,6 +55,7 @@ EK_CERT_ECC_INDEX = 0x01C0000A  # the ECC NIST P-256 EK certificate
 EK_NV_RANGE = range(0x01C00000, 0x01C08000)
 
 CAP_HANDLES = 0x1
+CAP_PCRS = 0x5
 CAP_TPM_PROPERTIES = 0x6
 HR_NV_INDEX = 0x01000000  # the first handle of each range, as TPM_CAP_HANDLES takes it
 HR_PERSISTENT = 0x81000000
@@ -83,6 +84,10 @@ class Alg(enum.IntEnum):
     ECDSA = 0x0018
     ECC = 0x0023
     CFB = 0x0043
+
+
+# The PCR banks' hash algorithms by their TPM_ALG_ID, as tpm2-tools names them.
+BANKS = {0x0004: "sha1", 0x000B: "sha256", 0x000C: "sha384", 0x000D: "sha512", 0x0012: "sm3_256"}
 
 
 class Cc(enum.IntEnum):
@@ -448,6 +453,14 @@ class Tpm:
         r.u8()  # moreData
         r.u32()  # the capability
         return {r.u32(): r.u32() for _ in range(r.u32())}
+
+    def pcr_banks(self) -> list[str]:
+        """TPM_CAP_PCRS: the active PCR banks (those with PCRs allocated), e.g. ["sha256"].
+        Firmware hashes every image it measures once per active bank; the quote reads SHA-256."""
+        _, r = self.command(Cc.GET_CAPABILITY, params=u32(CAP_PCRS) + u32(0) + u32(1))
+        r.u8()  # moreData
+        r.u32()  # the capability
+        return [BANKS.get(alg, f"{alg:#06x}") for alg, pcrs in read_pcr_selection(r).items() if pcrs]
 
     def handles(self, first: int) -> list[int]:
         """TPM_CAP_HANDLES: every handle in the range of ``first`` (HR_NV_INDEX, HR_PERSISTENT),

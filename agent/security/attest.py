@@ -216,6 +216,9 @@ class Attestor:
             self._ak = tpm.create_primary(tpmwire.RH_ENDORSEMENT, tpmwire.AK_TEMPLATE)
         props = tpm.properties()
         fw1, fw2 = props.get(0x10B, 0), props.get(0x10C, 0)
+        # Stated, not judged: the quote is of the SHA-256 bank; any other active bank only makes
+        # the firmware hash each image once more (docs/attestation.md, "PCR banks").
+        log.info("attestation: the TPM's active PCR banks: %s", ", ".join(tpm.pcr_banks()) or "none")
         return Identity(
             ek_public=self._ek.area, ek_certificate=cert, ak_public=self._ak.area,
             ak_name=self._ak.name, manufacturer=_text(props.get(0x105, 0)),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import struct
 import subprocess
 from pathlib import Path
@@ -103,6 +104,16 @@ def test_pcr_read_follows_extends(sim: SimTpm) -> None:
         after = tpm.pcr_read([16, 3])
     assert len(before) == 24 and before[16] == bytes(32)
     assert after == {16: hashlib.sha256(bytes(32) + digest).digest(), 3: before[3]}
+
+
+def test_pcr_banks_as_tpm2_getcap_says(sim: SimTpm, tmp_path: Path) -> None:
+    with sim.tpm() as tpm:
+        banks = tpm.pcr_banks()
+    out = tools(sim, "tpm2_getcap", "pcrs", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    active = [name for name, pcrs in re.findall(r"-\s*(\w+)\s*:\s*\[([^\]]*)\]", out.stdout) if pcrs.strip()]
+    assert banks == active
+    assert banks == ["sha256"]  # qemu/tpm.py manufactures the test TPM with the SHA-256 bank alone
 
 
 def test_quote_checked_by_tpm2_checkquote(sim: SimTpm, tmp_path: Path) -> None:
