@@ -130,6 +130,28 @@ def test_a_reboot_seen_on_the_console_is_a_new_attempt(tmp_path: Path) -> None:
     assert [a.trigger for a in attempts] == ["bmc.power on", "reboot seen on the console"]
 
 
+def test_a_reboot_of_a_quiet_kernel_is_a_new_attempt_and_a_power_on_is_not_split(tmp_path: Path) -> None:
+    """The ramdisk boots ``quiet``: no "Linux version" ever. The console reports each milestone
+    once per boot and the firmware again at a new boot (console.py): the firmware reported in
+    an attempt that holds any console milestone begins the next attempt; the first firmware
+    after a power on stays in the attempt the power on began."""
+    tl = Timelines(tmp_path / "t")
+    tl.power("n1", "on")
+    for _ in range(3):          # the demo's panicking node, rebooting on its own
+        for step in (Step.FIRMWARE, Step.BOOT_LOADER, Step.INIT, Step.PANIC):
+            tl.console("n1", step, step)
+    tl.power("n1", "reset")
+    tl.console("n1", Step.FIRMWARE, "SeaBIOS (version 1.16)")
+    tl.console("n1", Step.NO_BOOT_DEVICE, "No bootable device.")
+    tl.console("n1", Step.FIRMWARE, "SeaBIOS (version 1.16)")
+    attempts = tl.attempts("n1")
+    assert [a.trigger for a in attempts] == ["bmc.power on"] + ["reboot seen on the console"] * 2 + [
+        "bmc.power reset", "reboot seen on the console"]
+    assert [[e.step for e in a.events] for a in attempts[1:3]] == [
+        ["firmware", "boot_loader", "init", "panic"]] * 2
+    assert [e.step for e in attempts[3].events] == ["power_on", "firmware", "no_boot_device"]
+
+
 def test_an_unknown_mac_is_dropped_and_pending_addresses_expire(tmp_path: Path) -> None:
     tl = Timelines(tmp_path / "t")
     tl.arp = lambda ip: ""
