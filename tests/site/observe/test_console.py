@@ -560,11 +560,15 @@ def test_the_budget_bounds_the_consoles(tmp_path: Path, secrets_dir: Path) -> No
 
 
 @pytest.mark.slow
-def test_32_consoles_at_once_within_the_budget(tmp_path: Path, secrets_dir: Path) -> None:
+def test_32_consoles_at_once_within_the_budget(tmp_path: Path, secrets_dir: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """32 BMCs serving SOL, 32 consoles kept at once: every node's line lands in its own ring;
-    what they cost the daemon counted (threads, descriptors, the ipmitool children's memory)
-    and the rings within the site's budget."""
+    what they cost the daemon at rest counted (threads, descriptors, the ipmitool children's
+    memory) and the rings within the site's budget. The liveness questions of silent consoles
+    (a short ipmitool run each, every LIVENESS_SILENCE) are put off past the test: they are not
+    what a kept console holds."""
     _tools()
+    monkeypatch.setattr(console, "LIVENESS_SILENCE", 3600.0)
     count, ring_bytes = 32, 64 << 10
     ports = [SerialPort() for _ in range(count)]
     sims: list[IpmiSim] = []
