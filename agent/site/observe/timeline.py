@@ -150,6 +150,8 @@ class Attempt:
     cause: str = ""          # a rule's name (agent/site/observe/causes.py)
     cause_detail: str = ""
     cause_at: float = 0.0
+    carried: bool = False    # the cause is the boot before's (a reboot seen on the console), until
+                             # this attempt's own events name one
 
     def first(self, *steps: str, ok: bool | None = None) -> Event | None:
         for e in self.events:
@@ -354,7 +356,15 @@ class Timelines:
             elif begin or attempt is None:
                 attempt = self._begin(record, begin or event.step, event.t)
             elif event.step == Step.FIRMWARE and attempt.first(*MILESTONES) is not None:
+                before = attempt
                 attempt = self._begin(record, "reboot seen on the console", event.t)
+                if before.cause:
+                    # a node that fails and reboots at once (a panic with panic=-1) shows its
+                    # cause between boots too, not only in the second before each reboot
+                    attempt.cause, attempt.cause_at = before.cause, event.t
+                    attempt.cause_detail = f"the boot before (attempt {before.number}): " \
+                                           f"{before.cause_detail}"[:300]
+                    attempt.outcome, attempt.carried = Outcome.FAILED, True
             attempt.add(event)
             if event.step == Step.BOOT_DEVICE and event.detail == "pxe" and attempt.method == "disk" \
                     and all(e.step in _SETUP for e in attempt.events):
@@ -380,9 +390,10 @@ class Timelines:
         if self.diagnose is None or attempt.outcome in (Outcome.JOINED, Outcome.ENDED):
             return
         named = self.diagnose(attempt, record.prepared, now)
-        if named is None or named[0] == attempt.cause:
+        if named is None or (named[0] == attempt.cause and not attempt.carried):
             return
         attempt.cause, attempt.cause_detail = named
+        attempt.carried = False
         attempt.cause_at = now
         attempt.outcome = Outcome.FAILED
         log.warning("node %s boot attempt %d: %s (%s)", record.node_id, attempt.number,
