@@ -11,11 +11,22 @@
   (re)connect, so a rotation is followed.
 - A session takes no BMC lock and no IPMI session slot (those are for short commands, and a
   console is held for the whole boot): bmc.* commands on the node run beside it.
-- Dropped by the BMC (ipmitool exits; ``usesolkeepalive`` makes it notice a session the BMC
-  ended, about 25 s later with ipmi_sim, where its default keepalive never does): reconnected,
-  backing off from 1 s to 30 s. Another
-  session holds SOL ("SOL payload already active on another session"): said as ``busy`` and
-  tried again every 30 s, never taken over. A BMC whose SOL is disabled or absent, or a node
+- Plain ``sol activate``: ipmitool's own keepalive (Get Device ID every 15 s) keeps the IPMI
+  session open and ends ipmitool when the BMC stops answering. Not ``usesolkeepalive``: its
+  keepalive is an empty SOL packet, and ipmi_sim (lanserv) renews a session's 30 s inactivity
+  timer only on IPMI messages, never on SOL ones, so it closes the session ~30 s after the
+  activation and what the node writes until ipmitool gives up (~45 s) is lost.
+- A SOL session the BMC ended while the IPMI session lives on (another client's ``sol
+  deactivate``) sends nothing and ipmitool's keepalive does not notice it: after
+  ``LIVENESS_SILENCE`` seconds without a byte the site asks the BMC which session holds the
+  node's SOL (Get Payload Instance Info, ``raw 0x06 0x4b 0x01 0x01``, an ipmitool run of its
+  own through agent/site/bmc/ipmi.py, the password in its environment, no lock or session slot
+  of the site's taken). Nobody, or another session than the one seen holding it at the first
+  such check: the session is over, its ipmitool stopped (without ``~.``, whose deactivate would
+  end another holder's session) and said ``dropped``. No answer: nothing concluded.
+- Dropped by the BMC (ipmitool exits) or found ended: reconnected, backing off from 1 s to
+  30 s. Another session holds SOL ("SOL payload already active on another session"): said as
+  ``busy`` and tried again every 30 s, never taken over. A BMC whose SOL is disabled or absent, or a node
   driven over Redfish: said as ``no SOL`` once, no retries. Wrong credentials: said, no
   retries (a BMC locks accounts).
 - Leaving: ``~.`` on ipmitool's stdin ends the session at the BMC (a killed ipmitool leaves
@@ -28,8 +39,12 @@
 - The attached nodes are recorded (``sessions.json``): a daemon that restarts resumes them.
 - Milestones (MILESTONES: firmware, boot loader, kernel started, init, the agent's first line,
   the join, a panic, no network, the gateway unreachable, no boot device) go to
-  ``on_milestone``, each once per boot (again when the firmware shows again after a kernel
-  started or after it found no boot device: a reset).
+  ``on_milestone``, each once per boot. A new boot (``starts_boot``): a firmware's banner
+  (SeaBIOS's "SeaBIOS (version", AAVMF's "UEFI firmware (version") after any milestone, or any
+  firmware line or iPXE's banner after the kernel's stage (init, the agent, a panic...; x86
+  OVMF's first serial line is BdsDxe's, and a ramdisk booted ``quiet`` never shows "Linux
+  version"). A resumed console (a daemon restart) counts the firmware as seen, so a line of a
+  boot under way is not taken for a new one.
 """
 
 from __future__ import annotations
@@ -39,6 +54,7 @@ import json
 import logging
 import os
 import re
+import select
 import subprocess
 import threading
 import time
@@ -49,8 +65,8 @@ from pathlib import Path
 from agent import proc, redact
 from agent.atomicfile import write_atomic
 from agent.errors import AgentError
-from agent.site.bmc.client import Credentials
-from agent.site.bmc.ipmi import CIPHER_SUITE, split_address
+from agent.site.bmc.client import CallContext, Credentials, Pacing, Target
+from agent.site.bmc.ipmi import CIPHER_SUITE, IpmiClient, split_address
 from agent.site.bmc.secrets import SecretStore
 from agent.site.observe.timeline import Step
 
@@ -61,6 +77,8 @@ DEFAULT_BUDGET_BYTES = 1 << 30
 MAX_LINE = 2048
 RECONNECT_MIN, RECONNECT_MAX = 1.0, 30.0
 BUSY_RETRY = 30.0
+LIVENESS_SILENCE = 15.0     # no byte for this long: does the BMC still hold our SOL session?
+LIVENESS_TIMEOUT = 20.0     # one such question, at most
 
 # (milestone, what on the console shows it), tried in order on each line.
 MILESTONES: tuple[tuple[Step, re.Pattern[str]], ...] = (
@@ -77,10 +95,16 @@ MILESTONES: tuple[tuple[Step, re.Pattern[str]], ...] = (
                                      r"No boot device|BdsDxe: No bootable option|Boot failed")),
     (Step.BOOT_LOADER, re.compile(r"iPXE initialising|iPXE \d|GNU GRUB|Booting from (?:Hard Disk|DVD|ROM)|"
                                   r"Loading Linux|systemd-boot|Booting `")),
-    (Step.FIRMWARE, re.compile(r"SeaBIOS \(version|EDK II|BdsDxe|UEFI Interactive Shell|"
-                               r"Press (?:F2|DEL|ESC)")),
+    (Step.FIRMWARE, re.compile(r"SeaBIOS \(version|UEFI firmware \(version|EDK II|BdsDxe|"
+                               r"UEFI Interactive Shell|Press (?:F2|DEL|ESC)")),
 )
-# The ones that may repeat within a boot (the agent's retries): reported once per boot too.
+# The first line a firmware prints at each start (power on, reset): a new boot after any
+# milestone. iPXE's banner also comes again within a boot (the ROM's iPXE chaining another).
+FIRMWARE_BANNER = re.compile(r"SeaBIOS \(version|UEFI firmware \(version")
+IPXE_BANNER = re.compile(r"iPXE initialising devices|iPXE \d.* -- Open Source Network Boot Firmware")
+# What a boot shows only once its kernel has started: a firmware line after one is a reset.
+KERNEL_STAGE = frozenset({Step.KERNEL_STARTED, Step.INIT, Step.AGENT_STARTED, Step.JOINED, Step.PANIC,
+                          Step.NO_NETWORK, Step.GATEWAY_UNREACHABLE})
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>78cM]")
 
 BUSY_PATTERNS = ("already active on another session", "sol payload already active")
@@ -97,6 +121,28 @@ def milestone(line: str) -> Step | None:
         if pattern.search(line):
             return step
     return None
+
+
+def starts_boot(line: str, step: Step | None, seen: set[str]) -> bool:
+    """Whether ``line`` (milestone ``step``) begins a new boot of a node whose console showed
+    the milestones ``seen`` since its last boot began."""
+    if not seen:
+        return False
+    if FIRMWARE_BANNER.search(line):
+        return True
+    return bool(seen & KERNEL_STAGE) and (step == Step.FIRMWARE or bool(IPXE_BANNER.search(line)))
+
+
+def payload_holder(text: str) -> int | None:
+    """The session ID in ``ipmitool raw``'s answer to Get Payload Instance Info: its first
+    four data bytes, least significant first (0: the payload is not active); None when the
+    answer holds no such bytes."""
+    data: list[int] = []
+    for line in text.splitlines():
+        cells = line.split()
+        if cells and all(re.fullmatch(r"[0-9a-fA-F]{2}", c) for c in cells):
+            data += [int(c, 16) for c in cells]
+    return int.from_bytes(bytes(data[:4]), "little") if len(data) >= 4 else None
 
 
 def clean(raw: str) -> str:
@@ -177,7 +223,8 @@ class SolSession:
     """One node's SOL session under a thread of its own, reconnected until ``stop``."""
 
     def __init__(self, node_id: str, bmc: Bmc, ring: Ring, store: SecretStore, *,
-                 report: Callable[[str, str, str], None], ipmitool: str = "ipmitool") -> None:
+                 report: Callable[[str, str, str], None], ipmitool: str = "ipmitool",
+                 resumed: bool = False) -> None:
         self.node_id = node_id
         self.bmc = bmc
         self.ring = ring
@@ -189,8 +236,12 @@ class SolSession:
         self._stop = threading.Event()
         self._child: proc.Child | None = None
         self._lock = threading.Lock()
-        self._seen: set[str] = set()
+        # a resumed console's node is somewhere in a boot: its next firmware line is no new one
+        self._seen: set[str] = {Step.FIRMWARE} if resumed else set()
         self._partial = ""
+        self._holder: int | None = None  # the BMC's ID of the session seen holding the SOL
+        self._ended_why = ""             # why the site ended the session itself
+        self._unanswered = False         # a question of _still_held went unanswered (said once)
         self._thread = threading.Thread(target=self._loop, name=f"sol-{node_id}", daemon=True)
 
     def start(self) -> None:
@@ -225,7 +276,7 @@ class SolSession:
         # stdbuf: ipmitool's stdout is block-buffered when it is not a terminal, and a
         # console's lines must come as they are written (coreutils' stdbuf, -o0).
         return ["stdbuf", "-o0", self.ipmitool, "-v", "-I", "lanplus", "-H", host, "-p", str(port),
-                "-U", creds.username, "-E", "-C", CIPHER_SUITE, "sol", "activate", "usesolkeepalive"]
+                "-U", creds.username, "-E", "-C", CIPHER_SUITE, "sol", "activate"]
 
     @property
     def alive(self) -> bool:
@@ -245,6 +296,10 @@ class SolSession:
                 self._say("dropped", exc.message[:200])
             if self._stop.is_set():
                 return
+            if self._ended_why:
+                self._say("dropped", self._ended_why)
+                self._stop.wait(RECONNECT_MIN)
+                continue
             lower = stderr.lower()
             if any(p in lower for p in AUTH_PATTERNS):
                 self._say("auth failed", "the BMC refused the credentials; not retried")
@@ -263,21 +318,36 @@ class SolSession:
             self._stop.wait(delay)
 
     def _session(self, creds: Credentials) -> str:
-        """One ipmitool sol activate, its output into the ring; returns its stderr."""
+        """One ipmitool sol activate, its output into the ring; returns its stderr. After
+        LIVENESS_SILENCE seconds without a byte, the BMC is asked whether the session still
+        holds the node's SOL (``_still_held``); when not, ipmitool is stopped."""
         env = proc.clean_env({"IPMI_PASSWORD": creds.password})
+        self._holder, self._ended_why = None, ""
         with proc.running(self._argv(creds), stdin=subprocess.PIPE, env=env, check=False) as child:
             with self._lock:
                 self._child = child
             if self._stop.is_set():
                 child.stop()
             fd = child.popen.stdout.fileno() if child.popen.stdout is not None else -1
+            poller = select.poll()
+            if fd >= 0:
+                poller.register(fd, select.POLLIN)
+            heard = time.monotonic()
             while fd >= 0:
+                wait = heard + LIVENESS_SILENCE - time.monotonic()
+                if wait <= 0 or not poller.poll(int(wait * 1000) + 1):
+                    if self.state == "attached" and not self._ended_why and not self._stop.is_set() \
+                            and not self._still_held(creds):
+                        child.stop(grace=1.0)      # its EOF ends the loop
+                    heard = time.monotonic()
+                    continue
                 try:
                     data = os.read(fd, 65536)
                 except OSError:
                     break
                 if not data:
                     break
+                heard = time.monotonic()
                 self._lines(data.decode("utf-8", "replace"))
             self._ended()
             child.stop(grace=1.0)
@@ -285,6 +355,36 @@ class SolSession:
             self._child = None
         said = child.stderr_text()
         return said.replace(creds.password, "<hidden>") if creds.password else said
+
+    def _still_held(self, creds: Credentials) -> bool:
+        """Whether the BMC still gives the node's SOL to the session this one is: asked in an
+        IPMI session of its own (Get Payload Instance Info, SOL instance 1), no site lock or
+        slot taken. The first holder seen is taken for ours (the session was up a
+        LIVENESS_SILENCE before); nobody holding it, or another: not held, ``_ended_why`` says
+        so. No answer (the BMC busy, this ipmitool's own failure): held, nothing concluded."""
+        client = IpmiClient(
+            Target(self.bmc.address, creds),
+            CallContext(cancel=self._stop, deadline=time.monotonic() + LIVENESS_TIMEOUT,
+                        pacing=Pacing(min_interval=1.0, max_interval=4.0)),
+            ipmitool=self.ipmitool)
+        try:
+            holder = payload_holder(client.run("raw", "0x06", "0x4b", "0x01", "0x01"))
+        except AgentError as exc:
+            log.log(logging.DEBUG if self._unanswered else logging.INFO,
+                    "console of %s: is its SOL session still held? no answer (%s)", self.node_id,
+                    exc.message[:200])
+            self._unanswered = True
+            return True
+        if holder is None:
+            return True
+        if holder == 0:
+            self._ended_why = "the BMC ended the SOL session (no session holds it)"
+        elif self._holder is not None and holder != self._holder:
+            self._ended_why = "the BMC gave the node's SOL to another session"
+        else:
+            self._holder = holder
+            return True
+        return False
 
     def _ended(self) -> None:
         """The session's output is over: a line it cut short is kept as it is, not joined to
@@ -311,10 +411,13 @@ class SolSession:
                 continue
             self.ring.append(now, line)
             step = milestone(line)
+            if starts_boot(line, step, self._seen):
+                self._seen.clear()           # a new boot: its milestones are reported again
+                if step != Step.FIRMWARE:    # iPXE's banner, the first line this boot showed
+                    self._seen.add(Step.FIRMWARE)
+                    self.report(self.node_id, Step.FIRMWARE, line)
             if step is None:
                 continue
-            if step == Step.FIRMWARE and self._seen & {Step.KERNEL_STARTED, Step.NO_BOOT_DEVICE}:
-                self._seen.clear()           # a new boot (a reset before any kernel, too)
             if step not in self._seen:
                 self._seen.add(step)
                 self.report(self.node_id, step, line)
@@ -360,7 +463,7 @@ class Consoles:
             log.warning("consoles: %s unreadable (%s); none resumed", self._record, exc)
             return 0
         for node_id, bmc in wanted.items():
-            self.attach(node_id, bmc)
+            self.attach(node_id, bmc, resumed=True)
         return len(wanted)
 
     def _save(self) -> None:
@@ -368,8 +471,9 @@ class Consoles:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         write_atomic(self._record, json.dumps(data, sort_keys=True).encode(), 0o600)
 
-    def attach(self, node_id: str, bmc: Bmc) -> str:
+    def attach(self, node_id: str, bmc: Bmc, *, resumed: bool = False) -> str:
         """Keep the node's console (a session already kept for the same BMC is left as it is).
+        ``resumed``: kept before a restart of the daemon, the node in a boot under way.
         Returns the session's state, or why it is not kept."""
         if bmc.protocol != "ipmi":
             why = (f"no SOL: the BMC is driven over {bmc.protocol}; the site keeps consoles over "
@@ -392,7 +496,7 @@ class Consoles:
         if old is not None:
             old.stop()
         session = SolSession(node_id, bmc, self.ring(node_id), self.store, report=self.report,
-                             ipmitool=self.ipmitool)
+                             ipmitool=self.ipmitool, resumed=resumed)
         with self._lock:
             self._sessions[node_id] = session
             self._save()

@@ -21,8 +21,10 @@ hands the site (``verdict``: a join refused, e.g. by attestation, which boot.cle
 A new attempt starts at bmc.power on, cycle or reset (continuing one only set up: prepared,
 boot device, console; such a set-up once the last attempt is over begins the next), at a
 boot.prepareRamdisk when the node's
-last attempt is over (joined, failed, cleaned up), when the console shows firmware again
-after a kernel had started (a reboot the site did not order), and at a PXE request of the
+last attempt is over (joined, failed, cleaned up), when the console reports the firmware in an
+attempt that holds a console milestone already (the console reports each once per boot, the
+firmware again at a new one: a reboot the site did not order, even one whose kernel says
+nothing), and at a PXE request of the
 node's MAC once its last attempt is over (a boot the site did not order). Bounded: KEEP_ATTEMPTS attempts
 per node, MAX_EVENTS events per attempt (the first ones and the newest kept), MAX_NODES nodes
 (the least recently active forgotten first), MAX_PENDING unattributed addresses; a changed
@@ -101,6 +103,11 @@ def _sets_up(event: Event) -> bool:
 
 # What sets an attempt up before the node is powered: a power on after them continues it.
 _SETUP = frozenset({Step.PREPARED, Step.BOOT_DEVICE, Step.CONSOLE, Step.POWER_OFF})
+# What the kept console reports, each once per boot (agent/site/observe/console.py): the
+# firmware reported again within an attempt that holds any of them is a new boot.
+MILESTONES = frozenset({Step.FIRMWARE, Step.BOOT_LOADER, Step.KERNEL_STARTED, Step.INIT,
+                        Step.AGENT_STARTED, Step.PANIC, Step.NO_NETWORK, Step.GATEWAY_UNREACHABLE,
+                        Step.NO_BOOT_DEVICE, Step.JOINED})
 FETCHES = frozenset({Step.CHAIN_SCRIPT, Step.NODE_SCRIPT, Step.KERNEL, Step.INITRD, Step.ISO,
                      Step.CONFIG_MEDIUM})
 
@@ -143,6 +150,8 @@ class Attempt:
     cause: str = ""          # a rule's name (agent/site/observe/causes.py)
     cause_detail: str = ""
     cause_at: float = 0.0
+    carried: bool = False    # the cause is the boot before's (a reboot seen on the console), until
+                             # this attempt's own events name one
 
     def first(self, *steps: str, ok: bool | None = None) -> Event | None:
         for e in self.events:
@@ -346,8 +355,16 @@ class Timelines:
                 attempt = self._begin(record, "a PXE request seen", event.t, method="pxe")
             elif begin or attempt is None:
                 attempt = self._begin(record, begin or event.step, event.t)
-            elif event.step == Step.FIRMWARE and attempt.first(Step.KERNEL_STARTED) is not None:
+            elif event.step == Step.FIRMWARE and attempt.first(*MILESTONES) is not None:
+                before = attempt
                 attempt = self._begin(record, "reboot seen on the console", event.t)
+                if before.cause:
+                    # a node that fails and reboots at once (a panic with panic=-1) shows its
+                    # cause between boots too, not only in the second before each reboot
+                    attempt.cause, attempt.cause_at = before.cause, event.t
+                    attempt.cause_detail = f"the boot before (attempt {before.number}): " \
+                                           f"{before.cause_detail}"[:300]
+                    attempt.outcome, attempt.carried = Outcome.FAILED, True
             attempt.add(event)
             if event.step == Step.BOOT_DEVICE and event.detail == "pxe" and attempt.method == "disk" \
                     and all(e.step in _SETUP for e in attempt.events):
@@ -373,9 +390,10 @@ class Timelines:
         if self.diagnose is None or attempt.outcome in (Outcome.JOINED, Outcome.ENDED):
             return
         named = self.diagnose(attempt, record.prepared, now)
-        if named is None or named[0] == attempt.cause:
+        if named is None or (named[0] == attempt.cause and not attempt.carried):
             return
         attempt.cause, attempt.cause_detail = named
+        attempt.carried = False
         attempt.cause_at = now
         attempt.outcome = Outcome.FAILED
         log.warning("node %s boot attempt %d: %s (%s)", record.node_id, attempt.number,

@@ -21,7 +21,7 @@ from agent import proc
 from agent.site.bmc.client import Credentials
 from agent.site.bmc.secrets import SecretStore
 from agent.site.observe import console
-from agent.site.observe.console import Bmc, Ring, clean, milestone
+from agent.site.observe.console import Bmc, Ring, clean, milestone, payload_holder, starts_boot
 from agent.site.observe.observer import Observer, ObserverSettings
 from agent.site.observe.timeline import Prepared, Step
 from qemu.ipmisim import IpmiSim, start_ipmi_sim
@@ -193,6 +193,82 @@ def test_a_reset_before_any_kernel_is_a_new_boot_for_the_milestones(tmp_path: Pa
     assert seen == ["firmware", "boot_loader", "no_boot_device"] * 2
 
 
+def session_seeing(tmp_path: Path, *, resumed: bool = False) -> tuple[console.SolSession, list[str]]:
+    """A session whose milestones are collected (as "step" or "step: line"), fed by ``_lines``."""
+    seen: list[str] = []
+    session = console.SolSession(
+        "n1", Bmc("127.0.0.1:623", "ipmi", REF), Ring(tmp_path / "ring", 1 << 20),
+        SecretStore(tmp_path / "secrets"), resumed=resumed,
+        report=lambda node, step, line: seen.append(step))
+    return session, seen
+
+
+# A ramdisk booted ``quiet loglevel=4``, as the QEMU tests' consoles show it: no "Linux version".
+QUIET_PANIC = ("SeaBIOS (version 1.16.2-debian-1.16.2-1)\r\nBooting from ROM...\r\n"
+               "iPXE initialising devices...ok\r\n"
+               "iPXE 1.0.0+git-20190125.36a4c85-5.1 -- Open Source Network Boot Firmware -- http\r\n"
+               "bc-init [1.52]: up, kernel 6.1.0-28-cloud-amd64\r\n"
+               "[    2.1] Kernel panic - not syncing: Attempted to kill init!\r\n")
+
+
+def test_a_quiet_kernels_reboot_is_a_new_boot_from_the_firmwares_banner(tmp_path: Path) -> None:
+    """The demo's panicking node rebooted three times in one attempt: its kernel, booted quiet,
+    never printed "Linux version". The firmware's banner starts each boot; its milestones are
+    reported again."""
+    session, seen = session_seeing(tmp_path)
+    for _ in range(3):
+        session._lines(QUIET_PANIC)
+    assert seen == ["firmware", "boot_loader", "init", "panic"] * 3
+
+
+def test_which_lines_start_a_boot() -> None:
+    kernel = {Step.FIRMWARE, Step.BOOT_LOADER, Step.INIT}
+    early = {Step.FIRMWARE, Step.BOOT_LOADER}
+    banner_ipxe = "iPXE 1.21.1+ (g1d1cf74a) -- Open Source Network Boot Firmware -- https://ipxe.org"
+    cases = [
+        # (line, what was seen in this boot, a new boot?)
+        ("SeaBIOS (version 1.16.2-debian-1.16.2-1)", early, True),      # a reset in iPXE
+        ("SeaBIOS (version 1.16.2-debian-1.16.2-1)", set(), False),     # the first boot seen
+        ("UEFI firmware (version  built at 13:10:49 on Nov  5 2024)", {Step.NO_BOOT_DEVICE}, True),  # AAVMF
+        ('BdsDxe: loading Boot0001 "UEFI PXEv4 (MAC:525400FA0002)"', kernel, True),   # x86 OVMF
+        ('BdsDxe: loading Boot0002 "UEFI QEMU HARDDISK"', early, False),  # the next boot option
+        (banner_ipxe, {Step.AGENT_STARTED}, True),                      # a firmware silent on serial
+        (banner_ipxe, early, False),                                    # iPXE chaining iPXE
+        ("iPXE initialising devices...ok", {Step.PANIC}, True),
+        ("[    0.000000] Linux version 6.1.0", early, False),
+    ]
+    for line, seen, new in cases:
+        assert starts_boot(line, milestone(line), {str(s) for s in seen}) == new, (line, seen)
+
+
+def test_ipxes_banner_after_a_kernel_reports_the_firmware_first(tmp_path: Path) -> None:
+    """A machine whose firmware writes nothing to the serial port: iPXE's banner after the
+    agent started is the new boot's first line, reported as its firmware (what the timeline
+    splits attempts on) and its boot loader."""
+    session, seen = session_seeing(tmp_path)
+    session._lines("iPXE initialising devices...ok\r\nbc-init [1.60]: starting agent: x\r\n"
+                   "iPXE initialising devices...ok\r\n")
+    assert seen == ["boot_loader", "agent_started", "firmware", "boot_loader"]
+
+
+def test_a_resumed_console_takes_no_firmware_line_of_a_boot_under_way_for_a_new_one(tmp_path: Path) -> None:
+    """After a daemon restart the node is somewhere in a boot: OVMF trying its next boot option
+    is no new boot; the next banner is."""
+    session, seen = session_seeing(tmp_path, resumed=True)
+    session._lines('BdsDxe: loading Boot0002 "UEFI QEMU HARDDISK"\r\nBooting `Debian GNU/Linux\r\n'
+                   "SeaBIOS (version 1.16.2)\r\n")
+    assert seen == ["boot_loader", "firmware"]
+
+
+def test_the_sol_holder_is_read_from_ipmitools_raw_answer() -> None:
+    # Get Payload Instance Info: session ID (least significant byte first), port, 7 reserved
+    assert payload_holder(" 02 01 00 00 01 00 00 00 00 00 00 00\n") == 0x102
+    assert payload_holder(" 00 00 00 00 01 00 00 00 00 00 00 00\n") == 0
+    assert payload_holder("RAW REQ (channel=0x0 netfn=0x6 lun=0x0 cmd=0x4b data_len=2)\n"
+                          " 9a 7f 00 c0 01 00 00 00\n 00 00 00 00\n") == 0xc0007f9a
+    assert payload_holder("") is None and payload_holder(" 00 01\n") is None
+
+
 def test_a_line_cut_by_a_drop_is_kept_apart_from_the_next_sessions_mark(tmp_path: Path) -> None:
     """A session that ends mid-line (ipmi_sim's keepalive drop, seen in the QEMU fault matrix:
     ">>Start PXE over IPv6.[SOL Session operational..." kept as one line, the attach missed):
@@ -308,8 +384,10 @@ def test_busy_when_another_session_holds_sol_then_attached(
 @pytest.mark.slow
 def test_a_session_the_bmc_drops_is_reconnected(
         tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path) -> None:
-    """The BMC ends the SOL session (another client's ``sol deactivate``): ipmitool's SOL
-    keepalive finds it gone (about 25 s with ipmi_sim), the site says so and reconnects."""
+    """The BMC ends the SOL session (another client's ``sol deactivate``), the IPMI session
+    left open: nothing comes and ipmitool's keepalive does not notice. After LIVENESS_SILENCE
+    (15 s) without a byte the site asks the BMC who holds the SOL: nobody; it says so and
+    reconnects."""
     obs = make_observer(tmp_path, secrets_dir)
     try:
         obs.bmc_done("n1", Bmc(sol_sim.address, "ipmi", REF), "bmc.power", "on")
@@ -322,6 +400,72 @@ def test_a_session_the_bmc_drops_is_reconnected(
         wait_for("the line", lambda: any(t == "after the drop" for _, t in obs.consoles.read("n1")))
         said = consoles_of(obs)
         assert said[0] == "attached" and said[1].startswith("dropped") and said[2] == "attached", said
+    finally:
+        obs.stop()
+
+
+@pytest.mark.slow
+def test_a_console_kept_for_minutes_loses_nothing(
+        tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path) -> None:
+    """A node writing a numbered line every second for 95 s: every line in the ring, in order,
+    one session throughout. (With ``sol activate usesolkeepalive`` ipmi_sim closed the IPMI
+    session 30 s after the activation, its inactivity timer renewed by IPMI messages only, and
+    the lines from then until ipmitool gave up and the site reconnected were lost.)"""
+    obs = make_observer(tmp_path, secrets_dir)
+    count = 95
+    try:
+        obs.bmc_done("n1", Bmc(sol_sim.address, "ipmi", REF), "bmc.power", "on")
+        wait_for("attached", lambda: obs.consoles.state("n1") == "attached")
+        wait_for("the serial port", serial.connected.is_set)
+        start = time.monotonic()
+        for i in range(count):
+            time.sleep(max(0.0, start + i - time.monotonic()))
+            serial.say(f"node line {i:03d}")
+        last = f"node line {count - 1:03d}"
+        wait_for("the last line", lambda: any(t == last for _, t in obs.consoles.read("n1")), 20)
+        kept = [t for _, t in obs.consoles.read("n1") if t.startswith("node line ")]
+        assert kept == [f"node line {i:03d}" for i in range(count)], \
+            sorted(set(f"node line {i:03d}" for i in range(count)) - set(kept))
+        assert consoles_of(obs) == ["attached"], consoles_of(obs)
+    finally:
+        obs.stop()
+
+
+def test_a_session_given_to_another_client_is_left_and_said_busy(
+        tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another client deactivates the site's SOL session and activates its own: the site's
+    next question finds another holder than the one it saw, stops its ipmitool without
+    ``~.`` (whose deactivate would end the other's session), and is then busy; the other
+    client's session is never ended."""
+    monkeypatch.setattr(console, "LIVENESS_SILENCE", 2.0)
+    monkeypatch.setattr(console, "BUSY_RETRY", 1.0)
+    env = proc.clean_env({"IPMI_PASSWORD": PASSWORD})
+    host, port = sol_sim.address.split(":")
+    other = ["ipmitool", "-I", "lanplus", "-H", host, "-p", port, "-U", USERNAME, "-E", "-C", "3",
+             "sol", "activate"]
+    obs = make_observer(tmp_path, secrets_dir)
+    try:
+        obs.bmc_done("n1", Bmc(sol_sim.address, "ipmi", REF), "bmc.power", "on")
+        wait_for("attached", lambda: obs.consoles.state("n1") == "attached")
+        session = obs.consoles._sessions["n1"]
+        wait_for("the holder seen", lambda: session._holder is not None, 20)
+        # the next question comes after the other client holds the SOL, not in between (where
+        # it would find nobody and take the SOL back first)
+        monkeypatch.setattr(console, "LIVENESS_SILENCE", 8.0)
+        assert sol_sim.ipmitool("sol", "deactivate").returncode == 0
+        with proc.running(other, stdin=subprocess.PIPE, env=env, check=False) as holder:
+            wait_for("busy", lambda: obs.consoles.state("n1") == "busy", 30)
+            said = consoles_of(obs)
+            assert "dropped: the BMC gave the node's SOL to another session" in said, said
+            time.sleep(2)
+            assert holder.poll() is None           # the other client's session goes on
+            wait_for("the serial port", serial.connected.is_set)
+            assert holder.popen.stdin is not None
+            holder.popen.stdin.write(b"\r~.")
+            holder.popen.stdin.flush()
+            wait_for("the holder's exit", lambda: holder.poll() is not None, 10)
+        wait_for("attached after the other left", lambda: obs.consoles.state("n1") == "attached", 30)
     finally:
         obs.stop()
 
@@ -416,11 +560,15 @@ def test_the_budget_bounds_the_consoles(tmp_path: Path, secrets_dir: Path) -> No
 
 
 @pytest.mark.slow
-def test_32_consoles_at_once_within_the_budget(tmp_path: Path, secrets_dir: Path) -> None:
+def test_32_consoles_at_once_within_the_budget(tmp_path: Path, secrets_dir: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """32 BMCs serving SOL, 32 consoles kept at once: every node's line lands in its own ring;
-    what they cost the daemon counted (threads, descriptors, the ipmitool children's memory)
-    and the rings within the site's budget."""
+    what they cost the daemon at rest counted (threads, descriptors, the ipmitool children's
+    memory) and the rings within the site's budget. The liveness questions of silent consoles
+    (a short ipmitool run each, every LIVENESS_SILENCE) are put off past the test: they are not
+    what a kept console holds."""
     _tools()
+    monkeypatch.setattr(console, "LIVENESS_SILENCE", 3600.0)
     count, ring_bytes = 32, 64 << 10
     ports = [SerialPort() for _ in range(count)]
     sims: list[IpmiSim] = []

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from agent.site.observe import dhcplog, timeline
 from agent.site.observe.observer import Observer, ObserverSettings
-from agent.site.observe.timeline import Event, Outcome, Prepared, Step, Timelines, read_arp, render
+from agent.site.observe.timeline import Attempt, Event, Outcome, Prepared, Step, Timelines, read_arp, render
 
 MAC = "52:54:00:00:00:01"
 
@@ -128,6 +128,55 @@ def test_a_reboot_seen_on_the_console_is_a_new_attempt(tmp_path: Path) -> None:
     tl.console("n1", Step.FIRMWARE, "SeaBIOS (version 1.16)")
     attempts = tl.attempts("n1")
     assert [a.trigger for a in attempts] == ["bmc.power on", "reboot seen on the console"]
+
+
+def test_a_reboot_of_a_quiet_kernel_is_a_new_attempt_and_a_power_on_is_not_split(tmp_path: Path) -> None:
+    """The ramdisk boots ``quiet``: no "Linux version" ever. The console reports each milestone
+    once per boot and the firmware again at a new boot (console.py): the firmware reported in
+    an attempt that holds any console milestone begins the next attempt; the first firmware
+    after a power on stays in the attempt the power on began."""
+    tl = Timelines(tmp_path / "t")
+    tl.power("n1", "on")
+    for _ in range(3):          # the demo's panicking node, rebooting on its own
+        for step in (Step.FIRMWARE, Step.BOOT_LOADER, Step.INIT, Step.PANIC):
+            tl.console("n1", step, step)
+    tl.power("n1", "reset")
+    tl.console("n1", Step.FIRMWARE, "SeaBIOS (version 1.16)")
+    tl.console("n1", Step.NO_BOOT_DEVICE, "No bootable device.")
+    tl.console("n1", Step.FIRMWARE, "SeaBIOS (version 1.16)")
+    attempts = tl.attempts("n1")
+    assert [a.trigger for a in attempts] == ["bmc.power on"] + ["reboot seen on the console"] * 2 + [
+        "bmc.power reset", "reboot seen on the console"]
+    assert [[e.step for e in a.events] for a in attempts[1:3]] == [
+        ["firmware", "boot_loader", "init", "panic"]] * 2
+    assert [e.step for e in attempts[3].events] == ["power_on", "firmware", "no_boot_device"]
+
+
+def test_a_node_that_panics_and_reboots_shows_its_cause_between_boots(tmp_path: Path) -> None:
+    """With ``panic=-1`` the next boot's firmware comes a moment after the panic: the new
+    attempt carries the boot before's cause until its own events name one (counted then, once
+    per boot), and a boot that joins is joined."""
+    named: list[tuple[int, str]] = []
+
+    def panicked(a: Attempt, prepared: object, now: float) -> tuple[str, str] | None:
+        panic = a.last(Step.PANIC)
+        return ("kernel_panic", panic.detail) if panic is not None else None
+
+    tl = Timelines(tmp_path / "t", diagnose=panicked,
+                   on_cause=lambda node, a: named.append((a.number, a.cause_detail)))
+    tl.power("n1", "on")
+    for n in range(2):
+        for step in (Step.FIRMWARE, Step.BOOT_LOADER, Step.INIT, Step.PANIC):
+            tl.console("n1", step, f"{step} {n}")
+    tl.console("n1", Step.FIRMWARE, "firmware 2")
+    a = tl.last("n1")
+    assert a is not None and (a.number, a.outcome, a.cause, a.carried) == (3, "failed", "kernel_panic", True)
+    assert a.cause_detail == "the boot before (attempt 2): panic 1", a.cause_detail
+    assert named == [(1, "panic 0"), (2, "panic 1")]
+    for step in (Step.BOOT_LOADER, Step.INIT, Step.AGENT_STARTED, Step.JOINED):
+        tl.console("n1", step, str(step))
+    a = tl.last("n1")
+    assert a is not None and a.outcome == "joined" and a.number == 3
 
 
 def test_an_unknown_mac_is_dropped_and_pending_addresses_expire(tmp_path: Path) -> None:
