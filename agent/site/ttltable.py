@@ -20,20 +20,29 @@ returned as dropped; so is a live one that ``check`` refuses (returns False; one
 raises is removed as unreadable). What
 the records mean in memory (their indexes, their lock, the files beside them) stays with
 each use.
+
+A record's own side of it is here too: ``Expiring`` (``expired()``, mixed into every record:
+routes, boot entries, media sets) and ``MacRecord`` (the records kept under a node's MAC,
+boot entries and media sets: ``mac_hex``, the name of their file, and ``to_json``, their
+fields as JSON).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from agent.atomicfile import write_atomic
 from agent.errors import AgentError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +53,35 @@ class Record(Protocol):
 
 
 R = TypeVar("R", bound=Record)
+
+
+def expired(record: Record, now: float | None = None) -> bool:
+    """Whether ``record`` is past its time to live at ``now`` (time.time() when None)."""
+    return (time.time() if now is None else now) >= record.expires_at
+
+
+class Expiring:
+    """Mixed into a record's dataclass that has an ``expires_at`` field (time.time())."""
+
+    expires_at: float
+
+    def expired(self, now: float | None = None) -> bool:
+        return expired(self, now)
+
+
+class MacRecord(Expiring):
+    """Mixed into a frozen record's dataclass kept under its node's MAC (a ``mac`` field, as
+    parse_mac writes it): its file is ``<mac hex>.json``, its text its fields as JSON."""
+
+    mac: str
+
+    @property
+    def mac_hex(self) -> str:
+        return self.mac.replace(":", "")
+
+    def to_json(self: DataclassInstance) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
 
 UNREADABLE = (OSError, ValueError, TypeError, KeyError, AgentError)  # what a bad file raises
 
@@ -65,14 +103,10 @@ class TtlTable(Generic[R]):
     def path(self, record: R) -> Path:
         return self.folder / f"{self.name(record)}.json"
 
-    @staticmethod
-    def expired(record: Record, now: float | None = None) -> bool:
-        return (time.time() if now is None else now) >= record.expires_at
-
     def due(self, records: Iterable[R], now: float | None = None) -> list[R]:
         """The records of ``records`` past their time to live at ``now``."""
         now = time.time() if now is None else now
-        return [r for r in records if self.expired(r, now)]
+        return [r for r in records if expired(r, now)]
 
     def load(self, now: float | None = None, check: Callable[[R], bool] | None = None) -> Loaded[R]:
         """Every record on disk, at start (see the module's docstring for what is dropped)."""
@@ -86,7 +120,7 @@ class TtlTable(Generic[R]):
         for path in sorted(self.folder.glob("*.json")):
             try:
                 record = self.parse(path.read_text())
-                stale = self.expired(record, now) or path.name != self.path(record).name
+                stale = expired(record, now) or path.name != self.path(record).name
                 keep = not stale and (check is None or check(record))
             except UNREADABLE as exc:
                 log.warning("%s %s unreadable, dropped: %s", self.what, path.name,
@@ -95,7 +129,7 @@ class TtlTable(Generic[R]):
                 continue
             if not keep:
                 log.info("%s %s %s while the daemon was away; dropped", self.what, path.name,
-                         "expired" if self.expired(record, now) else "no longer valid")
+                         "expired" if expired(record, now) else "no longer valid")
                 path.unlink(missing_ok=True)
                 loaded.dropped.append(record)
                 continue

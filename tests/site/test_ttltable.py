@@ -18,7 +18,7 @@ from agent.site.boot.pxe import BootEntries, EntryRequest
 from agent.site.boot.vmedia import MediaSet, MediaSets
 from agent.site.serve.routes import RouteRequest, RouteTable
 from agent.site.serve.upstreams import UpstreamPolicy
-from agent.site.ttltable import TtlTable
+from agent.site.ttltable import MacRecord, TtlTable
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,32 @@ def test_due_and_remove(tmp_path: Path) -> None:
     t.remove(leases[0])
     t.remove(leases[0])  # gone already: no error
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json", "c.json"]
+
+
+@dataclass(frozen=True)
+class Tag(MacRecord):
+    mac: str
+    note: str
+    expires_at: float
+
+    @classmethod
+    def from_json(cls, text: str) -> Tag:
+        return cls(**json.loads(text))
+
+
+def test_a_record_kept_under_its_mac_is_named_by_it_and_saved_as_its_fields(tmp_path: Path) -> None:
+    now = time.time()
+    tag = Tag("52:54:00:12:34:56", "rack 3", now + 60)
+    assert tag.mac_hex == "525400123456"
+    assert json.loads(tag.to_json()) == {"mac": "52:54:00:12:34:56", "note": "rack 3",
+                                          "expires_at": now + 60}
+    assert not tag.expired(now + 59.9) and tag.expired(now + 60) and tag.expired(now + 61)
+    t: TtlTable[Tag] = TtlTable(tmp_path, "tag", name=lambda r: r.mac_hex, parse=Tag.from_json,
+                                dump=Tag.to_json)
+    t.save(tag)
+    assert [p.name for p in tmp_path.iterdir()] == ["525400123456.json"]
+    assert t.load(now).live == [tag]
+    assert t.load(now + 60).dropped == [tag] and not list(tmp_path.iterdir())
 
 
 # -- its three uses ------------------------------------------------------------------------

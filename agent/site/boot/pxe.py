@@ -50,7 +50,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from agent.atomicfile import write_atomic
@@ -67,7 +67,7 @@ from agent.site.boot.fields import (
     script_safe_url,
 )
 from agent.site.serve.chunkstore import DIGEST, ChunkStore
-from agent.site.ttltable import TtlTable
+from agent.site.ttltable import MacRecord, TtlTable
 
 log = logging.getLogger(__name__)
 
@@ -168,15 +168,11 @@ class EntryRequest(BootSpec):
 
 
 @dataclass(frozen=True)
-class BootEntry(BootSpec):
+class BootEntry(BootSpec, MacRecord):
     """A registered entry, as kept in entries/<mac hex>.json."""
 
     entry_id: str
     expires_at: float          # time.time()
-
-    @property
-    def mac_hex(self) -> str:
-        return self.mac.replace(":", "")
 
     @property
     def mac_hyphen(self) -> str:
@@ -186,12 +182,6 @@ class BootEntry(BootSpec):
     def script_name(self) -> str:
         """Its script's file under scripts/: GRUB's for an arm64 entry, else iPXE's."""
         return f"{self.mac_hyphen}.{'grub' if self.boot_file.grub else 'ipxe'}"
-
-    def expired(self, now: float | None = None) -> bool:
-        return (time.time() if now is None else now) >= self.expires_at
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> BootEntry:

@@ -46,7 +46,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import InvalidParameters, NotFound, Unsupported
@@ -62,7 +62,7 @@ from agent.site.boot.fields import (
     script_safe_url,
 )
 from agent.site.serve.chunkstore import DIGEST, ChunkStore
-from agent.site.ttltable import TtlTable
+from agent.site.ttltable import MacRecord, TtlTable
 
 log = logging.getLogger(__name__)
 
@@ -281,7 +281,7 @@ def iso9660(files: dict[str, bytes], label: str = LABEL) -> bytes:
 
 
 @dataclass(frozen=True)
-class MediaSet:
+class MediaSet(MacRecord):
     """A node's virtual media, as kept in sets/<mac hex>.json."""
 
     node_id: str
@@ -290,16 +290,6 @@ class MediaSet:
     iso_digest: str       # its sha256: its name in the store
     token: str
     expires_at: float
-
-    @property
-    def mac_hex(self) -> str:
-        return self.mac.replace(":", "")
-
-    def expired(self, now: float | None = None) -> bool:
-        return (time.time() if now is None else now) >= self.expires_at
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> MediaSet:

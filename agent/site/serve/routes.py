@@ -57,7 +57,7 @@ from agent.net.pool import BadRedirect, ConnectionPool, drained, follow
 from agent.proto import site_pb2
 from agent.site.boot.fields import parse_node_id, parse_ttl
 from agent.site.serve.upstreams import UpstreamPolicy
-from agent.site.ttltable import TtlTable
+from agent.site.ttltable import Expiring, TtlTable
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ def load_plan(data: bytes, what: str) -> Plan:
 
 
 @dataclass
-class Route:
+class Route(Expiring):
     token: str
     node_id: str
     upstream_url: str
@@ -192,9 +192,6 @@ class Route:
     @property
     def id(self) -> str:
         return route_id(self.token)
-
-    def expired(self, now: float | None = None) -> bool:
-        return (time.time() if now is None else now) >= self.expires_at
 
     def reserve(self, n: int, save_mark: Callable[[Route, int], None] | None = None) -> bool:
         """Take ``n`` bytes of the budget; False (nothing taken) when they do not fit. Past
