@@ -8,6 +8,10 @@ boot queries from the node directory without starting anything); those that powe
 on boot a real guest and are marked ``qemu``. Everything skips (not fails) where ipmi_sim,
 ipmitool or QEMU is missing: ./dev installs them (Debian openipmi, ipmitool, qemu-system-x86).
 
+The fixtures of the tests on the project's Redfish emulator (tests/site/redfish_emulator):
+``trees``, a module's folder for the recorded trees it unpacks, and ``emulator_config``, the
+site's settings whose secret store holds the emulator's credentials.
+
 And the fixtures of the boot service and proxy routes: the site's HTTP service on loopback,
 and a provisioning network in namespaces with a plain DHCP server (tests/site/netns.py).
 """
@@ -75,6 +79,22 @@ def site_config(tmp_path: Path) -> Config:
     return Config(role=Role.SITE, node_id="site-1", state_dir=tmp_path / "state",
                   secrets_dir=store.root)
 
+
+@pytest.fixture(scope="module")
+def trees(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder for the module's tests to unpack recorded trees into (RedfishEmulator.of)."""
+    return tmp_path_factory.mktemp("trees")
+
+
+@pytest.fixture
+def emulator_config(tmp_path: Path) -> Config:
+    """The site's settings, its secret store holding the Redfish emulator's credentials under
+    test_bmc_redfish's REF, as tests/site/redfish_emulator/handlers.py's run_kind names them."""
+    from tests.site.redfish_emulator import PASSWORD as EMULATOR_PASSWORD
+    from tests.site.redfish_emulator import USER
+    from tests.site.test_bmc_redfish import config_with
+
+    return config_with(tmp_path, USER, EMULATOR_PASSWORD)
 
 
 def stray_children(settings: DnsmasqSettings, pids: Sequence[int]) -> list[int]:

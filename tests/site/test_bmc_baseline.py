@@ -171,11 +171,6 @@ def test_ipmi_the_sites_own_account_is_never_disabled(tmp_path: Path, clean_sim:
 # -- Redfish: the project's emulator, Dell R750 -----------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def trees(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("trees")
-
-
 @pytest.fixture
 def dell(trees: Path) -> Iterator[RedfishEmulator]:
     """The R750 as recorded: root (the site's account here) and forge_admin enabled, the other

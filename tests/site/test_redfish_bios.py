@@ -9,42 +9,20 @@ from pathlib import Path
 import pytest
 
 from agent.commands import handler_for
-from agent.commands.base import Context
 from agent.config import Config
 from agent.errors import InvalidParameters, Unsupported
 from agent.proto import site_pb2
-from tests.site.redfish_emulator import PASSWORD, USER, RedfishEmulator
-from tests.site.test_bmc_redfish import REF, config_with
+from tests.site.redfish_emulator import RedfishEmulator
+from tests.site.redfish_emulator.handlers import run_kind
+from tests.site.test_bmc_redfish import REF
 
 DELL_BIOS = "/redfish/v1/Systems/System.Embedded.1/Bios"
 
 
-@pytest.fixture(scope="module")
-def trees(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("trees")
-
-
-@pytest.fixture
-def config(tmp_path: Path) -> Config:
-    return config_with(tmp_path, USER, PASSWORD)
-
-
-def run_kind(kind: str, config: Config, bmc: RedfishEmulator, operation: str,
-             **parameters: str) -> site_pb2.BmcOperationResult:
-    payload = site_pb2.BmcOperationRequest(node_id="n1", bmc_address=bmc.address, protocol="redfish",
-                                           operation=operation, credentials_ref=REF, verify_tls=False,
-                                           parameters=parameters)
-    handler = handler_for(kind)
-    assert handler is not None
-    result = handler.run(Context.local(kind, config, timeout=60), handler.parse(payload))
-    assert isinstance(result, site_pb2.BmcOperationResult)
-    return result
-
-
 def test_dell_bios_set_through_its_settings_object_applied_at_the_next_reset(trees: Path,
-                                                                             config: Config) -> None:
+                                                                             emulator_config: Config) -> None:
     with RedfishEmulator.of("dell_r750", trees) as bmc:
-        done = run_kind("bmc.firmware", config, bmc, "set_bios",
+        done = run_kind("bmc.firmware", emulator_config, bmc, "set_bios",
                         attributes='{"LogicalProc": "Disabled", "AcPwrRcvryUserDelay": "180"}')
         assert done.state == "pending: applied at the next reset"
         assert dict(done.values) == {"LogicalProc": "Disabled", "AcPwrRcvryUserDelay": "180"}
@@ -52,19 +30,20 @@ def test_dell_bios_set_through_its_settings_object_applied_at_the_next_reset(tre
         assert path == f"{DELL_BIOS}/Settings"
         assert body == {"Attributes": {"LogicalProc": "Disabled", "AcPwrRcvryUserDelay": 180},
                         "@Redfish.SettingsApplyTime": {"ApplyTime": "OnReset"}}
-        before = run_kind("bmc.query", config, bmc, "bios", names="LogicalProc,AcPwrRcvryUserDelay")
+        before = run_kind("bmc.query", emulator_config, bmc, "bios", names="LogicalProc,AcPwrRcvryUserDelay")
         assert dict(before.values) == {"LogicalProc": "Enabled", "AcPwrRcvryUserDelay": "120",
                                        "pending.LogicalProc": "Disabled",
                                        "pending.AcPwrRcvryUserDelay": "180"}
-        run_kind("bmc.power", config, bmc, "reset")
-        after = run_kind("bmc.query", config, bmc, "bios", names="LogicalProc,AcPwrRcvryUserDelay")
+        run_kind("bmc.power", emulator_config, bmc, "reset")
+        after = run_kind("bmc.query", emulator_config, bmc, "bios", names="LogicalProc,AcPwrRcvryUserDelay")
         assert after.values["LogicalProc"] == "Disabled" and after.values["AcPwrRcvryUserDelay"] == "180"
 
 
-def test_attributes_outside_the_registry_are_refused_before_any_write(trees: Path, config: Config) -> None:
+def test_attributes_outside_the_registry_are_refused_before_any_write(trees: Path,
+                                                                       emulator_config: Config) -> None:
     with RedfishEmulator.of("dell_r750", trees) as bmc:
         with pytest.raises(InvalidParameters) as err:
-            run_kind("bmc.firmware", config, bmc, "set_bios", attributes=(
+            run_kind("bmc.firmware", emulator_config, bmc, "set_bios", attributes=(
                 '{"NoSuchThing": "1", "SystemModelName": "x", "AcPwrRcvryUserDelay": 30,'
                 ' "LogicalProc": "Maybe", "SriovGlobalEnable": "Disabled"}'))
         said = err.value.message
@@ -75,30 +54,30 @@ def test_attributes_outside_the_registry_are_refused_before_any_write(trees: Pat
         assert not bmc.writes("PATCH")
 
 
-def test_gh200_booleans_and_integers_by_its_registry(trees: Path, config: Config) -> None:
+def test_gh200_booleans_and_integers_by_its_registry(trees: Path, emulator_config: Config) -> None:
     with RedfishEmulator.of("nvidia_gh200", trees) as bmc:
-        done = run_kind("bmc.firmware", config, bmc, "set_bios",
+        done = run_kind("bmc.firmware", emulator_config, bmc, "set_bios",
                         attributes='{"EGM": "true", "EGMHypervisorReservedMemory": 1024}')
         assert dict(done.values) == {"EGM": "True", "EGMHypervisorReservedMemory": "1024"}
         assert bmc.writes("PATCH")[0][2]["Attributes"] == {"EGM": True, "EGMHypervisorReservedMemory": 1024}
         with pytest.raises(InvalidParameters, match="EGM: 'yes' is not true or false"):
-            run_kind("bmc.firmware", config, bmc, "set_bios", attributes='{"EGM": "yes"}')
+            run_kind("bmc.firmware", emulator_config, bmc, "set_bios", attributes='{"EGM": "yes"}')
 
 
-def test_lenovo_registry_is_found_through_its_location(trees: Path, config: Config) -> None:
+def test_lenovo_registry_is_found_through_its_location(trees: Path, emulator_config: Config) -> None:
     with RedfishEmulator.of("lenovo_sr670", trees) as bmc:
-        done = run_kind("bmc.firmware", config, bmc, "set_bios",
+        done = run_kind("bmc.firmware", emulator_config, bmc, "set_bios",
                         attributes='{"SystemRecovery_POSTWatchdogTimer": "Enabled"}')
         assert done.state.startswith("pending")
         assert [p for _, p, _ in bmc.writes("PATCH")] == ["/redfish/v1/Systems/1/Bios/Pending"]
 
 
 @pytest.mark.parametrize("tree", ["supermicro_sys821", "nvidia_dgxh100"])
-def test_no_registry_no_write(trees: Path, config: Config, tree: str) -> None:
+def test_no_registry_no_write(trees: Path, emulator_config: Config, tree: str) -> None:
     """Their recordings publish no BIOS AttributeRegistry: nothing can be checked."""
     with RedfishEmulator.of(tree, trees) as bmc:
         with pytest.raises(Unsupported, match="no BIOS AttributeRegistry"):
-            run_kind("bmc.firmware", config, bmc, "set_bios", attributes='{"Anything": "1"}')
+            run_kind("bmc.firmware", emulator_config, bmc, "set_bios", attributes='{"Anything": "1"}')
         assert not bmc.writes("PATCH")
 
 

@@ -5,20 +5,19 @@ dmtf_public_rackmount1, read in place), served by the project's Redfish emulator
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from agent.commands import handler_for
-from agent.commands.base import Context
 from agent.config import Config
 from agent.errors import InvalidParameters, Unsupported
 from agent.proto import site_pb2
 from agent.site.bmc.client import Credentials, Target
 from agent.site.bmc.redfish.client import RedfishClient
 from tests.site.redfish_emulator import PASSWORD, USER, RedfishEmulator
+from tests.site.redfish_emulator.handlers import run_kind
 from tests.site.sushy import fast_call
-from tests.site.test_bmc_redfish import REF, config_with
+from tests.site.test_bmc_redfish import REF
 
 SYSTEM = "/redfish/v1/Systems/437XR1138R2"
 
@@ -29,28 +28,11 @@ def mockup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedfishEmulator
         yield server
 
 
-@pytest.fixture
-def config(tmp_path: Path) -> Config:
-    return config_with(tmp_path, USER, PASSWORD)
-
-
-def run_kind(kind: str, config: Config, mockup: RedfishEmulator, operation: str,
-             **parameters: str) -> site_pb2.BmcOperationResult:
-    payload = site_pb2.BmcOperationRequest(node_id="rack1", bmc_address=mockup.address, protocol="redfish",
-                                           operation=operation, credentials_ref=REF, verify_tls=False,
-                                           parameters=parameters)
-    handler = handler_for(kind)
-    assert handler is not None
-    result = handler.run(Context.local(kind, config, timeout=60), handler.parse(payload))
-    assert isinstance(result, site_pb2.BmcOperationResult)
-    return result
-
-
 def test_storage_list_reads_simple_storage_where_there_is_no_storage(mockup: RedfishEmulator,
-                                                                     config: Config) -> None:
+                                                                     emulator_config: Config) -> None:
     """The mockup's System has SimpleStorage only (as many older BMCs): its controller and the
     devices present in its bays; the two Absent bays are not drives."""
-    result = run_kind("bmc.storage", config, mockup, "list")
+    result = run_kind("bmc.storage", emulator_config, mockup, "list")
     assert [(c.id, c.name) for c in result.storage] == [("1", "Simple Storage Controller")]
     drives = [(d.id, d.model, d.capacity_bytes, d.health) for d in result.storage[0].drives]
     assert drives == [("SATA Bay 1", "3000GT8", 8_000_000_000_000, "OK"),
@@ -71,13 +53,14 @@ def test_volumes_on_simple_storage_are_unsupported_and_say_why(mockup: RedfishEm
 
 
 def test_firmware_status_lists_the_inventory_and_reads_a_task(mockup: RedfishEmulator,
-                                                              config: Config) -> None:
-    result = run_kind("bmc.firmware", config, mockup, "status")
+                                                              emulator_config: Config) -> None:
+    result = run_kind("bmc.firmware", emulator_config, mockup, "status")
     versions = {item.id: item.version for item in result.firmware_inventory}
     assert versions["BMC"] == "1.45.455b66-rev4" and set(versions) == {"BIOS", "BMC", "SS"}
     assert {i.id for i in result.firmware_inventory if i.updateable} >= {"BMC"}
     assert result.state == "listed" and not result.firmware.task_uri
-    task = run_kind("bmc.firmware", config, mockup, "status", task_uri="/redfish/v1/TaskService/Tasks/545")
+    task = run_kind("bmc.firmware", emulator_config, mockup, "status",
+                    task_uri="/redfish/v1/TaskService/Tasks/545")
     assert (task.firmware.task_uri, task.firmware.state, task.firmware.percent) == (
         "/redfish/v1/TaskService/Tasks/545", "Completed", 100)
     assert task.state == "Completed"

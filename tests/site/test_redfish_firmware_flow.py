@@ -21,11 +21,6 @@ from agent.site.bmc.redfish.session import link
 from tests.site.redfish_emulator import RedfishEmulator
 
 
-@pytest.fixture(scope="module")
-def trees(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("trees")
-
-
 def quick(seconds: float) -> CallContext:
     return CallContext(threading.Event(), time.monotonic() + seconds, Pacing(0.1, 0.3, 1.5))
 

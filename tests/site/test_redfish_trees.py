@@ -11,31 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from agent.commands import handler_for
-from agent.commands.base import Context
 from agent.config import Config
 from agent.gateway.certs import DevPki, make_dev_pki
 from agent.proto import site_pb2
 from agent.site.services import SiteServices
 from tests.loopback_http import LoopbackServer
-from tests.site.redfish_emulator import PASSWORD, USER, RedfishEmulator, tree_names
-from tests.site.test_bmc_redfish import REF, config_with
+from tests.site.redfish_emulator import RedfishEmulator, tree_names
+from tests.site.redfish_emulator.handlers import run_kind
 from tests.site.test_media_https import prepare_for, settings
 
 Doc = dict[str, object]
 TREES = tree_names()
-
-
-def run_kind(kind: str, config: Config, bmc: RedfishEmulator, operation: str,
-             **parameters: str) -> site_pb2.BmcOperationResult:
-    payload = site_pb2.BmcOperationRequest(node_id="n1", bmc_address=bmc.address, protocol="redfish",
-                                           operation=operation, credentials_ref=REF, verify_tls=False,
-                                           parameters=parameters)
-    handler = handler_for(kind)
-    assert handler is not None
-    result = handler.run(Context.local(kind, config, timeout=60), handler.parse(payload))
-    assert isinstance(result, site_pb2.BmcOperationResult)
-    return result
 
 
 def offered(bmc: RedfishEmulator, tree: str) -> list[tuple[str, str, dict[str, str]]]:
@@ -90,11 +76,12 @@ CHECKS: dict[str, Callable[[site_pb2.BmcOperationResult, dict[str, str]], bool]]
 
 
 @pytest.mark.slow
-def test_every_recorded_tree_answers_every_operation_it_offers(tmp_path: Path) -> None:
+def test_every_recorded_tree_answers_every_operation_it_offers(tmp_path: Path,
+                                                               emulator_config: Config) -> None:
     """The site runs with its TLS listener (a CA made here): each BMC with a CD slot is handed
     media URLs over the transport it mounts, and an https one is fetched by the emulator,
     verified with that CA, as it is mounted."""
-    config = config_with(tmp_path, USER, PASSWORD)
+    config = emulator_config
     pki = make_dev_pki(tmp_path / "pki", hosts=("127.0.0.1",))
     done: dict[str, int] = {}
     failed: list[str] = []
