@@ -32,12 +32,17 @@ def clock() -> Clock:
     return Clock()
 
 
-@pytest.fixture
-def tl(tmp_path: Path, clock: Clock) -> Timelines:
-    t = Timelines(tmp_path / "timeline", diagnose=Diagnosis(), clock=clock)
+def timelines(root: Path, clock: Clock, diagnose: Diagnosis) -> Timelines:
+    """Timelines kept under ``root`` on ``clock``, with no ARP table to learn addresses from."""
+    t = Timelines(root, diagnose=diagnose, clock=clock)
     t.arp = lambda ip: ""
     t.load()
     return t
+
+
+@pytest.fixture
+def tl(tmp_path: Path, clock: Clock) -> Timelines:
+    return timelines(tmp_path / "timeline", clock, Diagnosis())
 
 
 def prepare(tl: Timelines, clock: Clock, *, method: str = "pxe", ttl: float = 3600,
@@ -58,11 +63,35 @@ def fetch(tl: Timelines, step: str, status: int = 200, mac: str = "") -> None:
     tl.fetch(IP, step, mac, status, 1000, 0.0)
 
 
-def boot_to_script(tl: Timelines, clock: Clock) -> None:
+def offered(tl: Timelines, clock: Clock, detail: str = "") -> None:
+    """Prepared, powered on, and offered its boot file by the site's DHCP."""
     prepare(tl, clock)
-    tl.by_mac(MAC, ev(clock, Step.DHCP_OFFER))
+    tl.by_mac(MAC, ev(clock, Step.DHCP_OFFER, detail))
+
+
+def boot_to_script(tl: Timelines, clock: Clock) -> None:
+    offered(tl, clock)
     fetch(tl, Step.CHAIN_SCRIPT)
     fetch(tl, Step.NODE_SCRIPT, mac=MAC)
+
+
+def boot_to_files(tl: Timelines, clock: Clock, *, kernel_started: bool = False) -> None:
+    """Booted to its script, its kernel and initrd fetched (and the kernel's first words on its
+    console, where ``kernel_started``)."""
+    boot_to_script(tl, clock)
+    tl.cache_fetch(IP, KERNEL, 200, 9000, 0.0)
+    tl.cache_fetch(IP, INITRD, 200, 9000, 0.0)
+    if kernel_started:
+        tl.console("n1", Step.KERNEL_STARTED, "Linux version 6.1")
+
+
+def boot_ordered_after_clean_up(tl: Timelines, clock: Clock, device: str) -> None:
+    """Prepared and cleaned up; 5 s later bmc.boot ``device`` and bmc.power on."""
+    prepare(tl, clock)
+    tl.cleaned("n1")
+    clock.step(5)
+    tl.boot_device("n1", device)
+    tl.power("n1", "on")
 
 
 def ev(clock: Clock, step: str, detail: str = "") -> Event:
@@ -76,10 +105,7 @@ def test_the_table_is_whole() -> None:
 
 
 def test_a_boot_that_joins_has_no_cause(tl: Timelines, clock: Clock) -> None:
-    boot_to_script(tl, clock)
-    tl.cache_fetch(IP, KERNEL, 200, 9000, 0.0)
-    tl.cache_fetch(IP, INITRD, 200, 9000, 0.0)
-    tl.console("n1", Step.KERNEL_STARTED, "Linux version 6.1")
+    boot_to_files(tl, clock, kernel_started=True)
     tl.console("n1", Step.JOINED, "connected to gateway gw at 10.0.0.1:7443")
     assert cause(tl, clock, 10_000) == ""
     a = tl.last("n1")
@@ -128,15 +154,13 @@ def test_not_registered_then_offered_is_not_named(tl: Timelines, clock: Clock) -
 
 
 def test_no_boot_loader_waits_for_its_time(tl: Timelines, clock: Clock) -> None:
-    prepare(tl, clock)
-    tl.by_mac(MAC, ev(clock, Step.DHCP_OFFER))
+    offered(tl, clock)
     assert cause(tl, clock, 59) == ""
     assert cause(tl, clock, 2) == "no_boot_loader"
 
 
 def test_no_boot_loader_at_once_when_the_firmware_asks_another_file(tl: Timelines, clock: Clock) -> None:
-    prepare(tl, clock)
-    tl.by_mac(MAC, ev(clock, Step.DHCP_OFFER, "boot server: undionly.kpxe"))
+    offered(tl, clock, "boot server: undionly.kpxe")
     tl.learn_ip(IP, MAC)
     tl.by_ip(IP, ev(clock, Step.TFTP_MISSING, "snponly.efi"))
     assert cause(tl, clock) == "no_boot_loader"
@@ -144,8 +168,7 @@ def test_no_boot_loader_at_once_when_the_firmware_asks_another_file(tl: Timeline
 
 
 def test_no_script(tl: Timelines, clock: Clock) -> None:
-    prepare(tl, clock)
-    tl.by_mac(MAC, ev(clock, Step.DHCP_OFFER))
+    offered(tl, clock)
     tl.learn_ip(IP, MAC)
     tl.by_ip(IP, ev(clock, Step.TFTP_SENT, "undionly.kpxe"))
     assert cause(tl, clock, 30) == ""
@@ -153,8 +176,7 @@ def test_no_script(tl: Timelines, clock: Clock) -> None:
 
 
 def test_no_script_at_once_when_refused(tl: Timelines, clock: Clock) -> None:
-    prepare(tl, clock)
-    tl.by_mac(MAC, ev(clock, Step.DHCP_OFFER))
+    offered(tl, clock)
     fetch(tl, Step.NODE_SCRIPT, status=404, mac=MAC)
     assert cause(tl, clock) == "no_script"
 
@@ -200,10 +222,7 @@ def test_no_dhcp_request(tl: Timelines, clock: Clock) -> None:
 
 
 def test_no_network_and_gateway_unreachable(tl: Timelines, clock: Clock) -> None:
-    boot_to_script(tl, clock)
-    tl.cache_fetch(IP, KERNEL, 200, 9000, 0.0)
-    tl.cache_fetch(IP, INITRD, 200, 9000, 0.0)
-    tl.console("n1", Step.KERNEL_STARTED, "Linux version 6.1")
+    boot_to_files(tl, clock, kernel_started=True)
     tl.console("n1", Step.NO_NETWORK, "gateway 10.0.0.1:7443: the network is not up yet")
     assert cause(tl, clock, 100) == ""
     assert cause(tl, clock, 21) == "no_network"
@@ -217,9 +236,7 @@ def test_gateway_unreachable(tl: Timelines, clock: Clock) -> None:
 
 
 def test_never_joined_with_the_console_last_word(tl: Timelines, clock: Clock) -> None:
-    boot_to_script(tl, clock)
-    tl.cache_fetch(IP, KERNEL, 200, 9000, 0.0)
-    tl.cache_fetch(IP, INITRD, 200, 9000, 0.0)
+    boot_to_files(tl, clock)
     tl.console("n1", Step.CONSOLE, "attached")
     tl.console("n1", Step.AGENT_STARTED, "bc-init [3.2]: starting agent")
     assert cause(tl, clock, 299) == ""
@@ -229,9 +246,7 @@ def test_never_joined_with_the_console_last_word(tl: Timelines, clock: Clock) ->
 
 def test_never_joined_is_not_named_without_a_console(tl: Timelines, clock: Clock) -> None:
     """Without a kept console the site cannot see a join: it names none rather than a wrong one."""
-    boot_to_script(tl, clock)
-    tl.cache_fetch(IP, KERNEL, 200, 9000, 0.0)
-    tl.cache_fetch(IP, INITRD, 200, 9000, 0.0)
+    boot_to_files(tl, clock)
     assert cause(tl, clock, 1000) == ""
 
 
@@ -257,8 +272,7 @@ def test_disk_boot_without_a_console_is_not_guessed(tl: Timelines, clock: Clock)
 
 
 def test_waits_are_settable(tmp_path: Path, clock: Clock) -> None:
-    tl = Timelines(tmp_path / "t", diagnose=Diagnosis({"no_kernel": 2}), clock=clock)
-    tl.arp = lambda ip: ""
+    tl = timelines(tmp_path / "t", clock, Diagnosis({"no_kernel": 2}))
     boot_to_script(tl, clock)
     assert cause(tl, clock, 3) == "no_kernel"
 
@@ -281,11 +295,7 @@ def test_a_pxe_boot_ordered_after_clean_up_is_not_registered_not_a_disk(tl: Time
     the timeline counts it a PXE attempt): the ignored PXE request names it not_registered, and the
     firmware falling through to "No bootable device" afterwards does not make it a disk that
     does not boot (the QEMU fault matrix, tests/site/observe/test_faults_qemu.py, saw this)."""
-    prepare(tl, clock)
-    tl.cleaned("n1")
-    clock.step(5)
-    tl.boot_device("n1", "pxe")
-    tl.power("n1", "on")
+    boot_ordered_after_clean_up(tl, clock, "pxe")
     tl.console("n1", Step.CONSOLE, "attached")
     tl.by_mac(MAC, ev(clock, Step.DHCP_IGNORED, MAC))
     tl.console("n1", Step.NO_BOOT_DEVICE, "Boot failed: could not read the boot disk")
@@ -297,11 +307,7 @@ def test_a_pxe_boot_ordered_after_clean_up_is_not_registered_not_a_disk(tl: Time
 
 def test_a_disk_boot_device_falling_through_to_pxe_is_still_a_disk_not_bootable(
         tl: Timelines, clock: Clock) -> None:
-    prepare(tl, clock)
-    tl.cleaned("n1")
-    clock.step(5)
-    tl.boot_device("n1", "disk")
-    tl.power("n1", "on")
+    boot_ordered_after_clean_up(tl, clock, "disk")
     tl.by_mac(MAC, ev(clock, Step.DHCP_IGNORED, MAC))
     assert cause(tl, clock) == "disk_not_bootable"
     assert "fell through" in (tl.last("n1") or pytest.fail()).cause_detail
