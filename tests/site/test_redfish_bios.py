@@ -8,13 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.commands import handler_for
 from agent.config import Config
 from agent.errors import InvalidParameters, Unsupported
-from agent.proto import site_pb2
 from tests.site.redfish_emulator import RedfishEmulator
-from tests.site.redfish_emulator.handlers import run_kind
-from tests.site.test_bmc_redfish import REF
+from tests.site.redfish_emulator.handlers import parse_kind, run_kind
 
 DELL_BIOS = "/redfish/v1/Systems/System.Embedded.1/Bios"
 
@@ -84,9 +81,5 @@ def test_no_registry_no_write(trees: Path, emulator_config: Config, tree: str) -
 @pytest.mark.parametrize("attributes", ["", "[]", "{}", "not json", '{"a b": 1}', '{"x": [1]}',
                                         '{"x": "' + "y" * 300 + '"}'])
 def test_the_attributes_parameter_is_checked_in_parse(attributes: str) -> None:
-    handler = handler_for("bmc.firmware")
-    assert handler is not None
     with pytest.raises(InvalidParameters, match="attributes"):
-        handler.parse(site_pb2.BmcOperationRequest(bmc_address="10.0.0.1", protocol="redfish",
-                                                   operation="set_bios", credentials_ref=REF,
-                                                   parameters={"attributes": attributes}))
+        parse_kind("bmc.firmware", "set_bios", attributes=attributes)

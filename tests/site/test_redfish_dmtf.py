@@ -8,16 +8,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.commands import handler_for
 from agent.config import Config
 from agent.errors import InvalidParameters, Unsupported
-from agent.proto import site_pb2
 from agent.site.bmc.client import Credentials, Target
 from agent.site.bmc.redfish.client import RedfishClient
 from tests.site.redfish_emulator import PASSWORD, USER, RedfishEmulator
-from tests.site.redfish_emulator.handlers import run_kind
+from tests.site.redfish_emulator.handlers import parse_kind, run_kind
 from tests.site.sushy import fast_call
-from tests.site.test_bmc_redfish import REF
 
 SYSTEM = "/redfish/v1/Systems/437XR1138R2"
 
@@ -70,9 +67,5 @@ def test_firmware_status_lists_the_inventory_and_reads_a_task(mockup: RedfishEmu
 @pytest.mark.parametrize("task_uri", ["https://elsewhere/x", "//elsewhere/x", "/redfish/../../etc", "tasks/1",
                                       "/a b", "/x\n"])
 def test_a_task_uri_that_is_not_a_path_on_the_bmc_is_refused_in_parse(task_uri: str) -> None:
-    handler = handler_for("bmc.firmware")
-    assert handler is not None
     with pytest.raises(InvalidParameters, match="task_uri"):
-        handler.parse(site_pb2.BmcOperationRequest(bmc_address="10.0.0.1", protocol="redfish",
-                                                   operation="status", credentials_ref=REF,
-                                                   parameters={"task_uri": task_uri}))
+        parse_kind("bmc.firmware", "status", task_uri=task_uri)

@@ -19,7 +19,7 @@ from agent.site.bmc.redfish.client import RedfishClient
 from agent.site.bmc.redfish.session import SESSION_CONTEXT, Unconfirmed
 from agent.site.bmc.redfish.vendors import VENDORS
 from tests.site.redfish_emulator import Quirk, RedfishEmulator
-from tests.site.redfish_emulator.handlers import run_kind
+from tests.site.redfish_emulator.handlers import parse_kind, run_kind
 from tests.site.redfish_emulator.server import Session
 from tests.site.sushy import fast_call
 
@@ -320,17 +320,9 @@ def test_nothing_is_kept_from_an_answer_cut_at_the_deadline(trees: Path) -> None
 
 
 def test_an_unknown_vendor_name_is_refused_in_parse() -> None:
-    from agent.commands import handler_for
-    from agent.proto import site_pb2
-
-    handler = handler_for("bmc.power")
-    assert handler is not None
-    payload = site_pb2.BmcOperationRequest(bmc_address="10.0.0.1", protocol="redfish", operation="status",
-                                           credentials_ref="rack1-n01", parameters={"vendor": "acme"})
     with pytest.raises(InvalidParameters, match="vendor"):
-        handler.parse(payload)
-    payload.parameters["vendor"] = "dell"
-    assert handler.parse(payload).args.vendor == "dell"
+        parse_kind("bmc.power", "status", vendor="acme")
+    assert parse_kind("bmc.power", "status", vendor="dell").args.vendor == "dell"
 
 
 def test_the_operators_vendor_reaches_the_client_through_the_handler(trees: Path,
