@@ -72,6 +72,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -275,6 +276,7 @@ class Bench:
         self.is_file = self.loop is None and (not self.target.exists() or self.target.is_file())
         self.disk_size = size if self.is_file else disk_for_path(self.target).size
         self.running = RunningAgent(work or Path(tempfile.mkdtemp())) if via == "run" else None
+        self.digests: dict[Path, str] = {}   # each image's sha256 (main sets them)
 
     def close(self) -> None:
         if self.running is not None:
@@ -335,7 +337,8 @@ class Bench:
         out = subprocess.run([python, str(PYZ), "exec", kind, "--role", "ramdisk", "--confirm",
                               self.disks()[0].name, "--payload", json_format.MessageToJson(req)],
                              capture_output=True, text=True, check=False)
-        doc = json.loads(out.stdout) if out.stdout.startswith("{") else {"status": out.stderr[-2000:]}
+        doc: dict[str, Any] = (json.loads(out.stdout) if out.stdout.startswith("{")
+                               else {"status": out.stderr[-2000:]})
         assert doc["status"] == "SUCCEEDED", doc
         return json_format.ParseDict(doc["result"], result_cls())
 
@@ -457,7 +460,7 @@ class Bench:
         return rows
 
     def pair(self, name: str, dd_cmd: str, agent_fn: Callable[[], object], nbytes: int,
-             ceilings: dict[str, Callable[[], object]] | None = None) -> dict[str, object]:
+             ceilings: dict[str, Callable[[], object]] | None = None) -> dict[str, Any]:
         """Runs dd and the agent back to back, alternating who goes first. The disk's speed
         drifts (a virtual disk shares its host), so the ratio is the median of the per-pair
         ratios, each pair measured within seconds. Each of ``ceilings`` (see hash_only and
@@ -481,7 +484,7 @@ class Bench:
         dd_s, ag_s = Sample.median(dd_runs), Sample.median(agent_runs)
         dd_t, ag_t = dd_s.wall, ag_s.wall
         dd_times, agent_times = [x.wall for x in dd_runs], [x.wall for x in agent_runs]
-        row = {
+        row: dict[str, Any] = {
             "scenario": name,
             "dd_MBps": nbytes / dd_t / 1e6,
             "agent_MBps": nbytes / ag_t / 1e6,
@@ -538,7 +541,7 @@ def main() -> int:
               f"{os.cpu_count()} CPUs; sha256 {sha256_speed():.2f} GB/s; "
               f"load average {os.getloadavg()[0]:.1f}; via {args.via}", flush=True)
         b = Bench(target, size, args.runs, args.via, work)
-        b.digests = {p: sha256(p) for p in images.values()}  # type: ignore[attr-defined]
+        b.digests = {p: sha256(p) for p in images.values()}
         dd = f"of={TARGET} bs=4M oflag=direct conv=fsync,notrunc"
         rows = []
         only = args.only.split(",")
@@ -617,8 +620,8 @@ def manifest_scenarios(b: Bench, work: Path, images: dict[str, Path], size: int,
         with p.open("rb") as f:
             while f.read(16 * MiB):
                 pass
-    b.digests[zst] = sha256(zst)  # type: ignore[attr-defined]
-    b.digests[qcow] = sha256(qcow)  # type: ignore[attr-defined]
+    b.digests[zst] = sha256(zst)
+    b.digests[qcow] = sha256(qcow)
     print(f"manifest images made in {time.perf_counter() - t:.1f}s:"
           f" sparse4.zst {zst.stat().st_size / MiB:.0f} MiB, qcow2 {qcow.stat().st_size / MiB:.0f} MiB",
           flush=True)

@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from agent.commands import inventory  # noqa: E402
 from agent.policy import conformance  # noqa: E402
+from agent.proto import agent_pb2  # noqa: E402
 from tests.hw.fake_machine import build_machine  # noqa: E402
 
 NO_NVML = "/nonexistent/libnvidia-ml.so.1"
@@ -94,6 +95,7 @@ def refresh_seconds(lab: object, name: str, payload: dict[str, object]) -> float
     assert isinstance(lab, Lab)
     body, result = lab.gateway.wait_result(lab.gateway.send(name, "inventory.refresh", payload), 600)
     assert body.status == session_pb2.SUCCEEDED, body.message
+    assert isinstance(result, agent_pb2.InventoryRefreshResult), result
     if "expect" in payload:
         assert result.conformance.passed, result.conformance
     return float(result.seconds)
@@ -105,7 +107,8 @@ def qemu_main(args: argparse.Namespace) -> int:
     from qemu.lab import Lab, Ramdisk, ensure_ramdisk
 
     parts = ensure_ramdisk()
-    cases = (("baseline", 0, {}), ("without expect", 1, {}), ("with expect (the gate)", 1, {"expect": GATE}))
+    cases: tuple[tuple[str, int, dict[str, object]], ...] = (
+        ("baseline", 0, {}), ("without expect", 1, {}), ("with expect (the gate)", 1, {"expect": GATE}))
     timings: dict[str, list[float]] = {label: [] for label, _, _ in cases}
     with tempfile.TemporaryDirectory(prefix="bc-bench-") as tmp, contextlib.ExitStack() as stack:
         base = Ramdisk(parts.kernel, parts.base, baseline_agent(args.baseline, Path(tmp) / "baseline"))
@@ -144,7 +147,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = build_machine(Path(tmp) / "root", gpus=args.gpus, disks=args.disks)
         times, inv = timed(lambda: inventory.collect(root, nvml_library=NO_NVML), args.runs)
-        assert isinstance(inv, inventory.agent_pb2.Inventory)
+        assert isinstance(inv, agent_pb2.Inventory)
         print(row(
             "fake server, GPUs from sysfs", times,
             f"{len(inv.gpus)} GPUs, {len(inv.disks)} disks, {len(inv.nics)} NICs, "
@@ -170,12 +173,12 @@ def main() -> int:
             print(f"| fake server, GPUs through NVML | - | - | - | - | skipped: {exc} |")
         else:
             times, inv = timed(lambda: inventory.collect(root, nvml_library=str(library)), args.runs)
-            assert isinstance(inv, inventory.agent_pb2.Inventory)
+            assert isinstance(inv, agent_pb2.Inventory)
             sources = {g.source for g in inv.gpus}
             print(row("fake server, GPUs through NVML (fake library)", times,
                       f"{len(inv.gpus)} GPUs ({', '.join(sorted(sources))}), {len(inv.disks)} disks"))
     times, inv = timed(lambda: inventory.collect(), args.runs)
-    assert isinstance(inv, inventory.agent_pb2.Inventory)
+    assert isinstance(inv, agent_pb2.Inventory)
     print(row("this machine", times, f"{len(inv.gpus)} GPUs, {len(inv.disks)} disks, {len(inv.nics)} NICs"))
     return 0
 

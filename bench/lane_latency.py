@@ -25,12 +25,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from agent.gateway.server import Gateway  # noqa: E402
 from tests.runtime.harness import AgentProcess, make_pki, start_gateway, wait_until  # noqa: E402
 
 WIPE = {"disks": [{"serial": "S-1"}]}
 
 
-def measure(gw, agent: AgentProcess, runs: int, tag: str) -> list[float]:
+def measure(gw: Gateway, agent: AgentProcess, runs: int, tag: str) -> list[float]:
     out = []
     for i in range(runs):
         cid = agent.spec(f"{tag}-{i}", sleep=0)
@@ -42,7 +43,7 @@ def measure(gw, agent: AgentProcess, runs: int, tag: str) -> list[float]:
     return out
 
 
-def busy(gw, agent: AgentProcess, tag: str, n: int, **behaviour: object) -> list[str]:
+def busy(gw: Gateway, agent: AgentProcess, tag: str, n: int, **behaviour: object) -> list[str]:
     ids = []
     for i in range(n):
         kind = "disk.wipe" if i % 2 == 0 else "deploy.image"

@@ -43,8 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-sys.path.insert(0, str(ROOT / "bench"))
-from proxy_bench import parse_size  # noqa: E402
+from bench.proxy_bench import parse_size  # noqa: E402
 
 QUIET = 0.25     # a round is quiet when the rest of the machine used less than this many cores
 

@@ -47,7 +47,7 @@ from tests.site.test_site_agent import site_agent as tests_site_agent  # noqa: E
 USER, PASSWORD, REF = "admin", "Fleet-Bench-7qP", "fleet"
 # The daemon's state (its journal) on tmpfs, as its default /run/bettercompute-agent is.
 STATE_ON = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-SEQUENCE = (("bmc.power", "status", {}), ("bmc.power", "on", {}),
+SEQUENCE: tuple[tuple[str, str, dict[str, str]], ...] = (("bmc.power", "status", {}), ("bmc.power", "on", {}),
             ("bmc.boot", "set_boot_device", {"device": "pxe"}))
 
 

@@ -29,9 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-import fleet_deploy as fleet  # noqa: E402  (this folder: the upstream, the agents, the images)
+from bench import fleet_deploy as fleet  # noqa: E402  (the upstream, the agents, the images)
 
 
 def data_runs(manifest_path: Path) -> list[tuple[int, int]]:

@@ -89,8 +89,8 @@ def main() -> int:
         env = {"PATH": "/usr/bin:/bin", "BC_AGENT_CACHE": str(tmp / "cache"), "LANG": "C.UTF-8",
                "PYTHONDONTWRITEBYTECODE": "1"}
         python = "/usr/bin/python3"
-        for pyz in archives.values():  # the native cache unpacked, as after a machine's first start
-            timed([python, str(pyz), "version", "--deps"], env)
+        for archive in archives.values():  # the native cache unpacked, as after a machine's first start
+            timed([python, str(archive), "version", "--deps"], env)
         results: dict[str, list[float]] = {}
 
         def note(key: str, value: float) -> None:

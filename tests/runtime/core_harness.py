@@ -152,7 +152,7 @@ class World:
 
     def agent(
         self,
-        handlers: dict[str, Handler[Any]],
+        handlers: dict[str, Handler[Any, Any]],
         *,
         role: Role = Role.RAMDISK,
         boot_id: str = "boot-A",

@@ -52,7 +52,8 @@ class FakeMachine:
 
     @property
     def gpus(self) -> list[dict[str, Any]]:
-        return self.machine["gpus"]
+        gpus: list[dict[str, Any]] = self.machine["gpus"]
+        return gpus
 
     def set(self, index: int, **fields: Any) -> FakeMachine:
         self.gpus[index].update(fields)
@@ -69,4 +70,5 @@ class FakeMachine:
         return self
 
     def read(self) -> dict[str, Any]:
-        return json.loads(self.path.read_text())
+        data: dict[str, Any] = json.loads(self.path.read_text())
+        return data
