@@ -49,8 +49,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.atomicfile import write_atomic
 from agent.errors import InvalidParameters, NotFound, Unsupported
-from agent.launcher import write_atomic
 from agent.net import http
 from agent.proto import site_pb2
 from agent.site.boot.fields import (
