@@ -134,6 +134,7 @@ def test_a_record_kept_under_its_mac_is_named_by_it_and_saved_as_its_fields(tmp_
     assert tag.mac_hex == "525400123456"
     assert json.loads(tag.to_json()) == {"mac": "52:54:00:12:34:56", "note": "rack 3",
                                           "expires_at": now + 60}
+    assert list(json.loads(tag.to_json())) == ["expires_at", "mac", "note"]   # the same text each time
     assert not tag.expired(now + 59.9) and tag.expired(now + 60) and tag.expired(now + 61)
     t: TtlTable[Tag] = TtlTable(tmp_path, "tag", name=lambda r: r.mac_hex, parse=Tag.from_json,
                                 dump=Tag.to_json)
