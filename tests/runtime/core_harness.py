@@ -196,14 +196,14 @@ class World:
         return session_pb2.SignedCommand(body=body.SerializeToString())
 
 
-def world_in(tmp_path: Path) -> Iterator[World]:
+def world_in(tmp_path: Path, stop_timeout: float = 2.0) -> Iterator[World]:
     """For a fixture: ``yield from world_in(tmp_path)``; stops every Agent afterwards."""
     w = World(tmp_path)
     yield w
     for ev in w.releases:
         ev.set()
     for a in w.agents:
-        a.stop(timeout=2)
+        a.stop(timeout=stop_timeout)
 
 
 def accepted(answer: Any) -> session_pb2.Accept:

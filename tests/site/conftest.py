@@ -8,6 +8,9 @@ boot queries from the node directory without starting anything); those that powe
 on boot a real guest and are marked ``qemu``. Everything skips (not fails) where ipmi_sim,
 ipmitool or QEMU is missing: ./dev installs them (Debian openipmi, ipmitool, qemu-system-x86).
 
+``world``: in-process Agents (tests/runtime/core_harness.py) for the site's handlers driven
+through the runtime, their state beside the site's own.
+
 The fixtures of the tests on the project's Redfish emulator (tests/site/redfish_emulator):
 ``trees``, a module's folder for the recorded trees it unpacks, and ``emulator_config``, the
 site's settings whose secret store holds the emulator's credentials.
@@ -23,6 +26,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -36,6 +40,9 @@ from agent.site.services import ServiceSettings, SiteServices
 from qemu.ipmisim import IpmiSim, free_udp_port, start_ipmi_sim
 from qemu.powered import NodeSpec, PoweredNode
 from tests.site.netns import Net, need, wait_listening
+
+if TYPE_CHECKING:
+    from tests.runtime.core_harness import World
 
 __all__ = ["IpmiSim", "free_udp_port"]
 
@@ -78,6 +85,16 @@ def site_config(tmp_path: Path) -> Config:
     store.put(REF, Credentials(USERNAME, PASSWORD))
     return Config(role=Role.SITE, node_id="site-1", state_dir=tmp_path / "state",
                   secrets_dir=store.root)
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    """In-process Agents (tests/runtime/core_harness.py) under tmp_path/world, beside the site's
+    own state and secrets in tmp_path (site_config), stopped afterwards."""
+    from tests.runtime.core_harness import world_in
+
+    (tmp_path / "world").mkdir()
+    yield from world_in(tmp_path / "world", stop_timeout=5)
 
 
 @pytest.fixture(scope="module")

@@ -339,15 +339,6 @@ def test_disable_account_takes_a_user_name(tmp_path: Path) -> None:
         handler.parse(bmc.request("disable_account", username="bad\nname"))
 
 
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    (tmp_path / "world").mkdir()
-    w = World(tmp_path / "world")
-    yield w
-    for a in w.agents:
-        a.stop(timeout=5)
-
-
 def test_through_the_agent_disable_account_runs_only_signed(tmp_path: Path, tenant_sim: IpmiSim,
                                                             world: World) -> None:
     """The remedy that writes an account rides on bmc.rotate: destructive, so the site daemon

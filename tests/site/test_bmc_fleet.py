@@ -21,7 +21,7 @@ from qemu.powered import NodeSpec, PoweredNode
 from tests.runtime.core_harness import Quick, World, accepted
 from tests.runtime.harness import wait_until
 from tests.site.conftest import PASSWORD, REF, USERNAME, _skip_without_tools
-from tests.site.test_bmc_scheduling import redfish, site_agent, world  # noqa: F401  (a fixture)
+from tests.site.test_bmc_scheduling import redfish, site_agent
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,7 @@ def payload_of(result: session_pb2.ResultBody) -> site_pb2.BmcOperationResult:
     return site_pb2.BmcOperationResult.FromString(result.payload)
 
 
-def test_64_redfish_bmcs_power_and_boot_in_order(site_config: Config, world: World,  # noqa: F811
+def test_64_redfish_bmcs_power_and_boot_in_order(site_config: Config, world: World,
                                                  tmp_path: Path) -> None:
     behaviours = ([Behaviour.OK] * 52 + [Behaviour.HANG] * 4 + [Behaviour.BUSY] * 4
                   + [Behaviour.SLOW] * 2 + [Behaviour.REFUSE] * 2)
@@ -82,7 +82,7 @@ def test_64_redfish_bmcs_power_and_boot_in_order(site_config: Config, world: Wor
 
 
 def test_a_healthy_bmc_and_other_commands_start_within_a_second_while_64_hang(
-        site_config: Config, world: World, tmp_path: Path) -> None:  # noqa: F811
+        site_config: Config, world: World, tmp_path: Path) -> None:
     with RedfishFleet([Behaviour.HANG] * N + [Behaviour.OK], username=USERNAME, password=PASSWORD,
                       workdir=tmp_path / "fleet") as fleet:
         agent, frames = site_agent(world, site_config, extra_handlers={
@@ -109,7 +109,7 @@ def test_a_healthy_bmc_and_other_commands_start_within_a_second_while_64_hang(
         assert payload_of(frames.result("ok")).state == "off"
 
 
-def test_64_ipmi_sim_bmcs_power_and_boot_in_order(site_config: Config, world: World,  # noqa: F811
+def test_64_ipmi_sim_bmcs_power_and_boot_in_order(site_config: Config, world: World,
                                                   tmp_path: Path) -> None:
     """IPMI: 64 ipmi_sim BMCs (each its own process and node), every command at once."""
     _skip_without_tools()

@@ -21,7 +21,7 @@ from agent.site.bmc.redfish.session import Discovered
 from qemu.bmcfleet import ROOT, SYSTEM, SYSTEMS, Behaviour, Bmc, RedfishFleet
 from tests.runtime.core_harness import World, accepted
 from tests.site.conftest import PASSWORD, USERNAME
-from tests.site.test_bmc_scheduling import redfish, site_agent, world  # noqa: F401  (a fixture)
+from tests.site.test_bmc_scheduling import redfish, site_agent
 
 STEPS = (("bmc.power", "status", {}), ("bmc.power", "on", {}),
          ("bmc.boot", "set_boot_device", {"device": "pxe"}), ("bmc.power", "status", {}))
@@ -36,7 +36,7 @@ def bmc(tmp_path: Path) -> Iterator[Bmc]:
 
 
 def test_a_bmcs_commands_share_its_discovery_and_one_connection(
-        site_config: Config, world: World, bmc: Bmc) -> None:  # noqa: F811
+        site_config: Config, world: World, bmc: Bmc) -> None:
     agent, frames = site_agent(world, site_config)
     for step, (kind, operation, parameters) in enumerate(STEPS):
         accepted(agent.submit(redfish(world, f"k{step}", kind, bmc.address, operation, **parameters)))
@@ -56,7 +56,7 @@ def test_a_bmcs_commands_share_its_discovery_and_one_connection(
 
 
 def test_a_kept_path_the_bmc_no_longer_has_is_discovered_again(
-        site_config: Config, world: World, bmc: Bmc) -> None:  # noqa: F811
+        site_config: Config, world: World, bmc: Bmc) -> None:
     agent, frames = site_agent(world, site_config)
     # What an earlier command learnt, before the BMC was reset and renumbered its Systems.
     gone = "/redfish/v1/Systems/Old-1"

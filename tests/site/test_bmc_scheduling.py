@@ -7,11 +7,8 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from agent.commands.base import Handler
 from agent.config import Config
@@ -35,15 +32,6 @@ class HungBmc:
 
     def close(self) -> None:
         self.sock.close()
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    (tmp_path / "world").mkdir()
-    w = World(tmp_path / "world")
-    yield w
-    for a in w.agents:
-        a.stop(timeout=5)
 
 
 def site_agent(world: World, config: Config, *, extra_handlers: dict[str, Handler[Any, Any]] | None = None,

@@ -86,15 +86,6 @@ def bmc(world: World, cid: str, kind: str, sim: IpmiSim, operation: str, *, sign
     return world.command(cid, kind, payload, sign=sign)
 
 
-@pytest.fixture
-def world(tmp_path: Path) -> Any:
-    (tmp_path / "world").mkdir()
-    w = World(tmp_path / "world")
-    yield w
-    for a in w.agents:
-        a.stop(timeout=5)
-
-
 def test_unsigned_boot_and_rotate_are_refused_and_change_nothing(
         sim: IpmiSim, site_config: Config, world: World) -> None:
     agent, _ = site_agent(world, site_config)
