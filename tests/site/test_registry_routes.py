@@ -65,6 +65,29 @@ def ramdisk_request(route: site_pb2.HttpProxyResult, name: str = "disk") -> agen
                                         target=common_pb2.DiskHints(name=name))
 
 
+def k_deploys_at_once(tmp_path: Path, route: site_pb2.HttpProxyResult,
+                      ) -> tuple[list[Target], list[agent_pb2.DeployImageResult | BaseException]]:
+    """K ramdisks deploying through ``route`` at once, each to a disk of its own under
+    tmp_path/n<i>: their targets, and each one's result or what it raised."""
+    for i in range(K):
+        (tmp_path / f"n{i}").mkdir()
+    targets = [Target(tmp_path / f"n{i}") for i in range(K)]
+    results: list[agent_pb2.DeployImageResult | BaseException] = [ValueError()] * K
+
+    def one(i: int) -> None:
+        try:
+            results[i] = deploy(ramdisk_request(route), targets[i].disks)
+        except BaseException as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(K)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return targets, results
+
+
 def test_k_deploys_fetch_each_chunk_from_the_registry_once(tmp_path: Path) -> None:
     img = sparse_image(24 << 20)
     path = tmp_path / "node.raw"
@@ -77,22 +100,7 @@ def test_k_deploys_fetch_each_chunk_from_the_registry_once(tmp_path: Path) -> No
             route = add_registry_route(site, reg.ref("fleet/node:1"), credentials_ref="registry1")
             assert route.resolved_manifest == pushed.manifest_digest
             assert route.disk_digest.hex == pushed.disk.hex and route.chunk_manifest
-            for i in range(K):
-                (tmp_path / f"n{i}").mkdir()
-            targets = [Target(tmp_path / f"n{i}") for i in range(K)]
-            results: list[agent_pb2.DeployImageResult | BaseException] = [ValueError()] * K
-
-            def one(i: int) -> None:
-                try:
-                    results[i] = deploy(ramdisk_request(route), targets[i].disks)
-                except BaseException as exc:
-                    results[i] = exc
-
-            threads = [threading.Thread(target=one, args=(i,)) for i in range(K)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(120)
+            targets, results = k_deploys_at_once(tmp_path, route)
         gets = reg.blob_gets(pushed.disk.digest)
     for i, r in enumerate(results):
         assert isinstance(r, agent_pb2.DeployImageResult), r
@@ -114,22 +122,7 @@ def test_k_deploys_of_a_blob_without_chunk_manifest_fetch_it_once(tmp_path: Path
         with running(settings_for(tmp_path, reg)) as site:
             route = add_registry_route(site, reg.ref("fleet/whole:1"), credentials_ref="registry1")
             assert not route.chunk_manifest
-            for i in range(K):
-                (tmp_path / f"n{i}").mkdir()
-            targets = [Target(tmp_path / f"n{i}") for i in range(K)]
-            results: list[agent_pb2.DeployImageResult | BaseException] = [ValueError()] * K
-
-            def one(i: int) -> None:
-                try:
-                    results[i] = deploy(ramdisk_request(route), targets[i].disks)
-                except BaseException as exc:
-                    results[i] = exc
-
-            threads = [threading.Thread(target=one, args=(i,)) for i in range(K)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(120)
+            targets, results = k_deploys_at_once(tmp_path, route)
             assert site.store.has(pushed.disk.hex)
             status, headers, body = get(route.proxy_url, {"Range": "bytes=100-199"})
             assert status == 206 and body == img[100:200] and headers["ETag"].startswith('"b-')
