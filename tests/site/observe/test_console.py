@@ -375,6 +375,28 @@ def test_a_console_kept_after_clean_up_goes_when_no_boot_follows(
         obs.stop()
 
 
+def test_a_console_attached_while_its_last_session_ends_is_attached(
+        tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path) -> None:
+    """A kexec'd node joins (its console let go, on a thread of its own) and the next command
+    is a power cycle (the console attached again) at once: ipmi_sim has ended the old session
+    (``~.``) before the new ipmitool activates, so the new one is attached, not busy for 30 s
+    while the node's firmware speaks."""
+    obs = make_observer(tmp_path, secrets_dir)
+    bmc = Bmc(sol_sim.address, "ipmi", REF)
+    try:
+        for _ in range(3):
+            obs.bmc_done("n1", bmc, "bmc.power", "on")
+            wait_for("attached", lambda: obs.consoles.state("n1") == "attached")
+            threading.Thread(target=obs.consoles.detach, args=("n1",), daemon=True).start()
+            time.sleep(0.05)                     # the old session taken out, still ending
+            power_on(obs, "n1", bmc)
+            wait_for("attached again", lambda: obs.consoles.state("n1") in ("attached", "busy"), 15)
+            assert obs.consoles.state("n1") == "attached", consoles_of(obs)
+            obs.consoles.detach("n1")
+    finally:
+        obs.stop()
+
+
 def test_bmc_commands_run_beside_a_kept_console(
         tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path) -> None:
     """A console holds no BMC lock and no IPMI session slot: bmc.power status and bmc.query on
