@@ -375,6 +375,26 @@ def test_a_console_kept_after_clean_up_goes_when_no_boot_follows(
         obs.stop()
 
 
+def test_a_console_kept_after_clean_up_goes_after_a_daemon_restart_too(
+        tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path) -> None:
+    """The daemon restarts while a cleaned-up ramdisk's console is kept: the new one resumes it
+    and still lets it go, counting from the clean-up its timeline holds."""
+    obs = make_observer(tmp_path, secrets_dir, console_after_cleanup=3)
+    joined_ramdisk(obs, Bmc(sol_sim.address, "ipmi", REF), serial)
+    obs.stop()
+    again = make_observer(tmp_path, secrets_dir, console_after_cleanup=3)
+    try:
+        assert again.consoles.attached() == ["n1"]
+        again.tick()
+        assert again.consoles.attached() == ["n1"]
+        time.sleep(3.2)
+        again.tick()
+        wait_for("the console let go", lambda: "released" in consoles_of(again))
+        assert again.consoles.attached() == []
+    finally:
+        again.stop()
+
+
 def test_a_console_attached_while_its_last_session_ends_is_attached(
         tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path) -> None:
     """A kexec'd node joins (its console let go, on a thread of its own) and the next command
