@@ -65,7 +65,7 @@ class NodeImage:
     def kexec_cmdline(self) -> str:
         return node_cmdline(self.arch)
 
-    def kexec_payload(self, serial: str) -> dict[str, Any]:
+    def kexec_payload(self, serial: str, *, allow_kexec_tools: bool = True) -> dict[str, Any]:
         """boot.kexec's payload (JSON) into this image deployed on disk ``serial``: its kernel
         and initramfs read from the root partition, their digests, its command line."""
         def part_file(path: str, digest: str) -> dict[str, Any]:
@@ -74,7 +74,7 @@ class NodeImage:
 
         return {"kernel": part_file("/boot/vmlinuz", self.kernel_sha256),
                 "initrd": part_file("/boot/initrd.img", self.initrd_sha256),
-                "cmdline": self.kexec_cmdline(), "allow_kexec_tools": True}
+                "cmdline": self.kexec_cmdline(), "allow_kexec_tools": allow_kexec_tools}
 
 
 def node_cmdline(arch: str = "amd64") -> str:
