@@ -312,15 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         old_boot = hello.boot_id
         sessions = lab.gateway.nodes[NODE].sessions
 
-        def part_file(path: str, digest: str) -> dict:  # type: ignore[type-arg]  # a JSON payload
-            return {"partition_file": {"disk": {"serial": target.serial}, "partition_label": "bcroot",
-                                       "path": path}, "digest": {"algorithm": "sha256", "hex": digest}}
-
         tl.say("KEXEC into the deployed kernel (/boot/vmlinuz on the bcroot partition)")
-        cid = lab.gateway.send(NODE, "boot.kexec", {
-            "kernel": part_file("/boot/vmlinuz", image.kernel_sha256),
-            "initrd": part_file("/boot/initrd.img", image.initrd_sha256),
-            "cmdline": image.kexec_cmdline(), "allow_kexec_tools": True})
+        cid = lab.gateway.send(NODE, "boot.kexec", image.kexec_payload(target.serial))
         try:
             rec = lab.gateway.wait(cid, 900)
         except TimeoutError:

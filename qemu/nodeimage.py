@@ -31,6 +31,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agent.proc import run
 from initramfs import build as ramdisk
@@ -63,6 +64,17 @@ class NodeImage:
 
     def kexec_cmdline(self) -> str:
         return node_cmdline(self.arch)
+
+    def kexec_payload(self, serial: str, *, allow_kexec_tools: bool = True) -> dict[str, Any]:
+        """boot.kexec's payload (JSON) into this image deployed on disk ``serial``: its kernel
+        and initramfs read from the root partition, their digests, its command line."""
+        def part_file(path: str, digest: str) -> dict[str, Any]:
+            return {"partition_file": {"disk": {"serial": serial}, "partition_label": LABEL, "path": path},
+                    "digest": {"algorithm": "sha256", "hex": digest}}
+
+        return {"kernel": part_file("/boot/vmlinuz", self.kernel_sha256),
+                "initrd": part_file("/boot/initrd.img", self.initrd_sha256),
+                "cmdline": self.kexec_cmdline(), "allow_kexec_tools": allow_kexec_tools}
 
 
 def node_cmdline(arch: str = "amd64") -> str:

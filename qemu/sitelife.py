@@ -4,8 +4,9 @@ gateway: what tests/e2e/test_site_lifecycle.py runs and checks, and what the dem
     bmc.query -> boot.prepareRamdisk -> bmc.boot pxe -> bmc.power on -> (PXE boot through the
     site's proxy DHCP, iPXE, the ramdisk joins) -> site.httpProxy -> deploy.image through the
     route (first gated on a build the node is not: refused, nothing written) -> disk.wipe of
-    the second disk -> boot.cleanUp -> bmc.boot disk -> bmc.power cycle -> (the node boots its
-    deployed disk and joins in role node)
+    the second disk -> boot.cleanUp -> [``kexec``: boot.kexec -> (the ramdisk kexecs into the
+    deployed kernel, which joins in role node: no power event)] -> bmc.boot disk -> bmc.power
+    cycle -> (the node boots its deployed disk and joins in role node)
 
 Each step is checked where it happens and again from outside where it can be (the node
 directory's boot device and power, the site daemon's HTTP log, the plain DHCP server's leases,
@@ -105,10 +106,12 @@ ROUTE_CHUNK = 1 * MiB   # the chunk size of the manifests routes serve from the 
 class Lifecycle:
     """One node's life through the site. ``chunk_store``: the route carries the raw image's
     manifest and the site serves it from its chunk store (docs/site.md), the deploy names the
-    same manifest; otherwise the route relays the zstd image."""
+    same manifest; otherwise the route relays the zstd image. ``kexec``: after boot.cleanUp the
+    ramdisk kexecs into the deployed system (boot.kexec) before the power cycle to its disk."""
 
     def __init__(self, lab: SiteLab, node: SiteNode, bmc: Bmc,
-                 on_step: Callable[[Step], None] | None = None, *, chunk_store: bool = False) -> None:
+                 on_step: Callable[[Step], None] | None = None, *, chunk_store: bool = False,
+                 kexec: bool = False) -> None:
         self.lab = lab
         self.node = node
         self.bmc = bmc
@@ -116,6 +119,8 @@ class Lifecycle:
         self.proxy_url = ""
         self.chunk_store = chunk_store
         self.chunks: Any = None          # the raw image's manifest (chunk_store)
+        self.kexec = kexec
+        self.kexec_console = ""          # QEMU's log of the serial line at the kexec'd join
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -179,6 +184,9 @@ class Lifecycle:
         self.deploy()
         self.wipe()
         self.clean_up()
+        if self.kexec:
+            self.boot_kexec()
+            self.kexec_join()
         self.boot_device("disk")
         self.power_cycle()
         self.disk_join()
@@ -368,6 +376,50 @@ class Lifecycle:
         if f"entry {self.node.mac}" not in removed or not any(r.startswith("route ") for r in removed):
             raise self.fail(f"boot.cleanUp removed {removed}")
         self.step("boot.cleanUp", t, "removed: " + ", ".join(r.split()[0] for r in removed))
+
+    def boot_kexec(self) -> None:
+        """boot.kexec, as an operator sends it once the PXE entry is gone: the deployed disk's
+        kernel and initramfs (read from its root partition, digests checked) with its command
+        line. The command completes when the agent rejoins from the new kernel."""
+        t = time.monotonic()
+        gw, name = self.lab.gateway, self.node.name
+        self.sessions_before = gw.nodes[name].sessions
+        self.boot_id_before = gw.nodes[name].boot_id
+        self.boots_before = len(self.node.power.boots())
+        cid = gw.send(name, "boot.kexec", self.node.image.kexec_payload("disk0"))
+        try:
+            rec = gw.wait(cid, COMMAND_TIMEOUT)
+        except TimeoutError:
+            raise self.fail(f"boot.kexec did not complete; events {gw.events_for(cid)}") from None
+        if rec.completion is None or not rec.completion.ok:
+            raise self.fail(f"boot.kexec ended {rec.state}: {gw.events_for(cid)}")
+        self.step("boot.kexec", t, f"{rec.state.name.lower()} by the rejoin proof: the deployed "
+                                   f"kernel and initramfs from disk0's bcroot partition, digests checked")
+
+    def kexec_join(self) -> None:
+        t = time.monotonic()
+        rec = self.wait_joined("node", self.sessions_before + 1)
+        if rec.boot_id == self.boot_id_before:
+            raise self.fail("rejoined after the kexec with the ramdisk's boot id")
+        boots = self.node.power.boots()[self.boots_before:]
+        if boots or self.node.power.status() != "on":
+            raise self.fail(f"a kexec is no power event, but the node's boots since it: {boots}")
+        # the agent writes its "connected to gateway" line a moment after the gateway has its
+        # hello: QEMU's log of the serial line is taken once it holds the new kernel's join
+        deadline, console = time.monotonic() + 30.0, ""
+        while time.monotonic() < deadline:
+            console = self.lab.console(self.node.power)
+            if re.search(r"reboot\(LINUX_REBOOT_CMD_KEXEC\)[\s\S]*node root .* mounted on /sysroot"
+                         r"[\s\S]*connected to gateway", console):
+                break
+            time.sleep(0.2)
+        else:
+            raise self.fail("joined as node, but the console shows no kexec into the disk's root "
+                            "and the join from it")
+        self.kexec_console = console
+        self.step("kexec + join", t, f"no power event, no firmware: the same QEMU process; root "
+                                     f"LABEL=bcroot on disk0; joined as {rec.hello.role}, new boot "
+                                     f"{rec.boot_id[:8]}")
 
     def power_cycle(self) -> None:
         t = time.monotonic()

@@ -147,4 +147,5 @@ class CleanUpHandler(Handler[site_pb2.BootCleanUpRequest, CleanUpParams], kind="
         if not params.macs:
             removed += [f"route {r}" for r in site.routes.remove_node(params.node_id)]
             site.observe.cleaned(params.node_id)     # its timeline says so; its console is let go
+                                                     # (kept for the next boot of a joined ramdisk)
         return site_pb2.BootCleanUpResult(removed=removed)

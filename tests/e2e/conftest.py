@@ -42,12 +42,6 @@ def run_command(lab: Lab, machine: Machine, node_id: str, kind: str, payload: di
     return cid, body, result
 
 
-def part_file(serial: str, path: str, digest: str) -> dict[str, Any]:
-    """A FileSource (JSON) for a file on the deployed image's root partition of disk ``serial``."""
-    return {"partition_file": {"disk": {"serial": serial}, "partition_label": "bcroot", "path": path},
-            "digest": {"algorithm": "sha256", "hex": digest}}
-
-
 def skip_reason(arch: str = "amd64", *, uefi: bool = False) -> str | None:
     if os.geteuid() != 0:
         return "needs root (the ramdisk builder chroots into its root)"

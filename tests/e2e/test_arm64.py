@@ -25,7 +25,7 @@ from agent.proto import agent_pb2
 from qemu.harness import Disk, Machine
 from qemu.lab import Lab, ensure_ramdisk
 from qemu.nodeimage import NodeImage, build_node_image
-from tests.e2e.conftest import COMMAND_TIMEOUT, JOIN_TIMEOUT, part_file, run_command, skip_reason
+from tests.e2e.conftest import COMMAND_TIMEOUT, JOIN_TIMEOUT, run_command, skip_reason
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow]
 
@@ -106,9 +106,7 @@ def test_arm64_deploy_image_by_serial_then_kexec_rejoins(arm_lab: Lab, node: Mac
     # Debian's arm64 cloud kernel is built without kexec_file_load (CONFIG_KEXEC_FILE is not
     # set; the amd64 one has it): the syscall is ENOSYS, and the agent falls back by itself to
     # kexec-tools' kexec_load (the ramdisk has it), without allow_kexec_tools, and says so.
-    payload = {"kernel": part_file(disks[0].serial, "/boot/vmlinuz", image.kernel_sha256),
-               "initrd": part_file(disks[0].serial, "/boot/initrd.img", image.initrd_sha256),
-               "cmdline": image.kexec_cmdline()}
+    payload = image.kexec_payload(disks[0].serial, allow_kexec_tools=False)
     cid = arm_lab.gateway.send(NODE, "boot.kexec", payload)
     try:
         rec = arm_lab.gateway.wait(cid, COMMAND_TIMEOUT)

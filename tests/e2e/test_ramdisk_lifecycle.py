@@ -27,7 +27,7 @@ from agent.security.trust import verify_result
 from qemu.harness import Disk, Machine
 from qemu.lab import Lab
 from qemu.nodeimage import NodeImage, build_node_image, sha256
-from tests.e2e.conftest import COMMAND_TIMEOUT, JOIN_TIMEOUT, part_file, run_command
+from tests.e2e.conftest import COMMAND_TIMEOUT, JOIN_TIMEOUT, run_command
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow, pytest.mark.root]
 
@@ -184,10 +184,7 @@ def test_kexec_into_the_deployed_node_rejoins_with_a_new_boot_id(  # type: ignor
     old_boot, sessions = old.boot_id, old.sessions
 
 
-    payload = {"kernel": part_file(disks[0].serial, "/boot/vmlinuz", image.kernel_sha256),
-               "initrd": part_file(disks[0].serial, "/boot/initrd.img", image.initrd_sha256),
-               "cmdline": image.kexec_cmdline(), "allow_kexec_tools": True}
-    cid = lab.gateway.send(NODE, "boot.kexec", payload)
+    cid = lab.gateway.send(NODE, "boot.kexec", image.kexec_payload(disks[0].serial))
     try:
         rec = lab.gateway.wait(cid, COMMAND_TIMEOUT)
     except TimeoutError:

@@ -6,17 +6,22 @@ runs and checks each step:
 
     bmc.query -> boot.prepareRamdisk -> bmc.boot pxe -> bmc.power on -> PXE boot through the
     proxy DHCP (iPXE) into the ramdisk, which joins -> site.httpProxy -> deploy.image through
-    the route -> disk.wipe of the second disk -> boot.cleanUp -> bmc.boot disk -> bmc.power
+    the route -> disk.wipe of the second disk -> boot.cleanUp -> boot.kexec -> the ramdisk
+    kexecs into the deployed kernel, which joins in role node -> bmc.boot disk -> bmc.power
     cycle -> the node boots its deployed disk and joins in role node
 
 Every step is a command through the reference gateway, to the site daemon or to the node;
-bmc.boot, deploy.image and disk.wipe are destructive and go signed.
+bmc.boot, deploy.image and disk.wipe are destructive and go signed. The site keeps the node's
+console throughout (SOL): across the boot.cleanUp, the kexec and the power cycle, checked line
+for line against QEMU's own log of the serial line, and its timeline has an attempt for each
+boot: pxe, kexec (begun from the console: the site never sees boot.kexec), disk.
 
-The same sequence runs once more over Redfish: sushy-tools' emulator (fake driver, HTTPS with
-a self-signed certificate, so ``verify_tls: false``) whose notification hook powers a second
-QEMU node (tests/site/sushy.py). Its System lists the node's NIC, so there bmc.query finds the
-MAC the boot entry is made for. That run is in UEFI mode where Debian's ovmf is installed
-(OVMF firmware, an ipxe.efi entry, boot mode uefi; the ramdisk checks /sys/firmware/efi).
+The same sequence, without the kexec, runs once more over Redfish: sushy-tools' emulator
+(fake driver, HTTPS with a self-signed certificate, so ``verify_tls: false``) whose
+notification hook powers a second QEMU node (tests/site/sushy.py). Its System lists the
+node's NIC, so there bmc.query finds the MAC the boot entry is made for. That run is in UEFI
+mode where Debian's ovmf is installed (OVMF firmware, an ipxe.efi entry, boot mode uefi; the
+ramdisk checks /sys/firmware/efi), and keeps its power cycle to the deployed disk.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ RF_REF = "rack1-rf02"
 STEPS = ["bmc.query", "boot.prepareRamdisk", "bmc.boot pxe", "bmc.power on", "PXE boot + join",
          "site.httpProxy", "deploy.image", "disk.wipe", "boot.cleanUp", "bmc.boot disk",
          "bmc.power cycle", "disk boot + join"]
+KEXEC_STEPS = [*STEPS[:9], "boot.kexec", "kexec + join", *STEPS[9:]]   # the IPMI run's
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +90,8 @@ def run_and_show(life: Lifecycle, then: Callable[[], object] | None = None) -> l
     return shown
 
 
-def check_common(lab: SiteLab, node: SiteNode, shown: list[Step]) -> None:
-    assert [s.name for s in shown][:len(STEPS)] == STEPS
+def check_common(lab: SiteLab, node: SiteNode, shown: list[Step], steps: list[str] = STEPS) -> None:
+    assert [s.name for s in shown][:len(steps)] == steps
     # The destructive kinds went signed (the agent refuses them unsigned).
     for kind in ("bmc.boot", "deploy.image", "disk.wipe"):
         recs = [r for r in lab.gateway.commands.values() if r.kind == kind]
@@ -100,54 +106,83 @@ def check_common(lab: SiteLab, node: SiteNode, shown: list[Step]) -> None:
 
 def test_site_driven_lifecycle_over_ipmi(site_lab: SiteLab, node: SiteNode, ipmi: IpmiSim,
                                          tmp_path: Path) -> None:
-    """The whole life over IPMI, then in role node on the deployed disk: driver.invoke,
-    logs.collect and instance.snapshot uploaded, daemon.upgrade to a newer build."""
-    life = Lifecycle(site_lab, node, Bmc("ipmi", ipmi.address, REF))
+    """The whole life over IPMI, a kexec into the deployed system and then a power cycle to its
+    disk, then in role node on the deployed disk: driver.invoke, logs.collect and
+    instance.snapshot uploaded, daemon.upgrade to a newer build."""
+    life = Lifecycle(site_lab, node, Bmc("ipmi", ipmi.address, REF), kexec=True)
     new_build = ramdisk.build_agent(tmp_path / "agent-new.pyz", version=NEW_VERSION)
     target = site_lab.start_upload_target()
     shown = run_and_show(life, lambda: NodeRoleSteps(life, target).run_all(new_build, NEW_VERSION))
-    check_common(site_lab, node, shown)
-    assert [s.name for s in shown][len(STEPS):] == ["driver.invoke", "logs.collect",
-                                                   "instance.snapshot", "daemon.upgrade"]
-    check_kept_console(site_lab, node)
+    check_common(site_lab, node, shown, KEXEC_STEPS)
+    assert [s.name for s in shown][len(KEXEC_STEPS):] == ["driver.invoke", "logs.collect",
+                                                         "instance.snapshot", "daemon.upgrade"]
+    check_kept_console(site_lab, node, life.kexec_console)
 
 
-def check_kept_console(lab: SiteLab, node: SiteNode) -> None:
+def serial_lines(text: str) -> list[str]:
+    """QEMU's log of a serial line as the site's ring keeps it: cleaned, no empty lines."""
+    return [line for raw in re.split(r"\r\n|\n|\r", text) if (line := clean(raw).rstrip())]
+
+
+def same_lines(kept: list[str], wrote: list[str]) -> str:
+    """Where ``kept`` first differs from ``wrote`` ("" when it holds it whole, in order)."""
+    for i, line in enumerate(wrote):
+        if i >= len(kept) or kept[i] != line:
+            got = kept[i] if i < len(kept) else "(nothing)"
+            return f"line {i} of {len(wrote)}: the node wrote {line!r}, the site kept {got!r}"
+    return ""
+
+
+def check_kept_console(lab: SiteLab, node: SiteNode, kexec_console: str) -> None:
     """The site kept the node's console from power-on (qemu/sitelab.py wires the node's serial
-    line to ipmi_sim's SOL): its ring holds the firmware's first lines, the ramdisk's and the
-    installed node's join; the PXE attempt's timeline has the console attached before the power
-    on and the ramdisk's milestones from it, its join among them (lost while the console ran
-    ``sol activate usesolkeepalive``, which ipmi_sim ended 30 s after each activation), the disk
-    boot's its join; and the disk boot's lines in the ring are, line for line, what QEMU logged
-    of the serial line from its start to the join (where the site lets a disk boot's console
-    go). The life passes through no kexec (bmc.power cycle into the deployed disk): a console
-    kept across a reboot with nothing lost is this, and test_faults_qemu.py's reset."""
+    line to ipmi_sim's SOL) through three boots. Its timeline has an attempt for each: the PXE
+    one (the console attached before the power on, the ramdisk's milestones and join, then
+    boot.cleanUp, which let no console go: the ramdisk still ran), the kexec one, begun from the
+    console (the site never sees boot.kexec: the agent's ``reboot(LINUX_REBOOT_CMD_KEXEC)``
+    line, then the new kernel's init, agent and join, no power event, no firmware), and the
+    disk one (bmc.power cycle). Its ring holds, line for line, what QEMU logged of the serial
+    line: the first QEMU process's, from its first line through the ramdisk and the kexec to
+    the kexec'd system's join (``kexec_console``: that log taken at the join; the site lets a
+    kexec or disk boot's console go once it has joined), and the power cycle's process, from
+    its firmware to the join. A console kept across a reboot is test_faults_qemu.py's reset too."""
     ring = lab.site_state / "site" / "observe" / "console" / node.name
     kept = "".join(f.read_text(errors="replace") for f in (ring / "console.log.1", ring / "console.log")
                    if f.exists())
     for wanted in ("SeaBIOS", "bc-init", "starting agent: python3 /usr/lib/bettercompute/agent.pyz run",
-                   "node root LABEL=bcroot mounted on /sysroot", "connected to gateway"):
+                   "reboot(LINUX_REBOOT_CMD_KEXEC)", "node root LABEL=bcroot mounted on /sysroot",
+                   "connected to gateway"):
         assert wanted in kept, f"{wanted!r} not in the site's kept console of {node.name}:\n{kept[-3000:]}"
     timeline = lab.site_state / "site" / "observe" / "timeline" / f"{node.name}.json"
     attempts = json.loads(timeline.read_text())["attempts"]
-    seen = "\n".join(f"attempt {a['number']} {a['method']} {a['outcome']}: "
+    seen = "\n".join(f"attempt {a['number']} {a['method']} ({a['trigger']}) {a['outcome']}: "
                      + " ".join(e["step"] for e in a["events"]) for a in attempts)
-    steps = {a["method"]: [e["step"] for e in a["events"]] for a in attempts}
-    assert set(steps) == {"pxe", "disk"}, seen
-    pxe, disk = steps["pxe"], steps["disk"]
+    assert [a["method"] for a in attempts] == ["pxe", "kexec", "disk"], seen
+    assert all(a["outcome"] == "joined" and not a["cause"] for a in attempts), seen
+    pxe, kexec, disk = ([e["step"] for e in a["events"]] for a in attempts)
     assert pxe.index("console") < pxe.index("power_on") < pxe.index("firmware"), seen
     assert {"boot_loader", "init", "agent_started"} <= set(pxe), seen
+    assert pxe.index("joined") < pxe.index("cleaned"), seen
+    assert "released" not in [e["detail"] for e in attempts[0]["events"] if e["step"] == "console"], seen
+    assert attempts[1]["trigger"] == "kexec seen on the console", seen
+    assert next(step for step in kexec if step != "console") == "kexec", seen   # (a SOL reattach first)
+    assert kexec.index("init") < kexec.index("agent_started") < kexec.index("joined"), seen
+    assert not {"firmware", "boot_loader", "power_on"} & set(kexec), seen
     assert disk.index("console") < disk.index("firmware") < disk.index("joined"), seen
-    assert attempts[-1]["outcome"] == "joined", seen
-    assert "joined" in pxe, seen
-    # the disk boot: QEMU's log of the serial line (this boot's process) against the ring
     lines = [line.partition(" ")[2] for line in kept.splitlines()]
+    # the first boot and the kexec: QEMU's log of the serial line up to the kexec'd join
+    ring_lines = [line for line in lines if line and not line.startswith("[site: ")]
+    wrote = serial_lines(kexec_console)
+    handover = next(i for i, line in enumerate(wrote) if "reboot(LINUX_REBOOT_CMD_KEXEC)" in line)
+    joined = next(i for i, line in enumerate(wrote) if i > handover and "connected to gateway" in line)
+    wrote = wrote[:joined + 1]
+    start = ring_lines.index(wrote[0])
+    assert not (lost := same_lines(ring_lines[start:], wrote)), f"across the kexec, {lost}"
+    # the disk boot: QEMU's log of the serial line (this boot's process) against the ring
     since = len(lines) - 1 - lines[::-1].index("[site: console attached]")
-    ring = [line for line in lines[since:] if line and not line.startswith("[site: ")]
-    wrote = [line for raw in re.split(r"\r\n|\n|\r", lab.console(node.power))
-             if (line := clean(raw).rstrip())]
-    start = ring.index(wrote[0])          # the old boot's last lines come first, then the new
-    ours = ring[start:]
+    ring_lines = [line for line in lines[since:] if line and not line.startswith("[site: ")]
+    wrote = serial_lines(lab.console(node.power))
+    start = ring_lines.index(wrote[0])          # the old boot's last lines come first, then the new
+    ours = ring_lines[start:]
     assert ours == wrote[:len(ours)], f"the node wrote:\n{wrote}\nthe site kept:\n{ours}"
     assert any("connected to gateway" in line for line in ours), ours
 

@@ -151,7 +151,7 @@ def _watched(a: Attempt) -> bool:
     agent's "connected to gateway" line) or the gateway told a verdict. Without either the
     site cannot tell a join from none, and names no never_joined."""
     return any(e.step == Step.CONSOLE and e.detail.startswith("attached") for e in a.events) or \
-        a.first(Step.REFUSED) is not None
+        a.first(Step.REFUSED, Step.KEXEC) is not None    # a kexec is seen on the console
 
 
 def _never_joined(a: Attempt, p: Prepared | None, now: float, wait: float) -> str | None:
@@ -163,7 +163,8 @@ def _never_joined(a: Attempt, p: Prepared | None, now: float, wait: float) -> st
     seen = a.last(*BOOTED, Step.NO_NETWORK, Step.GATEWAY_UNREACHABLE, Step.CONSOLE)
     console = f"; the console's last word: {seen.step} ({seen.detail})" if seen else \
         "; nothing on the console"
-    return f"the ramdisk booted ({booted.step} at {_when(booted.t)}) but never joined in {wait:.0f}s{console}"
+    what = "the kexec'd kernel" if a.method == "kexec" else "the ramdisk"
+    return f"{what} booted ({booted.step} at {_when(booted.t)}) but never joined in {wait:.0f}s{console}"
 
 
 def _disk(a: Attempt, p: Prepared | None, now: float, wait: float) -> str | None:
@@ -184,6 +185,16 @@ def _disk(a: Attempt, p: Prepared | None, now: float, wait: float) -> str | None
     seen = a.last(Step.FIRMWARE, Step.BOOT_LOADER)
     return (f"the disk did not boot a kernel in {wait:.0f}s after power on; the console's last "
             f"milestone: {seen.step + ' (' + seen.detail + ')' if seen else 'none'}")
+
+
+def _kexec_mute(a: Attempt, p: Prepared | None, now: float, wait: float) -> str | None:
+    e = a.first(Step.KEXEC)
+    if a.method != "kexec" or e is None or now - e.t < wait:
+        return None
+    if a.first(*BOOTED, Step.JOINED, Step.FIRMWARE, Step.NO_NETWORK, Step.GATEWAY_UNREACHABLE) is not None:
+        return None
+    return (f"a kexec at {_when(e.t)} ({e.detail}) but no new kernel on the console in {wait:.0f}s: "
+            "the loaded kernel or its command line (console=) is wrong, or it hung early")
 
 
 @dataclass(frozen=True)
@@ -211,7 +222,9 @@ RULES: tuple[Rule, ...] = (
          _late_join(Step.NO_NETWORK, "the agent has had no network")),
     Rule("gateway_unreachable", "the ramdisk booted but never joined: the gateway unreachable (console)", 90,
          _late_join(Step.GATEWAY_UNREACHABLE, "the agent cannot reach its gateway")),
-    Rule("never_joined",        "the ramdisk booted but never joined",                    300, _never_joined),
+    Rule("kexec_no_kernel",     "a kexec but no new kernel on the console",                120, _kexec_mute),
+    Rule("never_joined",        "the ramdisk (or a kexec'd kernel) booted but never joined", 300,
+         _never_joined),
     Rule("disk_not_bootable",   "deployed but the disk does not boot (no boot entry)",     180, _disk),
 )  # fmt: skip
 

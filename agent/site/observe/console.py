@@ -37,14 +37,18 @@
   (``budget_bytes``) caps the rings together: a new console past it first removes the rings
   of the nodes not attached, oldest first, and is refused (said) when that is not enough.
 - The attached nodes are recorded (``sessions.json``): a daemon that restarts resumes them.
-- Milestones (MILESTONES: firmware, boot loader, kernel started, init, the agent's first line,
-  the join, a panic, no network, the gateway unreachable, no boot device) go to
+- Milestones (MILESTONES: firmware, boot loader, a kexec, kernel started, init, the agent's
+  first line, the join, a panic, no network, the gateway unreachable, no boot device) go to
   ``on_milestone``, each once per boot. A new boot (``starts_boot``): a firmware's banner
   (SeaBIOS's "SeaBIOS (version", AAVMF's "UEFI firmware (version") after any milestone, or any
   firmware line or iPXE's banner after the kernel's stage (init, the agent, a panic...; x86
   OVMF's first serial line is BdsDxe's, and a ramdisk booted ``quiet`` never shows "Linux
-  version"). A resumed console (a daemon restart) counts the firmware as seen, so a line of a
-  boot under way is not taken for a new one.
+  version"). A kexec is a new boot with no firmware (``kexecs``): the line that announces it
+  (the agent's ``reboot(LINUX_REBOOT_CMD_KEXEC)``, the kernel's "kexec_core: Starting new
+  kernel", systemd's "Rebooting with kexec"), else a new kernel's first line (its "Linux
+  version", bc-init's "up, kernel") after the init stage of the boot before; it is reported as
+  the milestone ``kexec``, then the new kernel's own. A resumed console (a daemon restart)
+  counts the firmware as seen, so a line of a boot under way is not taken for a new one.
 """
 
 from __future__ import annotations
@@ -83,6 +87,10 @@ LIVENESS_TIMEOUT = 20.0     # one such question, at most
 # (milestone, what on the console shows it), tried in order on each line.
 MILESTONES: tuple[tuple[Step, re.Pattern[str]], ...] = (
     (Step.PANIC, re.compile(r"Kernel panic - not syncing")),
+    # the agent's boot.kexec (agent/hw/kexec.py), the kernel's own word (a notice: not shown
+    # under ``quiet``), systemd's ``systemctl kexec``
+    (Step.KEXEC, re.compile(r"\breboot\(LINUX_REBOOT_CMD_KEXEC\)|kexec_core: Starting new kernel|"
+                            r"systemd-shutdown\[1\]: Rebooting with kexec")),
     (Step.JOINED, re.compile(r"\bconnected to gateway\b")),
     (Step.GATEWAY_UNREACHABLE, re.compile(
         r"agent\.link\.session: gateway \S+: (?!.*network is not up).*(refused|timed out|unreachable|"
@@ -103,8 +111,16 @@ MILESTONES: tuple[tuple[Step, re.Pattern[str]], ...] = (
 FIRMWARE_BANNER = re.compile(r"SeaBIOS \(version|UEFI firmware \(version")
 IPXE_BANNER = re.compile(r"iPXE initialising devices|iPXE \d.* -- Open Source Network Boot Firmware")
 # What a boot shows only once its kernel has started: a firmware line after one is a reset.
-KERNEL_STAGE = frozenset({Step.KERNEL_STARTED, Step.INIT, Step.AGENT_STARTED, Step.JOINED, Step.PANIC,
-                          Step.NO_NETWORK, Step.GATEWAY_UNREACHABLE})
+KERNEL_STAGE = frozenset({Step.KEXEC, Step.KERNEL_STARTED, Step.INIT, Step.AGENT_STARTED, Step.JOINED,
+                          Step.PANIC, Step.NO_NETWORK, Step.GATEWAY_UNREACHABLE})
+# What a kernel and its init print once each per boot: one after its init's stage (init, the
+# agent, the join, a panic) with no firmware and no kexec line between is a kernel that the one
+# before loaded and started itself (a kexec it did not announce, a crash kernel). Not every
+# init line: systemd's come all through a boot.
+NEW_KERNEL = re.compile(r"\bLinux version \d|Booting Linux on physical CPU|"
+                        r"bc-init \[[\d.]+\]: up, kernel|Run /init as init process")
+AFTER_INIT = frozenset({Step.INIT, Step.AGENT_STARTED, Step.JOINED, Step.PANIC, Step.NO_NETWORK,
+                        Step.GATEWAY_UNREACHABLE})
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>78cM]")
 
 BUSY_PATTERNS = ("already active on another session", "sol payload already active")
@@ -131,6 +147,15 @@ def starts_boot(line: str, step: Step | None, seen: set[str]) -> bool:
     if FIRMWARE_BANNER.search(line):
         return True
     return bool(seen & KERNEL_STAGE) and (step == Step.FIRMWARE or bool(IPXE_BANNER.search(line)))
+
+
+def kexecs(line: str, step: Step | None, seen: set[str]) -> bool:
+    """Whether ``line`` (milestone ``step``) shows a kexec in a boot whose console showed the
+    milestones ``seen``: a kexec line (not a second one of the same hand-over: the agent's,
+    then the kernel's), or a new kernel's first line after the init stage with no firmware."""
+    if step == Step.KEXEC:
+        return seen != {Step.KEXEC}
+    return bool(seen & AFTER_INIT) and bool(NEW_KERNEL.search(line))
 
 
 def payload_holder(text: str) -> int | None:
@@ -411,7 +436,10 @@ class SolSession:
                 continue
             self.ring.append(now, line)
             step = milestone(line)
-            if starts_boot(line, step, self._seen):
+            if kexecs(line, step, self._seen):
+                self._seen = {Step.KEXEC}    # a new boot, by the kernel before: no firmware
+                self.report(self.node_id, Step.KEXEC, line)
+            elif starts_boot(line, step, self._seen):
                 self._seen.clear()           # a new boot: its milestones are reported again
                 if step != Step.FIRMWARE:    # iPXE's banner, the first line this boot showed
                     self._seen.add(Step.FIRMWARE)

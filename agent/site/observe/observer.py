@@ -14,8 +14,10 @@ The handlers and services tell it what they did (one call each); it is ``SiteSer
 
 When the console is kept: from boot.prepareRamdisk, or bmc.power on, cycle or reset, of a
 node whose BMC the site knows (a bmc.* command with the node's id taught it) until
-boot.cleanUp or bmc.power off; a disk boot's console (an attempt with nothing prepared) is
-released once the node has joined.
+boot.cleanUp or bmc.power off; a disk or kexec boot's console is released once the node has
+joined. boot.cleanUp of a node whose ramdisk has joined and runs (its next act is a kexec into
+the deployed system, or a power cycle to its disk) keeps the console through that next boot:
+until it joins, bmc.power off, or ``console_after_cleanup`` seconds with no new boot begun.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ PHASES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("kernel_fetch", (Step.KERNEL, Step.ISO), (Step.INITRD, Step.KERNEL_STARTED)),
     ("kernel_to_join", (Step.KERNEL_STARTED, Step.INITRD, Step.ISO), (Step.JOINED,)),
     ("power_to_join", (Step.POWER_ON,), (Step.JOINED,)),
+    ("kexec_to_join", (Step.KEXEC,), (Step.JOINED,)),
 )
 
 
@@ -64,6 +67,8 @@ class ObserverSettings:
     console_dir: Path | None = None  # the rings (default: root / "console"): put it on a disk
     ipmitool: str = "ipmitool"
     waits: dict[str, float] = field(default_factory=dict)   # rule name -> seconds (causes.py)
+    console_after_cleanup: float = 600.0   # a joined ramdisk's console kept after boot.cleanUp
+                                           # this long for its next boot to begin (a kexec)
 
 
 def _node_id_ok(node_id: str) -> bool:
@@ -91,6 +96,9 @@ class Observer:
                                  budget_bytes=settings.console_budget_bytes, ipmitool=settings.ipmitool)
         self._bmcs: OrderedDict[str, Bmc] = OrderedDict()
         self._lock = threading.Lock()
+        # node -> (the cleaned attempt's number, when its console goes): boot.cleanUp of a
+        # running ramdisk, its console kept for the next boot (``cleaned``)
+        self._after_cleanup: dict[str, tuple[int, float]] = {}
         self.metrics.gauge("consoles_kept", lambda: float(self.consoles.alive()))
 
     # -- life ------------------------------------------------------------------------------
@@ -100,6 +108,11 @@ class Observer:
         self.timelines.load()
         self._load_bmcs()
         resumed = self.consoles.resume()
+        for node_id in self.consoles.attached():     # a console kept after boot.cleanUp
+            a = self.timelines.last(node_id)
+            cleaned = a.last(Step.CLEANED) if a is not None else None
+            if a is not None and cleaned is not None:
+                self._after_cleanup[node_id] = (a.number, cleaned.t + self.settings.console_after_cleanup)
         log.info("site observer: %d nodes' timelines, %d consoles resumed",
                  len(self.timelines.nodes()), resumed)
 
@@ -111,6 +124,27 @@ class Observer:
         self.timelines.evaluate()
         self.timelines.expire_pending()
         self.timelines.flush()
+        self._release_after_cleanup()
+
+    def _release_after_cleanup(self) -> None:
+        """The consoles kept after boot.cleanUp: a node whose next boot began is left to that
+        boot's rules (released at its join); one whose did not within its time is let go."""
+        with self._lock:
+            waiting = list(self._after_cleanup.items())
+        if not waiting:
+            return
+        attached, now = set(self.consoles.attached()), self.timelines.clock()
+        for node_id, (number, until) in waiting:
+            a = self.timelines.last(node_id)
+            began = a is not None and a.number != number and not a.only_set_up
+            if node_id in attached and not began and now < until:
+                continue
+            with self._lock:
+                self._after_cleanup.pop(node_id, None)
+            if node_id in attached and not began:
+                log.info("console of %s: no boot began within %.0fs of boot.cleanUp; released",
+                         node_id, self.settings.console_after_cleanup)
+                threading.Thread(target=self.consoles.detach, args=(node_id,), daemon=True).start()
 
     # -- the BMCs the site knows, by node (what a console needs) ------------------------------
 
@@ -187,7 +221,19 @@ class Observer:
         self.timelines.digest_refused(node_id, detail)
 
     def cleaned(self, node_id: str) -> None:
+        """boot.cleanUp: the console is let go, unless the node's ramdisk joined and runs: what
+        it does next (a kexec into the deployed system, a power cycle) is kept with nothing
+        lost, until that boot joins or ``console_after_cleanup`` passes with none begun."""
         self.timelines.cleaned(node_id)
+        a = self.timelines.last(node_id)
+        if a is not None and a.outcome == Outcome.JOINED and node_id in self.consoles.attached():
+            with self._lock:
+                self._after_cleanup[node_id] = (
+                    a.number, self.timelines.clock() + self.settings.console_after_cleanup)
+            log.info("console of %s kept after boot.cleanUp: its ramdisk runs; released at its "
+                     "next boot's join, or in %.0fs if none begins", node_id,
+                     self.settings.console_after_cleanup)
+            return
         self.consoles.detach(node_id)
 
     def verdict(self, node_id: str, joined: bool, detail: str = "") -> None:
@@ -239,8 +285,8 @@ class Observer:
         self.timelines.console(node_id, step, line)
         if step == Step.JOINED:
             attempt = self.timelines.last(node_id)
-            if attempt is not None and attempt.method == "disk":
-                # A disk boot's console is kept until the node is up; then it is let go.
+            if attempt is not None and attempt.method in ("disk", "kexec"):
+                # A disk or kexec boot's console is kept until the node is up; then it is let go.
                 threading.Thread(target=self.consoles.detach, args=(node_id,), daemon=True).start()
 
     def _on_attempt(self, node_id: str, attempt: Attempt) -> None:

@@ -24,8 +24,9 @@ boot.prepareRamdisk when the node's
 last attempt is over (joined, failed, cleaned up), when the console reports the firmware in an
 attempt that holds a console milestone already (the console reports each once per boot, the
 firmware again at a new one: a reboot the site did not order, even one whose kernel says
-nothing), and at a PXE request of the
-node's MAC once its last attempt is over (a boot the site did not order). Bounded: KEEP_ATTEMPTS attempts
+nothing), when the console reports a kexec (a running kernel handing over to a new one, no
+firmware between: method "kexec", continuing an attempt only set up), and at a PXE request of
+the node's MAC once its last attempt is over (a boot the site did not order). Bounded: KEEP_ATTEMPTS attempts
 per node, MAX_EVENTS events per attempt (the first ones and the newest kept), MAX_NODES nodes
 (the least recently active forgotten first), MAX_PENDING unattributed addresses; a changed
 node's file is written whole (write_atomic) by ``flush``, at the site's timer (each second) and
@@ -86,6 +87,7 @@ class Step(enum.StrEnum):
     KERNEL_STARTED = "kernel_started"
     INIT = "init"
     AGENT_STARTED = "agent_started"
+    KEXEC = "kexec"                        # a running kernel hands over to a new one: a new boot
     PANIC = "panic"
     NO_NETWORK = "no_network"
     GATEWAY_UNREACHABLE = "gateway_unreachable"
@@ -105,9 +107,10 @@ def _sets_up(event: Event) -> bool:
 _SETUP = frozenset({Step.PREPARED, Step.BOOT_DEVICE, Step.CONSOLE, Step.POWER_OFF})
 # What the kept console reports, each once per boot (agent/site/observe/console.py): the
 # firmware reported again within an attempt that holds any of them is a new boot.
-MILESTONES = frozenset({Step.FIRMWARE, Step.BOOT_LOADER, Step.KERNEL_STARTED, Step.INIT,
+MILESTONES = frozenset({Step.FIRMWARE, Step.BOOT_LOADER, Step.KEXEC, Step.KERNEL_STARTED, Step.INIT,
                         Step.AGENT_STARTED, Step.PANIC, Step.NO_NETWORK, Step.GATEWAY_UNREACHABLE,
                         Step.NO_BOOT_DEVICE, Step.JOINED})
+KEXEC_TRIGGER = "kexec seen on the console"
 FETCHES = frozenset({Step.CHAIN_SCRIPT, Step.NODE_SCRIPT, Step.KERNEL, Step.INITRD, Step.ISO,
                      Step.CONFIG_MEDIUM})
 
@@ -142,8 +145,10 @@ class Event:
 class Attempt:
     number: int
     started: float
-    trigger: str             # "bmc.power on", "boot.prepareRamdisk", "reboot seen on the console"
-    method: str              # "pxe", "virtual_media" or "disk" (nothing prepared)
+    trigger: str             # "bmc.power on", "boot.prepareRamdisk", "reboot seen on the console",
+                             # "kexec seen on the console"
+    method: str              # "pxe", "virtual_media", "disk" (nothing prepared) or "kexec" (a
+                             # kernel loaded by the one before: no firmware, no fetch the site sees)
     events: list[Event] = field(default_factory=list)
     dropped: int = 0         # events beyond MAX_EVENTS not kept
     outcome: str = Outcome.BOOTING
@@ -174,6 +179,11 @@ class Attempt:
             self.events.insert(at, event)
         else:
             self.events.append(event)
+
+    @property
+    def only_set_up(self) -> bool:
+        """Whether the attempt holds nothing but its set-up (nothing booted yet)."""
+        return all(e.step in _SETUP for e in self.events)
 
     @property
     def over(self) -> bool:
@@ -338,8 +348,7 @@ class Timelines:
         with self._lock:
             record = self._node(node_id)
             attempt = record.current
-            if begin and attempt is not None and attempt.outcome == Outcome.BOOTING and \
-                    all(e.step in _SETUP for e in attempt.events):
+            if begin and attempt is not None and attempt.outcome == Outcome.BOOTING and attempt.only_set_up:
                 # the power on of an attempt that was only being set up: it is what began it,
                 # unless a boot.prepareRamdisk did
                 if attempt.trigger != "boot.prepareRamdisk":
@@ -353,6 +362,13 @@ class Timelines:
                 # a node the site did not power asks to boot from the network (a reboot of its
                 # own, an operator at its BMC): a new attempt, by PXE
                 attempt = self._begin(record, "a PXE request seen", event.t, method="pxe")
+            elif not begin and event.step == Step.KEXEC:
+                # the running kernel hands over to a new one: a boot of its own, whatever the
+                # one before was (an attempt only set up, its boot device or console, is it)
+                if attempt is not None and attempt.outcome == Outcome.BOOTING and attempt.only_set_up:
+                    attempt.trigger, attempt.method = KEXEC_TRIGGER, "kexec"
+                else:
+                    attempt = self._begin(record, KEXEC_TRIGGER, event.t, method="kexec")
             elif begin or attempt is None:
                 attempt = self._begin(record, begin or event.step, event.t)
             elif event.step == Step.FIRMWARE and attempt.first(*MILESTONES) is not None:
@@ -367,7 +383,7 @@ class Timelines:
                     attempt.outcome, attempt.carried = Outcome.FAILED, True
             attempt.add(event)
             if event.step == Step.BOOT_DEVICE and event.detail == "pxe" and attempt.method == "disk" \
-                    and all(e.step in _SETUP for e in attempt.events):
+                    and attempt.only_set_up:
                 # an attempt being set up to boot from the network, nothing prepared for it: a
                 # PXE boot (its request ignored is not_registered, not a disk that fell through)
                 attempt.method = "pxe"

@@ -26,6 +26,7 @@ from agent.site.observe.observer import Observer, ObserverSettings
 from agent.site.observe.timeline import Prepared, Step
 from qemu.ipmisim import IpmiSim, start_ipmi_sim
 from qemu.powered import NodeSpec, PoweredNode
+from tests.site.observe.test_kexec import DEPLOYED, HAND_OVER, RAMDISK
 from tests.site.test_site_agent import ArgvWatcher
 
 USERNAME, PASSWORD, REF = "bcadmin", "Sol-Pass-7hq2Wm", "rack1-n01"
@@ -321,6 +322,97 @@ def test_a_console_kept_from_power_on_with_its_milestones(
         taken = sol_sim.ipmitool("sol", "info")
         assert taken.returncode == 0
         assert "released" in consoles_of(obs)
+    finally:
+        obs.stop()
+
+
+def joined_ramdisk(obs: Observer, bmc: Bmc, serial: SerialPort) -> None:
+    """A PXE attempt whose ramdisk joined, its console kept from power on, then boot.cleanUp."""
+    obs.prepared("n1", Prepared("pxe", MAC, time.time() + 3600))
+    power_on(obs, "n1", bmc)
+    wait_for("the SOL session", lambda: obs.consoles.state("n1") == "attached")
+    wait_for("the serial port", serial.connected.is_set)
+    serial.say(*RAMDISK)
+    wait_for("the join", lambda: "joined" in steps(obs))
+    obs.cleaned("n1")
+
+
+def test_a_console_kept_across_clean_up_and_a_kexec_with_nothing_lost(
+        tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path) -> None:
+    """boot.cleanUp of a node whose ramdisk joined keeps its console: the kexec into the
+    deployed system that comes next is kept line for line, an attempt of its own (method
+    kexec) whose join lets the console go."""
+    obs = make_observer(tmp_path, secrets_dir)
+    try:
+        joined_ramdisk(obs, Bmc(sol_sim.address, "ipmi", REF), serial)
+        obs.tick()
+        assert obs.consoles.state("n1") == "attached"
+        serial.say(*HAND_OVER, *DEPLOYED)
+        wait_for("the console let go", lambda: "released" in consoles_of(obs))
+        ramdisk, kexec = obs.timelines.attempts("n1")
+        assert (ramdisk.method, ramdisk.outcome, ramdisk.events[-1].step) == ("pxe", "joined", "cleaned")
+        assert (kexec.method, kexec.outcome) == ("kexec", "joined")
+        assert kexec.trigger == "kexec seen on the console"
+        assert [e.step for e in kexec.events] == ["kexec", "init", "agent_started", "joined", "console"]
+        assert obs.consoles.state("n1") == "not kept"
+        kept = [t for _, t in obs.consoles.read("n1") if not t.startswith("[site: ")]
+        assert kept == RAMDISK + HAND_OVER + DEPLOYED
+    finally:
+        obs.stop()
+
+
+def test_a_console_kept_after_clean_up_goes_when_no_boot_follows(
+        tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path) -> None:
+    obs = make_observer(tmp_path, secrets_dir, console_after_cleanup=1)
+    try:
+        joined_ramdisk(obs, Bmc(sol_sim.address, "ipmi", REF), serial)
+        assert obs.consoles.state("n1") == "attached"
+        time.sleep(1.2)
+        obs.tick()
+        wait_for("the console let go", lambda: "released" in consoles_of(obs))
+        assert obs.consoles.attached() == []
+    finally:
+        obs.stop()
+
+
+def test_a_console_kept_after_clean_up_goes_after_a_daemon_restart_too(
+        tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path) -> None:
+    """The daemon restarts while a cleaned-up ramdisk's console is kept: the new one resumes it
+    and still lets it go, counting from the clean-up its timeline holds."""
+    obs = make_observer(tmp_path, secrets_dir, console_after_cleanup=3)
+    joined_ramdisk(obs, Bmc(sol_sim.address, "ipmi", REF), serial)
+    obs.stop()
+    again = make_observer(tmp_path, secrets_dir, console_after_cleanup=3)
+    try:
+        assert again.consoles.attached() == ["n1"]
+        again.tick()
+        assert again.consoles.attached() == ["n1"]
+        time.sleep(3.2)
+        again.tick()
+        wait_for("the console let go", lambda: "released" in consoles_of(again))
+        assert again.consoles.attached() == []
+    finally:
+        again.stop()
+
+
+def test_a_console_attached_while_its_last_session_ends_is_attached(
+        tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path) -> None:
+    """A kexec'd node joins (its console let go, on a thread of its own) and the next command
+    is a power cycle (the console attached again) at once: ipmi_sim has ended the old session
+    (``~.``) before the new ipmitool activates, so the new one is attached, not busy for 30 s
+    while the node's firmware speaks."""
+    obs = make_observer(tmp_path, secrets_dir)
+    bmc = Bmc(sol_sim.address, "ipmi", REF)
+    try:
+        for _ in range(3):
+            obs.bmc_done("n1", bmc, "bmc.power", "on")
+            wait_for("attached", lambda: obs.consoles.state("n1") == "attached")
+            threading.Thread(target=obs.consoles.detach, args=("n1",), daemon=True).start()
+            time.sleep(0.05)                     # the old session taken out, still ending
+            power_on(obs, "n1", bmc)
+            wait_for("attached again", lambda: obs.consoles.state("n1") in ("attached", "busy"), 15)
+            assert obs.consoles.state("n1") == "attached", consoles_of(obs)
+            obs.consoles.detach("n1")
     finally:
         obs.stop()
 
