@@ -294,12 +294,13 @@ class Lifecycle:
         verdict, uki = judged.verdict, self.attest.uki_pcr4
         if not verdict.attested or verdict.matched.get("pcr4") != uki[0].hex():
             raise self.fail(f"the ramdisk's join: {verdict}")
+        # What the firmware started: ipxe.efi (its PXE), then the UKI (iPXE may load it once
+        # more to probe it first) and the kernel in it; nothing else.
         apps = pcr4_applications(judged.evidence)
         ipxe = self.attest.ipxe_digest
-        if ipxe not in apps or uki[0] not in apps or apps.index(ipxe) > apps.index(uki[0]) \
-                or apps[-len(uki):] != uki:
+        if len(apps) < 3 or apps[0] != ipxe or apps[-2:] != uki or any(a != uki[0] for a in apps[1:-2]):
             raise self.fail(f"PCR 4's applications {[a.hex()[:12] for a in apps]}: not ipxe.efi "
-                            f"{ipxe.hex()[:12]} before the UKI {uki[0].hex()[:12]} and its kernel")
+                            f"{ipxe.hex()[:12]}, then the UKI {uki[0].hex()[:12]} and its kernel")
         names = {ipxe: "ipxe.efi", uki[0]: "UKI", uki[1]: "kernel"}
         return (f"; attested ({verdict.matched.get('build')}), PCR 4: "
                 + ", ".join(names.get(a, a.hex()[:12]) for a in apps))

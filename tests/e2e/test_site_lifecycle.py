@@ -47,7 +47,7 @@ from agent.site.observe.console import clean
 from initramfs import build as ramdisk
 from qemu import tpm as qemu_tpm
 from qemu.ipmisim import IpmiSim, start_ipmi_sim
-from qemu.siteattest import SiteAttestation
+from qemu.siteattest import SiteAttestation, pcr4_applications
 from qemu.sitelab import OVMF, SiteLab
 from qemu.sitelife import Bmc, Lifecycle, NodeRoleSteps, SiteNode, Step, make_node
 from tests.loopback_http import self_signed_cert
@@ -212,7 +212,15 @@ def check_attested(attest: SiteAttestation, life: Lifecycle) -> None:
     refused = attest.judge_without_loader(ramdisk)
     assert isinstance(refused, PolicyFailed) and refused.check == "policy_pcr4", refused
     assert attest.ipxe_digest.hex() in refused.reason and "no accepted loader" in refused.reason, refused
+    # The site's TFTP served that ipxe.efi (its dnsmasq's log, in the node's boot timeline).
+    timeline = life.lab.site_state / "site" / "observe" / "timeline" / f"{life.node.name}.json"
+    pxe = [a for a in json.loads(timeline.read_text())["attempts"] if a["method"] == "pxe"]
+    assert any(e["step"] == "tftp_sent" and e["detail"] == "ipxe.efi" for e in pxe[0]["events"]), pxe
+    # The installed system, booted from the disk's kernel (QEMU hands it to OVMF; no UKI, no
+    # iPXE): one application in PCR 4, no ramdisk build, so unattested, not refused.
     node = life.joins["node"]
     print(f"the installed system's join: {node.verdict}")
     assert node.role == "node" and node.verdict.status is Status.UNATTESTED, node.verdict
     assert "a node boot: its boot chain is no ramdisk build" in node.verdict.reason, node.verdict
+    apps = pcr4_applications(node.evidence)
+    assert len(apps) == 1 and apps[0] not in (attest.ipxe_digest, *attest.uki_pcr4), apps
