@@ -156,6 +156,10 @@ class MachineSpec:
     pxe: bool = False             # boot by iPXE over the network instead of -kernel
     pxe_chain: str = ""           # with pxe (x86): boot.ipxe chains this URL (a site's /boot.ipxe)
     pxe_loader: Path | None = None  # with pxe (arm64): the EFI image TFTP serves (a site's GRUB)
+    # With pxe on x86 UEFI: the NIC has no option ROM (QEMU's is iPXE, a driver in PCR 2), so
+    # the firmware's own PXE boots what the network offers: on a site's network the ipxe.efi
+    # its TFTP serves, started by LoadImage and measured into PCR 4, as on a server's NIC.
+    firmware_pxe: bool = False
     name: str = "node"
     arch: str = "amd64"           # a key of PLATFORMS
     uefi: bool = False            # UEFI firmware (always on arm64)
@@ -373,8 +377,8 @@ class Machine:
             "-netdev", netdev,
             "-device", f"virtio-net-pci,netdev=net0,mac={spec.mac}"
             + (",bootindex=1" if spec.pxe else "")
-            # QEMU's NIC ROM is iPXE for x86: arm64's firmware does PXE itself.
-            + ("" if spec.pxe and spec.arch == "amd64" else ",romfile="),
+            # QEMU's NIC ROM is iPXE for x86: arm64's firmware (and firmware_pxe) does PXE itself.
+            + ("" if spec.pxe and spec.arch == "amd64" and not spec.firmware_pxe else ",romfile="),
             "-device", "virtio-rng-pci",
         ]
         ports: list[str] = []

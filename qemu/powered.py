@@ -31,8 +31,10 @@ stdout and exit 1. ipmi_sim maps ``chassis power soft`` to ``set shutdown 1``, `
 to ``set power 0``, ``reset`` to ``set reset 1`` and ``cycle`` to off then on.
 
 The node directory holds ``node.json`` (the NodeSpec), ``boot`` (the next boot device),
-``supervisor.pid``, ``qmp.sock``, ``boots.log`` (one line per boot: time, device, how) and
-the harness's console and QEMU logs. A start runs a small supervisor, detached from the
+``supervisor.pid``, ``qmp.sock``, ``boots.log`` (one line per boot: time, device, how),
+``swtpm.sock`` where the node has a TPM (``tpm_state``: swtpm serves that state folder to each
+power-on, so the TPM keeps its keys and is reset at power on as a server's is) and the
+harness's console and QEMU logs. A start runs a small supervisor, detached from the
 caller (the chassis_control process exits at once), which runs qemu/harness.py's Machine
 with a QMP socket added, serves the PXE files when booting by PXE, records each PXE boot in
 ``boots.log`` and ends with QEMU. It also ends QEMU when ``owner_pid`` (the test run) dies,
@@ -69,7 +71,7 @@ from pathlib import Path
 from agent import proc
 from agent.errors import AgentError
 from agent.net import http
-from qemu import harness
+from qemu import harness, tpm
 from qemu.harness import Disk, Machine, MachineSpec
 
 BOOT_DEVICES = ("pxe", "disk", "cdrom")
@@ -115,6 +117,9 @@ class NodeSpec:
                                  # real server's (not -kernel): an empty disk fails as one does
     machine: bool = True     # False: no guest at all (a fleet of emulated BMCs): power is the
                              # ``power`` file, a start or reset is recorded, a power button obeyed
+    tpm_state: str = ""      # a TPM 2.0 state folder (qemu/tpm.py's manufacture): each power-on
+                             # gets a TPM, swtpm serving it, reset as a server's is; "" = none
+    firmware_pxe: bool = False  # x86 UEFI: a "pxe" boot is the firmware's own PXE (no NIC ROM)
 
 
 @dataclass(frozen=True)
@@ -358,12 +363,16 @@ class PoweredNode:
             media=[self.media().get(slot, "") for slot in MEDIA_SLOTS], media_boot=device == "cdrom",
             disks=[Disk(Path(p), serial=f"disk{i}", interface="virtio") for i, p in enumerate(spec.disks)],
             serial_port=spec.serial_port, disk_boot=device == "disk" and spec.disk_firmware, qmp=True,
+            firmware_pxe=spec.firmware_pxe,
+            tpm=self.dir / "swtpm.sock" if spec.tpm_state else None,
         )
         machine = _QmpMachine(mspec, self.qmp_socket)
+        # The TPM keeps its state across power cycles; swtpm ends with the QEMU it served.
+        swtpm = tpm.Swtpm(Path(spec.tpm_state), self.dir / "swtpm.sock").start() if spec.tpm_state else None
         self._record(device, "start")
-        machine.start()
         seen = 0
         try:
+            machine.start()
             while machine.alive:
                 if spec.owner_pid and not proc.alive(spec.owner_pid):
                     break
@@ -375,6 +384,8 @@ class PoweredNode:
                 time.sleep(0.2)
         finally:
             machine.stop()
+            if swtpm is not None:
+                swtpm.stop()
             self.qmp_socket.unlink(missing_ok=True)
         return 0
 

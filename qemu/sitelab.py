@@ -268,16 +268,20 @@ class SiteLab(Lab):
 
     def powered_node(self, name: str, *, kernel: Path, initrd: Path, append: str,
                      disks: Sequence[Path] = (), mac: str = "52:54:00:12:34:56",
-                     memory_mb: int = 1024, uefi: bool = False) -> PoweredNode:
+                     memory_mb: int = 1024, uefi: bool = False, tpm_state: Path | None = None,
+                     firmware_pxe: bool = False) -> PoweredNode:
         """A node on a new tap device on br0, off, its next boot from disk: ``kernel``,
         ``initrd``, ``append`` are what a "disk" boot runs (the installed OS); a "pxe" boot
-        runs what the site's boot service offers."""
+        runs what the site's boot service offers. ``tpm_state``: the node's TPM 2.0 (a state
+        folder qemu/tpm.py manufactured); ``firmware_pxe``: UEFI's own PXE, no NIC ROM, so
+        the site's TFTP serves it ipxe.efi (qemu/powered.py's NodeSpec)."""
         tap = self.net.add_tap(f"tap{len(self.nodes)}")
         node = PoweredNode(self.workdir / name).configure(NodeSpec(
             kernel=str(kernel), initrd=str(initrd), append=append, memory_mb=memory_mb, cpus=1,
             kvm=kvm_wanted() and self.ramdisk.arch == "amd64", disks=[str(d) for d in disks],
             owner_pid=os.getpid(), name=name,
-            tap=tap, mac=mac, uefi=uefi, arch=self.ramdisk.arch))
+            tap=tap, mac=mac, uefi=uefi, arch=self.ramdisk.arch,
+            tpm_state=str(tpm_state or ""), firmware_pxe=firmware_pxe))
         self.nodes.append(node)
         return node
 

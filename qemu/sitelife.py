@@ -35,6 +35,7 @@ from agent.proto import session_pb2
 from qemu.harness import Machine, MachineSpec, kernel_args
 from qemu.nodeimage import NodeImage, build_node_image, node_cmdline
 from qemu.powered import PoweredNode
+from qemu.siteattest import Judged, SiteAttestation, pcr4_applications
 from qemu.sitelab import SITE_NODE_ID, SiteLab, UploadTarget
 
 MiB = 1024 * 1024
@@ -80,10 +81,12 @@ class SiteNode:
 
 
 def make_node(lab: SiteLab, name: str, *, mac: str = NODE_MAC, uefi: bool = False,
-              network: bytes = b"") -> SiteNode:
+              network: bytes = b"", tpm_state: Path | None = None,
+              firmware_pxe: bool = False) -> SiteNode:
     """A powered-off node with two virtio disks (the second full of old data) and the image
     of its installed OS, which a "disk" boot runs (the image's kernel and initramfs, its root
-    on the first disk: qemu/nodeimage.py); ``network``: the image's static network file."""
+    on the first disk: qemu/nodeimage.py); ``network``: the image's static network file;
+    ``tpm_state``, ``firmware_pxe``: its TPM and UEFI's own PXE (qemu/siteattest.py)."""
     image = build_node_image(lab, name, lab.workdir / f"{name}-image", network=network)
     os.link(image.zst, lab.www / f"{name}.img.zst")
     disks = lab.workdir / f"{name}-disks"
@@ -96,7 +99,8 @@ def make_node(lab: SiteLab, name: str, *, mac: str = NODE_MAC, uefi: bool = Fals
             f.write(OLD_DATA)
     power = lab.powered_node(name, kernel=image.kernel, initrd=image.initrd,
                              append=node_cmdline(lab.ramdisk.arch),
-                             disks=[deploy, wipe], mac=mac, uefi=uefi)
+                             disks=[deploy, wipe], mac=mac, uefi=uefi, tpm_state=tpm_state,
+                             firmware_pxe=firmware_pxe)
     return SiteNode(name, power, deploy, wipe, image, mac, uefi)
 
 
@@ -111,8 +115,11 @@ class Lifecycle:
 
     def __init__(self, lab: SiteLab, node: SiteNode, bmc: Bmc,
                  on_step: Callable[[Step], None] | None = None, *, chunk_store: bool = False,
-                 kexec: bool = False) -> None:
+                 kexec: bool = False, attest: SiteAttestation | None = None) -> None:
         self.lab = lab
+        self.attest = attest             # the node's entry is the site's UKI, its joins judged
+        self.last_command = ""           # the id of the last command sent
+        self.joins: dict[str, Judged] = {}  # with attest: "ramdisk", "node" -> the judged join
         self.node = node
         self.bmc = bmc
         self.on_step = on_step
@@ -132,7 +139,7 @@ class Lifecycle:
     def command(self, target: str, kind: str, payload: dict[str, Any],
                 timeout: float = COMMAND_TIMEOUT) -> tuple[session_pb2.ResultBody, Any]:
         gw = self.lab.gateway
-        cid = gw.send(target, kind, payload)
+        cid = self.last_command = gw.send(target, kind, payload)
         try:
             body, result = gw.wait_result(cid, timeout)
         except TimeoutError:
@@ -215,22 +222,26 @@ class Lifecycle:
         ``--break bad-cmdline``: qemu/sitebreak.py)."""
         t = time.monotonic()
         lab, name = self.lab, self.node.name
-        kernel, initrd = lab.www / "vmlinuz", lab.www / f"{name}-ramdisk.img"
-        with contextlib.suppress(FileExistsError):  # shared by every node of the lab
-            os.link(lab.ramdisk.kernel, kernel)
-        initrd.unlink(missing_ok=True)
-        os.link(lab.initrd(name, lab.overlay(test=True)), initrd)
-        result = self.site("boot.prepareRamdisk", {
-            "node_id": name, "mac_address": self.node.mac,
-            "boot_file": "ipxe.efi" if self.node.uefi else "undionly.kpxe",
-            "ttl_seconds": 1800, "kernel_url": lab.upstream_url(kernel.name),
-            "kernel_digest": {"hex": file_digest(kernel)},
-            "initrd_url": lab.upstream_url(initrd.name),
-            "initrd_digest": {"hex": file_digest(initrd)},
-            "kernel_cmdline": " ".join(filter(None, (kernel_args(**lab.settings(name)), cmdline_extra)))})
+        payload: dict[str, Any] = {"node_id": name, "mac_address": self.node.mac,
+                                   "boot_file": "ipxe.efi" if self.node.uefi else "undionly.kpxe",
+                                   "ttl_seconds": 1800}
+        if self.attest is not None:   # the site's UKI, the node's settings beside it
+            payload.update(self.attest.entry(name))
+        else:
+            kernel, initrd = lab.www / "vmlinuz", lab.www / f"{name}-ramdisk.img"
+            with contextlib.suppress(FileExistsError):  # shared by every node of the lab
+                os.link(lab.ramdisk.kernel, kernel)
+            initrd.unlink(missing_ok=True)
+            os.link(lab.initrd(name, lab.overlay(test=True)), initrd)
+            payload.update({
+                "kernel_url": lab.upstream_url(kernel.name), "kernel_digest": {"hex": file_digest(kernel)},
+                "initrd_url": lab.upstream_url(initrd.name), "initrd_digest": {"hex": file_digest(initrd)},
+                "kernel_cmdline": " ".join(filter(None, (kernel_args(**lab.settings(name)), cmdline_extra)))})
+        result = self.site("boot.prepareRamdisk", payload)
         if not result.entry_id:
             raise self.fail(f"boot.prepareRamdisk: no entry id in {result}")
-        self.step("boot.prepareRamdisk", t, f"entry {result.entry_id} registered for {self.node.mac}")
+        what = "a UKI entry (the site's build)" if self.attest is not None else "entry"
+        self.step("boot.prepareRamdisk", t, f"{what} {result.entry_id} registered for {self.node.mac}")
 
     def boot_device(self, device: str) -> None:
         t = time.monotonic()
@@ -255,8 +266,12 @@ class Lifecycle:
         t = time.monotonic()
         rec = self.wait_joined("ramdisk", 1)
         log = self.lab.site_log_text()
-        script = f"GET /pxe/{self.node.mac.replace(':', '-')}.ipxe -> 200"
-        for wanted in ("GET /boot.ipxe -> 200", script):
+        hyphens = self.node.mac.replace(":", "-")
+        wanted_lines = ["GET /boot.ipxe -> 200", f"GET /pxe/{hyphens}.ipxe -> 200"]
+        if self.attest is not None:   # the UKI from the store, the node's settings by its MAC
+            wanted_lines += [f"GET /cache/{self.attest.uki_sha256} -> 200",
+                             f"GET /pxe/{hyphens}.cmdline -> 200"]
+        for wanted in wanted_lines:
             if wanted not in log:
                 raise self.fail(f"joined, but the site's HTTP service never served {wanted!r}")
         boots = self.node.power.boots()[self.boots_before:]
@@ -269,9 +284,33 @@ class Lifecycle:
             if status != 0 or "efi=yes" not in out:
                 raise self.fail(f"a UEFI node's ramdisk sees no /sys/firmware/efi: {out!r}")
             firmware = "UEFI (OVMF, /sys/firmware/efi in the ramdisk)"
+        attested = self.check_attested(rec.boot_id) if self.attest is not None else ""
         self.step("PXE boot + join", t, f"{firmware}: proxy DHCP offer -> iPXE chained /boot.ipxe "
                                         f"and the node's script; address {lease} from the plain "
-                                        f"DHCP; joined as {rec.hello.role}, boot {rec.boot_id[:8]}")
+                                        f"DHCP; joined as {rec.hello.role}, boot {rec.boot_id[:8]}"
+                                        f"{attested}")
+
+    def check_attested(self, boot_id: str) -> str:
+        """The ramdisk's join attested, PCR 4 matched to the site's UKI, after the ipxe.efi the
+        firmware's PXE started (docs/attestation.md); the evidence line's part."""
+        assert self.attest is not None
+        try:
+            judged = self.joins["ramdisk"] = self.attest.wait_judged(self.node.name, boot_id)
+        except TimeoutError as e:
+            raise self.fail(str(e)) from None
+        verdict, uki = judged.verdict, self.attest.uki_pcr4
+        if not verdict.attested or verdict.matched.get("pcr4") != uki[0].hex():
+            raise self.fail(f"the ramdisk's join: {verdict}")
+        # What the firmware started: ipxe.efi (its PXE), then the UKI (iPXE may load it once
+        # more to probe it first) and the kernel in it; nothing else.
+        apps = pcr4_applications(judged.evidence)
+        ipxe = self.attest.ipxe_digest
+        if len(apps) < 3 or apps[0] != ipxe or apps[-2:] != uki or any(a != uki[0] for a in apps[1:-2]):
+            raise self.fail(f"PCR 4's applications {[a.hex()[:12] for a in apps]}: not ipxe.efi "
+                            f"{ipxe.hex()[:12]}, then the UKI {uki[0].hex()[:12]} and its kernel")
+        names = {ipxe: "ipxe.efi", uki[0]: "UKI", uki[1]: "kernel"}
+        return (f"; attested ({verdict.matched.get('build')}), PCR 4: "
+                + ", ".join(names.get(a, a.hex()[:12]) for a in apps))
 
     def http_proxy(self) -> None:
         t = time.monotonic()
@@ -363,11 +402,17 @@ class Lifecycle:
         certs = list(result.certificates)
         if len(certs) != 1 or not certs[0].verified or certs[0].error or certs[0].disk.serial != "disk1":
             raise self.fail(f"disk.wipe: {result}")
+        attested = ""
+        if self.attest is not None:   # an attested kind: verified only from an attested boot
+            ok, why = self.lab.gateway.verified(self.last_command)
+            if not ok:
+                raise self.fail(f"disk.wipe's certificate is not verified by the gateway: {why}")
+            attested = "; the gateway counts it verified (signed in the attested boot)"
         with self.node.wipe_disk.open("rb") as f:
             if any(f.read()):
                 raise self.fail("disk.wipe succeeded but disk1's backing file holds non-zero bytes")
         self.step("disk.wipe", t, f"disk1 wiped by {certs[0].tool or '?'}, certificate verified "
-                                  f"({certs[0].verification_detail}), backing file all zeros")
+                                  f"({certs[0].verification_detail}), backing file all zeros{attested}")
 
     def clean_up(self) -> None:
         t = time.monotonic()
@@ -442,9 +487,16 @@ class Lifecycle:
         console = self.lab.console(self.node.power)
         if not re.search(r"node root .* mounted on /sysroot", console):
             raise self.fail("joined as node, but the console does not show the disk's root mounted")
+        verdict = ""
+        if self.attest is not None:   # judged, not required to attest: the test says what it is
+            try:
+                self.joins["node"] = self.attest.wait_judged(self.node.name, rec.boot_id)
+            except TimeoutError as e:
+                raise self.fail(str(e)) from None
+            verdict = f"; {self.joins['node'].verdict}"
         self.step("disk boot + join", t, f"booted from disk (no boot offer), root LABEL=bcroot on "
                                          f"disk0; joined as {rec.hello.role}, new boot "
-                                         f"{rec.boot_id[:8]}")
+                                         f"{rec.boot_id[:8]}{verdict}")
 
 
 class NodeRoleSteps:

@@ -16,12 +16,20 @@ console throughout (SOL): across the boot.cleanUp, the kexec and the power cycle
 for line against QEMU's own log of the serial line, and its timeline has an attempt for each
 boot: pxe, kexec (begun from the console: the site never sees boot.kexec), disk.
 
-The same sequence, without the kexec, runs once more over Redfish: sushy-tools' emulator
-(fake driver, HTTPS with a self-signed certificate, so ``verify_tls: false``) whose
-notification hook powers a second QEMU node (tests/site/sushy.py). Its System lists the
-node's NIC, so there bmc.query finds the MAC the boot entry is made for. That run is in UEFI
-mode where Debian's ovmf is installed (OVMF firmware, an ipxe.efi entry, boot mode uefi; the
-ramdisk checks /sys/firmware/efi), and keeps its power cycle to the deployed disk.
+The same sequence, without the kexec, runs once more over Redfish: sushy-tools' emulator (fake
+driver, HTTPS with a self-signed certificate, so ``verify_tls: false``) whose notification hook
+powers a second QEMU node (tests/site/sushy.py). Its System lists the node's NIC, so there
+bmc.query finds the MAC the boot entry is made for. That run is in UEFI mode where Debian's
+ovmf is installed (OVMF firmware, an ipxe.efi entry, boot mode uefi; the ramdisk checks
+/sys/firmware/efi), keeps its power cycle to the deployed disk, and is attested
+(qemu/siteattest.py, docs/attestation.md): the node has a TPM 2.0 (swtpm) and no NIC ROM, so
+OVMF's own PXE gets ipxe.efi from the site's TFTP and starts it (PCR 4); iPXE chains the site's
+UKI (the entry is a UKI entry, the node's settings at /pxe/<mac>.cmdline). The gateway's policy
+lists the UKI build and, as its one loader, the Authenticode digest of the ipxe.efi the site's
+TFTP serves: the ramdisk's join attests with PCR 4 matched, ipxe.efi before the UKI in the
+event log; its disk.wipe certificate counts as verified; the same evidence judged without that
+loader is refused (policy_pcr4); the installed system's join after the disk boot (no UKI: its
+kernel from the disk) is unattested, a node boot that is no ramdisk build.
 """
 
 from __future__ import annotations
@@ -36,11 +44,15 @@ from pathlib import Path
 
 import pytest
 
+from agent.gateway.attest import Status
+from agent.gateway.attest_policy import PolicyFailed
 from agent.site.bmc.client import Credentials
 from agent.site.bmc.secrets import SecretStore
 from agent.site.observe.console import clean
 from initramfs import build as ramdisk
+from qemu import tpm as qemu_tpm
 from qemu.ipmisim import IpmiSim, start_ipmi_sim
+from qemu.siteattest import SiteAttestation, pcr4_applications
 from qemu.sitelab import OVMF, SiteLab
 from qemu.sitelife import Bmc, Lifecycle, NodeRoleSteps, SiteNode, Step, make_node
 from tests.loopback_http import self_signed_cert
@@ -192,7 +204,12 @@ def test_site_driven_lifecycle_over_redfish(site_lab: SiteLab, tmp_path: Path) -
             and shutil.which("sushy-emulator") is None:
         pytest.skip("sushy-emulator is not installed (pip install sushy-tools: the dev extra)")
     uefi = os.path.exists(OVMF)
-    node = make_node(site_lab, RF_NODE, mac=NODE_MAC, uefi=uefi)
+    if uefi and qemu_tpm.missing():
+        pytest.skip(f"the UEFI run is attested: {qemu_tpm.missing()}")
+    # UEFI: the node's TPM and the site's UKI (qemu/siteattest.py); the firmware's own PXE.
+    attest = SiteAttestation(site_lab, RF_NODE) if uefi else None
+    node = make_node(site_lab, RF_NODE, mac=NODE_MAC, uefi=uefi,
+                     tpm_state=attest.tpm_state if attest else None, firmware_pxe=uefi)
     SecretStore(site_lab.secrets_dir).put(RF_REF, Credentials(USER, RF_PASSWORD))
     cert, key = self_signed_cert(str(tmp_path))
     # The emulator and its hook in the lab's namespace: the hook's worker thread (born there)
@@ -203,12 +220,42 @@ def test_site_driven_lifecycle_over_redfish(site_lab: SiteLab, tmp_path: Path) -
                                                     tls=(cert, key), notify_url=hook.url).__enter__())
         try:
             life = Lifecycle(site_lab, node, Bmc("redfish", f"127.0.0.1:{emu.port}", RF_REF,
-                                                 verify_tls=False))
+                                                 verify_tls=False), attest=attest)
+            if attest is not None:
+                attest.start()
             shown = run_and_show(life)
         finally:
+            if attest is not None:
+                attest.stop()
             emu.__exit__()
     finally:
         hook.__exit__()
     check_common(site_lab, node, shown)
     assert not hook.errors, hook.errors
     assert "MAC" in shown[0].evidence and "found" in shown[0].evidence
+    if attest is not None:
+        check_attested(attest, life)
+
+
+def check_attested(attest: SiteAttestation, life: Lifecycle) -> None:
+    """Beyond what the lifecycle checked at each step (the ramdisk's join attested with PCR 4
+    matched, ipxe.efi before the UKI; disk.wipe verified by the gateway): the same evidence
+    without ipxe.efi among the loaders is refused, and the installed system's join is
+    unattested, said why."""
+    ramdisk = life.joins["ramdisk"]
+    assert ramdisk.verdict.status is Status.ATTESTED, ramdisk.verdict
+    refused = attest.judge_without_loader(ramdisk)
+    assert isinstance(refused, PolicyFailed) and refused.check == "policy_pcr4", refused
+    assert attest.ipxe_digest.hex() in refused.reason and "no accepted loader" in refused.reason, refused
+    # The site's TFTP served that ipxe.efi (its dnsmasq's log, in the node's boot timeline).
+    timeline = life.lab.site_state / "site" / "observe" / "timeline" / f"{life.node.name}.json"
+    pxe = [a for a in json.loads(timeline.read_text())["attempts"] if a["method"] == "pxe"]
+    assert any(e["step"] == "tftp_sent" and e["detail"] == "ipxe.efi" for e in pxe[0]["events"]), pxe
+    # The installed system, booted from the disk's kernel (QEMU hands it to OVMF; no UKI, no
+    # iPXE): one application in PCR 4, no ramdisk build, so unattested, not refused.
+    node = life.joins["node"]
+    print(f"the installed system's join: {node.verdict}")
+    assert node.role == "node" and node.verdict.status is Status.UNATTESTED, node.verdict
+    assert "a node boot: its boot chain is no ramdisk build" in node.verdict.reason, node.verdict
+    apps = pcr4_applications(node.evidence)
+    assert len(apps) == 1 and apps[0] not in (attest.ipxe_digest, *attest.uki_pcr4), apps

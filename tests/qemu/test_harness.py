@@ -4,6 +4,7 @@ attestation machine and its GRUB chainloader."""
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import socket
 import subprocess
@@ -143,6 +144,21 @@ def test_arm64_pxe_is_the_firmwares_own_loading_grub_not_an_x86_nic_rom(tmp_path
     assert ",bootfile=bootaa64.efi" in netdev
     nic = [argv[i + 1] for i, a in enumerate(argv) if a == "-device" and argv[i + 1].startswith("virtio-net")]
     assert nic == ["virtio-net-pci,netdev=net0,mac=52:54:00:12:34:56,bootindex=1,romfile="]
+
+
+def test_firmware_pxe_on_amd64_leaves_the_nic_without_qemus_ipxe_rom(tmp_path: Path) -> None:
+    """The site lab's attested node (qemu/siteattest.py): OVMF's own PXE on a tap, a TPM; the
+    plain x86 PXE node keeps QEMU's iPXE ROM (the romfile default)."""
+    def nic(**kw: object) -> list[str]:
+        argv = Machine(spec(tmp_path, pxe=True, uefi=True, tap="tap0", **kw)).argv()
+        return [d for a, d in itertools.pairwise(argv) if a == "-device" and d.startswith("virtio-net")]
+
+    assert nic() == ["virtio-net-pci,netdev=net0,mac=52:54:00:12:34:56,bootindex=1"]
+    assert nic(firmware_pxe=True) == ["virtio-net-pci,netdev=net0,mac=52:54:00:12:34:56,bootindex=1,romfile="]
+    argv = Machine(spec(tmp_path, pxe=True, uefi=True, tap="tap0", firmware_pxe=True,
+                        tpm=tmp_path / "swtpm.sock")).argv()
+    assert "tpm-tis,tpmdev=tpm0" in argv and "-kernel" not in argv
+    assert argv[argv.index("-netdev") + 1] == "tap,id=net0,ifname=tap0,script=no,downscript=no"
 
 
 def test_uefi_on_amd64_is_ovmf_and_disk_boot_boots_the_first_disk(tmp_path: Path) -> None:
