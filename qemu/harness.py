@@ -99,6 +99,11 @@ PLATFORMS = {
                       "qemu-efi-aarch64", always_uefi=True, pxe_bootfile="bootaa64.efi"),
 }
 
+# arm64's UEFI on pflash (Debian's qemu-efi-aarch64): the build whose measured boot is checked
+# (MachineSpec.pflash: the code, and a writable copy of the variables for each machine).
+AAVMF_CODE = Path("/usr/share/AAVMF/AAVMF_CODE.fd")
+AAVMF_VARS = Path("/usr/share/AAVMF/AAVMF_VARS.fd")
+
 
 class BootError(RuntimeError):
     """The guest did not do what was awaited in time, or QEMU died; the message carries the

@@ -120,6 +120,8 @@ class NodeSpec:
     tpm_state: str = ""      # a TPM 2.0 state folder (qemu/tpm.py's manufacture): each power-on
                              # gets a TPM, swtpm serving it, reset as a server's is; "" = none
     firmware_pxe: bool = False  # x86 UEFI: a "pxe" boot is the firmware's own PXE (no NIC ROM)
+    pflash_code: str = ""    # UEFI on pflash instead of -bios (an arm64 node with a TPM: AAVMF,
+    pflash_vars: str = ""    # harness.AAVMF_CODE): its code; the node's own copy of its variables
 
 
 @dataclass(frozen=True)
@@ -352,11 +354,10 @@ class PoweredNode:
 
     # -- the supervisor (runs detached, one per power-on) ---------------------------------
 
-    def supervise(self) -> int:
+    def machine_spec(self, device: str) -> MachineSpec:
+        """The QEMU machine this node runs for a boot from ``device``."""
         spec = self.spec()
-        device = self.boot_device()
-        (self.dir / "running-boot").write_text(device + "\n")
-        mspec = MachineSpec(
+        return MachineSpec(
             workdir=self.dir, kernel=Path(spec.kernel), initrd=Path(spec.initrd),
             append=spec.append, memory_mb=spec.memory_mb, cpus=spec.cpus, kvm=spec.kvm,
             pxe=device == "pxe", name=spec.name, tap=spec.tap, mac=spec.mac, uefi=spec.uefi, arch=spec.arch,
@@ -365,8 +366,14 @@ class PoweredNode:
             serial_port=spec.serial_port, disk_boot=device == "disk" and spec.disk_firmware, qmp=True,
             firmware_pxe=spec.firmware_pxe,
             tpm=self.dir / "swtpm.sock" if spec.tpm_state else None,
+            pflash=(Path(spec.pflash_code), Path(spec.pflash_vars)) if spec.pflash_code else None,
         )
-        machine = _QmpMachine(mspec, self.qmp_socket)
+
+    def supervise(self) -> int:
+        spec = self.spec()
+        device = self.boot_device()
+        (self.dir / "running-boot").write_text(device + "\n")
+        machine = _QmpMachine(self.machine_spec(device), self.qmp_socket)
         # The TPM keeps its state across power cycles; swtpm ends with the QEMU it served.
         swtpm = tpm.Swtpm(Path(spec.tpm_state), self.dir / "swtpm.sock").start() if spec.tpm_state else None
         self._record(device, "start")

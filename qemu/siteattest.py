@@ -21,6 +21,11 @@ judge the same evidence again under another policy.
     att.start()                                     # the lab's gateway attests from now on
     Lifecycle(lab, node, bmc, attest=att).run_all() # boot.prepareRamdisk gets the UKI entry
     att.stop()
+
+arm64 (a lab of the arm64 ramdisk, the site started with ``lab.site_boot_files()``): AAVMF's own
+PXE gets the site's GRUB (``grubaa64.efi``, initramfs/netgrub.py) from the site's TFTP, GRUB
+fetches /boot.grub and the node's /pxe/<mac>.grub, which chainloads the same kind of UKI from
+the store; the policy's one loader is that GRUB.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from agent.gateway.attest import Challenge, Verdict, Verifier, load_certificates
 from agent.gateway.attest_join import JoinAttestation
 from agent.gateway.attest_policy import Policy, PolicyFailed
 from agent.security.attest import Evidence
+from agent.site.boot.pxe import BootFile
 from initramfs import uki
 from qemu import tpm as qemu_tpm
 from qemu.lab import GUEST_CA, GUEST_TRUST
@@ -90,14 +96,17 @@ class SiteAttestation:
         esp, self.values = lab.uki("site-uki", settings={
             "site": f"http://{SITE_ADDRESS}:{SITE_HTTP_PORT}", "ca": GUEST_CA, "trust": GUEST_TRUST,
             "reconnect_min": "0.5", "reconnect_max": "3"})
+        arm64 = lab.ramdisk.arch == "arm64"
         self.image = lab.www / UKI_NAME
         self.image.unlink(missing_ok=True)
-        os.link(esp / "EFI" / "BOOT" / "BOOTX64.EFI", self.image)
+        os.link(esp / "EFI" / "BOOT" / ("BOOTAA64.EFI" if arm64 else "BOOTX64.EFI"), self.image)
         self.uki_sha256 = hashlib.sha256(self.image.read_bytes()).hexdigest()
-        # The exact ipxe.efi the site's TFTP serves (the site daemon copies Debian's there).
-        self.ipxe = lab.site_state / "site" / "boot" / "tftp" / "ipxe.efi"
-        self.ipxe_digest = uki.authenticode_sha256(self.ipxe.read_bytes())
-        self.policy_doc = {"builds": [self.values], "loaders": [self.ipxe_digest.hex()], "learn": "first"}
+        # The exact boot file the site's TFTP serves the firmware's PXE (the site daemon copies
+        # it there from its site_ipxe_dir): ipxe.efi, or on arm64 the site's GRUB.
+        self.loader_name = (BootFile.UEFI_ARM64 if arm64 else BootFile.UEFI).value
+        self.loader = lab.site_state / "site" / "boot" / "tftp" / self.loader_name
+        self.loader_digest = uki.authenticode_sha256(self.loader.read_bytes())
+        self.policy_doc = {"builds": [self.values], "loaders": [self.loader_digest.hex()], "learn": "first"}
         self.verifier = RecordingVerifier(
             Policy.from_json(self.policy_doc),
             ek_roots=load_certificates([ca / qemu_tpm.CA_ROOT, ca / qemu_tpm.CA_ISSUER]))
@@ -110,10 +119,11 @@ class SiteAttestation:
         self.lab.gateway.attestation = None
 
     def entry(self, node_id: str) -> dict[str, Any]:
-        """boot.prepareRamdisk's fields for the node's UKI entry (boot_file ipxe.efi): the
+        """boot.prepareRamdisk's fields for the node's UKI entry (boot_file the loader): the
         site's UKI by digest, the node's own settings as the entry's command line."""
         settings = self.lab.settings(node_id)
-        return {"uki_url": self.lab.upstream_url(UKI_NAME), "uki_digest": {"hex": self.uki_sha256},
+        return {"boot_file": self.loader_name, "uki_url": self.lab.upstream_url(UKI_NAME),
+                "uki_digest": {"hex": self.uki_sha256},
                 "kernel_cmdline": " ".join(f"bc.{k}={settings[k]}" for k in ("node", "token", "gateway"))}
 
     def wait_judged(self, node_id: str, boot_id: str, timeout: float = 120.0) -> Judged:
@@ -133,9 +143,9 @@ class SiteAttestation:
         return [bytes.fromhex(v) for v in self.values["pcr4"]]
 
     def judge_without_loader(self, judged: Judged) -> PolicyFailed | dict[str, str]:
-        """The same evidence judged again by this policy without ``ipxe.efi`` in its loaders:
-        the event log replayed to the quoted PCRs (which the verifier checked against the
-        quote), then the policy; what failed (PolicyFailed), or what matched."""
+        """The same evidence judged again by this policy without its loader (``ipxe.efi``, or
+        the site's GRUB on arm64): the event log replayed to the quoted PCRs (which the verifier
+        checked against the quote), then the policy; what failed (PolicyFailed), or what matched."""
         log_ = eventlog.parse(judged.evidence.event_log)
         replayed = log_.replay([4])
         if replayed[4] != judged.evidence.pcrs[4]:

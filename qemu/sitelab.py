@@ -39,6 +39,7 @@ import contextlib
 import ctypes
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -46,7 +47,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from agent import proc
-from qemu.harness import PLATFORMS, BootFileServer, kvm_wanted
+from agent.site.boot.pxe import BootFile
+from qemu.harness import AAVMF_CODE, AAVMF_VARS, PLATFORMS, BootFileServer, kvm_wanted
 from qemu.lab import GATEWAY_PORT, Lab, Ramdisk
 from qemu.powered import NodeSpec, PoweredNode
 from qemu.serialrelay import SerialRelay
@@ -63,6 +65,7 @@ SITE_NODE_ID = "site-1"
 BRIDGE = "br0"
 CLONE_NEWNET = 0x40000000
 OVMF = PLATFORMS["amd64"].uefi_firmware   # Debian's ovmf: a UEFI node's firmware
+IPXE_DIR = Path("/usr/lib/ipxe")          # Debian's ipxe: what the site's TFTP serves x86 nodes
 
 
 def missing_network_prerequisites() -> str | None:
@@ -74,7 +77,7 @@ def missing_network_prerequisites() -> str | None:
     for tool in ("ip", "dnsmasq"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed (apt-get install iproute2 dnsmasq-base)"
-    if not Path("/usr/lib/ipxe/undionly.kpxe").is_file():
+    if not (IPXE_DIR / BootFile.BIOS).is_file():
         return "Debian's ipxe package is not installed (the site's TFTP serves its binaries)"
     if not os.path.exists("/dev/net/tun"):
         return "no /dev/net/tun (tap devices)"
@@ -225,10 +228,13 @@ class SiteLab(Lab):
     def secrets_dir(self) -> Path:
         return self.workdir / "site-secrets"
 
-    def start_site(self, timeout: float = 60.0, *, proxy_dhcp: bool = True) -> None:
+    def start_site(self, timeout: float = 60.0, *, proxy_dhcp: bool = True,
+                   boot_files: Path | None = None) -> None:
         """`agent run --role site` in the namespace, joined to the gateway as SITE_NODE_ID,
         its boot service on br0 (proxy DHCP, TFTP, HTTP at SITE_ADDRESS:SITE_HTTP_PORT);
-        without ``proxy_dhcp`` its HTTP service alone (no dnsmasq: virtual media)."""
+        without ``proxy_dhcp`` its HTTP service alone (no dnsmasq: virtual media).
+        ``boot_files``: its ``site_ipxe_dir`` (default Debian's iPXE folder), e.g.
+        ``site_boot_files()``'s, where the site's GRUB makes it serve arm64 UEFI too."""
         self.site_state.mkdir(parents=True, exist_ok=True)
         self.secrets_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         empty = self.workdir / "site-cmdline"
@@ -241,6 +247,7 @@ class SiteLab(Lab):
                 *(["--site-interface", BRIDGE] if proxy_dhcp else []),
                 "--site-http-port", str(SITE_HTTP_PORT),
                 "--site-upstream", "127.0.0.1",  # upstream_url(): the namespace's loopback
+                *(["--site-ipxe-dir", str(boot_files)] if boot_files is not None else []),
                 "--reconnect-min", "0.5", "--reconnect-max", "3"]
         log = self.site_log.open("ab")
         env = proc.clean_env({"PYTHONPATH": str(REPO)})
@@ -252,6 +259,21 @@ class SiteLab(Lab):
         except TimeoutError:
             raise RuntimeError(f"the site daemon did not join within {timeout:g}s; "
                                f"{self.site_log}:\n{self.site_log_text()[-3000:]}") from None
+
+    def site_boot_files(self) -> Path:
+        """A folder of boot files for ``start_site(boot_files=...)``: Debian's undionly.kpxe and
+        ipxe.efi, and the site's GRUB for arm64 UEFI (initramfs/netgrub.py, built for this
+        site's HTTP service, its Authenticode digest in grubaa64.efi.json beside it)."""
+        from initramfs import build as ramdisk
+        from initramfs import netgrub
+
+        folder = self.workdir / "site-boot-files"
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in (BootFile.BIOS, BootFile.UEFI):
+            shutil.copyfile(IPXE_DIR / name, folder / name)
+        netgrub.build(f"http://{SITE_ADDRESS}:{SITE_HTTP_PORT}", folder / netgrub.NAME,
+                      ramdisk.out_dir(ramdisk.ARCHES["arm64"]))
+        return folder
 
     def site_log_text(self) -> str:
         try:
@@ -274,14 +296,23 @@ class SiteLab(Lab):
         ``initrd``, ``append`` are what a "disk" boot runs (the installed OS); a "pxe" boot
         runs what the site's boot service offers. ``tpm_state``: the node's TPM 2.0 (a state
         folder qemu/tpm.py manufactured); ``firmware_pxe``: UEFI's own PXE, no NIC ROM, so
-        the site's TFTP serves it ipxe.efi (qemu/powered.py's NodeSpec)."""
+        the site's TFTP serves it ipxe.efi (qemu/powered.py's NodeSpec). An arm64 node with a
+        TPM runs AAVMF on pflash, with its own copy of the variables (AAVMF's PXE then gets the
+        site's GRUB from the site's TFTP: every arm64 PXE boot is the firmware's own)."""
         tap = self.net.add_tap(f"tap{len(self.nodes)}")
+        pflash = ("", "")
+        if self.ramdisk.arch == "arm64" and tpm_state is not None:
+            variables = self.workdir / name / "AAVMF_VARS.fd"
+            variables.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(AAVMF_VARS, variables)
+            pflash = (str(AAVMF_CODE), str(variables))
         node = PoweredNode(self.workdir / name).configure(NodeSpec(
             kernel=str(kernel), initrd=str(initrd), append=append, memory_mb=memory_mb, cpus=1,
             kvm=kvm_wanted() and self.ramdisk.arch == "amd64", disks=[str(d) for d in disks],
             owner_pid=os.getpid(), name=name,
             tap=tap, mac=mac, uefi=uefi, arch=self.ramdisk.arch,
-            tpm_state=str(tpm_state or ""), firmware_pxe=firmware_pxe))
+            tpm_state=str(tpm_state or ""), firmware_pxe=firmware_pxe,
+            pflash_code=pflash[0], pflash_vars=pflash[1]))
         self.nodes.append(node)
         return node
 

@@ -111,9 +111,11 @@ class Lifecycle:
     """One node's life through the site. ``chunk_store``: the route carries the raw image's
     manifest and the site serves it from its chunk store (docs/site.md), the deploy names the
     same manifest; otherwise the route relays the zstd image. ``kexec``: after boot.cleanUp the
-    ramdisk kexecs into the deployed system (boot.kexec) before the power cycle to its disk."""
+    ramdisk kexecs into the deployed system (boot.kexec) before the power cycle to its disk.
+    ``bmc`` None: no BMC, only the steps that need none (prepare_ramdisk, power_on_directly,
+    pxe_join: tests/e2e/test_site_arm64_pxe.py)."""
 
-    def __init__(self, lab: SiteLab, node: SiteNode, bmc: Bmc,
+    def __init__(self, lab: SiteLab, node: SiteNode, bmc: Bmc | None,
                  on_step: Callable[[Step], None] | None = None, *, chunk_store: bool = False,
                  kexec: bool = False, attest: SiteAttestation | None = None) -> None:
         self.lab = lab
@@ -154,6 +156,8 @@ class Lifecycle:
         return self.command(SITE_NODE_ID, kind, payload)[1]
 
     def bmc_op(self, kind: str, operation: str, **parameters: str) -> Any:
+        if self.bmc is None:
+            raise self.fail(f"{kind} {operation}: this node has no BMC (power_on_directly)")
         return self.site(kind, {"node_id": self.node.name, "bmc_address": self.bmc.address,
                                 "protocol": self.bmc.protocol, "operation": operation,
                                 "credentials_ref": self.bmc.credentials_ref,
@@ -213,6 +217,7 @@ class Lifecycle:
         else:
             # IPMI has no portable way to list the host's NICs (agent/site/bmc/ipmi.py): the MAC
             # is the one the site's inventory holds for the node.
+            assert self.bmc is not None   # bmc_op refused otherwise
             found = f"no host NIC over {self.bmc.protocol}; MAC {self.node.mac} from the inventory"
         self.step("bmc.query", t, f"{system.manufacturer} {system.model}, BMC firmware "
                                   f"{system.bmc_firmware_version}, power off; {found}")
@@ -262,12 +267,25 @@ class Lifecycle:
                             f"{self.node.power.status()}")
         self.step("bmc.power on", t, f"power state read back: {result.power_state}")
 
+    def power_on_directly(self) -> None:
+        """Without a BMC: the node's next boot set to PXE and its QEMU started in the lab's
+        namespace (where its tap device is), as a BMC's power on would."""
+        t = time.monotonic()
+        self.boots_before = len(self.node.power.boots())
+        self.node.power.set_boot("pxe")
+        self.lab.in_lan(self.node.power.start)
+        if self.node.power.status() != "on":
+            raise self.fail(f"power on without a BMC: the node is {self.node.power.status()}")
+        self.step("power on (no BMC)", t, "QEMU started, its next boot PXE")
+
     def pxe_join(self) -> None:
         t = time.monotonic()
         rec = self.wait_joined("ramdisk", 1)
         log = self.lab.site_log_text()
         hyphens = self.node.mac.replace(":", "-")
-        wanted_lines = ["GET /boot.ipxe -> 200", f"GET /pxe/{hyphens}.ipxe -> 200"]
+        # arm64: the site's GRUB runs /boot.grub and the node's GRUB script (no iPXE after it).
+        script = "grub" if self.lab.ramdisk.arch == "arm64" else "ipxe"
+        wanted_lines = [f"GET /boot.{script} -> 200", f"GET /pxe/{hyphens}.{script} -> 200"]
         if self.attest is not None:   # the UKI from the store, the node's settings by its MAC
             wanted_lines += [f"GET /cache/{self.attest.uki_sha256} -> 200",
                              f"GET /pxe/{hyphens}.cmdline -> 200"]
@@ -283,16 +301,19 @@ class Lifecycle:
             status, out = guest_shell(self.node, "test -d /sys/firmware/efi && echo efi=yes")
             if status != 0 or "efi=yes" not in out:
                 raise self.fail(f"a UEFI node's ramdisk sees no /sys/firmware/efi: {out!r}")
-            firmware = "UEFI (OVMF, /sys/firmware/efi in the ramdisk)"
+            uefi = "AAVMF" if self.lab.ramdisk.arch == "arm64" else "OVMF"
+            firmware = f"UEFI ({uefi}, /sys/firmware/efi in the ramdisk)"
         attested = self.check_attested(rec.boot_id) if self.attest is not None else ""
-        self.step("PXE boot + join", t, f"{firmware}: proxy DHCP offer -> iPXE chained /boot.ipxe "
+        chained = "GRUB ran /boot.grub" if script == "grub" else "iPXE chained /boot.ipxe"
+        self.step("PXE boot + join", t, f"{firmware}: proxy DHCP offer -> {chained} "
                                         f"and the node's script; address {lease} from the plain "
                                         f"DHCP; joined as {rec.hello.role}, boot {rec.boot_id[:8]}"
                                         f"{attested}")
 
     def check_attested(self, boot_id: str) -> str:
-        """The ramdisk's join attested, PCR 4 matched to the site's UKI, after the ipxe.efi the
-        firmware's PXE started (docs/attestation.md); the evidence line's part."""
+        """The ramdisk's join attested, PCR 4 matched to the site's UKI, after the loader the
+        firmware's PXE started (ipxe.efi, the site's GRUB on arm64: docs/attestation.md); the
+        evidence line's part."""
         assert self.attest is not None
         try:
             judged = self.joins["ramdisk"] = self.attest.wait_judged(self.node.name, boot_id)
@@ -301,14 +322,14 @@ class Lifecycle:
         verdict, uki = judged.verdict, self.attest.uki_pcr4
         if not verdict.attested or verdict.matched.get("pcr4") != uki[0].hex():
             raise self.fail(f"the ramdisk's join: {verdict}")
-        # What the firmware started: ipxe.efi (its PXE), then the UKI (iPXE may load it once
+        # What the firmware started: the loader (its PXE), then the UKI (iPXE may load it once
         # more to probe it first) and the kernel in it; nothing else.
         apps = pcr4_applications(judged.evidence)
-        ipxe = self.attest.ipxe_digest
-        if len(apps) < 3 or apps[0] != ipxe or apps[-2:] != uki or any(a != uki[0] for a in apps[1:-2]):
-            raise self.fail(f"PCR 4's applications {[a.hex()[:12] for a in apps]}: not ipxe.efi "
-                            f"{ipxe.hex()[:12]}, then the UKI {uki[0].hex()[:12]} and its kernel")
-        names = {ipxe: "ipxe.efi", uki[0]: "UKI", uki[1]: "kernel"}
+        loader, name = self.attest.loader_digest, self.attest.loader_name
+        if len(apps) < 3 or apps[0] != loader or apps[-2:] != uki or any(a != uki[0] for a in apps[1:-2]):
+            raise self.fail(f"PCR 4's applications {[a.hex()[:12] for a in apps]}: not {name} "
+                            f"{loader.hex()[:12]}, then the UKI {uki[0].hex()[:12]} and its kernel")
+        names = {loader: name, uki[0]: "UKI", uki[1]: "kernel"}
         return (f"; attested ({verdict.matched.get('build')}), PCR 4: "
                 + ", ".join(names.get(a, a.hex()[:12]) for a in apps))
 

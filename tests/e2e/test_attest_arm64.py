@@ -31,7 +31,7 @@ from agent.site.services import ServiceSettings, SiteServices
 from initramfs import build as ramdisk
 from initramfs import iso, netgrub, uki
 from qemu import tpm as qemu_tpm
-from qemu.harness import GUEST_HOST, Machine, grub_chainloader
+from qemu.harness import AAVMF_CODE, AAVMF_VARS, GUEST_HOST, Machine, grub_chainloader
 from qemu.lab import GATEWAY_PORT, GUEST_CA, GUEST_TRUST, Lab, ensure_ramdisk
 from qemu.sitemedia import user_net_config
 from tests.e2e.conftest import JOIN_TIMEOUT, run_command, skip_reason
@@ -39,8 +39,6 @@ from tests.e2e.test_attest_uefi import attest, build_of, verdict
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow]
 
-AAVMF_CODE = Path("/usr/share/AAVMF/AAVMF_CODE.fd")
-AAVMF_VARS = Path("/usr/share/AAVMF/AAVMF_VARS.fd")
 NODE = "attest-arm64"
 MAC = "52:54:00:12:34:56"  # the lab's NIC
 

@@ -246,7 +246,7 @@ def check_attested(attest: SiteAttestation, life: Lifecycle) -> None:
     assert ramdisk.verdict.status is Status.ATTESTED, ramdisk.verdict
     refused = attest.judge_without_loader(ramdisk)
     assert isinstance(refused, PolicyFailed) and refused.check == "policy_pcr4", refused
-    assert attest.ipxe_digest.hex() in refused.reason and "no accepted loader" in refused.reason, refused
+    assert attest.loader_digest.hex() in refused.reason and "no accepted loader" in refused.reason, refused
     # The site's TFTP served that ipxe.efi (its dnsmasq's log, in the node's boot timeline).
     timeline = life.lab.site_state / "site" / "observe" / "timeline" / f"{life.node.name}.json"
     pxe = [a for a in json.loads(timeline.read_text())["attempts"] if a["method"] == "pxe"]
@@ -258,4 +258,4 @@ def check_attested(attest: SiteAttestation, life: Lifecycle) -> None:
     assert node.role == "node" and node.verdict.status is Status.UNATTESTED, node.verdict
     assert "a node boot: its boot chain is no ramdisk build" in node.verdict.reason, node.verdict
     apps = pcr4_applications(node.evidence)
-    assert len(apps) == 1 and apps[0] not in (attest.ipxe_digest, *attest.uki_pcr4), apps
+    assert len(apps) == 1 and apps[0] not in (attest.loader_digest, *attest.uki_pcr4), apps

@@ -41,6 +41,28 @@ def test_chassis_control_protocol_without_booting(tmp_path: Path) -> None:
     assert cli(tmp_path, "status").stdout.strip() == "off"
 
 
+def test_an_arm64_node_with_pflash_runs_it_with_its_own_variables_across_a_reload(tmp_path: Path) -> None:
+    """A node's pflash (AAVMF's code, the node's copy of its variables) survives node.json and
+    reaches QEMU's command line for a PXE boot, instead of -bios; none: -bios as before."""
+    from qemu.harness import Machine
+
+    code, variables = tmp_path / "AAVMF_CODE.fd", tmp_path / "n1" / "AAVMF_VARS.fd"
+    PoweredNode(tmp_path / "n1").configure(NodeSpec(
+        kernel="/nonexistent", initrd="/nonexistent", arch="arm64", uefi=True, tap="tap0",
+        tpm_state=str(tmp_path / "tpm"), pflash_code=str(code), pflash_vars=str(variables)))
+    again = PoweredNode(tmp_path / "n1")          # as the detached supervisor reads it
+    argv = Machine(again.machine_spec("pxe")).argv()
+    drives = [argv[i + 1] for i, a in enumerate(argv) if a == "-drive"]
+    assert drives[:2] == [f"if=pflash,format=raw,readonly=on,file={code}",
+                          f"if=pflash,format=raw,file={variables}"]
+    assert "-bios" not in argv and "-kernel" not in argv
+    assert "tpm-tis-device,tpmdev=tpm0" in argv
+    PoweredNode(tmp_path / "n2").configure(NodeSpec(kernel="/nonexistent", initrd="/nonexistent",
+                                                    arch="arm64", tap="tap1"))
+    plain = Machine(PoweredNode(tmp_path / "n2").machine_spec("pxe")).argv()
+    assert "-bios" in plain and not any(a.startswith("if=pflash") for a in plain)
+
+
 @pytest.mark.qemu
 def test_power_on_pxe_reset_and_off_from_outside(node: PoweredNode) -> None:
     assert cli(node.dir, "boot", "pxe").returncode == 0
