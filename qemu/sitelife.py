@@ -283,9 +283,11 @@ class Lifecycle:
         rec = self.wait_joined("ramdisk", 1)
         log = self.lab.site_log_text()
         hyphens = self.node.mac.replace(":", "-")
-        # arm64: the site's GRUB runs /boot.grub and the node's GRUB script (no iPXE after it).
+        # arm64: the site's GRUB runs /boot.grub and the node's GRUB script, which it names by
+        # ${net_default_mac} (colons; iPXE's by hyphens), with no iPXE after it.
         script = "grub" if self.lab.ramdisk.arch == "arm64" else "ipxe"
-        wanted_lines = [f"GET /boot.{script} -> 200", f"GET /pxe/{hyphens}.{script} -> 200"]
+        by_mac = self.node.mac if script == "grub" else hyphens
+        wanted_lines = [f"GET /boot.{script} -> 200", f"GET /pxe/{by_mac}.{script} -> 200"]
         if self.attest is not None:   # the UKI from the store, the node's settings by its MAC
             wanted_lines += [f"GET /cache/{self.attest.uki_sha256} -> 200",
                              f"GET /pxe/{hyphens}.cmdline -> 200"]

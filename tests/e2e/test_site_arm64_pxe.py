@@ -88,8 +88,12 @@ def test_an_arm64_node_pxe_boots_the_sites_grub_through_its_proxy_dhcp_and_attes
         attempts = json.loads(timeline.read_text())["attempts"]
         events = [(e["step"], e["detail"]) for a in attempts for e in a["events"]]
         print("the site's timeline of the node:", events)
-        assert ("tftp_sent", netgrub.NAME) in events, events
-        assert any(step == "dhcp_offer" for step, _ in events), events
+        assert ("dhcp_offer", "proxy offer") in events and ("tftp_sent", netgrub.NAME) in events, events
+        # In order: the entry, the proxy offer, the GRUB sent, /boot.grub, the node's script, the UKI.
+        steps = [step for step, _ in events]
+        firsts = [steps.index(s) for s in ("prepared", "dhcp_offer", "tftp_sent", "chain_script",
+                                            "node_script", "kernel")]
+        assert firsts == sorted(firsts), events
         # Attested with the GRUB as the loader (Lifecycle.check_attested: PCR 4 exactly the
         # GRUB, the UKI, its kernel); the same evidence without it among the loaders refused.
         judged = life.joins["ramdisk"]
