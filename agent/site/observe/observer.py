@@ -269,7 +269,7 @@ class Observer:
             self.timelines.fetch(ip, Step.CHAIN_SCRIPT, "", status, sent, seconds)
         elif path.startswith("/pxe/") and path.endswith((".ipxe", ".grub")):
             try:
-                name = parse_mac(path[len("/pxe/"):-len(".ipxe")])
+                name = parse_mac(path[len("/pxe/"):].rpartition(".")[0])
             except InvalidParameters:
                 return
             self.timelines.fetch(ip, Step.NODE_SCRIPT, name, status, sent, seconds)

@@ -19,6 +19,7 @@ from agent.site.observe.causes import Diagnosis
 from agent.site.observe.console import Bmc, Ring, kexecs, milestone
 from agent.site.observe.observer import Observer, ObserverSettings
 from agent.site.observe.timeline import Outcome, Prepared, Step, Timelines
+from tests.site.observe.test_causes import Clock, timelines
 
 MAC = "52:54:00:00:00:01"
 
@@ -117,14 +118,6 @@ def test_a_reset_after_a_kexec_that_showed_nothing_is_a_new_boot(tmp_path: Path)
 # -- the timeline and its causes ---------------------------------------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def clock() -> Clock:
     return Clock()
@@ -132,10 +125,7 @@ def clock() -> Clock:
 
 @pytest.fixture
 def tl(tmp_path: Path, clock: Clock) -> Timelines:
-    t = Timelines(tmp_path / "timeline", diagnose=Diagnosis(), clock=clock)
-    t.arp = lambda ip: ""
-    t.load()
-    return t
+    return timelines(tmp_path / "timeline", clock, Diagnosis())
 
 
 class Node:

@@ -13,24 +13,15 @@ from agent.commands.boot import MAX_REFUSAL, parse_refusal
 from agent.errors import InvalidParameters
 from agent.site.observe.causes import Diagnosis
 from agent.site.observe.timeline import Outcome, Prepared, Step, Timelines
+from tests.site.observe.test_causes import Clock, timelines
 
 MAC = "52:54:00:00:00:01"
 WHY = "attestation refused (event_log): the event log does not replay to the quoted PCRs"
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def tl(tmp_path: Path) -> Timelines:
-    t = Timelines(tmp_path / "timeline", diagnose=Diagnosis(), clock=Clock())
-    t.arp = lambda ip: ""
-    t.load()
+    t = timelines(tmp_path / "timeline", Clock(), Diagnosis())
     t.prepared("n1", Prepared("pxe", MAC, 1_800_003_600.0, "a" * 64, "b" * 64))
     t.power("n1", "on")
     return t
