@@ -163,8 +163,7 @@ def one_run(lab: Lab, tmp: Path, node: str, args: argparse.Namespace, *, uefi: b
     if tpm:
         qemu_tpm.manufacture(tmp / node / "state", tmp / node / "ca")
         swtpm = qemu_tpm.Swtpm(tmp / node / "state", tmp / node / "swtpm.sock").start()
-        build = Build(values["build_id"], tuple(bytes.fromhex(v) for v in values["pcr4"]),
-                      {11: bytes.fromhex(values["pcr11"]), 12: bytes.fromhex(values["pcr12"])})
+        build = Build.from_values(values)
         ca = tmp / node / "ca"
         lab.gateway.attestation = joins = RecordedJoins(Verifier(
             Policy(builds=[build], learn="first"),

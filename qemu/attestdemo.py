@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from agent.gateway.attest import Verdict, Verifier, load_certificates
 from agent.gateway.attest_join import JoinAttestation
@@ -20,10 +19,6 @@ from qemu.lab import Lab
 NODES = ("attest-demo", "attest-demo-tampered")
 NOTE = "/etc/bettercompute/build-note"
 
-
-def build_of(values: dict[str, Any]) -> Build:
-    return Build(values["build_id"], tuple(bytes.fromhex(v) for v in values["pcr4"]),
-                 {11: bytes.fromhex(values["pcr11"]), 12: bytes.fromhex(values["pcr12"])})
 
 
 def run(lab: Lab, workdir: Path, say: Callable[[str], None], timeout: float = 600) -> list[Verdict]:
@@ -38,7 +33,7 @@ def run(lab: Lab, workdir: Path, say: Callable[[str], None], timeout: float = 60
     boots = []
     for node, note in zip(NODES, (b"0", b"1"), strict=True):
         esp, values = lab.uki(node, files={NOTE: b"0"})  # the build the policy accepts
-        builds.append(build_of(values))
+        builds.append(Build.from_values(values))
         if note != b"0":
             esp, _ = lab.uki(node, files={NOTE: note})  # what this node boots instead
         boots.append((node, esp, values))

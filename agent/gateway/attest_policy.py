@@ -53,6 +53,18 @@ class Build:
     pcr4: tuple[bytes, ...]  # the images it starts, in order: the UKI, then the kernel it carries
     pcrs: dict[int, bytes]  # 9, 11, 12 where the build states them
 
+    @classmethod
+    def from_values(cls, values: Any, where: str = "build") -> Build:
+        """A build from its reference values: a policy file's entry, or what initramfs/uki.py
+        writes beside the UKI (``ramdisk.efi.json``)."""
+        if not isinstance(values, dict) or "pcr4" not in values:
+            raise InvalidParameters(f"{where} needs at least pcr4")
+        images = values["pcr4"] if isinstance(values["pcr4"], list) else [values["pcr4"]]
+        if not images:
+            raise InvalidParameters(f"{where}.pcr4 names no image")
+        pcrs = {p: _digest(values[f"pcr{p}"], f"{where}.pcr{p}") for p in BUILD_PCRS if f"pcr{p}" in values}
+        return cls(str(values.get("build_id", "")), tuple(_digest(v, f"{where}.pcr4") for v in images), pcrs)
+
 
 @dataclass
 class Policy:
@@ -86,17 +98,7 @@ class Policy:
         unknown = set(doc) - {"builds", "loaders", "learn", "profiles"}
         if unknown:
             raise InvalidParameters(f"{source}: unknown keys {sorted(unknown)}")
-        builds = []
-        for i, b in enumerate(doc.get("builds", [])):
-            if not isinstance(b, dict) or "pcr4" not in b:
-                raise InvalidParameters(f"{source}: builds[{i}] needs at least pcr4")
-            pcrs = {p: _digest(b[f"pcr{p}"], f"{source}: builds[{i}].pcr{p}")
-                    for p in BUILD_PCRS if f"pcr{p}" in b}
-            images = b["pcr4"] if isinstance(b["pcr4"], list) else [b["pcr4"]]
-            if not images:
-                raise InvalidParameters(f"{source}: builds[{i}].pcr4 names no image")
-            builds.append(Build(str(b.get("build_id", "")),
-                                tuple(_digest(v, f"{source}: builds[{i}].pcr4") for v in images), pcrs))
+        builds = [Build.from_values(b, f"{source}: builds[{i}]") for i, b in enumerate(doc.get("builds", []))]
         learn = doc.get("learn", "never")
         if learn not in ("first", "never"):
             raise InvalidParameters(f"{source}: learn is \"first\" or \"never\", not {learn!r}")

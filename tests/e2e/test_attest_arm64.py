@@ -25,6 +25,7 @@ import pytest
 
 from agent.gateway import eventlog
 from agent.gateway.attest import Status
+from agent.gateway.attest_policy import Build
 from agent.proto import site_pb2
 from agent.site.boot.pxe import EntryRequest
 from agent.site.services import ServiceSettings, SiteServices
@@ -35,7 +36,7 @@ from qemu.harness import AAVMF_CODE, AAVMF_VARS, GUEST_HOST, Machine, grub_chain
 from qemu.lab import GATEWAY_PORT, GUEST_CA, GUEST_TRUST, Lab, ensure_ramdisk
 from qemu.sitemedia import user_net_config
 from tests.e2e.conftest import JOIN_TIMEOUT, run_command, skip_reason
-from tests.e2e.test_attest_uefi import attest, build_of, verdict
+from tests.e2e.test_attest_uefi import attest, verdict
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow]
 
@@ -80,7 +81,7 @@ def test_an_arm64_uki_under_aavmf_attests_and_its_wipe_is_verified(arm_lab: Lab,
     variables = firmware_variables(tmp_path)
     esp, values = arm_lab.uki(NODE)
     assert (esp / "EFI" / "BOOT" / "BOOTAA64.EFI").is_file()
-    joins = attest(arm_lab, tmp_path / "ca", [build_of(values)])
+    joins = attest(arm_lab, tmp_path / "ca", [Build.from_values(values)])
     disks = arm_lab.standard_disks(NODE, size=64 * 1024 * 1024)
     with qemu_tpm.Swtpm(tmp_path / "state", tmp_path / "swtpm.sock") as swtpm:
         machine = arm_lab.boot(NODE, tpm=swtpm.socket, esp=esp, disks=disks[:1],
@@ -118,7 +119,7 @@ def test_grub_chainloading_the_uki_is_measured_and_attests_as_a_loader(arm_lab: 
     (esp / "EFI" / "BOOT" / "BOOTAA64.EFI").rename(image)
     grub = grub_chainloader(esp / "EFI" / "BOOT" / "BOOTAA64.EFI", "/EFI/Linux/ramdisk.efi")
     grub_digest = uki.authenticode_sha256(grub.read_bytes())
-    joins = attest(arm_lab, tmp_path / "ca", [build_of(values)])
+    joins = attest(arm_lab, tmp_path / "ca", [Build.from_values(values)])
     joins.verifier.policy.loaders.add(grub_digest)
     with qemu_tpm.Swtpm(tmp_path / "state", tmp_path / "swtpm.sock") as swtpm:
         machine = arm_lab.boot(node, tpm=swtpm.socket, esp=esp,
@@ -161,7 +162,7 @@ def test_the_sites_arm64_pxe_entry_starts_the_uki_through_the_sites_grub_and_att
             uki_digest={"algorithm": "sha256", "hex": hashlib.sha256(image).hexdigest()},
             kernel_cmdline=settings)))
         qemu_tpm.manufacture(tmp_path / "state", tmp_path / "ca")
-        joins = attest(arm_lab, tmp_path / "ca", [build_of(values)])
+        joins = attest(arm_lab, tmp_path / "ca", [Build.from_values(values)])
         joins.verifier.policy.loaders.add(bytes.fromhex(grub_digest))
         with qemu_tpm.Swtpm(tmp_path / "state", tmp_path / "swtpm.sock") as swtpm:
             machine = arm_lab.boot(node, tpm=swtpm.socket, pxe=True, pxe_loader=grub,
@@ -200,7 +201,7 @@ def test_the_arm64_iso_chainloads_the_uki_and_the_node_attests(arm_lab: Lab, tmp
     loaders = json.loads(image.with_name("ramdisk.iso.loaders.json").read_text())["loaders"]
     config = user_net_config(arm_lab, node, tmp_path)
     qemu_tpm.manufacture(tmp_path / "state", tmp_path / "ca")
-    joins = attest(arm_lab, tmp_path / "ca", [build_of(values)])
+    joins = attest(arm_lab, tmp_path / "ca", [Build.from_values(values)])
     joins.verifier.policy.loaders.update(bytes.fromhex(d) for d in loaders)
     with qemu_tpm.Swtpm(tmp_path / "state", tmp_path / "swtpm.sock") as swtpm:
         machine = arm_lab.boot(node, tpm=swtpm.socket, media=[str(image), str(config)],

@@ -17,13 +17,14 @@ from pathlib import Path
 import pytest
 
 from agent.gateway.attest import Status
+from agent.gateway.attest_policy import Build
 from initramfs import build as ramdisk
 from initramfs import iso
 from qemu import tpm as qemu_tpm
 from qemu.lab import Lab
 from qemu.sitemedia import user_net_config
 from tests.e2e.conftest import JOIN_TIMEOUT, skip_reason
-from tests.e2e.test_attest_uefi import attest, build_of, verdict
+from tests.e2e.test_attest_uefi import attest, verdict
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow]
 
@@ -42,7 +43,7 @@ def test_the_iso_chainloads_the_uki_and_the_node_attests(lab: Lab, tmp_path: Pat
     loaders = json.loads(image.with_name("ramdisk.iso.loaders.json").read_text())["loaders"]
     config = user_net_config(lab, NODE, tmp_path)
     qemu_tpm.manufacture(tmp_path / "state", tmp_path / "ca")
-    joins = attest(lab, tmp_path / "ca", [build_of(values)])
+    joins = attest(lab, tmp_path / "ca", [Build.from_values(values)])
     joins.verifier.policy.loaders.update(bytes.fromhex(d) for d in loaders)
     with qemu_tpm.Swtpm(tmp_path / "state", tmp_path / "swtpm.sock") as swtpm:
         machine = lab.boot(NODE, uefi=True, tpm=swtpm.socket, media=[str(image), str(config)])

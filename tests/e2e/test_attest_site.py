@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from agent.gateway.attest import Status
+from agent.gateway.attest_policy import Build
 from agent.proto import site_pb2
 from agent.site.boot.pxe import EntryRequest
 from agent.site.services import ServiceSettings, SiteServices
@@ -27,7 +28,7 @@ from qemu import tpm as qemu_tpm
 from qemu.harness import GUEST_HOST
 from qemu.lab import GATEWAY_PORT, GUEST_CA, GUEST_TRUST, Lab
 from tests.e2e.conftest import JOIN_TIMEOUT, skip_reason
-from tests.e2e.test_attest_uefi import attest, build_of, verdict
+from tests.e2e.test_attest_uefi import attest, verdict
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow]
 
@@ -62,7 +63,7 @@ def test_a_node_pxe_booting_the_sites_uki_attests(lab: Lab, site: SiteServices, 
         uki_digest={"algorithm": "sha256", "hex": hashlib.sha256(image.read_bytes()).hexdigest()},
         kernel_cmdline=settings)))
     qemu_tpm.manufacture(tmp_path / "state", tmp_path / "ca")
-    joins = attest(lab, tmp_path / "ca", [build_of(values)])
+    joins = attest(lab, tmp_path / "ca", [Build.from_values(values)])
     with qemu_tpm.Swtpm(tmp_path / "state", tmp_path / "swtpm.sock") as swtpm:
         machine = lab.boot(NODE, uefi=True, tpm=swtpm.socket, pxe=True,
                            pxe_chain=f"{site.base_url}/boot.ipxe", forwards={port: port})

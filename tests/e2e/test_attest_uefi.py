@@ -12,7 +12,6 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -51,11 +50,6 @@ def attest(lab: Lab, ca: Path, builds: list[Build]) -> JoinAttestation:
     return joins
 
 
-def build_of(values: dict[str, Any]) -> Build:
-    """The policy's build from initramfs/uki.py's reference values."""
-    return Build(values["build_id"], tuple(bytes.fromhex(v) for v in values["pcr4"]),
-                 {11: bytes.fromhex(values["pcr11"]), 12: bytes.fromhex(values["pcr12"])})
-
 
 def verdict(joins: JoinAttestation, node: str) -> Verdict:
     found = joins.wait_verdict(node, 120)
@@ -67,7 +61,7 @@ def test_a_uki_under_ovmf_attests_and_its_wipe_is_verified(tpm_lab: Lab, swtpm: 
                                                            tmp_path: Path) -> None:
     node = "attest-uefi"
     esp, values = tpm_lab.uki(node)
-    joins = attest(tpm_lab, tmp_path / "ca", [build_of(values)])
+    joins = attest(tpm_lab, tmp_path / "ca", [Build.from_values(values)])
     disks = tpm_lab.standard_disks(node, size=64 * 1024 * 1024)
     machine = tpm_lab.boot(node, uefi=True, tpm=swtpm.socket, esp=esp, disks=disks[:1])
     try:
@@ -103,7 +97,7 @@ def test_one_byte_changed_in_the_initramfs(tpm_lab: Lab, swtpm: qemu_tpm.Swtpm, 
     node = "attest-tampered"
     _, accepted = tpm_lab.uki(node, files={"/etc/bettercompute/build-note": b"0"})
     esp, _ = tpm_lab.uki(node, files={"/etc/bettercompute/build-note": b"1"})  # one byte changed
-    joins = attest(tpm_lab, tmp_path / "ca", [build_of(accepted)])
+    joins = attest(tpm_lab, tmp_path / "ca", [Build.from_values(accepted)])
     machine = tpm_lab.boot(node, uefi=True, tpm=swtpm.socket, esp=esp)
     try:
         tpm_lab.wait_joined(machine, node, JOIN_TIMEOUT)
@@ -127,7 +121,7 @@ def test_another_firmware_for_an_enrolled_profile(tpm_lab: Lab, tmp_path: Path) 
     verdicts = []
     for node, pflash in (("attest-fw-1", None), ("attest-fw-2", (code, tmp_path / "vars.fd"))):
         esp, values = tpm_lab.uki(node)
-        builds.append(build_of(values))
+        builds.append(Build.from_values(values))
         with qemu_tpm.Swtpm(tmp_path / "state", tmp_path / "swtpm.sock") as swtpm:
             machine = tpm_lab.boot(node, uefi=True, tpm=swtpm.socket, esp=esp, pflash=pflash)
             try:
@@ -157,7 +151,7 @@ def test_a_command_line_added_by_the_boot_loader(tpm_lab: Lab, swtpm: qemu_tpm.S
     (esp / "loader" / "loader.conf").write_text("timeout 0\ndefault ramdisk.conf\n")
     (esp / "loader" / "entries" / "ramdisk.conf").write_text(
         f"title ramdisk\nefi /EFI/Linux/ramdisk.efi\noptions {cmdline} loglevel=7\n")
-    joins = attest(tpm_lab, tmp_path / "ca", [build_of(values)])
+    joins = attest(tpm_lab, tmp_path / "ca", [Build.from_values(values)])
     joins.verifier.policy.loaders.add(uki.authenticode_sha256(SYSTEMD_BOOT.read_bytes()))
     machine = tpm_lab.boot(node, uefi=True, tpm=swtpm.socket, esp=esp)
     try:
