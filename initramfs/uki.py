@@ -11,9 +11,13 @@ for the gateway's policy (docs/attestation.md):
 
     .venv/bin/python -m initramfs.uki --kernel initramfs/out/vmlinuz \\
         --initrd initramfs/out/initramfs.img --cmdline "console=ttyS0 ..." --out ramdisk.efi
-    # -> ramdisk.efi and ramdisk.efi.json: {"build_id", "pcr4": [UKI, kernel], "pcr11", "pcr12", ...}
+    # -> ramdisk.efi and ramdisk.efi.json: {"build_id", "pcr4": [UKI], "pcr9", "pcr11", "pcr12", ...}
+    #    (arm64's: "pcr4": [UKI, kernel], no "pcr9": its stub starts the kernel with LoadImage)
     .venv/bin/python -m initramfs.uki --arch arm64 --kernel initramfs/out/arm64/vmlinuz \\
         --initrd initramfs/out/arm64/initramfs.img --cmdline "console=ttyAMA0 ..." --out ramdisk.efi
+
+On x86 the stub hands over to the kernel (``handover_kernel``: the firmware measures the kernel
+once, inside the UKI, and the kernel's stub measures no initramfs into PCR 9).
 
 On an x86 host the arm64 UKI takes the stub out of Debian's arm64 systemd-boot-efi .deb
 (``find_stub``) and is assembled by binutils-aarch64-linux-gnu's objcopy; its .linux section is
@@ -47,6 +51,8 @@ STUBS = {"amd64": Path("/usr/lib/systemd/boot/efi/linuxx64.efi.stub"),
 STUB_PACKAGE = "systemd-boot-efi"
 # The PE/COFF machine of each architecture's images (the COFF header's Machine field).
 PE_MACHINES = {0x8664: "amd64", 0xAA64: "arm64"}
+# The x86 boot protocol's xloadflags bit: the kernel has a 64-bit EFI handover entry.
+XLF_EFI_HANDOVER_64 = 1 << 3
 # The UKI specification's section order, the order systemd-stub measures them into PCR 11
 # (.pcrsig is never measured; the rest of it this build does not add).
 MEASURED_SECTIONS = (".linux", ".osrel", ".cmdline", ".initrd", ".splash", ".dtb", ".pcrpkey")
@@ -88,6 +94,7 @@ class Pe:
     data: bytes
     image_base: int
     section_alignment: int
+    size_of_image: int
     size_of_headers: int
     checksum_at: int      # offset of the optional header's CheckSum
     cert_dir_at: int      # offset of the Certificate Table's data directory entry
@@ -120,7 +127,7 @@ def parse_pe(data: bytes) -> Pe:
     else:
         raise PeError(f"optional header magic {magic:#x}")
     section_alignment = struct.unpack_from("<I", data, opt + 32)[0]
-    size_of_headers = struct.unpack_from("<I", data, opt + 60)[0]
+    size_of_image, size_of_headers = struct.unpack_from("<II", data, opt + 56)
     cert_dir_at = dirs + 4 * 8
     cert_size = struct.unpack_from("<I", data, cert_dir_at + 4)[0] if cert_dir_at + 8 <= opt + opt_size else 0
     sections = []
@@ -129,8 +136,8 @@ def parse_pe(data: bytes) -> Pe:
         name = data[at:at + 8].rstrip(b"\0").decode("ascii", "replace")
         vsize, vaddr, rsize, roff = struct.unpack_from("<IIII", data, at + 8)
         sections.append(Section(name, vsize, vaddr, rsize, roff))
-    return Pe(data, image_base, section_alignment, size_of_headers, opt + 64, cert_dir_at, cert_size,
-              sections)
+    return Pe(data, image_base, section_alignment, size_of_image, size_of_headers, opt + 64, cert_dir_at,
+              cert_size, sections)
 
 
 def pe_arch(data: bytes) -> str:
@@ -173,6 +180,34 @@ def pe_kernel(kernel: Path, tmp: Path) -> Path:
     image = tmp / "linux"
     image.write_bytes(gzip.decompress(kernel.read_bytes()))
     return image
+
+
+def handover_kernel(kernel: Path, tmp: Path) -> Path:
+    """An x86 ``kernel`` that systemd-stub starts through the EFI handover protocol, written into
+    ``tmp``: its PE header's MajorImageVersion (the kernel's EFI stub version, 1 since Linux 5.8)
+    set to 0, which is what systemd-stub 252 reads to choose the handover protocol over the
+    firmware's LoadImage (src/boot/efi/pe.c, pe_kernel_info). The kernel is the same code; what
+    changes is what is hashed at boot: LoadImage would measure the kernel into PCR 4 a second
+    time, and the kernel's own stub, taking the initramfs through the stub's LoadFile2 device,
+    would measure the initramfs into PCR 9 a third time; the stub has already measured both
+    into PCR 11 (and the firmware the whole UKI into PCR 4). Under TCG those two passes are
+    30 MB of SHA-256 in emulated firmware, about 1.4 s per boot (docs/performance.md). With
+    nothing measured into PCR 9, the build can say PCR 9 stays zero: an initramfs a loader
+    offers through that device in place of the UKI's would show there (Linux 6.1's stub takes
+    it even on the handover path)."""
+    data = bytearray(kernel.read_bytes())
+    if len(data) < 0x268 or data[0x202:0x206] != b"HdrS":
+        raise PeError(f"{kernel}: no x86 boot protocol header")
+    version, xloadflags = struct.unpack_from("<H", data, 0x206)[0], struct.unpack_from("<H", data, 0x236)[0]
+    handover = struct.unpack_from("<I", data, 0x264)[0]
+    if version < 0x20B or not xloadflags & XLF_EFI_HANDOVER_64 or not handover:
+        raise PeError(f"{kernel}: the kernel has no 64-bit EFI handover entry "
+                      f"(boot protocol {version:#x})")
+    parse_pe(bytes(data))
+    struct.pack_into("<H", data, struct.unpack_from("<I", data, 0x3C)[0] + 24 + 44, 0)
+    out = tmp / "linux-handover"
+    out.write_bytes(bytes(data))
+    return out
 
 
 def authenticode_sha256(data: bytes) -> bytes:
@@ -222,12 +257,18 @@ def build(stub: Path, kernel: Path, initrd: Path, cmdline: str, out: Path, *,
         osrel.write_text(os_release)
         cmd.write_text(cmdline)
         kernel = pe_kernel(kernel, Path(tmp))
+        if pe_arch(data) == "amd64":
+            kernel = handover_kernel(kernel, Path(tmp))
         argv = [objcopy(pe_arch(data))]
         for name, path in ((".osrel", osrel), (".cmdline", cmd), (".linux", kernel), (".initrd", initrd)):
             at = (end + align - 1) // align * align
             argv += ["--add-section", f"{name}={path}",
                      "--change-section-vma", f"{name}={pe.image_base + at:#x}"]
             end = at + path.stat().st_size
+            if name == ".linux":
+                # The kernel's own in-memory size (its BSS) is kept free after it: started
+                # where it lies (the handover protocol), it clears and uses that memory.
+                end = at + max(path.stat().st_size, parse_pe(path.read_bytes()).size_of_image)
         tmp_out = out.with_name(f".{out.name}.tmp")
         run([*argv, str(stub), str(tmp_out)], timeout=120)
         with tmp_out.open("ab") as f:  # 8-byte aligned: signing it later leaves its digest as it is
@@ -238,16 +279,21 @@ def build(stub: Path, kernel: Path, initrd: Path, cmdline: str, out: Path, *,
 def reference_values(uki: Path, build_id: str = "") -> dict[str, Any]:
     """What a TPM holds after firmware started this UKI as it is (the gateway policy's build)."""
     data = uki.read_bytes()
-    return {
+    values: dict[str, Any] = {
         "build_id": build_id or hashlib.sha256(data).hexdigest()[:16],
-        # The firmware measures the UKI; the stub starts the kernel through the firmware's
-        # LoadImage, which measures that too.
-        "pcr4": [authenticode_sha256(data).hex(),
-                 authenticode_sha256(parse_pe(data).section(".linux")).hex()],
+        # The firmware measures the UKI.
+        "pcr4": [authenticode_sha256(data).hex()],
         "pcr11": predicted_pcr11(data).hex(),
         "pcr12": bytes(32).hex(),
         "sha256": hashlib.sha256(data).hexdigest(),
     }
+    if pe_arch(data) == "amd64":
+        # The stub hands over to the kernel (handover_kernel): nothing more in PCR 4, none in 9.
+        values["pcr9"] = bytes(32).hex()
+    else:
+        # The stub starts the kernel through the firmware's LoadImage, which measures it too.
+        values["pcr4"].append(authenticode_sha256(parse_pe(data).section(".linux")).hex())
+    return values
 
 
 def write(stub: Path, kernel: Path, initrd: Path, cmdline: str, out: Path,

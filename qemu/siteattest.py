@@ -139,7 +139,7 @@ class SiteAttestation:
 
     @property
     def uki_pcr4(self) -> list[bytes]:
-        """The build's images, as PCR 4 shows them last: the UKI, the kernel in it."""
+        """The build's images, as PCR 4 shows them last: the UKI (and on arm64 the kernel in it)."""
         return [bytes.fromhex(v) for v in self.values["pcr4"]]
 
     def judge_without_loader(self, judged: Judged) -> PolicyFailed | dict[str, str]:

@@ -325,13 +325,16 @@ class Lifecycle:
         if not verdict.attested or verdict.matched.get("pcr4") != uki[0].hex():
             raise self.fail(f"the ramdisk's join: {verdict}")
         # What the firmware started: the loader (its PXE), then the UKI (iPXE may load it once
-        # more to probe it first) and the kernel in it; nothing else.
+        # more to probe it first) and, on arm64, the kernel in it (x86's stub hands over to it:
+        # initramfs/uki.py); nothing else.
         apps = pcr4_applications(judged.evidence)
         loader, name = self.attest.loader_digest, self.attest.loader_name
-        if len(apps) < 3 or apps[0] != loader or apps[-2:] != uki or any(a != uki[0] for a in apps[1:-2]):
+        n = len(uki)
+        if (len(apps) < n + 1 or apps[0] != loader or apps[-n:] != uki
+                or any(a != uki[0] for a in apps[1:-n])):
             raise self.fail(f"PCR 4's applications {[a.hex()[:12] for a in apps]}: not {name} "
-                            f"{loader.hex()[:12]}, then the UKI {uki[0].hex()[:12]} and its kernel")
-        names = {loader: name, uki[0]: "UKI", uki[1]: "kernel"}
+                            f"{loader.hex()[:12]}, then the UKI {uki[0].hex()[:12]} and what it starts")
+        names = {loader: name, uki[0]: "UKI", **{a: "kernel" for a in uki[1:]}}
         return (f"; attested ({verdict.matched.get('build')}), PCR 4: "
                 + ", ".join(names.get(a, a.hex()[:12]) for a in apps))
 

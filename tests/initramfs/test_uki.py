@@ -9,6 +9,7 @@ import hashlib
 import itertools
 import json
 import shutil
+import struct
 import subprocess
 from pathlib import Path
 
@@ -17,6 +18,35 @@ import pytest
 from initramfs import debs, uki
 
 STUB = uki.STUBS["amd64"]
+# What x86_kernel's image takes in memory beyond its file (its BSS).
+BSS = 0x46000
+
+
+def x86_kernel(*, version: int = 0x20F, xloadflags: int = 0x7F, handover: int = 0x190) -> bytes:
+    """A PE32+ image with an x86 boot protocol header, laid out as a bzImage with its EFI stub
+    is: the PE header at 0x40, the setup header at 0x1F1 ('HdrS', its version, xloadflags, the
+    handover entry's offset), one .text section, and SizeOfImage beyond the file (BSS)."""
+    data = bytearray(0x2000)
+    data[:2] = b"MZ"
+    struct.pack_into("<I", data, 0x3C, 0x40)
+    data[0x40:0x44] = b"PE\0\0"
+    struct.pack_into("<HHIIIHH", data, 0x44, 0x8664, 1, 0, 0, 0, 240, 0x206)
+    opt = 0x58
+    struct.pack_into("<HBBIIIIIQIIHHHHHHIIIIHHQQQQII", data, opt, 0x20B, 2, 20, 0x1000, 0, 0, 0x1000, 0x1000,
+                     0, 0x1000, 0x200, 0, 0, 1, 0, 0, 0, 0, 0x2000 + BSS, 0x1000, 0, 10, 0, 0, 0, 0, 0, 0, 16)
+    struct.pack_into("<8sIIIIIIHHI", data, opt + 240, b".text", 0x1000, 0x1000, 0x1000, 0x1000, 0, 0, 0, 0,
+                     0x60000020)
+    data[0x202:0x206] = b"HdrS"
+    struct.pack_into("<H", data, 0x206, version)
+    struct.pack_into("<H", data, 0x236, xloadflags)
+    struct.pack_into("<I", data, 0x264, handover)
+    return bytes(data)
+
+
+def test_the_fake_kernel_is_shaped_as_a_bzimage_is() -> None:
+    kernel = x86_kernel()
+    assert uki.pe_arch(kernel) == "amd64"
+    assert uki.parse_pe(kernel).size_of_image == len(kernel) + BSS
 
 
 @pytest.fixture
@@ -25,7 +55,7 @@ def built(tmp_path: Path) -> Path:
         pytest.skip(f"no {STUB} (apt-get install systemd-boot-efi)")
     if shutil.which(uki.objcopy("amd64")) is None:
         pytest.skip(f"{uki.objcopy('amd64')} is not installed (apt-get install binutils)")
-    (tmp_path / "vmlinuz").write_bytes(STUB.read_bytes())  # a PE image, as a kernel with its EFI stub is
+    (tmp_path / "vmlinuz").write_bytes(x86_kernel())
     (tmp_path / "initrd").write_bytes(b"070701 an initramfs" * 300)
     uki.write(STUB, tmp_path / "vmlinuz", tmp_path / "initrd", "console=ttyS0 bc.role=ramdisk",
               tmp_path / "ramdisk.efi", build_id="test-1")
@@ -35,7 +65,11 @@ def built(tmp_path: Path) -> Path:
 def test_the_uki_holds_the_kernel_initrd_and_command_line(built: Path) -> None:
     data = built.read_bytes()
     pe = uki.parse_pe(data)
-    assert pe.section(".linux") == (built.parent / "vmlinuz").read_bytes()
+    kernel = bytearray((built.parent / "vmlinuz").read_bytes())
+    # The same kernel, but for its EFI stub's version (0: systemd-stub hands over to it).
+    assert pe.section(".linux")[0x40 + 24 + 44:0x40 + 24 + 46] == b"\0\0"
+    kernel[0x40 + 24 + 44:0x40 + 24 + 46] = b"\0\0"
+    assert pe.section(".linux") == kernel
     assert pe.section(".initrd") == (built.parent / "initrd").read_bytes()
     assert pe.section(".cmdline") == b"console=ttyS0 bc.role=ramdisk"
     assert b"ID=bettercompute-ramdisk" in pe.section(".osrel")
@@ -44,6 +78,9 @@ def test_the_uki_holds_the_kernel_initrd_and_command_line(built: Path) -> None:
     assert names.index(".text") < names.index(".osrel") < names.index(".linux") < names.index(".initrd")
     spans = sorted((s.virtual_address, s.virtual_address + s.virtual_size) for s in pe.sections)
     assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))  # no section overlaps another
+    # The kernel's BSS is left free before the initramfs: started where it lies, it clears it.
+    linux, initrd = (next(s for s in pe.sections if s.name == n) for n in (".linux", ".initrd"))
+    assert initrd.virtual_address >= linux.virtual_address + len(kernel) + BSS
 
 
 def test_reference_values_beside_it(built: Path) -> None:
@@ -51,9 +88,10 @@ def test_reference_values_beside_it(built: Path) -> None:
     data = built.read_bytes()
     assert values["build_id"] == "test-1" and values["sha256"] == hashlib.sha256(data).hexdigest()
     pe = uki.parse_pe(data)
-    assert values["pcr4"] == [uki.authenticode_sha256(data).hex(),
-                              uki.authenticode_sha256(pe.section(".linux")).hex()]
-    assert values["pcr12"] == "00" * 32
+    # The firmware measures the UKI; the stub hands over to the kernel, no LoadImage: nothing
+    # more in PCR 4, nothing in PCR 9 (the kernel's stub takes no initramfs through LoadFile2).
+    assert values["pcr4"] == [uki.authenticode_sha256(data).hex()]
+    assert values["pcr9"] == values["pcr12"] == "00" * 32
     # PCR 11 by the UKI specification's order: .linux, .osrel, .cmdline, .initrd; name, then contents.
     pcr = bytes(32)
     for name in (".linux", ".osrel", ".cmdline", ".initrd"):
@@ -174,6 +212,24 @@ def test_the_arm64_kernel_digest_agrees_with_osslsigncode(tmp_path: Path) -> Non
     assert uki.pe_arch(image.read_bytes()) == "arm64"
     calculated, _ = osslsigncode_digest(image, tmp_path)
     assert uki.authenticode_sha256(image.read_bytes()).hex() == calculated
+
+
+@pytest.mark.parametrize(("header", "why"), [
+    ({"version": 0x20A}, "boot protocol 0x20a"),
+    ({"xloadflags": 0x7F & ~uki.XLF_EFI_HANDOVER_64}, "no 64-bit EFI handover"),
+    ({"handover": 0}, "no 64-bit EFI handover"),
+])
+def test_a_kernel_without_a_handover_entry_is_refused(tmp_path: Path, header: dict[str, int],
+                                                      why: str) -> None:
+    (tmp_path / "vmlinuz").write_bytes(x86_kernel(**header))
+    with pytest.raises(uki.PeError, match=why):
+        uki.handover_kernel(tmp_path / "vmlinuz", tmp_path)
+
+
+def test_a_pe_image_that_is_no_x86_kernel_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "vmlinuz").write_bytes(b"MZ" + bytes(0x300))
+    with pytest.raises(uki.PeError, match="no x86 boot protocol header"):
+        uki.handover_kernel(tmp_path / "vmlinuz", tmp_path)
 
 
 def test_a_kernel_that_is_no_gzip_goes_in_as_it_is(tmp_path: Path) -> None:
