@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import json
 import shutil
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -351,6 +352,19 @@ def test_a_command_line_given_by_the_boot_loader(sim: SimTpm, tmp_path: Path, ve
     node = Node(sim, tmp_path)
     node.boot([*UEFI_BOOT, ev(12, Ev.IPL, "console=ttyS0 init=/bin/sh".encode("utf-16-le"))])
     refused(node.join(verifier), "policy_pcr12")
+
+
+def test_an_initrd_the_build_does_not_load(sim: SimTpm, tmp_path: Path) -> None:
+    """An x86 build says PCR 9 stays zero (its stub hands over to the kernel, initramfs/uki.py):
+    an initramfs a loader offered through the LoadFile2 device would show there."""
+    handover = [e for e in UEFI_BOOT if e[0] != 9]
+    doc = policy_doc()
+    doc["builds"] = [{**doc["builds"][0], "pcr9": bytes(32).hex()}]  # type: ignore[index]
+    verifier = Verifier(Policy.from_json(doc), ek_roots=load_certificates([sim.ca_root, sim.ca_issuer]))
+    node = Node(sim, tmp_path)
+    node.boot([*handover, ev(9, Ev.EVENT_TAG, struct.pack("<II", 0x8F3B22EC, 7) + b"initrd\0",
+                             h(b"another initramfs"))])
+    refused(node.join(verifier), "policy_pcr9")
 
 
 def test_the_policy_file_is_checked(tmp_path: Path) -> None:
