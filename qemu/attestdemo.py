@@ -38,9 +38,12 @@ def run(lab: Lab, workdir: Path, say: Callable[[str], None], timeout: float = 60
             esp, _ = lab.uki(node, files={NOTE: note})  # what this node boots instead
         boots.append((node, esp, values))
     _, esp, values = boots[0]
+    # The UKI; on arm64 the kernel after it (its stub starts it through LoadImage).
+    whats = ("the UKI", "its kernel")[:len(values["pcr4"])]
+    images = " then ".join(f"{v[:16]}... ({what})" for v, what in zip(values["pcr4"], whats, strict=True))
+    pcr9 = ", PCR 9 empty (the stub hands over to the kernel)" if "pcr9" in values else ""
     say(f"UKI built: the ramdisk as one PE image; its reference values: build {values['build_id']}, "
-        f"PCR 4 {values['pcr4'][0][:16]}... (the UKI) then {values['pcr4'][1][:16]}... (its kernel), "
-        f"PCR 11 {values['pcr11'][:16]}..., PCR 12 empty")
+        f"PCR 4 {images}, PCR 11 {values['pcr11'][:16]}...{pcr9}, PCR 12 empty")
     ca = root / "ca"
     roots = load_certificates([ca / qemu_tpm.CA_ROOT, ca / qemu_tpm.CA_ISSUER])
     joins = JoinAttestation(Verifier(Policy(builds=builds, learn="first"), ek_roots=roots))
@@ -61,8 +64,9 @@ def run(lab: Lab, workdir: Path, say: Callable[[str], None], timeout: float = 60
                     machine.stop()
             if verdict.attested:
                 m = verdict.matched
+                checked = "9, 11 and 12" if 9 in builds[0].pcrs else "11 and 12"
                 say(f"ATTESTED: PCR 4 matched build {m['build']} (the UKI's Authenticode digest "
-                    f"{m['pcr4'][:16]}...), PCRs 11 and 12 as the build says, the firmware's PCRs 0, 2, 7 "
+                    f"{m['pcr4'][:16]}...), PCRs {checked} as the build says, the firmware's PCRs 0, 2, 7 "
                     f"{'learned' if m.get('learned') else 'enforced'} for {m['profile']}; EK {m['ek']} "
                     "certified by the TPM maker's CA (here swtpm's local one)")
             else:
