@@ -193,8 +193,9 @@ def handover_kernel(kernel: Path, tmp: Path) -> Path:
     into PCR 11 (and the firmware the whole UKI into PCR 4). Under TCG those two passes are
     30 MB of SHA-256 in emulated firmware, about 1.4 s per boot (docs/performance.md). With
     nothing measured into PCR 9, the build can say PCR 9 stays zero: an initramfs a loader
-    offers through that device in place of the UKI's would show there (Linux 6.1's stub takes
-    it even on the handover path)."""
+    offers through that device in place of the UKI's would show there (by its source, Linux's
+    x86 stub prefers such an initramfs to the boot parameters' on the handover path too; not
+    tested here). The build leaves the kernel's in-memory size free after it (``build``)."""
     data = bytearray(kernel.read_bytes())
     if len(data) < 0x268 or data[0x202:0x206] != b"HdrS":
         raise PeError(f"{kernel}: no x86 boot protocol header")

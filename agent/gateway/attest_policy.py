@@ -50,7 +50,7 @@ class PolicyFailed(Exception):
 @dataclass(frozen=True)
 class Build:
     build_id: str
-    pcr4: tuple[bytes, ...]  # the images it starts, in order: the UKI, then the kernel it carries
+    pcr4: tuple[bytes, ...]  # the images it starts, in order: the UKI (on arm64, then its kernel)
     pcrs: dict[int, bytes]  # 9, 11, 12 where the build states them
 
     @classmethod
