@@ -1,4 +1,6 @@
-"""The event log parser and replay, against tpm2_eventlog and against a TPM that was measured."""
+"""The event log parser and replay, against tpm2_eventlog, against a TPM that was measured, and
+against event logs published from real machines (tests/published.py) with the PCR values their
+TPMs reported."""
 
 from __future__ import annotations
 
@@ -7,24 +9,47 @@ import re
 import shutil
 import struct
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from agent.gateway import eventlog
+from agent.hw.tpm import BANKS
+from tests.published import go_eventlog, reported_pcrs
 from tests.tpmsim import BIOS_BOOT, UEFI_BOOT, SimTpm, event_log, manufactured_tpm, measure, sim
 
 __all__ = ["manufactured_tpm", "sim"]
 
+ALGORITHMS = {name: alg for alg, name in BANKS.items()}  # as tpm2_eventlog names them
+EVENT_TYPES = {f"EV_{name}": value for name, value in vars(eventlog.Ev).items() if name.isupper()}
 
-def tpm2_eventlog_pcrs(path: Path) -> dict[int, bytes]:
+
+@dataclass(frozen=True)
+class Oracle:
+    """What tpm2_eventlog read: each event after the Spec ID header, and the SHA-256 bank."""
+
+    events: list[tuple[int, str, dict[int, bytes]]]  # PCR, type name, algorithm -> digest
+    pcrs: dict[int, bytes]
+
+
+def tpm2_eventlog(path: Path) -> Oracle:
     if shutil.which("tpm2_eventlog") is None:
         pytest.skip("tpm2_eventlog is not installed")
     out = subprocess.run(["tpm2_eventlog", str(path)], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
-    bank = out.stdout.split("pcrs:", 1)[1]
-    found = re.finditer(r"^\s+(\d+)\s*:\s*0x([0-9a-fA-F]{64})", bank, re.M)
-    return {int(m[1]): bytes.fromhex(m[2]) for m in found}
+    listing, _, banks = out.stdout.partition("\npcrs:")
+    bank = re.search(r"^\s+sha256:\n((?:\s+\d+\s*:\s*0x[0-9a-fA-F]+\n?)+)", banks, re.M)
+    assert bank, banks
+    pcrs = {int(m[1]): bytes.fromhex(m[2]) for m in re.finditer(r"(\d+)\s*:\s*0x([0-9a-fA-F]+)", bank[1])}
+    events = []
+    for text in re.split(r"^- EventNum: ", listing, flags=re.M)[2:]:  # the preamble, the header event
+        pcr = re.search(r"^  PCRIndex: (\d+)$", text, re.M)
+        kind = re.search(r"^  EventType: (\S+)$", text, re.M)
+        assert pcr and kind, text
+        digests = re.findall(r"AlgorithmId: (\w+)\n\s+Digest: \"([0-9a-f]*)\"", text)
+        events.append((int(pcr[1]), kind[1], {ALGORITHMS[a]: bytes.fromhex(d) for a, d in digests}))
+    return Oracle(events, pcrs)
 
 
 @pytest.mark.parametrize("boot", [UEFI_BOOT, BIOS_BOOT], ids=["uefi", "bios"])
@@ -33,7 +58,7 @@ def test_replay_agrees_with_tpm2_eventlog(boot: list[tuple[int, int, bytes, byte
                                           tmp_path: Path) -> None:
     data = event_log(boot, locality=locality)
     (tmp_path / "log.bin").write_bytes(data)
-    oracle = tpm2_eventlog_pcrs(tmp_path / "log.bin")
+    oracle = tpm2_eventlog(tmp_path / "log.bin").pcrs
     log = eventlog.parse(data)
     assert log.locality == (locality or 0)
     replayed = log.replay(oracle)
@@ -76,3 +101,77 @@ def test_bad_logs_are_refused() -> None:
     foreign_alg = data + struct.pack("<IIIH", 4, 1, 1, 0x0004) + bytes(20) + struct.pack("<I", 0)
     with pytest.raises(eventlog.BadEventLog, match="not in the header"):
         eventlog.parse(foreign_alg)
+
+
+# go-eventlog's published logs (tests/published.py), what each was read from as its authors say.
+# All are TPM 2.0 crypto-agile logs but the last three.
+PUBLISHED = {
+    "eventlogs/tpm/arch-linux-workstation.bin": "an Arch Linux workstation, systemd-boot, Secure Boot off",
+    "eventlogs/tpm/glinux-alex.bin": "a laptop (Lenovo's UEFI CA), Secure Boot off, PCR 0 from locality 3",
+    "legacydata/crypto_agile_eventlog": "a machine with Intel firmware, Boot Guard's S-CRTM; SHA-256 only",
+    "legacydata/sb_cert_eventlog": "the log of go-attestation#157 (Secure Boot certificates)",
+    "eventlogs/tpm/rhel8-uefi.bin": "a RHEL 8 GCE instance, Secure Boot on",
+    "eventlogs/tpm/ubuntu-1804-amd-sev.bin": "an Ubuntu 18.04 GCE instance on AMD SEV",
+    "eventlogs/tpm/ubuntu-2104-no-dbx.bin": "an Ubuntu 21.04 GCE instance, no dbx",
+    "eventlogs/tpm/ubuntu-2104-no-secure-boot.bin": "an Ubuntu 21.04 GCE instance, Secure Boot off",
+    "eventlogs/tpm/ubuntu-2404-amd-sevsnp.bin": "an Ubuntu 24.04 GCE instance on AMD SEV-SNP",
+    "eventlogs/tpm/cos-85-amd-sev.bin": "a Container-Optimized OS 85 GCE instance on AMD SEV",
+    "eventlogs/tpm/cos-93-amd-sev.bin": "a Container-Optimized OS 93 GCE instance on AMD SEV",
+    "eventlogs/tpm/cos-101-amd-sev.bin": "a Container-Optimized OS 101 GCE instance on AMD SEV",
+    "legacydata/coreos_36_shielded_vm_no_secure_boot_eventlog": "a Fedora CoreOS 36 shielded VM",
+    "eventlogs/tpm/debian-10.bin": "a Debian 10 GCE instance: SHA-1 only, the TPM 1.2 layout",
+    "legacydata/option_rom_eventlog": "an HP machine with option ROMs: SHA-1 only, the TPM 1.2 layout",
+    "legacydata/ebs_event_missing_eventlog": "an HP machine: SHA-1 only, the TPM 1.2 layout",
+}
+SHA1_LAYOUT = list(PUBLISHED)[-3:]
+WITH_TPM_VALUES = [n for n in PUBLISHED if n.startswith("eventlogs/tpm/") and n not in SHA1_LAYOUT]
+
+
+def published(name: str) -> bytes:
+    path = go_eventlog() / "testdata" / name
+    if not path.is_file():
+        pytest.skip(f"{name} is not in this version of the package")
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("name", WITH_TPM_VALUES)
+def test_a_published_log_replays_to_what_its_tpm_reported(name: str) -> None:
+    """The PCR values the machine's TPM gave, published beside the log: the replay must reach them."""
+    reported = reported_pcrs(go_eventlog()).get(name)
+    assert reported, f"go-eventlog's replay test lists no SHA-256 bank for {name}"
+    log = eventlog.parse(published(name))
+    assert log.replay(reported) == reported, PUBLISHED[name]
+
+
+def test_a_published_laptop_starts_pcr_0_at_locality_3() -> None:
+    """The H-CRTM case tpm2-tools 5.4 gets wrong, on a real machine's log and TPM values."""
+    name = "eventlogs/tpm/glinux-alex.bin"
+    log = eventlog.parse(published(name))
+    assert log.locality == 3
+    assert log.replay([0]) == {0: reported_pcrs(go_eventlog())[name][0]}
+
+
+@pytest.mark.parametrize("name", [n for n in PUBLISHED if n not in SHA1_LAYOUT])
+def test_a_published_log_parses_as_tpm2_eventlog_reads_it(name: str) -> None:
+    """Every event (PCR, type, each bank's digest) and the SHA-256 bank, against tpm2_eventlog."""
+    data = published(name)
+    oracle = tpm2_eventlog(go_eventlog() / "testdata" / name)
+    log = eventlog.parse(data)
+    assert [(e.pcr, e.digests) for e in log.events] == [(pcr, digests) for pcr, _, digests in oracle.events]
+    for ours, (_, kind, _) in zip(log.events, oracle.events, strict=True):
+        assert kind not in EVENT_TYPES or ours.type == EVENT_TYPES[kind], kind
+    replayed = log.replay(oracle.pcrs)
+    if log.locality:  # tpm2-tools 5.4 extends the StartupLocality event instead (see above)
+        replayed.pop(0), oracle.pcrs.pop(0)
+    assert replayed == oracle.pcrs
+    apps = [d[eventlog.SHA256] for pcr, kind, d in oracle.events
+            if pcr == 4 and kind == "EV_EFI_BOOT_SERVICES_APPLICATION"]
+    # what the policy reads: the boot applications in PCR 4
+    assert [e.sha256 for e in log.of(4, eventlog.Ev.EFI_BOOT_SERVICES_APPLICATION)] == apps
+
+
+@pytest.mark.parametrize("name", SHA1_LAYOUT)
+def test_a_published_sha1_only_log_is_refused_by_name(name: str) -> None:
+    """The quote is over the SHA-256 bank: a log with SHA-1 digests alone cannot be replayed to it."""
+    with pytest.raises(eventlog.BadEventLog, match=r"not a TPM 2\.0 crypto-agile log"):
+        eventlog.parse(published(name))

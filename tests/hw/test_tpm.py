@@ -1,8 +1,11 @@
-"""agent/hw/tpm.py against a real TPM 2.0 (swtpm), with tpm2-tools as the oracle of its encoding."""
+"""agent/hw/tpm.py against a real TPM 2.0 (swtpm), with tpm2-tools as the oracle of its encoding,
+and against a quote a cloud's TPM made (published, tests/published.py)."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import json
 import os
 import re
 import struct
@@ -11,11 +14,14 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from agent.errors import InvalidParameters, Reason, TpmFailed
+from agent.gateway.attest import Refused, check_ak_public, verify_signature
 from agent.hw import tpm as w
 from agent.security.attest import Attestor
+from tests.published import go_eventlog
 from tests.tpmsim import SimTpm, manufactured_tpm, need, sim
 
 __all__ = ["manufactured_tpm", "sim"]
@@ -158,6 +164,25 @@ def test_tpm2_quote_parses_here(sim: SimTpm, tmp_path: Path) -> None:
     with sim.tpm() as tpm:
         pcrs = tpm.pcr_read(range(13))
     assert attest.pcr_digest == hashlib.sha256(b"".join(pcrs[i] for i in range(13))).digest()
+
+
+def test_a_quote_a_cloud_tpm_made() -> None:
+    """A GCE shielded VM's quote, AK and PCR values, published by go-attestation: read by the
+    product's readers, it is what its TPM signed; the gateway refuses it by name (SHA-1)."""
+    dump = json.loads((go_eventlog() / "testdata/legacydata/windows_gcp_shielded_vm.json").read_text())
+    quote, signature = (base64.b64decode(dump["Quote"][k]) for k in ("Quote", "Signature"))
+    attest = w.parse_attest(quote)
+    assert attest.magic == 0xFF544347  # TPM_GENERATED_VALUE
+    assert {w.BANKS[alg]: pcrs for alg, pcrs in attest.pcr_select.items()} == {"sha1": list(range(24))}
+    reported = {p["Index"]: base64.b64decode(p["Digest"]) for p in dump["Log"]["PCRs"]}
+    assert attest.pcr_digest == hashlib.sha1(b"".join(reported[i] for i in range(24))).digest()
+    ak = check_ak_public(base64.b64decode(dump["AK"]["Public"]))
+    r = w.Reader(signature, "TPMT_SIGNATURE")
+    assert (r.u16(), w.BANKS[r.u16()]) == (w.Alg.RSASSA, "sha1")
+    assert isinstance(ak, rsa.RSAPublicKey)
+    ak.verify(r.b2(), quote, padding.PKCS1v15(), hashes.SHA1())
+    with pytest.raises(Refused, match="not SHA-256"):
+        verify_signature(ak, quote, signature)
 
 
 def test_activate_a_tpm2_makecredential(sim: SimTpm, tmp_path: Path) -> None:
