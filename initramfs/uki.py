@@ -96,6 +96,7 @@ class Pe:
     section_alignment: int
     size_of_image: int
     size_of_headers: int
+    image_version_at: int  # offset of the optional header's MajorImageVersion
     checksum_at: int      # offset of the optional header's CheckSum
     cert_dir_at: int      # offset of the Certificate Table's data directory entry
     cert_size: int
@@ -136,8 +137,8 @@ def parse_pe(data: bytes) -> Pe:
         name = data[at:at + 8].rstrip(b"\0").decode("ascii", "replace")
         vsize, vaddr, rsize, roff = struct.unpack_from("<IIII", data, at + 8)
         sections.append(Section(name, vsize, vaddr, rsize, roff))
-    return Pe(data, image_base, section_alignment, size_of_image, size_of_headers, opt + 64, cert_dir_at,
-              cert_size, sections)
+    return Pe(data, image_base, section_alignment, size_of_image, size_of_headers, opt + 44, opt + 64,
+              cert_dir_at, cert_size, sections)
 
 
 def pe_arch(data: bytes) -> str:
@@ -204,8 +205,7 @@ def handover_kernel(kernel: Path, tmp: Path) -> Path:
     if version < 0x20B or not xloadflags & XLF_EFI_HANDOVER_64 or not handover:
         raise PeError(f"{kernel}: the kernel has no 64-bit EFI handover entry "
                       f"(boot protocol {version:#x})")
-    parse_pe(bytes(data))
-    struct.pack_into("<H", data, struct.unpack_from("<I", data, 0x3C)[0] + 24 + 44, 0)
+    struct.pack_into("<H", data, parse_pe(bytes(data)).image_version_at, 0)
     out = tmp / "linux-handover"
     out.write_bytes(bytes(data))
     return out

@@ -20,7 +20,6 @@ NODES = ("attest-demo", "attest-demo-tampered")
 NOTE = "/etc/bettercompute/build-note"
 
 
-
 def run(lab: Lab, workdir: Path, say: Callable[[str], None], timeout: float = 600) -> list[Verdict]:
     """Boot the UKI (accepted) and a tampered one (refused); the verdicts, in that order."""
     missing = qemu_tpm.missing()

@@ -51,7 +51,6 @@ def attest(lab: Lab, ca: Path, builds: list[Build]) -> JoinAttestation:
     return joins
 
 
-
 def verdict(joins: JoinAttestation, node: str) -> Verdict:
     found = joins.wait_verdict(node, 120)
     assert found is not None, "no attestation verdict"

@@ -67,8 +67,9 @@ def test_the_uki_holds_the_kernel_initrd_and_command_line(built: Path) -> None:
     pe = uki.parse_pe(data)
     kernel = bytearray((built.parent / "vmlinuz").read_bytes())
     # The same kernel, but for its EFI stub's version (0: systemd-stub hands over to it).
-    assert pe.section(".linux")[0x40 + 24 + 44:0x40 + 24 + 46] == b"\0\0"
-    kernel[0x40 + 24 + 44:0x40 + 24 + 46] = b"\0\0"
+    at = uki.parse_pe(bytes(kernel)).image_version_at
+    assert at == 0x40 + 24 + 44 and pe.section(".linux")[at:at + 2] == b"\0\0"
+    kernel[at:at + 2] = b"\0\0"
     assert pe.section(".linux") == kernel
     assert pe.section(".initrd") == (built.parent / "initrd").read_bytes()
     assert pe.section(".cmdline") == b"console=ttyS0 bc.role=ramdisk"
