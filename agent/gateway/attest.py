@@ -45,7 +45,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
-from agent.errors import AgentError
+from agent.errors import AgentError, InvalidParameters
 from agent.gateway import eventlog
 from agent.gateway.attest_policy import Policy, PolicyFailed
 from agent.hw import tpm as tpmwire
@@ -247,11 +247,18 @@ def verify_signature(key: AkKey, message: bytes, signature: bytes) -> None:
 
 
 def load_certificates(paths: Iterable[Path]) -> list[x509.Certificate]:
+    """The EK CAs an operator gave (PEM, several to a file, or DER); one that cannot be read or
+    parsed is a usage error (InvalidParameters) naming the file."""
     out: list[x509.Certificate] = []
     for path in paths:
-        data = Path(path).read_bytes()
-        out += x509.load_pem_x509_certificates(data) if b"-----BEGIN" in data else \
-            [x509.load_der_x509_certificate(data)]
+        try:
+            data = Path(path).read_bytes()
+            out += x509.load_pem_x509_certificates(data) if b"-----BEGIN" in data else \
+                [x509.load_der_x509_certificate(data)]
+        except OSError as e:
+            raise InvalidParameters(f"EK CA {path}: cannot read it: {e.strerror or e}") from e
+        except ValueError as e:
+            raise InvalidParameters(f"EK CA {path}: not a PEM or DER certificate: {e}") from e
     return out
 
 

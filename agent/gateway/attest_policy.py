@@ -20,6 +20,7 @@ replayed against the event log (or, 10, taken as quoted) and not judged either.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -110,31 +111,38 @@ class Policy:
         loaders = {_digest(v, f"{source}: loaders") for v in doc.get("loaders", [])}
         return cls(builds, loaders, learn, profiles)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, profiles: dict[str, dict[int, set[bytes]]] | None = None) -> dict[str, Any]:
+        """The policy as its file holds it; with ``profiles`` in place of its own where given."""
+        profiles = self.profiles if profiles is None else profiles
         return {
             "builds": [{"build_id": b.build_id, "pcr4": [v.hex() for v in b.pcr4],
                         **{f"pcr{p}": v.hex() for p, v in sorted(b.pcrs.items())}} for b in self.builds],
             "loaders": sorted(v.hex() for v in self.loaders),
             "learn": self.learn,
             "profiles": {name: {f"pcr{p}": sorted(v.hex() for v in vals) for p, vals in sorted(pcrs.items())}
-                         for name, pcrs in sorted(self.profiles.items())},
+                         for name, pcrs in sorted(profiles.items())},
         }
 
     def judge(self, log_: eventlog.EventLog, pcrs: dict[int, bytes], profile: str) -> dict[str, str]:
         """What matched (build, profile); PolicyFailed names the first check that did not."""
-        apps = [e.sha256 for e in log_.of(4, eventlog.Ev.EFI_BOOT_SERVICES_APPLICATION)]
-        build = next((b for b in self.builds if tuple(apps[-len(b.pcr4):]) == b.pcr4), None)
+        images = judge_events(log_)
+        digests = [e.sha256 for e in images]
+        build = next((b for b in self.builds if tuple(digests[-len(b.pcr4):]) == b.pcr4), None)
         if build is None:
             raise PolicyFailed("policy_pcr4", "the images started last (PCR 4: "
-                               f"{', '.join(a.hex() for a in apps[-2:]) or 'none'}) are no accepted "
+                               f"{', '.join(a.hex() for a in digests[-2:]) or 'none'}) are no accepted "
                                "ramdisk build")
         # Before the build: accepted loaders (the firmware's PXE starting ipxe.efi, GRUB), and
-        # the build's own UKI: iPXE loads an image once to probe it before it starts it (PCR 4
-        # shows the UKI twice under OVMF), and that image is the accepted one.
-        before = [a for a in apps[:-len(build.pcr4)] if a not in self.loaders and a != build.pcr4[0]]
+        # the build's own images: iPXE loads an image once to probe it before it starts it (PCR 4
+        # shows the UKI twice under OVMF), and that image is the accepted one. Every digest PCR 4
+        # holds counts, whatever its event says it is: the label is the log's word, the digest
+        # the firmware's.
+        accepted = self.loaders | set(build.pcr4)
+        before = [e for e in images[:-len(build.pcr4)] if e.sha256 not in accepted]
         if before:
-            raise PolicyFailed("policy_pcr4", f"PCR 4: {before[0].hex()} started before the ramdisk "
-                               "and is no accepted loader")
+            label = eventlog.type_name(before[0].type)
+            raise PolicyFailed("policy_pcr4", f"PCR 4: {before[0].sha256.hex()} (logged as {label}) "
+                               "started before the ramdisk and is no accepted loader")
         # PCRs 11 and 12 hold nothing the build does not say (zero: no stub, no loader's options);
         # PCR 9 is checked where the build says.
         wanted = {11: bytes(32), 12: bytes(32), **build.pcrs}
@@ -151,8 +159,13 @@ class Policy:
                 if self.learn != "first":
                     raise PolicyFailed("policy_profile", f"hardware profile {profile!r} is not enrolled "
                                        "and the policy learns none")
-                self.profiles[profile] = {p: {pcrs[p]} for p in PROFILE_PCRS}
-                self._save()
+                learned = {p: {pcrs[p]} for p in PROFILE_PCRS}
+                try:
+                    self._save({**self.profiles, profile: learned})
+                except OSError as e:  # not kept in memory either: learned once, or not at all
+                    raise PolicyFailed("policy_profile", f"hardware profile {profile!r} not learned: the "
+                                       f"policy file cannot be written ({e})") from e
+                self.profiles[profile] = learned
                 log.info("attestation policy: learned hardware profile %r", profile)
                 matched["learned"] = "pcr0,pcr2,pcr7"
                 return matched
@@ -162,10 +175,68 @@ class Policy:
                                    f"accepted for {profile!r} (firmware or its settings changed)")
         return matched
 
-    def _save(self) -> None:
+    def _save(self, profiles: dict[str, dict[int, set[bytes]]]) -> None:
         if self.path is not None:
-            text = json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n"
+            text = json.dumps(self.to_json(profiles), indent=2, sort_keys=True) + "\n"
             atomicfile.write_atomic(self.path, text.encode())
+
+
+# The PCRs the policy relies on: every event logged in them is judged (judge_events), never a
+# subset picked by type.
+JUDGED_PCRS = tuple(sorted(eventlog.PCR_EVENT_TYPES))
+SEPARATED_PCRS = (0, 2, 4, 7)
+
+
+def judge_events(log_: eventlog.EventLog) -> list[eventlog.Event]:
+    """Every event of the PCRs the policy relies on, against the PC Client PFP; PCR 4's images
+    (every event extended there but its separator and its boot attempts) in the order started.
+
+    The digests were extended into the PCRs (the replay checked that); an event's type and data
+    are the log's word only. So a type the PFP does not allow in its PCR is refused
+    (``policy_event_type``); an EV_EFI_ACTION must hold one of the PFP's strings and its digest be
+    their hash (``policy_event_action``), or it could hide any digest; each firmware PCR judged
+    holds one separator, 0 and hashed, and after PCR 4's come only boot applications and boot
+    attempts (``policy_separator``). Whatever else PCR 4 holds is an image, for the caller to
+    find on its accepted list."""
+    separators = dict.fromkeys(SEPARATED_PCRS, 0)
+    images: list[eventlog.Event] = []
+    for n, e in enumerate(log_.events, 1):
+        if e.type == eventlog.Ev.NO_ACTION or e.pcr not in eventlog.PCR_EVENT_TYPES:
+            continue
+        where = f"event {n} (PCR {e.pcr}, {eventlog.type_name(e.type)})"
+        if e.type not in eventlog.PCR_EVENT_TYPES[e.pcr]:
+            raise PolicyFailed("policy_event_type", f"{where}: the PC Client PFP puts no such event in "
+                               f"PCR {e.pcr}: a relabelled measurement")
+        if e.type == eventlog.Ev.EFI_ACTION:
+            if e.data not in eventlog.EFI_ACTIONS.get(e.pcr, frozenset()):
+                raise PolicyFailed("policy_event_action", f"{where}: {e.data[:80]!r} is none of the "
+                                   f"PC Client PFP's actions for PCR {e.pcr}")
+            if hashlib.sha256(e.data).digest() != e.sha256:
+                raise PolicyFailed("policy_event_action", f"{where}: its digest {e.sha256.hex()} is not "
+                                   f"the hash of {e.data.decode()!r}: another measurement under its name")
+            continue
+        if e.type == eventlog.Ev.SEPARATOR:
+            if e.data == eventlog.SEPARATOR_ERROR:
+                raise PolicyFailed("policy_separator", f"{where}: the firmware logged an error separator "
+                                   "(it failed to measure something)")
+            if e.data != eventlog.SEPARATOR or hashlib.sha256(e.data).digest() != e.sha256:
+                raise PolicyFailed("policy_separator", f"{where}: not a separator (data {e.data[:8].hex()}, "
+                                   f"digest {e.sha256.hex()}): another measurement under its name")
+            separators[e.pcr] += 1
+            if separators[e.pcr] > 1:
+                raise PolicyFailed("policy_separator", f"{where}: a second separator in PCR {e.pcr}")
+            continue
+        if e.pcr != 4:
+            continue
+        if separators[4] and e.type != eventlog.Ev.EFI_BOOT_SERVICES_APPLICATION:
+            raise PolicyFailed("policy_separator", f"{where} after PCR 4's separator, where the firmware "
+                               "logs only the boot applications it starts and its boot attempts")
+        images.append(e)
+    missing = [str(p) for p, count in separators.items() if not count]
+    if missing:
+        raise PolicyFailed("policy_separator", f"no separator in PCR {', '.join(missing)}: the log does not "
+                           "show where the firmware ended its own measurements")
+    return images
 
 
 def _digest(value: Any, where: str) -> bytes:

@@ -35,17 +35,74 @@ class Ev:
     SEPARATOR = 0x4
     ACTION = 0x5
     EVENT_TAG = 0x6
+    S_CRTM_CONTENTS = 0x7
     S_CRTM_VERSION = 0x8
+    CPU_MICROCODE = 0x9
+    COMPACT_HASH = 0xC
     IPL = 0xD
+    NONHOST_CODE = 0xF
+    NONHOST_CONFIG = 0x10
+    NONHOST_INFO = 0x11
+    OMIT_BOOT_DEVICE_EVENTS = 0x12
+    POST_CODE2 = 0x13
     EFI_VARIABLE_DRIVER_CONFIG = 0x80000001
     EFI_VARIABLE_BOOT = 0x80000002
     EFI_BOOT_SERVICES_APPLICATION = 0x80000003
     EFI_BOOT_SERVICES_DRIVER = 0x80000004
+    EFI_RUNTIME_SERVICES_DRIVER = 0x80000005
     EFI_GPT_EVENT = 0x80000006
     EFI_ACTION = 0x80000007
     EFI_PLATFORM_FIRMWARE_BLOB = 0x80000008
     EFI_HANDOFF_TABLES = 0x80000009
+    EFI_PLATFORM_FIRMWARE_BLOB2 = 0x8000000A
+    EFI_HANDOFF_TABLES2 = 0x8000000B
+    EFI_VARIABLE_BOOT2 = 0x8000000C
+    EFI_HCRTM_EVENT = 0x80000010
     EFI_VARIABLE_AUTHORITY = 0x800000E0
+    EFI_SPDM_FIRMWARE_BLOB = 0x800000E1
+    EFI_SPDM_FIRMWARE_CONFIG = 0x800000E2
+    EFI_SPDM_DEVICE_POLICY = 0x800000E3
+    EFI_SPDM_DEVICE_AUTHORITY = 0x800000E4
+
+
+def type_name(event_type: int) -> str:
+    """``EV_EFI_ACTION`` for 0x80000007; the number where the type is not one of Ev's."""
+    name = next((k for k, v in vars(Ev).items() if k.isupper() and v == event_type), None)
+    return f"EV_{name}" if name else f"event type {event_type:#x}"
+
+
+# What the PC Client PFP lets firmware measure into the PCRs the policy judges (its PCR usage,
+# 3.3.4, and its event types with the PCRs each is for, 10.4.1), EV_NO_ACTION aside (never
+# extended). PCRs 8-15 are the OS's: for 9, 11 and 12 the events the kernel's EFI stub,
+# systemd-stub and GRUB log there (EV_IPL, EV_EVENT_TAG) and EV_COMPACT_HASH, which the PFP
+# allows in any PCR above 3.
+PCR_EVENT_TYPES: dict[int, frozenset[int]] = {
+    0: frozenset({Ev.POST_CODE, Ev.POST_CODE2, Ev.SEPARATOR, Ev.S_CRTM_CONTENTS, Ev.S_CRTM_VERSION,
+                  Ev.NONHOST_CODE, Ev.NONHOST_INFO, Ev.EFI_PLATFORM_FIRMWARE_BLOB,
+                  Ev.EFI_PLATFORM_FIRMWARE_BLOB2, Ev.EFI_HANDOFF_TABLES, Ev.EFI_HANDOFF_TABLES2,
+                  Ev.EFI_HCRTM_EVENT, Ev.EFI_SPDM_FIRMWARE_BLOB}),
+    2: frozenset({Ev.SEPARATOR, Ev.ACTION, Ev.NONHOST_CODE, Ev.EFI_BOOT_SERVICES_DRIVER,
+                  Ev.EFI_RUNTIME_SERVICES_DRIVER, Ev.EFI_PLATFORM_FIRMWARE_BLOB,
+                  Ev.EFI_PLATFORM_FIRMWARE_BLOB2, Ev.EFI_SPDM_FIRMWARE_BLOB}),
+    4: frozenset({Ev.SEPARATOR, Ev.ACTION, Ev.EFI_ACTION, Ev.EFI_BOOT_SERVICES_APPLICATION, Ev.IPL,
+                  Ev.COMPACT_HASH, Ev.OMIT_BOOT_DEVICE_EVENTS}),
+    7: frozenset({Ev.SEPARATOR, Ev.EFI_ACTION, Ev.EFI_VARIABLE_DRIVER_CONFIG, Ev.EFI_VARIABLE_AUTHORITY,
+                  Ev.EFI_SPDM_DEVICE_POLICY, Ev.EFI_SPDM_DEVICE_AUTHORITY}),
+    9: frozenset({Ev.IPL, Ev.EVENT_TAG, Ev.COMPACT_HASH}),
+    11: frozenset({Ev.IPL, Ev.EVENT_TAG, Ev.COMPACT_HASH}),
+    12: frozenset({Ev.IPL, Ev.EVENT_TAG, Ev.COMPACT_HASH}),
+}
+# The strings an EV_EFI_ACTION event may hold in those PCRs (PFP 10.4.4), its digest their SHA-256:
+# PCR 4's boot attempts, PCR 7's firmware debug mode and disabled DMA protection.
+EFI_ACTIONS: dict[int, frozenset[bytes]] = {
+    4: frozenset({b"Calling EFI Application from Boot Option",
+                  b"Returning from EFI Application from Boot Option"}),
+    7: frozenset({b"UEFI Debug Mode", b"DMA Protection Disabled"}),
+}
+# EV_SEPARATOR's data (PFP 10.4.1): 0 where the firmware ends its pre-boot measurements, 1 where
+# it met an error measuring.
+SEPARATOR = bytes(4)
+SEPARATOR_ERROR = b"\x01\0\0\0"
 
 
 class BadEventLog(InvalidParameters):

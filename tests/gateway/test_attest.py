@@ -6,8 +6,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
 import struct
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +20,11 @@ import pytest
 from agent.errors import TpmFailed
 from agent.gateway import eventlog
 from agent.gateway.attest import Challenge, Status, Verdict, Verifier, load_certificates, name_of
-from agent.gateway.attest_policy import Policy
+from agent.gateway.attest_policy import SEPARATED_PCRS as SEPARATED
+from agent.gateway.attest_policy import Policy, PolicyFailed
 from agent.hw import tpm as tpmwire
 from agent.security.attest import Attestor, Evidence, Identity
+from tests.runtime.harness import ROOT
 from tests.tpmsim import (
     BIOS_BOOT,
     UEFI_BOOT,
@@ -124,6 +129,41 @@ def test_an_attested_join_learns_then_enforces_the_profile(node: Node, verifier:
     assert second.status is Status.ATTESTED and "learned" not in second.matched
     reloaded = Policy.load(tmp_path / "policy.json")
     assert reloaded.profiles == verifier.policy.profiles
+
+
+def test_a_profile_the_policy_file_cannot_keep_is_not_learned(node: Node, tmp_path: Path) -> None:
+    """Learned profiles live in the policy file: one that could not be written there is refused,
+    and not kept in memory to attest the next join (nor lost at the gateway's next start)."""
+    (tmp_path / "policy.json").write_text(json.dumps(policy_doc()))
+    policy = Policy.load(tmp_path / "policy.json")
+    (tmp_path / "policy.json").unlink()
+    (tmp_path / "policy.json").mkdir()  # the file's place taken: the atomic rename fails
+    verifier = Verifier(policy, ek_roots=load_certificates([node.sim.ca_root, node.sim.ca_issuer]))
+    for _ in range(2):
+        verdict = node.join(verifier)
+        refused(verdict, "policy_profile")
+        assert "cannot be written" in verdict.reason, verdict
+    assert policy.profiles == {}
+    (tmp_path / "policy.json").rmdir()
+    assert node.join(verifier).matched["learned"] == "pcr0,pcr2,pcr7"
+    assert PROFILE in json.loads((tmp_path / "policy.json").read_text())["profiles"]
+
+
+def test_a_missing_ek_ca_file_is_a_usage_error(tmp_path: Path) -> None:
+    """`agent gateway serve --ek-ca` naming no file: exit 2 and the file named, before any key or
+    socket is needed (it was exit 70, "internal error: FileNotFoundError")."""
+    (tmp_path / "policy.json").write_text(json.dumps(policy_doc()))
+    (tmp_path / "not-a-cert.pem").write_text("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+    for ca, said in ((tmp_path / "vendor-ek-ca.pem", "cannot read it"),
+                     (tmp_path / "not-a-cert.pem", "not a PEM or DER certificate")):
+        out = subprocess.run(
+            [sys.executable, "-m", "agent", "gateway", "serve", "--cert", str(tmp_path / "gw.pem"),
+             "--key", str(tmp_path / "gw.key"), "--attest-policy", str(tmp_path / "policy.json"),
+             "--ek-ca", str(ca)],
+            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdin=subprocess.DEVNULL,
+            capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2, out.stderr
+        assert str(ca) in out.stderr and said in out.stderr and "internal error" not in out.stderr, out.stderr
 
 
 def test_firmware_changed_for_an_enrolled_profile(sim: SimTpm, tmp_path: Path, verifier: Verifier) -> None:
@@ -434,3 +474,138 @@ def test_an_ecc_p256_ek(node: Node, verifier: Verifier) -> None:
     verifier.pinned_ek[node.node_id] = hashlib.sha256(ident.ek_public).digest()
     verdict = node.join(verifier)
     assert verdict.attested, verdict
+
+
+# Every event of the PCRs the policy relies on --------------------------------------------------
+# A loader the policy does not list, started by the firmware before the UKI: the firmware
+# extended its digest into PCR 4, and the log that the node sends says something else of it.
+
+LOADER = h(b"a loader the policy does not list")
+CALLING = b"Calling EFI Application from Boot Option"
+RETURNING = b"Returning from EFI Application from Boot Option"
+
+
+def _loader_before_the_uki(kind: int, data: bytes, *, before_separator: bool = False,
+                           then: list[tuple[int, int, bytes, bytes]] | None = None,
+                           ) -> list[tuple[int, int, bytes, bytes]]:
+    """UEFI_BOOT with LOADER's measurement logged as ``kind`` with ``data``: after PCR 4's
+    separator, just before the UKI (where the firmware starts it), or before the separator;
+    ``then`` after the UKI's event."""
+    loader = (4, kind, LOADER, data)
+    uki = UEFI_BOOT.index(next(e for e in UEFI_BOOT if e[2] == RAMDISK))
+    at = UEFI_BOOT.index((4, Ev.SEPARATOR, h(bytes(4)), bytes(4))) if before_separator else uki
+    events = [*UEFI_BOOT[:at], loader, *UEFI_BOOT[at:]]
+    if then:
+        at = events.index(UEFI_BOOT[uki]) + 1
+        events[at:at] = then
+    return events
+
+
+@pytest.mark.parametrize(("kind", "data", "before_separator", "check"), [
+    (Ev.EFI_ACTION, CALLING, False, "policy_event_action"),
+    (Ev.EFI_ACTION, RETURNING, False, "policy_event_action"),
+    (Ev.EFI_ACTION, CALLING, True, "policy_event_action"),
+    (Ev.EFI_BOOT_SERVICES_DRIVER, image(), False, "policy_event_type"),
+    (Ev.EFI_RUNTIME_SERVICES_DRIVER, image(), False, "policy_event_type"),
+    (Ev.EFI_PLATFORM_FIRMWARE_BLOB, struct.pack("<QQ", 0x820000, 0x1000), False, "policy_event_type"),
+    (Ev.POST_CODE, b"POST CODE", False, "policy_event_type"),
+    (Ev.EFI_GPT_EVENT, bytes(92), False, "policy_event_type"),
+    (Ev.EVENT_TAG, b"", False, "policy_event_type"),
+    (0x1234, b"", False, "policy_event_type"),
+    (Ev.SEPARATOR, bytes(4), False, "policy_separator"),
+    (Ev.SEPARATOR, bytes(4), True, "policy_separator"),
+    # types the PC Client PFP allows in PCR 4, never after its separator in a UEFI boot
+    (Ev.IPL, b"", False, "policy_separator"),
+    (Ev.COMPACT_HASH, b"", False, "policy_separator"),
+    (Ev.ACTION, b"Calling INT 19h", False, "policy_separator"),
+    (Ev.OMIT_BOOT_DEVICE_EVENTS, b"", False, "policy_separator"),
+    # and before it: an image all the same, on no accepted list
+    (Ev.IPL, b"", True, "policy_pcr4"),
+    (Ev.COMPACT_HASH, b"", True, "policy_pcr4"),
+    (Ev.ACTION, b"Calling INT 19h", True, "policy_pcr4"),
+    (Ev.EFI_BOOT_SERVICES_APPLICATION, image(), True, "policy_pcr4"),
+    (Ev.EFI_BOOT_SERVICES_APPLICATION, image(), False, "policy_pcr4"),  # labelled as it is
+])
+def test_a_loader_hidden_by_relabelling_its_event(sim: SimTpm, tmp_path: Path, verifier: Verifier,
+                                                  kind: int, data: bytes, before_separator: bool,
+                                                  check: str) -> None:
+    node = Node(sim, tmp_path)
+    node.boot(_loader_before_the_uki(kind, data, before_separator=before_separator))
+    verdict = node.join(verifier)
+    refused(verdict, check)  # a policy check: the log replayed to the quote (event_log passed)
+    assert LOADER.hex() in verdict.reason or check != "policy_pcr4", verdict
+
+
+@pytest.mark.parametrize(("kind", "data", "check"), [
+    (Ev.EFI_ACTION, CALLING, "policy_event_action"),
+    (Ev.EFI_BOOT_SERVICES_DRIVER, image(), "policy_event_type"),
+])
+def test_the_full_forgery_replays_to_the_quote_and_is_refused(sim: SimTpm, tmp_path: Path, kind: int,
+                                                              data: bytes, check: str) -> None:
+    """The unlisted loader, its event relabelled, then measures what the firmware and the stub
+    would have: the UKI's digest into PCR 4 (an EV_EFI_BOOT_SERVICES_APPLICATION event) and the
+    UKI's (public) section values into PCR 11, and starts whatever it likes. The log replays to
+    the quoted PCRs, PCR 4's boot applications are exactly the build's, PCR 11 is the build's."""
+    sections = [ev(11, Ev.IPL, f"{name}\0".encode("utf-16-le"), h(f"the UKI's {name}".encode()))
+                for name in (".linux", ".osrel", ".cmdline", ".initrd")]
+    doc = policy_doc()
+    doc["builds"] = [{**doc["builds"][0], "pcr11": replayed([*UEFI_BOOT, *sections], 11)}]  # type: ignore[index]
+    verifier = Verifier(Policy.from_json(doc), ek_roots=load_certificates([sim.ca_root, sim.ca_issuer]))
+    node = Node(sim, tmp_path)
+    node.boot(_loader_before_the_uki(kind, data, then=sections))
+    ch = verifier.challenge(node.node_id, node.identity())
+    evidence = node.answer(ch)
+    log = eventlog.parse(evidence.event_log)
+    assert log.replay(range(13)) == {**evidence.pcrs, 10: bytes(32)}
+    assert [e.sha256 for e in log.of(4, Ev.EFI_BOOT_SERVICES_APPLICATION)] == [RAMDISK]
+    assert evidence.pcrs[11].hex() == doc["builds"][0]["pcr11"]  # type: ignore[index]
+    refused(verifier.verify(ch, evidence, boot_id=node.boot_id, node_public=NODE_KEY), check)
+    # What the relabelling hid: the same boot with the loader's event as the firmware logged it
+    # attests only once an operator lists the loader.
+    verifier.policy.loaders.add(LOADER)
+    sim.restart()
+    node.boot(_loader_before_the_uki(Ev.EFI_BOOT_SERVICES_APPLICATION, image(), then=sections))
+    verdict = node.join(verifier)
+    assert verdict.attested, verdict
+
+
+def _judged(events: list[tuple[int, int, bytes, bytes]]) -> dict[str, str]:
+    log = eventlog.parse(event_log(events))
+    return Policy.from_json(policy_doc()).judge(log, log.replay(range(13)), PROFILE)
+
+
+def test_an_action_is_one_of_the_specs_and_hashes_to_its_digest() -> None:
+    with pytest.raises(PolicyFailed, match="none of the PC Client PFP's actions") as err:
+        _judged(_loader_before_the_uki(Ev.EFI_ACTION, b"Calling EFI Application", before_separator=True))
+    assert err.value.check == "policy_event_action"
+    made_up = ev(4, Ev.EFI_ACTION, b"Loader started: nothing to see")  # its digest is its text's
+    with pytest.raises(PolicyFailed, match="none of the PC Client PFP's actions") as err:
+        _judged([*UEFI_BOOT[:-2], made_up, *UEFI_BOOT[-2:]])
+    assert err.value.check == "policy_event_action"
+    debug = ev(7, Ev.EFI_ACTION, b"UEFI Debug Mode")  # PCR 7's own string, in PCR 7: judged by PCR 7's value
+    assert _judged([debug, *UEFI_BOOT])["build"] == "b1"
+    with pytest.raises(PolicyFailed) as err:
+        _judged([ev(4, Ev.EFI_ACTION, b"UEFI Debug Mode"), *UEFI_BOOT])  # PCR 7's string in PCR 4
+    assert err.value.check == "policy_event_action"
+    returned = [ev(4, Ev.EFI_ACTION, RETURNING), ev(4, Ev.EFI_ACTION, CALLING)]  # a second boot attempt
+    assert _judged([*UEFI_BOOT[:-2], *returned, *UEFI_BOOT[-2:]])["build"] == "b1"
+
+
+def test_each_firmware_pcr_judged_has_its_one_separator() -> None:
+    for pcr in SEPARATED:
+        without = [e for e in UEFI_BOOT if e != (pcr, Ev.SEPARATOR, h(bytes(4)), bytes(4))]
+        with pytest.raises(PolicyFailed, match=f"no separator in PCR {pcr}") as err:
+            _judged(without)
+        assert err.value.check == "policy_separator"
+    error = [e if e[:2] != (4, Ev.SEPARATOR) else ev(4, Ev.SEPARATOR, b"\x01\0\0\0") for e in UEFI_BOOT]
+    with pytest.raises(PolicyFailed, match="error separator") as err:
+        _judged(error)
+    assert err.value.check == "policy_separator"
+    assert _judged(UEFI_BOOT)["build"] == "b1"
+
+
+def test_pcrs_9_11_12_hold_the_os_loaders_events_only() -> None:
+    for pcr in (9, 11, 12):
+        with pytest.raises(PolicyFailed, match=f"no such event in PCR {pcr}") as err:
+            _judged([*UEFI_BOOT, ev(pcr, Ev.EFI_BOOT_SERVICES_APPLICATION, image(), LOADER)])
+        assert err.value.check == "policy_event_type"

@@ -43,6 +43,26 @@ def test_response_codes_are_named() -> None:
     assert w.rc_name(0x101) == "TPM_RC_FAILURE"
 
 
+@pytest.mark.parametrize(("rc", "name", "described"), [
+    (0x12F, "AUTH_UNAVAILABLE", "authValue or authPolicy is not available"),
+    (0x130, "REBOOT", "_TPM_Init and StartupCLEAR is required"),
+    (0x142, "COMMAND_SIZE", "commandSize value is inconsistent"),
+    (0x143, "COMMAND_CODE", "command code not supported"),
+    (0x148, "NV_LOCKED", "NV access locked"),
+    (0x14A, "NV_UNINITIALIZED", "used before being initialized"),
+    (0x14C, "NV_DEFINED", "already defined"),
+    (0x920, "NV_RATE", "rate limiting"),
+])
+def test_format_zero_codes_are_named_as_tpm2_rc_decode_describes_them(rc: int, name: str,
+                                                                      described: str) -> None:
+    """Part 2's table 16 (TPM_RC_VER1 + n, TPM_RC_WARN + n), with tpm2-tools' description of
+    each code as the oracle that the number is the one named."""
+    assert w.rc_name(rc) == f"TPM_RC_{name}"
+    need("tpm2_rc_decode")
+    out = subprocess.run(["tpm2_rc_decode", f"{rc:#x}"], capture_output=True, text=True, timeout=30)
+    assert described in out.stdout, out.stdout
+
+
 def test_pcr_selection_encoding() -> None:
     assert w.pcr_selection(range(13)) == bytes.fromhex("00000001000b03ff1f00")
     assert w.read_pcr_selection(w.Reader(w.pcr_selection([0, 7, 16]))) == {w.Alg.SHA256: [0, 7, 16]}
