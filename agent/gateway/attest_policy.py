@@ -15,7 +15,9 @@ edits (docs/attestation.md):
     }
 
 PCR 1 (configuration, the NIC's MAC on a netboot) is never judged; PCRs 3, 5, 6, 8 and 10 are
-replayed against the event log (or, 10, taken as quoted) and not judged either.
+replayed against the event log (or, 10, taken as quoted) and not judged either. Every event of
+the PCRs that are judged is (``judge_events``): its type, an action's string and digest, the
+separators, every image in PCR 4 whatever its label.
 """
 
 from __future__ import annotations

@@ -501,7 +501,7 @@ def _loader_before_the_uki(kind: int, data: bytes, *, before_separator: bool = F
     return events
 
 
-@pytest.mark.parametrize(("kind", "data", "before_separator", "check"), [
+RELABELLED = [
     (Ev.EFI_ACTION, CALLING, False, "policy_event_action"),
     (Ev.EFI_ACTION, RETURNING, False, "policy_event_action"),
     (Ev.EFI_ACTION, CALLING, True, "policy_event_action"),
@@ -525,7 +525,12 @@ def _loader_before_the_uki(kind: int, data: bytes, *, before_separator: bool = F
     (Ev.ACTION, b"Calling INT 19h", True, "policy_pcr4"),
     (Ev.EFI_BOOT_SERVICES_APPLICATION, image(), True, "policy_pcr4"),
     (Ev.EFI_BOOT_SERVICES_APPLICATION, image(), False, "policy_pcr4"),  # labelled as it is
-])
+]
+
+
+@pytest.mark.parametrize(("kind", "data", "before_separator", "check"), RELABELLED, ids=[
+    eventlog.type_name(k).removeprefix("EV_").replace(" ", "-") + ("-before" if b else "-after")
+    + ("-" + d.decode().split()[0].lower() if k == Ev.EFI_ACTION else "") for k, d, b, _ in RELABELLED])
 def test_a_loader_hidden_by_relabelling_its_event(sim: SimTpm, tmp_path: Path, verifier: Verifier,
                                                   kind: int, data: bytes, before_separator: bool,
                                                   check: str) -> None:
