@@ -48,23 +48,23 @@ MAX_RIM = 1 << 20  # NVIDIA's are about 20 KB
 MAX_ALTERNATIVES = 16
 
 
-class _Element:
+class XmlElement:
     """One element as written: its qualified name, its attributes, its children in order."""
 
     __slots__ = ("attrs", "children", "declared", "name", "parent")
 
-    def __init__(self, name: str, attrs: dict[str, str], parent: _Element | None) -> None:
+    def __init__(self, name: str, attrs: dict[str, str], parent: XmlElement | None) -> None:
         self.name = name
         self.attrs = attrs
         self.parent = parent
-        self.children: list[_Element | str] = []
+        self.children: list[XmlElement | str] = []
         self.declared = {k[6:] if k.startswith("xmlns:") else "": v
                          for k, v in attrs.items() if k == "xmlns" or k.startswith("xmlns:")}
 
     def namespaces(self) -> dict[str, str]:
         """The namespaces in scope here, prefix ('' for the default) -> URI."""
-        chain: list[_Element] = []
-        node: _Element | None = self
+        chain: list[XmlElement] = []
+        node: XmlElement | None = self
         while node is not None:
             chain.append(node)
             node = node.parent
@@ -83,20 +83,20 @@ class _Element:
             raise Refused("rim_signature", f"the RIM uses an undeclared prefix {prefix!r}")
         return uri, local
 
-    def elements(self) -> list[_Element]:
-        return [c for c in self.children if isinstance(c, _Element)]
+    def elements(self) -> list[XmlElement]:
+        return [c for c in self.children if isinstance(c, XmlElement)]
 
-    def find(self, uri: str, local: str) -> list[_Element]:
+    def find(self, uri: str, local: str) -> list[XmlElement]:
         return [c for c in self.elements() if self.expanded_child(c) == (uri, local)]
 
-    def one(self, uri: str, local: str) -> _Element:
+    def one(self, uri: str, local: str) -> XmlElement:
         found = self.find(uri, local)
         if len(found) != 1:
             raise Refused("rim_signature", f"the RIM has {len(found)} {local} under {self.name}, not one")
         return found[0]
 
     @staticmethod
-    def expanded_child(child: _Element) -> tuple[str, str]:
+    def expanded_child(child: XmlElement) -> tuple[str, str]:
         return child.expanded(child.name)
 
     def text(self) -> str:
@@ -110,16 +110,16 @@ class _Element:
         return None
 
 
-def _parse(document: bytes) -> _Element:
+def parse_document(document: bytes) -> XmlElement:
     if len(document) > MAX_RIM:
         raise Refused("rim_signature", f"the RIM is {len(document)} bytes, more than {MAX_RIM}")
     parser = expat.ParserCreate()
     parser.buffer_text = True
-    stack: list[_Element] = []
-    root: list[_Element] = []
+    stack: list[XmlElement] = []
+    root: list[XmlElement] = []
 
     def start(name: str, attrs: dict[str, str]) -> None:
-        element = _Element(name, attrs, stack[-1] if stack else None)
+        element = XmlElement(name, attrs, stack[-1] if stack else None)
         (stack[-1].children if stack else root).append(element)
         stack.append(element)
 
@@ -162,7 +162,7 @@ def _escape_attr(text: str) -> str:
             .replace("\t", "&#x9;").replace("\n", "&#xA;").replace("\r", "&#xD;"))
 
 
-def canonical(element: _Element, *, leave_out: _Element | None = None) -> bytes:
+def canonical(element: XmlElement, *, leave_out: XmlElement | None = None) -> bytes:
     """Canonical XML 1.1 (without comments) of ``element`` and its descendants, ``leave_out``
     (the enveloped signature) and its descendants removed."""
     out: list[str] = []
@@ -170,7 +170,7 @@ def canonical(element: _Element, *, leave_out: _Element | None = None) -> bytes:
     return "".join(out).encode()
 
 
-def _canonical(element: _Element, rendered: dict[str, str], leave_out: _Element | None,
+def _canonical(element: XmlElement, rendered: dict[str, str], leave_out: XmlElement | None,
                out: list[str]) -> None:
     scope = element.namespaces()
     del scope["xml"]
@@ -214,7 +214,7 @@ class Rim:
     measurements: dict[int, RimMeasurement] = field(repr=False)
 
 
-def _algorithm(element: _Element, local: str, expected: str) -> None:
+def _algorithm(element: XmlElement, local: str, expected: str) -> None:
     got = element.one(DSIG, local).attrs.get("Algorithm")
     if got != expected:
         raise Refused("rim_signature", f"the RIM's {local} is {got!r}; only {expected} is accepted")
@@ -230,7 +230,7 @@ def _b64(text: str, what: str) -> bytes:
 def verify_rim(document: bytes, roots: list[x509.Certificate], *, at: datetime | None = None) -> Rim:
     """Check a RIM's enveloped signature and its signer's chain to one of ``roots`` (valid at
     ``at``, now by default); its content. Refused ``rim_signature`` or ``rim_chain``."""
-    root = _parse(document)
+    root = parse_document(document)
     if root.expanded(root.name) != (SWID, "SoftwareIdentity"):
         raise Refused("rim_signature", f"the RIM's root is {root.name}, not a SWID SoftwareIdentity")
     signature = root.one(DSIG, "Signature")
@@ -272,7 +272,7 @@ def verify_rim(document: bytes, roots: list[x509.Certificate], *, at: datetime |
     return _content(root, certs[0])
 
 
-def _content(root: _Element, signer: x509.Certificate) -> Rim:
+def _content(root: XmlElement, signer: x509.Certificate) -> Rim:
     meta = root.one(SWID, "Meta")
     version = meta.attrs.get("colloquialVersion", "")
     measurements: dict[int, RimMeasurement] = {}
