@@ -46,7 +46,7 @@ def _name(cn: str) -> x509.Name:
                       x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
 
-def _cert(subject: str, key: ec.EllipticCurvePrivateKey, issuer: str, signer: ec.EllipticCurvePrivateKey,
+def make_cert(subject: str, key: ec.EllipticCurvePrivateKey, issuer: str, signer: ec.EllipticCurvePrivateKey,
           *, ca: bool) -> x509.Certificate:
     now = datetime.now(UTC)
     builder = (x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(_name(issuer))
@@ -145,11 +145,11 @@ class SpdmResponders:
     @classmethod
     def install(cls, bmc: RedfishEmulator, firmware: str = FIRMWARE) -> Self:
         ca_key = ec.generate_private_key(ec.SECP384R1())
-        ca = _cert("Test Device CA", ca_key, "Test Device CA", ca_key, ca=True)
+        ca = make_cert("Test Device CA", ca_key, "Test Device CA", ca_key, ca=True)
         rim_root_key = ec.generate_private_key(ec.SECP384R1())
-        rim_root = _cert("Test RIM Root", rim_root_key, "Test RIM Root", rim_root_key, ca=True)
+        rim_root = make_cert("Test RIM Root", rim_root_key, "Test RIM Root", rim_root_key, ca=True)
         rim_key = ec.generate_private_key(ec.SECP384R1())
-        rim_signer = _cert("Test RIM Signer", rim_key, "Test RIM Root", rim_root_key, ca=False)
+        rim_signer = make_cert("Test RIM Signer", rim_key, "Test RIM Root", rim_root_key, ca=False)
         made = cls(device_ca=ca, rim_root=rim_root, firmware=firmware, _rim_key=rim_key,
                    _rim_chain=[rim_signer, rim_root])
         state = bmc.state
@@ -162,7 +162,7 @@ class SpdmResponders:
                     continue
                 device = str(doc["Id"])
                 key = ec.generate_private_key(ec.SECP384R1())
-                leaf = _cert(f"{device} responder", key, "Test Device CA", ca_key, ca=False)
+                leaf = make_cert(f"{device} responder", key, "Test Device CA", ca_key, ca=False)
                 made.keys[device] = key
                 auth = doc["SPDM"]["IdentityAuthentication"]["ResponderAuthentication"]
                 chain_ref = str(auth["ComponentCertificate"]["@odata.id"]).rstrip("/")
