@@ -53,7 +53,7 @@ def test_every_truncation_and_many_changed_bytes_are_refused_by_name(pki: Pki) -
     rng = random.Random(54)
     for _ in range(300):
         changed = bytearray(whole)
-        changed[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        changed[rng.randrange(len(changed))] ^= 1 << rng.randrange(8)
         mutated.append(bytes(changed))
     for data in mutated:
         with pytest.raises(Refused) as refused:
