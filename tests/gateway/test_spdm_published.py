@@ -26,6 +26,7 @@ from agent.gateway.spdm import (
     split_exchange,
     verify_report,
 )
+from agent.gateway.x509chain import verify_chain
 from tests.published import nv_verifier
 
 
@@ -187,3 +188,28 @@ def test_a_measurement_the_fleet_recorded_otherwise_is_refused_by_index(publishe
     assert "measurement 5: " in refused.value.reason
     assert "measurement 12: no golden value" in refused.value.reason
     assert "measurement 4:" not in refused.value.reason
+
+
+@pytest.mark.parametrize("tree", ["nvidia_gb200", "nvidia_gh200", "nvidia_dgxh100"])
+def test_the_recorded_bmcs_device_chains_reach_nvidias_device_root(published: Path, tree: str,
+                                                                   tmp_path: Path) -> None:
+    """The CertChains the recorded BMCs serve for their SPDM responders are real devices' chains:
+    each that holds one verifies to the root NVIDIA's verifier ships; a changed one does not."""
+    import json
+
+    from tests.site.redfish_emulator.server import unpack
+    root = unpack(tree, tmp_path)
+    device_root = _roots(published, "verifier_device_root.pem")
+    anchored, without = 0, []
+    for index in sorted(root.glob("Chassis/*/Certificates/CertChain/index.json")):
+        pem = json.loads(index.read_text()).get("CertificateString")
+        if not isinstance(pem, str) or "BEGIN CERTIFICATE" not in pem:
+            without.append(index.parts[-4])  # GB200's CX7: none; GH200's BMC ERoT: an error
+            continue
+        chain = load_chain(pem.encode())
+        assert verify_chain(chain, device_root, check="chain") == "O=NVIDIA,CN=NVIDIA Device Identity CA"
+        anchored += 1
+        with pytest.raises(Refused) as refused:
+            verify_chain(chain[:1] + chain[2:], device_root, check="chain")  # a link left out
+        assert refused.value.check == "chain"
+    assert anchored >= 6 and len(without) <= 1, (anchored, without)
