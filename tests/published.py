@@ -1,4 +1,6 @@
-"""Event logs that others published from real machines, for the event-log parser's tests.
+"""Data that others published from real machines, for the parsers' and verifiers' tests.
+
+Event logs, for the event-log parser's tests:
 
 They are go-eventlog's test data (Google, Apache-2.0), which Debian ships in
 golang-github-google-go-eventlog-dev: TCG logs read from a workstation, a laptop, an Intel
@@ -11,6 +13,12 @@ The package is pinned by its SHA-256. Unstable's pool keeps only the current ver
 pinned one is gone, the current one is taken from unstable's package index, whose signature
 gpgv checks against Debian's archive keyring. The tests then check what they read against the
 PCR values published beside it, so a changed log fails them rather than passing unseen.
+
+A real GPU's SPDM attestation, for the SPDM and RIM verifiers' tests: NVIDIA's local GPU
+verifier (PyPI ``nv-local-gpu-verifier``, BSD-3-Clause) ships in its wheel an H100's
+GET_MEASUREMENTS / MEASUREMENTS exchange, that GPU's certificate chain, NVIDIA's device and RIM
+roots and signed RIMs. ``pip download`` fetches the pinned wheel (its SHA-256 checked) and only
+its ``verifier/samples`` and ``verifier/certs`` are unpacked into the cache.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -122,9 +131,57 @@ def fetch() -> Path:
     return dest / INSIDE
 
 
+NV_WHEEL = ("nv-local-gpu-verifier==2.7.3", "nv_local_gpu_verifier-2.7.3-py3-none-any.whl",
+            "27259ce3d828ca102db17f4b70c7b85c1882a55f99153eb706fcb1866db0fe7a")
+NV_KEEP = ("verifier/samples/", "verifier/certs/")
+
+
+def nv_cache() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "bettercompute" / "nv-local-gpu-verifier"
+
+
+def nv_verifier() -> Path:
+    """The unpacked verifier/ directory (samples/, certs/), or a skip saying how to get it."""
+    root = nv_cache() / "verifier"
+    if not (root / "samples" / "hopperAttestationReport.txt").is_file():
+        pytest.skip(f"NVIDIA's published GPU attestation samples are absent ({root}): "
+                    "`python -m tests.published` fetches them")
+    return root
+
+
+def fetch_nv_verifier() -> Path:
+    """Fetch the pinned wheel with pip, check it, unpack its samples and certs into nv_cache()."""
+    dest = nv_cache()
+    if (dest / "verifier" / "samples" / "hopperAttestationReport.txt").is_file():
+        return dest / "verifier"
+    requirement, name, sha256 = NV_WHEEL
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+                        "--disable-pip-version-check", "-q", "-d", tmp, requirement],
+                       check=True, stdin=subprocess.DEVNULL)
+        wheel = _checked((Path(tmp) / name).read_bytes(), sha256, name)
+        (Path(tmp) / "w.zip").write_bytes(wheel)
+        root = Path(tmp) / "root"
+        with zipfile.ZipFile(Path(tmp) / "w.zip") as z:
+            for member in z.namelist():
+                if member.startswith(NV_KEEP) and not member.endswith("/") and ".." not in member:
+                    (root / member).parent.mkdir(parents=True, exist_ok=True)
+                    (root / member).write_bytes(z.read(member))
+        shutil.rmtree(dest, ignore_errors=True)
+        root.rename(dest)
+    return dest / "verifier"
+
+
 if __name__ == "__main__":
     try:
         print(f"tests.published: {fetch()}")
     except (OSError, ValueError, subprocess.CalledProcessError) as e:
         # Not fatal: the tests that read these logs skip and say so.
         print(f"tests.published: not fetched ({e}); the published-event-log tests will skip", file=sys.stderr)
+    try:
+        print(f"tests.published: {fetch_nv_verifier()}")
+    except (OSError, ValueError, subprocess.CalledProcessError, zipfile.BadZipFile) as e:
+        print(f"tests.published: not fetched ({e}); the published SPDM and RIM tests will skip",
+              file=sys.stderr)

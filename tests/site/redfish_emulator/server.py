@@ -29,6 +29,8 @@ says, bent by the profile:
   allowable values, and required where that says so), a multipart push to
   MultipartHttpPushUri or a raw one to HttpPushUri: 202 and a task monitor that completes after
   ``task_polls`` GETs.
+- Actions a test installs (``state.actions``): ComponentIntegrity's SPDMGetSignedMeasurements,
+  answered by responders of the test's own making (tests/site/redfish_emulator/spdm.py).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -149,6 +151,9 @@ class State:
     # certificate verified against this CA, as a BMC that mounts it would), else refused 400.
     media_ca: Path | None = None
     fetched: list[tuple[str, bytes]] = field(default_factory=list)   # (image, its first bytes)
+    # Actions a test's extension answers (path -> body -> (status, answer)): the SPDM responders
+    # of tests/site/redfish_emulator/spdm.py.
+    actions: dict[str, Callable[[Doc], tuple[int, Doc]]] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     def etag(self, path: str) -> str:
@@ -327,6 +332,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(401, _error("Base.1.8.NoValidSession", "no valid session"))
             if self._refused_early(path):
                 return
+            if path in st.actions:
+                status, answer = st.actions[path](body)
+                return self._send(status, answer)
             if path.endswith("/Actions/ComputerSystem.Reset"):
                 return self._reset(path.rsplit("/Actions/", 1)[0], body)
             if path.endswith("/Actions/VirtualMedia.InsertMedia"):

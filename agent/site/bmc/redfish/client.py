@@ -16,6 +16,7 @@ every BMC client offers, each a call into the module of its noun.
     media.py     virtual media
     firmware.py  the UpdateService; tasks.py the task monitor it (and volumes) follow
     events.py    the LogServices' entries
+    integrity.py ComponentIntegrity: the SPDM responders and their signed measurements
 """
 
 from __future__ import annotations
