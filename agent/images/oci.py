@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent import limits
 from agent.errors import AgentError, AuthFailed, ChecksumMismatch, InvalidParameters, Reason, SourceFailed
 from agent.net import http
 from agent.proto import agent_pb2
@@ -97,6 +98,7 @@ TITLE = "org.opencontainers.image.title"
 REF_NAME = "org.opencontainers.image.ref.name"
 DISKTYPE = "disktype"             # the index entry's annotation: "whole" (deployable) or other
 WHOLE = "whole"
+TOKEN_ANSWER = 1 << 20            # bytes of a token service's answer
 ARCHES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -238,11 +240,14 @@ class Artifact:
     index_digest: str = ""
 
 
+MANIFEST_DEPTH = 16   # objects and arrays inside each other in a manifest or index (ours: 4)
+
+
 def document(data: bytes, where: str) -> dict[str, Any]:
-    try:
-        doc = json.loads(data)
-    except ValueError as exc:
-        raise RegistryError(f"{where}: not JSON ({exc})") from exc
+    """A manifest or index (a registry's, an image layout's), read by the bounded JSON reader:
+    not JSON, or nested deeper than MANIFEST_DEPTH, is a RegistryError (source_failed)."""
+    doc = limits.loads_json(data, what=where, max_bytes=max(len(data), 1), max_depth=MANIFEST_DEPTH,
+                            error=RegistryError)
     if not isinstance(doc, dict) or doc.get("schemaVersion") != 2:
         raise RegistryError(f"{where}: not a schema 2 manifest or index")
     return doc
@@ -431,18 +436,20 @@ class Registry:
             query["service"] = params["service"]
         sep = "&" if parts.query else "?"
         url = realm + sep + urllib.parse.urlencode(query)
+        # The realm gets what the token protocol gives it and nothing else: the registry's
+        # credentials (the realm is the registry's host or one the operator listed), never the
+        # caller's own headers (a deploy's http_headers: for the registry's origin only).
         hdrs = {"Authorization": self.credentials.basic()} if self.credentials is not None else {}
-        resp = http.request("GET", url, self.opts, headers=hdrs, max_body=1 << 20)
+        realm_opts = dataclasses.replace(self.opts, headers={}, auth=None)
+        resp = http.request("GET", url, realm_opts, headers=hdrs, max_body=TOKEN_ANSWER)
         if resp.status == 401 or resp.status == 403:
             who = "credentials" if self.credentials else "anonymous request"
             raise AuthFailed(f"{self.ref.host}: the token service refused the {who} (HTTP {resp.status})")
         if resp.status != 200:
             raise RegistryError(f"{self.ref.host}: the token service answered HTTP {resp.status}")
-        try:
-            doc = json.loads(resp.body)
-            token = doc.get("token") or doc.get("access_token")
-        except (ValueError, AttributeError) as exc:
-            raise RegistryError(f"{self.ref.host}: the token service's answer is not JSON") from exc
+        doc = limits.loads_json(resp.body, what=f"{self.ref.host}: the token service's answer",
+                                max_bytes=TOKEN_ANSWER, max_depth=MANIFEST_DEPTH, error=RegistryError)
+        token = doc.get("token") or doc.get("access_token") if isinstance(doc, dict) else None
         if not isinstance(token, str) or not token or any(c in token for c in "\r\n"):
             raise RegistryError(f"{self.ref.host}: the token service gave no token")
         self._auth = f"Bearer {token}"
