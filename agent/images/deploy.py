@@ -14,7 +14,9 @@ digest check, the read-back) is ``Deployment``'s:
   qcow2 file over HTTP (a registry's blob) the same way, through its tables as the stream
   passes them (agent/images/qcow2stream.py).
 - ``Qcow2Deployment``: a local qcow2 file without a manifest; its digest is checked
-  over the whole file before the disk is touched, then ``qemu-img convert -n`` writes it
+  over the whole file and its tables walked by the agent's own reader (agent/images/qcow2.py:
+  the features it refuses, an entry outside the file) before the disk is touched, then
+  ``qemu-img convert -n`` writes it
   (qemu-img needs a seekable file: over HTTP, StreamDeployment streams it). For qcow2
   ``bytes_written`` is the virtual size (qemu-img skips zeros itself and does not say how
   many).
@@ -71,6 +73,7 @@ from agent.errors import (
 from agent.hw import block, diskio, partitions
 from agent.images import filesource, image, manifest, oci, readers
 from agent.images.plan import Plan
+from agent.images.qcow2 import Qcow2File
 from agent.images.verified import VerifiedCopy
 from agent.net import http
 from agent.proc import Completed, Exited
@@ -470,6 +473,12 @@ class Qcow2Deployment(Deployment):
             self.hooks.check()
             self._progress(source, 0)
         self._check_digest(source.hasher.hexdigest())
+        # The agent's own reader first: the features it refuses (zstd clusters, extended L2
+        # entries, an external data file...) and tables that point outside the file (qemu-img
+        # convert reads those clusters as zeros and exits 0) are refused here as they are with
+        # a manifest, before the disk is opened.
+        with Qcow2File(path) as q:
+            q.check()
         virtual = image.qcow2_info(self.hooks.run, path)
         if virtual > self.disk.size:
             raise AgentError(
