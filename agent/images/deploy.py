@@ -125,6 +125,8 @@ class DeployParams:
     registry_hosts: frozenset[str] = frozenset()  # oci: other hosts a redirect may lead to
     resolve: Callable[[str, int], Iterable[str]] | None = None   # oci: the hosts it may dial
     auth: http.Authorization | None = None       # oci: the registry's token, renewed on a 401
+    plain_http_redirect: bool = True             # oci: an https redirect to http://, if allowed
+    deadline: float | None = None                # the command's: a Retry-After waited for up to it
 
     @property
     def has_manifest(self) -> bool:
@@ -155,7 +157,15 @@ class Deployment:
             cancel=self.hooks.cancel,
             resolve=p.resolve,
             auth=p.auth,
+            deadline=p.deadline,
+            on_wait=self._said_wait,
+            plain_http_redirect=p.plain_http_redirect,
         )
+
+    def _said_wait(self, words: str) -> None:
+        """A wait the server asked for (Retry-After), said in the deploy's progress."""
+        log.warning("deploy to %s: %s", self.disk.name, words)
+        self.meter.update(0, message=words, force=True)
 
     def _open_source(self) -> image.Source:
         """The published bytes, hashed with the request's digest's algorithm as they pass."""

@@ -313,6 +313,7 @@ class Policy:
     max_manifest: int = 4 << 20           # bytes of a manifest or index (distribution's own bound)
     max_small_blob: int = 64 << 20        # a chunk manifest (manifest.MAX_MANIFEST), a config
     other_hosts: frozenset[str] = frozenset()   # hosts a redirect or a token realm may lead to
+    plain_http_redirect: bool = False     # a blob redirect from an https registry to http:// followed
 
 
 def _challenge(header: str) -> tuple[str, dict[str, str]]:
@@ -390,7 +391,8 @@ class Registry:
     def download_options(self) -> http.HttpOptions:
         """Options for a download from the registry (a blob): its authorization made at each
         request and renewed once on a 401 (``authorizer``), to the registry's origin only."""
-        return dataclasses.replace(self.opts, auth=self.authorizer)
+        return dataclasses.replace(self.opts, auth=self.authorizer,
+                                   plain_http_redirect=self.policy.plain_http_redirect)
 
     # -- requests ------------------------------------------------------------------------
 
@@ -457,7 +459,10 @@ class Registry:
     def _fail(self, what: str, resp: http.Response) -> RegistryError:
         first = resp.body[:300].decode("utf-8", "replace").strip().splitlines()[:1]
         reason = Reason.NOT_FOUND if resp.status == 404 else Reason.SOURCE_FAILED
-        return RegistryError(f"{what}: HTTP {resp.status}" + (f": {first[0]}" if first else ""),
+        asked = http.retry_after(resp.headers.get("retry-after")) if resp.status in (429, 503) else None
+        later = "" if asked is None else (f" (its Retry-After asks for {asked:.0f} s:"
+                                          " past the deadline, or after the retries the deploy takes)")
+        return RegistryError(f"{what}: HTTP {resp.status}" + (f": {first[0]}" if first else "") + later,
                              reason=reason, status=resp.status)
 
     # -- reading -------------------------------------------------------------------------

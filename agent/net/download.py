@@ -42,15 +42,16 @@ from pathlib import Path
 from agent import limits
 from agent.errors import Cancelled, SourceFailed
 from agent.net.connect import TRANSPORT_ERRORS, connect
-from agent.net.exchange import RETRY_STATUS, HttpError, HttpOptions, request_headers
+from agent.net.exchange import RETRY_STATUS, HttpError, HttpOptions, request_headers, retry_after, retry_wait
 from agent.net.pool import BadRedirect, ConnectionPool, follow
 from agent.net.urls import check_url, origin, redact
 
 log = logging.getLogger(__name__)
 
 
-def _sleep(opts: HttpOptions, attempt: int) -> None:
-    delay = min(opts.max_backoff, opts.backoff * (2 ** max(0, attempt - 1)))
+def _sleep(opts: HttpOptions, attempt: int, delay: float | None = None) -> None:
+    if delay is None:
+        delay = min(opts.max_backoff, opts.backoff * (2 ** max(0, attempt - 1)))
     if opts.cancel is not None:
         if opts.cancel.wait(delay):
             raise Cancelled("download cancelled")
@@ -109,8 +110,14 @@ class Download:
                         f"{redact(self.url)}: giving up after {self._failures} attempts: {exc.message}",
                         status=exc.status,
                     ) from exc
-                log.warning("%s: %s; retrying", redact(self.url), exc.message)
-                _sleep(self.opts, self._failures)
+                backoff = min(self.opts.max_backoff, self.opts.backoff * (2 ** (self._failures - 1)))
+                wait = retry_wait(self.opts, exc.retry_after, backoff, where=redact(self.url))
+                if wait is None:   # a Retry-After past the deadline: not retried before it
+                    raise HttpError(f"{exc.message} (the server asks to retry after"
+                                    f" {exc.retry_after:.0f} s, past the deadline)",
+                                    status=exc.status) from exc
+                log.warning("%s: %s; retrying in %.1f s", redact(self.url), exc.message, wait)
+                _sleep(self.opts, self._failures, wait)
 
     def _request(self, *, first: bool) -> None:
         self.close()
@@ -132,7 +139,8 @@ class Download:
             return connect(parts, self.opts)
 
         try:
-            conn, resp, final = follow(pool, self.url, "GET", headers, dial)
+            conn, resp, final = follow(pool, self.url, "GET", headers, dial,
+                                       plain_http=self.opts.plain_http_redirect)
         except BadRedirect as exc:
             raise BadRedirect(f"{redact(self.url)}: {exc.message}", status=exc.status) from None
         except TRANSPORT_ERRORS as exc:
@@ -157,7 +165,7 @@ class Download:
             self.close()
             raise HttpError(
                 f"{redact(self.url)}: HTTP {status} {resp.reason}" + (f": {detail[0]}" if detail else ""),
-                status=status,
+                status=status, retry_after=retry_after(resp.getheader("Retry-After")),
             )
         length = resp.getheader("Content-Length")
         body_len = int(length) if length and limits.is_digits(length) else None

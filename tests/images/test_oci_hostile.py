@@ -30,9 +30,11 @@ Answer = tuple[int, dict[str, str], bytes]
 
 
 @contextmanager
-def server(answer: Callable[[BaseHTTPRequestHandler], Answer]) -> Iterator[tuple[int, list[dict[str, str]]]]:
-    """An HTTP server on 127.0.0.1 answering every GET with ``answer(request)``; yields its port
-    and the headers of every request it got."""
+def server(answer: Callable[[BaseHTTPRequestHandler], Answer], tls: tuple[str, str] | None = None
+           ) -> Iterator[tuple[int, list[dict[str, str]]]]:
+    """An HTTP server on 127.0.0.1 (HTTPS with ``tls``: certificate and key files) answering
+    every GET and HEAD with ``answer(request)``; yields its port and the headers of every
+    request it got."""
     seen: list[dict[str, str]] = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -52,6 +54,12 @@ def server(answer: Callable[[BaseHTTPRequestHandler], Answer]) -> Iterator[tuple
         do_HEAD = do_GET
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    if tls is not None:
+        import ssl
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*tls)
+        srv.socket = context.wrap_socket(srv.socket, server_side=True)
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     try:
@@ -141,3 +149,127 @@ def test_a_token_realm_never_gets_the_deploys_headers(tmp_path: Path, realm_host
     assert seen, "the realm was never asked"
     for headers in seen:
         assert "authorization" not in headers and "x-tenant-key" not in headers, headers
+
+
+# -- 3. Retry-After waited for, up to the deadline; no silent downgrade to http ---------------
+
+
+class Artifact:
+    """A registry of our own serving one artifact (a raw disk layer made by oci.prepare) at
+    os/node:1, over TLS when ``tls``; ``before(kind, handler)`` may answer first (kind:
+    "manifest" or "blob"), and ``times`` records when each request of a kind came."""
+
+    def __init__(self, tmp: Path, img: bytes, *, tls: bool = False,
+                 before: Callable[[str, BaseHTTPRequestHandler], Answer | None] | None = None) -> None:
+        path = tmp / "disk.raw"
+        path.write_bytes(img)
+        self.img = img
+        self.parts = oci.prepare(path, None, "amd64")
+        self.before = before
+        self.times: dict[str, list[float]] = {"manifest": [], "blob": []}
+        self.tls = tls
+        self.ca_pem = ""
+        self._tmp = tmp
+
+    def answer(self, req: BaseHTTPRequestHandler) -> Answer:
+        import time
+
+        kind = "manifest" if "/manifests/" in req.path else "blob" if "/blobs/" in req.path else ""
+        if req.command == "GET" and kind:
+            self.times[kind].append(time.monotonic())
+        if kind and self.before is not None and req.command == "GET":
+            early = self.before(kind, req)
+            if early is not None:
+                return early
+        if kind == "manifest":
+            return 200, {"Content-Type": oci.OCI_MANIFEST,
+                         "Docker-Content-Digest": self.parts.manifest_digest}, self.parts.manifest
+        if kind == "blob" and req.path.endswith(self.parts.disk.digest):
+            return 200, {"Content-Type": "application/octet-stream"}, self.img
+        return 404, {}, b""
+
+    @contextmanager
+    def serving(self) -> Iterator[str]:
+        with server(self.answer) as (port, _seen):
+            yield f"oci+http://127.0.0.1:{port}/os/node:1"
+
+
+def test_a_retry_after_is_waited_for_and_said_in_the_progress(tmp_path: Path) -> None:
+    """A 429 with Retry-After: 2 on the manifest, then a 503 with Retry-After: 2 on the blob:
+    each retried after the 2 s asked (it was half a second), the wait said in the progress."""
+    from agent.commands.base import Context
+    from tests.commands.test_deploy import sparse_image
+
+    t = Target(tmp_path)
+    img = sparse_image()
+    asked: set[str] = set()
+
+    def before(kind: str, req: BaseHTTPRequestHandler) -> Answer | None:
+        if kind in asked:
+            return None
+        asked.add(kind)
+        return (429 if kind == "manifest" else 503), {"Retry-After": "2"}, b"slow down"
+
+    art = Artifact(tmp_path, img, before=before)
+    progress: list[str] = []
+    ctx = Context.local("deploy.image", progress_sink=lambda p: progress.append(p.message))
+    with art.serving() as ref:
+        deploy(oci_request(ref), t.disks, ctx=ctx)
+    assert t.data()[: len(img)] == img
+    for kind in ("manifest", "blob"):
+        first, second = art.times[kind][:2]
+        assert second - first >= 1.9, (kind, second - first)
+    assert sum("Retry-After" in m for m in progress) == 2, progress
+
+
+def test_a_retry_after_past_the_deadline_is_refused_at_once(tmp_path: Path) -> None:
+    """Retry-After: 3600 against a deploy with 30 s left: one request, refused naming the
+    wait and the deadline (it was five retries in 16 s, then HTTP 429), nothing written."""
+    from agent.commands.base import Context
+    from tests.commands.test_deploy import sparse_image
+
+    t = Target(tmp_path)
+    art = Artifact(tmp_path, sparse_image(), before=lambda kind, req: (429, {"Retry-After": "3600"}, b""))
+    ctx = Context.local("deploy.image", timeout=30)
+    refused = r"Retry-After asks for 3600 s.*deadline"
+    with art.serving() as ref, pytest.raises(oci.RegistryError, match=refused):
+        deploy(oci_request(ref), t.disks, ctx=ctx)
+    assert len(art.times["manifest"]) == 1 and t.untouched()
+
+
+@contextmanager
+def https_registry_redirecting_blobs_to_http(tmp_path: Path, img: bytes) -> Iterator[tuple[str, str]]:
+    """An HTTPS registry (a test CA) whose blob answers 307 to the same bytes over plain http
+    on another loopback port: yields the reference and the CA."""
+    from tests.loopback_http import self_signed_cert
+
+    plain = Artifact(tmp_path, img)
+    certdir = tmp_path / "tls"
+    certdir.mkdir()
+    cert, key = self_signed_cert(str(certdir))
+    with server(plain.answer) as (plain_port, _):
+        def before(kind: str, req: BaseHTTPRequestHandler) -> Answer | None:
+            if kind == "blob":
+                return 307, {"Location": f"http://127.0.0.1:{plain_port}{req.path}"}, b""
+            return None
+
+        secure = Artifact(tmp_path, img, before=before)
+        with server(secure.answer, tls=(cert, key)) as (port, _):
+            yield f"oci://127.0.0.1:{port}/os/node:1", Path(cert).read_text()
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+def test_an_https_registry_redirecting_a_blob_to_plain_http(tmp_path: Path, allowed: bool) -> None:
+    from tests.commands.test_deploy import sparse_image
+
+    t = Target(tmp_path)
+    img = sparse_image()
+    with https_registry_redirecting_blobs_to_http(tmp_path, img) as (ref, ca):
+        req = oci_request(ref, ca_bundle_pem=ca, allow_plain_http_redirect=allowed)
+        if allowed:
+            deploy(req, t.disks)
+            assert t.data()[: len(img)] == img
+            return
+        with pytest.raises(http.BadRedirect, match="from https to plain http"):
+            deploy(req, t.disks)
+    assert t.untouched()
