@@ -10,7 +10,11 @@ Behaviour of ``get``:
   a kept-alive connection that the server closed while idle is replaced, not counted as a
   failure (agent/net/pool.py).
 - 5xx and 429 responses, connection errors and read timeouts are retried ``max_retries`` times
-  with a short backoff (interruptible by ``cancel``). 4xx (other than 408/429) fail at once.
+  with a short backoff (interruptible by ``cancel``), or after the wait a Retry-After asks for
+  when longer, up to ``opts.deadline`` (exchange.retry_wait; past it: refused at once). 4xx
+  (other than 408/429) fail at once.
+- A redirect from https:// to http:// is refused when ``opts.plain_http_redirect`` is False (a
+  registry's blobs, agent/images/oci.py).
 - A connection that drops or stalls (no byte for ``timeout`` seconds) mid-body is resumed with
   ``Range: bytes=<received>-`` (and ``If-Range`` with the ETag or Last-Modified when the server
   sent one, so a changed file is never spliced). A server that answers 200 to the Range request

@@ -56,7 +56,10 @@ API::
 
     http.ssl_context(ca_pem="", ca_file=None, verify=True)  # the TLS context all of them use
 
-Writes are never sent twice. ``request`` retries by the method:
+Writes are never sent twice. A retried answer's Retry-After is waited for when it asks for
+more than the backoff, up to ``deadline`` or ``opts.deadline`` (exchange.retry_wait: the wait
+told to ``opts.on_wait``; one past them ends the retries at once). ``request`` retries by the
+method:
 
 - GET, HEAD, PUT, DELETE, OPTIONS (idempotent): connection errors, timeouts, cut answers,
   408/429/5xx and answers ``busy`` says are "busy", up to ``max_retries``.
