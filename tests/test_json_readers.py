@@ -16,7 +16,7 @@ READ = re.compile(r"\bjson\.loads?\(")
 TRUSTED: dict[str, str] = {
     "agent/limits.py": "the bounded reader itself",
     "agent/runtime/journal.py": "the agent's own journal records, each behind its CRC",
-    "agent/launcher.py": "the launcher's own state file, written by the agent",
+    "agent/launcher.py": "the upgrade marker the agent writes beside its own archive",
     "agent/drivers/nvme.py": "nvme-cli's output about the node's own controller",
     "agent/hw/nvme.py": "nvme-cli's output about the node's own controller",
     "agent/hw/dcgm.py": "dcgmi's output (NVIDIA's tool on the node)",
