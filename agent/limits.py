@@ -3,18 +3,28 @@
 Every text the agent parses has a size limit, and JSON a nesting limit as well: a payload,
 a config file, a signed-command file or a kernel command line over its limit is refused with
 InvalidParameters (``invalid_parameters`` on the wire, exit 2 for ``agent exec``), never an
-internal error (RecursionError, MemoryError). Protobuf input needs no limit of its own here:
-frames are bounded by wire.MAX_FRAME_BYTES, and both protobuf implementations refuse nesting
-deeper than 100 with a DecodeError, which the callers already turn into a refusal.
+internal error (RecursionError, MemoryError).
+
+``loads_json`` is the one reader of JSON that came from the wire or from a file someone else
+controls (a registry's manifest or token answer, an image layout's index.json, a BMC's answer,
+a payload): its refusals are the caller's own error (``error``: a RegistryError for a
+registry), so a hostile document is named as that source's bad input.
+tests/test_json_readers.py keeps every other ``json.loads`` in agent/ to an allow-list of
+readers of the agent's own files and its own tools' output, each with its reason.
+
+Protobuf input needs no limit of its own here: frames are bounded by wire.MAX_FRAME_BYTES, and
+both protobuf implementations refuse nesting deeper than 100 with a DecodeError, which the
+callers already turn into a refusal.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.errors import InvalidParameters
+from agent.errors import AgentError, InvalidParameters
 
 MAX_JSON_BYTES = 4 * 1024 * 1024       # a command payload in JSON: as large as a frame
 MAX_JSON_DEPTH = 32                    # objects and arrays inside each other; payloads use < 8
@@ -64,19 +74,20 @@ def loads_json(
     what: str,
     max_bytes: int = MAX_JSON_BYTES,
     max_depth: int = MAX_JSON_DEPTH,
+    error: Callable[..., AgentError] = InvalidParameters,
 ) -> Any:
-    """Parse JSON text, refusing (InvalidParameters) what is too large, too deep or not JSON."""
+    """Parse JSON text, refusing what is too large, too deep or not JSON with ``error`` (called
+    with the message and a ``limit`` detail where a bound was passed; InvalidParameters by
+    default, the caller's bad-input error for what came from a source it does not trust)."""
     size = len(text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text)
     if size > max_bytes:
-        raise InvalidParameters(f"{what}: {size} bytes of JSON, over the limit of {max_bytes}",
-                                limit=max_bytes)
+        raise error(f"{what}: {size} bytes of JSON, over the limit of {max_bytes}", limit=max_bytes)
     try:
         value = json.loads(text)
     except RecursionError:
-        raise InvalidParameters(f"{what}: JSON nested deeper than {max_depth} levels",
-                                limit=max_depth) from None
+        raise error(f"{what}: JSON nested deeper than {max_depth} levels", limit=max_depth) from None
     except (ValueError, TypeError) as exc:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
-        raise InvalidParameters(f"{what}: not JSON ({exc})") from exc
+        raise error(f"{what}: not JSON ({str(exc)[:200]})") from exc
     if depth(value) > max_depth:
-        raise InvalidParameters(f"{what}: JSON nested deeper than {max_depth} levels", limit=max_depth)
+        raise error(f"{what}: JSON nested deeper than {max_depth} levels", limit=max_depth)
     return value

@@ -207,12 +207,8 @@ _ATTRIBUTE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 def _attributes(name: str, text: str) -> tuple[tuple[str, Any], ...]:
     """A JSON object of BIOS attribute names to values (string, integer or boolean)."""
-    import json
-
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        raise InvalidParameters(f"parameter {name}: a JSON object of attribute names to values") from None
+    doc = limits.loads_json(text, what=f"parameter {name} (a JSON object of attribute names to values)",
+                            max_depth=2)
     if not isinstance(doc, dict) or not doc or len(doc) > MAX_BIOS_ATTRIBUTES:
         raise InvalidParameters(f"parameter {name}: a JSON object of 1 to {MAX_BIOS_ATTRIBUTES} attributes")
     for key, value in doc.items():

@@ -7,6 +7,7 @@ deploy was writing.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -99,6 +100,7 @@ class DeployImage(Handler[agent_pb2.DeployImageRequest, DeployImageParams], kind
                 manifest_inline=payload.manifest_inline,
                 oci=ref,
                 registry_hosts=deploy_oci.hosts(payload.registry_hosts, ref),
+                plain_http_redirect=deploy_oci.plain_http(payload.allow_plain_http_redirect, ref),
             ),
             hints=block.Hints.from_proto(payload.target),
             gate=conformance.Expected.from_proto(payload.gate) if payload.HasField("gate") else None,
@@ -117,6 +119,7 @@ class DeployImage(Handler[agent_pb2.DeployImageRequest, DeployImageParams], kind
                              running=ctx.running, run=ctx.run, ca_file=ctx.config.ca_bundle)
         with ctx.hold(f"disk:{disk.name}"):
             image_params, resolved = deploy_oci.locate(ctx, params.image)  # an oci:// source: to its blob
+            image_params = dataclasses.replace(image_params, deadline=ctx.deadline)
             result = deploy.run(hooks, image_params, disk)
             result.resolved_manifest = resolved
             return result

@@ -14,7 +14,7 @@ of the request's ``registry_hosts``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from agent.commands.base import Context
@@ -43,6 +43,21 @@ def hosts(names: Iterable[str], ref: oci.Reference | None) -> frozenset[str]:
     return out
 
 
+def plain_http(allowed: bool, ref: oci.Reference | None) -> bool:
+    """The request's ``allow_plain_http_redirect``: for an oci:// source only; other URLs keep
+    following a redirect to http:// as they always have."""
+    if allowed and ref is None:
+        raise InvalidParameters("allow_plain_http_redirect is for an oci:// source only")
+    return allowed or ref is None
+
+
+def _said(ctx: Context) -> Callable[[str], None]:
+    def said(words: str) -> None:
+        ctx.log.warning("deploy.image: %s", words)
+        ctx.progress(message=words)
+    return said
+
+
 def locate(ctx: Context, params: DeployParams) -> tuple[DeployParams, str]:
     """``params`` with an oci:// source (or an OCI image layout as ``local_path``) resolved to
     its disk blob (see the module docstring), and the manifest digest it resolved to; other
@@ -56,8 +71,10 @@ def locate(ctx: Context, params: DeployParams) -> tuple[DeployParams, str]:
     if ref is None:
         return params, ""
     opts = http.HttpOptions(ca_pem=params.ca_pem, ca_file=ctx.config.ca_bundle, headers=params.headers,
-                            max_retries=params.max_retries, cancel=ctx.cancel_event)
-    reg = oci.Registry(ref, opts, policy=oci.Policy(other_hosts=params.registry_hosts))
+                            max_retries=params.max_retries, cancel=ctx.cancel_event,
+                            deadline=ctx.deadline, on_wait=_said(ctx))
+    reg = oci.Registry(ref, opts, policy=oci.Policy(other_hosts=params.registry_hosts,
+                                                    plain_http_redirect=params.plain_http_redirect))
     art = reg.resolve(arch=oci.node_arch())
     ctx.log.info("deploy.image: %s is %s, disk layer %s (%d bytes)", ref, art.manifest_digest,
                  art.disk.digest, art.disk.size)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import atomicfile
+from agent import atomicfile, limits
 from agent.errors import InvalidParameters
 from agent.gateway import eventlog
 
@@ -86,10 +86,7 @@ class Policy:
             raise InvalidParameters(f"{path}: cannot read the attestation policy: {e}") from e
         if len(raw) > MAX_POLICY_BYTES:
             raise InvalidParameters(f"{path}: the attestation policy is over {MAX_POLICY_BYTES} bytes")
-        try:
-            doc = json.loads(raw)
-        except ValueError as e:
-            raise InvalidParameters(f"{path}: not JSON: {e}") from e
+        doc = limits.loads_json(raw, what=f"{path}: the attestation policy", max_bytes=MAX_POLICY_BYTES)
         policy = cls.from_json(doc, source=str(path))
         policy.path = path
         return policy

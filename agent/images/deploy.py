@@ -14,7 +14,9 @@ digest check, the read-back) is ``Deployment``'s:
   qcow2 file over HTTP (a registry's blob) the same way, through its tables as the stream
   passes them (agent/images/qcow2stream.py).
 - ``Qcow2Deployment``: a local qcow2 file without a manifest; its digest is checked
-  over the whole file before the disk is touched, then ``qemu-img convert -n`` writes it
+  over the whole file and its tables walked by the agent's own reader (agent/images/qcow2.py:
+  the features it refuses, an entry outside the file) before the disk is touched, then
+  ``qemu-img convert -n`` writes it
   (qemu-img needs a seekable file: over HTTP, StreamDeployment streams it). For qcow2
   ``bytes_written`` is the virtual size (qemu-img skips zeros itself and does not say how
   many).
@@ -71,6 +73,7 @@ from agent.errors import (
 from agent.hw import block, diskio, partitions
 from agent.images import filesource, image, manifest, oci, readers
 from agent.images.plan import Plan
+from agent.images.qcow2 import Qcow2File
 from agent.images.verified import VerifiedCopy
 from agent.net import http
 from agent.proc import Completed, Exited
@@ -122,6 +125,8 @@ class DeployParams:
     registry_hosts: frozenset[str] = frozenset()  # oci: other hosts a redirect may lead to
     resolve: Callable[[str, int], Iterable[str]] | None = None   # oci: the hosts it may dial
     auth: http.Authorization | None = None       # oci: the registry's token, renewed on a 401
+    plain_http_redirect: bool = True             # oci: an https redirect to http://, if allowed
+    deadline: float | None = None                # the command's: a Retry-After waited for up to it
 
     @property
     def has_manifest(self) -> bool:
@@ -152,7 +157,15 @@ class Deployment:
             cancel=self.hooks.cancel,
             resolve=p.resolve,
             auth=p.auth,
+            deadline=p.deadline,
+            on_wait=self._said_wait,
+            plain_http_redirect=p.plain_http_redirect,
         )
+
+    def _said_wait(self, words: str) -> None:
+        """A wait the server asked for (Retry-After), said in the deploy's progress."""
+        log.warning("deploy to %s: %s", self.disk.name, words)
+        self.meter.update(0, message=words, force=True)
 
     def _open_source(self) -> image.Source:
         """The published bytes, hashed with the request's digest's algorithm as they pass."""
@@ -470,6 +483,12 @@ class Qcow2Deployment(Deployment):
             self.hooks.check()
             self._progress(source, 0)
         self._check_digest(source.hasher.hexdigest())
+        # The agent's own reader first: the features it refuses (zstd clusters, extended L2
+        # entries, an external data file...) and tables that point outside the file (qemu-img
+        # convert reads those clusters as zeros and exits 0) are refused here as they are with
+        # a manifest, before the disk is opened.
+        with Qcow2File(path) as q:
+            q.check()
         virtual = image.qcow2_info(self.hooks.run, path)
         if virtual > self.disk.size:
             raise AgentError(

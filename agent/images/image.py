@@ -464,13 +464,13 @@ class RawStream:
 
 def qcow2_info(run: Callable[..., Completed], path: Path) -> int:
     """Virtual size of a qcow2 file; refuses backing files and external data files."""
-    import json
+    from agent import limits
 
     done = run(["qemu-img", "info", "--output=json", "-f", "qcow2", str(path)])
-    try:
-        info = json.loads(done.stdout)
-    except ValueError as exc:
-        raise ToolFailed(f"qemu-img info: unreadable output ({exc})") from exc
+    # qemu-img's words about a file the tenant made: read bounded like the file's own bytes.
+    info = limits.loads_json(done.stdout, what="qemu-img info's output", error=ToolFailed)
+    if not isinstance(info, dict):
+        raise ToolFailed("qemu-img info: its output is not a JSON object")
     if info.get("backing-filename") or info.get("full-backing-filename"):
         raise InvalidParameters("qcow2 image has a backing file: refused (it would read another file)")
     specific = (info.get("format-specific") or {}).get("data") or {}

@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent import limits
 from agent.errors import AgentError, AuthFailed, ChecksumMismatch, InvalidParameters, Reason, SourceFailed
 from agent.net import http
 from agent.proto import agent_pb2
@@ -97,6 +98,7 @@ TITLE = "org.opencontainers.image.title"
 REF_NAME = "org.opencontainers.image.ref.name"
 DISKTYPE = "disktype"             # the index entry's annotation: "whole" (deployable) or other
 WHOLE = "whole"
+TOKEN_ANSWER = 1 << 20            # bytes of a token service's answer
 ARCHES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -238,11 +240,14 @@ class Artifact:
     index_digest: str = ""
 
 
+MANIFEST_DEPTH = 16   # objects and arrays inside each other in a manifest or index (ours: 4)
+
+
 def document(data: bytes, where: str) -> dict[str, Any]:
-    try:
-        doc = json.loads(data)
-    except ValueError as exc:
-        raise RegistryError(f"{where}: not JSON ({exc})") from exc
+    """A manifest or index (a registry's, an image layout's), read by the bounded JSON reader:
+    not JSON, or nested deeper than MANIFEST_DEPTH, is a RegistryError (source_failed)."""
+    doc = limits.loads_json(data, what=where, max_bytes=max(len(data), 1), max_depth=MANIFEST_DEPTH,
+                            error=RegistryError)
     if not isinstance(doc, dict) or doc.get("schemaVersion") != 2:
         raise RegistryError(f"{where}: not a schema 2 manifest or index")
     return doc
@@ -308,6 +313,7 @@ class Policy:
     max_manifest: int = 4 << 20           # bytes of a manifest or index (distribution's own bound)
     max_small_blob: int = 64 << 20        # a chunk manifest (manifest.MAX_MANIFEST), a config
     other_hosts: frozenset[str] = frozenset()   # hosts a redirect or a token realm may lead to
+    plain_http_redirect: bool = False     # a blob redirect from an https registry to http:// followed
 
 
 def _challenge(header: str) -> tuple[str, dict[str, str]]:
@@ -385,7 +391,8 @@ class Registry:
     def download_options(self) -> http.HttpOptions:
         """Options for a download from the registry (a blob): its authorization made at each
         request and renewed once on a 401 (``authorizer``), to the registry's origin only."""
-        return dataclasses.replace(self.opts, auth=self.authorizer)
+        return dataclasses.replace(self.opts, auth=self.authorizer,
+                                   plain_http_redirect=self.policy.plain_http_redirect)
 
     # -- requests ------------------------------------------------------------------------
 
@@ -431,18 +438,20 @@ class Registry:
             query["service"] = params["service"]
         sep = "&" if parts.query else "?"
         url = realm + sep + urllib.parse.urlencode(query)
+        # The realm gets what the token protocol gives it and nothing else: the registry's
+        # credentials (the realm is the registry's host or one the operator listed), never the
+        # caller's own headers (a deploy's http_headers: for the registry's origin only).
         hdrs = {"Authorization": self.credentials.basic()} if self.credentials is not None else {}
-        resp = http.request("GET", url, self.opts, headers=hdrs, max_body=1 << 20)
+        realm_opts = dataclasses.replace(self.opts, headers={}, auth=None)
+        resp = http.request("GET", url, realm_opts, headers=hdrs, max_body=TOKEN_ANSWER)
         if resp.status == 401 or resp.status == 403:
             who = "credentials" if self.credentials else "anonymous request"
             raise AuthFailed(f"{self.ref.host}: the token service refused the {who} (HTTP {resp.status})")
         if resp.status != 200:
             raise RegistryError(f"{self.ref.host}: the token service answered HTTP {resp.status}")
-        try:
-            doc = json.loads(resp.body)
-            token = doc.get("token") or doc.get("access_token")
-        except (ValueError, AttributeError) as exc:
-            raise RegistryError(f"{self.ref.host}: the token service's answer is not JSON") from exc
+        doc = limits.loads_json(resp.body, what=f"{self.ref.host}: the token service's answer",
+                                max_bytes=TOKEN_ANSWER, max_depth=MANIFEST_DEPTH, error=RegistryError)
+        token = doc.get("token") or doc.get("access_token") if isinstance(doc, dict) else None
         if not isinstance(token, str) or not token or any(c in token for c in "\r\n"):
             raise RegistryError(f"{self.ref.host}: the token service gave no token")
         self._auth = f"Bearer {token}"
@@ -450,7 +459,10 @@ class Registry:
     def _fail(self, what: str, resp: http.Response) -> RegistryError:
         first = resp.body[:300].decode("utf-8", "replace").strip().splitlines()[:1]
         reason = Reason.NOT_FOUND if resp.status == 404 else Reason.SOURCE_FAILED
-        return RegistryError(f"{what}: HTTP {resp.status}" + (f": {first[0]}" if first else ""),
+        asked = http.retry_after(resp.headers.get("retry-after")) if resp.status in (429, 503) else None
+        later = "" if asked is None else (f" (its Retry-After asks for {asked:.0f} s:"
+                                          " past the deadline, or after the retries the deploy takes)")
+        return RegistryError(f"{what}: HTTP {resp.status}" + (f": {first[0]}" if first else "") + later,
                              reason=reason, status=resp.status)
 
     # -- reading -------------------------------------------------------------------------

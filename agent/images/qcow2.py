@@ -5,11 +5,15 @@ that verifies each chunk against a manifest before it writes it.
         q.size                        # the virtual (raw image) size
         q.read(offset, view)          # guest bytes into view: data clusters read, others zeros
         q.allocated(offset, length)   # whether any cluster there holds data
+        q.check()                     # every table entry inside the file, or SourceFailed
     Header.parse(head, what)          # the header's fields, checked (qcow2stream.py's too)
 
 Only what a published image uses: no backing file, no encryption, no external data file, no
 extended L2 entries (all refused with Unsupported); compressed clusters with deflate (zlib)
 are inflated, zstd-compressed ones are refused. The tables are read once per L2 table.
+``check`` walks every table before a deploy without a manifest hands the file to qemu-img
+(agent/images/deploy.py's Qcow2Deployment): the same header refusals and the same "outside the
+file" refusal as ``read``, so a file is deployed, or refused, the same with and without one.
 Format: QEMU's docs/interop/qcow2.txt.
 """
 
@@ -32,6 +36,7 @@ INCOMPATIBLE_DIRTY = 1
 INCOMPATIBLE_COMPRESSION = 8   # a compression type other than deflate (zstd)
 ZSTD_REFUSED = "qcow2 clusters compressed with zstd are not supported; use deflate or none"
 INCOMPATIBLE_OK = INCOMPATIBLE_DIRTY  # dirty: refcounts may be stale, the tables are fine
+INCOMPATIBLE_NAMES = {2: "marked corrupt", 4: "external data file", 16: "extended L2 entries"}
 
 
 HEADER_READ = 112          # what ``Header.parse`` needs of the file's start (version 3's fields)
@@ -70,8 +75,9 @@ class Header:
             if incompatible & INCOMPATIBLE_COMPRESSION:
                 raise Unsupported(ZSTD_REFUSED)
             if incompatible & ~INCOMPATIBLE_OK:
-                raise Unsupported(f"qcow2 incompatible features {incompatible:#x} (external data file,"
-                                  " extended L2 entries, corrupt, ...) are not supported")
+                named = [name for bit, name in INCOMPATIBLE_NAMES.items() if incompatible & bit]
+                raise Unsupported(f"qcow2 incompatible features {incompatible:#x}"
+                                  f" ({', '.join(named) or 'unknown'}) are not supported")
             header_length = struct.unpack(">I", head[100:104])[0]
             if header_length > 104 and len(head) > 104:
                 compression = head[104]
@@ -150,6 +156,40 @@ class Qcow2File:
                 if l2_offset else ()
             self._l2[l1_index] = table
         return table[l2_index] if table else 0
+
+    def check(self) -> None:
+        """Every table entry against the file, before anything is written (a deploy without a
+        manifest: qemu-img convert reads a cluster past the file's end as zeros and succeeds):
+        each L2 table and each data cluster's guest bytes inside the file, each compressed
+        cluster starting inside it, every offset cluster-aligned; SourceFailed naming the first
+        that is not, as ``read`` fails on it with a manifest."""
+        end = os.fstat(self.fd).st_size
+        mask = self.cluster - 1
+        for l1_index, l1_entry in enumerate(self.l1):
+            l2_offset = l1_entry & OFFSET_MASK
+            if not l2_offset:
+                continue
+            if l2_offset & mask or l2_offset + self.cluster > end:
+                raise SourceFailed(f"qcow2: L2 table {l1_index} at byte {l2_offset} is outside the"
+                                   f" {end}-byte file or misaligned (corrupt or truncated image)")
+            # One table at a time, not kept (``_entry`` keeps them for the reads to come).
+            table = struct.unpack(f">{self.l2_entries}Q", self._pread(self.cluster, l2_offset))
+            for l2_index, entry in enumerate(table):
+                guest = (l1_index * self.l2_entries + l2_index) << self.cluster_bits
+                if guest >= self.size:
+                    break
+                if not entry:
+                    continue
+                if entry & COMPRESSED:
+                    host, _length = self.header.compressed_extent(entry)
+                    bad = host >= end
+                else:
+                    host = self._data_offset(entry)
+                    bad = host != 0 and (host & mask != 0
+                                         or host + min(self.cluster, self.size - guest) > end)
+                if bad:
+                    raise SourceFailed(f"qcow2: guest byte {guest} maps to byte {host}, outside the"
+                                       f" {end}-byte file or misaligned (corrupt or truncated image)")
 
     def _data_offset(self, entry: int) -> int:
         """The host offset of an uncompressed data cluster, or 0 when it reads zeros."""

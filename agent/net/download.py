@@ -10,7 +10,11 @@ Behaviour of ``get``:
   a kept-alive connection that the server closed while idle is replaced, not counted as a
   failure (agent/net/pool.py).
 - 5xx and 429 responses, connection errors and read timeouts are retried ``max_retries`` times
-  with a short backoff (interruptible by ``cancel``). 4xx (other than 408/429) fail at once.
+  with a short backoff (interruptible by ``cancel``), or after the wait a Retry-After asks for
+  when longer, up to ``opts.deadline`` (exchange.retry_wait; past it: refused at once). 4xx
+  (other than 408/429) fail at once.
+- A redirect from https:// to http:// is refused when ``opts.plain_http_redirect`` is False (a
+  registry's blobs, agent/images/oci.py).
 - A connection that drops or stalls (no byte for ``timeout`` seconds) mid-body is resumed with
   ``Range: bytes=<received>-`` (and ``If-Range`` with the ETag or Last-Modified when the server
   sent one, so a changed file is never spliced). A server that answers 200 to the Range request
@@ -42,15 +46,16 @@ from pathlib import Path
 from agent import limits
 from agent.errors import Cancelled, SourceFailed
 from agent.net.connect import TRANSPORT_ERRORS, connect
-from agent.net.exchange import RETRY_STATUS, HttpError, HttpOptions, request_headers
+from agent.net.exchange import RETRY_STATUS, HttpError, HttpOptions, request_headers, retry_after, retry_wait
 from agent.net.pool import BadRedirect, ConnectionPool, follow
 from agent.net.urls import check_url, origin, redact
 
 log = logging.getLogger(__name__)
 
 
-def _sleep(opts: HttpOptions, attempt: int) -> None:
-    delay = min(opts.max_backoff, opts.backoff * (2 ** max(0, attempt - 1)))
+def _sleep(opts: HttpOptions, attempt: int, delay: float | None = None) -> None:
+    if delay is None:
+        delay = min(opts.max_backoff, opts.backoff * (2 ** max(0, attempt - 1)))
     if opts.cancel is not None:
         if opts.cancel.wait(delay):
             raise Cancelled("download cancelled")
@@ -109,8 +114,14 @@ class Download:
                         f"{redact(self.url)}: giving up after {self._failures} attempts: {exc.message}",
                         status=exc.status,
                     ) from exc
-                log.warning("%s: %s; retrying", redact(self.url), exc.message)
-                _sleep(self.opts, self._failures)
+                backoff = min(self.opts.max_backoff, self.opts.backoff * (2 ** (self._failures - 1)))
+                wait = retry_wait(self.opts, exc.retry_after, backoff, where=redact(self.url))
+                if wait is None:   # a Retry-After past the deadline: not retried before it
+                    raise HttpError(f"{exc.message} (the server asks to retry after"
+                                    f" {exc.retry_after:.0f} s, past the deadline)",
+                                    status=exc.status) from exc
+                log.warning("%s: %s; retrying in %.1f s", redact(self.url), exc.message, wait)
+                _sleep(self.opts, self._failures, wait)
 
     def _request(self, *, first: bool) -> None:
         self.close()
@@ -132,7 +143,8 @@ class Download:
             return connect(parts, self.opts)
 
         try:
-            conn, resp, final = follow(pool, self.url, "GET", headers, dial)
+            conn, resp, final = follow(pool, self.url, "GET", headers, dial,
+                                       plain_http=self.opts.plain_http_redirect)
         except BadRedirect as exc:
             raise BadRedirect(f"{redact(self.url)}: {exc.message}", status=exc.status) from None
         except TRANSPORT_ERRORS as exc:
@@ -157,7 +169,7 @@ class Download:
             self.close()
             raise HttpError(
                 f"{redact(self.url)}: HTTP {status} {resp.reason}" + (f": {detail[0]}" if detail else ""),
-                status=status,
+                status=status, retry_after=retry_after(resp.getheader("Retry-After")),
             )
         length = resp.getheader("Content-Length")
         body_len = int(length) if length and limits.is_digits(length) else None

@@ -11,8 +11,10 @@ message), None when none did.
 
 from __future__ import annotations
 
+import email.utils
 import http.client
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -58,6 +60,15 @@ class HttpOptions:
     # Headers made at each request and renewed on a 401 (get(): once per 401, then asked
     # again); like ``headers``, sent to the URL's own origin only.
     auth: Authorization | None = None
+    # The job's end (a time.monotonic() value, a deploy's deadline): a 429 or 503 whose
+    # Retry-After asks for a wait is waited for up to it (``retry_wait``), and refused at once
+    # when the wait would pass it. None: a Retry-After up to RETRY_AFTER_CAP.
+    deadline: float | None = None
+    # Told of each wait a server asked for, in words (a deploy's progress says it).
+    on_wait: Callable[[str], None] | None = None
+    # get(): a redirect from an https:// URL to a plain http:// one is followed (False: refused,
+    # a BadRedirect; a registry's blobs unless the operator allowed it, agent/images/oci.py).
+    plain_http_redirect: bool = True
 
 
 @dataclass(frozen=True)
@@ -69,11 +80,52 @@ class Response:
 
 
 class HttpError(SourceFailed):
-    """A non-success HTTP status (``status``) or a transport failure (``status`` 0)."""
+    """A non-success HTTP status (``status``) or a transport failure (``status`` 0);
+    ``retry_after``: the seconds its answer's Retry-After asked for, if it said."""
 
-    def __init__(self, message: str, *, status: int = 0, **details: Any) -> None:
+    def __init__(self, message: str, *, status: int = 0, retry_after: float | None = None,
+                 **details: Any) -> None:
         super().__init__(message, status=status, **details)
         self.status = status
+        self.retry_after = retry_after
+
+
+RETRY_AFTER_CAP = 60.0   # seconds of Retry-After waited for by a request without a deadline
+
+
+def retry_after(value: str | None) -> float | None:
+    """The seconds a Retry-After header asks for (delta-seconds, or an HTTP-date from now);
+    None when there is none or it cannot be read."""
+    value = (value or "").strip()
+    if not value:
+        return None
+    if value.isascii() and value.isdigit():
+        return float(min(int(value[:12]), 10**9))
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def retry_wait(opts: HttpOptions, asked: float | None, delay: float, deadline: float | None = None,
+               *, where: str = "") -> float | None:
+    """The wait before the next try after an answer whose Retry-After asked for ``asked``
+    seconds: the backoff's ``delay``, or ``asked`` when longer (told to ``opts.on_wait``);
+    None when that wait would reach the earlier of ``deadline`` and ``opts.deadline`` (without
+    either: RETRY_AFTER_CAP): the caller gives up now rather than retry too early."""
+    if asked is None or asked <= delay:
+        return delay
+    ends = [d for d in (deadline, opts.deadline) if d is not None]
+    room = min(ends) - time.monotonic() if ends else RETRY_AFTER_CAP
+    if asked >= room:
+        return None
+    if opts.on_wait is not None:
+        opts.on_wait(f"{where + ': ' if where else ''}the server asks to wait {asked:.0f} s"
+                     f" (Retry-After); waiting, {room:.0f} s left before the deadline")
+    return asked
 
 
 class BodyTooLarge(HttpError):

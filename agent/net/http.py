@@ -56,7 +56,10 @@ API::
 
     http.ssl_context(ca_pem="", ca_file=None, verify=True)  # the TLS context all of them use
 
-Writes are never sent twice. ``request`` retries by the method:
+Writes are never sent twice. A retried answer's Retry-After is waited for when it asks for
+more than the backoff, up to ``deadline`` or ``opts.deadline`` (exchange.retry_wait: the wait
+told to ``opts.on_wait``; one past them ends the retries at once). ``request`` retries by the
+method:
 
 - GET, HEAD, PUT, DELETE, OPTIONS (idempotent): connection errors, timeouts, cut answers,
   408/429/5xx and answers ``busy`` says are "busy", up to ``max_retries``.
@@ -107,6 +110,8 @@ from agent.net.exchange import (
     Response,
     read_body,
     request_headers,
+    retry_after,
+    retry_wait,
 )
 from agent.net.pool import IDEMPOTENT, MAX_REDIRECTS, REDIRECTS, BadRedirect, ConnectionPool, stale
 from agent.net.upload import Part, post_file, post_multipart, put
@@ -319,8 +324,13 @@ def request(
                     response=last, attempts=attempt)
             if not retry_why:
                 return last
-        delay = min(opts.max_backoff, opts.backoff * (2 ** (attempt - 1)))
-        out_of_time = deadline is not None and time.monotonic() + delay >= deadline
+        backoff = min(opts.max_backoff, opts.backoff * (2 ** (attempt - 1)))
+        # A Retry-After is waited for, up to the deadline (exchange.retry_wait); asked past it,
+        # the answer is the last one.
+        asked = retry_after(last.headers.get("retry-after")) if last is not None else None
+        wait = retry_wait(opts, asked, backoff, deadline, where=where)
+        delay = backoff if wait is None else wait
+        out_of_time = wait is None or (deadline is not None and time.monotonic() + delay >= deadline)
         if attempt > opts.max_retries or out_of_time:
             if last is not None:
                 return last
@@ -359,5 +369,6 @@ __all__ = [
     "Authorization", "BadRedirect", "BodyTooLarge", "ConnectionPool", "Download", "HttpError",
     "HttpOptions", "Part", "PinnedConnection", "Response", "check_url", "close_quietly", "connect",
     "download_to", "get", "origin", "pinned", "post_file", "post_multipart", "put", "redact", "request",
+    "retry_after",
     "ssl_context", "still_open",
 ]

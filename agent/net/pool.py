@@ -273,15 +273,17 @@ def follow(
     pool: ConnectionPool | None, url: str, method: str,
     headers: Callable[[urllib.parse.SplitResult], dict[str, str]], dial: Dial, *,
     scope: str = "", same_origin: bool = False,
-    usable: Callable[[http.client.HTTPConnection], bool] | None = None,
+    usable: Callable[[http.client.HTTPConnection], bool] | None = None, plain_http: bool = True,
 ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse, str]:
     """``method`` to ``url`` through its redirects (see the module docstring): the connection,
     the answer that is not a redirect, and the URL that gave it. ``headers(parts)`` are the
-    headers for each hop. Raises BadRedirect, what ``dial`` raises, or the transport's error."""
+    headers for each hop; ``plain_http`` False refuses a hop from https:// to http://.
+    Raises BadRedirect, what ``dial`` raises, or the transport's error."""
     first = pool.resolved(url, scope) if pool is not None else url
     if pool is not None and first != url:
         try:
-            conn, resp, final = _hops(pool, url, first, method, headers, dial, scope, same_origin, usable)
+            conn, resp, final = _hops(pool, url, first, method, headers, dial, scope, same_origin, usable,
+                                      plain_http)
         except (AgentError, *TRANSPORT_ERRORS):
             pass
         else:
@@ -290,7 +292,7 @@ def follow(
                 return conn, resp, final
             close_quietly(conn)
         pool.remember(url, url, scope)       # where it led failed: follow the URL itself again
-    conn, resp, final = _hops(pool, url, url, method, headers, dial, scope, same_origin, usable)
+    conn, resp, final = _hops(pool, url, url, method, headers, dial, scope, same_origin, usable, plain_http)
     if pool is not None:
         pool.remember(url, final, scope)
     return conn, resp, final
@@ -299,10 +301,11 @@ def follow(
 def _hops(
     pool: ConnectionPool | None, url: str, start: str, method: str,
     headers: Callable[[urllib.parse.SplitResult], dict[str, str]], dial: Dial, scope: str,
-    same_origin: bool, usable: Callable[[http.client.HTTPConnection], bool] | None,
+    same_origin: bool, usable: Callable[[http.client.HTTPConnection], bool] | None, plain_http: bool = True,
 ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse, str]:
     home = origin(url)
     at = start
+    secure = check_url(url).scheme == "https"
     for _hop in range(MAX_REDIRECTS + 1):
         try:
             parts = check_url(at)
@@ -310,6 +313,9 @@ def _hops(
             raise BadRedirect(f"redirected to an unusable URL: {exc.message}", status=310) from None
         if same_origin and origin(parts) != home:
             raise BadRedirect(f"redirected to another host ({parts.hostname}); not followed", status=310)
+        if secure and parts.scheme != "https" and not plain_http:
+            raise BadRedirect(f"redirected from https to plain http ({parts.hostname}): refused, the"
+                              " fetch would be seen on the wire", status=310)
         conn, resp = send(pool, parts, method, headers(parts), dial, scope=scope, usable=usable)
         if resp.status not in REDIRECTS:
             return conn, resp, at

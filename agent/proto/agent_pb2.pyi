@@ -173,7 +173,7 @@ class DaemonUpgradeResult(_message.Message):
     def __init__(self, old_version: _Optional[str] = ..., new_version: _Optional[str] = ..., old_sha256: _Optional[str] = ..., new_sha256: _Optional[str] = ..., rolled_back: _Optional[bool] = ..., rollback_reason: _Optional[str] = ...) -> None: ...
 
 class DeployImageRequest(_message.Message):
-    __slots__ = ("url", "local_path", "format", "digest", "target", "verify_readback", "disable_zero_skip", "ca_bundle_pem", "http_headers", "max_retries", "manifest", "manifest_inline", "gate", "registry_hosts")
+    __slots__ = ("url", "local_path", "format", "digest", "target", "verify_readback", "disable_zero_skip", "ca_bundle_pem", "http_headers", "max_retries", "manifest", "manifest_inline", "gate", "registry_hosts", "allow_plain_http_redirect")
     class HttpHeadersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -195,6 +195,7 @@ class DeployImageRequest(_message.Message):
     MANIFEST_INLINE_FIELD_NUMBER: _ClassVar[int]
     GATE_FIELD_NUMBER: _ClassVar[int]
     REGISTRY_HOSTS_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_PLAIN_HTTP_REDIRECT_FIELD_NUMBER: _ClassVar[int]
     url: str
     local_path: str
     format: ImageFormat
@@ -209,7 +210,8 @@ class DeployImageRequest(_message.Message):
     manifest_inline: bytes
     gate: ExpectedBuild
     registry_hosts: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, url: _Optional[str] = ..., local_path: _Optional[str] = ..., format: _Optional[_Union[ImageFormat, str]] = ..., digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., target: _Optional[_Union[_common_pb2.DiskHints, _Mapping]] = ..., verify_readback: _Optional[bool] = ..., disable_zero_skip: _Optional[bool] = ..., ca_bundle_pem: _Optional[str] = ..., http_headers: _Optional[_Mapping[str, str]] = ..., max_retries: _Optional[int] = ..., manifest: _Optional[_Union[_common_pb2.FileSource, _Mapping]] = ..., manifest_inline: _Optional[bytes] = ..., gate: _Optional[_Union[ExpectedBuild, _Mapping]] = ..., registry_hosts: _Optional[_Iterable[str]] = ...) -> None: ...
+    allow_plain_http_redirect: bool
+    def __init__(self, url: _Optional[str] = ..., local_path: _Optional[str] = ..., format: _Optional[_Union[ImageFormat, str]] = ..., digest: _Optional[_Union[_common_pb2.Digest, _Mapping]] = ..., target: _Optional[_Union[_common_pb2.DiskHints, _Mapping]] = ..., verify_readback: _Optional[bool] = ..., disable_zero_skip: _Optional[bool] = ..., ca_bundle_pem: _Optional[str] = ..., http_headers: _Optional[_Mapping[str, str]] = ..., max_retries: _Optional[int] = ..., manifest: _Optional[_Union[_common_pb2.FileSource, _Mapping]] = ..., manifest_inline: _Optional[bytes] = ..., gate: _Optional[_Union[ExpectedBuild, _Mapping]] = ..., registry_hosts: _Optional[_Iterable[str]] = ..., allow_plain_http_redirect: _Optional[bool] = ...) -> None: ...
 
 class ImageManifest(_message.Message):
     __slots__ = ("version", "image_size", "chunk_size", "algorithm", "chunk_count", "digests", "published", "published_size", "published_format")

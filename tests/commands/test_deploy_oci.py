@@ -110,6 +110,8 @@ def test_blob_not_matching_its_digest(tmp_path: Path) -> None:
         with pytest.raises(ChecksumMismatch):
             deploy(oci_request(reg.ref("os/bad:1")), t.disks)
     assert t.ends_cleared()                   # no half image can boot
+    # and, as docs/oci.md says, between the ends: the unverified bytes, the changed one included
+    assert t.data()[4 * MiB: len(img)] == bytes(data[4 * MiB:])
 
 
 def test_blob_not_matching_with_chunk_manifest_never_writes_the_bad_chunk(tmp_path: Path) -> None:

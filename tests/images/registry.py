@@ -58,7 +58,7 @@ class TokenService:
     token one the registry will not take (signed by another key)."""
 
     def __init__(self, directory: Path, *, anonymous_pull: bool = False,
-                 tls: tuple[str, str] | None = None, seconds: int = 600) -> None:
+                 tls: tuple[str, str] | None = None, seconds: int = 600, host: str = "127.0.0.1") -> None:
         from cryptography.hazmat.primitives import serialization
 
         self.dir = directory / "token"
@@ -74,6 +74,7 @@ class TokenService:
         self.refuse = False
         self.issued: list[str] = []
         self.requests = 0
+        self.seen: list[dict[str, str]] = []   # each request's headers (names in lower case)
         service = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -82,6 +83,7 @@ class TokenService:
 
             def do_GET(self) -> None:
                 service.requests += 1
+                service.seen.append({k.lower(): v for k, v in self.headers.items()})
                 query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
                 user = ""
                 auth = self.headers.get("Authorization", "")
@@ -113,7 +115,7 @@ class TokenService:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(*tls)
             self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
-        self.realm = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}/token"
+        self.realm = f"{'https' if tls else 'http'}://{host}:{self.port}/token"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()
 
@@ -151,7 +153,7 @@ class Registry:
 
     def __init__(self, directory: Path, *, auth: str = "", tls: bool = False,
                  redirect_to: str = "", anonymous_pull: bool = False, storage: Path | None = None,
-                 token_seconds: int = 600) -> None:
+                 token_seconds: int = 600, realm_host: str = "127.0.0.1") -> None:
         need_registry()
         self.dir = directory / f"registry-{uuid.uuid4().hex[:6]}"
         self.dir.mkdir(parents=True)
@@ -185,7 +187,8 @@ class Registry:
             lines += ["auth:", "  htpasswd:", "    realm: test-realm", f"    path: {htpasswd}"]
         elif auth == "token":
             self.token = TokenService(self.dir, anonymous_pull=anonymous_pull,
-                                      tls=(cert, key) if tls else None, seconds=token_seconds)
+                                      tls=(cert, key) if tls else None, seconds=token_seconds,
+                                      host=realm_host)
             lines += ["auth:", "  token:", f"    realm: {self.token.realm}", "    service: test-registry",
                       "    issuer: test-issuer", f"    rootcertbundle: {self.token.certfile}"]
         if redirect_to:

@@ -47,7 +47,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent import limits
 from agent.errors import (
+    AgentError,
     AuthFailed,
     BmcRefused,
     BmcUnreachable,
@@ -70,6 +72,7 @@ MAX_RETRIES = 4
 MAX_BODY = http.MAX_BODY  # a BMC's JSON answer, at most (a service root is a few KiB)
 REQUEST_TIMEOUT = 30.0       # per connect, per read
 ANSWER_TIMEOUT = 60.0        # one whole answer, however its bytes come (a BMC that drips)
+REDFISH_DEPTH = 64            # objects and arrays inside each other in an answer ($expand, Oem)
 MAX_RAW_MESSAGE = 64 * 1024   # of a non-JSON error body, what is redacted before its start is kept
 _BUSY_WORDS = (b"busy", b"temporarilyunavailable", b"initialization in progress", b"initializing",
                b"resourceinuse")
@@ -103,13 +106,20 @@ class Answer:
     doc: Doc
 
 
+def _json(body: bytes, what: str) -> Any:
+    """A BMC's JSON, read bounded (agent/limits.py): a document nested deeper than
+    REDFISH_DEPTH, or not JSON, is an AgentError the callers name as the BMC's bad answer."""
+    return limits.loads_json(body, what=f"the BMC's {what}", max_bytes=max(len(body), 1),
+                             max_depth=REDFISH_DEPTH)
+
+
 def bmc_message(body: bytes, hide: Callable[[str], str] = str) -> str:
     """The BMC's own words from a Redfish error body: error.message and every
     @Message.ExtendedInfo Message (or MessageId), joined; the raw start when it is not JSON.
     ``hide`` redacts each piece before anything is cut, so no part of a secret survives."""
     try:
-        doc = json.loads(body)
-    except ValueError:
+        doc = _json(body, "error body")
+    except AgentError:
         return hide(body[:MAX_RAW_MESSAGE].decode("utf-8", "replace")).strip()[:200]
     if not isinstance(doc, dict):
         return ""
@@ -142,8 +152,8 @@ def _not_json(resp: http.Response) -> bool:
     if resp.status != 200:
         return False
     try:
-        return not isinstance(json.loads(resp.body), dict)
-    except ValueError:
+        return not isinstance(_json(resp.body, "answer"), dict)
+    except AgentError:
         return True
 
 
@@ -331,8 +341,8 @@ class RedfishSession:
         doc: Doc = {}
         if resp.body.strip():
             try:
-                parsed = json.loads(resp.body)
-            except ValueError as exc:
+                parsed = _json(resp.body, "answer")
+            except AgentError as exc:
                 self._suspect = True
                 raise BmcRefused(
                     f"{where}: the BMC answered HTTP {resp.status} with invalid JSON"
