@@ -34,7 +34,6 @@ import logging
 import os
 import secrets
 import threading
-import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,17 +44,9 @@ from agent.net.connect import TRANSPORT_ERRORS, connect
 from agent.net.exchange import RETRY_STATUS, HttpError, HttpOptions, request_headers
 from agent.net.pool import BadRedirect, ConnectionPool, follow
 from agent.net.urls import check_url, origin, redact
+from agent.retry import Backoff
 
 log = logging.getLogger(__name__)
-
-
-def _sleep(opts: HttpOptions, attempt: int) -> None:
-    delay = min(opts.max_backoff, opts.backoff * (2 ** max(0, attempt - 1)))
-    if opts.cancel is not None:
-        if opts.cancel.wait(delay):
-            raise Cancelled("download cancelled")
-    else:
-        time.sleep(delay)
 
 
 class Download:
@@ -76,7 +67,10 @@ class Download:
         self._conn: http.client.HTTPConnection | None = None
         self._resp: http.client.HTTPResponse | None = None
         self._parts: urllib.parse.SplitResult | None = None   # where _conn is connected
-        self._failures = 0
+        # Failures to open and resumes alike count against max_retries, waits between them
+        # growing from opts.backoff.
+        self._tries = Backoff(first=opts.backoff, cap=opts.max_backoff,
+                              tries=opts.max_retries + 1).start(cancel=opts.cancel)
         self._challenge = ""           # a 401's WWW-Authenticate from the URL's origin
         self._open(first=True)
 
@@ -103,14 +97,14 @@ class Download:
                     continue
                 if exc.status and exc.status not in RETRY_STATUS:
                     raise
-                self._failures += 1
-                if self._failures > self.opts.max_retries:
+                delay = self._tries.next()
+                if delay is None:
                     raise HttpError(
-                        f"{redact(self.url)}: giving up after {self._failures} attempts: {exc.message}",
-                        status=exc.status,
+                        f"{redact(self.url)}: giving up after {self._tries.failures} attempts:"
+                        f" {exc.message}", status=exc.status,
                     ) from exc
                 log.warning("%s: %s; retrying", redact(self.url), exc.message)
-                _sleep(self.opts, self._failures)
+                self._wait(delay)
 
     def _request(self, *, first: bool) -> None:
         self.close()
@@ -237,9 +231,13 @@ class Download:
         while chunk := self.read(size):
             yield chunk
 
+    def _wait(self, delay: float) -> None:
+        if not self._tries.sleep(delay):
+            raise Cancelled("download cancelled")
+
     def _resume(self, why: str) -> None:
-        self._failures += 1
-        if self._failures > self.opts.max_retries:
+        delay = self._tries.next()
+        if delay is None:
             self.close()
             raise SourceFailed(
                 f"{redact(self.url)}: download failed at byte {self.start + self.received}"
@@ -249,7 +247,7 @@ class Download:
             )
         log.warning("%s: %s; resuming at byte %d", redact(self.url), why, self.start + self.received)
         self.resumes += 1
-        _sleep(self.opts, self._failures)
+        self._wait(delay)
         self._open(first=False)
 
     def close(self) -> None:

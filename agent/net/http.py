@@ -111,6 +111,7 @@ from agent.net.exchange import (
 from agent.net.pool import IDEMPOTENT, MAX_REDIRECTS, REDIRECTS, BadRedirect, ConnectionPool, stale
 from agent.net.upload import Part, post_file, post_multipart, put
 from agent.net.urls import check_url, origin, redact, target
+from agent.retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +237,8 @@ def request(
         extra.update(headers)
     hdrs = request_headers(opts, extra)
     where = f"{method} {redact(url)}"
+    tries = Backoff(first=opts.backoff, cap=opts.max_backoff, tries=opts.max_retries + 1).start(
+        cancel=opts.cancel, deadline=deadline)
     attempt = 0
     while True:
         attempt += 1
@@ -319,22 +322,18 @@ def request(
                     response=last, attempts=attempt)
             if not retry_why:
                 return last
-        delay = min(opts.max_backoff, opts.backoff * (2 ** (attempt - 1)))
-        out_of_time = deadline is not None and time.monotonic() + delay >= deadline
-        if attempt > opts.max_retries or out_of_time:
+        delay = tries.next()
+        if delay is None:
             if last is not None:
                 return last
             raise HttpError(
                 f"{where}: giving up after {attempt} attempts"
-                + (" (deadline)" if out_of_time else "") + f": {retry_why}",
+                + (" (deadline)" if tries.spent == "deadline" else "") + f": {retry_why}",
                 attempts=attempt,
             )
         log.warning("%s: %s; retrying in %.1f s", where, retry_why, delay)
-        if opts.cancel is not None:
-            if opts.cancel.wait(delay):
-                raise Cancelled(f"{where}: cancelled")
-        else:
-            time.sleep(delay)
+        if not tries.sleep(delay):
+            raise Cancelled(f"{where}: cancelled")
 
 
 def _retry_why(answer: Response, write: bool, busy: Callable[[Response], bool] | None) -> str:
