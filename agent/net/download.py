@@ -31,14 +31,13 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import logging
-import os
-import secrets
 import threading
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
 from agent import limits
+from agent.atomicfile import replacing
 from agent.errors import Cancelled, SourceFailed
 from agent.net.connect import TRANSPORT_ERRORS, connect
 from agent.net.exchange import RETRY_STATUS, HttpError, HttpOptions, request_headers
@@ -294,18 +293,10 @@ def get(url: str, opts: HttpOptions | None = None, *, offset: int = 0, length: i
 def download_to(url: str, path: Path, opts: HttpOptions | None = None,
                 cancel: threading.Event | None = None) -> Path:
     """``url``'s body into ``path``, whole or not at all: written to a temporary sibling,
-    fsync'ed, mode 0644, renamed into place (``cancel`` stops it)."""
+    mode 0644, renamed into place (agent/atomicfile.py; ``cancel`` stops it)."""
     opts = dataclasses.replace(opts or HttpOptions(), cancel=cancel)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        with get(url, opts) as body, open(tmp, "wb") as f:
-            for chunk in body.iter_chunks(1 << 20):
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with get(url, opts) as body, replacing(path, 0o644) as f:
+        for chunk in body.iter_chunks(1 << 20):
+            f.write(chunk)
     return path
 

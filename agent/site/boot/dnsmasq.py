@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent import proc
-from agent.atomicfile import write_atomic
+from agent.atomicfile import replacing, write_atomic
 from agent.errors import ToolFailed, ToolMissing
 from agent.retry import Backoff
 from agent.site.boot.pxe import BootFile
@@ -138,10 +138,8 @@ def prepare(s: DnsmasqSettings) -> None:
             )
         dst = s.tftp_dir / name
         if not dst.is_file() or dst.read_bytes() != src.read_bytes():
-            tmp = s.tftp_dir / f".{name}.tmp"
-            shutil.copyfile(src, tmp)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, dst)
+            with src.open("rb") as data, replacing(dst, 0o644) as f:
+                shutil.copyfileobj(data, f)
     write_atomic(s.conf_path, render_config(s).encode())
 
 
