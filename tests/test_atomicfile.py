@@ -23,17 +23,18 @@ NEW = b"N" * (4 << 20)
 CHUNK = 64 << 10
 
 # The child: writes NEW over the target in chunks, through ``replacing`` (or, as the control
-# that shows the check can fail, in place), saying where it is on stdout; with a stage named,
-# it stops there (blocked on stdin) to be killed.
+# that shows the check can fail, in place), saying where it is on stdout; it stops (blocked on
+# stdin) at the stage named, to be killed there, and pauses ``pace`` seconds after each chunk.
 CHILD = f"""
-import sys
+import sys, time
 from agent.atomicfile import replacing
-target, how, stop = sys.argv[1:4]
+target, how, stop, pace = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 chunk, count = b"N" * {CHUNK}, {len(NEW) // CHUNK}
 
 def body(f):
     for i in range(count):
         f.write(chunk)
+        time.sleep(pace)
         if i == count // 2:
             f.flush()
             print("half", flush=True)
@@ -53,8 +54,8 @@ if stop == "committed":
 """
 
 
-def writer(target: Path, how: str, stop: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", CHILD, str(target), how, stop], cwd=ROOT,
+def writer(target: Path, how: str, stop: str, pace: float = 0.0) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", CHILD, str(target), how, stop, str(pace)], cwd=ROOT,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
 
@@ -120,11 +121,11 @@ def test_killed_after_the_block_leaves_the_new_file_whole(target: Path) -> None:
 
 def test_killed_at_any_moment_leaves_one_file_whole(target: Path) -> None:
     rng = random.Random(5)
-    for _ in range(12):
+    for _ in range(12):     # the write takes about 40 ms: kills before, during and after it
         target.write_bytes(OLD)
-        child = writer(target, "atomic", "none")
+        child = writer(target, "atomic", "committed", pace=0.0005)
         wait_for(child, b"start")
-        time.sleep(rng.uniform(0, 0.05))
+        time.sleep(rng.uniform(0, 0.08))
         kill(child)
         outcome = whole(target)
         assert outcome in ("old", "new"), outcome
