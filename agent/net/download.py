@@ -43,7 +43,6 @@ from agent.net.connect import TRANSPORT_ERRORS, connect
 from agent.net.exchange import RETRY_STATUS, HttpError, HttpOptions, request_headers
 from agent.net.pool import BadRedirect, ConnectionPool, follow
 from agent.net.urls import check_url, origin, redact
-from agent.retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +67,7 @@ class Download:
         self._parts: urllib.parse.SplitResult | None = None   # where _conn is connected
         # Failures to open and resumes alike count against max_retries, waits between them
         # growing from opts.backoff.
-        self._tries = Backoff(first=opts.backoff, cap=opts.max_backoff,
-                              tries=opts.max_retries + 1).start(cancel=opts.cancel)
+        self._tries = opts.retries.start(cancel=opts.cancel)
         self._challenge = ""           # a 401's WWW-Authenticate from the URL's origin
         self._open(first=True)
 

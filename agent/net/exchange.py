@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agent.errors import InvalidParameters, SourceFailed
+from agent.retry import Backoff
 
 USER_AGENT = "bettercompute-agent"
 MAX_BODY = 4 << 20  # what request() and post_multipart() read of an answer at most: a JSON API's
@@ -58,6 +59,12 @@ class HttpOptions:
     # Headers made at each request and renewed on a 401 (get(): once per 401, then asked
     # again); like ``headers``, sent to the URL's own origin only.
     auth: Authorization | None = None
+
+    @property
+    def retries(self) -> Backoff:
+        """The waits between a request's tries: ``max_retries`` after the first, from
+        ``backoff`` doubling up to ``max_backoff`` (agent/retry.py)."""
+        return Backoff(first=self.backoff, cap=self.max_backoff, tries=max(self.max_retries, 0) + 1)
 
 
 @dataclass(frozen=True)

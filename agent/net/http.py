@@ -111,7 +111,6 @@ from agent.net.exchange import (
 from agent.net.pool import IDEMPOTENT, MAX_REDIRECTS, REDIRECTS, BadRedirect, ConnectionPool, stale
 from agent.net.upload import Part, post_file, post_multipart, put
 from agent.net.urls import check_url, origin, redact, target
-from agent.retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -237,8 +236,7 @@ def request(
         extra.update(headers)
     hdrs = request_headers(opts, extra)
     where = f"{method} {redact(url)}"
-    tries = Backoff(first=opts.backoff, cap=opts.max_backoff, tries=opts.max_retries + 1).start(
-        cancel=opts.cancel, deadline=deadline)
+    tries = opts.retries.start(cancel=opts.cancel, deadline=deadline)
     attempt = 0
     while True:
         attempt += 1
