@@ -12,14 +12,15 @@ whatever the umask; when the block ends it fsyncs it, renames it over the target
 the folder, so a crash or a power loss leaves the old content or the new, never a mix. When the
 block raises, the temporary file is removed and the target is untouched. A temporary file left
 by a killed process never has the target's name: a reader never takes it for the real one, and
-``sweep`` removes those whose process is gone (the journal's ``open``; the content store sweeps
-its own folder). ``Replacement`` is the same
-in steps, for a writer that decides at the end whether its file is kept, and under which lock
-it gets its name (the content store's). ``fsync_dir`` makes a rename or an unlink in a
-directory durable.
+``sweep`` removes those in the target's folder whose process is gone (the journal's ``open``;
+the content store, the boot service and the TTL tables sweep their own folders whole).
+``Replacement`` is the same in steps, for a writer that decides at the end whether its file is
+kept, and under which lock it gets its name (the content store's). ``fsync_dir`` makes a rename
+or an unlink in a directory durable.
 
-agent/launcher.py keeps its own copy of the two: it is copied beside the archive and must run
-with the standard library alone, even when the agent package cannot be imported.
+agent/launcher.py keeps its own copy of write_atomic and fsync_dir: it is copied beside the
+archive and must run with the standard library alone, even when the agent package cannot be
+imported.
 """
 
 from __future__ import annotations
