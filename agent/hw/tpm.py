@@ -22,13 +22,13 @@ import enum
 import os
 import socket
 import struct
-import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from agent.errors import InvalidParameters, TpmFailed
+from agent.retry import Backoff, retry
 
 DEVICE = Path("/dev/tpmrm0")
 MAX_RESPONSE = 8192  # a TPM's largest response (TPM_PT_MAX_RESPONSE_SIZE) is 4096 on every part seen
@@ -38,8 +38,9 @@ ST_SESSIONS = 0x8002
 ST_ATTEST_QUOTE = 0x8018
 GENERATED_VALUE = 0xFF544347  # TPM_GENERATED: "\xffTCG", the magic of TPM-made structures
 
-RETRIES = 20
 RETRY_CODES = (0x908, 0x90A, 0x922)  # TPM_RC_YIELDED, TPM_RC_TESTING, TPM_RC_RETRY: ask again
+# A busy TPM (self test, a yield) is asked again: 20 tries, about 2.5 s of waits in all.
+BUSY = Backoff(first=0.01, cap=0.16, tries=20)
 RS_PW = 0x40000009  # the password session
 RH_OWNER = 0x40000001
 RH_LOCKOUT = 0x4000000A
@@ -402,6 +403,14 @@ def session_area(*sessions: tuple[int, bytes]) -> bytes:
 PW = (RS_PW, b"")  # the empty password: every hierarchy's and key's auth here is empty
 
 
+def _busy(exc: Exception) -> bool:
+    """A TPM that answered it is busy (RETRY_CODES): asked again."""
+    return isinstance(exc, TpmFailed) and exc.details.get("rc") in _BUSY_RCS
+
+
+_BUSY_RCS = frozenset(f"{rc:#x}" for rc in RETRY_CODES)
+
+
 class Tpm:
     """One TPM, through a transport. Transient handles this makes are flushed by ``close``."""
 
@@ -428,9 +437,11 @@ class Tpm:
         sessions = list(sessions)
         body = b"".join(u32(h) for h in handles) + (session_area(*sessions) if sessions else b"") + params
         tag = ST_SESSIONS if sessions else ST_NO_SESSIONS
-        for attempt in range(RETRIES):
+        command = u16(tag) + u32(10 + len(body)) + u32(cc) + body
+
+        def once() -> Reader:
             try:
-                raw = self.transport.transact(u16(tag) + u32(10 + len(body)) + u32(cc) + body)
+                raw = self.transport.transact(command)
             except OSError as e:
                 raise TpmFailed(f"{cc.name}: the TPM could not be reached: {e}") from e
             r = Reader(raw, f"{cc.name}'s response")
@@ -438,12 +449,12 @@ class Tpm:
             if r.u32() != len(raw):
                 raise TpmFailed(f"{cc.name}: the response's size field is not its length")
             rc = r.u32()
-            if rc not in RETRY_CODES:
-                break
-            time.sleep(0.01 * (attempt + 1))  # the TPM is busy (self test, a yield): ask again
-        if rc:
-            raise TpmFailed(f"{cc.name} failed: {rc_name(rc)} ({rc:#x})", rc=f"{rc:#x}",
-                            rc_name=rc_name(rc), command=cc.name)
+            if rc:
+                raise TpmFailed(f"{cc.name} failed: {rc_name(rc)} ({rc:#x})", rc=f"{rc:#x}",
+                                rc_name=rc_name(rc), command=cc.name)
+            return r
+
+        r = retry(once, BUSY, retryable=_busy, what=cc.name)
         got = [r.u32() for _ in range(out_handles)]
         if sessions:
             params_out = r.take(r.u32())  # the sessions' answers follow; nothing here checks them

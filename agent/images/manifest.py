@@ -32,6 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from agent import limits
+from agent.atomicfile import write_atomic
 from agent.errors import InvalidParameters
 from agent.images import image
 from agent.images.plan import Plan, Segment
@@ -298,16 +299,7 @@ def write(image_path: Path, out: Path | None = None, *, chunk_size: int = DEFAUL
     out = out or image_path.with_name(image_path.name + ".manifest")
     m = build(image_path, chunk_size=chunk_size)
     data = m.SerializeToString(deterministic=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomic(out, data)
     return out, hashlib.sha256(data).hexdigest(), m
 
 

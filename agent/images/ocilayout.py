@@ -16,11 +16,10 @@ its bytes against the layer's digest as it reads them (deploy.image's digest).
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 from pathlib import Path
 
-from agent.atomicfile import fsync_dir, write_atomic
+from agent.atomicfile import replacing, write_atomic
 from agent.errors import ChecksumMismatch, InvalidParameters, NotFound, Reason
 from agent.images import oci
 
@@ -93,8 +92,8 @@ def resolve(root: Path, *, arch: str, tag: str = "", policy: oci.Policy | None =
 
 
 def _put_blob(root: Path, digest: str, source: bytes | Path) -> bool:
-    """A blob into the layout, whole or not at all (copied to a temporary sibling, fsynced,
-    renamed); False when it is there already."""
+    """A blob into the layout, whole or not at all (agent/atomicfile.py); False when it is
+    there already."""
     dest = blob_path(root, digest)
     if dest.is_file():
         return False
@@ -102,16 +101,8 @@ def _put_blob(root: Path, digest: str, source: bytes | Path) -> bool:
     if isinstance(source, bytes):
         write_atomic(dest, source)
         return True
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    try:
-        with source.open("rb") as src, tmp.open("wb") as out:
-            shutil.copyfileobj(src, out, 8 << 20)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, dest)
-        fsync_dir(dest)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with source.open("rb") as src, replacing(dest) as out:
+        shutil.copyfileobj(src, out, 8 << 20)
     return True
 
 

@@ -29,7 +29,6 @@ import collections
 import contextlib
 import errno
 import logging
-import random
 import socket
 import ssl
 import threading
@@ -46,6 +45,7 @@ from agent.errors import AgentError, InvalidParameters
 from agent.link import wire
 from agent.link.options import SessionOptions
 from agent.proto import session_pb2
+from agent.retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -97,12 +97,6 @@ def network_not_up(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in (errno.ENETUNREACH, errno.EADDRNOTAVAIL)
 
 
-def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
-    """Full jitter: uniform in [0, min(cap, base * 2**attempt)]."""
-    ceiling = min(cap, base * (2 ** min(attempt, 32)))
-    return (rng or random).uniform(0, ceiling)
-
-
 class Session:
     def __init__(self, agent: AgentLike, config: Config, options: SessionOptions | None = None) -> None:
         self.host, self.port, self._ssl = self.check_config(config)
@@ -114,7 +108,10 @@ class Session:
         self._buffer: collections.deque[session_pb2.Frame] = collections.deque()
         self._stop = threading.Event()
         self._drained = threading.Event()
-        self.attempt = 0
+        # Full jitter: the nodes of a site that lost their gateway together do not dial back
+        # together.
+        self.redial = Backoff(first=self.options.reconnect_min_seconds,
+                              cap=self.options.reconnect_max_seconds, jitter=1.0).start(cancel=self._stop)
         self.sessions = 0
         agent.subscribe(self._sink)
         agent.add_exit_hook(self._exit_hook)
@@ -143,6 +140,11 @@ class Session:
             channel.close("agent_stopping", error=None)
 
     @property
+    def attempt(self) -> int:
+        """Failed dials (or sessions that ended) since the last session began."""
+        return self.redial.failures
+
+    @property
     def drained(self) -> bool:
         return self._drained.is_set()
 
@@ -161,7 +163,7 @@ class Session:
             except Exception:  # never let one bad session end the agent's loop
                 log.exception("gateway %s:%d: session set-up failed", self.host, self.port)
             else:
-                self.attempt = 0
+                self.redial.reset()
                 channel.closed.wait()
                 with self._lock:
                     self._channel = None
@@ -169,14 +171,11 @@ class Session:
             if self._stop.is_set() or self._drained.is_set():
                 break
             if no_network:
-                self._stop.wait(self.options.reconnect_min_seconds)
+                self.redial.sleep(self.options.reconnect_min_seconds)
                 continue
-            delay = backoff_delay(
-                self.attempt, self.options.reconnect_min_seconds, self.options.reconnect_max_seconds
-            )
-            self.attempt += 1
-            log.info("reconnecting in %.2fs (attempt %d)", delay, self.attempt)
-            self._stop.wait(delay)
+            delay = self.redial.next() or 0.0     # never None: no bound on tries nor a deadline
+            log.info("reconnecting in %.2fs (attempt %d)", delay, self.redial.failures)
+            self.redial.sleep(delay)
 
     def _connect(self) -> wire.Channel:
         timeout = self.options.connect_timeout_seconds

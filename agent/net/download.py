@@ -35,15 +35,13 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import logging
-import os
-import secrets
 import threading
-import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
 from agent import limits
+from agent.atomicfile import replacing
 from agent.errors import Cancelled, SourceFailed
 from agent.net.connect import TRANSPORT_ERRORS, connect
 from agent.net.exchange import RETRY_STATUS, HttpError, HttpOptions, request_headers, retry_after, retry_wait
@@ -51,16 +49,6 @@ from agent.net.pool import BadRedirect, ConnectionPool, follow
 from agent.net.urls import check_url, origin, redact
 
 log = logging.getLogger(__name__)
-
-
-def _sleep(opts: HttpOptions, attempt: int, delay: float | None = None) -> None:
-    if delay is None:
-        delay = min(opts.max_backoff, opts.backoff * (2 ** max(0, attempt - 1)))
-    if opts.cancel is not None:
-        if opts.cancel.wait(delay):
-            raise Cancelled("download cancelled")
-    else:
-        time.sleep(delay)
 
 
 class Download:
@@ -81,7 +69,9 @@ class Download:
         self._conn: http.client.HTTPConnection | None = None
         self._resp: http.client.HTTPResponse | None = None
         self._parts: urllib.parse.SplitResult | None = None   # where _conn is connected
-        self._failures = 0
+        # Failures to open and resumes alike count against max_retries, waits between them
+        # growing from opts.backoff.
+        self._tries = opts.retries.start(cancel=opts.cancel)
         self._challenge = ""           # a 401's WWW-Authenticate from the URL's origin
         self._open(first=True)
 
@@ -108,20 +98,19 @@ class Download:
                     continue
                 if exc.status and exc.status not in RETRY_STATUS:
                     raise
-                self._failures += 1
-                if self._failures > self.opts.max_retries:
+                delay = self._tries.next()
+                if delay is None:
                     raise HttpError(
-                        f"{redact(self.url)}: giving up after {self._failures} attempts: {exc.message}",
-                        status=exc.status,
+                        f"{redact(self.url)}: giving up after {self._tries.failures} attempts:"
+                        f" {exc.message}", status=exc.status,
                     ) from exc
-                backoff = min(self.opts.max_backoff, self.opts.backoff * (2 ** (self._failures - 1)))
-                wait = retry_wait(self.opts, exc.retry_after, backoff, where=redact(self.url))
+                wait = retry_wait(self.opts, exc.retry_after, delay, where=redact(self.url))
                 if wait is None:   # a Retry-After past the deadline: not retried before it
                     raise HttpError(f"{exc.message} (the server asks to retry after"
                                     f" {exc.retry_after:.0f} s, past the deadline)",
                                     status=exc.status) from exc
                 log.warning("%s: %s; retrying in %.1f s", redact(self.url), exc.message, wait)
-                _sleep(self.opts, self._failures, wait)
+                self._wait(wait)
 
     def _request(self, *, first: bool) -> None:
         self.close()
@@ -249,9 +238,13 @@ class Download:
         while chunk := self.read(size):
             yield chunk
 
+    def _wait(self, delay: float) -> None:
+        if not self._tries.sleep(delay):
+            raise Cancelled("download cancelled")
+
     def _resume(self, why: str) -> None:
-        self._failures += 1
-        if self._failures > self.opts.max_retries:
+        delay = self._tries.next()
+        if delay is None:
             self.close()
             raise SourceFailed(
                 f"{redact(self.url)}: download failed at byte {self.start + self.received}"
@@ -261,7 +254,7 @@ class Download:
             )
         log.warning("%s: %s; resuming at byte %d", redact(self.url), why, self.start + self.received)
         self.resumes += 1
-        _sleep(self.opts, self._failures)
+        self._wait(delay)
         self._open(first=False)
 
     def close(self) -> None:
@@ -308,18 +301,10 @@ def get(url: str, opts: HttpOptions | None = None, *, offset: int = 0, length: i
 def download_to(url: str, path: Path, opts: HttpOptions | None = None,
                 cancel: threading.Event | None = None) -> Path:
     """``url``'s body into ``path``, whole or not at all: written to a temporary sibling,
-    fsync'ed, mode 0644, renamed into place (``cancel`` stops it)."""
+    mode 0644, renamed into place (agent/atomicfile.py; ``cancel`` stops it)."""
     opts = dataclasses.replace(opts or HttpOptions(), cancel=cancel)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        with get(url, opts) as body, open(tmp, "wb") as f:
-            for chunk in body.iter_chunks(1 << 20):
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with get(url, opts) as body, replacing(path, 0o644) as f:
+        for chunk in body.iter_chunks(1 << 20):
+            f.write(chunk)
     return path
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agent.errors import InvalidParameters, SourceFailed
+from agent.retry import Backoff
 
 USER_AGENT = "bettercompute-agent"
 MAX_BODY = 4 << 20  # what request() and post_multipart() read of an answer at most: a JSON API's
@@ -69,6 +70,12 @@ class HttpOptions:
     # get(): a redirect from an https:// URL to a plain http:// one is followed (False: refused,
     # a BadRedirect; a registry's blobs unless the operator allowed it, agent/images/oci.py).
     plain_http_redirect: bool = True
+
+    @property
+    def retries(self) -> Backoff:
+        """The waits between a request's tries: ``max_retries`` after the first, from
+        ``backoff`` doubling up to ``max_backoff`` (agent/retry.py)."""
+        return Backoff(first=self.backoff, cap=self.max_backoff, tries=max(self.max_retries, 0) + 1)
 
 
 @dataclass(frozen=True)

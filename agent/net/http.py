@@ -241,6 +241,7 @@ def request(
         extra.update(headers)
     hdrs = request_headers(opts, extra)
     where = f"{method} {redact(url)}"
+    tries = opts.retries.start(cancel=opts.cancel, deadline=deadline)
     attempt = 0
     while True:
         attempt += 1
@@ -324,27 +325,23 @@ def request(
                     response=last, attempts=attempt)
             if not retry_why:
                 return last
-        backoff = min(opts.max_backoff, opts.backoff * (2 ** (attempt - 1)))
-        # A Retry-After is waited for, up to the deadline (exchange.retry_wait); asked past it,
-        # the answer is the last one.
-        asked = retry_after(last.headers.get("retry-after")) if last is not None else None
-        wait = retry_wait(opts, asked, backoff, deadline, where=where)
-        delay = backoff if wait is None else wait
-        out_of_time = wait is None or (deadline is not None and time.monotonic() + delay >= deadline)
-        if attempt > opts.max_retries or out_of_time:
+        delay = tries.next()
+        if delay is not None and last is not None:
+            # A Retry-After is waited for, up to the deadline (exchange.retry_wait); asked past
+            # it, the answer is the last one.
+            delay = retry_wait(opts, retry_after(last.headers.get("retry-after")), delay, deadline,
+                               where=where)
+        if delay is None:
             if last is not None:
                 return last
             raise HttpError(
                 f"{where}: giving up after {attempt} attempts"
-                + (" (deadline)" if out_of_time else "") + f": {retry_why}",
+                + (" (deadline)" if tries.spent == "deadline" else "") + f": {retry_why}",
                 attempts=attempt,
             )
         log.warning("%s: %s; retrying in %.1f s", where, retry_why, delay)
-        if opts.cancel is not None:
-            if opts.cancel.wait(delay):
-                raise Cancelled(f"{where}: cancelled")
-        else:
-            time.sleep(delay)
+        if not tries.sleep(delay):
+            raise Cancelled(f"{where}: cancelled")
 
 
 def _retry_why(answer: Response, write: bool, busy: Callable[[Response], bool] | None) -> str:

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent import atomicfile
 from agent.hw import sysfs
 
 log = logging.getLogger(__name__)
@@ -255,6 +256,8 @@ class Journal:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if not self._fsync_given and sysfs.filesystem_type(self.path.parent) in IN_MEMORY_FILESYSTEMS:
                 self._fsync = _nothing_to_flush
+            if atomicfile.sweep(self.path):   # a compaction that a crash cut short
+                log.info("journal %s: an unfinished compaction's file removed", self.path)
             try:
                 data = self.path.read_bytes()
             except FileNotFoundError:
@@ -502,33 +505,16 @@ class Journal:
             self._compact_locked()
 
     def _compact_locked(self) -> None:
-        tmp = self.path.with_name(f".{self.path.name}.compact")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            chunks = [encode_record({"t": "state", "id": self.state_id})] if self.state_id else []
-            chunks += [
-                encode_record({"t": "known", "id": k.id, "kind": k.kind, "digest": k.digest,
-                               "status": k.status, "expires_ms": k.expires_ms})
-                for k in self.known.values()
-            ]
-            chunks += [encode_record({"t": "entry", "entry": e.to_json()}) for e in self.entries.values()]
-            data = b"".join(chunks)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            self._fsync(fd)
-        except BaseException:
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
-        os.close(fd)
-        try:
-            os.replace(tmp, self.path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
+        chunks = [encode_record({"t": "state", "id": self.state_id})] if self.state_id else []
+        chunks += [
+            encode_record({"t": "known", "id": k.id, "kind": k.kind, "digest": k.digest,
+                           "status": k.status, "expires_ms": k.expires_ms})
+            for k in self.known.values()
+        ]
+        chunks += [encode_record({"t": "entry", "entry": e.to_json()}) for e in self.entries.values()]
+        # The directory is fsync'ed below, once the new file is the one appended to.
+        with atomicfile.replacing(self.path, 0o600, fsync=self._fsync, sync_folder=False) as f:
+            f.write(b"".join(chunks))
         # From here on the new file is the journal: append to it whatever else fails.
         self._open_append()
         try:

@@ -16,7 +16,7 @@ import pytest
 from agent.config import Config
 from agent.errors import InvalidParameters
 from agent.link import session as session_module
-from agent.link.session import Session, SessionOptions, backoff_delay, parse_address
+from agent.link.session import Session, SessionOptions, parse_address
 from tests.runtime.harness import make_pki
 
 
@@ -28,15 +28,19 @@ def test_parse_address() -> None:
             parse_address(bad)
 
 
-def test_backoff_is_full_jitter_exponential_and_capped() -> None:
+def test_backoff_is_full_jitter_exponential_and_capped(tmp_path: Path) -> None:
     rng = random.Random(1)
+    options = SessionOptions(reconnect_min_seconds=0.5, reconnect_max_seconds=30.0)
+    config = Config(node_id="n1", gateway="gw:443", ca_bundle=make_pki(tmp_path).ca)
+    session = Session(_QuietAgent(), config, options)  # type: ignore[arg-type]  # a stand-in agent
+    redial = session.redial.backoff
     for attempt in range(12):
         ceiling = min(30.0, 0.5 * 2**attempt)
-        samples = [backoff_delay(attempt, 0.5, 30.0, rng) for _ in range(200)]
+        samples = [redial.delay(attempt + 1, rng) for _ in range(200)]
         assert all(0 <= s <= ceiling for s in samples)
         assert max(samples) > 0.8 * ceiling  # spread over the whole range (full jitter)
         assert min(samples) < 0.2 * ceiling
-    assert backoff_delay(1000, 0.5, 30.0) <= 30.0
+    assert redial.delay(1001) <= 30.0
 
 
 class _QuietAgent:

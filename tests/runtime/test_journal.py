@@ -255,14 +255,14 @@ def test_failed_compaction_keeps_the_record_and_the_journal_usable(tmp_path: Pat
     broken = {"on": True}
 
     def fsync(fd: int) -> None:
-        if broken["on"] and os.readlink(f"/proc/self/fd/{fd}").endswith(".compact"):
+        if broken["on"] and os.readlink(f"/proc/self/fd/{fd}").endswith(".tmp"):   # the compaction's
             raise OSError(28, "No space left on device")
         os.fsync(fd)
 
     j = open_journal(path, fsync=fsync, compact_bytes=2048)
     for i in range(40):
         j.accepted(f"c{i}", "inventory.refresh", f"d{i}", b"x" * 100)  # never raises
-    assert j.compactions == 0 and not (tmp_path / ".journal.compact").exists()
+    assert j.compactions == 0 and list(tmp_path.glob(".journal.*")) == []
     broken["on"] = False
     for i in range(40, 80):
         j.accepted(f"c{i}", "inventory.refresh", f"d{i}", b"x" * 100)
@@ -393,3 +393,14 @@ def test_on_tmpfs_a_record_is_written_without_fsync_elsewhere_fsynced(
         assert again.entries["c1"].state is State.FINISHED   # written whole, read back
         again.close()
     assert calls == []
+
+
+def test_a_compaction_cut_short_by_a_crash_leaves_nothing_at_the_next_open(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    j = open_journal(path)
+    j.accepted("c1", "inventory.refresh", "d1", b"x")
+    j.close()
+    dead = tmp_path / ".journal.999999999.0123abcd.tmp"    # no such process: its writer is gone
+    dead.write_bytes(b"half a compaction")
+    assert set(open_journal(path).entries) == {"c1"}
+    assert not dead.exists()

@@ -53,6 +53,7 @@ from agent.errors import (
 )
 from agent.policy.baseline import Account
 from agent.proto import site_pb2
+from agent.retry import Backoff
 from agent.site.bmc import events
 from agent.site.bmc.client import (
     BootDevice,
@@ -320,6 +321,12 @@ class IpmiClient:
             raise Cancelled(f"BMC {self.target.address}: cancelled")
         self._remaining()
 
+    @property
+    def _pacing(self) -> Backoff:
+        """The waits between retries and between polls (``CallContext.pacing``)."""
+        pacing = self.call.pacing
+        return Backoff(first=pacing.min_interval, cap=pacing.max_interval, factor=pacing.factor)
+
     def _redact(self, text: str, *secrets: str) -> str:
         for s in (self.target.credentials.password, *secrets):
             if s:
@@ -362,7 +369,8 @@ class IpmiClient:
         creds = creds or self.target.credentials
         what = " ".join(args[:3])
         unreachable = busy = 0
-        delay = self.call.pacing.min_interval
+        # Bounded by the counts below and the deadline; cancel wakes the wait.
+        tries = self._pacing.start(cancel=self.call.cancel, deadline=self.call.deadline)
         while True:
             try:
                 done = self._once(list(args), creds, verbose, stdin)
@@ -398,10 +406,13 @@ class IpmiClient:
                 message = self._redact(_tail(err) or _tail(out), *secrets)
                 raise BmcRefused(f"BMC {self.target.address} refused {what!r}: {message}",
                                  bmc_message=message, bmc_address=self.target.address)
+            delay = tries.next()
+            if delay is None:   # the wait would reach the deadline: no try could follow it
+                raise CommandTimeout(f"BMC {self.target.address}: deadline reached")
             log.info("BMC %s: %s failed (%s), retrying in %.1fs", self.target.address, what,
                      "no answer" if unreachable and not busy else "busy", delay)
-            self._wait(delay)
-            delay = min(delay * self.call.pacing.factor, self.call.pacing.max_interval)
+            if not tries.sleep(delay):
+                raise Cancelled(f"BMC {self.target.address}: cancelled")
 
     # -- BmcClient ------------------------------------------------------------------------
 
@@ -422,12 +433,12 @@ class IpmiClient:
             if graceful_timeout > 0:
                 self.run("chassis", "power", "soft")
                 end = time.monotonic() + graceful_timeout
-                delay = self.call.pacing.min_interval
+                polls = 0
                 while time.monotonic() < end:
-                    self._wait(min(delay, max(0.0, end - time.monotonic())))
+                    polls += 1
+                    self._wait(min(self._pacing.delay(polls), max(0.0, end - time.monotonic())))
                     if self.power_state() is PowerState.OFF:
                         return
-                    delay = min(delay * self.call.pacing.factor, self.call.pacing.max_interval)
                 log.info("BMC %s: no graceful shutdown within %.0fs; forcing power off",
                          self.target.address, graceful_timeout)
             self.run("chassis", "power", "off")

@@ -34,8 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent import proc
-from agent.atomicfile import write_atomic
+from agent.atomicfile import replacing, write_atomic
 from agent.errors import ToolFailed, ToolMissing
+from agent.retry import Backoff
 from agent.site.boot.pxe import BootFile
 
 log = logging.getLogger(__name__)
@@ -137,10 +138,8 @@ def prepare(s: DnsmasqSettings) -> None:
             )
         dst = s.tftp_dir / name
         if not dst.is_file() or dst.read_bytes() != src.read_bytes():
-            tmp = s.tftp_dir / f".{name}.tmp"
-            shutil.copyfile(src, tmp)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, dst)
+            with src.open("rb") as data, replacing(dst, 0o644) as f:
+                shutil.copyfileobj(data, f)
     write_atomic(s.conf_path, render_config(s).encode())
 
 
@@ -226,8 +225,9 @@ class DnsmasqSupervisor:
             raise self._first_error
 
     def _watch(self) -> None:
-        """Run dnsmasq, and again when it dies (with a backoff), until ``stop``."""
-        backoff = 0.5
+        """Run dnsmasq, and again when it dies (with a backoff, started over after a run that
+        lasted STABLE_SECONDS), until ``stop``."""
+        waits = Backoff(first=0.5, cap=RESTART_BACKOFF_MAX).start(cancel=self._stopping)
         restart = False
         while not self._stopping.is_set():
             started = time.monotonic()
@@ -241,15 +241,16 @@ class DnsmasqSupervisor:
                 log.exception("dnsmasq: restart failed")
             if self._stopping.is_set():
                 return
+            if time.monotonic() - started > STABLE_SECONDS:
+                waits.reset()
+            delay = waits.next() or 0.0      # never None: no bound on tries nor a deadline
             with self._lock:
                 child = self._child
             if child is not None:
                 log.error("dnsmasq %d exited (%s); restarting in %.1fs", child.pid,
-                          proc.describe_exit(child.returncode or 0), backoff)
-            if self._stopping.wait(backoff):
+                          proc.describe_exit(child.returncode or 0), delay)
+            if not waits.sleep(delay):
                 return
-            backoff = 0.5 if time.monotonic() - started > STABLE_SECONDS else min(
-                backoff * 2, RESTART_BACKOFF_MAX)
             restart = True
 
     def _log_line(self, line: str) -> None:

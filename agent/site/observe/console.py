@@ -69,6 +69,7 @@ from pathlib import Path
 from agent import proc, redact
 from agent.atomicfile import write_atomic
 from agent.errors import AgentError
+from agent.retry import Backoff
 from agent.site.bmc.client import CallContext, Credentials, Pacing, Target
 from agent.site.bmc.ipmi import CIPHER_SUITE, IpmiClient, split_address
 from agent.site.bmc.secrets import SecretStore
@@ -310,7 +311,8 @@ class SolSession:
         return self._thread.is_alive() or self.state == "starting"
 
     def _loop(self) -> None:
-        delay = RECONNECT_MIN
+        # Started over after a session that held for 30 s.
+        redial = Backoff(first=RECONNECT_MIN, cap=RECONNECT_MAX).start(cancel=self._stop)
         while not self._stop.is_set():
             started = time.monotonic()
             try:
@@ -339,8 +341,9 @@ class SolSession:
                 return
             if self.state != "dropped":
                 self._say("dropped", _tail(stderr) or "the session ended")
-            delay = RECONNECT_MIN if time.monotonic() - started > 30 else min(delay * 2, RECONNECT_MAX)
-            self._stop.wait(delay)
+            if time.monotonic() - started > 30:
+                redial.reset()
+            redial.sleep(redial.next() or RECONNECT_MIN)   # never None: no bound nor deadline
 
     def _session(self, creds: Credentials) -> str:
         """One ipmitool sol activate, its output into the ring; returns its stderr. After

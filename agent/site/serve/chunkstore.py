@@ -12,9 +12,9 @@ within a byte budget, least recently used evicted first.
 What it holds: the data chunks of images served by proxy routes with a manifest
 (agent/site/serve/chunkroute.py) and the kernels and initrds of boot entries (agent/site/boot/pxe.py),
 and the ramdisk ISOs of virtual-media sets (agent/site/boot/vmedia.py), all keyed by the digest of
-their bytes, never by a URL. A file is written to a temporary
-sibling (``.<digest>.<random>.tmp``), hashed as it is written, fsync'ed, and renamed to its
-digest only when the digest matches: a crash leaves no partial file under a digest name, and
+their bytes, never by a URL. A file is written to a temporary sibling
+(``.<digest>.<pid>.<random>.tmp``, agent/atomicfile.py), hashed as it is written, fsync'ed, and
+renamed to its digest only when the digest matches: a crash leaves no partial file under a digest name, and
 ``reconcile`` removes the temporary ones. The directory is not fsync'ed after a rename: a
 rename lost to a crash loses a chunk, which is fetched again, never a wrong one.
 
@@ -38,13 +38,13 @@ import hashlib
 import logging
 import os
 import re
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from agent import atomicfile
 from agent.errors import AgentError, ChecksumMismatch, Reason
 from agent.net import http
 from agent.site.metrics import Metrics
@@ -74,19 +74,15 @@ class _Writer:
 
     def __init__(self, store: ChunkStore, digest: str, hashed: bool = False) -> None:
         self.store, self.digest, self.hashed = store, digest, hashed
-        self.tmp = store.root / f".{digest}.{secrets.token_hex(4)}.tmp"
-        self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                          | os.O_CLOEXEC, 0o644)
+        self.new = atomicfile.Replacement(store.root / digest, 0o644)
         self.hash = hashlib.sha256()
         self.size = 0
 
     def write(self, data: bytes | memoryview) -> None:
         if not self.hashed:
             self.hash.update(data)
-        view = memoryview(data)
         try:
-            while view:
-                view = view[os.write(self.fd, view):]
+            self.new.file.write(data)
         except OSError as exc:
             raise self.store.full(exc) from exc
         self.size += len(data)
@@ -97,17 +93,13 @@ class _Writer:
             raise ChecksumMismatch(f"content is sha256:{actual}, expected sha256:{self.digest}",
                                    expected=self.digest, actual=actual)
         try:
-            os.fsync(self.fd)
+            self.new.finish()            # flushed and fsync'ed before the store's lock is taken
         except OSError as exc:
             raise self.store.full(exc) from exc
         self.store._commit(self)
 
     def discard(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-        with contextlib.suppress(FileNotFoundError):
-            self.tmp.unlink()
+        self.new.discard()
 
 
 class ChunkStore:
@@ -288,9 +280,7 @@ class ChunkStore:
             if not self._make_room(w.size):
                 self.metrics.inc("store_write_failures_total")
                 raise StoreFull(f"the store's budget ({self.budget} bytes) is taken by files in use")
-            os.close(w.fd)
-            w.fd = -1
-            os.replace(w.tmp, self.root / w.digest)
+            w.new.commit(sync_folder=False)     # see the module docstring
             self._files[w.digest] = w.size
             self.size += w.size
 
