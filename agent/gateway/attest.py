@@ -341,7 +341,12 @@ class Verifier:
         try:
             return self.challenge(node_id, identity)
         except Refused as e:
-            return Verdict(Status.REFUSED, e.check, e.reason)
+            verdict = Verdict(Status.REFUSED, e.check, e.reason)
+        except Exception as e:  # fails closed: a surprise is a refusal, with what it was
+            log.exception("attestation of %s: the verifier failed at the challenge", node_id)
+            verdict = Verdict(Status.REFUSED, "verifier", f"{type(e).__name__}: {e}")
+        log.warning("attestation of %s refused: %s", node_id, verdict)
+        return verdict
 
     def verify(self, challenge: Challenge, evidence: Evidence | str, *, boot_id: str,
                node_public: bytes, role: str = "ramdisk") -> Verdict:

@@ -74,34 +74,46 @@ class JoinAttestation:
         self._joins: dict[str, Join] = {}
         self._lock = threading.Lock()
 
-    def on_hello(self, node_id: str, hello: session_pb2.Hello) -> session_pb2.Frame:
-        """The frame to send after the Welcome: a challenge, or the verdict already reached."""
+    def begin(self, node_id: str, hello: session_pb2.Hello) -> Join:
+        """The node's new join, with no verdict yet: from here its previous verdict vouches for
+        nothing (the gateway calls this first thing at a Hello; ``on_hello`` calls it too)."""
         join = Join(hello.boot_id, bytes(hello.public_key), hello.role or "ramdisk")
-        tpm = hello.tpm
-        if not hello.HasField("tpm"):
-            join.verdict = Verdict(Status.UNATTESTED, reason="the agent presents no TPM (an agent "
-                                   "that does not attest)")
-        elif tpm.absent:
-            join.verdict = Verdict(Status.UNATTESTED, reason=tpm.absent)
-        elif tpm.error:
-            join.verdict = Verdict(Status.UNATTESTED, reason=f"the node's TPM failed: {tpm.error}")
-        else:
-            out = self.verifier.try_challenge(node_id, identity_from(tpm))
-            if isinstance(out, Verdict):
-                join.verdict = out
-            else:
-                join.challenge = out
         with self._lock:
             if node_id not in self._joins and len(self._joins) >= MAX_NODES:
-                self._joins.pop(next(iter(self._joins)))
+                dropped = next(iter(self._joins))
+                self._joins.pop(dropped)
+                log.warning("attestation: %d nodes' joins held; the oldest, %s's, dropped (its results "
+                            "no longer count as verified)", MAX_NODES, dropped)
             self._joins[node_id] = join
-        if join.verdict is not None:
-            self._decided(node_id, join.verdict)
-            return session_pb2.Frame(attest_verdict=verdict_message(join.verdict))
-        assert join.challenge is not None
-        ch = join.challenge
+        return join
+
+    def on_hello(self, node_id: str, hello: session_pb2.Hello) -> session_pb2.Frame:
+        """The frame to send after the Welcome: a challenge, or the verdict already reached.
+        It fails closed: an exception anywhere is this boot's refusal, named ``verifier``."""
+        join = self.begin(node_id, hello)
+        try:
+            out = self._at_hello(node_id, hello)
+        except Exception as e:
+            log.exception("attestation of %s: the verifier failed at the Hello", node_id)
+            out = Verdict(Status.REFUSED, "verifier", f"{type(e).__name__}: {e}")
+        if isinstance(out, Verdict):
+            join.verdict = out
+            self._decided(node_id, out)
+            return session_pb2.Frame(attest_verdict=verdict_message(out))
+        join.challenge = ch = out
         return session_pb2.Frame(attest_challenge=session_pb2.AttestChallenge(
             nonce=ch.nonce, credential_blob=ch.credential_blob, encrypted_secret=ch.encrypted_secret))
+
+    def _at_hello(self, node_id: str, hello: session_pb2.Hello) -> Challenge | Verdict:
+        tpm = hello.tpm
+        if not hello.HasField("tpm"):
+            return Verdict(Status.UNATTESTED, reason="the agent presents no TPM (an agent that does not "
+                           "attest)")
+        if tpm.absent:
+            return Verdict(Status.UNATTESTED, reason=tpm.absent)
+        if tpm.error:
+            return Verdict(Status.UNATTESTED, reason=f"the node's TPM failed: {tpm.error}")
+        return self.verifier.try_challenge(node_id, identity_from(tpm))
 
     def on_answer(self, node_id: str, answer: session_pb2.AttestAnswer) -> session_pb2.Frame:
         with self._lock:
@@ -112,9 +124,13 @@ class JoinAttestation:
             verdict = join.verdict = Verdict(Status.REFUSED, "nonce_reused",
                                              "this session's challenge was answered twice")
         else:
-            evidence = answer.error or evidence_from(answer)
-            verdict = self.verifier.verify(join.challenge, evidence, boot_id=join.boot_id,
-                                           node_public=join.public_key, role=join.role)
+            try:
+                evidence = answer.error or evidence_from(answer)
+                verdict = self.verifier.verify(join.challenge, evidence, boot_id=join.boot_id,
+                                               node_public=join.public_key, role=join.role)
+            except Exception as e:  # verify fails closed itself; this is the frame's reading
+                log.exception("attestation of %s: the verifier failed at the answer", node_id)
+                verdict = Verdict(Status.REFUSED, "verifier", f"{type(e).__name__}: {e}")
             join.verdict = verdict
         self._decided(node_id, verdict)
         return session_pb2.Frame(attest_verdict=verdict_message(verdict))

@@ -224,6 +224,8 @@ class Gateway:
                 "connected", node_id,
                 detail=f"{hello.role} {hello.agent_version} boot={hello.boot_id} by {how}",
             )
+            if self.attestation is not None:  # the node's previous verdict vouches for nothing from here
+                self.attestation.begin(node_id, hello)
             channel.start()
             self._process_hello(node, hello)
             self._cond.notify_all()

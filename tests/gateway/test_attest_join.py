@@ -85,3 +85,36 @@ def test_the_gateway_files_the_verdict_of_the_boot_a_release_report_was_taken_in
     plain = agent_pb2.InventoryRefreshResult()            # no release: nothing filed
     file_release(joins, "n1", "b", plain)
     assert not plain.HasField("release")
+
+
+RSA_ENCRYPTION = bytes.fromhex("06092a864886f70d0101010500")  # the SPKI's algorithm: rsaEncryption, NULL
+
+
+def test_a_crash_in_the_join_refuses_the_boot_and_its_earlier_verdict_stops_vouching(
+        sim: SimTpm, tmp_path: Path) -> None:
+    """An EK certificate whose key algorithm the library does not know made on_hello raise: the
+    session thread died, no verdict went out, and the attested verdict of the node's earlier
+    session in the same boot still vouched. Now the Hello clears it first and the crash is a
+    refusal named ``verifier``."""
+    verifier = Verifier(Policy(builds=[Build("b1", (h(b"ramdisk uki"),), {})], learn="first"),
+                        ek_roots=load_certificates([sim.ca_root, sim.ca_issuer]))
+    joins = JoinAttestation(verifier)
+    with sim.tpm() as tpm:
+        (tmp_path / "log").write_bytes(measure(tpm, UEFI_BOOT))
+        attestor = Attestor(lambda: tpm, event_log=tmp_path / "log")
+        frame = joins.on_hello("n1", hello(attestor))
+        answer = attestor.answer_message(frame.attest_challenge, boot_id="boot-1", node_public=KEY)
+        assert joins.on_answer("n1", answer).attest_verdict.status == "attested"
+        assert joins.vouches("n1", "boot-1", KEY)[0]
+        again = hello(attestor)  # the same boot joins again, its EK certificate's key of no known algorithm
+        cert = again.tpm.ek_certificate
+        assert cert.count(RSA_ENCRYPTION) == 1
+        unknown = RSA_ENCRYPTION[:10] + b"\x63" + RSA_ENCRYPTION[11:]  # 1.2.840.113549.1.1.99
+        again.tpm.ek_certificate = cert.replace(RSA_ENCRYPTION, unknown)
+        verdict = joins.on_hello("n1", again).attest_verdict
+    assert (verdict.status, verdict.check) == ("refused", "verifier"), verdict
+    assert "UnsupportedAlgorithm" in verdict.reason
+    ok, why = joins.vouches("n1", "boot-1", KEY)
+    assert not ok and "refused (verifier)" in why
+    assert joins.verdict_of_boot("n1", "boot-1").startswith("refused (verifier)")
+
