@@ -73,6 +73,7 @@ class Status(enum.StrEnum):
     ATTESTED = "attested"
     UNATTESTED = "unattested"
     REFUSED = "refused"
+    RETRY = "retry"  # the gateway is busy: join again later (nothing was judged; the site is not told)
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,10 @@ class Refused(Exception):
         super().__init__(reason)
         self.check = check
         self.reason = reason
+
+
+class Busy(Exception):
+    """No room for another challenge now: the node is told to join again later, not refused."""
 
 
 @dataclass(frozen=True)
@@ -305,7 +310,8 @@ class Verifier:
         self.pinned_ek = dict(pinned_ek or {})  # node id -> SHA-256 of the EK's public area
         self.ttl = ttl
         self.clock = clock
-        self._pending: dict[bytes, Challenge] = {}
+        self._pending: dict[bytes, Challenge] = {}   # nonce -> challenge, one per node
+        self._pending_of: dict[str, bytes] = {}      # node id -> the nonce of its one challenge
         self._last: dict[str, Counters] = {}
         self._lock = threading.Lock()
         self._verifying = threading.BoundedSemaphore(MAX_VERIFYING)
@@ -330,10 +336,21 @@ class Verifier:
         with self._lock:
             now = self.clock()
             for key in [k for k, c in self._pending.items() if now - c.issued > self.ttl]:
-                del self._pending[key]
+                self._unpend(key)
+            previous = self._pending_of.get(node_id)
+            if previous is not None:  # one outstanding challenge per node: the new Hello's
+                self._unpend(previous)
             if len(self._pending) >= MAX_PENDING:
-                raise Refused("busy", f"{MAX_PENDING} challenges outstanding")
+                raise Busy(f"{MAX_PENDING} nodes' challenges outstanding: join again later")
             self._pending[nonce] = ch
+            self._pending_of[node_id] = nonce
+        return ch
+
+    def _unpend(self, nonce: bytes) -> Challenge | None:
+        """Under the lock: the challenge of ``nonce`` taken out of the pool."""
+        ch = self._pending.pop(nonce, None)
+        if ch is not None and self._pending_of.get(ch.node_id) == nonce:
+            del self._pending_of[ch.node_id]
         return ch
 
     def try_challenge(self, node_id: str, identity: Identity) -> Challenge | Verdict:
@@ -342,6 +359,9 @@ class Verifier:
             return self.challenge(node_id, identity)
         except Refused as e:
             verdict = Verdict(Status.REFUSED, e.check, e.reason)
+        except Busy as e:
+            log.warning("attestation of %s: busy, told to join again later: %s", node_id, e)
+            return Verdict(Status.RETRY, "busy", str(e))
         except Exception as e:  # fails closed: a surprise is a refusal, with what it was
             log.exception("attestation of %s: the verifier failed at the challenge", node_id)
             verdict = Verdict(Status.REFUSED, "verifier", f"{type(e).__name__}: {e}")
@@ -372,9 +392,10 @@ class Verifier:
 
     def _verify(self, ch: Challenge, evidence: Evidence | str, boot_id: str, node_public: bytes) -> Verdict:
         with self._lock:
-            pending = self._pending.pop(ch.nonce, None)
+            pending = self._unpend(ch.nonce)
         if pending is None or pending != ch:
-            raise Refused("nonce_reused", "this challenge was answered already, or was never made")
+            raise Refused("nonce_reused", "this challenge was answered already, replaced by the node's "
+                          "next Hello, or was never made")
         if self.clock() - ch.issued > self.ttl:
             raise Refused("nonce_reused", f"the challenge is older than {self.ttl:.0f} s")
         if isinstance(evidence, str):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,6 +34,35 @@ from agent.security.attest import evidence_from, identity_from
 log = logging.getLogger(__name__)
 
 MAX_NODES = 100_000
+# Challenges made for one source (the peer's address) a second, sustained, and in a burst: a
+# challenge costs the gateway an EK chain check and a MakeCredential, and the pool of outstanding
+# challenges is shared (attest.MAX_PENDING), so one source cannot fill it within a challenge's
+# time to live (8 a second for 120 s is under 4,096). Sources past the rate are told to retry.
+HELLO_RATE = 8.0
+HELLO_BURST = 64.0
+MAX_SOURCES = 4096
+
+
+class SourceRate:
+    """A token bucket per source. The table is bounded: past ``max_sources`` the source seen
+    longest ago is forgotten (it comes back with a full burst, no more)."""
+
+    def __init__(self, rate: float = HELLO_RATE, burst: float = HELLO_BURST, max_sources: int = MAX_SOURCES,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self.burst, self.max_sources, self.clock = rate, burst, max_sources, clock
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # source -> (tokens, when)
+        self._lock = threading.Lock()
+
+    def allow(self, source: str) -> bool:
+        now = self.clock()
+        with self._lock:
+            tokens, then = self._buckets.pop(source, (self.burst, now))
+            tokens = min(self.burst, tokens + (now - then) * self.rate)
+            ok = tokens >= 1.0
+            self._buckets[source] = (tokens - 1.0 if ok else tokens, now)
+            while len(self._buckets) > self.max_sources:
+                self._buckets.popitem(last=False)
+        return ok
 
 
 @dataclass
@@ -68,9 +98,11 @@ def verdict_message(v: Verdict) -> session_pb2.AttestVerdict:
 class JoinAttestation:
     """Per node, this session's challenge and the verdict on it."""
 
-    def __init__(self, verifier: Verifier, on_verdict: Callable[[str, Verdict], None] | None = None) -> None:
+    def __init__(self, verifier: Verifier, on_verdict: Callable[[str, Verdict], None] | None = None,
+                 rate: SourceRate | None = None) -> None:
         self.verifier = verifier
         self.on_verdict = on_verdict
+        self.rate = rate or SourceRate()
         self._joins: dict[str, Join] = {}
         self._lock = threading.Lock()
 
@@ -87,12 +119,13 @@ class JoinAttestation:
             self._joins[node_id] = join
         return join
 
-    def on_hello(self, node_id: str, hello: session_pb2.Hello) -> session_pb2.Frame:
+    def on_hello(self, node_id: str, hello: session_pb2.Hello, source: str = "") -> session_pb2.Frame:
         """The frame to send after the Welcome: a challenge, or the verdict already reached.
-        It fails closed: an exception anywhere is this boot's refusal, named ``verifier``."""
+        It fails closed: an exception anywhere is this boot's refusal, named ``verifier``.
+        ``source`` (the peer's address) is rated: past its rate the node is told to retry."""
         join = self.begin(node_id, hello)
         try:
-            out = self._at_hello(node_id, hello)
+            out = self._at_hello(node_id, hello, source)
         except Exception as e:
             log.exception("attestation of %s: the verifier failed at the Hello", node_id)
             out = Verdict(Status.REFUSED, "verifier", f"{type(e).__name__}: {e}")
@@ -104,7 +137,7 @@ class JoinAttestation:
         return session_pb2.Frame(attest_challenge=session_pb2.AttestChallenge(
             nonce=ch.nonce, credential_blob=ch.credential_blob, encrypted_secret=ch.encrypted_secret))
 
-    def _at_hello(self, node_id: str, hello: session_pb2.Hello) -> Challenge | Verdict:
+    def _at_hello(self, node_id: str, hello: session_pb2.Hello, source: str) -> Challenge | Verdict:
         tpm = hello.tpm
         if not hello.HasField("tpm"):
             return Verdict(Status.UNATTESTED, reason="the agent presents no TPM (an agent that does not "
@@ -113,6 +146,11 @@ class JoinAttestation:
             return Verdict(Status.UNATTESTED, reason=tpm.absent)
         if tpm.error:
             return Verdict(Status.UNATTESTED, reason=f"the node's TPM failed: {tpm.error}")
+        if not self.rate.allow(source):
+            log.warning("attestation of %s: %s is past its rate of Hellos, told to join again later",
+                        node_id, source or "its source")
+            return Verdict(Status.RETRY, "busy", f"more than {self.rate.rate:g} joins a second from "
+                           f"{source or 'this source'}: join again later")
         return self.verifier.try_challenge(node_id, identity_from(tpm))
 
     def on_answer(self, node_id: str, answer: session_pb2.AttestAnswer) -> session_pb2.Frame:

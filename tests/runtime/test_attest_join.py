@@ -18,7 +18,7 @@ import pytest
 
 from agent.gateway import Gateway
 from agent.gateway.attest import Status, Verdict, Verifier, load_certificates
-from agent.gateway.attest_join import JoinAttestation
+from agent.gateway.attest_join import JoinAttestation, SourceRate
 from agent.gateway.attest_policy import Build, Policy
 from agent.gateway.certs import DevPki
 from agent.security.attest import LEFT_EVENT, attestor_for
@@ -97,6 +97,35 @@ def test_a_refused_boot(attesting_gateway: Gateway, pki: DevPki, sim: SimTpm, tm
         assert verdict.status is Status.REFUSED and verdict.check == "event_log", verdict
     finally:
         agent.kill()
+
+
+def test_a_busy_gateway_tells_the_node_to_retry_and_it_rejoins(attesting_gateway: Gateway, pki: DevPki,
+                                                               sim: SimTpm, tmp_path: Path) -> None:
+    """Past its source's rate of joins the node is told "retry" (not refused, the site not told):
+    the agent closes the session, rejoins after its backoff, and is attested once there is room."""
+    with sim.tpm() as tpm:
+        (tmp_path / "log").write_bytes(measure(tpm, UEFI_BOOT))
+    joins = attesting_gateway.attestation
+    assert joins is not None
+    joins.rate = SourceRate(rate=1e-9, burst=1.0)
+    assert joins.rate.allow("127.0.0.1")  # this source's one join spent
+    agent = AgentProcess(pki, attesting_gateway, tmp_path / "agent",
+                         cmdline=f"bc.tpm=tcp:127.0.0.1:{sim.port} bc.tpm_event_log={tmp_path / 'log'}")
+    try:
+        agent.start()
+        attesting_gateway.wait_for(
+            lambda: sum(e.what == "attest_retry" for e in attesting_gateway.events) >= 2, TIMEOUT,
+            "the node told twice to retry")
+        joins.rate = SourceRate()  # room again
+        verdict = attesting_gateway.wait_for(
+            lambda: (v := joins.verdict("node-1")) is not None and v.status is Status.ATTESTED and v,
+            TIMEOUT, "an attested rejoin")
+        assert verdict.attested
+        assert attesting_gateway.nodes["node-1"].sessions >= 3
+        assert not any(e.what in ("join_refused", "attest_refused") for e in attesting_gateway.events)
+    finally:
+        agent.kill()
+    assert "attestation verdict: retry (busy)" in (tmp_path / "agent" / "agent-1.log").read_text()
 
 
 def test_gateway_send_shows_a_wipe_verified(pki: DevPki, sim: SimTpm, tmp_path: Path) -> None:
