@@ -181,8 +181,8 @@ def test_an_ak_not_in_this_tpm(node: Node, other_sim: SimTpm, verifier: Verifier
     with pytest.raises(TpmFailed, match="TPM_RC_INTEGRITY") as err:  # the TPM refuses to activate
         node.answer(ch)
     refused(verifier.verify(ch, str(err.value), boot_id=node.boot_id, node_public=NODE_KEY), "activation")
-    ch = verifier.challenge(node.node_id, claimed)  # a node that makes the secret up
     made_up = dataclasses.replace(_honest_evidence(node, verifier), activated=bytes(32))
+    ch = verifier.challenge(node.node_id, claimed)  # a node that makes the secret up (its one challenge)
     refused(verifier.verify(ch, made_up, boot_id=node.boot_id, node_public=NODE_KEY), "activation")
 
 
