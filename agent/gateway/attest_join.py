@@ -140,12 +140,19 @@ class JoinAttestation:
     def _at_hello(self, node_id: str, hello: session_pb2.Hello, source: str) -> Challenge | Verdict:
         tpm = hello.tpm
         if not hello.HasField("tpm"):
-            return Verdict(Status.UNATTESTED, reason="the agent presents no TPM (an agent that does not "
-                           "attest)")
-        if tpm.absent:
-            return Verdict(Status.UNATTESTED, reason=tpm.absent)
-        if tpm.error:
-            return Verdict(Status.UNATTESTED, reason=f"the node's TPM failed: {tpm.error}")
+            said = "the agent presents no TPM (an agent that does not attest)"
+        elif tpm.absent:
+            said = tpm.absent
+        elif tpm.error:
+            said = f"the node's TPM failed: {tpm.error}"
+        else:
+            said = ""
+        if said:  # the agent's word: where a TPM is bound to the node, it is no excuse
+            ek = self.verifier.bound(node_id)
+            if ek:
+                return Verdict(Status.REFUSED, "tpm_missing", f"EK {ek[:16]} is bound to {node_id}, and the "
+                               f"agent says: {said}")
+            return Verdict(Status.UNATTESTED, reason=said)
         if not self.rate.allow(source):
             log.warning("attestation of %s: %s is past its rate of Hellos, told to join again later",
                         node_id, source or "its source")
