@@ -380,17 +380,43 @@ class Verifier:
         with self._lock:
             return self.states.release(node_id)
 
-    def _bind(self, node_id: str, ek: bytes) -> None:
-        """At an attested join: the EK is the node's from now on (checked again under the lock:
-        two nodes racing to their first join with one TPM)."""
+    def _judge(self, ch: Challenge, log_: eventlog.EventLog, pcrs: dict[int, bytes]) -> dict[str, str]:
+        """The policy's judgement, with the profile held to what the node attested under before:
+        the DMI strings are the node's word, so a node that says another profile (reflashed firmware
+        reporting another BIOS version) is refused, not learned, unless an operator opened its
+        window (``accept``); a new profile is learned only at the node's first attestation."""
         with self._lock:
-            state = self._check_binding(node_id, ek)
-            if state is None or state.ek != ek:
+            state = self.states.get(ch.node_id)
+        before, accept = (state.profile, state.accept) if state is not None else ("", False)
+        platform = ch.identity.platform
+        if before and platform != before and not accept:
+            raise PolicyFailed("policy_profile", f"{ch.node_id} attested as hardware profile {before!r} and "
+                               f"now says {platform!r}: a profile is not learned because a DMI string "
+                               "changed (an operator accepts a firmware change: agent gateway accept NODE)")
+        return self.policy.judge(log_, pcrs, platform, learn=not before, accept=accept)
+
+    def accept(self, node_id: str) -> NodeState:
+        """An operator's window for the node: its next attested join may learn its firmware's PCRs
+        (a firmware update, a new board); the window closes with that join."""
+        with self._lock:
+            try:
+                return self.states.accept(node_id)
+            except StateFull as e:
+                raise Refused("capacity", str(e)) from e
+
+    def _bind(self, node_id: str, ek: bytes, profile: str) -> None:
+        """At an attested join: the EK is the node's from now on (checked again under the lock:
+        two nodes racing to their first join with one TPM), and so is its profile; an operator's
+        window closes."""
+        with self._lock:
+            state = self._check_binding(node_id, ek) or NodeState(node_id)
+            if (state.ek, state.profile, state.accept) != (ek, profile, False):
                 try:
-                    self.states.bind(node_id, ek)
+                    self.states.put(replace(state, ek=ek, profile=profile, accept=False))
                 except StateFull as e:
                     raise Refused("capacity", str(e)) from e
-                log.info("attestation: %s bound to EK %s", node_id, ek.hex()[:16])
+                if state.ek != ek:
+                    log.info("attestation: %s bound to EK %s", node_id, ek.hex()[:16])
 
     def _unpend(self, nonce: bytes) -> Challenge | None:
         """Under the lock: the challenge of ``nonce`` taken out of the pool."""
@@ -498,9 +524,9 @@ class Verifier:
         if kexec:
             return Verdict(Status.UNATTESTED, reason=f"the TPM was not reset since boot {kexec}, which it "
                            "measured: this boot came by kexec, and what runs now was not measured")
-        matched = self.policy.judge(log_, evidence.pcrs, ch.identity.platform)
+        matched = self._judge(ch, log_, evidence.pcrs)
         ek = hashlib.sha256(ch.identity.ek_public).digest()
-        self._bind(ch.node_id, ek)
+        self._bind(ch.node_id, ek, ch.identity.platform)
         matched["ek"] = ek.hex()[:16]
         return Verdict(Status.ATTESTED, matched=matched)
 

@@ -120,8 +120,13 @@ class Policy:
                          for name, pcrs in sorted(self.profiles.items())},
         }
 
-    def judge(self, log_: eventlog.EventLog, pcrs: dict[int, bytes], profile: str) -> dict[str, str]:
-        """What matched (build, profile); PolicyFailed names the first check that did not."""
+    def judge(self, log_: eventlog.EventLog, pcrs: dict[int, bytes], profile: str, *,
+              learn: bool = True, accept: bool = False) -> dict[str, str]:
+        """What matched (build, profile); PolicyFailed names the first check that did not.
+
+        ``learn``: the caller allows a new profile to be learned here (with ``"learn": "first"``:
+        the node's first attestation); ``accept``: an operator opened the node's window, and
+        PCRs 0, 2 and 7 are learned under its profile, known or not."""
         apps = [e.sha256 for e in log_.of(4, eventlog.Ev.EFI_BOOT_SERVICES_APPLICATION)]
         build = next((b for b in self.builds if tuple(apps[-len(b.pcr4):]) == b.pcr4), None)
         if build is None:
@@ -147,10 +152,18 @@ class Policy:
         matched = {"build": build.build_id, "pcr4": build.pcr4[0].hex(), "profile": profile}
         with self._lock:
             known = self.profiles.get(profile)
+            if accept and (known is None or any(pcrs[p] not in known.get(p, set()) for p in PROFILE_PCRS)):
+                updated = {p: {*(known or {}).get(p, set()), pcrs[p]} for p in PROFILE_PCRS}
+                self.profiles[profile] = updated
+                self._save()
+                log.info("attestation policy: an operator accepted hardware profile %r's firmware", profile)
+                matched["learned"] = "pcr0,pcr2,pcr7 (accepted by an operator)"
+                return matched
             if known is None:
-                if self.learn != "first":
+                if self.learn != "first" or not learn:
                     raise PolicyFailed("policy_profile", f"hardware profile {profile!r} is not enrolled "
-                                       "and the policy learns none")
+                                       "and the policy learns none here (an operator opens a node's window: "
+                                       "agent gateway accept)")
                 self.profiles[profile] = {p: {pcrs[p]} for p in PROFILE_PCRS}
                 self._save()
                 log.info("attestation policy: learned hardware profile %r", profile)
@@ -159,7 +172,8 @@ class Policy:
         for pcr in PROFILE_PCRS:
             if pcrs[pcr] not in known.get(pcr, set()):
                 raise PolicyFailed("policy_profile", f"PCR {pcr} is {pcrs[pcr].hex()}, not a value "
-                                   f"accepted for {profile!r} (firmware or its settings changed)")
+                                   f"accepted for {profile!r} (firmware or its settings changed; refused "
+                                   "until an operator accepts it: agent gateway accept NODE)")
         return matched
 
     def _save(self) -> None:

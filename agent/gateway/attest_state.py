@@ -1,11 +1,16 @@
 """What the verifier keeps per node, and keeps across its own restarts: the EK bound to the node
-(one TPM, one node) and the TPM's counters at the node's last quote (no TPM state rolled back).
+(one TPM, one node), the TPM's counters at the node's last quote (no TPM state rolled back), and
+the hardware profile it attested under (a profile is not learned because a DMI string changed).
 
 Each node is one JSON file in the state folder (``--attest-state DIR``, mode 0700, files 0600),
 named by the SHA-256 of the node id and written whole or not at all (agent/atomicfile.py):
 
     {"node_id": "node-1", "ek": "<SHA-256 of the EK's TPMT_PUBLIC>",
-     "counters": {"reset": 3, "restart": 0, "clock": 123456, "measured_boot": "<boot id>"}}
+     "counters": {"reset": 3, "restart": 0, "clock": 123456, "measured_boot": "<boot id>"},
+     "profile": "<the hardware profile it attested under>", "accept": false}
+
+``accept`` is an operator's window for that node (``agent gateway accept``): its next attested
+join may learn what its firmware measured, under its profile or a new one; then it closes.
 
 A node's file is read again at each use, so ``agent gateway reenroll`` (which removes it: a
 TPM replaced) takes effect on a running gateway too. Without a folder the table is kept in
@@ -47,9 +52,12 @@ class NodeState:
     node_id: str
     ek: bytes = b""                  # SHA-256 of the EK's public area bound to the node; b"" none
     counters: Counters | None = None
+    profile: str = ""                # the hardware profile the node attested under; "" none yet
+    accept: bool = False             # an operator's window: the next attested join may learn
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"node_id": self.node_id, "ek": self.ek.hex()}
+        out: dict[str, Any] = {"node_id": self.node_id, "ek": self.ek.hex(), "profile": self.profile,
+                               "accept": self.accept}
         if self.counters is not None:
             c = self.counters
             out["counters"] = {"reset": c.reset, "restart": c.restart, "clock": c.clock,
@@ -65,7 +73,10 @@ class NodeState:
             c = doc.get("counters")
             counters = None if c is None else Counters(int(c["reset"]), int(c["restart"]), int(c["clock"]),
                                                        str(c["measured_boot"]))
-            return cls(doc["node_id"], ek, counters)
+            profile, accept = doc.get("profile", ""), doc.get("accept", False)
+            if not isinstance(profile, str) or not isinstance(accept, bool):
+                raise ValueError("profile is a string, accept true or false")
+            return cls(doc["node_id"], ek, counters, profile, accept)
         except (KeyError, TypeError, ValueError) as e:
             raise InvalidParameters(f"{where}: not a node's attestation state: {e}") from e
 
@@ -128,6 +139,13 @@ class NodeStates:
     def bind(self, node_id: str, ek: bytes) -> None:
         state = self.get(node_id) or NodeState(node_id)
         self.put(replace(state, ek=ek))
+
+    def accept(self, node_id: str) -> NodeState:
+        """Open the node's window: its next attested join may learn its firmware's PCRs (a new
+        profile, or new values for its profile)."""
+        state = replace(self.get(node_id) or NodeState(node_id), accept=True)
+        self.put(state)
+        return state
 
     def release(self, node_id: str) -> NodeState | None:
         """Forget the node: its EK and its counters (a TPM replaced). Returns what was kept."""

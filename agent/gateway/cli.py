@@ -6,9 +6,11 @@
     serve --pki DIR [--listen HOST:PORT]          a gateway with a line console on stdin:
                                                   nodes | send NODE KIND JSON | cancel ID |
                                                   drain NODE | wait ID | reenroll NODE |
-                                                  events | quit
+                                                  accept NODE | events | quit
     reenroll --attest-state DIR NODE              a node's TPM replaced: forget the EK bound to it
                                                   and its counters (docs/attestation.md)
+    accept --attest-state DIR NODE                a node's firmware changed: its next attested join
+                                                  may learn its PCRs 0, 2, 7 (docs/attestation.md)
     sign  --signing-key F --node N --kind K --payload JSON [--boot-id ID] --out FILE
                                                   a signed command file for `agent exec`
                                                   (destructive kinds: the node's boot id)
@@ -226,7 +228,7 @@ def cmd_send(args: argparse.Namespace) -> int:
 # -- serve -----------------------------------------------------------------------------------
 
 HELP = ("commands: nodes | send NODE KIND JSON [TIMEOUT] | cancel ID | drain NODE | wait ID | "
-        "reenroll NODE | events | quit")
+        "reenroll NODE | accept NODE | events | quit")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -283,6 +285,9 @@ def _console(gw: Gateway, words: list[str]) -> bool:
         _print_boots(rec, gw)
     elif cmd == "reenroll" and len(rest) == 1 and gw.attestation is not None:
         print(_reenrolled(rest[0], gw.attestation.verifier.reenroll(rest[0])))
+    elif cmd == "accept" and len(rest) == 1 and gw.attestation is not None:
+        gw.attestation.verifier.accept(rest[0])
+        print(ACCEPTED.format(node=rest[0]))
     elif cmd == "events":
         for ev in gw.events:
             print(ev)
@@ -299,11 +304,26 @@ def _reenrolled(node: str, kept: NodeState | None) -> str:
             "binds the new EK")
 
 
-def cmd_reenroll(args: argparse.Namespace) -> int:
-    """A TPM replaced: the node's bound EK and counters go (the gateway running or not)."""
+ACCEPTED = ("{node}: its next attested join may learn what its firmware measured (PCRs 0, 2, 7, under "
+            "the profile it reports); the window closes with that join")
+
+
+def _state_folder(args: argparse.Namespace) -> NodeStates:
     if not args.attest_state.is_dir():
         raise InvalidParameters(f"--attest-state {args.attest_state}: no such folder")
-    print(_reenrolled(args.node, NodeStates(args.attest_state).release(args.node)))
+    return NodeStates(args.attest_state)
+
+
+def cmd_reenroll(args: argparse.Namespace) -> int:
+    """A TPM replaced: the node's bound EK and counters go (the gateway running or not)."""
+    print(_reenrolled(args.node, _state_folder(args).release(args.node)))
+    return 0
+
+
+def cmd_accept(args: argparse.Namespace) -> int:
+    """A firmware update or a new board: the node's next attested join may learn its PCRs."""
+    _state_folder(args).accept(args.node)
+    print(ACCEPTED.format(node=args.node))
     return 0
 
 
@@ -342,6 +362,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the gateway's --attest-state folder")
     p.add_argument("node", help="the node whose TPM was replaced")
     p.set_defaults(func=cmd_reenroll)
+    p = sub.add_parser("accept", help="let a node's next attested join learn its firmware's PCRs "
+                       "(a firmware update, a changed profile)")
+    p.add_argument("--attest-state", type=Path, required=True, metavar="DIR",
+                   help="the gateway's --attest-state folder")
+    p.add_argument("node", help="the node whose firmware changed")
+    p.set_defaults(func=cmd_accept)
     p = sub.add_parser("sign", help="write a signed command file (for agent exec --signed-command)")
     p.add_argument("--signing-key", type=Path, required=True, metavar="PEM",
                    help="control-plane Ed25519 private key (`keys` writes DIR/signing.key)")

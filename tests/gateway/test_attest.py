@@ -57,12 +57,13 @@ class Node:
             (self.root / "log").write_bytes(measure(tpm, events))
 
     ek: str = "auto"
+    profile: str = PROFILE  # what its DMI says: "maker|model|firmware version"
 
     def attestor(self, tpm: tpmwire.Tpm) -> Attestor:
         dmi = self.root / "dmi"
         dmi.mkdir(parents=True, exist_ok=True)
         names = ("sys_vendor", "product_name", "bios_version")
-        for name, value in zip(names, PROFILE.split("|"), strict=True):
+        for name, value in zip(names, self.profile.split("|"), strict=True):
             (dmi / name).write_text(value + "\n")
         return Attestor(lambda: tpm, event_log=self.root / "log", dmi=dmi, ek=self.ek)
 

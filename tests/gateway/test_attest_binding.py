@@ -19,15 +19,16 @@ from agent.gateway.attest_join import JoinAttestation
 from agent.gateway.attest_policy import Policy
 from agent.gateway.attest_state import NodeStates
 from agent.proto import session_pb2
-from tests.gateway.test_attest import Node, policy_doc, refused
+from tests.gateway.test_attest import PROFILE, Node, policy_doc, refused
 from tests.runtime.harness import ROOT
-from tests.tpmsim import SimTpm, manufactured_tpm, other_sim, sim
+from tests.tpmsim import UEFI_BOOT, Ev, SimTpm, ev, manufactured_tpm, other_sim, sim
 
 __all__ = ["manufactured_tpm", "other_sim", "sim"]
 
 
 def verifier_for(tmp_path: Path, *sims: SimTpm, states: NodeStates | None = None) -> Verifier:
-    (tmp_path / "policy.json").write_text(json.dumps(policy_doc()))
+    if not (tmp_path / "policy.json").exists():  # a restart reads the policy it learned into
+        (tmp_path / "policy.json").write_text(json.dumps(policy_doc()))
     roots = load_certificates([p for s in sims for p in (s.ca_root, s.ca_issuer)])
     return Verifier(Policy.load(tmp_path / "policy.json"), ek_roots=roots, states=states)
 
@@ -104,9 +105,11 @@ def test_bindings_and_counters_survive_a_restart_and_a_bound_node_cannot_say_it_
     node = as_node(a, "node-1")
     sim.stop()
     shutil.copytree(sim.state, tmp_path / "snapshot")  # TPM A as it is now
-    sim.start()
-    node.boot()
-    assert node.join(verifier_for(tmp_path, sim, other_sim, states=NodeStates(folder))).attested
+    for _ in range(2):  # two boots: the TPM's reset count goes up twice
+        sim.stop()
+        sim.start()
+        node.boot()
+        assert node.join(verifier_for(tmp_path, sim, other_sim, states=NodeStates(folder))).attested
     assert oct((folder).stat().st_mode & 0o777) == "0o700"
     files = list(folder.glob("*.json"))
     assert len(files) == 1 and oct(files[0].stat().st_mode & 0o777) == "0o600"
@@ -168,3 +171,40 @@ def test_the_table_is_bounded_and_a_state_file_it_cannot_read_fails_closed(sim: 
     path.write_text("{not json")
     v = at_challenge(verifier, as_node(a, "node-1"))
     assert (v.status, v.check) == (Status.REFUSED, "verifier") and "not JSON" in v.reason, v
+
+
+REFLASHED = [ev(0, Ev.S_CRTM_VERSION, "9.9".encode("utf-16-le") + b"\0\0"), *UEFI_BOOT[1:]]
+
+
+def test_a_profile_is_not_learned_because_a_dmi_string_changed(sim: SimTpm, other_sim: SimTpm,
+                                                              tmp_path: Path) -> None:
+    """Profiles were keyed by the DMI strings the node reports: reflashed firmware that reports
+    another BIOS version was learned as a new profile and attested (``"learn": "first"``). Now a
+    node is held to the profile it attested under, and learns only in a window an operator opens
+    for it; a PCR 0 change under its profile is refused until an operator accepts it."""
+    folder = tmp_path / "state"
+    verifier = verifier_for(tmp_path, sim, other_sim, states=NodeStates(folder))
+    a, b = two_tpms(sim, other_sim, tmp_path)
+    node = as_node(a, "node-1")
+    assert node.join(verifier).matched["learned"] == "pcr0,pcr2,pcr7"
+    sim.restart()  # reflashed: another firmware, its DMI saying another BIOS version
+    node.boot(REFLASHED)
+    node.profile = PROFILE.rsplit("|", 1)[0] + "|9.9"
+    verdict = node.join(verifier)
+    refused(verdict, "policy_profile")
+    assert "DMI string changed" in verdict.reason
+    node.profile = PROFILE  # the same firmware under the old DMI strings: PCR 0 is not the profile's
+    refused(node.join(verifier), "policy_profile")
+    out = subprocess.run([sys.executable, "-m", "agent", "gateway", "accept", "--attest-state", str(folder),
+                          "node-1"], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0 and "node-1: its next attested join may learn" in out.stdout, out.stderr
+    accepted = node.join(verifier)  # the operator accepted the firmware update
+    assert accepted.attested and "accepted by an operator" in accepted.matched["learned"], accepted
+    again = node.join(verifier)
+    assert again.attested and "learned" not in again.matched  # the window closed with that join
+    node.profile = PROFILE.rsplit("|", 1)[0] + "|9.9"
+    refused(node.join(verifier), "policy_profile")
+    newcomer = as_node(b, "node-2")  # a node's first attestation still learns (trust on first use)
+    newcomer.profile = "Maker|Board|1.0"
+    assert newcomer.join(verifier).matched["learned"] == "pcr0,pcr2,pcr7"
