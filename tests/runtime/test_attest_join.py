@@ -133,7 +133,8 @@ def test_a_verifier_crash_refuses_the_boot_and_its_earlier_verdict_stops_vouchin
         refused = gw.wait_for(lambda: (v := gw.attestation.verdict("node-1")) is not None  # type: ignore[union-attr]
                               and v.status is Status.REFUSED and v, TIMEOUT, "the refusal")
         assert refused.check == "verifier" and "UnsupportedAlgorithm" in refused.reason, refused
-        told = gw.wait_for(lambda: [e for e in gw.events if e.what == "join_refused"], TIMEOUT, "the site told")
+        told = gw.wait_for(lambda: [e for e in gw.events if e.what == "join_refused"], TIMEOUT,
+                           "the site told")
         assert "attestation refused (verifier)" in told[0].detail
         after = gw.send("node-1", "diag.nvml", {})  # the session goes on; what it signs is not verified
         gw.wait_result(after, TIMEOUT)
