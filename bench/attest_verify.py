@@ -11,6 +11,10 @@ anything is timed. Then, on the gateway's side only:
                   while a probe thread that sleeps 1 ms at a time records how late it wakes
                   (what another session's frame handling would wait)
 
+One TPM stands in for the K machines: the verifier binds an EK to one node (one TPM, one node),
+so the bench's table (``SharedTpm``) answers that no other node holds the EK; the binding's
+look-ups and writes are still made, in memory as a gateway without ``--attest-state`` makes them.
+
 Usage: .venv/bin/python bench/attest_verify.py [--joins 256] [--extra-events 300]
 """
 
@@ -29,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from agent.gateway.attest import Challenge, Verifier, load_certificates  # noqa: E402
 from agent.gateway.attest_policy import Build, Policy  # noqa: E402
+from agent.gateway.attest_state import NodeStates  # noqa: E402
 from agent.security.attest import Attestor, Evidence  # noqa: E402
 from tests.tpmsim import UEFI_BOOT, Ev, SimTpm, ev, h, measure, variable  # noqa: E402
 
@@ -37,6 +42,13 @@ BOOT = "00000000-0000-4000-8000-000000000000"
 
 
 Work = list[tuple[str, Challenge, Evidence]]
+
+
+class SharedTpm(NodeStates):
+    """The bench's one TPM answers for K made-up nodes: its EK is held by none of them."""
+
+    def owner(self, ek: bytes) -> str | None:
+        return None
 
 
 def prepared(sim: SimTpm, verifier: Verifier, joins: int, log: Path) -> tuple[Work, list[float]]:
@@ -72,7 +84,8 @@ def main() -> None:
         with sim:
             def verifier() -> Verifier:
                 policy = Policy(builds=[Build("b1", (h(b"ramdisk uki"),), {})], learn="first")
-                return Verifier(policy, ek_roots=load_certificates([sim.ca_root, sim.ca_issuer]))
+                return Verifier(policy, ek_roots=load_certificates([sim.ca_root, sim.ca_issuer]),
+                                states=SharedTpm())
 
             with sim.tpm() as tpm:
                 extra = [ev(5, Ev.EFI_VARIABLE_BOOT, variable(f"Boot{i:04X}", bytes(60)))

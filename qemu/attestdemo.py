@@ -27,7 +27,8 @@ def run(lab: Lab, workdir: Path, say: Callable[[str], None], timeout: float = 60
         say(f"ATTESTATION: skipped ({missing})")
         return []
     root = workdir / "attest"
-    qemu_tpm.manufacture(root / "state", root / "ca")
+    for i in range(len(NODES)):  # a TPM each: the gateway binds one TPM to one node
+        qemu_tpm.manufacture(root / f"state-{i}", root / "ca")
     builds = []
     boots = []
     for node, note in zip(NODES, (b"0", b"1"), strict=True):
@@ -49,10 +50,10 @@ def run(lab: Lab, workdir: Path, say: Callable[[str], None], timeout: float = 60
     lab.gateway.attestation = joins
     verdicts = []
     try:
-        for (node, esp, _), label in zip(boots, ("its UKI", "its UKI with one byte changed in the initramfs"),
-                                         strict=True):
+        for i, ((node, esp, _), label) in enumerate(zip(
+                boots, ("its UKI", "its UKI with one byte changed in the initramfs"), strict=True)):
             say(f"powering on {node} (UEFI, OVMF, a TPM 2.0 by swtpm): {label}, from its ESP")
-            with qemu_tpm.Swtpm(root / "state", root / "swtpm.sock") as swtpm:
+            with qemu_tpm.Swtpm(root / f"state-{i}", root / "swtpm.sock") as swtpm:
                 machine = lab.boot(node, uefi=True, tpm=swtpm.socket, esp=esp)
                 try:
                     lab.wait_joined(machine, node, timeout)

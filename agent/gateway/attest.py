@@ -1,7 +1,8 @@
 """The reference gateway's verifier: is this node's boot the one its TPM says, and one we accept?
 
 A join is two steps. ``challenge`` checks who the TPM is (the EK certificate's chain to the
-configured EK roots, or an EK pinned for the node; the EK's and the AK's public areas) and
+configured EK roots, or an EK pinned for the node; the EK bound to the node and to no other,
+ek_changed and ek_in_use, agent/gateway/attest_state.py; the EK's and the AK's public areas) and
 makes a credential for the AK that only that EK's TPM can activate (TPM2_MakeCredential:
 KDFa, RSA-OAEP with the "IDENTITY" label, AES-128-CFB and an HMAC over the AK's name),
 with a fresh nonce. ``verify`` then takes the node's answer and refuses on the first check
@@ -15,12 +16,14 @@ that fails, naming it:
                       qualifying data is not this nonce, boot id and node key
     pcr_selection, pcr_digest   not PCRs 0-12 of SHA-256; the PCR values do not hash to it
     counters          the TPM's reset/restart counters and clock went back: a replayed quote
+                      (kept across restarts in the state folder, with the EK bindings)
     event_log         the log does not parse, or does not replay to the quoted PCRs
     policy_*          the boot is not one the policy accepts (attest_policy.py)
 
-The verdict is ``attested`` (what matched), ``unattested`` (no TPM, no event log, or a BIOS
-boot, with why) or ``refused`` (the check, and why). It fails closed: an exception anywhere
-is a refusal.
+The verdict is ``attested`` (what matched; the EK is bound to the node from then on),
+``unattested`` (no event log, or a BIOS boot, with why), ``refused`` (the check, and why) or
+``retry`` (busy: one challenge per node, the pool full). It fails closed: an exception anywhere
+is a refusal named ``verifier``.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cryptography import x509
@@ -48,6 +51,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from agent.errors import AgentError, InvalidParameters
 from agent.gateway import eventlog
 from agent.gateway.attest_policy import Policy, PolicyFailed
+from agent.gateway.attest_state import Counters, NodeState, NodeStates, StateFull
 from agent.hw import tpm as tpmwire
 from agent.security.attest import (
     LEFT_EVENT,
@@ -73,6 +77,7 @@ class Status(enum.StrEnum):
     ATTESTED = "attested"
     UNATTESTED = "unattested"
     REFUSED = "refused"
+    RETRY = "retry"  # the gateway is busy: join again later (nothing was judged; the site is not told)
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,10 @@ class Refused(Exception):
         super().__init__(reason)
         self.check = check
         self.reason = reason
+
+
+class Busy(Exception):
+    """No room for another challenge now: the node is told to join again later, not refused."""
 
 
 @dataclass(frozen=True)
@@ -293,27 +302,21 @@ def _issued(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
 
 # The verifier -----------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Counters:
-    reset: int
-    restart: int
-    clock: int
-    measured_boot: str  # the first boot id quoted since the TPM's last reset: the one it measured
-
-
 class Verifier:
     """Challenges and verdicts for every node of one gateway; thread-safe."""
 
     def __init__(self, policy: Policy, *, ek_roots: Iterable[x509.Certificate] = (),
                  pinned_ek: dict[str, bytes] | None = None, ttl: float = CHALLENGE_TTL,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, states: NodeStates | None = None) -> None:
         self.policy = policy
         self.roots = list(ek_roots)
-        self.pinned_ek = dict(pinned_ek or {})  # node id -> SHA-256 of the EK's public area
+        self.pinned_ek = dict(pinned_ek or {})  # node id -> SHA-256 of the EK's public area (enrolled)
         self.ttl = ttl
         self.clock = clock
-        self._pending: dict[bytes, Challenge] = {}
-        self._last: dict[str, Counters] = {}
+        self._pending: dict[bytes, Challenge] = {}   # nonce -> challenge, one per node
+        self._pending_of: dict[str, bytes] = {}      # node id -> the nonce of its one challenge
+        # Per node, kept across restarts where it has a folder: the EK bound to it, its counters.
+        self.states = states if states is not None else NodeStates()
         self._lock = threading.Lock()
         self._verifying = threading.BoundedSemaphore(MAX_VERIFYING)
 
@@ -328,6 +331,8 @@ class Verifier:
             raise Refused("ek_certificate", "no EK certificate in the TPM's NV and no EK pinned for the node")
         else:
             check_ek_certificate(identity.ek_certificate, identity.ek_public, self.roots)
+        with self._lock:
+            self._check_binding(node_id, hashlib.sha256(identity.ek_public).digest())
         check_ak_public(identity.ak_public)
         if identity.ak_name != name_of(identity.ak_public):
             raise Refused("ak_public", "the AK's name is not its public area's")
@@ -337,10 +342,94 @@ class Verifier:
         with self._lock:
             now = self.clock()
             for key in [k for k, c in self._pending.items() if now - c.issued > self.ttl]:
-                del self._pending[key]
+                self._unpend(key)
+            previous = self._pending_of.get(node_id)
+            if previous is not None:  # one outstanding challenge per node: the new Hello's
+                self._unpend(previous)
             if len(self._pending) >= MAX_PENDING:
-                raise Refused("busy", f"{MAX_PENDING} challenges outstanding")
+                raise Busy(f"{MAX_PENDING} nodes' challenges outstanding: join again later")
             self._pending[nonce] = ch
+            self._pending_of[node_id] = nonce
+        return ch
+
+    # One TPM, one node ------------------------------------------------------------------------
+
+    def _check_binding(self, node_id: str, ek: bytes) -> NodeState | None:
+        """Under the lock: refuses an EK that is not the one bound to the node (``ek_changed``),
+        or that is bound to another node (``ek_in_use``); returns the node's state."""
+        state = self.states.get(node_id)
+        if state is not None and state.ek and not hmac.compare_digest(state.ek, ek):
+            raise Refused("ek_changed", f"{node_id} is bound to EK {state.ek.hex()[:16]}, this is "
+                          f"{ek.hex()[:16]}: a TPM replaced is enrolled again by an operator "
+                          "(agent gateway reenroll)")
+        owner = self.states.owner(ek) or next(
+            (n for n, pinned in self.pinned_ek.items() if hmac.compare_digest(pinned, ek)), None)
+        if owner is not None and owner != node_id:
+            raise Refused("ek_in_use", f"EK {ek.hex()[:16]} is bound to another node ({owner}): one TPM "
+                          "vouches for one node")
+        if state is None and len(self.states) >= self.states.max_nodes:
+            raise Refused("capacity", f"the verifier holds {self.states.max_nodes} nodes' TPM bindings and "
+                          "counters; it forgets none to make room (that would forget a binding)")
+        return state
+
+    def bound(self, node_id: str) -> str:
+        """The EK digest (hex) bound or pinned to the node, "" where none is."""
+        pinned = self.pinned_ek.get(node_id)
+        if pinned is not None:
+            return pinned.hex()
+        with self._lock:
+            state = self.states.get(node_id)
+        return state.ek.hex() if state is not None else ""
+
+    def reenroll(self, node_id: str) -> NodeState | None:
+        """An operator's word that the node's TPM was replaced: its binding and counters go, and
+        its next attested join binds the new EK. Returns what was kept."""
+        with self._lock:
+            return self.states.release(node_id)
+
+    def _judge(self, ch: Challenge, log_: eventlog.EventLog, pcrs: dict[int, bytes]) -> dict[str, str]:
+        """The policy's judgement, with the profile held to what the node attested under before:
+        the DMI strings are the node's word, so a node that says another profile (reflashed firmware
+        reporting another BIOS version) is refused, not learned, unless an operator opened its
+        window (``accept``); a new profile is learned only at the node's first attestation."""
+        with self._lock:
+            state = self.states.get(ch.node_id)
+        before, accept = (state.profile, state.accept) if state is not None else ("", False)
+        platform = ch.identity.platform
+        if before and platform != before and not accept:
+            raise PolicyFailed("policy_profile", f"{ch.node_id} attested as hardware profile {before!r} and "
+                               f"now says {platform!r}: a profile is not learned because a DMI string "
+                               "changed (an operator accepts a firmware change: agent gateway accept NODE)")
+        return self.policy.judge(log_, pcrs, platform, learn=not before, accept=accept)
+
+    def accept(self, node_id: str) -> NodeState:
+        """An operator's window for the node: its next attested join may learn its firmware's PCRs
+        (a firmware update, a new board); the window closes with that join."""
+        with self._lock:
+            try:
+                return self.states.accept(node_id)
+            except StateFull as e:
+                raise Refused("capacity", str(e)) from e
+
+    def _bind(self, node_id: str, ek: bytes, profile: str) -> None:
+        """At an attested join: the EK is the node's from now on (checked again under the lock:
+        two nodes racing to their first join with one TPM), and so is its profile; an operator's
+        window closes."""
+        with self._lock:
+            state = self._check_binding(node_id, ek) or NodeState(node_id)
+            if (state.ek, state.profile, state.accept) != (ek, profile, False):
+                try:
+                    self.states.put(replace(state, ek=ek, profile=profile, accept=False))
+                except StateFull as e:
+                    raise Refused("capacity", str(e)) from e
+                if state.ek != ek:
+                    log.info("attestation: %s bound to EK %s", node_id, ek.hex()[:16])
+
+    def _unpend(self, nonce: bytes) -> Challenge | None:
+        """Under the lock: the challenge of ``nonce`` taken out of the pool."""
+        ch = self._pending.pop(nonce, None)
+        if ch is not None and self._pending_of.get(ch.node_id) == nonce:
+            del self._pending_of[ch.node_id]
         return ch
 
     def try_challenge(self, node_id: str, identity: Identity) -> Challenge | Verdict:
@@ -348,7 +437,15 @@ class Verifier:
         try:
             return self.challenge(node_id, identity)
         except Refused as e:
-            return Verdict(Status.REFUSED, e.check, e.reason)
+            verdict = Verdict(Status.REFUSED, e.check, e.reason)
+        except Busy as e:
+            log.warning("attestation of %s: busy, told to join again later: %s", node_id, e)
+            return Verdict(Status.RETRY, "busy", str(e))
+        except Exception as e:  # fails closed: a surprise is a refusal, with what it was
+            log.exception("attestation of %s: the verifier failed at the challenge", node_id)
+            verdict = Verdict(Status.REFUSED, "verifier", f"{type(e).__name__}: {e}")
+        log.warning("attestation of %s refused: %s", node_id, verdict)
+        return verdict
 
     def verify(self, challenge: Challenge, evidence: Evidence | str, *, boot_id: str,
                node_public: bytes, role: str = "ramdisk") -> Verdict:
@@ -374,9 +471,10 @@ class Verifier:
 
     def _verify(self, ch: Challenge, evidence: Evidence | str, boot_id: str, node_public: bytes) -> Verdict:
         with self._lock:
-            pending = self._pending.pop(ch.nonce, None)
+            pending = self._unpend(ch.nonce)
         if pending is None or pending != ch:
-            raise Refused("nonce_reused", "this challenge was answered already, or was never made")
+            raise Refused("nonce_reused", "this challenge was answered already, replaced by the node's "
+                          "next Hello, or was never made")
         if self.clock() - ch.issued > self.ttl:
             raise Refused("nonce_reused", f"the challenge is older than {self.ttl:.0f} s")
         if isinstance(evidence, str):
@@ -433,8 +531,10 @@ class Verifier:
         if kexec:
             return Verdict(Status.UNATTESTED, reason=f"the TPM was not reset since boot {kexec}, which it "
                            "measured: this boot came by kexec, and what runs now was not measured")
-        matched = self.policy.judge(log_, evidence.pcrs, ch.identity.platform)
-        matched["ek"] = hashlib.sha256(ch.identity.ek_public).hexdigest()[:16]
+        matched = self._judge(ch, log_, evidence.pcrs)
+        ek = hashlib.sha256(ch.identity.ek_public).digest()
+        self._bind(ch.node_id, ek, ch.identity.platform)
+        matched["ek"] = ek.hex()[:16]
         return Verdict(Status.ATTESTED, matched=matched)
 
     def _counters(self, node_id: str, attest: tpmwire.Attest, boot_id: str) -> str:
@@ -442,12 +542,16 @@ class Verifier:
         this quote is of another boot since the TPM's last reset (a kexec), else ""."""
         now = (attest.reset_count, attest.restart_count, attest.clock)
         with self._lock:
-            last = self._last.get(node_id)
+            state = self.states.get(node_id) or NodeState(node_id)
+            last = state.counters
             if last is not None and now <= (last.reset, last.restart, last.clock):
                 raise Refused("counters", "the TPM's reset/restart counters and clock ({}/{}/{}) are not "
                               "past the last quote's ({}/{}/{}): a replayed quote".format(
                                   *now, last.reset, last.restart, last.clock))
             same_epoch = last is not None and (last.reset, last.restart) == now[:2]
             measured = last.measured_boot if same_epoch and last is not None else boot_id
-            self._last[node_id] = Counters(*now, measured)
+            try:
+                self.states.put(replace(state, counters=Counters(*now, measured)))
+            except StateFull as e:
+                raise Refused("capacity", str(e)) from e
         return measured if measured != boot_id else ""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,6 +34,35 @@ from agent.security.attest import evidence_from, identity_from
 log = logging.getLogger(__name__)
 
 MAX_NODES = 100_000
+# Challenges made for one source (the peer's address) a second, sustained, and in a burst: a
+# challenge costs the gateway an EK chain check and a MakeCredential, and the pool of outstanding
+# challenges is shared (attest.MAX_PENDING), so one source cannot fill it within a challenge's
+# time to live (8 a second for 120 s is under 4,096). Sources past the rate are told to retry.
+HELLO_RATE = 8.0
+HELLO_BURST = 64.0
+MAX_SOURCES = 4096
+
+
+class SourceRate:
+    """A token bucket per source. The table is bounded: past ``max_sources`` the source seen
+    longest ago is forgotten (it comes back with a full burst, no more)."""
+
+    def __init__(self, rate: float = HELLO_RATE, burst: float = HELLO_BURST, max_sources: int = MAX_SOURCES,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self.burst, self.max_sources, self.clock = rate, burst, max_sources, clock
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # source -> (tokens, when)
+        self._lock = threading.Lock()
+
+    def allow(self, source: str) -> bool:
+        now = self.clock()
+        with self._lock:
+            tokens, then = self._buckets.pop(source, (self.burst, now))
+            tokens = min(self.burst, tokens + (now - then) * self.rate)
+            ok = tokens >= 1.0
+            self._buckets[source] = (tokens - 1.0 if ok else tokens, now)
+            while len(self._buckets) > self.max_sources:
+                self._buckets.popitem(last=False)
+        return ok
 
 
 @dataclass
@@ -68,40 +98,67 @@ def verdict_message(v: Verdict) -> session_pb2.AttestVerdict:
 class JoinAttestation:
     """Per node, this session's challenge and the verdict on it."""
 
-    def __init__(self, verifier: Verifier, on_verdict: Callable[[str, Verdict], None] | None = None) -> None:
+    def __init__(self, verifier: Verifier, on_verdict: Callable[[str, Verdict], None] | None = None,
+                 rate: SourceRate | None = None) -> None:
         self.verifier = verifier
         self.on_verdict = on_verdict
+        self.rate = rate or SourceRate()
         self._joins: dict[str, Join] = {}
         self._lock = threading.Lock()
 
-    def on_hello(self, node_id: str, hello: session_pb2.Hello) -> session_pb2.Frame:
-        """The frame to send after the Welcome: a challenge, or the verdict already reached."""
+    def begin(self, node_id: str, hello: session_pb2.Hello) -> Join:
+        """The node's new join, with no verdict yet: from here its previous verdict vouches for
+        nothing (the gateway calls this first thing at a Hello; ``on_hello`` calls it too)."""
         join = Join(hello.boot_id, bytes(hello.public_key), hello.role or "ramdisk")
-        tpm = hello.tpm
-        if not hello.HasField("tpm"):
-            join.verdict = Verdict(Status.UNATTESTED, reason="the agent presents no TPM (an agent "
-                                   "that does not attest)")
-        elif tpm.absent:
-            join.verdict = Verdict(Status.UNATTESTED, reason=tpm.absent)
-        elif tpm.error:
-            join.verdict = Verdict(Status.UNATTESTED, reason=f"the node's TPM failed: {tpm.error}")
-        else:
-            out = self.verifier.try_challenge(node_id, identity_from(tpm))
-            if isinstance(out, Verdict):
-                join.verdict = out
-            else:
-                join.challenge = out
         with self._lock:
             if node_id not in self._joins and len(self._joins) >= MAX_NODES:
-                self._joins.pop(next(iter(self._joins)))
+                dropped = next(iter(self._joins))
+                self._joins.pop(dropped)
+                log.warning("attestation: %d nodes' joins held; the oldest, %s's, dropped (its results "
+                            "no longer count as verified)", MAX_NODES, dropped)
             self._joins[node_id] = join
-        if join.verdict is not None:
-            self._decided(node_id, join.verdict)
-            return session_pb2.Frame(attest_verdict=verdict_message(join.verdict))
-        assert join.challenge is not None
-        ch = join.challenge
+        return join
+
+    def on_hello(self, node_id: str, hello: session_pb2.Hello, source: str = "") -> session_pb2.Frame:
+        """The frame to send after the Welcome: a challenge, or the verdict already reached.
+        It fails closed: an exception anywhere is this boot's refusal, named ``verifier``.
+        ``source`` (the peer's address) is rated: past its rate the node is told to retry."""
+        join = self.begin(node_id, hello)
+        try:
+            out = self._at_hello(node_id, hello, source)
+        except Exception as e:
+            log.exception("attestation of %s: the verifier failed at the Hello", node_id)
+            out = Verdict(Status.REFUSED, "verifier", f"{type(e).__name__}: {e}")
+        if isinstance(out, Verdict):
+            join.verdict = out
+            self._decided(node_id, out)
+            return session_pb2.Frame(attest_verdict=verdict_message(out))
+        join.challenge = ch = out
         return session_pb2.Frame(attest_challenge=session_pb2.AttestChallenge(
             nonce=ch.nonce, credential_blob=ch.credential_blob, encrypted_secret=ch.encrypted_secret))
+
+    def _at_hello(self, node_id: str, hello: session_pb2.Hello, source: str) -> Challenge | Verdict:
+        tpm = hello.tpm
+        if not hello.HasField("tpm"):
+            said = "the agent presents no TPM (an agent that does not attest)"
+        elif tpm.absent:
+            said = tpm.absent
+        elif tpm.error:
+            said = f"the node's TPM failed: {tpm.error}"
+        else:
+            said = ""
+        if said:  # the agent's word: where a TPM is bound to the node, it is no excuse
+            ek = self.verifier.bound(node_id)
+            if ek:
+                return Verdict(Status.REFUSED, "tpm_missing", f"EK {ek[:16]} is bound to {node_id}, and the "
+                               f"agent says: {said}")
+            return Verdict(Status.UNATTESTED, reason=said)
+        if not self.rate.allow(source):
+            log.warning("attestation of %s: %s is past its rate of Hellos, told to join again later",
+                        node_id, source or "its source")
+            return Verdict(Status.RETRY, "busy", f"more than {self.rate.rate:g} joins a second from "
+                           f"{source or 'this source'}: join again later")
+        return self.verifier.try_challenge(node_id, identity_from(tpm))
 
     def on_answer(self, node_id: str, answer: session_pb2.AttestAnswer) -> session_pb2.Frame:
         with self._lock:
@@ -112,9 +169,13 @@ class JoinAttestation:
             verdict = join.verdict = Verdict(Status.REFUSED, "nonce_reused",
                                              "this session's challenge was answered twice")
         else:
-            evidence = answer.error or evidence_from(answer)
-            verdict = self.verifier.verify(join.challenge, evidence, boot_id=join.boot_id,
-                                           node_public=join.public_key, role=join.role)
+            try:
+                evidence = answer.error or evidence_from(answer)
+                verdict = self.verifier.verify(join.challenge, evidence, boot_id=join.boot_id,
+                                               node_public=join.public_key, role=join.role)
+            except Exception as e:  # verify fails closed itself; this is the frame's reading
+                log.exception("attestation of %s: the verifier failed at the answer", node_id)
+                verdict = Verdict(Status.REFUSED, "verifier", f"{type(e).__name__}: {e}")
             join.verdict = verdict
         self._decided(node_id, verdict)
         return session_pb2.Frame(attest_verdict=verdict_message(verdict))

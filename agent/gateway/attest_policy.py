@@ -122,8 +122,13 @@ class Policy:
                          for name, pcrs in sorted(profiles.items())},
         }
 
-    def judge(self, log_: eventlog.EventLog, pcrs: dict[int, bytes], profile: str) -> dict[str, str]:
-        """What matched (build, profile); PolicyFailed names the first check that did not."""
+    def judge(self, log_: eventlog.EventLog, pcrs: dict[int, bytes], profile: str, *,
+              learn: bool = True, accept: bool = False) -> dict[str, str]:
+        """What matched (build, profile); PolicyFailed names the first check that did not.
+
+        ``learn``: the caller allows a new profile to be learned here (with ``"learn": "first"``:
+        the node's first attestation); ``accept``: an operator opened the node's window, and
+        PCRs 0, 2 and 7 are learned under its profile, known or not."""
         images = judge_events(log_)
         digests = [e.sha256 for e in images]
         build = next((b for b in self.builds if tuple(digests[-len(b.pcr4):]) == b.pcr4), None)
@@ -154,25 +159,36 @@ class Policy:
         matched = {"build": build.build_id, "pcr4": build.pcr4[0].hex(), "profile": profile}
         with self._lock:
             known = self.profiles.get(profile)
+            if accept and (known is None or any(pcrs[p] not in known.get(p, set()) for p in PROFILE_PCRS)):
+                self._keep(profile, {p: {*(known or {}).get(p, set()), pcrs[p]} for p in PROFILE_PCRS})
+                log.info("attestation policy: an operator accepted hardware profile %r's firmware", profile)
+                matched["learned"] = "pcr0,pcr2,pcr7 (accepted by an operator)"
+                return matched
             if known is None:
-                if self.learn != "first":
+                if self.learn != "first" or not learn:
                     raise PolicyFailed("policy_profile", f"hardware profile {profile!r} is not enrolled "
-                                       "and the policy learns none")
-                learned = {p: {pcrs[p]} for p in PROFILE_PCRS}
-                try:
-                    self._save({**self.profiles, profile: learned})
-                except OSError as e:  # not kept in memory either: learned once, or not at all
-                    raise PolicyFailed("policy_profile", f"hardware profile {profile!r} not learned: the "
-                                       f"policy file cannot be written ({e})") from e
-                self.profiles[profile] = learned
+                                       "and the policy learns none here (an operator opens a node's window: "
+                                       "agent gateway accept)")
+                self._keep(profile, {p: {pcrs[p]} for p in PROFILE_PCRS})
                 log.info("attestation policy: learned hardware profile %r", profile)
                 matched["learned"] = "pcr0,pcr2,pcr7"
                 return matched
         for pcr in PROFILE_PCRS:
             if pcrs[pcr] not in known.get(pcr, set()):
                 raise PolicyFailed("policy_profile", f"PCR {pcr} is {pcrs[pcr].hex()}, not a value "
-                                   f"accepted for {profile!r} (firmware or its settings changed)")
+                                   f"accepted for {profile!r} (firmware or its settings changed; refused "
+                                   "until an operator accepts it: agent gateway accept NODE)")
         return matched
+
+    def _keep(self, profile: str, values: dict[int, set[bytes]]) -> None:
+        """``profile``'s values written to the policy file, then kept in memory: learned once,
+        or not at all (a file that cannot be written refuses, and nothing is kept)."""
+        try:
+            self._save({**self.profiles, profile: values})
+        except OSError as e:
+            raise PolicyFailed("policy_profile", f"hardware profile {profile!r} not learned: the "
+                               f"policy file cannot be written ({e})") from e
+        self.profiles[profile] = values
 
     def _save(self, profiles: dict[str, dict[int, set[bytes]]]) -> None:
         if self.path is not None:

@@ -5,7 +5,12 @@
                                                   show its progress, print the result as JSON
     serve --pki DIR [--listen HOST:PORT]          a gateway with a line console on stdin:
                                                   nodes | send NODE KIND JSON | cancel ID |
-                                                  drain NODE | wait ID | events | quit
+                                                  drain NODE | wait ID | reenroll NODE |
+                                                  accept NODE | events | quit
+    reenroll --attest-state DIR NODE              a node's TPM replaced: forget the EK bound to it
+                                                  and its counters (docs/attestation.md)
+    accept --attest-state DIR NODE                a node's firmware changed: its next attested join
+                                                  may learn its PCRs 0, 2, 7 (docs/attestation.md)
     sign  --signing-key F --node N --kind K --payload JSON [--boot-id ID] --out FILE
                                                   a signed command file for `agent exec`
                                                   (destructive kinds: the node's boot id)
@@ -30,6 +35,7 @@ from agent.errors import AgentError, InvalidParameters
 from agent.gateway.attest import Verifier, load_certificates
 from agent.gateway.attest_join import JoinAttestation
 from agent.gateway.attest_policy import Policy
+from agent.gateway.attest_state import NodeState, NodeStates
 from agent.gateway.certs import DevPki, make_dev_pki
 from agent.gateway.records import CommandRecord, CommandRejected, Event, build_command
 from agent.gateway.server import Gateway
@@ -71,6 +77,9 @@ def _gateway_options(p: argparse.ArgumentParser) -> None:
                    "(repeatable)")
     p.add_argument("--pin-ek", action="append", default=[], metavar="NODE=SHA256",
                    help="the SHA-256 of a node's EK public area, trusted without a certificate (repeatable)")
+    p.add_argument("--attest-state", type=Path, metavar="DIR",
+                   help="keep each node's bound EK and TPM counters here across restarts (a folder, "
+                   "made 0700; docs/attestation.md); without it the gateway forgets them when it stops")
     p.add_argument("--site-node", default="", metavar="NODE",
                    help="the site daemon that boots the nodes: a join refused by attestation is told "
                    "to it as boot.cleanUp with join_refused (its timeline names the cause; docs/site.md)")
@@ -95,8 +104,8 @@ def _make_gateway(args: argparse.Namespace) -> Gateway:
 
 def _attestation(args: argparse.Namespace) -> JoinAttestation | None:
     if args.attest_policy is None:
-        if args.ek_ca or args.pin_ek:
-            raise InvalidParameters("--ek-ca and --pin-ek need --attest-policy")
+        if args.ek_ca or args.pin_ek or args.attest_state:
+            raise InvalidParameters("--ek-ca, --pin-ek and --attest-state need --attest-policy")
         return None
     pinned = {}
     for item in args.pin_ek:
@@ -107,8 +116,9 @@ def _attestation(args: argparse.Namespace) -> JoinAttestation | None:
             pinned[node] = b""
         if not node or len(pinned[node]) != 32:
             raise InvalidParameters(f"--pin-ek {item!r}: expected NODE=<64 hex digits>")
+    states = NodeStates(args.attest_state) if args.attest_state else None
     verifier = Verifier(Policy.load(args.attest_policy), ek_roots=load_certificates(args.ek_ca),
-                        pinned_ek=pinned)
+                        pinned_ek=pinned, states=states)
     return JoinAttestation(verifier)
 
 
@@ -217,7 +227,8 @@ def cmd_send(args: argparse.Namespace) -> int:
 
 # -- serve -----------------------------------------------------------------------------------
 
-HELP = "commands: nodes | send NODE KIND JSON [TIMEOUT] | cancel ID | drain NODE | wait ID | events | quit"
+HELP = ("commands: nodes | send NODE KIND JSON [TIMEOUT] | cancel ID | drain NODE | wait ID | "
+        "reenroll NODE | accept NODE | events | quit")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -272,6 +283,11 @@ def _console(gw: Gateway, words: list[str]) -> bool:
         rec = gw.wait(rest[0], float(rest[1]) if len(rest) == 2 else 3600)
         print(json.dumps(_record_json(rec, gw), indent=2))
         _print_boots(rec, gw)
+    elif cmd == "reenroll" and len(rest) == 1 and gw.attestation is not None:
+        print(_reenrolled(rest[0], gw.attestation.verifier.reenroll(rest[0])))
+    elif cmd == "accept" and len(rest) == 1 and gw.attestation is not None:
+        gw.attestation.verifier.accept(rest[0])
+        print(ACCEPTED.format(node=rest[0]))
     elif cmd == "events":
         for ev in gw.events:
             print(ev)
@@ -279,6 +295,36 @@ def _console(gw: Gateway, words: list[str]) -> bool:
         print(HELP)
     sys.stdout.flush()
     return True
+
+
+def _reenrolled(node: str, kept: NodeState | None) -> str:
+    if kept is None or not kept.ek:
+        return f"{node}: no EK was bound; its next attested join binds one"
+    return (f"{node}: EK {kept.ek.hex()} and its TPM's counters forgotten; its next attested join "
+            "binds the new EK")
+
+
+ACCEPTED = ("{node}: its next attested join may learn what its firmware measured (PCRs 0, 2, 7, under "
+            "the profile it reports); the window closes with that join")
+
+
+def _state_folder(args: argparse.Namespace) -> NodeStates:
+    if not args.attest_state.is_dir():
+        raise InvalidParameters(f"--attest-state {args.attest_state}: no such folder")
+    return NodeStates(args.attest_state)
+
+
+def cmd_reenroll(args: argparse.Namespace) -> int:
+    """A TPM replaced: the node's bound EK and counters go (the gateway running or not)."""
+    print(_reenrolled(args.node, _state_folder(args).release(args.node)))
+    return 0
+
+
+def cmd_accept(args: argparse.Namespace) -> int:
+    """A firmware update or a new board: the node's next attested join may learn its PCRs."""
+    _state_folder(args).accept(args.node)
+    print(ACCEPTED.format(node=args.node))
+    return 0
 
 
 # -- main ------------------------------------------------------------------------------------
@@ -310,6 +356,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run a gateway with a line console on stdin")
     _gateway_options(p)
     p.set_defaults(func=cmd_serve)
+    p = sub.add_parser("reenroll",
+                       help="forget the EK bound to a node and its TPM's counters (a TPM replaced)")
+    p.add_argument("--attest-state", type=Path, required=True, metavar="DIR",
+                   help="the gateway's --attest-state folder")
+    p.add_argument("node", help="the node whose TPM was replaced")
+    p.set_defaults(func=cmd_reenroll)
+    p = sub.add_parser("accept", help="let a node's next attested join learn its firmware's PCRs "
+                       "(a firmware update, a changed profile)")
+    p.add_argument("--attest-state", type=Path, required=True, metavar="DIR",
+                   help="the gateway's --attest-state folder")
+    p.add_argument("node", help="the node whose firmware changed")
+    p.set_defaults(func=cmd_accept)
     p = sub.add_parser("sign", help="write a signed command file (for agent exec --signed-command)")
     p.add_argument("--signing-key", type=Path, required=True, metavar="PEM",
                    help="control-plane Ed25519 private key (`keys` writes DIR/signing.key)")

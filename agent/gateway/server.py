@@ -224,11 +224,14 @@ class Gateway:
                 "connected", node_id,
                 detail=f"{hello.role} {hello.agent_version} boot={hello.boot_id} by {how}",
             )
+            if self.attestation is not None:  # the node's previous verdict vouches for nothing from here
+                self.attestation.begin(node_id, hello)
             channel.start()
             self._process_hello(node, hello)
             self._cond.notify_all()
         if self.attestation is not None:  # attestation: challenge the node's TPM, off the lock
-            self._attest_reply(node_id, channel, self.attestation.on_hello(node_id, hello))
+            source = str(addr[0]) if isinstance(addr, tuple) and addr else ""
+            self._attest_reply(node_id, channel, self.attestation.on_hello(node_id, hello, source))
 
     def _attest_reply(self, node_id: str, channel: wire.Channel, frame: session_pb2.Frame) -> None:
         """Send the node its challenge or verdict; a refused join is told to the site."""

@@ -50,6 +50,7 @@ from agent.retry import Backoff
 log = logging.getLogger(__name__)
 
 TLS_MIN = ssl.TLSVersion.TLSv1_3
+ATTEST_RETRY = "attest_retry"  # the close reason after the gateway said "retry": busy, join again later
 
 
 def client_context(ca: Path, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
@@ -112,6 +113,7 @@ class Session:
         # together.
         self.redial = Backoff(first=self.options.reconnect_min_seconds,
                               cap=self.options.reconnect_max_seconds, jitter=1.0).start(cancel=self._stop)
+        self._busy = 0  # joins in a row the gateway answered "retry" (attestation: docs/attestation.md)
         self.sessions = 0
         agent.subscribe(self._sink)
         agent.add_exit_hook(self._exit_hook)
@@ -168,6 +170,11 @@ class Session:
                 with self._lock:
                     self._channel = None
                 log.info("session ended: %s", channel.close_reason)
+                if channel.close_reason == ATTEST_RETRY:  # a busy gateway: back off as from a failure
+                    self._busy += 1
+                    self.redial.failures = self._busy
+                else:
+                    self._busy = 0
             if self._stop.is_set() or self._drained.is_set():
                 break
             if no_network:
@@ -272,6 +279,11 @@ class Session:
             said = f" ({v.check}): {v.reason}" if v.check else (f": {v.reason}" if v.reason else "")
             matched = "".join(f" {k}={x}" for k, x in sorted(v.matched.items()))
             log.info("the gateway's attestation verdict: %s%s%s", v.status, said, matched)
+            if v.status == "retry":  # the gateway is busy: join again later, backing off
+                with self._lock:
+                    channel = self._channel
+                if channel is not None:
+                    channel.close(ATTEST_RETRY)
         elif what == "error":
             log.warning("gateway reports a protocol error: %s: %s", frame.error.code, frame.error.message)
             with self._lock:

@@ -112,15 +112,17 @@ def test_another_firmware_for_an_enrolled_profile(tpm_lab: Lab, tmp_path: Path) 
     code, variables = Path("/usr/share/OVMF/OVMF_CODE_4M.fd"), Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
     if not code.is_file() or not variables.is_file():
         pytest.skip("no OVMF_CODE_4M.fd / OVMF_VARS_4M.fd (Debian's ovmf)")
-    qemu_tpm.manufacture(tmp_path / "state", tmp_path / "ca")
+    for state in ("state-1", "state-2"):  # a TPM each: the gateway binds one TPM to one node
+        qemu_tpm.manufacture(tmp_path / state, tmp_path / "ca")
     shutil.copyfile(variables, tmp_path / "vars.fd")
     builds: list[Build] = []
     joins = attest(tpm_lab, tmp_path / "ca", builds)
     verdicts = []
-    for node, pflash in (("attest-fw-1", None), ("attest-fw-2", (code, tmp_path / "vars.fd"))):
+    for node, state, pflash in (("attest-fw-1", "state-1", None),
+                                ("attest-fw-2", "state-2", (code, tmp_path / "vars.fd"))):
         esp, values = tpm_lab.uki(node)
         builds.append(Build.from_values(values))
-        with qemu_tpm.Swtpm(tmp_path / "state", tmp_path / "swtpm.sock") as swtpm:
+        with qemu_tpm.Swtpm(tmp_path / state, tmp_path / "swtpm.sock") as swtpm:
             machine = tpm_lab.boot(node, uefi=True, tpm=swtpm.socket, esp=esp, pflash=pflash)
             try:
                 tpm_lab.wait_joined(machine, node, JOIN_TIMEOUT)

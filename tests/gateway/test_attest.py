@@ -62,12 +62,13 @@ class Node:
             (self.root / "log").write_bytes(measure(tpm, events))
 
     ek: str = "auto"
+    profile: str = PROFILE  # what its DMI says: "maker|model|firmware version"
 
     def attestor(self, tpm: tpmwire.Tpm) -> Attestor:
         dmi = self.root / "dmi"
         dmi.mkdir(parents=True, exist_ok=True)
         names = ("sys_vendor", "product_name", "bios_version")
-        for name, value in zip(names, PROFILE.split("|"), strict=True):
+        for name, value in zip(names, self.profile.split("|"), strict=True):
             (dmi / name).write_text(value + "\n")
         return Attestor(lambda: tpm, event_log=self.root / "log", dmi=dmi, ek=self.ek)
 
@@ -221,8 +222,8 @@ def test_an_ak_not_in_this_tpm(node: Node, other_sim: SimTpm, verifier: Verifier
     with pytest.raises(TpmFailed, match="TPM_RC_INTEGRITY") as err:  # the TPM refuses to activate
         node.answer(ch)
     refused(verifier.verify(ch, str(err.value), boot_id=node.boot_id, node_public=NODE_KEY), "activation")
-    ch = verifier.challenge(node.node_id, claimed)  # a node that makes the secret up
     made_up = dataclasses.replace(_honest_evidence(node, verifier), activated=bytes(32))
+    ch = verifier.challenge(node.node_id, claimed)  # a node that makes the secret up (its one challenge)
     refused(verifier.verify(ch, made_up, boot_id=node.boot_id, node_public=NODE_KEY), "activation")
 
 

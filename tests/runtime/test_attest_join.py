@@ -18,13 +18,13 @@ import pytest
 
 from agent.gateway import Gateway
 from agent.gateway.attest import Status, Verdict, Verifier, load_certificates
-from agent.gateway.attest_join import JoinAttestation
+from agent.gateway.attest_join import JoinAttestation, SourceRate
 from agent.gateway.attest_policy import Build, Policy
 from agent.gateway.certs import DevPki
 from agent.security.attest import LEFT_EVENT, attestor_for
 from tests.runtime.core_harness import Terminating, World, accepted
 from tests.runtime.harness import ROOT, AgentProcess, start_gateway, wait_until
-from tests.tpmsim import UEFI_BOOT, SimTpm, h, manufactured_tpm, measure, sim
+from tests.tpmsim import UEFI_BOOT, SimTpm, h, manufactured_tpm, measure, need, sim
 
 __all__ = ["manufactured_tpm", "sim"]
 
@@ -97,6 +97,83 @@ def test_a_refused_boot(attesting_gateway: Gateway, pki: DevPki, sim: SimTpm, tm
         assert verdict.status is Status.REFUSED and verdict.check == "event_log", verdict
     finally:
         agent.kill()
+
+
+def test_a_verifier_crash_refuses_the_boot_and_its_earlier_verdict_stops_vouching(
+        pki: DevPki, sim: SimTpm, tmp_path: Path) -> None:
+    """The TPM's NV holds an EK certificate whose key algorithm the gateway's library does not know
+    (written there with the platform's authority): that made the gateway's Hello handling raise,
+    no verdict was sent, the site was not told, and the node's attested verdict of the same boot
+    still vouched for what it signed. Now the join is refused, ``verifier``, and told to the site."""
+    need("tpm2_nvread", "tpm2_nvwrite")
+    policy = Policy(builds=[Build("b1", (h(b"ramdisk uki"),), {})], learn="first")
+    verifier = Verifier(policy, ek_roots=load_certificates([sim.ca_root, sim.ca_issuer]))
+    gw = start_gateway(pki, attestation=JoinAttestation(verifier), site_node="site-1")
+    with sim.tpm() as tpm:
+        (tmp_path / "log").write_bytes(measure(tpm, UEFI_BOOT))
+    agent = AgentProcess(pki, gw, tmp_path / "agent",
+                         cmdline=f"bc.tpm=tcp:127.0.0.1:{sim.port} bc.tpm_event_log={tmp_path / 'log'}")
+    try:
+        agent.start()
+        assert verdict_of(gw).attested
+        before = gw.send("node-1", "diag.nvml", {})
+        gw.wait_result(before, TIMEOUT)
+        assert gw.verified(before)[0]
+        agent.kill()  # the simulator serves one connection at a time: the agent's, until now
+        env = dict(os.environ, TPM2TOOLS_TCTI=sim.tcti)
+        subprocess.run(["tpm2_nvread", "-C", "o", "0x01C00002", "-o", str(tmp_path / "ek.der")], env=env,
+                       check=True, capture_output=True, timeout=60)
+        cert = (tmp_path / "ek.der").read_bytes()
+        rsa = bytes.fromhex("06092a864886f70d0101010500")  # rsaEncryption; 1.2.840.113549.1.1.99 instead
+        (tmp_path / "bad.der").write_bytes(cert.replace(rsa, rsa[:10] + b"\x63" + rsa[11:]))
+        subprocess.run(["tpm2_nvwrite", "-C", "p", "0x01C00002", "-i", str(tmp_path / "bad.der")], env=env,
+                       check=True, capture_output=True, timeout=60)
+        agent.start()  # the same boot joins again, its TPM's identity read afresh
+        assert gw.attestation is not None
+        refused = gw.wait_for(lambda: (v := gw.attestation.verdict("node-1")) is not None  # type: ignore[union-attr]
+                              and v.status is Status.REFUSED and v, TIMEOUT, "the refusal")
+        assert refused.check == "verifier" and "UnsupportedAlgorithm" in refused.reason, refused
+        told = gw.wait_for(lambda: [e for e in gw.events if e.what == "join_refused"], TIMEOUT,
+                           "the site told")
+        assert "attestation refused (verifier)" in told[0].detail
+        after = gw.send("node-1", "diag.nvml", {})  # the session goes on; what it signs is not verified
+        gw.wait_result(after, TIMEOUT)
+        for cid in (before, after):
+            ok, why = gw.verified(cid)
+            assert not ok, (cid, why)
+    finally:
+        agent.kill()
+        gw.stop()
+    assert "attestation verdict: refused (verifier)" in (tmp_path / "agent" / "agent-2.log").read_text()
+
+
+def test_a_busy_gateway_tells_the_node_to_retry_and_it_rejoins(attesting_gateway: Gateway, pki: DevPki,
+                                                               sim: SimTpm, tmp_path: Path) -> None:
+    """Past its source's rate of joins the node is told "retry" (not refused, the site not told):
+    the agent closes the session, rejoins after its backoff, and is attested once there is room."""
+    with sim.tpm() as tpm:
+        (tmp_path / "log").write_bytes(measure(tpm, UEFI_BOOT))
+    joins = attesting_gateway.attestation
+    assert joins is not None
+    joins.rate = SourceRate(rate=1e-9, burst=1.0)
+    assert joins.rate.allow("127.0.0.1")  # this source's one join spent
+    agent = AgentProcess(pki, attesting_gateway, tmp_path / "agent",
+                         cmdline=f"bc.tpm=tcp:127.0.0.1:{sim.port} bc.tpm_event_log={tmp_path / 'log'}")
+    try:
+        agent.start()
+        attesting_gateway.wait_for(
+            lambda: sum(e.what == "attest_retry" for e in attesting_gateway.events) >= 2, TIMEOUT,
+            "the node told twice to retry")
+        joins.rate = SourceRate()  # room again
+        verdict = attesting_gateway.wait_for(
+            lambda: (v := joins.verdict("node-1")) is not None and v.status is Status.ATTESTED and v,
+            TIMEOUT, "an attested rejoin")
+        assert verdict.attested
+        assert attesting_gateway.nodes["node-1"].sessions >= 3
+        assert not any(e.what in ("join_refused", "attest_refused") for e in attesting_gateway.events)
+    finally:
+        agent.kill()
+    assert "attestation verdict: retry (busy)" in (tmp_path / "agent" / "agent-1.log").read_text()
 
 
 def test_gateway_send_shows_a_wipe_verified(pki: DevPki, sim: SimTpm, tmp_path: Path) -> None:
