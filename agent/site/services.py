@@ -33,11 +33,11 @@ from agent.net import connect, http
 from agent.site.boot.dnsmasq import DnsmasqSettings, DnsmasqSupervisor
 from agent.site.boot.pxe import BootEntries
 from agent.site.boot.vmedia import MediaSets
+from agent.site.chunkstore import DEFAULT_BUDGET, ChunkStore
 from agent.site.metrics import Metrics, MetricsService
 from agent.site.observe.console import DEFAULT_BUDGET_BYTES, DEFAULT_RING_BYTES
 from agent.site.observe.observer import Observer, ObserverSettings
 from agent.site.registries import Registries
-from agent.site.serve.chunkstore import DEFAULT_BUDGET, ChunkStore
 from agent.site.serve.routes import RouteTable
 from agent.site.serve.upstreams import UpstreamPolicy, local_addresses
 from agent.site.serve.web import HttpService

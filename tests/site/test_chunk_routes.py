@@ -26,8 +26,8 @@ from agent.commands.base import Context
 from agent.errors import ChecksumMismatch, InvalidParameters, SourceFailed
 from agent.net import http as agent_http
 from agent.proto import site_pb2
+from agent.site.chunkstore import StoreFull
 from agent.site.serve.chunkroute import parse_range
-from agent.site.serve.chunkstore import StoreFull
 from agent.site.services import ServiceSettings, SiteServices
 from tests.commands.test_deploy import Target, deploy
 from tests.commands.test_deploy_manifest import CHUNK, image_with_gaps, make_manifest, with_manifest
