@@ -55,7 +55,7 @@ def observe(ctx: Context, expected: baseline.ExpectedState, inv: agent_pb2.Inven
     if expected.nvme is not None:
         seen.nvme = _nvme(ctx, seen, root)
     if expected.tpm is not None:
-        _tpm(seen, ctx.config.extra.get("tpm", ""), root)
+        _tpm(seen, ctx.config.tpm, root)
     if expected.wipes is not None:
         _wipes(seen, ctx)
     return seen
@@ -76,8 +76,7 @@ def _tpm(seen: baseline.Observed, spec: str, root: Path) -> None:
     try:
         tpm = tpmwire.open_setting(spec, root)
         if tpm is None:
-            seen.tpm_absent = ("no TPM: disabled by the setting bc.tpm=none" if spec == "none"
-                               else "no TPM: the kernel offers no /dev/tpmrm0")
+            seen.tpm_absent = tpmwire.absent(spec)
             return
         with tpm:
             nv = {}

@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from agent.config import Config
 from agent.errors import AgentError, ChecksumMismatch, Reason
 from agent.net import http
 from agent.site.metrics import Metrics
@@ -52,7 +53,6 @@ from agent.site.metrics import Metrics
 log = logging.getLogger(__name__)
 
 DIGEST = re.compile(r"[0-9a-f]{64}")
-DEFAULT_BUDGET = 64 << 30
 TOUCH_SECONDS = 60.0      # a hit sets a file's mtime (its recency on disk) when older than this
 
 
@@ -113,7 +113,7 @@ class _Writer:
 class ChunkStore:
     """Files by sha256 under ``root`` (mode 0700), within ``budget`` bytes. Thread-safe."""
 
-    def __init__(self, root: Path, budget: int = DEFAULT_BUDGET, *, metrics: Metrics | None = None,
+    def __init__(self, root: Path, budget: int = Config.site_store_bytes, *, metrics: Metrics | None = None,
                  protected: Callable[[], set[str]] | None = None) -> None:
         if budget <= 0:
             raise ValueError(f"store budget {budget}: must be positive")
