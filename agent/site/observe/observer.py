@@ -39,7 +39,7 @@ from agent.site.metrics import Metrics
 from agent.site.observe import dhcplog
 from agent.site.observe.causes import Diagnosis
 from agent.site.observe.console import Bmc, Consoles
-from agent.site.observe.timeline import Attempt, Event, Outcome, Prepared, Step, Timelines, render
+from agent.site.observe.timeline import Attempt, BootEvent, Outcome, Prepared, Step, Timelines, render
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +253,7 @@ class Observer:
         got = dhcplog.parse(line)
         if got is None:
             return
-        event = Event(self.timelines.clock(), got.step, got.detail)
+        event = BootEvent(self.timelines.clock(), got.step, got.detail)
         if got.mac:
             if got.ip:
                 self.timelines.learn_ip(got.ip, got.mac)
