@@ -171,7 +171,7 @@ def test_an_upstreams_content_length_in_other_digits() -> None:
 
 
 def test_oci_reference_and_registry_hosts() -> None:
-    from agent.commands.deploy_oci import hosts
+    from agent.commands.deploy.oci import hosts
     from agent.images import oci
 
     ref = oci.parse("oci://reg.example:5000/os/node:1")

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.commands import deploy_oci, inventory
+from agent.commands import inventory
 from agent.commands.base import Context, Handler
+from agent.commands.deploy import oci as deploy_oci
 from agent.errors import AgentError, InvalidParameters, Unsupported
 from agent.hw import block, system
 from agent.images import deploy, filesource, image, oci, ocilayout

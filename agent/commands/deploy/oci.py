@@ -8,7 +8,7 @@ blob's origin only (renewed from the registry's challenge when a token expires m
 Every connection of the deploy, a redirect's included, dials only the registry's host or one
 of the request's ``registry_hosts``.
 
-    params, resolved = deploy_oci.locate(ctx, params)   # resolved: the manifest digest ("" if not oci)
+    params, resolved = oci.locate(ctx, params)   # resolved: the manifest digest ("" if not oci)
 """
 
 from __future__ import annotations
