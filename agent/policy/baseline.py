@@ -4,7 +4,7 @@
 ``check(expected, observed)`` returns every ``Mismatch``, each with the ``remedy`` (a
 driver.invoke request, destructive and so signed by the control plane) that puts it back, or
 none where the agent cannot: such a finding keeps the node out of the pool until a person acts.
-The observed state is read by agent/commands/release.py. An unset or empty field is not
+The observed state is read by agent/commands/inventory/release.py. An unset or empty field is not
 checked. Checks and their stable names (``where``: the entry, PCI address or controller):
 
   uefi.unreadable        no efivarfs (not a UEFI boot)                    -

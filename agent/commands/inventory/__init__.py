@@ -12,7 +12,7 @@ With ``expect`` (an ExpectedBuild) the result gains ``conformance``: the invento
 against the build by agent.policy.conformance. ``gate()`` is the same check for a command that is
 about to change the node (deploy.image's ``gate``): NotConforming when the node is not the build.
 With ``expect.state`` (ramdisk and node roles) the gate covers what a tenant could change too
-(agent.commands.release reads it, agent.policy.baseline judges it), and the result gains the
+(agent.commands.inventory.release reads it, agent.policy.baseline judges it), and the result gains the
 ``release`` report: each finding with the driver.invoke that puts it back, or named as one that
 cannot be put back.
 
@@ -38,8 +38,8 @@ from google.protobuf.message import DecodeError
 
 from agent import launcher
 from agent.catalog import Role
-from agent.commands import release
 from agent.commands.base import Context, Handler
+from agent.commands.inventory import release
 from agent.errors import AgentError, InvalidParameters, NotConforming
 from agent.hw import block, gpu, lldp, pci, sysfs, system
 from agent.policy import baseline, conformance, xid
