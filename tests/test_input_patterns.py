@@ -16,9 +16,9 @@ import pytest
 
 from agent import limits
 from agent.commands.bmc import parse_request
+from agent.commands.bulk.logs import SECRET_FILE
 from agent.commands.dcgm import DiagDcgm
 from agent.commands.gpu import parse_gpu_ref
-from agent.commands.logs import SECRET_FILE
 from agent.commands.upgrade import UpgradeHandler
 from agent.drivers.base import Arg, ArgType
 from agent.errors import InvalidParameters

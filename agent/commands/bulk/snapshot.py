@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent import proc
-from agent.commands import transfer
 from agent.commands.base import Context, Handler
+from agent.commands.bulk import transfer
 from agent.config import Config
 from agent.errors import InvalidParameters, ProtectedDevice, SourceFailed, ToolFailed
 from agent.images import image

@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from agent import redact
-from agent.commands import transfer
 from agent.commands.base import Context, Handler
+from agent.commands.bulk import transfer
 from agent.config import Config
 from agent.errors import AgentError, InvalidParameters, Reason
 from agent.hw.kernellog import read_kmsg
