@@ -1,5 +1,5 @@
 """agent.policy.baseline's BMC half (check_bmc): the expected accounts and BIOS attributes checked
-at the edge, and the judgements the emulators of tests/site/test_bmc_baseline.py do not reach
+at the edge, and the judgements the emulators of tests/site/bmc/test_bmc_baseline.py do not reach
 (a role changed, an expected-disabled account enabled, a typed value, nothing readable)."""
 
 from __future__ import annotations

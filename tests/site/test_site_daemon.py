@@ -1,7 +1,7 @@
 """`agent run --role site` as a real process against the reference gateway: the daemon starts
 its HTTP service from its settings, serves boot.prepareRamdisk, site.httpProxy and
 boot.cleanUp through the gateway, keeps its entries across a restart, and frees its port
-when it stops. (No dnsmasq here: no site_interface; tests/site/test_boot_network.py has it.)"""
+when it stops. (No dnsmasq here: no site_interface; tests/site/boot/test_boot_network.py has it.)"""
 
 from __future__ import annotations
 

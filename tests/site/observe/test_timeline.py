@@ -22,7 +22,7 @@ from agent.site.observe.timeline import (
 
 MAC = "52:54:00:00:00:01"
 
-# Lines dnsmasq 2.90 logged in tests/site/test_boot_network.py (--log-dhcp, the xid first).
+# Lines dnsmasq 2.90 logged in tests/site/boot/test_boot_network.py (--log-dhcp, the xid first).
 LINES = {
     "1389036598 PXE(eth0) 52:54:00:00:00:03 proxy-ignored": (Step.DHCP_IGNORED, "52:54:00:00:00:03", ""),
     "2353434870 PXE(eth0) 52:54:00:00:00:01 proxy": (Step.DHCP_OFFER, MAC, ""),
