@@ -12,7 +12,7 @@ With ``expect`` (an ExpectedBuild) the result gains ``conformance``: the invento
 against the build by agent.policy.conformance. ``gate()`` is the same check for a command that is
 about to change the node (deploy.image's ``gate``): NotConforming when the node is not the build.
 With ``expect.state`` (ramdisk and node roles) the gate covers what a tenant could change too
-(agent.commands.inventory.release reads it, agent.policy.baseline judges it), and the result gains the
+(agent.commands.inventory.release reads it, agent.policy.release judges it), and the result gains the
 ``release`` report: each finding with the driver.invoke that puts it back, or named as one that
 cannot be put back.
 
@@ -42,7 +42,9 @@ from agent.commands.base import Context, Handler
 from agent.commands.inventory import release
 from agent.errors import AgentError, InvalidParameters, NotConforming
 from agent.hw import block, gpu, lldp, pci, sysfs, system
-from agent.policy import baseline, conformance, xid
+from agent.policy import conformance, xid
+from agent.policy.release import gate as release_gate
+from agent.policy.release.state import ExpectedState
 from agent.proto import agent_pb2
 
 log = logging.getLogger(__name__)
@@ -61,7 +63,7 @@ class InventoryParams:
     include_lldp: bool
     skip_gpus: bool
     expect: conformance.Expected | None = None
-    state: baseline.ExpectedState | None = None
+    state: ExpectedState | None = None
 
 
 # --------------------------------------------------------------------------- readers
@@ -362,7 +364,7 @@ class InventoryRefresh(Handler[agent_pb2.InventoryRefreshRequest, InventoryParam
             raise InvalidParameters("inventory.refresh: expect.gpus cannot be checked with skip_gpus")
         state = None
         if payload.HasField("expect") and payload.expect.HasField("state"):
-            state = baseline.ExpectedState.from_proto(payload.expect.state)
+            state = ExpectedState.from_proto(payload.expect.state)
         return InventoryParams(include_lldp=payload.include_lldp, skip_gpus=payload.skip_gpus, expect=expect,
                                state=state)
 
@@ -394,7 +396,7 @@ class InventoryRefresh(Handler[agent_pb2.InventoryRefreshRequest, InventoryParam
             result.conformance.CopyFrom(conformance.conformance(params.expect, inv))
             if params.state is not None:
                 seen = release.observe(ctx, params.state, inv, self.root)
-                result.conformance.mismatches.extend(baseline.check(params.state, seen))
+                result.conformance.mismatches.extend(release_gate.check(params.state, seen))
                 result.conformance.passed = not result.conformance.mismatches
                 result.release.CopyFrom(release.report(params.state, list(result.conformance.mismatches),
                                                        seen, ctx.boot_id))

@@ -1,6 +1,6 @@
 """The release gate's observed state, for inventory.refresh's ``expect.state`` (ramdisk and node).
 
-``observe`` reads what agent.policy.baseline checks, only the areas the expected state names:
+``observe`` reads what agent.policy.release checks, only the areas the expected state names:
 the UEFI variables (efivarfs under the machine's root), every GPU's state (NVML, holding the
 "nvml" lock as diag.nvml does), each NIC's firmware configuration (``mlxconfig``, else
 ``mstconfig``: ``query -e`` through the driver layer) and each NVMe controller's namespaces
@@ -28,7 +28,18 @@ from agent.drivers import nvme as nvme_driver
 from agent.errors import AgentError
 from agent.hw import bootid, efivars, gpu, system
 from agent.hw import tpm as tpmwire
-from agent.policy import baseline
+from agent.policy.release.findings import restorable
+from agent.policy.release.state import (
+    SITE_AREAS,
+    ExpectedState,
+    NicConfig,
+    NicProfile,
+    NvmeController,
+    Observed,
+    TpmState,
+    UefiState,
+)
+from agent.policy.release.wipes import certificates_of
 from agent.proto import agent_pb2
 from agent.security import erasure
 
@@ -36,12 +47,12 @@ TOOL_SECONDS = 30.0                 # one query of one device
 NIC_TOOLS = ("mlxconfig", "mstconfig")
 NOT_CHECKED_YET: tuple[str, ...] = ()
 # The BMC's half: checked at the site (bmc.query baseline), named in checked_elsewhere.
-CHECKED_AT_SITE = baseline.SITE_AREAS
+CHECKED_AT_SITE = SITE_AREAS
 
 
-def observe(ctx: Context, expected: baseline.ExpectedState, inv: agent_pb2.Inventory,
-            root: Path = system.ROOT) -> baseline.Observed:
-    seen = baseline.Observed()
+def observe(ctx: Context, expected: ExpectedState, inv: agent_pb2.Inventory,
+            root: Path = system.ROOT) -> Observed:
+    seen = Observed()
     if expected.uefi is not None:
         _uefi(seen, root)
     if "gpus" in expected.areas:
@@ -61,7 +72,7 @@ def observe(ctx: Context, expected: baseline.ExpectedState, inv: agent_pb2.Inven
     return seen
 
 
-def _wipes(seen: baseline.Observed, ctx: Context) -> None:
+def _wipes(seen: Observed, ctx: Context) -> None:
     """This boot's verified erasure certificates (agent/security/erasure.py)."""
     public = erasure.node_public_key(ctx.config.state_dir)
     if public is None:
@@ -72,7 +83,7 @@ def _wipes(seen: baseline.Observed, ctx: Context) -> None:
     seen.wipe_results = kept.results
 
 
-def _tpm(seen: baseline.Observed, spec: str, root: Path) -> None:
+def _tpm(seen: Observed, spec: str, root: Path) -> None:
     try:
         tpm = tpmwire.open_setting(spec, root)
         if tpm is None:
@@ -92,18 +103,18 @@ def _tpm(seen: baseline.Observed, spec: str, root: Path) -> None:
     except OSError as exc:                         # the simulator's socket refused the connection
         seen.unread["tpm"] = f"the TPM could not be reached: {exc}"
         return
-    seen.tpm = baseline.TpmState(nv, persistent, props.get(tpmwire.PT_PERMANENT, 0),
+    seen.tpm = TpmState(nv, persistent, props.get(tpmwire.PT_PERMANENT, 0),
                                  props.get(tpmwire.PT_LOCKOUT_COUNTER, 0),
                                  props.get(tpmwire.PT_LOCKOUT_INTERVAL, 0), tpm_ppi.clear_refused(root))
 
 
-def _uefi(seen: baseline.Observed, root: Path) -> None:
+def _uefi(seen: Observed, root: Path) -> None:
     try:
         v = efivars_driver.variables(root)
     except AgentError as exc:
         seen.unread["uefi"] = exc.message
         return
-    seen.uefi = baseline.UefiState(
+    seen.uefi = UefiState(
         boot_entries={e.number: e for e in v.boot_entries()},
         boot_order=None if (order := v.boot_order()) is None else tuple(order),
         secure_boot=v.flag("SecureBoot"), setup_mode=v.flag("SetupMode"),
@@ -117,8 +128,8 @@ def _tool_output(ctx: Context, driver: str, operation: str, **values: drivers.ba
     return ctx.run(argv, timeout=min(TOOL_SECONDS, max(1.0, ctx.remaining()))).text
 
 
-def _nics(ctx: Context, profiles: tuple[baseline.NicProfile, ...],
-          inv: agent_pb2.Inventory) -> list[baseline.NicConfig]:
+def _nics(ctx: Context, profiles: tuple[NicProfile, ...],
+          inv: agent_pb2.Inventory) -> list[NicConfig]:
     firmware = {n.pci_address: n.firmware_version for n in inv.nics if n.pci_address}
     tool = next((t for t in NIC_TOOLS if shutil.which(t)), "")
     found = []
@@ -129,20 +140,20 @@ def _nics(ctx: Context, profiles: tuple[baseline.NicProfile, ...],
         profile = next((p for p in profiles if p.matches(ids)), None)
         if profile is None:
             continue
-        nic = baseline.NicConfig(d.address, ids, firmware.get(d.address, ""), tool)
+        nic = NicConfig(d.address, ids, firmware.get(d.address, ""), tool)
         if profile.config:
             ctx.check()
             if not tool:
-                nic = baseline.NicConfig(d.address, ids, nic.firmware_version,
+                nic = NicConfig(d.address, ids, nic.firmware_version,
                                          error="neither mlxconfig (NVIDIA MFT) nor mstconfig (mstflint) "
                                                "is installed")
             else:
                 try:
                     table = mlxconfig.parse_query(_tool_output(ctx, tool, "query", device=d.address))
                 except AgentError as exc:
-                    nic = baseline.NicConfig(d.address, ids, nic.firmware_version, tool, error=exc.message)
+                    nic = NicConfig(d.address, ids, nic.firmware_version, tool, error=exc.message)
                 else:
-                    nic = baseline.NicConfig(d.address, ids, nic.firmware_version, tool,
+                    nic = NicConfig(d.address, ids, nic.firmware_version, tool,
                                              {k: (s.current, s.next_boot) for k, s in table.items()})
         found.append(nic)
     return found
@@ -158,7 +169,7 @@ def _json(text: str) -> dict[str, Any]:
     return value
 
 
-def _nvme(ctx: Context, seen: baseline.Observed, root: Path) -> list[baseline.NvmeController]:
+def _nvme(ctx: Context, seen: Observed, root: Path) -> list[NvmeController]:
     try:
         names = sorted(n for n in os.listdir(root / "sys/class/nvme") if n.startswith("nvme"))
     except FileNotFoundError:
@@ -189,24 +200,24 @@ def _nvme(ctx: Context, seen: baseline.Observed, root: Path) -> list[baseline.Nv
                         sizes[nsid] = 1 << int(formats[index].get("ds", 0))
         except (AgentError, KeyError, TypeError, ValueError) as exc:
             message = exc.message if isinstance(exc, AgentError) else f"unexpected nvme-cli output: {exc!r}"
-            found.append(baseline.NvmeController(name, error=message))
+            found.append(NvmeController(name, error=message))
             continue
         # Namespace management (OACS bit 3) with a capacity to carve from: QEMU 7.2 sets the bit for
         # attachment alone, with no total capacity (tnvmcap 0) and no create-ns.
         managed = bool(int(ctrl.get("oacs", 0)) & nvme_driver.OACS_NS_MANAGEMENT) and \
             int(ctrl.get("tnvmcap", 0)) > 0
-        found.append(baseline.NvmeController(name, nsids, int(ctrl.get("unvmcap", 0)), sizes, attached,
+        found.append(NvmeController(name, nsids, int(ctrl.get("unvmcap", 0)), sizes, attached,
                                              managed=managed))
     return found
 
 
-def report(expected: baseline.ExpectedState, mismatches: list[agent_pb2.Mismatch],
-           seen: baseline.Observed | None = None, boot_id: str = "") -> agent_pb2.ReleaseReport:
+def report(expected: ExpectedState, mismatches: list[agent_pb2.Mismatch],
+           seen: Observed | None = None, boot_id: str = "") -> agent_pb2.ReleaseReport:
     """The release's record: every finding of the whole gate, split by whether it can be put back.
     A machine without a TPM has "tpm" not checked, and says why in ``tpm_absent``. With
     ``expect.state.wipes``, the certificate of each disk named (the newest of this boot) and the
     signed result that carries it. ``attestation_verdict`` is the gateway's to fill."""
-    seen = seen or baseline.Observed()
+    seen = seen or Observed()
     tpm_absent = seen.tpm_absent
     checked = [a for a in expected.areas if not (a == "tpm" and tpm_absent)]
     out = agent_pb2.ReleaseReport(boot_id=boot_id or bootid.boot_id(), pool_ready=not mismatches,
@@ -214,10 +225,10 @@ def report(expected: baseline.ExpectedState, mismatches: list[agent_pb2.Mismatch
                                   not_checked=(["tpm"] if tpm_absent else []) + list(NOT_CHECKED_YET),
                                   tpm_absent=tpm_absent, checked_elsewhere=CHECKED_AT_SITE)
     if expected.wipes:
-        for i in baseline.certificates_of(expected.wipes, seen.wipes):
+        for i in certificates_of(expected.wipes, seen.wipes):
             out.wipe_certificates.append(seen.wipes[i])
             if i < len(seen.wipe_results) and seen.wipe_results[i] not in out.wipe_results:
                 out.wipe_results.append(seen.wipe_results[i])
     for m in mismatches:
-        (out.restorable if baseline.restorable(m) else out.cannot_restore).append(m)
+        (out.restorable if restorable(m) else out.cannot_restore).append(m)
     return out
