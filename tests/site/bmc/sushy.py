@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ from typing import Any
 import pytest
 
 from agent.site.bmc.client import CallContext, Credentials, Pacing, Target
+from tests.conftest import free_port
 
 VMEDIA_SLOTS = {"Cd": "cd", "Floppy": "usb"}   # the emulator's virtual media -> the node's drives
 SYSTEM_UUID = "8c7f4b36-3c52-4d2a-9f30-1b4f1d0e9a11"
@@ -51,11 +51,6 @@ def emulator_binary() -> str:
         pytest.skip("sushy-emulator is not installed (pip install sushy-tools: the dev extra)")
     return found
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def fast_call(seconds: float = 60.0) -> CallContext:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import InvalidParameters, Unsupported
-from agent.gateway.certs import DevPki, make_dev_pki
+from agent.gateway.certs import DevPki
 from agent.proto import site_pb2
 from agent.site.services import ServiceSettings, SiteServices
 from tests.loopback_http import LoopbackServer, self_signed_cert
@@ -28,12 +28,6 @@ from tests.site.boot.test_pxe import prepare
 ISO = b"\x01CD001 the shared ramdisk ISO" * 1000
 ISO_DIGEST = hashlib.sha256(ISO).hexdigest()
 MAC = "52:54:00:12:34:56"
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> DevPki:
-    """A CA and the site's certificate for 127.0.0.1, signed by it."""
-    return make_dev_pki(tmp_path_factory.mktemp("pki"), hosts=("127.0.0.1",))
 
 
 def settings(root: Path, pki: DevPki | None) -> ServiceSettings:
