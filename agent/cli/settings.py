@@ -28,6 +28,7 @@ from agent import catalog, limits
 from agent.config import Config
 from agent.errors import InvalidParameters
 from agent.link.options import SessionOptions
+from agent.security.attest import EVENT_LOG  # the kernel's, where attestation reads it by default
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("tpm", _tpm, "the TPM: 'none' for no TPM, tcp:127.0.0.1:PORT or unix:/PATH a TPM "
             "simulator's command socket (tests, development)", shown="/dev/tpmrm0"),
     Setting("tpm_event_log", Path, "the event log of the TPM's boot (attestation)",
-            shown="/sys/kernel/security/tpm0/binary_bios_measurements"),
+            shown=str(EVENT_LOG)),
     Setting("heartbeat_seconds", _positive, "heartbeat interval when the gateway does not set one",
             flag="--heartbeat", param="bc.heartbeat"),
     Setting("max_signature_lifetime_seconds", _positive,
