@@ -130,9 +130,9 @@ _ROWS: tuple[Row, ...] = (
     Row("disk.wipe",           _P, (_R,),         _AT | _DE,      6 * _H,  "agent", "WipeRequest",             "WipeResult",             "wipe"),
     Row("driver.invoke",       _P, (_N, _S, _R),  _DE,            10 * _M, "agent", "DriverInvokeRequest",     "DriverInvokeResult",     "driver"),
     Row("gpu.reset",           _C, (_N,),         _RS | _DE,      5 * _M,  "agent", "GpuResetRequest",         "GpuResetResult",         "gpu"),
-    Row("instance.snapshot",   _B, (_N,),         _NONE,          1 * _H,  "agent", "InstanceSnapshotRequest", "InstanceSnapshotResult", "snapshot"),
+    Row("instance.snapshot",   _B, (_N,),         _NONE,          1 * _H,  "agent", "InstanceSnapshotRequest", "InstanceSnapshotResult", "bulk.snapshot"),
     Row("inventory.refresh",   _C, (_N, _S, _R),  _RS,            2 * _M,  "agent", "InventoryRefreshRequest", "InventoryRefreshResult", "inventory"),
-    Row("logs.collect",        _B, (_N, _S, _R),  _RS,            15 * _M, "agent", "LogsCollectRequest",      "LogsCollectResult",      "logs"),
+    Row("logs.collect",        _B, (_N, _S, _R),  _RS,            15 * _M, "agent", "LogsCollectRequest",      "LogsCollectResult",      "bulk.logs"),
     Row("node.reboot",         _C, (_N, _S),      _RS | _ST | _DE, 15 * _M, "agent", "NodeRebootRequest",       "NodeRebootResult",       "reboot"),
     Row("site.httpProxy",      _C, (_S,),         _RS,            1 * _M,  "site",  "HttpProxyRequest",        "HttpProxyResult",        "proxy"),
 )  # fmt: skip

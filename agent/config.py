@@ -30,6 +30,10 @@ class Config:
     heartbeat_seconds: float = 5.0
     max_signature_lifetime_seconds: float = 900.0  # a command expiring further out is refused
     secrets_dir: Path = Path("/var/lib/bettercompute-agent/secrets")  # site role: BMC credentials
+    # The TPM (agent/hw/tpm.py opener): "" the kernel's /dev/tpmrm0, "none" no TPM at all,
+    # "tcp:127.0.0.1:PORT" or "unix:/PATH" a simulator's command socket (tests, development).
+    tpm: str = ""
+    tpm_event_log: Path | None = None       # its boot's event log; None: the kernel's
     # The site role's boot service and proxy routes (agent/site/services.py).
     site_address: str = ""                  # the site's address on the provisioning network
     site_http_port: int = 8088              # its HTTP service (iPXE scripts, routes)

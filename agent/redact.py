@@ -1,6 +1,6 @@
 """What marks a secret in free text, whoever writes it down: one place for the patterns.
 
-logs.collect's archive (agent/commands/logs.py, with the agent's own secrets besides) and the
+logs.collect's archive (agent/commands/bulk/logs.py, with the agent's own secrets besides) and the
 site's kept consoles (agent/site/observe/console.py: a node's kernel prints its command line,
 ``bc.token=...`` included) replace what these match before it is kept anywhere.
 """

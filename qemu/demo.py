@@ -56,7 +56,7 @@ TOOLS = {"qemu-system-x86_64": "qemu-system-x86", "zstd": "zstd", "sfdisk": "fdi
 
 
 MIB = 2**20
-# deploy.image's progress message (agent/commands/deploy.py): the image's own bytes so far,
+# deploy.image's progress message (agent/commands/deploy/): the image's own bytes so far,
 # while done/total count the bytes read of the (compressed) source.
 _DEPLOYED_SO_FAR = re.compile(r"(\d+) image bytes, (\d+) written, (\d+) skipped")
 

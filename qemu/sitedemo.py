@@ -141,7 +141,7 @@ def run_virtual_media(workdir: Path, say: Callable[[str], None], *, uefi: bool =
     from qemu.sitelife import Bmc, Step
     from qemu.sitemedia import NODE_ADDRESS, PREFIX, MediaLifecycle, build_lab_iso, make_media_node
     from tests.loopback_http import self_signed_cert
-    from tests.site.sushy import USER, NodeHook, SushyEmulator
+    from tests.site.bmc.sushy import USER, NodeHook, SushyEmulator
 
     say("building the agent zipapp and the ramdisk (cached under initramfs/out/)")
     parts = ensure_ramdisk()

@@ -11,7 +11,7 @@ tests/e2e/test_virtual_media.py runs and checks, and what ``./dev demo --virtual
 
 The lab (qemu/sitelab.py) runs without its plain DHCP server and the site daemon without
 dnsmasq (no proxy DHCP, no TFTP): the only way in is the BMC. The BMC is sushy-tools'
-emulator (tests/site/sushy.py), whose VirtualMedia downloads each image from the site's HTTP
+emulator (tests/site/bmc/sushy.py), whose VirtualMedia downloads each image from the site's HTTP
 service and whose hook puts it in the QEMU node's drives (qemu/powered.py). Each step as in
 qemu/sitelife.py: checked where it happens and from outside, a ``Step`` with its evidence.
 """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,12 +12,29 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from agent.gateway.certs import DevPki
     from qemu.powered import PoweredNode
     from tests.runtime.core_harness import World
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (for a server started in a child process)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> DevPki:
+    """One dev PKI for the session: a CA, the gateway's certificate (localhost, 127.0.0.1, ::1),
+    the control plane's signing key, and client certificates for the nodes the tests name."""
+    from agent.gateway.certs import make_dev_pki
+
+    return make_dev_pki(tmp_path_factory.mktemp("pki"), nodes=("node-1", "node-2", "node-7"))
 
 
 @pytest.fixture(scope="session")

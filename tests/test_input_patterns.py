@@ -16,9 +16,9 @@ import pytest
 
 from agent import limits
 from agent.commands.bmc import parse_request
+from agent.commands.bulk.logs import SECRET_FILE
 from agent.commands.dcgm import DiagDcgm
 from agent.commands.gpu import parse_gpu_ref
-from agent.commands.logs import SECRET_FILE
 from agent.commands.upgrade import UpgradeHandler
 from agent.drivers.base import Arg, ArgType
 from agent.errors import InvalidParameters
@@ -171,7 +171,7 @@ def test_an_upstreams_content_length_in_other_digits() -> None:
 
 
 def test_oci_reference_and_registry_hosts() -> None:
-    from agent.commands.deploy_oci import hosts
+    from agent.commands.deploy.oci import hosts
     from agent.images import oci
 
     ref = oci.parse("oci://reg.example:5000/os/node:1")

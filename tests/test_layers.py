@@ -92,6 +92,77 @@ def test_the_rule_catches_an_upward_import(tmp_path: Path) -> None:
     assert all(RANK[w] > RANK["hw"] for _, w in found)
 
 
+# agent/site/'s own floors, lowest first: the same rule inside the wing. A module of site/ belongs
+# to its sub-package (bmc, boot, serve, observe) or, at the top of site/, to itself (registries,
+# services) or to the ground floor (metrics, ttltable, the content store, the package itself).
+# boot/ stores its files in the content store while serve/ serves boot/'s entries, so the store
+# sits below both: an import from boot/ into serve/ would tie the two wings into one knot.
+SITE = AGENT / "site"
+SITE_LAYERS: list[set[str]] = [
+    {"ground"},                 # metrics.py, ttltable.py, chunkstore.py (the content store)
+    {"bmc", "boot"},            # BMC control; the boot service (PXE entries, dnsmasq, vmedia)
+    {"serve", "observe"},       # the provisioning network's HTTP service; boot timelines, consoles
+    {"registries"},             # the image registries' credentials, for routes
+    {"services"},               # the site daemon's services, started and stopped together
+]
+SITE_RANK = {wing: i for i, layer in enumerate(SITE_LAYERS) for wing in layer}
+
+
+def site_wing_of(module: str) -> str | None:
+    """``agent.site.boot.pxe`` -> ``boot``; ``agent.site.services`` -> ``services``;
+    ``agent.site.ttltable`` and ``agent.site`` -> ``ground``; a module outside site/ -> None."""
+    parts = module.split(".")
+    if parts[:2] != ["agent", "site"]:
+        return None
+    if len(parts) == 2:
+        return "ground"
+    if (SITE / parts[2]).is_dir() or parts[2] in SITE_RANK:
+        return parts[2]
+    return "ground"
+
+
+def site_knots(paths: list[Path], name_of: dict[Path, str]) -> list[str]:
+    """Imports inside site/ that run sideways or up its floors, as ``path:line: ...`` lines."""
+    found = []
+    for path in paths:
+        mine = site_wing_of(name_of[path])
+        assert mine is not None
+        for line, target in imports_of(path):
+            theirs = site_wing_of(target)
+            if theirs is not None and theirs != mine and SITE_RANK[theirs] >= SITE_RANK[mine]:
+                found.append(f"{path.name}:{line}: {mine} imports {target} ({theirs})")
+    return found
+
+
+def test_every_site_module_has_a_floor() -> None:
+    wings = {site_wing_of(module_name(p)) for p in SITE.rglob("*.py")}
+    assert wings <= set(SITE_RANK), f"site/ wings without a floor: {sorted(wings - set(SITE_RANK))}"
+
+
+def test_site_imports_only_run_down_its_floors() -> None:
+    paths = sorted(SITE.rglob("*.py"))
+    knots = site_knots(paths, {p: module_name(p) for p in paths})
+    assert not knots, "site/ imports that do not run down its floors:\n" + "\n".join(knots)
+
+
+def test_the_site_rule_refuses_the_old_knot(tmp_path: Path) -> None:
+    """The knot this order ended: boot/ reading the content store from serve/ while serve/ imports
+    boot/. Each half alone is refused (boot -> serve runs up), as is a sideways import (bmc ->
+    boot); the store on the ground floor is allowed to both."""
+    boot = tmp_path / "pxe.py"
+    boot.write_text("from agent.site.serve.chunkstore import ChunkStore\n"
+                    "from agent.site.chunkstore import DIGEST\n")
+    bmc = tmp_path / "client.py"
+    bmc.write_text("def f():\n    from agent.site.boot import pxe\n")
+    serve = tmp_path / "web.py"
+    serve.write_text("from agent.site.boot.pxe import BootEntries\nimport agent.site.chunkstore\n")
+    names = {boot: "agent.site.boot.pxe", bmc: "agent.site.bmc.client", serve: "agent.site.serve.web"}
+    assert site_knots([boot, bmc, serve], names) == [
+        "pxe.py:1: boot imports agent.site.serve.chunkstore (serve)",
+        "client.py:2: bmc imports agent.site.boot (boot)",
+    ]
+
+
 # Circles between modules still standing, each to be ended by the change that names it; the test
 # below refuses any other, and refuses an entry here once its circle is gone.
 KNOWN_CIRCLES: set[frozenset[str]] = set()

@@ -29,6 +29,7 @@ from agent import proc
 from agent.gateway import eventlog
 from agent.hw import tpm as tpmwire
 from qemu import tpm as qemu_tpm
+from tests.conftest import free_port
 
 
 def need(*tools: str) -> None:
@@ -36,11 +37,6 @@ def need(*tools: str) -> None:
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} is not installed")
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def manufacture(state: Path, ca: Path) -> None:
@@ -78,7 +74,7 @@ class SimTpm:
 
     def start(self) -> None:
         for _ in range(5):
-            self.port = _free_port()
+            self.port = free_port()
             self._proc = proc.spawn(
                 ["swtpm", "socket", "--tpm2", "--tpmstate", f"dir={self.state}",
                  "--server", f"type=tcp,port={self.port},bindaddr=127.0.0.1",

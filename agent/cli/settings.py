@@ -8,7 +8,7 @@
 One table (``SETTINGS``) drives the argparse flags, the config-file keys and the kernel
 parameters, so the three cannot drift apart; every setting a handler reads is a row of it.
 Kernel parameters that are not in the table (``bc.rejoin=...``, which the runtime reads from
-the command line itself) are kept in ``Config.extra``, read by no handler by name
+the command line itself) are kept in ``Config.extra``, read by no module by name
 (logs.collect redacts the values of those whose names look secret).
 """
 
@@ -28,6 +28,7 @@ from agent import catalog, limits
 from agent.config import Config
 from agent.errors import InvalidParameters
 from agent.link.options import SessionOptions
+from agent.security.attest import EVENT_LOG  # the kernel's, where attestation reads it by default
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,14 @@ def _bytes_text(value: int) -> str:
     return str(value)
 
 
+def _tpm(text: str) -> str:
+    """A ``bc.tpm`` value hw/tpm.py's opener takes ("none", tcp:127.0.0.1:PORT, unix:/PATH)."""
+    from agent.hw import tpm
+
+    tpm.opener(text)
+    return text
+
+
 def _upstream(text: str) -> str:
     from agent.site.serve.upstreams import parse_entry
 
@@ -157,6 +166,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("log_file", Path, "also log to this file", param="bc.log"),
     Setting("secrets_dir", Path, "site role: the secret store of BMC credentials (docs/site.md)",
             param="bc.secrets"),
+    Setting("tpm", _tpm, "the TPM: 'none' for no TPM, tcp:127.0.0.1:PORT or unix:/PATH a TPM "
+            "simulator's command socket (tests, development)", shown="/dev/tpmrm0"),
+    Setting("tpm_event_log", Path, "the event log of the TPM's boot (attestation)",
+            shown=str(EVENT_LOG)),
     Setting("heartbeat_seconds", _positive, "heartbeat interval when the gateway does not set one",
             flag="--heartbeat", param="bc.heartbeat"),
     Setting("max_signature_lifetime_seconds", _positive,

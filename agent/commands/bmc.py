@@ -29,7 +29,8 @@ from agent.errors import (
     InvalidParameters,
     Unsupported,
 )
-from agent.policy import baseline
+from agent.policy.release import gate
+from agent.policy.release.state import ExpectedState
 from agent.proto import site_pb2
 from agent.site.bmc import events, secrets
 from agent.site.bmc import release as bmc_release
@@ -129,7 +130,7 @@ class BmcParams:
     credentials_ref: str
     verify_tls: bool
     args: BmcArgs = field(default_factory=BmcArgs)
-    expect: baseline.ExpectedState | None = None    # bmc.query baseline: the BMC's half
+    expect: ExpectedState | None = None    # bmc.query baseline: the BMC's half
 
     @property
     def lock_name(self) -> str:
@@ -344,7 +345,7 @@ def parse_request(kind: str, payload: site_pb2.BmcOperationRequest) -> BmcParams
     )
 
 
-def _expect(kind: str, payload: site_pb2.BmcOperationRequest) -> baseline.ExpectedState | None:
+def _expect(kind: str, payload: site_pb2.BmcOperationRequest) -> ExpectedState | None:
     """bmc.query baseline's expected state, which must set the BMC's half (bios, bmc_accounts);
     no other operation takes one."""
     wanted = kind == "bmc.query" and payload.operation == "baseline"
@@ -354,7 +355,7 @@ def _expect(kind: str, payload: site_pb2.BmcOperationRequest) -> baseline.Expect
         return None
     if not wanted:
         raise InvalidParameters(f"{kind} {payload.operation}: takes no expect (bmc.query baseline does)")
-    expected = baseline.ExpectedState.from_proto(payload.expect)
+    expected = ExpectedState.from_proto(payload.expect)
     if not expected.site_areas:
         raise InvalidParameters(f"{kind} baseline: expect sets neither bios nor bmc_accounts, the BMC's half")
     return expected
@@ -557,7 +558,7 @@ class BmcQuery(_BmcHandler, kind="bmc.query"):
             expected = session.params.expect
             assert expected is not None           # parse saw to it
             seen = bmc_release.observe(client, expected, creds.username)
-            mismatches = baseline.check_bmc(expected, seen)
+            mismatches = gate.check_bmc(expected, seen)
             result = _result(session.params, client, state="pool_ready" if not mismatches
                              else f"{len(mismatches)} finding(s)")
             result.release.CopyFrom(bmc_release.report(expected, mismatches))

@@ -60,7 +60,7 @@ class DriverInvoke(Handler[agent_pb2.DriverInvokeRequest, DriverParams], kind="d
         started = time.monotonic()
         local = driver.operation(params.operation).local
         if local is not None:
-            report = local(params.values, self.root, ctx.config.extra).encode()
+            report = local(params.values, self.root, ctx.config).encode()
             return agent_pb2.DriverInvokeResult(driver=params.driver, operation=params.operation,
                                                 argv=argv, stdout=report, seconds=time.monotonic() - started)
         # Only the cap is ever held in memory: the rest of a chatty tool's output is read and dropped.

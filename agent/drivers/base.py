@@ -7,7 +7,7 @@ value can never start with "-", so it can never be read by the tool as an option
 
 A driver with no tool (``tool=""``) does its operations in the agent itself, through the hw
 layer: each operation's ``local(values, root, settings)`` acts on the machine under ``root``
-("/", or a test's tree), with the agent's ``bc.*`` settings that name a device (``bc.tpm``),
+("/", or a test's tree), with the agent's settings (``Config.tpm``, the TPM the setting ``bc.tpm`` names),
 and returns its report as text (the efivars driver: UEFI variables).
 
 A driver registers itself by calling ``register(Driver(...))`` at import time; its module is
@@ -23,11 +23,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.config import Config
 from agent.errors import InvalidParameters, ToolMissing
 
 Value = str | int | bool
 Values = Mapping[str, Value]
-Settings = Mapping[str, str]                 # Config.extra: the bc.* settings (e.g. "tpm")
+Settings = Config                            # the agent's settings (e.g. ``tpm``, the setting bc.tpm)
 
 
 class ArgType(enum.StrEnum):

@@ -2,7 +2,7 @@
 
 efibootmgr's work done through efivarfs (agent.hw.efivars), so the ramdisk needs no tool and a
 test needs no firmware: ``root``/sys/firmware/efi/efivars is the directory acted on. The
-release's remedies (agent.policy.baseline) name these operations.
+release's remedies (agent.policy.release) name these operations.
 """
 
 from __future__ import annotations

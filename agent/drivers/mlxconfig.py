@@ -2,7 +2,7 @@
 line): NIC firmware configuration (SR-IOV, link type, ...).
 
 ``parse_query`` reads ``query -e``'s table: each parameter's default, current and next-boot
-value (what the release checks against a profile, agent.policy.baseline).
+value (what the release checks against a profile, agent.policy.release).
 """
 
 from __future__ import annotations

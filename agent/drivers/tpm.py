@@ -24,11 +24,11 @@ log = logging.getLogger(__name__)
 
 def _open(root: Path, settings: Settings) -> tpmwire.Tpm:
     try:
-        tpm = tpmwire.open_setting(settings.get("tpm", ""), root)
+        tpm = tpmwire.open_setting(settings.tpm, root)
     except OSError as exc:
         raise AgentError(f"the TPM could not be reached: {exc}", reason=Reason.TOOL_FAILED) from exc
     if tpm is None:
-        raise Unsupported("no TPM: the kernel offers no /dev/tpmrm0 (or bc.tpm=none)")
+        raise Unsupported(tpmwire.absent(settings.tpm))
     return tpm
 
 

@@ -6,7 +6,7 @@ with the platform hierarchy, before it hands over. Linux offers the firmware's A
 under ``/sys/class/tpm/tpm0/ppi``: ``request`` (write an operation number; it reads back the
 pending one), ``response`` (the last operation and its result), ``tcg_operations`` (per
 operation: "5 4: User not required"). Operation 5 is Clear. ``root`` is the machine's root ("/",
-or a test's tree); the release's remedies (agent.policy.baseline) name ``clear``.
+or a test's tree); the release's remedies (agent.policy.release) name ``clear``.
 """
 
 from __future__ import annotations

@@ -8,10 +8,10 @@ boot id, kinds, public key), sends commands and collects what comes back.
 Python API (agent/gateway/server.py; its records: records.py)::
 
     gw = Gateway(cert=..., key=..., client_ca=ca, signing_key=key_path, tokens={tok: node}).start()
-    gw.wait_node("node-1", timeout=30)                  # -> NodeRecord (hello, public key)
+    gw.wait_node("node-1", timeout=30)                  # -> GatewayNode (hello, public key)
     cid = gw.send("node-1", "disk.wipe", {"disks": [{"serial": "S1"}]})   # JSON/dict/message
     body, result = gw.wait_result(cid, timeout=600)     # ResultBody, decoded WipeResult
-    gw.cancel(cid); gw.drain("node-1"); gw.events       # timeline of Event(time, what, ...)
+    gw.cancel(cid); gw.drain("node-1"); gw.events       # timeline of GatewayEvent(time, what, ...)
     gw.stop()
 
 Rules it follows (docs/protocol.md has the protocol itself):
@@ -38,7 +38,7 @@ CLI: ``python -m agent.gateway`` (also ``agent gateway``): ``keys`` makes a dev 
 signing key, ``serve`` runs a gateway with a small console, ``send`` runs one command.
 """
 
-from agent.gateway.records import CommandRecord, CommandRejected, Event, NodeRecord, State
+from agent.gateway.records import CommandRecord, CommandRejected, GatewayEvent, GatewayNode, State
 from agent.gateway.server import Gateway
 
-__all__ = ["CommandRecord", "CommandRejected", "Event", "Gateway", "NodeRecord", "State"]
+__all__ = ["CommandRecord", "CommandRejected", "Gateway", "GatewayEvent", "GatewayNode", "State"]

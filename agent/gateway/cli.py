@@ -37,7 +37,7 @@ from agent.gateway.attest_join import JoinAttestation
 from agent.gateway.attest_policy import Policy
 from agent.gateway.attest_state import NodeState, NodeStates
 from agent.gateway.certs import DevPki, make_dev_pki
-from agent.gateway.records import CommandRecord, CommandRejected, Event, build_command
+from agent.gateway.records import CommandRecord, CommandRejected, GatewayEvent, build_command
 from agent.gateway.server import Gateway
 from agent.progressbar import ProgressBar
 from agent.proto import session_pb2
@@ -196,7 +196,7 @@ def cmd_send(args: argparse.Namespace) -> int:
     gw = _make_gateway(args)
     bar = ProgressBar(sys.stderr, label=args.kind)
 
-    def show(ev: Event, rec: CommandRecord | None) -> None:
+    def show(ev: GatewayEvent, rec: CommandRecord | None) -> None:
         if ev.what == "progress" and rec is not None and rec.progress is not None:
             bar.update(rec.progress)
         elif ev.what == "log" and not bar.tty:
@@ -234,7 +234,7 @@ HELP = ("commands: nodes | send NODE KIND JSON [TIMEOUT] | cancel ID | drain NOD
 def cmd_serve(args: argparse.Namespace) -> int:
     gw = _make_gateway(args)
 
-    def show(ev: Event, rec: CommandRecord | None) -> None:
+    def show(ev: GatewayEvent, rec: CommandRecord | None) -> None:
         if ev.what in ("progress", "log"):
             if ev.what == "log" or (rec is not None and rec.progress is not None):
                 print(f"  [{ev.command_id}] {ev.what} {ev.detail}", flush=True)

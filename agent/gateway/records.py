@@ -45,7 +45,7 @@ class CommandRejected(AgentError):
 
 
 @dataclass
-class Event:
+class GatewayEvent:
     """One line of the gateway's timeline."""
 
     time: float
@@ -105,7 +105,9 @@ class CommandRecord:
 
 
 @dataclass
-class NodeRecord:
+class GatewayNode:
+    """The gateway's record of one node that joined it: its Hello, key, sessions and channel."""
+
     node_id: str
     hello: session_pb2.Hello
     public_key: bytes

@@ -26,9 +26,9 @@ from agent.gateway.attest_join import JoinAttestation, file_release, site_refusa
 from agent.gateway.records import (
     CommandRecord,
     CommandRejected,
-    Event,
     FaultHook,
-    NodeRecord,
+    GatewayEvent,
+    GatewayNode,
     State,
     build_command,
     decode_result,
@@ -77,11 +77,11 @@ class Gateway:
         self.site_node = site_node      # the site daemon told of a refused join (attest_join.py)
         if attestation is not None and attestation.on_verdict is None:
             attestation.on_verdict = lambda node, v: self._event(f"attest_{v.status}", node, detail=str(v))
-        self.nodes: dict[str, NodeRecord] = {}
+        self.nodes: dict[str, GatewayNode] = {}
         self.commands: dict[str, CommandRecord] = {}
         self.orphan_results: list[session_pb2.ResultBody] = []  # results for ids it never sent
-        self.events: list[Event] = []
-        self.listeners: list[Callable[[Event, CommandRecord | None], None]] = []
+        self.events: list[GatewayEvent] = []
+        self.listeners: list[Callable[[GatewayEvent, CommandRecord | None], None]] = []
         self.fault_hook: FaultHook | None = None  # tests: return "drop" to cut the connection
         self._cond = threading.Condition(threading.RLock())
         self._server: socket.socket | None = None
@@ -211,7 +211,7 @@ class Gateway:
                 old.channel.abort("replaced_by_new_session")
             if old is not None and old.public_key != hello.public_key:
                 self._event("node_key_changed", node_id, detail=f"boot {hello.boot_id}")
-            node = NodeRecord(
+            node = GatewayNode(
                 node_id=node_id, hello=hello, public_key=bytes(hello.public_key), authenticated_by=how,
                 sessions=(old.sessions + 1) if old else 1,
                 keys_seen=(old.keys_seen if old else []),
@@ -263,7 +263,7 @@ class Gateway:
                     return "token"
         raise wire.WireError(wire.UNAUTHENTICATED, "no client certificate and no valid enrollment token")
 
-    def _process_hello(self, node: NodeRecord, hello: session_pb2.Hello) -> None:
+    def _process_hello(self, node: GatewayNode, hello: session_pb2.Hello) -> None:
         """Under the lock: results and completions carried by the Hello, then resends."""
         in_flight = {s.command_id: s for s in hello.in_flight}
         for signed in hello.unacked_results:
@@ -361,7 +361,7 @@ class Gateway:
                     wire.UNEXPECTED_FRAME, f"a gateway does not take {what} frames"))
             self._cond.notify_all()
 
-    def _handle_accept(self, node: NodeRecord, accept: session_pb2.Accept) -> None:
+    def _handle_accept(self, node: GatewayNode, accept: session_pb2.Accept) -> None:
         rec = self.commands.get(accept.command_id)
         state_name = session_pb2.CommandState.Name(accept.state) if accept.state else ""
         self._event("accepted", node.node_id, accept.command_id, state_name)
@@ -374,7 +374,7 @@ class Gateway:
         if rec.accepted_at is None:
             rec.accepted_at = time.monotonic()
 
-    def _handle_result(self, node: NodeRecord, signed: session_pb2.SignedResult) -> None:
+    def _handle_result(self, node: GatewayNode, signed: session_pb2.SignedResult) -> None:
         body = session_pb2.ResultBody()
         try:
             body.ParseFromString(signed.body)
@@ -423,7 +423,7 @@ class Gateway:
         detail = status + (f" {body.reason}: {body.message}" if body.reason else "")
         self._finish(rec, State.FINISHED, detail, event="result")
 
-    def _handle_completion(self, node: NodeRecord, completion: session_pb2.Completion) -> None:
+    def _handle_completion(self, node: GatewayNode, completion: session_pb2.Completion) -> None:
         cid = completion.command_id
         self._ack(node, cid)
         rec = self.commands.get(cid)
@@ -437,7 +437,7 @@ class Gateway:
         rec.completion = completion
         self._finish(rec, State.COMPLETED, detail, event="completed")
 
-    def _ack(self, node: NodeRecord, command_id: str) -> None:
+    def _ack(self, node: GatewayNode, command_id: str) -> None:
         if node.channel is not None:
             node.channel.send(session_pb2.Frame(ack=session_pb2.Ack(command_id=command_id)))
 
@@ -617,13 +617,13 @@ class Gateway:
                     raise TimeoutError(f"gateway: timed out after {timeout:g}s waiting for {what}")
                 self._cond.wait(min(left, 0.25))
 
-    def wait_node(self, node_id: str, timeout: float, *, sessions: int = 1) -> NodeRecord:
+    def wait_node(self, node_id: str, timeout: float, *, sessions: int = 1) -> GatewayNode:
         """Wait until ``node_id`` is connected (for at least the ``sessions``-th time)."""
-        def ready() -> NodeRecord | None:
+        def ready() -> GatewayNode | None:
             node = self.nodes.get(node_id)
             return node if node is not None and node.connected and node.sessions >= sessions else None
 
-        rec: NodeRecord = self.wait_for(ready, timeout, f"node {node_id}")
+        rec: GatewayNode = self.wait_for(ready, timeout, f"node {node_id}")
         return rec
 
     def wait(self, command_id: str, timeout: float) -> CommandRecord:
@@ -679,11 +679,11 @@ class Gateway:
                 return ev.detail
         return "failed"
 
-    def node_list(self) -> list[NodeRecord]:
+    def node_list(self) -> list[GatewayNode]:
         with self._cond:
             return sorted(self.nodes.values(), key=lambda n: n.node_id)
 
-    def events_for(self, command_id: str) -> list[Event]:
+    def events_for(self, command_id: str) -> list[GatewayEvent]:
         with self._cond:
             return [e for e in self.events if e.command_id == command_id]
 
@@ -691,7 +691,7 @@ class Gateway:
 
     def _event(self, what: str, node_id: str = "", command_id: str = "", detail: str = "",
                *, quiet: bool = False) -> None:
-        ev = Event(time.time(), what, node_id, command_id, detail)
+        ev = GatewayEvent(time.time(), what, node_id, command_id, detail)
         with self._cond:
             if not quiet:
                 self.events.append(ev)

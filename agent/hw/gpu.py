@@ -146,7 +146,7 @@ class GpuState:
     remapped_rows_failure: bool | None = None
     nvlinks: list[tuple[int, bool]] = field(default_factory=list)
     persistence_mode: bool | None = None
-    # What a tenant can change and the release puts back (agent.policy.baseline).
+    # What a tenant can change and the release puts back (agent.policy.release).
     mig_mode: bool | None = None
     mig_mode_pending: bool | None = None
     power_limit_set_mw: int | None = None           # the management limit a user set (nvidia-smi -pl)

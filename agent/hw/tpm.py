@@ -668,6 +668,14 @@ def opener(spec: str) -> Callable[[], Tpm | None]:
     return lambda: Tpm(SocketTransport(address))
 
 
+def absent(spec: str) -> str:
+    """Why there is no TPM where ``open_setting(spec, ...)`` found none: the one wording the
+    release gate, the tpm driver and the operator read."""
+    if spec == "none":
+        return "no TPM: disabled by the setting bc.tpm=none"
+    return "no TPM: the kernel offers no /dev/tpmrm0"
+
+
 def open_setting(spec: str, root: Path) -> Tpm | None:
     """The TPM the setting ``bc.tpm`` names (``opener``), with "" the kernel's under ``root``
     (the machine's "/", or a test's tree); None where there is none."""

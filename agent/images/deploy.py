@@ -1,6 +1,6 @@
 """deploy.image's pipeline: an OS image onto one disk, verified, as fast as the disk allows.
 
-    result = deploy.run(hooks, params, disk)  # the handler (agent/commands/deploy.py) chose
+    result = deploy.run(hooks, params, disk)  # the handler (agent/commands/deploy/) chose
                                               # and holds the disk, and gives ``Hooks``
 
 ``Hooks`` is all a pipeline uses of the command that runs it: the check that raises when it
@@ -121,7 +121,7 @@ class DeployParams:
     max_retries: int = 5
     manifest: filesource.FileRef | None = None   # a manifest file, checked against its signed digest
     manifest_inline: bytes = b""                 # or the manifest itself, inside the signed payload
-    oci: oci.Reference | None = None             # an oci:// source, resolved by commands/deploy_oci.locate
+    oci: oci.Reference | None = None             # an oci:// source, resolved by commands/deploy/oci.locate
     registry_hosts: frozenset[str] = frozenset()  # oci: other hosts a redirect may lead to
     resolve: Callable[[str, int], Iterable[str]] | None = None   # oci: the hosts it may dial
     auth: http.Authorization | None = None       # oci: the registry's token, renewed on a 401

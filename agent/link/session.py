@@ -77,6 +77,9 @@ class AgentLike(Protocol):
     def drain(self, timeout: float | None = None) -> None: ...
     def subscribe(self, sink: Callable[[session_pb2.Frame], None]) -> None: ...
     def add_exit_hook(self, fn: Callable[[], None]) -> None: ...
+    def unacked_results(self) -> list[session_pb2.SignedResult]: ...
+    def joined(self) -> None: ...
+    def attest(self, challenge: session_pb2.AttestChallenge) -> session_pb2.AttestAnswer: ...
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -230,12 +233,10 @@ class Session:
             while self._buffer:
                 channel.send(self._buffer.popleft())
         self.sessions += 1
-        joined = getattr(self.agent, "joined", None)
-        if joined is not None:
-            try:
-                joined()  # a daemon.upgrade trial is confirmed here
-            except Exception:
-                log.exception("Agent.joined failed")
+        try:
+            self.agent.joined()  # a daemon.upgrade trial is confirmed here
+        except Exception:
+            log.exception("Agent.joined failed")
         log.info(
             "connected to gateway %s at %s:%d (heartbeat %.1fs, dead after %.1fs, %d unacked results)",
             welcome.gateway_id, self.host, self.port, interval, dead_after, len(hello.unacked_results),
@@ -305,15 +306,11 @@ class Session:
                     wire.UNEXPECTED_FRAME, f"an agent does not take {what} frames"))
 
     def _attest(self, challenge: session_pb2.AttestChallenge) -> None:
-        attest = getattr(self.agent, "attest", None)
-        if attest is None:
-            answer = session_pb2.AttestAnswer(nonce=challenge.nonce, error="this agent does not attest")
-        else:
-            try:
-                answer = attest(challenge)
-            except Exception as exc:  # the gateway gets an answer, whatever went wrong
-                log.exception("attestation failed")
-                answer = session_pb2.AttestAnswer(nonce=challenge.nonce, error=f"{type(exc).__name__}: {exc}")
+        try:
+            answer = self.agent.attest(challenge)
+        except Exception as exc:  # the gateway gets an answer, whatever went wrong
+            log.exception("attestation failed")
+            answer = session_pb2.AttestAnswer(nonce=challenge.nonce, error=f"{type(exc).__name__}: {exc}")
         self._send(session_pb2.Frame(attest_answer=answer))
 
     def _submit(self, cmd: session_pb2.SignedCommand) -> session_pb2.Frame:
@@ -336,8 +333,7 @@ class Session:
             self.agent.drain()
             # Results of what finished must reach the gateway (and be acknowledged) first.
             deadline = time.monotonic() + 2 * self.options.exit_flush_seconds
-            unacked = getattr(self.agent, "unacked_results", None)
-            while unacked is not None and unacked() and time.monotonic() < deadline:
+            while self.agent.unacked_results() and time.monotonic() < deadline:
                 time.sleep(0.05)
         finally:
             self._drained.set()

@@ -12,6 +12,8 @@ peer can cost a reconnect but never the agent. docs/protocol.md has the whole ex
 thread, because an OpenSSL connection must not be read and written from two threads at
 once): it decodes incoming frames and hands each to a callback, writes what ``send`` queued,
 sends heartbeats and notices a dead peer (nothing received for ``dead_after`` seconds).
+What ``send`` queues is bounded (``max_queued_bytes``): a peer that stops reading gets the
+channel closed with ``send_queue_full``, never an agent that grows without bound.
 """
 
 from __future__ import annotations
@@ -47,6 +49,13 @@ UNAUTHENTICATED = "unauthenticated"
 PEER_DEAD = "peer_dead"                  # no frame (not even a heartbeat) for dead_after
 PEER_CLOSED = "peer_closed"
 HANDSHAKE_TIMEOUT = "handshake_timeout"
+SEND_QUEUE_FULL = "send_queue_full"      # the peer reads slower than we write: closed, not grown
+
+# What one channel holds in memory for a peer that does not read: 16 frames of the largest size.
+# Past it the channel closes with SEND_QUEUE_FULL instead of growing; the agent reconnects, and
+# its Hello carries again every result the gateway has not acknowledged (they are journaled), so
+# what is dropped is progress and log lines only.
+MAX_QUEUED_BYTES = 16 * MAX_FRAME_BYTES
 
 
 class WireError(Exception):
@@ -198,15 +207,18 @@ class Channel:
         heartbeat_interval: float | None = None,
         dead_after: float | None = None,
         decoder: Decoder | None = None,
+        max_queued_bytes: int = MAX_QUEUED_BYTES,
     ) -> None:
         self.sock = sock
         self.name = name
         self.max_frame_bytes = max_frame_bytes
+        self.max_queued_bytes = max_queued_bytes
         self._on_frame = on_frame
         self._on_close = on_close
         self._decoder = decoder or Decoder(max_frame_bytes)
         self._lock = threading.Lock()
         self._out: collections.deque[bytes] = collections.deque()
+        self._out_bytes = 0                 # the bytes in _out (bounded by max_queued_bytes)
         self._pending = b""                 # the part of a frame not yet written
         self._closing: str | None = None     # close after the queue is flushed
         self._close_deadline = 0.0
@@ -236,23 +248,40 @@ class Channel:
         return self
 
     def send(self, frame: session_pb2.Frame) -> bool:
-        """Queue a frame; False when the channel is closing or closed (the frame is dropped)."""
-        data = encode(frame, self.max_frame_bytes)
-        with self._lock:
-            if self._closing is not None or self.closed.is_set():
-                return False
-            self._out.append(data)
-        self._wake()
-        return True
+        """Queue a frame; False when the channel is closing or closed (the frame is dropped),
+        or when the queue would pass ``max_queued_bytes``: then the channel closes with
+        SEND_QUEUE_FULL, what is queued dropped with it."""
+        return self._queue(encode(frame, self.max_frame_bytes))
 
     def send_bytes(self, data: bytes) -> bool:
         """Queue raw bytes as they are (tests: malformed, truncated and oversized frames)."""
+        return self._queue(bytes(data))
+
+    def _queue(self, data: bytes) -> bool:
+        queued = 0
         with self._lock:
             if self._closing is not None or self.closed.is_set():
                 return False
-            self._out.append(bytes(data))
+            full = self._out_bytes + len(data) > self.max_queued_bytes
+            if full:
+                queued = self._out_bytes + len(self._pending)
+                self._drop_queue()
+                self._closing = SEND_QUEUE_FULL
+                self._close_deadline = 0.0
+            else:
+                self._out.append(data)
+                self._out_bytes += len(data)
+        if full:
+            log.warning("%s: the peer has not read %d queued bytes (at most %d): closing the session",
+                        self.name, queued, self.max_queued_bytes)
         self._wake()
-        return True
+        return not full
+
+    def _drop_queue(self) -> None:
+        """Under the lock: forget what is queued, the frame half written included."""
+        self._out.clear()
+        self._out_bytes = 0
+        self._pending = b""
 
     def close(
         self, reason: str, *, error: session_pb2.Frame | None = None, flush_seconds: float = 2.0
@@ -263,7 +292,9 @@ class Channel:
                 return
             if error is not None:
                 with contextlib.suppress(WireError):
-                    self._out.append(encode(error, self.max_frame_bytes))
+                    data = encode(error, self.max_frame_bytes)
+                    self._out.append(data)   # one frame past the bound, the last one
+                    self._out_bytes += len(data)
             self._closing = reason
             self._close_deadline = time.monotonic() + flush_seconds
         self._wake()
@@ -271,8 +302,7 @@ class Channel:
     def abort(self, reason: str) -> None:
         """Close now, dropping whatever is queued (tests use it to cut a connection)."""
         with self._lock:
-            self._out.clear()
-            self._pending = b""
+            self._drop_queue()
             self._closing = reason
             self._close_deadline = 0.0
         self._wake()
@@ -366,7 +396,9 @@ class Channel:
                 hb = session_pb2.Heartbeat(seq=self._hb_seq, time_unix_ms=int(time.time() * 1000))
                 with self._lock:
                     if self._closing is None:
-                        self._out.append(encode(session_pb2.Frame(heartbeat=hb)))
+                        data = encode(session_pb2.Frame(heartbeat=hb))
+                        self._out.append(data)
+                        self._out_bytes += len(data)
                     self._last_hb_sent = now
                 last_hb = now
             timeout = min(timeout, interval - (now - last_hb))
@@ -417,6 +449,7 @@ class Channel:
                     if not self._out:
                         return False
                     self._pending = self._out.popleft()
+                    self._out_bytes -= len(self._pending)
                 data = self._pending
             try:
                 n = self.sock.send(data[:65536])
@@ -440,8 +473,7 @@ class Channel:
             for fd in (self._wake_r, self._wake_w):
                 with contextlib.suppress(OSError):
                     os.close(fd)
-            self._out.clear()
-            self._pending = b""
+            self._drop_queue()
             if self._closing is None:
                 self._closing = reason
         self.closed.set()

@@ -15,7 +15,7 @@ field left zero or empty is not checked. Checks and their stable names:
                                     than the build needs (a riser, a bifurcation setting)
 
 With ``expect.state`` (ramdisk and node roles) the same Conformance carries the release
-gate's findings too, checked by agent.policy.baseline (whose docstring lists them, each with
+gate's findings too, checked by agent.policy.release (whose docstring lists them, each with
 its remedy):
 
   uefi.unreadable uefi.boot_entry uefi.boot_order uefi.secure_boot uefi.setup_mode

@@ -148,7 +148,7 @@ class Agent:
         self.node_key = NodeKey.load_or_create(state_dir / "node.key")
         # Attestation (docs/attestation.md): the TPM the Hello presents and the gateway challenges.
         self.attestor = attestor if attestor is not None else \
-            attestor_for(config.extra.get("tpm", ""), config.extra.get("tpm_event_log", ""))
+            attestor_for(config.tpm, str(config.tpm_event_log or ""))
         self.trust = TrustStore.load(config.trusted_keys)
         self.journal = Journal(state_dir / "journal", compact_bytes=journal_compact_bytes)
         self.scheduler = scheduler.Scheduler(workers, keyed_cap=config.bmc_max_in_flight,

@@ -45,15 +45,13 @@ from typing import Any
 
 from agent.catalog import Kind, Lane
 from agent.commands.base import Context
+from agent.config import Config
 from agent.deadlines import DeadlineWatch
 from agent.errors import AgentError, Busy, Cancelled, CommandTimeout, Draining, Reason
 
 log = logging.getLogger(__name__)
 
 DEFAULT_WORKERS: Mapping[Lane, int] = {Lane.CONTROL: 4, Lane.PROVISION: 4, Lane.BULK: 2}
-DEFAULT_KEYED_CAP = 512          # keyed jobs (BMC operations) in flight at once, site-wide
-DEFAULT_MAX_QUEUED = 256         # jobs waiting on each lane (Config.lane_max_queued)
-DEFAULT_KEYED_MAX_QUEUED = 4096  # keyed jobs waiting (Config.bmc_max_queued)
 KEYED_IDLE_SECONDS = 30.0        # a keyed worker with nothing to do for this long ends
 
 _current = threading.local()
@@ -105,7 +103,7 @@ class KeyedCounters:
     ``in_flight`` and ``queued`` are now; ``peak_*`` the most seen; ``failed`` counts the jobs
     that ended otherwise than succeeding, by the wire reason of their error."""
 
-    cap: int = DEFAULT_KEYED_CAP
+    cap: int = Config.bmc_max_in_flight
     in_flight: int = 0
     queued: int = 0
     keys_waiting: int = 0          # keys with a queued job (bounded by the jobs queued)
@@ -136,10 +134,10 @@ class Scheduler:
         self,
         workers: Mapping[Lane, int] | None = None,
         *,
-        keyed_cap: int = DEFAULT_KEYED_CAP,
+        keyed_cap: int = Config.bmc_max_in_flight,
         keyed_idle_seconds: float = KEYED_IDLE_SECONDS,
-        max_queued: int = DEFAULT_MAX_QUEUED,
-        keyed_max_queued: int = DEFAULT_KEYED_MAX_QUEUED,
+        max_queued: int = Config.lane_max_queued,
+        keyed_max_queued: int = Config.bmc_max_queued,
     ) -> None:
         self._workers_per_lane = dict(DEFAULT_WORKERS if workers is None else workers)
         for lane in Lane:

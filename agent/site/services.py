@@ -33,11 +33,10 @@ from agent.net import connect, http
 from agent.site.boot.dnsmasq import DnsmasqSettings, DnsmasqSupervisor
 from agent.site.boot.pxe import BootEntries
 from agent.site.boot.vmedia import MediaSets
+from agent.site.chunkstore import ChunkStore
 from agent.site.metrics import Metrics, MetricsService
-from agent.site.observe.console import DEFAULT_BUDGET_BYTES, DEFAULT_RING_BYTES
 from agent.site.observe.observer import Observer, ObserverSettings
 from agent.site.registries import Registries
-from agent.site.serve.chunkstore import DEFAULT_BUDGET, ChunkStore
 from agent.site.serve.routes import RouteTable
 from agent.site.serve.upstreams import UpstreamPolicy, local_addresses
 from agent.site.serve.web import HttpService
@@ -61,19 +60,19 @@ class ServiceSettings:
     port: int                    # its HTTP service's port
     root: Path                   # state: entries, hosts, scripts, cache, routes
     interface: str = ""          # dnsmasq's interface; "" runs the HTTP service alone
-    ipxe_dir: Path = Path("/usr/lib/ipxe")
+    ipxe_dir: Path = Config.site_ipxe_dir
     bind: str = ""               # the HTTP service's bind address (default: ``address``)
     dnsmasq_argv_prefix: tuple[str, ...] = ()
     ca_file: Path | None = None  # extra CA for https upstreams and kernel downloads
     store_dir: Path | None = None  # the content store (default: root / "store")
-    store_bytes: int = DEFAULT_BUDGET
+    store_bytes: int = Config.site_store_bytes
     metrics: str = ""            # host:port of GET /metrics; "" serves none
     upstreams: tuple[str, ...] = ()  # what routes may reach (agent/site/serve/upstreams.py)
     # The boot timelines and kept consoles (agent/site/observe/): the BMCs' credentials, the rings.
-    secrets_dir: Path = Path("/var/lib/bettercompute-agent/secrets")
+    secrets_dir: Path = Config.secrets_dir
     console_dir: Path | None = None
-    console_ring_bytes: int = DEFAULT_RING_BYTES
-    console_budget_bytes: int = DEFAULT_BUDGET_BYTES
+    console_ring_bytes: int = Config.site_console_ring_bytes
+    console_budget_bytes: int = Config.site_console_budget_bytes
     cause_waits: tuple[tuple[str, float], ...] = ()   # a rule's wait, by name (tests)
     ipmitool: str = "ipmitool"
     # The HTTP service's TLS listener, for the BMCs that mount https:// images only: all three,

@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from agent.cli.app import targets_of
 from agent.gateway.certs import DevPki, make_dev_pki
 from agent.hw.bootid import boot_id
@@ -18,11 +16,6 @@ from agent.schema import payload_from_json
 from tests.runtime.harness import AGENT_MAIN, ROOT, wait_until
 
 WIPE = json.dumps({"disks": [{"serial": "S-1"}, {"name": "sdb"}]})
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> DevPki:
-    return make_dev_pki(tmp_path_factory.mktemp("pki"))
 
 
 def agent_exec(test_dir: Path, *args: str, timeout: float = 60) -> tuple[int, dict[str, object], str]:

@@ -18,7 +18,7 @@ import pytest
 
 from agent.gateway import Gateway
 from agent.gateway.certs import DevPki
-from tests.runtime.harness import make_pki, start_gateway, wait_until
+from tests.runtime.harness import start_gateway, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,11 +29,6 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run([sys.executable, str(ROOT / "build" / "zipapp.py"), "--out", str(out),
                     "--version", "4.5.6"], check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
     return out
-
-
-@pytest.fixture
-def pki(tmp_path: Path) -> DevPki:
-    return make_pki(tmp_path / "pki", nodes=("node-7",))
 
 
 @pytest.fixture

@@ -86,7 +86,7 @@ def test_site_store_and_metrics_settings() -> None:
 SAMPLES = {  # a value each kind of row reads, none of them a default
     str: "sample", Path: "/sample/path", settings._role: "site", settings._positive: "7",
     settings._count: "7", settings._port: "7", settings._bytes: "3M",
-    settings._path_list: "/a:/b", settings._upstream: "10.9.0.0/16",
+    settings._path_list: "/a:/b", settings._upstream: "10.9.0.0/16", settings._tpm: "none",
 }
 
 
@@ -162,3 +162,36 @@ def test_logs_allow_and_the_bulk_bandwidth_are_settings() -> None:
                       "bc.logs_allow=/var/log:/srv/logs").config
     assert c.bulk_bandwidth_bytes_per_second == 50 << 20
     assert c.logs_allow == (Path("/var/log"), Path("/srv/logs"))
+
+
+def test_the_tpm_is_a_row_refused_by_name_when_malformed() -> None:
+    """bc.tpm and bc.tpm_event_log are settings rows like the others (shown by --help), and a
+    value the TPM opener cannot take is refused when the settings load, not at the first quote."""
+    loaded = settings.load({}, None, "bc.tpm=tcp:127.0.0.1:2321 bc.tpm_event_log=/run/log")
+    assert loaded.config.tpm == "tcp:127.0.0.1:2321"
+    assert loaded.config.tpm_event_log == Path("/run/log")
+    assert loaded.config.extra == {}
+    for bad in ("tcp:10.0.0.1:2321", "tcp:127.0.0.1:port", "/dev/tpm0"):
+        with pytest.raises(InvalidParameters, match=r"cmdline: .*(TPM|bc\.tpm)"):
+            settings.load({}, None, f"bc.tpm={bad}")
+
+
+def test_no_module_reads_config_extra_by_name() -> None:
+    """Config.extra holds what no row names; a read of it by key would be a setting outside the
+    table (no --help line, no config-file key)."""
+    import ast
+
+    def is_extra(node: ast.expr) -> bool:
+        owner = node.value if isinstance(node, ast.Attribute) and node.attr == "extra" else None
+        name = owner.id if isinstance(owner, ast.Name) else getattr(owner, "attr", "")
+        return name == "config"
+
+    reads = []
+    for path in (Path(__file__).resolve().parents[2] / "agent").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            by_key = isinstance(node, ast.Subscript) and is_extra(node.value)
+            by_get = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr == "get" and is_extra(node.func.value)
+            if by_key or by_get:
+                reads.append(f"{path.name}:{node.lineno}")
+    assert not reads, f"Config.extra read by name: {reads}"

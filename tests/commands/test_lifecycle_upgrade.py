@@ -30,7 +30,7 @@ from agent.gateway.records import State
 from agent.proto import agent_pb2, common_pb2, session_pb2
 from agent.security.trust import SigningKey
 from tests.loopback_http import LoopbackServer
-from tests.runtime.harness import make_pki, start_gateway, wait_until
+from tests.runtime.harness import start_gateway, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 OLD, NEW = "1.0.0", "9.9.9"
@@ -77,11 +77,6 @@ def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "no_gateway": build(d / "nogw.pyz", NEW, NO_GATEWAY),
         "broken": build(d / "broken.pyz", NEW, CRASH_ALWAYS),
     }
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> DevPki:
-    return make_pki(tmp_path_factory.mktemp("pki"), nodes=("node-1",))
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agent.commands.base import Context
-from agent.commands.logs import LogsCollect, read_confined
+from agent.commands.bulk.logs import LogsCollect, read_confined
 from agent.config import Config
 from agent.errors import AgentError, InvalidParameters, Reason
 from agent.proto import agent_pb2
@@ -248,7 +248,7 @@ def test_system_journal_is_included_or_explained(setup: tuple[Config, Path]) -> 
 def test_what_a_request_can_reach_is_bounded(setup: tuple[Config, Path]) -> None:
     """A directory named many times over a small budget: the archive stays under max_bytes and
     the list of what was left out (in the manifest and in the result frame) stays short."""
-    from agent.commands import logs
+    from agent.commands.bulk import logs
 
     config, allowed = setup
     big = allowed / "many"

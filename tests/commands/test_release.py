@@ -17,10 +17,9 @@ import pytest
 from google.protobuf import json_format
 
 from agent.catalog import Role
-from agent.commands import release
 from agent.commands.base import Context
 from agent.commands.driver import DriverInvoke
-from agent.commands.inventory import InventoryRefresh
+from agent.commands.inventory import InventoryRefresh, release
 from agent.config import Config
 from agent.errors import InvalidParameters
 from agent.hw import efivars

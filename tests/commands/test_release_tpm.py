@@ -9,6 +9,7 @@ authorization the tenant set holds the reset back until the Clear."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import subprocess
@@ -38,7 +39,7 @@ class Machine:
     def __init__(self, root: Path, state_dir: Path, tpm: str) -> None:
         self.root = root
         self.ppi = root / "sys/class/tpm/tpm0/ppi"
-        self.config = Config(state_dir=state_dir, role=Role.RAMDISK, extra={"tpm": tpm} if tpm else {})
+        self.config = Config(state_dir=state_dir, role=Role.RAMDISK, tpm=tpm)
 
     def with_ppi(self, clear_status: int = 4) -> None:
         self.ppi.mkdir(parents=True)
@@ -133,7 +134,7 @@ def test_planted_residue_is_each_found_and_the_ppi_clear_puts_it_back(machine: M
     # The firmware at the next boot: the PPI request carried out with the platform hierarchy.
     tpm2(sim, tmp_path, "tpm2_clear", "-c", "p")
     sim.restart()
-    machine.config.extra["tpm"] = f"tcp:127.0.0.1:{sim.port}"
+    machine.config = dataclasses.replace(machine.config, tpm=f"tcp:127.0.0.1:{sim.port}")
     after = machine.check({})                          # the Clear took the persisted EKs too
     # A power cycle without TPM2_Shutdown counts as one failure (the TPM's dictionary-attack
     # rule): what is left is that count, which the reset puts back.
@@ -231,7 +232,7 @@ def test_no_tpm_is_stated_not_a_finding(tmp_path: Path) -> None:
     report = machine.check().release
     assert report.pool_ready and report.tpm_absent == "no TPM: the kernel offers no /dev/tpmrm0"
     assert "tpm" in report.not_checked and "tpm" not in report.checked
-    machine.config.extra["tpm"] = "none"
+    machine.config = dataclasses.replace(machine.config, tpm="none")
     assert machine.check().release.tpm_absent == "no TPM: disabled by the setting bc.tpm=none"
 
 

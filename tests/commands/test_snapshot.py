@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from agent import proc
-from agent.commands import transfer
 from agent.commands.base import Context
-from agent.commands.snapshot import FROZEN_DIR, InstanceSnapshot, freeze, is_frozen, thaw_leftovers
+from agent.commands.bulk import transfer
+from agent.commands.bulk.snapshot import FROZEN_DIR, InstanceSnapshot, freeze, is_frozen, thaw_leftovers
 from agent.config import Config
 from agent.errors import InvalidParameters, NotFound, ProtectedDevice, SourceFailed
 from agent.proto import agent_pb2, session_pb2

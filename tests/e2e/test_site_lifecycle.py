@@ -18,7 +18,7 @@ boot: pxe, kexec (begun from the console: the site never sees boot.kexec), disk.
 
 The same sequence, without the kexec, runs once more over Redfish: sushy-tools' emulator (fake
 driver, HTTPS with a self-signed certificate, so ``verify_tls: false``) whose notification hook
-powers a second QEMU node (tests/site/sushy.py). Its System lists the node's NIC, so there
+powers a second QEMU node (tests/site/bmc/sushy.py). Its System lists the node's NIC, so there
 bmc.query finds the MAC the boot entry is made for. That run is in UEFI mode where Debian's
 ovmf is installed (OVMF firmware, an ipxe.efi entry, boot mode uefi; the ramdisk checks
 /sys/firmware/efi), keeps its power cycle to the deployed disk, and is attested
@@ -56,8 +56,8 @@ from qemu.siteattest import SiteAttestation, pcr4_applications
 from qemu.sitelab import OVMF, SiteLab
 from qemu.sitelife import Bmc, Lifecycle, NodeRoleSteps, SiteNode, Step, make_node
 from tests.loopback_http import self_signed_cert
+from tests.site.bmc.sushy import NODE_MAC, USER, NodeHook, SushyEmulator
 from tests.site.conftest import PASSWORD, REF, USERNAME
-from tests.site.sushy import NODE_MAC, USER, NodeHook, SushyEmulator
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow]
 

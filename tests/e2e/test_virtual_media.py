@@ -1,6 +1,6 @@
 """A node's life over Redfish virtual media with no DHCP server on the network at all
 (issue #29), in QEMU: sushy-tools' emulator is the BMC (its VirtualMedia downloads the media
-from the site, its hook puts them in the QEMU node's CD drives: tests/site/sushy.py,
+from the site, its hook puts them in the QEMU node's CD drives: tests/site/bmc/sushy.py,
 qemu/powered.py), the site daemon runs its HTTP service alone (no dnsmasq), and the lab has
 no plain DHCP server either. qemu/sitemedia.py runs and checks each step:
 
@@ -34,7 +34,7 @@ from qemu.sitelab import OVMF, SiteLab, missing_network_prerequisites
 from qemu.sitelife import Bmc, Step
 from qemu.sitemedia import MediaLifecycle, build_lab_iso, make_media_node, user_net_media
 from tests.loopback_http import self_signed_cert
-from tests.site.sushy import USER, NodeHook, SushyEmulator
+from tests.site.bmc.sushy import USER, NodeHook, SushyEmulator
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow]
 

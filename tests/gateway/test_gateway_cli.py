@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import socket
 import subprocess
 import sys
 import threading
@@ -17,13 +16,8 @@ from pathlib import Path
 import pytest
 
 from agent.gateway.certs import DevPki
+from tests.conftest import free_port
 from tests.runtime.harness import ROOT, AgentProcess
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.parametrize(
@@ -36,7 +30,7 @@ def _free_port() -> int:
 def test_gateway_send_one_command(
     pki: DevPki, tmp_path: Path, kind: str, payload: str, code: int, expect: dict[str, str]
 ) -> None:
-    port = _free_port()
+    port = free_port()
     send = subprocess.Popen(
         [sys.executable, "-m", "agent", "gateway", "send", "--pki", str(pki.dir),
          "--listen", f"127.0.0.1:{port}", "--node", "node-1", "--kind", kind, "--payload", payload,
@@ -60,7 +54,7 @@ def test_gateway_send_one_command(
 
 
 def test_gateway_serve_console(pki: DevPki, tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     serve = subprocess.Popen(
         [sys.executable, "-m", "agent.gateway", "serve", "--pki", str(pki.dir),
          "--listen", f"127.0.0.1:{port}", "--heartbeat", "1"],

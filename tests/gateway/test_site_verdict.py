@@ -7,7 +7,6 @@ is gone."""
 
 from __future__ import annotations
 
-import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from agent.gateway.attest_join import JoinAttestation
 from agent.gateway.attest_policy import Build, Policy
 from agent.gateway.certs import DevPki
 from agent.proto import session_pb2
+from tests.conftest import free_port
 from tests.runtime.harness import AgentProcess, make_pki, start_gateway
 from tests.tpmsim import UEFI_BOOT, SimTpm, h, manufactured_tpm, measure, sim
 
@@ -37,11 +37,6 @@ class SiteDaemon(AgentProcess):
 
     entry = ("-m", "agent")
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -197,7 +197,7 @@ def test_the_recorded_bmcs_device_chains_reach_nvidias_device_root(published: Pa
     each that holds one verifies to the root NVIDIA's verifier ships; a changed one does not."""
     import json
 
-    from tests.site.redfish_emulator.server import unpack
+    from tests.site.bmc.redfish_emulator.server import unpack
     root = unpack(tree, tmp_path)
     device_root = _roots(published, "verifier_device_root.pem")
     anchored, without = 0, []

@@ -34,17 +34,13 @@ from typing import Any, Self
 import pytest
 
 from agent.images.oci import Credentials
+from tests.conftest import free_port
 from tests.loopback_http import self_signed_cert
 
 BINARY = "/usr/bin/docker-registry"
 USER, PASSWORD = "publisher", "s3cret-Pa55"
 LEEWAY = 60   # distribution takes a token up to 60 s past its "exp": ``seconds`` counts that in
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def need_registry() -> None:

@@ -82,3 +82,29 @@ def test_no_route_yet_is_retried_at_the_minimum_delay_without_backing_off(
     assert session_module.network_not_up(socket.gaierror(socket.EAI_AGAIN, "x"))
     assert not session_module.network_not_up(socket.gaierror(socket.EAI_NONAME, "x"))
     assert not session_module.network_not_up(ConnectionRefusedError(errno.ECONNREFUSED, "x"))
+
+
+def test_the_session_reaches_the_runtime_only_through_agentlike() -> None:
+    """Every call the session makes on the agent is a member of the typed AgentLike protocol
+    (mypy checks the runtime's Agent against it where the session is built): no by-name lookup."""
+    import ast
+    import inspect
+
+    from agent.link.session import AgentLike
+    from agent.runtime.core import Agent
+
+    link = Path(session_module.__file__).parent
+    by_name = [f"{p.name}:{n.lineno}" for p in sorted(link.glob("*.py"))
+               for n in ast.walk(ast.parse(p.read_text()))
+               if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+               and n.func.id in {"getattr", "hasattr"}]
+    assert not by_name, f"by-name lookups in agent/link/: {by_name}"
+    used = {n.attr for n in ast.walk(ast.parse(Path(session_module.__file__).read_text()))
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute)
+            and n.value.attr == "agent"}
+    contract = {name for name in vars(AgentLike) if not name.startswith("_")}
+    assert used <= contract, f"the session calls {sorted(used - contract)} outside AgentLike"
+    assert {"joined", "attest", "unacked_results"} <= contract
+    for name in contract:
+        assert inspect.signature(getattr(AgentLike, name)).parameters.keys() \
+            <= inspect.signature(getattr(Agent, name)).parameters.keys(), name

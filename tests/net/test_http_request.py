@@ -8,7 +8,6 @@ import hashlib
 import json
 import logging
 import os
-import socket
 import threading
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 
 from agent.errors import Cancelled
 from agent.net import http
+from tests.conftest import free_port
 from tests.loopback_http import ScriptedServer, Seen, self_signed_cert
 
 FAST = http.HttpOptions(timeout=5.0, max_retries=3, backoff=0.01)
@@ -38,11 +38,6 @@ def countdown(fail: int, status: int) -> object:
 
     return route
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_json_body_sent_and_answer_returned() -> None:

@@ -1,5 +1,5 @@
-"""agent.policy.baseline's BMC half (check_bmc): the expected accounts and BIOS attributes checked
-at the edge, and the judgements the emulators of tests/site/test_bmc_baseline.py do not reach
+"""agent.policy.release's BMC half (check_bmc): the expected accounts and BIOS attributes checked
+at the edge, and the judgements the emulators of tests/site/bmc/test_bmc_baseline.py do not reach
 (a role changed, an expected-disabled account enabled, a typed value, nothing readable)."""
 
 from __future__ import annotations
@@ -10,17 +10,18 @@ import pytest
 from google.protobuf import json_format
 
 from agent.errors import InvalidParameters
-from agent.policy import baseline
-from agent.policy.baseline import Account, BiosValue, BmcObserved
+from agent.policy.release import gate
+from agent.policy.release.findings import restorable
+from agent.policy.release.state import Account, BiosValue, BmcObserved, ExpectedState
 from agent.proto import agent_pb2
 
 
-def expected(state: dict[str, Any]) -> baseline.ExpectedState:
-    return baseline.ExpectedState.from_proto(json_format.ParseDict(state, agent_pb2.ExpectedState()))
+def expected(state: dict[str, Any]) -> ExpectedState:
+    return ExpectedState.from_proto(json_format.ParseDict(state, agent_pb2.ExpectedState()))
 
 
-def checks(e: baseline.ExpectedState, seen: BmcObserved) -> dict[tuple[str, str], agent_pb2.Mismatch]:
-    return {(m.check, m.where): m for m in baseline.check_bmc(e, seen)}
+def checks(e: ExpectedState, seen: BmcObserved) -> dict[tuple[str, str], agent_pb2.Mismatch]:
+    return {(m.check, m.where): m for m in gate.check_bmc(e, seen)}
 
 
 @pytest.mark.parametrize("state", [
@@ -61,7 +62,7 @@ def test_accounts_against_the_expected_set() -> None:
     assert set(found) == {("bmc.account_role", "ops"), ("bmc.account_enabled", "spare"),
                           ("bmc.account_enabled", "audit"), ("bmc.account_extra", "tenant"),
                           ("bmc.account_missing", "gone")}
-    remedied = {k for k, m in found.items() if baseline.restorable(m)}
+    remedied = {k for k, m in found.items() if restorable(m)}
     assert remedied == {("bmc.account_enabled", "spare"), ("bmc.account_extra", "tenant")}
     for key in remedied:
         r = found[key].bmc_remedy
@@ -78,7 +79,7 @@ def test_an_enabled_account_without_a_name_is_named_by_its_id() -> None:
     found = checks(expected({"bmcAccounts": {}}), BmcObserved("site", accounts=[
         Account("1", "", "Administrator", True), Account("2", "site", "Administrator", True)]))
     [(key, m)] = found.items()
-    assert key == ("bmc.account_extra", "id 1") and not baseline.restorable(m)
+    assert key == ("bmc.account_extra", "id 1") and not restorable(m)
     assert "anonymous login" in m.message
 
 
@@ -89,7 +90,7 @@ def test_the_sites_own_account_is_always_expected() -> None:
     assert set(missing) == {("bmc.account_missing", "site")}
     off = checks(e, BmcObserved("site", accounts=[Account("2", "site", "Administrator", False)]))
     assert set(off) == {("bmc.account_enabled", "site")}
-    assert not baseline.restorable(off[("bmc.account_enabled", "site")])
+    assert not restorable(off[("bmc.account_enabled", "site")])
 
 
 def test_bios_values_compared_as_the_registry_types_them() -> None:
@@ -118,5 +119,5 @@ def test_what_could_not_be_read_is_a_finding_without_a_remedy() -> None:
                                        "bmc_accounts": "no AccountService"})
     found = checks(e, seen)
     assert set(found) == {("bios.unreadable", "bios"), ("bmc.unreadable", "accounts")}
-    assert not any(baseline.restorable(m) for m in found.values())
+    assert not any(restorable(m) for m in found.values())
     assert "no AccountService" in found[("bmc.unreadable", "accounts")].message

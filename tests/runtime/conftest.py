@@ -9,12 +9,7 @@ import pytest
 
 from agent.gateway import Gateway
 from agent.gateway.certs import DevPki
-from tests.runtime.harness import AgentProcess, make_pki, start_gateway
-
-
-@pytest.fixture(scope="session")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> DevPki:
-    return make_pki(tmp_path_factory.mktemp("pki"), nodes=("node-1", "node-2"))
+from tests.runtime.harness import AgentProcess, start_gateway
 
 
 @pytest.fixture

@@ -197,7 +197,7 @@ def test_a_destructive_command_captured_before_a_lost_journal_is_refused_in_the_
 
 def test_logs_collect_outside_its_allow_list_is_refused_at_admission(world: World) -> None:
     """Refused before it is accepted (nothing journaled, nothing queued), not failed when it runs."""
-    from agent.commands.logs import LogsCollect
+    from agent.commands.bulk.logs import LogsCollect
 
     agent, _ = world.agent({"logs.collect": LogsCollect()})
     for cid, path in (("l-etc", "/etc/shadow"), ("l-up", "/var/log/../../etc/passwd"),

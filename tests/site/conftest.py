@@ -11,7 +11,7 @@ ipmitool or QEMU is missing: ./dev installs them (Debian openipmi, ipmitool, qem
 ``world``: in-process Agents (tests/runtime/core_harness.py) for the site's handlers driven
 through the runtime, their state beside the site's own.
 
-The fixtures of the tests on the project's Redfish emulator (tests/site/redfish_emulator):
+The fixtures of the tests on the project's Redfish emulator (tests/site/bmc/redfish_emulator):
 ``trees``, a module's folder for the recorded trees it unpacks, and ``emulator_config``, the
 site's settings whose secret store holds the emulator's credentials.
 
@@ -106,10 +106,10 @@ def trees(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def emulator_config(tmp_path: Path) -> Config:
     """The site's settings, its secret store holding the Redfish emulator's credentials under
-    test_bmc_redfish's REF, as tests/site/redfish_emulator/handlers.py's run_kind names them."""
-    from tests.site.redfish_emulator import PASSWORD as EMULATOR_PASSWORD
-    from tests.site.redfish_emulator import USER
-    from tests.site.test_bmc_redfish import config_with
+    test_bmc_redfish's REF, as tests/site/bmc/redfish_emulator/handlers.py's run_kind names them."""
+    from tests.site.bmc.redfish_emulator import PASSWORD as EMULATOR_PASSWORD
+    from tests.site.bmc.redfish_emulator import USER
+    from tests.site.bmc.test_bmc_redfish import config_with
 
     return config_with(tmp_path, USER, EMULATOR_PASSWORD)
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from agent.errors import ChecksumMismatch
+from agent.site.chunkstore import TOUCH_SECONDS, ChunkStore, StoreFull
 from agent.site.metrics import Metrics
-from agent.site.serve.chunkstore import TOUCH_SECONDS, ChunkStore, StoreFull
 
 
 def key(data: bytes) -> str:

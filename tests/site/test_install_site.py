@@ -10,11 +10,10 @@ from pathlib import Path
 
 from agent.gateway import Gateway
 from agent.gateway.certs import DevPki
-from tests.cli.test_install import (  # noqa: F401  (archive, gateway, pki: fixtures)
+from tests.cli.test_install import (  # noqa: F401  (archive, gateway: fixtures)
     UNIT,
     archive,
     gateway,
-    pki,
     run_install,
     unit_running,
 )

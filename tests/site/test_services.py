@@ -14,12 +14,7 @@ from agent.commands.base import Context
 from agent.config import Config
 from agent.errors import InvalidParameters, Unsupported
 from agent.site import services
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.conftest import free_port
 
 
 def test_no_site_address_no_services() -> None:

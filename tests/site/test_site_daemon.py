@@ -1,7 +1,7 @@
 """`agent run --role site` as a real process against the reference gateway: the daemon starts
 its HTTP service from its settings, serves boot.prepareRamdisk, site.httpProxy and
 boot.cleanUp through the gateway, keeps its entries across a restart, and frees its port
-when it stops. (No dnsmasq here: no site_interface; tests/site/test_boot_network.py has it.)"""
+when it stops. (No dnsmasq here: no site_interface; tests/site/boot/test_boot_network.py has it.)"""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 
 from agent.gateway import Gateway
 from agent.proto import site_pb2
+from tests.conftest import free_port
 from tests.loopback_http import LoopbackServer
 from tests.runtime.harness import AgentProcess, make_pki, start_gateway
 
@@ -23,11 +24,6 @@ pytestmark = pytest.mark.slow
 NODE = "site-1"
 TIMEOUT = 60
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from agent.policy.baseline import Account
+from agent.policy.release.state import Account
 from agent.proto import site_pb2
 
 

@@ -51,7 +51,7 @@ from agent.errors import (
     InvalidParameters,
     Unsupported,
 )
-from agent.policy.baseline import Account
+from agent.policy.release.state import Account
 from agent.proto import site_pb2
 from agent.retry import Backoff
 from agent.site.bmc import events

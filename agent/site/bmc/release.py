@@ -1,5 +1,5 @@
 """The BMC's half of the release gate (bmc.query baseline): what the expected state's ``bios``
-and ``bmc_accounts`` name, read from the BMC, checked by agent/policy/baseline.py's
+and ``bmc_accounts`` name, read from the BMC, checked by agent/policy/release/'s
 ``check_bmc`` and reported in the ramdisk's form (a ReleaseReport).
 
 ``observe`` reads only the areas the expected state sets: the accounts (Redfish AccountService;
@@ -13,14 +13,15 @@ refused login or the deadline fail the command instead.
 from __future__ import annotations
 
 from agent.errors import BmcRefused, Unsupported
-from agent.policy import baseline
+from agent.policy.release.findings import restorable
+from agent.policy.release.state import BmcObserved, ExpectedState
 from agent.proto import agent_pb2
 from agent.site.bmc.client import BmcClient
 
 
-def observe(client: BmcClient, expected: baseline.ExpectedState,
-            management_user: str) -> baseline.BmcObserved:
-    seen = baseline.BmcObserved(management_user)
+def observe(client: BmcClient, expected: ExpectedState,
+            management_user: str) -> BmcObserved:
+    seen = BmcObserved(management_user)
     if expected.bmc_accounts is not None:
         try:
             seen.accounts = client.accounts()
@@ -39,11 +40,11 @@ def observe(client: BmcClient, expected: baseline.ExpectedState,
     return seen
 
 
-def report(expected: baseline.ExpectedState, mismatches: list[agent_pb2.Mismatch]) -> agent_pb2.ReleaseReport:
+def report(expected: ExpectedState, mismatches: list[agent_pb2.Mismatch]) -> agent_pb2.ReleaseReport:
     """The BMC's half of the release record: ``checked`` its areas, ``checked_elsewhere`` the
     ramdisk's areas the expected state also set (no boot id: no boot of the node checked it)."""
     out = agent_pb2.ReleaseReport(pool_ready=not mismatches, checked=expected.site_areas,
                                   checked_elsewhere=expected.areas)
     for m in mismatches:
-        (out.restorable if baseline.restorable(m) else out.cannot_restore).append(m)
+        (out.restorable if restorable(m) else out.cannot_restore).append(m)
     return out

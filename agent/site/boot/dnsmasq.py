@@ -35,6 +35,7 @@ from pathlib import Path
 
 from agent import proc
 from agent.atomicfile import replacing, write_atomic
+from agent.config import Config
 from agent.errors import ToolFailed, ToolMissing
 from agent.retry import Backoff
 from agent.site.boot.pxe import BootFile
@@ -51,7 +52,7 @@ class DnsmasqSettings:
     address: str                # the site's address on it (the proxy's subnet, the TFTP server)
     http_base_url: str          # the site's HTTP service, as the nodes reach it
     root: Path                  # the boot service's folder (hosts/ inside it)
-    ipxe_dir: Path = Path("/usr/lib/ipxe")   # where undionly.kpxe and ipxe.efi (and the
+    ipxe_dir: Path = Config.site_ipxe_dir    # where undionly.kpxe and ipxe.efi (and the
                                              # site's grubaa64.efi, optional) come from
     binary: str = "dnsmasq"
     argv_prefix: tuple[str, ...] = ()        # e.g. ("ip", "netns", "exec", "site") in tests

@@ -8,7 +8,7 @@ and initrd with a kernel command line, or (UEFI) the ramdisk as a UKI (initramfs
 arm64 entry is a UKI entry (its GRUB runs the node's GRUB script, ``grub_script``). A kernel,
 an initrd and a UKI come with their sha256 digests: each is downloaded once, verified, and
 kept in the site's content store
-(agent/site/serve/chunkstore.py, the one that holds the routes' chunks) under its digest,
+(agent/site/chunkstore.py, the one that holds the routes' chunks) under its digest,
 shared by every entry with the same content whatever its URL, and served by the site's HTTP
 service at /cache/<sha256>. The store's budget bounds them; a file a live entry uses is never
 evicted.
@@ -66,7 +66,7 @@ from agent.site.boot.fields import (
     parse_ttl,
     script_safe_url,
 )
-from agent.site.serve.chunkstore import DIGEST, ChunkStore
+from agent.site.chunkstore import DIGEST, ChunkStore
 from agent.site.ttltable import MacRecord, TtlTable
 
 log = logging.getLogger(__name__)

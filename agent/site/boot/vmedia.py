@@ -4,7 +4,7 @@ boot.prepareRamdisk with ``boot_method: "virtual_media"`` makes no PXE entry. In
 
 - caches the shared ramdisk ISO (``iso_url``, built by ``python -m initramfs.build --iso``,
   with its sha256 ``iso_digest``): downloaded once, verified before it is kept, and kept in
-  the site's content store (agent/site/serve/chunkstore.py) by that digest, one copy for every node
+  the site's content store (agent/site/chunkstore.py) by that digest, one copy for every node
   whose request names that content, whatever its URL; the store never evicts the ISO of a
   live set;
 - builds the node's config medium: a small ISO 9660 image labelled BC_CONFIG (written here,
@@ -61,7 +61,7 @@ from agent.site.boot.fields import (
     parse_ttl,
     script_safe_url,
 )
-from agent.site.serve.chunkstore import DIGEST, ChunkStore
+from agent.site.chunkstore import DIGEST, ChunkStore
 from agent.site.ttltable import MacRecord, TtlTable
 
 log = logging.getLogger(__name__)

@@ -68,6 +68,7 @@ from pathlib import Path
 
 from agent import proc, redact
 from agent.atomicfile import write_atomic
+from agent.config import Config
 from agent.errors import AgentError
 from agent.retry import Backoff
 from agent.site.bmc.client import CallContext, Credentials, Pacing, Target
@@ -77,8 +78,6 @@ from agent.site.observe.timeline import Step
 
 log = logging.getLogger(__name__)
 
-DEFAULT_RING_BYTES = 4 << 20
-DEFAULT_BUDGET_BYTES = 1 << 30
 MAX_LINE = 2048
 RECONNECT_MIN, RECONNECT_MAX = 1.0, 30.0
 BUSY_RETRY = 30.0
@@ -463,7 +462,8 @@ class Consoles:
     """Every attached node's SolSession, the rings, the budget, and the record for restarts."""
 
     def __init__(self, root: Path, secrets_dir: Path, *, report: Callable[[str, str, str], None],
-                 ring_bytes: int = DEFAULT_RING_BYTES, budget_bytes: int = DEFAULT_BUDGET_BYTES,
+                 ring_bytes: int = Config.site_console_ring_bytes,
+                 budget_bytes: int = Config.site_console_budget_bytes,
                  ipmitool: str = "ipmitool") -> None:
         self.root = root
         self.store = SecretStore(secrets_dir)

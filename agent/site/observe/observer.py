@@ -31,14 +31,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from agent.atomicfile import write_atomic
+from agent.config import Config
 from agent.errors import InvalidParameters
 from agent.proto import agent_pb2
 from agent.site.boot.fields import parse_mac, parse_node_id
 from agent.site.metrics import Metrics
 from agent.site.observe import dhcplog
 from agent.site.observe.causes import Diagnosis
-from agent.site.observe.console import DEFAULT_BUDGET_BYTES, DEFAULT_RING_BYTES, Bmc, Consoles
-from agent.site.observe.timeline import Attempt, Event, Outcome, Prepared, Step, Timelines, render
+from agent.site.observe.console import Bmc, Consoles
+from agent.site.observe.timeline import Attempt, BootEvent, Outcome, Prepared, Step, Timelines, render
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +63,8 @@ PHASES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
 class ObserverSettings:
     root: Path                       # <state_dir>/site/observe: timeline/, console/, bmcs.json
     secrets_dir: Path
-    console_ring_bytes: int = DEFAULT_RING_BYTES
-    console_budget_bytes: int = DEFAULT_BUDGET_BYTES
+    console_ring_bytes: int = Config.site_console_ring_bytes
+    console_budget_bytes: int = Config.site_console_budget_bytes
     console_dir: Path | None = None  # the rings (default: root / "console"): put it on a disk
     ipmitool: str = "ipmitool"
     waits: dict[str, float] = field(default_factory=dict)   # rule name -> seconds (causes.py)
@@ -252,7 +253,7 @@ class Observer:
         got = dhcplog.parse(line)
         if got is None:
             return
-        event = Event(self.timelines.clock(), got.step, got.detail)
+        event = BootEvent(self.timelines.clock(), got.step, got.detail)
         if got.mac:
             if got.ip:
                 self.timelines.learn_ip(got.ip, got.mac)

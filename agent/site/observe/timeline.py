@@ -97,7 +97,7 @@ class Step(enum.StrEnum):
     REFUSED = "refused"
 
 
-def _sets_up(event: Event) -> bool:
+def _sets_up(event: BootEvent) -> bool:
     """Whether ``event`` is the next attempt's set-up when the last one is over."""
     return event.step == Step.BOOT_DEVICE or (
         event.step == Step.CONSOLE and not event.detail.startswith(("released", "dropped")))
@@ -123,7 +123,9 @@ class Outcome(enum.StrEnum):
 
 
 @dataclass
-class Event:
+class BootEvent:
+    """One step the site saw of a node's boot (a DHCP answer, a fetch, a power action)."""
+
     t: float                 # time.time()
     step: str
     detail: str = ""
@@ -132,7 +134,7 @@ class Event:
     seconds: float = 0.0     # how long a fetch took
 
     @classmethod
-    def from_dict(cls, data: dict[str, object]) -> Event:
+    def from_dict(cls, data: dict[str, object]) -> BootEvent:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**known)  # type: ignore[arg-type]  # checked by the types of the JSON we wrote
 
@@ -149,7 +151,7 @@ class Attempt:
                              # "kexec seen on the console"
     method: str              # "pxe", "virtual_media", "disk" (nothing prepared) or "kexec" (a
                              # kernel loaded by the one before: no firmware, no fetch the site sees)
-    events: list[Event] = field(default_factory=list)
+    events: list[BootEvent] = field(default_factory=list)
     dropped: int = 0         # events beyond MAX_EVENTS not kept
     outcome: str = Outcome.BOOTING
     cause: str = ""          # a rule's name (agent/site/observe/causes.py)
@@ -158,19 +160,19 @@ class Attempt:
     carried: bool = False    # the cause is the boot before's (a reboot seen on the console), until
                              # this attempt's own events name one
 
-    def first(self, *steps: str, ok: bool | None = None) -> Event | None:
+    def first(self, *steps: str, ok: bool | None = None) -> BootEvent | None:
         for e in self.events:
             if e.step in steps and (ok is None or e.ok == ok):
                 return e
         return None
 
-    def last(self, *steps: str) -> Event | None:
+    def last(self, *steps: str) -> BootEvent | None:
         for e in reversed(self.events):
             if e.step in steps:
                 return e
         return None
 
-    def add(self, event: Event) -> None:
+    def add(self, event: BootEvent) -> None:
         if len(self.events) >= MAX_EVENTS:
             del self.events[MAX_EVENTS // 2]    # keep the start and the newest
             self.dropped += 1
@@ -195,7 +197,7 @@ class Attempt:
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> Attempt:
         raw = data.get("events", [])
-        events = [Event.from_dict(e) for e in raw if isinstance(e, dict)] if isinstance(raw, list) else []
+        events = [BootEvent.from_dict(e) for e in raw if isinstance(e, dict)] if isinstance(raw, list) else []
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__ and k != "events"}
         return cls(events=events, **known)  # type: ignore[arg-type]  # our own JSON
 
@@ -213,7 +215,9 @@ class Prepared:
 
 
 @dataclass
-class NodeRecord:
+class NodeTimeline:
+    """One node's boots as the site saw them: its MACs, what was prepared, its attempts."""
+
     node_id: str
     macs: list[str] = field(default_factory=list)
     prepared: Prepared | None = None
@@ -230,7 +234,7 @@ class NodeRecord:
         return json.dumps(data, sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, text: bytes) -> NodeRecord:
+    def from_json(cls, text: bytes) -> NodeTimeline:
         data = json.loads(text)
         prepared = data.get("prepared")
         return cls(node_id=parse_node_id(str(data["node_id"])),
@@ -258,10 +262,10 @@ class Timelines:
         self.on_joined: Callable[[str, Attempt], None] | None = None    # an attempt joined
         self.clock = clock
         self._lock = threading.RLock()
-        self._nodes: OrderedDict[str, NodeRecord] = OrderedDict()   # least recently active first
+        self._nodes: OrderedDict[str, NodeTimeline] = OrderedDict()   # least recently active first
         self._by_mac: dict[str, str] = {}
         self._by_ip: OrderedDict[str, str] = OrderedDict()        # client address -> MAC
-        self._pending: OrderedDict[str, list[Event]] = OrderedDict()   # address -> its events
+        self._pending: OrderedDict[str, list[BootEvent]] = OrderedDict()   # address -> its events
         self._offers: OrderedDict[str, float] = OrderedDict()     # MAC -> last proxy offer, no IP known
         self._dirty: set[str] = set()                             # nodes changed since the last flush
         self._flushing = threading.Lock()                         # one flush at a time
@@ -276,7 +280,7 @@ class Timelines:
             records = []
             for path in self.root.glob("*.json"):
                 try:
-                    records.append(NodeRecord.from_json(path.read_bytes()))
+                    records.append(NodeTimeline.from_json(path.read_bytes()))
                 except (OSError, ValueError, TypeError, KeyError) as exc:
                     log.warning("timeline %s unreadable (%s); dropped", path.name, exc)
                     path.unlink(missing_ok=True)
@@ -288,7 +292,7 @@ class Timelines:
                 self._forget_oldest()
             return len(self._nodes)
 
-    def _save(self, record: NodeRecord) -> None:
+    def _save(self, record: NodeTimeline) -> None:
         """The record changed: written at the next ``flush`` (under the lock)."""
         self._dirty.add(record.node_id)
 
@@ -315,10 +319,10 @@ class Timelines:
                 del self._by_mac[mac]
         (self.root / f"{node_id}.json").unlink(missing_ok=True)
 
-    def _node(self, node_id: str) -> NodeRecord:
+    def _node(self, node_id: str) -> NodeTimeline:
         record = self._nodes.get(node_id)
         if record is None:
-            record = self._nodes[node_id] = NodeRecord(node_id)
+            record = self._nodes[node_id] = NodeTimeline(node_id)
             while len(self._nodes) > MAX_NODES:
                 self._forget_oldest()
         self._nodes.move_to_end(node_id)
@@ -327,7 +331,7 @@ class Timelines:
 
     # -- what the node's attempts are ------------------------------------------------------
 
-    def _begin(self, record: NodeRecord, trigger: str, now: float, method: str = "") -> Attempt:
+    def _begin(self, record: NodeTimeline, trigger: str, now: float, method: str = "") -> Attempt:
         prepared = record.prepared
         live = prepared is not None and prepared.expires_at > now
         attempt = Attempt(record.next_number, now, trigger,
@@ -342,7 +346,7 @@ class Timelines:
             self.on_attempt(record.node_id, attempt)
         return attempt
 
-    def _add(self, node_id: str, event: Event, *, begin: str = "") -> Attempt:
+    def _add(self, node_id: str, event: BootEvent, *, begin: str = "") -> Attempt:
         """Add ``event`` to the node's current attempt (a new one when ``begin`` names why, or
         when there is none), save, and run the rules."""
         with self._lock:
@@ -402,7 +406,7 @@ class Timelines:
             self._save(record)
             return attempt
 
-    def _judge(self, record: NodeRecord, attempt: Attempt, now: float) -> None:
+    def _judge(self, record: NodeTimeline, attempt: Attempt, now: float) -> None:
         if self.diagnose is None or attempt.outcome in (Outcome.JOINED, Outcome.ENDED):
             return
         named = self.diagnose(attempt, record.prepared, now)
@@ -436,13 +440,13 @@ class Timelines:
     def power(self, node_id: str, action: str, detail: str = "") -> None:
         """bmc.power: on, cycle and reset start an attempt; off ends it."""
         if action == "off":
-            self._add(node_id, Event(self.clock(), Step.POWER_OFF, detail))
+            self._add(node_id, BootEvent(self.clock(), Step.POWER_OFF, detail))
         elif action in ("on", "cycle", "reset"):
-            self._add(node_id, Event(self.clock(), Step.POWER_ON, detail or action),
+            self._add(node_id, BootEvent(self.clock(), Step.POWER_ON, detail or action),
                       begin=f"bmc.power {action}")
 
     def boot_device(self, node_id: str, device: str) -> None:
-        self._add(node_id, Event(self.clock(), Step.BOOT_DEVICE, device))
+        self._add(node_id, BootEvent(self.clock(), Step.BOOT_DEVICE, device))
 
     def prepared(self, node_id: str, prepared: Prepared) -> None:
         """boot.prepareRamdisk: the node's entry or media set; a new attempt when the last one
@@ -461,31 +465,31 @@ class Timelines:
             begin = "boot.prepareRamdisk" if current is None or current.over \
                 or current.outcome == Outcome.FAILED else ""
             detail = f"{prepared.method} {prepared.mac} until {prepared.expires_at:.0f}"
-            self._add(node_id, Event(self.clock(), Step.PREPARED, detail), begin=begin)
+            self._add(node_id, BootEvent(self.clock(), Step.PREPARED, detail), begin=begin)
 
     def digest_refused(self, node_id: str, detail: str) -> None:
-        self._add(node_id, Event(self.clock(), Step.DIGEST_REFUSED, detail[:300]))
+        self._add(node_id, BootEvent(self.clock(), Step.DIGEST_REFUSED, detail[:300]))
 
     def cleaned(self, node_id: str) -> None:
         with self._lock:
             if node_id not in self._nodes:
                 return
             self._nodes[node_id].prepared = None
-            self._add(node_id, Event(self.clock(), Step.CLEANED))
+            self._add(node_id, BootEvent(self.clock(), Step.CLEANED))
 
     def console(self, node_id: str, step: str, line: str) -> None:
         """A console milestone (or the console's own state: Step.CONSOLE)."""
-        self._add(node_id, Event(self.clock(), step, line[:300]))
+        self._add(node_id, BootEvent(self.clock(), step, line[:300]))
 
     def verdict(self, node_id: str, joined: bool, detail: str = "") -> None:
         """The join as the gateway saw it: joined, or refused (e.g. attestation) with why."""
-        self._add(node_id, Event(self.clock(), Step.JOINED if joined else Step.REFUSED, detail[:300]))
+        self._add(node_id, BootEvent(self.clock(), Step.JOINED if joined else Step.REFUSED, detail[:300]))
 
     def node_of_mac(self, mac: str) -> str | None:
         with self._lock:
             return self._by_mac.get(mac)
 
-    def by_mac(self, mac: str, event: Event) -> bool:
+    def by_mac(self, mac: str, event: BootEvent) -> bool:
         node_id = self.node_of_mac(mac)
         if node_id is None:
             log.debug("timeline: %s of %s, a MAC no node has", event.step, mac)
@@ -511,7 +515,7 @@ class Timelines:
         for event in waiting:
             self.by_mac(mac, event)
 
-    def by_ip(self, ip: str, event: Event) -> None:
+    def by_ip(self, ip: str, event: BootEvent) -> None:
         """An event known by the client's address: its MAC from what was learned (a PXE boot
         server request, a node script's fetch), the site's neighbour table, or the only MAC
         offered lately; else it waits for the address to be learned."""
@@ -543,7 +547,7 @@ class Timelines:
         """An HTTP fetch of the boot service: by the MAC when the path names it (a node's
         script, a medium), else by the client's address."""
         # stamped with the request's start: answers told from several threads keep their order
-        event = Event(self.clock() - seconds, step, detail, status=status, bytes=sent,
+        event = BootEvent(self.clock() - seconds, step, detail, status=status, bytes=sent,
                       seconds=round(seconds, 3))
         if mac:
             if ip:

@@ -1,2 +1,3 @@
 """Serving the provisioning network: the HTTP service, its connections, the proxy routes,
-the upstream side, the chunk routes and the chunk store."""
+the upstream side, the chunk routes. The content store they serve from is on site/'s ground
+floor (agent/site/chunkstore.py), below both serve/ and boot/."""

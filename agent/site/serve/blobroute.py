@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 
 from agent.errors import AgentError
+from agent.site.chunkstore import ChunkStore, StoreFull
 from agent.site.serve.chunkroute import parse_range
-from agent.site.serve.chunkstore import ChunkStore, StoreFull
 from agent.site.serve.routes import Route, RouteTable
 
 log = logging.getLogger(__name__)

@@ -42,8 +42,8 @@ from typing import BinaryIO
 
 from agent.images.plan import Plan, Segment
 from agent.net import http as agent_http
+from agent.site.chunkstore import ChunkStore, StoreFull
 from agent.site.metrics import Metrics
-from agent.site.serve.chunkstore import ChunkStore, StoreFull
 from agent.site.serve.routes import Route, RouteTable, UpstreamError, done_upstream, open_upstream
 
 log = logging.getLogger(__name__)

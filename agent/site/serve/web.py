@@ -49,10 +49,10 @@ from agent.errors import NotFound
 from agent.net import http as agent_http
 from agent.site.boot.pxe import BootEntries
 from agent.site.boot.vmedia import MEDIA_PREFIX, MediaSets
+from agent.site.chunkstore import DIGEST, ChunkStore
 from agent.site.metrics import Metrics
 from agent.site.serve import blobroute, chunkroute
 from agent.site.serve.chunkroute import ChunkCache
-from agent.site.serve.chunkstore import DIGEST, ChunkStore
 from agent.site.serve.conns import InboundConnections
 from agent.site.serve.routes import (
     PASS_REQUEST_HEADERS,

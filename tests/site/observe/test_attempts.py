@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent.site.observe.causes import Diagnosis
-from agent.site.observe.timeline import Event, Prepared, Step, Timelines
+from agent.site.observe.timeline import BootEvent, Prepared, Step, Timelines
 
 MAC = "52:54:00:00:00:07"
 
@@ -27,7 +27,7 @@ def tl(tmp_path: Path) -> Timelines:
 
 
 def ignored(tl: Timelines) -> None:
-    tl.by_mac(MAC, Event(tl.clock(), Step.DHCP_IGNORED, MAC))
+    tl.by_mac(MAC, BootEvent(tl.clock(), Step.DHCP_IGNORED, MAC))
 
 
 def test_an_unregistered_node_set_to_pxe_is_not_registered(tl: Timelines) -> None:

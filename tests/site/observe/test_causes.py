@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.site.observe.causes import NAMES, RULES, Diagnosis
-from agent.site.observe.timeline import Event, Outcome, Prepared, Step, Timelines
+from agent.site.observe.timeline import BootEvent, Outcome, Prepared, Step, Timelines
 
 MAC = "52:54:00:00:00:01"
 IP = "10.99.0.50"
@@ -94,8 +94,8 @@ def boot_ordered_after_clean_up(tl: Timelines, clock: Clock, device: str) -> Non
     tl.power("n1", "on")
 
 
-def ev(clock: Clock, step: str, detail: str = "") -> Event:
-    return Event(clock.now, step, detail)
+def ev(clock: Clock, step: str, detail: str = "") -> BootEvent:
+    return BootEvent(clock.now, step, detail)
 
 
 def test_the_table_is_whole() -> None:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from agent.commands.base import Context
+from agent.commands.bulk.logs import LogsCollect
 from agent.commands.inventory import InventoryRefresh
-from agent.commands.logs import LogsCollect
 from agent.config import Config
 from agent.errors import InvalidParameters, Unsupported
 from agent.gateway.cli import boots_summary

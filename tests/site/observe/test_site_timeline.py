@@ -19,7 +19,7 @@ from agent.site.observe.timeline import Step
 from agent.site.services import ServiceSettings, SiteServices
 from tests.loopback_http import LoopbackServer
 from tests.runtime.core_harness import World, accepted
-from tests.site.test_pxe import cleanup, entry, fetch, prepare, sha256
+from tests.site.boot.test_pxe import cleanup, entry, fetch, prepare, sha256
 
 MAC = "52:54:00:12:34:56"
 

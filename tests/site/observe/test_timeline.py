@@ -9,11 +9,20 @@ from pathlib import Path
 
 from agent.site.observe import dhcplog, timeline
 from agent.site.observe.observer import Observer, ObserverSettings
-from agent.site.observe.timeline import Attempt, Event, Outcome, Prepared, Step, Timelines, read_arp, render
+from agent.site.observe.timeline import (
+    Attempt,
+    BootEvent,
+    Outcome,
+    Prepared,
+    Step,
+    Timelines,
+    read_arp,
+    render,
+)
 
 MAC = "52:54:00:00:00:01"
 
-# Lines dnsmasq 2.90 logged in tests/site/test_boot_network.py (--log-dhcp, the xid first).
+# Lines dnsmasq 2.90 logged in tests/site/boot/test_boot_network.py (--log-dhcp, the xid first).
 LINES = {
     "1389036598 PXE(eth0) 52:54:00:00:00:03 proxy-ignored": (Step.DHCP_IGNORED, "52:54:00:00:00:03", ""),
     "2353434870 PXE(eth0) 52:54:00:00:00:01 proxy": (Step.DHCP_OFFER, MAC, ""),
@@ -182,8 +191,8 @@ def test_a_node_that_panics_and_reboots_shows_its_cause_between_boots(tmp_path: 
 def test_an_unknown_mac_is_dropped_and_pending_addresses_expire(tmp_path: Path) -> None:
     tl = Timelines(tmp_path / "t")
     tl.arp = lambda ip: ""
-    assert not tl.by_mac("52:54:00:99:99:99", Event(1.0, Step.DHCP_IGNORED))
-    tl.by_ip("10.0.0.9", Event(1.0, Step.TFTP_SENT))
+    assert not tl.by_mac("52:54:00:99:99:99", BootEvent(1.0, Step.DHCP_IGNORED))
+    tl.by_ip("10.0.0.9", BootEvent(1.0, Step.TFTP_SENT))
     tl.expire_pending(now=1.0 + timeline.PENDING_SECONDS + 1)
     tl.power("n1", "on")
     tl.prepared("n1", Prepared("pxe", MAC, 4e9))

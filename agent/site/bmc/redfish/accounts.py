@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from agent.errors import BmcRefused, Unsupported
-from agent.policy.baseline import Account
+from agent.policy.release.state import Account
 from agent.site.bmc.redfish.session import Doc, RedfishSession, link, text
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ import re
 from typing import Any
 
 from agent.errors import BmcRefused, InvalidParameters, Unsupported
-from agent.policy.baseline import BiosValue
+from agent.policy.release.state import BiosValue
 from agent.site.bmc.redfish.session import Doc, RedfishSession, dicts, link, text
 
 log = logging.getLogger(__name__)

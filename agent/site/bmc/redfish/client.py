@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.policy.baseline import Account, BiosValue
+from agent.policy.release.state import Account, BiosValue
 from agent.proto import site_pb2
 from agent.site.bmc.client import BootSetting, PowerAction, PowerState
 from agent.site.bmc.redfish import accounts, bios, events, firmware, media, storage, system
