@@ -182,6 +182,7 @@ class Bmc:
     address: str
     protocol: str            # "ipmi" (SOL) or "redfish" (no SOL here)
     credentials_ref: str
+    console: str = ""        # an SSH console's plan (sshconsole.py SshConsole.encode); "": SOL
 
 
 class Ring:
@@ -257,6 +258,7 @@ class SolSession:
         self.report = report            # (node_id, step, line)
         self.ipmitool = ipmitool
         self.state = "starting"         # attached, busy, no SOL, dropped, auth failed, stopped
+        self.leave = b"\r~."            # what ends the session at the BMC (ipmitool's escape)
         self.connects = 0
         self._stop = threading.Event()
         self._child: proc.Child | None = None
@@ -279,7 +281,7 @@ class SolSession:
         if child is not None:
             with contextlib.suppress(OSError, ValueError):
                 if child.popen.stdin is not None:
-                    child.popen.stdin.write(b"\r~.")   # ends the session at the BMC
+                    child.popen.stdin.write(self.leave)   # ends the session at the BMC
                     child.popen.stdin.flush()
             deadline = time.monotonic() + 2.0
             while child.poll() is None and time.monotonic() < deadline:
@@ -503,9 +505,9 @@ class Consoles:
         """Keep the node's console (a session already kept for the same BMC is left as it is).
         ``resumed``: kept before a restart of the daemon, the node in a boot under way.
         Returns the session's state, or why it is not kept."""
-        if bmc.protocol != "ipmi":
-            why = (f"no SOL: the BMC is driven over {bmc.protocol}; the site keeps consoles over "
-                   "IPMI Serial-over-LAN only")
+        if bmc.protocol != "ipmi" and not bmc.console:
+            why = (f"no SOL: the BMC is driven over {bmc.protocol} and publishes no SSH console; "
+                   "the site keeps consoles over SSH or IPMI Serial-over-LAN")
             self.report(node_id, Step.CONSOLE, why)
             return "no SOL"
         with self._lock:
@@ -523,8 +525,12 @@ class Consoles:
             self._sessions.pop(node_id, None)
         if old is not None:
             old.stop()
-        session = SolSession(node_id, bmc, self.ring(node_id), self.store, report=self.report,
-                             ipmitool=self.ipmitool, resumed=resumed)
+        kind = SolSession
+        if bmc.console:     # an SSH console (sshconsole.py); imported here: it builds on this
+            from agent.site.observe.sshconsole import SshSession
+            kind = SshSession
+        session = kind(node_id, bmc, self.ring(node_id), self.store, report=self.report,
+                       ipmitool=self.ipmitool, resumed=resumed)
         with self._lock:
             self._sessions[node_id] = session
             self._save()
