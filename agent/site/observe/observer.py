@@ -22,6 +22,7 @@ until it joins, bmc.power off, or ``console_after_cleanup`` seconds with no new 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -31,13 +32,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from agent.atomicfile import write_atomic
-from agent.errors import InvalidParameters
+from agent.errors import AgentError, InvalidParameters
 from agent.proto import agent_pb2
 from agent.site.boot.fields import parse_mac, parse_node_id
 from agent.site.metrics import Metrics
 from agent.site.observe import dhcplog
 from agent.site.observe.causes import Diagnosis
 from agent.site.observe.console import DEFAULT_BUDGET_BYTES, DEFAULT_RING_BYTES, Bmc, Consoles
+from agent.site.observe.sshconsole import bmc_host, offered
 from agent.site.observe.timeline import Attempt, Event, Outcome, Prepared, Step, Timelines, render
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,15 @@ class ObserverSettings:
     waits: dict[str, float] = field(default_factory=dict)   # rule name -> seconds (causes.py)
     console_after_cleanup: float = 600.0   # a joined ramdisk's console kept after boot.cleanUp
                                            # this long for its next boot to begin (a kexec)
+
+
+def _ipmi_address(address: str) -> str:
+    """A Redfish BMC's address as IPMI's (port 623): its host alone."""
+    try:
+        host = bmc_host(address)
+    except InvalidParameters:
+        return address
+    return f"[{host}]" if ":" in host else host
 
 
 def _node_id_ok(node_id: str) -> bool:
@@ -160,6 +171,12 @@ class Observer:
 
     def _learn(self, node_id: str, bmc: Bmc) -> None:
         with self._lock:
+            known = self._bmcs.get(node_id)
+            if known is not None and bmc.protocol == "redfish" and not bmc.console and \
+                    known.credentials_ref == bmc.credentials_ref and \
+                    known.address in (bmc.address, _ipmi_address(bmc.address)) and \
+                    (known.console or known.protocol == "ipmi"):
+                bmc = known     # its console's transport, learned at a power on (console_for)
             if self._bmcs.get(node_id) == bmc:
                 self._bmcs.move_to_end(node_id)
                 return
@@ -168,6 +185,31 @@ class Observer:
                 self._bmcs.popitem(last=False)
             data = {n: asdict(b) for n, b in self._bmcs.items()}
         write_atomic(self.settings.root / "bmcs.json", json.dumps(data).encode(), 0o600)
+
+    def console_for(self, node_id: str, bmc: Bmc, client: object) -> Bmc:
+        """The node's BMC as its console is kept, from what a Redfish BMC says (``client``,
+        logged in by a bmc.power command): an SSH console where it offers one (sshconsole.py),
+        else SOL where its IPMI is on, else none (said at attach). Asked once per BMC: what
+        was learned is kept (bmcs.json). An IPMI BMC: SOL, as it is."""
+        from agent.site.bmc.redfish.session import RedfishSession
+
+        if bmc.protocol != "redfish" or not isinstance(client, RedfishSession):
+            return bmc
+        known = self.bmc_of(node_id)
+        if known is not None and known.credentials_ref == bmc.credentials_ref and \
+                known.address in (bmc.address, _ipmi_address(bmc.address)) and \
+                (known.console or known.protocol == "ipmi"):
+            return known
+        try:
+            plan, ipmi_on = offered(client)
+        except AgentError as exc:
+            log.info("console of %s: the BMC's console offer unread (%s)", node_id, exc.message[:200])
+            return bmc
+        if plan is not None:
+            return dataclasses.replace(bmc, console=plan.encode())
+        if ipmi_on:
+            return Bmc(_ipmi_address(bmc.address), "ipmi", bmc.credentials_ref)
+        return bmc
 
     def bmc_of(self, node_id: str) -> Bmc | None:
         with self._lock:

@@ -51,16 +51,20 @@ import shutil
 import subprocess
 import tempfile
 import time
+import urllib.parse
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent import proc
 from agent.errors import AgentError, InvalidParameters
-from agent.site.bmc.client import Credentials
+from agent.site.bmc.client import Credentials, shown_address
 from agent.site.bmc.ipmi import split_address
 from agent.site.bmc.redfish.vendors import Vendor
 from agent.site.observe.console import BUSY_RETRY, RECONNECT_MAX, RECONNECT_MIN, SolSession, _tail
+
+if TYPE_CHECKING:
+    from agent.site.bmc.redfish.session import RedfishSession
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +152,35 @@ def choose(system: Doc, vendor: Vendor, protocols: Doc | None = None) -> SshCons
                       source=f"vendor row {vendor.name}")
 
 
+def bmc_host(address: str) -> str:
+    """The host of a bmc_address (``host``, ``host:port``, ``[v6]:port`` or a Redfish URL):
+    the SSH console's port is its own, not Redfish's or IPMI's."""
+    if "://" in address:
+        host = urllib.parse.urlsplit(address).hostname
+        if not host:
+            raise InvalidParameters(f"bmc_address {shown_address(address)!r}: no host")
+        return host
+    return split_address(address)[0]
+
+
+def offered(session: RedfishSession) -> tuple[SshConsole | None, bool | None]:
+    """What a Redfish BMC offers for the node's console, read from it: the SSH console
+    (``choose`` on its System, its vendor row and its Manager's NetworkProtocol) and whether
+    its IPMI is on (None: it does not say). A NetworkProtocol that cannot be read counts as
+    not saying."""
+    system = session.system()
+    protocols: Doc | None = None
+    try:
+        ref = session.manager().get("NetworkProtocol")
+        if isinstance(ref, dict) and isinstance(ref.get("@odata.id"), str):
+            protocols = session.get(ref["@odata.id"])
+    except AgentError as exc:
+        log.info("Redfish %s: NetworkProtocol unread (%s)", session.target.address, exc.message[:120])
+    ipmi = (protocols or {}).get("IPMI")
+    ipmi_on = ipmi.get("ProtocolEnabled") if isinstance(ipmi, dict) else None
+    return choose(system, session.vendor(), protocols), ipmi_on if isinstance(ipmi_on, bool) else None
+
+
 ASKPASS = b'#!/bin/sh\nexec /bin/cat -- "${0%/*}/password"\n'
 
 
@@ -185,7 +218,7 @@ class SshSession(SolSession):
         self._window = ""
 
     def ssh_argv(self, creds: Credentials, known_hosts: Path) -> list[str]:
-        host, _ = split_address(self.bmc.address)    # its port is Redfish's or IPMI's, not SSH's
+        host = bmc_host(self.bmc.address)
         alias = f"bmc-{self.bmc.address}"
         return [self.ssh, "-F", "/dev/null", "-tt", "-e", "none", "-p", str(self.plan.port),
                 "-l", creds.username,

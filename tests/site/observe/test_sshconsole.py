@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -332,3 +333,49 @@ def test_the_ssh_console_survives_a_daemon_restart(tmp_path: Path, node: Node) -
     finally:
         obs.stop()
         bmc.stop()
+
+
+# -- the transport from what each recorded BMC says (../shared/vendor-trees, the emulator) ----------
+
+# tree -> (protocol, port, entry) of the console the site keeps: SSH where the BMC publishes one
+# or its row documents one, SOL where IPMI is on and SSH is not, none with neither.
+OFFERS = {
+    "nvidia_gh200": ("ssh", 2200, ""), "nvidia_gb200": ("ssh", 2200, ""),
+    "nvidia_bluefield3": ("ssh", 2200, ""),
+    "supermicro_sys821": ("ssh", 22, "cd system1/sol1; start"),
+    "dell_r750": ("ssh", 22, "console com2"),
+    "hpe_dl385": ("ssh", 22, "vsp"),            # its IPMI is off: SSH is its only console
+    "lenovo_sr670": ("ssh", 22, "console 1"),
+    "nvidia_dgxh100": ("ipmi", 0, ""),          # AMI: no SerialConsole.SSH, no row: SOL
+    "dmtf_public_rackmount1": ("ipmi", 0, ""),
+}
+
+
+@pytest.mark.parametrize("tree", sorted(OFFERS))
+def test_the_console_transport_is_read_from_each_recorded_bmc(tmp_path: Path, tree: str) -> None:
+    from agent.site.bmc.client import CallContext
+    from agent.site.bmc.redfish.session import RedfishSession
+    from tests.site.redfish_emulator import RedfishEmulator
+
+    obs = observer(tmp_path, tmp_path / "secrets")
+    with RedfishEmulator.of(tree, tmp_path / "trees") as emulator:
+        target = emulator.target()
+        session = RedfishSession(target, CallContext(cancel=threading.Event(),
+                                                     deadline=time.monotonic() + 60))
+        try:
+            record = obs.console_for("n1", Bmc(target.address, "redfish", REF), session)
+        finally:
+            session.close()
+    protocol, port, entry = OFFERS[tree]
+    if protocol == "ssh":
+        assert record.protocol == "redfish" and record.console
+        plan = SshConsole.decode(record.console)
+        assert (plan.port, plan.entry) == (port, entry)
+        assert plan.exit                      # each knows how to leave its console
+    else:
+        assert (record.protocol, record.address, record.console) == ("ipmi", "127.0.0.1", "")
+    # learned once: a bmc.* command that names the BMC plainly does not forget it
+    obs.bmc_done("n1", record, "bmc.power", "status")
+    obs.bmc_done("n1", Bmc(target.address, "redfish", REF), "bmc.query", "inventory")
+    assert obs.bmc_of("n1") == record
+    obs.stop()
