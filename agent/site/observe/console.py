@@ -237,6 +237,22 @@ class Ring:
                     out.append((t, text))
         return out
 
+    def oldest(self) -> float:
+        """The time of the oldest line kept (0.0: none), from the first lines of the older file
+        (else the newer): no more than a few KiB read."""
+        with self._lock:
+            for path in (self.older, self.current):
+                try:
+                    with path.open("rb") as f:
+                        head = f.read(2 * MAX_LINE + 64)
+                except FileNotFoundError:
+                    continue
+                for raw in head.split(b"\n")[:-1]:
+                    stamp = raw.partition(b" ")[0]
+                    if stamp.isdigit():
+                        return int(stamp) / 1000
+        return 0.0
+
     def remove(self) -> None:
         with self._lock:
             for path in (self.current, self.older):

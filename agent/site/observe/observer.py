@@ -361,6 +361,7 @@ class Observer:
             node_id=node_id, attempt=a.number, method=a.method, trigger=a.trigger,
             started_unix_ms=int(a.started * 1000), outcome=a.outcome, cause=a.cause,
             cause_detail=a.cause_detail, console=self.consoles.state(node_id),
+            console_oldest_unix_ms=int(self.consoles.ring(node_id).oldest() * 1000),
             steps=[f"+{e.t - a.started:.1f}s {e.step} {e.detail}".rstrip() for e in a.events][-64:])
         if a.outcome == Outcome.FAILED:
             boot.last_lines.extend(self.consoles.last_lines(node_id, 10))
@@ -369,10 +370,14 @@ class Observer:
     def node_boots(self) -> list[agent_pb2.NodeBoot]:
         return [b for n in self.timelines.nodes() if (b := self.node_boot(n)) is not None]
 
-    def node_files(self, node_id: str, since: float = 0.0, until: float = 0.0) -> dict[str, bytes]:
-        """What logs.collect gathers of a node: its console within [since, until], its
-        timelines (JSON and text)."""
+    def node_files(self, node_id: str, since: float = 0.0, until: float = 0.0,
+                   last: int = 0) -> dict[str, bytes]:
+        """What logs.collect gathers of a node: its console within [since, until] (its
+        ``last`` lines there, 0: all), each line with its time, and its timelines (JSON and
+        text)."""
         lines = self.consoles.read(node_id, since, until)
+        if last:
+            lines = lines[-last:]
         console = "".join(
             f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(t))}.{int(t * 1000) % 1000:03d}Z {text}\n"
             for t, text in lines)
