@@ -1,6 +1,7 @@
 """A BMC's SSH console, as the site lab's sshd runs it (its ForceCommand): the personality's CLI
-(banner, prompt, the entry command), then the node's serial port (a UNIX socket, as QEMU's
-serial chardev or the test's scripted node serves it) until the exit keys, an idle timeout or
+(banner, prompt, the entry command), then the node's serial port (a UNIX socket the test's
+scripted node serves, or ``tcp:HOST:PORT``: the BMC side of a QEMU node's serial line,
+qemu/serialrelay.py) until the exit keys, an idle timeout or
 the port's end. Sessions beyond the personality's count are refused with its message.
 
     python bmc_console.py <session.json>     # written by tests/site/observe/sshbmc.py
@@ -90,9 +91,14 @@ def main(config_path: str) -> int:
     if os.isatty(0):
         tty.setraw(0, termios.TCSANOW)     # the exit keys come without a newline
     log = Path(cfg["sent_dir"]) / f"{os.getpid()}.log"
-    serial = socket.socket(socket.AF_UNIX)
+    where = str(cfg["serial"])
+    serial = socket.socket(socket.AF_INET if where.startswith("tcp:") else socket.AF_UNIX)
     try:
-        serial.connect(cfg["serial"])
+        if where.startswith("tcp:"):      # the BMC side of qemu/serialrelay.py's line
+            host, _, port = where[4:].rpartition(":")
+            serial.connect((host, int(port)))
+        else:
+            serial.connect(where)
     except OSError as exc:
         write(f"console unavailable: {exc.strerror}".encode() + nl)
         return 1

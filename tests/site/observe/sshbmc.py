@@ -135,7 +135,7 @@ class Node:
 
 
 class SshBmc:
-    def __init__(self, folder: Path, personality: Personality, serial: Path, password: str, *,
+    def __init__(self, folder: Path, personality: Personality, serial: Path | str, password: str, *,
                  idle: float = 0.0, port: int = 0) -> None:
         self.folder = folder
         self.p = personality
