@@ -32,9 +32,11 @@ in 45 s, without a second session asking, as SOL's liveness check must).
   ``ssh_console_busy``): said ``busy``, tried again every BUSY_RETRY seconds, never taken over.
 - The BMC drops the connection or closes an idle session (BMCs time out SSH sessions with no
   input; a console's output is not input, and the site never types into a node's console):
-  said ``dropped`` and reconnected, at once after a session that was up, backing off to 30 s
-  while it cannot connect. What the BMC sent is kept; what the node wrote while no session was
-  up the BMC never sent (except a BMC that buffers it, as obmc-console does).
+  said ``dropped`` and reconnected, at once after a session that was up STEADY seconds,
+  else backing off from 1 s to 30 s (it cannot connect, or the BMC lets it in and puts it out
+  at once: a refusal whose words no row knows). What the BMC sent is kept; what the node
+  wrote while no session was up the BMC never sent (except a BMC that buffers it, as
+  obmc-console does).
 - Leaving: the console's exit keys (from HotKeySequenceDisplay or the row), then ssh stopped;
   a BMC ends the console session when the connection closes in any case.
 """
@@ -73,6 +75,7 @@ KEEPALIVE_SECONDS, KEEPALIVE_COUNT = 15, 3
 CONNECT_TIMEOUT = 15
 ENTRY_QUIET = 0.3         # the CLI's output quiet this long after login: its prompt is shown
 ENTRY_LATEST = 5.0        # a CLI that shows nothing: its command typed this long after login
+STEADY = 30.0             # a session up this long is reconnected at once; a shorter one backs off
 BUSY_WINDOW = 8192        # how much of a session's first output is searched for a busy message
 
 # What the BMC shows (HotKeySequenceDisplay) -> the keys that leave its console. Recorded:
@@ -239,6 +242,7 @@ class SshSession(SolSession):
         delay = RECONNECT_MIN
         while not self._stop.is_set():
             self._busy = self._authenticated = False
+            started = time.monotonic()
             try:
                 creds = self.store.get(self.bmc.credentials_ref)
                 stderr = self._session(creds)
@@ -263,8 +267,12 @@ class SshSession(SolSession):
                 continue
             why = _tail(_ssh_said(stderr)) or "the session ended"
             self._say("dropped", why if self._authenticated else f"cannot connect: {why}")
-            delay = RECONNECT_MIN if self._authenticated else min(delay * 2, RECONNECT_MAX)
-            self._stop.wait(delay if not self._authenticated else 0.2)
+            if self._authenticated and time.monotonic() - started >= STEADY:
+                delay = RECONNECT_MIN
+                self._stop.wait(0.2)      # a session that was up: at once, nothing more lost
+                continue
+            self._stop.wait(delay)        # cannot connect, or let in and put out at once
+            delay = min(delay * 2, RECONNECT_MAX)
 
     def _session(self, creds: Credentials) -> str:
         """One ssh session, its output into the ring; returns what ssh said on stderr."""

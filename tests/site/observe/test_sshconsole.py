@@ -436,3 +436,79 @@ def test_a_qemu_nodes_kernel_panic_is_named_over_the_ssh_console(tmp_path: Path)
         with contextlib.suppress(Exception):
             node.stop(force=True)
         relay.stop()
+
+
+def test_bmc_power_on_an_ilo_with_ipmi_off_keeps_the_console_over_ssh(tmp_path: Path, node: Node) -> None:
+    """The real bmc.power handler on the recorded iLO 5 (IPMI off) through the Redfish
+    emulator: the site reads the console's place from the BMC (no SerialConsole.SSH: the hpe
+    row's ``vsp`` on the manager's SSH port, here the lab sshd's), keeps it over SSH before the
+    power on, and the boot's milestones come through it. The same credentials_ref logs in to
+    Redfish and to the SSH CLI, as one BMC account does."""
+    from agent.catalog import Role
+    from agent.commands import handler_for
+    from agent.commands.base import Context
+    from agent.config import Config
+    from agent.proto import site_pb2
+    from agent.site.services import ServiceSettings, SiteServices
+    from tests.site.redfish_emulator import PASSWORD as EMU_PASSWORD
+    from tests.site.redfish_emulator import USER as EMU_USER
+    from tests.site.redfish_emulator import RedfishEmulator
+
+    personality = dataclasses.replace(PERSONALITIES["hpe"], user=EMU_USER)
+    bmc = SshBmc(tmp_path / "bmc-hpe", personality, node.path, EMU_PASSWORD)
+    bmc.start()
+    secrets = store_with(tmp_path, EMU_USER, EMU_PASSWORD)
+    config = Config(role=Role.SITE, node_id="site-1", state_dir=tmp_path / "state", secrets_dir=secrets)
+    site = SiteServices(ServiceSettings(address="127.0.0.1", port=0, root=tmp_path / "site",
+                                        secrets_dir=secrets))
+    site.start()
+    try:
+        with RedfishEmulator.of("hpe_dl385", tmp_path / "trees") as emulator:
+            with emulator.state.lock:
+                protocol = next(d for d in emulator.state.docs.values()
+                                if str(d.get("@odata.type", "")).startswith("#ManagerNetworkProtocol"))
+                assert protocol["IPMI"]["ProtocolEnabled"] is False
+                protocol["SSH"]["Port"] = bmc.port          # the lab's sshd, never port 22
+            handler = handler_for("bmc.power")
+            assert handler is not None
+            params = handler.parse(site_pb2.BmcOperationRequest(
+                node_id="n1", bmc_address=emulator.address, protocol="redfish", operation="on",
+                credentials_ref=REF, verify_tls=False))
+            handler.run(Context.local("bmc.power", config, site=site, timeout=60), params)
+            obs = site.observe
+            record = obs.bmc_of("n1")
+            assert record is not None and record.protocol == "redfish"
+            plan = SshConsole.decode(record.console)
+            assert (plan.port, plan.entry, plan.source) == (bmc.port, "vsp", "vendor row hpe")
+            wait_for("the console", heard_by(node))
+            assert obs.consoles.state("n1") == "attached"
+            node.say(*BOOT)
+            wait_for("the panic", lambda: "panic" in steps(obs))
+            assert steps(obs)[:2] == ["console", "power_on"], steps(obs)
+            assert "Starting virtual serial port." in kept(obs)
+    finally:
+        site.stop()
+        bmc.stop()
+
+
+def test_two_sites_keep_one_openbmc_console_at_once(tmp_path: Path, node: Node) -> None:
+    """OpenBMC's console takes 15 sessions (the recordings' MaxConcurrentSessions): a second
+    site's console is attached beside the first, each gets every line."""
+    bmc = lab(tmp_path, "openbmc", node)
+    secrets = store_with(tmp_path, "root")
+    first, second = observer(tmp_path / "first", secrets), observer(tmp_path / "second", secrets)
+    record = plan_for("openbmc", bmc)
+    assert SshConsole.decode(record.console).sessions == 15
+    try:
+        first.consoles.attach("n1", record)
+        second.consoles.attach("n1", record)
+        wait_for("both consoles", heard_by(node, 2))
+        node.say(*BOOT)
+        for obs in (first, second):
+            wait_for("the panic", lambda obs=obs: "panic" in steps(obs) or BOOT[-1] in kept(obs))
+            assert [t for t in kept(obs) if not t.startswith("[site:")] == list(BOOT)
+            assert obs.consoles.state("n1") == "attached"
+    finally:
+        first.stop()
+        second.stop()
+        bmc.stop()
