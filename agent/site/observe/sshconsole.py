@@ -93,6 +93,11 @@ HOST_KEY_CHANGED = ("remote host identification has changed", "host key verifica
 SSH_AUTH_FAILED = ("permission denied (",)
 
 
+def _typable(text: object) -> bool:
+    """A command the site may type at a BMC's CLI: printable, one line, at most 200 characters."""
+    return isinstance(text, str) and len(text) <= 200 and text.isprintable()
+
+
 def exit_keys(display: str) -> str:
     """The keys that leave a console whose BMC shows ``display``; "" when not known (closing
     the connection ends the BMC's console session anyway)."""
@@ -123,7 +128,7 @@ class SshConsole:
             plan = cls(**{**data, "busy": tuple(data.get("busy", ()))})
         except (ValueError, TypeError) as exc:
             raise InvalidParameters(f"an SSH console's plan is unreadable: {exc}") from None
-        if not 0 < plan.port < 65536 or "\n" in plan.entry:
+        if not 0 < plan.port < 65536 or not _typable(plan.entry):
             raise InvalidParameters(f"an SSH console's plan is not one: port {plan.port}")
         return plan
 
@@ -135,6 +140,10 @@ def choose(system: Doc, vendor: Vendor, protocols: Doc | None = None) -> SshCons
     ssh = serial.get("SSH") if isinstance(serial, dict) else None
     if isinstance(ssh, dict) and ssh.get("ServiceEnabled") is True and isinstance(ssh.get("Port"), int):
         entry = ssh.get("ConsoleEntryCommand")
+        if entry is not None and not _typable(entry):
+            log.warning("a BMC's ConsoleEntryCommand is no command to type (%r); no SSH console",
+                        str(entry)[:60])
+            return None
         display = str(ssh.get("HotKeySequenceDisplay") or "")
         sessions = serial.get("MaxConcurrentSessions") if isinstance(serial, dict) else 0
         return SshConsole(port=ssh["Port"], entry=entry if isinstance(entry, str) else "",
@@ -212,17 +221,22 @@ class SshSession(SolSession):
 
     def __init__(self, *args: Any, ssh: str = "ssh", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.plan = SshConsole.decode(self.bmc.console)
+        self._unreadable = ""
+        try:
+            self.plan: SshConsole | None = SshConsole.decode(self.bmc.console)
+        except InvalidParameters as exc:    # a record damaged on disk: said, nothing tried
+            self.plan, self._unreadable = None, exc.message
         self.ssh = ssh
-        self.leave = (self.plan.exit or "").encode()
+        self.leave = (self.plan.exit if self.plan is not None else "").encode()
         self._thread.name = f"ssh-console-{self.node_id}"
         self._busy = False
         self._authenticated = False
         self._window = ""
 
     def ssh_argv(self, creds: Credentials, known_hosts: Path) -> list[str]:
+        assert self.plan is not None
         host = bmc_host(self.bmc.address)
-        alias = f"bmc-{self.bmc.address}"
+        alias = re.sub(r"[^A-Za-z0-9.-]", "_", f"bmc-{host}-{self.plan.port}")
         return [self.ssh, "-F", "/dev/null", "-tt", "-e", "none", "-p", str(self.plan.port),
                 "-l", creds.username,
                 "-o", "BatchMode=no", "-o", "PubkeyAuthentication=no", "-o", "GSSAPIAuthentication=no",
@@ -239,6 +253,9 @@ class SshSession(SolSession):
                 "--", host]
 
     def _loop(self) -> None:
+        if self.plan is None:
+            self._say("no console", self._unreadable)
+            return
         delay = RECONNECT_MIN
         while not self._stop.is_set():
             self._busy = self._authenticated = False
@@ -276,6 +293,8 @@ class SshSession(SolSession):
 
     def _session(self, creds: Credentials) -> str:
         """One ssh session, its output into the ring; returns what ssh said on stderr."""
+        plan = self.plan
+        assert plan is not None
         known_hosts = self.store.known_hosts(self.bmc.address)
         self._window = ""
         with askpass(creds.password) as (script, secret):
@@ -288,7 +307,7 @@ class SshSession(SolSession):
                     secret.unlink(missing_ok=True)
                     self._authenticated = True
                     self.connects += 1
-                    self._say("attached", f"over SSH, port {self.plan.port} ({self.plan.source})")
+                    self._say("attached", f"over SSH, port {plan.port} ({plan.source})")
 
             with proc.running(self.ssh_argv(creds, known_hosts), stdin=subprocess.PIPE, env=env,
                               check=False, on_stderr_line=heard) as child:
@@ -297,13 +316,13 @@ class SshSession(SolSession):
                 if self._stop.is_set():
                     child.stop()
                 fd = child.popen.stdout.fileno() if child.popen.stdout is not None else -1
-                entered = not self.plan.entry
+                entered = not plan.entry
                 last, begun = 0.0, time.monotonic()
                 while fd >= 0:
                     now = time.monotonic()
                     if not entered and self._authenticated and (
                             (last and now - last >= ENTRY_QUIET) or now - begun >= ENTRY_LATEST):
-                        self._type(self.plan.entry + "\r")   # its CLI's prompt is shown: as typed
+                        self._type(plan.entry + "\r")   # its CLI's prompt is shown: as typed
                         entered = True
                     ready, _, _ = select.select([fd], [], [], ENTRY_QUIET if not entered else 1.0)
                     if not ready:
@@ -339,7 +358,7 @@ class SshSession(SolSession):
 
     def _busy_said(self, text: str) -> bool:
         """Whether the session's first output says another session holds the console."""
-        if not self.plan.busy or len(self._window) >= BUSY_WINDOW:
+        if self.plan is None or not self.plan.busy or len(self._window) >= BUSY_WINDOW:
             return False
         self._window = (self._window + text.lower())[:BUSY_WINDOW]
         return any(p in self._window for p in self.plan.busy)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.errors import InvalidParameters
 from agent.site.bmc.client import Credentials
 from agent.site.bmc.redfish.vendors import GENERIC, VENDORS
 from agent.site.bmc.secrets import SecretStore
@@ -69,6 +70,29 @@ def test_the_console_is_chosen_from_serial_console_then_the_vendor_row() -> None
     assert SshConsole.decode(ilo.encode()) == ilo
     assert json.loads(json.dumps(dataclasses.asdict(Bmc("h", "redfish", REF, ilo.encode())))) \
         ["console"] == ilo.encode()
+    # what the site types must be one printable line: a BMC publishing more gets no SSH console
+    sneaky = {"SerialConsole": {"SSH": {"ServiceEnabled": True, "Port": 22,
+                                        "ConsoleEntryCommand": "start\rdelete user 2"}}}
+    assert choose(sneaky, VENDORS["supermicro"]) is None
+    with pytest.raises(InvalidParameters):
+        SshConsole.decode(json.dumps({"port": 22, "entry": "a\x1bb"}))
+    with pytest.raises(InvalidParameters):
+        SshConsole.decode(json.dumps({"port": 0}))
+
+
+def test_a_damaged_console_record_is_said_not_fatal(tmp_path: Path) -> None:
+    """sessions.json with an SSH console's plan that no longer reads: the daemon starts, the
+    node's console is said ``no console`` with why, nothing is tried."""
+    root = tmp_path / "observe" / "console"
+    root.mkdir(parents=True)
+    (root / "sessions.json").write_text(json.dumps({"n1": {
+        "address": "127.0.0.1", "protocol": "redfish", "credentials_ref": REF, "console": "{not json"}}))
+    obs = observer(tmp_path, tmp_path / "secrets")
+    try:
+        wait_for("the word", lambda: obs.consoles.state("n1") == "no console")
+        assert kept(obs)[-1].startswith("[site: console no console: an SSH console's plan is unreadable")
+    finally:
+        obs.stop()
 
 
 # -- against sshd ----------------------------------------------------------------------------------
