@@ -479,8 +479,11 @@ class Consoles:
 
     def __init__(self, root: Path, secrets_dir: Path, *, report: Callable[[str, str, str], None],
                  ring_bytes: int = DEFAULT_RING_BYTES, budget_bytes: int = DEFAULT_BUDGET_BYTES,
-                 ipmitool: str = "ipmitool") -> None:
+                 ipmitool: str = "ipmitool", ssh_session: type[SolSession] | None = None) -> None:
         self.root = root
+        # the session kind of a console over SSH (sshconsole.SshSession, given by the observer:
+        # it builds on this module)
+        self.ssh_session = ssh_session
         self.store = SecretStore(secrets_dir)
         self.report = report
         self.ring_bytes = ring_bytes
@@ -526,6 +529,10 @@ class Consoles:
                    "the site keeps consoles over SSH or IPMI Serial-over-LAN")
             self.report(node_id, Step.CONSOLE, why)
             return "no SOL"
+        kind = self.ssh_session if bmc.console else SolSession   # SSH: sshconsole.py's
+        if kind is None:
+            self.report(node_id, Step.CONSOLE, "not kept: an SSH console, and no SSH transport here")
+            return "not kept"
         with self._lock:
             old = self._sessions.get(node_id)
             if old is not None and old.bmc == bmc and old.alive:
@@ -541,10 +548,6 @@ class Consoles:
             self._sessions.pop(node_id, None)
         if old is not None:
             old.stop()
-        kind = SolSession
-        if bmc.console:     # an SSH console (sshconsole.py); imported here: it builds on this
-            from agent.site.observe.sshconsole import SshSession
-            kind = SshSession
         session = kind(node_id, bmc, self.ring(node_id), self.store, report=self.report,
                        ipmitool=self.ipmitool, resumed=resumed)
         with self._lock:

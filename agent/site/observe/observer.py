@@ -39,7 +39,7 @@ from agent.site.metrics import Metrics
 from agent.site.observe import dhcplog
 from agent.site.observe.causes import Diagnosis
 from agent.site.observe.console import DEFAULT_BUDGET_BYTES, DEFAULT_RING_BYTES, Bmc, Consoles
-from agent.site.observe.sshconsole import bmc_host, offered
+from agent.site.observe.sshconsole import SshSession, bmc_host, offered
 from agent.site.observe.timeline import Attempt, Event, Outcome, Prepared, Step, Timelines, render
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,8 @@ class Observer:
         self.timelines.on_joined = self._on_joined
         self.consoles = Consoles(settings.console_dir or settings.root / "console", settings.secrets_dir,
                                  report=self._console_report, ring_bytes=settings.console_ring_bytes,
-                                 budget_bytes=settings.console_budget_bytes, ipmitool=settings.ipmitool)
+                                 budget_bytes=settings.console_budget_bytes, ipmitool=settings.ipmitool,
+                                 ssh_session=SshSession)
         self._bmcs: OrderedDict[str, Bmc] = OrderedDict()
         self._lock = threading.Lock()
         # node -> (the cleaned attempt's number, when its console goes): boot.cleanUp of a
