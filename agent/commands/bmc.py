@@ -435,10 +435,12 @@ class _BmcHandler(Handler[site_pb2.BmcOperationRequest, BmcParams]):
         observe = ctx.site_services.observe if ctx.site_services is not None and params.node_id else None
         bmc = _observed(params)
         powering = self.kind == "bmc.power" and params.operation in ("on", "cycle", "reset")
-        if observe is not None and powering:
-            observe.before_power(params.node_id, bmc)
         session = BmcSession(ctx, params)
         client, creds = session.open()
+        if observe is not None and powering:
+            # over SSH where the BMC offers it, SOL where IPMI is on (sshconsole.py)
+            bmc = observe.console_for(params.node_id, bmc, client)
+            observe.before_power(params.node_id, bmc)
         try:
             if observe is not None and powering:
                 observe.power_requested(params.node_id, params.operation)

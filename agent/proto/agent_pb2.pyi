@@ -1230,7 +1230,7 @@ class ReleaseReport(_message.Message):
     def __init__(self, boot_id: _Optional[str] = ..., pool_ready: _Optional[bool] = ..., restorable: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., cannot_restore: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., checked: _Optional[_Iterable[str]] = ..., not_checked: _Optional[_Iterable[str]] = ..., wipe_certificates: _Optional[_Iterable[_Union[ErasureCertificate, _Mapping]]] = ..., attestation_verdict: _Optional[str] = ..., tpm_absent: _Optional[str] = ..., checked_elsewhere: _Optional[_Iterable[str]] = ..., wipe_results: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class NodeBoot(_message.Message):
-    __slots__ = ("node_id", "attempt", "method", "trigger", "started_unix_ms", "outcome", "cause", "cause_detail", "console", "last_lines", "steps")
+    __slots__ = ("node_id", "attempt", "method", "trigger", "started_unix_ms", "outcome", "cause", "cause_detail", "console", "last_lines", "steps", "console_oldest_unix_ms")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
@@ -1242,6 +1242,7 @@ class NodeBoot(_message.Message):
     CONSOLE_FIELD_NUMBER: _ClassVar[int]
     LAST_LINES_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
+    CONSOLE_OLDEST_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     attempt: int
     method: str
@@ -1253,10 +1254,11 @@ class NodeBoot(_message.Message):
     console: str
     last_lines: _containers.RepeatedScalarFieldContainer[str]
     steps: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_id: _Optional[str] = ..., attempt: _Optional[int] = ..., method: _Optional[str] = ..., trigger: _Optional[str] = ..., started_unix_ms: _Optional[int] = ..., outcome: _Optional[str] = ..., cause: _Optional[str] = ..., cause_detail: _Optional[str] = ..., console: _Optional[str] = ..., last_lines: _Optional[_Iterable[str]] = ..., steps: _Optional[_Iterable[str]] = ...) -> None: ...
+    console_oldest_unix_ms: int
+    def __init__(self, node_id: _Optional[str] = ..., attempt: _Optional[int] = ..., method: _Optional[str] = ..., trigger: _Optional[str] = ..., started_unix_ms: _Optional[int] = ..., outcome: _Optional[str] = ..., cause: _Optional[str] = ..., cause_detail: _Optional[str] = ..., console: _Optional[str] = ..., last_lines: _Optional[_Iterable[str]] = ..., steps: _Optional[_Iterable[str]] = ..., console_oldest_unix_ms: _Optional[int] = ...) -> None: ...
 
 class LogsCollectRequest(_message.Message):
-    __slots__ = ("paths", "upload_url", "max_bytes", "max_file_bytes", "include_kernel_log", "include_system_journal", "since_seconds", "http_headers", "ca_bundle_pem", "node_ids", "from_unix_ms", "until_unix_ms")
+    __slots__ = ("paths", "upload_url", "max_bytes", "max_file_bytes", "include_kernel_log", "include_system_journal", "since_seconds", "http_headers", "ca_bundle_pem", "node_ids", "from_unix_ms", "until_unix_ms", "console_last_lines")
     class HttpHeadersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -1276,6 +1278,7 @@ class LogsCollectRequest(_message.Message):
     NODE_IDS_FIELD_NUMBER: _ClassVar[int]
     FROM_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     UNTIL_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    CONSOLE_LAST_LINES_FIELD_NUMBER: _ClassVar[int]
     paths: _containers.RepeatedScalarFieldContainer[str]
     upload_url: str
     max_bytes: int
@@ -1288,7 +1291,8 @@ class LogsCollectRequest(_message.Message):
     node_ids: _containers.RepeatedScalarFieldContainer[str]
     from_unix_ms: int
     until_unix_ms: int
-    def __init__(self, paths: _Optional[_Iterable[str]] = ..., upload_url: _Optional[str] = ..., max_bytes: _Optional[int] = ..., max_file_bytes: _Optional[int] = ..., include_kernel_log: _Optional[bool] = ..., include_system_journal: _Optional[bool] = ..., since_seconds: _Optional[int] = ..., http_headers: _Optional[_Mapping[str, str]] = ..., ca_bundle_pem: _Optional[str] = ..., node_ids: _Optional[_Iterable[str]] = ..., from_unix_ms: _Optional[int] = ..., until_unix_ms: _Optional[int] = ...) -> None: ...
+    console_last_lines: int
+    def __init__(self, paths: _Optional[_Iterable[str]] = ..., upload_url: _Optional[str] = ..., max_bytes: _Optional[int] = ..., max_file_bytes: _Optional[int] = ..., include_kernel_log: _Optional[bool] = ..., include_system_journal: _Optional[bool] = ..., since_seconds: _Optional[int] = ..., http_headers: _Optional[_Mapping[str, str]] = ..., ca_bundle_pem: _Optional[str] = ..., node_ids: _Optional[_Iterable[str]] = ..., from_unix_ms: _Optional[int] = ..., until_unix_ms: _Optional[int] = ..., console_last_lines: _Optional[int] = ...) -> None: ...
 
 class ManifestEntry(_message.Message):
     __slots__ = ("name", "source", "size_bytes", "sha256", "truncated", "redacted")

@@ -14,7 +14,14 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from agent.gateway.attest import Refused
 from agent.gateway.rim import verify_rim
 from agent.gateway.spdm import GoldenTable, parse_report, split_exchange, verify_report
-from tests.site.bmc.redfish_emulator.spdm import FIRMWARE, INDICES, exchange, make_cert, measurement, signed_rim
+from tests.site.bmc.redfish_emulator.spdm import (
+    FIRMWARE,
+    INDICES,
+    exchange,
+    make_cert,
+    measurement,
+    signed_rim,
+)
 
 Pki = tuple[ec.EllipticCurvePrivateKey, list[x509.Certificate], ec.EllipticCurvePrivateKey,
             list[x509.Certificate]]

@@ -182,6 +182,7 @@ class Bmc:
     address: str
     protocol: str            # "ipmi" (SOL) or "redfish" (no SOL here)
     credentials_ref: str
+    console: str = ""        # an SSH console's plan (sshconsole.py SshConsole.encode); "": SOL
 
 
 class Ring:
@@ -236,6 +237,22 @@ class Ring:
                     out.append((t, text))
         return out
 
+    def oldest(self) -> float:
+        """The time of the oldest line kept (0.0: none), from the first lines of the older file
+        (else the newer): no more than a few KiB read."""
+        with self._lock:
+            for path in (self.older, self.current):
+                try:
+                    with path.open("rb") as f:
+                        head = f.read(2 * MAX_LINE + 64)
+                except FileNotFoundError:
+                    continue
+                for raw in head.split(b"\n")[:-1]:
+                    stamp = raw.partition(b" ")[0]
+                    if stamp.isdigit():
+                        return int(stamp) / 1000
+        return 0.0
+
     def remove(self) -> None:
         with self._lock:
             for path in (self.current, self.older):
@@ -257,6 +274,7 @@ class SolSession:
         self.report = report            # (node_id, step, line)
         self.ipmitool = ipmitool
         self.state = "starting"         # attached, busy, no SOL, dropped, auth failed, stopped
+        self.leave = b"\r~."            # what ends the session at the BMC (ipmitool's escape)
         self.connects = 0
         self._stop = threading.Event()
         self._child: proc.Child | None = None
@@ -279,7 +297,7 @@ class SolSession:
         if child is not None:
             with contextlib.suppress(OSError, ValueError):
                 if child.popen.stdin is not None:
-                    child.popen.stdin.write(b"\r~.")   # ends the session at the BMC
+                    child.popen.stdin.write(self.leave)   # ends the session at the BMC
                     child.popen.stdin.flush()
             deadline = time.monotonic() + 2.0
             while child.poll() is None and time.monotonic() < deadline:
@@ -464,8 +482,11 @@ class Consoles:
     def __init__(self, root: Path, secrets_dir: Path, *, report: Callable[[str, str, str], None],
                  ring_bytes: int = Config.site_console_ring_bytes,
                  budget_bytes: int = Config.site_console_budget_bytes,
-                 ipmitool: str = "ipmitool") -> None:
+                 ipmitool: str = "ipmitool", ssh_session: type[SolSession] | None = None) -> None:
         self.root = root
+        # the session kind of a console over SSH (sshconsole.SshSession, given by the observer:
+        # it builds on this module)
+        self.ssh_session = ssh_session
         self.store = SecretStore(secrets_dir)
         self.report = report
         self.ring_bytes = ring_bytes
@@ -506,11 +527,15 @@ class Consoles:
         """Keep the node's console (a session already kept for the same BMC is left as it is).
         ``resumed``: kept before a restart of the daemon, the node in a boot under way.
         Returns the session's state, or why it is not kept."""
-        if bmc.protocol != "ipmi":
-            why = (f"no SOL: the BMC is driven over {bmc.protocol}; the site keeps consoles over "
-                   "IPMI Serial-over-LAN only")
+        if bmc.protocol != "ipmi" and not bmc.console:
+            why = (f"no SOL: the BMC is driven over {bmc.protocol} and publishes no SSH console; "
+                   "the site keeps consoles over SSH or IPMI Serial-over-LAN")
             self.report(node_id, Step.CONSOLE, why)
             return "no SOL"
+        kind = self.ssh_session if bmc.console else SolSession   # SSH: sshconsole.py's
+        if kind is None:
+            self.report(node_id, Step.CONSOLE, "not kept: an SSH console, and no SSH transport here")
+            return "not kept"
         with self._lock:
             old = self._sessions.get(node_id)
             if old is not None and old.bmc == bmc and old.alive:
@@ -526,8 +551,8 @@ class Consoles:
             self._sessions.pop(node_id, None)
         if old is not None:
             old.stop()
-        session = SolSession(node_id, bmc, self.ring(node_id), self.store, report=self.report,
-                             ipmitool=self.ipmitool, resumed=resumed)
+        session = kind(node_id, bmc, self.ring(node_id), self.store, report=self.report,
+                       ipmitool=self.ipmitool, resumed=resumed)
         with self._lock:
             self._sessions[node_id] = session
             self._save()

@@ -22,6 +22,7 @@ until it joins, bmc.power off, or ``console_after_cleanup`` seconds with no new 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -32,13 +33,14 @@ from pathlib import Path
 
 from agent.atomicfile import write_atomic
 from agent.config import Config
-from agent.errors import InvalidParameters
+from agent.errors import AgentError, InvalidParameters
 from agent.proto import agent_pb2
 from agent.site.boot.fields import parse_mac, parse_node_id
 from agent.site.metrics import Metrics
 from agent.site.observe import dhcplog
 from agent.site.observe.causes import Diagnosis
 from agent.site.observe.console import Bmc, Consoles
+from agent.site.observe.sshconsole import SshSession, bmc_host, offered
 from agent.site.observe.timeline import Attempt, BootEvent, Outcome, Prepared, Step, Timelines, render
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,15 @@ class ObserverSettings:
                                            # this long for its next boot to begin (a kexec)
 
 
+def _ipmi_address(address: str) -> str:
+    """A Redfish BMC's address as IPMI's (port 623): its host alone."""
+    try:
+        host = bmc_host(address)
+    except InvalidParameters:
+        return address
+    return f"[{host}]" if ":" in host else host
+
+
 def _node_id_ok(node_id: str) -> bool:
     """A bmc.* request's node_id names files: checked before it is kept ("" is none)."""
     if not node_id:
@@ -94,7 +105,8 @@ class Observer:
         self.timelines.on_joined = self._on_joined
         self.consoles = Consoles(settings.console_dir or settings.root / "console", settings.secrets_dir,
                                  report=self._console_report, ring_bytes=settings.console_ring_bytes,
-                                 budget_bytes=settings.console_budget_bytes, ipmitool=settings.ipmitool)
+                                 budget_bytes=settings.console_budget_bytes, ipmitool=settings.ipmitool,
+                                 ssh_session=SshSession)
         self._bmcs: OrderedDict[str, Bmc] = OrderedDict()
         self._lock = threading.Lock()
         # node -> (the cleaned attempt's number, when its console goes): boot.cleanUp of a
@@ -161,6 +173,12 @@ class Observer:
 
     def _learn(self, node_id: str, bmc: Bmc) -> None:
         with self._lock:
+            known = self._bmcs.get(node_id)
+            if known is not None and bmc.protocol == "redfish" and not bmc.console and \
+                    known.credentials_ref == bmc.credentials_ref and \
+                    known.address in (bmc.address, _ipmi_address(bmc.address)) and \
+                    (known.console or known.protocol == "ipmi"):
+                bmc = known     # its console's transport, learned at a power on (console_for)
             if self._bmcs.get(node_id) == bmc:
                 self._bmcs.move_to_end(node_id)
                 return
@@ -169,6 +187,31 @@ class Observer:
                 self._bmcs.popitem(last=False)
             data = {n: asdict(b) for n, b in self._bmcs.items()}
         write_atomic(self.settings.root / "bmcs.json", json.dumps(data).encode(), 0o600)
+
+    def console_for(self, node_id: str, bmc: Bmc, client: object) -> Bmc:
+        """The node's BMC as its console is kept, from what a Redfish BMC says (``client``,
+        logged in by a bmc.power command): an SSH console where it offers one (sshconsole.py),
+        else SOL where its IPMI is on, else none (said at attach). Asked once per BMC: what
+        was learned is kept (bmcs.json). An IPMI BMC: SOL, as it is."""
+        from agent.site.bmc.redfish.session import RedfishSession
+
+        if bmc.protocol != "redfish" or not isinstance(client, RedfishSession):
+            return bmc
+        known = self.bmc_of(node_id)
+        if known is not None and known.credentials_ref == bmc.credentials_ref and \
+                known.address in (bmc.address, _ipmi_address(bmc.address)) and \
+                (known.console or known.protocol == "ipmi"):
+            return known
+        try:
+            plan, ipmi_on = offered(client)
+        except AgentError as exc:
+            log.info("console of %s: the BMC's console offer unread (%s)", node_id, exc.message[:200])
+            return bmc
+        if plan is not None:
+            return dataclasses.replace(bmc, console=plan.encode())
+        if ipmi_on:
+            return Bmc(_ipmi_address(bmc.address), "ipmi", bmc.credentials_ref)
+        return bmc
 
     def bmc_of(self, node_id: str) -> Bmc | None:
         with self._lock:
@@ -320,6 +363,7 @@ class Observer:
             node_id=node_id, attempt=a.number, method=a.method, trigger=a.trigger,
             started_unix_ms=int(a.started * 1000), outcome=a.outcome, cause=a.cause,
             cause_detail=a.cause_detail, console=self.consoles.state(node_id),
+            console_oldest_unix_ms=int(self.consoles.ring(node_id).oldest() * 1000),
             steps=[f"+{e.t - a.started:.1f}s {e.step} {e.detail}".rstrip() for e in a.events][-64:])
         if a.outcome == Outcome.FAILED:
             boot.last_lines.extend(self.consoles.last_lines(node_id, 10))
@@ -328,10 +372,14 @@ class Observer:
     def node_boots(self) -> list[agent_pb2.NodeBoot]:
         return [b for n in self.timelines.nodes() if (b := self.node_boot(n)) is not None]
 
-    def node_files(self, node_id: str, since: float = 0.0, until: float = 0.0) -> dict[str, bytes]:
-        """What logs.collect gathers of a node: its console within [since, until], its
-        timelines (JSON and text)."""
+    def node_files(self, node_id: str, since: float = 0.0, until: float = 0.0,
+                   last: int = 0) -> dict[str, bytes]:
+        """What logs.collect gathers of a node: its console within [since, until] (its
+        ``last`` lines there, 0: all), each line with its time, and its timelines (JSON and
+        text)."""
         lines = self.consoles.read(node_id, since, until)
+        if last:
+            lines = lines[-last:]
         console = "".join(
             f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(t))}.{int(t * 1000) % 1000:03d}Z {text}\n"
             for t, text in lines)

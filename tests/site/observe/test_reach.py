@@ -69,6 +69,33 @@ def test_logs_collect_gathers_a_nodes_console_range_and_timelines(site: SiteServ
     assert any(e["name"] == "nodes/n1/console.txt" for e in manifest["entries"])
 
 
+def test_logs_collect_gives_a_consoles_last_lines_with_their_times(
+        site: SiteServices, tmp_path: Path) -> None:
+    failed_boot(site)
+    config = Config(state_dir=tmp_path / "state", cache_dir=tmp_path / "cache")
+    config.state_dir.mkdir()
+    files = collect(site, config, node_ids=["n1"], console_last_lines=2)
+    assert files["nodes/n1/console.txt"].decode().splitlines() == [
+        "1970-01-01T00:16:41.000Z Linux version 6.1",
+        "1970-01-01T00:16:42.000Z Kernel panic - not syncing: x"]
+    # the last N within a window: the window first, then its last lines
+    files = collect(site, config, node_ids=["n1"], until_unix_ms=1_001_000, console_last_lines=1)
+    assert files["nodes/n1/console.txt"].decode().splitlines() == [
+        "1970-01-01T00:16:41.000Z Linux version 6.1"]
+
+
+def test_the_node_summary_says_the_oldest_moment_kept(site: SiteServices) -> None:
+    failed_boot(site)
+    assert site.observe.node_boot("n1").console_oldest_unix_ms == 1_000_000  # type: ignore[union-attr]
+    ring = site.observe.consoles.ring("n1")
+    for i in range(3000):                    # the ring turns over: its oldest moment moves on
+        ring.append(2000.0 + i, "x" * 2000)
+    oldest = site.observe.node_boot("n1").console_oldest_unix_ms  # type: ignore[union-attr]
+    assert oldest / 1000 == ring.read()[0][0] > 2000.0
+    site.observe.timelines.power("n3", "on")
+    assert site.observe.node_boot("n3").console_oldest_unix_ms == 0  # type: ignore[union-attr]
+
+
 def test_logs_collect_of_nodes_needs_the_site(tmp_path: Path) -> None:
     config = Config(state_dir=tmp_path / "state")
     config.state_dir.mkdir()

@@ -49,6 +49,14 @@ class Vendor:
     # paced reads of the System (PowerState, LastResetTime) look for it before the client says
     # applied, not applied or unknown (system.py ``_reset``). 3 at the default pacing: about 10 s.
     reset_readback_polls: int = 3
+    # The node's serial console over SSH to the manager's CLI, where the System publishes no
+    # SerialConsole.SSH (agent/site/observe/sshconsole.py): the command typed once logged in,
+    # the keys that leave it, how many sessions may hold it (0: not documented), and what the
+    # BMC says when another holds it (lower case).
+    ssh_console_entry: str = ""
+    ssh_console_exit: str = ""
+    ssh_console_sessions: int = 0
+    ssh_console_busy: tuple[str, ...] = ()
 
 
 GENERIC = Vendor("generic")
@@ -60,19 +68,34 @@ VENDORS: dict[str, Vendor] = {v.name: v for v in (
     # 8 sessions at most, then 503 RAC0218 (stmcginnis/gofish#75, quadsproject/badfish#447): no
     # row field, as every BMC gets the same rule (one session per command, two while a rotation
     # proves a password, every one DELETEd, a crash's swept at first contact: session.py).
-    Vendor("dell"),
+    # The host's serial console from the SSH CLI: ``console com2`` (iDRAC9 RACADM CLI Guide,
+    # "console"; the connect com2 of the DRAC 4/5 user guides before it), left with Ctrl+\ .
+    # One such session at a time; its refusal's wording is not recorded.
+    Vendor("dell", ssh_console_entry="console com2", ssh_console_exit="\x1c", ssh_console_sessions=1),
     # iLO: weak ETags (W/"...", bb-Ricardo/check_redfish#178) matched only in their strong
     # form; a Boot PATCH with more than Enabled and Target refused (bmc-toolbox/bmclib#318,
     # DL160 Gen10); iLO 4's InsertMedia takes Image alone (ansible-collections/community.general#4595).
     # iLO 5 from firmware 2.30 compresses parts of its tree and answers 406 there to a client
     # that does not take gzip (DMTF/Redfish-Mockup-Creator#56; #58 and its fix #62): gzip asked.
+    # Its SSH CLI's ``vsp`` starts the Virtual Serial Port, left with ESC ( (HPE iLO 5 User
+    # Guide, "Using the iLO Virtual Serial Port"); one VSP session at a time, the second refused
+    # with "Virtual Serial Port is currently in use by another session" (as iLO 4/5 word it;
+    # not in the recording).
     Vendor("hpe", strong_if_match=True, boot_patch_minimal=True, insert_properties=("Image",),
-           accept_encoding="gzip"),
+           accept_encoding="gzip", ssh_console_entry="vsp", ssh_console_exit="\x1b(",
+           ssh_console_sessions=1,
+           ssh_console_busy=("virtual serial port is currently in use by another session",)),
     # XCC mounts network images in its EXT slots only (lenovo/python-redfish-lenovo#21).
-    Vendor("lenovo", media_slot_prefixes=("EXT",)),
+    # XCC's SSH CLI: ``console 1`` starts the serial redirection of SOL instance 1, left with
+    # ESC ( (Lenovo XCC User Guide, CLI "console command"); its refusal's wording is not recorded.
+    Vendor("lenovo", media_slot_prefixes=("EXT",), ssh_console_entry="console 1",
+           ssh_console_exit="\x1b(", ssh_console_sessions=1),
     # Supermicro resets the mode to Legacy when a Boot PATCH does not name it
     # (DMTF/Redfishtool#106), and may revert an accepted override a moment later
     # (bmc-toolbox/bmclib#459): read back after 2 s.
+    # Its console over SSH: published in SerialConsole.SSH (port 22 shared with the SMASH-CLP
+    # CLI, ConsoleEntryCommand "cd system1/sol1; start", MaxConcurrentSessions 1: the
+    # sys821 recording); the exit keys there too.
     Vendor("supermicro", mode_in_every_boot_patch=True, boot_readback_delay=2.0),
     # AMI MegaRAC (DGX H100): boot properties in the @Redfish.Settings object (/Systems/Self/SD)
     # with its ETag (DMTF/Redfish-Tacklebox#144, #111).
