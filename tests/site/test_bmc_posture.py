@@ -167,6 +167,11 @@ def test_the_posture_over_ipmi_is_unreadable_never_a_pass() -> None:
 
 
 def test_the_posture_setting_is_checked_when_it_is_read() -> None:
+    from agent.cli import settings
+
+    assert settings.load({"bmc_posture": FLEET}, None, "").config.bmc_posture == FLEET
+    with pytest.raises(InvalidParameters, match="bmc_posture"):
+        settings.load({"bmc_posture": "ipmi=maybe"}, None, "")
     assert posture.parse("IPMI=off, http=Off,https=on") == {"IPMI": False, "HTTP": False, "HTTPS": True}
     assert posture.parse("") == {}
     for bad in ("telnet=off", "ipmi=maybe", "ipmi=off,ipmi=on", "ipmi"):
