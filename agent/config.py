@@ -63,4 +63,7 @@ class Config:
     site_console_dir: Path | None = None    # the rings (default: state_dir/site/observe/console)
     site_console_ring_bytes: int = 4 << 20  # each node's ring
     site_console_budget_bytes: int = 1 << 30  # all the rings together
+    # The fleet's BMC management posture the release gate keeps ("ipmi=off,http=off,https=on";
+    # agent/site/bmc/posture.py); "" checks none.
+    bmc_posture: str = ""
     extra: dict[str, str] = field(default_factory=dict)  # bc.* parameters not in the settings table

@@ -127,6 +127,17 @@ def _bytes(text: str) -> int:
     return int(digits) * mult
 
 
+def _posture(text: str) -> str:
+    """The BMC posture as given, checked (agent/site/bmc/posture.py reads it)."""
+    from agent.site.bmc import posture
+
+    try:
+        posture.parse(text)
+    except InvalidParameters as exc:
+        raise ValueError(exc.message) from None
+    return text
+
+
 def _bytes_text(value: int) -> str:
     """A byte count as _bytes reads it back: 64G, 200M, 4097."""
     for unit, mult in sorted(UNITS.items(), key=lambda u: -u[1]):
@@ -221,6 +232,9 @@ SETTINGS: tuple[Setting, ...] = (
             shown="STATE_DIR/site/observe/console"),
     Setting("site_console_ring_bytes", _bytes, "site role: each node's console ring, e.g. 4M"),
     Setting("site_console_budget_bytes", _bytes, "site role: all the consoles' rings together, e.g. 1G"),
+    Setting("bmc_posture", _posture, "site role: the BMCs' management posture the release gate keeps, "
+            "e.g. ipmi=off,http=off,https=on (protocols: ipmi http https ssh kvmip ssdp virtualmedia)",
+            shown="none checked"),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 BY_PARAM = {s.param: s for s in SETTINGS}

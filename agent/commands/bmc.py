@@ -31,8 +31,9 @@ from agent.errors import (
 )
 from agent.policy.release import gate
 from agent.policy.release.state import ExpectedState
-from agent.proto import site_pb2
+from agent.proto import agent_pb2, site_pb2
 from agent.site.bmc import events, secrets
+from agent.site.bmc import posture as bmc_posture
 from agent.site.bmc import release as bmc_release
 from agent.site.bmc.client import (
     BmcClient,
@@ -561,9 +562,14 @@ class BmcQuery(_BmcHandler, kind="bmc.query"):
             assert expected is not None           # parse saw to it
             seen = bmc_release.observe(client, expected, creds.username)
             mismatches = gate.check_bmc(expected, seen)
+            found, restored = _posture_gate(session, client)
+            mismatches += found
             result = _result(session.params, client, state="pool_ready" if not mismatches
                              else f"{len(mismatches)} finding(s)")
-            result.release.CopyFrom(bmc_release.report(expected, mismatches))
+            result.release.CopyFrom(bmc_release.report(
+                expected, mismatches, (bmc_release.POSTURE_AREA,) if _expected_posture(session) else ()))
+            if restored:
+                result.values["posture_restored"] = ", ".join(restored)
             return result
         if session.params.operation == "bios":
             current, pending = _redfish(session, client).bios(list(session.params.args.names))
@@ -578,10 +584,35 @@ class BmcQuery(_BmcHandler, kind="bmc.query"):
             result.attempts = getattr(client, "attempts", 0)
             return result
         result = client.query()
+        _management(session, client, result)
         result.operation = session.params.operation
         result.state = result.power_state
         result.attempts = getattr(client, "attempts", 0)
         return result
+
+
+def _expected_posture(session: BmcSession) -> dict[str, bool]:
+    """The fleet's BMC posture (the site's ``bmc_posture`` setting); {} when unset."""
+    return bmc_posture.parse(session.ctx.config.bmc_posture)
+
+
+def _posture_gate(session: BmcSession, client: BmcClient) -> tuple[list[agent_pb2.Mismatch], list[str]]:
+    """bmc.query baseline: the posture's findings and what was put back; none where unset."""
+    expected = _expected_posture(session)
+    return bmc_release.posture_gate(client, expected) if expected else ([], [])
+
+
+def _management(session: BmcSession, client: BmcClient, result: Result) -> None:
+    """bmc.query query: the BMC's management posture in ``result.management`` (Redfish); what
+    could not be read is named partial, the rest of the query kept."""
+    from agent.site.bmc.redfish.client import RedfishClient
+
+    if not isinstance(client, RedfishClient):
+        return
+    try:
+        result.management.extend(state.message() for state in client.posture())
+    except (Unsupported, BmcRefused) as exc:
+        session.partial.append(f"management: {exc.message}")
 
 
 class BmcRotate(_BmcHandler, kind="bmc.rotate"):

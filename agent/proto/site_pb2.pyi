@@ -158,7 +158,7 @@ class BmcFirmwareTask(_message.Message):
     def __init__(self, task_uri: _Optional[str] = ..., state: _Optional[str] = ..., percent: _Optional[int] = ..., messages: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class BmcOperationResult(_message.Message):
-    __slots__ = ("operation", "state", "values", "power_state", "system", "nics", "sensors", "boot", "storage", "virtual_media", "firmware", "bmc_message", "attempts", "settle_seconds", "firmware_inventory", "events", "changed", "power_state_before", "not_kept", "release")
+    __slots__ = ("operation", "state", "values", "power_state", "system", "nics", "sensors", "boot", "storage", "virtual_media", "firmware", "bmc_message", "attempts", "settle_seconds", "firmware_inventory", "events", "changed", "power_state_before", "not_kept", "release", "management")
     class ValuesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +186,7 @@ class BmcOperationResult(_message.Message):
     POWER_STATE_BEFORE_FIELD_NUMBER: _ClassVar[int]
     NOT_KEPT_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
+    MANAGEMENT_FIELD_NUMBER: _ClassVar[int]
     operation: str
     state: str
     values: _containers.ScalarMap[str, str]
@@ -206,7 +207,20 @@ class BmcOperationResult(_message.Message):
     power_state_before: str
     not_kept: _containers.RepeatedScalarFieldContainer[str]
     release: _agent_pb2.ReleaseReport
-    def __init__(self, operation: _Optional[str] = ..., state: _Optional[str] = ..., values: _Optional[_Mapping[str, str]] = ..., power_state: _Optional[str] = ..., system: _Optional[_Union[BmcSystem, _Mapping]] = ..., nics: _Optional[_Iterable[_Union[BmcNic, _Mapping]]] = ..., sensors: _Optional[_Iterable[_Union[BmcSensor, _Mapping]]] = ..., boot: _Optional[_Union[BmcBootDevice, _Mapping]] = ..., storage: _Optional[_Iterable[_Union[BmcStorageController, _Mapping]]] = ..., virtual_media: _Optional[_Iterable[_Union[BmcVirtualMedia, _Mapping]]] = ..., firmware: _Optional[_Union[BmcFirmwareTask, _Mapping]] = ..., bmc_message: _Optional[str] = ..., attempts: _Optional[int] = ..., settle_seconds: _Optional[float] = ..., firmware_inventory: _Optional[_Iterable[_Union[BmcFirmwareComponent, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[BmcLogEntry, _Mapping]]] = ..., changed: _Optional[bool] = ..., power_state_before: _Optional[str] = ..., not_kept: _Optional[_Iterable[str]] = ..., release: _Optional[_Union[_agent_pb2.ReleaseReport, _Mapping]] = ...) -> None: ...
+    management: _containers.RepeatedCompositeFieldContainer[BmcProtocolState]
+    def __init__(self, operation: _Optional[str] = ..., state: _Optional[str] = ..., values: _Optional[_Mapping[str, str]] = ..., power_state: _Optional[str] = ..., system: _Optional[_Union[BmcSystem, _Mapping]] = ..., nics: _Optional[_Iterable[_Union[BmcNic, _Mapping]]] = ..., sensors: _Optional[_Iterable[_Union[BmcSensor, _Mapping]]] = ..., boot: _Optional[_Union[BmcBootDevice, _Mapping]] = ..., storage: _Optional[_Iterable[_Union[BmcStorageController, _Mapping]]] = ..., virtual_media: _Optional[_Iterable[_Union[BmcVirtualMedia, _Mapping]]] = ..., firmware: _Optional[_Union[BmcFirmwareTask, _Mapping]] = ..., bmc_message: _Optional[str] = ..., attempts: _Optional[int] = ..., settle_seconds: _Optional[float] = ..., firmware_inventory: _Optional[_Iterable[_Union[BmcFirmwareComponent, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[BmcLogEntry, _Mapping]]] = ..., changed: _Optional[bool] = ..., power_state_before: _Optional[str] = ..., not_kept: _Optional[_Iterable[str]] = ..., release: _Optional[_Union[_agent_pb2.ReleaseReport, _Mapping]] = ..., management: _Optional[_Iterable[_Union[BmcProtocolState, _Mapping]]] = ...) -> None: ...
+
+class BmcProtocolState(_message.Message):
+    __slots__ = ("protocol", "listed", "enabled", "port")
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    LISTED_FIELD_NUMBER: _ClassVar[int]
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    protocol: str
+    listed: bool
+    enabled: bool
+    port: int
+    def __init__(self, protocol: _Optional[str] = ..., listed: _Optional[bool] = ..., enabled: _Optional[bool] = ..., port: _Optional[int] = ...) -> None: ...
 
 class BmcFirmwareComponent(_message.Message):
     __slots__ = ("id", "name", "version", "updateable", "health")

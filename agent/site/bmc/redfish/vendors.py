@@ -7,8 +7,11 @@ the row for a BMC, the ``vendor`` parameter of a bmc.* request); nothing in the 
 What every BMC gets, whatever its row (the standard's rules and the client's own caution):
 a write sent once unless the BMC provably did not take it, read back on an ambiguous answer
 (a Reset for ``reset_readback_polls`` paced reads);
-the boot mode sent only when it must change and only where the Boot resource offers it; a
-weak ETag resent in its strong form after a 412; media ejected only where Inserted.
+the boot mode sent only when it must change and only where the Boot resource offers it; the
+boot override PATCHed at the settings object the System names in @Redfish.Settings where that
+object carries it (system.py ``_boot_target``); after a 412 to one form of an ETag (weak or
+strong), the other form sent once (a 412 is a write not applied); media ejected only where
+Inserted.
 """
 
 from __future__ import annotations
@@ -28,9 +31,6 @@ class Vendor:
     # A Boot PATCH carries BootSourceOverrideEnabled and BootSourceOverrideTarget only; the
     # mode, when it must change, goes in a PATCH of its own.
     boot_patch_minimal: bool = False
-    # Boot properties go to the settings object the System names in @Redfish.Settings, with
-    # that object's ETag; applied at the next reset.
-    boot_in_settings_object: bool = False
     # Seconds after a Boot PATCH before the override is read back (a BMC that accepts it and
     # reverts it a moment later); 0: read back at once.
     boot_readback_delay: float = 0.0
@@ -57,6 +57,10 @@ class Vendor:
     ssh_console_exit: str = ""
     ssh_console_sessions: int = 0
     ssh_console_busy: tuple[str, ...] = ()
+    # ManagerNetworkProtocol protocols whose ProtocolEnabled the BMC does not take by PATCH (the
+    # posture gate sends none, and says why: ``posture_fixed_why``).
+    posture_fixed: tuple[str, ...] = ()
+    posture_fixed_why: str = ""
 
 
 GENERIC = Vendor("generic")
@@ -98,15 +102,22 @@ VENDORS: dict[str, Vendor] = {v.name: v for v in (
     # sys821 recording); the exit keys there too.
     Vendor("supermicro", mode_in_every_boot_patch=True, boot_readback_delay=2.0),
     # AMI MegaRAC (DGX H100): boot properties in the @Redfish.Settings object (/Systems/Self/SD)
-    # with its ETag (DMTF/Redfish-Tacklebox#144, #111).
-    Vendor("ami", boot_in_settings_object=True),
+    # with its ETag (DMTF/Redfish-Tacklebox#144, #111): the generic "settings object" rule
+    # covers it, as it does BlueField-3's.
+    Vendor("ami"),
     # bmcweb (OpenBMC: GH200, GB200, BlueField-3): virtual media takes https and smb images
     # only (openbmc/bmcweb redfish-core/lib/virtual_media.hpp); its Boot has no mode property,
     # and a PATCH naming it answers 500 (issue 40): the generic "where offered" covers it.
     # Its Reset answers once the host state manager has been asked for the transition
     # (openbmc/phosphor-state-manager: RequestedHostTransition); PowerState follows when the
     # transition is done, seconds later: 5 paced reads (about 26 s) before "unknown".
-    Vendor("bmcweb", media_schemes=("https", "smb"), reset_readback_polls=5),
+    # Its ManagerNetworkProtocol PATCH takes HostName, NTP and IPMI's and SSH's ProtocolEnabled
+    # only (openbmc/bmcweb redfish-core/lib/network_protocol.hpp, the PATCH handler's
+    # readJsonPatch; openbmc-test-automation's protocol tests turn IPMI and SSH on and off): a
+    # PATCH naming another protocol is refused whole.
+    Vendor("bmcweb", media_schemes=("https", "smb"), reset_readback_polls=5,
+           posture_fixed=("HTTP", "HTTPS", "KVMIP", "SSDP", "VirtualMedia"),
+           posture_fixed_why="bmcweb takes only IPMI's and SSH's ProtocolEnabled by PATCH"),
 )}
 
 # (where, word, vendor): the first row whose word is in the service root's Vendor ("vendor"),

@@ -22,7 +22,10 @@ says, bent by the profile:
   ActionInfo); PowerState follows, and LastResetTime where the System has one; settings
   pending in a settings object are applied.
 - Boot PATCH: values checked against the recording's allowable values; a settings object
-  (@Redfish.Settings) takes what the profile sends there.
+  (@Redfish.Settings) takes what the client sends there, applied at the next reset; where the
+  profile says so (BlueField-3) the System answers a Boot PATCH and applies nothing.
+- ManagerNetworkProtocol PATCH: each protocol's ProtocolEnabled or Port, within the protocol's
+  object; one the resource does not list refused (and on bmcweb any but IPMI and SSH).
 - VirtualMedia: InsertMedia / EjectMedia actions or PATCH, with the profile's transports; an
   https image fetched as it is mounted (its certificate verified) where ``state.media_ca`` is set.
 - UpdateService.SimpleUpdate (its TransferProtocol checked against the action's or ActionInfo's
@@ -146,6 +149,10 @@ class State:
     reboot_seconds: float = 0.0                    # after which the BMC answers nothing this long
     down_until: float = 0.0
     polls: dict[str, int] = field(default_factory=dict)
+    if_match: list[str] = field(default_factory=list)          # each write's If-Match, in order
+    # Paths another writer changes between every read and write: If-Match never matches (412).
+    contended: set[str] = field(default_factory=set)
+    ignored: set[str] = field(default_factory=set)   # paths whose PATCH answers 204, applies nothing
     resets: list[str] = field(default_factory=list)
     # Where set, an https image is fetched when it is mounted (its first bytes, the server's
     # certificate verified against this CA, as a BMC that mounts it would), else refused 400.
@@ -389,9 +396,30 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._patch_media(path, body)
             if isinstance(body.get("Attributes"), dict):
                 return self._attributes(path, body["Attributes"])
+            if path in st.ignored:
+                return self._send(204)
+            if "ManagerNetworkProtocol" in str(doc.get("@odata.type", "")):
+                return self._network_protocol(path, body)
             doc.update({k: v for k, v in body.items() if not k.startswith("@")})
             st.changed(path)
             self._send(204)
+
+    def _network_protocol(self, path: str, body: Doc) -> None:
+        """ManagerNetworkProtocol: each protocol's ProtocolEnabled (or Port) set, the rest of
+        its object kept; a protocol the resource does not list is refused, and, where the profile
+        says so, any but IPMI and SSH (the whole PATCH: nothing applied)."""
+        st = self.server.state
+        doc = st.docs[path]
+        limited = Quirk.PROTOCOL_PATCH_IPMI_SSH_ONLY in st.profile.quirks
+        for name, value in body.items():
+            if (limited and name not in ("HostName", "NTP", "IPMI", "SSH")) or not isinstance(value, dict) \
+                    or not isinstance(doc.get(name), dict) or set(value) - {"ProtocolEnabled", "Port"}:
+                return self._send(400, _error("Base.1.8.PropertyUnknown", f"The property {name} is not in "
+                                              "the list of valid properties for the resource."))
+        for name, value in body.items():
+            doc[name].update(value)
+        st.changed(path)
+        self._send(204)
 
     def _attributes(self, path: str, attributes: Doc) -> None:
         """BIOS attributes: merged into a settings object and applied to the resource that names
@@ -422,6 +450,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _if_match(self, path: str) -> bool:
         st = self.server.state
         given = self.headers.get("If-Match", "")
+        st.if_match.append(given)
+        if given and path in st.contended:
+            self._send(412, _error("Base.1.8.PreconditionFailed", "ETag does not match"))
+            return False
         if not given:
             if Quirk.IF_MATCH_REQUIRED in st.profile.quirks and st.profile.etag:
                 self._send(428, _error("Base.1.8.PreconditionRequired", "If-Match is required"))
@@ -429,7 +461,12 @@ class _Handler(BaseHTTPRequestHandler):
             return True
         want = st.etag(path)
         strong = want.removeprefix("W/")
-        ok = given in (want, "*") if Quirk.WEAK_ETAG not in st.profile.quirks else given in (strong, "*")
+        if Quirk.WEAK_ETAG in st.profile.quirks:
+            ok = given in (strong, "*")
+        elif Quirk.WEAK_ETAG_AS_GIVEN in st.profile.quirks:
+            ok = given in (f"W/{strong}", "*")
+        else:
+            ok = given in (want, "*")
         if not ok:
             self._send(412, _error("Base.1.8.PreconditionFailed", "ETag does not match"))
         return ok
@@ -527,6 +564,8 @@ class _Handler(BaseHTTPRequestHandler):
             new["BootSourceOverrideMode"] = "Legacy"
         if Quirk.MODE_QUEUES_BIOS_JOB in quirks and "BootSourceOverrideMode" in patch:
             st.bios_jobs += 1
+        if path == system_path and settings and Quirk.BOOT_AT_SYSTEM_IGNORED in quirks:
+            return self._send(204)        # accepted, and nothing applied
         if path != system_path:           # the settings object: applied at the next reset
             st.pending.setdefault(system_path, {}).update(new)
             st.docs[path].setdefault("Boot", {}).update(new)
