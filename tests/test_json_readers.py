@@ -20,7 +20,7 @@ TRUSTED: dict[str, str] = {
     "agent/drivers/nvme.py": "nvme-cli's output about the node's own controller",
     "agent/hw/nvme.py": "nvme-cli's output about the node's own controller",
     "agent/hw/dcgm.py": "dcgmi's output (NVIDIA's tool on the node)",
-    "agent/commands/release.py": "nvme-cli's output about the node's own controller",
+    "agent/commands/inventory/release.py": "nvme-cli's output about the node's own controller",
     "agent/site/bmc/secrets.py": "the site's own secret store (mode 0600, written atomically by it)",
     "agent/site/boot/pxe.py": "the site daemon's own entries and cache index, written atomically",
     "agent/site/boot/vmedia.py": "the site daemon's own media sets, written atomically",

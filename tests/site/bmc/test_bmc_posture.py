@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from tests.site.test_bmc_redfish import REF
+from tests.site.bmc.test_bmc_redfish import REF
 
 from agent.commands import handler_for
 from agent.commands.base import Context
@@ -155,7 +155,7 @@ def test_a_patch_the_bmc_ignores_is_a_finding(trees: Path, emulator_config: Conf
 
 
 def test_the_posture_over_ipmi_is_unreadable_never_a_pass() -> None:
-    from tests.site.sushy import fast_call
+    from tests.site.bmc.sushy import fast_call
 
     from agent.site.bmc import release
     from agent.site.bmc.client import CallContext, Credentials, Target
