@@ -46,8 +46,8 @@ def _secure_boot(a: Attempt, p: Prepared | None, now: float, wait: float) -> str
     e = a.first(Step.SECURE_BOOT_DENIED)
     if e is None or a.first(*BOOTED, Step.JOINED) is not None:
         return None
-    return f"the firmware refused an image Secure Boot could not verify (unsigned, or signed by a " \
-           f"key not in db): {e.detail}"
+    return ("the firmware refused to start an image Secure Boot could not verify (unsigned, signed "
+            f"by a key not in db, or its hash in dbx); the console: {e.detail}")
 
 
 def _network_boot(a: Attempt) -> bool:
