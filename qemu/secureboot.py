@@ -16,6 +16,7 @@ it signs is refused as an unsigned one is.
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import sys
 import uuid
@@ -69,6 +70,14 @@ class FleetKeys:
 
     def cert(self, name: str) -> Path:
         return self.folder / f"{name}.pem"
+
+    def cert_sha256(self, name: str) -> str:
+        """The sha256 of a certificate's DER: how an attestation policy names an authority."""
+        from cryptography import x509
+        from cryptography.hazmat.primitives.serialization import Encoding
+
+        der = x509.load_pem_x509_certificate(self.cert(name).read_bytes()).public_bytes(Encoding.DER)
+        return hashlib.sha256(der).hexdigest()
 
     def db_key(self) -> DbKey:
         return DbKey.load(self.folder / "fleet-db.key", self.cert("fleet-db"))

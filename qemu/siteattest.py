@@ -89,12 +89,14 @@ class SiteAttestation:
     """A node's TPM (manufactured under ``lab.workdir``), the site's UKI build in the images'
     upstream, and the gateway's policy and verifier for them."""
 
-    def __init__(self, lab: SiteLab, node_id: str, db_key: DbKey | None = None) -> None:
+    def __init__(self, lab: SiteLab, node_id: str, db_key: DbKey | None = None,
+                 secure_boot: dict[str, Any] | None = None) -> None:
         self.lab = lab
         self.tpm_state = lab.workdir / f"{node_id}-tpm"
         ca = lab.workdir / f"{node_id}-tpm-ca"
         qemu_tpm.manufacture(self.tpm_state, ca)
-        # db_key: the UKI signed with the fleet's db key (Secure Boot: qemu/secureboot.py).
+        # db_key: the UKI signed with the fleet's db key (Secure Boot: qemu/secureboot.py);
+        # secure_boot: the policy's section that judges PCR 7 (docs/attestation.md).
         esp, self.values = lab.uki("site-uki", settings=self.uki_settings(),
                                    sign=None if db_key is None else lambda image: signing.sign(image, db_key))
         arm64 = lab.ramdisk.arch == "arm64"
@@ -108,6 +110,8 @@ class SiteAttestation:
         self.loader = lab.site_state / "site" / "boot" / "tftp" / self.loader_name
         self.loader_digest = uki.authenticode_sha256(self.loader.read_bytes())
         self.policy_doc = {"builds": [self.values], "loaders": [self.loader_digest.hex()], "learn": "first"}
+        if secure_boot is not None:   # the policy's PCR 7 judgement (agent/gateway/pcr7.py)
+            self.policy_doc["secure_boot"] = secure_boot
         self.verifier = RecordingVerifier(
             Policy.from_json(self.policy_doc),
             ek_roots=load_certificates([ca / qemu_tpm.CA_ROOT, ca / qemu_tpm.CA_ISSUER]))

@@ -37,6 +37,7 @@ from typing import Any
 
 import pytest
 
+from agent.gateway import eventlog, pcr7
 from agent.gateway.attest import Status
 from agent.images.filesource import file_digest
 from agent.site.bmc.client import Credentials
@@ -60,6 +61,8 @@ NODE = "sb-node"
 CAUSE_TIMEOUT = 240.0
 # efivarfs: the SecureBoot variable (4 bytes of attributes, then its one byte).
 SECURE_BOOT_VAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+DATABASES = (("PK", pcr7.EFI_GLOBAL_VARIABLE), ("KEK", pcr7.EFI_GLOBAL_VARIABLE),
+             ("db", pcr7.IMAGE_SECURITY_DATABASE), ("dbx", pcr7.IMAGE_SECURITY_DATABASE))
 
 
 @dataclass
@@ -85,7 +88,9 @@ def rig(ramdisk_parts: Ramdisk, tmp_path_factory: pytest.TempPathFactory) -> Ite
         keys = secureboot.FleetKeys.generate(lab.workdir / "fleet-keys")
         boot_files = lab.site_boot_files(keys.db_key(), grub=False)
         lab.start_site(boot_files=boot_files)
-        attest = SiteAttestation(lab, NODE, keys.db_key())
+        # The policy requires Secure Boot and the fleet's db certificate as each image's authority.
+        attest = SiteAttestation(lab, NODE, keys.db_key(), secure_boot={
+            "required": True, "authorities": [keys.cert_sha256("fleet-db")]})
         node = make_node(lab, NODE, uefi=True, tpm_state=attest.tpm_state, firmware_pxe=True,
                          secure_boot_vars=keys.enrolled_vars(lab.workdir / "enrolled-vars.fd"))
         SecretStore(lab.secrets_dir).put(REF, Credentials(USERNAME, PASSWORD))
@@ -165,6 +170,10 @@ def test_a_node_with_secure_boot_on_boots_the_signed_ipxe_and_uki_and_attests(ri
     try:
         life.pxe_join()    # attested: PCR 4 is the signed ipxe.efi, then the signed UKI
         code, out = guest_shell(node, f"od -An -tu1 {SECURE_BOOT_VAR}; dmesg | grep -i 'secure boot'")
+        # The Secure Boot databases as the ramdisk reads them (their values, after the attributes).
+        keys_code, keys_out = guest_shell(node, "cd /sys/firmware/efi/efivars && for v in " + " ".join(
+            f"{name}-{guid}" for name, guid in DATABASES) + "; do [ -e $v ] && echo $v $(tail -c +5 $v "
+            "| sha256sum); done; true")
     finally:
         for s in shown:
             print(f"{s.seconds:7.1f}s  {s.name:22} {s.evidence}")
@@ -177,6 +186,24 @@ def test_a_node_with_secure_boot_on_boots_the_signed_ipxe_and_uki_and_attests(ri
     # kernel saw it (Debian's locks itself down under Secure Boot).
     assert code == 0 and re.search(r"(?m)^\s*6\s+0\s+0\s+0\s+1\s*$", out), out
     assert "secureboot: Secure boot enabled" in out and "locked down from EFI Secure Boot" in out, out
+    # PCR 7 judged from the event log: on, not in setup mode, the fleet's db certificate the
+    # authority that verified the images (iPXE, the UKI).
+    fleet = rig.keys.cert_sha256("fleet-db")
+    assert judged.verdict.matched["secure_boot"] == "on", judged.verdict
+    assert judged.verdict.matched["authorities"] == fleet, judged.verdict
+    # The same evidence against the databases the ramdisk read: they are the ones measured;
+    # another db certificate as the only authority, or another PK, is refused.
+    found = {line.split()[0].split("-")[0].lower(): line.split()[1]
+             for line in keys_out.splitlines() if line.split() and "-" in line.split()[0]
+             and len(line.split()) > 1 and len(line.split()[1]) == 64}
+    assert keys_code == 0 and {"pk", "kek", "db"} <= set(found), keys_out
+    log_ = eventlog.parse(judged.evidence.event_log)
+    assert pcr7.judge(log_, pcr7.SecureBootPolicy.from_json(
+        {"required": True, **found, "authorities": [fleet]}))["secure_boot"] == "on"
+    for wrong in ({"authorities": [rig.keys.cert_sha256("other-db")]}, {"pk": "ab" * 32}):
+        with pytest.raises(pcr7.Pcr7Failed) as info:
+            pcr7.judge(log_, pcr7.SecureBootPolicy.from_json({"required": True, **found, **wrong}))
+        assert info.value.check == "policy_secure_boot", info.value
 
 
 @pytest.mark.parametrize("signer", ["other-db", "unsigned"])
