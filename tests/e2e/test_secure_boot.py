@@ -13,9 +13,10 @@ its dnsmasq and TFTP), one node, one boot per test:
   boot-files.json, as the build makes them (initramfs/signing.py, ``lab.site_boot_files``); the
   site's UKI is signed with the same key.
 - The signed path joins, attested under a policy that requires Secure Boot and the fleet's db
-  certificate as the authority (PCR 7 judged event by event: agent/gateway/pcr7.py); PCR 4 holds the signed ipxe.efi's and the signed UKI's
-  Authenticode digests, the build's reference values (signing left them as they were), and the
-  ramdisk reads SecureBoot = 1 from its firmware.
+  certificate as the authority (PCR 7 judged event by event: agent/gateway/pcr7.py); PCR 4
+  holds the signed ipxe.efi's and the signed UKI's Authenticode digests, the build's reference
+  values (signing left them as they were), and the ramdisk reads SecureBoot = 1 from its
+  firmware; the same evidence with another PK or another db authority is refused.
 - A UKI signed by another key, and an unsigned one: iPXE fetches it, the firmware refuses to
   start it, the node's console says so, and the site names ``secure_boot_violation`` with the
   console's line (the BMC's SOL, kept by the site), not a timeout.

@@ -181,3 +181,25 @@ def test_the_sites_boot_files_signed_and_pinned_and_the_site_serves_only_those(
     (folder / BOOT_MANIFEST).unlink()
     prepare(s)     # no manifest: the folder as it is (Debian's /usr/lib/ipxe)
     assert (s.tftp_dir / "ipxe.efi").read_bytes() == IPXE.read_bytes()
+
+
+@pytest.mark.slow  # downloads Debian's arm64 GRUB package once (apt-get download)
+def test_the_sites_arm64_grub_signed_keeps_its_loader_digest(db: signing.DbKey, tmp_path: Path) -> None:
+    import os
+
+    from initramfs import build as ramdisk
+    from initramfs import netgrub
+
+    if shutil.which("grub-mkimage") is None or shutil.which("apt-get") is None or os.geteuid() != 0:
+        pytest.skip("needs grub-mkimage, apt-get and root (the GRUB package is downloaded)")
+    if not IPXE.is_file():
+        pytest.skip("Debian's ipxe is not installed")
+    grub = tmp_path / netgrub.NAME
+    loader = netgrub.build("http://10.0.0.2:8088", grub, ramdisk.out_dir(ramdisk.ARCHES["arm64"]))
+    pinned = signing.site_boot_files(tmp_path / "site-boot", db, grub=grub)
+    assert sorted(pinned) == ["grubaa64.efi", "ipxe.efi", "undionly.kpxe"]
+    signed = tmp_path / "site-boot" / netgrub.NAME
+    assert signing.verify(signed, db.cert) and not signing.verify(grub, db.cert)
+    # The policy's loader (grubaa64.efi.json, written before signing) is still the GRUB's digest.
+    in_signature = signing.signed_digest(signed.read_bytes())
+    assert in_signature is not None and pinned["grubaa64.efi"]["authenticode"] == loader == in_signature.hex()
