@@ -46,6 +46,12 @@ def _secure_boot(a: Attempt, p: Prepared | None, now: float, wait: float) -> str
     e = a.first(Step.SECURE_BOOT_DENIED)
     if e is None or a.first(*BOOTED, Step.JOINED) is not None:
         return None
+    if "Exec format error" in e.detail:
+        # iPXE's word for the firmware's LoadImage refusing an image: only an EFI iPXE's (the
+        # site sent ipxe.efi); a BIOS iPXE says the same of any EFI image it cannot run.
+        sent = a.last(Step.TFTP_SENT)
+        if sent is None or not sent.detail.endswith(".efi"):
+            return None
     return ("the firmware refused to start an image Secure Boot could not verify (unsigned, signed "
             f"by a key not in db, or its hash in dbx); the console: {e.detail}")
 

@@ -15,6 +15,7 @@ from tests.site.observe.test_causes import (
     boot_to_script,
     cause,
     clock,  # noqa: F401  (a fixture)
+    ev,
     prepare,
     tl,  # noqa: F401  (a fixture)
 )
@@ -56,11 +57,22 @@ def test_an_unsigned_ipxe_is_named_at_once_with_the_firmwares_line(tl: Timelines
 
 def test_a_uki_refused_after_its_fetch_is_named_not_no_kernel(tl: Timelines, clock: Clock) -> None:  # noqa: F811
     boot_to_script(tl, clock)
+    tl.by_ip(IP, ev(clock, Step.TFTP_SENT, "ipxe.efi"))   # the firmware's PXE started the site's iPXE
     tl.cache_fetch(IP, KERNEL, 200, 9000, 0.0)     # the UKI served whole
     tl.console("n1", Step.SECURE_BOOT_DENIED, clean(IPXE_REFUSED))
     assert cause(tl, clock) == "secure_boot_violation"
     a = tl.last("n1")
     assert a is not None and "Exec format error" in a.cause_detail
+
+
+def test_a_bios_ipxe_that_cannot_run_an_efi_image_is_no_violation(tl: Timelines, clock: Clock) -> None:  # noqa: F811
+    """undionly.kpxe says the same words of a UKI (an EFI image it cannot run): that is the
+    entry's mistake, not the firmware's refusal, and is left to the other rules."""
+    boot_to_script(tl, clock)
+    tl.by_ip(IP, ev(clock, Step.TFTP_SENT, "undionly.kpxe"))
+    tl.cache_fetch(IP, KERNEL, 200, 9000, 0.0)
+    tl.console("n1", Step.SECURE_BOOT_DENIED, clean(IPXE_REFUSED))
+    assert cause(tl, clock) != "secure_boot_violation"
 
 
 def test_a_refusal_the_boot_got_past_ends_as_joined(tl: Timelines, clock: Clock) -> None:  # noqa: F811
