@@ -42,6 +42,20 @@ def _panic(a: Attempt, p: Prepared | None, now: float, wait: float) -> str | Non
     return f"kernel panic on the console: {e.detail}" if e else None
 
 
+def _secure_boot(a: Attempt, p: Prepared | None, now: float, wait: float) -> str | None:
+    e = a.first(Step.SECURE_BOOT_DENIED)
+    if e is None or a.first(*BOOTED, Step.JOINED) is not None:
+        return None
+    if "Exec format error" in e.detail:
+        # iPXE's word for the firmware's LoadImage refusing an image: only an EFI iPXE's (the
+        # site sent ipxe.efi); a BIOS iPXE says the same of any EFI image it cannot run.
+        sent = a.last(Step.TFTP_SENT)
+        if sent is None or not sent.detail.endswith(".efi"):
+            return None
+    return ("the firmware refused to start an image Secure Boot could not verify (unsigned, signed "
+            f"by a key not in db, or its hash in dbx); the console: {e.detail}")
+
+
 def _network_boot(a: Attempt) -> bool:
     """Whether the attempt is a network boot: an entry was live (method pxe), or the BMC was
     told to boot from the network (bmc.boot pxe) with nothing prepared: a node whose entry was
@@ -210,6 +224,8 @@ RULES: tuple[Rule, ...] = (
     Rule("refused",             "joined but refused by the gateway (e.g. attestation)",     0,   _refused),
     Rule("digest_refused",      "a kernel, initrd or ISO did not match its digest",         0,   _digest),
     Rule("kernel_panic",        "the kernel panicked (console)",                            0,   _panic),
+    Rule("secure_boot_violation", "the firmware refused an unsigned or wrongly signed image (console)",
+         0, _secure_boot),
     Rule("not_registered",      "a PXE request but no offer: the MAC not registered, or its entry expired",
          0, _ignored),
     Rule("no_boot_loader",      "an offer but no boot loader fetched: firmware/architecture mismatch",

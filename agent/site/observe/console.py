@@ -84,9 +84,20 @@ BUSY_RETRY = 30.0
 LIVENESS_SILENCE = 15.0     # no byte for this long: does the BMC still hold our SOL session?
 LIVENESS_TIMEOUT = 20.0     # one such question, at most
 
+SECURE_BOOT_DENIED = re.compile(r"BdsDxe: failed to load .*: Access Denied|Security Violation|"
+                                r"Could not boot(?: image)?: Exec format error")
 # (milestone, what on the console shows it), tried in order on each line.
 MILESTONES: tuple[tuple[Step, re.Pattern[str]], ...] = (
     (Step.PANIC, re.compile(r"Kernel panic - not syncing")),
+    # UEFI Secure Boot refusing an image no db entry verifies: the firmware's LoadImage answers
+    # EFI_SECURITY_VIOLATION, which edk2's BDS prints as "Access Denied" for a boot option's
+    # image (OVMF's ``BdsDxe: failed to load Boot0001 "UEFI PXEv4 ..." ...: Access Denied``:
+    # an unsigned ipxe.efi), its shell as "Security Violation"; Debian's iPXE (1.0.0+git-2019),
+    # whose image probe takes any LoadImage failure for "not an EFI image", as ``Could not boot:
+    # Exec format error`` for a UKI the site served whole and verified by digest (an unsigned
+    # one, one signed by a key not in db). Each seen under OVMF's Secure Boot build with a
+    # fleet's keys enrolled: tests/e2e/test_secure_boot.py.
+    (Step.SECURE_BOOT_DENIED, SECURE_BOOT_DENIED),
     # the agent's boot.kexec (agent/hw/kexec.py), the kernel's own word (a notice: not shown
     # under ``quiet``), systemd's ``systemctl kexec``
     (Step.KEXEC, re.compile(r"\breboot\(LINUX_REBOOT_CMD_KEXEC\)|kexec_core: Starting new kernel|"

@@ -92,6 +92,7 @@ class Step(enum.StrEnum):
     NO_NETWORK = "no_network"
     GATEWAY_UNREACHABLE = "gateway_unreachable"
     NO_BOOT_DEVICE = "no_boot_device"
+    SECURE_BOOT_DENIED = "secure_boot_denied"  # the firmware refused an image it could not verify
     # the join
     JOINED = "joined"
     REFUSED = "refused"
@@ -109,7 +110,7 @@ _SETUP = frozenset({Step.PREPARED, Step.BOOT_DEVICE, Step.CONSOLE, Step.POWER_OF
 # firmware reported again within an attempt that holds any of them is a new boot.
 MILESTONES = frozenset({Step.FIRMWARE, Step.BOOT_LOADER, Step.KEXEC, Step.KERNEL_STARTED, Step.INIT,
                         Step.AGENT_STARTED, Step.PANIC, Step.NO_NETWORK, Step.GATEWAY_UNREACHABLE,
-                        Step.NO_BOOT_DEVICE, Step.JOINED})
+                        Step.NO_BOOT_DEVICE, Step.SECURE_BOOT_DENIED, Step.JOINED})
 KEXEC_TRIGGER = "kexec seen on the console"
 FETCHES = frozenset({Step.CHAIN_SCRIPT, Step.NODE_SCRIPT, Step.KERNEL, Step.INITRD, Step.ISO,
                      Step.CONFIG_MEDIUM})

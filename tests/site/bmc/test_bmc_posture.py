@@ -10,7 +10,6 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from tests.site.bmc.test_bmc_redfish import REF
 
 from agent.commands import handler_for
 from agent.commands.base import Context
@@ -21,6 +20,7 @@ from agent.site.bmc import posture
 from tests.site.bmc.redfish_emulator import RedfishEmulator
 from tests.site.bmc.redfish_emulator.handlers import run_kind
 from tests.site.bmc.redfish_emulator.server import USER
+from tests.site.bmc.test_bmc_redfish import REF
 
 FLEET = "ipmi=off,http=off,https=on"
 
@@ -155,11 +155,10 @@ def test_a_patch_the_bmc_ignores_is_a_finding(trees: Path, emulator_config: Conf
 
 
 def test_the_posture_over_ipmi_is_unreadable_never_a_pass() -> None:
-    from tests.site.bmc.sushy import fast_call
-
     from agent.site.bmc import release
     from agent.site.bmc.client import CallContext, Credentials, Target
     from agent.site.bmc.ipmi import IpmiClient
+    from tests.site.bmc.sushy import fast_call
 
     call: CallContext = fast_call(5)
     client = IpmiClient(Target("127.0.0.1:9", Credentials("u", "p")), call)
