@@ -34,6 +34,7 @@ from agent.site.boot.dnsmasq import DnsmasqSettings, DnsmasqSupervisor
 from agent.site.boot.pxe import BootEntries
 from agent.site.boot.vmedia import MediaSets
 from agent.site.metrics import Metrics, MetricsService
+from agent.site.observe import dhcplog
 from agent.site.observe.console import DEFAULT_BUDGET_BYTES, DEFAULT_RING_BYTES
 from agent.site.observe.observer import Observer, ObserverSettings
 from agent.site.registries import Registries
@@ -193,6 +194,14 @@ class SiteServices:
                            metrics=self.metrics, media=self.media, observe=self.observe.http_fetch,
                            tls=context, conns=self.http.server.conns)
 
+    def _dnsmasq_line(self, line: str) -> None:
+        """A line of dnsmasq's log: the PXE boot server's answer ties a MAC to its address (whom
+        the node's script is served to); every line goes to the timelines."""
+        got = dhcplog.parse(line)
+        if got is not None and got.mac and got.ip:
+            self.entries.tie(got.mac, got.ip)
+        self.observe.dnsmasq_line(line)
+
     def upstream_addresses(self, host: str, port: int) -> list[str]:
         """The addresses the site may dial for ``host``: ``site_upstreams``' policy
         (agent/site/serve/upstreams.py); InvalidParameters when it may not."""
@@ -226,7 +235,9 @@ class SiteServices:
                 interface=self.settings.interface, address=self.settings.address,
                 http_base_url=self.base_url, root=self.settings.root / "boot",
                 ipxe_dir=self.settings.ipxe_dir, argv_prefix=self.settings.dnsmasq_argv_prefix),
-                on_line=self.observe.dnsmasq_line)
+                on_line=self._dnsmasq_line)
+            # its DHCP exchange ties each MAC to an address: a node's script goes there only
+            self.entries.clients_tied = True
             self.dnsmasq.start()
         self.http.start()
         self._serving = True

@@ -36,7 +36,6 @@ restart of the daemon keeps them (a kill loses at most the last second).
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import json
 import logging
@@ -48,6 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from agent.atomicfile import write_atomic
+from agent.net.neighbours import read_arp
 from agent.site.boot.fields import parse_node_id
 
 log = logging.getLogger(__name__)
@@ -580,16 +580,6 @@ class Timelines:
     def last(self, node_id: str) -> Attempt | None:
         got = self.attempts(node_id)
         return got[-1] if got else None
-
-
-def read_arp(ip: str, path: Path = Path("/proc/net/arp")) -> str:
-    """The MAC of ``ip`` in the kernel's neighbour table ("" when absent)."""
-    with contextlib.suppress(OSError):
-        for line in path.read_text().splitlines()[1:]:
-            cells = line.split()
-            if len(cells) >= 4 and cells[0] == ip and cells[3] != "00:00:00:00:00:00":
-                return cells[3].lower()
-    return ""
 
 
 def render(node_id: str, attempts: Iterable[Attempt]) -> str:
