@@ -21,6 +21,10 @@ from dataclasses import dataclass
 from agent.site.observe.timeline import Attempt, Prepared, Step
 
 BOOTED = (Step.KERNEL_STARTED, Step.INIT, Step.AGENT_STARTED)
+# What only a live console reports (agent/site/observe/console.py's milestones)
+CONSOLE_SEEN = frozenset({Step.FIRMWARE, Step.BOOT_LOADER, Step.KEXEC, Step.KERNEL_STARTED, Step.INIT,
+                          Step.AGENT_STARTED, Step.PANIC, Step.NO_NETWORK, Step.GATEWAY_UNREACHABLE,
+                          Step.NO_BOOT_DEVICE})
 
 
 def _when(t: float) -> str:
@@ -146,19 +150,32 @@ def _late_join(step: Step, what: str) -> Callable[[Attempt, Prepared | None, flo
     return rule
 
 
-def _watched(a: Attempt) -> bool:
-    """Whether the site could have seen a join in this attempt: a console was attached (the
-    agent's "connected to gateway" line) or the gateway told a verdict. Without either the
-    site cannot tell a join from none, and names no never_joined."""
-    return any(e.step == Step.CONSOLE and e.detail.startswith("attached") for e in a.events) or \
-        a.first(Step.REFUSED, Step.KEXEC) is not None    # a kexec is seen on the console
+def _watched(a: Attempt, since: float) -> bool:
+    """Whether the site could have seen a join in this attempt from ``since`` (the boot) on:
+    its console was its own the whole time (attached by then, or speaking: a milestone, a
+    kexec, is a line the console showed; and neither busy, dropped, released nor any other
+    state after, each a gap in which the agent's "connected to gateway" line may have gone to
+    another client or nowhere), or the gateway told a verdict. Otherwise the site cannot tell
+    a join from none, and names no never_joined."""
+    if a.first(Step.REFUSED) is not None:
+        return True
+    own = False
+    for e in a.events:
+        if e.step == Step.CONSOLE:
+            attached = e.detail.startswith("attached")
+            if e.t > since and not attached:
+                return False
+            own = attached if e.t <= since else own
+        elif e.step in CONSOLE_SEEN and e.t <= since:
+            own = True
+    return own
 
 
 def _never_joined(a: Attempt, p: Prepared | None, now: float, wait: float) -> str | None:
-    if a.method == "disk" or a.first(Step.JOINED) is not None or not _watched(a):
+    if a.method == "disk" or a.first(Step.JOINED) is not None:
         return None
     booted = a.first(Step.INITRD, Step.ISO, *BOOTED, ok=True)
-    if booted is None or now - booted.t < wait:
+    if booted is None or now - booted.t < wait or not _watched(a, booted.t):
         return None
     seen = a.last(*BOOTED, Step.NO_NETWORK, Step.GATEWAY_UNREACHABLE, Step.CONSOLE)
     console = f"; the console's last word: {seen.step} ({seen.detail})" if seen else \

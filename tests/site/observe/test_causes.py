@@ -250,6 +250,36 @@ def test_never_joined_is_not_named_without_a_console(tl: Timelines, clock: Clock
     assert cause(tl, clock, 1000) == ""
 
 
+@pytest.mark.parametrize("lost", ["busy: another session took the node's SOL (the BMC's session 0x2, "
+                                  "not the site's 0x1)", "dropped: the session ended"])
+def test_never_joined_is_not_named_when_the_console_was_not_the_sites_the_whole_time(
+        tl: Timelines, clock: Clock, lost: str) -> None:
+    """A client that takes the node's console at its kernel's fetch gets the agent's join line:
+    the site, its console busy (or dropped and back) in the window a join would have shown,
+    cannot tell a join from none and names no never_joined, however long it waits."""
+    boot_to_script(tl, clock)
+    tl.console("n1", Step.CONSOLE, "attached")
+    clock.step(2)
+    tl.console("n1", Step.CONSOLE, lost)
+    tl.fetch(IP, Step.KERNEL, "", 200, 5_000_000, 1.0)
+    tl.cache_fetch(IP, INITRD, 200, 20_000_000, 2.0)
+    clock.step(40)
+    tl.console("n1", Step.CONSOLE, "attached")
+    assert cause(tl, clock, 1000) == ""
+    a = tl.last("n1")
+    assert a is not None and a.outcome == Outcome.BOOTING
+
+
+def test_never_joined_is_named_when_the_console_is_lost_only_after_its_window(
+        tl: Timelines, clock: Clock) -> None:
+    """Lost after the wait had passed (the rule fired already): the cause stands."""
+    boot_to_files(tl, clock)
+    tl.console("n1", Step.CONSOLE, "attached")
+    assert cause(tl, clock, 301) == "never_joined"
+    tl.console("n1", Step.CONSOLE, "busy: another session took the node's SOL")
+    assert cause(tl, clock, 10) == "never_joined"
+
+
 def test_disk_not_bootable(tl: Timelines, clock: Clock) -> None:
     tl.power("n1", "cycle")          # nothing prepared: a disk boot
     a = tl.last("n1")
