@@ -197,7 +197,7 @@ set_working_mc 0x20
                           "-s", str(state)], stdout=log.fileno(), stderr=subprocess.STDOUT)
     log.close()
     sim = IpmiSim(port, node, workdir, username, password, process)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60   # a loaded 2-core machine: a fault matrix's nodes booting
     while True:
         if sim.ipmitool("chassis", "power", "status").returncode == 0:
             return sim

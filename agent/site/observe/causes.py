@@ -24,6 +24,7 @@ BOOTED = (Step.KERNEL_STARTED, Step.INIT, Step.AGENT_STARTED)
 # What only a live console reports (agent/site/observe/console.py's milestones)
 CONSOLE_SEEN = frozenset({Step.FIRMWARE, Step.BOOT_LOADER, Step.KEXEC, Step.KERNEL_STARTED, Step.INIT,
                           Step.AGENT_STARTED, Step.PANIC, Step.NO_NETWORK, Step.GATEWAY_UNREACHABLE,
+                          Step.GATEWAY_REFUSED,
                           Step.NO_BOOT_DEVICE})
 
 
@@ -177,9 +178,15 @@ def _never_joined(a: Attempt, p: Prepared | None, now: float, wait: float) -> st
     booted = a.first(Step.INITRD, Step.ISO, *BOOTED, ok=True)
     if booted is None or now - booted.t < wait or not _watched(a, booted.t):
         return None
-    seen = a.last(*BOOTED, Step.NO_NETWORK, Step.GATEWAY_UNREACHABLE, Step.CONSOLE)
-    console = f"; the console's last word: {seen.step} ({seen.detail})" if seen else \
-        "; nothing on the console"
+    seen = a.last(*BOOTED, Step.NO_NETWORK, Step.GATEWAY_UNREACHABLE, Step.GATEWAY_REFUSED)
+    if seen is not None:
+        console = f"; the console's last word: {seen.step} ({seen.detail})"
+    else:
+        # the console is the site's and attached (``_watched``), and nothing of the kernel came
+        before = a.last(Step.BOOT_LOADER, Step.FIRMWARE, Step.KEXEC)
+        line = f" (its last line: {before.detail})" if before is not None else ""
+        console = (f"; the console went silent after the kernel{line}: a kernel command line "
+                   "without console= for this node's serial port is the usual reason")
     what = "the kexec'd kernel" if a.method == "kexec" else "the ramdisk"
     return f"{what} booted ({booted.step} at {_when(booted.t)}) but never joined in {wait:.0f}s{console}"
 
@@ -208,10 +215,25 @@ def _kexec_mute(a: Attempt, p: Prepared | None, now: float, wait: float) -> str 
     e = a.first(Step.KEXEC)
     if a.method != "kexec" or e is None or now - e.t < wait:
         return None
-    if a.first(*BOOTED, Step.JOINED, Step.FIRMWARE, Step.NO_NETWORK, Step.GATEWAY_UNREACHABLE) is not None:
+    if a.first(*BOOTED, Step.JOINED, Step.FIRMWARE, Step.NO_NETWORK, Step.GATEWAY_UNREACHABLE,
+               Step.GATEWAY_REFUSED) is not None:
         return None
     return (f"a kexec at {_when(e.t)} ({e.detail}) but no new kernel on the console in {wait:.0f}s: "
             "the loaded kernel or its command line (console=) is wrong, or it hung early")
+
+
+LOOP_ATTEMPTS = 8     # attempts without a join within boot_loop's wait: a reboot loop
+
+
+def _boot_loop(a: Attempt, p: Prepared | None, now: float, wait: float) -> str | None:
+    """The node began LOOP_ATTEMPTS attempts (this one the last) within ``wait`` seconds, none
+    of them joined: it reboots by itself (a watchdog, a firmware or boot loader that resets, an
+    init that reboots), whatever each attempt showed."""
+    starts = [*a.unjoined_before, a.started][-LOOP_ATTEMPTS:]
+    if len(starts) < LOOP_ATTEMPTS or a.first(Step.JOINED) is not None or starts[-1] - starts[0] > wait:
+        return None
+    return (f"{len(starts)} boot attempts in {starts[-1] - starts[0]:.0f}s, none joined: a reboot "
+            f"loop (no panic named; the console shows what each attempt reached)")
 
 
 @dataclass(frozen=True)
@@ -237,15 +259,41 @@ RULES: tuple[Rule, ...] = (
     Rule("no_dhcp_request",     "no DHCP request seen after power on",                      180, _no_dhcp),
     Rule("no_network",          "the ramdisk booted but never joined: no network (console)", 120,
          _late_join(Step.NO_NETWORK, "the agent has had no network")),
+    # the gateway reached and answering (before the unreachable one: a TLS failure is no lost route)
+    Rule("gateway_refused",     "the ramdisk reached its gateway: TLS or the session refused (console)", 90,
+         _late_join(Step.GATEWAY_REFUSED, "the agent reaches its gateway but is refused")),
     Rule("gateway_unreachable", "the ramdisk booted but never joined: the gateway unreachable (console)", 90,
          _late_join(Step.GATEWAY_UNREACHABLE, "the agent cannot reach its gateway")),
     Rule("kexec_no_kernel",     "a kexec but no new kernel on the console",                120, _kexec_mute),
     Rule("never_joined",        "the ramdisk (or a kexec'd kernel) booted but never joined", 300,
          _never_joined),
     Rule("disk_not_bootable",   "deployed but the disk does not boot (no boot entry)",     180, _disk),
+    # the wait is the window the attempts fall in
+    Rule("boot_loop",           "the node reboots by itself: 8 attempts in the wait, none joined", 180,
+         _boot_loop),
 )  # fmt: skip
 
 NAMES = tuple(r.name for r in RULES)
+
+# The console's step whose lines show each cause (the last of them in the attempt): the lines
+# printed under a cause are the attempt's around it, not the ring's newest (the next boot's
+# banner after a panic, a firmware's fall-through after iPXE gave up). A cause not listed: the
+# attempt's last lines.
+EVIDENCE: dict[str, tuple[Step, ...]] = {
+    "kernel_panic": (Step.PANIC,),
+    "not_registered": (Step.BOOT_LOADER, Step.FIRMWARE),
+    "no_boot_loader": (Step.BOOT_LOADER, Step.FIRMWARE),
+    "no_script": (Step.BOOT_LOADER,),
+    "no_kernel": (Step.BOOT_LOADER,),
+    "no_initrd": (Step.KERNEL_STARTED, Step.BOOT_LOADER),
+    "no_dhcp_request": (Step.BOOT_LOADER, Step.FIRMWARE),
+    "no_network": (Step.NO_NETWORK,),
+    "gateway_unreachable": (Step.GATEWAY_UNREACHABLE,),
+    "gateway_refused": (Step.GATEWAY_REFUSED,),
+    "kexec_no_kernel": (Step.KEXEC,),
+    "never_joined": (Step.AGENT_STARTED, Step.INIT, Step.KERNEL_STARTED),
+    "disk_not_bootable": (Step.NO_BOOT_DEVICE, Step.BOOT_LOADER, Step.FIRMWARE),
+}
 
 
 class Diagnosis:

@@ -95,6 +95,11 @@ MILESTONES: tuple[tuple[Step, re.Pattern[str]], ...] = (
     (Step.KEXEC, re.compile(r"\breboot\(LINUX_REBOOT_CMD_KEXEC\)|kexec_core: Starting new kernel|"
                             r"systemd-shutdown\[1\]: Rebooting with kexec")),
     (Step.JOINED, re.compile(r"\bconnected to gateway\b")),
+    # the gateway answered: a TLS handshake that failed (its certificate not trusted, or for
+    # another name; a TLS version or client certificate it refused), or a session it refused
+    (Step.GATEWAY_REFUSED, re.compile(
+        r"agent\.link\.session: gateway \S+: (?!.*network is not up).*(\[SSL|certificate|\bTLS|"
+        r"gateway refused the session)")),
     (Step.GATEWAY_UNREACHABLE, re.compile(
         r"agent\.link\.session: gateway \S+: (?!.*network is not up).*(refused|timed out|unreachable|"
         r"No route|certificate|Errno)")),
@@ -115,7 +120,7 @@ FIRMWARE_BANNER = re.compile(r"SeaBIOS \(version|UEFI firmware \(version")
 IPXE_BANNER = re.compile(r"iPXE initialising devices|iPXE \d.* -- Open Source Network Boot Firmware")
 # What a boot shows only once its kernel has started: a firmware line after one is a reset.
 KERNEL_STAGE = frozenset({Step.KEXEC, Step.KERNEL_STARTED, Step.INIT, Step.AGENT_STARTED, Step.JOINED,
-                          Step.PANIC, Step.NO_NETWORK, Step.GATEWAY_UNREACHABLE})
+                          Step.PANIC, Step.NO_NETWORK, Step.GATEWAY_UNREACHABLE, Step.GATEWAY_REFUSED})
 # What a kernel and its init print once each per boot: one after its init's stage (init, the
 # agent, the join, a panic) with no firmware and no kexec line between is a kernel that the one
 # before loaded and started itself (a kexec it did not announce, a crash kernel). Not every
@@ -123,7 +128,7 @@ KERNEL_STAGE = frozenset({Step.KEXEC, Step.KERNEL_STARTED, Step.INIT, Step.AGENT
 NEW_KERNEL = re.compile(r"\bLinux version \d|Booting Linux on physical CPU|"
                         r"bc-init \[[\d.]+\]: up, kernel|Run /init as init process")
 AFTER_INIT = frozenset({Step.INIT, Step.AGENT_STARTED, Step.JOINED, Step.PANIC, Step.NO_NETWORK,
-                        Step.GATEWAY_UNREACHABLE})
+                        Step.GATEWAY_UNREACHABLE, Step.GATEWAY_REFUSED})
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>78cM]")
 
 BUSY_PATTERNS = ("already active on another session", "sol payload already active")

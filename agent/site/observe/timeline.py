@@ -91,6 +91,7 @@ class Step(enum.StrEnum):
     PANIC = "panic"
     NO_NETWORK = "no_network"
     GATEWAY_UNREACHABLE = "gateway_unreachable"
+    GATEWAY_REFUSED = "gateway_refused"    # reached, but TLS failed or the gateway refused the session
     NO_BOOT_DEVICE = "no_boot_device"
     # the join
     JOINED = "joined"
@@ -109,6 +110,7 @@ _SETUP = frozenset({Step.PREPARED, Step.BOOT_DEVICE, Step.CONSOLE, Step.POWER_OF
 # firmware reported again within an attempt that holds any of them is a new boot.
 MILESTONES = frozenset({Step.FIRMWARE, Step.BOOT_LOADER, Step.KEXEC, Step.KERNEL_STARTED, Step.INIT,
                         Step.AGENT_STARTED, Step.PANIC, Step.NO_NETWORK, Step.GATEWAY_UNREACHABLE,
+                        Step.GATEWAY_REFUSED,
                         Step.NO_BOOT_DEVICE, Step.JOINED})
 KEXEC_TRIGGER = "kexec seen on the console"
 FETCHES = frozenset({Step.CHAIN_SCRIPT, Step.NODE_SCRIPT, Step.KERNEL, Step.INITRD, Step.ISO,
@@ -157,6 +159,8 @@ class Attempt:
     cause_at: float = 0.0
     carried: bool = False    # the cause is the boot before's (a reboot seen on the console), until
                              # this attempt's own events name one
+    unjoined_before: list[float] = field(default_factory=list)   # when the node's kept attempts
+                             # before this one began, those that did not join (a reboot loop)
 
     def first(self, *steps: str, ok: bool | None = None) -> Event | None:
         for e in self.events:
@@ -336,6 +340,8 @@ class Timelines:
         current = record.current
         if current is not None and current.outcome == Outcome.BOOTING:
             current.outcome = Outcome.ENDED
+        attempt.unjoined_before = [a.started for a in record.attempts
+                                   if a.outcome != Outcome.JOINED][-(KEEP_ATTEMPTS - 1):]
         record.attempts.append(attempt)
         del record.attempts[:-KEEP_ATTEMPTS]
         if self.on_attempt is not None:

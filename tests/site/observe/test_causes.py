@@ -341,3 +341,70 @@ def test_a_disk_boot_device_falling_through_to_pxe_is_still_a_disk_not_bootable(
     tl.by_mac(MAC, ev(clock, Step.DHCP_IGNORED, MAC))
     assert cause(tl, clock) == "disk_not_bootable"
     assert "fell through" in (tl.last("n1") or pytest.fail()).cause_detail
+
+
+def test_a_reboot_loop_without_a_panic_is_named_boot_loop(tl: Timelines, clock: Clock) -> None:
+    """Eight attempts in three minutes, each reaching iPXE and its kernel and rebooting (no
+    panic, no rule of its own fires): the eighth is named boot_loop, at once."""
+    prepare(tl, clock, script_url=True)
+    for n in range(8):
+        tl.console("n1", Step.FIRMWARE, "SeaBIOS (version 1.16.3)")
+        tl.console("n1", Step.BOOT_LOADER, "iPXE 1.21.1 -- Open Source Network Boot Firmware")
+        a = tl.last("n1")
+        assert a is not None and a.cause == ("boot_loop" if n == 7 else ""), (n, a.cause, a.cause_detail)
+        clock.step(20)
+    assert a is not None and a.number == 8 and "8 boot attempts in 140s" in a.cause_detail
+
+
+def test_attempts_further_apart_or_joined_are_no_boot_loop(tl: Timelines, clock: Clock) -> None:
+    prepare(tl, clock, script_url=True)
+    for _ in range(8):
+        tl.console("n1", Step.FIRMWARE, "SeaBIOS (version 1.16.3)")
+        tl.console("n1", Step.BOOT_LOADER, "iPXE 1.21.1")
+        clock.step(30)      # 8 attempts in 210 s
+    assert cause(tl, clock) == ""
+    for _ in range(8):
+        tl.console("n1", Step.FIRMWARE, "SeaBIOS (version 1.16.3)")
+        tl.console("n1", Step.JOINED, "agent.link.session: connected to gateway")
+        clock.step(5)
+    a = tl.last("n1")
+    assert a is not None and a.outcome == Outcome.JOINED and not a.cause
+
+
+@pytest.mark.parametrize("line", [
+    "agent.link.session: gateway 10.0.2.100:443: [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify "
+    "failed: Hostname mismatch, certificate is not valid for '10.0.2.100'. (_ssl.c:1000)",
+    "agent.link.session: gateway 10.0.2.100:443: unauthenticated: gateway refused the session: enrollment "
+    "token already used: it joined node n1's boot b1; a boot token is good for one boot's join",
+])
+def test_a_gateway_that_answers_and_refuses_is_not_unreachable(
+        tl: Timelines, clock: Clock, line: str) -> None:
+    """The agent reached its gateway and TLS failed (a certificate for another name) or the
+    gateway refused the session: named gateway_refused with the line, not "cannot reach"."""
+    from agent.site.observe.console import milestone
+
+    boot_to_files(tl, clock, kernel_started=True)
+    step = milestone(line)
+    assert step == Step.GATEWAY_REFUSED
+    tl.console("n1", step, line)
+    assert cause(tl, clock, 91) == "gateway_refused"
+    a = tl.last("n1")
+    assert a is not None and "reaches its gateway but is refused" in a.cause_detail
+    assert line[:60] in a.cause_detail
+    assert milestone("agent.link.session: gateway 10.0.2.100:444: [Errno 111] Connection refused") == \
+        Step.GATEWAY_UNREACHABLE
+
+
+def test_never_joined_with_a_silent_console_says_console_is_missing(tl: Timelines, clock: Clock) -> None:
+    """A kernel command line without console=: the console, attached and the site's, shows iPXE
+    and then nothing. The cause says the console went silent after the kernel and why that
+    usually is, not a console state ("the console's last word: console (attached)")."""
+    boot_to_script(tl, clock)
+    tl.console("n1", Step.CONSOLE, "attached")
+    tl.console("n1", Step.BOOT_LOADER, "iPXE 1.21.1 -- Open Source Network Boot Firmware")
+    tl.cache_fetch(IP, KERNEL, 200, 9000, 0.0)
+    tl.cache_fetch(IP, INITRD, 200, 9000, 0.0)
+    assert cause(tl, clock, 301) == "never_joined"
+    a = tl.last("n1")
+    assert a is not None and "went silent after the kernel (its last line: iPXE 1.21.1" in a.cause_detail
+    assert "without console=" in a.cause_detail and "console (attached)" not in a.cause_detail
