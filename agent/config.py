@@ -59,4 +59,6 @@ class Config:
     site_console_dir: Path | None = None    # the rings (default: state_dir/site/observe/console)
     site_console_ring_bytes: int = 4 << 20  # each node's ring
     site_console_budget_bytes: int = 1 << 30  # all the rings together
+    # The boot diagnosis' waits (agent/site/observe/causes.py's RULES), by rule: (name, seconds).
+    site_cause_waits: tuple[tuple[str, float], ...] = ()
     extra: dict[str, str] = field(default_factory=dict)  # bc.* parameters not in the settings table

@@ -75,7 +75,7 @@ class ServiceSettings:
     console_dir: Path | None = None
     console_ring_bytes: int = DEFAULT_RING_BYTES
     console_budget_bytes: int = DEFAULT_BUDGET_BYTES
-    cause_waits: tuple[tuple[str, float], ...] = ()   # a rule's wait, by name (tests)
+    cause_waits: tuple[tuple[str, float], ...] = ()   # a rule's wait, by name (site_cause_waits)
     ipmitool: str = "ipmitool"
     # The HTTP service's TLS listener, for the BMCs that mount https:// images only: all three,
     # or none (no listener). https_port 0 binds any free port (tests).
@@ -94,6 +94,7 @@ class ServiceSettings:
                    console_dir=config.site_console_dir,
                    console_ring_bytes=config.site_console_ring_bytes,
                    console_budget_bytes=config.site_console_budget_bytes,
+                   cause_waits=config.site_cause_waits,
                    https_port=config.site_https_port or None, tls_cert=config.site_tls_cert,
                    tls_key=config.site_tls_key)
 

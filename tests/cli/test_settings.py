@@ -86,7 +86,7 @@ def test_site_store_and_metrics_settings() -> None:
 SAMPLES = {  # a value each kind of row reads, none of them a default
     str: "sample", Path: "/sample/path", settings._role: "site", settings._positive: "7",
     settings._count: "7", settings._port: "7", settings._bytes: "3M",
-    settings._path_list: "/a:/b", settings._upstream: "10.9.0.0/16",
+    settings._path_list: "/a:/b", settings._upstream: "10.9.0.0/16", settings._cause_wait: "no_kernel=7",
 }
 
 

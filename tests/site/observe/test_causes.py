@@ -408,3 +408,30 @@ def test_never_joined_with_a_silent_console_says_console_is_missing(tl: Timeline
     a = tl.last("n1")
     assert a is not None and "went silent after the kernel (its last line: iPXE 1.21.1" in a.cause_detail
     assert "without console=" in a.cause_detail and "console (attached)" not in a.cause_detail
+
+
+def test_the_rules_waits_are_settings_of_the_daemon(tmp_path: Path) -> None:
+    """site_cause_waits (``--site-cause-wait RULE=SECONDS``, repeatable; a config file's list;
+    ``bc.site_cause_wait=``) reaches the running site's rules; an unknown rule or a wait out of
+    bounds is refused by name before anything starts."""
+    from agent.cli.settings import load
+    from agent.errors import InvalidParameters
+    from agent.site.services import ServiceSettings, SiteServices
+
+    loaded = load({"site_cause_waits": ["no_kernel=5", "boot_loop=600"], "state_dir": str(tmp_path)})
+    settings = ServiceSettings.from_config(loaded.config)
+    assert settings.cause_waits == (("no_kernel", 5.0), ("boot_loop", 600.0))
+    assert load({}, cmdline_text="bc.site_cause_wait=never_joined=60").config.site_cause_waits == \
+        (("never_joined", 60.0),)
+    for bad in ("no_such_rule=5", "no_kernel", "no_kernel=-1", "no_kernel=abc"):
+        with pytest.raises(InvalidParameters, match="site_cause_waits"):
+            load({"site_cause_waits": [bad]})
+    site = SiteServices(ServiceSettings(address="127.0.0.1", port=0, root=tmp_path / "site",
+                                        secrets_dir=tmp_path / "secrets", cause_waits=settings.cause_waits))
+    try:
+        assert site.observe.timelines.diagnose is not None
+        diagnosis = site.observe.timelines.diagnose
+        assert isinstance(diagnosis, Diagnosis) and diagnosis.waits["no_kernel"] == 5.0
+        assert diagnosis.waits["boot_loop"] == 600.0 and diagnosis.waits["no_initrd"] == 60
+    finally:
+        site.http.server.server_close()

@@ -176,3 +176,24 @@ def test_no_dhcp_shows_ipxes_lines_not_the_firmwares_fall_through(site: SiteServ
     assert boot is not None and boot.cause == "no_dhcp_request", boot
     assert any("No configuration methods succeeded" in line for line in boot.last_lines), boot.last_lines
     assert "(iPXE 1.21.1" in boot.cause_detail, boot.cause_detail
+
+
+def test_the_demo_says_a_node_the_gateway_joined_is_joined(site: SiteServices) -> None:
+    """The demo asks the site right after the gateway saw the last join, and the console's line
+    of it comes later (3 s after, the site still said booting): the demo, the control plane,
+    merges its own join, said as the gateway's; an attempt begun after that join stays booting."""
+    from qemu.sitelife import timeline_lines
+
+    site.observe.prepared("n1", Prepared("pxe", MAC, 4e9))
+    site.observe.timelines.power("n1", "on")
+    site.observe.timelines.console("n1", Step.AGENT_STARTED, "bc-init [3.1]: starting agent")
+    result = agent_pb2.InventoryRefreshResult(node_boots=site.observe.node_boots())
+    boot = result.node_boots[0]
+    assert boot.outcome == "booting"
+    began = boot.started_unix_ms / 1000
+    lines = timeline_lines(result, {"n1": began + 42.0})
+    assert lines[0].startswith("n1: attempt 1 (pxe, boot.prepareRamdisk): joined "
+                               "(the gateway's join, +42.0s;"), lines
+    assert "booting" not in lines[0]
+    assert ": booting" in timeline_lines(result, {"n1": began - 10})[0]
+    assert ": booting" in timeline_lines(result)[0]
