@@ -197,13 +197,19 @@ set_working_mc 0x20
                           "-s", str(state)], stdout=log.fileno(), stderr=subprocess.STDOUT)
     log.close()
     sim = IpmiSim(port, node, workdir, username, password, process)
-    deadline = time.monotonic() + 60   # a loaded 2-core machine: a fault matrix's nodes booting
+    # Up once its LAN answers a Get Device ID (ipmi_sim's own answer): not a chassis command,
+    # whose chassis-control starts a Python each time, which on a loaded 2-core machine (a fault
+    # matrix's nodes booting) took longer than ipmitool waits, for a minute on end.
+    deadline = time.monotonic() + 60
     while True:
-        if sim.ipmitool("chassis", "power", "status").returncode == 0:
+        answer = sim.ipmitool("mc", "info")
+        if answer.returncode == 0:
             return sim
         if process.poll() is not None or time.monotonic() > deadline:
             sim.stop()
-            raise RuntimeError(f"ipmi_sim did not answer; see {workdir / 'ipmi_sim.log'}:\n"
+            said = answer.stderr.decode(errors="replace")[-300:]
+            raise RuntimeError(f"ipmi_sim did not answer (exit status {process.poll()}, ipmitool: "
+                               f"{said!r}); see {workdir / 'ipmi_sim.log'}:\n"
                                + (workdir / "ipmi_sim.log").read_text(errors="replace")[-2000:])
         time.sleep(0.3)
 
