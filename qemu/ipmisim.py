@@ -197,12 +197,9 @@ set_working_mc 0x20
                           "-s", str(state)], stdout=log.fileno(), stderr=subprocess.STDOUT)
     log.close()
     sim = IpmiSim(port, node, workdir, username, password, process)
-    # Up once its LAN answers a Get Device ID (ipmi_sim's own answer): not a chassis command,
-    # whose chassis-control starts a Python each time, which on a loaded 2-core machine (a fault
-    # matrix's nodes booting) took longer than ipmitool waits, for a minute on end.
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 60   # a loaded 2-core machine: a fault matrix's nodes booting
     while True:
-        answer = sim.ipmitool("mc", "info")
+        answer = sim.ipmitool("chassis", "power", "status")
         if answer.returncode == 0:
             return sim
         if process.poll() is not None or time.monotonic() > deadline:
