@@ -34,14 +34,12 @@ holds, served under the same rule (a live entry of that MAC), so nothing new is 
 
 A node's script and settings hold its join token (``bc.token=``), and a MAC is seen in every
 DHCP broadcast: where the site runs its own proxy DHCP (``clients_tied``), they are served only
-to the address the site's DHCP exchange tied to that MAC (``tie``: the PXE boot server's
-answer, dnsmasq's ``PXE(eth0) <address> <mac> <file>``, which every iPXE asks for), or, for a
-MAC the exchange tied no address to (UEFI firmware that boots the file of the proxy offer
-itself and never asks the boot server: the site's GRUB on arm64), to the address the site's
-neighbour table holds that MAC for; a tied address the neighbour table holds for another MAC
-is refused too (a boot server request carries the MAC and address its sender wrote). Anyone
-else asking is refused (``ClientRefused``, 403) and logged, and what it asked is no step of the
-node's timeline.
+to that MAC's address: the one the site's neighbour table holds for the MAC (the link layer's
+record), or, for a client it holds nothing of (beyond a router or relay), the one the site's
+DHCP exchange tied to the MAC (``tie``: the PXE boot server's answer, dnsmasq's ``PXE(eth0)
+<address> <mac> <file>``, which every iPXE asks for). Anyone else asking, a client the
+neighbour table holds for another NIC above all, is refused (``ClientRefused``, 403) and
+logged, and what it asked is no step of the node's timeline.
 
 A MAC without a host line gets no answer from the proxy DHCP (``dhcp-ignore`` of clients not
 "known"), so an expired or removed entry means the node falls through to its disk. The
@@ -434,19 +432,22 @@ class BootEntries:
             return self._ties.get(mac, "")
 
     def check_client(self, mac: str, client: str) -> None:
-        """ClientRefused unless ``client`` may fetch ``mac``'s script: where the site runs its
-        proxy DHCP, the address its exchange tied to the MAC, or (none tied) the address the
-        neighbour table holds the MAC for. A tied address the neighbour table holds for another
-        MAC is refused too: a boot server request names its MAC and address as the sender
-        wrote them, the link layer's answer is the NIC's."""
+        """ClientRefused unless ``client`` may fetch ``mac``'s script, where the site runs its
+        proxy DHCP: the site's neighbour table holds ``client`` for that MAC (the link layer's
+        record of the NIC it talks to: a node whose ramdisk got another lease than its iPXE, the
+        site's GRUB on arm64, which never asks the boot server), or it holds nothing for
+        ``client`` (a client beyond a router or relay) and ``client`` is the address the site's
+        DHCP exchange tied to the MAC. Anything else, a neighbour table naming another NIC
+        above all (a boot server request carries the MAC and address its sender wrote), is
+        refused."""
         if not self.clients_tied:
             return
         tied = self.tied_address(mac)
         seen = self.arp(client) if client else ""
-        if (tied and client == tied and seen in ("", mac)) or (not tied and seen == mac):
+        if seen == mac or (not seen and tied and client == tied):
             return
-        why = (f"the site's DHCP tied it to {tied}" if tied and client != tied else
-               f"the neighbour table holds {client} for {seen}" if tied else
+        why = (f"the site's neighbour table holds {client} for {seen}" if seen else
+               f"the site's DHCP tied it to {tied}" if tied else
                "the site's DHCP tied no address to it and the neighbour table does not hold it there")
         log.warning("the script of %s asked by %s, refused: %s", mac, client or "an unknown address", why)
         raise ClientRefused(f"the boot script of {mac} is served to that node's address only ({why})")
