@@ -1,6 +1,6 @@
 """Why a boot attempt failed, named by rules over its timeline: the one table, RULES.
 
-    diagnose = Diagnosis()                      # or Diagnosis(waits={"no_kernel": 5.0}) in tests
+    diagnose = Diagnosis()                      # or Diagnosis(waits={"no_kernel": 5.0}): site_cause_waits
     diagnose(attempt, prepared, now)            # -> (rule name, detail) or None
 
 Each rule looks for a step of the attempt that did not lead to the next one. A rule whose
@@ -297,7 +297,7 @@ EVIDENCE: dict[str, tuple[Step, ...]] = {
 
 
 class Diagnosis:
-    """RULES with their waits (``waits`` overrides some, by name: tests, a slow site)."""
+    """RULES with their waits (``waits`` overrides some, by name: the site's site_cause_waits setting, tests)."""
 
     def __init__(self, waits: Mapping[str, float] | None = None) -> None:
         unknown = set(waits or ()) - set(NAMES)
