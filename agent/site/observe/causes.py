@@ -297,7 +297,7 @@ EVIDENCE: dict[str, tuple[Step, ...]] = {
 
 
 class Diagnosis:
-    """RULES with their waits (``waits`` overrides some, by name: the site's site_cause_waits setting, tests)."""
+    """RULES with their waits (``waits`` overrides some, by name: the site_cause_waits setting)."""
 
     def __init__(self, waits: Mapping[str, float] | None = None) -> None:
         unknown = set(waits or ()) - set(NAMES)
