@@ -66,4 +66,6 @@ class Config:
     # The fleet's BMC management posture the release gate keeps ("ipmi=off,http=off,https=on";
     # agent/site/bmc/posture.py); "" checks none.
     bmc_posture: str = ""
+    # The boot diagnosis' waits (agent/site/observe/causes.py's RULES), by rule: (name, seconds).
+    site_cause_waits: tuple[tuple[str, float], ...] = ()
     extra: dict[str, str] = field(default_factory=dict)  # bc.* parameters not in the settings table

@@ -154,6 +154,19 @@ def _tpm(text: str) -> str:
     return text
 
 
+def _cause_wait(text: str) -> tuple[str, float]:
+    """RULE=SECONDS: a boot diagnosis rule's wait (agent/site/observe/causes.py)."""
+    from agent.site.observe.causes import NAMES
+
+    name, sep, seconds = text.partition("=")
+    if not sep or name not in NAMES:
+        raise ValueError(f"{text[:60]!r}: expected RULE=SECONDS, RULE one of {', '.join(NAMES)}")
+    value = float(seconds)
+    if not 0 <= value <= 86_400:
+        raise ValueError(f"{text[:60]!r}: a wait from 0 to 86400 seconds")
+    return name, value
+
+
 def _upstream(text: str) -> str:
     from agent.site.serve.upstreams import parse_entry
 
@@ -235,6 +248,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("bmc_posture", _posture, "site role: the BMCs' management posture the release gate keeps, "
             "e.g. ipmi=off,http=off,https=on (protocols: ipmi http https ssh kvmip ssdp virtualmedia)",
             shown="none checked"),
+    Setting("site_cause_waits", _cause_wait,
+            "site role: a boot diagnosis rule's wait, RULE=SECONDS, e.g. no_kernel=120 (repeatable)",
+            flag="--site-cause-wait", param="bc.site_cause_wait", shown="each rule's own (docs/site.md)",
+            multiple=True),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 BY_PARAM = {s.param: s for s in SETTINGS}

@@ -154,7 +154,7 @@ def boots_summary(msg: object) -> list[str]:
         if b.cause:
             line += f": {b.cause}: {b.cause_detail}"
         lines.append(line + f" [console: {b.console}]")
-        lines.extend(f"    | {text}" for text in b.last_lines[-5:])
+        lines.extend(f"    | {text}" for text in b.last_lines)
     return lines
 
 

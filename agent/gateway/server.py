@@ -51,6 +51,7 @@ class Gateway:
         client_ca: Path | None = None,
         signing_key: Path | SigningKey | None = None,
         tokens: Mapping[str, str] | None = None,
+        boot_tokens: Mapping[str, str] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
         heartbeat_seconds: float = 2.0,
@@ -67,6 +68,11 @@ class Gateway:
         else:
             self.signing_key = SigningKey.load(Path(signing_key))
         self.tokens: dict[str, str] = dict(tokens or {})   # token -> node id ("" = any node)
+        # Tokens good for one boot's join (a PXE entry's bc.token=, served on the provisioning
+        # network): token -> node id; the first join binds it to that boot (its boot id and key),
+        # and a join of any other boot with it is refused, named (``token_reused``).
+        self.boot_tokens: dict[str, str] = dict(boot_tokens or {})
+        self._token_boots: dict[str, tuple[str, str, bytes]] = {}   # token -> (node, boot, key)
         self.host, self.port = host, port
         self.heartbeat_seconds = heartbeat_seconds
         self.dead_after_seconds = dead_after_seconds or 3 * heartbeat_seconds
@@ -261,7 +267,32 @@ class Gateway:
             for known, node in self.tokens.items():
                 if secrets.compare_digest(known.encode(), token.encode()) and node in ("", hello.node_id):
                     return "token"
+            with self._cond:
+                for known, node in self.boot_tokens.items():
+                    if secrets.compare_digest(known.encode(), token.encode()) and node in ("", hello.node_id):
+                        return self._boot_token(known, hello)
         raise wire.WireError(wire.UNAUTHENTICATED, "no client certificate and no valid enrollment token")
+
+    def issue_boot_token(self, node_id: str) -> str:
+        """A token good for one join of ``node_id``'s next boot (its PXE entry's bc.token=)."""
+        token = secrets.token_urlsafe(24)
+        with self._cond:
+            self.boot_tokens[token] = node_id
+        return token
+
+    def _boot_token(self, token: str, hello: session_pb2.Hello) -> str:
+        """Under the lock: a boot token's join. Its first binds it to that boot (the node, its
+        boot id and key): a reconnect of the same boot is the same join; any other boot with it
+        is refused, named."""
+        joined = (hello.node_id, hello.boot_id, bytes(hello.public_key))
+        first = self._token_boots.setdefault(token, joined)
+        if first == joined:
+            return "boot token"
+        node, boot, _ = first
+        why = (f"enrollment token already used: it joined node {node}'s boot {boot or '(no boot id)'}; "
+               "a boot token is good for one boot's join")
+        self._event("token_reused", hello.node_id, detail=f"boot {hello.boot_id}: {why}")
+        raise wire.WireError(wire.UNAUTHENTICATED, why)
 
     def _process_hello(self, node: GatewayNode, hello: session_pb2.Hello) -> None:
         """Under the lock: results and completions carried by the Hello, then resends."""

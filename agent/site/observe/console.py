@@ -21,9 +21,12 @@
   ``LIVENESS_SILENCE`` seconds without a byte the site asks the BMC which session holds the
   node's SOL (Get Payload Instance Info, ``raw 0x06 0x4b 0x01 0x01``, an ipmitool run of its
   own through agent/site/bmc/ipmi.py, the password in its environment, no lock or session slot
-  of the site's taken). Nobody, or another session than the one seen holding it at the first
-  such check: the session is over, its ipmitool stopped (without ``~.``, whose deactivate would
-  end another holder's session) and said ``dropped``. No answer: nothing concluded.
+  of the site's taken). The site's own session is the one the BMC names right after each
+  activation (asked at once: a healthy boot is never silent long enough to learn it later, and
+  a client that took the console meanwhile would be taken for it). Nobody: the session is over,
+  its ipmitool stopped and said ``dropped``. Another session: said ``busy`` at once (the
+  other client has the node's lines now), its ipmitool stopped without ``~.`` (whose
+  deactivate would end the other holder's session). No answer: nothing concluded.
 - Dropped by the BMC (ipmitool exits) or found ended: reconnected, backing off from 1 s to
   30 s. Another session holds SOL ("SOL payload already active on another session"): said as
   ``busy`` and tried again every 30 s, never taken over. A BMC whose SOL is disabled or absent, or a node
@@ -103,6 +106,11 @@ MILESTONES: tuple[tuple[Step, re.Pattern[str]], ...] = (
     (Step.KEXEC, re.compile(r"\breboot\(LINUX_REBOOT_CMD_KEXEC\)|kexec_core: Starting new kernel|"
                             r"systemd-shutdown\[1\]: Rebooting with kexec")),
     (Step.JOINED, re.compile(r"\bconnected to gateway\b")),
+    # the gateway answered: a TLS handshake that failed (its certificate not trusted, or for
+    # another name; a TLS version or client certificate it refused), or a session it refused
+    (Step.GATEWAY_REFUSED, re.compile(
+        r"agent\.link\.session: gateway \S+: (?!.*network is not up).*(\[SSL|certificate|\bTLS|"
+        r"gateway refused the session)")),
     (Step.GATEWAY_UNREACHABLE, re.compile(
         r"agent\.link\.session: gateway \S+: (?!.*network is not up).*(refused|timed out|unreachable|"
         r"No route|certificate|Errno)")),
@@ -123,7 +131,7 @@ FIRMWARE_BANNER = re.compile(r"SeaBIOS \(version|UEFI firmware \(version")
 IPXE_BANNER = re.compile(r"iPXE initialising devices|iPXE \d.* -- Open Source Network Boot Firmware")
 # What a boot shows only once its kernel has started: a firmware line after one is a reset.
 KERNEL_STAGE = frozenset({Step.KEXEC, Step.KERNEL_STARTED, Step.INIT, Step.AGENT_STARTED, Step.JOINED,
-                          Step.PANIC, Step.NO_NETWORK, Step.GATEWAY_UNREACHABLE})
+                          Step.PANIC, Step.NO_NETWORK, Step.GATEWAY_UNREACHABLE, Step.GATEWAY_REFUSED})
 # What a kernel and its init print once each per boot: one after its init's stage (init, the
 # agent, the join, a panic) with no firmware and no kexec line between is a kernel that the one
 # before loaded and started itself (a kexec it did not announce, a crash kernel). Not every
@@ -131,7 +139,7 @@ KERNEL_STAGE = frozenset({Step.KEXEC, Step.KERNEL_STARTED, Step.INIT, Step.AGENT
 NEW_KERNEL = re.compile(r"\bLinux version \d|Booting Linux on physical CPU|"
                         r"bc-init \[[\d.]+\]: up, kernel|Run /init as init process")
 AFTER_INIT = frozenset({Step.INIT, Step.AGENT_STARTED, Step.JOINED, Step.PANIC, Step.NO_NETWORK,
-                        Step.GATEWAY_UNREACHABLE})
+                        Step.GATEWAY_UNREACHABLE, Step.GATEWAY_REFUSED})
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>78cM]")
 
 BUSY_PATTERNS = ("already active on another session", "sol payload already active")
@@ -293,7 +301,9 @@ class SolSession:
         # a resumed console's node is somewhere in a boot: its next firmware line is no new one
         self._seen: set[str] = {Step.FIRMWARE} if resumed else set()
         self._partial = ""
-        self._holder: int | None = None  # the BMC's ID of the session seen holding the SOL
+        self._holder: int | None = None  # the BMC's ID of the site's own SOL session
+        self._activated = False          # the session just activated: its ID to be asked
+        self._taken_by: int | None = None   # another session found holding the SOL
         self._ended_why = ""             # why the site ended the session itself
         self._unanswered = False         # a question of _still_held went unanswered (said once)
         self._thread = threading.Thread(target=self._loop, name=f"sol-{node_id}", daemon=True)
@@ -351,6 +361,13 @@ class SolSession:
                 self._say("dropped", exc.message[:200])
             if self._stop.is_set():
                 return
+            if self._taken_by is not None:
+                # another client took the node's SOL: busy from the moment it is seen, and
+                # tried again as any busy console (never taken back)
+                self._say("busy", f"{self._ended_why}; tried again every {BUSY_RETRY:.0f}s, "
+                          "never taken over")
+                self._stop.wait(BUSY_RETRY)
+                continue
             if self._ended_why:
                 self._say("dropped", self._ended_why)
                 self._stop.wait(RECONNECT_MIN)
@@ -378,7 +395,7 @@ class SolSession:
         LIVENESS_SILENCE seconds without a byte, the BMC is asked whether the session still
         holds the node's SOL (``_still_held``); when not, ipmitool is stopped."""
         env = proc.clean_env({"IPMI_PASSWORD": creds.password})
-        self._holder, self._ended_why = None, ""
+        self._holder, self._ended_why, self._taken_by, self._activated = None, "", None, False
         with proc.running(self._argv(creds), stdin=subprocess.PIPE, env=env, check=False) as child:
             with self._lock:
                 self._child = child
@@ -405,6 +422,9 @@ class SolSession:
                     break
                 heard = time.monotonic()
                 self._lines(data.decode("utf-8", "replace"))
+                if self._activated:
+                    self._activated = False
+                    self._own_session(creds)
             self._ended()
             child.stop(grace=1.0)
         with self._lock:
@@ -412,31 +432,48 @@ class SolSession:
         said = child.stderr_text()
         return said.replace(creds.password, "<hidden>") if creds.password else said
 
-    def _still_held(self, creds: Credentials) -> bool:
-        """Whether the BMC still gives the node's SOL to the session this one is: asked in an
-        IPMI session of its own (Get Payload Instance Info, SOL instance 1), no site lock or
-        slot taken. The first holder seen is taken for ours (the session was up a
-        LIVENESS_SILENCE before); nobody holding it, or another: not held, ``_ended_why`` says
-        so. No answer (the BMC busy, this ipmitool's own failure): held, nothing concluded."""
+    def _holder_now(self, creds: Credentials) -> int | None:
+        """The BMC's ID of the session that holds the node's SOL (0: none), asked in an IPMI
+        session of its own (Get Payload Instance Info, SOL instance 1), no site lock or slot
+        taken; None when the BMC gave no answer."""
         client = IpmiClient(
             Target(self.bmc.address, creds),
             CallContext(cancel=self._stop, deadline=time.monotonic() + LIVENESS_TIMEOUT,
                         pacing=Pacing(min_interval=1.0, max_interval=4.0)),
             ipmitool=self.ipmitool)
         try:
-            holder = payload_holder(client.run("raw", "0x06", "0x4b", "0x01", "0x01"))
+            return payload_holder(client.run("raw", "0x06", "0x4b", "0x01", "0x01"))
         except AgentError as exc:
             log.log(logging.DEBUG if self._unanswered else logging.INFO,
-                    "console of %s: is its SOL session still held? no answer (%s)", self.node_id,
-                    exc.message[:200])
+                    "console of %s: who holds its SOL? no answer (%s)", self.node_id, exc.message[:200])
             self._unanswered = True
-            return True
+            return None
+
+    def _own_session(self, creds: Credentials) -> None:
+        """The session has just activated: the session the BMC gives the SOL to now is the
+        site's own, recorded, so that a client taking the console later is told from it (a
+        healthy boot is never silent long enough to learn it later, and what held the SOL
+        after a silence may already be the other client)."""
+        holder = self._holder_now(creds)
+        if holder:
+            self._holder = holder
+            log.debug("console of %s: the site's SOL session is the BMC's %#x", self.node_id, holder)
+
+    def _still_held(self, creds: Credentials) -> bool:
+        """Whether the BMC still gives the node's SOL to the site's session (``_own_session``
+        recorded its ID at the activation; where that went unanswered, the first holder seen
+        is taken for it). Nobody holding it: not held, ``_ended_why`` says so; another: not
+        held, ``_taken_by`` is it (busy). No answer (the BMC busy, this ipmitool's own
+        failure): held, nothing concluded."""
+        holder = self._holder_now(creds)
         if holder is None:
             return True
         if holder == 0:
             self._ended_why = "the BMC ended the SOL session (no session holds it)"
         elif self._holder is not None and holder != self._holder:
-            self._ended_why = "the BMC gave the node's SOL to another session"
+            self._taken_by = holder
+            self._ended_why = (f"another session took the node's SOL (the BMC's session {holder:#x}, "
+                               f"not the site's {self._holder:#x})")
         else:
             self._holder = holder
             return True
@@ -461,6 +498,7 @@ class SolSession:
                 continue
             if line.startswith("[SOL Session operational"):
                 self.connects += 1
+                self._activated = True       # the site's own session: its ID asked at once
                 self._say("attached")
                 continue
             if line.endswith("[terminated ipmitool]"):    # ipmitool's answer to our "~."

@@ -38,7 +38,7 @@ from agent.proto import agent_pb2
 from agent.site.boot.fields import parse_mac, parse_node_id
 from agent.site.metrics import Metrics
 from agent.site.observe import dhcplog
-from agent.site.observe.causes import Diagnosis
+from agent.site.observe.causes import EVIDENCE, Diagnosis
 from agent.site.observe.console import Bmc, Consoles
 from agent.site.observe.sshconsole import SshSession, bmc_host, offered
 from agent.site.observe.timeline import Attempt, BootEvent, Outcome, Prepared, Step, Timelines, render
@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 MAX_BMCS = 4096
 CONSOLE_READY_SECONDS = 5.0   # how long a power on waits for the node's SOL session to be up
 PHASE_HISTOGRAM = "bettercompute_site_boot_phase_seconds"
+CAUSE_LINES = 12     # console lines under a cause (inventory.refresh's node_boots)
 
 # (phase, from the first of, to the first of): a joined attempt's durations, for /metrics.
 PHASES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
@@ -366,8 +367,32 @@ class Observer:
             console_oldest_unix_ms=int(self.consoles.ring(node_id).oldest() * 1000),
             steps=[f"+{e.t - a.started:.1f}s {e.step} {e.detail}".rstrip() for e in a.events][-64:])
         if a.outcome == Outcome.FAILED:
-            boot.last_lines.extend(self.consoles.last_lines(node_id, 10))
+            boot.last_lines.extend(self.cause_lines(node_id))
         return boot
+
+    def cause_lines(self, node_id: str) -> list[str]:
+        """The console's lines that show the cause of the node's last attempt: that attempt's
+        lines (the boot before's, for a cause it carried), around the step the cause names
+        (causes.EVIDENCE: 4 lines before it, it, 7 after), headed by which attempt and step;
+        the attempt's last 12 lines where no such step is kept."""
+        attempts = self.timelines.attempts(node_id)
+        if not attempts:
+            return []
+        a, until = attempts[-1], 0.0
+        if a.carried and len(attempts) > 1:
+            a, until = attempts[-2], a.started - 0.001   # the next boot's first line is its own
+        lines = self.consoles.read(node_id, a.started, until)
+        steps = EVIDENCE.get(a.cause, ())
+        event = a.last(*steps) if steps else None
+        if event is None:
+            head = f"[site: the console of attempt {a.number}, its last lines]"
+            return [head, *(text for _, text in lines[-CAUSE_LINES:])] if lines else []
+        near = [i for i, (t, text) in enumerate(lines)
+                if abs(t - event.t) <= 2.0 and event.detail and text.startswith(event.detail[:200])]
+        at = near[0] if near else next((i for i, (t, _) in enumerate(lines) if t >= event.t), len(lines))
+        shown = lines[max(0, at - 4):at + 8]
+        head = f"[site: the console of attempt {a.number} at its {event.step} (+{event.t - a.started:.1f}s)]"
+        return [head, *(text for _, text in shown)] if shown else []
 
     def node_boots(self) -> list[agent_pb2.NodeBoot]:
         return [b for n in self.timelines.nodes() if (b := self.node_boot(n)) is not None]
