@@ -37,10 +37,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from agent.gateway import eventlog
-from agent.gateway.attest import Challenge, Verdict, Verifier, load_certificates
-from agent.gateway.attest_join import JoinAttestation
-from agent.gateway.attest_policy import Policy, PolicyFailed
+from agent.gateway.verifier import eventlog
+from agent.gateway.verifier.attest import Challenge, Verdict, Verifier, load_certificates
+from agent.gateway.verifier.join import JoinAttestation
+from agent.gateway.verifier.policy import Policy, PolicyFailed
 from agent.security.attest import Evidence
 from agent.site.boot.pxe import BootFile
 from initramfs import uki

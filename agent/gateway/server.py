@@ -22,7 +22,6 @@ from google.protobuf.message import DecodeError, Message
 from agent import catalog
 from agent.errors import InvalidParameters, Untrusted
 from agent.gateway import certs
-from agent.gateway.attest_join import JoinAttestation, file_release, site_refusal
 from agent.gateway.records import (
     CommandRecord,
     CommandRejected,
@@ -33,6 +32,7 @@ from agent.gateway.records import (
     build_command,
     decode_result,
 )
+from agent.gateway.verifier.join import JoinAttestation, file_release, site_refusal
 from agent.link import wire
 from agent.proto import session_pb2
 from agent.security.trust import SigningKey, verify_result
@@ -74,7 +74,7 @@ class Gateway:
         self.gateway_id = gateway_id
         self.handshake_seconds = handshake_seconds
         self.attestation = attestation  # attestation at every join (docs/attestation.md)
-        self.site_node = site_node      # the site daemon told of a refused join (attest_join.py)
+        self.site_node = site_node      # the site daemon told of a refused join (verifier/join.py)
         if attestation is not None and attestation.on_verdict is None:
             attestation.on_verdict = lambda node, v: self._event(f"attest_{v.status}", node, detail=str(v))
         self.nodes: dict[str, NodeRecord] = {}

@@ -6,7 +6,7 @@ credential made for the AK and the EK (only this TPM can activate it, and only f
 and a nonce. The agent answers with the activated secret and a quote of PCRs 0-12 (SHA-256)
 whose qualifying data binds the nonce, this boot's id and the node's Ed25519 public key, with
 the PCR values and the firmware's event log beside it. Standard library only: the verifier,
-which checks all of it, is the gateway's (agent/gateway/attest.py).
+which checks all of it, is the gateway's (agent/gateway/verifier/attest.py).
 
 No TPM (no /dev/tpmrm0) is a fact the agent states, not an error: ``Attestor.absent``.
 """

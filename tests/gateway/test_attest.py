@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from agent.errors import TpmFailed
-from agent.gateway import eventlog
-from agent.gateway.attest import Challenge, Status, Verdict, Verifier, load_certificates, name_of
-from agent.gateway.attest_policy import SEPARATED_PCRS as SEPARATED
-from agent.gateway.attest_policy import Policy, PolicyFailed
+from agent.gateway.verifier import eventlog
+from agent.gateway.verifier.attest import Challenge, Status, Verdict, Verifier, load_certificates, name_of
+from agent.gateway.verifier.policy import SEPARATED_PCRS as SEPARATED
+from agent.gateway.verifier.policy import Policy, PolicyFailed
 from agent.hw import tpm as tpmwire
 from agent.security.attest import Attestor, Evidence, Identity
 from tests.runtime.harness import ROOT

@@ -1,4 +1,4 @@
-"""One TPM, one node, and what the verifier keeps across its restarts (agent/gateway/attest_state.py),
+"""One TPM, one node, and what the verifier keeps across its restarts (agent/gateway/verifier/state.py),
 against real TPMs (swtpm): an EK bound to a node at its first attestation, another EK for that
 node refused (ek_changed) until an operator re-enrolls it, an EK bound to another node refused
 (ek_in_use), the bindings and the TPM counters surviving a restart, a bound node that says it has
@@ -14,10 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agent.gateway.attest import Status, Verdict, Verifier, load_certificates
-from agent.gateway.attest_join import JoinAttestation
-from agent.gateway.attest_policy import Policy
-from agent.gateway.attest_state import NodeStates
+from agent.gateway.verifier.attest import Status, Verdict, Verifier, load_certificates
+from agent.gateway.verifier.join import JoinAttestation
+from agent.gateway.verifier.policy import Policy
+from agent.gateway.verifier.state import NodeStates
 from agent.proto import session_pb2
 from tests.gateway.test_attest import PROFILE, Node, policy_doc, refused
 from tests.runtime.harness import ROOT

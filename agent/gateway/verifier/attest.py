@@ -2,7 +2,7 @@
 
 A join is two steps. ``challenge`` checks who the TPM is (the EK certificate's chain to the
 configured EK roots, or an EK pinned for the node; the EK bound to the node and to no other,
-ek_changed and ek_in_use, agent/gateway/attest_state.py; the EK's and the AK's public areas) and
+ek_changed and ek_in_use, agent/gateway/verifier/state.py; the EK's and the AK's public areas) and
 makes a credential for the AK that only that EK's TPM can activate (TPM2_MakeCredential:
 KDFa, RSA-OAEP with the "IDENTITY" label, AES-128-CFB and an HMAC over the AK's name),
 with a fresh nonce. ``verify`` then takes the node's answer and refuses on the first check
@@ -18,7 +18,7 @@ that fails, naming it:
     counters          the TPM's reset/restart counters and clock went back: a replayed quote
                       (kept across restarts in the state folder, with the EK bindings)
     event_log         the log does not parse, or does not replay to the quoted PCRs
-    policy_*          the boot is not one the policy accepts (attest_policy.py)
+    policy_*          the boot is not one the policy accepts (policy.py)
 
 The verdict is ``attested`` (what matched; the EK is bound to the node from then on),
 ``unattested`` (no event log, or a BIOS boot, with why), ``refused`` (the check, and why) or
@@ -49,9 +49,9 @@ from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from agent.errors import AgentError, InvalidParameters
-from agent.gateway import eventlog
-from agent.gateway.attest_policy import Policy, PolicyFailed
-from agent.gateway.attest_state import Counters, NodeState, NodeStates, StateFull
+from agent.gateway.verifier import eventlog
+from agent.gateway.verifier.policy import Policy, PolicyFailed
+from agent.gateway.verifier.state import Counters, NodeState, NodeStates, StateFull
 from agent.hw import tpm as tpmwire
 from agent.security.attest import (
     LEFT_EVENT,

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from google.protobuf.message import Message
 
-from agent.gateway.attest import Challenge, Status, Verdict, Verifier
+from agent.gateway.verifier.attest import Challenge, Status, Verdict, Verifier
 from agent.proto import agent_pb2, session_pb2
 from agent.security.attest import evidence_from, identity_from
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from agent import atomicfile, limits
 from agent.errors import InvalidParameters
-from agent.gateway import eventlog
+from agent.gateway.verifier import eventlog
 
 log = logging.getLogger(__name__)
 
