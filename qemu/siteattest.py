@@ -41,7 +41,7 @@ from agent.gateway.verifier import eventlog
 from agent.gateway.verifier.attest import Challenge, Verdict, Verifier, load_certificates
 from agent.gateway.verifier.join import JoinAttestation
 from agent.gateway.verifier.policy import Policy, PolicyFailed
-from agent.security.attest import Evidence
+from agent.security.attest_contract import Evidence
 from agent.site.boot.pxe import BootFile
 from initramfs import uki
 from qemu import tpm as qemu_tpm

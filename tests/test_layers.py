@@ -211,3 +211,13 @@ def test_the_inner_rule_catches_a_verifier_importing_the_server(tmp_path: Path) 
     found = inner_violations("agent.gateway.verifier.probe", imports_of(probe))
     assert found == ["1: agent.gateway.records", "4: agent.gateway"]
     assert inner_violations("agent.gateway.server", imports_of(probe)) == []
+
+
+def test_each_side_of_attestation_holds_only_its_half() -> None:
+    """The node's attestor and the verifier share agent/security/attest_contract.py, nothing else."""
+    node = AGENT / "security" / "attest.py"
+    verifier = [p for p in sources() if module_name(p).startswith("agent.gateway.verifier")]
+    assert not [t for _, t in imports_of(node) if t.startswith("agent.gateway")]
+    reach = [f"{p.name}:{line}" for p in verifier for line, t in imports_of(p) if t == "agent.security.attest"]
+    assert not reach, f"the verifier imports the node's attestor: {reach}"
+    assert any(t == "agent.security.attest_contract" for p in verifier for _, t in imports_of(p))

@@ -23,7 +23,8 @@ from agent.gateway.verifier.attest import Challenge, Status, Verdict, Verifier, 
 from agent.gateway.verifier.policy import SEPARATED_PCRS as SEPARATED
 from agent.gateway.verifier.policy import Policy, PolicyFailed
 from agent.hw import tpm as tpmwire
-from agent.security.attest import Attestor, Evidence, Identity
+from agent.security.attest import Attestor
+from agent.security.attest_contract import Evidence, Identity
 from tests.runtime.harness import ROOT
 from tests.tpmsim import (
     BIOS_BOOT,

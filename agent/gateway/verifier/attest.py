@@ -53,7 +53,7 @@ from agent.gateway.verifier import eventlog
 from agent.gateway.verifier.policy import Policy, PolicyFailed
 from agent.gateway.verifier.state import Counters, NodeState, NodeStates, StateFull
 from agent.hw import tpm as tpmwire
-from agent.security.attest import (
+from agent.security.attest_contract import (
     LEFT_EVENT,
     LEFT_PCR,
     QUOTED_PCRS,

@@ -29,7 +29,7 @@ from google.protobuf.message import Message
 
 from agent.gateway.verifier.attest import Challenge, Status, Verdict, Verifier
 from agent.proto import agent_pb2, session_pb2
-from agent.security.attest import evidence_from, identity_from
+from agent.security.attest_contract import evidence_from, identity_from
 
 log = logging.getLogger(__name__)
 
