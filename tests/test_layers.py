@@ -218,6 +218,7 @@ def test_each_side_of_attestation_holds_only_its_half() -> None:
     node = AGENT / "security" / "attest.py"
     verifier = [p for p in sources() if module_name(p).startswith("agent.gateway.verifier")]
     assert not [t for _, t in imports_of(node) if t.startswith("agent.gateway")]
-    reach = [f"{p.name}:{line}" for p in verifier for line, t in imports_of(p) if t == "agent.security.attest"]
+    reach = [f"{p.name}:{line}" for p in verifier for line, t in imports_of(p)
+             if t == "agent.security.attest"]
     assert not reach, f"the verifier imports the node's attestor: {reach}"
     assert any(t == "agent.security.attest_contract" for p in verifier for _, t in imports_of(p))

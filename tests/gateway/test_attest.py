@@ -19,7 +19,7 @@ import pytest
 
 from agent.errors import TpmFailed
 from agent.gateway.verifier import eventlog
-from agent.gateway.verifier.attest import Challenge, Status, Verdict, Verifier, load_certificates, name_of
+from agent.gateway.verifier.attest import Challenge, Status, Verdict, Verifier, load_certificates
 from agent.gateway.verifier.policy import SEPARATED_PCRS as SEPARATED
 from agent.gateway.verifier.policy import Policy, PolicyFailed
 from agent.hw import tpm as tpmwire
@@ -232,7 +232,7 @@ def test_a_bit_flipped_in_the_ak_public_key(node: Node, verifier: Verifier) -> N
     ident = node.identity()
     flipped = bytearray(ident.ak_public)
     flipped[-1] ^= 1  # the point's y: no longer on the curve
-    claimed = dataclasses.replace(ident, ak_public=bytes(flipped), ak_name=name_of(bytes(flipped)))
+    claimed = dataclasses.replace(ident, ak_public=bytes(flipped), ak_name=tpmwire.name_of(bytes(flipped)))
     refused(_as_verdict(verifier.try_challenge(node.node_id, claimed)), "ak_public")
 
 

@@ -11,7 +11,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from agent.gateway.verifier.attest import Refused
+from agent.gateway.verifier.refused import Refused
 from agent.gateway.verifier.rim import verify_rim
 from agent.gateway.verifier.spdm import GoldenTable, parse_report, split_exchange, verify_report
 from tests.site.redfish_emulator.spdm import FIRMWARE, INDICES, exchange, make_cert, measurement, signed_rim

@@ -15,7 +15,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from agent.gateway.verifier.attest import Refused
+from agent.gateway.verifier.refused import Refused
 from agent.gateway.verifier.rim import verify_rim
 from agent.gateway.verifier.spdm import (
     GoldenTable,

@@ -33,7 +33,6 @@ import hashlib
 import hmac
 import logging
 import os
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -51,6 +50,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from agent.errors import AgentError, InvalidParameters
 from agent.gateway.verifier import eventlog
 from agent.gateway.verifier.policy import Policy, PolicyFailed
+from agent.gateway.verifier.refused import Refused
 from agent.gateway.verifier.state import Counters, NodeState, NodeStates, StateFull
 from agent.hw import tpm as tpmwire
 from agent.security.attest_contract import (
@@ -97,13 +97,6 @@ class Verdict:
         return f"{self.status}" + (f" ({self.check})" if self.check else "") + f": {self.reason}"
 
 
-class Refused(Exception):
-    def __init__(self, check: str, reason: str) -> None:
-        super().__init__(reason)
-        self.check = check
-        self.reason = reason
-
-
 class Busy(Exception):
     """No room for another challenge now: the node is told to join again later, not refused."""
 
@@ -130,8 +123,8 @@ def kdfa(key: bytes, label: bytes, context_u: bytes, context_v: bytes, bits: int
     counter = 0
     while len(out) * 8 < bits:
         counter += 1
-        out += hmac.new(key, struct.pack(">I", counter) + label + context_u + context_v
-                        + struct.pack(">I", bits), hashlib.sha256).digest()
+        out += hmac.new(key, tpmwire.u32(counter) + label + context_u + context_v
+                        + tpmwire.u32(bits), hashlib.sha256).digest()
     return out[:bits // 8]
 
 
@@ -141,7 +134,7 @@ def kdfe(z: bytes, label: bytes, party_u: bytes, party_v: bytes, bits: int) -> b
     counter = 0
     while len(out) * 8 < bits:
         counter += 1
-        out += hashlib.sha256(struct.pack(">I", counter) + z + label + party_u + party_v).digest()
+        out += hashlib.sha256(tpmwire.u32(counter) + z + label + party_u + party_v).digest()
     return out[:bits // 8]
 
 
@@ -186,16 +179,6 @@ def make_credential(ek_public: bytes, ak_name: bytes, secret: bytes) -> tuple[by
 # Keys and names ---------------------------------------------------------------------------
 
 AkKey = ec.EllipticCurvePublicKey | rsa.RSAPublicKey
-
-
-def name_of(public: bytes) -> bytes:
-    return struct.pack(">H", tpmwire.Alg.SHA256) + hashlib.sha256(public).digest()
-
-
-def qualified_name_of_primary(hierarchy: int, name: bytes) -> bytes:
-    """The qualified name of a primary key: H(the hierarchy's handle || its name)."""
-    digest = hashlib.sha256(struct.pack(">I", hierarchy) + name).digest()
-    return struct.pack(">H", tpmwire.Alg.SHA256) + digest
 
 
 def check_ek_public(ek_public: bytes) -> None:
@@ -334,10 +317,10 @@ class Verifier:
         with self._lock:
             self._check_binding(node_id, hashlib.sha256(identity.ek_public).digest())
         check_ak_public(identity.ak_public)
-        if identity.ak_name != name_of(identity.ak_public):
+        if identity.ak_name != tpmwire.name_of(identity.ak_public):
             raise Refused("ak_public", "the AK's name is not its public area's")
         secret, nonce = os.urandom(32), os.urandom(32)
-        blob, encrypted = make_credential(identity.ek_public, name_of(identity.ak_public), secret)
+        blob, encrypted = make_credential(identity.ek_public, tpmwire.name_of(identity.ak_public), secret)
         ch = Challenge(node_id, nonce, blob, encrypted, secret, identity, self.clock())
         with self._lock:
             now = self.clock()
@@ -492,7 +475,7 @@ class Verifier:
             raise Refused("quote_magic", "the quote was not made by a TPM (magic)")
         if attest.type != tpmwire.ST_ATTEST_QUOTE:
             raise Refused("quote_type", "the attestation is not a quote")
-        if attest.signer != qualified_name_of_primary(tpmwire.RH_ENDORSEMENT, ch.identity.ak_name):
+        if attest.signer != tpmwire.qualified_name_of_primary(tpmwire.RH_ENDORSEMENT, ch.identity.ak_name):
             raise Refused("quote_signer", "the quote names another signer than this AK")
         if not hmac.compare_digest(attest.extra_data, qualifying_data(ch.nonce, boot_id, node_public)):
             raise Refused("quote_nonce", "the quote's qualifying data is not this challenge's nonce, "

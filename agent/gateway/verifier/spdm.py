@@ -36,7 +36,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
-from agent.gateway.verifier.attest import Refused
+from agent.gateway.verifier.refused import Refused
 from agent.gateway.verifier.rim import Rim
 from agent.gateway.verifier.x509chain import leaf_first, verify_chain
 

@@ -26,7 +26,7 @@ from datetime import datetime
 
 from cryptography import x509
 
-from agent.gateway.verifier.attest import Refused
+from agent.gateway.verifier.refused import Refused
 from agent.gateway.verifier.rim import Rim
 from agent.gateway.verifier.spdm import (
     NONCE_SIZE,

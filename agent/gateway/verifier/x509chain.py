@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
-from agent.gateway.verifier.attest import Refused
+from agent.gateway.verifier.refused import Refused
 
 MAX_CHAIN = 8
 
