@@ -52,6 +52,7 @@ from agent.gateway.verifier import eventlog
 from agent.gateway.verifier.policy import Policy, PolicyFailed
 from agent.gateway.verifier.refused import Refused
 from agent.gateway.verifier.state import Counters, NodeState, NodeStates, StateFull
+from agent.gateway.verifier.x509chain import MAX_CHAIN, issued_by, verify_chain
 from agent.hw import tpm as tpmwire
 from agent.security.attest_contract import (
     LEFT_EVENT,
@@ -263,24 +264,22 @@ def check_ek_certificate(der: bytes, ek_public: bytes, roots: list[x509.Certific
         raise Refused("ek_certificate", f"the EK certificate does not parse: {e}") from e
     if cert.public_key() != ek_key(ek_public):
         raise Refused("ek_certificate", "the EK certificate is for another key than the EK")
-    current = cert
-    for _ in range(8):
-        issuer = next((c for c in roots if c.subject == current.issuer and _issued(current, c)), None)
+    # The certificate, then the configured intermediates that lead to an anchor.
+    return verify_chain(_path_to_root(cert, roots), roots, check="ek_certificate")
+
+
+def _path_to_root(cert: x509.Certificate, given: list[x509.Certificate]) -> list[x509.Certificate]:
+    """``cert`` and the issuers that signed it found among ``given`` (two CAs may share a name),
+    leaf first, up to a self-signed one or the longest chain verify_chain takes; verify_chain
+    then judges the whole path (validity, CA flags, the anchor)."""
+    path = [cert]
+    while len(path) < MAX_CHAIN and path[-1].issuer != path[-1].subject:
+        issuer = next((c for c in given if c.subject == path[-1].issuer and c not in path
+                       and issued_by(path[-1], c)), None)
         if issuer is None:
-            raise Refused("ek_certificate", f"the EK certificate's chain ({current.issuer.rfc4514_string()}) "
-                          "reaches no configured EK CA")
-        if issuer.subject == issuer.issuer or issuer in roots:
-            return issuer.subject.rfc4514_string()
-        current = issuer
-    raise Refused("ek_certificate", "the EK certificate's chain is too long")
-
-
-def _issued(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
-    try:
-        cert.verify_directly_issued_by(issuer)
-    except (ValueError, TypeError, InvalidSignature):
-        return False
-    return True
+            break
+        path.append(issuer)
+    return path
 
 
 # The verifier -----------------------------------------------------------------------------
