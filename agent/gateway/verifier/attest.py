@@ -35,6 +35,7 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -71,6 +72,7 @@ MAX_PENDING = 4096
 # Joins verified at once; the rest wait their turn off the interpreter's lock, so that many
 # joins arriving together leave the other sessions' threads their share (bench/attest_verify.py).
 MAX_VERIFYING = 2
+MAX_SITE_INVENTORY = 100_000  # nodes whose BMC inventory the site reported, as join.MAX_NODES
 UNREPLAYED_PCRS = {10}  # IMA's: its log is IMA's own, not the firmware's
 
 
@@ -113,6 +115,7 @@ class Challenge:
     secret: bytes = field(repr=False)
     identity: Identity = field(repr=False)
     issued: float = 0.0
+    ek_maker: str = ""   # who vouched for the EK: its certificate's anchor, or "pinned"
 
 
 # TPM2 credential protection (Part 1, 24) ---------------------------------------------------
@@ -300,19 +303,22 @@ class Verifier:
         # Per node, kept across restarts where it has a folder: the EK bound to it, its counters.
         self.states = states if states is not None else NodeStates()
         self._lock = threading.Lock()
+        # node id -> "bmc:maker|model|BIOS version" as the site's bmc.query read them
+        self._site_inventory: OrderedDict[str, str] = OrderedDict()
         self._verifying = threading.BoundedSemaphore(MAX_VERIFYING)
 
     def challenge(self, node_id: str, identity: Identity) -> Challenge:
         """Check who the TPM is and make its challenge; Refused on the first failing check."""
         check_ek_public(identity.ek_public)
         pinned = self.pinned_ek.get(node_id)
+        ek_maker = "pinned"  # an EK pinned by an operator has no certificate to name its maker
         if pinned is not None:
             if not hmac.compare_digest(hashlib.sha256(identity.ek_public).digest(), pinned):
                 raise Refused("ek_pinned", "the EK is not the one pinned for this node")
         elif not identity.ek_certificate:
             raise Refused("ek_certificate", "no EK certificate in the TPM's NV and no EK pinned for the node")
         else:
-            check_ek_certificate(identity.ek_certificate, identity.ek_public, self.roots)
+            ek_maker = check_ek_certificate(identity.ek_certificate, identity.ek_public, self.roots)
         with self._lock:
             self._check_binding(node_id, hashlib.sha256(identity.ek_public).digest())
         check_ak_public(identity.ak_public)
@@ -320,7 +326,7 @@ class Verifier:
             raise Refused("ak_public", "the AK's name is not its public area's")
         secret, nonce = os.urandom(32), os.urandom(32)
         blob, encrypted = make_credential(identity.ek_public, tpmwire.name_of(identity.ak_public), secret)
-        ch = Challenge(node_id, nonce, blob, encrypted, secret, identity, self.clock())
+        ch = Challenge(node_id, nonce, blob, encrypted, secret, identity, self.clock(), ek_maker)
         with self._lock:
             now = self.clock()
             for key in [k for k, c in self._pending.items() if now - c.issued > self.ttl]:
@@ -369,39 +375,82 @@ class Verifier:
         with self._lock:
             return self.states.release(node_id)
 
-    def _judge(self, ch: Challenge, log_: eventlog.EventLog, pcrs: dict[int, bytes]) -> dict[str, str]:
+    def profile_of(self, ch: Challenge) -> tuple[str, str]:
+        """(the hardware profile, where it came from). From what the node cannot forge alone
+        where the site reported the node's BMC inventory (its maker, model and BIOS version as
+        the site read them over Redfish or IPMI) and the EK's maker (who vouched for its
+        certificate); else the node's own DMI strings, the node's word (docs/attestation.md)."""
+        with self._lock:
+            bmc = self._site_inventory.get(ch.node_id)
+        if bmc is None:
+            return ch.identity.platform, "the DMI strings the node reports"
+        return f"{bmc}|ek:{ch.ek_maker}", "the site's BMC inventory and the EK's maker"
+
+    def _judge(self, ch: Challenge, log_: eventlog.EventLog, pcrs: dict[int, bytes], profile: str,
+               source: str, reset_count: int) -> dict[str, str]:
         """The policy's judgement, with the profile held to what the node attested under before:
-        the DMI strings are the node's word, so a node that says another profile (reflashed firmware
-        reporting another BIOS version) is refused, not learned, unless an operator opened its
-        window (``accept``); a new profile is learned only at the node's first attestation."""
+        a node whose profile changed is refused until its window is open (``accept``, or the
+        site's own firmware update, ``site_updated_firmware``); a new profile is learned only at
+        the node's first attestation."""
         with self._lock:
             state = self.states.get(ch.node_id)
-        before, accept = (state.profile, state.accept) if state is not None else ("", False)
-        platform = ch.identity.platform
-        if before and platform != before and not accept:
+        state = state or NodeState(ch.node_id)
+        before, by = state.profile, state.accept_by
+        # The site's window is for the boot after its firmware update, not one still before it.
+        accept = state.accept and reset_count > state.accept_after
+        if before and profile != before and not accept:
             raise PolicyFailed("policy_profile", f"{ch.node_id} attested as hardware profile {before!r} and "
-                               f"now says {platform!r}: a profile is not learned because a DMI string "
-                               "changed (an operator accepts a firmware change: agent gateway accept NODE)")
-        return self.policy.judge(log_, pcrs, platform, learn=not before, accept=accept)
+                               f"now is {profile!r} (from {source}): a profile is not learned because a "
+                               "DMI string changed, nor because the BMC's inventory did (an operator accepts "
+                               "a firmware change: agent gateway accept NODE)")
+        matched = self.policy.judge(log_, pcrs, profile, learn=not before, accept=accept)
+        if accept and "learned" in matched:
+            matched["accepted_by"] = by or "operator"
+        return matched
 
-    def accept(self, node_id: str) -> NodeState:
+    def accept(self, node_id: str, by: str = "operator", *, next_boot: bool = False) -> NodeState:
         """An operator's window for the node: its next attested join may learn its firmware's PCRs
         (a firmware update, a new board); the window closes with that join."""
         with self._lock:
             try:
-                return self.states.accept(node_id)
+                return self.states.accept(node_id, by, next_boot=next_boot)
             except StateFull as e:
                 raise Refused("capacity", str(e)) from e
 
-    def _bind(self, node_id: str, ek: bytes, profile: str) -> None:
+    def site_updated_firmware(self, node_id: str, firmware_set: str) -> NodeState:
+        """The site reports a firmware update it made itself: "site updated node N's firmware to
+        set S". Recorded with the node's state, it opens the node's window for its next attested
+        join only (which learns what the new firmware measures); the firmware work calls it when
+        an update it applied is done (agent/gateway/verifier/join.py ``site_report``)."""
+        if not firmware_set:
+            raise InvalidParameters("a firmware update the site made names its firmware set")
+        log.info("attestation: the site updated %s's firmware to set %r: its next join may learn",
+                 node_id, firmware_set)
+        return self.accept(node_id, by=f"site: firmware set {firmware_set}", next_boot=True)
+
+    def site_inventory(self, node_id: str, manufacturer: str, model: str, bios_version: str) -> None:
+        """The node's BMC inventory as the site read it (bmc.query): the identity of the node's
+        hardware profile from now on (``profile_of``). Bounded: past MAX_SITE_INVENTORY nodes the
+        oldest report is forgotten (that node's profile is then its DMI strings, as before)."""
+        if not (manufacturer or model or bios_version):
+            return  # a BMC that says nothing names no profile
+        name = "bmc:" + "|".join(s.replace("|", "/") for s in (manufacturer, model, bios_version))
+        with self._lock:
+            self._site_inventory[node_id] = name
+            self._site_inventory.move_to_end(node_id)
+            while len(self._site_inventory) > MAX_SITE_INVENTORY:
+                self._site_inventory.popitem(last=False)
+
+    def _bind(self, node_id: str, ek: bytes, profile: str, reset_count: int) -> None:
         """At an attested join: the EK is the node's from now on (checked again under the lock:
-        two nodes racing to their first join with one TPM), and so is its profile; an operator's
-        window closes."""
+        two nodes racing to their first join with one TPM), and so is its profile; an open window
+        closes (the site's only with a boot after its update)."""
         with self._lock:
             state = self._check_binding(node_id, ek) or NodeState(node_id)
-            if (state.ek, state.profile, state.accept) != (ek, profile, False):
+            accept = state.accept and reset_count <= state.accept_after
+            if (state.ek, state.profile, state.accept) != (ek, profile, accept):
                 try:
-                    self.states.put(replace(state, ek=ek, profile=profile, accept=False))
+                    self.states.put(replace(state, ek=ek, profile=profile, accept=accept))
                 except StateFull as e:
                     raise Refused("capacity", str(e)) from e
                 if state.ek != ek:
@@ -513,9 +562,10 @@ class Verifier:
         if kexec:
             return Verdict(Status.UNATTESTED, reason=f"the TPM was not reset since boot {kexec}, which it "
                            "measured: this boot came by kexec, and what runs now was not measured")
-        matched = self._judge(ch, log_, evidence.pcrs)
+        profile, source = self.profile_of(ch)
+        matched = self._judge(ch, log_, evidence.pcrs, profile, source, attest.reset_count)
         ek = hashlib.sha256(ch.identity.ek_public).digest()
-        self._bind(ch.node_id, ek, ch.identity.platform)
+        self._bind(ch.node_id, ek, profile, attest.reset_count)
         matched["ek"] = ek.hex()[:16]
         return Verdict(Status.ATTESTED, matched=matched)
 
