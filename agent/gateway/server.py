@@ -32,7 +32,7 @@ from agent.gateway.records import (
     build_command,
     decode_result,
 )
-from agent.gateway.verifier.join import JoinAttestation, file_release, site_refusal
+from agent.gateway.verifier.join import JoinAttestation, file_release, site_refusal, site_report
 from agent.link import wire
 from agent.proto import session_pb2
 from agent.security.trust import SigningKey, verify_result
@@ -420,6 +420,11 @@ class Gateway:
         rec.result = body
         rec.result_message = decode_result(body)
         file_release(self.attestation, node.node_id, body.boot_id, rec.result_message)
+        if self.site_node and node.node_id == self.site_node:  # the site's word on its nodes' BMCs
+            told = site_report(self.attestation, rec.kind, rec.signed.body,
+                               body.status == session_pb2.SUCCEEDED, rec.result_message)
+            if told:
+                self._event("attest_site_report", node.node_id, cid, told)
         detail = status + (f" {body.reason}: {body.message}" if body.reason else "")
         self._finish(rec, State.FINISHED, detail, event="result")
 
