@@ -37,11 +37,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from agent.gateway import eventlog
-from agent.gateway.attest import Challenge, Verdict, Verifier, load_certificates
-from agent.gateway.attest_join import JoinAttestation
-from agent.gateway.attest_policy import Policy, PolicyFailed
-from agent.security.attest import Evidence
+from agent.gateway.verifier import eventlog
+from agent.gateway.verifier.attest import Challenge, Verdict, Verifier, load_certificates
+from agent.gateway.verifier.join import JoinAttestation
+from agent.gateway.verifier.policy import Policy, PolicyFailed
+from agent.security.attest_contract import Evidence
 from agent.site.boot.pxe import BootFile
 from initramfs import signing, uki
 from initramfs.signing import DbKey
@@ -110,7 +110,7 @@ class SiteAttestation:
         self.loader = lab.site_state / "site" / "boot" / "tftp" / self.loader_name
         self.loader_digest = uki.authenticode_sha256(self.loader.read_bytes())
         self.policy_doc = {"builds": [self.values], "loaders": [self.loader_digest.hex()], "learn": "first"}
-        if secure_boot is not None:   # the policy's PCR 7 judgement (agent/gateway/pcr7.py)
+        if secure_boot is not None:   # the policy's PCR 7 judgement (agent/gateway/verifier/pcr7.py)
             self.policy_doc["secure_boot"] = secure_boot
         self.verifier = RecordingVerifier(
             Policy.from_json(self.policy_doc),

@@ -28,8 +28,8 @@ TRUSTED: dict[str, str] = {
     "agent/site/observe/observer.py": "the site daemon's own bmcs.json",
     "agent/site/observe/console.py": "the site daemon's own console record",
     "agent/site/observe/sshconsole.py": "the site daemon's own record of each BMC's console plan",
-    "agent/gateway/attest_state.py": "the gateway's own per-node state files (0600, written atomically)",
-    "agent/gateway/spdm.py": "the fleet's golden-values file, the operator's own configuration",
+    "agent/gateway/verifier/state.py": "the gateway's own per-node state files (0600, written atomically)",
+    "agent/gateway/verifier/spdm.py": "the fleet's golden-values file, the operator's own configuration",
     "agent/site/observe/timeline.py": "the site daemon's own timeline records, and a copy made"
                                       " of its own values (json.dumps then loads)",
 }

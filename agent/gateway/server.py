@@ -22,7 +22,6 @@ from google.protobuf.message import DecodeError, Message
 from agent import catalog
 from agent.errors import InvalidParameters, Untrusted
 from agent.gateway import certs
-from agent.gateway.attest_join import JoinAttestation, file_release, site_refusal
 from agent.gateway.records import (
     CommandRecord,
     CommandRejected,
@@ -33,6 +32,7 @@ from agent.gateway.records import (
     build_command,
     decode_result,
 )
+from agent.gateway.verifier.join import JoinAttestation, file_release, site_refusal, site_report
 from agent.link import wire
 from agent.proto import session_pb2
 from agent.security.trust import SigningKey, verify_result
@@ -80,7 +80,7 @@ class Gateway:
         self.gateway_id = gateway_id
         self.handshake_seconds = handshake_seconds
         self.attestation = attestation  # attestation at every join (docs/attestation.md)
-        self.site_node = site_node      # the site daemon told of a refused join (attest_join.py)
+        self.site_node = site_node      # the site daemon told of a refused join (verifier/join.py)
         if attestation is not None and attestation.on_verdict is None:
             attestation.on_verdict = lambda node, v: self._event(f"attest_{v.status}", node, detail=str(v))
         self.nodes: dict[str, GatewayNode] = {}
@@ -451,6 +451,11 @@ class Gateway:
         rec.result = body
         rec.result_message = decode_result(body)
         file_release(self.attestation, node.node_id, body.boot_id, rec.result_message)
+        if self.site_node and node.node_id == self.site_node:  # the site's word on its nodes' BMCs
+            told = site_report(self.attestation, rec.kind, rec.signed.body,
+                               body.status == session_pb2.SUCCEEDED, rec.result_message)
+            if told:
+                self._event("attest_site_report", node.node_id, cid, told)
         detail = status + (f" {body.reason}: {body.message}" if body.reason else "")
         self._finish(rec, State.FINISHED, detail, event="result")
 

@@ -13,7 +13,7 @@ its dnsmasq and TFTP), one node, one boot per test:
   boot-files.json, as the build makes them (initramfs/signing.py, ``lab.site_boot_files``); the
   site's UKI is signed with the same key.
 - The signed path joins, attested under a policy that requires Secure Boot and the fleet's db
-  certificate as the authority (PCR 7 judged event by event: agent/gateway/pcr7.py); PCR 4
+  certificate as the authority (PCR 7 judged event by event: agent/gateway/verifier/pcr7.py); PCR 4
   holds the signed ipxe.efi's and the signed UKI's Authenticode digests, the build's reference
   values (signing left them as they were), and the ramdisk reads SecureBoot = 1 from its
   firmware; the same evidence with another PK or another db authority is refused.
@@ -39,8 +39,8 @@ from typing import Any
 
 import pytest
 
-from agent.gateway import eventlog, pcr7
-from agent.gateway.attest import Status
+from agent.gateway.verifier import eventlog, pcr7
+from agent.gateway.verifier.attest import Status
 from agent.images.filesource import file_digest
 from agent.site.bmc.client import Credentials
 from agent.site.bmc.secrets import SecretStore

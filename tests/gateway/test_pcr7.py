@@ -1,4 +1,4 @@
-"""PCR 7 judged event by event (agent/gateway/pcr7.py), on event logs written as OVMF's Secure
+"""PCR 7 judged event by event (agent/gateway/verifier/pcr7.py), on event logs written as OVMF's Secure
 Boot build writes them (tests/tpmsim.py's writer): Secure Boot on with the fleet's keys and its
 db certificate as the authority passes; off, setup mode, a swapped PK, a foreign db authority, an
 event whose digest is not of its data and an event of another kind are each refused by name; off
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from agent.errors import InvalidParameters
-from agent.gateway import eventlog, pcr7
-from agent.gateway.attest_policy import Policy, PolicyFailed
+from agent.gateway.verifier import eventlog, pcr7
+from agent.gateway.verifier.policy import Policy, PolicyFailed
 from tests.tpmsim import Ev, ev, event_log, image
 
 OWNER = uuid.UUID("8b1f9c52-3d4e-4a6b-9e21-6c0d5f7a1b33")

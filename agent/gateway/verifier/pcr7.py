@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.errors import InvalidParameters
-from agent.gateway import eventlog
+from agent.gateway.verifier import eventlog
 
 EFI_GLOBAL_VARIABLE = uuid.UUID("8be4df61-93ca-11d2-aa0d-00e098032b8c")
 IMAGE_SECURITY_DATABASE = uuid.UUID("d719b2cb-3d3a-4596-a3bc-dad00e67656f")

@@ -32,7 +32,7 @@ from typing import Any
 
 from agent import atomicfile, limits
 from agent.errors import InvalidParameters
-from agent.gateway import eventlog, pcr7
+from agent.gateway.verifier import eventlog, pcr7
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ class Policy:
                 raise PolicyFailed(f"policy_pcr{pcr}", f"PCR {pcr} ({what[pcr]}) is "
                                    f"{pcrs.get(pcr, b'').hex()}, build {build.build_id} says {want.hex()}")
         matched = {"build": build.build_id, "pcr4": build.pcr4[0].hex(), "profile": profile}
-        if self.secure_boot is not None:   # PCR 7 event by event (agent/gateway/pcr7.py)
+        if self.secure_boot is not None:   # PCR 7 event by event (agent/gateway/verifier/pcr7.py)
             try:
                 matched.update(pcr7.judge(log_, self.secure_boot))
             except pcr7.Pcr7Failed as e:
