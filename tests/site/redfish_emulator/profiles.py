@@ -71,6 +71,10 @@ class Quirk(enum.StrEnum):
     # A LogService listed in its collection that answers 404 (issue 40, BlueField-3: its recording
     # lists the Manager's Journal, whose Entries answer 404; the emulator also takes ``gone`` paths).
     LOG_SERVICE_404 = "log-service-404"
+    # NVIDIA BlueField BMC: a Secure Boot key write (ResetKeys, a certificate POST) becomes a task
+    # that UEFI runs at the next boot ("BIOS Secure Boot Configuration", BlueField BMC software
+    # 23.09 to 25.10); answered 202 (tests/site/redfish_emulator/secureboot.py).
+    SECURE_BOOT_AT_REBOOT = "secure-boot-at-reboot"
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,6 @@ PROFILES: dict[str, Profile] = {
                        media_schemes=("https", "smb")),
     "nvidia_gb200": _p("bmcweb", Quirk.MODE_PATCH_500, Quirk.MEDIA_HTTPS_ONLY, Quirk.RESET_500_AFTER_ACTING,
                        media_schemes=("https", "smb")),
-    "nvidia_bluefield3": _p("bmcweb", Quirk.LOG_SERVICE_404),
+    "nvidia_bluefield3": _p("bmcweb", Quirk.LOG_SERVICE_404, Quirk.SECURE_BOOT_AT_REBOOT),
     "dmtf_public_rackmount1": _p("dmtf"),
 }

@@ -29,6 +29,9 @@ says, bent by the profile:
   allowable values, and required where that says so), a multipart push to
   MultipartHttpPushUri or a raw one to HttpPushUri: 202 and a task monitor that completes after
   ``task_polls`` GETs.
+- UEFI Secure Boot: SecureBoot.ResetKeys, SecureBootDatabase.ResetKeys and certificate POSTs to
+  the live databases (tests/site/redfish_emulator/secureboot.py), applied at once or, where the
+  profile says, at the next reset; a reset sets SecureBootCurrentBoot.
 - Actions a test installs (``state.actions``): ComponentIntegrity's SPDMGetSignedMeasurements,
   answered by responders of the test's own making (tests/site/redfish_emulator/spdm.py).
 """
@@ -59,6 +62,7 @@ import pytest
 
 from agent.site.bmc.client import Credentials, Target
 from tests.loopback_http import self_signed_cert
+from tests.site.redfish_emulator import secureboot
 from tests.site.redfish_emulator.profiles import PROFILES, Profile, Quirk
 
 Doc = dict[str, Any]
@@ -155,6 +159,7 @@ class State:
     # of tests/site/redfish_emulator/spdm.py.
     actions: dict[str, Callable[[Doc], tuple[int, Doc]]] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
+    secure_boot: dict[str, Any] = field(default_factory=dict)   # SecureBoot path -> its SecureBootKeys
 
     def etag(self, path: str) -> str:
         digest = hashlib.sha256(f"{path}:{self.versions.get(path, 0)}".encode()).hexdigest()[:8]
@@ -485,6 +490,9 @@ class _Handler(BaseHTTPRequestHandler):
             boot = st.pending.pop(system_path)
             system.setdefault("Boot", {}).update(boot)
         if kind not in ("ForceOff", "GracefulShutdown"):
+            for keys in st.secure_boot.values():
+                if keys.ref.startswith(system_path + "/"):
+                    keys.boot()
             for owner, attributes in list(st.pending_attributes.items()):
                 if owner.startswith(system_path + "/"):
                     st.docs[owner].setdefault("Attributes", {}).update(attributes)
@@ -635,6 +643,7 @@ class RedfishEmulator:
     def __init__(self, root: Path, profile: Profile, workdir: Path, *, tls: bool = True,
                  user: str = USER, password: str = PASSWORD) -> None:
         self.state = State(load(root), profile)
+        self.state.secure_boot = secureboot.install(self.state)
         self.workdir = workdir
         self.tls = tls
         self.user, self.password = user, password
