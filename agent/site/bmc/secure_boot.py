@@ -242,7 +242,7 @@ def restore(s: RedfishSession, policy: SecureBootPolicy) -> tuple[secureboot.Sec
             state, now = secureboot.reset_keys(s, state, "ResetAllKeysToDefault", taken=matches)
             done.append("ResetKeys ResetAllKeysToDefault" + ("" if now else _AT_BOOT))
         else:
-            for name in KEY_DATABASES:          # PK last: enrolling it ends setup mode
+            for name in reversed(KEY_DATABASES):    # PK last: enrolling it ends setup mode
                 if _extras(policy, state, name):
                     state, now = secureboot.reset_keys(s, state, "DeleteAllKeys", database=name)
                     done.append(f"{name} ResetKeys DeleteAllKeys" + ("" if now else _AT_BOOT))
