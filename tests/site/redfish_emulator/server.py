@@ -29,6 +29,7 @@ says, bent by the profile:
   allowable values, and required where that says so), a multipart push to
   MultipartHttpPushUri or a raw one to HttpPushUri: 202 and a task monitor that completes after
   ``task_polls`` GETs.
+- ``$expand`` of a collection: its members inline (the recording's own documents).
 - UEFI Secure Boot: SecureBoot.ResetKeys, SecureBootDatabase.ResetKeys and certificate POSTs to
   the live databases (tests/site/redfish_emulator/secureboot.py), applied at once or, where the
   profile says, at the next reset; a reset sets SecureBootCurrentBoot.
@@ -285,6 +286,10 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(404, missing, path=path)
             if query and "skip" in query:     # a page past what was recorded
                 doc = {"@odata.id": path, "Members": []}
+            elif "$expand" in urllib.parse.unquote(query) and isinstance(doc.get("Members"), list):
+                # a collection's members inline where recorded (DSP0266 $expand, levels 1)
+                doc = {**doc, "Members": [st.docs.get(str(m.get("@odata.id", "")).rstrip("/"), m)
+                                          for m in doc["Members"] if isinstance(m, dict)]}
             headers = {"ETag": st.etag(path)} if st.profile.etag else {}
             gzipped = Quirk.GZIP_OR_406 in st.profile.quirks and path not in (ROOT, "/redfish")
             if gzipped and not _takes_gzip(self.headers.get("Accept-Encoding")):

@@ -118,14 +118,27 @@ def _certificate(doc: Doc) -> tuple[str, str]:
     return "", ""
 
 
-def _members(s: RedfishSession, ref: str, what: str) -> list[str]:
+def _members(s: RedfishSession, ref: str, what: str) -> list[Doc]:
+    """The collection's members as documents: expanded in one GET where the service root says the
+    BMC takes ``$expand`` (DSP0266 ProtocolFeaturesSupported.ExpandQuery: ``.`` with levels; every
+    recorded tree does), else, or for a member it left a link, one GET each (a dbx holds hundreds)."""
     if not ref:
         return []
-    members = s.members(ref)
-    if len(members) > MAX_ENTRIES:
-        raise BmcRefused(f"Redfish BMC {s.target.address}: {what} lists {len(members)} entries, "
-                         f"more than {MAX_ENTRIES}", bmc_message=f"{len(members)} members")
-    return members
+    expand = s.root().get("ProtocolFeaturesSupported")
+    expand = expand.get("ExpandQuery") if isinstance(expand, dict) else None
+    query = "?$expand=.($levels=1)" if isinstance(expand, dict) and expand.get("NoLinks") \
+        and expand.get("Levels") else ""
+    listed = [m for m in s.get(ref.rstrip("/") + query).get("Members", []) if isinstance(m, dict)]
+    if len(listed) > MAX_ENTRIES:
+        raise BmcRefused(f"Redfish BMC {s.target.address}: {what} lists {len(listed)} entries, "
+                         f"more than {MAX_ENTRIES}", bmc_message=f"{len(listed)} members")
+    docs: list[Doc] = []
+    for member in listed:
+        ref_of = member.get("@odata.id")
+        if set(member) <= {"@odata.id"} and isinstance(ref_of, str) and ref_of:
+            member = s.get(ref_of)          # not expanded: read it
+        docs.append(member)
+    return docs
 
 
 def _actions(doc: Doc, name: str) -> tuple[str, tuple[str, ...]]:
@@ -144,15 +157,15 @@ def _database(s: RedfishSession, name: str, ref: str, doc: Doc) -> Database:
     unnamed = 0
     certs_ref = link(doc, "Certificates")
     for member in _members(s, certs_ref, f"{name}'s Certificates"):
-        fp, subject = _certificate(s.get(member))
+        fp, subject = _certificate(member)
         if not fp:         # iDRAC: CertificateString null, a SHA-1 Thumbprint in its Oem copy only
             unnamed += 1
             continue
         certs.append(fp)
         if subject:
             subjects[fp] = subject
-    sigs = [_hex(s.get(m).get("SignatureString"))
-            for m in _members(s, link(doc, "Signatures"), f"{name}'s Signatures")]
+    listed = _members(s, link(doc, "Signatures"), f"{name}'s Signatures")
+    sigs = [_hex(m.get("SignatureString")) for m in listed]
     target, types = _actions(doc, "#SecureBootDatabase.ResetKeys")
     return Database(name, ref, tuple(certs), subjects, tuple(x for x in sigs if x), certs_ref,
                     target, types, unnamed + sum(1 for x in sigs if not x))
