@@ -274,3 +274,26 @@ def test_a_bmc_that_does_not_expand_is_read_one_entry_at_a_time(trees: Path, emu
         one_by_one = run_kind("bmc.query", emulator_config, bmc, "secure_boot")
         assert bmc.writes("GET", "/dbx/Signatures/1")
         assert dict(one_by_one.values) == dict(expanded.values)
+
+
+def test_factory_keys_with_the_fleets_db_certificate_appended(trees: Path, tmp_path: Path,
+                                                               emulator_config: Config) -> None:
+    """The path for fleets that keep the vendor's keys (docs/attestation.md, "Secure Boot with the
+    vendor's keys"): the factory's PK, KEK and db, and the fleet's own db certificate beside them."""
+    with RedfishEmulator.of("dmtf_public_rackmount1", trees) as bmc:
+        path = Path(factory_policy(bmc, tmp_path))
+        fleet = make_cert(tmp_path, "fleet-db")
+        policy = json.loads(path.read_text())
+        policy["db"].append({"pem": "fleet-db.pem"})
+        path.write_text(json.dumps(policy))
+        secure_boot(bmc).add("KEK", "Certificates", {"CertificateString": make_cert(tmp_path, "tenant"),
+                                                     "CertificateType": "PEM"})
+        found = run_kind("bmc.query", emulator_config, bmc, "secure_boot", policy=str(path))
+        assert {"secure_boot.kek_foreign", "secure_boot.db_missing"} <= set(checks(found))
+        done = run_kind("bmc.firmware", emulator_config, bmc, "restore_secure_boot", policy=str(path))
+        assert done.release.pool_ready, done.release
+        resets = [b for _, _, b in bmc.writes("POST", "ResetKeys")]
+        assert resets == [{"ResetKeysType": "ResetAllKeysToDefault"}]
+        [(_, where, body)] = bmc.writes("POST", "/Certificates")
+        assert where.endswith("/db/Certificates") and body["CertificateString"] == fleet
+        assert der_sha256(fleet) in entries(bmc, "db")[0]

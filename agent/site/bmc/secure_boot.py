@@ -143,8 +143,10 @@ def _entry(where: str, entry: Any, base: Path, pems: list[str]) -> str:
 def can_restore(policy: SecureBootPolicy, state: secureboot.SecureBootState) -> bool:
     """Whether this BMC has the writes ``policy.restore`` needs for the keys."""
     if policy.restore == "defaults":
-        return bool(state.reset_target) and (not state.reset_types
-                                              or "ResetAllKeysToDefault" in state.reset_types)
+        appendable = all(name in state.databases and state.databases[name].certificates_ref
+                         for name in KEY_DATABASES if policy.pems[name])
+        return appendable and bool(state.reset_target) and (
+            not state.reset_types or "ResetAllKeysToDefault" in state.reset_types)
     for name in KEY_DATABASES:
         db = state.databases.get(name)
         if db is None or db.unnamed or len(policy.pems[name]) != len(policy.keys[name]):
@@ -236,11 +238,23 @@ def restore(s: RedfishSession, policy: SecureBootPolicy) -> tuple[secureboot.Sec
     keys_off = [m for m in check(policy, state) if m.check != "secure_boot.off"]
     if keys_off and can_restore(policy, state):
         if policy.restore == "defaults":
-            def matches(new: secureboot.SecureBootState) -> bool:
-                return not [m for m in check(policy, new) if m.check != "secure_boot.off"]
+            # The factory's keys, then the fleet's own certificates appended (its PEMs: a fleet
+            # that keeps the vendor's keys and adds its db certificate, docs/attestation.md).
+            appended = {secureboot.fingerprint_of(p) for n in KEY_DATABASES for p in policy.pems[n]}
 
-            state, now = secureboot.reset_keys(s, state, "ResetAllKeysToDefault", taken=matches)
-            done.append("ResetKeys ResetAllKeysToDefault" + ("" if now else _AT_BOOT))
+            def matches(new: secureboot.SecureBootState) -> bool:
+                return not [m for m in check(policy, new) if m.check != "secure_boot.off"
+                            and not (m.check.endswith("_missing") and m.expected in appended)]
+
+            if not matches(state):
+                state, now = secureboot.reset_keys(s, state, "ResetAllKeysToDefault", taken=matches)
+                done.append("ResetKeys ResetAllKeysToDefault" + ("" if now else _AT_BOOT))
+            for name in reversed(KEY_DATABASES):
+                for pem in policy.pems[name]:
+                    if secureboot.fingerprint_of(pem) not in state.databases[name].certificates:
+                        state, now = secureboot.enroll(s, state, name, pem)
+                        done.append(f"{name} certificate {secureboot.fingerprint_of(pem)[:16]} appended"
+                                    + ("" if now else _AT_BOOT))
         else:
             for name in reversed(KEY_DATABASES):    # PK last: enrolling it ends setup mode
                 if _extras(policy, state, name):
