@@ -278,7 +278,7 @@ def test_a_bmc_that_does_not_expand_is_read_one_entry_at_a_time(trees: Path, emu
 
 def test_factory_keys_with_the_fleets_db_certificate_appended(trees: Path, tmp_path: Path,
                                                                emulator_config: Config) -> None:
-    """The path for fleets that keep the vendor's keys (docs/attestation.md, "Secure Boot with the
+    """The path for fleets that keep the vendor's keys (docs/site.md, "Secure Boot with the
     vendor's keys"): the factory's PK, KEK and db, and the fleet's own db certificate beside them."""
     with RedfishEmulator.of("dmtf_public_rackmount1", trees) as bmc:
         path = Path(factory_policy(bmc, tmp_path))

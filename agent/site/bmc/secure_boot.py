@@ -239,7 +239,7 @@ def restore(s: RedfishSession, policy: SecureBootPolicy) -> tuple[secureboot.Sec
     if keys_off and can_restore(policy, state):
         if policy.restore == "defaults":
             # The factory's keys, then the fleet's own certificates appended (its PEMs: a fleet
-            # that keeps the vendor's keys and adds its db certificate, docs/attestation.md).
+            # that keeps the vendor's keys and adds its db certificate, docs/site.md).
             appended = {secureboot.fingerprint_of(p) for n in KEY_DATABASES for p in policy.pems[n]}
 
             def matches(new: secureboot.SecureBootState) -> bool:
