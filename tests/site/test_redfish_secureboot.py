@@ -297,3 +297,15 @@ def test_factory_keys_with_the_fleets_db_certificate_appended(trees: Path, tmp_p
         [(_, where, body)] = bmc.writes("POST", "/Certificates")
         assert where.endswith("/db/Certificates") and body["CertificateString"] == fleet
         assert der_sha256(fleet) in entries(bmc, "db")[0]
+
+
+def test_a_profile_that_accepts_secure_boot_off_is_not_refused_for_it(trees: Path, tmp_path: Path,
+                                                                      emulator_config: Config) -> None:
+    with RedfishEmulator.of("nvidia_gh200", trees) as bmc:        # recorded: off, no keys
+        policy = tmp_path / "policy.json"
+        policy.write_text(json.dumps({"secure_boot": "off_allowed"}))
+        allowed = run_kind("bmc.query", emulator_config, bmc, "secure_boot", policy=str(policy))
+        assert allowed.release.pool_ready and not checks(allowed)
+        policy.write_text(json.dumps({"secure_boot": "required"}))
+        required = run_kind("bmc.query", emulator_config, bmc, "secure_boot", policy=str(policy))
+        assert checks(required) == {"secure_boot.off": True, "secure_boot.setup_mode": False}

@@ -126,7 +126,8 @@ def _entry(where: str, entry: Any, base: Path, pems: list[str]) -> str:
         if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts:
             raise InvalidParameters(f"{where}: pem is a file name beside the policy")
         try:
-            pem = (base / name).read_text()[:64 * 1024]
+            with (base / name).open("rb") as f:
+                pem = f.read(64 * 1024).decode()
             computed = secureboot.fingerprint_of(pem)
         except (OSError, ValueError, UnicodeDecodeError) as exc:
             raise InvalidParameters(f"{where}: {name} is not a readable PEM certificate ({exc})") from None
@@ -163,11 +164,27 @@ def _extras(policy: SecureBootPolicy, state: secureboot.SecureBootState, name: s
     return (set(db.certificates) | set(db.signatures)) - policy.keys[name] if db else set()
 
 
+class _Findings:
+    """The mismatches in the node side's shape (agent/policy/baseline.py's), a remedy each where
+    this BMC has the writes."""
+
+    def __init__(self) -> None:
+        self.mismatches: list[agent_pb2.Mismatch] = []
+
+    def add(self, check: str, expected: object, found: object, where: str, message: str,
+            remedy: agent_pb2.BmcRemedy | None = None) -> None:
+        m = agent_pb2.Mismatch(check=check, expected=str(expected), found=str(found), where=where,
+                               message=message)
+        if remedy is not None:
+            m.bmc_remedy.CopyFrom(remedy)
+        self.mismatches.append(m)
+
+
 def check(policy: SecureBootPolicy, state: secureboot.SecureBootState | None,
           unread: str = "") -> list[agent_pb2.Mismatch]:
     """Every way ``state`` differs from ``policy``, each with the site remedy where this BMC has
     the writes; a state not read is one finding, never a pass."""
-    found = baseline._Found()
+    found = _Findings()
     if state is None:
         found.add("secure_boot.unreadable", "SecureBoot", "unreadable", "SecureBoot",
                   f"the node's Secure Boot state cannot be read from its BMC: {unread or 'not read'}")

@@ -69,7 +69,8 @@ class SecureBootState:
         """The state in bmc.query's ``values`` form (never a secret: fingerprints, digests)."""
         out = {"secure_boot.enable": "" if self.enable is None else str(self.enable).lower(),
                "secure_boot.mode": self.mode, "secure_boot.current_boot": self.current_boot,
-               "secure_boot.reset_keys": ",".join(self.reset_types) if self.reset_target else ""}
+               "secure_boot.reset_keys": (",".join(self.reset_types) or "offered") if self.reset_target
+               else ""}
         for name, db in sorted(self.databases.items()):
             out[f"secure_boot.{name}.certificates"] = ",".join(db.certificates)
             out[f"secure_boot.{name}.signatures"] = str(len(db.signatures))
