@@ -32,7 +32,7 @@ from agent.errors import (
 from agent.policy.release import gate
 from agent.policy.release.state import ExpectedState
 from agent.proto import agent_pb2, site_pb2
-from agent.site.bmc import events, secrets
+from agent.site.bmc import events, secrets, secure_boot
 from agent.site.bmc import posture as bmc_posture
 from agent.site.bmc import release as bmc_release
 from agent.site.bmc.client import (
@@ -67,7 +67,8 @@ OPERATIONS: dict[str, dict[str, dict[str, bool]]] = {
         "set_boot_device": {"device": True, "persistent": False, "mode": False},
         "get_boot_device": {},
     },
-    "bmc.query": {"query": {}, "events": {"since": False}, "bios": {"names": False}, "baseline": {}},
+    "bmc.query": {"query": {}, "events": {"since": False}, "bios": {"names": False}, "baseline": {},
+                  "secure_boot": {"policy": False}},
     "bmc.rotate": {"rotate": {"new_password_ref": False, "length": False},
                    "disable_account": {"username": True}},
     "bmc.firmware": {
@@ -78,6 +79,7 @@ OPERATIONS: dict[str, dict[str, dict[str, bool]]] = {
                    "method": False},
         "status": {"task_uri": False},
         "set_bios": {"attributes": True},
+        "restore_secure_boot": {"policy": True},
     },
     "bmc.storage": {
         "list": {},
@@ -120,6 +122,8 @@ class BmcArgs:
     task_uri: str = ""            # bmc.firmware status: a task to read once
     username: str = ""            # bmc.rotate disable_account: the account to disable
     method: str = ""              # bmc.firmware update/push: simple_update, multipart, http_push; "": picked
+    policy: Any = None            # bmc.query secure_boot, bmc.firmware restore_secure_boot: the
+                                  # fleet's SecureBootPolicy (agent/site/bmc/secure_boot.py)
 
 
 @dataclass(frozen=True)
@@ -297,6 +301,7 @@ READERS: dict[str, Callable[[str, str], Any]] = {
     "names": _names,
     "username": _username,
     "method": _method,
+    "policy": lambda n, t: secure_boot.load(_file(n, t)),
 }
 
 
@@ -571,6 +576,8 @@ class BmcQuery(_BmcHandler, kind="bmc.query"):
             if restored:
                 result.values["posture_restored"] = ", ".join(restored)
             return result
+        if session.params.operation == "secure_boot":
+            return _secure_boot(session, client)
         if session.params.operation == "bios":
             current, pending = _redfish(session, client).bios(list(session.params.args.names))
             state = f"{len(current)} attributes, {len(pending)} pending"
@@ -613,6 +620,37 @@ def _management(session: BmcSession, client: BmcClient, result: Result) -> None:
         result.management.extend(state.message() for state in client.posture())
     except (Unsupported, BmcRefused) as exc:
         session.partial.append(f"management: {exc.message}")
+
+
+def _secure_boot(session: BmcSession, client: BmcClient) -> Result:
+    """bmc.query secure_boot: the SecureBoot resource in ``values``; with a ``policy``, the
+    release gate's Secure Boot findings in ``release`` (agent/site/bmc/secure_boot.py)."""
+    policy = session.params.args.policy
+    state, why = secure_boot.observe(_redfish(session, client))
+    if policy is None:
+        if state is None:
+            raise Unsupported(f"bmc.query secure_boot: {why}")
+        result = _result(session.params, client, state=state.mode or "unknown")
+        result.values.update(state.values())
+        return result
+    mismatches = secure_boot.check(policy, state, why)
+    result = _result(session.params, client, state="pool_ready" if not mismatches
+                     else f"{len(mismatches)} finding(s)")
+    if state is not None:
+        result.values.update(state.values())
+    result.release.CopyFrom(secure_boot.report(mismatches))
+    return result
+
+
+def _restore_secure_boot(session: BmcSession, client: BmcClient) -> Result:
+    """bmc.firmware restore_secure_boot: the keys and Secure Boot put back as the policy says,
+    each write once and read back; ``release`` what is still off after (named, never passed)."""
+    report, done = secure_boot.restore_report(_redfish(session, client), session.params.args.policy)
+    result = _result(session.params, client, state="restored" if report.pool_ready
+                     else f"{len(report.restorable) + len(report.cannot_restore)} finding(s) left")
+    result.values["writes"] = "; ".join(done) or "none"
+    result.release.CopyFrom(report)
+    return result
 
 
 class BmcRotate(_BmcHandler, kind="bmc.rotate"):
@@ -691,6 +729,8 @@ class BmcFirmware(_BmcHandler, kind="bmc.firmware"):
             result = _result(params, client, state=state)
             result.values.update({k: str(v) for k, v in back.items()})
             return result
+        if params.operation == "restore_secure_boot":
+            return _restore_secure_boot(session, client)
         if params.operation == "status":
             result = client.firmware_status(args.task_uri)
             result.attempts = getattr(client, "attempts", 0)

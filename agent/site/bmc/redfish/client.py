@@ -12,6 +12,7 @@ every BMC client offers, each a call into the module of its noun.
     system.py    power, the boot override, the inventory bmc.query reads, accounts
     storage.py   Storage / SimpleStorage, volumes
     bios.py      BIOS attributes checked against the BMC's AttributeRegistry
+    secureboot.py  UEFI Secure Boot: the SecureBoot resource, its databases, ResetKeys, enrolling
     accounts.py  the AccountService's accounts: listed, disabled
     media.py     virtual media
     firmware.py  the UpdateService; tasks.py the task monitor it (and volumes) follow

@@ -86,6 +86,10 @@ class Quirk(enum.StrEnum):
     # ProtocolEnabled; one naming any other property is refused whole, 400 PropertyUnknown
     # (openbmc/bmcweb redfish-core/lib/network_protocol.hpp: readJsonPatch of those keys alone).
     PROTOCOL_PATCH_IPMI_SSH_ONLY = "protocol-patch-ipmi-ssh-only"
+    # NVIDIA BlueField BMC: a Secure Boot key write (ResetKeys, a certificate POST) becomes a task
+    # that UEFI runs at the next boot ("BIOS Secure Boot Configuration", BlueField BMC software
+    # 23.09 to 25.10); answered 202 (tests/site/bmc/redfish_emulator/secureboot.py).
+    SECURE_BOOT_AT_REBOOT = "secure-boot-at-reboot"
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,6 @@ PROFILES: dict[str, Profile] = {
     "nvidia_gb200": _p("bmcweb", Quirk.MODE_PATCH_500, Quirk.MEDIA_HTTPS_ONLY, Quirk.RESET_500_AFTER_ACTING,
                        Quirk.PROTOCOL_PATCH_IPMI_SSH_ONLY, media_schemes=("https", "smb")),
     "nvidia_bluefield3": _p("bmcweb", Quirk.LOG_SERVICE_404, Quirk.BOOT_AT_SYSTEM_IGNORED,
-                            Quirk.PROTOCOL_PATCH_IPMI_SSH_ONLY),
+                            Quirk.PROTOCOL_PATCH_IPMI_SSH_ONLY, Quirk.SECURE_BOOT_AT_REBOOT),
     "dmtf_public_rackmount1": _p("dmtf"),
 }

@@ -32,6 +32,10 @@ says, bent by the profile:
   allowable values, and required where that says so), a multipart push to
   MultipartHttpPushUri or a raw one to HttpPushUri: 202 and a task monitor that completes after
   ``task_polls`` GETs.
+- ``$expand`` of a collection: its members inline (the recording's own documents).
+- UEFI Secure Boot: SecureBoot.ResetKeys, SecureBootDatabase.ResetKeys and certificate POSTs to
+  the live databases (tests/site/bmc/redfish_emulator/secureboot.py), applied at once or, where the
+  profile says, at the next reset; a reset sets SecureBootCurrentBoot.
 - Actions a test installs (``state.actions``): ComponentIntegrity's SPDMGetSignedMeasurements,
   answered by responders of the test's own making (tests/site/bmc/redfish_emulator/spdm.py).
 """
@@ -62,6 +66,7 @@ import pytest
 
 from agent.site.bmc.client import Credentials, Target
 from tests.loopback_http import self_signed_cert
+from tests.site.bmc.redfish_emulator import secureboot
 from tests.site.bmc.redfish_emulator.profiles import PROFILES, Profile, Quirk
 
 Doc = dict[str, Any]
@@ -162,6 +167,7 @@ class State:
     # of tests/site/bmc/redfish_emulator/spdm.py.
     actions: dict[str, Callable[[Doc], tuple[int, Doc]]] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
+    secure_boot: dict[str, Any] = field(default_factory=dict)   # SecureBoot path -> its SecureBootKeys
 
     def etag(self, path: str) -> str:
         digest = hashlib.sha256(f"{path}:{self.versions.get(path, 0)}".encode()).hexdigest()[:8]
@@ -287,6 +293,10 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(404, missing, path=path)
             if query and "skip" in query:     # a page past what was recorded
                 doc = {"@odata.id": path, "Members": []}
+            elif "$expand" in urllib.parse.unquote(query) and isinstance(doc.get("Members"), list):
+                # a collection's members inline where recorded (DSP0266 $expand, levels 1)
+                doc = {**doc, "Members": [st.docs.get(str(m.get("@odata.id", "")).rstrip("/"), m)
+                                          for m in doc["Members"] if isinstance(m, dict)]}
             headers = {"ETag": st.etag(path)} if st.profile.etag else {}
             gzipped = Quirk.GZIP_OR_406 in st.profile.quirks and path not in (ROOT, "/redfish")
             if gzipped and not _takes_gzip(self.headers.get("Accept-Encoding")):
@@ -522,6 +532,9 @@ class _Handler(BaseHTTPRequestHandler):
             boot = st.pending.pop(system_path)
             system.setdefault("Boot", {}).update(boot)
         if kind not in ("ForceOff", "GracefulShutdown"):
+            for keys in st.secure_boot.values():
+                if keys.ref.startswith(system_path + "/"):
+                    keys.boot()
             for owner, attributes in list(st.pending_attributes.items()):
                 if owner.startswith(system_path + "/"):
                     st.docs[owner].setdefault("Attributes", {}).update(attributes)
@@ -674,6 +687,7 @@ class RedfishEmulator:
     def __init__(self, root: Path, profile: Profile, workdir: Path, *, tls: bool = True,
                  user: str = USER, password: str = PASSWORD) -> None:
         self.state = State(load(root), profile)
+        self.state.secure_boot = secureboot.install(self.state)
         self.workdir = workdir
         self.tls = tls
         self.user, self.password = user, password
