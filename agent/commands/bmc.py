@@ -76,6 +76,10 @@ OPERATIONS: dict[str, dict[str, dict[str, bool]]] = {
                    "method": False},
         "status": {"task_uri": False},
         "set_bios": {"attributes": True},
+        # The site's firmware set of a hardware profile (setting site_firmware_sets): what differs,
+        # and that plan carried out (agent/site/bmc/redfish/fwsets.py, fwapply.py).
+        "plan": {"profile": True},
+        "apply": {"profile": True},
     },
     "bmc.storage": {
         "list": {},
@@ -118,6 +122,7 @@ class BmcArgs:
     task_uri: str = ""            # bmc.firmware status: a task to read once
     username: str = ""            # bmc.rotate disable_account: the account to disable
     method: str = ""              # bmc.firmware update/push: simple_update, multipart, http_push; "": picked
+    profile: str = ""             # bmc.firmware plan/apply: a hardware profile of the firmware sets
 
 
 @dataclass(frozen=True)
@@ -247,6 +252,12 @@ def _method(name: str, text: str) -> str:
     return text
 
 
+def _profile(name: str, text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", text):
+        raise InvalidParameters(f"parameter {name}: a profile name (letters, digits, '.', '_', '-')")
+    return text
+
+
 def _check_firmware(operation: str, args: BmcArgs) -> None:
     """bmc.firmware update and push: one image, as a URL or as a file with its sha256, and a
     method that takes that kind of image."""
@@ -299,6 +310,7 @@ READERS: dict[str, Callable[[str, str], Any]] = {
     "names": _names,
     "username": _username,
     "method": _method,
+    "profile": _profile,
 }
 
 
@@ -661,6 +673,8 @@ class BmcFirmware(_BmcHandler, kind="bmc.firmware"):
             result = _result(params, client, state=state)
             result.values.update({k: str(v) for k, v in back.items()})
             return result
+        if params.operation in ("plan", "apply"):
+            return firmware_set(session, _redfish(session, client), progress)
         if params.operation == "status":
             result = client.firmware_status(args.task_uri)
             result.attempts = getattr(client, "attempts", 0)
@@ -673,6 +687,57 @@ class BmcFirmware(_BmcHandler, kind="bmc.firmware"):
                                           transfer_protocol=args.transfer_protocol, method=args.method,
                                           progress=progress)
         return _result(params, client, state=task.state, firmware=task)
+
+
+def load_firmware_set(ctx: Context, profile: str) -> Any:
+    """The firmware set of ``profile`` from the site's file (setting site_firmware_sets), read
+    at each use: an operator's edit counts from the next command."""
+    from agent.site.bmc.redfish import fwsets
+
+    path = ctx.config.site_firmware_sets
+    if path is None:
+        raise InvalidParameters("the site has no firmware sets: set site_firmware_sets (docs/site.md)")
+    sets = fwsets.load(path)
+    if profile not in sets:
+        raise InvalidParameters(f"firmware sets {path}: no profile {profile!r}"
+                                f" (it has {', '.join(sorted(sets))})")
+    return sets[profile]
+
+
+def firmware_set(session: BmcSession, client: RedfishClient, progress: Callable[[int, str], None]) -> Result:
+    """bmc.firmware plan (what differs from the profile's set, in order) and apply (that plan
+    carried out, the inventory read back after each step)."""
+    from agent.site.bmc.redfish import firmware, fwapply, fwsets
+
+    params = session.params
+    fwset = load_firmware_set(session.ctx, params.args.profile)
+    planned = fwsets.plan(fwset, firmware.inventory(client))
+    offer = fwapply.offered(client)
+    result = _result(params, client)
+    for step in planned.steps:
+        method = fwapply.method_for(step.entry, offer)
+        result.firmware_plan.append(fwsets.step_message(step, str(method or "")))
+    if planned.missing:
+        result.values["missing"] = "; ".join(str(e.match) for e in planned.missing)
+    if params.operation == "plan" or not planned.steps:
+        result.state = f"{len(planned.steps)} step(s)" if planned.steps else "at the set"
+        return result
+    site = session.ctx.site_services
+    images = fwapply.Images(site.store, site.fetch_options) if site is not None else fwapply.Images(None)
+
+    def power(after: fwsets.After) -> None:
+        action = PowerAction.RESET if after is fwsets.After.REBOOT else PowerAction.CYCLE
+        started = time.monotonic()
+        client.set_power(action, graceful_timeout=0.0)
+        settle(session, client, PowerState.ON, started)
+
+    done = fwapply.apply(client, planned, images, power=power, settle=session.ctx.sleep, progress=progress)
+    del result.firmware_plan[:]
+    result.firmware_plan.extend(done)
+    result.firmware_inventory.extend(firmware.inventory(client))
+    result.state = "applied"
+    result.attempts = client.attempts
+    return result
 
 
 class BmcStorage(_BmcHandler, kind="bmc.storage"):
