@@ -135,6 +135,7 @@ class BmcParams:
     verify_tls: bool
     args: BmcArgs = field(default_factory=BmcArgs)
     expect: baseline.ExpectedState | None = None    # bmc.query baseline: the BMC's half
+    firmware_profile: str = ""    # bmc.query baseline: expect.firmware's profile (its firmware set)
 
     @property
     def lock_name(self) -> str:
@@ -357,6 +358,8 @@ def parse_request(kind: str, payload: site_pb2.BmcOperationRequest) -> BmcParams
         node_id=payload.node_id, address=payload.bmc_address, protocol=protocol,
         operation=payload.operation, credentials_ref=payload.credentials_ref,
         verify_tls=payload.verify_tls, args=args, expect=_expect(kind, payload),
+        firmware_profile=_profile("expect.firmware.profile", payload.expect.firmware.profile)
+        if payload.expect.HasField("firmware") else "",
     )
 
 
@@ -371,8 +374,9 @@ def _expect(kind: str, payload: site_pb2.BmcOperationRequest) -> baseline.Expect
     if not wanted:
         raise InvalidParameters(f"{kind} {payload.operation}: takes no expect (bmc.query baseline does)")
     expected = baseline.ExpectedState.from_proto(payload.expect)
-    if not expected.site_areas:
-        raise InvalidParameters(f"{kind} baseline: expect sets neither bios nor bmc_accounts, the BMC's half")
+    if not expected.site_areas and not payload.expect.HasField("firmware"):
+        raise InvalidParameters(f"{kind} baseline: expect sets none of bios, bmc_accounts, firmware:"
+                                " the BMC's half")
     return expected
 
 
@@ -574,9 +578,16 @@ class BmcQuery(_BmcHandler, kind="bmc.query"):
             assert expected is not None           # parse saw to it
             seen = bmc_release.observe(client, expected, creds.username)
             mismatches = baseline.check_bmc(expected, seen)
+            versions: list[Any] = []
+            if session.params.firmware_profile:     # the firmware set's comparison, its own module
+                found, versions = release_firmware(session, client)
+                mismatches.extend(found)
             result = _result(session.params, client, state="pool_ready" if not mismatches
                              else f"{len(mismatches)} finding(s)")
             result.release.CopyFrom(bmc_release.report(expected, mismatches))
+            if session.params.firmware_profile:
+                result.release.checked.append("firmware")
+                result.release.firmware.extend(versions)
             return result
         if session.params.operation == "bios":
             current, pending = _redfish(session, client).bios(list(session.params.args.names))
@@ -595,6 +606,19 @@ class BmcQuery(_BmcHandler, kind="bmc.query"):
         result.state = result.power_state
         result.attempts = getattr(client, "attempts", 0)
         return result
+
+
+def release_firmware(session: BmcSession, client: BmcClient) -> tuple[list[Any], list[Any]]:
+    """The release gate's firmware findings and version list (agent/site/bmc/fwrelease.py)."""
+    from agent.site.bmc import fwrelease
+    from agent.site.bmc.redfish import firmware
+
+    fwset = load_firmware_set(session.ctx, session.params.firmware_profile)
+    try:
+        inventory = firmware.inventory(_redfish(session, client))
+    except (Unsupported, BmcRefused) as exc:
+        return fwrelease.check(fwset, [], exc.message)
+    return fwrelease.check(fwset, inventory)
 
 
 class BmcRotate(_BmcHandler, kind="bmc.rotate"):
