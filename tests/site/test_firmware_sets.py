@@ -248,7 +248,8 @@ def test_a_task_that_fails_stops_the_rest(trees: Path, tree: str, tmp_path: Path
         bench = Bench(bmc, tmp_path)
         bmc.state.failing[bench.image_a] = "image signature verification failed"
         try:
-            with pytest.raises(fwapply.ApplyStopped, match=r"step 1 of 2.*signature verification failed") as e:
+            stopped = r"step 1 of 2.*signature verification failed"
+            with pytest.raises(fwapply.ApplyStopped, match=stopped) as e:
                 bench.apply(bench.set())
             now = {c.id: c.version for c in firmware.inventory(bench.client)}
         finally:
