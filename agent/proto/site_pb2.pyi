@@ -158,7 +158,7 @@ class BmcFirmwareTask(_message.Message):
     def __init__(self, task_uri: _Optional[str] = ..., state: _Optional[str] = ..., percent: _Optional[int] = ..., messages: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class BmcOperationResult(_message.Message):
-    __slots__ = ("operation", "state", "values", "power_state", "system", "nics", "sensors", "boot", "storage", "virtual_media", "firmware", "bmc_message", "attempts", "settle_seconds", "firmware_inventory", "events", "changed", "power_state_before", "not_kept", "release", "firmware_plan")
+    __slots__ = ("operation", "state", "values", "power_state", "system", "nics", "sensors", "boot", "storage", "virtual_media", "firmware", "bmc_message", "attempts", "settle_seconds", "firmware_inventory", "events", "changed", "power_state_before", "not_kept", "release", "firmware_plan", "parts")
     class ValuesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -187,6 +187,7 @@ class BmcOperationResult(_message.Message):
     NOT_KEPT_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     FIRMWARE_PLAN_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
     operation: str
     state: str
     values: _containers.ScalarMap[str, str]
@@ -208,7 +209,28 @@ class BmcOperationResult(_message.Message):
     not_kept: _containers.RepeatedScalarFieldContainer[str]
     release: _agent_pb2.ReleaseReport
     firmware_plan: _containers.RepeatedCompositeFieldContainer[BmcFirmwareStep]
-    def __init__(self, operation: _Optional[str] = ..., state: _Optional[str] = ..., values: _Optional[_Mapping[str, str]] = ..., power_state: _Optional[str] = ..., system: _Optional[_Union[BmcSystem, _Mapping]] = ..., nics: _Optional[_Iterable[_Union[BmcNic, _Mapping]]] = ..., sensors: _Optional[_Iterable[_Union[BmcSensor, _Mapping]]] = ..., boot: _Optional[_Union[BmcBootDevice, _Mapping]] = ..., storage: _Optional[_Iterable[_Union[BmcStorageController, _Mapping]]] = ..., virtual_media: _Optional[_Iterable[_Union[BmcVirtualMedia, _Mapping]]] = ..., firmware: _Optional[_Union[BmcFirmwareTask, _Mapping]] = ..., bmc_message: _Optional[str] = ..., attempts: _Optional[int] = ..., settle_seconds: _Optional[float] = ..., firmware_inventory: _Optional[_Iterable[_Union[BmcFirmwareComponent, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[BmcLogEntry, _Mapping]]] = ..., changed: _Optional[bool] = ..., power_state_before: _Optional[str] = ..., not_kept: _Optional[_Iterable[str]] = ..., release: _Optional[_Union[_agent_pb2.ReleaseReport, _Mapping]] = ..., firmware_plan: _Optional[_Iterable[_Union[BmcFirmwareStep, _Mapping]]] = ...) -> None: ...
+    parts: _containers.RepeatedCompositeFieldContainer[BmcPart]
+    def __init__(self, operation: _Optional[str] = ..., state: _Optional[str] = ..., values: _Optional[_Mapping[str, str]] = ..., power_state: _Optional[str] = ..., system: _Optional[_Union[BmcSystem, _Mapping]] = ..., nics: _Optional[_Iterable[_Union[BmcNic, _Mapping]]] = ..., sensors: _Optional[_Iterable[_Union[BmcSensor, _Mapping]]] = ..., boot: _Optional[_Union[BmcBootDevice, _Mapping]] = ..., storage: _Optional[_Iterable[_Union[BmcStorageController, _Mapping]]] = ..., virtual_media: _Optional[_Iterable[_Union[BmcVirtualMedia, _Mapping]]] = ..., firmware: _Optional[_Union[BmcFirmwareTask, _Mapping]] = ..., bmc_message: _Optional[str] = ..., attempts: _Optional[int] = ..., settle_seconds: _Optional[float] = ..., firmware_inventory: _Optional[_Iterable[_Union[BmcFirmwareComponent, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[BmcLogEntry, _Mapping]]] = ..., changed: _Optional[bool] = ..., power_state_before: _Optional[str] = ..., not_kept: _Optional[_Iterable[str]] = ..., release: _Optional[_Union[_agent_pb2.ReleaseReport, _Mapping]] = ..., firmware_plan: _Optional[_Iterable[_Union[BmcFirmwareStep, _Mapping]]] = ..., parts: _Optional[_Iterable[_Union[BmcPart, _Mapping]]] = ...) -> None: ...
+
+class BmcPart(_message.Message):
+    __slots__ = ("kind", "id", "uri", "manufacturer", "model", "part_number", "serial", "firmware_version")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    URI_FIELD_NUMBER: _ClassVar[int]
+    MANUFACTURER_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PART_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    SERIAL_FIELD_NUMBER: _ClassVar[int]
+    FIRMWARE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    id: str
+    uri: str
+    manufacturer: str
+    model: str
+    part_number: str
+    serial: str
+    firmware_version: str
+    def __init__(self, kind: _Optional[str] = ..., id: _Optional[str] = ..., uri: _Optional[str] = ..., manufacturer: _Optional[str] = ..., model: _Optional[str] = ..., part_number: _Optional[str] = ..., serial: _Optional[str] = ..., firmware_version: _Optional[str] = ...) -> None: ...
 
 class BmcFirmwareComponent(_message.Message):
     __slots__ = ("id", "name", "version", "updateable", "health", "software_id", "manufacturer", "uri")
