@@ -375,7 +375,7 @@ def _expect(kind: str, payload: site_pb2.BmcOperationRequest) -> baseline.Expect
         raise InvalidParameters(f"{kind} {payload.operation}: takes no expect (bmc.query baseline does)")
     expected = baseline.ExpectedState.from_proto(payload.expect)
     if not expected.site_areas and not payload.expect.HasField("firmware"):
-        raise InvalidParameters(f"{kind} baseline: expect sets none of bios, bmc_accounts, firmware:"
+        raise InvalidParameters(f"{kind} baseline: expect sets neither bios nor bmc_accounts nor firmware,"
                                 " the BMC's half")
     return expected
 

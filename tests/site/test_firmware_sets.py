@@ -25,7 +25,7 @@ from agent.commands.base import Context
 from agent.config import Config
 from agent.errors import InvalidParameters
 from agent.proto import site_pb2
-from agent.site.bmc.client import CallContext, Pacing
+from agent.site.bmc.client import CallContext, Pacing, PowerAction
 from agent.site.bmc.redfish import firmware, fwapply, fwsets
 from agent.site.bmc.redfish.client import RedfishClient
 from agent.site.serve.chunkstore import ChunkStore
@@ -360,3 +360,27 @@ def test_plan_and_the_release_gate_through_the_handlers(trees: Path, tmp_path: P
         bare = config_with(tmp_path / "bare", bmc.user, bmc.password)
         with pytest.raises(InvalidParameters, match="set site_firmware_sets"):
             run_kind(bare, "bmc.firmware", "plan", bmc.address, profile="gb200")
+
+
+def test_a_step_that_needs_a_reboot_gets_it_and_its_settle_wait_before_the_read_back(
+        trees: Path, tmp_path: Path) -> None:
+    """Dell: the first step needs a host reboot and 5 s to settle; the reboot is sent through
+    ComputerSystem.Reset, the wait asked for, both before the step's versions are read back."""
+    with RedfishEmulator.of("dell_r750", trees, task_polls=1) as bmc:
+        bench = Bench(bmc, tmp_path)
+        events: list[str] = []
+
+        def power(after: fwsets.After) -> None:
+            events.append(f"power {after}")
+            bench.client.set_power(PowerAction.RESET, graceful_timeout=0.0)
+
+        fwset = bench.set(after="reboot", settle_seconds=5)
+        planned = fwsets.plan(fwset, firmware.inventory(bench.client))
+        try:
+            done = fwapply.apply(bench.client, planned, fwapply.Images(bench.store), power=power,
+                                 settle=lambda s: events.append(f"settle {s:g}"))
+        finally:
+            bench.client.close()
+        assert [s.state for s in done] == ["done", "done"]
+        assert events == ["power reboot", "settle 5"]
+        assert len(bmc.writes("POST", "ComputerSystem.Reset")) == 1
