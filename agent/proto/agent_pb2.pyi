@@ -1210,7 +1210,7 @@ class InventoryRefreshResult(_message.Message):
     def __init__(self, inventory: _Optional[_Union[Inventory, _Mapping]] = ..., changes: _Optional[_Iterable[_Union[InventoryChange, _Mapping]]] = ..., first: _Optional[bool] = ..., seconds: _Optional[float] = ..., conformance: _Optional[_Union[Conformance, _Mapping]] = ..., release: _Optional[_Union[ReleaseReport, _Mapping]] = ..., node_boots: _Optional[_Iterable[_Union[NodeBoot, _Mapping]]] = ...) -> None: ...
 
 class ReleaseReport(_message.Message):
-    __slots__ = ("boot_id", "pool_ready", "restorable", "cannot_restore", "checked", "not_checked", "wipe_certificates", "attestation_verdict", "tpm_absent", "checked_elsewhere", "wipe_results", "firmware")
+    __slots__ = ("boot_id", "pool_ready", "restorable", "cannot_restore", "checked", "not_checked", "wipe_certificates", "attestation_verdict", "tpm_absent", "checked_elsewhere", "wipe_results", "firmware", "devices")
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_READY_FIELD_NUMBER: _ClassVar[int]
     RESTORABLE_FIELD_NUMBER: _ClassVar[int]
@@ -1223,6 +1223,7 @@ class ReleaseReport(_message.Message):
     CHECKED_ELSEWHERE_FIELD_NUMBER: _ClassVar[int]
     WIPE_RESULTS_FIELD_NUMBER: _ClassVar[int]
     FIRMWARE_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
     boot_id: str
     pool_ready: bool
     restorable: _containers.RepeatedCompositeFieldContainer[Mismatch]
@@ -1235,7 +1236,24 @@ class ReleaseReport(_message.Message):
     checked_elsewhere: _containers.RepeatedScalarFieldContainer[str]
     wipe_results: _containers.RepeatedScalarFieldContainer[bytes]
     firmware: _containers.RepeatedCompositeFieldContainer[FirmwareVersion]
-    def __init__(self, boot_id: _Optional[str] = ..., pool_ready: _Optional[bool] = ..., restorable: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., cannot_restore: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., checked: _Optional[_Iterable[str]] = ..., not_checked: _Optional[_Iterable[str]] = ..., wipe_certificates: _Optional[_Iterable[_Union[ErasureCertificate, _Mapping]]] = ..., attestation_verdict: _Optional[str] = ..., tpm_absent: _Optional[str] = ..., checked_elsewhere: _Optional[_Iterable[str]] = ..., wipe_results: _Optional[_Iterable[bytes]] = ..., firmware: _Optional[_Iterable[_Union[FirmwareVersion, _Mapping]]] = ...) -> None: ...
+    devices: _containers.RepeatedCompositeFieldContainer[DeviceAttestation]
+    def __init__(self, boot_id: _Optional[str] = ..., pool_ready: _Optional[bool] = ..., restorable: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., cannot_restore: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., checked: _Optional[_Iterable[str]] = ..., not_checked: _Optional[_Iterable[str]] = ..., wipe_certificates: _Optional[_Iterable[_Union[ErasureCertificate, _Mapping]]] = ..., attestation_verdict: _Optional[str] = ..., tpm_absent: _Optional[str] = ..., checked_elsewhere: _Optional[_Iterable[str]] = ..., wipe_results: _Optional[_Iterable[bytes]] = ..., firmware: _Optional[_Iterable[_Union[FirmwareVersion, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[DeviceAttestation, _Mapping]]] = ...) -> None: ...
+
+class DeviceAttestation(_message.Message):
+    __slots__ = ("device", "verified", "check", "reason", "firmware", "golden")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    VERIFIED_FIELD_NUMBER: _ClassVar[int]
+    CHECK_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    FIRMWARE_FIELD_NUMBER: _ClassVar[int]
+    GOLDEN_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    verified: bool
+    check: str
+    reason: str
+    firmware: str
+    golden: str
+    def __init__(self, device: _Optional[str] = ..., verified: _Optional[bool] = ..., check: _Optional[str] = ..., reason: _Optional[str] = ..., firmware: _Optional[str] = ..., golden: _Optional[str] = ...) -> None: ...
 
 class FirmwareVersion(_message.Message):
     __slots__ = ("component_id", "name", "version", "expected", "match", "ok")
