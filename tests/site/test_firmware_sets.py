@@ -384,3 +384,28 @@ def test_a_step_that_needs_a_reboot_gets_it_and_its_settle_wait_before_the_read_
         assert [s.state for s in done] == ["done", "done"]
         assert events == ["power reboot", "settle 5"]
         assert len(bmc.writes("POST", "ComputerSystem.Reset")) == 1
+
+
+def test_an_id_pattern_leaves_dells_previous_image_out(trees: Path) -> None:
+    """Dell lists its BIOS three times (Current-159-1.8.2..., Installed-159-1.8.2..., and
+    Previous-159-1.2.4..., the image before): a SoftwareId rule matches the previous one too and
+    would never be at the set; an id_pattern matches the running ones alone."""
+    with RedfishEmulator.of("dell_r750", trees) as bmc:
+        client = RedfishClient(bmc.target(), quick(30))
+        try:
+            inventory = firmware.inventory(client)
+        finally:
+            client.close()
+    image = {"sha256": "5" * 64}
+    by_software_id = fwsets.parse({"profiles": {"r750": [
+        {"match": {"software_id": "159"}, "version": "1.8.2", "image": image}]}})["r750"]
+    (step,) = fwsets.plan(by_software_id, inventory).steps
+    assert [c.id for c in step.components] == ["Previous-159-1.2.4__BIOS.Setup.1-1"]
+    running = fwsets.parse({"profiles": {"r750": [
+        {"match": {"id_pattern": "(Current|Installed)-159-.*"}, "version": "1.8.2",
+         "image": image}]}})["r750"]
+    planned = fwsets.plan(running, inventory)
+    assert not planned.steps and len(planned.matched) == 2
+    with pytest.raises(InvalidParameters, match=r"match\.id_pattern: not a regular expression"):
+        fwsets.parse({"profiles": {"r750": [{"match": {"id_pattern": "(("}, "version": "1",
+                                             "image": image}]}})

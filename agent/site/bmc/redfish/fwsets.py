@@ -12,9 +12,10 @@ nothing kept from a file that has one:
         ...]}}
 
 A component is matched by the BMC's ``Id``, or by ``software_id`` / ``manufacturer`` / ``name``
-(every one given must equal the inventory's; a rule may match several components, e.g. eight
-GPUs of one SoftwareId, updated by one image). ``plan`` compares an inventory with a set: the
-entries whose components differ, in ``order`` (then as listed), each with what it needs after
+(every one given must equal the inventory's) and ``id_pattern`` (a regular expression the whole
+Id matches: Dell's Ids carry the version and list the previous image too). A rule may match
+several components, e.g. eight GPUs of one SoftwareId, updated by one image. ``plan``
+compares an inventory with a set: the entries whose components differ, in ``order`` (then as listed), each with what it needs after
 its push (``after``: none, reboot, ac_cycle; ``settle_seconds``), and the entries that match no
 component (``missing``: the set names hardware this node does not report).
 """
@@ -65,15 +66,17 @@ class Match:
     software_id: str = ""
     manufacturer: str = ""
     name: str = ""
+    id_pattern: str = ""     # a regular expression the whole Id matches (Dell: "Installed-159-.*")
 
     def takes(self, c: site_pb2.BmcFirmwareComponent) -> bool:
         return all(not want or want == got for want, got in (
             (self.id, c.id), (self.software_id, c.software_id),
-            (self.manufacturer, c.manufacturer), (self.name, c.name)))
+            (self.manufacturer, c.manufacturer), (self.name, c.name))) \
+            and (not self.id_pattern or re.fullmatch(self.id_pattern, c.id) is not None)
 
     def __str__(self) -> str:
-        fields = (("id", self.id), ("software_id", self.software_id),
-                  ("manufacturer", self.manufacturer), ("name", self.name))
+        fields = (("id", self.id), ("software_id", self.software_id), ("manufacturer", self.manufacturer),
+                  ("name", self.name), ("id_pattern", self.id_pattern))
         return ", ".join(f"{k}={v}" for k, v in fields if v)
 
 
@@ -179,12 +182,17 @@ def _entry(e: Any, at: str) -> Entry:
 
 
 def _match(m: Any, at: str) -> Match:
-    keys = ("id", "software_id", "manufacturer", "name")
+    keys = ("id", "software_id", "manufacturer", "name", "id_pattern")
     if not isinstance(m, dict) or not m or set(m) - set(keys):
         raise FirmwareSetError(f"{at}: an object of {', '.join(keys)} (at least one)")
     values = {k: _text(v, f"{at}.{k}") for k, v in m.items()}
     if "id" in values and len(values) > 1:
         raise FirmwareSetError(f"{at}: id names one component: give it alone")
+    if "id_pattern" in values:
+        try:
+            re.compile(values["id_pattern"])
+        except re.error as exc:
+            raise FirmwareSetError(f"{at}.id_pattern: not a regular expression: {exc}") from None
     return Match(**values)
 
 
