@@ -15,9 +15,10 @@ A component is matched by the BMC's ``Id``, or by ``software_id`` / ``manufactur
 (every one given must equal the inventory's) and ``id_pattern`` (a regular expression the whole
 Id matches: Dell's Ids carry the version and list the previous image too). A rule may match
 several components, e.g. eight GPUs of one SoftwareId, updated by one image. ``plan``
-compares an inventory with a set: the entries whose components differ, in ``order`` (then as listed), each with what it needs after
-its push (``after``: none, reboot, ac_cycle; ``settle_seconds``), and the entries that match no
-component (``missing``: the set names hardware this node does not report).
+compares an inventory with a set: the entries whose components differ, in ``order`` (then as
+listed), each with what it needs after its push (``after``: none, reboot, ac_cycle;
+``settle_seconds``), and the entries that match no component (``missing``: the set names
+hardware this node does not report).
 """
 
 from __future__ import annotations
