@@ -580,7 +580,9 @@ class BmcQuery(_BmcHandler, kind="bmc.query"):
             mismatches = baseline.check_bmc(expected, seen)
             versions: list[Any] = []
             if session.params.firmware_profile:     # the firmware set's comparison, its own module
-                found, versions = release_firmware(session, client)
+                from agent.commands.bmc_fwsets import release_firmware
+
+                found, versions = release_firmware(session.ctx, session.params.firmware_profile, client)
                 mismatches.extend(found)
             result = _result(session.params, client, state="pool_ready" if not mismatches
                              else f"{len(mismatches)} finding(s)")
@@ -606,19 +608,6 @@ class BmcQuery(_BmcHandler, kind="bmc.query"):
         result.state = result.power_state
         result.attempts = getattr(client, "attempts", 0)
         return result
-
-
-def release_firmware(session: BmcSession, client: BmcClient) -> tuple[list[Any], list[Any]]:
-    """The release gate's firmware findings and version list (agent/site/bmc/fwrelease.py)."""
-    from agent.site.bmc import fwrelease
-    from agent.site.bmc.redfish import firmware
-
-    fwset = load_firmware_set(session.ctx, session.params.firmware_profile)
-    try:
-        inventory = firmware.inventory(_redfish(session, client))
-    except (Unsupported, BmcRefused) as exc:
-        return fwrelease.check(fwset, [], exc.message)
-    return fwrelease.check(fwset, inventory)
 
 
 class BmcRotate(_BmcHandler, kind="bmc.rotate"):
@@ -698,7 +687,16 @@ class BmcFirmware(_BmcHandler, kind="bmc.firmware"):
             result.values.update({k: str(v) for k, v in back.items()})
             return result
         if params.operation in ("plan", "apply"):
-            return firmware_set(session, _redfish(session, client), progress)
+            from agent.commands.bmc_fwsets import firmware_set
+
+            def power(after: str) -> None:       # a step's reboot ("reboot") or AC cycle
+                started = time.monotonic()
+                client.set_power(PowerAction.RESET if after == "reboot" else PowerAction.CYCLE,
+                                 graceful_timeout=0.0)
+                settle(session, client, PowerState.ON, started)
+
+            return firmware_set(session.ctx, params.operation, args.profile, _redfish(session, client),
+                                _result(params, client), power=power, progress=progress)
         if params.operation == "status":
             result = client.firmware_status(args.task_uri)
             result.attempts = getattr(client, "attempts", 0)
@@ -711,57 +709,6 @@ class BmcFirmware(_BmcHandler, kind="bmc.firmware"):
                                           transfer_protocol=args.transfer_protocol, method=args.method,
                                           progress=progress)
         return _result(params, client, state=task.state, firmware=task)
-
-
-def load_firmware_set(ctx: Context, profile: str) -> Any:
-    """The firmware set of ``profile`` from the site's file (setting site_firmware_sets), read
-    at each use: an operator's edit counts from the next command."""
-    from agent.site.bmc.redfish import fwsets
-
-    path = ctx.config.site_firmware_sets
-    if path is None:
-        raise InvalidParameters("the site has no firmware sets: set site_firmware_sets (docs/site.md)")
-    sets = fwsets.load(path)
-    if profile not in sets:
-        raise InvalidParameters(f"firmware sets {path}: no profile {profile!r}"
-                                f" (it has {', '.join(sorted(sets))})")
-    return sets[profile]
-
-
-def firmware_set(session: BmcSession, client: RedfishClient, progress: Callable[[int, str], None]) -> Result:
-    """bmc.firmware plan (what differs from the profile's set, in order) and apply (that plan
-    carried out, the inventory read back after each step)."""
-    from agent.site.bmc.redfish import firmware, fwapply, fwsets
-
-    params = session.params
-    fwset = load_firmware_set(session.ctx, params.args.profile)
-    planned = fwsets.plan(fwset, firmware.inventory(client))
-    offer = fwapply.offered(client)
-    result = _result(params, client)
-    for step in planned.steps:
-        method = fwapply.method_for(step.entry, offer)
-        result.firmware_plan.append(fwsets.step_message(step, str(method or "")))
-    if planned.missing:
-        result.values["missing"] = "; ".join(str(e.match) for e in planned.missing)
-    if params.operation == "plan" or not planned.steps:
-        result.state = f"{len(planned.steps)} step(s)" if planned.steps else "at the set"
-        return result
-    site = session.ctx.site_services
-    images = fwapply.Images(site.store, site.fetch_options) if site is not None else fwapply.Images(None)
-
-    def power(after: fwsets.After) -> None:
-        action = PowerAction.RESET if after is fwsets.After.REBOOT else PowerAction.CYCLE
-        started = time.monotonic()
-        client.set_power(action, graceful_timeout=0.0)
-        settle(session, client, PowerState.ON, started)
-
-    done = fwapply.apply(client, planned, images, power=power, settle=session.ctx.sleep, progress=progress)
-    del result.firmware_plan[:]
-    result.firmware_plan.extend(done)
-    result.firmware_inventory.extend(firmware.inventory(client))
-    result.state = "applied"
-    result.attempts = client.attempts
-    return result
 
 
 class BmcStorage(_BmcHandler, kind="bmc.storage"):
