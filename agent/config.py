@@ -58,6 +58,7 @@ class Config:
     site_store_dir: Path | None = None      # the content store (default: state_dir/site/store)
     site_store_bytes: int = 64 << 30        # its byte budget (LRU eviction past it)
     site_metrics_address: str = "127.0.0.1:9108"  # GET /metrics (Prometheus); "" serves none
+    site_firmware_sets: Path | None = None  # the firmware sets per hardware profile (JSON, docs/site.md)
     site_upstreams: tuple[str, ...] = ()    # what routes and site fetches reach (site/serve/upstreams.py)
     # The nodes' kept serial consoles (agent/site/observe/console.py).
     site_console_dir: Path | None = None    # the rings (default: state_dir/site/observe/console)

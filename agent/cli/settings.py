@@ -234,6 +234,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("site_store_bytes", _bytes, "site role: the content store's byte budget, e.g. 64G"),
     Setting("site_metrics_address", str, "site role: host:port of GET /metrics, or '' for none",
             param="bc.site_metrics"),
+    Setting("site_firmware_sets", Path,
+            "site role: the firmware sets file (JSON: per hardware profile, each component's version)"),
     Setting("site_upstreams", _upstream,
             "site role: a host, address or network proxy routes may reach (repeatable)",
             flag="--site-upstream", shown="any but loopback, link-local and the site's own", multiple=True),

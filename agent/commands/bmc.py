@@ -80,6 +80,10 @@ OPERATIONS: dict[str, dict[str, dict[str, bool]]] = {
         "status": {"task_uri": False},
         "set_bios": {"attributes": True},
         "restore_secure_boot": {"policy": True},
+        # The site's firmware set of a hardware profile (setting site_firmware_sets): what differs,
+        # and that plan carried out (agent/site/bmc/redfish/fwsets.py, fwapply.py).
+        "plan": {"profile": True},
+        "apply": {"profile": True},
     },
     "bmc.storage": {
         "list": {},
@@ -124,6 +128,7 @@ class BmcArgs:
     method: str = ""              # bmc.firmware update/push: simple_update, multipart, http_push; "": picked
     policy: Any = None            # bmc.query secure_boot, bmc.firmware restore_secure_boot: the
                                   # fleet's SecureBootPolicy (agent/site/bmc/secure_boot.py)
+    profile: str = ""             # bmc.firmware plan/apply: a hardware profile of the firmware sets
 
 
 @dataclass(frozen=True)
@@ -136,6 +141,7 @@ class BmcParams:
     verify_tls: bool
     args: BmcArgs = field(default_factory=BmcArgs)
     expect: ExpectedState | None = None    # bmc.query baseline: the BMC's half
+    firmware_profile: str = ""    # bmc.query baseline: expect.firmware's profile (its firmware set)
 
     @property
     def lock_name(self) -> str:
@@ -249,6 +255,12 @@ def _method(name: str, text: str) -> str:
     return text
 
 
+def _profile(name: str, text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", text):
+        raise InvalidParameters(f"parameter {name}: a profile name (letters, digits, '.', '_', '-')")
+    return text
+
+
 def _check_firmware(operation: str, args: BmcArgs) -> None:
     """bmc.firmware update and push: one image, as a URL or as a file with its sha256, and a
     method that takes that kind of image."""
@@ -302,6 +314,7 @@ READERS: dict[str, Callable[[str, str], Any]] = {
     "username": _username,
     "method": _method,
     "policy": lambda n, t: secure_boot.load(_file(n, t)),
+    "profile": _profile,
 }
 
 
@@ -348,6 +361,8 @@ def parse_request(kind: str, payload: site_pb2.BmcOperationRequest) -> BmcParams
         node_id=payload.node_id, address=payload.bmc_address, protocol=protocol,
         operation=payload.operation, credentials_ref=payload.credentials_ref,
         verify_tls=payload.verify_tls, args=args, expect=_expect(kind, payload),
+        firmware_profile=_profile("expect.firmware.profile", payload.expect.firmware.profile)
+        if payload.expect.HasField("firmware") else "",
     )
 
 
@@ -362,8 +377,9 @@ def _expect(kind: str, payload: site_pb2.BmcOperationRequest) -> ExpectedState |
     if not wanted:
         raise InvalidParameters(f"{kind} {payload.operation}: takes no expect (bmc.query baseline does)")
     expected = ExpectedState.from_proto(payload.expect)
-    if not expected.site_areas:
-        raise InvalidParameters(f"{kind} baseline: expect sets neither bios nor bmc_accounts, the BMC's half")
+    if not expected.site_areas and not payload.expect.HasField("firmware"):
+        raise InvalidParameters(f"{kind} baseline: expect sets neither bios nor bmc_accounts nor firmware,"
+                                " the BMC's half")
     return expected
 
 
@@ -569,12 +585,21 @@ class BmcQuery(_BmcHandler, kind="bmc.query"):
             mismatches = gate.check_bmc(expected, seen)
             found, restored = _posture_gate(session, client)
             mismatches += found
+            versions: list[Any] = []
+            if session.params.firmware_profile:     # the firmware set's comparison, its own module
+                from agent.commands.bmc_fwsets import release_firmware
+
+                found, versions = release_firmware(session.ctx, session.params.firmware_profile, client)
+                mismatches.extend(found)
             result = _result(session.params, client, state="pool_ready" if not mismatches
                              else f"{len(mismatches)} finding(s)")
             result.release.CopyFrom(bmc_release.report(
                 expected, mismatches, (bmc_release.POSTURE_AREA,) if _expected_posture(session) else ()))
             if restored:
                 result.values["posture_restored"] = ", ".join(restored)
+            if session.params.firmware_profile:
+                result.release.checked.append("firmware")
+                result.release.firmware.extend(versions)
             return result
         if session.params.operation == "secure_boot":
             return _secure_boot(session, client)
@@ -731,6 +756,17 @@ class BmcFirmware(_BmcHandler, kind="bmc.firmware"):
             return result
         if params.operation == "restore_secure_boot":
             return _restore_secure_boot(session, client)
+        if params.operation in ("plan", "apply"):
+            from agent.commands.bmc_fwsets import firmware_set
+
+            def power(after: str) -> None:       # a step's reboot ("reboot") or AC cycle
+                started = time.monotonic()
+                client.set_power(PowerAction.RESET if after == "reboot" else PowerAction.CYCLE,
+                                 graceful_timeout=0.0)
+                settle(session, client, PowerState.ON, started)
+
+            return firmware_set(session.ctx, params.operation, args.profile, _redfish(session, client),
+                                _result(params, client), power=power, progress=progress)
         if params.operation == "status":
             result = client.firmware_status(args.task_uri)
             result.attempts = getattr(client, "attempts", 0)

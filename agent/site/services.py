@@ -118,6 +118,7 @@ class SiteServices:
         # set's ISO, a route's manifest) is dialled under the routes' upstream policy too.
         options = http.HttpOptions(ca_file=settings.ca_file, timeout=30.0, max_retries=3,
                                    resolve=self.upstream_addresses)
+        self.fetch_options = options     # firmware images fetched into the store (bmc.firmware apply)
         self.metrics = Metrics()
         # What the site sees of each node's boot: timelines, causes, consoles (agent/site/observe/).
         self.observe = Observer(ObserverSettings(

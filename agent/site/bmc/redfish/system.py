@@ -14,7 +14,7 @@ import time
 from agent.errors import BmcRefused, BmcUnreachable, Cancelled, CommandTimeout, Unsupported
 from agent.proto import site_pb2
 from agent.site.bmc.client import BootDevice, BootMode, BootSetting, PowerAction, PowerState
-from agent.site.bmc.redfish import firmware
+from agent.site.bmc.redfish import firmware, hardware
 from agent.site.bmc.redfish.session import (
     Doc,
     RedfishSession,
@@ -345,6 +345,10 @@ def query(s: RedfishSession) -> site_pb2.BmcOperationResult:
     except Unsupported as exc:
         log.info("Redfish %s: no sensors: %s", s.target.address, exc)
     result.firmware_inventory.extend(firmware.inventory(s))
+    partial: list[str] = []
+    result.parts.extend(hardware.parts(s, partial))
+    if partial:
+        result.values["parts_partial"] = "; ".join(partial)
     result.attempts = s.attempts
     return result
 

@@ -31,7 +31,9 @@ says, bent by the profile:
 - UpdateService.SimpleUpdate (its TransferProtocol checked against the action's or ActionInfo's
   allowable values, and required where that says so), a multipart push to
   MultipartHttpPushUri or a raw one to HttpPushUri: 202 and a task monitor that completes after
-  ``task_polls`` GETs.
+  ``task_polls`` GETs. Where the test names an image in ``state.images`` (the sha256 of a pushed
+  file, a SimpleUpdate's ImageURI), its task's completion sets those components' versions; one
+  named in ``state.failing`` ends its task in Exception with that message, nothing changed.
 - ``$expand`` of a collection: its members inline (the recording's own documents).
 - UEFI Secure Boot: SecureBoot.ResetKeys, SecureBootDatabase.ResetKeys and certificate POSTs to
   the live databases (tests/site/bmc/redfish_emulator/secureboot.py), applied at once or, where the
@@ -45,6 +47,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
+import email
+import email.message
+import email.policy
 import gzip
 import hashlib
 import json
@@ -151,6 +156,12 @@ class State:
     gone: set[str] = field(default_factory=set)               # paths answering 404
     cut: set[str] = field(default_factory=set)     # paths whose next write is done, then unanswered
     update_to: tuple[str, str] | None = None       # a firmware update sets (component path, version)
+    # an image (sha256 of a pushed file, or a SimpleUpdate's ImageURI) -> the (component path,
+    # version) its task's completion sets; one in ``failing`` -> its task ends in Exception so
+    images: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    failing: dict[str, str] = field(default_factory=dict)
+    monitors: dict[str, str] = field(default_factory=dict)     # task monitor -> its image
+    pushed: list[Doc] = field(default_factory=list)           # each multipart UpdateParameters
     reboot_seconds: float = 0.0                    # after which the BMC answers nothing this long
     down_until: float = 0.0
     polls: dict[str, int] = field(default_factory=dict)
@@ -192,6 +203,7 @@ def load(root: Path) -> dict[str, Doc]:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
+    image = ""                    # the sha256 of the image the request pushed, if any
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -241,12 +253,27 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length else b""
         if not raw:
             return {}
+        self.image = ""
         if self.headers.get("Content-Type", "").startswith("multipart/"):
+            self._parts(raw)
             return {"multipart": len(raw)}
         if self.headers.get("Content-Type", "").startswith("application/octet-stream"):
+            self.image = hashlib.sha256(raw).hexdigest()
             return {"octets": len(raw)}       # an HttpPushUri push: the image as the body
         doc = json.loads(raw)
         return doc if isinstance(doc, dict) else {}
+
+    def _parts(self, raw: bytes) -> None:
+        """A multipart push's parts: UpdateFile's sha256 kept, UpdateParameters recorded."""
+        head = f"Content-Type: {self.headers.get('Content-Type')}\r\n\r\n".encode()
+        message = email.message_from_bytes(head + raw, policy=email.policy.HTTP)
+        for part in message.iter_parts() if isinstance(message, email.message.EmailMessage) else ():
+            data = part.get_payload(decode=True)
+            name = part.get_param("name", header="content-disposition")
+            if name == "UpdateFile" and isinstance(data, bytes):
+                self.image = hashlib.sha256(data).hexdigest()
+            elif name == "UpdateParameters" and isinstance(data, bytes):
+                self.server.state.pushed.append(json.loads(data))
 
     def _path(self) -> str:
         return urllib.parse.urlsplit(self.path).path.rstrip("/") or "/"
@@ -307,14 +334,20 @@ class _Handler(BaseHTTPRequestHandler):
         st = self.server.state
         st.polls[path] = st.polls.get(path, 0) + 1
         done = st.polls[path] > st.profile.task_polls
-        if done and st.polls[path] == st.profile.task_polls + 1 and st.update_to:
-            component, version = st.update_to      # the update took: the BMC reboots into it
-            st.docs[component]["Version"] = version
-            st.changed(component)
-            st.down_until = time.monotonic() + st.reboot_seconds
+        image = st.monitors.get(path, "")
         state = "Completed" if done else "Running"
+        message = f"update {state.lower()}"
+        if done and image in st.failing:
+            state, message = "Exception", st.failing[image]
+        elif done and st.polls[path] == st.profile.task_polls + 1:
+            updates = st.images.get(image, []) or ([st.update_to] if st.update_to else [])
+            for component, version in updates:      # the update took: the BMC reboots into it
+                st.docs[component]["Version"] = version
+                st.changed(component)
+            if updates:
+                st.down_until = time.monotonic() + st.reboot_seconds
         doc = {"@odata.id": path, "TaskState": state, "PercentComplete": 100 if done else 50,
-               "Messages": [{"Message": f"update {state.lower()}"}]}
+               "Messages": [{"Message": message}]}
         self._send(200, doc, {} if done else {"Location": path})
 
     # -- writes ------------------------------------------------------------------------------
@@ -365,6 +398,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if "ImageURI" in body and not self._transfer_protocol_taken(simple, body):
                     return
                 monitor = f"{ROOT}/TaskService/TaskMonitors/{secrets.token_hex(4)}"
+                st.monitors[monitor] = self.image or str(body.get("ImageURI", ""))
                 return self._send(202, {"@odata.id": monitor, "TaskState": "New"}, {"Location": monitor})
             self._send(404, _error("Base.1.8.ActionNotSupported", f"{path} is no action here"))
 
