@@ -1,5 +1,5 @@
 """The SPDM device verdicts folded into the release report (agent/gateway/spdm_report.py): a
-round on GB200's recorded responders through the emulator (tests/site/test_spdm_redfish.py's
+round on GB200's recorded responders through the emulator (tests/site/bmc/test_spdm_redfish.py's
 ``_round``), one device's signature broken: the report lists every device, the refused one is a
 finding that nothing puts back, and the report is not pool-ready; a clean round leaves it so."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.site.test_spdm_redfish import _round
+from tests.site.bmc.test_spdm_redfish import _round
 
 from agent.gateway.spdm_report import fold
 from agent.gateway.verifier.rim import verify_rim
