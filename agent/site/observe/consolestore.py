@@ -2,7 +2,7 @@
 under a per-node and a site-wide size cap.
 
     store = ConsoleStore(root, report=timelines.console, keep_seconds=30 * 86400,
-                         node_bytes=256 << 20, site_bytes=16 << 30)
+                         node_bytes=256 << 20, site_bytes=32 << 30)
     store.append(node_id, t, line)         # the console's Ring hands each line here too
     store.read(node_id, since=t0, until=t1)  # [(time, line)], oldest first, each once
     store.oldest(node_id)                  # the oldest moment kept (0.0: none)
