@@ -82,6 +82,7 @@ def _parse(data: bytes) -> list[tuple[float, str]]:
 @dataclass
 class _Node:
     segments: dict[int, int] = field(default_factory=dict)   # slice start -> bytes on disk
+    total: int = 0               # their bytes together
     held: list[bytes] = field(default_factory=list)
     held_bytes: int = 0
     held_since: float = 0.0      # when the first line held came (monotonic)
@@ -107,6 +108,7 @@ class ConsoleStore:
         self.retry_seconds = retry_seconds
         self.clock = clock
         self._nodes: dict[str, _Node] = {}
+        self._total = 0              # every node's segments' bytes together
         self._lock = threading.Lock()
         self._load()
 
@@ -123,6 +125,8 @@ class ConsoleStore:
                 stem = path.name.removesuffix(SUFFIX)
                 if path.name.endswith(SUFFIX) and stem.isdigit():
                     node.segments[int(stem)] = path.stat().st_size
+            node.total = sum(node.segments.values())
+            self._total += node.total
         with self._lock:
             self._drop()
 
@@ -133,9 +137,9 @@ class ConsoleStore:
         """The segments' size on disk: the node's, or the site's ("")."""
         with self._lock:
             if not node_id:
-                return sum(sum(n.segments.values()) for n in self._nodes.values())
+                return self._total
             node = self._nodes.get(node_id)
-            return sum(node.segments.values()) if node is not None else 0
+            return node.total if node is not None else 0
 
     def segments(self, node_id: str) -> list[int]:
         """The node's segments, by their slice's start (unix s), oldest first."""
@@ -168,6 +172,16 @@ class ConsoleStore:
 
     close = flush
 
+    def tick(self) -> None:
+        """Write the lines held past ``flush_seconds`` of the nodes gone quiet, and drop what
+        the time limit no longer keeps (the site's timer, about once a second)."""
+        with self._lock:
+            now = time.monotonic()
+            for name, node in list(self._nodes.items()):
+                if node.held and now - node.held_since >= self.flush_seconds:
+                    self._flush(name, node)
+            self._drop()
+
     def _flush(self, node_id: str, node: _Node, *, force: bool = False) -> None:
         now = time.monotonic()
         if node.failed_until > now and not force:
@@ -196,7 +210,7 @@ class ConsoleStore:
         if node.failed:
             node.failed = False
             self._say(node_id, "stored again")
-        self._drop()
+        self._drop(node_id)
 
     def _write(self, node_id: str, node: _Node, start: int, member: bytes) -> None:
         path = self._path(node_id, start)
@@ -214,33 +228,37 @@ class ConsoleStore:
                 raise
         finally:
             os.close(fd)
+        grown = before + len(member) - node.segments.get(start, 0)
         node.segments[start] = before + len(member)
+        node.total += grown
+        self._total += grown
 
     def _say(self, node_id: str, text: str) -> None:
         if self.report is not None:
             self.report(node_id, Step.CONSOLE, text)
 
-    def _drop(self) -> None:
-        """Segments past the time limit, then past each node's cap, then past the site's,
-        oldest first (under the lock)."""
+    def _drop(self, only: str = "") -> None:
+        """Segments past the time limit, then past each node's cap (``only``: that node's), then
+        past the site's, oldest first (under the lock)."""
         cutoff = self.clock() - self.keep_seconds
-        for node_id, node in self._nodes.items():
-            for start in sorted(node.segments):
-                if start + self.slice_seconds <= cutoff:
-                    self._remove(node_id, node, start)
-            while len(node.segments) > 1 and sum(node.segments.values()) > self.node_bytes:
+        for node_id, node in list(self._nodes.items()):
+            if only and node_id != only:
+                continue
+            while node.segments and min(node.segments) + self.slice_seconds <= cutoff:
                 self._remove(node_id, node, min(node.segments))
-        total = sum(sum(n.segments.values()) for n in self._nodes.values())
-        while total > self.site_bytes:
+            while len(node.segments) > 1 and node.total > self.node_bytes:
+                self._remove(node_id, node, min(node.segments))
+        while self._total > self.site_bytes:
             candidates = [(min(n.segments), name) for name, n in self._nodes.items() if n.segments]
             if not candidates:
                 break
             start, name = min(candidates)
-            total -= self._nodes[name].segments[start]
             self._remove(name, self._nodes[name], start)
 
     def _remove(self, node_id: str, node: _Node, start: int) -> None:
-        node.segments.pop(start, None)
+        size = node.segments.pop(start, 0)
+        node.total -= size
+        self._total -= size
         with contextlib.suppress(FileNotFoundError):
             self._path(node_id, start).unlink()
         if not node.segments:

@@ -150,6 +150,8 @@ class Observer:
         self.timelines.expire_pending()
         self.timelines.flush()
         self._release_after_cleanup()
+        if self.consoles.history is not None:
+            self.consoles.history.tick()    # a quiet console's held lines; the time limit
 
     def _release_after_cleanup(self) -> None:
         """The consoles kept after boot.cleanUp: a node whose next boot began is left to that

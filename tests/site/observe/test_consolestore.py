@@ -8,6 +8,7 @@ import errno
 import gzip
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -92,6 +93,22 @@ def test_the_site_cap_drops_the_sites_oldest_segment_first(tmp_path: Path) -> No
     for n in ("n1", "n2", "n3"):
         assert store.oldest(n) == firsts[n]
         assert store.read(n)[-1][1].startswith(f"{n} hour 7 ")
+
+
+def test_the_timer_writes_a_quiet_consoles_lines_and_drops_by_time(tmp_path: Path) -> None:
+    clock = Clock(T0)
+    store, _ = _store(tmp_path, clock, flush_seconds=0.2, flush_bytes=1 << 20)
+    store.append("quiet", T0, "a last line before the node went quiet")
+    store.tick()
+    assert store.segments("quiet") == []                                # held, not yet due
+    time.sleep(0.3)
+    store.tick()
+    assert store.segments("quiet") == [int(T0) - int(T0) % 3600]      # written, not held
+    assert ConsoleStore(tmp_path, clock=clock).read("quiet") == [
+        (T0, "a last line before the node went quiet")]
+    clock.t = T0 + 31 * DAY          # nothing written for a month: the timer alone drops it
+    store.tick()
+    assert store.segments("quiet") == [] and store.oldest("quiet") == 0.0 and store.size() == 0
 
 
 def test_a_restart_keeps_and_serves_what_was_written(tmp_path: Path) -> None:
