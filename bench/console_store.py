@@ -10,7 +10,7 @@ system, from os.times) per console-hour, its peak RSS and open file descriptors 
 50 ms), the bytes on disk per console-hour, and the lines written against the lines read back.
 
 Usage: python bench/console_store.py [--consoles 256] [--rate 20] [--seconds 30] [--no-ring]
-       [--dir DIR]
+       [--baseline] [--dir DIR]
 """
 
 from __future__ import annotations
@@ -55,6 +55,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--no-ring", action="store_true",
                         help="lines to the store alone (the store's own cost, without the ring's)")
+    parser.add_argument("--baseline", action="store_true",
+                        help="lines made and dropped: the bench's own cost, to subtract")
     parser.add_argument("--dir", type=Path, default=None, help="where the store and rings go")
     args = parser.parse_args()
 
@@ -77,6 +79,8 @@ def main() -> None:
             name = f"node-{i:03d}"
             ring = Ring(root / "rings" / name, 4 << 20, lambda t, line: store.append(name, t, line))
             append = (lambda t, line: store.append(name, t, line)) if args.no_ring else ring.append
+            if args.baseline:
+                append = lambda t, line: None  # noqa: E731
             n = 0
             while time.monotonic() - start < args.seconds:
                 due = start + n / args.rate + rng.random() / args.rate
@@ -102,7 +106,8 @@ def main() -> None:
         hours = args.consoles * wall / 3600
         ring_bytes = sum(p.stat().st_size for p in root.glob("rings/*/*") if p.is_file())
         print(json.dumps({
-            "consoles": args.consoles, "ring": not args.no_ring, "rate_lines_per_s": args.rate,
+            "consoles": args.consoles, "ring": not args.no_ring,
+            "baseline": args.baseline, "rate_lines_per_s": args.rate,
             "wall_s": round(wall, 1),
             "lines_written": sum(written), "lines_read_back": read_back,
             "cpu_s": round(cpu, 2), "cpu_s_per_console_hour": round(cpu / hours, 2),
