@@ -11,8 +11,9 @@ under a per-node and a site-wide size cap.
   (``slice_seconds``, an hour by default). A segment is a run of gzip members (RFC 1952
   allows several in one file; ``gzip -dc`` reads them whole), one member per flush, lines
   ``<unix ms> <text>`` as in the ring. A node's lines are held in memory until
-  ``flush_bytes`` or ``flush_seconds`` since the first one held (a query and ``close`` flush
-  too): a daemon killed outright loses at most that much, the ring still holds it.
+  ``flush_bytes`` or ``flush_seconds`` since the first one held (a query, ``close`` and the
+  site's timer, ``tick``, flush too): a daemon killed outright loses at most that much, the
+  ring still holds it. ``tick`` also applies the time limit to the consoles gone quiet.
 - No file stays open: each flush opens, appends and closes, so 256 consoles hold no
   descriptor between their flushes.
 - Dropped, oldest segment first: a segment whose slice ended before ``now - keep_seconds``;
@@ -21,7 +22,8 @@ under a per-node and a site-wide size cap.
   so the moment reported is one whose line is still there.
 - A write that fails (a full disk, ENOSPC; any OSError) is cut back to the segment's size
   before it (no torn member), the node's timeline is told (``not stored``), and the node's
-  lines are not written for ``retry_seconds``; the console goes on in memory and in its ring,
+  lines are not written for ``retry_seconds`` (those held meanwhile are let go past
+  ``HELD_MAX``, or at a query); the console goes on in memory and in its ring,
   and the first write that succeeds after says ``stored again``. A torn member left by a
   crash ends that segment's reading; nothing before it is lost.
 - A restart: a new store over the same folder finds the segments and goes on appending.
