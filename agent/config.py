@@ -64,6 +64,11 @@ class Config:
     site_console_dir: Path | None = None    # the rings (default: state_dir/site/observe/console)
     site_console_ring_bytes: int = 4 << 20  # each node's ring
     site_console_budget_bytes: int = 1 << 30  # all the rings together
+    # Every kept console's history on disk (agent/site/observe/consolestore.py).
+    site_console_store_dir: Path | None = None  # default: state_dir/site/observe/console-store
+    site_console_keep_days: float = 30.0    # how far back
+    site_console_node_bytes: int = 256 << 20  # each node's segments together
+    site_console_site_bytes: int = 32 << 30   # all the nodes' segments together
     # The fleet's BMC management posture the release gate keeps ("ipmi=off,http=off,https=on";
     # agent/site/bmc/posture.py); "" checks none.
     bmc_posture: str = ""

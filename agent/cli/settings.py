@@ -247,6 +247,11 @@ SETTINGS: tuple[Setting, ...] = (
             shown="STATE_DIR/site/observe/console"),
     Setting("site_console_ring_bytes", _bytes, "site role: each node's console ring, e.g. 4M"),
     Setting("site_console_budget_bytes", _bytes, "site role: all the consoles' rings together, e.g. 1G"),
+    Setting("site_console_store_dir", Path, "site role: where every node's console history is kept, "
+            "compressed, on a disk", shown="STATE_DIR/site/observe/console-store"),
+    Setting("site_console_keep_days", _positive, "site role: how many days of console history are kept"),
+    Setting("site_console_node_bytes", _bytes, "site role: each node's console history on disk, e.g. 256M"),
+    Setting("site_console_site_bytes", _bytes, "site role: all the nodes' console history on disk, e.g. 32G"),
     Setting("bmc_posture", _posture, "site role: the BMCs' management posture the release gate keeps, "
             "e.g. ipmi=off,http=off,https=on (protocols: ipmi http https ssh kvmip ssdp virtualmedia)",
             shown="none checked"),

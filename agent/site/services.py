@@ -74,6 +74,10 @@ class ServiceSettings:
     console_dir: Path | None = None
     console_ring_bytes: int = Config.site_console_ring_bytes
     console_budget_bytes: int = Config.site_console_budget_bytes
+    console_store_dir: Path | None = None
+    console_keep_days: float = Config.site_console_keep_days
+    console_node_bytes: int = Config.site_console_node_bytes
+    console_site_bytes: int = Config.site_console_site_bytes
     cause_waits: tuple[tuple[str, float], ...] = ()   # a rule's wait, by name (site_cause_waits)
     ipmitool: str = "ipmitool"
     # The HTTP service's TLS listener, for the BMCs that mount https:// images only: all three,
@@ -93,6 +97,10 @@ class ServiceSettings:
                    console_dir=config.site_console_dir,
                    console_ring_bytes=config.site_console_ring_bytes,
                    console_budget_bytes=config.site_console_budget_bytes,
+                   console_store_dir=config.site_console_store_dir,
+                   console_keep_days=config.site_console_keep_days,
+                   console_node_bytes=config.site_console_node_bytes,
+                   console_site_bytes=config.site_console_site_bytes,
                    cause_waits=config.site_cause_waits,
                    https_port=config.site_https_port or None, tls_cert=config.site_tls_cert,
                    tls_key=config.site_tls_key)
@@ -125,6 +133,8 @@ class SiteServices:
             settings.root / "observe", settings.secrets_dir, console_dir=settings.console_dir,
             console_ring_bytes=settings.console_ring_bytes,
             console_budget_bytes=settings.console_budget_bytes, ipmitool=settings.ipmitool,
+            console_store_dir=settings.console_store_dir, console_keep_days=settings.console_keep_days,
+            console_node_bytes=settings.console_node_bytes, console_site_bytes=settings.console_site_bytes,
             waits=dict(settings.cause_waits)), self.metrics)
         self.store = ChunkStore(settings.store_dir or settings.root / "store",
                                 settings.store_bytes, metrics=self.metrics,

@@ -39,6 +39,9 @@
   ``ring_bytes`` and a restart of the daemon appends where it was. The site's budget
   (``budget_bytes``) caps the rings together: a new console past it first removes the rings
   of the nodes not attached, oldest first, and is refused (said) when that is not enough.
+- Beside the ring, every line also goes to the site's console store (consolestore.py: a
+  node's history, compressed, kept for days): ``read`` takes from it what is older than the
+  ring holds, ``oldest`` is the store's oldest moment.
 - The attached nodes are recorded (``sessions.json``): a daemon that restarts resumes them.
 - Milestones (MILESTONES: firmware, boot loader, a kexec, kernel started, init, the agent's
   first line, the join, a panic, no network, the gateway unreachable, no boot device) go to
@@ -77,6 +80,7 @@ from agent.retry import Backoff
 from agent.site.bmc.client import CallContext, Credentials, Pacing, Target
 from agent.site.bmc.ipmi import CIPHER_SUITE, IpmiClient, split_address
 from agent.site.bmc.secrets import SecretStore
+from agent.site.observe.consolestore import ConsoleStore
 from agent.site.observe.timeline import Step
 
 log = logging.getLogger(__name__)
@@ -207,8 +211,10 @@ class Bmc:
 class Ring:
     """A node's console on disk: two files, at most ``size`` bytes together."""
 
-    def __init__(self, folder: Path, size: int) -> None:
+    def __init__(self, folder: Path, size: int,
+                 also: Callable[[float, str], None] | None = None) -> None:
         self.folder = folder
+        self.also = also          # each line handed on too (the console store's append)
         self.size = max(size, 4096)
         self.current = folder / "console.log"
         self.older = folder / "console.log.1"
@@ -216,6 +222,8 @@ class Ring:
 
     def append(self, t: float, line: str) -> None:
         record = f"{int(t * 1000)} {line}\n".encode()
+        if self.also is not None:
+            self.also(t, line)
         with self._lock:
             self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
             try:
@@ -531,8 +539,10 @@ class Consoles:
     def __init__(self, root: Path, secrets_dir: Path, *, report: Callable[[str, str, str], None],
                  ring_bytes: int = Config.site_console_ring_bytes,
                  budget_bytes: int = Config.site_console_budget_bytes,
-                 ipmitool: str = "ipmitool", ssh_session: type[SolSession] | None = None) -> None:
+                 ipmitool: str = "ipmitool", ssh_session: type[SolSession] | None = None,
+                 history: ConsoleStore | None = None) -> None:
         self.root = root
+        self.history = history    # every line kept on disk for days (consolestore.py)
         # the session kind of a console over SSH (sshconsole.SshSession, given by the observer:
         # it builds on this module)
         self.ssh_session = ssh_session
@@ -551,7 +561,9 @@ class Consoles:
         return max(1, self.budget_bytes // self.ring_bytes)
 
     def ring(self, node_id: str) -> Ring:
-        return Ring(self.root / node_id, self.ring_bytes)
+        history = self.history
+        also = None if history is None else (lambda t, line: history.append(node_id, t, line))
+        return Ring(self.root / node_id, self.ring_bytes, also)
 
     def resume(self) -> int:
         """Attach the nodes recorded by the daemon before this one (a restart)."""
@@ -654,7 +666,24 @@ class Consoles:
             return sorted(self._sessions)
 
     def read(self, node_id: str, since: float = 0.0, until: float = 0.0) -> list[tuple[float, str]]:
-        return self.ring(node_id).read(since, until)
+        """The node's lines within [since, until] (0: no bound), oldest first: the ring's, and
+        before the ring's oldest line the store's."""
+        ring = self.ring(node_id)
+        first = ring.oldest()
+        lines = ring.read(since, until)
+        if self.history is None or (first and since >= first):
+            return lines
+        if not first:
+            return self.history.read(node_id, since, until)
+        older = [(t, text) for t, text in self.history.read(node_id, since, until or first)
+                 if t < first]
+        return older + lines
+
+    def oldest(self, node_id: str) -> float:
+        """The oldest moment of the node's console kept (0.0: none): the store's, else the ring's."""
+        ring = self.ring(node_id).oldest()
+        stored = self.history.oldest(node_id) if self.history is not None else 0.0
+        return min(t for t in (ring, stored) if t) if ring or stored else 0.0
 
     def last_lines(self, node_id: str, n: int = 5) -> list[str]:
         return [text for _, text in self.read(node_id)[-n:]]
@@ -665,3 +694,5 @@ class Consoles:
             sessions = list(self._sessions.values())
         for session in sessions:
             session.stop()
+        if self.history is not None:
+            self.history.close()

@@ -40,6 +40,7 @@ from agent.site.metrics import Metrics
 from agent.site.observe import dhcplog
 from agent.site.observe.causes import EVIDENCE, Diagnosis
 from agent.site.observe.console import Bmc, Consoles
+from agent.site.observe.consolestore import ConsoleStore
 from agent.site.observe.sshconsole import SshSession, bmc_host, offered
 from agent.site.observe.timeline import Attempt, BootEvent, Outcome, Prepared, Step, Timelines, render
 
@@ -69,6 +70,11 @@ class ObserverSettings:
     console_ring_bytes: int = Config.site_console_ring_bytes
     console_budget_bytes: int = Config.site_console_budget_bytes
     console_dir: Path | None = None  # the rings (default: root / "console"): put it on a disk
+    # every console's history (consolestore.py; default: root / "console-store")
+    console_store_dir: Path | None = None
+    console_keep_days: float = Config.site_console_keep_days
+    console_node_bytes: int = Config.site_console_node_bytes
+    console_site_bytes: int = Config.site_console_site_bytes
     ipmitool: str = "ipmitool"
     waits: dict[str, float] = field(default_factory=dict)   # rule name -> seconds (causes.py)
     console_after_cleanup: float = 600.0   # a joined ramdisk's console kept after boot.cleanUp
@@ -107,7 +113,12 @@ class Observer:
         self.consoles = Consoles(settings.console_dir or settings.root / "console", settings.secrets_dir,
                                  report=self._console_report, ring_bytes=settings.console_ring_bytes,
                                  budget_bytes=settings.console_budget_bytes, ipmitool=settings.ipmitool,
-                                 ssh_session=SshSession)
+                                 ssh_session=SshSession, history=ConsoleStore(
+                                     settings.console_store_dir or settings.root / "console-store",
+                                     report=self._console_report,
+                                     keep_seconds=settings.console_keep_days * 86400.0,
+                                     node_bytes=settings.console_node_bytes,
+                                     site_bytes=settings.console_site_bytes))
         self._bmcs: OrderedDict[str, Bmc] = OrderedDict()
         self._lock = threading.Lock()
         # node -> (the cleaned attempt's number, when its console goes): boot.cleanUp of a
@@ -139,6 +150,8 @@ class Observer:
         self.timelines.expire_pending()
         self.timelines.flush()
         self._release_after_cleanup()
+        if self.consoles.history is not None:
+            self.consoles.history.tick()    # a quiet console's held lines; the time limit
 
     def _release_after_cleanup(self) -> None:
         """The consoles kept after boot.cleanUp: a node whose next boot began is left to that
@@ -364,7 +377,7 @@ class Observer:
             node_id=node_id, attempt=a.number, method=a.method, trigger=a.trigger,
             started_unix_ms=int(a.started * 1000), outcome=a.outcome, cause=a.cause,
             cause_detail=a.cause_detail, console=self.consoles.state(node_id),
-            console_oldest_unix_ms=int(self.consoles.ring(node_id).oldest() * 1000),
+            console_oldest_unix_ms=int(self.consoles.oldest(node_id) * 1000),
             steps=[f"+{e.t - a.started:.1f}s {e.step} {e.detail}".rstrip() for e in a.events][-64:])
         if a.outcome == Outcome.FAILED:
             boot.last_lines.extend(self.cause_lines(node_id))
