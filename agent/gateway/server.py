@@ -274,9 +274,13 @@ class Gateway:
         raise wire.WireError(wire.UNAUTHENTICATED, "no client certificate and no valid enrollment token")
 
     def issue_boot_token(self, node_id: str) -> str:
-        """A token good for one join of ``node_id``'s next boot (its PXE entry's bc.token=)."""
+        """A token good for one join of ``node_id``'s next boot (its PXE entry's bc.token=). A
+        node holds one: a new one replaces its last, so the table is bounded by the nodes."""
         token = secrets.token_urlsafe(24)
         with self._cond:
+            for old in [t for t, n in self.boot_tokens.items() if n == node_id]:
+                del self.boot_tokens[old]
+                self._token_boots.pop(old, None)
             self.boot_tokens[token] = node_id
         return token
 

@@ -259,3 +259,14 @@ def test_a_boot_token_is_good_for_one_boots_join(gateway: Gateway, pki: DevPki) 
     assert Client(gateway, pki, "node-2", cert=False, token=token).first.error.code == wire.UNAUTHENTICATED
     reused = [e for e in gateway.events if e.what == "token_reused"]
     assert len(reused) == 2 and all(e.node_id == "node-1" for e in reused), reused
+
+
+def test_a_nodes_new_boot_token_replaces_its_last(gateway: Gateway, pki: DevPki) -> None:
+    """One boot token per node: the table is bounded by the nodes, and a token issued for an
+    earlier boot no longer joins once the next one is issued."""
+    old = gateway.issue_boot_token("node-1")
+    new = gateway.issue_boot_token("node-1")
+    assert list(gateway.boot_tokens.values()).count("node-1") == 1
+    stale = Client(gateway, pki, cert=False, token=old, boot_id="boot-1").first
+    assert stale.error.code == wire.UNAUTHENTICATED
+    assert Client(gateway, pki, cert=False, token=new, boot_id="boot-2").first.WhichOneof("msg") == "welcome"

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.site.bmc.test_spdm_redfish import _round
-
 from agent.gateway.spdm_report import fold
 from agent.gateway.verifier.rim import verify_rim
 from agent.gateway.verifier.spdm_verdict import DeviceChallenges
 from agent.proto import agent_pb2
 from tests.site.bmc.redfish_emulator import RedfishEmulator
 from tests.site.bmc.redfish_emulator.spdm import SpdmResponders
+from tests.site.bmc.test_spdm_redfish import _round
 
 
 def test_a_refused_device_keeps_the_node_out_and_every_device_is_listed(trees: Path) -> None:
