@@ -58,9 +58,20 @@ class Config:
     site_store_dir: Path | None = None      # the content store (default: state_dir/site/store)
     site_store_bytes: int = 64 << 30        # its byte budget (LRU eviction past it)
     site_metrics_address: str = "127.0.0.1:9108"  # GET /metrics (Prometheus); "" serves none
+    site_firmware_sets: Path | None = None  # the firmware sets per hardware profile (JSON, docs/site.md)
     site_upstreams: tuple[str, ...] = ()    # what routes and site fetches reach (site/serve/upstreams.py)
     # The nodes' kept serial consoles (agent/site/observe/console.py).
     site_console_dir: Path | None = None    # the rings (default: state_dir/site/observe/console)
     site_console_ring_bytes: int = 4 << 20  # each node's ring
     site_console_budget_bytes: int = 1 << 30  # all the rings together
+    # Every kept console's history on disk (agent/site/observe/consolestore.py).
+    site_console_store_dir: Path | None = None  # default: state_dir/site/observe/console-store
+    site_console_keep_days: float = 30.0    # how far back
+    site_console_node_bytes: int = 256 << 20  # each node's segments together
+    site_console_site_bytes: int = 32 << 30   # all the nodes' segments together
+    # The fleet's BMC management posture the release gate keeps ("ipmi=off,http=off,https=on";
+    # agent/site/bmc/posture.py); "" checks none.
+    bmc_posture: str = ""
+    # The boot diagnosis' waits (agent/site/observe/causes.py's RULES), by rule: (name, seconds).
+    site_cause_waits: tuple[tuple[str, float], ...] = ()
     extra: dict[str, str] = field(default_factory=dict)  # bc.* parameters not in the settings table

@@ -31,10 +31,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent.gateway.attest import Challenge, Verifier, load_certificates  # noqa: E402
-from agent.gateway.attest_policy import Build, Policy  # noqa: E402
-from agent.gateway.attest_state import NodeStates  # noqa: E402
-from agent.security.attest import Attestor, Evidence  # noqa: E402
+from agent.gateway.verifier.attest import Challenge, Verifier, load_certificates  # noqa: E402
+from agent.gateway.verifier.policy import Build, Policy  # noqa: E402
+from agent.gateway.verifier.state import NodeStates  # noqa: E402
+from agent.security.attest import Attestor  # noqa: E402
+from agent.security.attest_contract import Evidence  # noqa: E402
 from tests.tpmsim import UEFI_BOOT, Ev, SimTpm, ev, h, measure, variable  # noqa: E402
 
 NODE_KEY = bytes(32)

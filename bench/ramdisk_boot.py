@@ -45,10 +45,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent.gateway import eventlog  # noqa: E402
-from agent.gateway.attest import Verifier, load_certificates  # noqa: E402
-from agent.gateway.attest_join import JoinAttestation  # noqa: E402
-from agent.gateway.attest_policy import Build, Policy  # noqa: E402
+from agent.gateway.verifier import eventlog  # noqa: E402
+from agent.gateway.verifier.attest import Verifier, load_certificates  # noqa: E402
+from agent.gateway.verifier.join import JoinAttestation  # noqa: E402
+from agent.gateway.verifier.policy import Build, Policy  # noqa: E402
 from agent.proto import agent_pb2, session_pb2  # noqa: E402
 from qemu import tpm as qemu_tpm  # noqa: E402
 from qemu.harness import Machine  # noqa: E402

@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 from cryptography import x509  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
 
-from agent.gateway.rim import verify_rim  # noqa: E402
-from agent.gateway.spdm import GoldenTable, load_chain, parse_report, split_exchange, verify_report  # noqa: E402
+from agent.gateway.verifier.rim import verify_rim  # noqa: E402
+from agent.gateway.verifier.spdm import GoldenTable, load_chain, parse_report, split_exchange, verify_report  # noqa: E402
 from tests.published import nv_cache  # noqa: E402
 from tests.site.bmc.redfish_emulator.spdm import FIRMWARE, INDICES, exchange, make_cert, measurement  # noqa: E402
 

@@ -48,12 +48,16 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.proc import run
 from initramfs import cpio, licences
+
+if TYPE_CHECKING:
+    from initramfs import signing
 
 # The packages' side (initramfs/debs.py, shared with iso.py), by the names build.py, qemu/ and
 # the tests know them.
@@ -700,9 +704,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--add", action="append", default=[], metavar="SRC:DEST",
                         help="put file SRC at DEST in the ramdisk, e.g. the site's gateway CA: "
                         "--add ca.pem:/etc/bettercompute/ca.pem (then boot with bc.ca=that path)")
+    parser.add_argument("--db-key", type=Path, metavar="PEM",
+                        help="the fleet's Secure Boot db signing key: the UKIs and the site's boot "
+                        "files (OUT/site-boot/) are signed with it (initramfs/signing.py, sbsign)")
+    parser.add_argument("--db-cert", type=Path, metavar="PEM", help="with --db-key: its certificate")
+    parser.add_argument("--db-key-passphrase-file", type=Path, metavar="PATH",
+                        help="with --db-key: the file that holds an encrypted key's passphrase")
     args = parser.parse_args(argv)
     if args.iso_uki and not args.iso:
         parser.error("--iso-uki needs --iso")
+    db_key = None
+    if args.db_key or args.db_cert or args.db_key_passphrase_file:
+        from initramfs import signing
+
+        if not (args.db_key and args.db_cert):
+            parser.error("--db-key and --db-cert go together")
+        try:
+            db_key = signing.DbKey.load(args.db_key, args.db_cert, args.db_key_passphrase_file)
+        except signing.SigningError as exc:
+            parser.error(str(exc))
     if args.uki_site:
         from initramfs import uki
 
@@ -735,7 +755,7 @@ def main(argv: list[str] | None = None) -> int:
 
             iso_uki = out / "ramdisk-iso.efi"
             uki.write(uki.find_stub(arch.name), built.kernel, built.initramfs, iso.default_cmdline(arch.name),
-                      iso_uki)
+                      iso_uki, sign=_signer(db_key))
         target = iso.build_iso(built.kernel, built.initramfs, out / "ramdisk.iso", arch=arch.name,
                                sbom=bom, out=out, uki=iso_uki)
         n = target.stat().st_size
@@ -744,16 +764,38 @@ def main(argv: list[str] | None = None) -> int:
         from initramfs import uki
 
         values = uki.write(uki.find_stub(arch.name), built.kernel, built.initramfs, site_cmdline,
-                           out / "ramdisk.efi")
-        print(f"{out / 'ramdisk.efi'}: build {values['build_id']}, PCR 4 {values['pcr4'][0]} "
+                           out / "ramdisk.efi", sign=_signer(db_key))
+        signed = ", signed" if db_key else ""
+        print(f"{out / 'ramdisk.efi'}: build {values['build_id']}{signed}, PCR 4 {values['pcr4'][0]} "
               "(its reference values in ramdisk.efi.json)")
+        grub = None
         if arch.name == "arm64":
             from initramfs import netgrub
 
-            loader = netgrub.build(args.uki_site, out / netgrub.NAME, out)
-            print(f"{out / netgrub.NAME}: the site's GRUB for arm64 PXE, Authenticode {loader} "
+            grub = out / netgrub.NAME
+            loader = netgrub.build(args.uki_site, grub, out)
+            print(f"{grub}: the site's GRUB for arm64 PXE, Authenticode {loader} "
                   f"(the policy's loaders; {netgrub.NAME}.json)")
+        if db_key is not None:
+            from initramfs import signing
+
+            pinned = signing.site_boot_files(out / "site-boot", db_key, grub=grub)
+            for name, entry in pinned.items():
+                auth = entry.get("authenticode")
+                print(f"{out / 'site-boot' / name}: sha256 {entry['sha256']}"
+                      + (f", signed, Authenticode {auth}" if auth else ""))
+            print(f"{out / 'site-boot'}: the site's boot files (its site_ipxe_dir), "
+                  "pinned in boot-files.json")
     return 0
+
+
+def _signer(db_key: signing.DbKey | None) -> Callable[[Path], object] | None:
+    """A UKI's signing step with the fleet's db key, or None (unsigned)."""
+    if db_key is None:
+        return None
+    from initramfs import signing
+
+    return lambda image: signing.sign(image, db_key)
 
 
 if __name__ == "__main__":

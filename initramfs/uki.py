@@ -39,6 +39,7 @@ import json
 import re
 import struct
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -298,9 +299,12 @@ def reference_values(uki: Path, build_id: str = "") -> dict[str, Any]:
 
 
 def write(stub: Path, kernel: Path, initrd: Path, cmdline: str, out: Path,
-          build_id: str = "") -> dict[str, Any]:
-    """The UKI and, beside it, OUT.json with its reference values."""
+          build_id: str = "", sign: Callable[[Path], object] | None = None) -> dict[str, Any]:
+    """The UKI and, beside it, OUT.json with its reference values; ``sign``: signs the UKI in
+    place before its values are taken (initramfs/signing.py: Secure Boot, the same PCR 4)."""
     build(stub, kernel, initrd, cmdline, out)
+    if sign is not None:
+        sign(out)
     values = reference_values(out, build_id)
     out.with_name(out.name + ".json").write_text(json.dumps(values, indent=2, sort_keys=True) + "\n")
     return values

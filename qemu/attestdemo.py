@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from agent.gateway.attest import Verdict, Verifier, load_certificates
-from agent.gateway.attest_join import JoinAttestation
-from agent.gateway.attest_policy import Build, Policy
+from agent.gateway.verifier.attest import Verdict, Verifier, load_certificates
+from agent.gateway.verifier.join import JoinAttestation
+from agent.gateway.verifier.policy import Build, Policy
 from qemu import tpm as qemu_tpm
 from qemu.lab import Lab
 

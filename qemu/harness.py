@@ -183,6 +183,9 @@ class MachineSpec:
     # Another UEFI build on pflash instead of -bios: (code, a writable copy of its variables);
     # on arm64 AAVMF, whose measured boot is checked (tests/e2e/test_attest_arm64.py).
     pflash: tuple[Path, Path] | None = None
+    # With ``pflash`` on amd64: a Secure Boot build of OVMF (qemu/secureboot.py), which needs
+    # SMM and the pflash's secure property (only SMM code writes its authenticated variables).
+    secure_boot: bool = False
 
     @property
     def platform(self) -> Platform:
@@ -354,8 +357,13 @@ class Machine:
         accel = "kvm" if spec.kvm else "tcg,thread=multi"
         plat = spec.platform
         cpu = "host" if spec.kvm else os.environ.get("BC_QEMU_CPU", plat.cpu)
+        machine = plat.machine
+        if spec.secure_boot:
+            if spec.pflash is None or spec.arch != "amd64":
+                raise ValueError("secure_boot: OVMF's Secure Boot build on pflash, amd64 only")
+            machine += ",smm=on"
         argv = [
-            plat.qemu, "-machine", plat.machine, "-accel", accel, "-cpu", cpu,
+            plat.qemu, "-machine", machine, "-accel", accel, "-cpu", cpu,
             "-m", str(spec.memory_mb), "-smp", str(spec.cpus),
             "-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none",
             "-chardev", f"file,id=con0,path={spec.console_log}" if not spec.serial_port else
@@ -368,6 +376,8 @@ class Machine:
         else:
             argv += ["-serial", "chardev:sh0"]
         if spec.pflash is not None:
+            if spec.secure_boot:
+                argv += ["-global", "driver=cfi.pflash01,property=secure,value=on"]
             argv += ["-drive", f"if=pflash,format=raw,readonly=on,file={spec.pflash[0]}",
                      "-drive", f"if=pflash,format=raw,file={spec.pflash[1]}"]
         elif spec.firmware is not None:

@@ -197,13 +197,16 @@ set_working_mc 0x20
                           "-s", str(state)], stdout=log.fileno(), stderr=subprocess.STDOUT)
     log.close()
     sim = IpmiSim(port, node, workdir, username, password, process)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60   # a loaded 2-core machine: a fault matrix's nodes booting
     while True:
-        if sim.ipmitool("chassis", "power", "status").returncode == 0:
+        answer = sim.ipmitool("chassis", "power", "status")
+        if answer.returncode == 0:
             return sim
         if process.poll() is not None or time.monotonic() > deadline:
             sim.stop()
-            raise RuntimeError(f"ipmi_sim did not answer; see {workdir / 'ipmi_sim.log'}:\n"
+            said = answer.stderr.decode(errors="replace")[-300:]
+            raise RuntimeError(f"ipmi_sim did not answer (exit status {process.poll()}, ipmitool: "
+                               f"{said!r}); see {workdir / 'ipmi_sim.log'}:\n"
                                + (workdir / "ipmi_sim.log").read_text(errors="replace")[-2000:])
         time.sleep(0.3)
 

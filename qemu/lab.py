@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -161,11 +161,13 @@ class Lab:
         return ramdisk.compress(cpio.archive(entries), 3)
 
     def uki(self, node_id: str, *, test: bool = True, files: Mapping[str, bytes] | None = None,
-            settings: Mapping[str, str] | None = None) -> tuple[Path, dict[str, Any]]:
+            settings: Mapping[str, str] | None = None,
+            sign: Callable[[Path], object] | None = None) -> tuple[Path, dict[str, Any]]:
         """The node's ramdisk as a UKI (initramfs/uki.py) in a folder the firmware boots as its
         ESP (``boot(esp=...)``), and the UKI's reference values (docs/attestation.md).
         ``settings``: the bc.* settings of its command line instead of the node's own (a site's
-        UKI names the site and nothing per node: tests/e2e/test_attest_site.py)."""
+        UKI names the site and nothing per node: tests/e2e/test_attest_site.py). ``sign``:
+        signs the UKI in place before its values are taken (Secure Boot: initramfs/signing.py)."""
         from initramfs import uki
 
         esp = self.workdir / f"{node_id}-esp"
@@ -176,6 +178,8 @@ class Lab:
         name = "BOOTX64.EFI" if self.ramdisk.arch == "amd64" else "BOOTAA64.EFI"
         image = esp / "EFI" / "BOOT" / name
         uki.build(uki.find_stub(self.ramdisk.arch), self.ramdisk.kernel, initrd, append, image)
+        if sign is not None:
+            sign(image)
         return esp, uki.reference_values(image, build_id=f"{node_id}-uki")
 
     def initrd(self, name: str, overlay: bytes) -> Path:

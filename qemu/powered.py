@@ -122,6 +122,7 @@ class NodeSpec:
     firmware_pxe: bool = False  # x86 UEFI: a "pxe" boot is the firmware's own PXE (no NIC ROM)
     pflash_code: str = ""    # UEFI on pflash instead of -bios (an arm64 node with a TPM: AAVMF,
     pflash_vars: str = ""    # harness.AAVMF_CODE): its code; the node's own copy of its variables
+    secure_boot: bool = False  # pflash_code is OVMF's Secure Boot build (SMM; qemu/secureboot.py)
 
 
 @dataclass(frozen=True)
@@ -367,6 +368,7 @@ class PoweredNode:
             firmware_pxe=spec.firmware_pxe,
             tpm=self.dir / "swtpm.sock" if spec.tpm_state else None,
             pflash=(Path(spec.pflash_code), Path(spec.pflash_vars)) if spec.pflash_code else None,
+            secure_boot=spec.secure_boot,
         )
 
     def supervise(self) -> int:

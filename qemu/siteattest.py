@@ -37,13 +37,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from agent.gateway import eventlog
-from agent.gateway.attest import Challenge, Verdict, Verifier, load_certificates
-from agent.gateway.attest_join import JoinAttestation
-from agent.gateway.attest_policy import Policy, PolicyFailed
-from agent.security.attest import Evidence
+from agent.gateway.verifier import eventlog
+from agent.gateway.verifier.attest import Challenge, Verdict, Verifier, load_certificates
+from agent.gateway.verifier.join import JoinAttestation
+from agent.gateway.verifier.policy import Policy, PolicyFailed
+from agent.security.attest_contract import Evidence
 from agent.site.boot.pxe import BootFile
-from initramfs import uki
+from initramfs import signing, uki
+from initramfs.signing import DbKey
 from qemu import tpm as qemu_tpm
 from qemu.lab import GUEST_CA, GUEST_TRUST
 from qemu.sitelab import SITE_ADDRESS, SITE_HTTP_PORT, SiteLab
@@ -88,14 +89,16 @@ class SiteAttestation:
     """A node's TPM (manufactured under ``lab.workdir``), the site's UKI build in the images'
     upstream, and the gateway's policy and verifier for them."""
 
-    def __init__(self, lab: SiteLab, node_id: str) -> None:
+    def __init__(self, lab: SiteLab, node_id: str, db_key: DbKey | None = None,
+                 secure_boot: dict[str, Any] | None = None) -> None:
         self.lab = lab
         self.tpm_state = lab.workdir / f"{node_id}-tpm"
         ca = lab.workdir / f"{node_id}-tpm-ca"
         qemu_tpm.manufacture(self.tpm_state, ca)
-        esp, self.values = lab.uki("site-uki", settings={
-            "site": f"http://{SITE_ADDRESS}:{SITE_HTTP_PORT}", "ca": GUEST_CA, "trust": GUEST_TRUST,
-            "reconnect_min": "0.5", "reconnect_max": "3"})
+        # db_key: the UKI signed with the fleet's db key (Secure Boot: qemu/secureboot.py);
+        # secure_boot: the policy's section that judges PCR 7 (docs/attestation.md).
+        esp, self.values = lab.uki("site-uki", settings=self.uki_settings(),
+                                   sign=None if db_key is None else lambda image: signing.sign(image, db_key))
         arm64 = lab.ramdisk.arch == "arm64"
         self.image = lab.www / UKI_NAME
         self.image.unlink(missing_ok=True)
@@ -107,10 +110,18 @@ class SiteAttestation:
         self.loader = lab.site_state / "site" / "boot" / "tftp" / self.loader_name
         self.loader_digest = uki.authenticode_sha256(self.loader.read_bytes())
         self.policy_doc = {"builds": [self.values], "loaders": [self.loader_digest.hex()], "learn": "first"}
+        if secure_boot is not None:   # the policy's PCR 7 judgement (agent/gateway/verifier/pcr7.py)
+            self.policy_doc["secure_boot"] = secure_boot
         self.verifier = RecordingVerifier(
             Policy.from_json(self.policy_doc),
             ek_roots=load_certificates([ca / qemu_tpm.CA_ROOT, ca / qemu_tpm.CA_ISSUER]))
         self.joins = JoinAttestation(self.verifier)
+
+    @staticmethod
+    def uki_settings() -> dict[str, str]:
+        """The site's UKI's command line settings: the site, the lab's CA and signing key."""
+        return {"site": f"http://{SITE_ADDRESS}:{SITE_HTTP_PORT}", "ca": GUEST_CA, "trust": GUEST_TRUST,
+                "reconnect_min": "0.5", "reconnect_max": "3"}
 
     def start(self) -> None:
         self.lab.gateway.attestation = self.joins

@@ -44,7 +44,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from agent import proc
 from agent.site.boot.pxe import BootFile
@@ -52,6 +52,9 @@ from qemu.harness import AAVMF_CODE, AAVMF_VARS, PLATFORMS, BootFileServer, kvm_
 from qemu.lab import GATEWAY_PORT, Lab, Ramdisk
 from qemu.powered import NodeSpec, PoweredNode
 from qemu.serialrelay import SerialRelay
+
+if TYPE_CHECKING:
+    from initramfs.signing import DbKey
 
 T = TypeVar("T")
 
@@ -260,10 +263,12 @@ class SiteLab(Lab):
             raise RuntimeError(f"the site daemon did not join within {timeout:g}s; "
                                f"{self.site_log}:\n{self.site_log_text()[-3000:]}") from None
 
-    def site_boot_files(self) -> Path:
+    def site_boot_files(self, db_key: DbKey | None = None, *, grub: bool = True) -> Path:
         """A folder of boot files for ``start_site(boot_files=...)``: Debian's undionly.kpxe and
         ipxe.efi, and the site's GRUB for arm64 UEFI (initramfs/netgrub.py, built for this
-        site's HTTP service, its Authenticode digest in grubaa64.efi.json beside it)."""
+        site's HTTP service, its Authenticode digest in grubaa64.efi.json beside it; not
+        with ``grub`` False). ``db_key``: the EFI ones signed with it, their digests pinned in
+        boot-files.json, as the build makes them (initramfs/signing.py)."""
         from initramfs import build as ramdisk
         from initramfs import netgrub
 
@@ -271,8 +276,15 @@ class SiteLab(Lab):
         folder.mkdir(parents=True, exist_ok=True)
         for name in (BootFile.BIOS, BootFile.UEFI):
             shutil.copyfile(IPXE_DIR / name, folder / name)
-        netgrub.build(f"http://{SITE_ADDRESS}:{SITE_HTTP_PORT}", folder / netgrub.NAME,
-                      ramdisk.out_dir(ramdisk.ARCHES["arm64"]))
+        loader = None
+        if grub:
+            loader = folder / netgrub.NAME
+            netgrub.build(f"http://{SITE_ADDRESS}:{SITE_HTTP_PORT}", loader,
+                          ramdisk.out_dir(ramdisk.ARCHES["arm64"]))
+        if db_key is not None:
+            from initramfs import signing
+
+            signing.site_boot_files(folder, db_key, ipxe_dir=folder, grub=loader)
         return folder
 
     def site_log_text(self) -> str:
@@ -291,14 +303,16 @@ class SiteLab(Lab):
     def powered_node(self, name: str, *, kernel: Path, initrd: Path, append: str,
                      disks: Sequence[Path] = (), mac: str = "52:54:00:12:34:56",
                      memory_mb: int = 1024, uefi: bool = False, tpm_state: Path | None = None,
-                     firmware_pxe: bool = False) -> PoweredNode:
+                     firmware_pxe: bool = False, secure_boot_vars: Path | None = None) -> PoweredNode:
         """A node on a new tap device on br0, off, its next boot from disk: ``kernel``,
         ``initrd``, ``append`` are what a "disk" boot runs (the installed OS); a "pxe" boot
         runs what the site's boot service offers. ``tpm_state``: the node's TPM 2.0 (a state
         folder qemu/tpm.py manufactured); ``firmware_pxe``: UEFI's own PXE, no NIC ROM, so
         the site's TFTP serves it ipxe.efi (qemu/powered.py's NodeSpec). An arm64 node with a
         TPM runs AAVMF on pflash, with its own copy of the variables (AAVMF's PXE then gets the
-        site's GRUB from the site's TFTP: every arm64 PXE boot is the firmware's own)."""
+        site's GRUB from the site's TFTP: every arm64 PXE boot is the firmware's own).
+        ``secure_boot_vars``: an amd64 UEFI node under OVMF's Secure Boot build on pflash (SMM),
+        its own copy of these variables (a fleet's keys enrolled: qemu/secureboot.py)."""
         tap = self.net.add_tap(f"tap{len(self.nodes)}")
         pflash = ("", "")
         if self.ramdisk.arch == "arm64" and tpm_state is not None:
@@ -306,13 +320,22 @@ class SiteLab(Lab):
             variables.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(AAVMF_VARS, variables)
             pflash = (str(AAVMF_CODE), str(variables))
+        if secure_boot_vars is not None:
+            from qemu.secureboot import OVMF_SECBOOT_CODE
+
+            if self.ramdisk.arch != "amd64" or not uefi:
+                raise ValueError("secure_boot_vars: an amd64 UEFI node (OVMF's Secure Boot build)")
+            variables = self.workdir / name / "OVMF_VARS_4M.fd"
+            variables.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(secure_boot_vars, variables)
+            pflash = (str(OVMF_SECBOOT_CODE), str(variables))
         node = PoweredNode(self.workdir / name).configure(NodeSpec(
             kernel=str(kernel), initrd=str(initrd), append=append, memory_mb=memory_mb, cpus=1,
             kvm=kvm_wanted() and self.ramdisk.arch == "amd64", disks=[str(d) for d in disks],
             owner_pid=os.getpid(), name=name,
             tap=tap, mac=mac, uefi=uefi, arch=self.ramdisk.arch,
             tpm_state=str(tpm_state or ""), firmware_pxe=firmware_pxe,
-            pflash_code=pflash[0], pflash_vars=pflash[1]))
+            pflash_code=pflash[0], pflash_vars=pflash[1], secure_boot=secure_boot_vars is not None))
         self.nodes.append(node)
         return node
 

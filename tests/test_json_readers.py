@@ -20,13 +20,16 @@ TRUSTED: dict[str, str] = {
     "agent/drivers/nvme.py": "nvme-cli's output about the node's own controller",
     "agent/hw/nvme.py": "nvme-cli's output about the node's own controller",
     "agent/hw/dcgm.py": "dcgmi's output (NVIDIA's tool on the node)",
-    "agent/commands/release.py": "nvme-cli's output about the node's own controller",
+    "agent/commands/inventory/release.py": "nvme-cli's output about the node's own controller",
     "agent/site/bmc/secrets.py": "the site's own secret store (mode 0600, written atomically by it)",
     "agent/site/boot/pxe.py": "the site daemon's own entries and cache index, written atomically",
     "agent/site/boot/vmedia.py": "the site daemon's own media sets, written atomically",
     "agent/site/serve/routes.py": "the site daemon's own route records, written atomically",
     "agent/site/observe/observer.py": "the site daemon's own bmcs.json",
     "agent/site/observe/console.py": "the site daemon's own console record",
+    "agent/site/observe/sshconsole.py": "the site daemon's own record of each BMC's console plan",
+    "agent/gateway/verifier/state.py": "the gateway's own per-node state files (0600, written atomically)",
+    "agent/gateway/verifier/spdm.py": "the fleet's golden-values file, the operator's own configuration",
     "agent/site/observe/timeline.py": "the site daemon's own timeline records, and a copy made"
                                       " of its own values (json.dumps then loads)",
 }

@@ -245,3 +245,51 @@ def test_no_circle_between_modules() -> None:
 def test_the_circle_finder_finds_one() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert circles(graph) == [frozenset({"a", "b", "c"})]
+
+
+# Inside a wing: a sub-folder that names a subsystem of its own, and the modules of its wing it
+# must never import (the rest of the wing calls it, not the other way round).
+INNER_ORDER: dict[str, str] = {
+    "agent.gateway.verifier": "agent.gateway",  # the verifier knows nothing of sessions or commands
+}
+
+
+def inner_violations(module: str, imports: list[tuple[int, str]]) -> list[str]:
+    """The imports of ``module`` that break INNER_ORDER, as "line: target"."""
+    found = []
+    for sub, wing in INNER_ORDER.items():
+        if module != sub and not module.startswith(sub + "."):
+            continue
+        for line, target in imports:
+            if (target == wing or target.startswith(wing + ".")) \
+                    and target != sub and not target.startswith(sub + "."):
+                found.append(f"{line}: {target}")
+    return found
+
+
+def test_the_verifier_imports_nothing_of_the_rest_of_the_gateway() -> None:
+    paths = [p for p in sources() if module_name(p).startswith("agent.gateway.verifier")]
+    assert len(paths) > 5, "agent/gateway/verifier/ holds the attestation verifier"
+    bad = [f"{p.relative_to(AGENT.parent)}:{v}" for p in paths
+           for v in inner_violations(module_name(p), imports_of(p))]
+    assert not bad, "the verifier reaches into the gateway's session side:\n" + "\n".join(bad)
+
+
+def test_the_inner_rule_catches_a_verifier_importing_the_server(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("from agent.gateway.records import State\nfrom agent.gateway.verifier import eventlog\n"
+                     "def f():\n    from agent.gateway import server\n")
+    found = inner_violations("agent.gateway.verifier.probe", imports_of(probe))
+    assert found == ["1: agent.gateway.records", "4: agent.gateway"]
+    assert inner_violations("agent.gateway.server", imports_of(probe)) == []
+
+
+def test_each_side_of_attestation_holds_only_its_half() -> None:
+    """The node's attestor and the verifier share agent/security/attest_contract.py, nothing else."""
+    node = AGENT / "security" / "attest.py"
+    verifier = [p for p in sources() if module_name(p).startswith("agent.gateway.verifier")]
+    assert not [t for _, t in imports_of(node) if t.startswith("agent.gateway")]
+    reach = [f"{p.name}:{line}" for p in verifier for line, t in imports_of(p)
+             if t == "agent.security.attest"]
+    assert not reach, f"the verifier imports the node's attestor: {reach}"
+    assert any(t == "agent.security.attest_contract" for p in verifier for _, t in imports_of(p))

@@ -26,7 +26,7 @@ from typing import Self
 import pytest
 
 from agent import proc
-from agent.gateway import eventlog
+from agent.gateway.verifier import eventlog
 from agent.hw import tpm as tpmwire
 from qemu import tpm as qemu_tpm
 from tests.conftest import free_port

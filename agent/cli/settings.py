@@ -127,6 +127,17 @@ def _bytes(text: str) -> int:
     return int(digits) * mult
 
 
+def _posture(text: str) -> str:
+    """The BMC posture as given, checked (agent/site/bmc/posture.py reads it)."""
+    from agent.site.bmc import posture
+
+    try:
+        posture.parse(text)
+    except InvalidParameters as exc:
+        raise ValueError(exc.message) from None
+    return text
+
+
 def _bytes_text(value: int) -> str:
     """A byte count as _bytes reads it back: 64G, 200M, 4097."""
     for unit, mult in sorted(UNITS.items(), key=lambda u: -u[1]):
@@ -141,6 +152,19 @@ def _tpm(text: str) -> str:
 
     tpm.opener(text)
     return text
+
+
+def _cause_wait(text: str) -> tuple[str, float]:
+    """RULE=SECONDS: a boot diagnosis rule's wait (agent/site/observe/causes.py)."""
+    from agent.site.observe.causes import NAMES
+
+    name, sep, seconds = text.partition("=")
+    if not sep or name not in NAMES:
+        raise ValueError(f"{text[:60]!r}: expected RULE=SECONDS, RULE one of {', '.join(NAMES)}")
+    value = float(seconds)
+    if not 0 <= value <= 86_400:
+        raise ValueError(f"{text[:60]!r}: a wait from 0 to 86400 seconds")
+    return name, value
 
 
 def _upstream(text: str) -> str:
@@ -210,6 +234,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("site_store_bytes", _bytes, "site role: the content store's byte budget, e.g. 64G"),
     Setting("site_metrics_address", str, "site role: host:port of GET /metrics, or '' for none",
             param="bc.site_metrics"),
+    Setting("site_firmware_sets", Path,
+            "site role: the firmware sets file (JSON: per hardware profile, each component's version)"),
     Setting("site_upstreams", _upstream,
             "site role: a host, address or network proxy routes may reach (repeatable)",
             flag="--site-upstream", shown="any but loopback, link-local and the site's own", multiple=True),
@@ -221,6 +247,18 @@ SETTINGS: tuple[Setting, ...] = (
             shown="STATE_DIR/site/observe/console"),
     Setting("site_console_ring_bytes", _bytes, "site role: each node's console ring, e.g. 4M"),
     Setting("site_console_budget_bytes", _bytes, "site role: all the consoles' rings together, e.g. 1G"),
+    Setting("site_console_store_dir", Path, "site role: where every node's console history is kept, "
+            "compressed, on a disk", shown="STATE_DIR/site/observe/console-store"),
+    Setting("site_console_keep_days", _positive, "site role: how many days of console history are kept"),
+    Setting("site_console_node_bytes", _bytes, "site role: each node's console history on disk, e.g. 256M"),
+    Setting("site_console_site_bytes", _bytes, "site role: all the nodes' console history on disk, e.g. 32G"),
+    Setting("bmc_posture", _posture, "site role: the BMCs' management posture the release gate keeps, "
+            "e.g. ipmi=off,http=off,https=on (protocols: ipmi http https ssh kvmip ssdp virtualmedia)",
+            shown="none checked"),
+    Setting("site_cause_waits", _cause_wait,
+            "site role: a boot diagnosis rule's wait, RULE=SECONDS, e.g. no_kernel=120 (repeatable)",
+            flag="--site-cause-wait", param="bc.site_cause_wait", shown="each rule's own (docs/site.md)",
+            multiple=True),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 BY_PARAM = {s.param: s for s in SETTINGS}

@@ -31,8 +31,9 @@ from agent.errors import (
 )
 from agent.policy.release import gate
 from agent.policy.release.state import ExpectedState
-from agent.proto import site_pb2
-from agent.site.bmc import events, secrets
+from agent.proto import agent_pb2, site_pb2
+from agent.site.bmc import events, secrets, secure_boot
+from agent.site.bmc import posture as bmc_posture
 from agent.site.bmc import release as bmc_release
 from agent.site.bmc.client import (
     BmcClient,
@@ -66,7 +67,8 @@ OPERATIONS: dict[str, dict[str, dict[str, bool]]] = {
         "set_boot_device": {"device": True, "persistent": False, "mode": False},
         "get_boot_device": {},
     },
-    "bmc.query": {"query": {}, "events": {"since": False}, "bios": {"names": False}, "baseline": {}},
+    "bmc.query": {"query": {}, "events": {"since": False}, "bios": {"names": False}, "baseline": {},
+                  "secure_boot": {"policy": False}},
     "bmc.rotate": {"rotate": {"new_password_ref": False, "length": False},
                    "disable_account": {"username": True}},
     "bmc.firmware": {
@@ -77,6 +79,11 @@ OPERATIONS: dict[str, dict[str, dict[str, bool]]] = {
                    "method": False},
         "status": {"task_uri": False},
         "set_bios": {"attributes": True},
+        "restore_secure_boot": {"policy": True},
+        # The site's firmware set of a hardware profile (setting site_firmware_sets): what differs,
+        # and that plan carried out (agent/site/bmc/redfish/fwsets.py, fwapply.py).
+        "plan": {"profile": True},
+        "apply": {"profile": True},
     },
     "bmc.storage": {
         "list": {},
@@ -119,6 +126,9 @@ class BmcArgs:
     task_uri: str = ""            # bmc.firmware status: a task to read once
     username: str = ""            # bmc.rotate disable_account: the account to disable
     method: str = ""              # bmc.firmware update/push: simple_update, multipart, http_push; "": picked
+    policy: Any = None            # bmc.query secure_boot, bmc.firmware restore_secure_boot: the
+                                  # fleet's SecureBootPolicy (agent/site/bmc/secure_boot.py)
+    profile: str = ""             # bmc.firmware plan/apply: a hardware profile of the firmware sets
 
 
 @dataclass(frozen=True)
@@ -131,6 +141,7 @@ class BmcParams:
     verify_tls: bool
     args: BmcArgs = field(default_factory=BmcArgs)
     expect: ExpectedState | None = None    # bmc.query baseline: the BMC's half
+    firmware_profile: str = ""    # bmc.query baseline: expect.firmware's profile (its firmware set)
 
     @property
     def lock_name(self) -> str:
@@ -244,6 +255,12 @@ def _method(name: str, text: str) -> str:
     return text
 
 
+def _profile(name: str, text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", text):
+        raise InvalidParameters(f"parameter {name}: a profile name (letters, digits, '.', '_', '-')")
+    return text
+
+
 def _check_firmware(operation: str, args: BmcArgs) -> None:
     """bmc.firmware update and push: one image, as a URL or as a file with its sha256, and a
     method that takes that kind of image."""
@@ -296,6 +313,8 @@ READERS: dict[str, Callable[[str, str], Any]] = {
     "names": _names,
     "username": _username,
     "method": _method,
+    "policy": lambda n, t: secure_boot.load(_file(n, t)),
+    "profile": _profile,
 }
 
 
@@ -342,6 +361,8 @@ def parse_request(kind: str, payload: site_pb2.BmcOperationRequest) -> BmcParams
         node_id=payload.node_id, address=payload.bmc_address, protocol=protocol,
         operation=payload.operation, credentials_ref=payload.credentials_ref,
         verify_tls=payload.verify_tls, args=args, expect=_expect(kind, payload),
+        firmware_profile=_profile("expect.firmware.profile", payload.expect.firmware.profile)
+        if payload.expect.HasField("firmware") else "",
     )
 
 
@@ -356,8 +377,9 @@ def _expect(kind: str, payload: site_pb2.BmcOperationRequest) -> ExpectedState |
     if not wanted:
         raise InvalidParameters(f"{kind} {payload.operation}: takes no expect (bmc.query baseline does)")
     expected = ExpectedState.from_proto(payload.expect)
-    if not expected.site_areas:
-        raise InvalidParameters(f"{kind} baseline: expect sets neither bios nor bmc_accounts, the BMC's half")
+    if not expected.site_areas and not payload.expect.HasField("firmware"):
+        raise InvalidParameters(f"{kind} baseline: expect sets neither bios nor bmc_accounts nor firmware,"
+                                " the BMC's half")
     return expected
 
 
@@ -435,10 +457,12 @@ class _BmcHandler(Handler[site_pb2.BmcOperationRequest, BmcParams]):
         observe = ctx.site_services.observe if ctx.site_services is not None and params.node_id else None
         bmc = _observed(params)
         powering = self.kind == "bmc.power" and params.operation in ("on", "cycle", "reset")
-        if observe is not None and powering:
-            observe.before_power(params.node_id, bmc)
         session = BmcSession(ctx, params)
         client, creds = session.open()
+        if observe is not None and powering:
+            # over SSH where the BMC offers it, SOL where IPMI is on (sshconsole.py)
+            bmc = observe.console_for(params.node_id, bmc, client)
+            observe.before_power(params.node_id, bmc)
         try:
             if observe is not None and powering:
                 observe.power_requested(params.node_id, params.operation)
@@ -559,10 +583,26 @@ class BmcQuery(_BmcHandler, kind="bmc.query"):
             assert expected is not None           # parse saw to it
             seen = bmc_release.observe(client, expected, creds.username)
             mismatches = gate.check_bmc(expected, seen)
+            found, restored = _posture_gate(session, client)
+            mismatches += found
+            versions: list[Any] = []
+            if session.params.firmware_profile:     # the firmware set's comparison, its own module
+                from agent.commands.bmc_fwsets import release_firmware
+
+                found, versions = release_firmware(session.ctx, session.params.firmware_profile, client)
+                mismatches.extend(found)
             result = _result(session.params, client, state="pool_ready" if not mismatches
                              else f"{len(mismatches)} finding(s)")
-            result.release.CopyFrom(bmc_release.report(expected, mismatches))
+            result.release.CopyFrom(bmc_release.report(
+                expected, mismatches, (bmc_release.POSTURE_AREA,) if _expected_posture(session) else ()))
+            if restored:
+                result.values["posture_restored"] = ", ".join(restored)
+            if session.params.firmware_profile:
+                result.release.checked.append("firmware")
+                result.release.firmware.extend(versions)
             return result
+        if session.params.operation == "secure_boot":
+            return _secure_boot(session, client)
         if session.params.operation == "bios":
             current, pending = _redfish(session, client).bios(list(session.params.args.names))
             state = f"{len(current)} attributes, {len(pending)} pending"
@@ -576,10 +616,66 @@ class BmcQuery(_BmcHandler, kind="bmc.query"):
             result.attempts = getattr(client, "attempts", 0)
             return result
         result = client.query()
+        _management(session, client, result)
         result.operation = session.params.operation
         result.state = result.power_state
         result.attempts = getattr(client, "attempts", 0)
         return result
+
+
+def _expected_posture(session: BmcSession) -> dict[str, bool]:
+    """The fleet's BMC posture (the site's ``bmc_posture`` setting); {} when unset."""
+    return bmc_posture.parse(session.ctx.config.bmc_posture)
+
+
+def _posture_gate(session: BmcSession, client: BmcClient) -> tuple[list[agent_pb2.Mismatch], list[str]]:
+    """bmc.query baseline: the posture's findings and what was put back; none where unset."""
+    expected = _expected_posture(session)
+    return bmc_release.posture_gate(client, expected) if expected else ([], [])
+
+
+def _management(session: BmcSession, client: BmcClient, result: Result) -> None:
+    """bmc.query query: the BMC's management posture in ``result.management`` (Redfish); what
+    could not be read is named partial, the rest of the query kept."""
+    from agent.site.bmc.redfish.client import RedfishClient
+
+    if not isinstance(client, RedfishClient):
+        return
+    try:
+        result.management.extend(state.message() for state in client.posture())
+    except (Unsupported, BmcRefused) as exc:
+        session.partial.append(f"management: {exc.message}")
+
+
+def _secure_boot(session: BmcSession, client: BmcClient) -> Result:
+    """bmc.query secure_boot: the SecureBoot resource in ``values``; with a ``policy``, the
+    release gate's Secure Boot findings in ``release`` (agent/site/bmc/secure_boot.py)."""
+    policy = session.params.args.policy
+    state, why = secure_boot.observe(_redfish(session, client))
+    if policy is None:
+        if state is None:
+            raise Unsupported(f"bmc.query secure_boot: {why}")
+        result = _result(session.params, client, state=state.mode or "unknown")
+        result.values.update(state.values())
+        return result
+    mismatches = secure_boot.check(policy, state, why)
+    result = _result(session.params, client, state="pool_ready" if not mismatches
+                     else f"{len(mismatches)} finding(s)")
+    if state is not None:
+        result.values.update(state.values())
+    result.release.CopyFrom(secure_boot.report(mismatches))
+    return result
+
+
+def _restore_secure_boot(session: BmcSession, client: BmcClient) -> Result:
+    """bmc.firmware restore_secure_boot: the keys and Secure Boot put back as the policy says,
+    each write once and read back; ``release`` what is still off after (named, never passed)."""
+    report, done = secure_boot.restore_report(_redfish(session, client), session.params.args.policy)
+    result = _result(session.params, client, state="restored" if report.pool_ready
+                     else f"{len(report.restorable) + len(report.cannot_restore)} finding(s) left")
+    result.values["writes"] = "; ".join(done) or "none"
+    result.release.CopyFrom(report)
+    return result
 
 
 class BmcRotate(_BmcHandler, kind="bmc.rotate"):
@@ -658,6 +754,19 @@ class BmcFirmware(_BmcHandler, kind="bmc.firmware"):
             result = _result(params, client, state=state)
             result.values.update({k: str(v) for k, v in back.items()})
             return result
+        if params.operation == "restore_secure_boot":
+            return _restore_secure_boot(session, client)
+        if params.operation in ("plan", "apply"):
+            from agent.commands.bmc_fwsets import firmware_set
+
+            def power(after: str) -> None:       # a step's reboot ("reboot") or AC cycle
+                started = time.monotonic()
+                client.set_power(PowerAction.RESET if after == "reboot" else PowerAction.CYCLE,
+                                 graceful_timeout=0.0)
+                settle(session, client, PowerState.ON, started)
+
+            return firmware_set(session.ctx, params.operation, args.profile, _redfish(session, client),
+                                _result(params, client), power=power, progress=progress)
         if params.operation == "status":
             result = client.firmware_status(args.task_uri)
             result.attempts = getattr(client, "attempts", 0)

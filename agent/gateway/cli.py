@@ -32,13 +32,13 @@ from pathlib import Path
 from google.protobuf import json_format
 
 from agent.errors import AgentError, InvalidParameters
-from agent.gateway.attest import Verifier, load_certificates
-from agent.gateway.attest_join import JoinAttestation
-from agent.gateway.attest_policy import Policy
-from agent.gateway.attest_state import NodeState, NodeStates
 from agent.gateway.certs import DevPki, make_dev_pki
 from agent.gateway.records import CommandRecord, CommandRejected, GatewayEvent, build_command
 from agent.gateway.server import Gateway
+from agent.gateway.verifier.attest import Verifier, load_certificates
+from agent.gateway.verifier.join import JoinAttestation
+from agent.gateway.verifier.policy import Policy
+from agent.gateway.verifier.state import NodeState, NodeStates
 from agent.progressbar import ProgressBar
 from agent.proto import session_pb2
 from agent.security.trust import CONSOLE_STATE_ID, SigningKey
@@ -154,7 +154,7 @@ def boots_summary(msg: object) -> list[str]:
         if b.cause:
             line += f": {b.cause}: {b.cause_detail}"
         lines.append(line + f" [console: {b.console}]")
-        lines.extend(f"    | {text}" for text in b.last_lines[-5:])
+        lines.extend(f"    | {text}" for text in b.last_lines)
     return lines
 
 

@@ -22,7 +22,6 @@ from google.protobuf.message import DecodeError, Message
 from agent import catalog
 from agent.errors import InvalidParameters, Untrusted
 from agent.gateway import certs
-from agent.gateway.attest_join import JoinAttestation, file_release, site_refusal
 from agent.gateway.records import (
     CommandRecord,
     CommandRejected,
@@ -33,6 +32,7 @@ from agent.gateway.records import (
     build_command,
     decode_result,
 )
+from agent.gateway.verifier.join import JoinAttestation, file_release, site_refusal, site_report
 from agent.link import wire
 from agent.proto import session_pb2
 from agent.security.trust import SigningKey, verify_result
@@ -51,6 +51,7 @@ class Gateway:
         client_ca: Path | None = None,
         signing_key: Path | SigningKey | None = None,
         tokens: Mapping[str, str] | None = None,
+        boot_tokens: Mapping[str, str] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
         heartbeat_seconds: float = 2.0,
@@ -67,6 +68,11 @@ class Gateway:
         else:
             self.signing_key = SigningKey.load(Path(signing_key))
         self.tokens: dict[str, str] = dict(tokens or {})   # token -> node id ("" = any node)
+        # Tokens good for one boot's join (a PXE entry's bc.token=, served on the provisioning
+        # network): token -> node id; the first join binds it to that boot (its boot id and key),
+        # and a join of any other boot with it is refused, named (``token_reused``).
+        self.boot_tokens: dict[str, str] = dict(boot_tokens or {})
+        self._token_boots: dict[str, tuple[str, str, bytes]] = {}   # token -> (node, boot, key)
         self.host, self.port = host, port
         self.heartbeat_seconds = heartbeat_seconds
         self.dead_after_seconds = dead_after_seconds or 3 * heartbeat_seconds
@@ -74,7 +80,7 @@ class Gateway:
         self.gateway_id = gateway_id
         self.handshake_seconds = handshake_seconds
         self.attestation = attestation  # attestation at every join (docs/attestation.md)
-        self.site_node = site_node      # the site daemon told of a refused join (attest_join.py)
+        self.site_node = site_node      # the site daemon told of a refused join (verifier/join.py)
         if attestation is not None and attestation.on_verdict is None:
             attestation.on_verdict = lambda node, v: self._event(f"attest_{v.status}", node, detail=str(v))
         self.nodes: dict[str, GatewayNode] = {}
@@ -261,7 +267,36 @@ class Gateway:
             for known, node in self.tokens.items():
                 if secrets.compare_digest(known.encode(), token.encode()) and node in ("", hello.node_id):
                     return "token"
+            with self._cond:
+                for known, node in self.boot_tokens.items():
+                    if secrets.compare_digest(known.encode(), token.encode()) and node in ("", hello.node_id):
+                        return self._boot_token(known, hello)
         raise wire.WireError(wire.UNAUTHENTICATED, "no client certificate and no valid enrollment token")
+
+    def issue_boot_token(self, node_id: str) -> str:
+        """A token good for one join of ``node_id``'s next boot (its PXE entry's bc.token=). A
+        node holds one: a new one replaces its last, so the table is bounded by the nodes."""
+        token = secrets.token_urlsafe(24)
+        with self._cond:
+            for old in [t for t, n in self.boot_tokens.items() if n == node_id]:
+                del self.boot_tokens[old]
+                self._token_boots.pop(old, None)
+            self.boot_tokens[token] = node_id
+        return token
+
+    def _boot_token(self, token: str, hello: session_pb2.Hello) -> str:
+        """Under the lock: a boot token's join. Its first binds it to that boot (the node, its
+        boot id and key): a reconnect of the same boot is the same join; any other boot with it
+        is refused, named."""
+        joined = (hello.node_id, hello.boot_id, bytes(hello.public_key))
+        first = self._token_boots.setdefault(token, joined)
+        if first == joined:
+            return "boot token"
+        node, boot, _ = first
+        why = (f"enrollment token already used: it joined node {node}'s boot {boot or '(no boot id)'}; "
+               "a boot token is good for one boot's join")
+        self._event("token_reused", hello.node_id, detail=f"boot {hello.boot_id}: {why}")
+        raise wire.WireError(wire.UNAUTHENTICATED, why)
 
     def _process_hello(self, node: GatewayNode, hello: session_pb2.Hello) -> None:
         """Under the lock: results and completions carried by the Hello, then resends."""
@@ -420,6 +455,11 @@ class Gateway:
         rec.result = body
         rec.result_message = decode_result(body)
         file_release(self.attestation, node.node_id, body.boot_id, rec.result_message)
+        if self.site_node and node.node_id == self.site_node:  # the site's word on its nodes' BMCs
+            told = site_report(self.attestation, rec.kind, rec.signed.body,
+                               body.status == session_pb2.SUCCEEDED, rec.result_message)
+            if told:
+                self._event("attest_site_report", node.node_id, cid, told)
         detail = status + (f" {body.reason}: {body.message}" if body.reason else "")
         self._finish(rec, State.FINISHED, detail, event="result")
 

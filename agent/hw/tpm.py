@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import hashlib
 import os
 import socket
 import struct
@@ -246,32 +247,52 @@ def b2(data: bytes) -> bytes:
     return u16(len(data)) + data
 
 
-class Reader:
-    """Reads a TPM structure front to back; running off its end is a TpmFailed."""
+def name_of(public: bytes) -> bytes:
+    """An object's name from its TPMT_PUBLIC: nameAlg (SHA-256) || H(public area)."""
+    return u16(Alg.SHA256) + hashlib.sha256(public).digest()
 
-    def __init__(self, data: bytes, what: str = "TPM response") -> None:
+
+def qualified_name_of_primary(hierarchy: int, name: bytes) -> bytes:
+    """The qualified name of a primary key: H(the hierarchy's handle || its name)."""
+    return u16(Alg.SHA256) + hashlib.sha256(u32(hierarchy) + name).digest()
+
+
+class Reader:
+    """Reads a TPM structure front to back, big-endian; running off its end is a TpmFailed.
+
+    ``little`` reads the TCG event log's little-endian records with the same reader, and
+    ``error`` names the exception its callers tell apart (the event log's BadEventLog)."""
+
+    def __init__(self, data: bytes, what: str = "TPM response", *, little: bool = False,
+                 error: Callable[[str], Exception] = TpmFailed) -> None:
         self.data = data
         self.pos = 0
         self.what = what
+        self._order = "<" if little else ">"
+        self._error = error
 
     def take(self, n: int) -> bytes:
         if n < 0 or self.pos + n > len(self.data):
-            raise TpmFailed(f"{self.what} is truncated (wanted {n} bytes at {self.pos})")
+            raise self._error(f"{self.what} is truncated (wanted {n} bytes at {self.pos})")
         out = self.data[self.pos:self.pos + n]
         self.pos += n
         return out
+
+    @property
+    def left(self) -> int:
+        return len(self.data) - self.pos
 
     def u8(self) -> int:
         return int(self.take(1)[0])
 
     def u16(self) -> int:
-        return int(struct.unpack(">H", self.take(2))[0])
+        return int(struct.unpack(self._order + "H", self.take(2))[0])
 
     def u32(self) -> int:
-        return int(struct.unpack(">I", self.take(4))[0])
+        return int(struct.unpack(self._order + "I", self.take(4))[0])
 
     def u64(self) -> int:
-        return int(struct.unpack(">Q", self.take(8))[0])
+        return int(struct.unpack(self._order + "Q", self.take(8))[0])
 
     def b2(self) -> bytes:
         return self.take(self.u16())
@@ -281,7 +302,7 @@ class Reader:
 
     def done(self) -> None:
         if self.pos != len(self.data):
-            raise TpmFailed(f"{self.what} has {len(self.data) - self.pos} bytes left over")
+            raise self._error(f"{self.what} has {len(self.data) - self.pos} bytes left over")
 
 
 def pcr_selection(pcrs: Iterable[int], alg: int = Alg.SHA256) -> bytes:

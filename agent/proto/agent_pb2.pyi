@@ -725,7 +725,7 @@ class ExpectedBuild(_message.Message):
     def __init__(self, cpu_model: _Optional[str] = ..., cpu_sockets: _Optional[int] = ..., cpu_threads: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., memory_tolerance_percent: _Optional[int] = ..., gpus: _Optional[_Union[ExpectedGpus, _Mapping]] = ..., nics: _Optional[_Union[ExpectedNics, _Mapping]] = ..., nvme: _Optional[_Union[ExpectedNvme, _Mapping]] = ..., full_link_classes: _Optional[_Iterable[str]] = ..., slots: _Optional[_Iterable[_Union[ExpectedSlot, _Mapping]]] = ..., state: _Optional[_Union[ExpectedState, _Mapping]] = ...) -> None: ...
 
 class ExpectedState(_message.Message):
-    __slots__ = ("uefi", "gpus", "nics", "nvme", "tpm", "bios", "bmc_accounts", "wipes")
+    __slots__ = ("uefi", "gpus", "nics", "nvme", "tpm", "bios", "bmc_accounts", "wipes", "firmware")
     UEFI_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     NICS_FIELD_NUMBER: _ClassVar[int]
@@ -734,6 +734,7 @@ class ExpectedState(_message.Message):
     BIOS_FIELD_NUMBER: _ClassVar[int]
     BMC_ACCOUNTS_FIELD_NUMBER: _ClassVar[int]
     WIPES_FIELD_NUMBER: _ClassVar[int]
+    FIRMWARE_FIELD_NUMBER: _ClassVar[int]
     uefi: ExpectedUefi
     gpus: ExpectedGpuState
     nics: _containers.RepeatedCompositeFieldContainer[NicProfile]
@@ -742,7 +743,14 @@ class ExpectedState(_message.Message):
     bios: ExpectedBios
     bmc_accounts: ExpectedBmcAccounts
     wipes: ExpectedWipes
-    def __init__(self, uefi: _Optional[_Union[ExpectedUefi, _Mapping]] = ..., gpus: _Optional[_Union[ExpectedGpuState, _Mapping]] = ..., nics: _Optional[_Iterable[_Union[NicProfile, _Mapping]]] = ..., nvme: _Optional[_Union[ExpectedNvmeLayout, _Mapping]] = ..., tpm: _Optional[_Union[ExpectedTpm, _Mapping]] = ..., bios: _Optional[_Union[ExpectedBios, _Mapping]] = ..., bmc_accounts: _Optional[_Union[ExpectedBmcAccounts, _Mapping]] = ..., wipes: _Optional[_Union[ExpectedWipes, _Mapping]] = ...) -> None: ...
+    firmware: ExpectedFirmware
+    def __init__(self, uefi: _Optional[_Union[ExpectedUefi, _Mapping]] = ..., gpus: _Optional[_Union[ExpectedGpuState, _Mapping]] = ..., nics: _Optional[_Iterable[_Union[NicProfile, _Mapping]]] = ..., nvme: _Optional[_Union[ExpectedNvmeLayout, _Mapping]] = ..., tpm: _Optional[_Union[ExpectedTpm, _Mapping]] = ..., bios: _Optional[_Union[ExpectedBios, _Mapping]] = ..., bmc_accounts: _Optional[_Union[ExpectedBmcAccounts, _Mapping]] = ..., wipes: _Optional[_Union[ExpectedWipes, _Mapping]] = ..., firmware: _Optional[_Union[ExpectedFirmware, _Mapping]] = ...) -> None: ...
+
+class ExpectedFirmware(_message.Message):
+    __slots__ = ("profile",)
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    profile: str
+    def __init__(self, profile: _Optional[str] = ...) -> None: ...
 
 class ExpectedUefi(_message.Message):
     __slots__ = ("boot_entries", "boot_order", "secure_boot", "setup_mode", "pk_sha256", "kek_sha256", "db_sha256", "dbx_sha256", "memory_overwrite_request_control")
@@ -1204,7 +1212,7 @@ class InventoryRefreshResult(_message.Message):
     def __init__(self, inventory: _Optional[_Union[Inventory, _Mapping]] = ..., changes: _Optional[_Iterable[_Union[InventoryChange, _Mapping]]] = ..., first: _Optional[bool] = ..., seconds: _Optional[float] = ..., conformance: _Optional[_Union[Conformance, _Mapping]] = ..., release: _Optional[_Union[ReleaseReport, _Mapping]] = ..., node_boots: _Optional[_Iterable[_Union[NodeBoot, _Mapping]]] = ...) -> None: ...
 
 class ReleaseReport(_message.Message):
-    __slots__ = ("boot_id", "pool_ready", "restorable", "cannot_restore", "checked", "not_checked", "wipe_certificates", "attestation_verdict", "tpm_absent", "checked_elsewhere", "wipe_results")
+    __slots__ = ("boot_id", "pool_ready", "restorable", "cannot_restore", "checked", "not_checked", "wipe_certificates", "attestation_verdict", "tpm_absent", "checked_elsewhere", "wipe_results", "firmware", "devices")
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_READY_FIELD_NUMBER: _ClassVar[int]
     RESTORABLE_FIELD_NUMBER: _ClassVar[int]
@@ -1216,6 +1224,8 @@ class ReleaseReport(_message.Message):
     TPM_ABSENT_FIELD_NUMBER: _ClassVar[int]
     CHECKED_ELSEWHERE_FIELD_NUMBER: _ClassVar[int]
     WIPE_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    FIRMWARE_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
     boot_id: str
     pool_ready: bool
     restorable: _containers.RepeatedCompositeFieldContainer[Mismatch]
@@ -1227,10 +1237,44 @@ class ReleaseReport(_message.Message):
     tpm_absent: str
     checked_elsewhere: _containers.RepeatedScalarFieldContainer[str]
     wipe_results: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, boot_id: _Optional[str] = ..., pool_ready: _Optional[bool] = ..., restorable: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., cannot_restore: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., checked: _Optional[_Iterable[str]] = ..., not_checked: _Optional[_Iterable[str]] = ..., wipe_certificates: _Optional[_Iterable[_Union[ErasureCertificate, _Mapping]]] = ..., attestation_verdict: _Optional[str] = ..., tpm_absent: _Optional[str] = ..., checked_elsewhere: _Optional[_Iterable[str]] = ..., wipe_results: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    firmware: _containers.RepeatedCompositeFieldContainer[FirmwareVersion]
+    devices: _containers.RepeatedCompositeFieldContainer[DeviceAttestation]
+    def __init__(self, boot_id: _Optional[str] = ..., pool_ready: _Optional[bool] = ..., restorable: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., cannot_restore: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., checked: _Optional[_Iterable[str]] = ..., not_checked: _Optional[_Iterable[str]] = ..., wipe_certificates: _Optional[_Iterable[_Union[ErasureCertificate, _Mapping]]] = ..., attestation_verdict: _Optional[str] = ..., tpm_absent: _Optional[str] = ..., checked_elsewhere: _Optional[_Iterable[str]] = ..., wipe_results: _Optional[_Iterable[bytes]] = ..., firmware: _Optional[_Iterable[_Union[FirmwareVersion, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[DeviceAttestation, _Mapping]]] = ...) -> None: ...
+
+class DeviceAttestation(_message.Message):
+    __slots__ = ("device", "verified", "check", "reason", "firmware", "golden")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    VERIFIED_FIELD_NUMBER: _ClassVar[int]
+    CHECK_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    FIRMWARE_FIELD_NUMBER: _ClassVar[int]
+    GOLDEN_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    verified: bool
+    check: str
+    reason: str
+    firmware: str
+    golden: str
+    def __init__(self, device: _Optional[str] = ..., verified: _Optional[bool] = ..., check: _Optional[str] = ..., reason: _Optional[str] = ..., firmware: _Optional[str] = ..., golden: _Optional[str] = ...) -> None: ...
+
+class FirmwareVersion(_message.Message):
+    __slots__ = ("component_id", "name", "version", "expected", "match", "ok")
+    COMPONENT_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    MATCH_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    component_id: str
+    name: str
+    version: str
+    expected: str
+    match: str
+    ok: bool
+    def __init__(self, component_id: _Optional[str] = ..., name: _Optional[str] = ..., version: _Optional[str] = ..., expected: _Optional[str] = ..., match: _Optional[str] = ..., ok: _Optional[bool] = ...) -> None: ...
 
 class NodeBoot(_message.Message):
-    __slots__ = ("node_id", "attempt", "method", "trigger", "started_unix_ms", "outcome", "cause", "cause_detail", "console", "last_lines", "steps")
+    __slots__ = ("node_id", "attempt", "method", "trigger", "started_unix_ms", "outcome", "cause", "cause_detail", "console", "last_lines", "steps", "console_oldest_unix_ms")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
@@ -1242,6 +1286,7 @@ class NodeBoot(_message.Message):
     CONSOLE_FIELD_NUMBER: _ClassVar[int]
     LAST_LINES_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
+    CONSOLE_OLDEST_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     attempt: int
     method: str
@@ -1253,10 +1298,11 @@ class NodeBoot(_message.Message):
     console: str
     last_lines: _containers.RepeatedScalarFieldContainer[str]
     steps: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_id: _Optional[str] = ..., attempt: _Optional[int] = ..., method: _Optional[str] = ..., trigger: _Optional[str] = ..., started_unix_ms: _Optional[int] = ..., outcome: _Optional[str] = ..., cause: _Optional[str] = ..., cause_detail: _Optional[str] = ..., console: _Optional[str] = ..., last_lines: _Optional[_Iterable[str]] = ..., steps: _Optional[_Iterable[str]] = ...) -> None: ...
+    console_oldest_unix_ms: int
+    def __init__(self, node_id: _Optional[str] = ..., attempt: _Optional[int] = ..., method: _Optional[str] = ..., trigger: _Optional[str] = ..., started_unix_ms: _Optional[int] = ..., outcome: _Optional[str] = ..., cause: _Optional[str] = ..., cause_detail: _Optional[str] = ..., console: _Optional[str] = ..., last_lines: _Optional[_Iterable[str]] = ..., steps: _Optional[_Iterable[str]] = ..., console_oldest_unix_ms: _Optional[int] = ...) -> None: ...
 
 class LogsCollectRequest(_message.Message):
-    __slots__ = ("paths", "upload_url", "max_bytes", "max_file_bytes", "include_kernel_log", "include_system_journal", "since_seconds", "http_headers", "ca_bundle_pem", "node_ids", "from_unix_ms", "until_unix_ms")
+    __slots__ = ("paths", "upload_url", "max_bytes", "max_file_bytes", "include_kernel_log", "include_system_journal", "since_seconds", "http_headers", "ca_bundle_pem", "node_ids", "from_unix_ms", "until_unix_ms", "console_last_lines")
     class HttpHeadersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -1276,6 +1322,7 @@ class LogsCollectRequest(_message.Message):
     NODE_IDS_FIELD_NUMBER: _ClassVar[int]
     FROM_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     UNTIL_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    CONSOLE_LAST_LINES_FIELD_NUMBER: _ClassVar[int]
     paths: _containers.RepeatedScalarFieldContainer[str]
     upload_url: str
     max_bytes: int
@@ -1288,7 +1335,8 @@ class LogsCollectRequest(_message.Message):
     node_ids: _containers.RepeatedScalarFieldContainer[str]
     from_unix_ms: int
     until_unix_ms: int
-    def __init__(self, paths: _Optional[_Iterable[str]] = ..., upload_url: _Optional[str] = ..., max_bytes: _Optional[int] = ..., max_file_bytes: _Optional[int] = ..., include_kernel_log: _Optional[bool] = ..., include_system_journal: _Optional[bool] = ..., since_seconds: _Optional[int] = ..., http_headers: _Optional[_Mapping[str, str]] = ..., ca_bundle_pem: _Optional[str] = ..., node_ids: _Optional[_Iterable[str]] = ..., from_unix_ms: _Optional[int] = ..., until_unix_ms: _Optional[int] = ...) -> None: ...
+    console_last_lines: int
+    def __init__(self, paths: _Optional[_Iterable[str]] = ..., upload_url: _Optional[str] = ..., max_bytes: _Optional[int] = ..., max_file_bytes: _Optional[int] = ..., include_kernel_log: _Optional[bool] = ..., include_system_journal: _Optional[bool] = ..., since_seconds: _Optional[int] = ..., http_headers: _Optional[_Mapping[str, str]] = ..., ca_bundle_pem: _Optional[str] = ..., node_ids: _Optional[_Iterable[str]] = ..., from_unix_ms: _Optional[int] = ..., until_unix_ms: _Optional[int] = ..., console_last_lines: _Optional[int] = ...) -> None: ...
 
 class ManifestEntry(_message.Message):
     __slots__ = ("name", "source", "size_bytes", "sha256", "truncated", "redacted")

@@ -158,7 +158,7 @@ class BmcFirmwareTask(_message.Message):
     def __init__(self, task_uri: _Optional[str] = ..., state: _Optional[str] = ..., percent: _Optional[int] = ..., messages: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class BmcOperationResult(_message.Message):
-    __slots__ = ("operation", "state", "values", "power_state", "system", "nics", "sensors", "boot", "storage", "virtual_media", "firmware", "bmc_message", "attempts", "settle_seconds", "firmware_inventory", "events", "changed", "power_state_before", "not_kept", "release")
+    __slots__ = ("operation", "state", "values", "power_state", "system", "nics", "sensors", "boot", "storage", "virtual_media", "firmware", "bmc_message", "attempts", "settle_seconds", "firmware_inventory", "events", "changed", "power_state_before", "not_kept", "release", "firmware_plan", "parts", "management")
     class ValuesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +186,9 @@ class BmcOperationResult(_message.Message):
     POWER_STATE_BEFORE_FIELD_NUMBER: _ClassVar[int]
     NOT_KEPT_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
+    FIRMWARE_PLAN_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    MANAGEMENT_FIELD_NUMBER: _ClassVar[int]
     operation: str
     state: str
     values: _containers.ScalarMap[str, str]
@@ -206,21 +209,90 @@ class BmcOperationResult(_message.Message):
     power_state_before: str
     not_kept: _containers.RepeatedScalarFieldContainer[str]
     release: _agent_pb2.ReleaseReport
-    def __init__(self, operation: _Optional[str] = ..., state: _Optional[str] = ..., values: _Optional[_Mapping[str, str]] = ..., power_state: _Optional[str] = ..., system: _Optional[_Union[BmcSystem, _Mapping]] = ..., nics: _Optional[_Iterable[_Union[BmcNic, _Mapping]]] = ..., sensors: _Optional[_Iterable[_Union[BmcSensor, _Mapping]]] = ..., boot: _Optional[_Union[BmcBootDevice, _Mapping]] = ..., storage: _Optional[_Iterable[_Union[BmcStorageController, _Mapping]]] = ..., virtual_media: _Optional[_Iterable[_Union[BmcVirtualMedia, _Mapping]]] = ..., firmware: _Optional[_Union[BmcFirmwareTask, _Mapping]] = ..., bmc_message: _Optional[str] = ..., attempts: _Optional[int] = ..., settle_seconds: _Optional[float] = ..., firmware_inventory: _Optional[_Iterable[_Union[BmcFirmwareComponent, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[BmcLogEntry, _Mapping]]] = ..., changed: _Optional[bool] = ..., power_state_before: _Optional[str] = ..., not_kept: _Optional[_Iterable[str]] = ..., release: _Optional[_Union[_agent_pb2.ReleaseReport, _Mapping]] = ...) -> None: ...
+    firmware_plan: _containers.RepeatedCompositeFieldContainer[BmcFirmwareStep]
+    parts: _containers.RepeatedCompositeFieldContainer[BmcPart]
+    management: _containers.RepeatedCompositeFieldContainer[BmcProtocolState]
+    def __init__(self, operation: _Optional[str] = ..., state: _Optional[str] = ..., values: _Optional[_Mapping[str, str]] = ..., power_state: _Optional[str] = ..., system: _Optional[_Union[BmcSystem, _Mapping]] = ..., nics: _Optional[_Iterable[_Union[BmcNic, _Mapping]]] = ..., sensors: _Optional[_Iterable[_Union[BmcSensor, _Mapping]]] = ..., boot: _Optional[_Union[BmcBootDevice, _Mapping]] = ..., storage: _Optional[_Iterable[_Union[BmcStorageController, _Mapping]]] = ..., virtual_media: _Optional[_Iterable[_Union[BmcVirtualMedia, _Mapping]]] = ..., firmware: _Optional[_Union[BmcFirmwareTask, _Mapping]] = ..., bmc_message: _Optional[str] = ..., attempts: _Optional[int] = ..., settle_seconds: _Optional[float] = ..., firmware_inventory: _Optional[_Iterable[_Union[BmcFirmwareComponent, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[BmcLogEntry, _Mapping]]] = ..., changed: _Optional[bool] = ..., power_state_before: _Optional[str] = ..., not_kept: _Optional[_Iterable[str]] = ..., release: _Optional[_Union[_agent_pb2.ReleaseReport, _Mapping]] = ..., firmware_plan: _Optional[_Iterable[_Union[BmcFirmwareStep, _Mapping]]] = ..., parts: _Optional[_Iterable[_Union[BmcPart, _Mapping]]] = ..., management: _Optional[_Iterable[_Union[BmcProtocolState, _Mapping]]] = ...) -> None: ...
+
+class BmcPart(_message.Message):
+    __slots__ = ("kind", "id", "uri", "manufacturer", "model", "part_number", "serial", "firmware_version")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    URI_FIELD_NUMBER: _ClassVar[int]
+    MANUFACTURER_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PART_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    SERIAL_FIELD_NUMBER: _ClassVar[int]
+    FIRMWARE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    id: str
+    uri: str
+    manufacturer: str
+    model: str
+    part_number: str
+    serial: str
+    firmware_version: str
+    def __init__(self, kind: _Optional[str] = ..., id: _Optional[str] = ..., uri: _Optional[str] = ..., manufacturer: _Optional[str] = ..., model: _Optional[str] = ..., part_number: _Optional[str] = ..., serial: _Optional[str] = ..., firmware_version: _Optional[str] = ...) -> None: ...
+
+class BmcProtocolState(_message.Message):
+    __slots__ = ("protocol", "listed", "enabled", "port")
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    LISTED_FIELD_NUMBER: _ClassVar[int]
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    protocol: str
+    listed: bool
+    enabled: bool
+    port: int
+    def __init__(self, protocol: _Optional[str] = ..., listed: _Optional[bool] = ..., enabled: _Optional[bool] = ..., port: _Optional[int] = ...) -> None: ...
 
 class BmcFirmwareComponent(_message.Message):
-    __slots__ = ("id", "name", "version", "updateable", "health")
+    __slots__ = ("id", "name", "version", "updateable", "health", "software_id", "manufacturer", "uri")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     UPDATEABLE_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
+    SOFTWARE_ID_FIELD_NUMBER: _ClassVar[int]
+    MANUFACTURER_FIELD_NUMBER: _ClassVar[int]
+    URI_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     version: str
     updateable: bool
     health: str
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., version: _Optional[str] = ..., updateable: _Optional[bool] = ..., health: _Optional[str] = ...) -> None: ...
+    software_id: str
+    manufacturer: str
+    uri: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., version: _Optional[str] = ..., updateable: _Optional[bool] = ..., health: _Optional[str] = ..., software_id: _Optional[str] = ..., manufacturer: _Optional[str] = ..., uri: _Optional[str] = ...) -> None: ...
+
+class BmcFirmwareStep(_message.Message):
+    __slots__ = ("match", "component_ids", "found", "expected", "sha256", "method", "apply_time", "after", "settle_seconds", "order", "state", "message")
+    MATCH_FIELD_NUMBER: _ClassVar[int]
+    COMPONENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    APPLY_TIME_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    SETTLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ORDER_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    match: str
+    component_ids: _containers.RepeatedScalarFieldContainer[str]
+    found: _containers.RepeatedScalarFieldContainer[str]
+    expected: str
+    sha256: str
+    method: str
+    apply_time: str
+    after: str
+    settle_seconds: float
+    order: int
+    state: str
+    message: str
+    def __init__(self, match: _Optional[str] = ..., component_ids: _Optional[_Iterable[str]] = ..., found: _Optional[_Iterable[str]] = ..., expected: _Optional[str] = ..., sha256: _Optional[str] = ..., method: _Optional[str] = ..., apply_time: _Optional[str] = ..., after: _Optional[str] = ..., settle_seconds: _Optional[float] = ..., order: _Optional[int] = ..., state: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class BmcLogEntry(_message.Message):
     __slots__ = ("id", "created", "created_unix", "severity", "message", "sensor", "log")

@@ -5,48 +5,44 @@ public area, the attestation key's public area, the maker and firmware), then ch
 credential made for the AK and the EK (only this TPM can activate it, and only for this AK)
 and a nonce. The agent answers with the activated secret and a quote of PCRs 0-12 (SHA-256)
 whose qualifying data binds the nonce, this boot's id and the node's Ed25519 public key, with
-the PCR values and the firmware's event log beside it. Standard library only: the verifier,
-which checks all of it, is the gateway's (agent/gateway/attest.py).
+the PCR values and the firmware's event log beside it. What both sides must agree on (the
+PCRs, the qualifying data, the records and their wire form) is agent/security/attest_contract.py;
+the verifier, which checks all of it, is the gateway's (agent/gateway/verifier/). Standard
+library only.
 
 No TPM (no /dev/tpmrm0) is a fact the agent states, not an error: ``Attestor.absent``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import struct
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import InvalidParameters, TpmFailed
 from agent.hw import sysfs
 from agent.hw import tpm as tpmwire
 from agent.proto import session_pb2
+from agent.security.attest_contract import (
+    LEFT_EVENT,
+    LEFT_PCR,
+    NONCE_BYTES,
+    QUOTED_PCRS,
+    Evidence,
+    Identity,
+    answer_message,
+    identity_message,
+    pcr_digest,
+    qualifying_data,
+)
 
 log = logging.getLogger(__name__)
 
-QUOTE_DOMAIN = b"bettercompute.attest.v1\0"
-QUOTED_PCRS = tuple(range(13))  # 0-12: firmware, boot loaders and the stub's PCRs 11 and 12
 EVENT_LOG = Path("/sys/kernel/security/tpm0/binary_bios_measurements")
 DMI = Path("/sys/class/dmi/id")
 MAX_EVENT_LOG = 1 << 20  # a server's log is tens of KiB; a MiB bounds what one join carries
-NONCE_BYTES = (16, 64)
-# Extended into PCR 11 before the agent leaves the measured boot (a kexec into another kernel,
-# an agent upgrade): what runs next was not measured, and the gateway then sees PCR 11 differ
-# from the build's and says so (docs/attestation.md, "Leaving the measured boot").
-LEFT_PCR = 11
-LEFT_EVENT = hashlib.sha256(b"bettercompute.left-measured-boot.v1\0").digest()
-
-
-def qualifying_data(nonce: bytes, boot_id: str, node_public: bytes) -> bytes:
-    """SHA-256 over the domain, then each field with its length: what TPM2_Quote's extraData holds."""
-    h = hashlib.sha256(QUOTE_DOMAIN)
-    for part in (nonce, boot_id.encode("ascii"), node_public):
-        h.update(struct.pack(">I", len(part)) + part)
-    return h.digest()
 
 
 def read_event_log(path: Path = EVENT_LOG) -> bytes:
@@ -59,30 +55,6 @@ def read_event_log(path: Path = EVENT_LOG) -> bytes:
     if len(data) > MAX_EVENT_LOG:
         raise InvalidParameters(f"{path}: the event log is over {MAX_EVENT_LOG} bytes")
     return data
-
-
-@dataclass(frozen=True)
-class Identity:
-    """What the gateway needs before it can challenge: the TPM's EK, its certificate, the AK."""
-
-    ek_public: bytes       # TPMT_PUBLIC
-    ek_certificate: bytes  # DER, b"" where NV holds none
-    ak_public: bytes       # TPMT_PUBLIC
-    ak_name: bytes
-    manufacturer: str      # e.g. "IBM", "INTC", "NTC", "STM", "IFX"
-    firmware: str          # "major.minor" of TPM_PT_FIRMWARE_VERSION_1, then _2 in hex
-    platform: str          # the hardware profile: "maker|model|firmware version" from DMI
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """The answer to a challenge."""
-
-    activated: bytes       # the credential's secret, as the TPM released it
-    quote: bytes           # TPMS_ATTEST
-    signature: bytes       # TPMT_SIGNATURE
-    pcrs: dict[int, bytes]
-    event_log: bytes
 
 
 def _text(value: int) -> str:
@@ -145,9 +117,7 @@ class Attestor:
             log.warning("the TPM: %s", e)
             self.close()  # asked again at the next Hello
             return session_pb2.TpmIdentity(error=str(e))
-        return session_pb2.TpmIdentity(
-            ek_public=i.ek_public, ek_certificate=i.ek_certificate, ak_public=i.ak_public,
-            ak_name=i.ak_name, manufacturer=i.manufacturer, firmware=i.firmware, platform=i.platform)
+        return identity_message(i)
 
     def answer_message(self, challenge: session_pb2.AttestChallenge, *, boot_id: str,
                        node_public: bytes) -> session_pb2.AttestAnswer:
@@ -158,10 +128,7 @@ class Attestor:
         except (TpmFailed, InvalidParameters) as e:
             log.warning("attestation: %s", e)
             return session_pb2.AttestAnswer(nonce=challenge.nonce, error=str(e))
-        return session_pb2.AttestAnswer(
-            nonce=challenge.nonce, activated=ev.activated, quote=ev.quote, signature=ev.signature,
-            pcrs=[session_pb2.PcrValue(index=i, sha256=v) for i, v in sorted(ev.pcrs.items())],
-            event_log=ev.event_log)
+        return answer_message(challenge.nonce, ev)
 
     def __enter__(self) -> Attestor:
         return self
@@ -252,11 +219,6 @@ class Attestor:
         return Evidence(secret, quote, signature, pcrs, read_event_log(self._event_log))
 
 
-def pcr_digest(pcrs: dict[int, bytes]) -> bytes:
-    """What a quote's pcrDigest holds: SHA-256 over the values in PCR order."""
-    return hashlib.sha256(b"".join(pcrs[i] for i in sorted(pcrs))).digest()
-
-
 def _der_only(cert: bytes) -> bytes:
     """The DER certificate without the padding NV indices often carry after it."""
     if len(cert) < 4 or cert[0] != 0x30:
@@ -266,16 +228,6 @@ def _der_only(cert: bytes) -> bytes:
     if cert[1] == 0x81:
         return cert[:3 + cert[2]]
     return cert[:2 + cert[1]] if cert[1] < 0x80 else cert
-
-
-def identity_from(msg: session_pb2.TpmIdentity) -> Identity:
-    return Identity(bytes(msg.ek_public), bytes(msg.ek_certificate), bytes(msg.ak_public),
-                    bytes(msg.ak_name), msg.manufacturer, msg.firmware, msg.platform)
-
-
-def evidence_from(msg: session_pb2.AttestAnswer) -> Evidence:
-    return Evidence(bytes(msg.activated), bytes(msg.quote), bytes(msg.signature),
-                    {p.index: bytes(p.sha256) for p in msg.pcrs}, bytes(msg.event_log))
 
 
 def attestor_for(spec: str, event_log: str = "") -> Attestor:

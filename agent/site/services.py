@@ -35,6 +35,7 @@ from agent.site.boot.pxe import BootEntries
 from agent.site.boot.vmedia import MediaSets
 from agent.site.chunkstore import ChunkStore
 from agent.site.metrics import Metrics, MetricsService
+from agent.site.observe import dhcplog
 from agent.site.observe.observer import Observer, ObserverSettings
 from agent.site.registries import Registries
 from agent.site.serve.routes import RouteTable
@@ -73,7 +74,11 @@ class ServiceSettings:
     console_dir: Path | None = None
     console_ring_bytes: int = Config.site_console_ring_bytes
     console_budget_bytes: int = Config.site_console_budget_bytes
-    cause_waits: tuple[tuple[str, float], ...] = ()   # a rule's wait, by name (tests)
+    console_store_dir: Path | None = None
+    console_keep_days: float = Config.site_console_keep_days
+    console_node_bytes: int = Config.site_console_node_bytes
+    console_site_bytes: int = Config.site_console_site_bytes
+    cause_waits: tuple[tuple[str, float], ...] = ()   # a rule's wait, by name (site_cause_waits)
     ipmitool: str = "ipmitool"
     # The HTTP service's TLS listener, for the BMCs that mount https:// images only: all three,
     # or none (no listener). https_port 0 binds any free port (tests).
@@ -92,6 +97,11 @@ class ServiceSettings:
                    console_dir=config.site_console_dir,
                    console_ring_bytes=config.site_console_ring_bytes,
                    console_budget_bytes=config.site_console_budget_bytes,
+                   console_store_dir=config.site_console_store_dir,
+                   console_keep_days=config.site_console_keep_days,
+                   console_node_bytes=config.site_console_node_bytes,
+                   console_site_bytes=config.site_console_site_bytes,
+                   cause_waits=config.site_cause_waits,
                    https_port=config.site_https_port or None, tls_cert=config.site_tls_cert,
                    tls_key=config.site_tls_key)
 
@@ -116,12 +126,15 @@ class SiteServices:
         # set's ISO, a route's manifest) is dialled under the routes' upstream policy too.
         options = http.HttpOptions(ca_file=settings.ca_file, timeout=30.0, max_retries=3,
                                    resolve=self.upstream_addresses)
+        self.fetch_options = options     # firmware images fetched into the store (bmc.firmware apply)
         self.metrics = Metrics()
         # What the site sees of each node's boot: timelines, causes, consoles (agent/site/observe/).
         self.observe = Observer(ObserverSettings(
             settings.root / "observe", settings.secrets_dir, console_dir=settings.console_dir,
             console_ring_bytes=settings.console_ring_bytes,
             console_budget_bytes=settings.console_budget_bytes, ipmitool=settings.ipmitool,
+            console_store_dir=settings.console_store_dir, console_keep_days=settings.console_keep_days,
+            console_node_bytes=settings.console_node_bytes, console_site_bytes=settings.console_site_bytes,
             waits=dict(settings.cause_waits)), self.metrics)
         self.store = ChunkStore(settings.store_dir or settings.root / "store",
                                 settings.store_bytes, metrics=self.metrics,
@@ -192,6 +205,14 @@ class SiteServices:
                            metrics=self.metrics, media=self.media, observe=self.observe.http_fetch,
                            tls=context, conns=self.http.server.conns)
 
+    def _dnsmasq_line(self, line: str) -> None:
+        """A line of dnsmasq's log: the PXE boot server's answer ties a MAC to its address (whom
+        the node's script is served to); every line goes to the timelines."""
+        got = dhcplog.parse(line)
+        if got is not None and got.mac and got.ip:
+            self.entries.tie(got.mac, got.ip)
+        self.observe.dnsmasq_line(line)
+
     def upstream_addresses(self, host: str, port: int) -> list[str]:
         """The addresses the site may dial for ``host``: ``site_upstreams``' policy
         (agent/site/serve/upstreams.py); InvalidParameters when it may not."""
@@ -225,7 +246,9 @@ class SiteServices:
                 interface=self.settings.interface, address=self.settings.address,
                 http_base_url=self.base_url, root=self.settings.root / "boot",
                 ipxe_dir=self.settings.ipxe_dir, argv_prefix=self.settings.dnsmasq_argv_prefix),
-                on_line=self.observe.dnsmasq_line)
+                on_line=self._dnsmasq_line)
+            # its DHCP exchange ties each MAC to an address: a node's script goes there only
+            self.entries.clients_tied = True
             self.dnsmasq.start()
         self.http.start()
         self._serving = True

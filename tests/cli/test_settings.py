@@ -87,6 +87,8 @@ SAMPLES = {  # a value each kind of row reads, none of them a default
     str: "sample", Path: "/sample/path", settings._role: "site", settings._positive: "7",
     settings._count: "7", settings._port: "7", settings._bytes: "3M",
     settings._path_list: "/a:/b", settings._upstream: "10.9.0.0/16", settings._tpm: "none",
+    settings._posture: "ipmi=off,http=off",
+    settings._cause_wait: "no_kernel=7",
 }
 
 

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.gateway import eventlog
-from agent.gateway.attest import Status
-from agent.gateway.attest_policy import Build
+from agent.gateway.verifier import eventlog
+from agent.gateway.verifier.attest import Status
+from agent.gateway.verifier.policy import Build
 from agent.proto import site_pb2
 from agent.site.boot.pxe import EntryRequest
 from agent.site.services import ServiceSettings, SiteServices

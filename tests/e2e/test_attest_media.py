@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.gateway.attest import Status
-from agent.gateway.attest_policy import Build
+from agent.gateway.verifier.attest import Status
+from agent.gateway.verifier.policy import Build
 from initramfs import build as ramdisk
 from initramfs import iso
 from qemu import tpm as qemu_tpm

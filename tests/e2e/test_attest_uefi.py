@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.gateway.attest import Status, Verdict, Verifier, load_certificates
-from agent.gateway.attest_join import JoinAttestation
-from agent.gateway.attest_policy import Build, Policy
+from agent.gateway.verifier.attest import Status, Verdict, Verifier, load_certificates
+from agent.gateway.verifier.join import JoinAttestation
+from agent.gateway.verifier.policy import Build, Policy
 from initramfs import uki
 from qemu import attestdemo
 from qemu import tpm as qemu_tpm

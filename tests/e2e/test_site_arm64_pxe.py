@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.gateway.attest import Status
-from agent.gateway.attest_policy import PolicyFailed
+from agent.gateway.verifier.attest import Status
+from agent.gateway.verifier.policy import PolicyFailed
 from initramfs import netgrub, uki
 from qemu import tpm as qemu_tpm
 from qemu.harness import AAVMF_CODE, AAVMF_VARS

@@ -4,6 +4,7 @@ and every refusal that can be made without QEMU, each with its check named."""
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import json
 import os
@@ -16,14 +17,29 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
+from cryptography.x509.oid import NameOID
 
 from agent.errors import TpmFailed
-from agent.gateway import eventlog
-from agent.gateway.attest import Challenge, Status, Verdict, Verifier, load_certificates, name_of
-from agent.gateway.attest_policy import SEPARATED_PCRS as SEPARATED
-from agent.gateway.attest_policy import Policy, PolicyFailed
+from agent.gateway.verifier import eventlog
+from agent.gateway.verifier.attest import (
+    Challenge,
+    Status,
+    Verdict,
+    Verifier,
+    check_ek_certificate,
+    ek_key,
+    load_certificates,
+)
+from agent.gateway.verifier.policy import SEPARATED_PCRS as SEPARATED
+from agent.gateway.verifier.policy import Policy, PolicyFailed
+from agent.gateway.verifier.refused import Refused
 from agent.hw import tpm as tpmwire
-from agent.security.attest import Attestor, Evidence, Identity
+from agent.security.attest import Attestor
+from agent.security.attest_contract import Evidence, Identity
 from tests.runtime.harness import ROOT
 from tests.tpmsim import (
     BIOS_BOOT,
@@ -206,6 +222,29 @@ def test_an_ek_certificate_from_another_ca(node: Node, other_sim: SimTpm, verifi
     refused(verdict, "ek_certificate")
 
 
+def test_an_ek_certificate_signed_by_a_configured_certificate_that_is_no_ca(node: Node) -> None:
+    """The EK's chain had a walk of its own that took any configured certificate whose key signed
+    it; it is now x509chain.verify_chain's, which wants every issuer a CA."""
+    mine = node.identity()
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "a leaf, not a CA")])
+    now = datetime.datetime.now(datetime.UTC)
+
+    def cert(subject: x509.Name, public: CertificatePublicKeyTypes, ca: bool) -> x509.Certificate:
+        return (x509.CertificateBuilder().subject_name(subject).issuer_name(name).public_key(public)
+                .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+                .not_valid_after(now + datetime.timedelta(days=1))
+                .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+                .sign(key, hashes.SHA256()))
+
+    not_ca = cert(name, key.public_key(), ca=False)
+    ek_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ek")])
+    ek_cert = cert(ek_name, ek_key(mine.ek_public), ca=False)
+    with pytest.raises(Refused, match="is not a CA") as e:
+        check_ek_certificate(ek_cert.public_bytes(serialization.Encoding.DER), mine.ek_public, [not_ca])
+    assert e.value.check == "ek_certificate"
+
+
 def test_a_pinned_ek(node: Node, other_sim: SimTpm, verifier: Verifier, tmp_path: Path) -> None:
     mine = node.identity()
     pinned = Verifier(verifier.policy, pinned_ek={"node-1": hashlib.sha256(mine.ek_public).digest()})
@@ -231,7 +270,7 @@ def test_a_bit_flipped_in_the_ak_public_key(node: Node, verifier: Verifier) -> N
     ident = node.identity()
     flipped = bytearray(ident.ak_public)
     flipped[-1] ^= 1  # the point's y: no longer on the curve
-    claimed = dataclasses.replace(ident, ak_public=bytes(flipped), ak_name=name_of(bytes(flipped)))
+    claimed = dataclasses.replace(ident, ak_public=bytes(flipped), ak_name=tpmwire.name_of(bytes(flipped)))
     refused(_as_verdict(verifier.try_challenge(node.node_id, claimed)), "ak_public")
 
 

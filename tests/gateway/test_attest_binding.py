@@ -1,4 +1,4 @@
-"""One TPM, one node, and what the verifier keeps across its restarts (agent/gateway/attest_state.py),
+"""One TPM, one node, and what the verifier keeps across its restarts (agent/gateway/verifier/state.py),
 against real TPMs (swtpm): an EK bound to a node at its first attestation, another EK for that
 node refused (ek_changed) until an operator re-enrolls it, an EK bound to another node refused
 (ek_in_use), the bindings and the TPM counters surviving a restart, a bound node that says it has
@@ -14,10 +14,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agent.gateway.attest import Status, Verdict, Verifier, load_certificates
-from agent.gateway.attest_join import JoinAttestation
-from agent.gateway.attest_policy import Policy
-from agent.gateway.attest_state import NodeStates
+import pytest
+
+from agent.errors import InvalidParameters
+from agent.gateway.verifier.attest import Status, Verdict, Verifier, load_certificates
+from agent.gateway.verifier.join import JoinAttestation
+from agent.gateway.verifier.policy import Policy
+from agent.gateway.verifier.state import NodeStates
 from agent.proto import session_pb2
 from tests.gateway.test_attest import PROFILE, Node, policy_doc, refused
 from tests.runtime.harness import ROOT
@@ -208,3 +211,56 @@ def test_a_profile_is_not_learned_because_a_dmi_string_changed(sim: SimTpm, othe
     newcomer = as_node(b, "node-2")  # a node's first attestation still learns (trust on first use)
     newcomer.profile = "Maker|Board|1.0"
     assert newcomer.join(verifier).matched["learned"] == "pcr0,pcr2,pcr7"
+
+
+def test_a_profile_is_named_by_the_sites_bmc_inventory_and_the_ek_maker_not_the_dmi(
+        sim: SimTpm, other_sim: SimTpm, tmp_path: Path) -> None:
+    """A profile was named by the DMI strings the node reports. Where the site reported the
+    node's BMC inventory (bmc.query), the profile is the BMC's maker, model and BIOS version and
+    the EK certificate's anchor: what the node says of itself changes nothing, and what the BMC
+    says changed is refused until a window opens."""
+    verifier = verifier_for(tmp_path, sim, other_sim, states=NodeStates(tmp_path / "state"))
+    a, _ = two_tpms(sim, other_sim, tmp_path)
+    node = as_node(a, "node-1")
+    verifier.site_inventory("node-1", "Maker", "Board", "1.0")
+    first = node.join(verifier)
+    assert first.attested and first.matched["learned"] == "pcr0,pcr2,pcr7", first
+    assert first.matched["profile"].startswith("bmc:Maker|Board|1.0|ek:CN=swtpm-localca"), first.matched
+    node.profile = "Other|Thing|9.9"  # the node's DMI says something else: it is not the profile
+    again = node.join(verifier)
+    assert again.attested and again.matched["profile"] == first.matched["profile"], again
+    verifier.site_inventory("node-1", "Maker", "Board", "9.9")  # the BMC reads another BIOS version
+    verdict = node.join(verifier)
+    refused(verdict, "policy_profile")
+    assert "the site's BMC inventory" in verdict.reason
+
+
+def test_a_firmware_update_the_site_made_opens_the_node_s_window_for_its_next_boot(
+        sim: SimTpm, other_sim: SimTpm, tmp_path: Path) -> None:
+    """A PCR 0 change under a known profile was refused until an operator accepted it. Now the
+    site's own firmware update ("site updated node-1's firmware to set S") is recorded with the
+    node and opens its window for the boot after it only: a join still before the update does
+    not close it, the next boot learns, the one after is held again."""
+    folder = tmp_path / "state"
+    verifier = verifier_for(tmp_path, sim, other_sim, states=NodeStates(folder))
+    a, _ = two_tpms(sim, other_sim, tmp_path)
+    node = as_node(a, "node-1")
+    assert node.join(verifier).attested
+    state = verifier.site_updated_firmware("node-1", "fwset-2026-12")
+    assert state.accept and state.accept_by == "site: firmware set fwset-2026-12"
+    kept = NodeStates(folder).get("node-1")  # recorded on disk, as the bindings are
+    assert kept is not None and kept.accept and kept.accept_by == state.accept_by
+    before = node.join(verifier)  # the same boot, before the node restarted into the new firmware
+    assert before.attested and "learned" not in before.matched, before
+    sim.restart()
+    node.boot(REFLASHED)
+    updated = node.join(verifier)
+    assert updated.attested and updated.matched["accepted_by"] == "site: firmware set fwset-2026-12", updated
+    assert updated.matched["learned"].startswith("pcr0,pcr2,pcr7")
+    kept = NodeStates(folder).get("node-1")
+    assert kept is not None and not kept.accept  # the window closed with that boot
+    sim.restart()
+    node.boot([ev(0, Ev.S_CRTM_VERSION, "7.7".encode("utf-16-le") + b"\0\0"), *UEFI_BOOT[1:]])
+    refused(node.join(verifier), "policy_profile")  # a change the site did not report is refused
+    with pytest.raises(InvalidParameters):
+        verifier.site_updated_firmware("node-1", "")

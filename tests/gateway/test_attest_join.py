@@ -1,4 +1,4 @@
-"""The join's attestation frames at the gateway (agent/gateway/attest_join.py), with a real TPM
+"""The join's attestation frames at the gateway (agent/gateway/verifier/join.py), with a real TPM
 (swtpm) behind the agent's side: the challenge, the verdict, answers that answer nothing."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.gateway import attest
-from agent.gateway.attest import Status, Verifier, load_certificates
-from agent.gateway.attest_join import JoinAttestation, SourceRate, file_release, site_refusal
-from agent.gateway.attest_policy import Build, Policy
+from agent.gateway.verifier import attest
+from agent.gateway.verifier.attest import Status, Verifier, load_certificates
+from agent.gateway.verifier.join import JoinAttestation, SourceRate, file_release, site_refusal
+from agent.gateway.verifier.policy import Build, Policy
 from agent.proto import agent_pb2, session_pb2
 from agent.security.attest import Attestor
 from tests.tpmsim import UEFI_BOOT, SimTpm, h, manufactured_tpm, measure, other_sim, sim

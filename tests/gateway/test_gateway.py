@@ -237,3 +237,36 @@ def test_every_command_is_signed_for_the_agent_state_the_node_announced(gateway:
     assert store.verify_command(again, node_id="node-2", now_ms=now, boot_id="boot-A", state_id="state-2")
     assert gateway.commands[cid].deliveries == 2
     c.close()
+
+
+def test_a_boot_token_is_good_for_one_boots_join(gateway: Gateway, pki: DevPki) -> None:
+    """A PXE entry's bc.token= is served on the provisioning network: the token the gateway
+    issues for a boot joins that boot (and its reconnects) only; another boot, or a stranger
+    who read the script, joining with it is refused, named, and said in the gateway's events."""
+    token = gateway.issue_boot_token("node-1")
+    key = SigningKey.generate()
+    first = Client(gateway, pki, cert=False, token=token, boot_id="boot-1", key=key)
+    assert first.first.WhichOneof("msg") == "welcome"
+    assert gateway.wait_node("node-1", TIMEOUT).authenticated_by == "boot token"
+    first.close()
+    again = Client(gateway, pki, cert=False, token=token, boot_id="boot-1", key=key)   # a reconnect
+    assert again.first.WhichOneof("msg") == "welcome"
+    again.close()
+    for boot, other in (("boot-2", key), ("boot-1", SigningKey.generate())):
+        refused = Client(gateway, pki, cert=False, token=token, boot_id=boot, key=other).first
+        assert refused.error.code == wire.UNAUTHENTICATED
+        assert "already used" in refused.error.message and "boot-1" in refused.error.message
+    assert Client(gateway, pki, "node-2", cert=False, token=token).first.error.code == wire.UNAUTHENTICATED
+    reused = [e for e in gateway.events if e.what == "token_reused"]
+    assert len(reused) == 2 and all(e.node_id == "node-1" for e in reused), reused
+
+
+def test_a_nodes_new_boot_token_replaces_its_last(gateway: Gateway, pki: DevPki) -> None:
+    """One boot token per node: the table is bounded by the nodes, and a token issued for an
+    earlier boot no longer joins once the next one is issued."""
+    old = gateway.issue_boot_token("node-1")
+    new = gateway.issue_boot_token("node-1")
+    assert list(gateway.boot_tokens.values()).count("node-1") == 1
+    stale = Client(gateway, pki, cert=False, token=old, boot_id="boot-1").first
+    assert stale.error.code == wire.UNAUTHENTICATED
+    assert Client(gateway, pki, cert=False, token=new, boot_id="boot-2").first.WhichOneof("msg") == "welcome"

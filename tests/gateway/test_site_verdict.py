@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from agent.gateway import Gateway
-from agent.gateway.attest import Status, Verifier, load_certificates
-from agent.gateway.attest_join import JoinAttestation
-from agent.gateway.attest_policy import Build, Policy
 from agent.gateway.certs import DevPki
+from agent.gateway.verifier.attest import Status, Verifier, load_certificates
+from agent.gateway.verifier.join import JoinAttestation
+from agent.gateway.verifier.policy import Build, Policy
 from agent.proto import session_pb2
 from tests.conftest import free_port
 from tests.runtime.harness import AgentProcess, make_pki, start_gateway

@@ -11,9 +11,9 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from agent.gateway.attest import Refused
-from agent.gateway.rim import verify_rim
-from agent.gateway.spdm import GoldenTable, parse_report, split_exchange, verify_report
+from agent.gateway.verifier.refused import Refused
+from agent.gateway.verifier.rim import verify_rim
+from agent.gateway.verifier.spdm import GoldenTable, parse_report, split_exchange, verify_report
 from tests.site.bmc.redfish_emulator.spdm import (
     FIRMWARE,
     INDICES,

@@ -15,9 +15,9 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from agent.gateway.attest import Refused
-from agent.gateway.rim import verify_rim
-from agent.gateway.spdm import (
+from agent.gateway.verifier.refused import Refused
+from agent.gateway.verifier.rim import verify_rim
+from agent.gateway.verifier.spdm import (
     GoldenTable,
     golden_from_rim,
     judge,
@@ -26,7 +26,7 @@ from agent.gateway.spdm import (
     split_exchange,
     verify_report,
 )
-from agent.gateway.x509chain import verify_chain
+from agent.gateway.verifier.x509chain import verify_chain
 from tests.published import nv_verifier
 
 

@@ -18,7 +18,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from agent.errors import InvalidParameters, Reason, TpmFailed
-from agent.gateway.attest import Refused, check_ak_public, verify_signature
+from agent.gateway.verifier.attest import check_ak_public, verify_signature
+from agent.gateway.verifier.refused import Refused
 from agent.hw import tpm as w
 from agent.security.attest import Attestor
 from tests.published import go_eventlog

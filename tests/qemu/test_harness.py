@@ -187,6 +187,23 @@ def test_arm64_attestation_is_a_tis_device_aavmf_on_pflash_and_the_esp_not_kerne
     assert f"if=none,id=esp,format=raw,readonly=on,file=fat:{tmp_path / 'esp'}" in drives
 
 
+def test_secure_boot_is_ovmf_on_pflash_with_smm_and_the_pflash_secure(tmp_path: Path) -> None:
+    """OVMF's Secure Boot build writes its authenticated variables from SMM only: the machine
+    gets SMM and the flash its secure property (qemu/secureboot.py); never without pflash."""
+    code, variables = tmp_path / "OVMF_CODE_4M.secboot.fd", tmp_path / "OVMF_VARS_4M.fd"
+    argv = Machine(spec(tmp_path, uefi=True, pflash=(code, variables), secure_boot=True)).argv()
+    assert argv[argv.index("-machine") + 1] == "q35,smm=on"
+    assert argv[argv.index("-global") + 1] == "driver=cfi.pflash01,property=secure,value=on"
+    drives = [argv[i + 1] for i, a in enumerate(argv) if a == "-drive"]
+    assert drives[:2] == [f"if=pflash,format=raw,readonly=on,file={code}",
+                          f"if=pflash,format=raw,file={variables}"]
+    assert "-bios" not in argv
+    plain = Machine(spec(tmp_path, uefi=True, pflash=(code, variables))).argv()
+    assert plain[plain.index("-machine") + 1] == "q35" and "-global" not in plain
+    with pytest.raises(ValueError, match="Secure Boot build on pflash"):
+        Machine(spec(tmp_path, uefi=True, secure_boot=True)).argv()
+
+
 def test_grub_chainloader_starts_one_image_and_takes_no_script_from_a_path() -> None:
     with pytest.raises(ValueError, match="GRUB's script"):
         harness.grub_chainloader(Path("/nonexistent/BOOTAA64.EFI"), "/EFI/Linux/a.efi\nlinux /x")

@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 
 from agent.gateway import Gateway
-from agent.gateway.attest import Status, Verdict, Verifier, load_certificates
-from agent.gateway.attest_join import JoinAttestation, SourceRate
-from agent.gateway.attest_policy import Build, Policy
 from agent.gateway.certs import DevPki
-from agent.security.attest import LEFT_EVENT, attestor_for
+from agent.gateway.verifier.attest import Status, Verdict, Verifier, load_certificates
+from agent.gateway.verifier.join import JoinAttestation, SourceRate
+from agent.gateway.verifier.policy import Build, Policy
+from agent.security.attest import attestor_for
+from agent.security.attest_contract import LEFT_EVENT
 from tests.runtime.core_harness import Terminating, World, accepted
 from tests.runtime.harness import ROOT, AgentProcess, start_gateway, wait_until
 from tests.tpmsim import UEFI_BOOT, SimTpm, h, manufactured_tpm, measure, need, sim

@@ -11,19 +11,19 @@ import pytest
 
 from agent.errors import InvalidParameters, TpmFailed
 from agent.hw import tpm as tpmwire
-from agent.security import attest
+from agent.security import attest, attest_contract
 
 
 def test_qualifying_data_binds_nonce_boot_and_key() -> None:
-    base = attest.qualifying_data(b"n" * 32, "boot-a", b"k" * 32)
-    h = hashlib.sha256(attest.QUOTE_DOMAIN)
+    base = attest_contract.qualifying_data(b"n" * 32, "boot-a", b"k" * 32)
+    h = hashlib.sha256(attest_contract.QUOTE_DOMAIN)
     for part in (b"n" * 32, b"boot-a", b"k" * 32):
         h.update(struct.pack(">I", len(part)) + part)
     assert base == h.digest()
-    assert len({base, attest.qualifying_data(b"m" * 32, "boot-a", b"k" * 32),
-                attest.qualifying_data(b"n" * 32, "boot-b", b"k" * 32),
-                attest.qualifying_data(b"n" * 32, "boot-a", b"j" * 32),
-                attest.qualifying_data(b"n" * 32 + b"b", "oot-a", b"k" * 32)}) == 5  # lengths count
+    assert len({base, attest_contract.qualifying_data(b"m" * 32, "boot-a", b"k" * 32),
+                attest_contract.qualifying_data(b"n" * 32, "boot-b", b"k" * 32),
+                attest_contract.qualifying_data(b"n" * 32, "boot-a", b"j" * 32),
+                attest_contract.qualifying_data(b"n" * 32 + b"b", "oot-a", b"k" * 32)}) == 5  # lengths count
 
 
 @pytest.mark.parametrize("spec", ["tcp:192.0.2.1:2321", "tcp:localhost", "unix:relative/path", "file:/x"])

@@ -85,6 +85,7 @@ class LogsParams:
     node_ids: tuple[str, ...] = ()    # role site: these nodes' consoles and timelines
     since: float = 0.0                # their consoles' lines from, until (0: unbounded)
     until: float = 0.0
+    last_lines: int = 0                 # only their last lines there (0: all)
 
 
 # ------------------------------------------------------------------------ redaction
@@ -329,6 +330,7 @@ class LogsCollect(Handler[agent_pb2.LogsCollectRequest, LogsParams], kind="logs.
             node_ids=node_ids,
             since=payload.from_unix_ms / 1000,
             until=payload.until_unix_ms / 1000,
+            last_lines=payload.console_last_lines,
         )
 
     def admit(self, config: Config, params: LogsParams) -> None:
@@ -362,7 +364,8 @@ class LogsCollect(Handler[agent_pb2.LogsCollectRequest, LogsParams], kind="logs.
                 self._named(ctx, archive, params, raw, path, roots)
             for node_id in params.node_ids:
                 assert site is not None   # ctx.site() above, or Unsupported
-                for name, data in site.observe.node_files(node_id, params.since, params.until).items():
+                for name, data in site.observe.node_files(node_id, params.since, params.until,
+                                                                 params.last_lines).items():
                     cap = min(params.max_file_bytes, archive.room(f"nodes/{node_id}/{name}", node_id))
                     if cap < 4096:
                         archive.skip(f"node {node_id} {name}: archive size cap reached")

@@ -8,6 +8,11 @@ AttributeRegistry with its current and pending value. What cannot be read (IPMI 
 attributes; a BMC without a registry or an AccountService) is kept in ``unread`` and becomes a
 ``*.unreadable`` finding: the gate never passes what it could not look at. An unreachable BMC, a
 refused login or the deadline fail the command instead.
+
+``posture_gate`` is the management posture's part (agent/site/bmc/posture.py): the fleet's
+expected posture (the site's ``bmc_posture`` setting), read from the BMC's
+ManagerNetworkProtocol, what drifted put back by one PATCH where the BMC takes it (sent once,
+read back), and each protocol still out of line a ``bmc.posture`` finding for an operator.
 """
 
 from __future__ import annotations
@@ -16,7 +21,10 @@ from agent.errors import BmcRefused, Unsupported
 from agent.policy.release.findings import restorable
 from agent.policy.release.state import BmcObserved, ExpectedState
 from agent.proto import agent_pb2
+from agent.site.bmc import posture
 from agent.site.bmc.client import BmcClient
+
+POSTURE_AREA = "bmc_posture"
 
 
 def observe(client: BmcClient, expected: ExpectedState,
@@ -40,10 +48,31 @@ def observe(client: BmcClient, expected: ExpectedState,
     return seen
 
 
-def report(expected: ExpectedState, mismatches: list[agent_pb2.Mismatch]) -> agent_pb2.ReleaseReport:
-    """The BMC's half of the release record: ``checked`` its areas, ``checked_elsewhere`` the
-    ramdisk's areas the expected state also set (no boot id: no boot of the node checked it)."""
-    out = agent_pb2.ReleaseReport(pool_ready=not mismatches, checked=expected.site_areas,
+def posture_gate(client: BmcClient, expected: dict[str, bool]) -> tuple[list[agent_pb2.Mismatch], list[str]]:
+    """The posture's findings after putting back what the BMC takes, and what was put back
+    ("IPMI off"). Over IPMI, or where the NetworkProtocol cannot be read: one finding, never a
+    pass."""
+    from agent.site.bmc.redfish.client import RedfishClient
+
+    if not isinstance(client, RedfishClient):
+        return posture.unreadable("IPMI has no ManagerNetworkProtocol; check it over redfish"), []
+    try:
+        before = client.posture()
+        after, refused = client.put_back_posture(expected, before)
+    except (Unsupported, BmcRefused) as exc:
+        return posture.unreadable(exc.message), []
+    wanted = posture.drifted(expected, before)
+    still = posture.drifted(expected, after)
+    restored = [f"{p} {'on' if on else 'off'}" for p, on in wanted.items() if p not in still]
+    return posture.findings(expected, after, refused), restored
+
+
+def report(expected: ExpectedState, mismatches: list[agent_pb2.Mismatch],
+           also_checked: tuple[str, ...] = ()) -> agent_pb2.ReleaseReport:
+    """The BMC's half of the release record: ``checked`` its areas (and ``also_checked``, the
+    site's own: the posture), ``checked_elsewhere`` the ramdisk's areas the expected state also
+    set (no boot id: no boot of the node checked it)."""
+    out = agent_pb2.ReleaseReport(pool_ready=not mismatches, checked=[*expected.site_areas, *also_checked],
                                   checked_elsewhere=expected.areas)
     for m in mismatches:
         (out.restorable if restorable(m) else out.cannot_restore).append(m)

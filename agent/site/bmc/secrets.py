@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 
 CURRENT = "current.json"
 PENDING = "pending.json"
+KNOWN_HOSTS = ".known_hosts"     # the BMCs' pinned SSH host keys, one file per BMC
 MAX_ENTRY_BYTES = 64 * 1024
 REF_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -282,6 +283,17 @@ class SecretStore:
     def pending(self, ref: str) -> Credentials | None:
         """The password a rotation left unproven, if any."""
         return self._load(ref, PENDING)
+
+    def known_hosts(self, address: str) -> Path:
+        """The site's own known_hosts for the BMC at ``address`` (its SSH host key, pinned at
+        first contact: agent/site/observe/sshconsole.py), in the store's ``.known_hosts``
+        folder (a name no ref can take); the folder made 0700 when missing."""
+        folder = self.root / KNOWN_HOSTS
+        self._ensure_root()
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir(mode=0o700)
+        name = re.sub(r"[^A-Za-z0-9.:-]", "_", address)[:200] or "_"
+        return folder / name
 
     # -- writing ------------------------------------------------------------------------
 

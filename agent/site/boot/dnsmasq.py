@@ -21,10 +21,11 @@ start kills the recorded one (when it is still our dnsmasq, checked by its comma
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import os
 import re
-import shutil
 import signal
 import subprocess
 import threading
@@ -43,6 +44,9 @@ from agent.site.boot.pxe import BootFile
 log = logging.getLogger(__name__)
 
 RESTART_BACKOFF_MAX = 30.0
+# The digests of the boot files, beside them in the iPXE folder, written by the build that
+# signed them (initramfs/signing.py): where it is, every served file must match it.
+BOOT_MANIFEST = "boot-files.json"
 STABLE_SECONDS = 10.0
 
 
@@ -77,6 +81,20 @@ class DnsmasqSettings:
 def serves_arm64(s: DnsmasqSettings) -> bool:
     """Whether the iPXE folder holds the site's GRUB for arm64 UEFI (optional)."""
     return (s.ipxe_dir / BootFile.UEFI_ARM64).is_file()
+
+
+def pinned_digests(folder: Path) -> dict[str, str] | None:
+    """name -> sha256 hex of the boot files ``folder``'s BOOT_MANIFEST pins; None without one.
+    A manifest that cannot be read is an error, never a folder served unchecked."""
+    path = folder / BOOT_MANIFEST
+    try:
+        doc = json.loads(path.read_text())
+        files = doc["files"]
+        return {str(name): str(entry["sha256"]) for name, entry in files.items()}
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ToolFailed(f"boot service: {path} is not a boot file manifest: {exc}") from None
 
 
 def render_config(s: DnsmasqSettings) -> str:
@@ -131,16 +149,23 @@ def prepare(s: DnsmasqSettings) -> None:
     for path in s.tftp_dir.iterdir():
         if path.name not in served:
             path.unlink()
+    pinned = pinned_digests(s.ipxe_dir)
     for name in sorted(served):
         src = s.ipxe_dir / name
         if not src.is_file():
             raise ToolMissing(
                 f"{src}: missing; install Debian's ipxe package (apt-get install ipxe)", tool="ipxe"
             )
+        data = src.read_bytes()
+        if pinned is not None:
+            digest = hashlib.sha256(data).hexdigest()
+            if pinned.get(name) != digest:
+                raise ToolFailed(f"boot service: {src} has sha256 {digest}, its {BOOT_MANIFEST} pins "
+                                 f"{pinned.get(name) or 'nothing'}: not served")
         dst = s.tftp_dir / name
-        if not dst.is_file() or dst.read_bytes() != src.read_bytes():
-            with src.open("rb") as data, replacing(dst, 0o644) as f:
-                shutil.copyfileobj(data, f)
+        if not dst.is_file() or dst.read_bytes() != data:
+            with replacing(dst, 0o644) as f:
+                f.write(data)
     write_atomic(s.conf_path, render_config(s).encode())
 
 

@@ -32,6 +32,15 @@ ramdisk's init fetches the node's bc.* settings, the entry's
 ``kernel_cmdline``, from /pxe/<mac-hyphen>.cmdline: the same words a kernel entry's script
 holds, served under the same rule (a live entry of that MAC), so nothing new is exposed.
 
+A node's script and settings hold its join token (``bc.token=``), and a MAC is seen in every
+DHCP broadcast: where the site runs its own proxy DHCP (``clients_tied``), they are served only
+to that MAC's address: the one the site's neighbour table holds for the MAC (the link layer's
+record), or, for a client it holds nothing of (beyond a router or relay), the one the site's
+DHCP exchange tied to the MAC (``tie``: the PXE boot server's answer, dnsmasq's ``PXE(eth0)
+<address> <mac> <file>``, which every iPXE asks for). Anyone else asking, a client the
+neighbour table holds for another NIC above all, is refused (``ClientRefused``, 403) and
+logged, and what it asked is no step of the node's timeline.
+
 A MAC without a host line gets no answer from the proxy DHCP (``dhcp-ignore`` of clients not
 "known"), so an expired or removed entry means the node falls through to its disk. The
 ``on_change`` callback (the dnsmasq supervisor's reload) runs after every change.
@@ -49,13 +58,15 @@ import secrets
 import shutil
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from agent.atomicfile import write_atomic
-from agent.errors import InvalidParameters, NotFound
+from agent.errors import AgentError, InvalidParameters, NotFound, Reason
 from agent.net import http
+from agent.net.neighbours import read_arp
 from agent.proto import site_pb2
 from agent.site.boot.fields import (
     CMDLINE_CHARS,
@@ -70,6 +81,15 @@ from agent.site.chunkstore import DIGEST, ChunkStore
 from agent.site.ttltable import MacRecord, TtlTable
 
 log = logging.getLogger(__name__)
+
+MAX_TIES = 4096    # MACs whose address the site's DHCP exchange tied, the least recent forgotten
+
+
+class ClientRefused(AgentError):
+    """A node's script or settings asked by an address the site's DHCP did not tie to its MAC."""
+
+    reason = Reason.UNTRUSTED
+
 
 class BootFile(enum.StrEnum):
     """The boot loaders the TFTP server serves: Debian's iPXE binaries (package ``ipxe``) and
@@ -248,6 +268,10 @@ class BootEntries:
         self._entries: dict[str, BootEntry] = {}   # by MAC
         self._in_use: frozenset[str] = frozenset()
         self._cached: set[str] = set()   # the kernels and initrds entries put in the store
+        # Where the site runs its own proxy DHCP: a node's script only to its MAC's address.
+        self.clients_tied = False
+        self._ties: OrderedDict[str, str] = OrderedDict()   # MAC -> the address DHCP tied to it
+        self.arp: Callable[[str], str] = read_arp
 
     # -- start -------------------------------------------------------------------------
 
@@ -392,16 +416,60 @@ class BootEntries:
         takes a port there)."""
         return grub_http_device(self.base_url)
 
-    def script_path(self, name: str) -> Path:
-        """The per-node script served as /pxe/<name> (<mac>.ipxe, or <mac>.grub for an arm64
-        entry); NotFound unless its entry is live and of that kind."""
+    # -- who may fetch a node's script -------------------------------------------------
+
+    def tie(self, mac: str, address: str) -> None:
+        """The site's DHCP exchange saw ``mac`` boot from ``address`` (the PXE boot server's
+        answer): its script and settings go to that address only."""
+        with self._lock:
+            self._ties[mac.lower()] = address
+            self._ties.move_to_end(mac.lower())
+            while len(self._ties) > MAX_TIES:
+                self._ties.popitem(last=False)
+
+    def tied_address(self, mac: str) -> str:
+        with self._lock:
+            return self._ties.get(mac, "")
+
+    def check_client(self, mac: str, client: str) -> None:
+        """ClientRefused unless ``client`` may fetch ``mac``'s script, where the site runs its
+        proxy DHCP: the site's neighbour table holds ``client`` for that MAC (the link layer's
+        record of the NIC it talks to: a node whose ramdisk got another lease than its iPXE, the
+        site's GRUB on arm64, which never asks the boot server), or it holds nothing for
+        ``client`` (a client beyond a router or relay) and ``client`` is the address the site's
+        DHCP exchange tied to the MAC. Anything else, a neighbour table naming another NIC
+        above all (a boot server request carries the MAC and address its sender wrote), is
+        refused."""
+        if not self.clients_tied:
+            return
+        tied = self.tied_address(mac)
+        seen = self.arp(client) if client else ""
+        if seen == mac or (not seen and tied and client == tied):
+            return
+        why = (f"the site's neighbour table holds {client} for {seen}" if seen else
+               f"the site's DHCP tied it to {tied}" if tied else
+               "the site's DHCP tied no address to it and the neighbour table does not hold it there")
+        log.warning("the script of %s asked by %s, refused: %s", mac, client or "an unknown address", why)
+        raise ClientRefused(f"the boot script of {mac} is served to that node's address only ({why})")
+
+    def _client_mac(self, name: str, exts: tuple[str, ...], client: str) -> tuple[str, str]:
+        """(MAC, extension) of /pxe/<name>, the client checked (``check_client``); NotFound for
+        a name that is no such file."""
         stem, dot, ext = name.partition(".")
-        if ext not in ("ipxe", "grub") or not dot:
-            raise NotFound(f"no such script {name[:40]!r}")
+        if ext not in exts or not dot:
+            raise NotFound(f"no such file {name[:40]!r}")
         try:
             mac = parse_mac(stem)
         except InvalidParameters:
-            raise NotFound(f"no such script {name[:40]!r}") from None
+            raise NotFound(f"no such file {name[:40]!r}") from None
+        self.check_client(mac, client)
+        return mac, ext
+
+    def script_path(self, name: str, client: str = "") -> Path:
+        """The per-node script served as /pxe/<name> (<mac>.ipxe, or <mac>.grub for an arm64
+        entry) to ``client`` (its address); NotFound unless its entry is live and of that kind,
+        ClientRefused for another address than the MAC's (``check_client``)."""
+        mac, ext = self._client_mac(name, ("ipxe", "grub"), client)
         entry = self.get(mac)
         if entry is None:
             raise NotFound(f"no live boot entry for {mac}")
@@ -409,16 +477,11 @@ class BootEntries:
             raise NotFound(f"the boot entry for {mac} has no {ext} script")
         return self.scripts_dir / entry.script_name
 
-    def node_settings(self, name: str) -> bytes:
+    def node_settings(self, name: str, client: str = "") -> bytes:
         """/pxe/<mac-hyphen>.cmdline: the bc.* settings of a live UKI entry, for the ramdisk's
-        init (the UKI's own command line holds none); NotFound for any other name or entry."""
-        stem, dot, ext = name.partition(".")
-        if ext != "cmdline" or not dot:
-            raise NotFound(f"no such settings {name[:40]!r}")
-        try:
-            mac = parse_mac(stem)
-        except InvalidParameters:
-            raise NotFound(f"no such settings {name[:40]!r}") from None
+        init (the UKI's own command line holds none), to ``client`` as a script
+        (``check_client``); NotFound for any other name or entry."""
+        mac, _ = self._client_mac(name, ("cmdline",), client)
         entry = self.get(mac)
         if entry is None or not entry.uki_url:
             raise NotFound(f"no live UKI boot entry for {mac}")

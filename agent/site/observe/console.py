@@ -21,9 +21,12 @@
   ``LIVENESS_SILENCE`` seconds without a byte the site asks the BMC which session holds the
   node's SOL (Get Payload Instance Info, ``raw 0x06 0x4b 0x01 0x01``, an ipmitool run of its
   own through agent/site/bmc/ipmi.py, the password in its environment, no lock or session slot
-  of the site's taken). Nobody, or another session than the one seen holding it at the first
-  such check: the session is over, its ipmitool stopped (without ``~.``, whose deactivate would
-  end another holder's session) and said ``dropped``. No answer: nothing concluded.
+  of the site's taken). The site's own session is the one the BMC names right after each
+  activation (asked at once: a healthy boot is never silent long enough to learn it later, and
+  a client that took the console meanwhile would be taken for it). Nobody: the session is over,
+  its ipmitool stopped and said ``dropped``. Another session: said ``busy`` at once (the
+  other client has the node's lines now), its ipmitool stopped without ``~.`` (whose
+  deactivate would end the other holder's session). No answer: nothing concluded.
 - Dropped by the BMC (ipmitool exits) or found ended: reconnected, backing off from 1 s to
   30 s. Another session holds SOL ("SOL payload already active on another session"): said as
   ``busy`` and tried again every 30 s, never taken over. A BMC whose SOL is disabled or absent, or a node
@@ -36,6 +39,9 @@
   ``ring_bytes`` and a restart of the daemon appends where it was. The site's budget
   (``budget_bytes``) caps the rings together: a new console past it first removes the rings
   of the nodes not attached, oldest first, and is refused (said) when that is not enough.
+- Beside the ring, every line also goes to the site's console store (consolestore.py: a
+  node's history, compressed, kept for days): ``read`` takes from it what is older than the
+  ring holds, ``oldest`` is the store's oldest moment.
 - The attached nodes are recorded (``sessions.json``): a daemon that restarts resumes them.
 - Milestones (MILESTONES: firmware, boot loader, a kexec, kernel started, init, the agent's
   first line, the join, a panic, no network, the gateway unreachable, no boot device) go to
@@ -74,6 +80,7 @@ from agent.retry import Backoff
 from agent.site.bmc.client import CallContext, Credentials, Pacing, Target
 from agent.site.bmc.ipmi import CIPHER_SUITE, IpmiClient, split_address
 from agent.site.bmc.secrets import SecretStore
+from agent.site.observe.consolestore import ConsoleStore
 from agent.site.observe.timeline import Step
 
 log = logging.getLogger(__name__)
@@ -84,14 +91,30 @@ BUSY_RETRY = 30.0
 LIVENESS_SILENCE = 15.0     # no byte for this long: does the BMC still hold our SOL session?
 LIVENESS_TIMEOUT = 20.0     # one such question, at most
 
+SECURE_BOOT_DENIED = re.compile(r"BdsDxe: failed to load .*: Access Denied|Security Violation|"
+                                r"Could not boot(?: image)?: Exec format error")
 # (milestone, what on the console shows it), tried in order on each line.
 MILESTONES: tuple[tuple[Step, re.Pattern[str]], ...] = (
     (Step.PANIC, re.compile(r"Kernel panic - not syncing")),
+    # UEFI Secure Boot refusing an image no db entry verifies: the firmware's LoadImage answers
+    # EFI_SECURITY_VIOLATION, which edk2's BDS prints as "Access Denied" for a boot option's
+    # image (OVMF's ``BdsDxe: failed to load Boot0001 "UEFI PXEv4 ..." ...: Access Denied``:
+    # an unsigned ipxe.efi), its shell as "Security Violation"; Debian's iPXE (1.0.0+git-2019),
+    # whose image probe takes any LoadImage failure for "not an EFI image", as ``Could not boot:
+    # Exec format error`` for a UKI the site served whole and verified by digest (an unsigned
+    # one, one signed by a key not in db). Each seen under OVMF's Secure Boot build with a
+    # fleet's keys enrolled: tests/e2e/test_secure_boot.py.
+    (Step.SECURE_BOOT_DENIED, SECURE_BOOT_DENIED),
     # the agent's boot.kexec (agent/hw/kexec.py), the kernel's own word (a notice: not shown
     # under ``quiet``), systemd's ``systemctl kexec``
     (Step.KEXEC, re.compile(r"\breboot\(LINUX_REBOOT_CMD_KEXEC\)|kexec_core: Starting new kernel|"
                             r"systemd-shutdown\[1\]: Rebooting with kexec")),
     (Step.JOINED, re.compile(r"\bconnected to gateway\b")),
+    # the gateway answered: a TLS handshake that failed (its certificate not trusted, or for
+    # another name; a TLS version or client certificate it refused), or a session it refused
+    (Step.GATEWAY_REFUSED, re.compile(
+        r"agent\.link\.session: gateway \S+: (?!.*network is not up).*(\[SSL|certificate|\bTLS|"
+        r"gateway refused the session)")),
     (Step.GATEWAY_UNREACHABLE, re.compile(
         r"agent\.link\.session: gateway \S+: (?!.*network is not up).*(refused|timed out|unreachable|"
         r"No route|certificate|Errno)")),
@@ -112,7 +135,7 @@ FIRMWARE_BANNER = re.compile(r"SeaBIOS \(version|UEFI firmware \(version")
 IPXE_BANNER = re.compile(r"iPXE initialising devices|iPXE \d.* -- Open Source Network Boot Firmware")
 # What a boot shows only once its kernel has started: a firmware line after one is a reset.
 KERNEL_STAGE = frozenset({Step.KEXEC, Step.KERNEL_STARTED, Step.INIT, Step.AGENT_STARTED, Step.JOINED,
-                          Step.PANIC, Step.NO_NETWORK, Step.GATEWAY_UNREACHABLE})
+                          Step.PANIC, Step.NO_NETWORK, Step.GATEWAY_UNREACHABLE, Step.GATEWAY_REFUSED})
 # What a kernel and its init print once each per boot: one after its init's stage (init, the
 # agent, the join, a panic) with no firmware and no kexec line between is a kernel that the one
 # before loaded and started itself (a kexec it did not announce, a crash kernel). Not every
@@ -120,7 +143,7 @@ KERNEL_STAGE = frozenset({Step.KEXEC, Step.KERNEL_STARTED, Step.INIT, Step.AGENT
 NEW_KERNEL = re.compile(r"\bLinux version \d|Booting Linux on physical CPU|"
                         r"bc-init \[[\d.]+\]: up, kernel|Run /init as init process")
 AFTER_INIT = frozenset({Step.INIT, Step.AGENT_STARTED, Step.JOINED, Step.PANIC, Step.NO_NETWORK,
-                        Step.GATEWAY_UNREACHABLE})
+                        Step.GATEWAY_UNREACHABLE, Step.GATEWAY_REFUSED})
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>78cM]")
 
 BUSY_PATTERNS = ("already active on another session", "sol payload already active")
@@ -182,13 +205,16 @@ class Bmc:
     address: str
     protocol: str            # "ipmi" (SOL) or "redfish" (no SOL here)
     credentials_ref: str
+    console: str = ""        # an SSH console's plan (sshconsole.py SshConsole.encode); "": SOL
 
 
 class Ring:
     """A node's console on disk: two files, at most ``size`` bytes together."""
 
-    def __init__(self, folder: Path, size: int) -> None:
+    def __init__(self, folder: Path, size: int,
+                 also: Callable[[float, str], None] | None = None) -> None:
         self.folder = folder
+        self.also = also          # each line handed on too (the console store's append)
         self.size = max(size, 4096)
         self.current = folder / "console.log"
         self.older = folder / "console.log.1"
@@ -196,6 +222,8 @@ class Ring:
 
     def append(self, t: float, line: str) -> None:
         record = f"{int(t * 1000)} {line}\n".encode()
+        if self.also is not None:
+            self.also(t, line)
         with self._lock:
             self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
             try:
@@ -236,6 +264,22 @@ class Ring:
                     out.append((t, text))
         return out
 
+    def oldest(self) -> float:
+        """The time of the oldest line kept (0.0: none), from the first lines of the older file
+        (else the newer): no more than a few KiB read."""
+        with self._lock:
+            for path in (self.older, self.current):
+                try:
+                    with path.open("rb") as f:
+                        head = f.read(2 * MAX_LINE + 64)
+                except FileNotFoundError:
+                    continue
+                for raw in head.split(b"\n")[:-1]:
+                    stamp = raw.partition(b" ")[0]
+                    if stamp.isdigit():
+                        return int(stamp) / 1000
+        return 0.0
+
     def remove(self) -> None:
         with self._lock:
             for path in (self.current, self.older):
@@ -257,6 +301,7 @@ class SolSession:
         self.report = report            # (node_id, step, line)
         self.ipmitool = ipmitool
         self.state = "starting"         # attached, busy, no SOL, dropped, auth failed, stopped
+        self.leave = b"\r~."            # what ends the session at the BMC (ipmitool's escape)
         self.connects = 0
         self._stop = threading.Event()
         self._child: proc.Child | None = None
@@ -264,7 +309,9 @@ class SolSession:
         # a resumed console's node is somewhere in a boot: its next firmware line is no new one
         self._seen: set[str] = {Step.FIRMWARE} if resumed else set()
         self._partial = ""
-        self._holder: int | None = None  # the BMC's ID of the session seen holding the SOL
+        self._holder: int | None = None  # the BMC's ID of the site's own SOL session
+        self._activated = False          # the session just activated: its ID to be asked
+        self._taken_by: int | None = None   # another session found holding the SOL
         self._ended_why = ""             # why the site ended the session itself
         self._unanswered = False         # a question of _still_held went unanswered (said once)
         self._thread = threading.Thread(target=self._loop, name=f"sol-{node_id}", daemon=True)
@@ -279,7 +326,7 @@ class SolSession:
         if child is not None:
             with contextlib.suppress(OSError, ValueError):
                 if child.popen.stdin is not None:
-                    child.popen.stdin.write(b"\r~.")   # ends the session at the BMC
+                    child.popen.stdin.write(self.leave)   # ends the session at the BMC
                     child.popen.stdin.flush()
             deadline = time.monotonic() + 2.0
             while child.poll() is None and time.monotonic() < deadline:
@@ -322,6 +369,13 @@ class SolSession:
                 self._say("dropped", exc.message[:200])
             if self._stop.is_set():
                 return
+            if self._taken_by is not None:
+                # another client took the node's SOL: busy from the moment it is seen, and
+                # tried again as any busy console (never taken back)
+                self._say("busy", f"{self._ended_why}; tried again every {BUSY_RETRY:.0f}s, "
+                          "never taken over")
+                self._stop.wait(BUSY_RETRY)
+                continue
             if self._ended_why:
                 self._say("dropped", self._ended_why)
                 self._stop.wait(RECONNECT_MIN)
@@ -349,7 +403,7 @@ class SolSession:
         LIVENESS_SILENCE seconds without a byte, the BMC is asked whether the session still
         holds the node's SOL (``_still_held``); when not, ipmitool is stopped."""
         env = proc.clean_env({"IPMI_PASSWORD": creds.password})
-        self._holder, self._ended_why = None, ""
+        self._holder, self._ended_why, self._taken_by, self._activated = None, "", None, False
         with proc.running(self._argv(creds), stdin=subprocess.PIPE, env=env, check=False) as child:
             with self._lock:
                 self._child = child
@@ -376,6 +430,9 @@ class SolSession:
                     break
                 heard = time.monotonic()
                 self._lines(data.decode("utf-8", "replace"))
+                if self._activated:
+                    self._activated = False
+                    self._own_session(creds)
             self._ended()
             child.stop(grace=1.0)
         with self._lock:
@@ -383,31 +440,48 @@ class SolSession:
         said = child.stderr_text()
         return said.replace(creds.password, "<hidden>") if creds.password else said
 
-    def _still_held(self, creds: Credentials) -> bool:
-        """Whether the BMC still gives the node's SOL to the session this one is: asked in an
-        IPMI session of its own (Get Payload Instance Info, SOL instance 1), no site lock or
-        slot taken. The first holder seen is taken for ours (the session was up a
-        LIVENESS_SILENCE before); nobody holding it, or another: not held, ``_ended_why`` says
-        so. No answer (the BMC busy, this ipmitool's own failure): held, nothing concluded."""
+    def _holder_now(self, creds: Credentials) -> int | None:
+        """The BMC's ID of the session that holds the node's SOL (0: none), asked in an IPMI
+        session of its own (Get Payload Instance Info, SOL instance 1), no site lock or slot
+        taken; None when the BMC gave no answer."""
         client = IpmiClient(
             Target(self.bmc.address, creds),
             CallContext(cancel=self._stop, deadline=time.monotonic() + LIVENESS_TIMEOUT,
                         pacing=Pacing(min_interval=1.0, max_interval=4.0)),
             ipmitool=self.ipmitool)
         try:
-            holder = payload_holder(client.run("raw", "0x06", "0x4b", "0x01", "0x01"))
+            return payload_holder(client.run("raw", "0x06", "0x4b", "0x01", "0x01"))
         except AgentError as exc:
             log.log(logging.DEBUG if self._unanswered else logging.INFO,
-                    "console of %s: is its SOL session still held? no answer (%s)", self.node_id,
-                    exc.message[:200])
+                    "console of %s: who holds its SOL? no answer (%s)", self.node_id, exc.message[:200])
             self._unanswered = True
-            return True
+            return None
+
+    def _own_session(self, creds: Credentials) -> None:
+        """The session has just activated: the session the BMC gives the SOL to now is the
+        site's own, recorded, so that a client taking the console later is told from it (a
+        healthy boot is never silent long enough to learn it later, and what held the SOL
+        after a silence may already be the other client)."""
+        holder = self._holder_now(creds)
+        if holder:
+            self._holder = holder
+            log.debug("console of %s: the site's SOL session is the BMC's %#x", self.node_id, holder)
+
+    def _still_held(self, creds: Credentials) -> bool:
+        """Whether the BMC still gives the node's SOL to the site's session (``_own_session``
+        recorded its ID at the activation; where that went unanswered, the first holder seen
+        is taken for it). Nobody holding it: not held, ``_ended_why`` says so; another: not
+        held, ``_taken_by`` is it (busy). No answer (the BMC busy, this ipmitool's own
+        failure): held, nothing concluded."""
+        holder = self._holder_now(creds)
         if holder is None:
             return True
         if holder == 0:
             self._ended_why = "the BMC ended the SOL session (no session holds it)"
         elif self._holder is not None and holder != self._holder:
-            self._ended_why = "the BMC gave the node's SOL to another session"
+            self._taken_by = holder
+            self._ended_why = (f"another session took the node's SOL (the BMC's session {holder:#x}, "
+                               f"not the site's {self._holder:#x})")
         else:
             self._holder = holder
             return True
@@ -432,6 +506,7 @@ class SolSession:
                 continue
             if line.startswith("[SOL Session operational"):
                 self.connects += 1
+                self._activated = True       # the site's own session: its ID asked at once
                 self._say("attached")
                 continue
             if line.endswith("[terminated ipmitool]"):    # ipmitool's answer to our "~."
@@ -464,8 +539,13 @@ class Consoles:
     def __init__(self, root: Path, secrets_dir: Path, *, report: Callable[[str, str, str], None],
                  ring_bytes: int = Config.site_console_ring_bytes,
                  budget_bytes: int = Config.site_console_budget_bytes,
-                 ipmitool: str = "ipmitool") -> None:
+                 ipmitool: str = "ipmitool", ssh_session: type[SolSession] | None = None,
+                 history: ConsoleStore | None = None) -> None:
         self.root = root
+        self.history = history    # every line kept on disk for days (consolestore.py)
+        # the session kind of a console over SSH (sshconsole.SshSession, given by the observer:
+        # it builds on this module)
+        self.ssh_session = ssh_session
         self.store = SecretStore(secrets_dir)
         self.report = report
         self.ring_bytes = ring_bytes
@@ -481,7 +561,9 @@ class Consoles:
         return max(1, self.budget_bytes // self.ring_bytes)
 
     def ring(self, node_id: str) -> Ring:
-        return Ring(self.root / node_id, self.ring_bytes)
+        history = self.history
+        also = None if history is None else (lambda t, line: history.append(node_id, t, line))
+        return Ring(self.root / node_id, self.ring_bytes, also)
 
     def resume(self) -> int:
         """Attach the nodes recorded by the daemon before this one (a restart)."""
@@ -506,11 +588,15 @@ class Consoles:
         """Keep the node's console (a session already kept for the same BMC is left as it is).
         ``resumed``: kept before a restart of the daemon, the node in a boot under way.
         Returns the session's state, or why it is not kept."""
-        if bmc.protocol != "ipmi":
-            why = (f"no SOL: the BMC is driven over {bmc.protocol}; the site keeps consoles over "
-                   "IPMI Serial-over-LAN only")
+        if bmc.protocol != "ipmi" and not bmc.console:
+            why = (f"no SOL: the BMC is driven over {bmc.protocol} and publishes no SSH console; "
+                   "the site keeps consoles over SSH or IPMI Serial-over-LAN")
             self.report(node_id, Step.CONSOLE, why)
             return "no SOL"
+        kind = self.ssh_session if bmc.console else SolSession   # SSH: sshconsole.py's
+        if kind is None:
+            self.report(node_id, Step.CONSOLE, "not kept: an SSH console, and no SSH transport here")
+            return "not kept"
         with self._lock:
             old = self._sessions.get(node_id)
             if old is not None and old.bmc == bmc and old.alive:
@@ -526,8 +612,8 @@ class Consoles:
             self._sessions.pop(node_id, None)
         if old is not None:
             old.stop()
-        session = SolSession(node_id, bmc, self.ring(node_id), self.store, report=self.report,
-                             ipmitool=self.ipmitool, resumed=resumed)
+        session = kind(node_id, bmc, self.ring(node_id), self.store, report=self.report,
+                       ipmitool=self.ipmitool, resumed=resumed)
         with self._lock:
             self._sessions[node_id] = session
             self._save()
@@ -580,7 +666,24 @@ class Consoles:
             return sorted(self._sessions)
 
     def read(self, node_id: str, since: float = 0.0, until: float = 0.0) -> list[tuple[float, str]]:
-        return self.ring(node_id).read(since, until)
+        """The node's lines within [since, until] (0: no bound), oldest first: the ring's, and
+        before the ring's oldest line the store's."""
+        ring = self.ring(node_id)
+        first = ring.oldest()
+        lines = ring.read(since, until)
+        if self.history is None or (first and since >= first):
+            return lines
+        if not first:
+            return self.history.read(node_id, since, until)
+        older = [(t, text) for t, text in self.history.read(node_id, since, until or first)
+                 if t < first]
+        return older + lines
+
+    def oldest(self, node_id: str) -> float:
+        """The oldest moment of the node's console kept (0.0: none): the store's, else the ring's."""
+        ring = self.ring(node_id).oldest()
+        stored = self.history.oldest(node_id) if self.history is not None else 0.0
+        return min(t for t in (ring, stored) if t) if ring or stored else 0.0
 
     def last_lines(self, node_id: str, n: int = 5) -> list[str]:
         return [text for _, text in self.read(node_id)[-n:]]
@@ -591,3 +694,5 @@ class Consoles:
             sessions = list(self._sessions.values())
         for session in sessions:
             session.stop()
+        if self.history is not None:
+            self.history.close()

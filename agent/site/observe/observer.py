@@ -22,6 +22,7 @@ until it joins, bmc.power off, or ``console_after_cleanup`` seconds with no new 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -32,13 +33,15 @@ from pathlib import Path
 
 from agent.atomicfile import write_atomic
 from agent.config import Config
-from agent.errors import InvalidParameters
+from agent.errors import AgentError, InvalidParameters
 from agent.proto import agent_pb2
 from agent.site.boot.fields import parse_mac, parse_node_id
 from agent.site.metrics import Metrics
 from agent.site.observe import dhcplog
-from agent.site.observe.causes import Diagnosis
+from agent.site.observe.causes import EVIDENCE, Diagnosis
 from agent.site.observe.console import Bmc, Consoles
+from agent.site.observe.consolestore import ConsoleStore
+from agent.site.observe.sshconsole import SshSession, bmc_host, offered
 from agent.site.observe.timeline import Attempt, BootEvent, Outcome, Prepared, Step, Timelines, render
 
 log = logging.getLogger(__name__)
@@ -46,6 +49,7 @@ log = logging.getLogger(__name__)
 MAX_BMCS = 4096
 CONSOLE_READY_SECONDS = 5.0   # how long a power on waits for the node's SOL session to be up
 PHASE_HISTOGRAM = "bettercompute_site_boot_phase_seconds"
+CAUSE_LINES = 12     # console lines under a cause (inventory.refresh's node_boots)
 
 # (phase, from the first of, to the first of): a joined attempt's durations, for /metrics.
 PHASES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
@@ -66,10 +70,24 @@ class ObserverSettings:
     console_ring_bytes: int = Config.site_console_ring_bytes
     console_budget_bytes: int = Config.site_console_budget_bytes
     console_dir: Path | None = None  # the rings (default: root / "console"): put it on a disk
+    # every console's history (consolestore.py; default: root / "console-store")
+    console_store_dir: Path | None = None
+    console_keep_days: float = Config.site_console_keep_days
+    console_node_bytes: int = Config.site_console_node_bytes
+    console_site_bytes: int = Config.site_console_site_bytes
     ipmitool: str = "ipmitool"
     waits: dict[str, float] = field(default_factory=dict)   # rule name -> seconds (causes.py)
     console_after_cleanup: float = 600.0   # a joined ramdisk's console kept after boot.cleanUp
                                            # this long for its next boot to begin (a kexec)
+
+
+def _ipmi_address(address: str) -> str:
+    """A Redfish BMC's address as IPMI's (port 623): its host alone."""
+    try:
+        host = bmc_host(address)
+    except InvalidParameters:
+        return address
+    return f"[{host}]" if ":" in host else host
 
 
 def _node_id_ok(node_id: str) -> bool:
@@ -94,7 +112,13 @@ class Observer:
         self.timelines.on_joined = self._on_joined
         self.consoles = Consoles(settings.console_dir or settings.root / "console", settings.secrets_dir,
                                  report=self._console_report, ring_bytes=settings.console_ring_bytes,
-                                 budget_bytes=settings.console_budget_bytes, ipmitool=settings.ipmitool)
+                                 budget_bytes=settings.console_budget_bytes, ipmitool=settings.ipmitool,
+                                 ssh_session=SshSession, history=ConsoleStore(
+                                     settings.console_store_dir or settings.root / "console-store",
+                                     report=self._console_report,
+                                     keep_seconds=settings.console_keep_days * 86400.0,
+                                     node_bytes=settings.console_node_bytes,
+                                     site_bytes=settings.console_site_bytes))
         self._bmcs: OrderedDict[str, Bmc] = OrderedDict()
         self._lock = threading.Lock()
         # node -> (the cleaned attempt's number, when its console goes): boot.cleanUp of a
@@ -126,6 +150,8 @@ class Observer:
         self.timelines.expire_pending()
         self.timelines.flush()
         self._release_after_cleanup()
+        if self.consoles.history is not None:
+            self.consoles.history.tick()    # a quiet console's held lines; the time limit
 
     def _release_after_cleanup(self) -> None:
         """The consoles kept after boot.cleanUp: a node whose next boot began is left to that
@@ -161,6 +187,12 @@ class Observer:
 
     def _learn(self, node_id: str, bmc: Bmc) -> None:
         with self._lock:
+            known = self._bmcs.get(node_id)
+            if known is not None and bmc.protocol == "redfish" and not bmc.console and \
+                    known.credentials_ref == bmc.credentials_ref and \
+                    known.address in (bmc.address, _ipmi_address(bmc.address)) and \
+                    (known.console or known.protocol == "ipmi"):
+                bmc = known     # its console's transport, learned at a power on (console_for)
             if self._bmcs.get(node_id) == bmc:
                 self._bmcs.move_to_end(node_id)
                 return
@@ -169,6 +201,31 @@ class Observer:
                 self._bmcs.popitem(last=False)
             data = {n: asdict(b) for n, b in self._bmcs.items()}
         write_atomic(self.settings.root / "bmcs.json", json.dumps(data).encode(), 0o600)
+
+    def console_for(self, node_id: str, bmc: Bmc, client: object) -> Bmc:
+        """The node's BMC as its console is kept, from what a Redfish BMC says (``client``,
+        logged in by a bmc.power command): an SSH console where it offers one (sshconsole.py),
+        else SOL where its IPMI is on, else none (said at attach). Asked once per BMC: what
+        was learned is kept (bmcs.json). An IPMI BMC: SOL, as it is."""
+        from agent.site.bmc.redfish.session import RedfishSession
+
+        if bmc.protocol != "redfish" or not isinstance(client, RedfishSession):
+            return bmc
+        known = self.bmc_of(node_id)
+        if known is not None and known.credentials_ref == bmc.credentials_ref and \
+                known.address in (bmc.address, _ipmi_address(bmc.address)) and \
+                (known.console or known.protocol == "ipmi"):
+            return known
+        try:
+            plan, ipmi_on = offered(client)
+        except AgentError as exc:
+            log.info("console of %s: the BMC's console offer unread (%s)", node_id, exc.message[:200])
+            return bmc
+        if plan is not None:
+            return dataclasses.replace(bmc, console=plan.encode())
+        if ipmi_on:
+            return Bmc(_ipmi_address(bmc.address), "ipmi", bmc.credentials_ref)
+        return bmc
 
     def bmc_of(self, node_id: str) -> Bmc | None:
         with self._lock:
@@ -320,18 +377,47 @@ class Observer:
             node_id=node_id, attempt=a.number, method=a.method, trigger=a.trigger,
             started_unix_ms=int(a.started * 1000), outcome=a.outcome, cause=a.cause,
             cause_detail=a.cause_detail, console=self.consoles.state(node_id),
+            console_oldest_unix_ms=int(self.consoles.oldest(node_id) * 1000),
             steps=[f"+{e.t - a.started:.1f}s {e.step} {e.detail}".rstrip() for e in a.events][-64:])
         if a.outcome == Outcome.FAILED:
-            boot.last_lines.extend(self.consoles.last_lines(node_id, 10))
+            boot.last_lines.extend(self.cause_lines(node_id))
         return boot
+
+    def cause_lines(self, node_id: str) -> list[str]:
+        """The console's lines that show the cause of the node's last attempt: that attempt's
+        lines (the boot before's, for a cause it carried), around the step the cause names
+        (causes.EVIDENCE: 4 lines before it, it, 7 after), headed by which attempt and step;
+        the attempt's last 12 lines where no such step is kept."""
+        attempts = self.timelines.attempts(node_id)
+        if not attempts:
+            return []
+        a, until = attempts[-1], 0.0
+        if a.carried and len(attempts) > 1:
+            a, until = attempts[-2], a.started - 0.001   # the next boot's first line is its own
+        lines = self.consoles.read(node_id, a.started, until)
+        steps = EVIDENCE.get(a.cause, ())
+        event = a.last(*steps) if steps else None
+        if event is None:
+            head = f"[site: the console of attempt {a.number}, its last lines]"
+            return [head, *(text for _, text in lines[-CAUSE_LINES:])] if lines else []
+        near = [i for i, (t, text) in enumerate(lines)
+                if abs(t - event.t) <= 2.0 and event.detail and text.startswith(event.detail[:200])]
+        at = near[0] if near else next((i for i, (t, _) in enumerate(lines) if t >= event.t), len(lines))
+        shown = lines[max(0, at - 4):at + 8]
+        head = f"[site: the console of attempt {a.number} at its {event.step} (+{event.t - a.started:.1f}s)]"
+        return [head, *(text for _, text in shown)] if shown else []
 
     def node_boots(self) -> list[agent_pb2.NodeBoot]:
         return [b for n in self.timelines.nodes() if (b := self.node_boot(n)) is not None]
 
-    def node_files(self, node_id: str, since: float = 0.0, until: float = 0.0) -> dict[str, bytes]:
-        """What logs.collect gathers of a node: its console within [since, until], its
-        timelines (JSON and text)."""
+    def node_files(self, node_id: str, since: float = 0.0, until: float = 0.0,
+                   last: int = 0) -> dict[str, bytes]:
+        """What logs.collect gathers of a node: its console within [since, until] (its
+        ``last`` lines there, 0: all), each line with its time, and its timelines (JSON and
+        text)."""
         lines = self.consoles.read(node_id, since, until)
+        if last:
+            lines = lines[-last:]
         console = "".join(
             f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(t))}.{int(t * 1000) % 1000:03d}Z {text}\n"
             for t, text in lines)

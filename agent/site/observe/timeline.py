@@ -36,7 +36,6 @@ restart of the daemon keeps them (a kill loses at most the last second).
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import json
 import logging
@@ -48,6 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from agent.atomicfile import write_atomic
+from agent.net.neighbours import read_arp
 from agent.site.boot.fields import parse_node_id
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,9 @@ class Step(enum.StrEnum):
     PANIC = "panic"
     NO_NETWORK = "no_network"
     GATEWAY_UNREACHABLE = "gateway_unreachable"
+    GATEWAY_REFUSED = "gateway_refused"    # reached, but TLS failed or the gateway refused the session
     NO_BOOT_DEVICE = "no_boot_device"
+    SECURE_BOOT_DENIED = "secure_boot_denied"  # the firmware refused an image it could not verify
     # the join
     JOINED = "joined"
     REFUSED = "refused"
@@ -109,7 +111,7 @@ _SETUP = frozenset({Step.PREPARED, Step.BOOT_DEVICE, Step.CONSOLE, Step.POWER_OF
 # firmware reported again within an attempt that holds any of them is a new boot.
 MILESTONES = frozenset({Step.FIRMWARE, Step.BOOT_LOADER, Step.KEXEC, Step.KERNEL_STARTED, Step.INIT,
                         Step.AGENT_STARTED, Step.PANIC, Step.NO_NETWORK, Step.GATEWAY_UNREACHABLE,
-                        Step.NO_BOOT_DEVICE, Step.JOINED})
+                        Step.GATEWAY_REFUSED, Step.NO_BOOT_DEVICE, Step.SECURE_BOOT_DENIED, Step.JOINED})
 KEXEC_TRIGGER = "kexec seen on the console"
 FETCHES = frozenset({Step.CHAIN_SCRIPT, Step.NODE_SCRIPT, Step.KERNEL, Step.INITRD, Step.ISO,
                      Step.CONFIG_MEDIUM})
@@ -159,6 +161,8 @@ class Attempt:
     cause_at: float = 0.0
     carried: bool = False    # the cause is the boot before's (a reboot seen on the console), until
                              # this attempt's own events name one
+    unjoined_before: list[float] = field(default_factory=list)   # when the node's kept attempts
+                             # before this one began, those that did not join (a reboot loop)
 
     def first(self, *steps: str, ok: bool | None = None) -> BootEvent | None:
         for e in self.events:
@@ -340,6 +344,8 @@ class Timelines:
         current = record.current
         if current is not None and current.outcome == Outcome.BOOTING:
             current.outcome = Outcome.ENDED
+        attempt.unjoined_before = [a.started for a in record.attempts
+                                   if a.outcome != Outcome.JOINED][-(KEEP_ATTEMPTS - 1):]
         record.attempts.append(attempt)
         del record.attempts[:-KEEP_ATTEMPTS]
         if self.on_attempt is not None:
@@ -584,16 +590,6 @@ class Timelines:
     def last(self, node_id: str) -> Attempt | None:
         got = self.attempts(node_id)
         return got[-1] if got else None
-
-
-def read_arp(ip: str, path: Path = Path("/proc/net/arp")) -> str:
-    """The MAC of ``ip`` in the kernel's neighbour table ("" when absent)."""
-    with contextlib.suppress(OSError):
-        for line in path.read_text().splitlines()[1:]:
-            cells = line.split()
-            if len(cells) >= 4 and cells[0] == ip and cells[3] != "00:00:00:00:00:00":
-                return cells[3].lower()
-    return ""
 
 
 def render(node_id: str, attempts: Iterable[Attempt]) -> str:

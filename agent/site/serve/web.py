@@ -3,8 +3,10 @@ initrds, and the proxy routes.
 
     GET /boot.ipxe            what every chained iPXE runs: fetch its node's own script
     GET /boot.grub            the same for the site's GRUB (arm64 UEFI): its node's GRUB script
-    GET /pxe/<mac>.ipxe       a node's script (404 unless its boot entry is live; .grub: arm64's)
-    GET /pxe/<mac>.cmdline    a UKI entry's bc.* settings, for the ramdisk's init (404 unless live)
+    GET /pxe/<mac>.ipxe       a node's script (404 unless its boot entry is live; .grub: arm64's;
+                              403 to another address than the MAC's, agent/site/boot/pxe.py)
+    GET /pxe/<mac>.cmdline    a UKI entry's bc.* settings, for the ramdisk's init (404 unless
+                              live; 403 as the script)
     GET /cache/<sha256>       a kernel or initrd, by its content's digest, from the store
     GET|HEAD /r/<token>       a proxy route (agent/site/serve/routes.py; one with a manifest is
                               served from the chunk store, agent/site/serve/chunkroute.py)
@@ -47,7 +49,7 @@ from typing import Any, BinaryIO
 
 from agent.errors import NotFound
 from agent.net import http as agent_http
-from agent.site.boot.pxe import BootEntries
+from agent.site.boot.pxe import BootEntries, ClientRefused
 from agent.site.boot.vmedia import MEDIA_PREFIX, MediaSets
 from agent.site.chunkstore import DIGEST, ChunkStore
 from agent.site.metrics import Metrics
@@ -265,9 +267,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _observe(self, path: str, started: float) -> None:
         """Tell the timelines what a node fetched of its boot: status, bytes, seconds."""
         observe = self.server.observe
-        if observe is None or "?" in path:
-            return
         status, sent = self._answered
+        if observe is None or "?" in path or status == 403:
+            return   # a node's script refused to a stranger: nothing of that node's boot
         mac = ""
         if path.startswith(MEDIA_PREFIX) and self.server.media is not None:
             mac = self.server.media.mac_of(path[len(MEDIA_PREFIX):])
@@ -304,17 +306,19 @@ class _Handler(BaseHTTPRequestHandler):
             elif path == "/boot.grub":
                 self._bytes(method, self.server.entries.chain_grub(), "text/plain")
             elif path.startswith("/pxe/") and path.endswith(".cmdline"):
-                self._bytes(method, self.server.entries.node_settings(path[len("/pxe/"):]),
-                            "text/plain")
+                self._bytes(method, self.server.entries.node_settings(
+                    path[len("/pxe/"):], self.client_address[0]), "text/plain")
             elif path.startswith("/pxe/"):
-                self._file(method, self.server.entries.script_path(path[len("/pxe/"):]),
-                           "text/plain")
+                self._file(method, self.server.entries.script_path(
+                    path[len("/pxe/"):], self.client_address[0]), "text/plain")
             elif path.startswith("/cache/"):
                 self._stored(method, path[len("/cache/"):])
             else:
                 self._refuse(404, "not found")
         except NotFound as exc:
             self._refuse(404, exc.message)
+        except ClientRefused as exc:
+            self._refuse(403, exc.message)
         except _Cut:
             self.close_connection = True
             with contextlib.suppress(OSError):

@@ -196,6 +196,51 @@ def test_ami_boot_goes_to_the_settings_object_with_its_etag(trees: Path) -> None
         assert bmc.doc("/redfish/v1/Systems/DGX")["Boot"]["BootSourceOverrideTarget"] == "Pxe"
 
 
+def test_bluefield_boot_goes_to_the_settings_object_the_system_names(trees: Path) -> None:
+    """BlueField-3 answers a Boot PATCH at its System and applies nothing; NVIDIA's BlueField BMC
+    documentation ("Boot Configuration") and libredfish PATCH /Systems/Bluefield/Settings, which
+    the System names in @Redfish.Settings: applied at the next reset."""
+    with RedfishEmulator.of("nvidia_bluefield3", trees) as bmc, client_of(bmc) as c:
+        assert c.vendor().name == "bmcweb"          # no row of its own: the rule is every vendor's
+        got = c.set_boot_device(BootSetting(BootDevice.PXE, mode=BootMode.UEFI))
+        assert got.device is BootDevice.PXE
+        assert [p for _, p, _ in bmc.writes("PATCH")] == ["/redfish/v1/Systems/Bluefield/Settings"]
+        assert bmc.doc("/redfish/v1/Systems/Bluefield")["Boot"]["BootSourceOverrideTarget"] == "None"
+        c.set_power(PowerAction.RESET, graceful_timeout=1)
+        assert bmc.doc("/redfish/v1/Systems/Bluefield")["Boot"]["BootSourceOverrideTarget"] == "Pxe"
+
+
+def test_a_settings_object_without_the_override_leaves_the_boot_at_the_system(trees: Path) -> None:
+    """Lenovo's System names a Pending object whose Boot holds only BootOrder; XCC documents the
+    boot override PATCHed at /Systems/1 (pubs.lenovo.com xcc-restapi, "PATCH - Update
+    next-one-time boot configurations")."""
+    with RedfishEmulator.of("lenovo_sr670", trees) as bmc, client_of(bmc) as c:
+        assert c.set_boot_device(BootSetting(BootDevice.PXE)).device is BootDevice.PXE
+        assert [p for _, p, _ in bmc.writes("PATCH")] == ["/redfish/v1/Systems/1"]
+
+
+def test_an_etag_form_answered_412_is_sent_once_in_its_other_form(trees: Path) -> None:
+    """iLO firmware that matches only the weak form it gave: the row's strong form answers 412
+    (not applied), the weak one is sent once and taken."""
+    as_given = frozenset({Quirk.WEAK_ETAG_AS_GIVEN})
+    with RedfishEmulator.of("hpe_dl385", trees, quirks=as_given) as bmc:
+        bmc.state.profile = replace(bmc.state.profile, quirks=bmc.state.profile.quirks - {Quirk.WEAK_ETAG})
+        with client_of(bmc) as c:
+            assert c.set_boot_device(BootSetting(BootDevice.PXE)).device is BootDevice.PXE
+        matches = [h for h in bmc.state.if_match if h]
+        assert len(boot_patches(bmc)) == 2 and not matches[0].startswith("W/") and matches[1].startswith("W/")
+
+
+def test_a_412_to_both_etag_forms_is_refused_after_two_patches(trees: Path) -> None:
+    """The resource changed between the read and the write (412 to either form): refused, named,
+    and never a third PATCH."""
+    with RedfishEmulator.of("hpe_dl385", trees) as bmc, client_of(bmc) as c:
+        bmc.state.contended.add("/redfish/v1/Systems/1")
+        with pytest.raises(BmcRefused, match="412"):
+            c.set_boot_device(BootSetting(BootDevice.PXE))
+        assert len(boot_patches(bmc)) == 2
+
+
 def test_ilo_weak_etags_are_sent_strong(trees: Path) -> None:
     with RedfishEmulator.of("hpe_dl385", trees) as bmc:
         with client_of(bmc) as c:
@@ -327,15 +372,16 @@ def test_an_unknown_vendor_name_is_refused_in_parse() -> None:
 
 def test_the_operators_vendor_reaches_the_client_through_the_handler(trees: Path,
                                                                     emulator_config: Config) -> None:
-    """Named "generic" for the DGX, its boot goes to the System, which refuses it (AMI wants the
-    settings object); detected, it goes to the settings object and succeeds."""
-    with RedfishEmulator.of("nvidia_dgxh100", trees) as bmc:
-        with pytest.raises(BmcRefused, match="FutureState"):
-            run_kind("bmc.boot", emulator_config, bmc, "set_boot_device", device="pxe", vendor="generic")
-        detected = run_kind("bmc.boot", emulator_config, bmc, "set_boot_device", device="pxe")
-        assert detected.boot.device == "pxe"
-        assert [p for _, p, _ in bmc.writes("PATCH")] == ["/redfish/v1/Systems/DGX",
-                                                          "/redfish/v1/Systems/DGX/SD"]
+    """Named "generic" for the Supermicro, its Boot PATCH leaves the mode out and the BMC resets it
+    to Legacy (said in not_kept); detected, the row names the mode in every PATCH and it is kept."""
+    with RedfishEmulator.of("supermicro_sys821", trees) as bmc:
+        generic = run_kind("bmc.boot", emulator_config, bmc, "set_boot_device", device="pxe", mode="uefi",
+                           vendor="generic")
+        assert generic.boot.device == "pxe" and "mode" in generic.not_kept
+        bmc.state.docs["/redfish/v1/Systems/1"]["Boot"]["BootSourceOverrideMode"] = "UEFI"
+        detected = run_kind("bmc.boot", emulator_config, bmc, "set_boot_device", device="pxe", mode="uefi")
+        assert detected.boot.device == "pxe" and "mode" not in detected.not_kept
+        assert ["BootSourceOverrideMode" in p for p in boot_patches(bmc)] == [False, True]
 
 
 def test_storage_list_without_virtual_media_keeps_the_controllers(trees: Path,

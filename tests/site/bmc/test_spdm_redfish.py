@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.gateway.rim import verify_rim
-from agent.gateway.spdm import GoldenTable
-from agent.gateway.spdm_verdict import DeviceChallenges, DeviceEvidence, DeviceResult
+from agent.gateway.verifier.rim import verify_rim
+from agent.gateway.verifier.spdm import GoldenTable
+from agent.gateway.verifier.spdm_verdict import DeviceChallenges, DeviceEvidence, DeviceResult
 from agent.site.bmc.client import CallContext, Pacing
 from agent.site.bmc.redfish import integrity
 from agent.site.bmc.redfish.client import RedfishClient

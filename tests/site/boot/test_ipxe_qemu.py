@@ -31,6 +31,15 @@ pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.qemu]
 HERE = Path(__file__).resolve().parent
 MAC = "52:54:00:be:00:01"
 PORT = 8088
+# An HTTP GET that prints the status and the body (a stranger's fetch, from another namespace).
+STRANGER = """
+import sys, urllib.error, urllib.request
+try:
+    with urllib.request.urlopen(sys.argv[1], timeout=10) as r:
+        print(r.status, r.read().decode(errors="replace"))
+except urllib.error.HTTPError as e:
+    print(e.code, e.read().decode(errors="replace"))
+"""
 
 
 class SiteDaemon:
@@ -115,6 +124,12 @@ def test_node_ipxe_boots_through_the_site_only_while_registered(
     log = site_daemon.log()
     assert re.search(r"GET /boot\.ipxe -> 200", log), log
     assert re.search(r"GET /pxe/52-54-00-be-00-01\.ipxe -> 200", log), log
+    # A stranger on the provisioning network (the scripted client's namespace, 10.99.0.50) asks
+    # for the node's script, its MAC seen in the broadcasts: refused, the token not in the answer.
+    stranger = proc.run([*net.exec(net.cli), sys.executable, "-c", STRANGER,
+                         f"http://{SITE}:{PORT}/pxe/52-54-00-be-00-01.ipxe"], timeout=30).text
+    assert stranger.startswith("403 ") and "10.99.0." in stranger and "chain" not in stranger, stranger
+    assert re.search(r"GET /pxe/52-54-00-be-00-01\.ipxe -> 403", site_daemon.log())
 
     site_daemon.send("boot.cleanUp", {"node_id": "qemu-node"})
     mark = len(site_daemon.log())
@@ -139,5 +154,6 @@ def test_node_ipxe_boots_through_the_site_only_while_registered(
     assert first[0] == "prepared" and "dhcp_offer" in first, first
     assert first.index("dhcp_offer") < first.index("chain_script") < first.index("node_script"), first
     assert first[-1] == "cleaned"
+    assert first.count("node_script") == 1, first   # the stranger's fetch is not the node's
     assert attempts[-1]["trigger"] == "a PXE request seen", attempts[-1]
     assert attempts[-1]["cause"] == "not_registered", attempts[-1]

@@ -364,3 +364,50 @@ def test_the_cache_by_url_of_earlier_versions_is_removed(tmp_path: Path) -> None
     (tmp_path / "cache" / ("a" * 64)).write_bytes(b"a kernel cached by its URL's digest")
     BootEntries(tmp_path, "http://10.0.0.2:8088").reconcile()
     assert not (tmp_path / "cache").exists() and (tmp_path / "store").is_dir()
+
+
+def test_a_nodes_script_goes_to_the_address_its_dhcp_exchange_tied_to_its_mac(site: SiteServices) -> None:
+    """A MAC is seen in every DHCP broadcast, and a node's script holds its join token: where the
+    site runs its proxy DHCP, the script (and a UKI entry's settings) go to the address the
+    site's DHCP exchange tied to the MAC only. A stranger asking is refused (403, logged), and
+    its fetch is no step of the registered node's timeline; the node's own fetch is served."""
+    prepare(site, entry(node_id="n1"))
+    prepare(site, entry(node_id="n2", mac_address="52:54:00:00:00:02", boot_file="ipxe.efi"))
+    site.entries.clients_tied = True            # what a site running dnsmasq sets
+    site.entries.arp = lambda ip: ""            # loopback: no neighbour entry
+    # dnsmasq's boot server answer: the node booted from 10.99.0.50, not from here (127.0.0.1)
+    site._dnsmasq_line(f"dnsmasq-dhcp[1]: 2353434870 PXE(eth0) 10.99.0.50 {MAC} undionly.kpxe")
+    site._dnsmasq_line("dnsmasq-dhcp[1]: 7 PXE(eth0) 10.99.0.51 52:54:00:00:00:02 ipxe.efi")
+    status, body = fetch(f"{site.base_url}/pxe/52-54-00-12-34-56.ipxe")
+    assert status == 403 and b"10.99.0.50" in body and b"ramdisk.ipxe" not in body, body
+    assert fetch(f"{site.base_url}/pxe/52-54-00-00-00-02.cmdline")[0] == 403   # checked first
+    assert fetch(f"{site.base_url}/pxe/52-54-00-00-00-02.ipxe")[0] == 403
+    # an unregistered MAC tied elsewhere: refused before its entry is looked up (nothing of it filed)
+    assert fetch(f"{site.base_url}/pxe/52-54-00-12-34-57.ipxe")[0] == 403
+    for node in ("n1", "n2"):
+        a = site.observe.timelines.last(node)
+        assert a is not None and not [e for e in a.events if e.step == "node_script"], a.events
+    # the neighbour table holding the client for another NIC: refused, whatever DHCP tied
+    site._dnsmasq_line("dnsmasq-dhcp[1]: 9 PXE(eth0) 52:54:00:00:00:03 proxy")
+    site.entries.arp = lambda ip: "52:54:00:00:00:09"
+    assert fetch(f"{site.base_url}/pxe/52-54-00-00-00-03.ipxe")[0] == 403
+    site._dnsmasq_line(f"dnsmasq-dhcp[1]: 11 PXE(eth0) 127.0.0.1 {MAC} http://x/boot.ipxe")
+    refused = fetch(f"{site.base_url}/pxe/52-54-00-12-34-56.ipxe")
+    assert refused[0] == 403 and b"neighbour table holds" in refused[1], refused
+    # the node itself, at the address its DHCP exchange gave (no neighbour entry: loopback):
+    # served, and in its timeline
+    site.entries.arp = lambda ip: ""
+    status, body = fetch(f"{site.base_url}/pxe/52-54-00-12-34-56.ipxe")
+    assert status == 200 and b"ramdisk.ipxe" in body
+    deadline = time.monotonic() + 10    # the service tells the timeline after its answer
+    while not [e for e in (site.observe.timelines.last("n1") or pytest.fail()).events
+               if e.step == "node_script"]:
+        assert time.monotonic() < deadline, "the node's own fetch is not in its timeline"
+        time.sleep(0.05)
+    a = site.observe.timelines.last("n1")
+    assert a is not None and [e.status for e in a.events if e.step == "node_script"] == [200]
+    # the neighbour table holding the client for the node's NIC (its ramdisk on another lease,
+    # the site's GRUB on arm64, which never asks the boot server): served
+    site.entries.arp = lambda ip: MAC
+    site._dnsmasq_line(f"dnsmasq-dhcp[1]: 12 PXE(eth0) 10.99.0.77 {MAC} http://x/boot.ipxe")
+    assert fetch(f"{site.base_url}/pxe/52-54-00-12-34-56.ipxe")[0] == 200

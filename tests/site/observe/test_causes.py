@@ -250,6 +250,36 @@ def test_never_joined_is_not_named_without_a_console(tl: Timelines, clock: Clock
     assert cause(tl, clock, 1000) == ""
 
 
+@pytest.mark.parametrize("lost", ["busy: another session took the node's SOL (the BMC's session 0x2, "
+                                  "not the site's 0x1)", "dropped: the session ended"])
+def test_never_joined_is_not_named_when_the_console_was_not_the_sites_the_whole_time(
+        tl: Timelines, clock: Clock, lost: str) -> None:
+    """A client that takes the node's console at its kernel's fetch gets the agent's join line:
+    the site, its console busy (or dropped and back) in the window a join would have shown,
+    cannot tell a join from none and names no never_joined, however long it waits."""
+    boot_to_script(tl, clock)
+    tl.console("n1", Step.CONSOLE, "attached")
+    clock.step(2)
+    tl.console("n1", Step.CONSOLE, lost)
+    tl.fetch(IP, Step.KERNEL, "", 200, 5_000_000, 1.0)
+    tl.cache_fetch(IP, INITRD, 200, 20_000_000, 2.0)
+    clock.step(40)
+    tl.console("n1", Step.CONSOLE, "attached")
+    assert cause(tl, clock, 1000) == ""
+    a = tl.last("n1")
+    assert a is not None and a.outcome == Outcome.BOOTING
+
+
+def test_never_joined_is_named_when_the_console_is_lost_only_after_its_window(
+        tl: Timelines, clock: Clock) -> None:
+    """Lost after the wait had passed (the rule fired already): the cause stands."""
+    boot_to_files(tl, clock)
+    tl.console("n1", Step.CONSOLE, "attached")
+    assert cause(tl, clock, 301) == "never_joined"
+    tl.console("n1", Step.CONSOLE, "busy: another session took the node's SOL")
+    assert cause(tl, clock, 10) == "never_joined"
+
+
 def test_disk_not_bootable(tl: Timelines, clock: Clock) -> None:
     tl.power("n1", "cycle")          # nothing prepared: a disk boot
     a = tl.last("n1")
@@ -311,3 +341,97 @@ def test_a_disk_boot_device_falling_through_to_pxe_is_still_a_disk_not_bootable(
     tl.by_mac(MAC, ev(clock, Step.DHCP_IGNORED, MAC))
     assert cause(tl, clock) == "disk_not_bootable"
     assert "fell through" in (tl.last("n1") or pytest.fail()).cause_detail
+
+
+def test_a_reboot_loop_without_a_panic_is_named_boot_loop(tl: Timelines, clock: Clock) -> None:
+    """Eight attempts in three minutes, each reaching iPXE and its kernel and rebooting (no
+    panic, no rule of its own fires): the eighth is named boot_loop, at once."""
+    prepare(tl, clock, script_url=True)
+    for n in range(8):
+        tl.console("n1", Step.FIRMWARE, "SeaBIOS (version 1.16.3)")
+        tl.console("n1", Step.BOOT_LOADER, "iPXE 1.21.1 -- Open Source Network Boot Firmware")
+        a = tl.last("n1")
+        assert a is not None and a.cause == ("boot_loop" if n == 7 else ""), (n, a.cause, a.cause_detail)
+        clock.step(20)
+    assert a is not None and a.number == 8 and "8 boot attempts in 140s" in a.cause_detail
+
+
+def test_attempts_further_apart_or_joined_are_no_boot_loop(tl: Timelines, clock: Clock) -> None:
+    prepare(tl, clock, script_url=True)
+    for _ in range(8):
+        tl.console("n1", Step.FIRMWARE, "SeaBIOS (version 1.16.3)")
+        tl.console("n1", Step.BOOT_LOADER, "iPXE 1.21.1")
+        clock.step(30)      # 8 attempts in 210 s
+    assert cause(tl, clock) == ""
+    for _ in range(8):
+        tl.console("n1", Step.FIRMWARE, "SeaBIOS (version 1.16.3)")
+        tl.console("n1", Step.JOINED, "agent.link.session: connected to gateway")
+        clock.step(5)
+    a = tl.last("n1")
+    assert a is not None and a.outcome == Outcome.JOINED and not a.cause
+
+
+@pytest.mark.parametrize("line", [
+    "agent.link.session: gateway 10.0.2.100:443: [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify "
+    "failed: Hostname mismatch, certificate is not valid for '10.0.2.100'. (_ssl.c:1000)",
+    "agent.link.session: gateway 10.0.2.100:443: unauthenticated: gateway refused the session: enrollment "
+    "token already used: it joined node n1's boot b1; a boot token is good for one boot's join",
+])
+def test_a_gateway_that_answers_and_refuses_is_not_unreachable(
+        tl: Timelines, clock: Clock, line: str) -> None:
+    """The agent reached its gateway and TLS failed (a certificate for another name) or the
+    gateway refused the session: named gateway_refused with the line, not "cannot reach"."""
+    from agent.site.observe.console import milestone
+
+    boot_to_files(tl, clock, kernel_started=True)
+    step = milestone(line)
+    assert step == Step.GATEWAY_REFUSED
+    tl.console("n1", step, line)
+    assert cause(tl, clock, 91) == "gateway_refused"
+    a = tl.last("n1")
+    assert a is not None and "reaches its gateway but is refused" in a.cause_detail
+    assert line[:60] in a.cause_detail
+    assert milestone("agent.link.session: gateway 10.0.2.100:444: [Errno 111] Connection refused") == \
+        Step.GATEWAY_UNREACHABLE
+
+
+def test_never_joined_with_a_silent_console_says_console_is_missing(tl: Timelines, clock: Clock) -> None:
+    """A kernel command line without console=: the console, attached and the site's, shows iPXE
+    and then nothing. The cause says the console went silent after the kernel and why that
+    usually is, not a console state ("the console's last word: console (attached)")."""
+    boot_to_script(tl, clock)
+    tl.console("n1", Step.CONSOLE, "attached")
+    tl.console("n1", Step.BOOT_LOADER, "iPXE 1.21.1 -- Open Source Network Boot Firmware")
+    tl.cache_fetch(IP, KERNEL, 200, 9000, 0.0)
+    tl.cache_fetch(IP, INITRD, 200, 9000, 0.0)
+    assert cause(tl, clock, 301) == "never_joined"
+    a = tl.last("n1")
+    assert a is not None and "went silent after the kernel (its last line: iPXE 1.21.1" in a.cause_detail
+    assert "without console=" in a.cause_detail and "console (attached)" not in a.cause_detail
+
+
+def test_the_rules_waits_are_settings_of_the_daemon(tmp_path: Path) -> None:
+    """site_cause_waits (``--site-cause-wait RULE=SECONDS``, repeatable; a config file's list;
+    ``bc.site_cause_wait=``) reaches the running site's rules; an unknown rule or a wait out of
+    bounds is refused by name before anything starts."""
+    from agent.cli.settings import load
+    from agent.errors import InvalidParameters
+    from agent.site.services import ServiceSettings, SiteServices
+
+    loaded = load({"site_cause_waits": ["no_kernel=5", "boot_loop=600"], "state_dir": str(tmp_path)})
+    settings = ServiceSettings.from_config(loaded.config)
+    assert settings.cause_waits == (("no_kernel", 5.0), ("boot_loop", 600.0))
+    assert load({}, cmdline_text="bc.site_cause_wait=never_joined=60").config.site_cause_waits == \
+        (("never_joined", 60.0),)
+    for bad in ("no_such_rule=5", "no_kernel", "no_kernel=-1", "no_kernel=abc"):
+        with pytest.raises(InvalidParameters, match="site_cause_waits"):
+            load({"site_cause_waits": [bad]})
+    site = SiteServices(ServiceSettings(address="127.0.0.1", port=0, root=tmp_path / "site",
+                                        secrets_dir=tmp_path / "secrets", cause_waits=settings.cause_waits))
+    try:
+        assert site.observe.timelines.diagnose is not None
+        diagnosis = site.observe.timelines.diagnose
+        assert isinstance(diagnosis, Diagnosis) and diagnosis.waits["no_kernel"] == 5.0
+        assert diagnosis.waits["boot_loop"] == 600.0 and diagnosis.waits["no_initrd"] == 60
+    finally:
+        site.http.server.server_close()

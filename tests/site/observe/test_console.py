@@ -6,6 +6,7 @@ The ring (bounds, time ranges, a restart's append) is tested on its own first.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -527,9 +528,9 @@ def test_a_session_given_to_another_client_is_left_and_said_busy(
         tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Another client deactivates the site's SOL session and activates its own: the site's
-    next question finds another holder than the one it saw, stops its ipmitool without
-    ``~.`` (whose deactivate would end the other's session), and is then busy; the other
-    client's session is never ended."""
+    next question finds another holder than its own, stops its ipmitool without ``~.`` (whose
+    deactivate would end the other's session), and says busy; the other client's session is
+    never ended."""
     monkeypatch.setattr(console, "LIVENESS_SILENCE", 2.0)
     monkeypatch.setattr(console, "BUSY_RETRY", 1.0)
     env = proc.clean_env({"IPMI_PASSWORD": PASSWORD})
@@ -549,7 +550,7 @@ def test_a_session_given_to_another_client_is_left_and_said_busy(
         with proc.running(other, stdin=subprocess.PIPE, env=env, check=False) as holder:
             wait_for("busy", lambda: obs.consoles.state("n1") == "busy", 30)
             said = consoles_of(obs)
-            assert "dropped: the BMC gave the node's SOL to another session" in said, said
+            assert any(c.startswith("busy: another session took the node's SOL") for c in said), said
             time.sleep(2)
             assert holder.poll() is None           # the other client's session goes on
             wait_for("the serial port", serial.connected.is_set)
@@ -559,6 +560,57 @@ def test_a_session_given_to_another_client_is_left_and_said_busy(
             wait_for("the holder's exit", lambda: holder.poll() is not None, 10)
         wait_for("attached after the other left", lambda: obs.consoles.state("n1") == "attached", 30)
     finally:
+        obs.stop()
+
+
+def test_a_console_taken_while_the_node_talks_is_busy_not_the_other_clients(
+        tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A healthy boot is never silent for LIVENESS_SILENCE before its join, so the site's own
+    SOL session is recorded when it activates, not learned at a first silence: a client that
+    takes the console mid-boot (``sol deactivate``, then its own ``sol activate``) is told from
+    it, and the site says busy at the silence that follows, never ``attached`` with the other
+    client's session taken for its own. (Before: the first holder seen after 15 s of silence was
+    taken for the site's, the stealer, and the console said attached throughout.)"""
+    monkeypatch.setattr(console, "BUSY_RETRY", 60.0)
+    env = proc.clean_env({"IPMI_PASSWORD": PASSWORD})
+    host, port = sol_sim.address.split(":")
+    other = ["ipmitool", "-I", "lanplus", "-H", host, "-p", port, "-U", USERNAME, "-E", "-C", "3",
+             "sol", "activate"]
+    talking = threading.Event()
+
+    def talk() -> None:          # the node's boot: a line every half second
+        i = 0
+        while talking.is_set():
+            with contextlib.suppress(OSError, AssertionError):
+                serial.say(f"boot line {i}")
+            i += 1
+            time.sleep(0.5)
+
+    obs = make_observer(tmp_path, secrets_dir)
+    try:
+        obs.bmc_done("n1", Bmc(sol_sim.address, "ipmi", REF), "bmc.power", "on")
+        wait_for("the serial port", serial.connected.is_set)
+        talking.set()
+        threading.Thread(target=talk, daemon=True).start()
+        wait_for("attached", lambda: obs.consoles.state("n1") == "attached")
+        wait_for("lines", lambda: len(obs.consoles.read("n1")) > 4)
+        monkeypatch.setattr(console, "LIVENESS_SILENCE", 3.0)   # never silent for it before the theft
+        assert sol_sim.ipmitool("sol", "deactivate").returncode == 0
+        with proc.running(other, stdin=subprocess.PIPE, env=env, check=False) as holder:
+            wait_for("busy", lambda: obs.consoles.state("n1") == "busy", 30)
+            said = consoles_of(obs)
+            assert said[0] == "attached", said
+            assert said[1].startswith("busy: another session took the node's SOL"), said
+            assert not any(s.startswith("dropped") for s in said), said
+            time.sleep(1)
+            assert holder.poll() is None             # the other client's session goes on
+            assert holder.popen.stdin is not None
+            holder.popen.stdin.write(b"\r~.")
+            holder.popen.stdin.flush()
+            wait_for("the holder's exit", lambda: holder.poll() is not None, 10)
+    finally:
+        talking.clear()
         obs.stop()
 
 

@@ -12,11 +12,13 @@ every BMC client offers, each a call into the module of its noun.
     system.py    power, the boot override, the inventory bmc.query reads, accounts
     storage.py   Storage / SimpleStorage, volumes
     bios.py      BIOS attributes checked against the BMC's AttributeRegistry
+    secureboot.py  UEFI Secure Boot: the SecureBoot resource, its databases, ResetKeys, enrolling
     accounts.py  the AccountService's accounts: listed, disabled
     media.py     virtual media
     firmware.py  the UpdateService; tasks.py the task monitor it (and volumes) follow
     events.py    the LogServices' entries
     integrity.py ComponentIntegrity: the SPDM responders and their signed measurements
+    posture.py   the Manager's network protocols (IPMI, HTTP, ...): read, and put back
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from typing import Any
 from agent.policy.release.state import Account, BiosValue
 from agent.proto import site_pb2
 from agent.site.bmc.client import BootSetting, PowerAction, PowerState
-from agent.site.bmc.redfish import accounts, bios, events, firmware, media, storage, system
+from agent.site.bmc.posture import ProtocolState
+from agent.site.bmc.redfish import accounts, bios, events, firmware, media, posture, storage, system
 from agent.site.bmc.redfish.session import RedfishSession
 
 
@@ -49,6 +52,14 @@ class RedfishClient(RedfishSession):
 
     def query(self) -> site_pb2.BmcOperationResult:
         return system.query(self)
+
+    def posture(self) -> list[ProtocolState]:
+        """The management protocols of its ManagerNetworkProtocol; Redfish only."""
+        return posture.read(self)
+
+    def put_back_posture(self, expected: dict[str, bool],
+                         before: list[ProtocolState]) -> tuple[list[ProtocolState], dict[str, str]]:
+        return posture.put_back(self, expected, before)
 
     def sensors(self) -> list[site_pb2.BmcSensor]:
         return system.sensors(self)

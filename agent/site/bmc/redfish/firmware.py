@@ -155,9 +155,12 @@ def update(
     transfer_protocol: str = "",
     method: str = "",
     progress: Callable[[int, str], None] | None = None,
+    targets: tuple[str, ...] = (),
+    apply_time: str = "Immediate",
 ) -> site_pb2.BmcFirmwareTask:
     """Update through the way ``choose`` picks from what the UpdateService offers (``method``
-    names one), follow its task, wait out the BMC's reboot, and name what changed."""
+    names one), follow its task, wait out the BMC's reboot, and name what changed. A multipart
+    push names ``targets`` (the components' URIs; none: the BMC picks) and ``apply_time``."""
     if method and method not in tuple(Method):
         raise InvalidParameters(f"firmware: method {method!r}: one of {', '.join(Method)}")
     where = f"Redfish BMC {client.target.address}"
@@ -181,7 +184,7 @@ def update(
     else:
         assert file is not None
         uri = offered.multipart if chosen is Method.MULTIPART else offered.http_push
-        status, headers, doc = _push(client, uri, chosen, file, sha256)
+        status, headers, doc = _push(client, uri, chosen, file, sha256, targets, apply_time)
     location = headers.get("location", "") or str(doc.get("@odata.id", "") if "TaskState" in doc else "")
     if not location:
         if status not in (200, 204):
@@ -225,7 +228,8 @@ def wait_settled(client: RedfishSession) -> None:
 
 
 def _push(
-    client: RedfishSession, uri: str, method: Method, file: Path, sha256: str
+    client: RedfishSession, uri: str, method: Method, file: Path, sha256: str,
+    targets: tuple[str, ...] = (), apply_time: str = "Immediate",
 ) -> tuple[int, dict[str, str], dict[str, Any]]:
     """Push ``file`` (its sha256 checked first) to ``uri``: multipart (UpdateParameters and
     UpdateFile) or, for HttpPushUri, the image as the whole body. Sent once."""
@@ -248,7 +252,8 @@ def _push(
     log.info("%s: pushing %s (%d bytes, %s)", where, file.name, file.stat().st_size, method)
     try:
         if method is Method.MULTIPART:
-            params = json.dumps({"Targets": [], "@Redfish.OperationApplyTime": "Immediate"}).encode()
+            params = json.dumps({"Targets": list(targets),
+                             "@Redfish.OperationApplyTime": apply_time}).encode()
             resp = http.post_multipart(client.url(uri), [
                 http.Part("UpdateParameters", params, "application/json"),
                 http.Part("UpdateFile", path=file),
@@ -316,6 +321,8 @@ def inventory(client: RedfishSession) -> list[site_pb2.BmcFirmwareComponent]:
             id=str(doc.get("Id") or ""), name=str(doc.get("Name") or ""),
             version=str(doc.get("Version") or ""), updateable=doc.get("Updateable") is True,
             health=_text(st.get("Health")) if isinstance(st := doc.get("Status"), dict) else "",
+            software_id=_text(doc.get("SoftwareId")), manufacturer=_text(doc.get("Manufacturer")),
+            uri=_text(doc.get("@odata.id")),
         ))  # fmt: skip
     return out
 

@@ -8,7 +8,7 @@ them (a member that does not read is listed as unreadable, not dropped); ``signe
 POSTs the action with ``Nonce`` (32 bytes, hex) and ``SlotId``, reads ``SignedMeasurements``
 (base64 of the GET_MEASUREMENTS request and MEASUREMENTS response, DMTF's ComponentIntegrity
 1.0) and the device's certificate chain (the answer's ``Certificate`` link, else the member's
-ComponentCertificate). Nothing here judges them: the gateway does (agent/gateway/spdm_verdict.py).
+ComponentCertificate). Nothing here judges them: the gateway does (agent/gateway/verifier/spdm_verdict.py).
 
 The action changes nothing on the BMC; still, an ambiguous answer is not resent (the site's
 rule for every BMC POST): that device's evidence is missing, and the gateway refuses it so.

@@ -570,16 +570,19 @@ class RedfishSession:
     def patch(self, ref: str, body: Doc) -> Answer:
         """PATCH with If-Match when the resource has an ETag (some BMCs require it): the ETag of
         the GET just made of it, else of a GET now; a weak one in its strong form where the
-        vendor's row says so, and after a 412 to the weak one (the PATCH was not applied)."""
+        vendor's row says so. A 412 to one form (weak or strong) is a PATCH not applied: the
+        other form is sent once (iLO firmware differs on which it matches), never a third."""
         etag = self.as_read(ref).headers.get("etag", "")
+        if not etag:
+            return self.send("PATCH", ref, json_body=body)
         strong = etag.removeprefix("W/")
-        if self.vendor().strong_if_match:
-            etag = strong
-        answer = self.send("PATCH", ref, json_body=body, headers={"If-Match": etag} if etag else None,
-                           ok=(412,) if etag != strong else ())
+        first = strong if self.vendor().strong_if_match else etag
+        other = f"W/{strong}" if first == strong else strong
+        answer = self.send("PATCH", ref, json_body=body, headers={"If-Match": first}, ok=(412,))
         if answer.status == 412:
-            log.info("Redfish %s: weak ETag refused (412); its strong form", self.target.address)
-            answer = self.send("PATCH", ref, json_body=body, headers={"If-Match": strong})
+            log.info("Redfish %s: If-Match %s refused (412, not applied); its other form once",
+                     self.target.address, "weak" if first.startswith("W/") else "strong")
+            answer = self.send("PATCH", ref, json_body=body, headers={"If-Match": other})
         return answer
 
     def write(self, method: str, ref: str, body: Doc, *, taken: Callable[[], bool],

@@ -14,7 +14,7 @@ import time
 from agent.errors import BmcRefused, BmcUnreachable, Cancelled, CommandTimeout, Unsupported
 from agent.proto import site_pb2
 from agent.site.bmc.client import BootDevice, BootMode, BootSetting, PowerAction, PowerState
-from agent.site.bmc.redfish import firmware
+from agent.site.bmc.redfish import firmware, hardware
 from agent.site.bmc.redfish.session import (
     Doc,
     RedfishSession,
@@ -266,22 +266,29 @@ def _boot_patches(s: RedfishSession, setting: BootSetting, boot: Doc) -> list[Do
     return [patch | {"BootSourceOverrideMode": mode}]
 
 
-def _boot_ref(s: RedfishSession, system: Doc) -> str:
-    """Where the Boot PATCH goes: the System, or the settings object it names in
-    @Redfish.Settings where the vendor takes boot properties only there (applied at the next
-    reset; the System reads back the old override until then)."""
+def _boot_target(s: RedfishSession, system: Doc) -> tuple[str, Doc]:
+    """Where the Boot PATCH goes, and the Boot to check it against: the settings object the
+    System names in @Redfish.Settings where that object's Boot carries the override
+    (BootSourceOverrideTarget), whatever the vendor (DMTF DSP0266 "Settings"; BlueField-3 accepts
+    the PATCH at its System and applies nothing, NVIDIA's BlueField BMC documentation; AMI
+    refuses it there, DMTF/Redfish-Tacklebox#144): applied at the next reset, the System reading
+    back the old override until then. Else the System (Lenovo's Pending object holds only its
+    BootOrder; XCC documents the override PATCHed at the System). The settings object's Boot is
+    checked with the System's allowable values where it gives none of its own."""
+    current = system.get("Boot")
+    current = current if isinstance(current, dict) else {}
     settings = system.get("@Redfish.Settings")
-    if s.vendor().boot_in_settings_object and isinstance(settings, dict):
-        ref = link(settings, "SettingsObject")
-        if ref:
-            return ref
-    return s.system_ref()
+    ref = link(settings, "SettingsObject") if isinstance(settings, dict) else ""
+    if ref and ref.rstrip("/") != s.system_ref().rstrip("/"):
+        pending = s.get(ref).get("Boot")
+        if isinstance(pending, dict) and "BootSourceOverrideTarget" in pending:
+            return ref, current | pending
+    return s.system_ref(), current
 
 
 def set_boot_device(s: RedfishSession, setting: BootSetting) -> BootSetting:
     system = s.system()
-    ref = _boot_ref(s, system)
-    boot = s.get(ref).get("Boot", {}) if ref != s.system_ref() else system.get("Boot", {})
+    ref, boot = _boot_target(s, system)
     wanted = _BOOT_TO_REDFISH[setting.device]
 
     def read_back() -> BootSetting:
@@ -338,6 +345,10 @@ def query(s: RedfishSession) -> site_pb2.BmcOperationResult:
     except Unsupported as exc:
         log.info("Redfish %s: no sensors: %s", s.target.address, exc)
     result.firmware_inventory.extend(firmware.inventory(s))
+    partial: list[str] = []
+    result.parts.extend(hardware.parts(s, partial))
+    if partial:
+        result.values["parts_partial"] = "; ".join(partial)
     result.attempts = s.attempts
     return result
 

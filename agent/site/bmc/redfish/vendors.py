@@ -7,8 +7,11 @@ the row for a BMC, the ``vendor`` parameter of a bmc.* request); nothing in the 
 What every BMC gets, whatever its row (the standard's rules and the client's own caution):
 a write sent once unless the BMC provably did not take it, read back on an ambiguous answer
 (a Reset for ``reset_readback_polls`` paced reads);
-the boot mode sent only when it must change and only where the Boot resource offers it; a
-weak ETag resent in its strong form after a 412; media ejected only where Inserted.
+the boot mode sent only when it must change and only where the Boot resource offers it; the
+boot override PATCHed at the settings object the System names in @Redfish.Settings where that
+object carries it (system.py ``_boot_target``); after a 412 to one form of an ETag (weak or
+strong), the other form sent once (a 412 is a write not applied); media ejected only where
+Inserted.
 """
 
 from __future__ import annotations
@@ -28,9 +31,6 @@ class Vendor:
     # A Boot PATCH carries BootSourceOverrideEnabled and BootSourceOverrideTarget only; the
     # mode, when it must change, goes in a PATCH of its own.
     boot_patch_minimal: bool = False
-    # Boot properties go to the settings object the System names in @Redfish.Settings, with
-    # that object's ETag; applied at the next reset.
-    boot_in_settings_object: bool = False
     # Seconds after a Boot PATCH before the override is read back (a BMC that accepts it and
     # reverts it a moment later); 0: read back at once.
     boot_readback_delay: float = 0.0
@@ -49,6 +49,18 @@ class Vendor:
     # paced reads of the System (PowerState, LastResetTime) look for it before the client says
     # applied, not applied or unknown (system.py ``_reset``). 3 at the default pacing: about 10 s.
     reset_readback_polls: int = 3
+    # The node's serial console over SSH to the manager's CLI, where the System publishes no
+    # SerialConsole.SSH (agent/site/observe/sshconsole.py): the command typed once logged in,
+    # the keys that leave it, how many sessions may hold it (0: not documented), and what the
+    # BMC says when another holds it (lower case).
+    ssh_console_entry: str = ""
+    ssh_console_exit: str = ""
+    ssh_console_sessions: int = 0
+    ssh_console_busy: tuple[str, ...] = ()
+    # ManagerNetworkProtocol protocols whose ProtocolEnabled the BMC does not take by PATCH (the
+    # posture gate sends none, and says why: ``posture_fixed_why``).
+    posture_fixed: tuple[str, ...] = ()
+    posture_fixed_why: str = ""
 
 
 GENERIC = Vendor("generic")
@@ -60,30 +72,52 @@ VENDORS: dict[str, Vendor] = {v.name: v for v in (
     # 8 sessions at most, then 503 RAC0218 (stmcginnis/gofish#75, quadsproject/badfish#447): no
     # row field, as every BMC gets the same rule (one session per command, two while a rotation
     # proves a password, every one DELETEd, a crash's swept at first contact: session.py).
-    Vendor("dell"),
+    # The host's serial console from the SSH CLI: ``console com2`` (iDRAC9 RACADM CLI Guide,
+    # "console"; the connect com2 of the DRAC 4/5 user guides before it), left with Ctrl+\ .
+    # One such session at a time; its refusal's wording is not recorded.
+    Vendor("dell", ssh_console_entry="console com2", ssh_console_exit="\x1c", ssh_console_sessions=1),
     # iLO: weak ETags (W/"...", bb-Ricardo/check_redfish#178) matched only in their strong
     # form; a Boot PATCH with more than Enabled and Target refused (bmc-toolbox/bmclib#318,
     # DL160 Gen10); iLO 4's InsertMedia takes Image alone (ansible-collections/community.general#4595).
     # iLO 5 from firmware 2.30 compresses parts of its tree and answers 406 there to a client
     # that does not take gzip (DMTF/Redfish-Mockup-Creator#56; #58 and its fix #62): gzip asked.
+    # Its SSH CLI's ``vsp`` starts the Virtual Serial Port, left with ESC ( (HPE iLO 5 User
+    # Guide, "Using the iLO Virtual Serial Port"); one VSP session at a time, the second refused
+    # with "Virtual Serial Port is currently in use by another session" (as iLO 4/5 word it;
+    # not in the recording).
     Vendor("hpe", strong_if_match=True, boot_patch_minimal=True, insert_properties=("Image",),
-           accept_encoding="gzip"),
+           accept_encoding="gzip", ssh_console_entry="vsp", ssh_console_exit="\x1b(",
+           ssh_console_sessions=1,
+           ssh_console_busy=("virtual serial port is currently in use by another session",)),
     # XCC mounts network images in its EXT slots only (lenovo/python-redfish-lenovo#21).
-    Vendor("lenovo", media_slot_prefixes=("EXT",)),
+    # XCC's SSH CLI: ``console 1`` starts the serial redirection of SOL instance 1, left with
+    # ESC ( (Lenovo XCC User Guide, CLI "console command"); its refusal's wording is not recorded.
+    Vendor("lenovo", media_slot_prefixes=("EXT",), ssh_console_entry="console 1",
+           ssh_console_exit="\x1b(", ssh_console_sessions=1),
     # Supermicro resets the mode to Legacy when a Boot PATCH does not name it
     # (DMTF/Redfishtool#106), and may revert an accepted override a moment later
     # (bmc-toolbox/bmclib#459): read back after 2 s.
+    # Its console over SSH: published in SerialConsole.SSH (port 22 shared with the SMASH-CLP
+    # CLI, ConsoleEntryCommand "cd system1/sol1; start", MaxConcurrentSessions 1: the
+    # sys821 recording); the exit keys there too.
     Vendor("supermicro", mode_in_every_boot_patch=True, boot_readback_delay=2.0),
     # AMI MegaRAC (DGX H100): boot properties in the @Redfish.Settings object (/Systems/Self/SD)
-    # with its ETag (DMTF/Redfish-Tacklebox#144, #111).
-    Vendor("ami", boot_in_settings_object=True),
+    # with its ETag (DMTF/Redfish-Tacklebox#144, #111): the generic "settings object" rule
+    # covers it, as it does BlueField-3's.
+    Vendor("ami"),
     # bmcweb (OpenBMC: GH200, GB200, BlueField-3): virtual media takes https and smb images
     # only (openbmc/bmcweb redfish-core/lib/virtual_media.hpp); its Boot has no mode property,
     # and a PATCH naming it answers 500 (issue 40): the generic "where offered" covers it.
     # Its Reset answers once the host state manager has been asked for the transition
     # (openbmc/phosphor-state-manager: RequestedHostTransition); PowerState follows when the
     # transition is done, seconds later: 5 paced reads (about 26 s) before "unknown".
-    Vendor("bmcweb", media_schemes=("https", "smb"), reset_readback_polls=5),
+    # Its ManagerNetworkProtocol PATCH takes HostName, NTP and IPMI's and SSH's ProtocolEnabled
+    # only (openbmc/bmcweb redfish-core/lib/network_protocol.hpp, the PATCH handler's
+    # readJsonPatch; openbmc-test-automation's protocol tests turn IPMI and SSH on and off): a
+    # PATCH naming another protocol is refused whole.
+    Vendor("bmcweb", media_schemes=("https", "smb"), reset_readback_polls=5,
+           posture_fixed=("HTTP", "HTTPS", "KVMIP", "SSDP", "VirtualMedia"),
+           posture_fixed_why="bmcweb takes only IPMI's and SSH's ProtocolEnabled by PATCH"),
 )}
 
 # (where, word, vendor): the first row whose word is in the service root's Vendor ("vendor"),

@@ -53,6 +53,11 @@ class Quirk(enum.StrEnum):
     # coding). Python's http.client sends "Accept-Encoding: identity" unless told otherwise. The
     # emulator compresses every resource but the service root (which names the vendor).
     GZIP_OR_406 = "gzip-or-406"
+    # HPE iLO firmware that matches If-Match against the ETag exactly as it gave it, W/ included:
+    # the strong form answers 412 (issue 53; RFC 9110 13.1.1 leaves a weak tag unmatched by a
+    # strong comparison, and iLO firmware differs on which form it takes: WEAK_ETAG above). The
+    # client's row sends the strong form first, so this is the other half of its one retry.
+    WEAK_ETAG_AS_GIVEN = "weak-etag-as-given"
     # HPE iLO 4: InsertMedia takes Image alone; Inserted or WriteProtected answers 400
     # Base.0.10.PropertyUnknown (ansible-collections/community.general#4595, #4596).
     INSERT_TAKES_IMAGE_ONLY = "insert-takes-image-only"
@@ -71,6 +76,20 @@ class Quirk(enum.StrEnum):
     # A LogService listed in its collection that answers 404 (issue 40, BlueField-3: its recording
     # lists the Manager's Journal, whose Entries answer 404; the emulator also takes ``gone`` paths).
     LOG_SERVICE_404 = "log-service-404"
+    # BlueField-3's BMC: a Boot PATCH at the System answers 204 and applies nothing; the override
+    # is taken by the settings object the System names (/redfish/v1/Systems/Bluefield/Settings)
+    # and applied at the next reset (NVIDIA BlueField BMC Software documentation, "Boot
+    # Configuration": "applying patches to the setting attribute is required", PATCH
+    # .../Systems/Bluefield/Settings; NVIDIA/libredfish PATCHes the same object).
+    BOOT_AT_SYSTEM_IGNORED = "boot-at-system-ignored"
+    # bmcweb: a ManagerNetworkProtocol PATCH takes HostName, NTP and IPMI's and SSH's
+    # ProtocolEnabled; one naming any other property is refused whole, 400 PropertyUnknown
+    # (openbmc/bmcweb redfish-core/lib/network_protocol.hpp: readJsonPatch of those keys alone).
+    PROTOCOL_PATCH_IPMI_SSH_ONLY = "protocol-patch-ipmi-ssh-only"
+    # NVIDIA BlueField BMC: a Secure Boot key write (ResetKeys, a certificate POST) becomes a task
+    # that UEFI runs at the next boot ("BIOS Secure Boot Configuration", BlueField BMC software
+    # 23.09 to 25.10); answered 202 (tests/site/bmc/redfish_emulator/secureboot.py).
+    SECURE_BOOT_AT_REBOOT = "secure-boot-at-reboot"
 
 
 @dataclass(frozen=True)
@@ -103,9 +122,10 @@ PROFILES: dict[str, Profile] = {
     "supermicro_sys821": _p("supermicro", Quirk.MODE_RESET_WITHOUT_MODE, Quirk.EJECT_KEEPS_IMAGE),
     "nvidia_dgxh100": _p("ami", Quirk.BOOT_IN_SETTINGS_OBJECT, Quirk.IF_MATCH_REQUIRED),
     "nvidia_gh200": _p("bmcweb", Quirk.MODE_PATCH_500, Quirk.MEDIA_HTTPS_ONLY, Quirk.RESET_500_AFTER_ACTING,
-                       media_schemes=("https", "smb")),
+                       Quirk.PROTOCOL_PATCH_IPMI_SSH_ONLY, media_schemes=("https", "smb")),
     "nvidia_gb200": _p("bmcweb", Quirk.MODE_PATCH_500, Quirk.MEDIA_HTTPS_ONLY, Quirk.RESET_500_AFTER_ACTING,
-                       media_schemes=("https", "smb")),
-    "nvidia_bluefield3": _p("bmcweb", Quirk.LOG_SERVICE_404),
+                       Quirk.PROTOCOL_PATCH_IPMI_SSH_ONLY, media_schemes=("https", "smb")),
+    "nvidia_bluefield3": _p("bmcweb", Quirk.LOG_SERVICE_404, Quirk.BOOT_AT_SYSTEM_IGNORED,
+                            Quirk.PROTOCOL_PATCH_IPMI_SSH_ONLY, Quirk.SECURE_BOOT_AT_REBOOT),
     "dmtf_public_rackmount1": _p("dmtf"),
 }

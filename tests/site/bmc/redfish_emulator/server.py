@@ -22,13 +22,22 @@ says, bent by the profile:
   ActionInfo); PowerState follows, and LastResetTime where the System has one; settings
   pending in a settings object are applied.
 - Boot PATCH: values checked against the recording's allowable values; a settings object
-  (@Redfish.Settings) takes what the profile sends there.
+  (@Redfish.Settings) takes what the client sends there, applied at the next reset; where the
+  profile says so (BlueField-3) the System answers a Boot PATCH and applies nothing.
+- ManagerNetworkProtocol PATCH: each protocol's ProtocolEnabled or Port, within the protocol's
+  object; one the resource does not list refused (and on bmcweb any but IPMI and SSH).
 - VirtualMedia: InsertMedia / EjectMedia actions or PATCH, with the profile's transports; an
   https image fetched as it is mounted (its certificate verified) where ``state.media_ca`` is set.
 - UpdateService.SimpleUpdate (its TransferProtocol checked against the action's or ActionInfo's
   allowable values, and required where that says so), a multipart push to
   MultipartHttpPushUri or a raw one to HttpPushUri: 202 and a task monitor that completes after
-  ``task_polls`` GETs.
+  ``task_polls`` GETs. Where the test names an image in ``state.images`` (the sha256 of a pushed
+  file, a SimpleUpdate's ImageURI), its task's completion sets those components' versions; one
+  named in ``state.failing`` ends its task in Exception with that message, nothing changed.
+- ``$expand`` of a collection: its members inline (the recording's own documents).
+- UEFI Secure Boot: SecureBoot.ResetKeys, SecureBootDatabase.ResetKeys and certificate POSTs to
+  the live databases (tests/site/bmc/redfish_emulator/secureboot.py), applied at once or, where the
+  profile says, at the next reset; a reset sets SecureBootCurrentBoot.
 - Actions a test installs (``state.actions``): ComponentIntegrity's SPDMGetSignedMeasurements,
   answered by responders of the test's own making (tests/site/bmc/redfish_emulator/spdm.py).
 """
@@ -38,6 +47,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
+import email
+import email.message
+import email.policy
 import gzip
 import hashlib
 import json
@@ -59,6 +71,7 @@ import pytest
 
 from agent.site.bmc.client import Credentials, Target
 from tests.loopback_http import self_signed_cert
+from tests.site.bmc.redfish_emulator import secureboot
 from tests.site.bmc.redfish_emulator.profiles import PROFILES, Profile, Quirk
 
 Doc = dict[str, Any]
@@ -143,9 +156,19 @@ class State:
     gone: set[str] = field(default_factory=set)               # paths answering 404
     cut: set[str] = field(default_factory=set)     # paths whose next write is done, then unanswered
     update_to: tuple[str, str] | None = None       # a firmware update sets (component path, version)
+    # an image (sha256 of a pushed file, or a SimpleUpdate's ImageURI) -> the (component path,
+    # version) its task's completion sets; one in ``failing`` -> its task ends in Exception so
+    images: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    failing: dict[str, str] = field(default_factory=dict)
+    monitors: dict[str, str] = field(default_factory=dict)     # task monitor -> its image
+    pushed: list[Doc] = field(default_factory=list)           # each multipart UpdateParameters
     reboot_seconds: float = 0.0                    # after which the BMC answers nothing this long
     down_until: float = 0.0
     polls: dict[str, int] = field(default_factory=dict)
+    if_match: list[str] = field(default_factory=list)          # each write's If-Match, in order
+    # Paths another writer changes between every read and write: If-Match never matches (412).
+    contended: set[str] = field(default_factory=set)
+    ignored: set[str] = field(default_factory=set)   # paths whose PATCH answers 204, applies nothing
     resets: list[str] = field(default_factory=list)
     # Where set, an https image is fetched when it is mounted (its first bytes, the server's
     # certificate verified against this CA, as a BMC that mounts it would), else refused 400.
@@ -155,6 +178,7 @@ class State:
     # of tests/site/bmc/redfish_emulator/spdm.py.
     actions: dict[str, Callable[[Doc], tuple[int, Doc]]] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
+    secure_boot: dict[str, Any] = field(default_factory=dict)   # SecureBoot path -> its SecureBootKeys
 
     def etag(self, path: str) -> str:
         digest = hashlib.sha256(f"{path}:{self.versions.get(path, 0)}".encode()).hexdigest()[:8]
@@ -179,6 +203,7 @@ def load(root: Path) -> dict[str, Doc]:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
+    image = ""                    # the sha256 of the image the request pushed, if any
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -228,12 +253,27 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length else b""
         if not raw:
             return {}
+        self.image = ""
         if self.headers.get("Content-Type", "").startswith("multipart/"):
+            self._parts(raw)
             return {"multipart": len(raw)}
         if self.headers.get("Content-Type", "").startswith("application/octet-stream"):
+            self.image = hashlib.sha256(raw).hexdigest()
             return {"octets": len(raw)}       # an HttpPushUri push: the image as the body
         doc = json.loads(raw)
         return doc if isinstance(doc, dict) else {}
+
+    def _parts(self, raw: bytes) -> None:
+        """A multipart push's parts: UpdateFile's sha256 kept, UpdateParameters recorded."""
+        head = f"Content-Type: {self.headers.get('Content-Type')}\r\n\r\n".encode()
+        message = email.message_from_bytes(head + raw, policy=email.policy.HTTP)
+        for part in message.iter_parts() if isinstance(message, email.message.EmailMessage) else ():
+            data = part.get_payload(decode=True)
+            name = part.get_param("name", header="content-disposition")
+            if name == "UpdateFile" and isinstance(data, bytes):
+                self.image = hashlib.sha256(data).hexdigest()
+            elif name == "UpdateParameters" and isinstance(data, bytes):
+                self.server.state.pushed.append(json.loads(data))
 
     def _path(self) -> str:
         return urllib.parse.urlsplit(self.path).path.rstrip("/") or "/"
@@ -280,6 +320,10 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(404, missing, path=path)
             if query and "skip" in query:     # a page past what was recorded
                 doc = {"@odata.id": path, "Members": []}
+            elif "$expand" in urllib.parse.unquote(query) and isinstance(doc.get("Members"), list):
+                # a collection's members inline where recorded (DSP0266 $expand, levels 1)
+                doc = {**doc, "Members": [st.docs.get(str(m.get("@odata.id", "")).rstrip("/"), m)
+                                          for m in doc["Members"] if isinstance(m, dict)]}
             headers = {"ETag": st.etag(path)} if st.profile.etag else {}
             gzipped = Quirk.GZIP_OR_406 in st.profile.quirks and path not in (ROOT, "/redfish")
             if gzipped and not _takes_gzip(self.headers.get("Accept-Encoding")):
@@ -290,14 +334,20 @@ class _Handler(BaseHTTPRequestHandler):
         st = self.server.state
         st.polls[path] = st.polls.get(path, 0) + 1
         done = st.polls[path] > st.profile.task_polls
-        if done and st.polls[path] == st.profile.task_polls + 1 and st.update_to:
-            component, version = st.update_to      # the update took: the BMC reboots into it
-            st.docs[component]["Version"] = version
-            st.changed(component)
-            st.down_until = time.monotonic() + st.reboot_seconds
+        image = st.monitors.get(path, "")
         state = "Completed" if done else "Running"
+        message = f"update {state.lower()}"
+        if done and image in st.failing:
+            state, message = "Exception", st.failing[image]
+        elif done and st.polls[path] == st.profile.task_polls + 1:
+            updates = st.images.get(image, []) or ([st.update_to] if st.update_to else [])
+            for component, version in updates:      # the update took: the BMC reboots into it
+                st.docs[component]["Version"] = version
+                st.changed(component)
+            if updates:
+                st.down_until = time.monotonic() + st.reboot_seconds
         doc = {"@odata.id": path, "TaskState": state, "PercentComplete": 100 if done else 50,
-               "Messages": [{"Message": f"update {state.lower()}"}]}
+               "Messages": [{"Message": message}]}
         self._send(200, doc, {} if done else {"Location": path})
 
     # -- writes ------------------------------------------------------------------------------
@@ -348,6 +398,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if "ImageURI" in body and not self._transfer_protocol_taken(simple, body):
                     return
                 monitor = f"{ROOT}/TaskService/TaskMonitors/{secrets.token_hex(4)}"
+                st.monitors[monitor] = self.image or str(body.get("ImageURI", ""))
                 return self._send(202, {"@odata.id": monitor, "TaskState": "New"}, {"Location": monitor})
             self._send(404, _error("Base.1.8.ActionNotSupported", f"{path} is no action here"))
 
@@ -389,9 +440,30 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._patch_media(path, body)
             if isinstance(body.get("Attributes"), dict):
                 return self._attributes(path, body["Attributes"])
+            if path in st.ignored:
+                return self._send(204)
+            if "ManagerNetworkProtocol" in str(doc.get("@odata.type", "")):
+                return self._network_protocol(path, body)
             doc.update({k: v for k, v in body.items() if not k.startswith("@")})
             st.changed(path)
             self._send(204)
+
+    def _network_protocol(self, path: str, body: Doc) -> None:
+        """ManagerNetworkProtocol: each protocol's ProtocolEnabled (or Port) set, the rest of
+        its object kept; a protocol the resource does not list is refused, and, where the profile
+        says so, any but IPMI and SSH (the whole PATCH: nothing applied)."""
+        st = self.server.state
+        doc = st.docs[path]
+        limited = Quirk.PROTOCOL_PATCH_IPMI_SSH_ONLY in st.profile.quirks
+        for name, value in body.items():
+            if (limited and name not in ("HostName", "NTP", "IPMI", "SSH")) or not isinstance(value, dict) \
+                    or not isinstance(doc.get(name), dict) or set(value) - {"ProtocolEnabled", "Port"}:
+                return self._send(400, _error("Base.1.8.PropertyUnknown", f"The property {name} is not in "
+                                              "the list of valid properties for the resource."))
+        for name, value in body.items():
+            doc[name].update(value)
+        st.changed(path)
+        self._send(204)
 
     def _attributes(self, path: str, attributes: Doc) -> None:
         """BIOS attributes: merged into a settings object and applied to the resource that names
@@ -422,6 +494,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _if_match(self, path: str) -> bool:
         st = self.server.state
         given = self.headers.get("If-Match", "")
+        st.if_match.append(given)
+        if given and path in st.contended:
+            self._send(412, _error("Base.1.8.PreconditionFailed", "ETag does not match"))
+            return False
         if not given:
             if Quirk.IF_MATCH_REQUIRED in st.profile.quirks and st.profile.etag:
                 self._send(428, _error("Base.1.8.PreconditionRequired", "If-Match is required"))
@@ -429,7 +505,12 @@ class _Handler(BaseHTTPRequestHandler):
             return True
         want = st.etag(path)
         strong = want.removeprefix("W/")
-        ok = given in (want, "*") if Quirk.WEAK_ETAG not in st.profile.quirks else given in (strong, "*")
+        if Quirk.WEAK_ETAG in st.profile.quirks:
+            ok = given in (strong, "*")
+        elif Quirk.WEAK_ETAG_AS_GIVEN in st.profile.quirks:
+            ok = given in (f"W/{strong}", "*")
+        else:
+            ok = given in (want, "*")
         if not ok:
             self._send(412, _error("Base.1.8.PreconditionFailed", "ETag does not match"))
         return ok
@@ -485,6 +566,9 @@ class _Handler(BaseHTTPRequestHandler):
             boot = st.pending.pop(system_path)
             system.setdefault("Boot", {}).update(boot)
         if kind not in ("ForceOff", "GracefulShutdown"):
+            for keys in st.secure_boot.values():
+                if keys.ref.startswith(system_path + "/"):
+                    keys.boot()
             for owner, attributes in list(st.pending_attributes.items()):
                 if owner.startswith(system_path + "/"):
                     st.docs[owner].setdefault("Attributes", {}).update(attributes)
@@ -527,6 +611,8 @@ class _Handler(BaseHTTPRequestHandler):
             new["BootSourceOverrideMode"] = "Legacy"
         if Quirk.MODE_QUEUES_BIOS_JOB in quirks and "BootSourceOverrideMode" in patch:
             st.bios_jobs += 1
+        if path == system_path and settings and Quirk.BOOT_AT_SYSTEM_IGNORED in quirks:
+            return self._send(204)        # accepted, and nothing applied
         if path != system_path:           # the settings object: applied at the next reset
             st.pending.setdefault(system_path, {}).update(new)
             st.docs[path].setdefault("Boot", {}).update(new)
@@ -635,6 +721,7 @@ class RedfishEmulator:
     def __init__(self, root: Path, profile: Profile, workdir: Path, *, tls: bool = True,
                  user: str = USER, password: str = PASSWORD) -> None:
         self.state = State(load(root), profile)
+        self.state.secure_boot = secureboot.install(self.state)
         self.workdir = workdir
         self.tls = tls
         self.user, self.password = user, password

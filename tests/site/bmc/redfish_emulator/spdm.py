@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from cryptography.x509.oid import NameOID
 
-from agent.gateway.rim import canonical, parse_document
+from agent.gateway.verifier.rim import canonical, parse_document
 from tests.site.bmc.redfish_emulator.server import ROOT, Doc, RedfishEmulator
 
 ACTION = "#ComponentIntegrity.SPDMGetSignedMeasurements"

@@ -33,8 +33,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
-from agent.gateway.attest import Refused
-from agent.gateway.x509chain import verify_chain
+from agent.gateway.verifier.refused import Refused
+from agent.gateway.verifier.x509chain import verify_chain
 
 DSIG = "http://www.w3.org/2000/09/xmldsig#"
 SWID = "http://standards.iso.org/iso/19770/-2/2015/schema.xsd"

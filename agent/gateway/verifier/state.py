@@ -7,10 +7,13 @@ named by the SHA-256 of the node id and written whole or not at all (agent/atomi
 
     {"node_id": "node-1", "ek": "<SHA-256 of the EK's TPMT_PUBLIC>",
      "counters": {"reset": 3, "restart": 0, "clock": 123456, "measured_boot": "<boot id>"},
-     "profile": "<the hardware profile it attested under>", "accept": false}
+     "profile": "<the hardware profile it attested under>", "accept": false, "accept_by": "",
+     "accept_after": -1}
 
-``accept`` is an operator's window for that node (``agent gateway accept``): its next attested
-join may learn what its firmware measured, under its profile or a new one; then it closes.
+``accept`` is a window for that node, opened by an operator (``agent gateway accept``) or by the
+site's own firmware update (``accept_by`` says which: "operator", or "site: firmware set S"):
+its next attested join may learn what its firmware measured, under its profile or a new one;
+then it closes.
 
 A node's file is read again at each use, so ``agent gateway reenroll`` (which removes it: a
 TPM replaced) takes effect on a running gateway too. Without a folder the table is kept in
@@ -53,11 +56,14 @@ class NodeState:
     ek: bytes = b""                  # SHA-256 of the EK's public area bound to the node; b"" none
     counters: Counters | None = None
     profile: str = ""                # the hardware profile the node attested under; "" none yet
-    accept: bool = False             # an operator's window: the next attested join may learn
+    accept: bool = False             # a window: the next attested join may learn
+    accept_by: str = ""              # who opened it: "operator", "site: firmware set S"
+    accept_after: int = -1           # the site's window: for a boot whose TPM reset count is past this
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"node_id": self.node_id, "ek": self.ek.hex(), "profile": self.profile,
-                               "accept": self.accept}
+                               "accept": self.accept, "accept_by": self.accept_by,
+                               "accept_after": self.accept_after}
         if self.counters is not None:
             c = self.counters
             out["counters"] = {"reset": c.reset, "restart": c.restart, "clock": c.clock,
@@ -74,9 +80,13 @@ class NodeState:
             counters = None if c is None else Counters(int(c["reset"]), int(c["restart"]), int(c["clock"]),
                                                        str(c["measured_boot"]))
             profile, accept = doc.get("profile", ""), doc.get("accept", False)
-            if not isinstance(profile, str) or not isinstance(accept, bool):
-                raise ValueError("profile is a string, accept true or false")
-            return cls(doc["node_id"], ek, counters, profile, accept)
+            accept_by = doc.get("accept_by", "operator" if accept else "")
+            accept_after = doc.get("accept_after", -1)
+            if not (isinstance(profile, str) and isinstance(accept, bool) and isinstance(accept_by, str)
+                    and isinstance(accept_after, int)):
+                raise ValueError("profile and accept_by are strings, accept true or false, "
+                                 "accept_after a number")
+            return cls(doc["node_id"], ek, counters, profile, accept, accept_by, accept_after)
         except (KeyError, TypeError, ValueError) as e:
             raise InvalidParameters(f"{where}: not a node's attestation state: {e}") from e
 
@@ -140,10 +150,13 @@ class NodeStates:
         state = self.get(node_id) or NodeState(node_id)
         self.put(replace(state, ek=ek))
 
-    def accept(self, node_id: str) -> NodeState:
+    def accept(self, node_id: str, by: str = "operator", *, next_boot: bool = False) -> NodeState:
         """Open the node's window: its next attested join may learn its firmware's PCRs (a new
-        profile, or new values for its profile)."""
-        state = replace(self.get(node_id) or NodeState(node_id), accept=True)
+        profile, or new values for its profile). ``by``: who opened it; ``next_boot``: only for a
+        boot after the TPM's last reset the table holds (a firmware update applies at a reset)."""
+        state = self.get(node_id) or NodeState(node_id)
+        after = state.counters.reset if next_boot and state.counters is not None else -1
+        state = replace(state, accept=True, accept_by=by, accept_after=after)
         self.put(state)
         return state
 

@@ -36,9 +36,9 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
-from agent.gateway.attest import Refused
-from agent.gateway.rim import Rim
-from agent.gateway.x509chain import leaf_first, verify_chain
+from agent.gateway.verifier.refused import Refused
+from agent.gateway.verifier.rim import Rim
+from agent.gateway.verifier.x509chain import leaf_first, verify_chain
 
 SPDM_11 = 0x11
 GET_MEASUREMENTS = 0xE0

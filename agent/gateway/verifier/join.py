@@ -25,11 +25,11 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
-from agent.gateway.attest import Challenge, Status, Verdict, Verifier
-from agent.proto import agent_pb2, session_pb2
-from agent.security.attest import evidence_from, identity_from
+from agent.gateway.verifier.attest import Challenge, Status, Verdict, Verifier
+from agent.proto import agent_pb2, session_pb2, site_pb2
+from agent.security.attest_contract import evidence_from, identity_from
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +218,43 @@ class JoinAttestation:
                 self.on_verdict(node_id, verdict)
             except Exception:
                 log.exception("attestation: the verdict listener failed")
+
+
+# The bmc.firmware operations that change what the node boots with (site.proto), once the
+# site reports them done: the node's next boot measures other firmware.
+FIRMWARE_CHANGES = frozenset({"simple_update", "push", "update", "set_bios"})
+
+
+def site_report(attestation: JoinAttestation | None, kind: str, command: bytes, succeeded: bool,
+                result: Message | None) -> str:
+    """What a result of the site daemon (the gateway's ``site_node``) tells the verifier, and what
+    it was told ("" nothing): a bmc.query's system inventory names the node's hardware profile
+    (``Verifier.site_inventory``: the BMC's word, not the node's DMI strings), and a bmc.firmware
+    update the site made opens the node's window for its next boot (``site_updated_firmware``:
+    the firmware set is the request's "firmware_set" parameter, else its operation and image:
+    its sha256, image_uri or file).
+    Only the site's own session's results come here: a node cannot report its own inventory."""
+    if attestation is None or not succeeded or kind not in ("bmc.query", "bmc.firmware"):
+        return ""
+    body, request = session_pb2.CommandBody(), site_pb2.BmcOperationRequest()
+    try:
+        body.ParseFromString(command)
+        request.ParseFromString(body.payload)
+    except DecodeError:
+        return ""
+    if not request.node_id:
+        return ""
+    if kind == "bmc.query" and isinstance(result, site_pb2.BmcOperationResult) and result.HasField("system"):
+        s = result.system
+        attestation.verifier.site_inventory(request.node_id, s.manufacturer, s.model, s.bios_version)
+        return f"{request.node_id}: BMC inventory {s.manufacturer}|{s.model}|{s.bios_version}"
+    if kind == "bmc.firmware" and request.operation in FIRMWARE_CHANGES:
+        params = request.parameters
+        image = params.get("sha256") or params.get("image_uri") or params.get("file") or ""
+        named = params.get("firmware_set") or " ".join(filter(None, (request.operation, image)))
+        attestation.verifier.site_updated_firmware(request.node_id, named)
+        return f"{request.node_id}: site updated its firmware to set {named}"
+    return ""
 
 
 def site_refusal(node_id: str, frame: session_pb2.Frame) -> dict[str, str] | None:

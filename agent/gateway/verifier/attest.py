@@ -2,7 +2,7 @@
 
 A join is two steps. ``challenge`` checks who the TPM is (the EK certificate's chain to the
 configured EK roots, or an EK pinned for the node; the EK bound to the node and to no other,
-ek_changed and ek_in_use, agent/gateway/attest_state.py; the EK's and the AK's public areas) and
+ek_changed and ek_in_use, agent/gateway/verifier/state.py; the EK's and the AK's public areas) and
 makes a credential for the AK that only that EK's TPM can activate (TPM2_MakeCredential:
 KDFa, RSA-OAEP with the "IDENTITY" label, AES-128-CFB and an HMAC over the AK's name),
 with a fresh nonce. ``verify`` then takes the node's answer and refuses on the first check
@@ -18,7 +18,7 @@ that fails, naming it:
     counters          the TPM's reset/restart counters and clock went back: a replayed quote
                       (kept across restarts in the state folder, with the EK bindings)
     event_log         the log does not parse, or does not replay to the quoted PCRs
-    policy_*          the boot is not one the policy accepts (attest_policy.py)
+    policy_*          the boot is not one the policy accepts (policy.py)
 
 The verdict is ``attested`` (what matched; the EK is bound to the node from then on),
 ``unattested`` (no event log, or a BIOS boot, with why), ``refused`` (the check, and why) or
@@ -33,9 +33,9 @@ import hashlib
 import hmac
 import logging
 import os
-import struct
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -49,11 +49,13 @@ from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from agent.errors import AgentError, InvalidParameters
-from agent.gateway import eventlog
-from agent.gateway.attest_policy import Policy, PolicyFailed
-from agent.gateway.attest_state import Counters, NodeState, NodeStates, StateFull
+from agent.gateway.verifier import eventlog
+from agent.gateway.verifier.policy import Policy, PolicyFailed
+from agent.gateway.verifier.refused import Refused
+from agent.gateway.verifier.state import Counters, NodeState, NodeStates, StateFull
+from agent.gateway.verifier.x509chain import MAX_CHAIN, issued_by, verify_chain
 from agent.hw import tpm as tpmwire
-from agent.security.attest import (
+from agent.security.attest_contract import (
     LEFT_EVENT,
     LEFT_PCR,
     QUOTED_PCRS,
@@ -70,6 +72,7 @@ MAX_PENDING = 4096
 # Joins verified at once; the rest wait their turn off the interpreter's lock, so that many
 # joins arriving together leave the other sessions' threads their share (bench/attest_verify.py).
 MAX_VERIFYING = 2
+MAX_SITE_INVENTORY = 100_000  # nodes whose BMC inventory the site reported, as join.MAX_NODES
 UNREPLAYED_PCRS = {10}  # IMA's: its log is IMA's own, not the firmware's
 
 
@@ -97,13 +100,6 @@ class Verdict:
         return f"{self.status}" + (f" ({self.check})" if self.check else "") + f": {self.reason}"
 
 
-class Refused(Exception):
-    def __init__(self, check: str, reason: str) -> None:
-        super().__init__(reason)
-        self.check = check
-        self.reason = reason
-
-
 class Busy(Exception):
     """No room for another challenge now: the node is told to join again later, not refused."""
 
@@ -119,6 +115,7 @@ class Challenge:
     secret: bytes = field(repr=False)
     identity: Identity = field(repr=False)
     issued: float = 0.0
+    ek_maker: str = ""   # who vouched for the EK: its certificate's anchor, or "pinned"
 
 
 # TPM2 credential protection (Part 1, 24) ---------------------------------------------------
@@ -130,8 +127,8 @@ def kdfa(key: bytes, label: bytes, context_u: bytes, context_v: bytes, bits: int
     counter = 0
     while len(out) * 8 < bits:
         counter += 1
-        out += hmac.new(key, struct.pack(">I", counter) + label + context_u + context_v
-                        + struct.pack(">I", bits), hashlib.sha256).digest()
+        out += hmac.new(key, tpmwire.u32(counter) + label + context_u + context_v
+                        + tpmwire.u32(bits), hashlib.sha256).digest()
     return out[:bits // 8]
 
 
@@ -141,7 +138,7 @@ def kdfe(z: bytes, label: bytes, party_u: bytes, party_v: bytes, bits: int) -> b
     counter = 0
     while len(out) * 8 < bits:
         counter += 1
-        out += hashlib.sha256(struct.pack(">I", counter) + z + label + party_u + party_v).digest()
+        out += hashlib.sha256(tpmwire.u32(counter) + z + label + party_u + party_v).digest()
     return out[:bits // 8]
 
 
@@ -186,16 +183,6 @@ def make_credential(ek_public: bytes, ak_name: bytes, secret: bytes) -> tuple[by
 # Keys and names ---------------------------------------------------------------------------
 
 AkKey = ec.EllipticCurvePublicKey | rsa.RSAPublicKey
-
-
-def name_of(public: bytes) -> bytes:
-    return struct.pack(">H", tpmwire.Alg.SHA256) + hashlib.sha256(public).digest()
-
-
-def qualified_name_of_primary(hierarchy: int, name: bytes) -> bytes:
-    """The qualified name of a primary key: H(the hierarchy's handle || its name)."""
-    digest = hashlib.sha256(struct.pack(">I", hierarchy) + name).digest()
-    return struct.pack(">H", tpmwire.Alg.SHA256) + digest
 
 
 def check_ek_public(ek_public: bytes) -> None:
@@ -280,24 +267,22 @@ def check_ek_certificate(der: bytes, ek_public: bytes, roots: list[x509.Certific
         raise Refused("ek_certificate", f"the EK certificate does not parse: {e}") from e
     if cert.public_key() != ek_key(ek_public):
         raise Refused("ek_certificate", "the EK certificate is for another key than the EK")
-    current = cert
-    for _ in range(8):
-        issuer = next((c for c in roots if c.subject == current.issuer and _issued(current, c)), None)
+    # The certificate, then the configured intermediates that lead to an anchor.
+    return verify_chain(_path_to_root(cert, roots), roots, check="ek_certificate")
+
+
+def _path_to_root(cert: x509.Certificate, given: list[x509.Certificate]) -> list[x509.Certificate]:
+    """``cert`` and the issuers that signed it found among ``given`` (two CAs may share a name),
+    leaf first, up to a self-signed one or the longest chain verify_chain takes; verify_chain
+    then judges the whole path (validity, CA flags, the anchor)."""
+    path = [cert]
+    while len(path) < MAX_CHAIN and path[-1].issuer != path[-1].subject:
+        issuer = next((c for c in given if c.subject == path[-1].issuer and c not in path
+                       and issued_by(path[-1], c)), None)
         if issuer is None:
-            raise Refused("ek_certificate", f"the EK certificate's chain ({current.issuer.rfc4514_string()}) "
-                          "reaches no configured EK CA")
-        if issuer.subject == issuer.issuer or issuer in roots:
-            return issuer.subject.rfc4514_string()
-        current = issuer
-    raise Refused("ek_certificate", "the EK certificate's chain is too long")
-
-
-def _issued(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
-    try:
-        cert.verify_directly_issued_by(issuer)
-    except (ValueError, TypeError, InvalidSignature):
-        return False
-    return True
+            break
+        path.append(issuer)
+    return path
 
 
 # The verifier -----------------------------------------------------------------------------
@@ -318,27 +303,30 @@ class Verifier:
         # Per node, kept across restarts where it has a folder: the EK bound to it, its counters.
         self.states = states if states is not None else NodeStates()
         self._lock = threading.Lock()
+        # node id -> "bmc:maker|model|BIOS version" as the site's bmc.query read them
+        self._site_inventory: OrderedDict[str, str] = OrderedDict()
         self._verifying = threading.BoundedSemaphore(MAX_VERIFYING)
 
     def challenge(self, node_id: str, identity: Identity) -> Challenge:
         """Check who the TPM is and make its challenge; Refused on the first failing check."""
         check_ek_public(identity.ek_public)
         pinned = self.pinned_ek.get(node_id)
+        ek_maker = "pinned"  # an EK pinned by an operator has no certificate to name its maker
         if pinned is not None:
             if not hmac.compare_digest(hashlib.sha256(identity.ek_public).digest(), pinned):
                 raise Refused("ek_pinned", "the EK is not the one pinned for this node")
         elif not identity.ek_certificate:
             raise Refused("ek_certificate", "no EK certificate in the TPM's NV and no EK pinned for the node")
         else:
-            check_ek_certificate(identity.ek_certificate, identity.ek_public, self.roots)
+            ek_maker = check_ek_certificate(identity.ek_certificate, identity.ek_public, self.roots)
         with self._lock:
             self._check_binding(node_id, hashlib.sha256(identity.ek_public).digest())
         check_ak_public(identity.ak_public)
-        if identity.ak_name != name_of(identity.ak_public):
+        if identity.ak_name != tpmwire.name_of(identity.ak_public):
             raise Refused("ak_public", "the AK's name is not its public area's")
         secret, nonce = os.urandom(32), os.urandom(32)
-        blob, encrypted = make_credential(identity.ek_public, name_of(identity.ak_public), secret)
-        ch = Challenge(node_id, nonce, blob, encrypted, secret, identity, self.clock())
+        blob, encrypted = make_credential(identity.ek_public, tpmwire.name_of(identity.ak_public), secret)
+        ch = Challenge(node_id, nonce, blob, encrypted, secret, identity, self.clock(), ek_maker)
         with self._lock:
             now = self.clock()
             for key in [k for k, c in self._pending.items() if now - c.issued > self.ttl]:
@@ -387,39 +375,82 @@ class Verifier:
         with self._lock:
             return self.states.release(node_id)
 
-    def _judge(self, ch: Challenge, log_: eventlog.EventLog, pcrs: dict[int, bytes]) -> dict[str, str]:
+    def profile_of(self, ch: Challenge) -> tuple[str, str]:
+        """(the hardware profile, where it came from). From what the node cannot forge alone
+        where the site reported the node's BMC inventory (its maker, model and BIOS version as
+        the site read them over Redfish or IPMI) and the EK's maker (who vouched for its
+        certificate); else the node's own DMI strings, the node's word (docs/attestation.md)."""
+        with self._lock:
+            bmc = self._site_inventory.get(ch.node_id)
+        if bmc is None:
+            return ch.identity.platform, "the DMI strings the node reports"
+        return f"{bmc}|ek:{ch.ek_maker}", "the site's BMC inventory and the EK's maker"
+
+    def _judge(self, ch: Challenge, log_: eventlog.EventLog, pcrs: dict[int, bytes], profile: str,
+               source: str, reset_count: int) -> dict[str, str]:
         """The policy's judgement, with the profile held to what the node attested under before:
-        the DMI strings are the node's word, so a node that says another profile (reflashed firmware
-        reporting another BIOS version) is refused, not learned, unless an operator opened its
-        window (``accept``); a new profile is learned only at the node's first attestation."""
+        a node whose profile changed is refused until its window is open (``accept``, or the
+        site's own firmware update, ``site_updated_firmware``); a new profile is learned only at
+        the node's first attestation."""
         with self._lock:
             state = self.states.get(ch.node_id)
-        before, accept = (state.profile, state.accept) if state is not None else ("", False)
-        platform = ch.identity.platform
-        if before and platform != before and not accept:
+        state = state or NodeState(ch.node_id)
+        before, by = state.profile, state.accept_by
+        # The site's window is for the boot after its firmware update, not one still before it.
+        accept = state.accept and reset_count > state.accept_after
+        if before and profile != before and not accept:
             raise PolicyFailed("policy_profile", f"{ch.node_id} attested as hardware profile {before!r} and "
-                               f"now says {platform!r}: a profile is not learned because a DMI string "
-                               "changed (an operator accepts a firmware change: agent gateway accept NODE)")
-        return self.policy.judge(log_, pcrs, platform, learn=not before, accept=accept)
+                               f"now is {profile!r} (from {source}): a profile is not learned because a "
+                               "DMI string changed, nor because the BMC's inventory did (an operator accepts "
+                               "a firmware change: agent gateway accept NODE)")
+        matched = self.policy.judge(log_, pcrs, profile, learn=not before, accept=accept)
+        if accept and "learned" in matched:
+            matched["accepted_by"] = by or "operator"
+        return matched
 
-    def accept(self, node_id: str) -> NodeState:
+    def accept(self, node_id: str, by: str = "operator", *, next_boot: bool = False) -> NodeState:
         """An operator's window for the node: its next attested join may learn its firmware's PCRs
         (a firmware update, a new board); the window closes with that join."""
         with self._lock:
             try:
-                return self.states.accept(node_id)
+                return self.states.accept(node_id, by, next_boot=next_boot)
             except StateFull as e:
                 raise Refused("capacity", str(e)) from e
 
-    def _bind(self, node_id: str, ek: bytes, profile: str) -> None:
+    def site_updated_firmware(self, node_id: str, firmware_set: str) -> NodeState:
+        """The site reports a firmware update it made itself: "site updated node N's firmware to
+        set S". Recorded with the node's state, it opens the node's window for its next attested
+        join only (which learns what the new firmware measures); the firmware work calls it when
+        an update it applied is done (agent/gateway/verifier/join.py ``site_report``)."""
+        if not firmware_set:
+            raise InvalidParameters("a firmware update the site made names its firmware set")
+        log.info("attestation: the site updated %s's firmware to set %r: its next join may learn",
+                 node_id, firmware_set)
+        return self.accept(node_id, by=f"site: firmware set {firmware_set}", next_boot=True)
+
+    def site_inventory(self, node_id: str, manufacturer: str, model: str, bios_version: str) -> None:
+        """The node's BMC inventory as the site read it (bmc.query): the identity of the node's
+        hardware profile from now on (``profile_of``). Bounded: past MAX_SITE_INVENTORY nodes the
+        oldest report is forgotten (that node's profile is then its DMI strings, as before)."""
+        if not (manufacturer or model or bios_version):
+            return  # a BMC that says nothing names no profile
+        name = "bmc:" + "|".join(s.replace("|", "/") for s in (manufacturer, model, bios_version))
+        with self._lock:
+            self._site_inventory[node_id] = name
+            self._site_inventory.move_to_end(node_id)
+            while len(self._site_inventory) > MAX_SITE_INVENTORY:
+                self._site_inventory.popitem(last=False)
+
+    def _bind(self, node_id: str, ek: bytes, profile: str, reset_count: int) -> None:
         """At an attested join: the EK is the node's from now on (checked again under the lock:
-        two nodes racing to their first join with one TPM), and so is its profile; an operator's
-        window closes."""
+        two nodes racing to their first join with one TPM), and so is its profile; an open window
+        closes (the site's only with a boot after its update)."""
         with self._lock:
             state = self._check_binding(node_id, ek) or NodeState(node_id)
-            if (state.ek, state.profile, state.accept) != (ek, profile, False):
+            accept = state.accept and reset_count <= state.accept_after
+            if (state.ek, state.profile, state.accept) != (ek, profile, accept):
                 try:
-                    self.states.put(replace(state, ek=ek, profile=profile, accept=False))
+                    self.states.put(replace(state, ek=ek, profile=profile, accept=accept))
                 except StateFull as e:
                     raise Refused("capacity", str(e)) from e
                 if state.ek != ek:
@@ -492,7 +523,7 @@ class Verifier:
             raise Refused("quote_magic", "the quote was not made by a TPM (magic)")
         if attest.type != tpmwire.ST_ATTEST_QUOTE:
             raise Refused("quote_type", "the attestation is not a quote")
-        if attest.signer != qualified_name_of_primary(tpmwire.RH_ENDORSEMENT, ch.identity.ak_name):
+        if attest.signer != tpmwire.qualified_name_of_primary(tpmwire.RH_ENDORSEMENT, ch.identity.ak_name):
             raise Refused("quote_signer", "the quote names another signer than this AK")
         if not hmac.compare_digest(attest.extra_data, qualifying_data(ch.nonce, boot_id, node_public)):
             raise Refused("quote_nonce", "the quote's qualifying data is not this challenge's nonce, "
@@ -531,9 +562,10 @@ class Verifier:
         if kexec:
             return Verdict(Status.UNATTESTED, reason=f"the TPM was not reset since boot {kexec}, which it "
                            "measured: this boot came by kexec, and what runs now was not measured")
-        matched = self._judge(ch, log_, evidence.pcrs)
+        profile, source = self.profile_of(ch)
+        matched = self._judge(ch, log_, evidence.pcrs, profile, source, attest.reset_count)
         ek = hashlib.sha256(ch.identity.ek_public).digest()
-        self._bind(ch.node_id, ek, ch.identity.platform)
+        self._bind(ch.node_id, ek, profile, attest.reset_count)
         matched["ek"] = ek.hex()[:16]
         return Verdict(Status.ATTESTED, matched=matched)
 

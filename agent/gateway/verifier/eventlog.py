@@ -14,11 +14,11 @@ replays to other values than the quoted ones was edited, or is not this boot's.
 from __future__ import annotations
 
 import hashlib
-import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from agent.errors import InvalidParameters
+from agent.hw import tpm as tpmwire
 
 SHA1, SHA256 = 0x0004, 0x000B
 SPEC_ID = b"Spec ID Event03\0"
@@ -141,38 +141,17 @@ class EventLog:
         return [e for e in self.events if e.pcr == pcr and (event_type is None or e.type == event_type)]
 
 
-class _Le:
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.pos = 0
-
-    def take(self, n: int) -> bytes:
-        if n < 0 or self.pos + n > len(self.data):
-            raise BadEventLog(f"the event log is truncated at byte {self.pos} (wanted {n} more)")
-        out = self.data[self.pos:self.pos + n]
-        self.pos += n
-        return out
-
-    def u8(self) -> int:
-        return self.take(1)[0]
-
-    def u16(self) -> int:
-        return int(struct.unpack("<H", self.take(2))[0])
-
-    def u32(self) -> int:
-        return int(struct.unpack("<I", self.take(4))[0])
-
-    @property
-    def left(self) -> int:
-        return len(self.data) - self.pos
+def _reader(data: bytes, what: str = "the event log") -> tpmwire.Reader:
+    """The TPM's reader, little-endian, whose running short is a BadEventLog."""
+    return tpmwire.Reader(data, what, little=True, error=BadEventLog)
 
 
 def parse(data: bytes) -> EventLog:
     """Parse a crypto-agile log; a SHA-1-only (TPM 1.2 layout) log is a BadEventLog."""
-    r = _Le(data)
+    r = _reader(data)
     pcr, kind = r.u32(), r.u32()
     r.take(20)
-    header = _Le(r.take(_size(r.u32())))
+    header = _reader(r.take(_size(r.u32())), "the Spec ID header")
     if pcr != 0 or kind != Ev.NO_ACTION or header.take(16) != SPEC_ID:
         raise BadEventLog("the event log has no Spec ID Event03 header: not a TPM 2.0 crypto-agile log")
     header.take(4 + 4)  # platform class, version minor/major, errata, uintn size

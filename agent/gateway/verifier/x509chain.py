@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
-from agent.gateway.attest import Refused
+from agent.gateway.verifier.refused import Refused
 
 MAX_CHAIN = 8
 
@@ -27,7 +27,7 @@ def leaf_first(certs: list[x509.Certificate]) -> list[x509.Certificate]:
     return list(certs)
 
 
-def _issued(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
+def issued_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
     try:
         cert.verify_directly_issued_by(issuer)
     except (ValueError, TypeError, InvalidSignature):
@@ -61,11 +61,11 @@ def verify_chain(certs: list[x509.Certificate], roots: list[x509.Certificate], *
             issuer = certs[n + 1]
             if not _is_ca(issuer):
                 raise Refused(check, f"certificate {n + 1} ({issuer.subject.rfc4514_string()}) is not a CA")
-            if not _issued(cert, issuer):
+            if not issued_by(cert, issuer):
                 raise Refused(check, f"certificate {n} ({cert.subject.rfc4514_string()}) is not signed by "
                               f"certificate {n + 1}")
     top = certs[-1]
     for root in roots:
-        if top == root or (top.issuer == root.subject and _is_ca(root) and _issued(top, root)):
+        if top == root or (top.issuer == root.subject and _is_ca(root) and issued_by(top, root)):
             return root.subject.rfc4514_string()
     raise Refused(check, f"the chain ({top.issuer.rfc4514_string()}) reaches no configured root")

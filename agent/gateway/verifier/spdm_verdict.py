@@ -4,7 +4,7 @@ The site lists a node's SPDM responders (the BMC's ComponentIntegrity collection
 gateway for one nonce per responder (``DeviceChallenges.issue``), has each responder sign its
 measurements with its nonce (SPDMGetSignedMeasurements) and brings back, per device, the signed
 exchange and the device's certificate chain as the BMC gave them (``DeviceEvidence``).
-``DeviceChallenges.verify`` judges them with the verifier of agent/gateway/spdm.py: each nonce
+``DeviceChallenges.verify`` judges them with the verifier of agent/gateway/verifier/spdm.py: each nonce
 is the one issued for that device and node (taken once, within its time to live), the
 signature is the device's leaf's, the chain reaches a configured device maker's root, and each
 measurement matches the maker's RIM for the firmware the device reports where one is
@@ -26,9 +26,9 @@ from datetime import datetime
 
 from cryptography import x509
 
-from agent.gateway.attest import Refused
-from agent.gateway.rim import Rim
-from agent.gateway.spdm import (
+from agent.gateway.verifier.refused import Refused
+from agent.gateway.verifier.rim import Rim
+from agent.gateway.verifier.spdm import (
     NONCE_SIZE,
     DeviceVerdict,
     GoldenTable,

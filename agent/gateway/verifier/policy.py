@@ -32,7 +32,7 @@ from typing import Any
 
 from agent import atomicfile, limits
 from agent.errors import InvalidParameters
-from agent.gateway import eventlog
+from agent.gateway.verifier import eventlog, pcr7
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,7 @@ class Policy:
     learn: str = "never"
     profiles: dict[str, dict[int, set[bytes]]] = field(default_factory=dict)
     path: Path | None = None
+    secure_boot: pcr7.SecureBootPolicy | None = None   # PCR 7 judged event by event where set
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -95,7 +96,7 @@ class Policy:
     def from_json(cls, doc: Any, *, source: str = "policy") -> Policy:
         if not isinstance(doc, dict):
             raise InvalidParameters(f"{source}: the policy is a JSON object")
-        unknown = set(doc) - {"builds", "loaders", "learn", "profiles"}
+        unknown = set(doc) - {"builds", "loaders", "learn", "profiles", "secure_boot"}
         if unknown:
             raise InvalidParameters(f"{source}: unknown keys {sorted(unknown)}")
         builds = [Build.from_values(b, f"{source}: builds[{i}]") for i, b in enumerate(doc.get("builds", []))]
@@ -108,7 +109,10 @@ class Policy:
                 p: {_digest(v, f"{source}: {name}.pcr{p}") for v in values.get(f"pcr{p}", [])}
                 for p in PROFILE_PCRS}
         loaders = {_digest(v, f"{source}: loaders") for v in doc.get("loaders", [])}
-        return cls(builds, loaders, learn, profiles)
+        secure_boot = None
+        if "secure_boot" in doc:
+            secure_boot = pcr7.SecureBootPolicy.from_json(doc["secure_boot"], source)
+        return cls(builds, loaders, learn, profiles, secure_boot=secure_boot)
 
     def to_json(self, profiles: dict[str, dict[int, set[bytes]]] | None = None) -> dict[str, Any]:
         """The policy as its file holds it; with ``profiles`` in place of its own where given."""
@@ -120,6 +124,7 @@ class Policy:
             "learn": self.learn,
             "profiles": {name: {f"pcr{p}": sorted(v.hex() for v in vals) for p, vals in sorted(pcrs.items())}
                          for name, pcrs in sorted(profiles.items())},
+            **({"secure_boot": self.secure_boot.to_json()} if self.secure_boot is not None else {}),
         }
 
     def judge(self, log_: eventlog.EventLog, pcrs: dict[int, bytes], profile: str, *,
@@ -157,6 +162,11 @@ class Policy:
                 raise PolicyFailed(f"policy_pcr{pcr}", f"PCR {pcr} ({what[pcr]}) is "
                                    f"{pcrs.get(pcr, b'').hex()}, build {build.build_id} says {want.hex()}")
         matched = {"build": build.build_id, "pcr4": build.pcr4[0].hex(), "profile": profile}
+        if self.secure_boot is not None:   # PCR 7 event by event (agent/gateway/verifier/pcr7.py)
+            try:
+                matched.update(pcr7.judge(log_, self.secure_boot))
+            except pcr7.Pcr7Failed as e:
+                raise PolicyFailed(e.check, e.reason) from None
         with self._lock:
             known = self.profiles.get(profile)
             if accept and (known is None or any(pcrs[p] not in known.get(p, set()) for p in PROFILE_PCRS)):

@@ -1,0 +1,95 @@
+"""A fleet's Secure Boot keys for the QEMU labs, made at test time (never committed), and
+OVMF's Secure Boot build with them enrolled.
+
+    keys = FleetKeys.generate(workdir / "keys")      # PK, KEK, db: self-signed, openssl
+    variables = keys.enrolled_vars(workdir / "vars.fd")  # a copy of OVMF_VARS_4M.fd, keys in
+    # a node then runs OVMF_CODE_4M.secboot.fd on pflash with its own copy of ``variables``
+    # and SMM (MachineSpec.secure_boot: -M q35,smm=on, the pflash's secure property)
+    signing.sign(image, keys.db_key())               # what the node's firmware starts
+
+virt-firmware's ``virt-fw-vars`` (the dev extra) enrolls them into a copy of Debian's empty
+variable store: PK (setup mode ends), the KEK, the db certificate, and ``--sb`` (OVMF's
+SecureBootEnable): the firmware then starts only images that a db certificate verifies
+(docs/site.md, "Secure Boot"). ``other`` is a second db key the fleet did not enroll: an image
+it signs is refused as an unsigned one is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.proc import run
+from initramfs.signing import DbKey
+
+OVMF_SECBOOT_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.secboot.fd")
+OVMF_VARS_EMPTY = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
+OWNER = uuid.UUID("8b1f9c52-3d4e-4a6b-9e21-6c0d5f7a1b33")   # the fleet's signature owner GUID
+
+
+def virt_fw_vars() -> Path:
+    return Path(sys.executable).parent / "virt-fw-vars"
+
+
+def missing() -> str | None:
+    """Why a Secure Boot node cannot run here, or None."""
+    for path, package in ((OVMF_SECBOOT_CODE, "ovmf"), (OVMF_VARS_EMPTY, "ovmf")):
+        if not path.is_file():
+            return f"no {path} (apt-get install {package})"
+    if not virt_fw_vars().exists():
+        return "no virt-fw-vars (the dev extra's virt-firmware: ./dev test-fast)"
+    for tool in ("sbsign", "sbverify", "openssl"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (apt-get install sbsigntool openssl)"
+    return None
+
+
+def self_signed(folder: Path, name: str) -> tuple[Path, Path]:
+    """A fresh RSA 2048 key and its self-signed certificate, CN ``name`` (test keys)."""
+    key, cert = folder / f"{name}.key", folder / f"{name}.pem"
+    run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+         "-days", "2", "-keyout", str(key), "-out", str(cert)], timeout=60)
+    key.chmod(0o600)
+    return key, cert
+
+
+@dataclass(frozen=True)
+class FleetKeys:
+    folder: Path
+
+    @classmethod
+    def generate(cls, folder: Path) -> FleetKeys:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for name in ("fleet-pk", "fleet-kek", "fleet-db", "other-db"):
+            self_signed(folder, name)
+        return cls(folder)
+
+    def cert(self, name: str) -> Path:
+        return self.folder / f"{name}.pem"
+
+    def cert_sha256(self, name: str) -> str:
+        """The sha256 of a certificate's DER: how an attestation policy names an authority."""
+        from cryptography import x509
+        from cryptography.hazmat.primitives.serialization import Encoding
+
+        der = x509.load_pem_x509_certificate(self.cert(name).read_bytes()).public_bytes(Encoding.DER)
+        return hashlib.sha256(der).hexdigest()
+
+    def db_key(self) -> DbKey:
+        return DbKey.load(self.folder / "fleet-db.key", self.cert("fleet-db"))
+
+    def other_key(self) -> DbKey:
+        """A db key the fleet never enrolled."""
+        return DbKey.load(self.folder / "other-db.key", self.cert("other-db"))
+
+    def enrolled_vars(self, out: Path) -> Path:
+        """A copy of OVMF's empty variable store with PK, KEK and db enrolled, Secure Boot on."""
+        owner = str(OWNER)
+        run([str(virt_fw_vars()), "--input", str(OVMF_VARS_EMPTY), "--output", str(out),
+             "--set-pk", owner, str(self.cert("fleet-pk")), "--add-kek", owner, str(self.cert("fleet-kek")),
+             "--add-db", owner, str(self.cert("fleet-db")), "--no-microsoft", "--sb"], timeout=120)
+        return out

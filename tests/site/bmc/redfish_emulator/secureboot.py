@@ -1,0 +1,200 @@
+"""The emulator's UEFI Secure Boot writes: SecureBoot.ResetKeys, SecureBootDatabase.ResetKeys and
+a POST to a live database's Certificates, installed as ``State.actions`` for every recording
+that has a SecureBoot resource (``install``), with a test's drift helpers (``drift_*``).
+
+What the writes do is the schema's (DMTF DSP0268 SecureBoot v1_1 and SecureBootDatabase v1_0:
+ResetAllKeysToDefault puts each database back to its factory copy, DeleteAllKeys empties them,
+DeletePK empties PK; a Certificates collection with ``@Redfish.SupportedCertificates`` PEM takes a
+POSTed CertificateString) and the UEFI specification's (2.10, section 32.3, "Secure Boot mode
+transitions": no PK is Setup Mode, enrolling a PK leaves it for User Mode; a Deployed Mode
+platform whose PK is deleted is in Setup Mode). The factory copy is the recording's
+``<name>Default`` database where it has one (bmcweb, AMI, DMTF), else the keys as recorded (iDRAC
+lists no defaults: its recorded keys are its factory's). The ResetKeys types are the action's
+allowable values, or its ActionInfo's (DGX H100), else any of the schema's.
+
+Vendor behaviour:
+- NVIDIA BlueField BMC ("BIOS Secure Boot Configuration", BlueField BMC software 23.09 to 25.10:
+  "for each operation, a corresponding task is generated within the BMC's Redfish Task Service.
+  During the subsequent DPU reboot, the UEFI checks for any pending secure boot tasks and executes
+  them"): with ``Quirk.SECURE_BOOT_AT_REBOOT`` a key write answers 202 with a task and takes effect
+  at the next ComputerSystem.Reset (``boot``). SecureBootEnable is PATCHed on the
+  resource (the same page's example), which every profile takes as the schema says.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+from tests.site.bmc.redfish_emulator.profiles import Quirk
+
+Doc = dict[str, Any]
+LIVE = ("PK", "KEK", "db", "dbx")
+SCHEMA_RESETS = ("ResetAllKeysToDefault", "DeleteAllKeys", "DeletePK")
+_ids = itertools.count(1000)
+
+
+def _error(message_id: str, message: str) -> Doc:
+    return {"error": {"code": message_id, "message": message,
+                      "@Message.ExtendedInfo": [{"MessageId": message_id, "Message": message}]}}
+
+
+class SecureBootKeys:
+    """One emulated SecureBoot resource: its live databases and their factory copies."""
+
+    def __init__(self, state: Any, ref: str) -> None:
+        self.state, self.ref = state, ref
+        self.pending: list[Callable[[], None]] = []
+        docs = state.docs
+        dbs = docs.get(ref, {}).get("SecureBootDatabases", {}).get("@odata.id", "").rstrip("/")
+        self.databases = {name: f"{dbs}/{name}" for name in LIVE if f"{dbs}/{name}" in docs}
+        self.factory: dict[str, dict[str, list[Doc]]] = {}
+        for name, path in self.databases.items():
+            source = f"{dbs}/{name}Default" if f"{dbs}/{name}Default" in docs else path
+            self.factory[name] = {kind: [copy.deepcopy(docs[m]) for m in self._members(source, kind)]
+                                  for kind in ("Certificates", "Signatures")}
+
+    def _collection(self, db: str, kind: str) -> str:
+        return str(self.state.docs.get(db, {}).get(kind, {}).get("@odata.id", "")).rstrip("/")
+
+    def _members(self, db: str, kind: str) -> list[str]:
+        coll = self.state.docs.get(self._collection(db, kind), {})
+        return [str(m["@odata.id"]).rstrip("/") for m in coll.get("Members", [])
+                if str(m.get("@odata.id", "")).rstrip("/") in self.state.docs]
+
+    def set_entries(self, name: str, kind: str, entries: list[Doc]) -> None:
+        """``name``'s Certificates or Signatures made exactly ``entries`` (new member paths)."""
+        docs, coll = self.state.docs, self._collection(self.databases[name], kind)
+        if not coll:
+            return
+        docs.setdefault(coll, {"@odata.id": coll, "Name": f"{name} {kind}", "Members": []})
+        for old in self._members(self.databases[name], kind):
+            docs.pop(old, None)
+        members = []
+        for entry in entries:
+            path = f"{coll}/{next(_ids)}"
+            docs[path] = {**copy.deepcopy(entry), "@odata.id": path, "Id": path.rsplit("/", 1)[1]}
+            members.append({"@odata.id": path})
+        docs[coll]["Members"] = members
+        docs[coll]["Members@odata.count"] = len(members)
+        self.state.changed(coll)
+        self._mode()
+
+    def add(self, name: str, kind: str, entry: Doc) -> None:
+        docs = self.state.docs
+        current = [docs[m] for m in self._members(self.databases[name], kind)]
+        self.set_entries(name, kind, [*current, entry])
+
+    def _mode(self) -> None:
+        doc = self.state.docs[self.ref]
+        has_pk = "PK" in self.databases and bool(self._members(self.databases["PK"], "Certificates"))
+        if not has_pk:
+            doc["SecureBootMode"] = "SetupMode"
+        elif doc.get("SecureBootMode") == "SetupMode":
+            doc["SecureBootMode"] = "UserMode"
+        self.state.changed(self.ref)
+
+    def reset(self, names: list[str], to_factory: bool) -> None:
+        for name in names:
+            if name in self.databases:
+                for kind in ("Certificates", "Signatures"):
+                    self.set_entries(name, kind, self.factory[name][kind] if to_factory else [])
+
+    def boot(self) -> None:
+        """The node boots: the writes waiting for it applied (SECURE_BOOT_AT_REBOOT), and
+        SecureBootCurrentBoot what the firmware now enforces."""
+        while self.pending:
+            self.pending.pop(0)()
+        doc = self.state.docs[self.ref]
+        on = doc.get("SecureBootEnable") is True and doc.get("SecureBootMode") != "SetupMode"
+        doc["SecureBootCurrentBoot"] = "Enabled" if on else "Disabled"
+        self.state.changed(self.ref)
+
+
+def _allowed(state: Any, action: Doc) -> list[str]:
+    allowed = action.get("ResetKeysType@Redfish.AllowableValues")
+    info = state.docs.get(str(action.get("@Redfish.ActionInfo", "")).rstrip("/"), {})
+    for param in info.get("Parameters", []):
+        if isinstance(param, dict) and param.get("Name") == "ResetKeysType":
+            allowed = param.get("AllowableValues")
+    return [v for v in allowed if isinstance(v, str)] if isinstance(allowed, list) else list(SCHEMA_RESETS)
+
+
+def _done(keys: SecureBootKeys, change: Callable[[], None]) -> tuple[int, Doc]:
+    if Quirk.SECURE_BOOT_AT_REBOOT in keys.state.profile.quirks:
+        keys.pending.append(change)
+        return 202, {"@odata.id": "/redfish/v1/TaskService/Tasks/sb", "TaskState": "New",
+                     "Messages": [{"Message": "applied by UEFI at the next boot"}]}
+    change()
+    return 200, {"@Message.ExtendedInfo": [{"MessageId": "Base.1.8.Success", "Message": "done"}]}
+
+
+def _resource_reset(keys: SecureBootKeys, action: Doc) -> Callable[[Doc], tuple[int, Doc]]:
+    def answer(body: Doc) -> tuple[int, Doc]:
+        kind = str(body.get("ResetKeysType", ""))
+        allowed = _allowed(keys.state, action)
+        dell = {"ResetPK": "PK", "ResetKEK": "KEK", "ResetDB": "db", "ResetDBX": "dbx"}
+        if kind not in allowed:
+            return 400, _error("Base.1.8.ActionParameterValueNotInList",
+                               f"ResetKeysType {kind} not in {allowed}")
+        if kind == "ResetAllKeysToDefault":
+            return _done(keys, lambda: keys.reset(list(LIVE), True))
+        if kind == "DeleteAllKeys":
+            return _done(keys, lambda: keys.reset(list(LIVE), False))
+        if kind == "DeletePK":
+            return _done(keys, lambda: keys.reset(["PK"], False))
+        if kind in dell:
+            return _done(keys, lambda: keys.reset([dell[kind]], True))
+        return 400, _error("Base.1.8.ActionParameterNotSupported", kind)
+    return answer
+
+
+def _database_reset(keys: SecureBootKeys, name: str, action: Doc) -> Callable[[Doc], tuple[int, Doc]]:
+    def answer(body: Doc) -> tuple[int, Doc]:
+        kind = str(body.get("ResetKeysType", ""))
+        allowed = [a for a in _allowed(keys.state, action) if a != "DeletePK"]
+        if kind not in allowed or kind not in ("ResetAllKeysToDefault", "DeleteAllKeys"):
+            return 400, _error("Base.1.8.ActionParameterValueNotInList",
+                               f"ResetKeysType {kind} not in {allowed}")
+        return _done(keys, lambda: keys.reset([name], kind == "ResetAllKeysToDefault"))
+    return answer
+
+
+def _enroll(keys: SecureBootKeys, name: str) -> Callable[[Doc], tuple[int, Doc]]:
+    def answer(body: Doc) -> tuple[int, Doc]:
+        from cryptography import x509
+
+        pem = body.get("CertificateString")
+        if body.get("CertificateType") != "PEM" or not isinstance(pem, str):
+            return 400, _error("Base.1.8.PropertyMissing", "CertificateString and CertificateType PEM")
+        try:
+            x509.load_pem_x509_certificate(pem.encode())
+        except ValueError:
+            return 400, _error("Base.1.8.PropertyValueFormatError", "CertificateString is no PEM certificate")
+        entry = {"@odata.type": "#Certificate.v1_7_0.Certificate", "CertificateString": pem,
+                 "CertificateType": "PEM"}
+        return _done(keys, lambda: keys.add(name, "Certificates", entry))
+    return answer
+
+
+def install(state: Any) -> dict[str, SecureBootKeys]:
+    """Every SecureBoot resource of the recording taught its writes; the keys by resource path."""
+    found: dict[str, SecureBootKeys] = {}
+    for path, doc in list(state.docs.items()):
+        if not (path.endswith("/SecureBoot") and "SecureBootEnable" in doc):
+            continue
+        keys = found[path] = SecureBootKeys(state, path)
+        action = doc.get("Actions", {}).get("#SecureBoot.ResetKeys")
+        if isinstance(action, dict) and action.get("target"):
+            state.actions[str(action["target"]).rstrip("/")] = _resource_reset(keys, action)
+        for name, db_path in keys.databases.items():
+            db = state.docs[db_path]
+            db_action = db.get("Actions", {}).get("#SecureBootDatabase.ResetKeys")
+            if isinstance(db_action, dict) and db_action.get("target"):
+                state.actions[str(db_action["target"]).rstrip("/")] = _database_reset(keys, name, db_action)
+            certs = keys._collection(db_path, "Certificates")
+            if certs and "PEM" in state.docs.get(certs, {}).get("@Redfish.SupportedCertificates", ["PEM"]):
+                state.actions[certs] = _enroll(keys, name)
+    return found
