@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent import proc
 from agent.errors import AgentError, InvalidParameters
+from agent.retry import Backoff
 from agent.site.bmc.client import Credentials, shown_address
 from agent.site.bmc.ipmi import split_address
 from agent.site.bmc.redfish.vendors import Vendor
@@ -256,7 +257,8 @@ class SshSession(SolSession):
         if self.plan is None:
             self._say("no console", self._unreadable)
             return
-        delay = RECONNECT_MIN
+        # Started over after a session that was up for STEADY seconds (agent/retry.py).
+        redial = Backoff(first=RECONNECT_MIN, cap=RECONNECT_MAX).start(cancel=self._stop)
         while not self._stop.is_set():
             self._busy = self._authenticated = False
             started = time.monotonic()
@@ -285,11 +287,10 @@ class SshSession(SolSession):
             why = _tail(_ssh_said(stderr)) or "the session ended"
             self._say("dropped", why if self._authenticated else f"cannot connect: {why}")
             if self._authenticated and time.monotonic() - started >= STEADY:
-                delay = RECONNECT_MIN
+                redial.reset()
                 self._stop.wait(0.2)      # a session that was up: at once, nothing more lost
                 continue
-            self._stop.wait(delay)        # cannot connect, or let in and put out at once
-            delay = min(delay * 2, RECONNECT_MAX)
+            redial.sleep(redial.next() or RECONNECT_MAX)   # cannot connect, or put out at once
 
     def _session(self, creds: Credentials) -> str:
         """One ssh session, its output into the ring; returns what ssh said on stderr."""
