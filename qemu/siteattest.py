@@ -40,7 +40,8 @@ from typing import Any
 from agent.gateway.verifier import eventlog
 from agent.gateway.verifier.attest import Challenge, Verdict, Verifier, load_certificates
 from agent.gateway.verifier.join import JoinAttestation
-from agent.gateway.verifier.policy import Policy, PolicyFailed
+from agent.gateway.verifier.policy import Policy
+from agent.gateway.verifier.refused import PolicyFailed
 from agent.security.attest_contract import Evidence
 from agent.site.boot.pxe import BootFile
 from initramfs import signing, uki

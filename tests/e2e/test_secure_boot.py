@@ -41,6 +41,7 @@ import pytest
 
 from agent.gateway.verifier import eventlog, pcr7
 from agent.gateway.verifier.attest import Status
+from agent.gateway.verifier.refused import PolicyFailed
 from agent.images.filesource import file_digest
 from agent.site.bmc.client import Credentials
 from agent.site.bmc.secrets import SecretStore
@@ -203,7 +204,7 @@ def test_a_node_with_secure_boot_on_boots_the_signed_ipxe_and_uki_and_attests(ri
     assert pcr7.judge(log_, pcr7.SecureBootPolicy.from_json(
         {"required": True, **found, "authorities": [fleet]}))["secure_boot"] == "on"
     for wrong in ({"authorities": [rig.keys.cert_sha256("other-db")]}, {"pk": "ab" * 32}):
-        with pytest.raises(pcr7.Pcr7Failed) as info:
+        with pytest.raises(PolicyFailed) as info:
             pcr7.judge(log_, pcr7.SecureBootPolicy.from_json({"required": True, **found, **wrong}))
         assert info.value.check == "policy_secure_boot", info.value
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from agent.gateway.verifier.attest import Status
-from agent.gateway.verifier.policy import PolicyFailed
+from agent.gateway.verifier.refused import PolicyFailed
 from initramfs import netgrub, uki
 from qemu import tpm as qemu_tpm
 from qemu.harness import AAVMF_CODE, AAVMF_VARS

@@ -45,7 +45,7 @@ from pathlib import Path
 import pytest
 
 from agent.gateway.verifier.attest import Status
-from agent.gateway.verifier.policy import PolicyFailed
+from agent.gateway.verifier.refused import PolicyFailed
 from agent.site.bmc.client import Credentials
 from agent.site.bmc.secrets import SecretStore
 from agent.site.observe.console import clean

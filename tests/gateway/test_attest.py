@@ -35,8 +35,8 @@ from agent.gateway.verifier.attest import (
     load_certificates,
 )
 from agent.gateway.verifier.policy import SEPARATED_PCRS as SEPARATED
-from agent.gateway.verifier.policy import Policy, PolicyFailed
-from agent.gateway.verifier.refused import Refused
+from agent.gateway.verifier.policy import Policy
+from agent.gateway.verifier.refused import PolicyFailed, Refused
 from agent.hw import tpm as tpmwire
 from agent.security.attest import Attestor
 from agent.security.attest_contract import Evidence, Identity

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from agent.gateway.verifier import eventlog
-from agent.gateway.verifier.policy import Policy, PolicyFailed
+from agent.gateway.verifier.policy import Policy
+from agent.gateway.verifier.refused import PolicyFailed
 from agent.hw.tpm import BANKS
 from tests.published import go_eventlog, reported_pcrs
 from tests.tpmsim import BIOS_BOOT, UEFI_BOOT, SimTpm, event_log, manufactured_tpm, measure, sim

@@ -16,7 +16,8 @@ import pytest
 
 from agent.errors import InvalidParameters
 from agent.gateway.verifier import eventlog, pcr7
-from agent.gateway.verifier.policy import Policy, PolicyFailed
+from agent.gateway.verifier.policy import Policy
+from agent.gateway.verifier.refused import PolicyFailed
 from tests.tpmsim import Ev, ev, event_log, image
 
 OWNER = uuid.UUID("8b1f9c52-3d4e-4a6b-9e21-6c0d5f7a1b33")
@@ -60,8 +61,8 @@ def judge(events: list[tuple[int, int, bytes, bytes]], pol: pcr7.SecureBootPolic
     return pcr7.judge(eventlog.parse(event_log(events)), pol)
 
 
-def refused(events: list[tuple[int, int, bytes, bytes]], pol: pcr7.SecureBootPolicy) -> pcr7.Pcr7Failed:
-    with pytest.raises(pcr7.Pcr7Failed) as info:
+def refused(events: list[tuple[int, int, bytes, bytes]], pol: pcr7.SecureBootPolicy) -> PolicyFailed:
+    with pytest.raises(PolicyFailed) as info:
         judge(events, pol)
     return info.value
 

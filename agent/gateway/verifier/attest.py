@@ -50,8 +50,8 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from agent.errors import AgentError, InvalidParameters
 from agent.gateway.verifier import eventlog
-from agent.gateway.verifier.policy import Policy, PolicyFailed
-from agent.gateway.verifier.refused import Refused
+from agent.gateway.verifier.policy import Policy
+from agent.gateway.verifier.refused import PolicyFailed, Refused
 from agent.gateway.verifier.state import Counters, NodeState, NodeStates, StateFull
 from agent.gateway.verifier.x509chain import MAX_CHAIN, issued_by, verify_chain
 from agent.hw import tpm as tpmwire
@@ -487,12 +487,12 @@ class Verifier:
         try:
             with self._verifying:
                 return self._verify(challenge, evidence, boot_id, node_public)
-        except Refused as e:
-            verdict = Verdict(Status.REFUSED, e.check, e.reason)
-        except PolicyFailed as e:
+        except PolicyFailed as e:      # before Refused, of which it is one
             if e.check == "policy_pcr4" and role != "ramdisk":
                 return Verdict(Status.UNATTESTED, reason=f"a {role} boot: its boot chain is no ramdisk "
                                f"build, and an installed system is not one the policy lists ({e.reason})")
+            verdict = Verdict(Status.REFUSED, e.check, e.reason)
+        except Refused as e:
             verdict = Verdict(Status.REFUSED, e.check, e.reason)
         except Exception as e:  # fails closed: a surprise is a refusal, with what it was
             log.exception("attestation of %s: the verifier failed", challenge.node_id)

@@ -29,6 +29,7 @@ from typing import Any
 
 from agent.errors import InvalidParameters
 from agent.gateway.verifier import eventlog
+from agent.gateway.verifier.refused import PolicyFailed
 
 EFI_GLOBAL_VARIABLE = uuid.UUID("8be4df61-93ca-11d2-aa0d-00e098032b8c")
 IMAGE_SECURITY_DATABASE = uuid.UUID("d719b2cb-3d3a-4596-a3bc-dad00e67656f")
@@ -37,16 +38,6 @@ CONFIG = {"SecureBoot": EFI_GLOBAL_VARIABLE, "PK": EFI_GLOBAL_VARIABLE, "KEK": E
           "db": IMAGE_SECURITY_DATABASE, "dbx": IMAGE_SECURITY_DATABASE}
 KEYS = ("pk", "kek", "db", "dbx")
 SIGNATURE_OWNER_BYTES = 16
-
-
-class Pcr7Failed(Exception):
-    """A PCR 7 check failed: ``check`` is policy_secure_boot (off, setup mode, keys, authority)
-    or policy_pcr7 (an event that cannot be read or does not belong there)."""
-
-    def __init__(self, check: str, reason: str) -> None:
-        super().__init__(reason)
-        self.check = check
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -109,7 +100,7 @@ def _sha256(value: Any, where: str) -> bytes:
 
 
 def judge(log_: eventlog.EventLog, policy: SecureBootPolicy) -> dict[str, str]:
-    """What PCR 7's events show, as the verdict's matched fields; Pcr7Failed names the first
+    """What PCR 7's events show, as the verdict's matched fields; PolicyFailed names the first
     check that did not hold."""
     config: dict[str, bytes] = {}
     authorities: list[bytes] = []
@@ -118,51 +109,52 @@ def judge(log_: eventlog.EventLog, policy: SecureBootPolicy) -> dict[str, str]:
         if ev.type == eventlog.Ev.NO_ACTION:
             continue                                  # never extended
         if ev.sha256 != hashlib.sha256(ev.data).digest():
-            raise Pcr7Failed("policy_pcr7", f"PCR 7 event {ev.type:#x}: its digest is not of its data")
+            raise PolicyFailed("policy_pcr7", f"PCR 7 event {ev.type:#x}: its digest is not of its data")
         if ev.type == eventlog.Ev.SEPARATOR:
             separated = True
             continue
         if ev.type not in (eventlog.Ev.EFI_VARIABLE_DRIVER_CONFIG, eventlog.Ev.EFI_VARIABLE_AUTHORITY):
-            raise Pcr7Failed("policy_pcr7", f"PCR 7 holds an event of type {ev.type:#x}, which this "
+            raise PolicyFailed("policy_pcr7", f"PCR 7 holds an event of type {ev.type:#x}, which this "
                              "verifier does not judge")
         try:
             var = parse_variable(ev.data)
         except ValueError as exc:
-            raise Pcr7Failed("policy_pcr7", f"PCR 7 event {ev.type:#x}: not a UEFI variable: {exc}") from None
+            raise PolicyFailed("policy_pcr7",
+                               f"PCR 7 event {ev.type:#x}: not a UEFI variable: {exc}") from None
         if ev.type == eventlog.Ev.EFI_VARIABLE_DRIVER_CONFIG:
             if separated or CONFIG.get(var.name) != var.guid or var.name in config:
-                raise Pcr7Failed("policy_pcr7", f"PCR 7: configuration variable {var.name} "
+                raise PolicyFailed("policy_pcr7", f"PCR 7: configuration variable {var.name} "
                                  f"({var.guid}) out of place")
             config[var.name] = var.value
         else:
             if not separated or (var.name, var.guid) != ("db", IMAGE_SECURITY_DATABASE):
-                raise Pcr7Failed("policy_secure_boot", f"an image was verified by an entry of "
+                raise PolicyFailed("policy_secure_boot", f"an image was verified by an entry of "
                                  f"{var.name} ({var.guid}), not of db")
             if len(var.value) <= SIGNATURE_OWNER_BYTES:
-                raise Pcr7Failed("policy_pcr7", "PCR 7: an authority without a signature")
+                raise PolicyFailed("policy_pcr7", "PCR 7: an authority without a signature")
             authorities.append(hashlib.sha256(var.value[SIGNATURE_OWNER_BYTES:]).digest())
     on = config.get("SecureBoot") == b"\x01"
     if not on:
         if policy.required:
             state = "absent" if "SecureBoot" not in config else config["SecureBoot"].hex() or "empty"
             setup = "; no PK: the platform is in setup mode" if "PK" in config and not config["PK"] else ""
-            raise Pcr7Failed("policy_secure_boot", f"Secure Boot is off (SecureBoot {state}{setup}); "
+            raise PolicyFailed("policy_secure_boot", f"Secure Boot is off (SecureBoot {state}{setup}); "
                              "the policy requires it")
         return {"secure_boot": "off"}
     if not config.get("PK"):
-        raise Pcr7Failed("policy_secure_boot", "no PK: the platform is in setup mode")
+        raise PolicyFailed("policy_secure_boot", "no PK: the platform is in setup mode")
     for key in KEYS:
         want = policy.keys.get(key)
         name = {"pk": "PK", "kek": "KEK"}.get(key, key)
         found = hashlib.sha256(config.get(name, b"")).digest() if name in config else None
         if want is not None and found != want:
-            raise Pcr7Failed("policy_secure_boot", f"{name} is {found.hex() if found else 'not measured'}, "
+            raise PolicyFailed("policy_secure_boot", f"{name} is {found.hex() if found else 'not measured'}, "
                              f"the policy says {want.hex()}")
     if policy.authorities:
         if not authorities:
-            raise Pcr7Failed("policy_secure_boot", "no image was verified by a db certificate")
+            raise PolicyFailed("policy_secure_boot", "no image was verified by a db certificate")
         foreign = [a for a in authorities if a not in policy.authorities]
         if foreign:
-            raise Pcr7Failed("policy_secure_boot", f"an image was verified by db entry {foreign[0].hex()}, "
+            raise PolicyFailed("policy_secure_boot", f"an image was verified by db entry {foreign[0].hex()}, "
                              "not the fleet's certificate")
     return {"secure_boot": "on", "authorities": ",".join(sorted({a.hex() for a in authorities}))}

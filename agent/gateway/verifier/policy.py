@@ -33,21 +33,13 @@ from typing import Any
 from agent import atomicfile, limits
 from agent.errors import InvalidParameters
 from agent.gateway.verifier import eventlog, pcr7
+from agent.gateway.verifier.refused import PolicyFailed
 
 log = logging.getLogger(__name__)
 
 PROFILE_PCRS = (0, 2, 7)
 BUILD_PCRS = (9, 11, 12)
 MAX_POLICY_BYTES = 4 << 20
-
-
-class PolicyFailed(Exception):
-    """A policy check failed: ``check`` names it (policy_pcr4, policy_pcr11, policy_profile...)."""
-
-    def __init__(self, check: str, reason: str) -> None:
-        super().__init__(reason)
-        self.check = check
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -163,10 +155,7 @@ class Policy:
                                    f"{pcrs.get(pcr, b'').hex()}, build {build.build_id} says {want.hex()}")
         matched = {"build": build.build_id, "pcr4": build.pcr4[0].hex(), "profile": profile}
         if self.secure_boot is not None:   # PCR 7 event by event (agent/gateway/verifier/pcr7.py)
-            try:
-                matched.update(pcr7.judge(log_, self.secure_boot))
-            except pcr7.Pcr7Failed as e:
-                raise PolicyFailed(e.check, e.reason) from None
+            matched.update(pcr7.judge(log_, self.secure_boot))
         with self._lock:
             known = self.profiles.get(profile)
             if accept and (known is None or any(pcrs[p] not in known.get(p, set()) for p in PROFILE_PCRS)):

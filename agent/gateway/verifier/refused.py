@@ -14,3 +14,10 @@ class Refused(Exception):
         super().__init__(reason)
         self.check = check
         self.reason = reason
+
+
+class PolicyFailed(Refused):
+    """A check of the attestation policy (policy_pcr4, policy_pcr7, policy_secure_boot,
+    policy_profile ...): what the node booted is not what the policy accepts. Apart from the
+    other refusals because an installed system's boot chain, which no policy lists, is
+    unattested rather than refused (attest.py)."""
