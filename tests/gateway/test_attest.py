@@ -245,6 +245,33 @@ def test_an_ek_certificate_signed_by_a_configured_certificate_that_is_no_ca(node
     assert e.value.check == "ek_certificate"
 
 
+def test_an_ek_certificate_past_its_dates_still_names_its_tpm(node: Node) -> None:
+    """A TPM outlives its maker's certificates: the EK's chain is checked by signature and CA, not
+    by validity period (as the walk before x509chain did); a chain to no root is still refused."""
+    mine = node.identity()
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "an EK CA long expired")])
+    long_ago = datetime.datetime(2001, 1, 1, tzinfo=datetime.UTC)
+
+    def cert(subject: x509.Name, public: CertificatePublicKeyTypes, ca: bool) -> x509.Certificate:
+        return (x509.CertificateBuilder().subject_name(subject).issuer_name(ca_name).public_key(public)
+                .serial_number(x509.random_serial_number()).not_valid_before(long_ago)
+                .not_valid_after(long_ago + datetime.timedelta(days=365))
+                .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+                .sign(ca_key, hashes.SHA256()))
+
+    root = cert(ca_name, ca_key.public_key(), ca=True)
+    ek_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ek")])
+    ek_cert = cert(ek_name, ek_key(mine.ek_public), ca=False)
+    der = ek_cert.public_bytes(serialization.Encoding.DER)
+    assert "an EK CA long expired" in check_ek_certificate(der, mine.ek_public, [root])
+    other = cert(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "another CA")]),
+                 ec.generate_private_key(ec.SECP256R1()).public_key(), ca=True)
+    with pytest.raises(Refused) as e:
+        check_ek_certificate(der, mine.ek_public, [other])
+    assert e.value.check == "ek_certificate"
+
+
 def test_a_pinned_ek(node: Node, other_sim: SimTpm, verifier: Verifier, tmp_path: Path) -> None:
     mine = node.identity()
     pinned = Verifier(verifier.policy, pinned_ek={"node-1": hashlib.sha256(mine.ek_public).digest()})

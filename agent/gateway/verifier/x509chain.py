@@ -43,8 +43,9 @@ def _is_ca(cert: x509.Certificate) -> bool:
 
 
 def verify_chain(certs: list[x509.Certificate], roots: list[x509.Certificate], *, check: str,
-                 at: datetime | None = None) -> str:
-    """The subject of the configured root that anchors ``certs`` (leaf first); else Refused(check)."""
+                 at: datetime | None = None, dates: bool = True) -> str:
+    """The subject of the configured root that anchors ``certs`` (leaf first); else Refused(check).
+    ``dates`` False leaves the validity periods unread (a TPM's EK certificate: attest.py)."""
     when = at or datetime.now(UTC)
     if not certs:
         raise Refused(check, "the certificate chain is empty")
@@ -53,7 +54,7 @@ def verify_chain(certs: list[x509.Certificate], roots: list[x509.Certificate], *
     if not roots:
         raise Refused(check, "no root is configured for this chain")
     for n, cert in enumerate(certs):
-        if not cert.not_valid_before_utc <= when <= cert.not_valid_after_utc:
+        if dates and not cert.not_valid_before_utc <= when <= cert.not_valid_after_utc:
             raise Refused(check, f"certificate {n} ({cert.subject.rfc4514_string()}) is not valid at "
                           f"{when:%Y-%m-%d %H:%M} UTC ({cert.not_valid_before_utc:%Y-%m-%d} to "
                           f"{cert.not_valid_after_utc:%Y-%m-%d})")
