@@ -80,6 +80,8 @@ OPERATIONS: dict[str, dict[str, dict[str, bool]]] = {
         "status": {"task_uri": False},
         "set_bios": {"attributes": True},
         "restore_secure_boot": {"policy": True},
+        # The site's bmc_posture put back (agent/site/bmc/release.py posture_restore).
+        "restore_posture": {},
         # The site's firmware set of a hardware profile (setting site_firmware_sets): what differs,
         # and that plan carried out (agent/site/bmc/redfish/fwsets.py, fwapply.py).
         "plan": {"profile": True},
@@ -583,8 +585,9 @@ class BmcQuery(_BmcHandler, kind="bmc.query"):
             assert expected is not None           # parse saw to it
             seen = bmc_release.observe(client, expected, creds.username)
             mismatches = gate.check_bmc(expected, seen)
-            found, restored = _posture_gate(session, client)
-            mismatches += found
+            expected_posture = _expected_posture(session)
+            if expected_posture:
+                mismatches += bmc_release.posture_check(client, expected_posture)
             versions: list[Any] = []
             if session.params.firmware_profile:     # the firmware set's comparison, its own module
                 from agent.commands.bmc_fwsets import release_firmware
@@ -594,9 +597,7 @@ class BmcQuery(_BmcHandler, kind="bmc.query"):
             result = _result(session.params, client, state="pool_ready" if not mismatches
                              else f"{len(mismatches)} finding(s)")
             result.release.CopyFrom(bmc_release.report(
-                expected, mismatches, (bmc_release.POSTURE_AREA,) if _expected_posture(session) else ()))
-            if restored:
-                result.values["posture_restored"] = ", ".join(restored)
+                expected, mismatches, (bmc_release.POSTURE_AREA,) if expected_posture else ()))
             if session.params.firmware_profile:
                 result.release.checked.append("firmware")
                 result.release.firmware.extend(versions)
@@ -628,10 +629,20 @@ def _expected_posture(session: BmcSession) -> dict[str, bool]:
     return bmc_posture.parse(session.ctx.config.bmc_posture)
 
 
-def _posture_gate(session: BmcSession, client: BmcClient) -> tuple[list[agent_pb2.Mismatch], list[str]]:
-    """bmc.query baseline: the posture's findings and what was put back; none where unset."""
+def _restore_posture(session: BmcSession, client: BmcClient) -> Result:
+    """bmc.firmware restore_posture: the site's bmc_posture put back where the BMC takes it; what
+    was put back in ``values["posture_restored"]``, what still stands in ``release``."""
     expected = _expected_posture(session)
-    return bmc_release.posture_gate(client, expected) if expected else ([], [])
+    if not expected:
+        raise InvalidParameters("bmc.firmware restore_posture: the site's bmc_posture setting is unset: "
+                                "no posture to put back")
+    found, restored = bmc_release.posture_restore(client, expected)
+    result = _result(session.params, client,
+                     state="restored" if not found else f"{len(found)} finding(s) left")
+    result.values["posture_restored"] = ", ".join(restored) or "none"
+    result.release.CopyFrom(agent_pb2.ReleaseReport(pool_ready=not found, checked=[bmc_release.POSTURE_AREA],
+                                                    cannot_restore=found))
+    return result
 
 
 def _management(session: BmcSession, client: BmcClient, result: Result) -> None:
@@ -756,6 +767,8 @@ class BmcFirmware(_BmcHandler, kind="bmc.firmware"):
             return result
         if params.operation == "restore_secure_boot":
             return _restore_secure_boot(session, client)
+        if params.operation == "restore_posture":
+            return _restore_posture(session, client)
         if params.operation in ("plan", "apply"):
             from agent.commands.bmc_fwsets import firmware_set
 

@@ -7,13 +7,16 @@ expected posture (the site's ``bmc_posture`` setting, e.g. ``ipmi=off,http=off,h
 
 The states are read over Redfish (ManagerNetworkProtocol: agent/site/bmc/redfish/posture.py);
 IPMI has no such resource, so over IPMI the posture is unreadable, a finding. The release gate
-(agent/site/bmc/release.py ``posture_gate``) reads it, puts back what drifted where the BMC takes
-the write (once, read back) and reports every protocol still out of line as a finding for an
-operator, named ``bmc.posture``, with the BMC's own words where it refused:
+(agent/site/bmc/release.py ``posture_check``) reads it and reports every protocol out of line
+as a finding, named ``bmc.posture``; ``posture_restore`` (bmc.firmware restore_posture) puts
+back what drifted where the BMC takes the write (once, read back), the BMC's own words where
+it refused:
 
-  bmc.posture            a protocol on that the fleet keeps off, or off that it keeps on,
-                         after the gate's one PATCH (refused, ignored, or one the vendor's
-                         row says its BMC does not take)                   -  (an operator)
+  bmc.posture            a protocol on that the fleet keeps off, or off     bmc.firmware
+                         that it keeps on                                   restore_posture
+                         still so after restore_posture's one PATCH
+                         (refused, ignored, or one the vendor's row says
+                         its BMC does not take)                          -  (an operator)
                          a protocol the BMC does not list (its state cannot be told)
                          the posture could not be read (IPMI, no NetworkProtocol, an error)
 """

@@ -9,16 +9,18 @@ attributes; a BMC without a registry or an AccountService) is kept in ``unread``
 ``*.unreadable`` finding: the gate never passes what it could not look at. An unreachable BMC, a
 refused login or the deadline fail the command instead.
 
-``posture_gate`` is the management posture's part (agent/site/bmc/posture.py): the fleet's
-expected posture (the site's ``bmc_posture`` setting), read from the BMC's
-ManagerNetworkProtocol, what drifted put back by one PATCH where the BMC takes it (sent once,
-read back), and each protocol still out of line a ``bmc.posture`` finding for an operator.
+``posture_check`` is the management posture's part (agent/site/bmc/posture.py): the fleet's
+expected posture (the site's ``bmc_posture`` setting) against the BMC's ManagerNetworkProtocol,
+read only, each protocol out of line a ``bmc.posture`` finding; one the BMC takes by PATCH
+carries the remedy ``bmc.firmware restore_posture``, whose ``posture_restore`` puts what drifted
+back by one PATCH (sent once, read back) and reports what is still out of line for an operator.
+A check never writes: the control plane may run it as often as it likes.
 """
 
 from __future__ import annotations
 
 from agent.errors import BmcRefused, Unsupported
-from agent.policy.release.findings import restorable
+from agent.policy.release.findings import bmc_remedy, restorable
 from agent.policy.release.state import BmcObserved, ExpectedState
 from agent.proto import agent_pb2
 from agent.site.bmc import posture
@@ -48,10 +50,34 @@ def observe(client: BmcClient, expected: ExpectedState,
     return seen
 
 
-def posture_gate(client: BmcClient, expected: dict[str, bool]) -> tuple[list[agent_pb2.Mismatch], list[str]]:
-    """The posture's findings after putting back what the BMC takes, and what was put back
-    ("IPMI off"). Over IPMI, or where the NetworkProtocol cannot be read: one finding, never a
-    pass."""
+def posture_check(client: BmcClient, expected: dict[str, bool]) -> list[agent_pb2.Mismatch]:
+    """The posture's findings, nothing written: a drifted protocol the vendor's BMC takes by PATCH
+    carries the remedy ``bmc.firmware restore_posture``. Over IPMI, or where the NetworkProtocol
+    cannot be read: one finding, never a pass."""
+    from agent.site.bmc.redfish.client import RedfishClient
+
+    if not isinstance(client, RedfishClient):
+        return posture.unreadable("IPMI has no ManagerNetworkProtocol; check it over redfish")
+    try:
+        states = client.posture()
+        row = client.vendor()
+    except (Unsupported, BmcRefused) as exc:
+        return posture.unreadable(exc.message)
+    wanted = posture.drifted(expected, states)
+    why = {p: (f"not put back by PATCH: {row.posture_fixed_why}" if p in row.posture_fixed
+               else "bmc.firmware restore_posture puts it back") for p in wanted}
+    found = posture.findings(expected, states, why)
+    for m in found:
+        if m.where in wanted and m.where not in row.posture_fixed:
+            m.bmc_remedy.CopyFrom(bmc_remedy("bmc.firmware", "restore_posture"))
+    return found
+
+
+def posture_restore(client: BmcClient,
+                    expected: dict[str, bool]) -> tuple[list[agent_pb2.Mismatch], list[str]]:
+    """bmc.firmware restore_posture: what drifted put back where the BMC takes it (one PATCH,
+    sent once, read back); the findings still standing after it, and what was put back ("IPMI
+    off"). Over IPMI, or where the NetworkProtocol cannot be read: one finding."""
     from agent.site.bmc.redfish.client import RedfishClient
 
     if not isinstance(client, RedfishClient):

@@ -1,8 +1,9 @@
 """The BMC's management posture (issue 53, item 5) on the eight recorded BMCs
 (../shared/vendor-trees) through the project's emulator: bmc.query reads each tree's
 ManagerNetworkProtocol as recorded; the release gate (bmc.query baseline, with the site's
-``bmc_posture`` setting) puts a drifted posture back by one PATCH where the BMC takes it, read
-back, and reports for an operator what the BMC refuses, ignores or does not list."""
+``bmc_posture`` setting) finds a drifted posture and writes nothing, naming bmc.firmware
+restore_posture where the BMC takes the write; that puts it back by one PATCH, read back, and
+reports for an operator what the BMC refuses, ignores or does not list."""
 
 from __future__ import annotations
 
@@ -54,24 +55,36 @@ def network_protocol(tree: str) -> str:
     return f"/redfish/v1/Managers/{MANAGER[tree]}/NetworkProtocol"
 
 
-def gate(config: Config, bmc: RedfishEmulator, fleet: str = FLEET,
-         vendor: str = "") -> tuple[site_pb2.BmcOperationResult, list[agent_pb2.Mismatch]]:
-    """bmc.query baseline with the site's ``bmc_posture`` set to ``fleet`` (the accounts area set
-    too, as the baseline needs one of the BMC's areas); the result and its posture findings."""
+def _run(kind: str, operation: str, config: Config, bmc: RedfishEmulator, fleet: str,
+         vendor: str) -> tuple[site_pb2.BmcOperationResult, list[agent_pb2.Mismatch]]:
     payload = site_pb2.BmcOperationRequest(node_id="n1", bmc_address=bmc.address, protocol="redfish",
-                                           operation="baseline", credentials_ref=REF, verify_tls=False)
+                                           operation=operation, credentials_ref=REF, verify_tls=False)
     if vendor:
         payload.parameters["vendor"] = vendor
-    payload.expect.bmc_accounts.accounts.add(user_name=USER)
-    handler = handler_for("bmc.query")
+    if operation == "baseline":
+        payload.expect.bmc_accounts.accounts.add(user_name=USER)
+    handler = handler_for(kind)
     assert handler is not None
     settings = dataclasses.replace(config, bmc_posture=fleet)
-    result = handler.run(Context.local("bmc.query", settings, timeout=60), handler.parse(payload))
+    result = handler.run(Context.local(kind, settings, timeout=60), handler.parse(payload))
     assert isinstance(result, site_pb2.BmcOperationResult)
     report = result.release
     found = [m for m in (*report.restorable, *report.cannot_restore) if m.check == "bmc.posture"]
     assert "bmc_posture" in result.release.checked
     return result, found
+
+
+def gate(config: Config, bmc: RedfishEmulator, fleet: str = FLEET,
+         vendor: str = "") -> tuple[site_pb2.BmcOperationResult, list[agent_pb2.Mismatch]]:
+    """bmc.query baseline with the site's ``bmc_posture`` set to ``fleet`` (the accounts area set
+    too, as the baseline needs one of the BMC's areas); the result and its posture findings."""
+    return _run("bmc.query", "baseline", config, bmc, fleet, vendor)
+
+
+def restore(config: Config, bmc: RedfishEmulator, fleet: str = FLEET,
+            vendor: str = "") -> tuple[site_pb2.BmcOperationResult, list[agent_pb2.Mismatch]]:
+    """bmc.firmware restore_posture: the result and the posture findings still standing."""
+    return _run("bmc.firmware", "restore_posture", config, bmc, fleet, vendor)
 
 
 @pytest.mark.parametrize("tree", TREES)
@@ -86,17 +99,24 @@ def test_bmc_query_reports_each_trees_management_posture(trees: Path, emulator_c
 
 
 @pytest.mark.parametrize("tree", TREES)
-def test_the_gate_puts_a_drifted_posture_back_once_where_the_bmc_takes_it(
+def test_the_gate_finds_a_drifted_posture_and_restore_puts_it_back_once(
         trees: Path, emulator_config: Config, tree: str) -> None:
-    """IPMI and HTTP on where the recording has them on: one PATCH, read back off, and the next
-    check finds the posture in line with nothing sent. HTTP the BMC does not list (DGX H100)
-    stays a finding: its state cannot be told."""
+    """IPMI and HTTP on where the recording has them on: the gate writes nothing and names
+    bmc.firmware restore_posture; that sends one PATCH, read back off, and the next check finds
+    the posture in line with nothing sent. HTTP the BMC does not list (DGX H100) stays a finding:
+    its state cannot be told."""
     with RedfishEmulator.of(tree, trees) as bmc:
         path = network_protocol(tree)
         recorded = RECORDED[tree]
         drifted = [f"{p} off" for p in ("IPMI", "HTTP") if recorded.get(p, (False, 0))[0]]
         before = bmc.doc(path)
-        result, found = gate(emulator_config, bmc)
+        _, checked = gate(emulator_config, bmc)
+        assert not bmc.writes("PATCH", path)
+        remedied = sorted(m.where for m in checked if m.HasField("bmc_remedy"))
+        assert remedied == sorted(p.split()[0] for p in drifted)
+        assert all(m.bmc_remedy.kind == "bmc.firmware" and m.bmc_remedy.operation == "restore_posture"
+                   for m in checked if m.HasField("bmc_remedy"))
+        result, found = restore(emulator_config, bmc)
         patches = bmc.writes("PATCH", path)
         assert len(patches) == (1 if drifted else 0)
         if drifted:
@@ -121,7 +141,9 @@ def test_bmcweb_is_sent_only_what_it_takes_and_the_rest_is_reported(trees: Path,
     with RedfishEmulator.of("nvidia_gh200", trees) as bmc:
         path = network_protocol("nvidia_gh200")
         bmc.state.docs[path]["HTTP"].update({"ProtocolEnabled": True, "Port": 80})
-        result, found = gate(emulator_config, bmc)
+        _, checked = gate(emulator_config, bmc)
+        assert {m.where: m.HasField("bmc_remedy") for m in checked} == {"IPMI": True, "HTTP": False}
+        result, found = restore(emulator_config, bmc)
         assert [w[2] for w in bmc.writes("PATCH", path)] == [{"IPMI": {"ProtocolEnabled": False}}]
         assert result.values["posture_restored"] == "IPMI off"
         assert [(m.where, m.found) for m in found] == [("HTTP", "on (port 80)")]
@@ -136,9 +158,9 @@ def test_a_patch_the_bmc_refuses_is_sent_once_and_reported_with_its_words(trees:
     with RedfishEmulator.of("nvidia_gh200", trees) as bmc:
         path = network_protocol("nvidia_gh200")
         bmc.state.docs[path]["HTTP"]["ProtocolEnabled"] = True
-        result, found = gate(emulator_config, bmc, vendor="generic")
+        result, found = restore(emulator_config, bmc, vendor="generic")
         assert len(bmc.writes("PATCH", path)) == 1
-        assert "posture_restored" not in result.values
+        assert result.values["posture_restored"] == "none"
         assert sorted(m.where for m in found) == ["HTTP", "IPMI"]
         assert all("refused the PATCH" in m.message and "HTTP" in m.message for m in found)
         assert bmc.doc(path)["IPMI"]["ProtocolEnabled"] is True
@@ -148,7 +170,7 @@ def test_a_patch_the_bmc_ignores_is_a_finding(trees: Path, emulator_config: Conf
     with RedfishEmulator.of("dell_r750", trees) as bmc:
         path = network_protocol("dell_r750")
         bmc.state.ignored.add(path)
-        _, found = gate(emulator_config, bmc)
+        _, found = restore(emulator_config, bmc)
         assert len(bmc.writes("PATCH", path)) == 1
         assert sorted(m.where for m in found) == ["HTTP", "IPMI"]
         assert all("reads back unchanged" in m.message for m in found)
@@ -162,7 +184,8 @@ def test_the_posture_over_ipmi_is_unreadable_never_a_pass() -> None:
 
     call: CallContext = fast_call(5)
     client = IpmiClient(Target("127.0.0.1:9", Credentials("u", "p")), call)
-    found, restored = release.posture_gate(client, posture.parse(FLEET))
+    assert [m.found for m in release.posture_check(client, posture.parse(FLEET))] == ["unreadable"]
+    found, restored = release.posture_restore(client, posture.parse(FLEET))
     assert [m.found for m in found] == ["unreadable"] and not restored
 
 
