@@ -43,13 +43,13 @@ except urllib.error.HTTPError as e:
 
 
 class SiteDaemon:
-    def __init__(self, net: Net, workdir: Path) -> None:
+    def __init__(self, net: Net, workdir: Path, *, untied_scripts: bool = False) -> None:
         self.log_path = workdir / "site.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115  (closed in stop)
         self.proc = proc.spawn(
             [*net.exec(net.site), sys.executable, str(HERE.parent / "site_daemon.py"),
              "--root", str(workdir / "site"), "--address", SITE, "--port", str(PORT),
-             "--interface", "eth0"],
+             "--interface", "eth0", *(["--untied-scripts"] if untied_scripts else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log.fileno())
         assert self._recv().get("ready"), self.log()
 
