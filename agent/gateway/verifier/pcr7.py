@@ -78,18 +78,19 @@ class SecureBootPolicy:
         required = doc.get("required", True)
         if not isinstance(required, bool):
             raise InvalidParameters(f"{where}.required is true or false")
-        keys = {k: _sha256(doc[k], f"{where}.{k}") for k in KEYS if k in doc}
+        keys = {k: sha256_hex(doc[k], f"{where}.{k}") for k in KEYS if k in doc}
         authorities = doc.get("authorities", [])
         if not isinstance(authorities, list):
             raise InvalidParameters(f"{where}.authorities is a list of sha256 digests")
-        return cls(required, keys, frozenset(_sha256(a, f"{where}.authorities") for a in authorities))
+        return cls(required, keys, frozenset(sha256_hex(a, f"{where}.authorities") for a in authorities))
 
     def to_json(self) -> dict[str, Any]:
         return {"required": self.required, **{k: v.hex() for k, v in sorted(self.keys.items())},
                 "authorities": sorted(a.hex() for a in self.authorities)}
 
 
-def _sha256(value: Any, where: str) -> bytes:
+def sha256_hex(value: Any, where: str) -> bytes:
+    """A policy file's SHA-256 digest, 64 hex digits; InvalidParameters naming ``where``."""
     try:
         out = bytes.fromhex(str(value))
     except ValueError:

@@ -254,10 +254,4 @@ def judge_events(log_: eventlog.EventLog) -> list[eventlog.Event]:
 
 
 def _digest(value: Any, where: str) -> bytes:
-    try:
-        out = bytes.fromhex(str(value))
-    except ValueError:
-        out = b""
-    if len(out) != 32:
-        raise InvalidParameters(f"{where}: {value!r} is not a SHA-256 digest in hex")
-    return out
+    return pcr7.sha256_hex(value, where)
