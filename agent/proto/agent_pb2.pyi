@@ -725,7 +725,7 @@ class ExpectedBuild(_message.Message):
     def __init__(self, cpu_model: _Optional[str] = ..., cpu_sockets: _Optional[int] = ..., cpu_threads: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., memory_tolerance_percent: _Optional[int] = ..., gpus: _Optional[_Union[ExpectedGpus, _Mapping]] = ..., nics: _Optional[_Union[ExpectedNics, _Mapping]] = ..., nvme: _Optional[_Union[ExpectedNvme, _Mapping]] = ..., full_link_classes: _Optional[_Iterable[str]] = ..., slots: _Optional[_Iterable[_Union[ExpectedSlot, _Mapping]]] = ..., state: _Optional[_Union[ExpectedState, _Mapping]] = ...) -> None: ...
 
 class ExpectedState(_message.Message):
-    __slots__ = ("uefi", "gpus", "nics", "nvme", "tpm", "bios", "bmc_accounts", "wipes", "firmware")
+    __slots__ = ("uefi", "gpus", "nics", "nvme", "tpm", "bios", "bmc_accounts", "wipes", "firmware", "golden")
     UEFI_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     NICS_FIELD_NUMBER: _ClassVar[int]
@@ -735,6 +735,7 @@ class ExpectedState(_message.Message):
     BMC_ACCOUNTS_FIELD_NUMBER: _ClassVar[int]
     WIPES_FIELD_NUMBER: _ClassVar[int]
     FIRMWARE_FIELD_NUMBER: _ClassVar[int]
+    GOLDEN_FIELD_NUMBER: _ClassVar[int]
     uefi: ExpectedUefi
     gpus: ExpectedGpuState
     nics: _containers.RepeatedCompositeFieldContainer[NicProfile]
@@ -744,7 +745,30 @@ class ExpectedState(_message.Message):
     bmc_accounts: ExpectedBmcAccounts
     wipes: ExpectedWipes
     firmware: ExpectedFirmware
-    def __init__(self, uefi: _Optional[_Union[ExpectedUefi, _Mapping]] = ..., gpus: _Optional[_Union[ExpectedGpuState, _Mapping]] = ..., nics: _Optional[_Iterable[_Union[NicProfile, _Mapping]]] = ..., nvme: _Optional[_Union[ExpectedNvmeLayout, _Mapping]] = ..., tpm: _Optional[_Union[ExpectedTpm, _Mapping]] = ..., bios: _Optional[_Union[ExpectedBios, _Mapping]] = ..., bmc_accounts: _Optional[_Union[ExpectedBmcAccounts, _Mapping]] = ..., wipes: _Optional[_Union[ExpectedWipes, _Mapping]] = ..., firmware: _Optional[_Union[ExpectedFirmware, _Mapping]] = ...) -> None: ...
+    golden: GoldenState
+    def __init__(self, uefi: _Optional[_Union[ExpectedUefi, _Mapping]] = ..., gpus: _Optional[_Union[ExpectedGpuState, _Mapping]] = ..., nics: _Optional[_Iterable[_Union[NicProfile, _Mapping]]] = ..., nvme: _Optional[_Union[ExpectedNvmeLayout, _Mapping]] = ..., tpm: _Optional[_Union[ExpectedTpm, _Mapping]] = ..., bios: _Optional[_Union[ExpectedBios, _Mapping]] = ..., bmc_accounts: _Optional[_Union[ExpectedBmcAccounts, _Mapping]] = ..., wipes: _Optional[_Union[ExpectedWipes, _Mapping]] = ..., firmware: _Optional[_Union[ExpectedFirmware, _Mapping]] = ..., golden: _Optional[_Union[GoldenState, _Mapping]] = ...) -> None: ...
+
+class GoldenState(_message.Message):
+    __slots__ = ("profile", "capture", "rules")
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    CAPTURE_FIELD_NUMBER: _ClassVar[int]
+    RULES_FIELD_NUMBER: _ClassVar[int]
+    profile: str
+    capture: bytes
+    rules: bytes
+    def __init__(self, profile: _Optional[str] = ..., capture: _Optional[bytes] = ..., rules: _Optional[bytes] = ...) -> None: ...
+
+class SourceCount(_message.Message):
+    __slots__ = ("source", "compared", "varied", "unreadable")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    COMPARED_FIELD_NUMBER: _ClassVar[int]
+    VARIED_FIELD_NUMBER: _ClassVar[int]
+    UNREADABLE_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    compared: int
+    varied: int
+    unreadable: str
+    def __init__(self, source: _Optional[str] = ..., compared: _Optional[int] = ..., varied: _Optional[int] = ..., unreadable: _Optional[str] = ...) -> None: ...
 
 class ExpectedFirmware(_message.Message):
     __slots__ = ("profile",)
@@ -1212,7 +1236,7 @@ class InventoryRefreshResult(_message.Message):
     def __init__(self, inventory: _Optional[_Union[Inventory, _Mapping]] = ..., changes: _Optional[_Iterable[_Union[InventoryChange, _Mapping]]] = ..., first: _Optional[bool] = ..., seconds: _Optional[float] = ..., conformance: _Optional[_Union[Conformance, _Mapping]] = ..., release: _Optional[_Union[ReleaseReport, _Mapping]] = ..., node_boots: _Optional[_Iterable[_Union[NodeBoot, _Mapping]]] = ...) -> None: ...
 
 class ReleaseReport(_message.Message):
-    __slots__ = ("boot_id", "pool_ready", "restorable", "cannot_restore", "checked", "not_checked", "wipe_certificates", "attestation_verdict", "tpm_absent", "checked_elsewhere", "wipe_results", "firmware", "devices")
+    __slots__ = ("boot_id", "pool_ready", "restorable", "cannot_restore", "checked", "not_checked", "wipe_certificates", "attestation_verdict", "tpm_absent", "checked_elsewhere", "wipe_results", "firmware", "devices", "compared")
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_READY_FIELD_NUMBER: _ClassVar[int]
     RESTORABLE_FIELD_NUMBER: _ClassVar[int]
@@ -1226,6 +1250,7 @@ class ReleaseReport(_message.Message):
     WIPE_RESULTS_FIELD_NUMBER: _ClassVar[int]
     FIRMWARE_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
+    COMPARED_FIELD_NUMBER: _ClassVar[int]
     boot_id: str
     pool_ready: bool
     restorable: _containers.RepeatedCompositeFieldContainer[Mismatch]
@@ -1239,7 +1264,8 @@ class ReleaseReport(_message.Message):
     wipe_results: _containers.RepeatedScalarFieldContainer[bytes]
     firmware: _containers.RepeatedCompositeFieldContainer[FirmwareVersion]
     devices: _containers.RepeatedCompositeFieldContainer[DeviceAttestation]
-    def __init__(self, boot_id: _Optional[str] = ..., pool_ready: _Optional[bool] = ..., restorable: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., cannot_restore: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., checked: _Optional[_Iterable[str]] = ..., not_checked: _Optional[_Iterable[str]] = ..., wipe_certificates: _Optional[_Iterable[_Union[ErasureCertificate, _Mapping]]] = ..., attestation_verdict: _Optional[str] = ..., tpm_absent: _Optional[str] = ..., checked_elsewhere: _Optional[_Iterable[str]] = ..., wipe_results: _Optional[_Iterable[bytes]] = ..., firmware: _Optional[_Iterable[_Union[FirmwareVersion, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[DeviceAttestation, _Mapping]]] = ...) -> None: ...
+    compared: _containers.RepeatedCompositeFieldContainer[SourceCount]
+    def __init__(self, boot_id: _Optional[str] = ..., pool_ready: _Optional[bool] = ..., restorable: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., cannot_restore: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., checked: _Optional[_Iterable[str]] = ..., not_checked: _Optional[_Iterable[str]] = ..., wipe_certificates: _Optional[_Iterable[_Union[ErasureCertificate, _Mapping]]] = ..., attestation_verdict: _Optional[str] = ..., tpm_absent: _Optional[str] = ..., checked_elsewhere: _Optional[_Iterable[str]] = ..., wipe_results: _Optional[_Iterable[bytes]] = ..., firmware: _Optional[_Iterable[_Union[FirmwareVersion, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[DeviceAttestation, _Mapping]]] = ..., compared: _Optional[_Iterable[_Union[SourceCount, _Mapping]]] = ...) -> None: ...
 
 class DeviceAttestation(_message.Message):
     __slots__ = ("device", "verified", "check", "reason", "firmware", "golden")
