@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent import limits
+from agent.commands import bmc_golden
 from agent.commands.base import Context, Handler, Kept
 from agent.errors import (
     AgentError,
@@ -68,9 +69,14 @@ OPERATIONS: dict[str, dict[str, dict[str, bool]]] = {
         "get_boot_device": {},
     },
     "bmc.query": {"query": {}, "events": {"since": False}, "bios": {"names": False}, "baseline": {},
-                  "secure_boot": {"policy": False}},
+                  "secure_boot": {"policy": False},
+                  # the BMC read whole: the golden state's BMC half (agent/commands/bmc_golden.py)
+                  "golden": {}},
     "bmc.rotate": {"rotate": {"new_password_ref": False, "length": False},
-                   "disable_account": {"username": True}},
+                   "disable_account": {"username": True},
+                   # the golden state's remedies: a slot put back, a subscription deleted
+                   "reset_account": {"account": True, "user_name": False, "role": False, "enabled": False},
+                   "delete_subscription": {"subscription": True}},
     "bmc.firmware": {
         "simple_update": {"image_uri": True, "transfer_protocol": False},
         "push": {"file": True, "sha256": True, "method": False},
@@ -82,6 +88,8 @@ OPERATIONS: dict[str, dict[str, dict[str, bool]]] = {
         "restore_secure_boot": {"policy": True},
         # The site's bmc_posture put back (agent/site/bmc/release.py posture_restore).
         "restore_posture": {},
+        # One NetworkProtocol service on or off (the golden state's remedy).
+        "set_service": {"protocol": True, "enabled": True},
         # The site's firmware set of a hardware profile (setting site_firmware_sets): what differs,
         # and that plan carried out (agent/site/bmc/redfish/fwsets.py, fwapply.py).
         "plan": {"profile": True},
@@ -131,6 +139,12 @@ class BmcArgs:
     policy: Any = None            # bmc.query secure_boot, bmc.firmware restore_secure_boot: the
                                   # fleet's SecureBootPolicy (agent/site/bmc/secure_boot.py)
     profile: str = ""             # bmc.firmware plan/apply: a hardware profile of the firmware sets
+    account: str = ""             # bmc.rotate reset_account: the slot (its Id)
+    user_name: str = ""           # bmc.rotate reset_account: the slot's golden name ("" empty)
+    role: str = ""                # bmc.rotate reset_account: its golden RoleId / IPMI privilege
+    enabled: bool | None = None   # reset_account: its golden Enabled; set_service: on or off
+    subscription: str = ""        # bmc.rotate delete_subscription: the subscription's Id
+    protocol: str = ""            # bmc.firmware set_service: the NetworkProtocol property
 
 
 @dataclass(frozen=True)
@@ -144,6 +158,7 @@ class BmcParams:
     args: BmcArgs = field(default_factory=BmcArgs)
     expect: ExpectedState | None = None    # bmc.query baseline: the BMC's half
     firmware_profile: str = ""    # bmc.query baseline: expect.firmware's profile (its firmware set)
+    golden: bmc_golden.GoldenExpect | None = None   # bmc.query baseline: expect.golden
 
     @property
     def lock_name(self) -> str:
@@ -317,6 +332,12 @@ READERS: dict[str, Callable[[str, str], Any]] = {
     "method": _method,
     "policy": lambda n, t: secure_boot.load(_file(n, t)),
     "profile": _profile,
+    "account": bmc_golden.identifier,
+    "user_name": bmc_golden.user_name,
+    "role": bmc_golden.role,
+    "enabled": _bool,
+    "subscription": bmc_golden.identifier,
+    "protocol": bmc_golden.protocol,
 }
 
 
@@ -357,6 +378,8 @@ def parse_request(kind: str, payload: site_pb2.BmcOperationRequest) -> BmcParams
     if missing:
         raise InvalidParameters(f"{kind} {payload.operation}: missing parameter(s) {', '.join(missing)}")
     args = read_args(params)
+    if payload.operation == "reset_account":
+        bmc_golden.check_reset(params)
     if kind == "bmc.firmware":
         _check_firmware(payload.operation, args)
     return BmcParams(
@@ -365,7 +388,13 @@ def parse_request(kind: str, payload: site_pb2.BmcOperationRequest) -> BmcParams
         verify_tls=payload.verify_tls, args=args, expect=_expect(kind, payload),
         firmware_profile=_profile("expect.firmware.profile", payload.expect.firmware.profile)
         if payload.expect.HasField("firmware") else "",
+        golden=bmc_golden.parse_golden(payload.expect.golden)
+        if _expect_wanted(kind, payload) and payload.expect.HasField("golden") else None,
     )
+
+
+def _expect_wanted(kind: str, payload: site_pb2.BmcOperationRequest) -> bool:
+    return kind == "bmc.query" and payload.operation == "baseline" and payload.HasField("expect")
 
 
 def _expect(kind: str, payload: site_pb2.BmcOperationRequest) -> ExpectedState | None:
@@ -379,9 +408,10 @@ def _expect(kind: str, payload: site_pb2.BmcOperationRequest) -> ExpectedState |
     if not wanted:
         raise InvalidParameters(f"{kind} {payload.operation}: takes no expect (bmc.query baseline does)")
     expected = ExpectedState.from_proto(payload.expect)
-    if not expected.site_areas and not payload.expect.HasField("firmware"):
-        raise InvalidParameters(f"{kind} baseline: expect sets neither bios nor bmc_accounts nor firmware,"
-                                " the BMC's half")
+    if not expected.site_areas and not payload.expect.HasField("firmware") \
+            and not payload.expect.HasField("golden"):
+        raise InvalidParameters(f"{kind} baseline: expect sets neither bios nor bmc_accounts nor firmware"
+                                " nor golden, the BMC's half")
     return expected
 
 
@@ -594,6 +624,10 @@ class BmcQuery(_BmcHandler, kind="bmc.query"):
 
                 found, versions = release_firmware(session.ctx, session.params.firmware_profile, client)
                 mismatches.extend(found)
+            compared: list[agent_pb2.SourceCount] = []
+            if session.params.golden is not None:      # round 2: the BMC whole against its golden
+                found, compared = bmc_golden.baseline(client, session.params.golden)
+                mismatches.extend(found)
             result = _result(session.params, client, state="pool_ready" if not mismatches
                              else f"{len(mismatches)} finding(s)")
             result.release.CopyFrom(bmc_release.report(
@@ -601,7 +635,12 @@ class BmcQuery(_BmcHandler, kind="bmc.query"):
             if session.params.firmware_profile:
                 result.release.checked.append("firmware")
                 result.release.firmware.extend(versions)
+            if compared:
+                result.release.checked.append("golden")
+                result.release.compared.extend(compared)
             return result
+        if session.params.operation == "golden":
+            return bmc_golden.capture_result(client, _result(session.params, client))
         if session.params.operation == "secure_boot":
             return _secure_boot(session, client)
         if session.params.operation == "bios":
@@ -719,8 +758,14 @@ class BmcRotate(_BmcHandler, kind="bmc.rotate"):
         return password
 
     def operate(self, session: BmcSession, client: BmcClient, creds: Credentials) -> Result:
-        if session.params.operation == "disable_account":
+        params, args = session.params, session.params.args
+        if params.operation == "disable_account":
             return self.disable(session, client, creds)
+        if params.operation == "reset_account":
+            return bmc_golden.reset_account(client, creds, args.account, args.user_name, args.role,
+                                            args.enabled, _result(params, client))
+        if params.operation == "delete_subscription":
+            return bmc_golden.delete_subscription(client, args.subscription, _result(params, client))
         params, store, ref = session.params, session.store, session.params.credentials_ref
         new = Credentials(creds.username, self.new_password(session))
         if new.password == creds.password:
@@ -769,6 +814,9 @@ class BmcFirmware(_BmcHandler, kind="bmc.firmware"):
             return _restore_secure_boot(session, client)
         if params.operation == "restore_posture":
             return _restore_posture(session, client)
+        if params.operation == "set_service":
+            assert args.enabled is not None       # required: parse saw to it
+            return bmc_golden.set_service(client, args.protocol, args.enabled, _result(params, client))
         if params.operation in ("plan", "apply"):
             from agent.commands.bmc_fwsets import firmware_set
 

@@ -137,6 +137,14 @@ class BmcClient(Protocol):
         accounts as the BMC now lists them; BmcRefused when there is none or one stays enabled."""
         ...
 
+    def reset_account(self, slot: str, user_name: str, role: str, enabled: bool | None,
+                      site_user: str) -> Account:
+        """Put the account in ``slot`` back to ``user_name`` (and ``role``, ``enabled`` where
+        given; a Redfish RoleId, or IPMI's privilege as ``channel getaccess`` prints it), each
+        write once, read back: the slot as read back; BmcRefused where it differs. The site's
+        own account (``site_user``) is never renamed nor disabled (InvalidParameters)."""
+        ...
+
     def check_login(self, credentials: Credentials) -> bool:
         """True when ``credentials`` are accepted; False when refused (AuthFailed is not
         raised here); other failures raise."""

@@ -295,6 +295,22 @@ def parse_getaccess(text: str) -> list[Account]:
     return out
 
 
+# IPMI 2.0 table 6-? (privilege levels): 0 is reserved and grants nothing, as NO ACCESS (0x0F)
+# does; a BMC refuses to set 0 (ipmi_sim: "invalid data field"), so both read as NO ACCESS.
+_PRIVILEGE_CODE = {"callback": 1, "user": 2, "operator": 3, "administrator": 4, "oem": 5,
+                   "no access": 15}
+
+
+def privilege_code(text: str) -> int:
+    """A privilege as ``channel getaccess`` prints it ("ADMINISTRATOR", "Unknown (0x00)") -> its
+    code, 0 (reserved) read as NO ACCESS's 15; 15 for what has no code."""
+    code = _PRIVILEGE_CODE.get(text.strip().lower())
+    if code is None:
+        m = re.search(r"\(0x([0-9a-fA-F]{1,2})\)", text)
+        code = int(m.group(1), 16) if m else 15
+    return 15 if code == 0 else code
+
+
 class IpmiClient:
     """One BMC over IPMI 2.0 lanplus. ``attempts`` counts the ipmitool runs made."""
 
@@ -533,6 +549,55 @@ class IpmiClient:
                                  "but reads it back enabled", bmc_message="read back enabled")
             back.append(now[0])
         return back
+
+    def reset_account(self, slot: str, user_name: str, role: str, enabled: bool | None,
+                      site_user: str) -> Account:
+        """User ``slot`` put back: its name (Set User Name, 16 bytes: an empty name included,
+        which ``user set name`` cannot write), its access on the client's channel (Set User
+        Access: IPMI messaging on where ``enabled``, the privilege ``role`` as ``channel
+        getaccess`` prints it, the link authentication as it is) and ``user enable`` or
+        ``disable``; each command once, then read back."""
+        where = f"BMC {self.target.address}"
+        if not slot.isdigit() or not 1 < int(slot) <= 63:
+            raise InvalidParameters(f"{where}: user slot {slot!r}: 2 to 63 (1 is the anonymous user)")
+        name = user_name.encode("ascii", "replace")
+        if len(name) > 16:
+            raise InvalidParameters(f"{where}: an IPMI user name is 16 characters at most")
+        level = privilege_code(role) if role else None
+        before = self._access(slot)
+        if before.get("User Name", "") == site_user and (user_name != site_user or enabled is False):
+            raise InvalidParameters(f"{where}: user {slot} is the site's own account {site_user!r}; "
+                                    "it is not reset")
+        if before.get("User Name", "") != user_name:
+            padded = name.ljust(16, b"\0")
+            self.run("raw", "0x06", "0x45", f"{int(slot):#04x}", *(f"{b:#04x}" for b in padded))
+        messaging = enabled if enabled is not None else before.get("IPMI Messaging") == "enabled"
+        if level is not None or enabled is not None:
+            now = privilege_code(before.get("Privilege Level", ""))
+            bits = 0x80 | (0x10 if messaging else 0) \
+                | (0x20 if before.get("Link Authentication") == "enabled" else 0) | (self.channel & 0x0F)
+            self.run("raw", "0x06", "0x43", f"{bits:#04x}", f"{int(slot):#04x}",
+                     f"{(level if level is not None else now):#04x}")
+        if enabled is not None:
+            self.run("user", "enable" if enabled else "disable", slot)
+        after = self._access(slot)
+        got = (after.get("User Name", ""), after.get("IPMI Messaging") == "enabled",
+               privilege_code(after.get("Privilege Level", "")))
+        want = (user_name, messaging, level if level is not None else got[2])
+        if got != want:
+            raise BmcRefused(f"{where} accepted resetting user {slot} but reads back {got}, not {want}",
+                             bmc_message="read back differs")
+        log.info("%s: user slot %s reset", where, slot)
+        return Account(slot, got[0], after.get("Privilege Level", ""), got[1])
+
+    def _access(self, slot: str) -> dict[str, str]:
+        text = self.run("channel", "getaccess", str(self.channel), slot)
+        for block in re.split(r"\n\s*\n", text):
+            f = _fields(block)
+            if f.get("User ID") == slot:
+                return f
+        raise BmcRefused(f"BMC {self.target.address}: channel getaccess lists no user {slot}",
+                         bmc_message="no such user")
 
     def check_login(self, credentials: Credentials) -> bool:
         try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from agent.errors import BmcRefused, Unsupported
+from agent.errors import BmcRefused, InvalidParameters, Unsupported
 from agent.policy.release.state import Account
 from agent.site.bmc.redfish.session import Doc, RedfishSession, link, text
 
@@ -71,3 +71,38 @@ def disable(s: RedfishSession, username: str) -> list[Account]:
                              bmc_message="read back Enabled true")
         back.append(now)
     return back
+
+
+def reset_slot(s: RedfishSession, slot: str, user_name: str, role: str, enabled: bool | None,
+               site_user: str) -> Account:
+    """The account in slot ``slot`` (its Id) put back to ``user_name`` (and ``role``, ``enabled``
+    where given): one PATCH of what differs, with If-Match, sent once (an ambiguous answer read
+    back), then read back; BmcRefused where it reads back otherwise. The site's own account is
+    never renamed nor disabled (InvalidParameters)."""
+    where = f"Redfish BMC {s.target.address}"
+    ref = next((r for r in s.members(_collection(s))[:MAX_ACCOUNTS]
+                if r.rstrip("/").rsplit("/", 1)[-1] == slot), "")
+    doc = s.get(ref) if ref else {}
+    if not ref or text(doc.get("Id") or slot) != slot:
+        raise BmcRefused(f"{where} has no account slot {slot!r}", bmc_message="no such account")
+    wanted: Doc = {"UserName": user_name}
+    if role:
+        wanted["RoleId"] = role
+    if enabled is not None:
+        wanted["Enabled"] = enabled
+    now = _account(ref, doc)
+    if now.user_name == site_user and (user_name != site_user or enabled is False):
+        raise InvalidParameters(f"{where}: slot {slot} holds the site's own account {site_user!r}; "
+                                "it is not reset")
+    body = {k: v for k, v in wanted.items() if doc.get(k) != v}
+    if body:
+        def taken() -> bool:
+            got = s.get(ref)
+            return all(got.get(k) == v for k, v in body.items())
+        s.write("PATCH", ref, body, etag=True, taken=taken)
+        log.info("%s: account slot %s reset (%s)", where, slot, ", ".join(sorted(body)))
+    back = s.get(ref)
+    if any(back.get(k) != v for k, v in wanted.items()):
+        raise BmcRefused(f"{where} accepted resetting account slot {slot} but reads back "
+                         f"{ {k: back.get(k) for k in wanted} }", bmc_message="read back differs")
+    return _account(ref, back)

@@ -13,12 +13,14 @@ every BMC client offers, each a call into the module of its noun.
     storage.py   Storage / SimpleStorage, volumes
     bios.py      BIOS attributes checked against the BMC's AttributeRegistry
     secureboot.py  UEFI Secure Boot: the SecureBoot resource, its databases, ResetKeys, enrolling
-    accounts.py  the AccountService's accounts: listed, disabled
+    accounts.py  the AccountService's accounts: listed, disabled, a slot reset
+    subscriptions.py  the EventService's subscriptions: one deleted
+    golden.py    the configuration read whole (the release gate's golden state)
     media.py     virtual media
     firmware.py  the UpdateService; tasks.py the task monitor it (and volumes) follow
     events.py    the LogServices' entries
     integrity.py ComponentIntegrity: the SPDM responders and their signed measurements
-    posture.py   the Manager's network protocols (IPMI, HTTP, ...): read, and put back
+    posture.py   the Manager's network protocols (IPMI, HTTP, ...): read, put back, one set
 """
 
 from __future__ import annotations
@@ -31,7 +33,17 @@ from agent.policy.release.state import Account, BiosValue
 from agent.proto import site_pb2
 from agent.site.bmc.client import BootSetting, PowerAction, PowerState
 from agent.site.bmc.posture import ProtocolState
-from agent.site.bmc.redfish import accounts, bios, events, firmware, media, posture, storage, system
+from agent.site.bmc.redfish import (
+    accounts,
+    bios,
+    events,
+    firmware,
+    media,
+    posture,
+    storage,
+    subscriptions,
+    system,
+)
 from agent.site.bmc.redfish.session import RedfishSession
 
 
@@ -75,6 +87,18 @@ class RedfishClient(RedfishSession):
 
     def disable_account(self, username: str) -> list[Account]:
         return accounts.disable(self, username)
+
+    def reset_account(self, slot: str, user_name: str, role: str, enabled: bool | None,
+                      site_user: str) -> Account:
+        return accounts.reset_slot(self, slot, user_name, role, enabled, site_user)
+
+    def delete_subscription(self, subscription: str) -> bool:
+        """Redfish only: an EventService subscription deleted (False: there was none)."""
+        return subscriptions.delete(self, subscription)
+
+    def set_service(self, protocol: str, enabled: bool) -> bool:
+        """Redfish only: a NetworkProtocol service on or off (False: it already was)."""
+        return posture.set_service(self, protocol, enabled)
 
     def firmware_update(
         self,

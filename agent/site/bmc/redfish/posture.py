@@ -74,3 +74,28 @@ def put_back(s: RedfishSession, expected: dict[str, bool],
     log.info("Redfish %s: posture put back: %s; not: %s", s.target.address,
              ", ".join(sorted(set(body) - set(still))) or "none", ", ".join(sorted(why)) or "none")
     return after, why
+
+
+def set_service(s: RedfishSession, protocol: str, enabled: bool) -> bool:
+    """One service of the NetworkProtocol (any it lists: VNC, KVMIP, SSH, SNMP, ...) turned on or
+    off: one PATCH with If-Match, sent once (an ambiguous answer read back), read back; whether
+    a write was needed. Unsupported where the resource does not list it; BmcRefused where it
+    reads back otherwise."""
+    where = f"Redfish BMC {s.target.address}"
+    ref = _ref(s)
+
+    def now() -> object:
+        entry = s.get(ref).get(protocol)
+        return entry.get("ProtocolEnabled") if isinstance(entry, dict) else None
+
+    entry = s.get(ref).get(protocol)
+    if not isinstance(entry, dict) or not isinstance(entry.get("ProtocolEnabled"), bool):
+        raise Unsupported(f"{where}: its NetworkProtocol lists no {protocol} with ProtocolEnabled")
+    if entry["ProtocolEnabled"] is enabled:
+        return False
+    s.write("PATCH", ref, {protocol: {"ProtocolEnabled": enabled}}, etag=True, taken=lambda: now() is enabled)
+    if now() is not enabled:
+        raise BmcRefused(f"{where} accepted turning {protocol} {'on' if enabled else 'off'} but reads it "
+                         "back unchanged", bmc_message="read back unchanged")
+    log.info("%s: %s turned %s", where, protocol, "on" if enabled else "off")
+    return True

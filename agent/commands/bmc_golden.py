@@ -1,0 +1,128 @@
+"""The release gate's golden state at the site (round 2): bmc.query golden (the BMC captured
+whole, the golden state's BMC half as the tool itself writes it), bmc.query baseline with
+``expect.golden`` (the BMC diffed against it, each change a finding with its remedy), and the
+remedies that were missing: bmc.rotate reset_account and delete_subscription, bmc.firmware
+set_service. agent/site/bmc/golden.py reads and diffs; called by agent/commands/bmc.py.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from agent.errors import InvalidParameters, Unsupported
+from agent.policy.release.golden import Capture, Rules
+from agent.proto import agent_pb2, site_pb2
+from agent.site.bmc import golden
+from agent.site.bmc.client import BmcClient, Credentials
+
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@%+-]{0,127}")
+_PROTOCOL = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
+
+
+@dataclass(frozen=True)
+class GoldenExpect:
+    """``expect.golden`` read once: the profile, its capture and rules."""
+
+    profile: str
+    capture: Capture
+    rules: Rules
+
+
+def parse_golden(msg: agent_pb2.GoldenState) -> GoldenExpect:
+    if not msg.capture:
+        raise InvalidParameters("expect.golden: capture is required (golden.Capture as JSON)")
+    capture = Capture.from_json(msg.capture, what="expect.golden.capture")
+    rules = Rules.from_json(msg.rules, what="expect.golden.rules") if msg.rules else Rules()
+    if not set(capture.sources) & set(golden.SITE_SOURCES):
+        raise InvalidParameters(f"expect.golden: the capture has none of the BMC's sources "
+                                f"({', '.join(golden.SITE_SOURCES)})")
+    return GoldenExpect(msg.profile, capture, rules)
+
+
+def identifier(name: str, text: str) -> str:
+    """An account slot's or a subscription's Id as the BMC lists it."""
+    if not _ID.fullmatch(text):
+        raise InvalidParameters(f"parameter {name}: an Id as the BMC lists it "
+                                "(letters, digits, . _ : @ % + -)")
+    return text
+
+
+def protocol(name: str, text: str) -> str:
+    if not _PROTOCOL.fullmatch(text):
+        raise InvalidParameters(f"parameter {name}: a NetworkProtocol property (VNC, KVMIP, SSH, SNMP, ...)")
+    return text
+
+
+def user_name(name: str, text: str) -> str:
+    """An account's golden name: printable, 64 characters at most, "" for an empty slot."""
+    if len(text) > 64 or not text.isprintable():
+        raise InvalidParameters(f"parameter {name}: a user name, printable, 64 characters at most")
+    return text
+
+
+def role(name: str, text: str) -> str:
+    if len(text) > 64 or not text.isprintable():
+        raise InvalidParameters(f"parameter {name}: a role (RoleId or IPMI privilege), 64 characters at most")
+    return text
+
+
+def check_reset(given: dict[str, str]) -> None:
+    """bmc.rotate reset_account names the slot's golden user_name, even an empty one."""
+    if "user_name" not in given:
+        raise InvalidParameters("bmc.rotate reset_account: user_name is required (\"\" for an empty slot)")
+
+
+def baseline(client: BmcClient, expect: GoldenExpect
+             ) -> tuple[list[agent_pb2.Mismatch], list[agent_pb2.SourceCount]]:
+    """The BMC captured now and diffed against the golden's BMC half: the findings (each with
+    its remedy where there is one) and the counts per source. A source the golden has and this
+    protocol does not read is unreadable: a finding."""
+    seen = golden.capture(client)
+    found, d = golden.check(expect.capture, expect.rules, seen)
+    return found, golden.counts(d)
+
+
+def capture_result(client: BmcClient, result: site_pb2.BmcOperationResult) -> site_pb2.BmcOperationResult:
+    """bmc.query golden: the capture as JSON in ``values["capture"]``, counted in ``state``."""
+    capture = golden.capture(client)
+    items = sum(len(v) for v in capture.sources.values())
+    result.state = f"{items} items in {len(capture.sources)} sources, {len(capture.unreadable)} unreadable"
+    result.values["capture"] = capture.to_json().decode()
+    for source, items_of in sorted(capture.sources.items()):
+        result.values[f"items.{source}"] = str(len(items_of))
+    for source, why in sorted(capture.unreadable.items()):
+        result.values[f"unreadable.{source}"] = why
+    return result
+
+
+def reset_account(client: BmcClient, creds: Credentials, slot: str, name: str, role_id: str,
+                  enabled: bool | None, result: site_pb2.BmcOperationResult) -> site_pb2.BmcOperationResult:
+    back = client.reset_account(slot, name, role_id, enabled, creds.username)
+    result.state = "reset"
+    result.values.update({"account": back.id, "username": back.user_name, "role": back.role,
+                          "enabled": str(back.enabled).lower()})
+    return result
+
+
+def delete_subscription(client: BmcClient, subscription: str,
+                        result: site_pb2.BmcOperationResult) -> site_pb2.BmcOperationResult:
+    from agent.site.bmc.redfish.client import RedfishClient
+
+    if not isinstance(client, RedfishClient):
+        raise Unsupported("delete_subscription: Redfish only (IPMI has no EventService)")
+    result.state = "deleted" if client.delete_subscription(subscription) else "absent"
+    result.values["subscription"] = subscription
+    return result
+
+
+def set_service(client: BmcClient, name: str, enabled: bool,
+                result: site_pb2.BmcOperationResult) -> site_pb2.BmcOperationResult:
+    from agent.site.bmc.redfish.client import RedfishClient
+
+    if not isinstance(client, RedfishClient):
+        raise Unsupported("set_service: Redfish only (IPMI has no ManagerNetworkProtocol)")
+    changed = client.set_service(name, enabled)
+    result.state = ("turned " if changed else "already ") + ("on" if enabled else "off")
+    result.values.update({"protocol": name, "enabled": str(enabled).lower()})
+    return result

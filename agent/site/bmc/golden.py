@@ -1,0 +1,219 @@
+"""The BMC's half of the release gate's golden state: read whole at the site, diffed, put back.
+
+``capture(client)`` reads the BMC's sources (agent/policy/release/golden.py's ``Capture``):
+over Redfish "bmc", "bios" and "firmware" (agent/site/bmc/redfish/golden.py says what each
+holds and how paths are spelt); over IPMI "ipmi" and "firmware":
+
+  ipmi      every user slot of the client's channel (``users/<id>/name`` and its access on the
+            channel: ``users/<id>/channel/1/Privilege Level``, ``IPMI Messaging``, ``Link
+            Authentication``, ``Enable Status``, ``Access Available``), the channel's counts
+            (``channel/1/Enabled User IDs``) and its LAN configuration as ``lan print`` gives it
+            (``lan/1/RMCP+ Cipher Suites``, ``Cipher Suite Priv Max``, ``Auth Type Enable``,
+            the addresses, the SNMP community).
+  firmware  the controller's ``mc info`` (``mc/Firmware Revision``, ``mc/Aux Firmware Rev Info``).
+
+``check(golden, rules, seen)`` diffs the BMC's sources (SITE_SOURCES, the golden's
+others are the node's, checked by its ramdisk) and turns each change into a finding
+(``Mismatch``: check ``<source>.<added|removed|changed>``, where = the path) with the site
+command that puts it back where there is one (``remedy``), and each source that could not be
+read, or that this protocol does not read, into ``<source>.unreadable``. ``counts`` is the
+report's ``compared`` (a SourceCount per source).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+
+from agent.errors import AgentError, Cancelled
+from agent.policy.release.findings import bmc_remedy
+from agent.policy.release.golden import Capture, Change, Diff, Rules, diff
+from agent.proto import agent_pb2
+from agent.site.bmc.client import BmcClient
+
+SITE_SOURCES = ("bmc", "bios", "ipmi", "firmware")
+REDFISH_SOURCES = ("bmc", "bios", "firmware")
+IPMI_SOURCES = ("ipmi", "firmware")
+MAX_IPMI_USERS = 64
+_USER_FIELDS = ("Access Available", "Link Authentication", "IPMI Messaging", "Privilege Level",
+                "Enable Status")
+
+
+def capture(client: BmcClient) -> Capture:
+    """Every site source this protocol reads, whole; what could not be read, with why."""
+    from agent.site.bmc.ipmi import IpmiClient
+    from agent.site.bmc.redfish import golden as redfish_golden
+    from agent.site.bmc.redfish.client import RedfishClient
+
+    if isinstance(client, RedfishClient):
+        got, unreadable = redfish_golden.read(client)
+        return Capture(got, unreadable)
+    assert isinstance(client, IpmiClient)
+    sources: dict[str, dict[str, str]] = {}
+    why: dict[str, str] = {}
+    for source, reader in (("ipmi", _ipmi), ("firmware", _ipmi_firmware)):
+        try:
+            sources[source] = reader(client)
+        except Cancelled:
+            raise
+        except AgentError as exc:
+            why[source] = exc.message
+    return Capture(sources, why)
+
+
+def _fields(text: str) -> list[tuple[str, str]]:
+    """``Key : value`` lines, a line with no key (``   : more``) continuing the one before, an
+    indented line without a colon (``mc info``'s lists) too."""
+    out: list[tuple[str, str]] = []
+    for line in text.splitlines():
+        key, colon, value = line.partition(":")
+        if colon and key.strip():
+            out.append((key.strip(), value.strip()))
+        elif out and line.strip():
+            name, before = out[-1]
+            more = value.strip() if colon else line.strip()
+            out[-1] = (name, f"{before} | {more}" if before else more)
+    return out
+
+
+def _ipmi(client: BmcClient) -> dict[str, str]:
+    from agent.site.bmc.ipmi import IpmiClient, privilege_code
+
+    assert isinstance(client, IpmiClient)
+    c = client.channel
+    items: dict[str, str] = {}
+    blocks = re.split(r"\n\s*\n", client.run("channel", "getaccess", str(c)))
+    for block in blocks:
+        fields = dict(_fields(block))
+        uid = fields.get("User ID", "")
+        if not uid:
+            for key, value in fields.items():
+                items[f"channel/{c}/{key}"] = value
+            continue
+        if not uid.isdigit() or int(uid) > MAX_IPMI_USERS:
+            continue
+        items[f"users/{uid}/name"] = fields.get("User Name", "")
+        for key in _USER_FIELDS:
+            if key in fields:
+                value = fields[key]
+                if key == "Privilege Level" and privilege_code(value) == 15:
+                    value = "NO ACCESS"          # 0 (reserved) grants nothing either
+                items[f"users/{uid}/channel/{c}/{key}"] = value
+    if not any(k.startswith("users/") for k in items):
+        raise AgentError(f"BMC {client.target.address}: channel getaccess {c} listed no users")
+    for key, value in _fields(client.run("lan", "print", str(c))):
+        items[f"lan/{c}/{key}"] = value
+    return items
+
+
+def _ipmi_firmware(client: BmcClient) -> dict[str, str]:
+    from agent.site.bmc.ipmi import IpmiClient
+
+    assert isinstance(client, IpmiClient)
+    return {f"mc/{k}": v for k, v in _fields(client.run("mc", "info"))}
+
+
+# -- the check ------------------------------------------------------------------------
+
+
+def site_part(golden: Capture) -> Capture:
+    """The golden state's site sources (the node's are its ramdisk's to check)."""
+    return Capture({s: items for s, items in golden.sources.items() if s in SITE_SOURCES},
+                   {s: why for s, why in golden.unreadable.items() if s in SITE_SOURCES})
+
+
+def check(golden: Capture, rules: Rules, seen: Capture) -> tuple[list[agent_pb2.Mismatch], Diff]:
+    """Every change of ``seen`` against the golden's site sources, as findings with remedies."""
+    d = diff(site_part(golden), seen, rules)
+    out: list[agent_pb2.Mismatch] = []
+    for source, why in sorted(d.unreadable.items()):
+        out.append(agent_pb2.Mismatch(
+            check=f"{source}.unreadable", expected="read", found="unreadable", where=source,
+            message=f"the BMC's {source} could not be read: {why}; a source not read is never a pass"))
+    for c in d.changes:
+        m = agent_pb2.Mismatch(check=c.check, expected=c.golden if c.kind != "added" else "(absent)",
+                               found=c.found if c.kind != "removed" else "(absent)", where=c.path,
+                               message=_message(c))
+        remedy = _remedy(c, golden.sources.get(c.source, {}))
+        if remedy is not None:
+            m.bmc_remedy.CopyFrom(remedy)
+        out.append(m)
+    return out, d
+
+
+def counts(d: Diff) -> list[agent_pb2.SourceCount]:
+    names = sorted(set(d.compared) | set(d.unreadable))
+    return [agent_pb2.SourceCount(source=s, compared=d.compared.get(s, 0), varied=d.varied.get(s, 0),
+                                  unreadable=d.unreadable.get(s, "")) for s in names]
+
+
+def _message(c: Change) -> str:
+    if c.kind == "added":
+        return f"{c.source} {c.path} = {c.found!r}: not in the golden state"
+    if c.kind == "removed":
+        return f"{c.source} {c.path}: in the golden state ({c.golden!r}), not on the BMC"
+    return f"{c.source} {c.path} is {c.found!r}, the golden state's {c.golden!r}"
+
+
+def _unkey(part: str) -> str:
+    return part.replace("%2F", "/")
+
+
+def _remedy(c: Change, old: Mapping[str, str]) -> agent_pb2.BmcRemedy | None:
+    """The site command that puts ``c`` back, where there is one (docs/lifecycle.md)."""
+    parts = c.path.split("/")
+    if c.source == "bmc":
+        return _bmc_remedy(c, parts, old)
+    if c.source == "bios" and len(parts) == 2 and parts[0] in ("Attributes", "Pending") \
+            and c.kind != "removed" and f"Attributes/{parts[1]}" in old:
+        value = old[f"Attributes/{parts[1]}"]
+        if len(value) <= 256 and value not in ("null", "{}", "[]"):
+            return bmc_remedy("bmc.firmware", "set_bios", attributes=json.dumps({_unkey(parts[1]): value}))
+    if c.source == "ipmi" and len(parts) >= 3 and parts[0] == "users" and f"users/{parts[1]}/name" in old:
+        slot = f"users/{parts[1]}/channel/"
+        access = {k.rsplit("/", 1)[-1]: v for k, v in old.items() if k.startswith(slot)}
+        messaging = access.get("IPMI Messaging", "")
+        return _account_remedy(parts[1], old[f"users/{parts[1]}/name"], access.get("Privilege Level", ""),
+                               "true" if messaging == "enabled" else "false" if messaging else "")
+    return None
+
+
+def _bmc_remedy(c: Change, parts: list[str], old: Mapping[str, str]) -> agent_pb2.BmcRemedy | None:
+    head = parts[0]
+    if parts[:2] == ["EventService", "Subscriptions"] and len(parts) > 3:
+        slot = f"EventService/Subscriptions/{parts[2]}/"
+        if not any(k.startswith(slot) for k in old):            # one the golden has not
+            return bmc_remedy("bmc.rotate", "delete_subscription", subscription=_unkey(parts[2]))
+        return None
+    if head == "NetworkProtocol" and len(parts) == 3 and parts[2] == "ProtocolEnabled" \
+            and c.golden in ("true", "false"):
+        return bmc_remedy("bmc.firmware", "set_service", protocol=_unkey(parts[1]), enabled=c.golden)
+    if parts[:2] == ["AccountService", "Accounts"] and len(parts) == 4 \
+            and parts[3] in ("UserName", "RoleId", "Enabled"):
+        base = f"AccountService/Accounts/{parts[2]}/"
+        if base + "UserName" in old:
+            return _account_remedy(parts[2], old[base + "UserName"], old.get(base + "RoleId", ""),
+                                   old.get(base + "Enabled", ""))
+        return None
+    if head == "VirtualMedia" and len(parts) >= 3 and old.get(f"VirtualMedia/{parts[1]}/Inserted") == "false":
+        return bmc_remedy("bmc.storage", "eject_media")
+    override = ("BootSourceOverrideEnabled", "BootSourceOverrideTarget")
+    if head == "Boot" and len(parts) == 2 and parts[1] in override \
+            and old.get("Boot/BootSourceOverrideEnabled") == "Disabled" \
+            and old.get("Boot/BootSourceOverrideTarget") in ("None", "null", None):
+        return bmc_remedy("bmc.boot", "set_boot_device", device="none")
+    return None
+
+
+def _account_remedy(slot: str, name: str, role: str, enabled: str) -> agent_pb2.BmcRemedy | None:
+    """bmc.rotate reset_account: the slot put back to the golden's name, role and enabled (the
+    site's own account never: the handler refuses it)."""
+    if len(name) > 64 or not name.isprintable() or len(role) > 64:
+        return None
+    params = {"account": _unkey(slot), "user_name": name}
+    if role:
+        params["role"] = role
+    if enabled in ("true", "false"):
+        params["enabled"] = enabled
+    return bmc_remedy("bmc.rotate", "reset_account", **params)
