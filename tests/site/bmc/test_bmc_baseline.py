@@ -209,7 +209,7 @@ def test_redfish_an_extra_account_and_a_changed_bios_attribute_are_found_and_put
     assert not report.pool_ready and not report.cannot_restore
     assert findings(report) == {("bmc.account_extra", "tenant"), ("bios.attribute", "LogicalProc")}
     bios = next(m for m in report.restorable if m.check == "bios.attribute")
-    assert (bios.expected, bios.found) == ("Enabled", "current Disabled, pending Disabled")
+    assert (bios.expected, bios.found) == ("Enabled", "current Disabled")   # applied: none pending
     assert (bios.bmc_remedy.kind, bios.bmc_remedy.operation) == ("bmc.firmware", "set_bios")
     assert json.loads(bios.bmc_remedy.parameters["attributes"]) == {"LogicalProc": "Enabled"}
 

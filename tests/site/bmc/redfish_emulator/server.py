@@ -24,6 +24,10 @@ says, bent by the profile:
 - Boot PATCH: values checked against the recording's allowable values; a settings object
   (@Redfish.Settings) takes what the client sends there, applied at the next reset; where the
   profile says so (BlueField-3) the System answers a Boot PATCH and applies nothing.
+- EventService subscriptions: a POST to the Subscriptions collection makes one (Destination
+  required), a DELETE of a member removes it.
+- BIOS attributes PATCHed to a settings object: applied to the Bios at the next reset, and the
+  settings object no longer holds them (DSP0266 "Settings").
 - ManagerNetworkProtocol PATCH: each protocol's ProtocolEnabled or Port, within the protocol's
   object; one the resource does not list refused (and on bmcweb any but IPMI and SSH).
 - VirtualMedia: InsertMedia / EjectMedia actions or PATCH, with the profile's transports; an
@@ -366,6 +370,17 @@ class _Handler(BaseHTTPRequestHandler):
                 if st.sessions.pop(sid, None) is None:
                     return self._send(404, _error("Base.1.8.ResourceMissingAtURI", path))
                 return self._send(204)
+            if path.rsplit("/", 1)[0] == self._subscriptions():
+                if not self._authorised():
+                    return self._send(401, _error("Base.1.8.NoValidSession", "no valid session"))
+                if st.docs.pop(path, None) is None:
+                    return self._send(404, _error("Base.1.8.ResourceMissingAtURI", path))
+                collection = st.docs[self._subscriptions()]
+                collection["Members"] = [m for m in collection.get("Members", [])
+                                         if str(m.get("@odata.id", "")).rstrip("/") != path]
+                collection["Members@odata.count"] = len(collection["Members"])
+                st.changed(self._subscriptions())
+                return self._send(204)
             self._send(405, _error("Base.1.8.OperationNotAllowed", "DELETE not allowed"))
 
     def do_POST(self) -> None:
@@ -391,6 +406,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._insert(path.rsplit("/Actions/", 1)[0], body)
             if path.endswith("/Actions/VirtualMedia.EjectMedia"):
                 return self._eject(path.rsplit("/Actions/", 1)[0])
+            if path == self._subscriptions():
+                return self._subscribe(path, body)
             service = st.docs.get(f"{ROOT}/UpdateService", {})
             pushes = {str(service.get(k) or "").rstrip("/") for k in ("MultipartHttpPushUri", "HttpPushUri")}
             simple = service.get("Actions", {}).get("#UpdateService.SimpleUpdate", {})
@@ -401,6 +418,31 @@ class _Handler(BaseHTTPRequestHandler):
                 st.monitors[monitor] = self.image or str(body.get("ImageURI", ""))
                 return self._send(202, {"@odata.id": monitor, "TaskState": "New"}, {"Location": monitor})
             self._send(404, _error("Base.1.8.ActionNotSupported", f"{path} is no action here"))
+
+    def _subscriptions(self) -> str:
+        """The EventService's Subscriptions collection, "" where the recording has none."""
+        docs = self.server.state.docs
+        service = str(docs.get(ROOT, {}).get("EventService", {}).get("@odata.id", "")).rstrip("/")
+        ref = str(docs.get(service, {}).get("Subscriptions", {}).get("@odata.id", "")).rstrip("/")
+        return ref if ref in docs else ""
+
+    def _subscribe(self, path: str, body: Doc) -> None:
+        """An EventDestination made of the POST's body (Destination required), as a member of
+        the collection, answered 201 with its Location."""
+        st = self.server.state
+        if not isinstance(body.get("Destination"), str) or not body["Destination"]:
+            return self._send(400, _error("Base.1.8.PropertyMissing", "Destination is required"))
+        sid = secrets.token_hex(8)
+        ref = f"{path}/{sid}"
+        st.docs[ref] = {"@odata.id": ref, "@odata.type": "#EventDestination.v1_10_1.EventDestination", "Id": sid,
+                        "Name": f"EventSubscription {sid}", "Protocol": "Redfish", "EventFormatType": "Event",
+                        "SubscriptionType": "RedfishEvent", "Context": "", "EventTypes": ["Alert"],
+                        **{k: v for k, v in body.items() if not k.startswith("@")}}
+        collection = st.docs[path]
+        collection.setdefault("Members", []).append({"@odata.id": ref})
+        collection["Members@odata.count"] = len(collection["Members"])
+        st.changed(path)
+        self._send(201, st.docs[ref], {"Location": ref})
 
     def _transfer_protocol_taken(self, action: Doc, body: Doc) -> bool:
         """SimpleUpdate's TransferProtocol against the allowable values of the action or its
@@ -574,6 +616,12 @@ class _Handler(BaseHTTPRequestHandler):
                     st.docs[owner].setdefault("Attributes", {}).update(attributes)
                     del st.pending_attributes[owner]
                     st.changed(owner)
+                    # applied: the settings object holds nothing pending any more (DSP0266 "Settings")
+                    settings = st.docs[owner]["@Redfish.Settings"]["SettingsObject"]["@odata.id"].rstrip("/")
+                    waiting = st.docs[settings].get("Attributes", {})
+                    for name in attributes:
+                        waiting.pop(name, None)
+                    st.changed(settings)
         st.changed(system_path)
         if Quirk.RESET_500_AFTER_ACTING in st.profile.quirks and st.resets.count(kind) == 1:
             return self._send(500, _error("Base.1.8.InternalError", "internal error"))
