@@ -556,7 +556,8 @@ class IpmiClient:
         which ``user set name`` cannot write), its access on the client's channel (Set User
         Access: IPMI messaging on where ``enabled``, the privilege ``role`` as ``channel
         getaccess`` prints it, the link authentication as it is) and ``user enable`` or
-        ``disable``; each command once, then read back."""
+        ``disable``; each command once, then read back. A slot holding the site's own name is
+        reset only while another enabled slot holds it (a tenant's namesake beside the site's)."""
         where = f"BMC {self.target.address}"
         if not slot.isdigit() or not 1 < int(slot) <= 63:
             raise InvalidParameters(f"{where}: user slot {slot!r}: 2 to 63 (1 is the anonymous user)")
@@ -565,7 +566,9 @@ class IpmiClient:
             raise InvalidParameters(f"{where}: an IPMI user name is 16 characters at most")
         level = privilege_code(role) if role else None
         before = self._access(slot)
-        if before.get("User Name", "") == site_user and (user_name != site_user or enabled is False):
+        others = [a for a in self.accounts() if a.user_name == site_user and a.enabled and a.id != slot]
+        if before.get("User Name", "") == site_user and (user_name != site_user or enabled is False) \
+                and not others:
             raise InvalidParameters(f"{where}: user {slot} is the site's own account {site_user!r}; "
                                     "it is not reset")
         if before.get("User Name", "") != user_name:

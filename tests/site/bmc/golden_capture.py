@@ -32,11 +32,11 @@ RULES = FIXTURES / "rules.json"
 IPMI_SIM = "ipmi_sim"
 
 
-def request(address: str, operation: str, protocol: str = "redfish", ref: str = REF,
+def request(address: str, operation: str, over: str = "redfish", ref: str = REF,
             golden: bytes = b"", **parameters: str) -> site_pb2.BmcOperationRequest:
-    """A request of ``operation`` to the BMC at ``address``; with ``golden``, bmc.query
-    baseline's expect.golden (that capture and RULES)."""
-    payload = site_pb2.BmcOperationRequest(node_id="n1", bmc_address=address, protocol=protocol,
+    """A request of ``operation`` to the BMC at ``address`` over ``over`` (redfish, ipmi); with
+    ``golden``, bmc.query baseline's expect.golden (that capture and RULES)."""
+    payload = site_pb2.BmcOperationRequest(node_id="n1", bmc_address=address, protocol=over,
                                            operation=operation, credentials_ref=ref, verify_tls=False,
                                            parameters=parameters)
     if golden:
