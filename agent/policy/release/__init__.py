@@ -62,6 +62,24 @@ its remedies are site commands (``Mismatch.bmc_remedy``), sent with the same BMC
   bios.invalid_value     the baseline's value is not of its registry type -
   bios.attribute         the current or pending value differs             bmc.firmware set_bios (next reset)
 
+Round 2 at the site (bmc.query baseline with ``expect.golden``; golden.py diffs, the sources
+are read by agent/site/bmc/golden.py): every change of the BMC's sources against the profile's
+golden state, ``<source>.added|removed|changed`` with ``where`` the path:
+
+  bmc.*                  AccountService (accounts by slot, roles, LDAP/AD), EventService subscriptions,
+                         NetworkProtocol services, consoles, host interfaces, certificates,
+                         virtual media, the boot override, SecureBoot (Redfish)
+                         a subscription the golden has not   bmc.rotate delete_subscription
+                         a service's ProtocolEnabled         bmc.firmware set_service
+                         a slot's UserName/RoleId/Enabled    bmc.rotate reset_account
+                         a medium in a slot golden empty     bmc.storage eject_media
+                         a boot override golden has none     bmc.boot set_boot_device none
+  bios.*                 every BIOS attribute, current and pending   bmc.firmware set_bios
+  ipmi.*                 IPMI users by slot and channel access, the LAN channel (cipher suites)
+                         a user slot's name or access        bmc.rotate reset_account
+  firmware.*             every FirmwareInventory version (IPMI: mc info)   -
+  <source>.unreadable    a source not read (or not read over this protocol)  -
+
 The TPM's findings are put back by one thing: a Clear the firmware carries out at the next boot,
 asked for through its Physical Presence Interface (agent/drivers/tpm_ppi.py). Where the firmware
 offers no PPI, or refuses Clear from the OS, they have no remedy and say why. NV indices the
