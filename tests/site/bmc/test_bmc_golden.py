@@ -188,7 +188,8 @@ def test_the_bios_tpm_switched_off_is_found_and_set_back(dell: RedfishEmulator,
         ("set_bios", {"TpmSecurity": "On"})
     put_back(emulator_config, dell.address, report)
     waiting = check(emulator_config, dell.address, "dell_r750")   # pending until the next reset
-    assert found(waiting) == {("bios.changed", "Attributes/TpmSecurity"), ("bios.added", "Pending/TpmSecurity")}
+    assert found(waiting) == {("bios.changed", "Attributes/TpmSecurity"),
+                              ("bios.added", "Pending/TpmSecurity")}
     run("bmc.power", emulator_config, request(dell.address, "reset"))
     assert found(check(emulator_config, dell.address, "dell_r750")) == set()
 
@@ -199,7 +200,8 @@ def test_virtual_media_left_inserted_is_found_and_ejected(dell: RedfishEmulator,
         dell.state.docs[f"{DELL_SYSTEM}/VirtualMedia/1"].update(
             {"Image": "http://203.0.113.9/tenant.iso", "Inserted": True, "ConnectedVia": "URI"})
     report = check(emulator_config, dell.address, "dell_r750")
-    assert found(report) == {("bmc.changed", f"VirtualMedia/1/{k}") for k in ("Image", "Inserted", "ConnectedVia")}
+    assert found(report) == {("bmc.changed", f"VirtualMedia/1/{k}")
+                             for k in ("Image", "Inserted", "ConnectedVia")}
     assert {(m.bmc_remedy.kind, m.bmc_remedy.operation) for m in report.restorable} == \
         {("bmc.storage", "eject_media")}
     put_back(emulator_config, dell.address, report)
@@ -208,7 +210,8 @@ def test_virtual_media_left_inserted_is_found_and_ejected(dell: RedfishEmulator,
 
 def test_a_persistent_boot_override_is_found_and_cleared(dell: RedfishEmulator,
                                                          emulator_config: Config) -> None:
-    run("bmc.boot", emulator_config, request(dell.address, "set_boot_device", device="cdrom", persistent="true"))
+    run("bmc.boot", emulator_config,
+        request(dell.address, "set_boot_device", device="cdrom", persistent="true"))
     report = check(emulator_config, dell.address, "dell_r750")
     assert found(report) == {("bmc.changed", "Boot/BootSourceOverrideEnabled"),
                              ("bmc.changed", "Boot/BootSourceOverrideTarget")}
@@ -258,7 +261,8 @@ def test_a_second_ipmi_user_with_an_expected_name_is_found_and_reset(tenant_sim:
     assert ("ipmi.changed", "users/5/channel/1/Privilege Level") in found(report)
     assert {(m.bmc_remedy.operation, tuple(sorted(m.bmc_remedy.parameters.items())))
             for m in report.restorable if m.where.startswith("users/")} == \
-        {("reset_account", (("account", "5"), ("enabled", "false"), ("role", "NO ACCESS"), ("user_name", "")))}
+        {("reset_account", (("account", "5"), ("enabled", "false"), ("role", "NO ACCESS"),
+                            ("user_name", "")))}
     put_back(site_config, tenant_sim.address, report, "ipmi", REF)
     after = check(site_config, tenant_sim.address, IPMI_SIM, "ipmi", REF)
     assert found(after) == set() and after.pool_ready

@@ -434,9 +434,9 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(400, _error("Base.1.8.PropertyMissing", "Destination is required"))
         sid = secrets.token_hex(8)
         ref = f"{path}/{sid}"
-        st.docs[ref] = {"@odata.id": ref, "@odata.type": "#EventDestination.v1_10_1.EventDestination", "Id": sid,
-                        "Name": f"EventSubscription {sid}", "Protocol": "Redfish", "EventFormatType": "Event",
-                        "SubscriptionType": "RedfishEvent", "Context": "", "EventTypes": ["Alert"],
+        st.docs[ref] = {"@odata.id": ref, "@odata.type": "#EventDestination.v1_10_1.EventDestination",
+                        "Id": sid, "Name": f"EventSubscription {sid}", "Protocol": "Redfish",
+                        "EventFormatType": "Event", "SubscriptionType": "RedfishEvent", "Context": "", "EventTypes": ["Alert"],
                         **{k: v for k, v in body.items() if not k.startswith("@")}}
         collection = st.docs[path]
         collection.setdefault("Members", []).append({"@odata.id": ref})
