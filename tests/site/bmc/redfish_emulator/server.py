@@ -436,7 +436,8 @@ class _Handler(BaseHTTPRequestHandler):
         ref = f"{path}/{sid}"
         st.docs[ref] = {"@odata.id": ref, "@odata.type": "#EventDestination.v1_10_1.EventDestination",
                         "Id": sid, "Name": f"EventSubscription {sid}", "Protocol": "Redfish",
-                        "EventFormatType": "Event", "SubscriptionType": "RedfishEvent", "Context": "", "EventTypes": ["Alert"],
+                        "EventFormatType": "Event", "SubscriptionType": "RedfishEvent", "Context": "",
+                        "EventTypes": ["Alert"],
                         **{k: v for k, v in body.items() if not k.startswith("@")}}
         collection = st.docs[path]
         collection.setdefault("Members", []).append({"@odata.id": ref})
