@@ -37,6 +37,10 @@ def parse_golden(msg: agent_pb2.GoldenState) -> GoldenExpect:
     if not set(capture.sources) & set(golden.SITE_SOURCES):
         raise InvalidParameters(f"expect.golden: the capture has none of the BMC's sources "
                                 f"({', '.join(golden.SITE_SOURCES)})")
+    broken = sorted(set(capture.unreadable) & set(golden.SITE_SOURCES))
+    if broken:
+        raise InvalidParameters(f"expect.golden: the capture could not read {', '.join(broken)}: "
+                                "not a golden state; capture the BMC again")
     return GoldenExpect(msg.profile, capture, rules)
 
 
@@ -76,9 +80,10 @@ def check_reset(given: dict[str, str]) -> None:
 def baseline(client: BmcClient, expect: GoldenExpect
              ) -> tuple[list[agent_pb2.Mismatch], list[agent_pb2.SourceCount]]:
     """The BMC captured now and diffed against the golden's BMC half: the findings (each with
-    its remedy where there is one) and the counts per source. A source the golden has and this
-    protocol does not read is unreadable: a finding."""
-    seen = golden.capture(client)
+    its remedy where there is one) and the counts per source. Only the golden's sources are
+    read; one this protocol does not read is unreadable: a finding."""
+    wanted = tuple(src for src in golden.SITE_SOURCES if src in expect.capture.sources)
+    seen = golden.capture(client, wanted)
     found, d = golden.check(expect.capture, expect.rules, seen)
     return found, golden.counts(d)
 

@@ -36,23 +36,33 @@ SITE_SOURCES = ("bmc", "bios", "ipmi", "firmware")
 REDFISH_SOURCES = ("bmc", "bios", "firmware")
 IPMI_SOURCES = ("ipmi", "firmware")
 MAX_IPMI_USERS = 64
+_ACCOUNT_RESET = ("UserName", "RoleId", "Enabled", "Links/Role")    # what reset_account puts back
 _USER_FIELDS = ("Access Available", "Link Authentication", "IPMI Messaging", "Privilege Level",
                 "Enable Status")
 
 
-def capture(client: BmcClient) -> Capture:
-    """Every site source this protocol reads, whole; what could not be read, with why."""
+def capture(client: BmcClient, wanted: tuple[str, ...] = ()) -> Capture:
+    """Each of ``wanted`` (every source this protocol reads when empty), whole; what could not
+    be read, with why: a source ``wanted`` names that this protocol does not read included."""
     from agent.site.bmc.ipmi import IpmiClient
     from agent.site.bmc.redfish import golden as redfish_golden
     from agent.site.bmc.redfish.client import RedfishClient
 
+    redfish = isinstance(client, RedfishClient)
+    offered = REDFISH_SOURCES if redfish else IPMI_SOURCES
+    wanted = wanted or offered
+    other = "ipmi" if redfish else "redfish"
+    why = {s: f"not read over {'redfish' if redfish else 'ipmi'}: capture and check this BMC over {other}"
+           for s in wanted if s not in offered}
+    wanted = tuple(s for s in wanted if s in offered)
     if isinstance(client, RedfishClient):
-        got, unreadable = redfish_golden.read(client)
-        return Capture(got, unreadable)
+        got, unreadable = redfish_golden.read(client, wanted)
+        return Capture(got, {**why, **unreadable})
     assert isinstance(client, IpmiClient)
     sources: dict[str, dict[str, str]] = {}
-    why: dict[str, str] = {}
     for source, reader in (("ipmi", _ipmi), ("firmware", _ipmi_firmware)):
+        if source not in wanted:
+            continue
         try:
             sources[source] = reader(client)
         except Cancelled:
@@ -87,9 +97,10 @@ def _ipmi(client: BmcClient) -> dict[str, str]:
     for block in blocks:
         fields = dict(_fields(block))
         uid = fields.get("User ID", "")
-        if not uid:
+        if not uid:               # the channel's counts; "Enabled User IDs" is the users' sum
             for key, value in fields.items():
-                items[f"channel/{c}/{key}"] = value
+                if key != "Enabled User IDs":
+                    items[f"channel/{c}/{key}"] = value
             continue
         if not uid.isdigit() or int(uid) > MAX_IPMI_USERS:
             continue
@@ -189,8 +200,7 @@ def _bmc_remedy(c: Change, parts: list[str], old: Mapping[str, str]) -> agent_pb
     if head == "NetworkProtocol" and len(parts) == 3 and parts[2] == "ProtocolEnabled" \
             and c.golden in ("true", "false"):
         return bmc_remedy("bmc.firmware", "set_service", protocol=_unkey(parts[1]), enabled=c.golden)
-    if parts[:2] == ["AccountService", "Accounts"] and len(parts) == 4 \
-            and parts[3] in ("UserName", "RoleId", "Enabled"):
+    if parts[:2] == ["AccountService", "Accounts"] and "/".join(parts[3:]) in _ACCOUNT_RESET:
         base = f"AccountService/Accounts/{parts[2]}/"
         if base + "UserName" in old:
             return _account_remedy(parts[2], old[base + "UserName"], old.get(base + "RoleId", ""),

@@ -252,6 +252,11 @@ def test_ipmi_sim_matches_its_golden_state(sim: IpmiSim, site_config: Config) ->
     report = check(site_config, sim.address, IPMI_SIM, "ipmi", REF)
     assert found(report) == set() and report.pool_ready
     assert {c.source for c in report.compared} == {"ipmi", "firmware"}
+    # A golden captured over Redfish, checked over IPMI: its Redfish sources are not a pass.
+    other = check(site_config, sim.address, "dell_r750", "ipmi", REF)
+    unread = {c.source: c.unreadable for c in other.compared if c.unreadable}
+    assert set(unread) == {"bmc", "bios"} and "not read over ipmi" in unread["bmc"]
+    assert {("bmc.unreadable", "bmc"), ("bios.unreadable", "bios")} <= found(other)
 
 
 def test_a_second_ipmi_user_with_an_expected_name_is_found_and_reset(tenant_sim: IpmiSim,

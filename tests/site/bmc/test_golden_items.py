@@ -126,6 +126,8 @@ def test_an_expected_golden_state_is_checked_in_parse() -> None:
         parse(agent_pb2.GoldenState(capture=b"{not json"))
     with pytest.raises(InvalidParameters, match="none of the BMC's sources"):
         parse(agent_pb2.GoldenState(capture=Capture({"uefi": {"a": "b"}}).to_json()))
+    with pytest.raises(InvalidParameters, match="could not read bios"):
+        parse(agent_pb2.GoldenState(capture=Capture({"bmc": {}}, {"bios": "HTTP 500"}).to_json()))
     with pytest.raises(InvalidParameters, match="vary"):
         parse(agent_pb2.GoldenState(capture=GOLDEN.to_json(), rules=b'{"vary": {"bmc": "*"}}'))
     params = parse(agent_pb2.GoldenState(profile="p", capture=GOLDEN.to_json()))
