@@ -28,6 +28,7 @@ SERIAL_GROUP = "qemu-and-ramdisk"
 _RAMDISK_WRITERS = ROOT / "tests" / "initramfs"
 
 
+@pytest.hookimpl(tryfirst=True)   # before xdist's own hook reads the groups into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("qemu") or item.path.is_relative_to(_RAMDISK_WRITERS):
