@@ -21,6 +21,20 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+# Under pytest-xdist (./dev test runs two workers, --dist loadgroup) the tests that boot QEMU or
+# write the ramdisk under initramfs/out/ run on one worker, one after another: one TCG guest at a
+# time on a 2-core machine, one writer of the shared build; every other test goes to either.
+SERIAL_GROUP = "qemu-and-ramdisk"
+_RAMDISK_WRITERS = ROOT / "tests" / "initramfs"
+
+
+@pytest.hookimpl(tryfirst=True)   # before xdist's own hook reads the groups into the node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("qemu") or item.path.is_relative_to(_RAMDISK_WRITERS):
+            item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP))
+
+
 def free_port() -> int:
     """A TCP port free on loopback now (for a server started in a child process)."""
     with socket.socket() as s:
