@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent import limits
+from agent.commands import bmc_spdm
 from agent.commands.base import Context, Handler, Kept
 from agent.errors import (
     AgentError,
@@ -68,7 +69,9 @@ OPERATIONS: dict[str, dict[str, dict[str, bool]]] = {
         "get_boot_device": {},
     },
     "bmc.query": {"query": {}, "events": {"since": False}, "bios": {"names": False}, "baseline": {},
-                  "secure_boot": {"policy": False}},
+                  "secure_boot": {"policy": False},
+                  # SPDM device attestation, the site's half (agent/commands/bmc_spdm.py)
+                  "responders": {}, "measurements": {"nonces": True}},
     "bmc.rotate": {"rotate": {"new_password_ref": False, "length": False},
                    "disable_account": {"username": True}},
     "bmc.firmware": {
@@ -131,6 +134,7 @@ class BmcArgs:
     policy: Any = None            # bmc.query secure_boot, bmc.firmware restore_secure_boot: the
                                   # fleet's SecureBootPolicy (agent/site/bmc/secure_boot.py)
     profile: str = ""             # bmc.firmware plan/apply: a hardware profile of the firmware sets
+    nonces: tuple[tuple[str, bytes], ...] = ()  # bmc.query measurements: the gateway's, per device
 
 
 @dataclass(frozen=True)
@@ -317,6 +321,7 @@ READERS: dict[str, Callable[[str, str], Any]] = {
     "method": _method,
     "policy": lambda n, t: secure_boot.load(_file(n, t)),
     "profile": _profile,
+    "nonces": bmc_spdm.read_nonces,
 }
 
 
@@ -611,6 +616,10 @@ class BmcQuery(_BmcHandler, kind="bmc.query"):
             result.values.update({k: str(v) for k, v in current.items()})
             result.values.update({f"pending.{k}": str(v) for k, v in pending.items()})
             return result
+        if session.params.operation == "responders":
+            return bmc_spdm.responders(client, _result(session.params, client))
+        if session.params.operation == "measurements":
+            return bmc_spdm.measurements(client, session.params.args.nonces, _result(session.params, client))
         if session.params.operation == "events":
             result = _result(session.params, client, events=client.event_log(session.params.args.since))
             result.state = f"{len(result.events)} entries"
