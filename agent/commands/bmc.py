@@ -626,6 +626,9 @@ class BmcQuery(_BmcHandler, kind="bmc.query"):
             result.attempts = getattr(client, "attempts", 0)
             return result
         result = client.query()
+        site = session.ctx.site_services
+        if site is not None and session.params.node_id and result.parts:  # for inventory.refresh
+            site.parts.record(session.params.node_id, session.params.address, result)
         _management(session, client, result)
         result.operation = session.params.operation
         result.state = result.power_state
