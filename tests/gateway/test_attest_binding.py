@@ -275,7 +275,8 @@ def test_a_firmware_update_the_site_made_opens_the_node_s_window_for_its_next_bo
     sim.restart(orderly=True)  # a reboot
     node.boot()
     restored = node.join(verifier)
-    assert restored.attested and restored.matched["accepted_by"] == "site: firmware set fwset-2026-11", restored
+    assert restored.attested, restored
+    assert restored.matched["accepted_by"] == "site: firmware set fwset-2026-11", restored
     assert "learned" not in restored.matched and " -> " in restored.matched["firmware"], restored
     sim.restart(orderly=True)  # a reboot
     node.boot(REFLASHED)  # and the update's build again, now behind the site's back: refused

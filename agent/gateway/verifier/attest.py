@@ -416,10 +416,10 @@ class Verifier:
                                "a firmware change: agent gateway accept NODE)")
         was, now = state.firmware, firmware_of(pcrs)
         if was and now != was and not accept:
-            raise PolicyFailed("firmware_changed", f"{ch.node_id}'s host firmware measured PCR 0/2 {now[:16]}, "
-                               f"not {was[:16]} as at its last attested join, and no window is open: a "
-                               "firmware change is taken after the site's own update of it (bmc.firmware) "
-                               "or an operator's accept (agent gateway accept NODE)")
+            raise PolicyFailed("firmware_changed", f"{ch.node_id}'s host firmware measured PCR 0/2 "
+                               f"{now[:16]}, not {was[:16]} as at its last attested join, and no "
+                               "window is open: a firmware change is taken after the site's own update "
+                               "of it (bmc.firmware) or an operator's accept (agent gateway accept NODE)")
         matched = self.policy.judge(log_, pcrs, profile, learn=not before, accept=accept)
         if accept and now != was:
             matched["firmware"] = f"{was[:16] or 'none'} -> {now[:16]}"
