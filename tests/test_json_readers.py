@@ -31,6 +31,7 @@ TRUSTED: dict[str, str] = {
     "agent/gateway/verifier/state.py": "the gateway's own per-node state files (0600, written atomically)",
     "agent/gateway/verifier/spdm.py": "the fleet's golden-values file, the operator's own configuration",
     "agent/site/bmc/redfish/fwsets.py": "the site's firmware sets, the operator's own file",
+    "agent/site/bmc/partstable.py": "the site daemon's own records of its nodes' parts, written atomically",
     "agent/site/boot/dnsmasq.py": "boot-files.json, the digests the build wrote beside the boot files",
     "agent/site/observe/timeline.py": "the site daemon's own timeline records, and a copy made"
                                       " of its own values (json.dumps then loads)",

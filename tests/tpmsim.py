@@ -95,8 +95,16 @@ class SimTpm:
             self._proc.wait()
             self._proc = None
 
-    def restart(self) -> None:
-        """The TPM's reset: power cycle, a new boot (resetCount up, PCRs zero)."""
+    def restart(self, *, orderly: bool = False) -> None:
+        """The TPM's reset: power cycle, a new boot (resetCount up, PCRs zero). ``orderly``: a
+        reboot, the OS sending TPM2_Shutdown(CLEAR) first; a power cut is not orderly, and each
+        one after a dictionary-attack-protected use counts towards the TPM's lockout."""
+        if orderly:
+            transport = self.transport()
+            try:  # TPM2_Shutdown (0x145), TPM_SU_CLEAR
+                transport.transact(struct.pack(">HII", 0x8001, 12, 0x145) + b"\0\0")
+            finally:
+                transport.close()
         self.stop()
         self.start()
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent import limits
 from agent.commands import bmc_golden
+from agent.commands import bmc_spdm
 from agent.commands.base import Context, Handler, Kept
 from agent.errors import (
     AgentError,
@@ -71,7 +72,9 @@ OPERATIONS: dict[str, dict[str, dict[str, bool]]] = {
     "bmc.query": {"query": {}, "events": {"since": False}, "bios": {"names": False}, "baseline": {},
                   "secure_boot": {"policy": False},
                   # the BMC read whole: the golden state's BMC half (agent/commands/bmc_golden.py)
-                  "golden": {}},
+                  "golden": {},
+                  # SPDM device attestation, the site's half (agent/commands/bmc_spdm.py)
+                  "responders": {}, "measurements": {"nonces": True}},
     "bmc.rotate": {"rotate": {"new_password_ref": False, "length": False},
                    "disable_account": {"username": True},
                    # the golden state's remedies: a slot put back, a subscription deleted
@@ -145,6 +148,7 @@ class BmcArgs:
     enabled: bool | None = None   # reset_account: its golden Enabled; set_service: on or off
     subscription: str = ""        # bmc.rotate delete_subscription: the subscription's Id
     protocol: str = ""            # bmc.firmware set_service: the NetworkProtocol property
+    nonces: tuple[tuple[str, bytes], ...] = ()  # bmc.query measurements: the gateway's, per device
 
 
 @dataclass(frozen=True)
@@ -338,6 +342,7 @@ READERS: dict[str, Callable[[str, str], Any]] = {
     "enabled": _bool,
     "subscription": bmc_golden.identifier,
     "protocol": bmc_golden.protocol,
+    "nonces": bmc_spdm.read_nonces,
 }
 
 
@@ -650,12 +655,19 @@ class BmcQuery(_BmcHandler, kind="bmc.query"):
             result.values.update({k: str(v) for k, v in current.items()})
             result.values.update({f"pending.{k}": str(v) for k, v in pending.items()})
             return result
+        if session.params.operation == "responders":
+            return bmc_spdm.responders(client, _result(session.params, client))
+        if session.params.operation == "measurements":
+            return bmc_spdm.measurements(client, session.params.args.nonces, _result(session.params, client))
         if session.params.operation == "events":
             result = _result(session.params, client, events=client.event_log(session.params.args.since))
             result.state = f"{len(result.events)} entries"
             result.attempts = getattr(client, "attempts", 0)
             return result
         result = client.query()
+        site = session.ctx.site_services
+        if site is not None and session.params.node_id and result.parts:  # for inventory.refresh
+            site.parts.record(session.params.node_id, session.params.address, result)
         _management(session, client, result)
         result.operation = session.params.operation
         result.state = result.power_state

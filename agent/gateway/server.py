@@ -21,7 +21,7 @@ from google.protobuf.message import DecodeError, Message
 
 from agent import catalog
 from agent.errors import InvalidParameters, Untrusted
-from agent.gateway import certs
+from agent.gateway import certs, spdm_report
 from agent.gateway.records import (
     CommandRecord,
     CommandRejected,
@@ -33,6 +33,7 @@ from agent.gateway.records import (
     decode_result,
 )
 from agent.gateway.verifier.join import JoinAttestation, file_release, site_refusal, site_report
+from agent.gateway.verifier.spdm_verdict import DeviceChallenges
 from agent.link import wire
 from agent.proto import session_pb2
 from agent.security.trust import SigningKey, verify_result
@@ -61,6 +62,7 @@ class Gateway:
         handshake_seconds: float = 10.0,
         attestation: JoinAttestation | None = None,
         site_node: str = "",
+        devices: DeviceChallenges | None = None,
     ) -> None:
         self._ssl = certs.server_context(cert, key, client_ca)
         if isinstance(signing_key, SigningKey) or signing_key is None:
@@ -81,6 +83,8 @@ class Gateway:
         self.handshake_seconds = handshake_seconds
         self.attestation = attestation  # attestation at every join (docs/attestation.md)
         self.site_node = site_node      # the site daemon told of a refused join (verifier/join.py)
+        self.devices = devices          # SPDM device attestation through the site (spdm_report.py)
+        self.device_rounds = spdm_report.Rounds()
         if attestation is not None and attestation.on_verdict is None:
             attestation.on_verdict = lambda node, v: self._event(f"attest_{v.status}", node, detail=str(v))
         self.nodes: dict[str, GatewayNode] = {}
@@ -455,11 +459,17 @@ class Gateway:
         rec.result = body
         rec.result_message = decode_result(body)
         file_release(self.attestation, node.node_id, body.boot_id, rec.result_message)
+        if spdm_report.node_report(self.device_rounds, node.node_id, rec.result_message) is not None:
+            self._event("devices_filed", node.node_id, cid, "the node's device round in its release report")
         if self.site_node and node.node_id == self.site_node:  # the site's word on its nodes' BMCs
             told = site_report(self.attestation, rec.kind, rec.signed.body,
                                body.status == session_pb2.SUCCEEDED, rec.result_message)
             if told:
                 self._event("attest_site_report", node.node_id, cid, told)
+            done = spdm_report.site_round(self.devices, self.device_rounds, rec.signed.body, body.status,
+                                          body.reason, rec.result_message)
+            if done is not None:
+                self._event("devices_attested", done.node_id, cid, spdm_report.summary(done.results))
         detail = status + (f" {body.reason}: {body.message}" if body.reason else "")
         self._finish(rec, State.FINISHED, detail, event="result")
 
@@ -523,6 +533,16 @@ class Gateway:
         return build_command(node_id, kind, payload, command_id=command_id,
                              timeout_seconds=timeout_seconds, expires_in=expires_in, boot_id=boot_id,
                              state_id=state_id)
+
+    def device_nonces(self, node_id: str, devices: list[str]) -> str:
+        """A fresh nonce for each of ``node_id``'s SPDM responders (as bmc.query responders
+        listed them), as bmc.query measurements' ``nonces`` parameter; its earlier ones void."""
+        if self.devices is None:
+            raise InvalidParameters("this gateway attests no devices (no device roots configured)")
+        try:
+            return spdm_report.nonces_parameter(self.devices.issue(node_id, devices))
+        except ValueError as exc:
+            raise InvalidParameters(str(exc)) from None
 
     def sign(self, body: session_pb2.CommandBody) -> session_pb2.SignedCommand:
         if self.signing_key is None:

@@ -1,17 +1,39 @@
-"""The node's SPDM device verdicts (agent/gateway/verifier/spdm_verdict.py's DeviceResult) folded into its
-release report: a ``DeviceAttestation`` per device, and each refused device a finding that no
-remedy puts back (``device.attestation``, the failed check named), so the report is not
-pool-ready while one device is refused. The gateway calls ``fold`` where it joins the node's
-report and its attestation verdict; an empty list of results adds nothing (a BMC without
-responders: docs/attestation.md says what that does not prove).
+"""The node's SPDM device verdicts (agent/gateway/verifier/spdm_verdict.py's DeviceResult) on the
+gateway's live path, and folded into its release record.
+
+The round, as the gateway's sessions run it (agent/gateway/server.py): the control plane asks the
+site for the node's responders (bmc.query responders), the gateway issues one nonce per device
+(``Gateway.device_nonces``, written by ``nonces_parameter``), the site asks each responder once
+(bmc.query measurements, agent/commands/bmc_spdm.py) and its result comes back through the site's
+own session: ``site_round`` judges it (every device the gateway issued a nonce for or the site
+listed: one left out is refused ``missing``; a failed command refuses them all), the site's
+result gets a release report of its own with the verdicts folded in, and the gateway keeps the
+round as the node's (``Rounds``, bounded). The node's next release report (its inventory.refresh,
+within ``ROUND_TTL`` of the round) has the round folded in too, and its attestation verdict says
+how its devices fared (``summary``).
+
+``fold``: a ``DeviceAttestation`` per device, and each refused device a finding that no remedy
+puts back (``device.attestation``, the failed check named), so the report is not pool-ready
+while one device is refused. An empty list of results adds nothing (a BMC without responders:
+docs/attestation.md says what that does not prove).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
-from agent.gateway.verifier.spdm_verdict import DeviceResult
-from agent.proto import agent_pb2
+from google.protobuf.message import DecodeError, Message
+
+from agent.gateway.verifier.spdm_verdict import DeviceChallenges, DeviceEvidence, DeviceResult
+from agent.proto import agent_pb2, session_pb2, site_pb2
+
+ROUND_TTL = 3600.0  # a round older than this vouches for no release report
+MAX_NODES = 100_000
+AREA = "devices"
 
 
 def fold(report: agent_pb2.ReleaseReport, results: Iterable[DeviceResult]) -> None:
@@ -24,3 +46,108 @@ def fold(report: agent_pb2.ReleaseReport, results: Iterable[DeviceResult]) -> No
             check="device.attestation", expected="verified", found=f"refused ({r.check})", where=r.device,
             message=f"device {r.device}: SPDM attestation refused at {r.check}: {r.reason}")
         report.pool_ready = False
+
+
+def summary(results: list[DeviceResult]) -> str:
+    """The round in a line: "devices: 8 verified", or "devices: 1 of 8 refused: X (signature)"."""
+    refused = [r for r in results if not r.verified]
+    if not refused:
+        return f"devices: {len(results)} verified"
+    named = ", ".join(f"{r.device} ({r.check})" for r in refused[:8])
+    more = " ..." if len(refused) > 8 else ""
+    return f"devices: {len(refused)} of {len(results)} refused: {named}{more}"
+
+
+def nonces_parameter(issued: dict[str, bytes]) -> str:
+    """bmc.query measurements' ``nonces``: ``device=hex`` pairs, comma separated."""
+    return ",".join(f"{device}={nonce.hex()}" for device, nonce in issued.items())
+
+
+@dataclass(frozen=True)
+class DeviceRound:
+    node_id: str
+    at: float  # the gateway's clock when it judged the round
+    results: list[DeviceResult]
+
+
+class Rounds:
+    """Each node's last round; bounded (past ``max_nodes`` the oldest node's is forgotten)."""
+
+    def __init__(self, ttl: float = ROUND_TTL, max_nodes: int = MAX_NODES,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl, self.max_nodes, self.clock = ttl, max_nodes, clock
+        self._rounds: OrderedDict[str, DeviceRound] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def record(self, node_id: str, results: list[DeviceResult]) -> DeviceRound:
+        done = DeviceRound(node_id, self.clock(), results)
+        with self._lock:
+            self._rounds.pop(node_id, None)
+            self._rounds[node_id] = done
+            while len(self._rounds) > self.max_nodes:
+                self._rounds.popitem(last=False)
+        return done
+
+    def fresh(self, node_id: str) -> DeviceRound | None:
+        """The node's last round, if it is younger than the time to live."""
+        with self._lock:
+            done = self._rounds.get(node_id)
+        return done if done is not None and self.clock() - done.at < self.ttl else None
+
+
+def judge(challenges: DeviceChallenges, node_id: str,
+          result: site_pb2.BmcOperationResult) -> list[DeviceResult]:
+    """A result per device the gateway issued a nonce for or the site listed; a device without an
+    answer is refused ``missing`` with the site's word on why."""
+    expected = [*challenges.issued(node_id), *(d.device for d in result.devices)]
+    evidence = [DeviceEvidence(d.device, d.signed_measurements, d.certificate_chain)
+                for d in result.devices if d.signed_measurements]
+    why = {d.device: d.error for d in result.devices if d.error}
+    out = []
+    for r in challenges.verify(node_id, expected, evidence):
+        if r.check == "missing" and why.get(r.device):
+            r = DeviceResult(r.device, None, r.check, f"{r.reason}: {why[r.device]}")
+        out.append(r)
+    return out
+
+
+def site_round(challenges: DeviceChallenges | None, rounds: Rounds, command: bytes, status: int,
+               reason: str, result: Message | None) -> DeviceRound | None:
+    """A result of the site's own session for bmc.query measurements judged, its release report
+    filled, and the round kept as its node's; None for any other result. A measurements command
+    that failed refuses every device the gateway issued a nonce for (a round that could not be
+    read is a finding, never a pass)."""
+    if challenges is None:
+        return None
+    body, request = session_pb2.CommandBody(), site_pb2.BmcOperationRequest()
+    try:
+        body.ParseFromString(command)
+        request.ParseFromString(body.payload)
+    except DecodeError:
+        return None
+    if body.kind != "bmc.query" or request.operation != "measurements" or not request.node_id:
+        return None
+    if status == session_pb2.SUCCEEDED and isinstance(result, site_pb2.BmcOperationResult):
+        results = judge(challenges, request.node_id, result)
+        result.release.CopyFrom(agent_pb2.ReleaseReport(pool_ready=True, checked=[AREA]))
+        fold(result.release, results)
+    else:
+        results = [DeviceResult(device, None, "missing", f"the site's bmc.query measurements did not "
+                                f"succeed: {reason or session_pb2.Status.Name(status)}")
+                   for device in challenges.issued(request.node_id)]
+    return rounds.record(request.node_id, results)
+
+
+def node_report(rounds: Rounds, node_id: str, result: Message | None) -> DeviceRound | None:
+    """The node's own release report (inventory.refresh's ``release``) with its last fresh round
+    folded in and said in its attestation verdict; None where there is no report or no round."""
+    if not isinstance(result, agent_pb2.InventoryRefreshResult) or not result.HasField("release"):
+        return None
+    done = rounds.fresh(node_id)
+    if done is None:
+        return None
+    report = result.release
+    fold(report, done.results)
+    report.checked.append(AREA)
+    report.attestation_verdict = "; ".join(filter(None, (report.attestation_verdict, summary(done.results))))
+    return done

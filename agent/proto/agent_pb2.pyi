@@ -1218,7 +1218,7 @@ class InventoryChange(_message.Message):
     def __init__(self, path: _Optional[str] = ..., old_value: _Optional[str] = ..., new_value: _Optional[str] = ...) -> None: ...
 
 class InventoryRefreshResult(_message.Message):
-    __slots__ = ("inventory", "changes", "first", "seconds", "conformance", "release", "node_boots")
+    __slots__ = ("inventory", "changes", "first", "seconds", "conformance", "release", "node_boots", "node_parts", "node_parts_left_out")
     INVENTORY_FIELD_NUMBER: _ClassVar[int]
     CHANGES_FIELD_NUMBER: _ClassVar[int]
     FIRST_FIELD_NUMBER: _ClassVar[int]
@@ -1226,6 +1226,8 @@ class InventoryRefreshResult(_message.Message):
     CONFORMANCE_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     NODE_BOOTS_FIELD_NUMBER: _ClassVar[int]
+    NODE_PARTS_FIELD_NUMBER: _ClassVar[int]
+    NODE_PARTS_LEFT_OUT_FIELD_NUMBER: _ClassVar[int]
     inventory: Inventory
     changes: _containers.RepeatedCompositeFieldContainer[InventoryChange]
     first: bool
@@ -1233,7 +1235,21 @@ class InventoryRefreshResult(_message.Message):
     conformance: Conformance
     release: ReleaseReport
     node_boots: _containers.RepeatedCompositeFieldContainer[NodeBoot]
-    def __init__(self, inventory: _Optional[_Union[Inventory, _Mapping]] = ..., changes: _Optional[_Iterable[_Union[InventoryChange, _Mapping]]] = ..., first: _Optional[bool] = ..., seconds: _Optional[float] = ..., conformance: _Optional[_Union[Conformance, _Mapping]] = ..., release: _Optional[_Union[ReleaseReport, _Mapping]] = ..., node_boots: _Optional[_Iterable[_Union[NodeBoot, _Mapping]]] = ...) -> None: ...
+    node_parts: _containers.RepeatedCompositeFieldContainer[NodeParts]
+    node_parts_left_out: int
+    def __init__(self, inventory: _Optional[_Union[Inventory, _Mapping]] = ..., changes: _Optional[_Iterable[_Union[InventoryChange, _Mapping]]] = ..., first: _Optional[bool] = ..., seconds: _Optional[float] = ..., conformance: _Optional[_Union[Conformance, _Mapping]] = ..., release: _Optional[_Union[ReleaseReport, _Mapping]] = ..., node_boots: _Optional[_Iterable[_Union[NodeBoot, _Mapping]]] = ..., node_parts: _Optional[_Iterable[_Union[NodeParts, _Mapping]]] = ..., node_parts_left_out: _Optional[int] = ...) -> None: ...
+
+class NodeParts(_message.Message):
+    __slots__ = ("node_id", "bmc_address", "read_unix_ms", "bmc_parts")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    BMC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    READ_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    BMC_PARTS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    bmc_address: str
+    read_unix_ms: int
+    bmc_parts: bytes
+    def __init__(self, node_id: _Optional[str] = ..., bmc_address: _Optional[str] = ..., read_unix_ms: _Optional[int] = ..., bmc_parts: _Optional[bytes] = ...) -> None: ...
 
 class ReleaseReport(_message.Message):
     __slots__ = ("boot_id", "pool_ready", "restorable", "cannot_restore", "checked", "not_checked", "wipe_certificates", "attestation_verdict", "tpm_absent", "checked_elsewhere", "wipe_results", "firmware", "devices", "compared")

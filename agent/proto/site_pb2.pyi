@@ -158,7 +158,7 @@ class BmcFirmwareTask(_message.Message):
     def __init__(self, task_uri: _Optional[str] = ..., state: _Optional[str] = ..., percent: _Optional[int] = ..., messages: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class BmcOperationResult(_message.Message):
-    __slots__ = ("operation", "state", "values", "power_state", "system", "nics", "sensors", "boot", "storage", "virtual_media", "firmware", "bmc_message", "attempts", "settle_seconds", "firmware_inventory", "events", "changed", "power_state_before", "not_kept", "release", "firmware_plan", "parts", "management")
+    __slots__ = ("operation", "state", "values", "power_state", "system", "nics", "sensors", "boot", "storage", "virtual_media", "firmware", "bmc_message", "attempts", "settle_seconds", "firmware_inventory", "events", "changed", "power_state_before", "not_kept", "release", "firmware_plan", "parts", "management", "devices")
     class ValuesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -189,6 +189,7 @@ class BmcOperationResult(_message.Message):
     FIRMWARE_PLAN_FIELD_NUMBER: _ClassVar[int]
     PARTS_FIELD_NUMBER: _ClassVar[int]
     MANAGEMENT_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
     operation: str
     state: str
     values: _containers.ScalarMap[str, str]
@@ -212,7 +213,22 @@ class BmcOperationResult(_message.Message):
     firmware_plan: _containers.RepeatedCompositeFieldContainer[BmcFirmwareStep]
     parts: _containers.RepeatedCompositeFieldContainer[BmcPart]
     management: _containers.RepeatedCompositeFieldContainer[BmcProtocolState]
-    def __init__(self, operation: _Optional[str] = ..., state: _Optional[str] = ..., values: _Optional[_Mapping[str, str]] = ..., power_state: _Optional[str] = ..., system: _Optional[_Union[BmcSystem, _Mapping]] = ..., nics: _Optional[_Iterable[_Union[BmcNic, _Mapping]]] = ..., sensors: _Optional[_Iterable[_Union[BmcSensor, _Mapping]]] = ..., boot: _Optional[_Union[BmcBootDevice, _Mapping]] = ..., storage: _Optional[_Iterable[_Union[BmcStorageController, _Mapping]]] = ..., virtual_media: _Optional[_Iterable[_Union[BmcVirtualMedia, _Mapping]]] = ..., firmware: _Optional[_Union[BmcFirmwareTask, _Mapping]] = ..., bmc_message: _Optional[str] = ..., attempts: _Optional[int] = ..., settle_seconds: _Optional[float] = ..., firmware_inventory: _Optional[_Iterable[_Union[BmcFirmwareComponent, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[BmcLogEntry, _Mapping]]] = ..., changed: _Optional[bool] = ..., power_state_before: _Optional[str] = ..., not_kept: _Optional[_Iterable[str]] = ..., release: _Optional[_Union[_agent_pb2.ReleaseReport, _Mapping]] = ..., firmware_plan: _Optional[_Iterable[_Union[BmcFirmwareStep, _Mapping]]] = ..., parts: _Optional[_Iterable[_Union[BmcPart, _Mapping]]] = ..., management: _Optional[_Iterable[_Union[BmcProtocolState, _Mapping]]] = ...) -> None: ...
+    devices: _containers.RepeatedCompositeFieldContainer[BmcDeviceEvidence]
+    def __init__(self, operation: _Optional[str] = ..., state: _Optional[str] = ..., values: _Optional[_Mapping[str, str]] = ..., power_state: _Optional[str] = ..., system: _Optional[_Union[BmcSystem, _Mapping]] = ..., nics: _Optional[_Iterable[_Union[BmcNic, _Mapping]]] = ..., sensors: _Optional[_Iterable[_Union[BmcSensor, _Mapping]]] = ..., boot: _Optional[_Union[BmcBootDevice, _Mapping]] = ..., storage: _Optional[_Iterable[_Union[BmcStorageController, _Mapping]]] = ..., virtual_media: _Optional[_Iterable[_Union[BmcVirtualMedia, _Mapping]]] = ..., firmware: _Optional[_Union[BmcFirmwareTask, _Mapping]] = ..., bmc_message: _Optional[str] = ..., attempts: _Optional[int] = ..., settle_seconds: _Optional[float] = ..., firmware_inventory: _Optional[_Iterable[_Union[BmcFirmwareComponent, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[BmcLogEntry, _Mapping]]] = ..., changed: _Optional[bool] = ..., power_state_before: _Optional[str] = ..., not_kept: _Optional[_Iterable[str]] = ..., release: _Optional[_Union[_agent_pb2.ReleaseReport, _Mapping]] = ..., firmware_plan: _Optional[_Iterable[_Union[BmcFirmwareStep, _Mapping]]] = ..., parts: _Optional[_Iterable[_Union[BmcPart, _Mapping]]] = ..., management: _Optional[_Iterable[_Union[BmcProtocolState, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[BmcDeviceEvidence, _Mapping]]] = ...) -> None: ...
+
+class BmcDeviceEvidence(_message.Message):
+    __slots__ = ("device", "signed_measurements", "certificate_chain", "error", "version")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    SIGNED_MEASUREMENTS_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_CHAIN_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    signed_measurements: str
+    certificate_chain: str
+    error: str
+    version: str
+    def __init__(self, device: _Optional[str] = ..., signed_measurements: _Optional[str] = ..., certificate_chain: _Optional[str] = ..., error: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
 
 class BmcPart(_message.Message):
     __slots__ = ("kind", "id", "uri", "manufacturer", "model", "part_number", "serial", "firmware_version")

@@ -30,6 +30,7 @@ from typing import Protocol
 from agent.config import Config
 from agent.errors import InvalidParameters
 from agent.net import connect, http
+from agent.site.bmc.partstable import PartsTable
 from agent.site.boot.dnsmasq import DnsmasqSettings, DnsmasqSupervisor
 from agent.site.boot.pxe import BootEntries
 from agent.site.boot.vmedia import MediaSets
@@ -136,6 +137,8 @@ class SiteServices:
             console_store_dir=settings.console_store_dir, console_keep_days=settings.console_keep_days,
             console_node_bytes=settings.console_node_bytes, console_site_bytes=settings.console_site_bytes,
             waits=dict(settings.cause_waits)), self.metrics)
+        # Each node's parts as its BMC gave them at its last bmc.query query (inventory.refresh).
+        self.parts = PartsTable(settings.root / "parts")
         self.store = ChunkStore(settings.store_dir or settings.root / "store",
                                 settings.store_bytes, metrics=self.metrics,
                                 protected=self._in_use)

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from agent.gateway.verifier.attest import Status, Verdict, Verifier, load_certificates
-from agent.gateway.verifier.join import JoinAttestation
+from agent.gateway.verifier.join import JoinAttestation, site_report
 from agent.gateway.verifier.policy import Build, Policy
+from agent.proto import session_pb2, site_pb2
 from initramfs import uki
 from qemu import attestdemo
 from qemu import tpm as qemu_tpm
@@ -107,32 +108,49 @@ def test_one_byte_changed_in_the_initramfs(tpm_lab: Lab, tmp_path: Path) -> None
 
 
 def test_another_firmware_for_an_enrolled_profile(tpm_lab: Lab, tmp_path: Path) -> None:
-    """The profile (QEMU's q35, its SMBIOS firmware version) is learned under OVMF.fd; the same
-    profile then boots another OVMF build (the 4 MiB one on pflash): PCR 0 differs, refused."""
+    """The OVMF swap (issue 54, item 5). A node attests under OVMF.fd (its profile, QEMU's q35 and
+    its SMBIOS firmware version, learned); the same node then boots another OVMF build (the 4 MiB
+    one on pflash) behind the site's back: its PCR 0 moved, refused ``firmware_changed``. The
+    site then reports that it updated the node's firmware (a bmc.firmware update's result, read
+    by the gateway's ``site_report``): the next boot under that build attests, accepted by the
+    site's word, and learns its values. The way back (the old build behind the site's back,
+    refused; the site putting it back, accepted) is proven with real swtpm quotes at the
+    verifier (tests/gateway/test_attest_binding.py): two more boots here would prove no more."""
     code, variables = Path("/usr/share/OVMF/OVMF_CODE_4M.fd"), Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
     if not code.is_file() or not variables.is_file():
         pytest.skip("no OVMF_CODE_4M.fd / OVMF_VARS_4M.fd (Debian's ovmf)")
-    for state in ("state-1", "state-2"):  # a TPM each: the gateway binds one TPM to one node
-        qemu_tpm.manufacture(tmp_path / state, tmp_path / "ca")
+    qemu_tpm.manufacture(tmp_path / "state", tmp_path / "ca")  # one node, one TPM, three boots
     shutil.copyfile(variables, tmp_path / "vars.fd")
-    builds: list[Build] = []
-    joins = attest(tpm_lab, tmp_path / "ca", builds)
+    node = "attest-fw-1"
+    esp, values = tpm_lab.uki(node)
+    joins = attest(tpm_lab, tmp_path / "ca", [Build.from_values(values)])
     verdicts = []
-    for node, state, pflash in (("attest-fw-1", "state-1", None),
-                                ("attest-fw-2", "state-2", (code, tmp_path / "vars.fd"))):
-        esp, values = tpm_lab.uki(node)
-        builds.append(Build.from_values(values))
-        with qemu_tpm.Swtpm(tmp_path / state, tmp_path / "swtpm.sock") as swtpm:
+    swapped = (code, tmp_path / "vars.fd")
+    for pflash, site_updated in ((None, False), (swapped, False), (swapped, True)):
+        if site_updated:  # the site's bmc.firmware update for the node, as its session reports it
+            request = site_pb2.BmcOperationRequest(node_id=node, bmc_address="192.0.2.10",
+                                                   protocol="redfish", operation="update",
+                                                   parameters={"firmware_set": "ovmf-4m"})
+            command = session_pb2.CommandBody(kind="bmc.firmware", payload=request.SerializeToString())
+            told = site_report(joins, "bmc.firmware", command.SerializeToString(), True,
+                               site_pb2.BmcOperationResult(operation="update"))
+            assert told == f"{node}: site updated its firmware to set ovmf-4m", told
+        known = tpm_lab.gateway.nodes.get(node)
+        with qemu_tpm.Swtpm(tmp_path / "state", tmp_path / "swtpm.sock") as swtpm:
             machine = tpm_lab.boot(node, uefi=True, tpm=swtpm.socket, esp=esp, pflash=pflash)
             try:
-                tpm_lab.wait_joined(machine, node, JOIN_TIMEOUT)
+                sessions = known.sessions + 1 if known is not None else 1
+                tpm_lab.wait_joined(machine, node, JOIN_TIMEOUT, sessions=sessions)
                 verdicts.append(verdict(joins, node))
             finally:
                 machine.stop()
     tpm_lab.gateway.attestation = None
-    assert verdicts[0].status is Status.ATTESTED and verdicts[0].matched.get("learned"), verdicts[0]
-    assert verdicts[1].status is Status.REFUSED and verdicts[1].check == "policy_profile", verdicts[1]
-    assert "PCR 0" in verdicts[1].reason, verdicts[1]
+    first, behind, updated = verdicts
+    assert first.status is Status.ATTESTED and first.matched.get("learned"), first
+    assert behind.status is Status.REFUSED and behind.check == "firmware_changed", behind
+    assert updated.status is Status.ATTESTED, updated
+    assert updated.matched["accepted_by"] == "site: firmware set ovmf-4m", updated
+    assert updated.matched.get("learned") and " -> " in updated.matched["firmware"], updated
 
 
 def test_a_command_line_added_by_the_boot_loader(tpm_lab: Lab, swtpm: qemu_tpm.Swtpm, tmp_path: Path) -> None:

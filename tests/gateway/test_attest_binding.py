@@ -196,8 +196,8 @@ def test_a_profile_is_not_learned_because_a_dmi_string_changed(sim: SimTpm, othe
     verdict = node.join(verifier)
     refused(verdict, "policy_profile")
     assert "DMI string changed" in verdict.reason
-    node.profile = PROFILE  # the same firmware under the old DMI strings: PCR 0 is not the profile's
-    refused(node.join(verifier), "policy_profile")
+    node.profile = PROFILE  # the new firmware under the old DMI strings: the node's PCR 0 changed
+    refused(node.join(verifier), "firmware_changed")
     out = subprocess.run([sys.executable, "-m", "agent", "gateway", "accept", "--attest-state", str(folder),
                           "node-1"], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
                          capture_output=True, text=True, timeout=60, check=False)
@@ -240,7 +240,9 @@ def test_a_firmware_update_the_site_made_opens_the_node_s_window_for_its_next_bo
     """A PCR 0 change under a known profile was refused until an operator accepted it. Now the
     site's own firmware update ("site updated node-1's firmware to set S") is recorded with the
     node and opens its window for the boot after it only: a join still before the update does
-    not close it, the next boot learns, the one after is held again."""
+    not close it, the next boot learns, the one after is held again. Both ways: a change the site
+    did not make is refused (``firmware_changed``), back to the original build too (the profile
+    knows it, the node moved); the site putting the original set back opens the window again."""
     folder = tmp_path / "state"
     verifier = verifier_for(tmp_path, sim, other_sim, states=NodeStates(folder))
     a, _ = two_tpms(sim, other_sim, tmp_path)
@@ -252,15 +254,32 @@ def test_a_firmware_update_the_site_made_opens_the_node_s_window_for_its_next_bo
     assert kept is not None and kept.accept and kept.accept_by == state.accept_by
     before = node.join(verifier)  # the same boot, before the node restarted into the new firmware
     assert before.attested and "learned" not in before.matched, before
-    sim.restart()
+    sim.restart(orderly=True)  # a reboot
     node.boot(REFLASHED)
     updated = node.join(verifier)
     assert updated.attested and updated.matched["accepted_by"] == "site: firmware set fwset-2026-12", updated
     assert updated.matched["learned"].startswith("pcr0,pcr2,pcr7")
     kept = NodeStates(folder).get("node-1")
     assert kept is not None and not kept.accept  # the window closed with that boot
-    sim.restart()
+    sim.restart(orderly=True)  # a reboot
     node.boot([ev(0, Ev.S_CRTM_VERSION, "7.7".encode("utf-16-le") + b"\0\0"), *UEFI_BOOT[1:]])
-    refused(node.join(verifier), "policy_profile")  # a change the site did not report is refused
+    refused(node.join(verifier), "firmware_changed")  # a change the site did not report is refused
+    # The other way: back to the original build, which the profile still accepts; behind the
+    # site's back it is a change of the node's firmware all the same (a downgrade), refused.
+    sim.restart(orderly=True)  # a reboot
+    node.boot()
+    back = node.join(verifier)
+    refused(back, "firmware_changed")
+    assert "no window is open" in back.reason
+    verifier.site_updated_firmware("node-1", "fwset-2026-11")  # the site puts the old set back
+    sim.restart(orderly=True)  # a reboot
+    node.boot()
+    restored = node.join(verifier)
+    assert restored.attested, restored
+    assert restored.matched["accepted_by"] == "site: firmware set fwset-2026-11", restored
+    assert "learned" not in restored.matched and " -> " in restored.matched["firmware"], restored
+    sim.restart(orderly=True)  # a reboot
+    node.boot(REFLASHED)  # and the update's build again, now behind the site's back: refused
+    refused(node.join(verifier), "firmware_changed")
     with pytest.raises(InvalidParameters):
         verifier.site_updated_firmware("node-1", "")

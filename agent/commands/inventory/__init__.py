@@ -406,5 +406,7 @@ class InventoryRefresh(Handler[agent_pb2.InventoryRefreshRequest, InventoryParam
         if ctx.site_services is not None:
             # Role site: each known node's last boot attempt and its cause (docs/site.md).
             result.node_boots.extend(ctx.site_services.observe.node_boots())
+            # and each node's parts as its BMC gave them (serials, firmware versions: break-fix)
+            ctx.site_services.parts.report(result)
         result.seconds = time.monotonic() - started
         return result

@@ -19,6 +19,9 @@ that fails, naming it:
                       (kept across restarts in the state folder, with the EK bindings)
     event_log         the log does not parse, or does not replay to the quoted PCRs
     policy_*          the boot is not one the policy accepts (policy.py)
+    firmware_changed  the node's host firmware (PCR 0 and 2) measured other values than at its last
+                      attested join, and no window is open (the site's own firmware update, or
+                      an operator's accept): a change behind the site's back, either way
 
 The verdict is ``attested`` (what matched; the EK is bound to the node from then on),
 ``unattested`` (no event log, or a BIOS boot, with why), ``refused`` (the check, and why) or
@@ -242,6 +245,12 @@ def verify_signature(key: AkKey, message: bytes, signature: bytes) -> None:
         raise Refused("quote_signature", f"the signature does not parse: {e}") from e
 
 
+def firmware_of(pcrs: dict[int, bytes]) -> str:
+    """What the host firmware measured, in one value: SHA-256 (hex) of PCR 0 (its code) and PCR 2
+    (option ROMs, drivers it loaded), as the node's state keeps it (``firmware_changed``)."""
+    return hashlib.sha256(pcrs[0] + pcrs[2]).hexdigest()
+
+
 def load_certificates(paths: Iterable[Path]) -> list[x509.Certificate]:
     """The EK CAs an operator gave (PEM, several to a file, or DER); one that cannot be read or
     parsed is a usage error (InvalidParameters) naming the file."""
@@ -405,8 +414,16 @@ class Verifier:
                                f"now is {profile!r} (from {source}): a profile is not learned because a "
                                "DMI string changed, nor because the BMC's inventory did (an operator accepts "
                                "a firmware change: agent gateway accept NODE)")
+        was, now = state.firmware, firmware_of(pcrs)
+        if was and now != was and not accept:
+            raise PolicyFailed("firmware_changed", f"{ch.node_id}'s host firmware measured PCR 0/2 "
+                               f"{now[:16]}, not {was[:16]} as at its last attested join, and no "
+                               "window is open: a firmware change is taken after the site's own update "
+                               "of it (bmc.firmware) or an operator's accept (agent gateway accept NODE)")
         matched = self.policy.judge(log_, pcrs, profile, learn=not before, accept=accept)
-        if accept and "learned" in matched:
+        if accept and now != was:
+            matched["firmware"] = f"{was[:16] or 'none'} -> {now[:16]}"
+        if accept and ("learned" in matched or now != was):
             matched["accepted_by"] = by or "operator"
         return matched
 
@@ -443,16 +460,17 @@ class Verifier:
             while len(self._site_inventory) > MAX_SITE_INVENTORY:
                 self._site_inventory.popitem(last=False)
 
-    def _bind(self, node_id: str, ek: bytes, profile: str, reset_count: int) -> None:
+    def _bind(self, node_id: str, ek: bytes, profile: str, reset_count: int, firmware: str) -> None:
         """At an attested join: the EK is the node's from now on (checked again under the lock:
-        two nodes racing to their first join with one TPM), and so is its profile; an open window
-        closes (the site's only with a boot after its update)."""
+        two nodes racing to their first join with one TPM), and so are its profile and what its
+        host firmware measured; an open window closes (the site's only with a boot after its
+        update)."""
         with self._lock:
             state = self._check_binding(node_id, ek) or NodeState(node_id)
             accept = state.accept and reset_count <= state.accept_after
-            if (state.ek, state.profile, state.accept) != (ek, profile, accept):
+            if (state.ek, state.profile, state.accept, state.firmware) != (ek, profile, accept, firmware):
                 try:
-                    self.states.put(replace(state, ek=ek, profile=profile, accept=accept))
+                    self.states.put(replace(state, ek=ek, profile=profile, accept=accept, firmware=firmware))
                 except StateFull as e:
                     raise Refused("capacity", str(e)) from e
                 if state.ek != ek:
@@ -567,7 +585,7 @@ class Verifier:
         profile, source = self.profile_of(ch)
         matched = self._judge(ch, log_, evidence.pcrs, profile, source, attest.reset_count)
         ek = hashlib.sha256(ch.identity.ek_public).digest()
-        self._bind(ch.node_id, ek, profile, attest.reset_count)
+        self._bind(ch.node_id, ek, profile, attest.reset_count, firmware_of(evidence.pcrs))
         matched["ek"] = ek.hex()[:16]
         return Verdict(Status.ATTESTED, matched=matched)
 

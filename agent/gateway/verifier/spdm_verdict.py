@@ -103,6 +103,13 @@ class DeviceChallenges:
                 self._pending[nonce] = _Pending(node, name, now + self.ttl)
         return issued
 
+    def issued(self, node: str) -> list[str]:
+        """The devices of ``node`` holding a nonce not yet taken nor expired: what its round must
+        answer for, whatever the site brings back."""
+        now = self.clock()
+        with self._lock:
+            return sorted({p.device for p in self._pending.values() if p.node == node and p.expires > now})
+
     def _take(self, node: str, device: str, nonce: bytes) -> None:
         with self._lock:
             pending = self._pending.get(nonce)

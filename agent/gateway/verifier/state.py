@@ -8,12 +8,15 @@ named by the SHA-256 of the node id and written whole or not at all (agent/atomi
     {"node_id": "node-1", "ek": "<SHA-256 of the EK's TPMT_PUBLIC>",
      "counters": {"reset": 3, "restart": 0, "clock": 123456, "measured_boot": "<boot id>"},
      "profile": "<the hardware profile it attested under>", "accept": false, "accept_by": "",
-     "accept_after": -1}
+     "accept_after": -1, "firmware": "<SHA-256 of PCR 0 and PCR 2 at its last attested join>"}
 
 ``accept`` is a window for that node, opened by an operator (``agent gateway accept``) or by the
 site's own firmware update (``accept_by`` says which: "operator", or "site: firmware set S"):
 its next attested join may learn what its firmware measured, under its profile or a new one;
-then it closes.
+then it closes. ``firmware`` is what the node's host firmware measured at its last attested join
+(its code, PCR 0, and its option ROMs, PCR 2): another value is refused (``firmware_changed``)
+unless its window is open, whatever the profile accepts (a node taken back to an older build the
+profile still knows is a change too).
 
 A node's file is read again at each use, so ``agent gateway reenroll`` (which removes it: a
 TPM replaced) takes effect on a running gateway too. Without a folder the table is kept in
@@ -59,11 +62,12 @@ class NodeState:
     accept: bool = False             # a window: the next attested join may learn
     accept_by: str = ""              # who opened it: "operator", "site: firmware set S"
     accept_after: int = -1           # the site's window: for a boot whose TPM reset count is past this
+    firmware: str = ""               # SHA-256 (hex) of PCR 0 || PCR 2 at its last attested join
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"node_id": self.node_id, "ek": self.ek.hex(), "profile": self.profile,
                                "accept": self.accept, "accept_by": self.accept_by,
-                               "accept_after": self.accept_after}
+                               "accept_after": self.accept_after, "firmware": self.firmware}
         if self.counters is not None:
             c = self.counters
             out["counters"] = {"reset": c.reset, "restart": c.restart, "clock": c.clock,
@@ -81,12 +85,12 @@ class NodeState:
                                                        str(c["measured_boot"]))
             profile, accept = doc.get("profile", ""), doc.get("accept", False)
             accept_by = doc.get("accept_by", "operator" if accept else "")
-            accept_after = doc.get("accept_after", -1)
+            accept_after, firmware = doc.get("accept_after", -1), doc.get("firmware", "")
             if not (isinstance(profile, str) and isinstance(accept, bool) and isinstance(accept_by, str)
-                    and isinstance(accept_after, int)):
-                raise ValueError("profile and accept_by are strings, accept true or false, "
+                    and isinstance(accept_after, int) and isinstance(firmware, str)):
+                raise ValueError("profile, accept_by and firmware are strings, accept true or false, "
                                  "accept_after a number")
-            return cls(doc["node_id"], ek, counters, profile, accept, accept_by, accept_after)
+            return cls(doc["node_id"], ek, counters, profile, accept, accept_by, accept_after, firmware)
         except (KeyError, TypeError, ValueError) as e:
             raise InvalidParameters(f"{where}: not a node's attestation state: {e}") from e
 
