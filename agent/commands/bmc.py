@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent import limits
-from agent.commands import bmc_golden
-from agent.commands import bmc_spdm
+from agent.commands import bmc_golden, bmc_spdm
 from agent.commands.base import Context, Handler, Kept
 from agent.errors import (
     AgentError,
