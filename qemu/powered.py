@@ -481,8 +481,10 @@ class PoweredNode:
         a loaded 2-core machine and lost a BMC of 64. tests/qemu/test_powered.py holds the two
         to the same answers and the same node state."""
         if self.spec().machine:
+            # -S: no site-packages (chassis-control needs the standard library and the tree
+            # alone), which saves the editable install's import hook at every start.
             body = (f"cd {shlex.quote(str(ROOT))} || exit 1\n"
-                    f"exec {shlex.quote(sys.executable)} -m qemu.powered {shlex.quote(str(self.dir))} "
+                    f"exec {shlex.quote(sys.executable)} -S -m qemu.powered {shlex.quote(str(self.dir))} "
                     'chassis-control "$@"\n')
         else:
             body = f"d={shlex.quote(str(self.dir))}\n" + _MACHINELESS_CHASSIS_CONTROL
