@@ -16,6 +16,7 @@ Interface (stable: the IPMI and Redfish emulator fixtures both use it)::
     node.stop(force=False)         # QMP system_powerdown: ACPI power button (the guest decides)
     node.stop(force=True)          # QMP quit, then SIGKILL: power pulled
     node.boots()                   # one BootRecord per start or reset, oldest first
+    node.write_chassis_control(p)  # the program ipmi_sim runs as its chassis_control (below)
 
 The same from a shell (what an emulator runs)::
 
