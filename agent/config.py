@@ -1,4 +1,4 @@
-"""The agent's settings. Loaded (by agent/settings loading in the runtime) from, in order of
+"""The agent's settings. Loaded (by agent/cli/settings.py at start) from, in order of
 precedence: command-line flags, then a config file, then the kernel command line (``bc.*``
 parameters), then these defaults. Handlers read the frozen object they are given; there is no
 global config. Every field but ``extra`` is a row of agent/cli/settings.py's table, which

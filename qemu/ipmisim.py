@@ -21,6 +21,7 @@ Debian packages: openipmi (ipmi_sim), ipmitool.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import socket
@@ -34,13 +35,21 @@ from pathlib import Path
 from agent import proc
 from qemu.powered import NodeSpec, PoweredNode, default_boot_files
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_udp_ports(1)[0]
+
+
+def free_udp_ports(count: int) -> list[int]:
+    """``count`` distinct free UDP ports on 127.0.0.1, held together while chosen (emulators
+    started at once, before any has bound its own, must not be handed the same one)."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+            s.bind(("127.0.0.1", 0))
+            ports.append(int(s.getsockname()[1]))
+        return ports
 
 
 @dataclass
@@ -62,6 +71,24 @@ class IpmiSim:
                          "-U", self.username, "-E", "-C", "3", "-N", "1", "-R", "1", *args],
                         check=False, timeout=20,
                         env=proc.clean_env({"IPMI_PASSWORD": password or self.password}))
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Return once the emulator's LAN answers a Get Device ID (ipmi_sim's own answer, no
+        chassis_control run); stop it and raise if it exits or stays silent ``timeout`` s (a
+        loaded 2-core machine: a fault matrix's nodes booting)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            answer = self.ipmitool("mc", "info")
+            if answer.returncode == 0:
+                return
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                said = answer.stderr.decode(errors="replace")[-300:]
+                log = self.workdir / "ipmi_sim.log"
+                raise RuntimeError(f"ipmi_sim did not answer (exit status {self.process.poll()}, "
+                                   f"ipmitool: {said!r}); see {log}:\n"
+                                   + log.read_text(errors="replace")[-2000:])
+            time.sleep(0.3)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -153,20 +180,17 @@ def emu_commands() -> str:
 
 
 def start_ipmi_sim(workdir: Path, node: PoweredNode, username: str, password: str, *,
-                   sol: str = "", users: Sequence[SimUser] = ()) -> IpmiSim:
+                   sol: str = "", users: Sequence[SimUser] = (), port: int = 0,
+                   wait: bool = True) -> IpmiSim:
     """``sol``: the node's serial port that the BMC serves as Serial-over-LAN, ``tcp:HOST:PORT``
     (ipmi_sim connects to it: a QEMU ``-serial tcp:...,server`` or a test's scripted port);
     "" gives the BMC no SOL. ``users``: accounts besides the admin (user 2), e.g. the one a
-    tenant left behind, for the release's account check."""
+    tenant left behind, for the release's account check. ``port``: the UDP port to serve (0: a
+    free one). ``wait=False`` returns once the process is started: a fleet starts them all (on
+    ports from one ``free_udp_ports``), then calls ``wait_ready`` on each."""
     workdir.mkdir(parents=True, exist_ok=True)
-    control = workdir / "chassis-control"
-    control.write_text(
-        "#!/bin/sh\n"
-        f"cd {ROOT} || exit 1\n"
-        f"exec {sys.executable} -m qemu.powered {node.dir} chassis-control \"$@\"\n"
-    )
-    control.chmod(0o700)
-    port = free_udp_port()
+    control = node.write_chassis_control(workdir / "chassis-control")
+    port = port or free_udp_port()
     conf = workdir / "lan.conf"
     fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -197,18 +221,9 @@ set_working_mc 0x20
                           "-s", str(state)], stdout=log.fileno(), stderr=subprocess.STDOUT)
     log.close()
     sim = IpmiSim(port, node, workdir, username, password, process)
-    deadline = time.monotonic() + 60   # a loaded 2-core machine: a fault matrix's nodes booting
-    while True:
-        answer = sim.ipmitool("chassis", "power", "status")
-        if answer.returncode == 0:
-            return sim
-        if process.poll() is not None or time.monotonic() > deadline:
-            sim.stop()
-            said = answer.stderr.decode(errors="replace")[-300:]
-            raise RuntimeError(f"ipmi_sim did not answer (exit status {process.poll()}, ipmitool: "
-                               f"{said!r}); see {workdir / 'ipmi_sim.log'}:\n"
-                               + (workdir / "ipmi_sim.log").read_text(errors="replace")[-2000:])
-        time.sleep(0.3)
+    if wait:
+        sim.wait_ready()
+    return sim
 
 
 def main(argv: list[str] | None = None) -> int:

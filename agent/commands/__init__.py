@@ -46,7 +46,7 @@ class HandlerTable(Mapping[str, Handler[Any, Any]]):
     """The handlers of every kind in the catalog, each created on first use.
 
     Classes already registered when the table is made win over the catalog's modules: that is
-    how a test entry point (tests/agent_main.py) serves real kind names with test handlers.
+    how a test entry point (tests/runtime/agent_main.py) serves real kind names with test handlers.
     """
 
     def __init__(self) -> None:

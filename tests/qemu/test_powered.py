@@ -41,6 +41,31 @@ def test_chassis_control_protocol_without_booting(tmp_path: Path) -> None:
     assert cli(tmp_path, "status").stdout.strip() == "off"
 
 
+def test_a_machineless_nodes_shell_chassis_control_answers_as_the_python_one(tmp_path: Path) -> None:
+    """The sh chassis_control of a machineless node (a BMC fleet's) and PoweredNode's own (what
+    ``python -m qemu.powered DIR chassis-control`` prints) give the same answers, exit statuses
+    and node state, call by call."""
+    nodes = [PoweredNode(tmp_path / name).configure(NodeSpec(
+        kernel="/nonexistent", initrd="/nonexistent", machine=False)) for name in ("sh", "py")]
+    script = nodes[0].write_chassis_control(tmp_path / "chassis-control")
+    calls = [
+        ("get", "power", "boot"), ("set", "reset", "1"), ("set", "boot", "pxe"),
+        ("get", "boot", "power"), ("set", "power", "1"), ("set", "power", "1"),
+        ("set", "boot", "cdrom", "reset", "1"), ("get", "boot"), ("set", "boot", "floppy"),
+        ("set", "boot", "bios"), ("get", "voltage"), ("get", "power", "voltage"), ("set", "power"),
+        ("set", "identify", "1"), ("set", "shutdown", "0"), ("get", "power"), ("set", "shutdown", "1"),
+        ("set", "power", "1", "power", "0"), ("set", "wattage", "9"), ("poke",), ("get", "power"),
+    ]
+    for call in calls:
+        by_sh = subprocess.run([str(script), "0x20", *call], capture_output=True, text=True, timeout=30)
+        rc, out = nodes[1].chassis_control(call[0], list(call[1:]))   # what the CLI prints
+        assert (by_sh.returncode, by_sh.stdout) == (rc, out + "\n" if out else ""), call
+    sh, py = nodes
+    assert (sh.status(), sh.boot_device()) == (py.status(), py.boot_device()) == ("off", "disk")
+    assert [(b.device, b.how) for b in sh.boots()] == [(b.device, b.how) for b in py.boots()] == [
+        ("pxe", "start"), ("cdrom", "reset"), ("disk", "start")]
+
+
 def test_an_arm64_node_with_pflash_runs_it_with_its_own_variables_across_a_reload(tmp_path: Path) -> None:
     """A node's pflash (AAVMF's code, the node's copy of its variables) survives node.json and
     reaches QEMU's command line for a PXE boot, instead of -bios; none: -bios as before."""

@@ -293,46 +293,55 @@ class _Handler(BaseHTTPRequestHandler):
             return (user, password) == (self.server.user, self.server.password)
         return False
 
-    # -- GET ---------------------------------------------------------------------------------
-
-    def do_GET(self) -> None:
+    def _serve(self, method: str, answer: Callable[[str, Doc], None], *, reads_body: bool) -> None:
+        """Every request's start: no answer while the BMC reboots; the path and the body read;
+        the request logged, then ``answer(path, body)`` under the state's lock."""
         if self._down():
             return
         path = self._path()
+        body = self._body() if reads_body else {}
         st = self.server.state
         with st.lock:
-            st.log.append(("GET", path, {}))
+            st.log.append((method, path, body))
+            answer(path, body)
+
+    # -- GET ---------------------------------------------------------------------------------
+
+    def do_GET(self) -> None:
+        self._serve("GET", self._get, reads_body=False)
+
+    def _get(self, path: str, _: Doc) -> None:
+        st = self.server.state
         if path not in (ROOT, "/redfish") and not self._authorised():
             return self._send(401, _error("Base.1.8.NoValidSession", "no valid session"))
-        with st.lock:
-            if path.endswith("/Sessions") and path == self.server.sessions_path:
-                members = [{"@odata.id": f"{path}/{s.id}"} for s in st.sessions.values()]
-                return self._send(200, {"@odata.id": path, "Members": members,
-                                        "Members@odata.count": len(members)})
-            if path.startswith(self.server.sessions_path + "/"):
-                sid = path.rsplit("/", 1)[-1]
-                if sid in st.sessions:
-                    s = st.sessions[sid]
-                    return self._send(200, {"@odata.id": path, "Id": sid, "UserName": s.user,
-                                            "Context": s.context})
-            if path.startswith(f"{ROOT}/TaskService/TaskMonitors/"):
-                return self._task(path)
-            query = urllib.parse.urlsplit(self.path).query
-            doc = st.docs.get(path)
-            if doc is None or path in st.gone:
-                missing = _error("Base.1.8.ResourceMissingAtURI", f"{path} not found")
-                return self._send(404, missing, path=path)
-            if query and "skip" in query:     # a page past what was recorded
-                doc = {"@odata.id": path, "Members": []}
-            elif "$expand" in urllib.parse.unquote(query) and isinstance(doc.get("Members"), list):
-                # a collection's members inline where recorded (DSP0266 $expand, levels 1)
-                doc = {**doc, "Members": [st.docs.get(str(m.get("@odata.id", "")).rstrip("/"), m)
-                                          for m in doc["Members"] if isinstance(m, dict)]}
-            headers = {"ETag": st.etag(path)} if st.profile.etag else {}
-            gzipped = Quirk.GZIP_OR_406 in st.profile.quirks and path not in (ROOT, "/redfish")
-            if gzipped and not _takes_gzip(self.headers.get("Accept-Encoding")):
-                return self._send(406, _error("Base.1.8.GeneralError", "Not Acceptable"), path=path)
-            self._send(200, doc, headers, path, gzipped)
+        if path.endswith("/Sessions") and path == self.server.sessions_path:
+            members = [{"@odata.id": f"{path}/{s.id}"} for s in st.sessions.values()]
+            return self._send(200, {"@odata.id": path, "Members": members,
+                                    "Members@odata.count": len(members)})
+        if path.startswith(self.server.sessions_path + "/"):
+            sid = path.rsplit("/", 1)[-1]
+            if sid in st.sessions:
+                s = st.sessions[sid]
+                return self._send(200, {"@odata.id": path, "Id": sid, "UserName": s.user,
+                                        "Context": s.context})
+        if path.startswith(f"{ROOT}/TaskService/TaskMonitors/"):
+            return self._task(path)
+        query = urllib.parse.urlsplit(self.path).query
+        doc = st.docs.get(path)
+        if doc is None or path in st.gone:
+            missing = _error("Base.1.8.ResourceMissingAtURI", f"{path} not found")
+            return self._send(404, missing, path=path)
+        if query and "skip" in query:     # a page past what was recorded
+            doc = {"@odata.id": path, "Members": []}
+        elif "$expand" in urllib.parse.unquote(query) and isinstance(doc.get("Members"), list):
+            # a collection's members inline where recorded (DSP0266 $expand, levels 1)
+            doc = {**doc, "Members": [st.docs.get(str(m.get("@odata.id", "")).rstrip("/"), m)
+                                      for m in doc["Members"] if isinstance(m, dict)]}
+        headers = {"ETag": st.etag(path)} if st.profile.etag else {}
+        gzipped = Quirk.GZIP_OR_406 in st.profile.quirks and path not in (ROOT, "/redfish")
+        if gzipped and not _takes_gzip(self.headers.get("Accept-Encoding")):
+            return self._send(406, _error("Base.1.8.GeneralError", "Not Acceptable"), path=path)
+        self._send(200, doc, headers, path, gzipped)
 
     def _task(self, path: str) -> None:
         st = self.server.state
@@ -357,67 +366,62 @@ class _Handler(BaseHTTPRequestHandler):
     # -- writes ------------------------------------------------------------------------------
 
     def do_DELETE(self) -> None:
-        if self._down():
-            return
-        path = self._path()
-        st = self.server.state
-        with st.lock:
-            st.log.append(("DELETE", path, {}))
-            if path.startswith(self.server.sessions_path + "/"):
-                if not self._authorised():
-                    return self._send(401, _error("Base.1.8.NoValidSession", "no valid session"))
-                sid = path.rsplit("/", 1)[-1]
-                if st.sessions.pop(sid, None) is None:
-                    return self._send(404, _error("Base.1.8.ResourceMissingAtURI", path))
-                return self._send(204)
-            if path.rsplit("/", 1)[0] == self._subscriptions():
-                if not self._authorised():
-                    return self._send(401, _error("Base.1.8.NoValidSession", "no valid session"))
-                if st.docs.pop(path, None) is None:
-                    return self._send(404, _error("Base.1.8.ResourceMissingAtURI", path))
-                collection = st.docs[self._subscriptions()]
-                collection["Members"] = [m for m in collection.get("Members", [])
-                                         if str(m.get("@odata.id", "")).rstrip("/") != path]
-                collection["Members@odata.count"] = len(collection["Members"])
-                st.changed(self._subscriptions())
-                return self._send(204)
-            self._send(405, _error("Base.1.8.OperationNotAllowed", "DELETE not allowed"))
+        self._serve("DELETE", self._delete, reads_body=False)
 
-    def do_POST(self) -> None:
-        if self._down():
-            return
-        path = self._path()
+    def _delete(self, path: str, _: Doc) -> None:
         st = self.server.state
-        body = self._body()
-        with st.lock:
-            st.log.append(("POST", path, body))
-            if path == self.server.sessions_path:
-                return self._login(body)
+        if path.startswith(self.server.sessions_path + "/"):
             if not self._authorised():
                 return self._send(401, _error("Base.1.8.NoValidSession", "no valid session"))
-            if self._refused_early(path):
+            sid = path.rsplit("/", 1)[-1]
+            if st.sessions.pop(sid, None) is None:
+                return self._send(404, _error("Base.1.8.ResourceMissingAtURI", path))
+            return self._send(204)
+        if path.rsplit("/", 1)[0] == self._subscriptions():
+            if not self._authorised():
+                return self._send(401, _error("Base.1.8.NoValidSession", "no valid session"))
+            if st.docs.pop(path, None) is None:
+                return self._send(404, _error("Base.1.8.ResourceMissingAtURI", path))
+            collection = st.docs[self._subscriptions()]
+            collection["Members"] = [m for m in collection.get("Members", [])
+                                     if str(m.get("@odata.id", "")).rstrip("/") != path]
+            collection["Members@odata.count"] = len(collection["Members"])
+            st.changed(self._subscriptions())
+            return self._send(204)
+        self._send(405, _error("Base.1.8.OperationNotAllowed", "DELETE not allowed"))
+
+    def do_POST(self) -> None:
+        self._serve("POST", self._post, reads_body=True)
+
+    def _post(self, path: str, body: Doc) -> None:
+        st = self.server.state
+        if path == self.server.sessions_path:
+            return self._login(body)
+        if not self._authorised():
+            return self._send(401, _error("Base.1.8.NoValidSession", "no valid session"))
+        if self._refused_early(path):
+            return
+        if path in st.actions:
+            status, answer = st.actions[path](body)
+            return self._send(status, answer)
+        if path.endswith("/Actions/ComputerSystem.Reset"):
+            return self._reset(path.rsplit("/Actions/", 1)[0], body)
+        if path.endswith("/Actions/VirtualMedia.InsertMedia"):
+            return self._insert(path.rsplit("/Actions/", 1)[0], body)
+        if path.endswith("/Actions/VirtualMedia.EjectMedia"):
+            return self._eject(path.rsplit("/Actions/", 1)[0])
+        if path == self._subscriptions():
+            return self._subscribe(path, body)
+        service = st.docs.get(f"{ROOT}/UpdateService", {})
+        pushes = {str(service.get(k) or "").rstrip("/") for k in ("MultipartHttpPushUri", "HttpPushUri")}
+        simple = service.get("Actions", {}).get("#UpdateService.SimpleUpdate", {})
+        if path in pushes - {""} or path == str(simple.get("target", "")).rstrip("/"):
+            if "ImageURI" in body and not self._transfer_protocol_taken(simple, body):
                 return
-            if path in st.actions:
-                status, answer = st.actions[path](body)
-                return self._send(status, answer)
-            if path.endswith("/Actions/ComputerSystem.Reset"):
-                return self._reset(path.rsplit("/Actions/", 1)[0], body)
-            if path.endswith("/Actions/VirtualMedia.InsertMedia"):
-                return self._insert(path.rsplit("/Actions/", 1)[0], body)
-            if path.endswith("/Actions/VirtualMedia.EjectMedia"):
-                return self._eject(path.rsplit("/Actions/", 1)[0])
-            if path == self._subscriptions():
-                return self._subscribe(path, body)
-            service = st.docs.get(f"{ROOT}/UpdateService", {})
-            pushes = {str(service.get(k) or "").rstrip("/") for k in ("MultipartHttpPushUri", "HttpPushUri")}
-            simple = service.get("Actions", {}).get("#UpdateService.SimpleUpdate", {})
-            if path in pushes - {""} or path == str(simple.get("target", "")).rstrip("/"):
-                if "ImageURI" in body and not self._transfer_protocol_taken(simple, body):
-                    return
-                monitor = f"{ROOT}/TaskService/TaskMonitors/{secrets.token_hex(4)}"
-                st.monitors[monitor] = self.image or str(body.get("ImageURI", ""))
-                return self._send(202, {"@odata.id": monitor, "TaskState": "New"}, {"Location": monitor})
-            self._send(404, _error("Base.1.8.ActionNotSupported", f"{path} is no action here"))
+            monitor = f"{ROOT}/TaskService/TaskMonitors/{secrets.token_hex(4)}"
+            st.monitors[monitor] = self.image or str(body.get("ImageURI", ""))
+            return self._send(202, {"@odata.id": monitor, "TaskState": "New"}, {"Location": monitor})
+        self._send(404, _error("Base.1.8.ActionNotSupported", f"{path} is no action here"))
 
     def _subscriptions(self) -> str:
         """The EventService's Subscriptions collection, "" where the recording has none."""
@@ -463,33 +467,30 @@ class _Handler(BaseHTTPRequestHandler):
         return True
 
     def do_PATCH(self) -> None:
-        if self._down():
-            return
-        path = self._path()
+        self._serve("PATCH", self._patch, reads_body=True)
+
+    def _patch(self, path: str, body: Doc) -> None:
         st = self.server.state
-        body = self._body()
-        with st.lock:
-            st.log.append(("PATCH", path, body))
-            if not self._authorised():
-                return self._send(401, _error("Base.1.8.NoValidSession", "no valid session"))
-            doc = st.docs.get(path)
-            if doc is None:
-                return self._send(404, _error("Base.1.8.ResourceMissingAtURI", path))
-            if self._refused_early(path) or not self._if_match(path):
-                return
-            if "Boot" in body and isinstance(body["Boot"], dict):
-                return self._boot(path, body["Boot"])
-            if "Image" in body or "Inserted" in body:
-                return self._patch_media(path, body)
-            if isinstance(body.get("Attributes"), dict):
-                return self._attributes(path, body["Attributes"])
-            if path in st.ignored:
-                return self._send(204)
-            if "ManagerNetworkProtocol" in str(doc.get("@odata.type", "")):
-                return self._network_protocol(path, body)
-            doc.update({k: v for k, v in body.items() if not k.startswith("@")})
-            st.changed(path)
-            self._send(204)
+        if not self._authorised():
+            return self._send(401, _error("Base.1.8.NoValidSession", "no valid session"))
+        doc = st.docs.get(path)
+        if doc is None:
+            return self._send(404, _error("Base.1.8.ResourceMissingAtURI", path))
+        if self._refused_early(path) or not self._if_match(path):
+            return
+        if "Boot" in body and isinstance(body["Boot"], dict):
+            return self._boot(path, body["Boot"])
+        if "Image" in body or "Inserted" in body:
+            return self._patch_media(path, body)
+        if isinstance(body.get("Attributes"), dict):
+            return self._attributes(path, body["Attributes"])
+        if path in st.ignored:
+            return self._send(204)
+        if "ManagerNetworkProtocol" in str(doc.get("@odata.type", "")):
+            return self._network_protocol(path, body)
+        doc.update({k: v for k, v in body.items() if not k.startswith("@")})
+        st.changed(path)
+        self._send(204)
 
     def _network_protocol(self, path: str, body: Doc) -> None:
         """ManagerNetworkProtocol: each protocol's ProtocolEnabled (or Port) set, the rest of
