@@ -148,6 +148,19 @@ class Efivars:
             raise AgentError(f"cannot delete EFI variable {name}: {exc.strerror}",
                              reason=Reason.TOOL_FAILED, variable=name) from exc
 
+    def every(self) -> list[tuple[str, Variable]]:
+        """Every variable as ("Name-GUID", its attributes and value), by file name; one that went
+        away while listed is left out."""
+        found = []
+        for entry in sorted(os.listdir(self.directory)):
+            try:
+                data = (self.directory / entry).read_bytes()
+            except FileNotFoundError:
+                continue
+            attrs = struct.unpack("<I", data[:4])[0] if len(data) >= 4 else 0
+            found.append((entry, Variable(attrs, data[4:])))
+        return found
+
     # -- boot entries ---------------------------------------------------------------------
 
     def boot_entries(self) -> list[BootEntry]:
