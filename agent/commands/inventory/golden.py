@@ -11,8 +11,9 @@ a finding). How each source spells its paths and values:
          its public area's digest; "nv/0x01c00002" -> "attrs=0x..;alg=0x..;size=N;policy=HEX"
          with ";data=sha256" where the index reads with an empty authorization; "transient/..",
          "loaded_session/..", "saved_session/..", "permanent/..", "pcr/.."), TPMA_PERMANENT
-         and TPMA_STARTUP_CLEAR bit by bit ("permanent.disableClear" -> "1"), every variable and
-         fixed property ("property/0x0210", "fixed/0x0100"), the dictionary-attack parameters
+         and TPMA_STARTUP_CLEAR bit by bit ("permanent.disableClear" -> "1"), every other variable
+         property and every fixed one ("property/0x020a", "fixed/0x0100"; not the TPM_PT_HR_*
+         counts of handles, which the handles themselves say), the dictionary-attack parameters
          ("da/maxTries", "da/recoveryTime", "da/lockoutRecovery", "da/failedTries"), the PCR
          allocation ("pcrs/sha1" -> "0-23" or ""), the hierarchies' policies where the TPM
          offers them ("policy/0x40000001" -> "ALG:HEX"), and the name of the EK made from the
@@ -64,6 +65,9 @@ PERMANENT_BITS = {0: "ownerAuthSet", 1: "endorsementAuthSet", 2: "lockoutAuthSet
 STARTUP_CLEAR_BITS = {0: "phEnable", 1: "shEnable", 2: "ehEnable", 3: "phEnableNV", 31: "orderly"}
 DA = {"maxTries": tpmwire.PT_MAX_AUTH_FAIL, "recoveryTime": tpmwire.PT_LOCKOUT_INTERVAL,
       "lockoutRecovery": tpmwire.PT_LOCKOUT_RECOVERY, "failedTries": tpmwire.PT_LOCKOUT_COUNTER}
+# TPM_PT_HR_*: how many handles of a kind, and room for more: the handles themselves are listed
+# (a count would only repeat them), and the loaded and active ones are the resource manager's.
+HANDLE_COUNTS = range(0x202, 0x20A)
 NV_AUTHREAD = 1 << 18
 NV_WRITTEN = 1 << 29
 NV_READ_LIMIT = 4096                 # an EK certificate is ~1.5 KB; larger indices are digested unread
@@ -162,7 +166,7 @@ def _tpm(t: tpmwire.Tpm) -> dict[str, str]:
         out[f"da/{name}"] = str(variable.get(prop, 0))
     named = {tpmwire.PT_PERMANENT, tpmwire.PT_STARTUP_CLEAR, *DA.values()}
     for prop, value in variable.items():
-        if prop not in named:
+        if prop not in named and prop not in HANDLE_COUNTS:
             out[f"property/{prop:#06x}"] = str(value)
     for prop, value in fixed.items():
         out[f"fixed/{prop:#06x}"] = str(value)
