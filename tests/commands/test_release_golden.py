@@ -145,7 +145,8 @@ class GoldenNode(Node):
 
 
 @pytest.fixture
-def node(tmp_path: Path, nvml_library: str, monkeypatch: pytest.MonkeyPatch, sim: SimTpm) -> Iterator[GoldenNode]:
+def node(tmp_path: Path, nvml_library: str, monkeypatch: pytest.MonkeyPatch,
+         sim: SimTpm) -> Iterator[GoldenNode]:
     n = GoldenNode(tmp_path, nvml_library, monkeypatch, sim)
     n.golden = n.capture().to_json()
     yield n
@@ -209,7 +210,8 @@ def tenant_key_at_the_ek_handle(node: GoldenNode) -> None:
 
 
 def nv_index_in_the_ek_certificate_range(node: GoldenNode) -> None:
-    node.tpm2("tpm2_nvdefine", "0x01c00100", "-C", "o", "-s", "32", "-a", "ownerwrite|ownerread|authread|authwrite")
+    node.tpm2("tpm2_nvdefine", "0x01c00100", "-C", "o", "-s", "32", "-a",
+              "ownerwrite|ownerread|authread|authwrite")
 
 
 def lockout_with_max_tries_0(node: GoldenNode) -> None:
@@ -239,52 +241,64 @@ def nvme_metadata_format(node: GoldenNode) -> None:
     node.save()
 
 
-# planting -> (the findings, the operations its remedies send, the findings no remedy puts back)
-MATRIX: dict[str, tuple[Callable[[GoldenNode], None], set[tuple[str, str]], set[str], set[tuple[str, str]]]] = {
-    "Driver####+DriverOrder": (driver_and_order("Driver"),
-                               {("uefi.added", f"Driver0001-{efivars.GLOBAL}"),
-                                ("uefi.added", f"DriverOrder-{efivars.GLOBAL}")},
-                               {"efivars.delete_variable"}, set()),
-    "SysPrep####+SysPrepOrder": (driver_and_order("SysPrep"),
-                                 {("uefi.added", f"SysPrep0001-{efivars.GLOBAL}"),
-                                  ("uefi.added", f"SysPrepOrder-{efivars.GLOBAL}")},
-                                 {"efivars.delete_variable"}, set()),
-    "Setup byte": (setup_byte, {("uefi.changed", f"Setup-{AMI_SETUP}")}, set(),
-                   {("uefi.changed", f"Setup-{AMI_SETUP}")}),
-    "EK handle holds a tenant key": (tenant_key_at_the_ek_handle,
-                                     {("tpm.changed", "persistent/0x81010001")}, {"tpm.persist_ek"}, set()),
-    "NV index in the EK certificate range": (nv_index_in_the_ek_certificate_range,
-                                             {("tpm.added", "nv/0x01c00100")}, {"tpm.undefine_nv"}, set()),
-    "DA lockout, maxTries 0": (lockout_with_max_tries_0,
-                               {("tpm.changed", "da/maxTries"), ("tpm.changed", "da/recoveryTime"),
-                                ("tpm.changed", "da/lockoutRecovery"), ("tpm.changed", "permanent.inLockout")},
-                               {"tpm.set_da_parameters"}, set()),
+@dataclasses.dataclass(frozen=True)
+class Planting:
+    plant: Callable[[GoldenNode], None]
+    found: set[tuple[str, str]]               # (check, where) each planted item is found as, at least
+    remedies: set[str]                        # the driver operations that put it back
+    stays: set[tuple[str, str]] = dataclasses.field(default_factory=set)   # no remedy: named
+
+
+GLOBAL = efivars.GLOBAL
+MATRIX = {
+    "Driver####+DriverOrder": Planting(
+        driver_and_order("Driver"),
+        {("uefi.added", f"Driver0001-{GLOBAL}"), ("uefi.added", f"DriverOrder-{GLOBAL}")},
+        {"efivars.delete_variable"}),
+    "SysPrep####+SysPrepOrder": Planting(
+        driver_and_order("SysPrep"),
+        {("uefi.added", f"SysPrep0001-{GLOBAL}"), ("uefi.added", f"SysPrepOrder-{GLOBAL}")},
+        {"efivars.delete_variable"}),
+    "Setup byte": Planting(setup_byte, {("uefi.changed", f"Setup-{AMI_SETUP}")}, set(),
+                           {("uefi.changed", f"Setup-{AMI_SETUP}")}),
+    "EK handle holds a tenant key": Planting(
+        tenant_key_at_the_ek_handle, {("tpm.changed", "persistent/0x81010001")}, {"tpm.persist_ek"}),
+    "NV index in the EK certificate range": Planting(
+        nv_index_in_the_ek_certificate_range, {("tpm.added", "nv/0x01c00100")}, {"tpm.undefine_nv"}),
+    "DA lockout, maxTries 0": Planting(
+        lockout_with_max_tries_0,
+        {("tpm.changed", p) for p in ("da/maxTries", "da/recoveryTime", "da/lockoutRecovery",
+                                      "permanent.inLockout")},
+        {"tpm.set_da_parameters"}),
     # The Clear takes the endorsement hierarchy's persistent objects too: the RSA EK is persisted
     # again (tpm.persist_ek, from the TCG template); swtpm's ECC P-384 EK at 0x81010016 (the high
     # range) is not a template the agent knows, so it stays named.
-    "disableClear": (disable_clear, {("tpm.changed", "permanent.disableClear")},
-                     {"tpm-ppi.clear", "tpm.persist_ek"}, {("tpm.removed", "persistent/0x81010016")}),
-    "PCR banks SHA-1 only": (pcr_banks_sha1_only, {("tpm.changed", "pcrs/sha1"), ("tpm.changed", "pcrs/sha256")},
-                             {"tpm-ppi.set_pcr_banks"}, set()),
-    "mlxconfig LINK_TYPE, ATS, a lower-case parameter": (
-        nic_parameters, {("nic.changed", "0000:3b:00.0/LINK_TYPE_P1"), ("nic.changed", "0000:3b:00.0/ATS_ENABLED"),
-                         ("nic.changed", "0000:3c:00.1/nv_prio_tag_en")}, {"mstconfig.set"}, set()),
-    "NVMe 512+8 metadata": (nvme_metadata_format, {("nvme.changed", "nvme1/ns1/format")},
-                            {"nvme.factory_layout"}, set()),
+    "disableClear": Planting(
+        disable_clear, {("tpm.changed", "permanent.disableClear")}, {"tpm-ppi.clear", "tpm.persist_ek"},
+        {("tpm.removed", "persistent/0x81010016")}),
+    "PCR banks SHA-1 only": Planting(
+        pcr_banks_sha1_only, {("tpm.changed", "pcrs/sha1"), ("tpm.changed", "pcrs/sha256")},
+        {"tpm-ppi.set_pcr_banks"}),
+    "mlxconfig LINK_TYPE, ATS, a lower-case parameter": Planting(
+        nic_parameters, {("nic.changed", "0000:3b:00.0/LINK_TYPE_P1"),
+                         ("nic.changed", "0000:3b:00.0/ATS_ENABLED"),
+                         ("nic.changed", "0000:3c:00.1/nv_prio_tag_en")}, {"mstconfig.set"}),
+    "NVMe 512+8 metadata": Planting(nvme_metadata_format, {("nvme.changed", "nvme1/ns1/format")},
+                                    {"nvme.factory_layout"}),
 }
 
 
 @pytest.mark.parametrize("name", list(MATRIX))
 def test_each_planting_is_found_and_its_remedy_puts_it_back(node: GoldenNode, name: str) -> None:
-    planting, expected, operations, stays = MATRIX[name]
-    planting(node)
+    p = MATRIX[name]
+    p.plant(node)
     report = node.gate()
     assert not report.pool_ready
-    assert found(report) >= expected, sorted(found(report))
+    assert found(report) >= p.found, sorted(found(report))
     report, sent = node.until_clean()
-    assert operations <= set(sent), sent
-    assert found(report) == stays, sorted(found(report))
-    assert report.pool_ready == (not stays)
+    assert p.remedies <= set(sent), sent
+    assert found(report) == p.stays, sorted(found(report))
+    assert report.pool_ready == (not p.stays)
 
 
 def test_a_setup_byte_names_its_digests(node: GoldenNode) -> None:
