@@ -18,6 +18,7 @@ import json
 import os
 import struct
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -305,3 +306,20 @@ def test_a_setup_byte_names_its_digests(node: GoldenNode) -> None:
     setup_byte(node)
     (m,) = node.gate().cannot_restore
     assert m.expected.endswith(hashlib.sha256(SETUP).hexdigest()) and "attrs=0x00000007" in m.found
+
+
+def test_agent_golden_captures_what_the_gate_reads(node: GoldenNode, tmp_path: Path) -> None:
+    """`agent golden` on the node's TPM: the same items as the capture the gate's tests take."""
+    out = tmp_path / "golden.json"
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "agent", "golden", "--sources", "tpm", "-o", str(out), "--tpm",
+         node.config.tpm, "--cmdline-file", "/dev/null", "--state-dir", str(tmp_path / "cli-state")],
+        cwd=repo, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    captured = Capture.from_json(out.read_bytes())
+    assert captured.sources["tpm"] == Capture.from_json(node.golden).sources["tpm"]
+    assert "tpm" in done.stderr and not captured.unreadable
+    refused = subprocess.run([sys.executable, "-m", "agent", "golden", "--sources", "bmc"],
+                             cwd=repo, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "unknown sources ['bmc']" in refused.stderr
