@@ -62,6 +62,7 @@ class GoldenNode(Node):
             self.nics[address]["ATS_ENABLED"] = ["False(0)", "False(0)", "False(0)"]
             self.nics[address]["LINK_TYPE_P2"] = ["ETH(2)", "ETH(2)", "ETH(2)"]
             self.nics[address]["nv_prio_tag_en"] = ["False(0)", "False(0)", "False(0)"]   # lower case
+        self.nvme["nvme1"]["opal"] = {}                # a self-encrypting drive, locking not enabled
         self.save()
         self.ppi = self.root / "sys/class/tpm/tpm0/ppi"
         self.ppi.mkdir(parents=True)
@@ -242,6 +243,11 @@ def nvme_metadata_format(node: GoldenNode) -> None:
     node.save()
 
 
+def nvme_opal_locking(node: GoldenNode) -> None:
+    node.nvme["nvme1"]["opal"] = {"locking_enabled": True, "locked": False}
+    node.save()
+
+
 @dataclasses.dataclass(frozen=True)
 class Planting:
     plant: Callable[[GoldenNode], None]
@@ -286,6 +292,9 @@ MATRIX = {
                          ("nic.changed", "0000:3c:00.1/nv_prio_tag_en")}, {"mstconfig.set"}),
     "NVMe 512+8 metadata": Planting(nvme_metadata_format, {("nvme.changed", "nvme1/ns1/format")},
                                     {"nvme.factory_layout"}),
+    # Not in the planting list, in its list of what nothing looks at: Opal ownership.
+    "NVMe Opal locking enabled": Planting(nvme_opal_locking, {("nvme.changed", "nvme1/tcg_locking")}, set(),
+                                          {("nvme.changed", "nvme1/tcg_locking")}),
 }
 
 

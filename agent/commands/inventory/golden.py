@@ -24,7 +24,8 @@ a finding). How each source spells its paths and values:
   nvme   per controller its namespaces and unallocated capacity; per namespace its size, the LBA
          format in use with data size, metadata size, protection information ("nvme0/ns1/format"
          -> "ds=512;ms=0;pi=0;pil=0;ext=0"), whether it is attached here, its multi-path and
-         write-protect attributes.
+         write-protect attributes; where the drive has Security Send/Receive, its TCG Storage (Opal)
+         state from Level 0 Discovery ("nvme0/tcg_locking" -> "supported=1;enabled=0;locked=0;...").
   gpu    per GPU (by PCI address) its NVML index and modes: persistence, MIG (current and
          pending), ECC, compute mode; node-wide the confidential-computing state where NVML has it.
 
@@ -47,6 +48,7 @@ from agent.commands.gpu import NVML_LOCK
 from agent.commands.inventory import release
 from agent.drivers import efivars as efivars_driver
 from agent.drivers import mlxconfig, tpm_ppi
+from agent.drivers import nvme as nvme_driver
 from agent.errors import AgentError, TpmFailed
 from agent.hw import efivars, gpu, system
 from agent.hw import tpm as tpmwire
@@ -68,6 +70,7 @@ DA = {"maxTries": tpmwire.PT_MAX_AUTH_FAIL, "recoveryTime": tpmwire.PT_LOCKOUT_I
 # TPM_PT_HR_*: how many handles of a kind, and room for more: the handles themselves are listed
 # (a count would only repeat them), and the loaded and active ones are the resource manager's.
 HANDLE_COUNTS = range(0x202, 0x20A)
+OACS_SECURITY = 1 << 0               # NVMe Security Send/Receive
 NV_AUTHREAD = 1 << 18
 NV_WRITTEN = 1 << 29
 NV_READ_LIMIT = 4096                 # an EK certificate is ~1.5 KB; larger indices are digested unread
@@ -267,7 +270,14 @@ def nvme(ctx: Context, root: Path) -> dict[str, str]:
             nsids = sorted(int(n["nsid"]) for n in listed.get("nsid_list", []))
             out[f"{name}/namespaces"] = ",".join(map(str, nsids))
             out[f"{name}/unallocated"] = str(int(ctrl.get("unvmcap", 0)))
-            out[f"{name}/security"] = f"oacs={int(ctrl.get('oacs', 0)):#06x}"
+            oacs = int(ctrl.get("oacs", 0))
+            out[f"{name}/security"] = f"oacs={oacs:#06x}"
+            if oacs & OACS_SECURITY:                  # Security Send/Receive: TCG (Opal) state
+                argv = drivers.get("nvme").argv("security_discovery", {"device": device})
+                level0 = nvme_driver.parse_level0(
+                    ctx.run(argv, timeout=min(TOOL_SECONDS, max(1.0, ctx.remaining()))).stdout)
+                out[f"{name}/tcg_features"] = level0["features"]
+                out[f"{name}/tcg_locking"] = level0["locking"]
             for nsid in nsids:
                 attached = (root / "sys/block" / f"{name}n{nsid}").exists()
                 out[f"{name}/ns{nsid}/attached"] = "yes" if attached else "no"

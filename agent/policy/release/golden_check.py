@@ -27,6 +27,7 @@ change into a ``Mismatch`` named ``<source>.added|removed|changed``, ``where`` t
                                                   value; not an array's element)
   nvme  a namespace, its format or size           nvme.factory_layout (where every golden
                                                   namespace is one size without metadata or PI)
+        the TCG (Opal) locking state              -  (a PSID revert, by a person)
   gpu   persistence_mode                          nvidia-smi.set_persistence_mode
         mig_mode, mig_mode_pending                nvidia-smi.set_mig_mode off, then .reset
         ecc_mode                                  nvidia-smi.set_ecc (at the next reset)
@@ -180,8 +181,10 @@ def _nic(c: Change, _golden: Mapping[str, str], _seen: Mapping[str, str], h: Hin
 
 def _nvme(c: Change, golden: Mapping[str, str], _seen: Mapping[str, str], _h: Hints) -> tuple[Remedy, str]:
     controller = c.path.split("/", 1)[0]
-    if c.path.endswith("/security"):
+    if c.path.endswith("/security") or c.path.endswith("/tcg_features"):
         return None, "the drive's security capabilities differ: another drive or firmware"
+    if c.path.endswith("/tcg_locking"):
+        return None, "the drive's TCG (Opal) locking: a PSID revert, by a person with the drive's label"
     count = len([n for n in golden.get(f"{controller}/namespaces", "").split(",") if n])
     formats = {v for p, v in golden.items() if p.startswith(f"{controller}/ns") and p.endswith("/format")}
     sizes = {_fields(v).get("ds", "") for v in formats}
