@@ -345,15 +345,15 @@ def test_agent_golden_captures_what_the_gate_reads(node: GoldenNode, tmp_path: P
     assert refused.returncode == 2 and "unknown sources ['bmc']" in refused.stderr
 
 
-def test_gpu_modes_are_found_and_persistence_is_put_back(node: GoldenNode) -> None:
+def test_gpu_modes_are_found_and_put_back_where_they_can_be(node: GoldenNode) -> None:
     """Not in the issue's planting list, but the gpu source's: persistence mode off, a compute mode
-    a tenant set, confidential computing turned on. Persistence has a remedy; the compute and CC
-    modes are named for a person (no remedy yet)."""
+    a tenant set, confidential computing turned on. Persistence and compute mode have remedies;
+    the CC mode is named for a person."""
     node.gpus.set(3, persistence_mode=False, compute_mode=3)
     node.gpus.update(cc_supported=True, cc_environment=1, cc_feature=1)
     report = node.gate()
     assert found(report) == {("gpu.changed", "0000:48:00.0/persistence_mode"),
                              ("gpu.changed", "0000:48:00.0/compute_mode"), ("gpu.changed", "cc")}
-    assert {m.where for m in report.cannot_restore} == {"0000:48:00.0/compute_mode", "cc"}
-    assert node.send(report) == ["nvidia-smi.set_persistence_mode"]
-    assert node.gpus.read()["gpus"][3]["persistence_mode"] is True
+    assert {m.where for m in report.cannot_restore} == {"cc"}
+    assert node.send(report) == ["nvidia-smi.set_compute_mode", "nvidia-smi.set_persistence_mode"]
+    assert found(node.gate()) == {("gpu.changed", "cc")}

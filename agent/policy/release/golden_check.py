@@ -31,6 +31,8 @@ change into a ``Mismatch`` named ``<source>.added|removed|changed``, ``where`` t
   gpu   persistence_mode                          nvidia-smi.set_persistence_mode
         mig_mode, mig_mode_pending                nvidia-smi.set_mig_mode off, then .reset
         ecc_mode                                  nvidia-smi.set_ecc (at the next reset)
+        compute_mode                              nvidia-smi.set_compute_mode
+        cc (confidential computing)               -  (NVIDIA's admin tools, by a person)
 
 What a PPI request or a NIC's next-boot value puts back shows at the next boot: the finding stays
 until then, with the same remedy, harmless to send again.
@@ -209,6 +211,8 @@ def _gpu(c: Change, golden: Mapping[str, str], seen: Mapping[str, str], _h: Hint
         if pending:                             # set already: a reset takes the pending mode up
             return invoke("nvidia-smi", "reset", gpu=gpu), "a GPU reset takes the pending MIG mode up"
         return invoke("nvidia-smi", "set_mig_mode", gpu=gpu, enabled=want), "then a GPU reset"
+    if mode == "compute_mode" and c.golden in ("0", "2", "3"):
+        return invoke("nvidia-smi", "set_compute_mode", gpu=gpu, mode=int(c.golden)), ""
     if mode == "ecc_mode" and c.golden in ("0", "1"):
         return invoke("nvidia-smi", "set_ecc", gpu=gpu, enabled=want), "at the GPU's next reset"
     return None, ""
