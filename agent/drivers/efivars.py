@@ -20,8 +20,6 @@ ORDER = Arg("order", ArgType.STRING, "entry numbers in order, comma-separated (0
             pattern=r"[0-9A-Fa-f]{4}(,[0-9A-Fa-f]{4}){0,63}")
 VARIABLE = Arg("variable", ArgType.STRING, "a variable as efivarfs names it, Name-GUID",
                pattern=r"[A-Za-z0-9_]{1,64}-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-LOAD_ORDERS = ("BootOrder", "DriverOrder", "SysPrepOrder")
-AUTHENTICATED = 0x10 | 0x20          # EFI_VARIABLE_(TIME_BASED_)AUTHENTICATED_WRITE_ACCESS
 SECURE_BOOT_VARIABLES = (("PK", efivars.GLOBAL), ("KEK", efivars.GLOBAL),
                          ("db", efivars.IMAGE_SECURITY), ("dbx", efivars.IMAGE_SECURITY))
 
@@ -65,7 +63,7 @@ def _delete_variable(values: Values, root: Path, _settings: Settings) -> str:
     found = v.read(name, guid)
     if found is None:
         return f"{values['variable']}: not there (nothing to delete)\n"
-    if found.attributes & AUTHENTICATED:
+    if found.attributes & efivars.AUTHENTICATED:
         raise Unsupported(f"{name} is an authenticated variable: only a signed write deletes it")
     v.delete(name, guid)
     return f"deleted {values['variable']}\n"
@@ -107,7 +105,7 @@ DRIVER = register(
                           changes_state=True, local=_delete_variable),
                 Operation("set_load_order", "write BootOrder, DriverOrder or SysPrepOrder (empty: none)",
                           build=lambda v: ["set_load_order", str(v["variable"]), str(v["order"])],
-                          args=(Arg("variable", ArgType.STRING, choices=LOAD_ORDERS),
+                          args=(Arg("variable", ArgType.STRING, choices=efivars.LOAD_ORDERS),
                                 Arg("order", ArgType.STRING, "entry numbers in order, comma-separated",
                                     pattern=r"([0-9A-Fa-f]{4}(,[0-9A-Fa-f]{4}){0,63})?")),
                           changes_state=True, local=_set_load_order),

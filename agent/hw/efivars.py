@@ -38,6 +38,8 @@ FS_IOC_GETFLAGS = 0x80086601
 FS_IOC_SETFLAGS = 0x40086602
 FS_IMMUTABLE_FL = 0x10
 
+LOAD_ORDERS = ("BootOrder", "DriverOrder", "SysPrepOrder")   # the load options' orders (UEFI 3.1)
+AUTHENTICATED = 0x10 | 0x20          # EFI_VARIABLE_(TIME_BASED_)AUTHENTICATED_WRITE_ACCESS
 _BOOT_ENTRY = re.compile(r"Boot([0-9A-F]{4})-" + GLOBAL)
 ABSENT = "absent"
 

@@ -52,15 +52,10 @@ from agent.drivers import nvme as nvme_driver
 from agent.errors import AgentError, TpmFailed
 from agent.hw import efivars, gpu, system
 from agent.hw import tpm as tpmwire
-from agent.policy.release.golden import MAX_TEXT, Capture
+from agent.policy.release.golden import MAX_TEXT, NODE_SOURCES, Capture
 from agent.policy.release.golden_check import Hints
 from agent.policy.release.state import MELLANOX
 from agent.proto import agent_pb2
-
-TOOL_SECONDS = 30.0
-NIC_TOOLS = ("mlxconfig", "mstconfig")
-NODE_SOURCES = ("uefi", "tpm", "nic", "nvme", "gpu")
-ORDERS = ("BootOrder", "DriverOrder", "SysPrepOrder", "PlatformRecovery")
 
 PERMANENT_BITS = {0: "ownerAuthSet", 1: "endorsementAuthSet", 2: "lockoutAuthSet", 8: "disableClear",
                   9: "inLockout", 10: "tpmGeneratedEPS"}
@@ -122,7 +117,7 @@ def uefi(root: Path) -> dict[str, str]:
     out = {}
     for name, var in efivars_driver.variables(root).every():
         text = f"attrs={var.attributes:#010x};sha256={hashlib.sha256(var.value).hexdigest()}"
-        if name.split("-", 1)[0] in ORDERS and name.endswith(efivars.GLOBAL):
+        if name.split("-", 1)[0] in efivars.LOAD_ORDERS and name.endswith(efivars.GLOBAL):
             text += f";order={_order(var.value)}"
         out[name] = text
     return out
@@ -222,12 +217,7 @@ def _ranges(numbers: list[int]) -> str:
 
 def nic_tool() -> str:
     """The NIC configuration tool installed: mlxconfig (NVIDIA MFT), else mstconfig (mstflint)."""
-    return next((t for t in NIC_TOOLS if shutil.which(t)), "")
-
-
-def _tool(ctx: Context, driver: str, operation: str, **values: drivers.base.Value) -> str:
-    argv = drivers.get(driver).argv(operation, values)
-    return ctx.run(argv, timeout=min(TOOL_SECONDS, max(1.0, ctx.remaining()))).text
+    return next((t for t in release.NIC_TOOLS if shutil.which(t)), "")
 
 
 def nics(ctx: Context, inv: agent_pb2.Inventory) -> dict[str, str]:
@@ -242,7 +232,7 @@ def nics(ctx: Context, inv: agent_pb2.Inventory) -> dict[str, str]:
     out = {}
     for address in sorted(adapters):
         ctx.check()
-        table = mlxconfig.parse_query(_tool(ctx, tool, "query", device=address))
+        table = mlxconfig.parse_query(release.tool_output(ctx, tool, "query", device=address))
         if not table:
             raise AgentError(f"{tool} listed no parameter of NIC {address}")
         for name, s in table.items():
@@ -265,8 +255,8 @@ def nvme(ctx: Context, root: Path) -> dict[str, str]:
         ctx.check()
         name, device = path.name, f"/dev/{path.name}"
         try:
-            listed = release.nvme_json(_tool(ctx, "nvme", "list_ns", device=device))
-            ctrl = release.nvme_json(_tool(ctx, "nvme", "id_ctrl", device=device))
+            listed = release.nvme_json(release.tool_output(ctx, "nvme", "list_ns", device=device))
+            ctrl = release.nvme_json(release.tool_output(ctx, "nvme", "id_ctrl", device=device))
             nsids = sorted(int(n["nsid"]) for n in listed.get("nsid_list", []))
             out[f"{name}/namespaces"] = ",".join(map(str, nsids))
             out[f"{name}/unallocated"] = str(int(ctrl.get("unvmcap", 0)))
@@ -275,14 +265,15 @@ def nvme(ctx: Context, root: Path) -> dict[str, str]:
             if oacs & OACS_SECURITY:                  # Security Send/Receive: TCG (Opal) state
                 argv = drivers.get("nvme").argv("security_discovery", {"device": device})
                 level0 = nvme_driver.parse_level0(
-                    ctx.run(argv, timeout=min(TOOL_SECONDS, max(1.0, ctx.remaining()))).stdout)
+                    ctx.run(argv, timeout=min(release.TOOL_SECONDS, max(1.0, ctx.remaining()))).stdout)
                 out[f"{name}/tcg_features"] = level0["features"]
                 out[f"{name}/tcg_locking"] = level0["locking"]
             for nsid in nsids:
                 attached = (root / "sys/block" / f"{name}n{nsid}").exists()
                 out[f"{name}/ns{nsid}/attached"] = "yes" if attached else "no"
                 if attached:
-                    ns = release.nvme_json(_tool(ctx, "nvme", "id_ns", device=f"{device}n{nsid}"))
+                    ns = release.nvme_json(release.tool_output(ctx, "nvme", "id_ns",
+                                                               device=f"{device}n{nsid}"))
                     out.update(_namespace(f"{name}/ns{nsid}", ns))
         except (KeyError, TypeError, ValueError) as exc:
             raise AgentError(f"{name}: unexpected nvme-cli output: {exc!r}") from exc

@@ -124,7 +124,7 @@ def _uefi(seen: Observed, root: Path) -> None:
     )  # fmt: skip
 
 
-def _tool_output(ctx: Context, driver: str, operation: str, **values: drivers.base.Value) -> str:
+def tool_output(ctx: Context, driver: str, operation: str, **values: drivers.base.Value) -> str:
     argv = drivers.get(driver).argv(operation, values)
     return ctx.run(argv, timeout=min(TOOL_SECONDS, max(1.0, ctx.remaining()))).text
 
@@ -150,7 +150,7 @@ def _nics(ctx: Context, profiles: tuple[NicProfile, ...],
                                                "is installed")
             else:
                 try:
-                    table = mlxconfig.parse_query(_tool_output(ctx, tool, "query", device=d.address))
+                    table = mlxconfig.parse_query(tool_output(ctx, tool, "query", device=d.address))
                 except AgentError as exc:
                     nic = NicConfig(d.address, ids, nic.firmware_version, tool, error=exc.message)
                 else:
@@ -184,16 +184,16 @@ def _nvme(ctx: Context, seen: Observed, root: Path) -> list[NvmeController]:
         device = f"/dev/{name}"
         try:
             try:
-                listed = nvme_json(_tool_output(ctx, "nvme", "list_ns", device=device))
+                listed = nvme_json(tool_output(ctx, "nvme", "list_ns", device=device))
             except AgentError as exc:            # a drive without namespace management: the attached
                 ctx.log.info("%s: no list of allocated namespaces (%s); the attached ones", name, exc.message)
-                listed = nvme_json(_tool_output(ctx, "nvme", "list_ns", device=device, all=False))
+                listed = nvme_json(tool_output(ctx, "nvme", "list_ns", device=device, all=False))
             nsids = tuple(sorted(int(n["nsid"]) for n in listed.get("nsid_list", [])))
-            ctrl = nvme_json(_tool_output(ctx, "nvme", "id_ctrl", device=device))
+            ctrl = nvme_json(tool_output(ctx, "nvme", "id_ctrl", device=device))
             sizes = {}
             attached = tuple(n for n in nsids if (root / "sys/block" / f"{name}n{n}").exists())
             for nsid in attached:                  # a namespace with a block device: attached here
-                    ns = nvme_json(_tool_output(ctx, "nvme", "id_ns", device=f"{device}n{nsid}"))
+                    ns = nvme_json(tool_output(ctx, "nvme", "id_ns", device=f"{device}n{nsid}"))
                     flbas = int(ns.get("flbas", 0))
                     formats = ns.get("lbafs", [])
                     index = (flbas & 0xF) | ((flbas >> 1) & 0x30)

@@ -44,14 +44,13 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from agent.hw import efivars
 from agent.hw import tpm as tpmwire
 from agent.policy.release.findings import Found, invoke
 from agent.policy.release.golden import Capture, Change, Diff, Golden, diff
 from agent.policy.release.nics import same_value
 from agent.proto import agent_pb2
 
-LOAD_ORDERS = ("BootOrder", "DriverOrder", "SysPrepOrder")
-AUTHENTICATED = 0x10 | 0x20
 NV_POLICY_DELETE = 1 << 10
 PLATFORM = 0x4000000C                   # TPM_RH_PLATFORM: the firmware's policy, not the owner's
 Remedy = agent_pb2.DriverInvokeRequest | None
@@ -94,10 +93,10 @@ def _fields(value: str) -> dict[str, str]:
 def _uefi(c: Change, golden: Mapping[str, str], _seen: Mapping[str, str], _h: Hints) -> tuple[Remedy, str]:
     name = c.path.split("-", 1)[0]
     if c.kind == "added":
-        if int(_fields(c.found).get("attrs", "0"), 16) & AUTHENTICATED:
+        if int(_fields(c.found).get("attrs", "0"), 16) & efivars.AUTHENTICATED:
             return None, "an authenticated variable: only a signed write deletes it"
         return invoke("efivars", "delete_variable", variable=c.path), ""
-    if c.kind == "changed" and name in LOAD_ORDERS:
+    if c.kind == "changed" and name in efivars.LOAD_ORDERS:
         old, new = _fields(c.golden), _fields(c.found)
         if old.get("attrs") == new.get("attrs") and "order" in old:
             return invoke("efivars", "set_load_order", variable=name, order=old["order"]), ""
