@@ -120,6 +120,7 @@ SUBCOMMAND_MODULES: dict[str, str] = {
     "install": "agent.cli.install",
     "manifest": "agent.cli.manifest",
     "image": "agent.cli.image",
+    "golden": "agent.cli.golden",
 }
 
 

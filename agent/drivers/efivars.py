@@ -8,6 +8,7 @@ release's remedies (agent.policy.release) name these operations.
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 from agent.drivers.base import Arg, ArgType, Driver, Operation, Settings, Values, register
@@ -17,6 +18,8 @@ from agent.hw import efivars
 ENTRY = Arg("entry", ArgType.STRING, "a boot entry's number, 4 hex digits (0003)", pattern=r"[0-9A-Fa-f]{4}")
 ORDER = Arg("order", ArgType.STRING, "entry numbers in order, comma-separated (0001,0002)",
             pattern=r"[0-9A-Fa-f]{4}(,[0-9A-Fa-f]{4}){0,63}")
+VARIABLE = Arg("variable", ArgType.STRING, "a variable as efivarfs names it, Name-GUID",
+               pattern=r"[A-Za-z0-9_]{1,64}-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 SECURE_BOOT_VARIABLES = (("PK", efivars.GLOBAL), ("KEK", efivars.GLOBAL),
                          ("db", efivars.IMAGE_SECURITY), ("dbx", efivars.IMAGE_SECURITY))
 
@@ -54,6 +57,25 @@ def _set_order(values: Values, root: Path, _settings: Settings) -> str:
     return "BootOrder " + ",".join(f"{n:04X}" for n in order) + "\n"
 
 
+def _delete_variable(values: Values, root: Path, _settings: Settings) -> str:
+    name, _, guid = str(values["variable"]).partition("-")
+    v = variables(root)
+    found = v.read(name, guid)
+    if found is None:
+        return f"{values['variable']}: not there (nothing to delete)\n"
+    if found.attributes & efivars.AUTHENTICATED:
+        raise Unsupported(f"{name} is an authenticated variable: only a signed write deletes it")
+    v.delete(name, guid)
+    return f"deleted {values['variable']}\n"
+
+
+def _set_load_order(values: Values, root: Path, _settings: Settings) -> str:
+    name = str(values["variable"])
+    order = [int(n, 16) for n in str(values["order"]).split(",") if n]
+    variables(root).write(name, b"".join(struct.pack("<H", n) for n in order))
+    return f"{name} " + ",".join(f"{n:04X}" for n in order) + "\n"
+
+
 def _set_mor(values: Values, root: Path, _settings: Settings) -> str:
     variables(root).write("MemoryOverwriteRequestControl", bytes([int(values["value"])]),
                           guid=efivars.MOR)
@@ -64,7 +86,8 @@ DRIVER = register(
     Driver(
         name="efivars",
         tool="",
-        description="UEFI variables through efivarfs, in the agent: boot entries, BootOrder, MOR",
+        description="UEFI variables through efivarfs, in the agent: boot entries, load orders, MOR, "
+                    "a variable deleted",
         install_hint="a UEFI boot with efivarfs mounted on /sys/firmware/efi/efivars",
         operations={
             op.name: op
@@ -77,6 +100,15 @@ DRIVER = register(
                 Operation("set_boot_order", "write BootOrder",
                           build=lambda v: ["set_boot_order", str(v["order"])], args=(ORDER,),
                           changes_state=True, local=_set_order),
+                Operation("delete_variable", "delete one UEFI variable (not an authenticated one)",
+                          build=lambda v: ["delete_variable", str(v["variable"])], args=(VARIABLE,),
+                          changes_state=True, local=_delete_variable),
+                Operation("set_load_order", "write BootOrder, DriverOrder or SysPrepOrder (empty: none)",
+                          build=lambda v: ["set_load_order", str(v["variable"]), str(v["order"])],
+                          args=(Arg("variable", ArgType.STRING, choices=efivars.LOAD_ORDERS),
+                                Arg("order", ArgType.STRING, "entry numbers in order, comma-separated",
+                                    pattern=r"([0-9A-Fa-f]{4}(,[0-9A-Fa-f]{4}){0,63})?")),
+                          changes_state=True, local=_set_load_order),
                 Operation("set_memory_overwrite", "MemoryOverwriteRequestControl (1: clear memory at reset)",
                           build=lambda v: ["set_memory_overwrite", str(v["value"])],
                           args=(Arg("value", ArgType.INT, minimum=0, maximum=1),),

@@ -20,7 +20,8 @@ DEVICE = Arg(
     pattern=r"/dev/mst/[A-Za-z0-9_.]{1,64}|(?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]",
 )
 PARAMETER = Arg(
-    "parameter", ArgType.STRING, "firmware parameter name, e.g. SRIOV_EN", pattern=r"[A-Z][A-Z0-9_]{0,63}"
+    "parameter", ArgType.STRING, "firmware parameter name, e.g. SRIOV_EN (some are lower case)",
+    pattern=r"[A-Za-z][A-Za-z0-9_]{0,63}"
 )
 
 OPERATIONS = {
@@ -58,7 +59,9 @@ class Setting:
     next_boot: str
 
 
-_ROW = re.compile(r"^\*?\s+([A-Z][A-Z0-9_]*(?:\[\d+\])?)\s+(\S+)\s+(\S+)\s+(\S+)\s*$")
+# A parameter's name: upper case for most, lower case for some (what the firmware's TLV calls it),
+# an array's element with its index.
+_ROW = re.compile(r"^\*?\s+([A-Za-z][A-Za-z0-9_]*(?:\[\d+\])?)\s+(\S+)\s+(\S+)\s+(\S+)\s*$")
 
 
 def parse_query(text: str) -> dict[str, Setting]:

@@ -54,6 +54,13 @@ DRIVER = register(
                     changes_state=True,
                 ),
                 Operation(
+                    "set_compute_mode",
+                    "compute mode: 0 default, 2 exclusive process, 3 prohibited (nvidia-smi -c N)",
+                    build=lambda v: [*_gpu(v), f"--compute-mode={v['mode']}"],
+                    args=(GPU, Arg("mode", ArgType.INT, "NVML_COMPUTEMODE_*", minimum=0, maximum=3)),
+                    changes_state=True,
+                ),
+                Operation(
                     "set_power_limit",
                     "power limit in watts (nvidia-smi -pl W); the driver checks the GPU's range",
                     build=lambda v: [*_gpu(v), f"--power-limit={v['watts']}"],

@@ -122,6 +122,31 @@ def _factory_layout(values: Values, root: Path, _settings: Settings) -> str:
     return f"{device}: " + ", ".join(done) + "; rescanned\n"
 
 
+# TCG Storage Level 0 Discovery (TCG Storage Architecture Core Spec, 3.3.6): security protocol 1,
+# ComID 1, through NVMe Security Receive; the Locking feature's (0x0002) first byte, bit by bit.
+LEVEL0 = ["--secp=1", "--spsp=1", "--size=2048", "--al=2048", "--raw-binary"]
+LOCKING_FEATURE = 0x0002
+LOCKING_BITS = ("supported", "enabled", "locked", "media_encryption", "mbr_enabled", "mbr_done")
+
+
+def parse_level0(data: bytes) -> dict[str, str]:
+    """A Level 0 Discovery answer: the feature codes it lists and the Locking feature's bits
+    ({"features": "0x0001,0x0002,0x0203", "locking": "supported=1;enabled=0;..."})."""
+    if len(data) < 48:
+        raise AgentError(f"TCG Level 0 Discovery: {len(data)} bytes, not even its header",
+                         reason=Reason.TOOL_FAILED)
+    end = min(len(data), 4 + int.from_bytes(data[:4], "big"))
+    features, locking, pos = [], "absent", 48
+    while pos + 4 <= end:
+        code, length = int.from_bytes(data[pos:pos + 2], "big"), data[pos + 3]
+        body = data[pos + 4:pos + 4 + length]
+        features.append(f"{code:#06x}")
+        if code == LOCKING_FEATURE and body:
+            locking = ";".join(f"{name}={body[0] >> bit & 1}" for bit, name in enumerate(LOCKING_BITS))
+        pos += 4 + length
+    return {"features": ",".join(features), "locking": locking}
+
+
 def _device_query(name: str, help: str, subcommand: str) -> Operation:
     return Operation(name, help, build=lambda v: [subcommand, str(v["device"]), *JSON], args=(CONTROLLER,))
 
@@ -148,6 +173,8 @@ DRIVER = register(
                     args=(CONTROLLER, Arg("all", ArgType.BOOL, "allocated, attached or not (namespace "
                                           "management)", required=False, default=True)),
                 ),
+                Operation("security_discovery", "TCG Storage Level 0 Discovery (Opal, locking): raw bytes",
+                          build=lambda v: ["security-recv", str(v["device"]), *LEVEL0], args=(CONTROLLER,)),
                 _device_query("id_ns", "identify namespace: size, capacity, LBA formats (a namespace device)",
                               "id-ns"),
                 Operation(

@@ -38,6 +38,8 @@ FS_IOC_GETFLAGS = 0x80086601
 FS_IOC_SETFLAGS = 0x40086602
 FS_IMMUTABLE_FL = 0x10
 
+LOAD_ORDERS = ("BootOrder", "DriverOrder", "SysPrepOrder")   # the load options' orders (UEFI 3.1)
+AUTHENTICATED = 0x10 | 0x20          # EFI_VARIABLE_(TIME_BASED_)AUTHENTICATED_WRITE_ACCESS
 _BOOT_ENTRY = re.compile(r"Boot([0-9A-F]{4})-" + GLOBAL)
 ABSENT = "absent"
 
@@ -147,6 +149,19 @@ class Efivars:
         except OSError as exc:
             raise AgentError(f"cannot delete EFI variable {name}: {exc.strerror}",
                              reason=Reason.TOOL_FAILED, variable=name) from exc
+
+    def every(self) -> list[tuple[str, Variable]]:
+        """Every variable as ("Name-GUID", its attributes and value), by file name; one that went
+        away while listed is left out."""
+        found = []
+        for entry in sorted(os.listdir(self.directory)):
+            try:
+                data = (self.directory / entry).read_bytes()
+            except FileNotFoundError:
+                continue
+            attrs = struct.unpack("<I", data[:4])[0] if len(data) >= 4 else 0
+            found.append((entry, Variable(attrs, data[4:])))
+        return found
 
     # -- boot entries ---------------------------------------------------------------------
 

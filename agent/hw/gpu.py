@@ -146,6 +146,7 @@ class GpuState:
     remapped_rows_failure: bool | None = None
     nvlinks: list[tuple[int, bool]] = field(default_factory=list)
     persistence_mode: bool | None = None
+    compute_mode: int | None = None                 # NVML_COMPUTEMODE_*: 0 default, 2 exclusive, 3 prohibited
     # What a tenant can change and the release puts back (agent.policy.release).
     mig_mode: bool | None = None
     mig_mode_pending: bool | None = None
@@ -414,6 +415,7 @@ class Nvml:
         s.nvlinks = self._nvlinks(h, err)
         persistence = q("persistence_mode", nv.nvmlDeviceGetPersistenceMode)
         s.persistence_mode = None if persistence is None else persistence == nv.NVML_FEATURE_ENABLED
+        s.compute_mode = q("compute_mode", nv.nvmlDeviceGetComputeMode)
         self._settings(s, h)
         if with_processes:
             s.processes = self._processes(h, err)
@@ -511,6 +513,19 @@ def read_all(library: str | None = None) -> list[GpuState]:
     """Every GPU's whole state (no processes). Raises NoDriver without a driver."""
     with open_nvml(library if library is not None else library_path()) as nvml:
         return [nvml.read(i, processes=False) for i in range(nvml.count())]
+
+
+def read_modes(library: str | None = None) -> tuple[list[GpuState], tuple[int, int] | None]:
+    """Every GPU's whole state, and the node's confidential-computing state (environment, CC
+    feature: nvmlSystemGetConfComputeState) or None where NVML has none. Raises NoDriver without
+    a driver, and NvmlFailed where NVML fails to say."""
+    with open_nvml(library if library is not None else library_path()) as nvml:
+        states = [nvml.read(i, processes=False) for i in range(nvml.count())]
+        errors: dict[str, str] = {}
+        cc = nvml._optional(nvml.nv.nvmlSystemGetConfComputeState, errors=errors, name="cc")
+    if errors:
+        raise ToolFailed(f"NVML's confidential-computing state: {errors['cc']}")
+    return states, None if cc is None else (int(cc.environment), int(cc.ccFeature))
 
 
 def list_gpus(library: str | None = None) -> list[GpuSummary]:

@@ -59,11 +59,24 @@ EK_NV_RANGE = range(0x01C00000, 0x01C08000)
 CAP_HANDLES = 0x1
 CAP_PCRS = 0x5
 CAP_TPM_PROPERTIES = 0x6
+CAP_AUTH_POLICIES = 0x9  # TPM 2.0 rev 1.38: the hierarchies' policies (TPM2_SetPrimaryPolicy)
+HR_PCR = 0x00000000
 HR_NV_INDEX = 0x01000000  # the first handle of each range, as TPM_CAP_HANDLES takes it
+HR_LOADED_SESSION = 0x02000000
+HR_SAVED_SESSION = 0x03000000
+HR_PERMANENT = 0x40000000
+HR_TRANSIENT = 0x80000000
 HR_PERSISTENT = 0x81000000
+# Every kind of handle TPM_CAP_HANDLES lists, by the name the golden state gives it.
+HANDLE_KINDS = {"pcr": HR_PCR, "nv": HR_NV_INDEX, "loaded_session": HR_LOADED_SESSION,
+                "saved_session": HR_SAVED_SESSION, "permanent": HR_PERMANENT,
+                "transient": HR_TRANSIENT, "persistent": HR_PERSISTENT}
 PT_PERMANENT = 0x200  # TPMA_PERMANENT
 PT_LOCKOUT_COUNTER = 0x20E  # authorization failures since the last reset of the counter
 PT_LOCKOUT_INTERVAL = 0x210  # seconds for the counter to fall by one
+PT_STARTUP_CLEAR = 0x201  # TPMA_STARTUP_CLEAR
+PT_MAX_AUTH_FAIL = 0x20F  # failures before lockout (maxTries)
+PT_LOCKOUT_RECOVERY = 0x211  # seconds before the lockout hierarchy may be tried after a failure
 NV_PLATFORMCREATE = 1 << 30  # TPMA_NV: defined by the platform hierarchy (firmware), not the owner
 
 
@@ -95,7 +108,10 @@ BANKS = {0x0004: "sha1", 0x000B: "sha256", 0x000C: "sha384", 0x000D: "sha512", 0
 class Cc(enum.IntEnum):
     """The command codes used here."""
 
+    EVICT_CONTROL = 0x120
+    NV_UNDEFINE_SPACE = 0x122
     DICTIONARY_ATTACK_LOCK_RESET = 0x139
+    DICTIONARY_ATTACK_PARAMETERS = 0x13A
     CREATE_PRIMARY = 0x131
     ACTIVATE_CREDENTIAL = 0x147
     NV_READ = 0x14E
@@ -499,6 +515,25 @@ class Tpm:
         r.u32()  # the capability
         return [BANKS.get(alg, f"{alg:#06x}") for alg, pcrs in read_pcr_selection(r).items() if pcrs]
 
+    def pcr_allocation(self) -> dict[int, list[int]]:
+        """TPM_CAP_PCRS whole: {hash algorithm: [PCR allocated, ...]}, banks without PCRs included."""
+        _, r = self.command(Cc.GET_CAPABILITY, params=u32(CAP_PCRS) + u32(0) + u32(1))
+        r.u8()  # moreData
+        r.u32()  # the capability
+        return read_pcr_selection(r)
+
+    def auth_policies(self) -> dict[int, bytes]:
+        """TPM_CAP_AUTH_POLICIES: {permanent handle: TPMT_HA of its policy (hash alg || digest)}."""
+        _, r = self.command(Cc.GET_CAPABILITY, params=u32(CAP_AUTH_POLICIES) + u32(HR_PERMANENT) + u32(16))
+        r.u8()
+        r.u32()
+        out = {}
+        for _ in range(r.u32()):
+            handle, alg = r.u32(), r.u16()
+            size = {0x0004: 20, 0x000B: 32, 0x000C: 48, 0x000D: 64, 0x0012: 32}.get(alg, 0)
+            out[handle] = u16(alg) + r.take(size)
+        return out
+
     def handles(self, first: int) -> list[int]:
         """TPM_CAP_HANDLES: every handle in the range of ``first`` (HR_NV_INDEX, HR_PERSISTENT),
         asked again from the last one while the TPM says there is more."""
@@ -538,7 +573,16 @@ class Tpm:
         with contextlib.suppress(ValueError):
             self._transient.remove(handle)
 
+    def evict_control(self, object_handle: int, persistent: int) -> None:
+        """TPM2_EvictControl with the owner's (empty) authorization: a persistent object evicted
+        (``object_handle == persistent``), or a loaded one made persistent at ``persistent``."""
+        self.command(Cc.EVICT_CONTROL, [RH_OWNER, object_handle], u32(persistent), [PW])
+
     # NV -------------------------------------------------------------------------------------
+
+    def nv_undefine(self, index: int) -> None:
+        """TPM2_NV_UndefineSpace with the owner's (empty) authorization."""
+        self.command(Cc.NV_UNDEFINE_SPACE, [RH_OWNER, index], sessions=[PW])
 
     def nv_public(self, index: int) -> NvPublic | None:
         """A defined NV index's public area (TPMS_NV_PUBLIC); None where it is not defined."""
@@ -574,6 +618,12 @@ class Tpm:
         hierarchy's authorization (empty on a cleared TPM). A wrong one counts against the lockout
         hierarchy itself (TPM_PT_LOCKOUT_RECOVERY), so ask only where it is known."""
         self.command(Cc.DICTIONARY_ATTACK_LOCK_RESET, [RH_LOCKOUT], sessions=[(RS_PW, lockout_auth)])
+
+    def dictionary_attack_parameters(self, max_tries: int, recovery: int, lockout_recovery: int,
+                                     lockout_auth: bytes = b"") -> None:
+        """TPM2_DictionaryAttackParameters: maxTries, recoveryTime and lockoutRecovery."""
+        self.command(Cc.DICTIONARY_ATTACK_PARAMETERS, [RH_LOCKOUT],
+                     u32(max_tries) + u32(recovery) + u32(lockout_recovery), [(RS_PW, lockout_auth)])
 
     def policy_session(self) -> int:
         """A policy session (unbound, unsalted, SHA-256)."""

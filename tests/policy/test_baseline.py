@@ -30,7 +30,7 @@ def expected(state: dict[str, Any]) -> ExpectedState:
     {"uefi": {"memory_overwrite_request_control": 2}},
     {"nics": [{"match": "mellanox"}]},
     {"nics": [{"config": {"SRIOV_EN": "1 NUM_OF_VFS=64"}}]},
-    {"nics": [{"config": {"sriov_en": "1"}}]},
+    {"nics": [{"config": {"_SRIOV_EN": "1"}}]},      # a name starts with a letter (lower case is one)
     {"nvme": {"lba_data_size": 1024}},
     {"tpm": {"persistent_handles": [0x01500001]}},
     {"tpm": {"nv_indices": [0x81000001]}},

@@ -39,11 +39,13 @@ from google.protobuf.message import DecodeError
 from agent import launcher
 from agent.catalog import Role
 from agent.commands.base import Context, Handler
-from agent.commands.inventory import release
+from agent.commands.inventory import golden, release
 from agent.errors import AgentError, InvalidParameters, NotConforming
 from agent.hw import block, gpu, lldp, pci, sysfs, system
 from agent.policy import conformance, xid
 from agent.policy.release import gate as release_gate
+from agent.policy.release.findings import Found
+from agent.policy.release.golden_check import check_golden
 from agent.policy.release.state import ExpectedState
 from agent.proto import agent_pb2
 
@@ -397,9 +399,16 @@ class InventoryRefresh(Handler[agent_pb2.InventoryRefreshRequest, InventoryParam
             if params.state is not None:
                 seen = release.observe(ctx, params.state, inv, self.root)
                 result.conformance.mismatches.extend(release_gate.check(params.state, seen))
+                compared = None
+                if params.state.golden is not None and params.state.golden.node_sources:
+                    # Round 2: the node's sources, each read whole, diffed against the golden state.
+                    captured = golden.capture(ctx, inv, self.root, tuple(params.state.golden.node_sources))
+                    found = Found()
+                    compared = check_golden(params.state.golden, captured, golden.hints(self.root), found)
+                    result.conformance.mismatches.extend(found.mismatches)
                 result.conformance.passed = not result.conformance.mismatches
                 result.release.CopyFrom(release.report(params.state, list(result.conformance.mismatches),
-                                                       seen, ctx.boot_id))
+                                                       seen, ctx.boot_id, compared))
             for m in result.conformance.mismatches:
                 ctx.log.info("gate: %s: %s", m.check, m.message)
         store(ctx.config.state_dir, inv)

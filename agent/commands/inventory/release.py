@@ -29,6 +29,7 @@ from agent.errors import AgentError
 from agent.hw import bootid, efivars, gpu, system
 from agent.hw import tpm as tpmwire
 from agent.policy.release.findings import restorable
+from agent.policy.release.golden import Diff
 from agent.policy.release.state import (
     SITE_AREAS,
     ExpectedState,
@@ -123,7 +124,7 @@ def _uefi(seen: Observed, root: Path) -> None:
     )  # fmt: skip
 
 
-def _tool_output(ctx: Context, driver: str, operation: str, **values: drivers.base.Value) -> str:
+def tool_output(ctx: Context, driver: str, operation: str, **values: drivers.base.Value) -> str:
     argv = drivers.get(driver).argv(operation, values)
     return ctx.run(argv, timeout=min(TOOL_SECONDS, max(1.0, ctx.remaining()))).text
 
@@ -149,7 +150,7 @@ def _nics(ctx: Context, profiles: tuple[NicProfile, ...],
                                                "is installed")
             else:
                 try:
-                    table = mlxconfig.parse_query(_tool_output(ctx, tool, "query", device=d.address))
+                    table = mlxconfig.parse_query(tool_output(ctx, tool, "query", device=d.address))
                 except AgentError as exc:
                     nic = NicConfig(d.address, ids, nic.firmware_version, tool, error=exc.message)
                 else:
@@ -159,7 +160,7 @@ def _nics(ctx: Context, profiles: tuple[NicProfile, ...],
     return found
 
 
-def _json(text: str) -> dict[str, Any]:
+def nvme_json(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except ValueError as exc:
@@ -183,16 +184,16 @@ def _nvme(ctx: Context, seen: Observed, root: Path) -> list[NvmeController]:
         device = f"/dev/{name}"
         try:
             try:
-                listed = _json(_tool_output(ctx, "nvme", "list_ns", device=device))
+                listed = nvme_json(tool_output(ctx, "nvme", "list_ns", device=device))
             except AgentError as exc:            # a drive without namespace management: the attached
                 ctx.log.info("%s: no list of allocated namespaces (%s); the attached ones", name, exc.message)
-                listed = _json(_tool_output(ctx, "nvme", "list_ns", device=device, all=False))
+                listed = nvme_json(tool_output(ctx, "nvme", "list_ns", device=device, all=False))
             nsids = tuple(sorted(int(n["nsid"]) for n in listed.get("nsid_list", [])))
-            ctrl = _json(_tool_output(ctx, "nvme", "id_ctrl", device=device))
+            ctrl = nvme_json(tool_output(ctx, "nvme", "id_ctrl", device=device))
             sizes = {}
             attached = tuple(n for n in nsids if (root / "sys/block" / f"{name}n{n}").exists())
             for nsid in attached:                  # a namespace with a block device: attached here
-                    ns = _json(_tool_output(ctx, "nvme", "id_ns", device=f"{device}n{nsid}"))
+                    ns = nvme_json(tool_output(ctx, "nvme", "id_ns", device=f"{device}n{nsid}"))
                     flbas = int(ns.get("flbas", 0))
                     formats = ns.get("lbafs", [])
                     index = (flbas & 0xF) | ((flbas >> 1) & 0x30)
@@ -212,11 +213,14 @@ def _nvme(ctx: Context, seen: Observed, root: Path) -> list[NvmeController]:
 
 
 def report(expected: ExpectedState, mismatches: list[agent_pb2.Mismatch],
-           seen: Observed | None = None, boot_id: str = "") -> agent_pb2.ReleaseReport:
+           seen: Observed | None = None, boot_id: str = "",
+           golden: Diff | None = None) -> agent_pb2.ReleaseReport:
     """The release's record: every finding of the whole gate, split by whether it can be put back.
     A machine without a TPM has "tpm" not checked, and says why in ``tpm_absent``. With
     ``expect.state.wipes``, the certificate of each disk named (the newest of this boot) and the
-    signed result that carries it. ``attestation_verdict`` is the gateway's to fill."""
+    signed result that carries it. With the golden diff, ``compared``: per source the items
+    compared, those the profile's rules left alone, and why one could not be read.
+    ``attestation_verdict`` is the gateway's to fill."""
     seen = seen or Observed()
     tpm_absent = seen.tpm_absent
     checked = [a for a in expected.areas if not (a == "tpm" and tpm_absent)]
@@ -229,6 +233,11 @@ def report(expected: ExpectedState, mismatches: list[agent_pb2.Mismatch],
             out.wipe_certificates.append(seen.wipes[i])
             if i < len(seen.wipe_results) and seen.wipe_results[i] not in out.wipe_results:
                 out.wipe_results.append(seen.wipe_results[i])
+    if golden is not None:
+        for source in sorted(set(golden.compared) | set(golden.unreadable)):
+            out.compared.append(agent_pb2.SourceCount(
+                source=source, compared=golden.compared.get(source, 0), varied=golden.varied.get(source, 0),
+                unreadable=golden.unreadable.get(source, "")))
     for m in mismatches:
         (out.restorable if restorable(m) else out.cannot_restore).append(m)
     return out

@@ -89,4 +89,17 @@ in the report (``tpm_absent``, "tpm" not checked), not a finding.
 
 A NIC parameter set back, or the TPM's Clear, takes effect at the next firmware boot (a reboot):
 the finding stays until then, with the same remedy, which is harmless to send again.
+
+Round 2, the golden state (``ExpectedState.golden``): the checklist above checks what it names;
+the golden diff finds what it does not. Each source is read whole (the node's: uefi, tpm, nic,
+nvme, gpu by agent/commands/inventory/golden.py; the BMC's at the site) into ``path -> value``
+items and diffed against the profile's capture of a clean node (golden.py); whatever is added,
+removed or changed is a finding ``<source>.added|removed|changed`` at its path, except what the
+profile's rules say varies; a source not read is ``<source>.unreadable``, never a pass.
+golden_check.py gives each its remedy where one exists (a variable deleted, a load order written
+back, a persistent handle evicted or the EK persisted again, an NV index undefined, the DA
+parameters set back, a Clear or the PCR banks through the PPI, a NIC parameter set, an NVMe
+controller's factory layout, a GPU's mode), else it is in cannot_restore. The report's
+``compared`` counts per source what was compared, what the rules left alone, and why a source
+could not be read. Both gates run when both are asked for; their findings share the report.
 """

@@ -28,6 +28,7 @@ from agent.errors import InvalidParameters
 from agent.limits import loads_json
 
 FORMAT = 1
+NODE_SOURCES = ("uefi", "tpm", "nic", "nvme", "gpu")     # read by the node; the rest at the site
 MAX_ITEMS = 200_000                     # all sources together: a DGX's BMC lists ~20,000
 MAX_TEXT = 4096                         # a path or a value
 _SOURCE = re.compile(r"[a-z][a-z0-9_]{0,31}")
@@ -100,6 +101,29 @@ class Rules:
                 raise InvalidParameters(f"{what}: vary[{source!r}] is a list of patterns")
             out[source] = tuple(patterns)
         return cls(vary=out)
+
+
+@dataclass(frozen=True)
+class Golden:
+    """ExpectedState.golden, checked at the edge: the profile's capture and what varies."""
+
+    profile: str
+    capture: Capture
+    rules: Rules = field(default_factory=Rules)
+
+    @property
+    def node_sources(self) -> list[str]:
+        """The node's sources this golden state names (the rest are the site's)."""
+        named = set(self.capture.sources) | set(self.capture.unreadable)
+        return [s for s in NODE_SOURCES if s in named]
+
+    @classmethod
+    def from_proto(cls, profile: str, capture: bytes, rules: bytes) -> Golden:
+        if not profile or len(profile) > 128 or not profile.isprintable():
+            raise InvalidParameters("expect.state.golden.profile: the hardware profile's name, printable, "
+                                    "at most 128 characters")
+        return cls(profile, Capture.from_json(capture, what="expect.state.golden.capture"),
+                   Rules.from_json(rules, what="expect.state.golden.rules") if rules else Rules())
 
 
 @dataclass(frozen=True)

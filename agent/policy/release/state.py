@@ -14,11 +14,12 @@ from agent.errors import InvalidParameters
 from agent.hw import efivars
 from agent.hw import tpm as tpmwire
 from agent.hw.gpu import GpuState
+from agent.policy.release.golden import Golden
 from agent.proto import agent_pb2
 
 _SHA256 = re.compile(r"[0-9a-f]{64}|absent")
 _PCI_IDS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{4}")
-_PARAMETER = re.compile(r"[A-Z][A-Z0-9_]{0,63}(\[\d{1,3}\])?")
+_PARAMETER = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}(\[\d{1,3}\])?")
 _DISK = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _VALUE = re.compile(r"[A-Za-z0-9_]{1,64}(\(\d{1,10}\))?")
 _BIOS_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
@@ -84,6 +85,7 @@ class ExpectedState:
     bios: dict[str, str] | None = None                        # the site's: name -> value as given
     bmc_accounts: tuple[ExpectedAccount, ...] | None = None   # the site's
     wipes: tuple[str, ...] | None = None          # disks by serial, WWN or name: a certificate each
+    golden: Golden | None = None                  # round 2: the node's sources diffed against it
 
     @property
     def areas(self) -> list[str]:
@@ -92,7 +94,8 @@ class ExpectedState:
         return [name for name, on in (("uefi", self.uefi is not None), ("gpus", wants_gpus),
                                       ("nics", bool(self.nics)), ("nvme", self.nvme is not None),
                                       ("tpm", self.tpm is not None),
-                                      ("wipes", self.wipes is not None)) if on]
+                                      ("wipes", self.wipes is not None),
+                                      ("golden", bool(self.golden and self.golden.node_sources))) if on]
 
     @property
     def site_areas(self) -> list[str]:
@@ -120,7 +123,9 @@ class ExpectedState:
                                          if msg.gpus.HasField("persistence_mode") else None),
                    nics=nics, nvme=nvme, tpm=_tpm(msg.tpm) if msg.HasField("tpm") else None,
                    bios=bios, bmc_accounts=accounts,
-                   wipes=_wipes(msg.wipes) if msg.HasField("wipes") else None)
+                   wipes=_wipes(msg.wipes) if msg.HasField("wipes") else None,
+                   golden=Golden.from_proto(msg.golden.profile, msg.golden.capture, msg.golden.rules)
+                   if msg.HasField("golden") else None)
 
 
 def _bios(msg: agent_pb2.ExpectedBios) -> dict[str, str]:

@@ -10,7 +10,10 @@
  * often does), "missing" (the GPU is not enumerated), processes (listed while the pid is alive), and
  * "init_error" (nvmlInit returns that NVML code, e.g. 9 = driver not loaded). What a tenant can set:
  * "mig_mode" (and "mig_mode_pending"), "power_limit_mw" against "power_limit_default_mw",
- * "app_clock_graphics"/"app_clock_memory" against their "_default"s, "persistence_mode".
+ * "app_clock_graphics"/"app_clock_memory" against their "_default"s, "persistence_mode",
+ * "compute_mode" (0 default, 2 exclusive process, 3 prohibited); node-wide, the top-level
+ * "cc_environment"/"cc_feature" (nvmlSystemGetConfComputeState; NOT_SUPPORTED unless
+ * "cc_supported" is true).
  * Only what the agent calls is implemented; what a model lacks returns NOT_SUPPORTED.
  */
 #include <ctype.h>
@@ -49,7 +52,7 @@ typedef struct fake_gpu {
     int remap_supported, remap_pending, remap_failure;
     unsigned remap_corr, remap_unc;
     unsigned nvlinks; int link_down[MAX_LINKS];
-    int persistence;
+    int persistence, compute_mode;
     int mig_supported, mig_mode, mig_pending;
     unsigned power_default_mw, app_graphics, app_memory, app_graphics_default, app_memory_default;
     int nprocs; fake_proc procs[MAX_PROCS];
@@ -58,6 +61,8 @@ typedef struct fake_gpu {
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_refs;
 static int g_count;
+static int g_cc_supported;
+static unsigned g_cc_environment, g_cc_feature;
 static fake_gpu g_gpus[MAX_GPUS];
 static char g_driver[80] = "550.90.07", g_nvml[80] = "12.550.90.07";
 static int g_cuda = 12040;
@@ -259,6 +264,7 @@ static void gpu_from_json(fake_gpu *g, const jval *o, int i) {
         if (l >= 0 && l < MAX_LINKS) g->link_down[l] = 1;
     }
     jbool(o, "persistence_mode", &g->persistence);
+    { unsigned cm = (unsigned)g->compute_mode; jnum_u(o, "compute_mode", &cm); g->compute_mode = (int)cm; }
     jbool(o, "mig_supported", &g->mig_supported);
     jbool(o, "mig_mode", &g->mig_mode);
     g->mig_pending = g->mig_mode;
@@ -280,6 +286,7 @@ static void gpu_from_json(fake_gpu *g, const jval *o, int i) {
 static int load_machine(void) {
     const char *path = getenv("FAKE_NVML_CONFIG");
     g_count = 0;
+    g_cc_supported = 0; g_cc_environment = g_cc_feature = 0;
     strcpy(g_driver, "550.90.07"); strcpy(g_nvml, "12.550.90.07"); g_cuda = 12040;
     if (!path || !*path) {
         for (int i = 0; i < 8; i++) {
@@ -305,6 +312,8 @@ static int load_machine(void) {
     jstr(&root, "driver_version", g_driver, sizeof g_driver);
     jstr(&root, "nvml_version", g_nvml, sizeof g_nvml);
     unsigned cuda = (unsigned)g_cuda; jnum_u(&root, "cuda_driver_version", &cuda); g_cuda = (int)cuda;
+    jbool(&root, "cc_supported", &g_cc_supported);
+    jnum_u(&root, "cc_environment", &g_cc_environment); jnum_u(&root, "cc_feature", &g_cc_feature);
     const jval *gpus = jget(&root, "gpus");
     for (int i = 0, slot = 0; gpus && gpus->t == J_ARR && i < gpus->n && slot < MAX_GPUS; i++) {
         int missing = 0; jbool(&gpus->kids[i], "missing", &missing);
@@ -556,6 +565,21 @@ nvmlReturn_t nvmlDeviceGetNvLinkState(void *h, unsigned int link, int *active) {
 
 nvmlReturn_t nvmlDeviceGetPersistenceMode(void *h, int *mode) {
     GPU(h); if (!mode) return 2; *mode = g->persistence; return 0;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeMode(void *h, int *mode) {
+    GPU(h); if (!mode) return 2; *mode = g->compute_mode; return 0;
+}
+
+typedef struct { unsigned environment, ccFeature, devToolsMode; } fake_cc_state;
+
+nvmlReturn_t nvmlSystemGetConfComputeState(fake_cc_state *state) {
+    if (!state) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&g_lock);
+    int supported = g_cc_supported;
+    state->environment = g_cc_environment; state->ccFeature = g_cc_feature; state->devToolsMode = 0;
+    pthread_mutex_unlock(&g_lock);
+    return supported ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
 }
 
 nvmlReturn_t nvmlDeviceGetMigMode(void *h, unsigned int *current, unsigned int *pending) {
