@@ -563,7 +563,7 @@ class Agent:
         if value is not None:
             body.payload = value.SerializeToString()
             body.payload_type = value.DESCRIPTOR.full_name
-        if kind.attested:
+        if kind.attested or carries_release_report(value):
             return self.node_key.sign_result(body)
         return session_pb2.SignedResult(body=body.SerializeToString(deterministic=True))
 
@@ -746,3 +746,13 @@ class Agent:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def carries_release_report(value: Message | None) -> bool:
+    """Whether a result holds a release report (inventory.refresh's or bmc.query baseline's
+    ``release``): the control plane returns a node to the pool on it, so it is evidence and
+    signed by the node key as an attested kind's result is, whatever its kind's flags (the
+    gateway verifies every signature a result carries)."""
+    if value is None or "release" not in value.DESCRIPTOR.fields_by_name:
+        return False
+    return value.HasField("release")

@@ -270,3 +270,20 @@ def test_a_nodes_new_boot_token_replaces_its_last(gateway: Gateway, pki: DevPki)
     stale = Client(gateway, pki, cert=False, token=old, boot_id="boot-1").first
     assert stale.error.code == wire.UNAUTHENTICATED
     assert Client(gateway, pki, cert=False, token=new, boot_id="boot-2").first.WhichOneof("msg") == "welcome"
+
+
+def test_a_signature_on_a_result_of_any_kind_is_verified(gateway: Gateway, pki: DevPki) -> None:
+    """A release report comes signed from inventory.refresh, which is not an attested kind: a
+    signature a result carries is checked whatever the kind, so a forged one changes nothing."""
+    c = Client(gateway, pki)
+    gateway.wait_node("node-1", TIMEOUT)
+    cid = gateway.send("node-1", "inventory.refresh", {})
+    c.recv("command")
+    c.send(session_pb2.Frame(accept=session_pb2.Accept(command_id=cid, state=session_pb2.QUEUED)))
+    c.send(session_pb2.Frame(result=c.result(cid, "inventory.refresh", signer=SigningKey.generate())))
+    gateway.wait_for(lambda: any(e.what == "result_rejected" for e in gateway.events_for(cid)),
+                     TIMEOUT, "the forged signature rejected")
+    assert gateway.commands[cid].result is None
+    c.send(session_pb2.Frame(result=c.result(cid, "inventory.refresh", signer=c.key)))
+    assert c.recv("ack").ack.command_id == cid
+    c.close()

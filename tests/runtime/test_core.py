@@ -648,3 +648,18 @@ def test_stop_kills_the_children_of_running_commands_and_leaves_them_to_the_jour
     assert after.wait_idle(WAIT)
     (result,) = after.unacked_results()
     assert session_pb2.ResultBody.FromString(result.body).status == session_pb2.SUCCEEDED  # re-run
+
+
+def test_a_release_report_is_signed_by_the_node_key_whatever_the_kind(world: World) -> None:
+    """inventory.refresh is not attested, but its release report is evidence the control plane
+    returns a node to the pool on: that result is signed; one without a report is not."""
+    report = agent_pb2.InventoryRefreshResult(release=agent_pb2.ReleaseReport(pool_ready=True))
+    agent, frames = world.agent({"inventory.refresh": Quick("inventory.refresh", lambda ctx: report),
+                                 "logs.collect": Quick("logs.collect", lambda ctx: agent_pb2.InventoryRefreshResult())})
+    accepted(agent.submit(world.command("r1", "inventory.refresh")))
+    accepted(agent.submit(world.command("r2", "logs.collect")))
+    frames.result("r1")
+    frames.result("r2")
+    signed = {session_pb2.ResultBody.FromString(r.body).command_id: r for r in agent.unacked_results()}
+    assert verify_result(signed["r1"], agent.node_key.public_raw).command_id == "r1"
+    assert signed["r2"].signature == b""
