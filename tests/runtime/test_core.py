@@ -655,7 +655,8 @@ def test_a_release_report_is_signed_by_the_node_key_whatever_the_kind(world: Wor
     returns a node to the pool on: that result is signed; one without a report is not."""
     report = agent_pb2.InventoryRefreshResult(release=agent_pb2.ReleaseReport(pool_ready=True))
     agent, frames = world.agent({"inventory.refresh": Quick("inventory.refresh", lambda ctx: report),
-                                 "logs.collect": Quick("logs.collect", lambda ctx: agent_pb2.InventoryRefreshResult())})
+                                 "logs.collect": Quick("logs.collect",
+                                                       lambda ctx: agent_pb2.InventoryRefreshResult())})
     accepted(agent.submit(world.command("r1", "inventory.refresh")))
     accepted(agent.submit(world.command("r2", "logs.collect")))
     frames.result("r1")
