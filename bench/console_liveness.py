@@ -53,14 +53,18 @@ SYSTEM = {"SerialConsole": {"SSH": {"ServiceEnabled": True, "Port": 2200,
 BATCH = 32     # consoles attached at once (sshd's MaxStartups drops unauthenticated ones past it)
 
 
+LAB: set[int] = set()    # the lab's own processes (its sshd), not the site's
+
+
 def children(pid: int) -> set[int]:
+    """The site's child processes now (the lab's sshd left out)."""
     found: set[int] = set()
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             found |= {int(c) for c in (task / "children").read_text().split()}
         except OSError:
             continue
-    return found
+    return found - LAB
 
 
 def cpu_seconds(pid: int) -> float:
@@ -135,6 +139,7 @@ def main() -> None:
         sys.exit("needs root: the BMCs' sshd runs in a mount namespace of its own")
     n = args.consoles
     work = Path(args.dir or tempfile.mkdtemp(prefix="bc-liveness-"))
+    work.mkdir(parents=True, exist_ok=True)
     os.chmod(work, 0o755)
     node = Node(work / "serial.sock")
     lab = SshBmc(work / "bmc", dataclasses.replace(PERSONALITIES["openbmc"], sessions=n + 8),
@@ -143,6 +148,8 @@ def main() -> None:
     config.write_text(config.read_text().replace("LogLevel VERBOSE", "LogLevel DEBUG1")
                       .replace("MaxStartups 64", f"MaxStartups {BATCH * 2}"))
     lab.start()
+    assert lab.child is not None
+    LAB.add(lab.child.pid)
     store = SecretStore(work / "secrets")
     store.put(REF, Credentials("root", PASSWORD))
     ring = 64 << 10
