@@ -320,7 +320,7 @@ class SolSession:
         self.store = store
         self.report = report            # (node_id, step, line)
         self.ipmitool = ipmitool
-        self.state = "starting"         # attached, busy, no SOL, dropped, auth failed, stopped
+        self.state = "starting"         # attached, busy, no SOL, dropped, auth failed, failed, stopped
         self.leave = b"\r~."            # what ends the session at the BMC (ipmitool's escape)
         self.connects = 0
         self._stop = threading.Event()
@@ -334,7 +334,7 @@ class SolSession:
         self._taken_by: int | None = None   # another session found holding the SOL
         self._ended_why = ""             # why the site ended the session itself
         self._unanswered = False         # a question of _still_held went unanswered (said once)
-        self._thread = threading.Thread(target=self._loop, name=f"sol-{node_id}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"sol-{node_id}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -375,6 +375,15 @@ class SolSession:
         """Still keeping (or trying to keep) the console: not ended for no SOL or refused
         credentials."""
         return self._thread.is_alive() or self.state == "starting"
+
+    def _run(self) -> None:
+        """The session's thread: a fault of the site's own (a bug, not the BMC's word) is said
+        ``failed`` with what it was, not left as a console that says attached and keeps nothing."""
+        try:
+            self._loop()
+        except Exception as exc:   # the thread's last word: nothing above it would hear it
+            log.exception("console of %s: its session failed", self.node_id)
+            self._say("failed", f"the site's console session failed: {type(exc).__name__}: {exc}"[:200])
 
     def _loop(self) -> None:
         """Sessions one after another until ``stop``: the credentials read at each (a rotation

@@ -304,6 +304,11 @@ class SshSession(SolSession):
                 if self._stop.is_set():
                     child.stop()
                 fd = child.popen.stdout.fileno() if child.popen.stdout is not None else -1
+                # poll, not select: a site keeping hundreds of consoles holds descriptors past
+                # select's 1024 (bench/console_liveness.py found it at 256 consoles)
+                poller = select.poll()
+                if fd >= 0:
+                    poller.register(fd, select.POLLIN)
                 entered = not plan.entry
                 last, begun = 0.0, time.monotonic()
                 while fd >= 0:
@@ -312,8 +317,7 @@ class SshSession(SolSession):
                             (last and now - last >= ENTRY_QUIET) or now - begun >= ENTRY_LATEST):
                         self._type(plan.entry + "\r")   # its CLI's prompt is shown: as typed
                         entered = True
-                    ready, _, _ = select.select([fd], [], [], ENTRY_QUIET if not entered else 1.0)
-                    if not ready:
+                    if not poller.poll(int((ENTRY_QUIET if not entered else 1.0) * 1000)):
                         continue
                     try:
                         data = os.read(fd, 65536)
