@@ -171,6 +171,27 @@ def test_a_reset_before_any_kernel_is_a_new_boot_for_the_milestones(tmp_path: Pa
     assert seen == ["firmware", "boot_loader", "no_boot_device"] * 2
 
 
+def test_a_session_failing_on_the_sites_own_fault_says_failed(tmp_path: Path) -> None:
+    """A fault of the site's own in a session (here a transport whose session raises what no
+    BMC answer makes) is said ``failed`` with what it was, in the ring and the timeline: not a
+    dead thread whose console still says attached."""
+    seen: list[str] = []
+
+    class Broken(console.SolSession):
+        def _session(self, creds: Credentials) -> str:
+            raise ValueError("filedescriptor out of range in select()")
+
+    store = SecretStore(tmp_path / "secrets")
+    store.put(REF, Credentials(USERNAME, PASSWORD))
+    session = Broken("n1", Bmc("127.0.0.1:623", "ipmi", REF), Ring(tmp_path / "ring", 1 << 20),
+                     store, report=lambda node, step, line: seen.append(line))
+    session.start()
+    session._thread.join(10)
+    assert session.state == "failed" and not session.alive
+    assert seen == ["failed: the site's console session failed: ValueError: filedescriptor out of "
+                    "range in select()"], seen
+
+
 def session_seeing(tmp_path: Path, *, resumed: bool = False) -> tuple[console.SolSession, list[str]]:
     """A session whose milestones are collected (as "step" or "step: line"), fed by ``_lines``."""
     seen: list[str] = []
