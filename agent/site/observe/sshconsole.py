@@ -317,7 +317,9 @@ class SshSession(SolSession):
                             (last and now - last >= ENTRY_QUIET) or now - begun >= ENTRY_LATEST):
                         self._type(plan.entry + "\r")   # its CLI's prompt is shown: as typed
                         entered = True
-                    if not poller.poll(int((ENTRY_QUIET if not entered else 1.0) * 1000)):
+                    # once entered, woken by its output alone (stop ends ssh: its EOF wakes it),
+                    # so a quiet console costs the daemon nothing between lines
+                    if not poller.poll(int(ENTRY_QUIET * 1000) if not entered else None):
                         continue
                     try:
                         data = os.read(fd, 65536)
