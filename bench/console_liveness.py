@@ -198,7 +198,9 @@ def main() -> None:
         kids = children(me)
         report["site_processes"] = len(kids)
         report["daemon_threads_added"] = threading.active_count() - threads0
-        report["daemon_fds_added"] = len(os.listdir("/proc/self/fd")) - fds0
+        # the site's: ssh's three pipes a console; the lab node's end of each serial
+        # connection (a socket in this process) left out
+        report["daemon_fds_added"] = len(os.listdir("/proc/self/fd")) - fds0 - len(node.conns)
         report["ssh_pss_mib"] = round(sum(pss_kib(p) for p in kids) / 1024, 1)
         report["quiet"] = window(args.quiet, me, lab.port, lab.folder / "sshd.log")
         report["speaking"] = window(args.speaking, me, lab.port, lab.folder / "sshd.log",
