@@ -330,6 +330,7 @@ class SolSession:
         self._seen: set[str] = {Step.FIRMWARE} if resumed else set()
         self._partial = ""
         self._holder: int | None = None  # the BMC's ID of the site's own SOL session
+        self._former: int | None = None  # that of the site's session before this one
         self._activated = False          # the session just activated: its ID to be asked
         self._taken_by: int | None = None   # another session found holding the SOL
         self._ended_why = ""             # why the site ended the session itself
@@ -437,6 +438,7 @@ class SolSession:
         LIVENESS_SILENCE seconds without a byte, the BMC is asked whether the session still
         holds the node's SOL (``_still_held``); when not, ipmitool is stopped."""
         env = proc.clean_env({"IPMI_PASSWORD": creds.password})
+        self._former = self._holder if self._holder is not None else self._former
         self._holder, self._ended_why, self._taken_by, self._activated = None, "", None, False
         with proc.running(self._argv(creds), stdin=subprocess.PIPE, env=env, check=False) as child:
             with self._lock:
@@ -472,17 +474,47 @@ class SolSession:
         with self._lock:
             self._child = None
         said = child.stderr_text()
+        if any(p in said.lower() for p in BUSY_PATTERNS) and self._end_own_former(creds):
+            self._ended_why = (f"the BMC still gave the node's SOL to the site's own former session "
+                               f"({self._former:#x}); that one ended, attached again")
         return said.replace(creds.password, "<hidden>") if creds.password else said
+
+    def _client(self, creds: Credentials) -> IpmiClient:
+        """An ipmitool client of the console's own, for one question: no site lock or slot."""
+        return IpmiClient(
+            Target(self.bmc.address, creds),
+            CallContext(cancel=self._stop, deadline=time.monotonic() + LIVENESS_TIMEOUT,
+                        pacing=Pacing(min_interval=1.0, max_interval=4.0)),
+            ipmitool=self.ipmitool)
+
+    def _end_own_former(self, creds: Credentials) -> bool:
+        """Refused as busy right after the BMC ended the site's own session (ipmi_sim, when
+        the node's serial line goes away at a power cycle, closes the session and still counts
+        it as holding the SOL until its 30 s timeout): where the holder the BMC names is the
+        site's own former session, that instance is deactivated (no one else's) and the console
+        attaches at once, instead of BUSY_RETRY later with the boot's first lines lost."""
+        if self._former is None or self._holder_now(creds) != self._former:
+            return False
+        try:
+            self._client(creds).run("sol", "deactivate")
+        except AgentError as exc:
+            log.info("console of %s: its former SOL session not ended (%s)", self.node_id, exc.message[:200])
+            return False
+        log.info("console of %s: the BMC still held the site's former SOL session %#x; ended",
+                 self.node_id, self._former)
+        return True
+
+    def boot_begins(self) -> None:
+        """A power on, cycle or reset is about to be sent: a new boot, whose milestones are
+        reported again (its firmware's first line may come before, or be lost to, a
+        reconnect)."""
+        self._seen = set()
 
     def _holder_now(self, creds: Credentials) -> int | None:
         """The BMC's ID of the session that holds the node's SOL (0: none), asked in an IPMI
         session of its own (Get Payload Instance Info, SOL instance 1), no site lock or slot
         taken; None when the BMC gave no answer."""
-        client = IpmiClient(
-            Target(self.bmc.address, creds),
-            CallContext(cancel=self._stop, deadline=time.monotonic() + LIVENESS_TIMEOUT,
-                        pacing=Pacing(min_interval=1.0, max_interval=4.0)),
-            ipmitool=self.ipmitool)
+        client = self._client(creds)
         try:
             return payload_holder(client.run("raw", "0x06", "0x4b", "0x01", "0x01"))
         except AgentError as exc:
@@ -716,6 +748,14 @@ class Consoles:
         session.stop()
         self.report(node_id, Step.CONSOLE, "released")
         return True
+
+    def boot_begins(self, node_id: str) -> None:
+        """The node is about to be powered on, cycled or reset: its kept console's milestones
+        are a new boot's (console.py SolSession.boot_begins)."""
+        with self._lock:
+            session = self._sessions.get(node_id)
+        if session is not None:
+            session.boot_begins()
 
     def state(self, node_id: str) -> str:
         with self._lock:

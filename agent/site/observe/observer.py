@@ -226,6 +226,7 @@ class Observer:
             return
         self._learn(node_id, bmc)
         self.consoles.attach(node_id, bmc)
+        self.consoles.boot_begins(node_id)   # a console kept from before: a new boot now
         deadline = time.monotonic() + wait
         while self.consoles.state(node_id) == "starting" and time.monotonic() < deadline:
             time.sleep(0.05)

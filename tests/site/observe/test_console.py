@@ -202,6 +202,20 @@ def session_seeing(tmp_path: Path, *, resumed: bool = False) -> tuple[console.So
     return session, seen
 
 
+def test_a_power_cycle_of_a_kept_console_reports_the_next_boots_milestones(tmp_path: Path) -> None:
+    """A console kept across a power cycle whose firmware lines the BMC never sent (its session
+    was reconnecting): told the boot begins (bmc.power's before_power), the next boot's
+    agent and join are reported again, not taken for the last boot's."""
+    session, seen = session_seeing(tmp_path)
+    joined = ("bc-init [1.60]: starting agent: python3 /usr/lib/bettercompute/agent.pyz run\r\n"
+              "INFO agent.link.session: connected to gateway gw-1 at 10.0.2.2:7443\r\n")
+    session._lines("SeaBIOS (version 1.16.2)\r\n" + joined)
+    session._lines(joined)                 # the same boot's words again: nothing new
+    session.boot_begins()
+    session._lines(joined)                 # the next boot, its firmware's lines lost
+    assert seen == ["firmware", "agent_started", "joined", "agent_started", "joined"], seen
+
+
 # A ramdisk booted ``quiet loglevel=4``, as the QEMU tests' consoles show it: no "Linux version".
 QUIET_PANIC = ("SeaBIOS (version 1.16.2-debian-1.16.2-1)\r\nBooting from ROM...\r\n"
                "iPXE initialising devices...ok\r\n"
