@@ -488,16 +488,19 @@ class _BmcHandler(Handler[site_pb2.BmcOperationRequest, BmcParams]):
         return params.lock_name
 
     def run(self, ctx: Context, params: BmcParams) -> site_pb2.BmcOperationResult:
-        # The node's boot timeline and console (agent/site/observe/): its console attached
-        # before a power on (the firmware's first lines), the power and boot device after.
+        # The node's boot timeline and console (agent/site/observe/): its console kept from
+        # the first command on its BMC, attached before a power on (the firmware's first
+        # lines), the power and boot device after.
         observe = ctx.site_services.observe if ctx.site_services is not None and params.node_id else None
         bmc = _observed(params)
         powering = self.kind == "bmc.power" and params.operation in ("on", "cycle", "reset")
         session = BmcSession(ctx, params)
         client, creds = session.open()
-        if observe is not None and powering:
-            # over SSH where the BMC offers it, SOL where IPMI is on (sshconsole.py)
+        if observe is not None:
+            # over SSH where the BMC offers it, SOL where IPMI is on (sshconsole.py): read
+            # once per BMC, at the first command that names the node
             bmc = observe.console_for(params.node_id, bmc, client)
+        if observe is not None and powering:
             observe.before_power(params.node_id, bmc)
         try:
             if observe is not None and powering:

@@ -1,10 +1,15 @@
 """Each registered node's serial console, kept by the site: IPMI Serial-over-LAN through
 ``ipmitool sol activate``, one session per node, into a ring of bounded size on the site's disk.
 
-    consoles = Consoles(root, secrets_dir, on_milestone=timelines.console, ...)
-    consoles.attach(node_id, Bmc(address, "ipmi", credentials_ref))  # boot.prepareRamdisk, bmc.power on
-    consoles.detach(node_id)                                         # boot.cleanUp, bmc.power off
+    consoles = Consoles(root, secrets_dir, report=timelines.console, ...)
+    consoles.keep(node_id, Bmc(address, "ipmi", credentials_ref))    # the first bmc.* command on
+    consoles.attach(node_id, bmc)         # boot.prepareRamdisk, bmc.power on: an ended one again
+    consoles.detach(node_id)              # an operator's word, or another BMC for the node
     consoles.read(node_id, since=t0, until=t1)                       # [(time, line)], oldest first
+
+A node's console is kept from the site's first contact with its BMC and stays attached across
+its boots, power cycles and clean-ups (observer.py); at most ``capacity`` at once, a console
+past it said ``not kept`` with the cap named.
 
 - The password travels as for every ipmitool call (agent/site/bmc/ipmi.py): in the child's
   environment (``-E``), never in argv or a file; it is read from the secret store at each
@@ -68,6 +73,7 @@ import select
 import subprocess
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -86,6 +92,7 @@ from agent.site.observe.timeline import Step
 log = logging.getLogger(__name__)
 
 MAX_LINE = 2048
+MAX_REFUSED = 4096    # nodes whose console's refusal is remembered (as the observer's BMCs)
 RECONNECT_MIN, RECONNECT_MAX = 1.0, 30.0
 BUSY_RETRY = 30.0
 LIVENESS_SILENCE = 15.0     # no byte for this long: does the BMC still hold our SOL session?
@@ -288,8 +295,21 @@ class Ring:
                 self.folder.rmdir()
 
 
+@dataclass(frozen=True)
+class Ended:
+    """How one console session ended, as its transport judged it, and what comes next."""
+
+    state: str                  # said: dropped, busy, auth failed, no SOL, host_key_changed ...
+    detail: str = ""
+    wait: float | None = None   # seconds before the next session; None: backing off
+    final: bool = False         # not tried again
+    steady: bool = False        # it was up long enough: the backoff starts over
+
+
 class SolSession:
-    """One node's SOL session under a thread of its own, reconnected until ``stop``."""
+    """One node's SOL session under a thread of its own, reconnected until ``stop``. The loop
+    (``_loop``) is every transport's; a transport gives its ``_session`` and ``_ended_by``
+    (sshconsole.py's SshSession)."""
 
     def __init__(self, node_id: str, bmc: Bmc, ring: Ring, store: SecretStore, *,
                  report: Callable[[str, str, str], None], ipmitool: str = "ipmitool",
@@ -300,7 +320,7 @@ class SolSession:
         self.store = store
         self.report = report            # (node_id, step, line)
         self.ipmitool = ipmitool
-        self.state = "starting"         # attached, busy, no SOL, dropped, auth failed, stopped
+        self.state = "starting"         # attached, busy, no SOL, dropped, auth failed, failed, stopped
         self.leave = b"\r~."            # what ends the session at the BMC (ipmitool's escape)
         self.connects = 0
         self._stop = threading.Event()
@@ -310,11 +330,12 @@ class SolSession:
         self._seen: set[str] = {Step.FIRMWARE} if resumed else set()
         self._partial = ""
         self._holder: int | None = None  # the BMC's ID of the site's own SOL session
+        self._former: int | None = None  # that of the site's session before this one
         self._activated = False          # the session just activated: its ID to be asked
         self._taken_by: int | None = None   # another session found holding the SOL
         self._ended_why = ""             # why the site ended the session itself
         self._unanswered = False         # a question of _still_held went unanswered (said once)
-        self._thread = threading.Thread(target=self._loop, name=f"sol-{node_id}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"sol-{node_id}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -356,53 +377,68 @@ class SolSession:
         credentials."""
         return self._thread.is_alive() or self.state == "starting"
 
+    def _run(self) -> None:
+        """The session's thread: a fault of the site's own (a bug, not the BMC's word) is said
+        ``failed`` with what it was, not left as a console that says attached and keeps nothing."""
+        try:
+            self._loop()
+        except Exception as exc:   # the thread's last word: nothing above it would hear it
+            log.exception("console of %s: its session failed", self.node_id)
+            self._say("failed", f"the site's console session failed: {type(exc).__name__}: {exc}"[:200])
+
     def _loop(self) -> None:
-        # Started over after a session that held for 30 s.
+        """Sessions one after another until ``stop``: the credentials read at each (a rotation
+        followed), the transport's session run, its end judged by the transport
+        (``_ended_by``), said, and waited on as it says: never again, a fixed wait (busy), or
+        backing off (agent/retry.py), started over after a session that was up long enough."""
         redial = Backoff(first=RECONNECT_MIN, cap=RECONNECT_MAX).start(cancel=self._stop)
         while not self._stop.is_set():
             started = time.monotonic()
             try:
                 creds = self.store.get(self.bmc.credentials_ref)
-                stderr = self._session(creds)
+                said = self._session(creds)
             except AgentError as exc:
-                stderr = ""
-                self._say("dropped", exc.message[:200])
+                end = Ended("dropped", exc.message[:200])
+            else:
+                end = self._ended_by(said, time.monotonic() - started)
             if self._stop.is_set():
                 return
-            if self._taken_by is not None:
-                # another client took the node's SOL: busy from the moment it is seen, and
-                # tried again as any busy console (never taken back)
-                self._say("busy", f"{self._ended_why}; tried again every {BUSY_RETRY:.0f}s, "
-                          "never taken over")
-                self._stop.wait(BUSY_RETRY)
-                continue
-            if self._ended_why:
-                self._say("dropped", self._ended_why)
-                self._stop.wait(RECONNECT_MIN)
-                continue
-            lower = stderr.lower()
-            if any(p in lower for p in AUTH_PATTERNS):
-                self._say("auth failed", "the BMC refused the credentials; not retried")
+            self._say(end.state, end.detail)
+            if end.final:
                 return
-            if any(p in lower for p in BUSY_PATTERNS):
-                self._say("busy", "another session holds the node's SOL; tried again every "
-                          f"{BUSY_RETRY:.0f}s, never taken over")
-                self._stop.wait(BUSY_RETRY)
-                continue
-            if any(p in lower for p in NO_SOL_PATTERNS) and not self.connects:
-                self._say("no SOL", _tail(stderr))
-                return
-            if self.state != "dropped":
-                self._say("dropped", _tail(stderr) or "the session ended")
-            if time.monotonic() - started > 30:
+            if end.steady:
                 redial.reset()
-            redial.sleep(redial.next() or RECONNECT_MIN)   # never None: no bound nor deadline
+            if end.wait is not None:
+                self._stop.wait(end.wait)
+            else:
+                redial.sleep(redial.next() or RECONNECT_MAX)   # never None: no bound nor deadline
+
+    def _ended_by(self, stderr: str, up: float) -> Ended:
+        """How the SOL session that ran ``up`` seconds ended, from what the site saw and what
+        ipmitool said (``stderr``)."""
+        if self._taken_by is not None:
+            # another client took the node's SOL: busy from the moment it is seen, and
+            # tried again as any busy console (never taken back)
+            return Ended("busy", f"{self._ended_why}; tried again every {BUSY_RETRY:.0f}s, "
+                         "never taken over", wait=BUSY_RETRY)
+        if self._ended_why:
+            return Ended("dropped", self._ended_why, wait=RECONNECT_MIN)
+        lower = stderr.lower()
+        if any(p in lower for p in AUTH_PATTERNS):
+            return Ended("auth failed", "the BMC refused the credentials; not retried", final=True)
+        if any(p in lower for p in BUSY_PATTERNS):
+            return Ended("busy", "another session holds the node's SOL; tried again every "
+                         f"{BUSY_RETRY:.0f}s, never taken over", wait=BUSY_RETRY)
+        if any(p in lower for p in NO_SOL_PATTERNS) and not self.connects:
+            return Ended("no SOL", _tail(stderr), final=True)
+        return Ended("dropped", _tail(stderr) or "the session ended", steady=up > 30)
 
     def _session(self, creds: Credentials) -> str:
         """One ipmitool sol activate, its output into the ring; returns its stderr. After
         LIVENESS_SILENCE seconds without a byte, the BMC is asked whether the session still
         holds the node's SOL (``_still_held``); when not, ipmitool is stopped."""
         env = proc.clean_env({"IPMI_PASSWORD": creds.password})
+        self._former = self._holder if self._holder is not None else self._former
         self._holder, self._ended_why, self._taken_by, self._activated = None, "", None, False
         with proc.running(self._argv(creds), stdin=subprocess.PIPE, env=env, check=False) as child:
             with self._lock:
@@ -438,17 +474,47 @@ class SolSession:
         with self._lock:
             self._child = None
         said = child.stderr_text()
+        if any(p in said.lower() for p in BUSY_PATTERNS) and self._end_own_former(creds):
+            self._ended_why = (f"the BMC still gave the node's SOL to the site's own former session "
+                               f"({self._former:#x}); that one ended, attached again")
         return said.replace(creds.password, "<hidden>") if creds.password else said
+
+    def _client(self, creds: Credentials) -> IpmiClient:
+        """An ipmitool client of the console's own, for one question: no site lock or slot."""
+        return IpmiClient(
+            Target(self.bmc.address, creds),
+            CallContext(cancel=self._stop, deadline=time.monotonic() + LIVENESS_TIMEOUT,
+                        pacing=Pacing(min_interval=1.0, max_interval=4.0)),
+            ipmitool=self.ipmitool)
+
+    def _end_own_former(self, creds: Credentials) -> bool:
+        """Refused as busy right after the BMC ended the site's own session (ipmi_sim, when
+        the node's serial line goes away at a power cycle, closes the session and still counts
+        it as holding the SOL until its 30 s timeout): where the holder the BMC names is the
+        site's own former session, that instance is deactivated (no one else's) and the console
+        attaches at once, instead of BUSY_RETRY later with the boot's first lines lost."""
+        if self._former is None or self._holder_now(creds) != self._former:
+            return False
+        try:
+            self._client(creds).run("sol", "deactivate")
+        except AgentError as exc:
+            log.info("console of %s: its former SOL session not ended (%s)", self.node_id, exc.message[:200])
+            return False
+        log.info("console of %s: the BMC still held the site's former SOL session %#x; ended",
+                 self.node_id, self._former)
+        return True
+
+    def boot_begins(self) -> None:
+        """A power on, cycle or reset is about to be sent: a new boot, whose milestones are
+        reported again (its firmware's first line may come before, or be lost to, a
+        reconnect)."""
+        self._seen = set()
 
     def _holder_now(self, creds: Credentials) -> int | None:
         """The BMC's ID of the session that holds the node's SOL (0: none), asked in an IPMI
         session of its own (Get Payload Instance Info, SOL instance 1), no site lock or slot
         taken; None when the BMC gave no answer."""
-        client = IpmiClient(
-            Target(self.bmc.address, creds),
-            CallContext(cancel=self._stop, deadline=time.monotonic() + LIVENESS_TIMEOUT,
-                        pacing=Pacing(min_interval=1.0, max_interval=4.0)),
-            ipmitool=self.ipmitool)
+        client = self._client(creds)
         try:
             return payload_holder(client.run("raw", "0x06", "0x4b", "0x01", "0x01"))
         except AgentError as exc:
@@ -552,6 +618,8 @@ class Consoles:
         self.budget_bytes = budget_bytes
         self.ipmitool = ipmitool
         self._sessions: dict[str, SolSession] = {}
+        # node -> (its BMC, why its console is not kept): said once per BMC by ``keep``
+        self._refused: OrderedDict[str, tuple[Bmc, str]] = OrderedDict()
         self._lock = threading.Lock()
         self._record = root / "sessions.json"
 
@@ -584,31 +652,61 @@ class Consoles:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         write_atomic(self._record, json.dumps(data, sort_keys=True).encode(), 0o600)
 
+    def keep(self, node_id: str, bmc: Bmc) -> str:
+        """Keep the node's console from the site's first contact with its BMC on (any bmc.*
+        command that names the node): attached unless a session for the same BMC is already
+        there, alive or ended (an ended one, refused credentials or a changed host key, waits
+        for the next power on or prepare, ``attach``), and not said again where it was not kept
+        for the same BMC (no console offered, the cap reached). Returns the state, or why not."""
+        with self._lock:
+            old = self._sessions.get(node_id)
+            if old is not None and old.bmc == bmc:
+                return old.state
+            refused = self._refused.get(node_id)
+            if refused is not None and refused[0] == bmc:
+                return refused[1]
+        return self.attach(node_id, bmc)
+
+    def _refuse(self, node_id: str, bmc: Bmc, why: str) -> str:
+        """Say why the node's console is not kept, and remember it (bounded: MAX_REFUSED
+        nodes, the oldest forgotten first) so that ``keep`` does not say it again."""
+        self.report(node_id, Step.CONSOLE, why)
+        with self._lock:
+            self._refused[node_id] = (bmc, why)
+            self._refused.move_to_end(node_id)
+            while len(self._refused) > MAX_REFUSED:
+                self._refused.popitem(last=False)
+        return why
+
     def attach(self, node_id: str, bmc: Bmc, *, resumed: bool = False) -> str:
-        """Keep the node's console (a session already kept for the same BMC is left as it is).
-        ``resumed``: kept before a restart of the daemon, the node in a boot under way.
-        Returns the session's state, or why it is not kept."""
+        """Keep the node's console (a session already kept for the same BMC is left as it is;
+        an ended one is started again). ``resumed``: kept before a restart of the daemon, the
+        node in a boot under way. Returns the session's state, or why it is not kept."""
         if bmc.protocol != "ipmi" and not bmc.console:
-            why = (f"no SOL: the BMC is driven over {bmc.protocol} and publishes no SSH console; "
-                   "the site keeps consoles over SSH or IPMI Serial-over-LAN")
-            self.report(node_id, Step.CONSOLE, why)
+            self._refuse(node_id, bmc, f"no SOL: the BMC is driven over {bmc.protocol} and publishes "
+                         "no SSH console; the site keeps consoles over SSH or IPMI Serial-over-LAN")
             return "no SOL"
         kind = self.ssh_session if bmc.console else SolSession   # SSH: sshconsole.py's
         if kind is None:
-            self.report(node_id, Step.CONSOLE, "not kept: an SSH console, and no SSH transport here")
+            self._refuse(node_id, bmc, "not kept: an SSH console, and no SSH transport here")
             return "not kept"
         with self._lock:
             old = self._sessions.get(node_id)
             if old is not None and old.bmc == bmc and old.alive:
                 return old.state
-            if old is None and sum(s.alive for s in self._sessions.values()) >= self.capacity:
-                why = f"not kept: the site's console budget holds {self.capacity} at once"
-                self.report(node_id, Step.CONSOLE, why)
-                return why
-            if old is None and not self._make_room():
-                why = "not kept: the console rings fill the site's budget"
-                self.report(node_id, Step.CONSOLE, why)
-                return why
+            held = sum(s.alive for s in self._sessions.values())
+            full = old is None and held >= self.capacity
+            room = full or old is not None or self._make_room()
+        if full:
+            why = (f"not kept: the site keeps {self.capacity} consoles at once and holds {held} "
+                   "(the cap: site_console_budget_bytes / site_console_ring_bytes)")
+            log.warning("console of %s %s", node_id, why)
+            return self._refuse(node_id, bmc, why)
+        if not room:
+            return self._refuse(node_id, bmc, "not kept: the console rings fill the site's budget "
+                                "(site_console_budget_bytes)")
+        with self._lock:
+            self._refused.pop(node_id, None)
             self._sessions.pop(node_id, None)
         if old is not None:
             old.stop()
@@ -650,6 +748,14 @@ class Consoles:
         session.stop()
         self.report(node_id, Step.CONSOLE, "released")
         return True
+
+    def boot_begins(self, node_id: str) -> None:
+        """The node is about to be powered on, cycled or reset: its kept console's milestones
+        are a new boot's (console.py SolSession.boot_begins)."""
+        with self._lock:
+            session = self._sessions.get(node_id)
+        if session is not None:
+            session.boot_begins()
 
     def state(self, node_id: str) -> str:
         with self._lock:

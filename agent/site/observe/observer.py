@@ -12,12 +12,13 @@ The handlers and services tell it what they did (one call each); it is ``SiteSer
     obs.tick()                                           # the site's timer: late boots named
     obs.stop()
 
-When the console is kept: from boot.prepareRamdisk, or bmc.power on, cycle or reset, of a
-node whose BMC the site knows (a bmc.* command with the node's id taught it) until
-boot.cleanUp or bmc.power off; a disk or kexec boot's console is released once the node has
-joined. boot.cleanUp of a node whose ramdisk has joined and runs (its next act is a kexec into
-the deployed system, or a power cycle to its disk) keeps the console through that next boot:
-until it joins, bmc.power off, or ``console_after_cleanup`` seconds with no new boot begun.
+When the console is kept: from the site's first contact with the node's BMC (the first bmc.*
+command that names the node and succeeds, or boot.prepareRamdisk of a node whose BMC the site
+knows), for good: across boots, power off and on, boot.cleanUp and kexecs, reconnected by its
+session whenever the BMC drops it (console.py, sshconsole.py), so that a node's history holds
+everything it wrote since (consolestore.py). A power on, cycle or reset, or a prepare, starts
+again a console that had ended (refused credentials, a changed host key, no SOL). Bounded: at
+most ``Consoles.capacity`` at once, one past it said ``not kept`` with the cap named.
 """
 
 from __future__ import annotations
@@ -77,8 +78,6 @@ class ObserverSettings:
     console_site_bytes: int = Config.site_console_site_bytes
     ipmitool: str = "ipmitool"
     waits: dict[str, float] = field(default_factory=dict)   # rule name -> seconds (causes.py)
-    console_after_cleanup: float = 600.0   # a joined ramdisk's console kept after boot.cleanUp
-                                           # this long for its next boot to begin (a kexec)
 
 
 def _ipmi_address(address: str) -> str:
@@ -121,9 +120,6 @@ class Observer:
                                      site_bytes=settings.console_site_bytes))
         self._bmcs: OrderedDict[str, Bmc] = OrderedDict()
         self._lock = threading.Lock()
-        # node -> (the cleaned attempt's number, when its console goes): boot.cleanUp of a
-        # running ramdisk, its console kept for the next boot (``cleaned``)
-        self._after_cleanup: dict[str, tuple[int, float]] = {}
         self.metrics.gauge("consoles_kept", lambda: float(self.consoles.alive()))
 
     # -- life ------------------------------------------------------------------------------
@@ -133,11 +129,6 @@ class Observer:
         self.timelines.load()
         self._load_bmcs()
         resumed = self.consoles.resume()
-        for node_id in self.consoles.attached():     # a console kept after boot.cleanUp
-            a = self.timelines.last(node_id)
-            cleaned = a.last(Step.CLEANED) if a is not None else None
-            if a is not None and cleaned is not None:
-                self._after_cleanup[node_id] = (a.number, cleaned.t + self.settings.console_after_cleanup)
         log.info("site observer: %d nodes' timelines, %d consoles resumed",
                  len(self.timelines.nodes()), resumed)
 
@@ -149,29 +140,8 @@ class Observer:
         self.timelines.evaluate()
         self.timelines.expire_pending()
         self.timelines.flush()
-        self._release_after_cleanup()
         if self.consoles.history is not None:
             self.consoles.history.tick()    # a quiet console's held lines; the time limit
-
-    def _release_after_cleanup(self) -> None:
-        """The consoles kept after boot.cleanUp: a node whose next boot began is left to that
-        boot's rules (released at its join); one whose did not within its time is let go."""
-        with self._lock:
-            waiting = list(self._after_cleanup.items())
-        if not waiting:
-            return
-        attached, now = set(self.consoles.attached()), self.timelines.clock()
-        for node_id, (number, until) in waiting:
-            a = self.timelines.last(node_id)
-            began = a is not None and a.number != number and not a.only_set_up
-            if node_id in attached and not began and now < until:
-                continue
-            with self._lock:
-                self._after_cleanup.pop(node_id, None)
-            if node_id in attached and not began:
-                log.info("console of %s: no boot began within %.0fs of boot.cleanUp; released",
-                         node_id, self.settings.console_after_cleanup)
-                threading.Thread(target=self.consoles.detach, args=(node_id,), daemon=True).start()
 
     # -- the BMCs the site knows, by node (what a console needs) ------------------------------
 
@@ -238,11 +208,13 @@ class Observer:
         if not _node_id_ok(node_id):
             return
         self._learn(node_id, bmc)
+        known = self.bmc_of(node_id) or bmc      # with its console's transport, once learned
         if kind == "bmc.power" and operation in ("on", "cycle", "reset"):
-            self.consoles.attach(node_id, bmc)   # the attempt began at power_requested
-        elif kind == "bmc.power" and operation == "off":
-            self.timelines.power(node_id, "off")
-            self.consoles.detach(node_id)
+            self.consoles.attach(node_id, known)   # the attempt began at power_requested
+        else:
+            self.consoles.keep(node_id, known)     # from the first contact on, for good
+        if kind == "bmc.power" and operation == "off":
+            self.timelines.power(node_id, "off")   # the console stays: the next boot's firmware
         elif kind == "bmc.boot" and operation == "set_boot_device":
             self.timelines.boot_device(node_id, device)
 
@@ -254,6 +226,7 @@ class Observer:
             return
         self._learn(node_id, bmc)
         self.consoles.attach(node_id, bmc)
+        self.consoles.boot_begins(node_id)   # a console kept from before: a new boot now
         deadline = time.monotonic() + wait
         while self.consoles.state(node_id) == "starting" and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -279,20 +252,9 @@ class Observer:
         self.timelines.digest_refused(node_id, detail)
 
     def cleaned(self, node_id: str) -> None:
-        """boot.cleanUp: the console is let go, unless the node's ramdisk joined and runs: what
-        it does next (a kexec into the deployed system, a power cycle) is kept with nothing
-        lost, until that boot joins or ``console_after_cleanup`` passes with none begun."""
+        """boot.cleanUp: the attempt's end in the timeline; the console stays attached (what
+        the node does next, a kexec into the deployed system, a power cycle, is kept)."""
         self.timelines.cleaned(node_id)
-        a = self.timelines.last(node_id)
-        if a is not None and a.outcome == Outcome.JOINED and node_id in self.consoles.attached():
-            with self._lock:
-                self._after_cleanup[node_id] = (
-                    a.number, self.timelines.clock() + self.settings.console_after_cleanup)
-            log.info("console of %s kept after boot.cleanUp: its ramdisk runs; released at its "
-                     "next boot's join, or in %.0fs if none begins", node_id,
-                     self.settings.console_after_cleanup)
-            return
-        self.consoles.detach(node_id)
 
     def verdict(self, node_id: str, joined: bool, detail: str = "") -> None:
         """The join as the gateway judged it: a refused one (attestation) comes with
@@ -341,11 +303,6 @@ class Observer:
 
     def _console_report(self, node_id: str, step: str, line: str) -> None:
         self.timelines.console(node_id, step, line)
-        if step == Step.JOINED:
-            attempt = self.timelines.last(node_id)
-            if attempt is not None and attempt.method in ("disk", "kexec"):
-                # A disk or kexec boot's console is kept until the node is up; then it is let go.
-                threading.Thread(target=self.consoles.detach, args=(node_id,), daemon=True).start()
 
     def _on_attempt(self, node_id: str, attempt: Attempt) -> None:
         self.metrics.inc("boot_attempts_total")

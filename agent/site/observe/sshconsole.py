@@ -60,11 +60,10 @@ from typing import TYPE_CHECKING, Any
 
 from agent import proc
 from agent.errors import AgentError, InvalidParameters
-from agent.retry import Backoff
 from agent.site.bmc.client import Credentials, shown_address
 from agent.site.bmc.ipmi import split_address
 from agent.site.bmc.redfish.vendors import Vendor
-from agent.site.observe.console import BUSY_RETRY, RECONNECT_MAX, RECONNECT_MIN, SolSession, _tail
+from agent.site.observe.console import BUSY_RETRY, Ended, SolSession, _tail
 
 if TYPE_CHECKING:
     from agent.site.bmc.redfish.session import RedfishSession
@@ -257,40 +256,27 @@ class SshSession(SolSession):
         if self.plan is None:
             self._say("no console", self._unreadable)
             return
-        # Started over after a session that was up for STEADY seconds (agent/retry.py).
-        redial = Backoff(first=RECONNECT_MIN, cap=RECONNECT_MAX).start(cancel=self._stop)
-        while not self._stop.is_set():
-            self._busy = self._authenticated = False
-            started = time.monotonic()
-            try:
-                creds = self.store.get(self.bmc.credentials_ref)
-                stderr = self._session(creds)
-            except AgentError as exc:
-                stderr = ""
-                self._say("dropped", exc.message[:200])
-            if self._stop.is_set():
-                return
-            lower = stderr.lower()
-            if any(p in lower for p in HOST_KEY_CHANGED):
-                self._say("host_key_changed", "the BMC's SSH host key is not the one pinned at "
-                          "first contact; refused, not retried (an operator removes the pin "
-                          f"{self.store.known_hosts(self.bmc.address)} for a replaced BMC)")
-                return
-            if not self._authenticated and any(p in lower for p in SSH_AUTH_FAILED):
-                self._say("auth failed", "the BMC refused the credentials; not retried")
-                return
-            if self._busy:
-                self._say("busy", "another session holds the node's console; tried again every "
-                          f"{BUSY_RETRY:.0f}s, never taken over")
-                self._stop.wait(BUSY_RETRY)
-                continue
-            why = _tail(_ssh_said(stderr)) or "the session ended"
-            self._say("dropped", why if self._authenticated else f"cannot connect: {why}")
-            if self._authenticated and time.monotonic() - started >= STEADY:
-                redial.reset()
-                self._stop.wait(0.2)      # a session that was up: at once, nothing more lost
-                continue
-            redial.sleep(redial.next() or RECONNECT_MAX)   # cannot connect, or put out at once
+        super()._loop()
+
+    def _ended_by(self, stderr: str, up: float) -> Ended:
+        """How the ssh session that ran ``up`` seconds ended, from what the BMC showed and
+        what ssh said (``stderr``)."""
+        lower = stderr.lower()
+        if any(p in lower for p in HOST_KEY_CHANGED):
+            return Ended("host_key_changed", "the BMC's SSH host key is not the one pinned at "
+                         "first contact; refused, not retried (an operator removes the pin "
+                         f"{self.store.known_hosts(self.bmc.address)} for a replaced BMC)", final=True)
+        if not self._authenticated and any(p in lower for p in SSH_AUTH_FAILED):
+            return Ended("auth failed", "the BMC refused the credentials; not retried", final=True)
+        if self._busy:
+            return Ended("busy", "another session holds the node's console; tried again every "
+                         f"{BUSY_RETRY:.0f}s, never taken over", wait=BUSY_RETRY)
+        why = _tail(_ssh_said(stderr)) or "the session ended"
+        if self._authenticated and up >= STEADY:
+            # a session that was up: again at once, nothing more lost
+            return Ended("dropped", why, wait=0.2, steady=True)
+        # it cannot connect, or the BMC lets it in and puts it out at once: backing off
+        return Ended("dropped", why if self._authenticated else f"cannot connect: {why}")
 
     def _session(self, creds: Credentials) -> str:
         """One ssh session, its output into the ring; returns what ssh said on stderr."""
@@ -298,6 +284,7 @@ class SshSession(SolSession):
         assert plan is not None
         known_hosts = self.store.known_hosts(self.bmc.address)
         self._window = ""
+        self._busy = self._authenticated = False
         with askpass(creds.password) as (script, secret):
             env = proc.clean_env({"SSH_ASKPASS": str(script), "SSH_ASKPASS_REQUIRE": "force",
                                   "DISPLAY": ""})
@@ -317,6 +304,11 @@ class SshSession(SolSession):
                 if self._stop.is_set():
                     child.stop()
                 fd = child.popen.stdout.fileno() if child.popen.stdout is not None else -1
+                # poll, not select: a site keeping hundreds of consoles holds descriptors past
+                # select's 1024 (bench/console_liveness.py found it at 256 consoles)
+                poller = select.poll()
+                if fd >= 0:
+                    poller.register(fd, select.POLLIN)
                 entered = not plan.entry
                 last, begun = 0.0, time.monotonic()
                 while fd >= 0:
@@ -325,8 +317,9 @@ class SshSession(SolSession):
                             (last and now - last >= ENTRY_QUIET) or now - begun >= ENTRY_LATEST):
                         self._type(plan.entry + "\r")   # its CLI's prompt is shown: as typed
                         entered = True
-                    ready, _, _ = select.select([fd], [], [], ENTRY_QUIET if not entered else 1.0)
-                    if not ready:
+                    # once entered, woken by its output alone (stop ends ssh: its EOF wakes it),
+                    # so a quiet console costs the daemon nothing between lines
+                    if not poller.poll(int(ENTRY_QUIET * 1000) if not entered else None):
                         continue
                     try:
                         data = os.read(fd, 65536)

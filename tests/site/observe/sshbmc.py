@@ -59,18 +59,23 @@ PERSONALITIES: dict[str, Personality] = {p.name: p for p in (
     Personality("supermicro", "ADMIN", "SMASH-CLP shell (site lab)", "-> ", "cd system1/sol1; start",
                 "[press <Enter>, <Esc>, and then <T> to terminate session]", "\r\x1bT", 1,
                 "(site lab) the SOL console is in use", "recording supermicro_sys821 SerialConsole.SSH"),
-    # iDRAC9: the racadm CLI over SSH, ``console com2``, left with Ctrl+\ (iDRAC RACADM CLI Guide).
+    # iDRAC: ``console com2``, left with Ctrl+\ (a public iDRAC6 transcript; DRAC 4/5 guides'
+    # ``connect com2``; the iDRAC9 guide not found: vendors.py's dell row). The refusal's words
+    # are the lab's own: none found.
     Personality("dell", "root", "racadm shell (site lab)", "racadm>>", "console com2", "", "\x1c", 1,
-                "(site lab) console com2 is in use", "Dell iDRAC9 RACADM CLI Guide, console"),
-    # iLO 5: ``vsp`` at its CLI, left with ESC (, one VSP session, the second refused with
-    # "Virtual Serial Port is currently in use by another session." (HPE iLO 5 User Guide).
+                "(site lab) console com2 is in use",
+                "public iDRAC6 transcript; DRAC 4/5 user guides (connect com2)"),
+    # iLO 5: ``vsp`` at its CLI, left with ESC ( (HPE's ProLiant Gen10 UEFI guide's iLO 5
+    # transcript), one VSP session, the second refused with "Virtual Serial Port is currently in
+    # use by another session." (a public iLO 3 transcript; unsourced for iLO 5: vendors.py).
     Personality("hpe", "Administrator", "iLO CLI (site lab)", "</>hpiLO-> ", "vsp",
                 "Starting virtual serial port.\r\nPress 'ESC (' to return to the CLI Session.",
                 "\x1b(", 1, "Virtual Serial Port is currently in use by another session.",
-                "HPE iLO 5 User Guide, Using the iLO Virtual Serial Port"),
-    # Lenovo XCC: ``console 1`` at its CLI, left with ESC ( (XCC User Guide, console command).
+                "HPE ProLiant Gen10 UEFI guide (iLO 5 vsp transcript)"),
+    # Lenovo XCC: ``console 1`` at its CLI, left with ESC ( : UNSOURCED (from memory of the XCC
+    # User Guide; not found in public sources). The refusal's words are the lab's own.
     Personality("lenovo", "USERID", "XCC CLI (site lab)", "system> ", "console 1", "", "\x1b(", 1,
-                "(site lab) the console is in use", "Lenovo XCC User Guide, console command"),
+                "(site lab) the console is in use", "unsourced (XCC User Guide, from memory)"),
 )}
 
 

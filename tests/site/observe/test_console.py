@@ -13,7 +13,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +27,7 @@ from agent.site.observe.observer import Observer, ObserverSettings
 from agent.site.observe.timeline import Prepared, Step
 from qemu.ipmisim import IpmiSim, start_ipmi_sim
 from qemu.powered import NodeSpec, PoweredNode
+from tests.site.observe.observing import consoles_of, kept, power_on, steps, wait_for
 from tests.site.observe.test_kexec import DEPLOYED, HAND_OVER, RAMDISK
 from tests.site.test_site_agent import ArgvWatcher
 
@@ -155,31 +156,6 @@ def make_observer(tmp_path: Path, secrets_dir: Path, **settings: int) -> Observe
     return obs
 
 
-def wait_for(what: str, check: Callable[[], object], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
-def power_on(obs: Observer, node: str, bmc: Bmc) -> None:
-    """What the bmc.power handler tells the observer around a power on (agent/commands/bmc.py)."""
-    obs.before_power(node, bmc)
-    obs.power_requested(node, "on")
-    obs.bmc_done(node, bmc, "bmc.power", "on")
-
-
-def steps(obs: Observer, node: str = "n1") -> list[str]:
-    a = obs.timelines.last(node)
-    return [e.step for e in a.events] if a else []
-
-
-def consoles_of(obs: Observer, node: str = "n1") -> list[str]:
-    a = obs.timelines.last(node)
-    return [e.detail for e in a.events if e.step == Step.CONSOLE] if a else []
-
-
 def test_a_reset_before_any_kernel_is_a_new_boot_for_the_milestones(tmp_path: Path) -> None:
     """A node reset after its firmware found no boot device (bmc.power reset of an empty disk,
     the QEMU fault matrix) boots again: its milestones are reported again, so the new attempt
@@ -195,6 +171,27 @@ def test_a_reset_before_any_kernel_is_a_new_boot_for_the_milestones(tmp_path: Pa
     assert seen == ["firmware", "boot_loader", "no_boot_device"] * 2
 
 
+def test_a_session_failing_on_the_sites_own_fault_says_failed(tmp_path: Path) -> None:
+    """A fault of the site's own in a session (here a transport whose session raises what no
+    BMC answer makes) is said ``failed`` with what it was, in the ring and the timeline: not a
+    dead thread whose console still says attached."""
+    seen: list[str] = []
+
+    class Broken(console.SolSession):
+        def _session(self, creds: Credentials) -> str:
+            raise ValueError("filedescriptor out of range in select()")
+
+    store = SecretStore(tmp_path / "secrets")
+    store.put(REF, Credentials(USERNAME, PASSWORD))
+    session = Broken("n1", Bmc("127.0.0.1:623", "ipmi", REF), Ring(tmp_path / "ring", 1 << 20),
+                     store, report=lambda node, step, line: seen.append(line))
+    session.start()
+    session._thread.join(10)
+    assert session.state == "failed" and not session.alive
+    assert seen == ["failed: the site's console session failed: ValueError: filedescriptor out of "
+                    "range in select()"], seen
+
+
 def session_seeing(tmp_path: Path, *, resumed: bool = False) -> tuple[console.SolSession, list[str]]:
     """A session whose milestones are collected (as "step" or "step: line"), fed by ``_lines``."""
     seen: list[str] = []
@@ -203,6 +200,20 @@ def session_seeing(tmp_path: Path, *, resumed: bool = False) -> tuple[console.So
         SecretStore(tmp_path / "secrets"), resumed=resumed,
         report=lambda node, step, line: seen.append(step))
     return session, seen
+
+
+def test_a_power_cycle_of_a_kept_console_reports_the_next_boots_milestones(tmp_path: Path) -> None:
+    """A console kept across a power cycle whose firmware lines the BMC never sent (its session
+    was reconnecting): told the boot begins (bmc.power's before_power), the next boot's
+    agent and join are reported again, not taken for the last boot's."""
+    session, seen = session_seeing(tmp_path)
+    joined = ("bc-init [1.60]: starting agent: python3 /usr/lib/bettercompute/agent.pyz run\r\n"
+              "INFO agent.link.session: connected to gateway gw-1 at 10.0.2.2:7443\r\n")
+    session._lines("SeaBIOS (version 1.16.2)\r\n" + joined)
+    session._lines(joined)                 # the same boot's words again: nothing new
+    session.boot_begins()
+    session._lines(joined)                 # the next boot, its firmware's lines lost
+    assert seen == ["firmware", "agent_started", "joined", "agent_started", "joined"], seen
 
 
 # A ramdisk booted ``quiet loglevel=4``, as the QEMU tests' consoles show it: no "Linux version".
@@ -312,13 +323,15 @@ def test_a_console_kept_from_power_on_with_its_milestones(
         obs.tick()
         a = obs.timelines.last("n1")
         assert a is not None and a.cause == "kernel_panic"
-        kept = [text for _, text in obs.consoles.read("n1")]
-        assert "[    2.1] Kernel panic - not syncing: VFS: Unable to mount root fs" in kept
-        assert kept[0].startswith("[site: console attached")
+        assert "[    2.1] Kernel panic - not syncing: VFS: Unable to mount root fs" in kept(obs)
+        assert kept(obs)[0].startswith("[site: console attached")
         for cmdline in argv.seen.values():
             assert PASSWORD.encode() not in cmdline
-        # boot.cleanUp lets the console go, ending the session at the BMC: another can take it
+        # boot.cleanUp keeps it (the node's next boot is its too); letting it go ends the
+        # session at the BMC: another can take it
         obs.cleaned("n1")
+        assert obs.consoles.state("n1") == "attached"
+        obs.consoles.detach("n1")
         assert obs.consoles.state("n1") == "not kept"
         taken = sol_sim.ipmitool("sol", "info")
         assert taken.returncode == 0
@@ -342,58 +355,43 @@ def test_a_console_kept_across_clean_up_and_a_kexec_with_nothing_lost(
         tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path) -> None:
     """boot.cleanUp of a node whose ramdisk joined keeps its console: the kexec into the
     deployed system that comes next is kept line for line, an attempt of its own (method
-    kexec) whose join lets the console go."""
+    kexec), and the console stays attached after its join."""
     obs = make_observer(tmp_path, secrets_dir)
     try:
         joined_ramdisk(obs, Bmc(sol_sim.address, "ipmi", REF), serial)
         obs.tick()
         assert obs.consoles.state("n1") == "attached"
         serial.say(*HAND_OVER, *DEPLOYED)
-        wait_for("the console let go", lambda: "released" in consoles_of(obs))
+        wait_for("the kexec's join", lambda: len(obs.timelines.attempts("n1")) == 2
+                 and "joined" in steps(obs))
         ramdisk, kexec = obs.timelines.attempts("n1")
         assert (ramdisk.method, ramdisk.outcome, ramdisk.events[-1].step) == ("pxe", "joined", "cleaned")
         assert (kexec.method, kexec.outcome) == ("kexec", "joined")
         assert kexec.trigger == "kexec seen on the console"
-        assert [e.step for e in kexec.events] == ["kexec", "init", "agent_started", "joined", "console"]
-        assert obs.consoles.state("n1") == "not kept"
-        kept = [t for _, t in obs.consoles.read("n1") if not t.startswith("[site: ")]
-        assert kept == RAMDISK + HAND_OVER + DEPLOYED
-    finally:
-        obs.stop()
-
-
-def test_a_console_kept_after_clean_up_goes_when_no_boot_follows(
-        tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path) -> None:
-    obs = make_observer(tmp_path, secrets_dir, console_after_cleanup=1)
-    try:
-        joined_ramdisk(obs, Bmc(sol_sim.address, "ipmi", REF), serial)
+        assert [e.step for e in kexec.events] == ["kexec", "init", "agent_started", "joined"]
         assert obs.consoles.state("n1") == "attached"
-        time.sleep(1.2)
-        obs.tick()
-        wait_for("the console let go", lambda: "released" in consoles_of(obs))
-        assert obs.consoles.attached() == []
+        assert [t for t in kept(obs) if not t.startswith("[site: ")] == RAMDISK + HAND_OVER + DEPLOYED
     finally:
         obs.stop()
 
 
-def test_a_console_kept_after_clean_up_goes_after_a_daemon_restart_too(
+def test_a_sol_console_stays_across_power_off_and_on(
         tmp_path: Path, sol_sim: IpmiSim, serial: SerialPort, secrets_dir: Path) -> None:
-    """The daemon restarts while a cleaned-up ramdisk's console is kept: the new one resumes it
-    and still lets it go, counting from the clean-up its timeline holds."""
-    obs = make_observer(tmp_path, secrets_dir, console_after_cleanup=3)
-    joined_ramdisk(obs, Bmc(sol_sim.address, "ipmi", REF), serial)
-    obs.stop()
-    again = make_observer(tmp_path, secrets_dir, console_after_cleanup=3)
+    """bmc.power off and on again of a node whose ramdisk joined: one SOL session all along,
+    what the node writes between kept (the SSH transport's case: test_sshconsole.py)."""
+    obs = make_observer(tmp_path, secrets_dir)
+    bmc = Bmc(sol_sim.address, "ipmi", REF)
     try:
-        assert again.consoles.attached() == ["n1"]
-        again.tick()
-        assert again.consoles.attached() == ["n1"]
-        time.sleep(3.2)
-        again.tick()
-        wait_for("the console let go", lambda: "released" in consoles_of(again))
-        assert again.consoles.attached() == []
+        joined_ramdisk(obs, bmc, serial)
+        session = obs.consoles._sessions["n1"]
+        obs.bmc_done("n1", bmc, "bmc.power", "off")
+        serial.say("after the power off")
+        wait_for("the line", lambda: "after the power off" in kept(obs))
+        power_on(obs, "n1", bmc)
+        assert obs.consoles._sessions["n1"] is session and session.connects == 1
+        assert obs.consoles.state("n1") == "attached" and "released" not in consoles_of(obs)
     finally:
-        again.stop()
+        obs.stop()
 
 
 def test_a_console_attached_while_its_last_session_ends_is_attached(
@@ -445,7 +443,7 @@ def test_bmc_commands_run_beside_a_kept_console(
         assert obs.consoles.state("n1") == "attached"
         wait_for("the serial port", serial.connected.is_set)
         serial.say("still here")
-        wait_for("the line", lambda: any(t == "still here" for _, t in obs.consoles.read("n1")))
+        wait_for("the line", lambda: "still here" in kept(obs))
     finally:
         obs.stop()
 
@@ -490,7 +488,7 @@ def test_a_session_the_bmc_drops_is_reconnected(
         wait_for("attached again", lambda: obs.consoles.state("n1") == "attached", 30)
         wait_for("the serial port", serial.connected.is_set)
         serial.say("after the drop")
-        wait_for("the line", lambda: any(t == "after the drop" for _, t in obs.consoles.read("n1")))
+        wait_for("the line", lambda: "after the drop" in kept(obs))
         said = consoles_of(obs)
         assert said[0] == "attached" and said[1].startswith("dropped") and said[2] == "attached", said
     finally:
@@ -515,10 +513,10 @@ def test_a_console_kept_for_minutes_loses_nothing(
             time.sleep(max(0.0, start + i - time.monotonic()))
             serial.say(f"node line {i:03d}")
         last = f"node line {count - 1:03d}"
-        wait_for("the last line", lambda: any(t == last for _, t in obs.consoles.read("n1")), 20)
-        kept = [t for _, t in obs.consoles.read("n1") if t.startswith("node line ")]
-        assert kept == [f"node line {i:03d}" for i in range(count)], \
-            sorted(set(f"node line {i:03d}" for i in range(count)) - set(kept))
+        wait_for("the last line", lambda: last in kept(obs), 20)
+        lines = [t for t in kept(obs) if t.startswith("node line ")]
+        assert lines == [f"node line {i:03d}" for i in range(count)], \
+            sorted(set(f"node line {i:03d}" for i in range(count)) - set(lines))
         assert consoles_of(obs) == ["attached"], consoles_of(obs)
     finally:
         obs.stop()
@@ -621,7 +619,7 @@ def test_a_daemon_restart_resumes_the_console_and_the_ring(
     wait_for("attached", lambda: obs.consoles.state("n1") == "attached")
     wait_for("the serial port", serial.connected.is_set)
     serial.say("before the restart")
-    wait_for("the line", lambda: any(t == "before the restart" for _, t in obs.consoles.read("n1")))
+    wait_for("the line", lambda: "before the restart" in kept(obs))
     obs.stop()                                   # the daemon stops; the record stays
     again = make_observer(tmp_path, secrets_dir)
     try:
@@ -629,8 +627,8 @@ def test_a_daemon_restart_resumes_the_console_and_the_ring(
         wait_for("attached again", lambda: again.consoles.state("n1") == "attached")
         time.sleep(0.5)
         serial.say("after the restart")
-        wait_for("the line", lambda: any(t == "after the restart" for _, t in again.consoles.read("n1")))
-        texts = [t for _, t in again.consoles.read("n1")]
+        wait_for("the line", lambda: "after the restart" in kept(again))
+        texts = kept(again)
         assert texts.index("before the restart") < texts.index("after the restart")
     finally:
         again.stop()
@@ -648,7 +646,7 @@ def test_a_daemon_killed_with_consoles_open_resumes_them(
     wait_for("attached", lambda: obs.consoles.state("n1") == "attached")
     wait_for("the serial port", serial.connected.is_set)
     serial.say("before the kill")
-    wait_for("the line", lambda: any(t == "before the kill" for _, t in obs.consoles.read("n1")))
+    wait_for("the line", lambda: "before the kill" in kept(obs))
     session = obs.consoles._sessions["n1"]
     child = session._child
     assert child is not None
@@ -661,8 +659,8 @@ def test_a_daemon_killed_with_consoles_open_resumes_them(
         wait_for("attached again", lambda: again.consoles.state("n1") == "attached", 90)
         time.sleep(0.5)
         serial.say("after the restart")
-        wait_for("the line", lambda: any(t == "after the restart" for _, t in again.consoles.read("n1")))
-        texts = [t for _, t in again.consoles.read("n1")]
+        wait_for("the line", lambda: "after the restart" in kept(again))
+        texts = kept(again)
         assert texts.index("before the kill") < texts.index("after the restart")
         said = consoles_of(again)
         assert any(c.startswith("busy") for c in said) and said[-1] == "attached", said
@@ -688,14 +686,22 @@ def test_a_bmc_without_sol_and_a_redfish_bmc_say_so(
 
 def test_the_budget_bounds_the_consoles(tmp_path: Path, secrets_dir: Path) -> None:
     """Unreachable BMCs (port 9 of loopback: no answer) keep their sessions trying: each holds a
-    place; the fourth is refused, and the place of one let go is taken."""
+    place; the fourth is refused with the cap named, said once, and the place of one let go is
+    taken (a power off lets none go: a console is kept for good)."""
     obs = make_observer(tmp_path, secrets_dir, console_ring_bytes=1 << 20, console_budget_bytes=3 << 20)
     try:
         for n in range(4):
             obs.bmc_done(f"n{n}", Bmc("127.0.0.1:9", "ipmi", REF), "bmc.power", "on")
         assert obs.consoles.attached() == ["n0", "n1", "n2"]
         assert any("budget" in c for c in consoles_of(obs, "n3"))
+        said = [c for c in consoles_of(obs, "n3") if "not kept" in c]
+        assert said == ["not kept: the site keeps 3 consoles at once and holds 3 (the cap: "
+                        "site_console_budget_bytes / site_console_ring_bytes)"], said
+        obs.bmc_done("n3", Bmc("127.0.0.1:9", "ipmi", REF), "bmc.query", "inventory")
+        assert len([c for c in consoles_of(obs, "n3") if "not kept" in c]) == 1   # said once
         obs.bmc_done("n0", Bmc("127.0.0.1:9", "ipmi", REF), "bmc.power", "off")
+        assert obs.consoles.attached() == ["n0", "n1", "n2"]       # a power off keeps it
+        obs.consoles.detach("n0")
         obs.bmc_done("n3", Bmc("127.0.0.1:9", "ipmi", REF), "bmc.power", "on")
         assert obs.consoles.attached() == ["n1", "n2", "n3"]
         assert "bettercompute_site_consoles_kept 3" in obs.metrics.render()
@@ -730,9 +736,8 @@ def test_32_consoles_at_once_within_the_budget(tmp_path: Path, secrets_dir: Path
             wait_for("its serial port", port.connected.is_set)
             port.say(f"node {i} speaking", "x" * 1000)
         for i in range(count):
-            wait_for(f"n{i}'s line", lambda i=i: any(t == f"node {i} speaking"   # type: ignore[misc]
-                                                     for _, t in obs.consoles.read(f"n{i}")))
-            assert all(t != f"node {(i + 1) % count} speaking" for _, t in obs.consoles.read(f"n{i}"))
+            wait_for(f"n{i}'s line", lambda i=i: f"node {i} speaking" in kept(obs, f"n{i}"))  # type: ignore[misc]
+            assert f"node {(i + 1) % count} speaking" not in kept(obs, f"n{i}")
         more_threads = threading.active_count() - threads
         more_fds = len(os.listdir("/proc/self/fd")) - fds
         rss = 0

@@ -321,10 +321,12 @@ def _gateway_unreachable_sol_taken(m: Matrix, work: Path) -> Rig:
     settings["gateway"] = settings["gateway"].rsplit(":", 1)[0] + ":444"
     initrd = m.lab.initrd(rig.name, m.lab.overlay(test=False))
     m.prepare(rig, m.lab.ramdisk.kernel, initrd, kernel_args(**settings))
-    m.bmc(rig, "bmc.boot", "set_boot_device", device="pxe")
+    # taken before the site's first command on this BMC: from that command on, the site keeps
+    # the node's console (observer.py), and the other session could not start
     holder = m.take_sol(rig)
     time.sleep(2)
     assert holder.poll() is None, "the test's own SOL session did not start"
+    m.bmc(rig, "bmc.boot", "set_boot_device", device="pxe")
     m.bmc(rig, "bmc.power", "on")
     time.sleep(5)
     m.release_sol(holder)

@@ -26,7 +26,8 @@ from agent.site.observe import sshconsole
 from agent.site.observe.console import Bmc
 from agent.site.observe.observer import Observer, ObserverSettings
 from agent.site.observe.sshconsole import SshConsole, choose, exit_keys
-from agent.site.observe.timeline import Prepared, Step
+from agent.site.observe.timeline import Prepared
+from tests.site.observe.observing import consoles_of, kept, power_on, steps, wait_for
 from tests.site.observe.sshbmc import PERSONALITIES, Node, SshBmc, need
 from tests.site.test_site_agent import ArgvWatcher
 
@@ -132,34 +133,6 @@ def observer(tmp_path: Path, secrets: Path) -> Observer:
     return obs
 
 
-def wait_for(what: str, check: Callable[[], object], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-def power_on(obs: Observer, node_id: str, bmc: Bmc) -> None:
-    obs.before_power(node_id, bmc)
-    obs.power_requested(node_id, "on")
-    obs.bmc_done(node_id, bmc, "bmc.power", "on")
-
-
-def steps(obs: Observer, node_id: str = "n1") -> list[str]:
-    a = obs.timelines.last(node_id)
-    return [e.step for e in a.events] if a else []
-
-
-def consoles_of(obs: Observer, node_id: str = "n1") -> list[str]:
-    a = obs.timelines.last(node_id)
-    return [e.detail for e in a.events if e.step == Step.CONSOLE] if a else []
-
-
-def kept(obs: Observer, node_id: str = "n1") -> list[str]:
-    return [text for _, text in obs.consoles.read(node_id)]
-
-
 def every_process() -> list[tuple[bytes, bytes]]:
     """Each process's command line and environment, read now."""
     found = []
@@ -208,10 +181,50 @@ def test_each_vendors_console_over_ssh_gives_the_milestones_and_the_cause(
         pinned = SecretStore(secrets).known_hosts(record.address)
         assert stat.S_IMODE(pinned.parent.stat().st_mode) == 0o700
         assert bmc.host_key.with_suffix(".pub").read_text().split()[1] in pinned.read_text()
-        # boot.cleanUp lets it go: the exit keys leave the console, its slot is free again
+        # boot.cleanUp keeps it; letting it go, the exit keys leave the console, its slot is
+        # free again
         obs.cleaned("n1")
+        assert obs.consoles.state("n1") == "attached"
+        obs.consoles.detach("n1")
         assert obs.consoles.state("n1") == "not kept" and "released" in consoles_of(obs)
         wait_for("the BMC's session to end", lambda: not node.say("after"))
+    finally:
+        obs.stop()
+        bmc.stop()
+
+
+def test_a_console_is_kept_from_the_first_contact_across_boots_and_power_cycles(
+        tmp_path: Path, node: Node) -> None:
+    """The site's first command on the BMC (a bmc.query naming the node) attaches the node's
+    console over SSH, with no boot under way; one session then keeps it across a power on, a
+    boot.cleanUp, a power off and on: everything the node wrote since is in its history, in
+    order, and the milestones of each boot reach the timeline."""
+    bmc = lab(tmp_path, "openbmc", node)
+    obs = observer(tmp_path, store_with(tmp_path, "root"))
+    record = plan_for("openbmc", bmc)
+    try:
+        obs.bmc_done("n1", record, "bmc.query", "inventory")
+        wait_for("the console, at first contact", heard_by(node))
+        assert obs.consoles.state("n1") == "attached"
+        session = obs.consoles._sessions["n1"]
+        node.say("a node already running")
+        power_on(obs, "n1", record)
+        node.say(*BOOT[:3])
+        obs.cleaned("n1")
+        obs.bmc_done("n1", record, "bmc.power", "off")
+        node.say("while powered off, the BMC still listening")
+        power_on(obs, "n1", record)
+        node.say(*BOOT)
+        wait_for("the second boot's panic", lambda: "panic" in steps(obs))
+        assert obs.consoles._sessions["n1"] is session and session.connects == 1
+        assert len(node.conns) == 1 and obs.consoles.state("n1") == "attached"
+        said = ["a node already running", *BOOT[:3], "while powered off, the BMC still listening", *BOOT]
+        history = obs.consoles.history
+        assert history is not None
+        stored = [t for _, t in history.read("n1") if not t.startswith("[site:")]
+        assert stored == said and [t for t in kept(obs) if not t.startswith("[site:")] == said
+        states = [e.detail for a in obs.timelines.attempts("n1") for e in a.events if e.step == "console"]
+        assert len(states) == 1 and states[0].startswith("attached: over SSH"), states
     finally:
         obs.stop()
         bmc.stop()

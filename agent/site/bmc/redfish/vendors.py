@@ -72,26 +72,37 @@ VENDORS: dict[str, Vendor] = {v.name: v for v in (
     # 8 sessions at most, then 503 RAC0218 (stmcginnis/gofish#75, quadsproject/badfish#447): no
     # row field, as every BMC gets the same rule (one session per command, two while a rotation
     # proves a password, every one DELETEd, a crash's swept at first contact: session.py).
-    # The host's serial console from the SSH CLI: ``console com2`` (iDRAC9 RACADM CLI Guide,
-    # "console"; the connect com2 of the DRAC 4/5 user guides before it), left with Ctrl+\ .
-    # One such session at a time; its refusal's wording is not recorded.
+    # The host's serial console from the SSH CLI: ``console com2``, left with Ctrl+\ . Sources
+    # (searched 2026-12): Dell's DRAC 4 and DRAC 5 user guides document its forerunner
+    # ``connect com2`` ("Configuring the DRAC 5 to Use a Serial or Telnet Console",
+    # support.dell.com/support/edocs/software/smdrac3/drac5/OM53/en/ug/racugc3.htm); a public
+    # iDRAC6 session transcript shows ``console com2`` answering "Connected to Serial Device 2.
+    # To end type: ^\". UNSOURCED: the iDRAC9 command itself (no iDRAC9 guide found), the one
+    # session at a time, and a refusal's wording (none found: no busy words in this row).
     Vendor("dell", ssh_console_entry="console com2", ssh_console_exit="\x1c", ssh_console_sessions=1),
-    # iLO: weak ETags (W/"...", bb-Ricardo/check_redfish#178) matched only in their strong
-    # form; a Boot PATCH with more than Enabled and Target refused (bmc-toolbox/bmclib#318,
-    # DL160 Gen10); iLO 4's InsertMedia takes Image alone (ansible-collections/community.general#4595).
+    # iLO: weak ETags (W/"...": iLO 6's service root answers ETag: W/"8BFACCBF" in
+    # bb-Ricardo/check_redfish#178's log) matched only in their strong form: UNSOURCED, no
+    # public source found (searched 2026-12: issues, docs); the generic "after a 412, the other
+    # form once" rule stands whatever the row says. A Boot PATCH with more than Enabled and
+    # Target refused (bmc-toolbox/bmclib#318, DL160 Gen10); iLO 4's InsertMedia takes Image
+    # alone (ansible-collections/community.general#4595).
     # iLO 5 from firmware 2.30 compresses parts of its tree and answers 406 there to a client
     # that does not take gzip (DMTF/Redfish-Mockup-Creator#56; #58 and its fix #62): gzip asked.
-    # Its SSH CLI's ``vsp`` starts the Virtual Serial Port, left with ESC ( (HPE iLO 5 User
-    # Guide, "Using the iLO Virtual Serial Port"); one VSP session at a time, the second refused
-    # with "Virtual Serial Port is currently in use by another session" (as iLO 4/5 word it;
-    # not in the recording).
+    # Its SSH CLI's ``vsp`` starts the Virtual Serial Port, left with ESC ( : HPE's ProLiant
+    # Gen10 UEFI guide, "Accessing the UEFI Shell from a serial console connection"
+    # (support.hpe.com/techlib/docs/iss/proliant-gen10-uefi/s_accessing_from_console.html, an
+    # iLO 5 1.30 transcript: "hpiLO-> vsp ... Press 'ESC (' to return to the CLI Session.").
+    # A second session refused with "Virtual Serial Port is currently in use by another
+    # session.": seen in a public iLO 3 session transcript only; UNSOURCED for iLO 5 and 6 (no
+    # HPE document found), as is the one session at a time.
     Vendor("hpe", strong_if_match=True, boot_patch_minimal=True, insert_properties=("Image",),
            accept_encoding="gzip", ssh_console_entry="vsp", ssh_console_exit="\x1b(",
            ssh_console_sessions=1,
            ssh_console_busy=("virtual serial port is currently in use by another session",)),
     # XCC mounts network images in its EXT slots only (lenovo/python-redfish-lenovo#21).
     # XCC's SSH CLI: ``console 1`` starts the serial redirection of SOL instance 1, left with
-    # ESC ( (Lenovo XCC User Guide, CLI "console command"); its refusal's wording is not recorded.
+    # ESC ( . UNSOURCED: written from memory of Lenovo's XCC User Guide ("console command"),
+    # not found in public sources (searched 2026-12); nor its session count or refusal's words.
     Vendor("lenovo", media_slot_prefixes=("EXT",), ssh_console_entry="console 1",
            ssh_console_exit="\x1b(", ssh_console_sessions=1),
     # Supermicro resets the mode to Legacy when a Boot PATCH does not name it
