@@ -401,6 +401,16 @@ def _loop_checks(m: Matrix, rig: Rig, a: Attempt) -> None:
     assert all(x.trigger == "reboot seen on the console" for x in attempts[1:]), [x.trigger for x in attempts]
 
 
+def _empty_disk_checks(m: Matrix, rig: Rig, a: Attempt) -> None:
+    """Named at once from the firmware's own lines ("Boot failed: not a bootable disk", "No
+    bootable device"), the site's SOL session up before the power-on that began the attempt.
+    (This case is also the one of a node alone that tests/site/observe/test_console_qemu.py
+    once booted for it.)"""
+    steps = [e.step for e in a.events]
+    assert steps[:3] == ["boot_device", "console", "power_on"], steps
+    assert a.method == "disk" and a.trigger == "bmc.power on", (a.method, a.trigger)
+
+
 def _empty_disk(m: Matrix, work: Path) -> Rig:
     disk = work / "empty-disk.img"
     with disk.open("wb") as f:
@@ -411,15 +421,24 @@ def _empty_disk(m: Matrix, work: Path) -> Rig:
     return rig
 
 
+# Started in this order, one after the other (each start is a few IPMI commands, and for the
+# ramdisk cases an initrd written and fetched by the site): the longest first, so that the
+# matrix lasts about as long as its longest case (the reboot loop's eight attempts; the
+# stolen console's never_joined wait after its join) rather than that plus every start.
 CASES = (
-    Case("unregistered MAC", "f-unreg", "not_registered",
-         (r"Configuring \(net0 52:54:00:fa:00:01\)", r"Nothing to boot"), _unregistered,
-         steps=("console", "power_on", "dhcp_ignored")),
+    Case("reboot loop without a panic", "f-loop", "boot_loop",
+         (r"SeaBIOS \(version", r"bc-fault-matrix: reboot"), _reboot_loop, _loop_checks,
+         steps=("firmware",)),
+    Case("console taken at the kernel's fetch by another client, the node joined", "f-stolen", "",
+         (r"/cache/",), _console_stolen, _stolen_checks,
+         steps=("console", "power_on", "node_script", "kernel", "console"), decided=_stolen_decided),
+    Case("ramdisk that cannot reach its gateway, SOL taken at power-on", "f-nogw",
+         "gateway_unreachable", (r"agent\.link\.session: gateway \S+:444: .*refused",),
+         _gateway_unreachable_sol_taken, _sol_checks,
+         steps=("console", "power_on", "node_script", "kernel", "initrd", "gateway_unreachable")),
     Case("boot loader for the wrong firmware", "f-arm64", "no_boot_loader",
          (r">>Start PXE over IPv4", r"PXE-E21: Remote boot cancelled"), _wrong_firmware,
          steps=("power_on", "dhcp_offer")),
-    Case("missing kernel", "f-nokernel", "no_kernel", (r"iPXE", r"/cache/"), _missing_kernel,
-         steps=("power_on", "dhcp_offer", "chain_script", "node_script", "kernel")),
     Case("corrupt initrd", "f-initrd", "kernel_panic",
          (r"Initramfs unpacking failed: ZSTD-compressed data is corrupt",
           r"Kernel panic - not syncing: VFS: Unable to mount root fs"), _corrupt_initrd,
@@ -428,18 +447,13 @@ CASES = (
          (r"/dev/root: Can.t open blockdev", r"Kernel panic - not syncing: VFS: Unable to mount root fs"),
          _bad_cmdline,
          steps=("console", "power_on", "panic")),
-    Case("ramdisk that cannot reach its gateway, SOL taken at power-on", "f-nogw",
-         "gateway_unreachable", (r"agent\.link\.session: gateway \S+:444: .*refused",),
-         _gateway_unreachable_sol_taken, _sol_checks,
-         steps=("console", "power_on", "node_script", "kernel", "initrd", "gateway_unreachable")),
-    Case("console taken at the kernel's fetch by another client, the node joined", "f-stolen", "",
-         (r"/cache/",), _console_stolen, _stolen_checks,
-         steps=("console", "power_on", "node_script", "kernel", "console"), decided=_stolen_decided),
-    Case("reboot loop without a panic", "f-loop", "boot_loop",
-         (r"SeaBIOS \(version", r"bc-fault-matrix: reboot"), _reboot_loop, _loop_checks,
-         steps=("firmware",)),
+    Case("missing kernel", "f-nokernel", "no_kernel", (r"iPXE", r"/cache/"), _missing_kernel,
+         steps=("power_on", "dhcp_offer", "chain_script", "node_script", "kernel")),
+    Case("unregistered MAC", "f-unreg", "not_registered",
+         (r"Configuring \(net0 52:54:00:fa:00:01\)", r"Nothing to boot"), _unregistered,
+         steps=("console", "power_on", "dhcp_ignored")),
     Case("disk without a boot entry", "f-nodisk", "disk_not_bootable",
-         (r"SeaBIOS", r"No bootable device|not a bootable disk"), _empty_disk,
+         (r"SeaBIOS", r"No bootable device|not a bootable disk"), _empty_disk, _empty_disk_checks,
          steps=("boot_device", "console", "power_on", "no_boot_device")),
 )
 
@@ -459,9 +473,15 @@ def _cases() -> tuple[Case, ...]:
 def test_each_injected_failure_is_named_with_its_console_lines(matrix: Matrix, tmp_path: Path) -> None:
     m = matrix
     cases = _cases()
-    rigs = {case.node: case.start(m, tmp_path) for case in cases}
+    began = time.monotonic()
+    rigs: dict[str, Rig] = {}
+    started: dict[str, float] = {}     # seconds from the first start, for the report
+    for case in cases:
+        rigs[case.node] = case.start(m, tmp_path)
+        started[case.node] = time.monotonic() - began
     pending = {case.node: case for case in cases}
     decided: dict[str, Attempt] = {}
+    decided_after: dict[str, float] = {}
     deadline = time.monotonic() + DEADLINE
     while pending and time.monotonic() < deadline:
         for node, case in list(pending.items()):
@@ -473,6 +493,7 @@ def test_each_injected_failure_is_named_with_its_console_lines(matrix: Matrix, t
                     re.search(p, line) for p in case.console for line in m.kept(rigs[node])))
             if done and a is not None:
                 decided[node] = a
+                decided_after[node] = time.monotonic() - began
                 del pending[node]
                 rigs[node].power.stop(force=True)
         time.sleep(1)
@@ -481,7 +502,8 @@ def test_each_injected_failure_is_named_with_its_console_lines(matrix: Matrix, t
         a = decided.get(case.node) or m.attempt(rigs[case.node])
         kept = m.kept(rigs[case.node])
         report.append(f"== {case.name} ({case.node}): {a.cause if a else None}: "
-                      f"{a.cause_detail if a else ''}\n   steps: "
+                      f"{a.cause_detail if a else ''}\n   started +{started[case.node]:.0f}s, decided "
+                      f"+{decided_after.get(case.node, -1):.0f}s\n   steps: "
                       f"{[(e.step, e.detail[:60]) for e in a.events] if a else []}\n   console: "
                       + "\n   | ".join(kept[-12:]))
     text = "\n".join(report)
