@@ -66,6 +66,7 @@ from initramfs.debs import ARCHES as ARCHES
 from initramfs.debs import MODULES as MODULES
 from initramfs.debs import OUT as OUT
 from initramfs.debs import Arch as Arch
+from initramfs.debs import apt_cache
 from initramfs.debs import download as download
 from initramfs.debs import out_dir as out_dir
 from initramfs.debs import qualified as _qualified
@@ -189,7 +190,7 @@ def ensure_apt_lists(arch: Arch = AMD64) -> None:
     """``apt-get update`` once when the package lists do not know the interpreter (a fresh
     machine, or one whose lists were cleaned), after adding ``arch`` to dpkg's architectures
     when it is a foreign one (for ``apt-get download`` only: nothing is installed)."""
-    probe = ["apt-cache", "show", "--no-all-versions", f"{PACKAGES[0]}:{arch.name}"]
+    probe = apt_cache("show", "--no-all-versions", f"{PACKAGES[0]}:{arch.name}")
     if run(probe, check=False, timeout=120).returncode != 0:
         native = _run(["dpkg", "--print-architecture"]).strip()
         if arch.name != native and arch.name not in _run(["dpkg", "--print-foreign-architectures"]).split():
@@ -210,8 +211,8 @@ def resolve(roots: Iterable[str], exclude: frozenset[str] = EXCLUDE, arch: Arch 
         if not batch:
             break
         wanted.update(batch)
-        text = _run(["apt-cache", "depends", "--no-recommends", "--no-suggests", "--no-conflicts",
-                     "--no-breaks", "--no-replaces", "--no-enhances", *_qualified(batch, arch)])
+        text = _run(apt_cache("depends", "--no-recommends", "--no-suggests", "--no-conflicts",
+                               "--no-breaks", "--no-replaces", "--no-enhances", *_qualified(batch, arch)))
         for group in _dependency_groups(text):
             if any(alt in wanted or alt in todo for alt in group):
                 continue
@@ -284,8 +285,8 @@ def unpack_kernel(arch: Arch, out: Path) -> Kernel:
     downloaded and unpacked (``dpkg-deb -x``) into ``out``/kernel once."""
     ensure_apt_lists(arch)
     meta = f"linux-image-cloud-{arch.name}"
-    groups = _dependency_groups(_run(["apt-cache", "depends", "--no-recommends", "--no-suggests",
-                                      f"{meta}:{arch.name}"]))
+    groups = _dependency_groups(_run(apt_cache("depends", "--no-recommends", "--no-suggests",
+                                                f"{meta}:{arch.name}")))
     image = next((p for g in groups for p in g if p.startswith("linux-image-")), None)
     if image is None:
         sys.exit(f"initramfs: apt-cache finds no kernel package that {meta}:{arch.name} depends on")

@@ -56,6 +56,17 @@ def out_dir(arch: Arch) -> Path:
     return OUT if arch is AMD64 else OUT / arch.name
 
 
+def apt_cache(*args: str) -> list[str]:
+    """``apt-cache ARGS`` with apt's binary cache kept in OUT/apt: Debian's container images
+    turn it off (``Dir::Cache::pkgcache ""``), and without it every call parses the package
+    lists again (~2.4 s of CPU a call, against ~0.6 s; a build makes a dozen). apt itself
+    checks the cache against the lists and remakes it when they change."""
+    cache = OUT / "apt"
+    cache.mkdir(parents=True, exist_ok=True)
+    return ["apt-cache", "-o", f"Dir::Cache::pkgcache={cache / 'pkgcache.bin'}",
+            "-o", f"Dir::Cache::srcpkgcache={cache / 'srcpkgcache.bin'}", *args]
+
+
 def run_text(argv: list[str], **kw: object) -> str:
     return run(argv, **kw).stdout.decode()  # type: ignore[arg-type]  # run's keyword arguments, passed on
 
@@ -81,7 +92,7 @@ def qualified(packages: list[str], arch: Arch) -> list[str]:
     all`` package (apt knows no lsb-base:arm64). The host's own architecture: NAME."""
     if arch.native():
         return list(packages)
-    text = run_text(["apt-cache", "show", "--no-all-versions", *packages])
+    text = run_text(apt_cache("show", "--no-all-versions", *packages))
     arch_all = set(re.findall(r"(?m)^Package: (\S+)\n(?:[^\n]+\n)*?Architecture: all$", text))
     return [p if p in arch_all else f"{p}:{arch.name}" for p in packages]
 

@@ -53,16 +53,29 @@ class Ramdisk:
     arch: str = "amd64"
 
 
+# What ensure_ramdisk gave in this process, by (out, rebuild_agent, arch): the tree does not
+# change under a running test session or demo, so its agent and ramdisk are the same ones.
+_ENSURED: dict[tuple[Path, bool, str], Ramdisk] = {}
+
+
 def ensure_ramdisk(out: Path | None = None, *, rebuild_agent: bool = True, arch: str = "amd64") -> Ramdisk:
     """The prebuilt ramdisk pieces for ``arch``, built (cached) if missing; the agent from
-    this tree."""
+    this tree. Once per process: a later call returns the same pieces while their files are
+    there (each call otherwise rebuilds the agent zipapp and resolves the packages again, and
+    apt-cache, without its binary cache in Debian's container images, takes seconds a call:
+    ~20-120 s for each arm64 test module on the 2-core CI machine)."""
     target = ramdisk.ARCHES[arch]
     out = ramdisk.out_dir(target) if out is None else out
+    key = (out.resolve(), rebuild_agent, arch)
+    done = _ENSURED.get(key)
+    if done is not None and all(p.is_file() for p in (done.kernel, done.base, done.agent)):
+        return done
     agent = ramdisk.build_agent(out / "agent.pyz") if rebuild_agent or not (out / "agent.pyz").exists() \
         else out / "agent.pyz"
     built = ramdisk.build(agent, out, arch=target)
     assert built.agent is not None
-    return Ramdisk(built.kernel, built.base, built.agent, arch)
+    _ENSURED[key] = Ramdisk(built.kernel, built.base, built.agent, arch)
+    return _ENSURED[key]
 
 
 def missing_prerequisites(arch: str = "amd64", *, uefi: bool = False) -> str | None:

@@ -5,8 +5,9 @@ machine with a TPM 2.0 (``tpm-tis-device``, swtpm). The ramdisk's /init loads th
 (tpm_tis, a module in Debian's arm64 cloud kernel) before the agent starts; the join is attested
 with PCRs 4, 11 and 12 as uki.py predicted, and the node's disk.wipe certificate counts as
 verified. GRUB in front of the UKI (``chainloader`` with no arguments) is measured before it, and with
-GRUB listed as a loader the join attests: from an ESP folder, and on the site's arm64 PXE path
-(the site's GRUB from its TFTP, the node's GRUB script and the UKI from its HTTP service).
+GRUB listed as a loader the join attests: from an ESP folder, and from the arm64 ISO. The site's
+arm64 PXE path (the site's GRUB from its TFTP, the node's GRUB script and the UKI from its HTTP
+service) is test_site_arm64_pxe.py's, through the site lab's real proxy DHCP and TFTP.
 
 Marked qemu and slow: arm64 under TCG boots in minutes.
 """
@@ -14,7 +15,6 @@ Marked qemu and slow: arm64 under TCG boots in minutes.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import re
 import shutil
@@ -26,14 +26,11 @@ import pytest
 from agent.gateway.verifier import eventlog
 from agent.gateway.verifier.attest import Status
 from agent.gateway.verifier.policy import Build
-from agent.proto import site_pb2
-from agent.site.boot.pxe import EntryRequest
-from agent.site.services import ServiceSettings, SiteServices
 from initramfs import build as ramdisk
-from initramfs import iso, netgrub, uki
+from initramfs import iso, uki
 from qemu import tpm as qemu_tpm
-from qemu.harness import AAVMF_CODE, AAVMF_VARS, GUEST_HOST, Machine, grub_chainloader
-from qemu.lab import GATEWAY_PORT, GUEST_CA, GUEST_TRUST, Lab, ensure_ramdisk
+from qemu.harness import AAVMF_CODE, AAVMF_VARS, Machine, grub_chainloader
+from qemu.lab import Lab, ensure_ramdisk
 from qemu.sitemedia import user_net_config
 from tests.e2e.conftest import JOIN_TIMEOUT, run_command, skip_reason
 from tests.e2e.test_attest_uefi import attest, verdict
@@ -135,54 +132,6 @@ def test_grub_chainloading_the_uki_is_measured_and_attests_as_a_loader(arm_lab: 
         finally:
             machine.stop()
             arm_lab.gateway.attestation = None
-
-
-def test_the_sites_arm64_pxe_entry_starts_the_uki_through_the_sites_grub_and_attests(
-        arm_lab: Lab, tmp_path: Path) -> None:
-    """The site's arm64 path: AAVMF's own PXE gets the site's GRUB (initramfs/netgrub.py) by
-    TFTP, which fetches the site's /boot.grub, then the node's GRUB script by its MAC, which
-    chainloads the site's UKI from its store with no arguments. The UKI names the site and
-    nothing of the node; the ramdisk fetches its settings from the site. PCR 4: GRUB (a loader
-    the policy lists, its digest written by netgrub.build), the UKI, the kernel; PCR 12 zero."""
-    node = "attest-arm64-site"
-    with SiteServices(ServiceSettings(address=GUEST_HOST, bind="127.0.0.1", port=0,
-                                      root=tmp_path / "site", upstreams=("127.0.0.1",))) as site:
-        port = site.http.port
-        esp, values = arm_lab.uki("arm64-site-build", settings={
-            "site": site.base_url, "ca": GUEST_CA, "trust": GUEST_TRUST,
-            "reconnect_min": "0.5", "reconnect_max": "3"})
-        image = (esp / "EFI" / "BOOT" / "BOOTAA64.EFI").read_bytes()
-        arm_lab.www.joinpath("ramdisk-arm64.efi").write_bytes(image)
-        grub = tmp_path / netgrub.NAME
-        grub_digest = netgrub.build(site.base_url, grub, ramdisk.out_dir(ramdisk.ARCHES["arm64"]))
-        settings = f"bc.node={node} bc.token={arm_lab.token_for(node)} bc.gateway={GUEST_HOST}:{GATEWAY_PORT}"
-        site.entries.register(EntryRequest.from_proto(site_pb2.ProxyDhcpEntry(
-            node_id=node, mac_address=MAC, boot_file=netgrub.NAME, ttl_seconds=900,
-            uki_url=f"http://127.0.0.1:{arm_lab.files.port}/ramdisk-arm64.efi",
-            uki_digest={"algorithm": "sha256", "hex": hashlib.sha256(image).hexdigest()},
-            kernel_cmdline=settings)))
-        qemu_tpm.manufacture(tmp_path / "state", tmp_path / "ca")
-        joins = attest(arm_lab, tmp_path / "ca", [Build.from_values(values)])
-        joins.verifier.policy.loaders.add(bytes.fromhex(grub_digest))
-        with qemu_tpm.Swtpm(tmp_path / "state", tmp_path / "swtpm.sock") as swtpm:
-            machine = arm_lab.boot(node, tpm=swtpm.socket, pxe=True, pxe_loader=grub,
-                                   pflash=(AAVMF_CODE, firmware_variables(tmp_path)),
-                                   forwards={port: port})
-            try:
-                arm_lab.wait_joined(machine, node, JOIN_TIMEOUT)
-                assert "bc-pxe: GRUB starting the ramdisk UKI" in machine.console()
-                assert pcr4_images(machine) == [grub_digest, *values["pcr4"]]
-                found = verdict(joins, node)
-                assert found.status is Status.ATTESTED, f"{found}\n{machine.console_tail()}"
-                assert found.matched["pcr4"] == values["pcr4"][0], found
-                code, cmdline = machine.shell("cat /proc/cmdline")
-                assert code == 0 and f"bc.site={site.base_url}" in cmdline, cmdline
-                assert "bc.node" not in cmdline and "bc.token" not in cmdline, cmdline
-                code, pcr12 = machine.shell("cat /sys/class/tpm/tpm0/pcr-sha256/12")
-                assert code == 0 and pcr12.split()[-1] == "0" * 64, pcr12  # GRUB passed nothing
-            finally:
-                machine.stop()
-                arm_lab.gateway.attestation = None
 
 
 def test_the_arm64_iso_chainloads_the_uki_and_the_node_attests(arm_lab: Lab, tmp_path: Path) -> None:

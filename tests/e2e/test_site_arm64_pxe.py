@@ -67,7 +67,7 @@ def test_an_arm64_node_pxe_boots_the_sites_grub_through_its_proxy_dhcp_and_attes
             life.prepare_ramdisk()            # a UKI entry, boot_file grubaa64.efi
             life.power_on_directly()
             life.pxe_join()                   # /boot.grub, /pxe/<mac>.grub, the UKI, attested
-            code, cmdline = guest_shell(node, "cat /proc/cmdline")
+            code, cmdline = guest_shell(node, "cat /proc/cmdline /sys/class/tpm/tpm0/pcr-sha256/12")
         finally:
             attest.stop()
             for s in shown:
@@ -80,6 +80,9 @@ def test_an_arm64_node_pxe_boots_the_sites_grub_through_its_proxy_dhcp_and_attes
         assert written == {"loaders": [attest.loader_digest.hex()],
                            "site": f"http://{SITE_ADDRESS}:{SITE_HTTP_PORT}"}, written
         assert "bc-pxe: GRUB fetching the boot script of the site" in console, console[-3000:]
+        assert "bc-pxe: GRUB starting the ramdisk UKI" in console, console[-3000:]
+        # PCR 12 zero, as the guest reads it: the site's GRUB passed the UKI no command line.
+        assert code == 0 and cmdline.split()[-1] == "0" * 64, cmdline
         # The UKI names the site and nothing of the node (its settings came from the site).
         assert code == 0 and f"bc.site=http://{SITE_ADDRESS}:{SITE_HTTP_PORT}" in cmdline, cmdline
         assert "bc.token" not in cmdline and "bc.node" not in cmdline, cmdline

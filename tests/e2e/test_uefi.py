@@ -6,7 +6,10 @@ network's TFTP and the kernel and initramfs over HTTP. The agent joins and repor
 mode; deploy.image writes a GPT image with an EFI system partition (systemd-boot, the kernel
 and initramfs) and the bcroot partition to the disk chosen by its serial. Then the machine
 is powered off and on again with the firmware booting that disk: systemd-boot starts the
-node's kernel, and the node agent rejoins from its disk, in EFI mode.
+node's kernel, and the node agent rejoins from its disk, in EFI mode. Then node.reboot from
+the node role: the guest reboots through /init (busybox reboot -> SIGTERM to PID 1), the
+firmware and systemd-boot again, and the agent rejoins with a new boot id, the same node key
+(on the disk) and the completion, read from its journal on the disk.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from agent.gateway import State
 from qemu.harness import Disk, Machine
 from qemu.lab import Lab
 from qemu.nodeimage import SYSTEMD_BOOT, NodeImage, build_node_image
-from tests.e2e.conftest import JOIN_TIMEOUT, run_command, skip_reason
+from tests.e2e.conftest import COMMAND_TIMEOUT, JOIN_TIMEOUT, run_command, skip_reason
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow]
 
@@ -88,4 +92,22 @@ def test_deployed_gpt_esp_image_boots_from_its_disk_under_uefi(uefi_lab: Lab, no
     again.wait_console(r"node root .* mounted on /sysroot", 30)
     _, _, result = run_command(uefi_lab, again, NODE, "inventory.refresh", {})
     assert result.inventory.system.boot_mode == "efi", result.inventory.system
+
+    # node.reboot from the node role (this boot, rather than a node of its own booted for it).
+    old_boot, old_key = rec.boot_id, rec.public_key
+    cid = uefi_lab.gateway.send(NODE, "node.reboot", {"mode": "GRACEFUL"})
+    try:
+        done = uefi_lab.gateway.wait(cid, COMMAND_TIMEOUT)
+    except TimeoutError:
+        raise again.fail("node.reboot did not complete") from None
+    assert done.state is State.COMPLETED, \
+        f"{done.state}: {uefi_lab.gateway.events_for(cid)}\n{again.console_tail()}"
+    assert done.completion is not None and done.completion.ok
+    rebooted = uefi_lab.gateway.nodes[NODE]
+    assert rebooted.sessions >= sessions + 2 and rebooted.hello.role == "node"
+    assert rebooted.boot_id and rebooted.boot_id != old_boot
+    assert (done.completion.old_boot_id, done.completion.new_boot_id) == (old_boot, rebooted.boot_id)
+    # It went through /init's shutdown path, and the same node key (on the disk) came back.
+    assert "reboot requested: stopping the agent" in again.console()
+    assert rebooted.public_key == old_key
     again.stop()
