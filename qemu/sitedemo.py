@@ -229,10 +229,12 @@ def run_secure_boot(workdir: Path, say: Callable[[str], None], broken: str = "")
             try:
                 life.pxe_join()
                 _, out = guest_shell(rig.node, "dmesg | grep -i -m1 'secure boot enabled'")
+                said = next((line.split("] ", 1)[-1] for line in out.splitlines()
+                             if "Secure boot enabled" in line and "grep" not in line), "nothing about it")
             finally:
                 sitesecure.power_off(rig)
             matched = life.joins["ramdisk"].verdict.matched
-            say(f"SECURE BOOT: the ramdisk's kernel says {out.strip()!r}; the gateway's verdict from PCR "
+            say(f"SECURE BOOT: the ramdisk's kernel says {said!r}; the gateway's verdict from PCR "
                 f"7: secure_boot {matched.get('secure_boot')}, each image verified by authority "
                 f"{matched.get('authorities', '?')[:16]}... (the fleet's db certificate: "
                 f"{keys.cert_sha256('fleet-db')[:16]}...)")

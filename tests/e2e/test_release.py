@@ -196,7 +196,8 @@ def test_secure_boot_off_and_a_tenant_db_entry_are_found_put_back_and_the_node_b
                     "--add-kek", owner, str(keys.cert("fleet-kek")),
                     "--add-db", owner, str(keys.cert("fleet-db")),
                     "--add-db", str(TENANT_OWNER), str(tenant_cert),
-                    "--no-microsoft"],   # no --sb: Secure Boot off
+                    # OVMF's switch off (absent, with a PK, it would be on), as a tenant's setup leaves it
+                    "--no-microsoft", "--set-false", "SecureBootEnable"],
 
                    check=True, capture_output=True, timeout=120)
     firmware = (secureboot.OVMF_SECBOOT_CODE, variables)
