@@ -3,6 +3,7 @@
     python -m qemu.demo              # this (./dev demo)
     python -m qemu.demo --user-net   # the former demo: PXE from QEMU's user network, kexec
     python -m qemu.demo --virtual-media   # no PXE, no DHCP: Redfish virtual media (run_virtual_media)
+    python -m qemu.demo --secure-boot     # Secure Boot on with the fleet's keys (run_secure_boot)
 
 Nothing reaches the node but its BMC (OpenIPMI's ipmi_sim), the site daemon's boot service on
 the provisioning network (network namespaces, a bridge, a plain DHCP server: qemu/sitelab.py)
