@@ -169,7 +169,8 @@ def test_secure_boot_off_and_a_tenant_db_entry_are_found_put_back_and_the_node_b
     Boot": the keys reset to the fleet's, Secure Boot on; the site's bmc.firmware
     restore_secure_boot does it where the BMC offers the writes), here by rebuilding the node's
     variable store with the fleet's keys only; the node then boots the ramdisk as a UKI signed
-    with the fleet's db key, Secure Boot enforcing, and its gate passes."""
+    with the fleet's db key, Secure Boot enforcing, and its gate passes. Two boots: 7 min 31 s
+    on the shared 2-core machine at a load average of about 16 (nice)."""
     from cryptography import x509
     from cryptography.hazmat.primitives.serialization import Encoding
 
