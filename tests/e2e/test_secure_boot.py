@@ -27,9 +27,9 @@ its dnsmasq and TFTP), one node, one boot per test; the rig is qemu/sitesecure.p
 - An unsigned ipxe.efi (the site restarted with Debian's as it is): the firmware refuses it
   ("Access Denied"), named the same way.
 
-Marked qemu and slow: five boots, 15 min 32 s under TCG on a shared 2-core machine at a load
-average of about 11 (nice; 4 min 31 s of it the ramdisk rebuilt in the set-up, 2 min 27 s the
-dbx boot); four boots took 7 min 8 s on a quieter one.
+Marked qemu and slow: five boots, 11 min 29 s under TCG on a shared 2-core machine at a load
+average of about 15 (nice; 1 min 44 s of it the set-up, 1 min 45 s the dbx boot); four boots
+took 7 min 8 s on a quieter one.
 """
 
 from __future__ import annotations
