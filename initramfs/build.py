@@ -706,8 +706,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="put file SRC at DEST in the ramdisk, e.g. the site's gateway CA: "
                         "--add ca.pem:/etc/bettercompute/ca.pem (then boot with bc.ca=that path)")
     parser.add_argument("--db-key", type=Path, metavar="PEM",
-                        help="the fleet's Secure Boot db signing key: the UKIs and the site's boot "
-                        "files (OUT/site-boot/) are signed with it (initramfs/signing.py, sbsign)")
+                        help="the fleet's Secure Boot db signing key: the UKIs, the site's boot "
+                        "files (OUT/site-boot/) and the ISO's GRUB cores (with --iso-uki) are signed "
+                        "with it (initramfs/signing.py, sbsign)")
     parser.add_argument("--db-cert", type=Path, metavar="PEM", help="with --db-key: its certificate")
     parser.add_argument("--db-key-passphrase-file", type=Path, metavar="PATH",
                         help="with --db-key: the file that holds an encrypted key's passphrase")
@@ -724,6 +725,9 @@ def main(argv: list[str] | None = None) -> int:
             db_key = signing.DbKey.load(args.db_key, args.db_cert, args.db_key_passphrase_file)
         except signing.SigningError as exc:
             parser.error(str(exc))
+        if args.iso and not args.iso_uki:   # initramfs/iso.py, "Secure Boot"
+            parser.error("--db-key with --iso needs --iso-uki: a signed GRUB core would start a kernel "
+                         "and initramfs that nothing verifies")
     if args.uki_site:
         from initramfs import uki
 
@@ -758,7 +762,7 @@ def main(argv: list[str] | None = None) -> int:
             uki.write(uki.find_stub(arch.name), built.kernel, built.initramfs, iso.default_cmdline(arch.name),
                       iso_uki, sign=_signer(db_key))
         target = iso.build_iso(built.kernel, built.initramfs, out / "ramdisk.iso", arch=arch.name,
-                               sbom=bom, out=out, uki=iso_uki)
+                               sbom=bom, out=out, uki=iso_uki, db_key=db_key)
         n = target.stat().st_size
         print(f"{target}: {n / 1e6:.1f} MB ({n} bytes; target <= {iso.MAX_ISO_BYTES / 1e6:.0f} MB)")
     if args.uki_site:

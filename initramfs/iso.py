@@ -33,6 +33,15 @@ The same code serves arm64's core (BOOTAA64.EFI), which is UEFI only: its ISO ho
 and no separate kernel and initramfs. The amd64 ISO holds them twice (for BIOS, and inside the
 UKI): about twice the size, over the 32 MB target (build_iso warns).
 
+Secure Boot (``db_key``, the fleet's db key: initramfs/signing.py; the build's ``--db-key`` with
+``--iso-uki``): each UEFI core is signed by sbsign (its Authenticode digest, in
+``TARGET.loaders.json``, does not change), and made with ``--disable-shim-lock``: there is no
+shim beside it, so GRUB's own verifier would refuse everything it chainloads; the UKI (signed
+by the caller with the same key) is checked by the firmware's LoadImage, which
+``chainloader`` calls, against db and dbx. Without a UKI there is no signed ISO: the core would
+start a kernel and initramfs that nothing verifies (``IsoError``). The BIOS core is not a PE
+image and Secure Boot does not apply to it.
+
 The ISO carries its licence notices and SBOM as the initramfs does: ``licenses/`` holds the
 GRUB packages' Debian copyright files (``debian-copyright.tar.xz``) and ``sbom.cdx.json`` (the
 initramfs's SBOM with the GRUB packages added; the initramfs keeps its own inside it).
@@ -50,7 +59,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.proc import run
-from initramfs import debs, licences
+from initramfs import debs, licences, signing
+from initramfs.signing import DbKey
 from initramfs.uki import authenticode_sha256, boot_cmdline
 
 LABEL = "BC_RAMDISK"          # the ISO's volume id; GRUB finds its files by it
@@ -134,15 +144,20 @@ def grub_trees(arch_name: str, out: Path) -> list[tuple[Loader, Path, Path]]:
 
 def build_iso(kernel: Path, initrd: Path, target: Path, *, arch: str = "amd64",
               cmdline: str | None = None, sbom: bytes | None = None, out: Path | None = None,
-              uki: Path | None = None) -> Path:
+              uki: Path | None = None, db_key: DbKey | None = None) -> Path:
     """``target``: a bootable ISO of ``kernel`` and ``initrd`` (see the module's docstring),
     its SBOM beside it (``target``.cdx.json) built on ``sbom``, the initramfs's. ``out``:
     where the GRUB packages are downloaded and unpacked (the arch's build directory).
     ``uki``: the UEFI cores start this UKI (built with ``default_cmdline``) instead, and
-    ``target``.loaders.json lists their Authenticode digests."""
+    ``target``.loaders.json lists their Authenticode digests. ``db_key`` (with ``uki``, which
+    the caller signed): the UEFI cores signed with the fleet's db key for Secure Boot (the
+    module's docstring, "Secure Boot")."""
     reason = missing_tools()
     if reason:
         raise IsoError(reason)
+    if db_key is not None and uki is None:
+        raise IsoError("a signed ISO needs a UKI: its GRUB core, signed, would start a kernel and "
+                       "initramfs that nothing verifies (build with --iso-uki)")
     out = out if out is not None else debs.out_dir(debs.ARCHES[arch])
     script_text = grub_script(cmdline if cmdline is not None else default_cmdline(arch))
     trees = grub_trees(arch, out)
@@ -171,11 +186,16 @@ def build_iso(kernel: Path, initrd: Path, target: Path, *, arch: str = "amd64",
             modules = unpacked / "usr/lib/grub" / loader.platform.removesuffix("-eltorito")
             core = work / (loader.efi_name or "eltorito.img")
             chain = uki is not None and bool(loader.efi_name)
+            # Signed, a core has no shim beside it: --disable-shim-lock leaves the UKI's check
+            # to the firmware's LoadImage (db, dbx), which chainloader calls.
+            unlocked = ["--disable-shim-lock"] if chain and db_key is not None else []
             run(["grub-mkimage", "-O", loader.platform, "-d", str(modules), "-o", str(core),
-                 "-p", "/boot/grub", "-c", str(uki_script if chain else script),
+                 "-p", "/boot/grub", "-c", str(uki_script if chain else script), *unlocked,
                  *(UKI_MODULES if chain else loader.modules)], timeout=120)
             if loader.efi_name:
                 efi_files.append((loader.efi_name, core))
+                if db_key is not None:   # Authenticode: the digest below is the same signed
+                    signing.sign(core, db_key)
                 loader_digests.append(authenticode_sha256(core.read_bytes()).hex())
             else:
                 shutil.copyfile(core, tree / "boot/eltorito.img")

@@ -2,6 +2,7 @@
 
     python -m qemu.demo [--workdir qemu/out/demo] [--no-install] [--user-net] [--uefi] [--arch arm64]
     python -m qemu.demo --nodes 3 [--break unregistered-mac|bad-cmdline]
+    python -m qemu.demo --secure-boot [--break unsigned|other-key|revoked]
 
 On a fresh Debian bookworm machine (as root) it installs the Debian packages it needs, builds
 what is missing (the agent zipapp, the ramdisk, a bootable node image), then runs the
@@ -46,6 +47,7 @@ from typing import Any
 from qemu import sitedemo
 from qemu.harness import Machine
 from qemu.sitebreak import BREAKS
+from qemu.sitesecure import BREAKS as SECURE_BOOT_BREAKS
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -171,10 +173,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="N nodes at once through the site daemon (1-8): routes served from the "
                              "site's chunk store, each node's timeline, the bytes from the upstream "
                              "and from the cache")
-    parser.add_argument("--break", dest="break_way", choices=sorted(BREAKS), default="", metavar="WAY",
+    parser.add_argument("--break", dest="break_way", choices=sorted({*BREAKS, *SECURE_BOOT_BREAKS}),
+                        default="", metavar="WAY",
                         help="with --nodes N (2-8): break the last node on purpose, one of "
                              + ", ".join(f"{b.name} ({b.cause})" for b in BREAKS.values())
-                             + "; the site's cause for it is shown beside the others' success")
+                             + "; the site's cause for it is shown beside the others' success. With "
+                             "--secure-boot: after the signed boot, the node is served a UKI that is "
+                             + ", ".join(SECURE_BOOT_BREAKS) + " (secure_boot_violation)")
+    parser.add_argument("--secure-boot", action="store_true",
+                        help="UEFI Secure Boot on with the fleet's own keys (OVMF's Secure Boot build): "
+                             "the site's signed iPXE chains its signed UKI, the join attested with PCR 7 "
+                             "judged (--uefi implied)")
     parser.add_argument("--arch", choices=("amd64", "arm64"), default="amd64",
                         help="the node's architecture (arm64: the former demo on -M virt, UEFI PXE through "
                              "GRUB)")
@@ -182,8 +191,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="no PXE and no DHCP: the BMC (Redfish, sushy-tools' emulator) mounts the "
                              "ramdisk ISO and the node's config medium (with --uefi: under OVMF)")
     args = parser.parse_args(argv)
-    if args.break_way and (args.nodes < 2 or args.user_net or args.uefi or args.arch != "amd64"
-                           or args.virtual_media):
+    if args.secure_boot:
+        if args.nodes > 1 or args.user_net or args.arch != "amd64" or args.virtual_media:
+            parser.error("--secure-boot: one amd64 node through the site's PXE (not with --nodes, "
+                         "--user-net, --arch arm64, --virtual-media)")
+        if args.break_way and args.break_way not in SECURE_BOOT_BREAKS:
+            parser.error(f"--secure-boot --break: one of {', '.join(SECURE_BOOT_BREAKS)}")
+        if os.geteuid() != 0:
+            sys.exit("demo: run as root (the ramdisk builder chroots; network namespaces)")
+        if not args.no_install:
+            signer = ["sbsigntool"] if shutil.which("sbsign") is None else []
+            install_packages(args.arch, True, sorted({*sitedemo.missing_packages(), *signer}))
+        shutil.rmtree(args.workdir, ignore_errors=True)
+        sitedemo.run_secure_boot(args.workdir, Timeline().say, args.break_way)
+        return 0
+    if args.break_way and (args.break_way not in BREAKS or args.nodes < 2 or args.user_net or args.uefi
+                           or args.arch != "amd64" or args.virtual_media):
         parser.error("--break: with --nodes N of 2 or more, the site-driven demo (one node broken, the "
                      "others succeeding)")
     if args.virtual_media:

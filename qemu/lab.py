@@ -221,6 +221,7 @@ class Lab:
         tpm: Path | None = None,
         esp: Path | None = None,
         pflash: tuple[Path, Path] | None = None,
+        secure_boot: bool = False,
         pxe_chain: str = "",
         pxe_loader: Path | None = None,
         forwards: Mapping[int, int] | None = None,
@@ -235,7 +236,8 @@ class Lab:
         ``pxe_loader``: with ``pxe`` on arm64, the EFI image the firmware's PXE starts (a
         site's GRUB, initramfs/netgrub.py) instead of the lab's GRUB;
         ``forwards``: more guest ports on GUEST_HOST to host ports (a site's HTTP service);
-        ``keyboard``: keys a test presses at the firmware's prompts (``Machine.press``)."""
+        ``keyboard``: keys a test presses at the firmware's prompts (``Machine.press``);
+        ``secure_boot``: ``pflash`` is OVMF's Secure Boot build (SMM; qemu/secureboot.py)."""
         arch = self.ramdisk.arch
         if initrd is None:
             initrd = self.initrd(node_id, self.overlay(test=test, files=files, env=env))
@@ -247,7 +249,7 @@ class Lab:
                            kvm=kvm_wanted() and ramdisk.ARCHES[arch].native(), pxe=pxe, name=node_id,
                            memory_mb=memory_mb, arch=arch, uefi=uefi, disk_boot=disk_boot,
                            nics=tuple(nics), media=tuple(media), media_boot=bool(media),
-                           tpm=tpm, esp=esp, pflash=pflash, pxe_chain=pxe_chain,
+                           tpm=tpm, esp=esp, pflash=pflash, secure_boot=secure_boot, pxe_chain=pxe_chain,
                            pxe_loader=pxe_loader, qmp=keyboard)
         machine = Machine(spec)
         self.machines.append(machine)

@@ -3,6 +3,7 @@ OVMF's Secure Boot build with them enrolled.
 
     keys = FleetKeys.generate(workdir / "keys")      # PK, KEK, db: self-signed, openssl
     variables = keys.enrolled_vars(workdir / "vars.fd")  # a copy of OVMF_VARS_4M.fd, keys in
+    # (dbx=[digest, ...]: Authenticode SHA-256 digests revoked, appended to dbx)
     # a node then runs OVMF_CODE_4M.secboot.fd on pflash with its own copy of ``variables``
     # and SMM (MachineSpec.secure_boot: -M q35,smm=on, the pflash's secure property)
     signing.sign(image, keys.db_key())               # what the node's firmware starts
@@ -20,6 +21,7 @@ import hashlib
 import shutil
 import sys
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,10 +88,17 @@ class FleetKeys:
         """A db key the fleet never enrolled."""
         return DbKey.load(self.folder / "other-db.key", self.cert("other-db"))
 
-    def enrolled_vars(self, out: Path) -> Path:
-        """A copy of OVMF's empty variable store with PK, KEK and db enrolled, Secure Boot on."""
+    def enrolled_vars(self, out: Path, dbx: Sequence[bytes] = ()) -> Path:
+        """A copy of OVMF's empty variable store with PK, KEK and db enrolled, Secure Boot on.
+        ``dbx``: Authenticode SHA-256 digests the fleet revoked (an image whose digest is one of
+        them is refused whoever signed it)."""
         owner = str(OWNER)
+        revoked: list[str] = []
+        for digest in dbx:
+            if len(digest) != hashlib.sha256().digest_size:
+                raise ValueError(f"a dbx entry is a SHA-256 digest (32 bytes), not {len(digest)} bytes")
+            revoked += ["--add-dbx-hash", owner, digest.hex()]
         run([str(virt_fw_vars()), "--input", str(OVMF_VARS_EMPTY), "--output", str(out),
              "--set-pk", owner, str(self.cert("fleet-pk")), "--add-kek", owner, str(self.cert("fleet-kek")),
-             "--add-db", owner, str(self.cert("fleet-db")), "--no-microsoft", "--sb"], timeout=120)
+             "--add-db", owner, str(self.cert("fleet-db")), *revoked, "--no-microsoft", "--sb"], timeout=120)
         return out

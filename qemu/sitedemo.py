@@ -3,6 +3,7 @@
     python -m qemu.demo              # this (./dev demo)
     python -m qemu.demo --user-net   # the former demo: PXE from QEMU's user network, kexec
     python -m qemu.demo --virtual-media   # no PXE, no DHCP: Redfish virtual media (run_virtual_media)
+    python -m qemu.demo --secure-boot     # Secure Boot on with the fleet's keys (run_secure_boot)
 
 Nothing reaches the node but its BMC (OpenIPMI's ipmi_sim), the site daemon's boot service on
 the provisioning network (network namespaces, a bridge, a plain DHCP server: qemu/sitelab.py)
@@ -24,6 +25,7 @@ site fetched from the upstream and served from its store. ``--break WAY`` breaks
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -178,3 +180,74 @@ def run_virtual_media(workdir: Path, say: Callable[[str], None], *, uefi: bool =
         say(f"done: {len(node.steps)} steps in {total:.0f}s (power on to joined over virtual media: "
             f"{life.join_seconds:.1f}s); console log {node.power.dir / (NODE + '-console.log')}")
         node.power.stop(force=True)
+
+
+def run_secure_boot(workdir: Path, say: Callable[[str], None], broken: str = "") -> None:
+    """``./dev demo --secure-boot``: the node under OVMF's Secure Boot build with the fleet's own
+    keys enrolled (qemu/sitesecure.py) PXE-boots the site's signed iPXE, which chains the site's
+    signed UKI; the gateway attests the join and names the authority that verified each image
+    (PCR 7). ``broken``: one of qemu/sitesecure.py's BREAKS, booted after it: the firmware
+    refuses that UKI and the site names the cause (the demo does not fail for it)."""
+    import secrets
+
+    from agent.site.bmc.client import Credentials
+    from agent.site.bmc.secrets import SecretStore
+    from agent.site.boot.pxe import BootFile
+    from initramfs import signing
+    from qemu import secureboot, sitesecure
+    from qemu.lab import ensure_ramdisk
+    from qemu.sitelab import IPXE_DIR, SiteLab
+    from qemu.sitelife import Step, guest_shell
+
+    reason = sitesecure.missing()
+    if reason:
+        raise RuntimeError(f"demo --secure-boot: {reason}")
+    say("building the agent zipapp and the ramdisk (cached under initramfs/out/)")
+    parts = ensure_ramdisk()
+
+    def shown(step: Step) -> None:
+        say(f"{step.name.upper()} ({step.seconds:.1f}s): {step.evidence}")
+
+    with SiteLab(workdir, parts) as lab:
+        password = secrets.token_urlsafe(12)
+        SecretStore(lab.secrets_dir).put(REF, Credentials(BMC_USER, password))
+        with sitesecure.secure_rig(lab, NODE, BMC_USER, password, REF, on_step=shown) as rig:
+            keys, life = rig.keys, rig.life
+            say(f"fleet keys made (PK, KEK, db; openssl): enrolled into {NODE}'s OVMF variable store "
+                f"by virt-fw-vars, Secure Boot on, dbx holding one revoked build's digest; firmware "
+                f"{secureboot.OVMF_SECBOOT_CODE.name} with SMM")
+            served = lab.site_state / "site" / "boot" / "tftp" / BootFile.UEFI.value
+            fleet_db = keys.cert("fleet-db")
+            ours, debians = (signing.verify(f, fleet_db) for f in (served, IPXE_DIR / BootFile.UEFI))
+            say(f"SITE DAEMON serves ipxe.efi signed by the fleet's db key (sbverify: "
+                f"{'verified' if ours else 'NOT verified'}; Debian's own: "
+                f"{'verified' if debians else 'not signed by it'}), pinned in boot-files.json; the "
+                f"site's UKI signed by the same key")
+            life.query()
+            life.prepare_ramdisk()
+            life.boot_device("pxe")
+            life.power_on()
+            try:
+                life.pxe_join()
+                _, out = guest_shell(rig.node, "dmesg | grep -i -m1 'secure boot enabled'")
+                said = next((line.split("] ", 1)[-1] for line in out.splitlines()
+                             if "Secure boot enabled" in line and "grep" not in line), "nothing about it")
+            finally:
+                sitesecure.power_off(rig)
+            matched = life.joins["ramdisk"].verdict.matched
+            say(f"SECURE BOOT: the ramdisk's kernel says {said!r}; the gateway's verdict from PCR "
+                f"7: secure_boot {matched.get('secure_boot')}, each image verified by authority "
+                f"{matched.get('authorities', '?')[:16]}... (the fleet's db certificate: "
+                f"{keys.cert_sha256('fleet-db')[:16]}...)")
+            if broken:
+                say(f"BROKEN on purpose ({broken}): {NODE} is served a UKI "
+                    + {"unsigned": "that nobody signed",
+                       "other-key": "signed by a key the fleet never enrolled",
+                       "revoked": "the fleet signed, whose digest is in dbx"}[broken])
+                t0 = time.monotonic()
+                cause, detail, _ = sitesecure.boot_refused(rig, sitesecure.broken_entry(rig, broken))
+                say(f"CAUSE named by the site {time.monotonic() - t0:.0f}s after power on: {cause}: "
+                    f"{detail}; powered off")
+        total = sum(s.seconds for s in rig.node.steps)
+        say(f"done: {len(rig.node.steps)} steps in {total:.0f}s; console log "
+            f"{rig.node.power.dir / (NODE + '-console.log')}, site daemon log {lab.site_log}")

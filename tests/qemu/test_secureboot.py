@@ -1,0 +1,49 @@
+"""qemu/secureboot.py's variable store (virt-fw-vars run for real, no QEMU) and the demo's
+Secure Boot flags (the demo itself boots QEMU: ./dev demo --secure-boot)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from qemu import demo, secureboot, sitesecure
+
+EFI_CERT_SHA256 = uuid.UUID("c1c41626-504c-4092-aca9-41f936934328")
+
+
+def test_revoked_digests_are_appended_to_dbx_as_sha256_entries(tmp_path: Path) -> None:
+    reason = secureboot.missing()
+    if reason:
+        pytest.skip(reason)
+    keys = secureboot.FleetKeys.generate(tmp_path / "keys")
+    revoked = [hashlib.sha256(b"build 1").digest(), hashlib.sha256(b"build 2").digest()]
+    store = keys.enrolled_vars(tmp_path / "vars.fd", dbx=revoked)
+    subprocess.run([str(secureboot.virt_fw_vars()), "--input", str(store), "--output-json",
+                    str(tmp_path / "vars.json")], check=True, capture_output=True, timeout=120)
+    listed = json.loads((tmp_path / "vars.json").read_text())["variables"]
+    found = {v["name"]: bytes.fromhex(v["data"]) for v in listed}
+    dbx = found["dbx"]
+    # EFI_SIGNATURE_LISTs of EFI_CERT_SHA256 entries (owner GUID, then the digest), the fleet's owner.
+    assert EFI_CERT_SHA256.bytes_le in dbx
+    for digest in revoked:
+        assert secureboot.OWNER.bytes_le + digest in dbx
+    assert {"PK", "KEK", "db", "dbx"} <= found.keys()
+    with pytest.raises(ValueError, match="SHA-256"):
+        keys.enrolled_vars(tmp_path / "bad.fd", dbx=[b"\x00" * 20])
+    assert not (tmp_path / "bad.fd").exists()
+
+
+def test_the_demo_refuses_secure_boot_with_what_it_does_not_run(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--secure-boot", "--nodes", "2"], ["--secure-boot", "--arch", "arm64"],
+                 ["--secure-boot", "--virtual-media"], ["--secure-boot", "--break", "bad-cmdline"],
+                 ["--nodes", "2", "--break", "unsigned"]):
+        with pytest.raises(SystemExit) as info:
+            demo.main(argv)
+        assert info.value.code == 2, argv
+    assert "--secure-boot" in capsys.readouterr().err
+    assert set(sitesecure.BREAKS) == {"unsigned", "other-key", "revoked"}
