@@ -202,6 +202,7 @@ def load(root: Path) -> dict[str, Doc]:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True    # headers and body are two writes: no 40 ms delayed-ACK wait
     server: _Server
     image = ""                    # the sha256 of the image the request pushed, if any
 
