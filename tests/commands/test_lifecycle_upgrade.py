@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,14 +36,6 @@ ROOT = Path(__file__).resolve().parents[2]
 OLD, NEW = "1.0.0", "9.9.9"
 
 pytestmark = pytest.mark.slow
-
-
-def build(out: Path, version: str) -> Path:
-    """build/zipapp.py --version."""
-    subprocess.run([sys.executable, str(ROOT / "build" / "zipapp.py"), "--out", str(out),
-                    "--version", version, "--arch", "x86_64,aarch64"],
-                   check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
-    return out
 
 
 def variant(of: Path, out: Path, prepend: str) -> Path:
@@ -73,11 +65,11 @@ CRASH_ALWAYS = 'raise SystemExit("new build: broken")'
 
 
 @pytest.fixture(scope="module")
-def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def builds(tmp_path_factory: pytest.TempPathFactory, zipapp_of: Callable[[str], Path]) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("builds")
-    new = build(d / "new.pyz", NEW)
+    new = zipapp_of(NEW)
     return {
-        "old": build(d / "old.pyz", OLD),
+        "old": zipapp_of(OLD),
         "new": new,
         "crash": variant(new, d / "crash.pyz", CRASH_ON_RUN),
         "no_gateway": variant(new, d / "nogw.pyz", NO_GATEWAY),
