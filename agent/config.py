@@ -49,6 +49,11 @@ class Config:
     # Commands queued on each lane beyond those running; more are refused (busy) at admission.
     lane_max_queued: int = 256
     ipmi_max_sessions: int = 64             # ipmitool sessions at once, site-wide
+    # How a bmc.* command waits on its BMC (agent/site/bmc/client.py Pacing): its first poll or
+    # retry after this many seconds, growing by 1.5 up to the cap. Real BMCs hang when polled
+    # more often; tests against an emulator set them small.
+    bmc_poll_seconds: float = 2.0
+    bmc_poll_max_seconds: float = 15.0
     # The vendor tools and libraries the GPU kinds use (docs/gpu.md); a name is looked up on PATH.
     nvml_library: str = ""                  # libnvidia-ml; "" = $BC_NVML_LIBRARY, else the loader's
     nvidia_smi: str = "nvidia-smi"

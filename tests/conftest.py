@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,6 +50,25 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> DevPki:
     from agent.gateway.certs import make_dev_pki
 
     return make_dev_pki(tmp_path_factory.mktemp("pki"), nodes=("node-1", "node-2", "node-7"))
+
+
+@pytest.fixture(scope="session")
+def zipapp_of(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """The zipapp of this tree (build/zipapp.py, both architectures' wheels) with ``--version``
+    the one asked for, built once a session per version: the modules that install, run or
+    upgrade an agent from it only read it (a test that changes one copies it first)."""
+    built: dict[str, Path] = {}
+
+    def zipapp(version: str) -> Path:
+        if version not in built:
+            out = tmp_path_factory.mktemp("zipapp") / "agent.pyz"
+            subprocess.run([sys.executable, str(ROOT / "build" / "zipapp.py"), "--out", str(out),
+                            "--version", version, "--arch", "x86_64,aarch64"],
+                           check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
+            built[version] = out
+        return built[version]
+
+    return zipapp
 
 
 @pytest.fixture(scope="session")

@@ -49,6 +49,7 @@ class Fault:
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True    # headers and body are two writes: no delayed-ACK wait
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -316,6 +317,7 @@ class Seen:
 class _ScriptedHandler(BaseHTTPRequestHandler):
     server: _ScriptedServer
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True    # headers and body are two writes: no delayed-ACK wait
 
     def log_message(self, format: str, *args: Any) -> None:
         pass

@@ -442,7 +442,8 @@ class BmcSession:
         self.store = secrets.SecretStore(ctx.config.secrets_dir)
         self.partial: list[str] = []    # what the handler could not read, for result.values["partial"]
         self.call = CallContext(
-            cancel=ctx.cancel_event, deadline=ctx.deadline, pacing=Pacing(),
+            cancel=ctx.cancel_event, deadline=ctx.deadline,
+            pacing=Pacing(ctx.config.bmc_poll_seconds, ctx.config.bmc_poll_max_seconds),
             ipmi_sessions=ctx.locks.slots("ipmi-sessions", ctx.config.ipmi_max_sessions))
 
     def client(self, creds: Credentials) -> BmcClient:

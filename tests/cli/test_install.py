@@ -11,7 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,14 +21,12 @@ from agent.gateway.certs import DevPki
 from tests.runtime.harness import start_gateway, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
+VERSION = "1.0.0"     # test_lifecycle_upgrade's old build: one build for both in a process
 
 
 @pytest.fixture(scope="module")
-def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("build") / "agent.pyz"
-    subprocess.run([sys.executable, str(ROOT / "build" / "zipapp.py"), "--out", str(out),
-                    "--version", "4.5.6"], check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
-    return out
+def archive(zipapp_of: Callable[[str], Path]) -> Path:
+    return zipapp_of(VERSION)
 
 
 @pytest.fixture
@@ -137,7 +135,7 @@ def test_the_units_command_serves_the_gateway_in_the_node_role(tmp_path: Path, a
     assert out.returncode == 0, out.stderr
     with unit_running(root, tmp_path) as service:
         node = gateway.wait_node("node-7", 60)
-        assert node.hello.role == "node" and node.hello.agent_version == "4.5.6"
+        assert node.hello.role == "node" and node.hello.agent_version == VERSION
         assert "daemon.upgrade" in node.hello.kinds and "node.reboot" in node.hello.kinds
         assert (state / "journal").exists()
     assert service.returncode == 0, (tmp_path / "service.log").read_text()

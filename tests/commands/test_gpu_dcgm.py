@@ -186,7 +186,7 @@ def test_progress_while_dcgmi_runs(config: Config, monkeypatch: pytest.MonkeyPat
     handler = handler_for("diag.dcgm")
     assert handler is not None
     params = handler.parse(payload_from_json("diag.dcgm", {"level": 3}))
-    ctx = Context.local("diag.dcgm", config, timeout=5, progress_sink=frames.append)
+    ctx = Context.local("diag.dcgm", config, timeout=2, progress_sink=frames.append)  # ~10 ticks
     with pytest.raises(CommandTimeout):
         handler.run(ctx, params)
     ticks = [f for f in frames if "running for" in f.message]

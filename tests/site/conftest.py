@@ -12,8 +12,9 @@ ipmitool or QEMU is missing: ./dev installs them (Debian openipmi, ipmitool, qem
 through the runtime, their state beside the site's own.
 
 The fixtures of the tests on the project's Redfish emulator (tests/site/bmc/redfish_emulator):
-``trees``, a module's folder for the recorded trees it unpacks, and ``emulator_config``, the
-site's settings whose secret store holds the emulator's credentials.
+``trees``, a module's folder for the emulators' certificates (and a tree a test unpacks), and
+``emulator_config``, the site's settings whose secret store holds the emulator's credentials,
+the BMC polled every 50 to 100 ms.
 
 And the fixtures of the boot service and proxy routes: the site's HTTP service on loopback,
 and a provisioning network in namespaces with a plain DHCP server (tests/site/netns.py).
@@ -21,6 +22,7 @@ and a provisioning network in namespaces with a plain DHCP server (tests/site/ne
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -99,19 +101,24 @@ def world(tmp_path: Path) -> Iterator[World]:
 
 @pytest.fixture(scope="module")
 def trees(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder for the module's tests to unpack recorded trees into (RedfishEmulator.of)."""
+    """A folder for the module's emulators' certificates (RedfishEmulator.of's workdir) and the
+    recorded trees a test unpacks."""
     return tmp_path_factory.mktemp("trees")
 
 
 @pytest.fixture
 def emulator_config(tmp_path: Path) -> Config:
     """The site's settings, its secret store holding the Redfish emulator's credentials under
-    test_bmc_redfish's REF, as tests/site/bmc/redfish_emulator/handlers.py's run_kind names them."""
+    test_bmc_redfish's REF, as tests/site/bmc/redfish_emulator/handlers.py's run_kind names them;
+    the BMC polled every 50 to 100 ms (bmc_poll_seconds, bmc_poll_max_seconds), as no real BMC
+    would take: the emulator's state changes as it answers, so the waits prove nothing more
+    when long."""
     from tests.site.bmc.redfish_emulator import PASSWORD as EMULATOR_PASSWORD
     from tests.site.bmc.redfish_emulator import USER
     from tests.site.bmc.test_bmc_redfish import config_with
 
-    return config_with(tmp_path, USER, EMULATOR_PASSWORD)
+    return dataclasses.replace(config_with(tmp_path, USER, EMULATOR_PASSWORD),
+                               bmc_poll_seconds=0.05, bmc_poll_max_seconds=0.1)
 
 
 def stray_children(settings: DnsmasqSettings, pids: Sequence[int]) -> list[int]:

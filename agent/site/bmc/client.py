@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from agent.config import Config
 from agent.policy.release.state import Account
 from agent.proto import site_pb2
 
@@ -96,8 +97,8 @@ class Pacing:
     """How a client waits on a BMC: never more often than ``min_interval`` between polls
     (frequent polling hangs real BMCs), backing off by ``factor`` up to ``max_interval``."""
 
-    min_interval: float = 2.0
-    max_interval: float = 15.0
+    min_interval: float = Config.bmc_poll_seconds      # the settings rows' defaults, written there
+    max_interval: float = Config.bmc_poll_max_seconds
     factor: float = 1.5
 
 

@@ -324,6 +324,7 @@ class _ChunkedUpstream(BaseHTTPRequestHandler):
     without the last chunk)."""
 
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True    # headers and chunks are several writes
 
     def log_message(self, format: str, *args: Any) -> None:
         pass

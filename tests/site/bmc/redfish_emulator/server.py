@@ -6,8 +6,9 @@ behaviour of its vendor's profile (tests/site/bmc/redfish_emulator/profiles.py).
         bmc.target()                # a Target for RedfishSession (verify_tls False)
         bmc.writes("PATCH")         # the writes it received, in order: (method, path, body)
 
-The tree is a DMTF Mockup Creator recording in ../shared/vendor-trees/<dir>/*.tar.gz, unpacked
-into the test's tmp directory and read in place; a test skips where it is absent. GETs answer
+The tree is a DMTF Mockup Creator recording in ../shared/vendor-trees/<dir>/*.tar.gz, read in
+memory once per process (``recorded``: each emulator changes a copy of its own; ``unpack``
+writes it out for a test that reads the files); a test skips where it is absent. GETs answer
 from the recording (404 with a Redfish error where it has nothing). Writes do what the schema
 says, bent by the profile:
 
@@ -57,6 +58,7 @@ import email.policy
 import gzip
 import hashlib
 import json
+import pickle
 import secrets
 import socket
 import ssl
@@ -68,7 +70,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Self
 
 import pytest
@@ -99,15 +101,20 @@ def tree_names() -> list[str]:
         return sorted(PROFILES)
 
 
-def unpack(name: str, into: Path) -> Path:
-    """The recording's /redfish/v1 directory, unpacked under ``into`` (once per directory)."""
+def _archive(name: str) -> Path:
     source = trees_dir() / name
     archives = sorted(source.glob("*.tar.gz"))
     if not archives:
         pytest.skip(f"no recording in {source}")
+    return archives[0]
+
+
+def unpack(name: str, into: Path) -> Path:
+    """The recording's /redfish/v1 directory, unpacked under ``into`` (once per directory)."""
+    archive = _archive(name)
     dest = into / name
     if not dest.exists():
-        with tarfile.open(archives[0]) as tar:
+        with tarfile.open(archive) as tar:
             tar.extractall(dest, filter="data")
     for index in sorted(dest.rglob("index.json"), key=lambda p: len(p.parts)):
         doc = json.loads(index.read_text())
@@ -192,20 +199,44 @@ class State:
         self.versions[path] = self.versions.get(path, 0) + 1
 
 
-def load(root: Path) -> dict[str, Doc]:
-    docs: dict[str, Doc] = {}
-    for index in root.rglob("index.json"):
-        rel = index.parent.relative_to(root).as_posix()
-        path = ROOT if rel == "." else f"{ROOT}/{rel}"
-        with contextlib.suppress(ValueError):
-            doc = json.loads(index.read_text())
-            if isinstance(doc, dict):
-                docs[path] = doc
+_RECORDED: dict[str, bytes] = {}      # tree -> its documents by path, pickled (read once a process)
+
+
+def recorded(name: str) -> dict[str, Doc]:
+    """The recording's documents by path (the index.json of each folder at or under the one
+    that holds the service root), a copy of its own for one emulator to change: the archive is
+    read in memory, not unpacked, once per process; each copy is unpickled from that reading."""
+    if name not in _RECORDED:
+        _RECORDED[name] = pickle.dumps(_read(name), pickle.HIGHEST_PROTOCOL)
+    docs: dict[str, Doc] = pickle.loads(_RECORDED[name])
     return docs
+
+
+def _read(name: str) -> dict[str, Doc]:
+    found: dict[PurePosixPath, Doc] = {}
+    with tarfile.open(_archive(name)) as tar:
+        for member in tar:
+            where = PurePosixPath(member.name)
+            if not member.isfile() or where.name != "index.json":
+                continue
+            file = tar.extractfile(member)
+            assert file is not None
+            with contextlib.suppress(ValueError):
+                doc = json.loads(file.read().decode())
+                if isinstance(doc, dict):
+                    found[where.parent] = doc
+    roots = sorted((p for p, d in found.items() if str(d.get("@odata.id", "")).rstrip("/") == ROOT),
+                   key=lambda p: len(p.parts))
+    if not roots:
+        raise AssertionError(f"{name}: no service root in the recording")
+    root = roots[0]
+    return {ROOT if p == root else f"{ROOT}/{p.relative_to(root).as_posix()}": doc
+            for p, doc in found.items() if p == root or root in p.parents}
 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True    # headers and body are two writes: no 40 ms delayed-ACK wait
     server: _Server
     image = ""                    # the sha256 of the image the request pushed, if any
 
@@ -768,9 +799,9 @@ class _Server(ThreadingHTTPServer):
 class RedfishEmulator:
     """One emulated BMC; see the module docstring."""
 
-    def __init__(self, root: Path, profile: Profile, workdir: Path, *, tls: bool = True,
+    def __init__(self, docs: dict[str, Doc], profile: Profile, workdir: Path, *, tls: bool = True,
                  user: str = USER, password: str = PASSWORD) -> None:
-        self.state = State(load(root), profile)
+        self.state = State(docs, profile)
         self.state.secure_boot = secureboot.install(self.state)
         self.workdir = workdir
         self.tls = tls
@@ -787,7 +818,7 @@ class RedfishEmulator:
         for name in ("max_sessions", "apply_delay", "task_polls"):
             if name in kw:
                 profile = replace(profile, **{name: kw.pop(name)})
-        return cls(unpack(tree, workdir), profile, workdir, **kw)
+        return cls(recorded(tree), profile, workdir, **kw)
 
     @property
     def address(self) -> str:
@@ -808,6 +839,7 @@ class RedfishEmulator:
 
     def __enter__(self) -> Self:
         if self.tls:
+            self.workdir.mkdir(parents=True, exist_ok=True)
             cert, key = self_signed_cert(str(self.workdir))
             ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             ctx.load_cert_chain(cert, key)
