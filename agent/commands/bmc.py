@@ -31,6 +31,7 @@ from agent.errors import (
     Unsupported,
 )
 from agent.policy.release import gate
+from agent.policy.release.golden import Golden
 from agent.policy.release.state import ExpectedState
 from agent.proto import agent_pb2, site_pb2
 from agent.site.bmc import events, secrets, secure_boot
@@ -161,7 +162,7 @@ class BmcParams:
     args: BmcArgs = field(default_factory=BmcArgs)
     expect: ExpectedState | None = None    # bmc.query baseline: the BMC's half
     firmware_profile: str = ""    # bmc.query baseline: expect.firmware's profile (its firmware set)
-    golden: bmc_golden.GoldenExpect | None = None   # bmc.query baseline: expect.golden
+    golden: Golden | None = None   # bmc.query baseline: expect.golden
 
     @property
     def lock_name(self) -> str:

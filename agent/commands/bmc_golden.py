@@ -8,10 +8,9 @@ set_service. agent/site/bmc/golden.py reads and diffs; called by agent/commands/
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from agent.errors import InvalidParameters, Unsupported
-from agent.policy.release.golden import Capture, Rules
+from agent.policy.release.golden import Golden
 from agent.proto import agent_pb2, site_pb2
 from agent.site.bmc import golden
 from agent.site.bmc.client import BmcClient, Credentials
@@ -20,20 +19,10 @@ _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@%+-]{0,127}")
 _PROTOCOL = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
 
 
-@dataclass(frozen=True)
-class GoldenExpect:
-    """``expect.golden`` read once: the profile, its capture and rules."""
-
-    profile: str
-    capture: Capture
-    rules: Rules
-
-
-def parse_golden(msg: agent_pb2.GoldenState) -> GoldenExpect:
-    if not msg.capture:
-        raise InvalidParameters("expect.golden: capture is required (golden.Capture as JSON)")
-    capture = Capture.from_json(msg.capture, what="expect.golden.capture")
-    rules = Rules.from_json(msg.rules, what="expect.golden.rules") if msg.rules else Rules()
+def parse_golden(msg: agent_pb2.GoldenState) -> Golden:
+    """The request's golden state (golden.Golden.from_proto), holding the BMC's half whole."""
+    g = Golden.from_proto(msg, what="expect.golden")
+    capture = g.capture
     if not set(capture.sources) & set(golden.SITE_SOURCES):
         raise InvalidParameters(f"expect.golden: the capture has none of the BMC's sources "
                                 f"({', '.join(golden.SITE_SOURCES)})")
@@ -41,7 +30,7 @@ def parse_golden(msg: agent_pb2.GoldenState) -> GoldenExpect:
     if broken:
         raise InvalidParameters(f"expect.golden: the capture could not read {', '.join(broken)}: "
                                 "not a golden state; capture the BMC again")
-    return GoldenExpect(msg.profile, capture, rules)
+    return g
 
 
 def identifier(name: str, text: str) -> str:
@@ -77,7 +66,7 @@ def check_reset(given: dict[str, str]) -> None:
         raise InvalidParameters("bmc.rotate reset_account: user_name is required (\"\" for an empty slot)")
 
 
-def baseline(client: BmcClient, expect: GoldenExpect
+def baseline(client: BmcClient, expect: Golden
              ) -> tuple[list[agent_pb2.Mismatch], list[agent_pb2.SourceCount]]:
     """The BMC captured now and diffed against the golden's BMC half: the findings (each with
     its remedy where there is one) and the counts per source. Only the golden's sources are
@@ -85,7 +74,7 @@ def baseline(client: BmcClient, expect: GoldenExpect
     wanted = tuple(src for src in golden.SITE_SOURCES if src in expect.capture.sources)
     seen = golden.capture(client, wanted)
     found, d = golden.check(expect.capture, expect.rules, seen)
-    return found, golden.counts(d)
+    return found, d.counts()
 
 
 def capture_result(client: BmcClient, result: site_pb2.BmcOperationResult) -> site_pb2.BmcOperationResult:

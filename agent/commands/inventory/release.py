@@ -234,10 +234,7 @@ def report(expected: ExpectedState, mismatches: list[agent_pb2.Mismatch],
             if i < len(seen.wipe_results) and seen.wipe_results[i] not in out.wipe_results:
                 out.wipe_results.append(seen.wipe_results[i])
     if golden is not None:
-        for source in sorted(set(golden.compared) | set(golden.unreadable)):
-            out.compared.append(agent_pb2.SourceCount(
-                source=source, compared=golden.compared.get(source, 0), varied=golden.varied.get(source, 0),
-                unreadable=golden.unreadable.get(source, "")))
+        out.compared.extend(golden.counts())
     for m in mismatches:
         (out.restorable if restorable(m) else out.cannot_restore).append(m)
     return out

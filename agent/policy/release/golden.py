@@ -26,6 +26,7 @@ from typing import Literal
 
 from agent.errors import InvalidParameters
 from agent.limits import loads_json
+from agent.proto import agent_pb2
 
 FORMAT = 1
 NODE_SOURCES = ("uefi", "tpm", "nic", "nvme", "gpu")     # read by the node; the rest at the site
@@ -118,12 +119,16 @@ class Golden:
         return [s for s in NODE_SOURCES if s in named]
 
     @classmethod
-    def from_proto(cls, profile: str, capture: bytes, rules: bytes) -> Golden:
+    def from_proto(cls, msg: agent_pb2.GoldenState, *, what: str = "expect.state.golden") -> Golden:
+        """The request's golden state read once, at the edge (the ramdisk's and the site's)."""
+        profile, capture, rules = msg.profile, msg.capture, msg.rules
+        if not capture:
+            raise InvalidParameters(f"{what}: capture is required (golden.Capture as JSON)")
         if not profile or len(profile) > 128 or not profile.isprintable():
-            raise InvalidParameters("expect.state.golden.profile: the hardware profile's name, printable, "
+            raise InvalidParameters(f"{what}.profile: the hardware profile's name, printable, "
                                     "at most 128 characters")
-        return cls(profile, Capture.from_json(capture, what="expect.state.golden.capture"),
-                   Rules.from_json(rules, what="expect.state.golden.rules") if rules else Rules())
+        return cls(profile, Capture.from_json(capture, what=f"{what}.capture"),
+                   Rules.from_json(rules, what=f"{what}.rules") if rules else Rules())
 
 
 @dataclass(frozen=True)
@@ -145,6 +150,12 @@ class Diff:
     compared: Mapping[str, int]         # source -> items compared (the golden's, less what varies)
     unreadable: Mapping[str, str]       # source -> why: each a finding, never a pass
     varied: Mapping[str, int]           # source -> items left alone by the profile's rules
+
+    def counts(self) -> list[agent_pb2.SourceCount]:
+        """ReleaseReport.compared: per source the items compared, those left alone, why unread."""
+        return [agent_pb2.SourceCount(source=s, compared=self.compared.get(s, 0),
+                                      varied=self.varied.get(s, 0), unreadable=self.unreadable.get(s, ""))
+                for s in sorted(set(self.compared) | set(self.unreadable))]
 
 
 def diff(golden: Capture, seen: Capture, rules: Rules = Rules()) -> Diff:

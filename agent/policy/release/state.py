@@ -124,7 +124,7 @@ class ExpectedState:
                    nics=nics, nvme=nvme, tpm=_tpm(msg.tpm) if msg.HasField("tpm") else None,
                    bios=bios, bmc_accounts=accounts,
                    wipes=_wipes(msg.wipes) if msg.HasField("wipes") else None,
-                   golden=Golden.from_proto(msg.golden.profile, msg.golden.capture, msg.golden.rules)
+                   golden=Golden.from_proto(msg.golden)
                    if msg.HasField("golden") else None)
 
 

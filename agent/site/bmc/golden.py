@@ -153,12 +153,6 @@ def check(golden: Capture, rules: Rules, seen: Capture) -> tuple[list[agent_pb2.
     return out, d
 
 
-def counts(d: Diff) -> list[agent_pb2.SourceCount]:
-    names = sorted(set(d.compared) | set(d.unreadable))
-    return [agent_pb2.SourceCount(source=s, compared=d.compared.get(s, 0), varied=d.varied.get(s, 0),
-                                  unreadable=d.unreadable.get(s, "")) for s in names]
-
-
 def _message(c: Change) -> str:
     if c.kind == "added":
         return f"{c.source} {c.path} = {c.found!r}: not in the golden state"

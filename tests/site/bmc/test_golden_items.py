@@ -87,7 +87,7 @@ def test_a_source_not_read_is_a_finding_and_the_node_s_are_left_to_the_ramdisk()
     assert {(m.check, m.where) for m in found} == {("bios.unreadable", "bios"),
                                                    ("firmware.unreadable", "firmware")}
     assert "uefi" not in d.compared and "uefi" not in d.unreadable
-    counts = {c.source: (c.compared, c.unreadable) for c in golden.counts(d)}
+    counts = {c.source: (c.compared, c.unreadable) for c in d.counts()}
     assert counts == {"bmc": (8, ""), "bios": (0, "HTTP 500"),
                       "firmware": (0, "not read (the golden state has it)")}
 
@@ -123,12 +123,15 @@ def test_an_expected_golden_state_is_checked_in_parse() -> None:
     with pytest.raises(InvalidParameters, match="capture is required"):
         parse(agent_pb2.GoldenState(profile="p"))
     with pytest.raises(InvalidParameters):
-        parse(agent_pb2.GoldenState(capture=b"{not json"))
+        parse(agent_pb2.GoldenState(profile="p", capture=b"{not json"))
+    with pytest.raises(InvalidParameters, match="profile"):
+        parse(agent_pb2.GoldenState(capture=GOLDEN.to_json()))
     with pytest.raises(InvalidParameters, match="none of the BMC's sources"):
-        parse(agent_pb2.GoldenState(capture=Capture({"uefi": {"a": "b"}}).to_json()))
+        parse(agent_pb2.GoldenState(profile="p", capture=Capture({"uefi": {"a": "b"}}).to_json()))
     with pytest.raises(InvalidParameters, match="could not read bios"):
-        parse(agent_pb2.GoldenState(capture=Capture({"bmc": {}}, {"bios": "HTTP 500"}).to_json()))
+        parse(agent_pb2.GoldenState(profile="p",
+                                    capture=Capture({"bmc": {}}, {"bios": "HTTP 500"}).to_json()))
     with pytest.raises(InvalidParameters, match="vary"):
-        parse(agent_pb2.GoldenState(capture=GOLDEN.to_json(), rules=b'{"vary": {"bmc": "*"}}'))
+        parse(agent_pb2.GoldenState(profile="p", capture=GOLDEN.to_json(), rules=b'{"vary": {"bmc": "*"}}'))
     params = parse(agent_pb2.GoldenState(profile="p", capture=GOLDEN.to_json()))
     assert params.golden is not None and params.golden.capture == GOLDEN
