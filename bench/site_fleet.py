@@ -127,7 +127,9 @@ def site_agent(world: World, tmp: Path) -> tuple[Agent, Frames]:
 
 def command(world: World, cid: str, kind: str, address: str, operation: str,
             parameters: dict[str, str], timeout: int = 0) -> session_pb2.SignedCommand:
-    payload = site_pb2.BmcOperationRequest(node_id=cid, bmc_address=address, protocol="redfish",
+    # One node per BMC, as a site has: the first command naming a node keeps its console from
+    # then on (docs/site.md), so a node id per command would measure a first contact each time.
+    payload = site_pb2.BmcOperationRequest(node_id=f"node@{address}", bmc_address=address, protocol="redfish",
                                            operation=operation, credentials_ref=REF,
                                            parameters=parameters, verify_tls=False)
     return world.command(cid, kind, payload, timeout=timeout)
