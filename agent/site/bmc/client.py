@@ -6,7 +6,8 @@ the request's protocol, holds the BMC's resource lock and turns the typed answer
 ``BmcOperationResult``. A client raises the errors of agent/errors.py: ``AuthFailed`` for
 wrong credentials (never retried), ``BmcUnreachable`` when the BMC cannot be reached within
 the retries, ``BmcRefused`` with the BMC's own message when it answers but refuses,
-``Unsupported`` for what the protocol or this BMC does not offer.
+``Unsupported`` for what the protocol or this BMC does not offer, and ``Unconfirmed`` (below)
+for a write the BMC may or may not have taken: never sent again, read back by the caller.
 
 Secrets: a client receives ``Credentials`` and never logs, returns or puts on an argv the
 password (``Credentials.__repr__`` hides it).
@@ -22,8 +23,16 @@ from pathlib import Path
 from typing import Protocol
 
 from agent.config import Config
+from agent.errors import BmcRefused
 from agent.policy.release.state import Account
 from agent.proto import site_pb2
+
+
+class Unconfirmed(BmcRefused):
+    """A write the BMC may or may not have taken: Redfish answered 500/502/504 or the connection
+    failed after it was sent; IPMI gave no answer once the command could have gone out. Never
+    sent again; the caller reads back what it asked for (``RedfishSession.write``,
+    ``IpmiClient.write``)."""
 
 
 class BmcProtocol(enum.StrEnum):

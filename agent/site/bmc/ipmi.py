@@ -64,6 +64,7 @@ from agent.site.bmc.client import (
     PowerAction,
     PowerState,
     Target,
+    Unconfirmed,
     shown_address,
 )
 
@@ -90,6 +91,12 @@ UNREACHABLE_PATTERNS = ("get auth capabilities error", "no response from remote 
                         "address lookup for", "could not open socket", "unable to send",
                         "connection refused", "network is unreachable", "no route to host",
                         "request match not found")
+# What ipmitool says when the session never opened: the command was not sent, so trying again
+# cannot do it twice. Any other silence (no response, late answers, our own timeout) may come
+# after the BMC took the command: a write (``once``) is then never sent again (``write``).
+SESSION_NOT_OPENED = ("unable to establish ipmi v2", "get auth capabilities error", "address lookup for",
+                      "could not open socket", "connection refused", "network is unreachable",
+                      "no route to host")
 BUSY_PATTERNS = ("node busy", "insufficient resources for session", "initialization in progress",
                  "temporarily unavailable", "out of space", "command not supported in present state")
 NOT_IPMI = "not over IPMI; use redfish"
@@ -377,11 +384,13 @@ class IpmiClient:
             slots.release()
 
     def run(self, *args: str, creds: Credentials | None = None, secrets: tuple[str, ...] = (),
-            verbose: bool = True, stdin: bytes | None = None) -> str:
+            verbose: bool = True, stdin: bytes | None = None, once: bool = False) -> str:
         """One ipmitool command against the BMC, with the retries its failure allows.
         Returns stdout. ``secrets`` are also redacted from any message. ``verbose`` (-v) is
         what tells a refused login from no answer; off only for commands whose output it
-        changes (sdr), run after a login has been proven. ``stdin`` is given to each run."""
+        changes (sdr), run after a login has been proven. ``stdin`` is given to each run.
+        ``once``: a write, tried again only where it cannot have been sent (the session never
+        opened, or the BMC answered busy); no answer after that raises Unconfirmed."""
         creds = creds or self.target.credentials
         what = " ".join(args[:3])
         unreachable = busy = 0
@@ -407,6 +416,12 @@ class IpmiClient:
                     bmc_address=self.target.address,
                 )
             if done is None or any(p in lower for p in UNREACHABLE_PATTERNS):
+                if once and (done is None or not any(p in lower for p in SESSION_NOT_OPENED)):
+                    raise Unconfirmed(
+                        f"BMC {self.target.address}: no answer to {what!r} once it could have been "
+                        "sent: the BMC may have acted; not sent again",
+                        bmc_message=self._redact(_tail(err) or "no answer", *secrets),
+                        bmc_address=self.target.address)
                 unreachable += 1
                 if unreachable >= UNREACHABLE_ATTEMPTS:
                     raise BmcUnreachable(
@@ -430,6 +445,18 @@ class IpmiClient:
             if not tries.sleep(delay):
                 raise Cancelled(f"BMC {self.target.address}: cancelled")
 
+    def write(self, *args: str, taken: Callable[[], bool] | None = None) -> None:
+        """A command that changes the BMC, sent once: on an ambiguous answer (Unconfirmed) it is
+        never sent again; ``taken()`` reads back whether the BMC did it, and it stands done when
+        it did (as RedfishSession.write). ``taken`` None: the caller reads back next itself."""
+        try:
+            self.run(*args, once=True)
+        except Unconfirmed:
+            if self.call.cancel.is_set() or (taken is not None and not taken()):
+                raise
+            log.warning("BMC %s: %s answered nothing but reads back as asked", self.target.address,
+                        " ".join(args[:3]))
+
     # -- BmcClient ------------------------------------------------------------------------
 
     def power_state(self) -> PowerState:
@@ -441,13 +468,15 @@ class IpmiClient:
         state = self.power_state()
         if action is PowerAction.ON:
             if state is not PowerState.ON:
-                self.run("chassis", "power", "on")
+                self.write("chassis", "power", "on", taken=lambda: self.power_state() is PowerState.ON)
             return
         if action is PowerAction.OFF:
             if state is PowerState.OFF:
                 return
             if graceful_timeout > 0:
-                self.run("chassis", "power", "soft")
+                # an ambiguous answer is read back by the wait below, then forced off
+                with contextlib.suppress(Unconfirmed):
+                    self.run("chassis", "power", "soft", once=True)
                 end = time.monotonic() + graceful_timeout
                 polls = 0
                 while time.monotonic() < end:
@@ -457,13 +486,13 @@ class IpmiClient:
                         return
                 log.info("BMC %s: no graceful shutdown within %.0fs; forcing power off",
                          self.target.address, graceful_timeout)
-            self.run("chassis", "power", "off")
+            self.write("chassis", "power", "off", taken=lambda: self.power_state() is PowerState.OFF)
             return
         # cycle and reset of a node that is off: power it on (what an operator means).
         if state is PowerState.OFF:
-            self.run("chassis", "power", "on")
-        else:
-            self.run("chassis", "power", "cycle" if action is PowerAction.CYCLE else "reset")
+            self.write("chassis", "power", "on", taken=lambda: self.power_state() is PowerState.ON)
+        else:   # no read back tells a reset done from one not: Unconfirmed, never sent twice
+            self.run("chassis", "power", "cycle" if action is PowerAction.CYCLE else "reset", once=True)
 
     def boot_device(self) -> BootSetting:
         return parse_bootparam5(self.run("chassis", "bootparam", "get", "5"))
@@ -479,7 +508,7 @@ class IpmiClient:
         args = ["chassis", "bootdev", _BOOTDEV[setting.device]]
         if options:
             args.append("options=" + ",".join(options))
-        self.run(*args)
+        self.write(*args, taken=lambda: self.boot_device().device is setting.device)
         # Keep the boot flag valid past the 60 s the spec gives it (as Ironic does).
         self.run("raw", "0x00", "0x08", "0x03", "0x08")
         return self.boot_device()
@@ -541,7 +570,7 @@ class IpmiClient:
         back = []
         for account in named:
             if account.enabled:
-                self.run("user", "disable", account.id)
+                self.write("user", "disable", account.id)      # read back below
                 log.info("BMC %s: user %r (id %s) disabled", self.target.address, username, account.id)
             now = parse_getaccess(self.run("channel", "getaccess", str(self.channel), account.id))
             if not now or now[0].enabled:
@@ -573,16 +602,16 @@ class IpmiClient:
                                     "it is not reset")
         if before.get("User Name", "") != user_name:
             padded = name.ljust(16, b"\0")
-            self.run("raw", "0x06", "0x45", f"{int(slot):#04x}", *(f"{b:#04x}" for b in padded))
+            self.write("raw", "0x06", "0x45", f"{int(slot):#04x}", *(f"{b:#04x}" for b in padded))
         messaging = enabled if enabled is not None else before.get("IPMI Messaging") == "enabled"
         if level is not None or enabled is not None:
             now = privilege_code(before.get("Privilege Level", ""))
             bits = 0x80 | (0x10 if messaging else 0) \
                 | (0x20 if before.get("Link Authentication") == "enabled" else 0) | (self.channel & 0x0F)
-            self.run("raw", "0x06", "0x43", f"{bits:#04x}", f"{int(slot):#04x}",
-                     f"{(level if level is not None else now):#04x}")
+            self.write("raw", "0x06", "0x43", f"{bits:#04x}", f"{int(slot):#04x}",
+                       f"{(level if level is not None else now):#04x}")
         if enabled is not None:
-            self.run("user", "enable" if enabled else "disable", slot)
+            self.write("user", "enable" if enabled else "disable", slot)
         after = self._access(slot)
         got = (after.get("User Name", ""), after.get("IPMI Messaging") == "enabled",
                privilege_code(after.get("Privilege Level", "")))

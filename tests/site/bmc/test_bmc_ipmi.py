@@ -7,10 +7,14 @@ With QEMU (marked ``qemu``): power on/reset/off of a real guest, seen from the n
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import shutil
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +33,21 @@ from agent.errors import (
     Unsupported,
 )
 from agent.proto import site_pb2
-from agent.site.bmc.client import BootDevice, BootMode, CallContext, Credentials, Pacing, Target
+from agent.site.bmc.client import (
+    BootDevice,
+    BootMode,
+    CallContext,
+    Credentials,
+    Pacing,
+    PowerAction,
+    PowerState,
+    Target,
+    Unconfirmed,
+)
 from agent.site.bmc.ipmi import IpmiClient
 from agent.site.bmc.secrets import SecretStore
+from qemu.ipmisim import start_ipmi_sim
+from qemu.powered import NodeSpec, PoweredNode
 from tests.runtime.harness import wait_until
 from tests.site.conftest import PASSWORD, REF, USERNAME, IpmiSim, free_udp_port
 
@@ -318,3 +334,88 @@ def test_an_address_with_credentials_is_refused_without_echoing_them(
     said = done.stdout + done.stderr
     assert "no user or password in the address" in said and "<user>@" in said, said
     assert "Addr-Secret" not in said and "admin:" not in said, said
+
+
+# -- a write is sent once: no answer after it could have gone out is read back, never resent --
+
+
+def _losing_ipmitool(tmp_path: Path, command: str, *, acts: bool) -> tuple[str, Path]:
+    """An ipmitool in front of the real one that, for ``command``, gives no answer as a lost
+    reply would ("no response from remote controller"), having passed it to the BMC first
+    where ``acts``; every run's arguments logged."""
+    real = shutil.which("ipmitool")
+    assert real is not None
+    log = tmp_path / "ipmitool.log"
+    wrapper = tmp_path / "ipmitool"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {shlex.quote(str(log))}\n'
+        f'case "$*" in *"{command}"*)\n'
+        + (f'  {shlex.quote(real)} "$@" >/dev/null 2>&1\n' if acts else "")
+        + '  echo "Error: no response from remote controller" >&2; exit 1;;\n'
+        "esac\n"
+        f'exec {shlex.quote(real)} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper), log
+
+
+@pytest.fixture
+def machineless(tmp_path: Path) -> Iterator[IpmiSim]:
+    """ipmi_sim whose node powers on and off without a QEMU machine (its state in files)."""
+    for tool in ("ipmi_sim", "ipmitool"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed (apt-get install openipmi ipmitool)")
+    node = PoweredNode(tmp_path / "node").configure(NodeSpec(
+        kernel="/nonexistent/vmlinuz", initrd="/nonexistent/initrd", owner_pid=os.getpid(), machine=False))
+    s = start_ipmi_sim(tmp_path / "ipmi", node, USERNAME, PASSWORD)
+    yield s
+    s.stop()
+
+
+def _sent(log: Path, command: str) -> int:
+    return sum(command in line for line in log.read_text().splitlines())
+
+
+def _client(sim: IpmiSim, ipmitool: str) -> IpmiClient:
+    return IpmiClient(Target(sim.address, Credentials(USERNAME, PASSWORD)),
+                      CallContext(threading.Event(), time.monotonic() + 120, Pacing(min_interval=0.1)),
+                      ipmitool=ipmitool)
+
+
+def test_a_power_on_whose_answer_is_lost_is_read_back_not_sent_again(machineless: IpmiSim,
+                                                                     tmp_path: Path) -> None:
+    sim = machineless
+    ipmitool, log = _losing_ipmitool(tmp_path, "chassis power on", acts=True)
+    client = _client(sim, ipmitool)
+    client.set_power(PowerAction.ON, graceful_timeout=0)
+    assert client.power_state() is PowerState.ON
+    assert _sent(log, "chassis power on") == 1
+
+
+def test_a_power_on_answered_by_nothing_and_not_taken_is_unconfirmed_and_sent_once(
+        machineless: IpmiSim, tmp_path: Path) -> None:
+    sim = machineless
+    ipmitool, log = _losing_ipmitool(tmp_path, "chassis power on", acts=False)
+    client = _client(sim, ipmitool)
+    with pytest.raises(Unconfirmed, match="may have acted; not sent again"):
+        client.set_power(PowerAction.ON, graceful_timeout=0)
+    assert _sent(log, "chassis power on") == 1 and client.power_state() is PowerState.OFF
+
+
+def test_a_reset_whose_answer_is_lost_is_never_sent_twice(machineless: IpmiSim, tmp_path: Path) -> None:
+    sim = machineless
+    sim.ipmitool("chassis", "power", "on")
+    ipmitool, log = _losing_ipmitool(tmp_path, "chassis power cycle", acts=True)
+    with pytest.raises(Unconfirmed):
+        _client(sim, ipmitool).set_power(PowerAction.CYCLE, graceful_timeout=0)
+    assert _sent(log, "chassis power cycle") == 1
+
+
+def test_a_write_whose_session_never_opened_is_tried_again(tmp_path: Path) -> None:
+    """Nothing listening: the session never opens, so the command was not sent: tried again."""
+    address = f"127.0.0.1:{free_udp_port()}"
+    client = IpmiClient(Target(address, Credentials(USERNAME, PASSWORD)),
+                        CallContext(threading.Event(), time.monotonic() + 120, Pacing(min_interval=0.2)))
+    with pytest.raises(BmcUnreachable):
+        client.write("chassis", "power", "on")
+    assert client.attempts == 3

@@ -14,9 +14,17 @@ import pytest
 
 from agent.config import Config
 from agent.errors import BmcRefused, InvalidParameters, Unsupported
-from agent.site.bmc.client import BootDevice, BootMode, BootSetting, PowerAction, PowerState, Target
+from agent.site.bmc.client import (
+    BootDevice,
+    BootMode,
+    BootSetting,
+    PowerAction,
+    PowerState,
+    Target,
+    Unconfirmed,
+)
 from agent.site.bmc.redfish.client import RedfishClient
-from agent.site.bmc.redfish.session import SESSION_CONTEXT, Unconfirmed
+from agent.site.bmc.redfish.session import SESSION_CONTEXT
 from agent.site.bmc.redfish.vendors import VENDORS
 from tests.site.bmc.redfish_emulator import Quirk, RedfishEmulator
 from tests.site.bmc.redfish_emulator.handlers import parse_kind, run_kind

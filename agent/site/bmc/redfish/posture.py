@@ -13,8 +13,9 @@ from __future__ import annotations
 import logging
 
 from agent.errors import BmcRefused, Unsupported
+from agent.site.bmc.client import Unconfirmed
 from agent.site.bmc.posture import PROTOCOLS, ProtocolState, drifted
-from agent.site.bmc.redfish.session import RedfishSession, Unconfirmed, count, link
+from agent.site.bmc.redfish.session import RedfishSession, count, link
 
 log = logging.getLogger(__name__)
 

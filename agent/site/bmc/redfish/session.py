@@ -58,7 +58,7 @@ from agent.errors import (
     Unsupported,
 )
 from agent.net import http
-from agent.site.bmc.client import CallContext, Credentials, Target, shown_address
+from agent.site.bmc.client import CallContext, Credentials, Target, Unconfirmed, shown_address
 from agent.site.bmc.redfish import vendors
 
 log = logging.getLogger(__name__)
@@ -155,12 +155,6 @@ def _not_json(resp: http.Response) -> bool:
         return not isinstance(_json(resp.body, "answer"), dict)
     except AgentError:
         return True
-
-
-class Unconfirmed(BmcRefused):
-    """A write the BMC may or may not have taken: answered 500/502/504, or the connection failed
-    after it was sent. Never sent again; the caller reads back what it asked for
-    (``RedfishSession.write``)."""
 
 
 

@@ -13,12 +13,11 @@ import time
 
 from agent.errors import BmcRefused, BmcUnreachable, Cancelled, CommandTimeout, Unsupported
 from agent.proto import site_pb2
-from agent.site.bmc.client import BootDevice, BootMode, BootSetting, PowerAction, PowerState
+from agent.site.bmc.client import BootDevice, BootMode, BootSetting, PowerAction, PowerState, Unconfirmed
 from agent.site.bmc.redfish import firmware, hardware
 from agent.site.bmc.redfish.session import (
     Doc,
     RedfishSession,
-    Unconfirmed,
     dicts,
     link,
     normal_mac,
