@@ -253,7 +253,10 @@ class Ring:
         return total
 
     def read(self, since: float = 0.0, until: float = 0.0) -> list[tuple[float, str]]:
-        """The lines kept, oldest first, within [since, until] (0: no bound)."""
+        """The lines kept, oldest first, within [since, until] (0: no bound), compared at the
+        millisecond the ring keeps: a line is in a window that starts at its own moment (an
+        attempt begun by that line), though its stamp drops what is finer."""
+        lo, hi = int(since * 1000), int(until * 1000)
         out: list[tuple[float, str]] = []
         with self._lock:
             for path in (self.older, self.current):
@@ -265,10 +268,10 @@ class Ring:
                     stamp, _, text = raw.partition(" ")
                     if not stamp.isdigit():
                         continue      # a line torn by a crash
-                    t = int(stamp) / 1000
-                    if (since and t < since) or (until and t > until):
+                    ms = int(stamp)
+                    if (lo and ms < lo) or (hi and ms > hi):
                         continue
-                    out.append((t, text))
+                    out.append((ms / 1000, text))
         return out
 
     def oldest(self) -> float:

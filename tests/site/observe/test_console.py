@@ -49,6 +49,13 @@ def test_ring_is_bounded_and_read_by_time(tmp_path: Path) -> None:
     assert numbers == sorted(numbers) and numbers == list(range(numbers[0], 2000))   # nothing lost within
     window = ring.read(since=2990.0, until=2995.0)
     assert [t for t, _ in window] == [2990.0 + i for i in range(6)]
+    # a window from a line's own moment holds it, finer than the millisecond the ring keeps (the
+    # fault matrix's boot loop once showed no lines of the attempt its first line began)
+    fine = Ring(tmp_path / "n2", 8192)
+    fine.append(2999.0, "the attempt before's last line")
+    fine.append(3000.0007, "the attempt's first line")
+    assert fine.read(since=3000.0007) == [(3000.0, "the attempt's first line")]
+    assert fine.read(until=2999.9995) == [(2999.0, "the attempt before's last line")]
     # a restart appends where it was
     again = Ring(tmp_path / "n1", 8192)
     again.append(5000.0, "after the restart")
