@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import gzip
 import hashlib
 import logging
@@ -78,6 +79,8 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 BUILD_VERSION = "1"  # bump to invalidate the cached root after a change in the pruning rules
+# Held for a whole build (build_lock): one builder of initramfs/out at a time in a tree.
+LOCK = OUT / ".build.lock"
 
 # What the ramdisk needs; their dependencies are resolved from the apt cache.
 PACKAGES = (
@@ -631,6 +634,25 @@ def root_key(debs: list[Path], kernel: Kernel, arch: Arch = AMD64) -> str:
     return h.hexdigest()[:16]
 
 
+@contextlib.contextmanager
+def build_lock(path: Path | None = None) -> Iterator[None]:
+    """One builder at a time in this tree: an exclusive flock on ``path`` (default LOCK, under
+    initramfs/out) for the whole build, the agent zipapp, the root, the images and the apt cache
+    they share (every arch's out is under OUT). A second builder, a developer's ``./dev demo``
+    beside a test run, says so and waits for the first to finish rather than writing the same
+    files at once. Not reentrant: taken by the entry points (main, qemu/lab.py's
+    ensure_ramdisk), never by build() itself. Freed when the process dies, however it dies."""
+    path = LOCK if path is None else path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as held:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"initramfs: another build holds {path}: waiting for it", flush=True)
+            fcntl.flock(held, fcntl.LOCK_EX)
+        yield
+
+
 @dataclass(frozen=True)
 class Built:
     kernel: Path
@@ -642,6 +664,7 @@ class Built:
 
 def build(agent: Path | None, out: Path | None = None, kernel_path: Path | None = None,
           extra: dict[str, bytes] | None = None, arch: Arch = AMD64) -> Built:
+    """The ramdisk of ``arch`` in ``out`` (cached pieces reused). The caller holds build_lock()."""
     out = out_dir(arch) if out is None else out
     kernel = find_kernel(kernel_path, arch, out)
     packages = resolve(PACKAGES, EXCLUDE, arch)
@@ -728,6 +751,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.iso and not args.iso_uki:   # initramfs/iso.py, "Secure Boot"
             parser.error("--db-key with --iso needs --iso-uki: a signed GRUB core would start a kernel "
                          "and initramfs that nothing verifies")
+    site_cmdline = ""
     if args.uki_site:
         from initramfs import uki
 
@@ -735,16 +759,23 @@ def main(argv: list[str] | None = None) -> int:
             site_cmdline = uki.site_cmdline(args.arch, args.uki_site)
         except ValueError as exc:
             parser.error(f"--uki-site: {exc}")
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    arch = ARCHES[args.arch]
-    out = args.out or out_dir(arch)
-    agent = args.agent or build_agent(out / "agent.pyz")
     extra: dict[str, bytes] = {}
     for spec in args.add:
         src, sep, dest = spec.partition(":")
         if not sep or not dest.startswith("/") or ".." in Path(dest).parts:
             parser.error(f"--add {spec}: expected SRC:/absolute/destination")
         extra[dest] = Path(src).read_bytes()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    with build_lock():      # the whole build: the agent, the ramdisk, the ISO, the UKI, GRUB
+        return _make(args, extra, db_key, site_cmdline)
+
+
+def _make(args: argparse.Namespace, extra: dict[str, bytes], db_key: signing.DbKey | None,
+          site_cmdline: str) -> int:
+    """main's build, under build_lock()."""
+    arch = ARCHES[args.arch]
+    out = args.out or out_dir(arch)
+    agent = args.agent or build_agent(out / "agent.pyz")
     built = build(agent, out, args.kernel, extra, arch)
     k, i = built.kernel.stat().st_size, built.initramfs.stat().st_size
     print(f"{built.kernel}: {k / 1e6:.1f} MB")

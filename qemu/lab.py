@@ -63,16 +63,18 @@ def ensure_ramdisk(out: Path | None = None, *, rebuild_agent: bool = True, arch:
     this tree. Once per process: a later call returns the same pieces while their files are
     there (each call otherwise rebuilds the agent zipapp and resolves the packages again, and
     apt-cache, without its binary cache in Debian's container images, takes seconds a call:
-    ~20-120 s for each arm64 test module on the 2-core CI machine)."""
+    ~20-120 s for each arm64 test module on the 2-core CI machine). Built under the tree's
+    build lock (initramfs/build.py build_lock): another builder is waited for."""
     target = ramdisk.ARCHES[arch]
     out = ramdisk.out_dir(target) if out is None else out
     key = (out.resolve(), rebuild_agent, arch)
     done = _ENSURED.get(key)
     if done is not None and all(p.is_file() for p in (done.kernel, done.base, done.agent)):
         return done
-    agent = ramdisk.build_agent(out / "agent.pyz") if rebuild_agent or not (out / "agent.pyz").exists() \
-        else out / "agent.pyz"
-    built = ramdisk.build(agent, out, arch=target)
+    with ramdisk.build_lock():   # a demo and a test run in one tree: the second waits
+        agent = ramdisk.build_agent(out / "agent.pyz") if rebuild_agent or not (out / "agent.pyz").exists() \
+            else out / "agent.pyz"
+        built = ramdisk.build(agent, out, arch=target)
     assert built.agent is not None
     _ENSURED[key] = Ramdisk(built.kernel, built.base, built.agent, arch)
     return _ENSURED[key]

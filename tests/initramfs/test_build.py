@@ -141,3 +141,82 @@ def test_init_loads_the_tpm_list_before_the_agent_starts() -> None:
     load, mount = text.index("</usr/share/bettercompute/modules.tpm"), text.index("mount -t securityfs")
     background, agent = text.index("</usr/share/bettercompute/modules\n"), text.index('say "starting agent')
     assert load < mount < background < agent
+
+
+# -- one builder at a time in a tree -----------------------------------------------------------
+
+WAITER = """
+import sys
+from pathlib import Path
+from initramfs.build import build_lock
+with build_lock(Path(sys.argv[1])):
+    print("building", flush=True)
+"""
+
+
+def held(lock: Path) -> bool:
+    """Whether some open file holds ``lock``'s flock now (asked without waiting)."""
+    import fcntl
+
+    with open(lock, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        return False
+
+
+def test_a_second_build_waits_for_the_first_to_finish(tmp_path: Path) -> None:
+    """Two builders in one tree (a developer's ./dev demo beside a test run): the second, another
+    process, says it waits and starts only once the first lets go, never beside it."""
+    import sys
+
+    from initramfs.build import HERE, build_lock
+
+    lock = tmp_path / "out" / ".build.lock"
+    child = None
+    try:
+        with build_lock(lock):
+            assert held(lock)
+            child = subprocess.Popen([sys.executable, "-c", WAITER, str(lock)], cwd=HERE.parent,
+                                     stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+            assert child.stdout is not None
+            assert child.stdout.readline() == f"initramfs: another build holds {lock}: waiting for it\n"
+            assert child.poll() is None
+        assert child.stdout.readline() == "building\n"    # only now: the first let go
+        assert child.wait(60) == 0
+    finally:
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait()
+    assert not held(lock)
+
+
+def test_the_build_command_holds_the_lock_for_the_whole_build(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """python -m initramfs.build: the agent and the ramdisk made under the lock (the builders
+    replaced by ones that write small files and say whether the lock was held)."""
+    from initramfs import build as ramdisk
+
+    lock = tmp_path / ".build.lock"
+    monkeypatch.setattr(ramdisk, "LOCK", lock)
+    seen: list[tuple[str, bool]] = []
+
+    def build_agent(out: Path, version: str | None = None) -> Path:
+        seen.append(("agent", held(lock)))
+        out.write_bytes(b"zipapp")
+        return out
+
+    def build(agent: Path | None, out: Path | None = None, kernel_path: Path | None = None,
+              extra: dict[str, bytes] | None = None, arch: ramdisk.Arch = ramdisk.AMD64) -> ramdisk.Built:
+        seen.append(("ramdisk", held(lock)))
+        assert out is not None
+        for name in ("vmlinuz", "base.img", "initramfs.img"):
+            (out / name).write_bytes(name.encode())
+        return ramdisk.Built(out / "vmlinuz", out / "initramfs.img", agent, out / "base.img", out)
+
+    monkeypatch.setattr(ramdisk, "build_agent", build_agent)
+    monkeypatch.setattr(ramdisk, "build", build)
+    assert ramdisk.main(["--out", str(tmp_path)]) == 0
+    assert seen == [("agent", True), ("ramdisk", True)]
+    assert not held(lock)

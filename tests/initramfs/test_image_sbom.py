@@ -66,7 +66,8 @@ def built() -> ramdisk.Built:
             pytest.skip(f"{tool} is not installed")
     if not list(Path("/boot").glob("vmlinuz-*-cloud-amd64")):
         pytest.skip("no /boot/vmlinuz-*-cloud-amd64")
-    return ramdisk.build(ramdisk.build_agent(ramdisk.OUT / "agent.pyz"), ramdisk.OUT)
+    with ramdisk.build_lock():
+        return ramdisk.build(ramdisk.build_agent(ramdisk.OUT / "agent.pyz"), ramdisk.OUT)
 
 
 @pytest.fixture(scope="module")

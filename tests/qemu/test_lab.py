@@ -1,5 +1,6 @@
 """qemu/lab.py without QEMU: ensure_ramdisk builds once per process and again only when a
-piece it gave is gone (the builder replaced by one that writes small files and counts)."""
+piece it gave is gone (the builder replaced by one that writes small files and counts), each
+time under the tree's build lock."""
 
 from __future__ import annotations
 
@@ -13,15 +14,21 @@ from qemu import lab
 
 def test_ensure_ramdisk_builds_once_per_process_and_again_when_a_piece_is_gone(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.initramfs.test_build import held
+
     calls: list[str] = []
+    lock = tmp_path / ".build.lock"
+    monkeypatch.setattr(ramdisk, "LOCK", lock)
 
     def build_agent(out: Path, version: str | None = None) -> Path:
+        assert held(lock), "the agent built outside the build lock"
         calls.append("agent")
         out.write_bytes(b"zipapp")
         return out
 
     def build(agent: Path | None, out: Path | None = None, kernel_path: Path | None = None,
               extra: dict[str, bytes] | None = None, arch: ramdisk.Arch = ramdisk.AMD64) -> ramdisk.Built:
+        assert held(lock), "the ramdisk built outside the build lock"
         calls.append(f"build {arch.name}")
         assert out is not None
         for name in ("vmlinuz", "base.img", "agent-1.pyz", "initramfs.img"):
@@ -39,3 +46,4 @@ def test_ensure_ramdisk_builds_once_per_process_and_again_when_a_piece_is_gone(
     first.base.unlink()                                      # a piece gone: built again
     again = lab.ensure_ramdisk(tmp_path)
     assert again == first and again.base.is_file() and calls[-2:] == ["agent", "build amd64"]
+    assert not held(lock)
