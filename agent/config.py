@@ -74,6 +74,9 @@ class Config:
     site_console_keep_days: float = 30.0    # how far back
     site_console_node_bytes: int = 256 << 20  # each node's segments together
     site_console_site_bytes: int = 32 << 30   # all the nodes' segments together
+    # A Redfish BMC that offers no console (no SSH console, IPMI off): its answer kept this long
+    # before a bmc.* command reads its offer again (agent/site/observe/observer.py console_for).
+    site_console_recheck_seconds: float = 600.0
     # The fleet's BMC management posture the release gate keeps ("ipmi=off,http=off,https=on";
     # agent/site/bmc/posture.py); "" checks none.
     bmc_posture: str = ""

@@ -256,6 +256,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("site_console_keep_days", _positive, "site role: how many days of console history are kept"),
     Setting("site_console_node_bytes", _bytes, "site role: each node's console history on disk, e.g. 256M"),
     Setting("site_console_site_bytes", _bytes, "site role: all the nodes' console history on disk, e.g. 32G"),
+    Setting("site_console_recheck_seconds", _positive, "site role: how long a Redfish BMC's answer "
+            "that it offers no console (no SSH console, IPMI off) is kept before it is read again"),
     Setting("bmc_posture", _posture, "site role: the BMCs' management posture the release gate keeps, "
             "e.g. ipmi=off,http=off,https=on (protocols: ipmi http https ssh kvmip ssdp virtualmedia)",
             shown="none checked"),

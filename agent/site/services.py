@@ -79,6 +79,7 @@ class ServiceSettings:
     console_keep_days: float = Config.site_console_keep_days
     console_node_bytes: int = Config.site_console_node_bytes
     console_site_bytes: int = Config.site_console_site_bytes
+    console_recheck_seconds: float = Config.site_console_recheck_seconds
     cause_waits: tuple[tuple[str, float], ...] = ()   # a rule's wait, by name (site_cause_waits)
     ipmitool: str = "ipmitool"
     # The HTTP service's TLS listener, for the BMCs that mount https:// images only: all three,
@@ -102,6 +103,7 @@ class ServiceSettings:
                    console_keep_days=config.site_console_keep_days,
                    console_node_bytes=config.site_console_node_bytes,
                    console_site_bytes=config.site_console_site_bytes,
+                   console_recheck_seconds=config.site_console_recheck_seconds,
                    cause_waits=config.site_cause_waits,
                    https_port=config.site_https_port or None, tls_cert=config.site_tls_cert,
                    tls_key=config.site_tls_key)
@@ -136,6 +138,7 @@ class SiteServices:
             console_budget_bytes=settings.console_budget_bytes, ipmitool=settings.ipmitool,
             console_store_dir=settings.console_store_dir, console_keep_days=settings.console_keep_days,
             console_node_bytes=settings.console_node_bytes, console_site_bytes=settings.console_site_bytes,
+            console_recheck_seconds=settings.console_recheck_seconds,
             waits=dict(settings.cause_waits)), self.metrics)
         # Each node's parts as its BMC gave them at its last bmc.query query (inventory.refresh).
         self.parts = PartsTable(settings.root / "parts")

@@ -29,6 +29,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -76,6 +77,8 @@ class ObserverSettings:
     console_keep_days: float = Config.site_console_keep_days
     console_node_bytes: int = Config.site_console_node_bytes
     console_site_bytes: int = Config.site_console_site_bytes
+    # how long a Redfish BMC's "no console offered" is kept before it is read again (console_for)
+    console_recheck_seconds: float = Config.site_console_recheck_seconds
     ipmitool: str = "ipmitool"
     waits: dict[str, float] = field(default_factory=dict)   # rule name -> seconds (causes.py)
 
@@ -119,6 +122,10 @@ class Observer:
                                      node_bytes=settings.console_node_bytes,
                                      site_bytes=settings.console_site_bytes))
         self._bmcs: OrderedDict[str, Bmc] = OrderedDict()
+        # Redfish BMCs that offered no console, (address, credentials_ref) -> when they said so
+        # (``clock``); at most MAX_BMCS, the oldest answer dropped first.
+        self._no_console: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self.clock: Callable[[], float] = time.monotonic
         self._lock = threading.Lock()
         self.metrics.gauge("consoles_kept", lambda: float(self.consoles.alive()))
 
@@ -176,7 +183,10 @@ class Observer:
         """The node's BMC as its console is kept, from what a Redfish BMC says (``client``,
         logged in by a bmc.power command): an SSH console where it offers one (sshconsole.py),
         else SOL where its IPMI is on, else none (said at attach). Asked once per BMC: what
-        was learned is kept (bmcs.json). An IPMI BMC: SOL, as it is."""
+        was learned is kept (bmcs.json); that it offers none is kept too, for
+        ``console_recheck_seconds`` (in memory: its IPMI or SSH may be turned on later), so that
+        its every command does not read the offer again. An offer that could not be read is
+        asked again at the next command. An IPMI BMC: SOL, as it is."""
         from agent.site.bmc.redfish.session import RedfishSession
 
         if bmc.protocol != "redfish" or not isinstance(client, RedfishSession):
@@ -186,11 +196,22 @@ class Observer:
                 known.address in (bmc.address, _ipmi_address(bmc.address)) and \
                 (known.console or known.protocol == "ipmi"):
             return known
+        asked = (bmc.address, bmc.credentials_ref)
+        with self._lock:
+            said = self._no_console.get(asked)
+        if said is not None and self.clock() - said < self.settings.console_recheck_seconds:
+            return bmc              # it offered none a moment ago
         try:
             plan, ipmi_on = offered(client)
         except AgentError as exc:
             log.info("console of %s: the BMC's console offer unread (%s)", node_id, exc.message[:200])
             return bmc
+        with self._lock:
+            self._no_console.pop(asked, None)
+            if plan is None and not ipmi_on:
+                self._no_console[asked] = self.clock()
+                while len(self._no_console) > MAX_BMCS:
+                    self._no_console.popitem(last=False)
         if plan is not None:
             return dataclasses.replace(bmc, console=plan.encode())
         if ipmi_on:

@@ -549,3 +549,53 @@ def test_two_sites_keep_one_openbmc_console_at_once(tmp_path: Path, node: Node) 
         first.stop()
         second.stop()
         bmc.stop()
+
+
+def test_a_bmc_offering_no_console_is_not_asked_again_at_every_command(tmp_path: Path) -> None:
+    """A Redfish BMC with no SSH console and its IPMI off (DMTF's mockup, IPMI turned off): the
+    real bmc.power handler reads its console offer at the first command that names the node,
+    and the next command does not read it again (the emulator's requests counted); once
+    ``site_console_recheck_seconds`` has passed (the observer's clock, moved by the test), the
+    next command reads it again (SSH or IPMI may have been turned on since)."""
+    from agent.catalog import Role
+    from agent.commands import handler_for
+    from agent.commands.base import Context
+    from agent.config import Config
+    from agent.proto import site_pb2
+    from agent.site.services import ServiceSettings, SiteServices
+    from tests.site.bmc.redfish_emulator import PASSWORD as EMU_PASSWORD
+    from tests.site.bmc.redfish_emulator import USER as EMU_USER
+    from tests.site.bmc.redfish_emulator import RedfishEmulator
+
+    secrets = store_with(tmp_path, EMU_USER, EMU_PASSWORD)
+    config = Config(role=Role.SITE, node_id="site-1", state_dir=tmp_path / "state", secrets_dir=secrets)
+    site = SiteServices(ServiceSettings(address="127.0.0.1", port=0, root=tmp_path / "site",
+                                        secrets_dir=secrets, console_recheck_seconds=300))
+    site.start()
+    now = [1000.0]
+    site.observe.clock = lambda: now[0]
+    protocols = "/redfish/v1/Managers/BMC/NetworkProtocol"
+    try:
+        with RedfishEmulator.of("dmtf_public_rackmount1", tmp_path / "trees") as emulator:
+            with emulator.state.lock:
+                emulator.state.docs[protocols]["IPMI"]["ProtocolEnabled"] = False
+            handler = handler_for("bmc.power")
+            assert handler is not None
+
+            def status() -> int:
+                """One bmc.power status naming the node; the offer's reads so far."""
+                params = handler.parse(site_pb2.BmcOperationRequest(
+                    node_id="n1", bmc_address=emulator.address, protocol="redfish", operation="status",
+                    credentials_ref=REF, verify_tls=False))
+                handler.run(Context.local("bmc.power", config, site=site, timeout=60), params)
+                return len(emulator.writes("GET", protocols))
+
+            assert status() == 1                      # read at the first command: none offered
+            assert site.observe.bmc_of("n1") == Bmc(emulator.address, "redfish", REF)
+            now[0] += 299
+            assert status() == 1                      # kept: not read again
+            now[0] += 2
+            assert status() == 2                      # past the recheck: read again
+            assert status() == 2                      # and kept again
+    finally:
+        site.stop()
