@@ -9,7 +9,10 @@ daemon's own CPU seconds too: on a loaded machine they say more than the wall ti
 
 For each N (16, 64, 256 by default) the bench gives every BMC ``bmc.power status``, then
 ``bmc.power on``, then ``bmc.boot set_boot_device pxe`` (all 3N commands submitted at once; a
-BMC's three run in order), and reports the wall time from the first submit to the last result
+BMC's three run in order; each BMC is its node's, one node per BMC, so its first command is the
+site's first contact with that node), counts the requests each BMC answered and the
+connections (TLS handshakes) it accepted for them, and again for the same three commands sent
+to the same BMCs a second time (untimed), and reports the wall time from the first submit to the last result
 against the same three commands for one BMC alone (on a daemon that has already driven
 another BMC once: its first commands' imports and TLS context are not counted in either), the
 daemon's peak RSS, threads and open
@@ -31,6 +34,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -103,6 +107,14 @@ class Fleet:
             raise SystemExit("the BMC fleet did not start")
         self.bmcs: list[dict[str, str]] = json.loads(line)["bmcs"]
 
+    def counts(self) -> dict[str, list[int]]:
+        """Each BMC's requests answered and connections accepted (TLS handshakes) so far."""
+        assert self.child.stdin is not None and self.child.stdout is not None
+        self.child.stdin.write("counts\n")
+        self.child.stdin.flush()
+        got: dict[str, list[int]] = json.loads(self.child.stdout.readline())
+        return got
+
     def cpu_seconds(self) -> float:
         fields = Path(f"/proc/{self.child.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -164,7 +176,7 @@ def drive(agent: Agent, frames: Frames, world: World, bmcs: list[dict[str, str]]
     return time.monotonic() - started, admitted
 
 
-def fleet_run(n: int, tmp: Path, latency: float = 0.0) -> dict[str, float]:
+def fleet_run(n: int, tmp: Path, latency: float = 0.0) -> dict[str, Any]:
     (tmp / "world").mkdir()
     world = World(tmp / "world")
     fleet = Fleet(tmp / "fleet", n + 2, latency=latency)
@@ -172,16 +184,28 @@ def fleet_run(n: int, tmp: Path, latency: float = 0.0) -> dict[str, float]:
         agent, frames = site_agent(world, tmp)
         drive(agent, frames, world, fleet.bmcs[n + 1:], "warm")   # the daemon's first commands
         one, _ = drive(agent, frames, world, fleet.bmcs[n:n + 1], "one")   # another BMC, alone
+        counted = [fleet.counts()]
         cpu_before, own_before = fleet.cpu_seconds(), _own_cpu()
         with Sampler() as sampled:
             wall, admitted = drive(agent, frames, world, fleet.bmcs[:n], "all")
         cpu, own = fleet.cpu_seconds() - cpu_before, _own_cpu() - own_before
+        counted.append(fleet.counts())
+        drive(agent, frames, world, fleet.bmcs[:n], "again")   # the same BMCs' next three commands
+        counted.append(fleet.counts())
         counters = agent.scheduler.keyed
+
+        def per_bmc(what: str, i: int) -> tuple[int, int]:
+            """(fewest, most) of ``what`` a BMC of the N saw in round ``i`` (0: first, 1: again)."""
+            got = [b - a for a, b in zip(counted[i][what][:n], counted[i + 1][what][:n], strict=True)]
+            return min(got), max(got)
+
         return {"n": n, "one_s": one, "all_s": wall, "admitted_s": admitted, "ratio": wall / one,
                 "rss_mb": sampled.rss_mb,
                 "threads": sampled.threads, "files": sampled.files, "emulator_cpu_s": cpu,
                 "daemon_cpu_s": own,
-                "peak_in_flight": counters.peak_in_flight}
+                "peak_in_flight": counters.peak_in_flight,
+                "requests": per_bmc("requests", 0), "requests_again": per_bmc("requests", 1),
+                "connections": per_bmc("connections", 0), "connections_again": per_bmc("connections", 1)}
     finally:
         for a in world.agents:
             a.stop(timeout=5)
@@ -229,8 +253,13 @@ def main() -> int:
     print(f"load: {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f} {os.getloadavg()[2]:.1f} "
           f"on {os.cpu_count()} CPUs; the BMCs answer after {a.latency:g} s")
     print("| N | one BMC (s) | all N (s) | all admitted (s) | ratio | peak RSS (MB) | threads | open files | "
-          "daemon's CPU (s) | emulators' CPU (s) | peak in flight |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "daemon's CPU (s) | emulators' CPU (s) | peak in flight | requests a BMC: first, again | "
+          "connections a BMC: first, again |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+    def span(lo_hi: tuple[int, int]) -> str:
+        return f"{lo_hi[0]}" if lo_hi[0] == lo_hi[1] else f"{lo_hi[0]}-{lo_hi[1]}"
+
     for n in (int(x) for x in a.sizes.split(",")):
         with tempfile.TemporaryDirectory(dir=STATE_ON) as tmp:
             r = fleet_run(n, Path(tmp), a.latency)
@@ -238,7 +267,8 @@ def main() -> int:
               f"{r['rss_mb']:.0f} | "
               f"{r['threads']:.0f} | {r['files']:.0f} | {r['daemon_cpu_s']:.1f} | "
               f"{r['emulator_cpu_s']:.1f} | "
-              f"{r['peak_in_flight']:.0f} |", flush=True)
+              f"{r['peak_in_flight']:.0f} | {span(r['requests'])}, {span(r['requests_again'])} | "
+              f"{span(r['connections'])}, {span(r['connections_again'])} |", flush=True)
     if a.hang:
         with tempfile.TemporaryDirectory(dir=STATE_ON) as tmp:
             h = head_of_line(a.hang, Path(tmp))

@@ -9,7 +9,9 @@ BMC, each with its own System (power state, boot override), some scripted to mis
         fleet.bmcs[0].max_concurrent   # the most requests it ever had in hand at once
 
     python -m qemu.bmcfleet --count 64 --hang 4 --dir /tmp/fleet    # the same, as a process: it
-        # prints one JSON line {"bmcs": [{"address", "behaviour"}...]} and serves until stdin closes
+        # prints one JSON line {"bmcs": [{"address", "behaviour"}...]} and serves until stdin closes;
+        # a line "counts" on stdin is answered {"requests": [...], "connections": [...]}, each
+        # BMC's so far, in the order of "bmcs" (bench/site_fleet.py)
 
 It is not a BMC: it answers the Redfish the site daemon's client uses for power and boot (the
 service root, Systems, the System with its Boot override and Reset action, PATCH of Boot, POST
@@ -356,7 +358,12 @@ def main() -> int:
                       latency=a.latency) as fleet:
         print(json.dumps({"bmcs": [{"address": b.address, "behaviour": str(b.behaviour)}
                                    for b in fleet.bmcs]}), flush=True)
-        sys.stdin.read()
+        for line in sys.stdin:
+            if line.strip() == "counts":
+                with fleet.guard:
+                    counts = {"requests": [len(b.log) for b in fleet.bmcs],
+                              "connections": [b.connections for b in fleet.bmcs]}
+                print(json.dumps(counts), flush=True)
     return 0
 
 
