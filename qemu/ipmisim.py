@@ -4,6 +4,7 @@ that powers, resets and sets the boot device of a qemu/powered.py node.
 
     sim = start_ipmi_sim(workdir, PoweredNode(node_dir), username, password)
     sim.address            # "127.0.0.1:PORT", what a BmcOperationRequest names
+    sim.logs_in(password)  # the emulator's own word on a login (asked until it answers)
     sim.stop()
 
 By hand (README: "The site daemon against an emulator")::
@@ -71,6 +72,28 @@ class IpmiSim:
                          "-U", self.username, "-E", "-C", "3", "-N", "1", "-R", "1", *args],
                         check=False, timeout=20,
                         env=proc.clean_env({"IPMI_PASSWORD": password or self.password}))
+
+    def logs_in(self, password: str | None = None, timeout: float = 60.0) -> bool:
+        """Whether the emulator takes a login with ``password`` (the configured one by default),
+        as ipmitool straight at it says: True once ``chassis power status`` is answered, False
+        once the login is refused by name (AUTH_PATTERNS, ipmitool's -v words the site's client
+        reads too). A try that got no answer (one second, ipmitool's -N 1, is short for a
+        loaded 2-core machine) says neither and is tried again, ``timeout`` s at most, then
+        raises: no answer is never taken for a refusal nor for a login."""
+        from agent.site.bmc.ipmi import AUTH_PATTERNS
+
+        deadline = time.monotonic() + timeout
+        while True:
+            answer = self.ipmitool("-v", "chassis", "power", "status", password=password)
+            if answer.returncode == 0:
+                return True
+            said = (answer.stderr + b"\n" + answer.stdout).decode(errors="replace").lower()
+            if any(p in said for p in AUTH_PATTERNS):
+                return False
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"ipmi_sim neither took nor refused a login in {timeout:.0f} s "
+                                   f"(exit status {self.process.poll()}, ipmitool: {said[-300:]!r})")
+            time.sleep(0.3)
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Return once the emulator's LAN answers a Get Device ID (ipmi_sim's own answer, no

@@ -243,11 +243,35 @@ def test_rotate_proves_the_new_password_and_that_the_old_one_fails(sim: IpmiSim,
     assert new.username == USERNAME and new.password != PASSWORD and store.pending(REF) is None
     assert 12 <= len(new.password) <= 20
     assert new.password not in str(result)
-    # The emulator itself agrees: the new one logs in, the old one is refused.
-    assert sim.ipmitool("chassis", "power", "status", password=new.password).returncode == 0
-    assert sim.ipmitool("chassis", "power", "status", password=PASSWORD).returncode != 0
+    # The emulator itself agrees: the new one logs in, the old one is refused by name (each
+    # asked until the emulator answers: no answer on a loaded machine is neither).
+    assert sim.logs_in(new.password)
+    assert not sim.logs_in(PASSWORD)
     # And the site keeps working with the store's entry.
     assert run_kind("bmc.power", site_config, request(sim.address, "status")).power_state == "off"
+
+
+def test_the_emulators_own_login_check_waits_out_a_pause_and_never_takes_silence_for_an_answer(
+        sim: IpmiSim) -> None:
+    """The check the tests above make straight at ipmi_sim (IpmiSim.logs_in), on a loaded
+    machine as ipmi_sim paused (SIGSTOP, resumed by a timer): one ipmitool try gets no answer
+    (what failed the rotation tests once under load, or passed a "refused" that was silence);
+    logs_in asks until the emulator answers, and says True for the password, False for a wrong
+    one only once it is refused by name."""
+    import signal
+
+    pid = sim.process.pid
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        assert sim.ipmitool("chassis", "power", "status").returncode != 0   # the right password
+        for password, takes in ((None, True), ("Wrong-Pass-9z", False)):
+            os.kill(pid, signal.SIGSTOP)
+            resume = threading.Timer(0.5, os.kill, (pid, signal.SIGCONT))
+            resume.start()
+            assert sim.logs_in(password) is takes
+            resume.join()
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 def test_rotate_to_a_given_password_by_reference(sim: IpmiSim, site_config: Config) -> None:
