@@ -38,7 +38,8 @@ AREA = "devices"
 
 def fold(report: agent_pb2.ReleaseReport, results: Iterable[DeviceResult]) -> None:
     for r in results:
-        entry = report.devices.add(device=r.device, verified=r.verified, check=r.check, reason=r.reason)
+        entry = report.devices.add(device=r.device, verified=r.verified, check=r.check, reason=r.reason,
+                                   bmc_firmware=r.bmc_firmware, bmc_component=r.bmc_component)
         if r.verdict is not None:
             entry.firmware, entry.golden = r.verdict.firmware, r.verdict.golden
             continue
@@ -100,13 +101,17 @@ def judge(challenges: DeviceChallenges, node_id: str,
     """A result per device the gateway issued a nonce for or the site listed; a device without an
     answer is refused ``missing`` with the site's word on why."""
     expected = [*challenges.issued(node_id), *(d.device for d in result.devices)]
-    evidence = [DeviceEvidence(d.device, d.signed_measurements, d.certificate_chain)
+    evidence = [DeviceEvidence(d.device, d.signed_measurements, d.certificate_chain, d.firmware,
+                               d.firmware_component)
                 for d in result.devices if d.signed_measurements]
     why = {d.device: d.error for d in result.devices if d.error}
+    bmc = {d.device: d for d in result.devices}
     out = []
     for r in challenges.verify(node_id, expected, evidence):
-        if r.check == "missing" and why.get(r.device):
-            r = DeviceResult(r.device, None, r.check, f"{r.reason}: {why[r.device]}")
+        if r.check == "missing" and r.device in bmc:  # not answered: the BMC's word on it still named
+            d = bmc[r.device]
+            reason = f"{r.reason}: {why[r.device]}" if why.get(r.device) else r.reason
+            r = DeviceResult(r.device, None, r.check, reason, d.firmware, d.firmware_component)
         out.append(r)
     return out
 
