@@ -49,12 +49,13 @@ def _serve(gw: Gateway, site: Client, config: Config, request: site_pb2.BmcOpera
 
 
 def _release(gw: Gateway, node: Client) -> agent_pb2.ReleaseReport:
-    """The node's own release report (inventory.refresh), as the gateway files it."""
+    """The node's own release report (inventory.refresh, in the client's boot), as the gateway files it."""
     cid = gw.send(NODE, "inventory.refresh", {})
     node.recv("command")
+    boot = node.hello.boot_id
     refresh = agent_pb2.InventoryRefreshResult(release=agent_pb2.ReleaseReport(
-        boot_id="boot-1", pool_ready=True, checked=["uefi"]))
-    body = session_pb2.ResultBody(command_id=cid, kind="inventory.refresh", node_id=NODE, boot_id="boot-1",
+        boot_id=boot, pool_ready=True, checked=["uefi"]))
+    body = session_pb2.ResultBody(command_id=cid, kind="inventory.refresh", node_id=NODE, boot_id=boot,
                                   status=session_pb2.SUCCEEDED, payload=refresh.SerializeToString(),
                                   payload_type=refresh.DESCRIPTOR.full_name)
     node.send(session_pb2.Frame(result=session_pb2.SignedResult(body=body.SerializeToString())))
@@ -132,6 +133,18 @@ def test_through_the_gateway_a_refused_device_is_in_the_nodes_verdict_and_a_veri
             assert [(m.where, m.found) for m in left_out.cannot_restore] == [
                 ("HGX_not_listed_0", "refused (missing)")]
             assert any(e.what == "devices_attested" for e in gw.events)
+
+            # The node reboots (the next tenant's boot, or a reflash between): the round of its
+            # last boot counts for no report of this one; a round in this boot does.
+            node.close()
+            node = Client(gw, pki, NODE, boot_id="boot-2")
+            gw.wait_node(NODE, TIMEOUT, sessions=2)
+            report = _release(gw, node)
+            assert report.pool_ready and list(report.checked) == ["uefi"] and not report.devices, report
+            names.remove("HGX_not_listed_0")
+            assert measure().pool_ready
+            report = _release(gw, node)
+            assert report.checked == ["uefi", "devices"] and len(report.devices) == len(names), report
         finally:
             site.close()
             node.close()
