@@ -16,12 +16,13 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from agent.errors import InvalidParameters, Unsupported
+from agent.errors import BmcRefused, BmcUnreachable, InvalidParameters, Unsupported
 from agent.proto import site_pb2
 
 if TYPE_CHECKING:
     from agent.site.bmc.client import BmcClient
     from agent.site.bmc.redfish.client import RedfishClient
+    from agent.site.bmc.redfish.integrity import Responder
 
 MAX_DEVICES = 64  # as the gateway issues them (agent/gateway/verifier/spdm_verdict.py)
 NONCE_BYTES = 32
@@ -55,11 +56,15 @@ def _redfish(client: BmcClient, operation: str) -> RedfishClient:
 
 
 def responders(client: BmcClient, result: site_pb2.BmcOperationResult) -> site_pb2.BmcOperationResult:
-    """Every responder the BMC lists (one that does not read, with why)."""
+    """Every responder the BMC lists (one that does not read, with why), each with the firmware
+    version the BMC's inventory gives for its device."""
     from agent.site.bmc.redfish import integrity
 
-    for r in integrity.responders(_redfish(client, "responders")):
-        result.devices.add(device=r.id, version=r.version, error=r.unreadable)
+    redfish = _redfish(client, "responders")
+    listed = integrity.responders(redfish)
+    firmware, why = _firmware(redfish, listed)
+    for r in listed:
+        _firmware_into(result.devices.add(device=r.id, version=r.version, error=r.unreadable), firmware, why)
     result.state = f"{len(result.devices)} responder(s)"
     result.attempts = getattr(client, "attempts", 0)
     return result
@@ -67,15 +72,44 @@ def responders(client: BmcClient, result: site_pb2.BmcOperationResult) -> site_p
 
 def measurements(client: BmcClient, nonces: tuple[tuple[str, bytes], ...],
                  result: site_pb2.BmcOperationResult) -> site_pb2.BmcOperationResult:
-    """Each listed responder with a nonce asked once; every listed one in ``devices``."""
+    """Each listed responder with a nonce asked once; every listed one in ``devices``, with the
+    firmware version the BMC's inventory gives for its device (what the gateway's verdict names
+    beside the device's own word, and looks golden values up by where the report says none)."""
     from agent.site.bmc.redfish import integrity
 
-    answered, failed = integrity.collect(_redfish(client, "measurements"), dict(nonces))
+    redfish = _redfish(client, "measurements")
+    listed = integrity.responders(redfish)
+    answered, failed = integrity.collect(redfish, dict(nonces), listed)
+    firmware, why = _firmware(redfish, listed)
     for a in answered:
-        result.devices.add(device=a.device, signed_measurements=a.signed_measurements,
-                           certificate_chain=a.certificate_chain, version=a.version)
-    for device, why in failed.items():
-        result.devices.add(device=device, error=why)
+        _firmware_into(result.devices.add(device=a.device, signed_measurements=a.signed_measurements,
+                                          certificate_chain=a.certificate_chain, version=a.version),
+                       firmware, why)
+    for device, error in failed.items():
+        _firmware_into(result.devices.add(device=device, error=error), firmware, why)
     result.state = f"{len(answered)} of {len(answered) + len(failed)} responder(s) answered"
     result.attempts = getattr(client, "attempts", 0)
     return result
+
+
+def _firmware(client: RedfishClient, listed: list[Responder]
+              ) -> tuple[dict[str, site_pb2.BmcFirmwareComponent], str]:
+    """Each responder's inventory component (integrity.firmware_of), and why there is none for
+    any ("" where the inventory was read): a BMC whose inventory does not read still has its
+    devices asked; their verdicts then name no BMC version."""
+    from agent.site.bmc.redfish import firmware, integrity
+
+    try:
+        inventory = firmware.inventory(client)
+    except (BmcRefused, BmcUnreachable, Unsupported) as e:
+        return {}, f"the BMC's FirmwareInventory could not be read: {e.message}"[:300]
+    return {r.id: c for r in listed if (c := integrity.firmware_of(r, inventory)) is not None}, ""
+
+
+def _firmware_into(device: site_pb2.BmcDeviceEvidence, firmware: dict[str, site_pb2.BmcFirmwareComponent],
+                   why: str) -> None:
+    component = firmware.get(device.device)
+    if component is not None:
+        device.firmware, device.firmware_component = component.version, component.id
+    else:
+        device.firmware_error = why

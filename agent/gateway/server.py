@@ -461,7 +461,8 @@ class Gateway:
         rec.result = body
         rec.result_message = decode_result(body)
         file_release(self.attestation, node.node_id, body.boot_id, rec.result_message)
-        if spdm_report.node_report(self.device_rounds, node.node_id, rec.result_message) is not None:
+        filed = spdm_report.node_report(self.device_rounds, node.node_id, body.boot_id, rec.result_message)
+        if filed is not None:
             self._event("devices_filed", node.node_id, cid, "the node's device round in its release report")
         if self.site_node and node.node_id == self.site_node:  # the site's word on its nodes' BMCs
             told = site_report(self.attestation, rec.kind, rec.signed.body,
@@ -469,11 +470,17 @@ class Gateway:
             if told:
                 self._event("attest_site_report", node.node_id, cid, told)
             done = spdm_report.site_round(self.devices, self.device_rounds, rec.signed.body, body.status,
-                                          body.reason, rec.result_message)
+                                          body.reason, rec.result_message, self._current_boot)
             if done is not None:
                 self._event("devices_attested", done.node_id, cid, spdm_report.summary(done.results))
         detail = status + (f" {body.reason}: {body.message}" if body.reason else "")
         self._finish(rec, State.FINISHED, detail, event="result")
+
+    def _current_boot(self, node_id: str) -> str:
+        """The boot id of the node's session now ("" where it has none)."""
+        with self._cond:
+            node = self.nodes.get(node_id)
+            return node.boot_id if node is not None and node.connected else ""
 
     def _handle_completion(self, node: GatewayNode, completion: session_pb2.Completion) -> None:
         cid = completion.command_id

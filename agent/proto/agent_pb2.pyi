@@ -1284,20 +1284,24 @@ class ReleaseReport(_message.Message):
     def __init__(self, boot_id: _Optional[str] = ..., pool_ready: _Optional[bool] = ..., restorable: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., cannot_restore: _Optional[_Iterable[_Union[Mismatch, _Mapping]]] = ..., checked: _Optional[_Iterable[str]] = ..., not_checked: _Optional[_Iterable[str]] = ..., wipe_certificates: _Optional[_Iterable[_Union[ErasureCertificate, _Mapping]]] = ..., attestation_verdict: _Optional[str] = ..., tpm_absent: _Optional[str] = ..., checked_elsewhere: _Optional[_Iterable[str]] = ..., wipe_results: _Optional[_Iterable[bytes]] = ..., firmware: _Optional[_Iterable[_Union[FirmwareVersion, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[DeviceAttestation, _Mapping]]] = ..., compared: _Optional[_Iterable[_Union[SourceCount, _Mapping]]] = ...) -> None: ...
 
 class DeviceAttestation(_message.Message):
-    __slots__ = ("device", "verified", "check", "reason", "firmware", "golden")
+    __slots__ = ("device", "verified", "check", "reason", "firmware", "golden", "bmc_firmware", "bmc_component")
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     VERIFIED_FIELD_NUMBER: _ClassVar[int]
     CHECK_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     FIRMWARE_FIELD_NUMBER: _ClassVar[int]
     GOLDEN_FIELD_NUMBER: _ClassVar[int]
+    BMC_FIRMWARE_FIELD_NUMBER: _ClassVar[int]
+    BMC_COMPONENT_FIELD_NUMBER: _ClassVar[int]
     device: str
     verified: bool
     check: str
     reason: str
     firmware: str
     golden: str
-    def __init__(self, device: _Optional[str] = ..., verified: _Optional[bool] = ..., check: _Optional[str] = ..., reason: _Optional[str] = ..., firmware: _Optional[str] = ..., golden: _Optional[str] = ...) -> None: ...
+    bmc_firmware: str
+    bmc_component: str
+    def __init__(self, device: _Optional[str] = ..., verified: _Optional[bool] = ..., check: _Optional[str] = ..., reason: _Optional[str] = ..., firmware: _Optional[str] = ..., golden: _Optional[str] = ..., bmc_firmware: _Optional[str] = ..., bmc_component: _Optional[str] = ...) -> None: ...
 
 class FirmwareVersion(_message.Message):
     __slots__ = ("component_id", "name", "version", "expected", "match", "ok")

@@ -217,18 +217,24 @@ class BmcOperationResult(_message.Message):
     def __init__(self, operation: _Optional[str] = ..., state: _Optional[str] = ..., values: _Optional[_Mapping[str, str]] = ..., power_state: _Optional[str] = ..., system: _Optional[_Union[BmcSystem, _Mapping]] = ..., nics: _Optional[_Iterable[_Union[BmcNic, _Mapping]]] = ..., sensors: _Optional[_Iterable[_Union[BmcSensor, _Mapping]]] = ..., boot: _Optional[_Union[BmcBootDevice, _Mapping]] = ..., storage: _Optional[_Iterable[_Union[BmcStorageController, _Mapping]]] = ..., virtual_media: _Optional[_Iterable[_Union[BmcVirtualMedia, _Mapping]]] = ..., firmware: _Optional[_Union[BmcFirmwareTask, _Mapping]] = ..., bmc_message: _Optional[str] = ..., attempts: _Optional[int] = ..., settle_seconds: _Optional[float] = ..., firmware_inventory: _Optional[_Iterable[_Union[BmcFirmwareComponent, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[BmcLogEntry, _Mapping]]] = ..., changed: _Optional[bool] = ..., power_state_before: _Optional[str] = ..., not_kept: _Optional[_Iterable[str]] = ..., release: _Optional[_Union[_agent_pb2.ReleaseReport, _Mapping]] = ..., firmware_plan: _Optional[_Iterable[_Union[BmcFirmwareStep, _Mapping]]] = ..., parts: _Optional[_Iterable[_Union[BmcPart, _Mapping]]] = ..., management: _Optional[_Iterable[_Union[BmcProtocolState, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[BmcDeviceEvidence, _Mapping]]] = ...) -> None: ...
 
 class BmcDeviceEvidence(_message.Message):
-    __slots__ = ("device", "signed_measurements", "certificate_chain", "error", "version")
+    __slots__ = ("device", "signed_measurements", "certificate_chain", "error", "version", "firmware", "firmware_component", "firmware_error")
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     SIGNED_MEASUREMENTS_FIELD_NUMBER: _ClassVar[int]
     CERTIFICATE_CHAIN_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    FIRMWARE_FIELD_NUMBER: _ClassVar[int]
+    FIRMWARE_COMPONENT_FIELD_NUMBER: _ClassVar[int]
+    FIRMWARE_ERROR_FIELD_NUMBER: _ClassVar[int]
     device: str
     signed_measurements: str
     certificate_chain: str
     error: str
     version: str
-    def __init__(self, device: _Optional[str] = ..., signed_measurements: _Optional[str] = ..., certificate_chain: _Optional[str] = ..., error: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+    firmware: str
+    firmware_component: str
+    firmware_error: str
+    def __init__(self, device: _Optional[str] = ..., signed_measurements: _Optional[str] = ..., certificate_chain: _Optional[str] = ..., error: _Optional[str] = ..., version: _Optional[str] = ..., firmware: _Optional[str] = ..., firmware_component: _Optional[str] = ..., firmware_error: _Optional[str] = ...) -> None: ...
 
 class BmcPart(_message.Message):
     __slots__ = ("kind", "id", "uri", "manufacturer", "model", "part_number", "serial", "firmware_version")
@@ -263,7 +269,7 @@ class BmcProtocolState(_message.Message):
     def __init__(self, protocol: _Optional[str] = ..., listed: _Optional[bool] = ..., enabled: _Optional[bool] = ..., port: _Optional[int] = ...) -> None: ...
 
 class BmcFirmwareComponent(_message.Message):
-    __slots__ = ("id", "name", "version", "updateable", "health", "software_id", "manufacturer", "uri")
+    __slots__ = ("id", "name", "version", "updateable", "health", "software_id", "manufacturer", "uri", "related")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -272,6 +278,7 @@ class BmcFirmwareComponent(_message.Message):
     SOFTWARE_ID_FIELD_NUMBER: _ClassVar[int]
     MANUFACTURER_FIELD_NUMBER: _ClassVar[int]
     URI_FIELD_NUMBER: _ClassVar[int]
+    RELATED_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     version: str
@@ -280,7 +287,8 @@ class BmcFirmwareComponent(_message.Message):
     software_id: str
     manufacturer: str
     uri: str
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., version: _Optional[str] = ..., updateable: _Optional[bool] = ..., health: _Optional[str] = ..., software_id: _Optional[str] = ..., manufacturer: _Optional[str] = ..., uri: _Optional[str] = ...) -> None: ...
+    related: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., version: _Optional[str] = ..., updateable: _Optional[bool] = ..., health: _Optional[str] = ..., software_id: _Optional[str] = ..., manufacturer: _Optional[str] = ..., uri: _Optional[str] = ..., related: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class BmcFirmwareStep(_message.Message):
     __slots__ = ("match", "component_ids", "found", "expected", "sha256", "method", "apply_time", "after", "settle_seconds", "order", "state", "message")

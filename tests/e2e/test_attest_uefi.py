@@ -9,6 +9,8 @@ first join. Marked qemu and slow: a boot under TCG takes a minute or more.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,15 +18,21 @@ from pathlib import Path
 import pytest
 
 from agent.gateway.verifier.attest import Status, Verdict, Verifier, load_certificates
-from agent.gateway.verifier.join import JoinAttestation, site_report
+from agent.gateway.verifier.join import JoinAttestation
 from agent.gateway.verifier.policy import Build, Policy
-from agent.proto import session_pb2, site_pb2
+from agent.proto import session_pb2
+from agent.site.bmc.client import Credentials
+from agent.site.bmc.secrets import SecretStore
 from initramfs import uki
 from qemu import attestdemo
 from qemu import tpm as qemu_tpm
+from qemu.harness import PLATFORMS
 from qemu.lab import Lab
 from qemu.nodeimage import SYSTEMD_BOOT
+from tests.conftest import free_port
 from tests.e2e.conftest import JOIN_TIMEOUT, run_command, skip_reason
+from tests.runtime.harness import AgentProcess
+from tests.site.bmc.redfish_emulator import RedfishEmulator
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow]
 
@@ -107,49 +115,134 @@ def test_one_byte_changed_in_the_initramfs(tpm_lab: Lab, tmp_path: Path) -> None
     assert tpm_lab.gateway.attestation is None
 
 
+class HostFirmware:
+    """The UEFI build a QEMU node starts with at its next power-on, as its BMC's update left it:
+    the emulator's hook (``State.on_update``) swaps it when an update of the host firmware
+    component takes with the image of a build the lab knows (by its sha256: the node boots the
+    very file the site pushed). None: OVMF.fd as -bios, the lab's default."""
+
+    def __init__(self, component: str, builds: dict[str, tuple[Path, Path] | None]) -> None:
+        self.component, self.builds = component, builds
+        self.pflash: tuple[Path, Path] | None = None
+        self.swaps: list[str] = []
+
+    def updated(self, image: str, updates: list[tuple[str, str]]) -> None:
+        if any(path == self.component for path, _ in updates) and image in self.builds:
+            self.pflash = self.builds[image]
+            self.swaps.append(image)
+
+
+class SiteDaemon(AgentProcess):
+    """`agent run --role site` with its real handlers."""
+
+    entry = ("-m", "agent")
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def test_another_firmware_for_an_enrolled_profile(tpm_lab: Lab, tmp_path: Path) -> None:
-    """The OVMF swap (issue 54, item 5). A node attests under OVMF.fd (its profile, QEMU's q35 and
-    its SMBIOS firmware version, learned); the same node then boots another OVMF build (the 4 MiB
-    one on pflash) behind the site's back: its PCR 0 moved, refused ``firmware_changed``. The
-    site then reports that it updated the node's firmware (a bmc.firmware update's result, read
-    by the gateway's ``site_report``): the next boot under that build attests, accepted by the
-    site's word, and learns its values. The way back (the old build behind the site's back,
-    refused; the site putting it back, accepted) is proven with real swtpm quotes at the
-    verifier (tests/gateway/test_attest_binding.py): two more boots here would prove no more."""
+    """The OVMF swap (issue 54, item 5), three boots of one node. It attests under OVMF.fd (its
+    profile, QEMU's q35 and its SMBIOS firmware version, learned); then boots OVMF's 4 MiB build
+    on pflash behind the site's back: its PCR 0 moved, refused ``firmware_changed``. Then the
+    site updates it for real: a bmc.firmware apply of the profile's firmware set, sent through
+    the gateway to a site daemon (`agent run --role site`), which fetches the image (that 4 MiB
+    build) into its content store and pushes it (multipart) to the project's Redfish emulator
+    (the Supermicro recording); the BMC's update of its BIOS component swaps the build the node
+    starts with at its next power-on (the emulator's hook, ``HostFirmware``), and the site's
+    result reaches the gateway's verifier by the normal path (the site session's result,
+    ``site_report``). The next boot attests, accepted by the site's word, and learns its values.
+    The way back: the site applies the set again with the old build (a downgrade): the BMC
+    swaps the node back and the gateway opens its window again, without a fourth boot; that
+    such a boot is then accepted, and one behind the site's back refused, is proven with real
+    swtpm quotes at the verifier (tests/gateway/test_attest_binding.py)."""
     code, variables = Path("/usr/share/OVMF/OVMF_CODE_4M.fd"), Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
     if not code.is_file() or not variables.is_file():
         pytest.skip("no OVMF_CODE_4M.fd / OVMF_VARS_4M.fd (Debian's ovmf)")
+    old = Path(PLATFORMS["amd64"].uefi_firmware)
     qemu_tpm.manufacture(tmp_path / "state", tmp_path / "ca")  # one node, one TPM, three boots
     shutil.copyfile(variables, tmp_path / "vars.fd")
-    node = "attest-fw-1"
+    swapped = (code, tmp_path / "vars.fd")
+    node, site_id, ref = "attest-fw-1", "attest-fw-site", "attest-fw-bmc"
+    names = {f"{node}-ovmf-4m.fd": code, f"{node}-ovmf.fd": old}
+    for name, source in names.items():  # the images' upstream: the lab's file server
+        shutil.copyfile(source, tpm_lab.www / name)
+    new_image, old_image = sha256_of(code), sha256_of(old)
+    host = HostFirmware("/redfish/v1/UpdateService/FirmwareInventory/BIOS",
+                        {new_image: swapped, old_image: None})
+    sets = tmp_path / "firmware-sets.json"
+
+    def firmware_set(name: str, version: str, image: str) -> None:
+        sets.write_text(json.dumps({"profiles": {"qemu-q35": [{
+            "match": {"id": "BIOS"}, "version": version, "method": "multipart",
+            "image": {"sha256": image, "url": f"http://127.0.0.1:{tpm_lab.files.port}/{name}"}}]}}))
+
+    secrets = SecretStore(tmp_path / "secrets")
     esp, values = tpm_lab.uki(node)
     joins = attest(tpm_lab, tmp_path / "ca", [Build.from_values(values)])
-    verdicts = []
-    swapped = (code, tmp_path / "vars.fd")
-    for pflash, site_updated in ((None, False), (swapped, False), (swapped, True)):
-        if site_updated:  # the site's bmc.firmware update for the node, as its session reports it
-            request = site_pb2.BmcOperationRequest(node_id=node, bmc_address="192.0.2.10",
-                                                   protocol="redfish", operation="update",
-                                                   parameters={"firmware_set": "ovmf-4m"})
-            command = session_pb2.CommandBody(kind="bmc.firmware", payload=request.SerializeToString())
-            told = site_report(joins, "bmc.firmware", command.SerializeToString(), True,
-                               site_pb2.BmcOperationResult(operation="update"))
-            assert told == f"{node}: site updated its firmware to set ovmf-4m", told
-        known = tpm_lab.gateway.nodes.get(node)
-        with qemu_tpm.Swtpm(tmp_path / "state", tmp_path / "swtpm.sock") as swtpm:
-            machine = tpm_lab.boot(node, uefi=True, tpm=swtpm.socket, esp=esp, pflash=pflash)
-            try:
-                sessions = known.sessions + 1 if known is not None else 1
-                tpm_lab.wait_joined(machine, node, JOIN_TIMEOUT, sessions=sessions)
-                verdicts.append(verdict(joins, node))
-            finally:
-                machine.stop()
-    tpm_lab.gateway.attestation = None
+    with RedfishEmulator.of("supermicro_sys821", tmp_path / "bmc", task_polls=1) as bmc:
+        bmc.state.images = {new_image: [(host.component, "OVMF 4M")], old_image: [(host.component, "OVMF")]}
+        bmc.state.on_update = host.updated
+        secrets.put(ref, Credentials(bmc.user, bmc.password))
+        site = SiteDaemon(tpm_lab.pki, tpm_lab.gateway, tmp_path / "site", node_id=site_id, role="site",
+                          token=tpm_lab.token_for(site_id), cmdline="bc.tpm=none",
+                          extra_args=("--secrets-dir", str(secrets.root), "--site-firmware-sets", str(sets),
+                                      "--site-address", "127.0.0.1", "--site-http-port", str(free_port()),
+                                      "--site-upstream", "127.0.0.1"))
+        tpm_lab.gateway.site_node = site_id
+        site.start()
+
+        def apply() -> tuple[session_pb2.ResultBody, str]:
+            cid = tpm_lab.gateway.send(site_id, "bmc.firmware", {
+                "node_id": node, "bmc_address": bmc.address, "protocol": "redfish", "operation": "apply",
+                "credentials_ref": ref, "verify_tls": False, "parameters": {"profile": "qemu-q35"}})
+            body, _ = tpm_lab.gateway.wait_result(cid, 120)
+            told = [e.detail for e in tpm_lab.gateway.events_for(cid) if e.what == "attest_site_report"]
+            return body, told[0] if told else ""
+
+        verdicts = []
+        try:
+            tpm_lab.gateway.wait_node(site_id, JOIN_TIMEOUT)
+            for boot in ("first", "behind", "updated"):
+                if boot == "updated":  # the site's update, from the set, through the BMC
+                    assert host.pflash is None and not host.swaps
+                    firmware_set(f"{node}-ovmf-4m.fd", "OVMF 4M", new_image)
+                    body, told = apply()
+                    assert body.status == session_pb2.SUCCEEDED, f"{body}\n{site.logs()[-3000:]}"
+                    assert told == f"{node}: site updated its firmware to set qemu-q35 (BIOS OVMF 4M)", told
+                    assert host.swaps == [new_image] and host.pflash == swapped
+                pflash = swapped if boot == "behind" else host.pflash
+                known = tpm_lab.gateway.nodes.get(node)
+                with qemu_tpm.Swtpm(tmp_path / "state", tmp_path / "swtpm.sock") as swtpm:
+                    machine = tpm_lab.boot(node, uefi=True, tpm=swtpm.socket, esp=esp, pflash=pflash)
+                    try:
+                        sessions = known.sessions + 1 if known is not None else 1
+                        tpm_lab.wait_joined(machine, node, JOIN_TIMEOUT, sessions=sessions)
+                        verdicts.append(verdict(joins, node))
+                    finally:
+                        machine.stop()
+            # The way back: the operator puts the old build in the set, the site applies it.
+            firmware_set(f"{node}-ovmf.fd", "OVMF", old_image)
+            body, told = apply()
+            assert body.status == session_pb2.SUCCEEDED, body
+            assert told == f"{node}: site updated its firmware to set qemu-q35 (BIOS OVMF)", told
+            assert host.swaps == [new_image, old_image] and host.pflash is None
+            state = joins.verifier.states.get(node)
+            assert state is not None and state.accept, state
+            assert state.accept_by == "site: firmware set qemu-q35 (BIOS OVMF)", state
+            body, told = apply()  # again, with nothing to do: the node is at the set, nothing told
+            assert body.status == session_pb2.SUCCEEDED and not told, (body, told)
+            assert len(bmc.writes("POST", "/redfish/v1/UpdateService/upload")) == 2   # one push per update
+        finally:
+            tpm_lab.gateway.site_node = ""
+            tpm_lab.gateway.attestation = None
+            site.terminate()
     first, behind, updated = verdicts
     assert first.status is Status.ATTESTED and first.matched.get("learned"), first
     assert behind.status is Status.REFUSED and behind.check == "firmware_changed", behind
     assert updated.status is Status.ATTESTED, updated
-    assert updated.matched["accepted_by"] == "site: firmware set ovmf-4m", updated
+    assert updated.matched["accepted_by"] == "site: firmware set qemu-q35 (BIOS OVMF 4M)", updated
     assert updated.matched.get("learned") and " -> " in updated.matched["firmware"], updated
 
 

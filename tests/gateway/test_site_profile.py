@@ -86,3 +86,43 @@ def test_the_sites_bmc_inventory_and_firmware_updates_reach_the_verifier(
     assert state is not None and state.accept
     assert state.accept_by == "site: firmware set simple_update http://192.0.2.1/fw-2.0.bin"
     site.close()
+
+
+def applied(state: str = "applied", step_state: str = "done",
+            running: str = "2.0") -> site_pb2.BmcOperationResult:
+    """A bmc.firmware apply's result: one step, BIOS to 2.0, and the inventory read back after it."""
+    return site_pb2.BmcOperationResult(
+        operation="apply", state=state,
+        firmware_plan=[site_pb2.BmcFirmwareStep(match="id=BIOS", component_ids=["BIOS"], found=["1.0"],
+                                                expected="2.0", state=step_state)],
+        firmware_inventory=[site_pb2.BmcFirmwareComponent(id="BIOS", version=running),
+                            site_pb2.BmcFirmwareComponent(id="BMC", version="7.1")])
+
+
+@pytest.mark.parametrize(("result", "window"), [
+    (applied(), "site: firmware set q35 (BIOS 2.0)"),
+    (applied(running="1.0"), ""),                    # the BMC's inventory does not show the set's version
+    (applied(step_state="not_reached"), ""),         # a step not carried out to its end
+    (site_pb2.BmcOperationResult(operation="apply", state="at the set"), ""),   # nothing changed
+    (applied(state="1 step(s)"), ""),                # a plan's answer, not an apply's
+], ids=["reached", "version-not-read-back", "step-not-done", "at-the-set", "planned-only"])
+def test_an_apply_opens_the_window_only_where_its_result_shows_the_set_reached(
+        site_gateway: Gateway, site_pki: DevPki, verifier: Verifier, result: site_pb2.BmcOperationResult,
+        window: str) -> None:
+    """bmc.firmware apply (a firmware set carried out) opens the node's window named by the set and
+    the versions the BMC read back; a result that does not show every step done and every
+    component at its version opens none (the gateway fails closed on the site's word too)."""
+    site = Client(site_gateway, site_pki, SITE)
+    site_gateway.wait_node(SITE, TIMEOUT)
+    request = site_pb2.BmcOperationRequest(node_id="node-1", bmc_address="192.0.2.10", protocol="redfish",
+                                           operation="apply", parameters={"profile": "q35"})
+    cid = answer(site_gateway, site, "bmc.firmware", request, result)
+    site.close()
+    state = verifier.states.get("node-1")
+    told = [e.detail for e in site_gateway.events_for(cid) if e.what == "attest_site_report"]
+    if window:
+        assert state is not None and state.accept and state.accept_by == window, state
+        named = window.removeprefix("site: firmware set ")
+        assert told == [f"node-1: site updated its firmware to set {named}"], told
+    else:
+        assert (state is None or not state.accept) and not told, (state, told)

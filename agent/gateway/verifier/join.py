@@ -221,7 +221,8 @@ class JoinAttestation:
 
 
 # The bmc.firmware operations that change what the node boots with (site.proto), once the
-# site reports them done: the node's next boot measures other firmware.
+# site reports them done: the node's next boot measures other firmware. ``apply`` (a firmware
+# set carried out) counts only where its result shows the set reached (``applied_set``).
 FIRMWARE_CHANGES = frozenset({"simple_update", "push", "update", "set_bios"})
 
 
@@ -232,7 +233,8 @@ def site_report(attestation: JoinAttestation | None, kind: str, command: bytes, 
     (``Verifier.site_inventory``: the BMC's word, not the node's DMI strings), and a bmc.firmware
     update the site made opens the node's window for its next boot (``site_updated_firmware``:
     the firmware set is the request's "firmware_set" parameter, else its operation and image:
-    its sha256, image_uri or file).
+    its sha256, image_uri or file; for ``apply``, the profile's set and the versions the BMC's
+    inventory read back, ``applied_set``).
     Only the site's own session's results come here: a node cannot report its own inventory."""
     if attestation is None or not succeeded or kind not in ("bmc.query", "bmc.firmware"):
         return ""
@@ -248,13 +250,43 @@ def site_report(attestation: JoinAttestation | None, kind: str, command: bytes, 
         s = result.system
         attestation.verifier.site_inventory(request.node_id, s.manufacturer, s.model, s.bios_version)
         return f"{request.node_id}: BMC inventory {s.manufacturer}|{s.model}|{s.bios_version}"
-    if kind == "bmc.firmware" and request.operation in FIRMWARE_CHANGES:
-        params = request.parameters
+    if kind != "bmc.firmware":
+        return ""
+    params = request.parameters
+    if request.operation == "apply" and isinstance(result, site_pb2.BmcOperationResult):
+        named = applied_set(params.get("profile", ""), result)
+    elif request.operation in FIRMWARE_CHANGES:
         image = params.get("sha256") or params.get("image_uri") or params.get("file") or ""
         named = params.get("firmware_set") or " ".join(filter(None, (request.operation, image)))
-        attestation.verifier.site_updated_firmware(request.node_id, named)
-        return f"{request.node_id}: site updated its firmware to set {named}"
-    return ""
+    else:
+        return ""
+    if not named:
+        return ""
+    attestation.verifier.site_updated_firmware(request.node_id, named)
+    return f"{request.node_id}: site updated its firmware to set {named}"
+
+
+def applied_set(profile: str, result: site_pb2.BmcOperationResult) -> str:
+    """The firmware set a bmc.firmware apply brought the node to, as the window names it
+    ("PROFILE (ID VERSION, ...)"), or "" where the result does not show it reached: no step
+    carried out (the node was at the set: nothing changed), a step not ``done``, or a component
+    the BMC's inventory, read back after the steps, does not report at the set's version. The
+    handler stops on each of those already; the gateway holds the result to it all the same."""
+    steps = list(result.firmware_plan)
+    if not profile or result.state != "applied" or not steps:
+        return ""
+    running: dict[str, set[str]] = {}
+    for c in result.firmware_inventory:
+        running.setdefault(c.id, set()).add(c.version)
+    reached = []
+    for step in steps:
+        if step.state != "done" or not step.component_ids:
+            return ""
+        for cid in step.component_ids:
+            if running.get(cid) != {step.expected}:
+                return ""
+            reached.append(f"{cid} {step.expected}")
+    return f"{profile} ({', '.join(reached)})"[:200]
 
 
 def site_refusal(node_id: str, frame: session_pb2.Frame) -> dict[str, str] | None:

@@ -50,7 +50,8 @@ class DeviceEvidence:
     device: str  # the ComponentIntegrity member's Id
     signed_measurements: str  # base64 of GET_MEASUREMENTS || MEASUREMENTS (DMTF's SignedMeasurements)
     certificate_chain: str  # PEM, as the BMC's Certificate resource holds it
-    firmware: str = ""  # the version the BMC's inventory gives, for devices whose report says none
+    firmware: str = ""  # the BMC inventory's version (golden values by it if the report has none)
+    component: str = ""  # the inventory component that version is of
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,8 @@ class DeviceResult:
     verdict: DeviceVerdict | None
     check: str = ""  # the failed check's name ("" when verified)
     reason: str = ""
+    bmc_firmware: str = ""  # the device's version in the BMC's inventory, verified or not ("" none)
+    bmc_component: str = ""  # that inventory component's Id
 
     @property
     def verified(self) -> bool:
@@ -129,10 +132,11 @@ class DeviceChallenges:
             if item is None:
                 results.append(DeviceResult(device, None, "missing", "listed by the BMC and not answered"))
                 continue
+            bmc = {"bmc_firmware": item.firmware, "bmc_component": item.component}
             try:
-                results.append(DeviceResult(device, self._one(node, item, at)))
+                results.append(DeviceResult(device, self._one(node, item, at), **bmc))
             except Refused as refused:
-                results.append(DeviceResult(device, None, refused.check, refused.reason))
+                results.append(DeviceResult(device, None, refused.check, refused.reason, **bmc))
         return results
 
     def _one(self, node: str, item: DeviceEvidence, at: datetime | None) -> DeviceVerdict:

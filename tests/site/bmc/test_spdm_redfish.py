@@ -118,3 +118,23 @@ def test_a_bmc_without_component_integrity_is_unsupported(trees: Path) -> None:
                 integrity.responders(client)
         finally:
             client.close()
+
+
+def test_a_devices_firmware_is_the_inventory_component_that_names_it() -> None:
+    """integrity.firmware_of: the component whose RelatedItem names the responder's target, else
+    one it protects; two that name it with two versions give none (no one version to name)."""
+    from agent.proto import site_pb2
+
+    erot = integrity.Responder("ERoT_0", "/ci/ERoT_0", "1.1.0", "", "", "/Chassis/ERoT_0",
+                               protects=("/Managers/BMC_0",))
+    inventory = [site_pb2.BmcFirmwareComponent(id="FW_BMC_0", version="24.12", related=["/Managers/BMC_0"]),
+                 site_pb2.BmcFirmwareComponent(id="FW_ERoT_0", version="01.03", related=["/Chassis/ERoT_0"])]
+    found = integrity.firmware_of(erot, inventory)
+    assert found is not None and (found.id, found.version) == ("FW_ERoT_0", "01.03")
+    found = integrity.firmware_of(erot, inventory[:1])     # no entry for the ERoT: what it protects
+    assert found is not None and found.id == "FW_BMC_0"
+    twice = [*inventory, site_pb2.BmcFirmwareComponent(id="FW_ERoT_0b", version="01.04",
+                                                       related=["/Chassis/ERoT_0"])]
+    assert integrity.firmware_of(erot, twice) is None
+    assert integrity.firmware_of(integrity.Responder("IRoT_GPU_0", "", "", "", "", "/Chassis/IRoT_GPU_0"),
+                                 inventory) is None

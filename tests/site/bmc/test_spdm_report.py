@@ -27,6 +27,8 @@ from tests.site.bmc.redfish_emulator.spdm import SpdmResponders
 from tests.site.bmc.test_bmc_redfish import REF
 
 SITE, NODE = "site-1", "node-1"
+INVENTORY = "/redfish/v1/UpdateService/FirmwareInventory"
+EROT = "01.03.0262.0000_n04"       # the recorded GB200's ERoTs' firmware
 
 
 def _serve(gw: Gateway, site: Client, config: Config, request: site_pb2.BmcOperationRequest
@@ -47,12 +49,13 @@ def _serve(gw: Gateway, site: Client, config: Config, request: site_pb2.BmcOpera
 
 
 def _release(gw: Gateway, node: Client) -> agent_pb2.ReleaseReport:
-    """The node's own release report (inventory.refresh), as the gateway files it."""
+    """The node's own release report (inventory.refresh, in the client's boot), as the gateway files it."""
     cid = gw.send(NODE, "inventory.refresh", {})
     node.recv("command")
+    boot = node.hello.boot_id
     refresh = agent_pb2.InventoryRefreshResult(release=agent_pb2.ReleaseReport(
-        boot_id="boot-1", pool_ready=True, checked=["uefi"]))
-    body = session_pb2.ResultBody(command_id=cid, kind="inventory.refresh", node_id=NODE, boot_id="boot-1",
+        boot_id=boot, pool_ready=True, checked=["uefi"]))
+    body = session_pb2.ResultBody(command_id=cid, kind="inventory.refresh", node_id=NODE, boot_id=boot,
                                   status=session_pb2.SUCCEEDED, payload=refresh.SerializeToString(),
                                   payload_type=refresh.DESCRIPTOR.full_name)
     node.send(session_pb2.Frame(result=session_pb2.SignedResult(body=body.SerializeToString())))
@@ -89,10 +92,24 @@ def test_through_the_gateway_a_refused_device_is_in_the_nodes_verdict_and_a_veri
                 assert isinstance(measured, site_pb2.BmcOperationResult)
                 return measured.release
 
+            # The BMC's inventory updated for one ERoT (as after a bmc.firmware apply): its verdict
+            # names the version the BMC now reports, not the recording's.
+            bmc.state.docs[f"{INVENTORY}/HGX_FW_ERoT_CPU_1"]["Version"] = "01.03.0300.0000_n04"
             clean = measure()
             assert clean.pool_ready and not clean.cannot_restore and clean.checked == ["devices"]
             assert {d.device for d in clean.devices} == set(names) and all(d.verified for d in clean.devices)
             assert all(d.firmware == spdm.firmware and d.golden for d in clean.devices)
+            # Each device's firmware as GB200's FirmwareInventory gives it: the ERoTs, whose
+            # inventory entries name them (RelatedItem); the GPUs' IRoTs and the ConnectX-7's are
+            # named by no entry in this recording, and their verdicts name no BMC version.
+            named = {d.device: (d.bmc_component, d.bmc_firmware) for d in clean.devices if d.bmc_component}
+            assert named == {
+                "ERoT_BMC_0": ("FW_ERoT_BMC_0", EROT), "HGX_ERoT_BMC_0": ("HGX_FW_ERoT_BMC_0", EROT),
+                "HGX_ERoT_CPU_0": ("HGX_FW_ERoT_CPU_0", EROT),
+                "HGX_ERoT_CPU_1": ("HGX_FW_ERoT_CPU_1", "01.03.0300.0000_n04"),
+                "HGX_ERoT_FPGA_0": ("HGX_FW_ERoT_FPGA_0", EROT),
+                "HGX_ERoT_FPGA_1": ("HGX_FW_ERoT_FPGA_1", EROT)}, named
+            assert all(not d.bmc_firmware for d in clean.devices if "IRoT" in d.device)
             report = _release(gw, node)
             assert report.pool_ready and len(report.devices) == len(names)
             assert report.attestation_verdict.endswith(f"devices: {len(names)} verified")
@@ -107,7 +124,7 @@ def test_through_the_gateway_a_refused_device_is_in_the_nodes_verdict_and_a_veri
             assert not report.pool_ready and report.checked == ["uefi", "devices"]
             assert report.attestation_verdict.endswith(
                 f"devices: 1 of {len(names)} refused: {broken} (signature)")
-            assert [d.device for d in report.devices if not d.verified] == [broken]
+            assert [(d.device, d.bmc_firmware) for d in report.devices if not d.verified] == [(broken, EROT)]
 
             # A device the gateway issued a nonce for and the site brought nothing back for: refused.
             spdm.bad_signature.clear()
@@ -116,6 +133,18 @@ def test_through_the_gateway_a_refused_device_is_in_the_nodes_verdict_and_a_veri
             assert [(m.where, m.found) for m in left_out.cannot_restore] == [
                 ("HGX_not_listed_0", "refused (missing)")]
             assert any(e.what == "devices_attested" for e in gw.events)
+
+            # The node reboots (the next tenant's boot, or a reflash between): the round of its
+            # last boot counts for no report of this one; a round in this boot does.
+            node.close()
+            node = Client(gw, pki, NODE, boot_id="boot-2")
+            gw.wait_node(NODE, TIMEOUT, sessions=2)
+            report = _release(gw, node)
+            assert report.pool_ready and list(report.checked) == ["uefi"] and not report.devices, report
+            names.remove("HGX_not_listed_0")
+            assert measure().pool_ready
+            report = _release(gw, node)
+            assert report.checked == ["uefi", "devices"] and len(report.devices) == len(names), report
         finally:
             site.close()
             node.close()

@@ -296,7 +296,7 @@ MAX_COMPONENTS = 128
 
 def inventory(client: RedfishSession) -> list[site_pb2.BmcFirmwareComponent]:
     """Every component of the UpdateService's FirmwareInventory (name, version, updateable,
-    health);
+    health, the resources it is the firmware of: RelatedItem);
     empty where the BMC has no UpdateService or no FirmwareInventory."""
     service_ref = link(client.root(), "UpdateService")
     if not service_ref:
@@ -323,8 +323,17 @@ def inventory(client: RedfishSession) -> list[site_pb2.BmcFirmwareComponent]:
             health=_text(st.get("Health")) if isinstance(st := doc.get("Status"), dict) else "",
             software_id=_text(doc.get("SoftwareId")), manufacturer=_text(doc.get("Manufacturer")),
             uri=_text(doc.get("@odata.id")),
+            related=_refs(doc.get("RelatedItem")),
         ))  # fmt: skip
     return out
+
+
+def _refs(value: object) -> list[str]:
+    """The @odata.id of each link in a list of links (RelatedItem), at most 16."""
+    if not isinstance(value, list):
+        return []
+    refs = (item.get("@odata.id") for item in value if isinstance(item, dict))
+    return [ref.rstrip("/") for ref in refs if isinstance(ref, str) and ref][:16]
 
 
 def _text(value: object) -> str:

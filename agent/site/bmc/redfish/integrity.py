@@ -20,6 +20,7 @@ import logging
 from dataclasses import dataclass
 
 from agent.errors import BmcRefused, BmcUnreachable, Unsupported
+from agent.proto import site_pb2
 from agent.site.bmc.redfish.session import Doc, RedfishSession, link, text
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class Responder:
     certificate: str  # the ComponentCertificate's ref
     component: str  # TargetComponentURI
     unreadable: str = ""  # why the member could not be read
+    protects: tuple[str, ...] = ()  # Links.ComponentsProtected (@odata.id each)
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,30 @@ def _responder(ref: str, doc: Doc) -> Responder:
         version=text(doc.get("ComponentIntegrityTypeVersion")),
         action=text(action.get("target")) if isinstance(action, dict) else "",
         certificate=link(auth, "ComponentCertificate") if isinstance(auth, dict) else "",
-        component=text(doc.get("TargetComponentURI")))
+        component=text(doc.get("TargetComponentURI")).rstrip("/"),
+        protects=tuple(text(d.get("@odata.id")).rstrip("/") for d in _links(doc, "ComponentsProtected")
+                       if text(d.get("@odata.id"))))
+
+
+def _links(doc: Doc, name: str) -> list[Doc]:
+    links = doc.get("Links")
+    found = links.get(name) if isinstance(links, dict) else None
+    return [d for d in found if isinstance(d, dict)][:16] if isinstance(found, list) else []
+
+
+def firmware_of(responder: Responder, inventory: list[site_pb2.BmcFirmwareComponent]
+                ) -> site_pb2.BmcFirmwareComponent | None:
+    """The component of the BMC's FirmwareInventory that is the responder's device's firmware: the
+    one whose RelatedItem names the responder's TargetComponentURI, else a component it protects
+    (ComponentsProtected). None where none does, or where two that do give two versions: then the
+    BMC's inventory names no one version for the device."""
+    for wanted in (responder.component, *responder.protects):
+        if not wanted:
+            continue
+        found = [c for c in inventory if wanted in c.related]
+        if found:
+            return found[0] if len({c.version for c in found}) == 1 else None
+    return None
 
 
 def signed_measurements(s: RedfishSession, responder: Responder, nonce: bytes, *,
@@ -106,11 +131,13 @@ def signed_measurements(s: RedfishSession, responder: Responder, nonce: bytes, *
                               signing_algorithm=text(answer.doc.get("SigningAlgorithm")))
 
 
-def collect(s: RedfishSession, nonces: dict[str, bytes]) -> tuple[list[SignedMeasurements], dict[str, str]]:
-    """Every listed responder that has a nonce asked once: (the answers, device -> why not)."""
+def collect(s: RedfishSession, nonces: dict[str, bytes], listed: list[Responder] | None = None
+            ) -> tuple[list[SignedMeasurements], dict[str, str]]:
+    """Every listed responder (``listed``, else the BMC's list read now) that has a nonce asked
+    once: (the answers, device -> why not)."""
     answered: list[SignedMeasurements] = []
     failed: dict[str, str] = {}
-    for responder in responders(s):
+    for responder in responders(s) if listed is None else listed:
         nonce = nonces.get(responder.id)
         if responder.unreadable or nonce is None:
             failed[responder.id] = responder.unreadable or "no nonce from the gateway"

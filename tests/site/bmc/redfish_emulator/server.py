@@ -38,7 +38,9 @@ says, bent by the profile:
   MultipartHttpPushUri or a raw one to HttpPushUri: 202 and a task monitor that completes after
   ``task_polls`` GETs. Where the test names an image in ``state.images`` (the sha256 of a pushed
   file, a SimpleUpdate's ImageURI), its task's completion sets those components' versions; one
-  named in ``state.failing`` ends its task in Exception with that message, nothing changed.
+  named in ``state.failing`` ends its task in Exception with that message, nothing changed;
+  ``state.on_update`` is told of each update that took (a lab's hook: the node's next power-on
+  starts the build the BMC took).
 - ``$expand`` of a collection: its members inline (the recording's own documents).
 - UEFI Secure Boot: SecureBoot.ResetKeys, SecureBootDatabase.ResetKeys and certificate POSTs to
   the live databases (tests/site/bmc/redfish_emulator/secureboot.py), applied at once or, where the
@@ -172,6 +174,10 @@ class State:
     images: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     failing: dict[str, str] = field(default_factory=dict)
     monitors: dict[str, str] = field(default_factory=dict)     # task monitor -> its image
+    # Told of each update that took, as its task completes (the image, the (component path,
+    # version) pairs it set): a lab's hook that swaps what the node starts with at its next
+    # power-on (tests/e2e/test_attest_uefi.py: the OVMF build of a QEMU node).
+    on_update: Callable[[str, list[tuple[str, str]]], None] | None = None
     pushed: list[Doc] = field(default_factory=list)           # each multipart UpdateParameters
     reboot_seconds: float = 0.0                    # after which the BMC answers nothing this long
     down_until: float = 0.0
@@ -390,6 +396,8 @@ class _Handler(BaseHTTPRequestHandler):
                 st.changed(component)
             if updates:
                 st.down_until = time.monotonic() + st.reboot_seconds
+                if st.on_update is not None:
+                    st.on_update(image, list(updates))
         doc = {"@odata.id": path, "TaskState": state, "PercentComplete": 100 if done else 50,
                "Messages": [{"Message": message}]}
         self._send(200, doc, {} if done else {"Location": path})
