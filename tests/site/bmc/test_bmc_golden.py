@@ -27,7 +27,7 @@ from agent.site.bmc.client import CallContext
 from agent.site.bmc.redfish.session import RedfishSession
 from qemu.ipmisim import IpmiSim, SimUser, start_ipmi_sim
 from qemu.powered import NodeSpec, PoweredNode
-from tests.site.bmc.golden_capture import FIXTURES, IPMI_SIM, request, run
+from tests.site.bmc.golden_capture import FIXTURES, IPMI_SIM, IPMI_SIM_TWO_LANS, request, run
 from tests.site.bmc.golden_capture import REF as REDFISH_REF
 from tests.site.bmc.redfish_emulator import RedfishEmulator, tree_names
 from tests.site.conftest import PASSWORD, REF, USERNAME, _skip_without_tools
@@ -271,3 +271,51 @@ def test_a_second_ipmi_user_with_an_expected_name_is_found_and_reset(tenant_sim:
     put_back(site_config, tenant_sim.address, report, "ipmi", REF)
     after = check(site_config, tenant_sim.address, IPMI_SIM, "ipmi", REF)
     assert found(after) == set() and after.pool_ready
+
+
+@pytest.fixture
+def two_lans(tmp_path: Path) -> Iterator[IpmiSim]:
+    """ipmi_sim with a second LAN channel (2), as a BMC with a second NIC has."""
+    _skip_without_tools()
+    node = PoweredNode(tmp_path / "node").configure(
+        NodeSpec(kernel="/nonexistent/vmlinuz", initrd="/nonexistent/initrd", owner_pid=os.getpid()))
+    s = start_ipmi_sim(tmp_path / "ipmi", node, USERNAME, PASSWORD, more_lans=(2,))
+    yield s
+    s.stop()
+
+
+def test_only_the_channels_the_bmc_has_are_read() -> None:
+    """Get Channel Info decides (ipmi_sim answers channel getaccess for any channel): the
+    one-LAN sim's capture names channels 0, 1 and 15, the two-LAN one's 2 as well, with its
+    users' access and its LAN configuration."""
+    def channels(name: str) -> set[str]:
+        return {p.split("/")[1] for p in Capture.from_json(golden_of(name)).sources["ipmi"]
+                if p.startswith("channel/")}
+
+    assert channels(IPMI_SIM) == {"0", "1", "15"}
+    assert channels(IPMI_SIM_TWO_LANS) == {"0", "1", "2", "15"}
+    two = Capture.from_json(golden_of(IPMI_SIM_TWO_LANS)).sources["ipmi"]
+    assert two["users/2/channel/2/Privilege Level"] == "ADMINISTRATOR" and "lan/2/IP Address" in two
+    assert not any("/channel/0/" in p or "/channel/15/" in p for p in two)   # session-less: no users
+
+
+def test_a_user_given_access_on_another_channel_is_found(two_lans: IpmiSim, site_config: Config) -> None:
+    """User 3 (nameless, disabled in the golden state) made an administrator with IPMI messaging
+    on LAN channel 2 (Set User Access, as a tenant with the BMC's credentials would): found at
+    its path on channel 2. The remedy (bmc.rotate reset_account) writes the site's channel (1)
+    only, so channel 2's finding is for an operator. ipmi_sim keeps one access per user, not one
+    per channel: the same change shows on channel 1 too, where reset_account puts it back (on a
+    BMC that keeps them apart, channel 1's would not have changed)."""
+    clean = check(site_config, two_lans.address, IPMI_SIM_TWO_LANS, "ipmi", REF)
+    assert found(clean) == set() and clean.pool_ready
+    planted = two_lans.ipmitool("raw", "0x06", "0x43", "0x92", "0x03", "0x04")   # channel 2, admin
+    assert planted.returncode == 0, planted.stderr
+    report = check(site_config, two_lans.address, IPMI_SIM_TWO_LANS, "ipmi", REF)
+    on_2 = {("ipmi.changed", "users/3/channel/2/Privilege Level"),
+            ("ipmi.changed", "users/3/channel/2/IPMI Messaging")}
+    assert on_2 <= found(report) and not report.pool_ready
+    assert on_2 <= {(m.check, m.where) for m in report.cannot_restore}
+    put_back(site_config, two_lans.address, report, "ipmi", REF)
+    after = check(site_config, two_lans.address, IPMI_SIM_TWO_LANS, "ipmi", REF)
+    assert found(after) == set() and after.pool_ready
+
