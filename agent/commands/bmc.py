@@ -15,7 +15,9 @@ docs/site.md lists the operations and parameters of each kind.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from agent.commands import bmc_golden, bmc_spdm
@@ -82,6 +84,21 @@ class BmcSession:
         target = Target(self.params.address, creds, verify_tls=self.params.verify_tls,
                         vendor=self.params.args.vendor)
         return make_client(self.params.protocol, target, self.call, self.ctx.kept, self.params.lock_name)
+
+    @contextlib.contextmanager
+    def second(self, creds: Credentials) -> Iterator[BmcClient | None]:
+        """The same BMC over IPMI, with the same credentials, where the request names its
+        ``ipmi_address`` (bmc.query golden and baseline over Redfish); None where it does not.
+        Read-only use: the command's serial key stays the Redfish address's."""
+        if not self.params.args.ipmi_address:
+            yield None
+            return
+        target = Target(self.params.args.ipmi_address, creds)
+        client = make_client(BmcProtocol.IPMI, target, self.call)
+        try:
+            yield client
+        finally:
+            client.close()
 
     def done(self, client: BmcClient) -> None:
         """End ``client``'s use of its BMC: a Redfish client's paths and idle connection are
@@ -266,7 +283,8 @@ class BmcQuery(_BmcHandler, kind="bmc.query"):
                 mismatches.extend(found)
             compared: list[agent_pb2.SourceCount] = []
             if session.params.golden is not None:      # round 2: the BMC whole against its golden
-                found, compared = bmc_golden.baseline(client, session.params.golden)
+                with session.second(creds) as ipmi:
+                    found, compared = bmc_golden.baseline(client, session.params.golden, ipmi)
                 mismatches.extend(found)
             result = _result(session.params, client, state="pool_ready" if not mismatches
                              else f"{len(mismatches)} finding(s)")
@@ -280,7 +298,8 @@ class BmcQuery(_BmcHandler, kind="bmc.query"):
                 result.release.compared.extend(compared)
             return result
         if session.params.operation == "golden":
-            return bmc_golden.capture_result(client, _result(session.params, client))
+            with session.second(creds) as ipmi:
+                return bmc_golden.capture_result(client, _result(session.params, client), ipmi)
         if session.params.operation == "secure_boot":
             return _secure_boot(session, client)
         if session.params.operation == "bios":

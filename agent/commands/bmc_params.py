@@ -37,10 +37,12 @@ OPERATIONS: dict[str, dict[str, dict[str, bool]]] = {
         "set_boot_device": {"device": True, "persistent": False, "mode": False},
         "get_boot_device": {},
     },
-    "bmc.query": {"query": {}, "events": {"since": False}, "bios": {"names": False}, "baseline": {},
+    "bmc.query": {"query": {}, "events": {"since": False}, "bios": {"names": False},
+                  "baseline": {"ipmi_address": False},
                   "secure_boot": {"policy": False},
-                  # the BMC read whole: the golden state's BMC half (agent/commands/bmc_golden.py)
-                  "golden": {},
+                  # the BMC read whole: the golden state's BMC half (agent/commands/bmc_golden.py);
+                  # over Redfish, ipmi_address reads its "ipmi" source over IPMI as well
+                  "golden": {"ipmi_address": False},
                   # SPDM device attestation, the site's half (agent/commands/bmc_spdm.py)
                   "responders": {}, "measurements": {"nonces": True}},
     "bmc.rotate": {"rotate": {"new_password_ref": False, "length": False},
@@ -117,6 +119,7 @@ class BmcArgs:
     subscription: str = ""        # bmc.rotate delete_subscription: the subscription's Id
     protocol: str = ""            # bmc.firmware set_service: the NetworkProtocol property
     nonces: tuple[tuple[str, bytes], ...] = ()  # bmc.query measurements: the gateway's, per device
+    ipmi_address: str = ""        # bmc.query golden/baseline over Redfish: the same BMC's IPMI LAN
 
 
 @dataclass(frozen=True)
@@ -271,6 +274,11 @@ def _ref(name: str, text: str) -> str:
     return text
 
 
+def _address(name: str, text: str) -> str:
+    split_address(text)
+    return text
+
+
 def _text(name: str, text: str) -> str:
     return text
 
@@ -311,6 +319,7 @@ READERS: dict[str, Callable[[str, str], Any]] = {
     "subscription": bmc_golden.identifier,
     "protocol": bmc_golden.protocol,
     "nonces": bmc_spdm.read_nonces,
+    "ipmi_address": _address,
 }
 
 
@@ -351,6 +360,9 @@ def parse_request(kind: str, payload: site_pb2.BmcOperationRequest) -> BmcParams
     if missing:
         raise InvalidParameters(f"{kind} {payload.operation}: missing parameter(s) {', '.join(missing)}")
     args = read_args(params)
+    if args.ipmi_address and protocol is not BmcProtocol.REDFISH:
+        raise InvalidParameters(f"{kind} {payload.operation}: ipmi_address is for a BMC checked over "
+                                "redfish (its ipmi source read over IPMI as well)")
     if payload.operation == "reset_account":
         bmc_golden.check_reset(params)
     if kind == "bmc.firmware":

@@ -42,29 +42,37 @@ from agent.site.bmc.ipmi import SITE_CHANNEL
 SITE_SOURCES = ("bmc", "bios", "ipmi", "firmware")
 REDFISH_SOURCES = ("bmc", "bios", "firmware")
 IPMI_SOURCES = ("ipmi", "firmware")
+IPMI_ONLY = ("ipmi",)        # read over IPMI only; a Redfish BMC's "firmware" is its inventory's
 MAX_IPMI_USERS = 64
 _ACCOUNT_RESET = ("UserName", "RoleId", "Enabled", "Links/Role")    # what reset_account puts back
 _USER_FIELDS = ("Access Available", "Link Authentication", "IPMI Messaging", "Privilege Level",
                 "Enable Status")
 
 
-def capture(client: BmcClient, wanted: tuple[str, ...] = ()) -> Capture:
+def capture(client: BmcClient, wanted: tuple[str, ...] = (), ipmi: BmcClient | None = None) -> Capture:
     """Each of ``wanted`` (every source this protocol reads when empty), whole; what could not
-    be read, with why: a source ``wanted`` names that this protocol does not read included."""
+    be read, with why: a source ``wanted`` names that this protocol does not read included.
+    ``ipmi``: with a Redfish ``client``, the same BMC over IPMI, which reads IPMI_ONLY ("ipmi":
+    users by slot and channel, cipher suites, LAN settings; Redfish has no resource for them)."""
     from agent.site.bmc.ipmi import IpmiClient
     from agent.site.bmc.redfish import golden as redfish_golden
     from agent.site.bmc.redfish.client import RedfishClient
 
     redfish = isinstance(client, RedfishClient)
     offered = REDFISH_SOURCES if redfish else IPMI_SOURCES
-    wanted = wanted or offered
-    other = "ipmi" if redfish else "redfish"
+    second = IPMI_ONLY if redfish and ipmi is not None else ()
+    wanted = wanted or (*offered, *second)
+    other = "ipmi (or over redfish with ipmi_address)" if redfish else "redfish"
     why = {s: f"not read over {'redfish' if redfish else 'ipmi'}: capture and check this BMC over {other}"
-           for s in wanted if s not in offered}
-    wanted = tuple(s for s in wanted if s in offered)
+           for s in wanted if s not in offered and s not in second}
     if isinstance(client, RedfishClient):
-        got, unreadable = redfish_golden.read(client, wanted)
+        got, unreadable = redfish_golden.read(client, tuple(s for s in wanted if s in offered))
+        if ipmi is not None and any(s in second for s in wanted):
+            more = capture(ipmi, tuple(s for s in wanted if s in second))
+            got.update({src: dict(items) for src, items in more.sources.items()})
+            unreadable = {**unreadable, **{s: f"over IPMI: {w}" for s, w in more.unreadable.items()}}
         return Capture(got, {**why, **unreadable})
+    wanted = tuple(s for s in wanted if s in offered)
     assert isinstance(client, IpmiClient)
     sources: dict[str, dict[str, str]] = {}
     for source, reader in (("ipmi", _ipmi), ("firmware", _ipmi_firmware)):
@@ -201,8 +209,11 @@ def site_part(golden: Capture) -> Capture:
                    {s: why for s, why in golden.unreadable.items() if s in SITE_SOURCES})
 
 
-def check(golden: Capture, rules: Rules, seen: Capture) -> tuple[list[agent_pb2.Mismatch], Diff]:
-    """Every change of ``seen`` against the golden's site sources, as findings with remedies."""
+def check(golden: Capture, rules: Rules, seen: Capture,
+          elsewhere: tuple[str, ...] = ()) -> tuple[list[agent_pb2.Mismatch], Diff]:
+    """Every change of ``seen`` against the golden's site sources, as findings with remedies;
+    none for the sources ``elsewhere`` (read over the BMC's other protocol: a remedy is sent
+    over the request's, where the same slot number may name another account)."""
     d = diff(site_part(golden), seen, rules)
     out: list[agent_pb2.Mismatch] = []
     for source, why in sorted(d.unreadable.items()):
@@ -213,7 +224,7 @@ def check(golden: Capture, rules: Rules, seen: Capture) -> tuple[list[agent_pb2.
         m = agent_pb2.Mismatch(check=c.check, expected=c.golden if c.kind != "added" else "(absent)",
                                found=c.found if c.kind != "removed" else "(absent)", where=c.path,
                                message=_message(c))
-        remedy = _remedy(c, golden.sources.get(c.source, {}))
+        remedy = None if c.source in elsewhere else _remedy(c, golden.sources.get(c.source, {}))
         if remedy is not None:
             m.bmc_remedy.CopyFrom(remedy)
         out.append(m)

@@ -29,6 +29,8 @@ from qemu.ipmisim import IpmiSim, SimUser, start_ipmi_sim
 from qemu.powered import NodeSpec, PoweredNode
 from tests.site.bmc.golden_capture import FIXTURES, IPMI_SIM, IPMI_SIM_TWO_LANS, request, run
 from tests.site.bmc.golden_capture import REF as REDFISH_REF
+from tests.site.bmc.redfish_emulator import PASSWORD as EMULATOR_PASSWORD
+from tests.site.bmc.redfish_emulator import USER as EMULATOR_USER
 from tests.site.bmc.redfish_emulator import RedfishEmulator, tree_names
 from tests.site.conftest import PASSWORD, REF, USERNAME, _skip_without_tools
 
@@ -319,3 +321,56 @@ def test_a_user_given_access_on_another_channel_is_found(two_lans: IpmiSim, site
     after = check(site_config, two_lans.address, IPMI_SIM_TWO_LANS, "ipmi", REF)
     assert found(after) == set() and after.pool_ready
 
+
+def test_a_bmc_with_both_protocols_is_captured_and_checked_over_both(
+        dell: RedfishEmulator, emulator_config: Config, tmp_path: Path) -> None:
+    """Redfish has no resource for IPMI's users by slot and channel, cipher suites or LAN
+    settings: a BMC that speaks both (the Dell recording, and ipmi_sim as its IPMI LAN, one
+    account on both) is captured and checked over Redfish with ``ipmi_address``, its "ipmi"
+    source read over IPMI. The capture's parts are what each protocol alone captures (the
+    checked-in fixtures); a clean check has zero findings over four sources; an IPMI user named
+    as the site's is found, without a remedy (a BmcRemedy goes over the request's protocol, where
+    slot 5 may be another account: the ipmi-only check names it); without ipmi_address the
+    source is unreadable, a finding."""
+    _skip_without_tools()
+    node = PoweredNode(tmp_path / "node").configure(
+        NodeSpec(kernel="/nonexistent/vmlinuz", initrd="/nonexistent/initrd", owner_pid=os.getpid()))
+    sim = start_ipmi_sim(tmp_path / "ipmi", node, EMULATOR_USER, EMULATOR_PASSWORD)
+    try:
+        got = run("bmc.query", emulator_config, request(dell.address, "golden", ipmi_address=sim.address))
+        both = Capture.from_json(got.values["capture"])
+        assert set(both.sources) == {*SOURCES, "ipmi"} and not both.unreadable, both.unreadable
+        assert both.sources["ipmi"] == Capture.from_json(golden_of(IPMI_SIM)).sources["ipmi"]
+        golden = Capture({**Capture.from_json(golden_of("dell_r750")).sources,
+                          "ipmi": Capture.from_json(golden_of(IPMI_SIM)).sources["ipmi"]}).to_json()
+
+        def baseline(**over: str) -> agent_pb2.ReleaseReport:
+            return run("bmc.query", emulator_config,
+                       request(dell.address, "baseline", golden=golden, **over)).release
+
+        clean = baseline(ipmi_address=sim.address)
+        assert found(clean) == set() and clean.pool_ready
+        assert {c.source for c in clean.compared if c.compared and not c.unreadable} == {*SOURCES, "ipmi"}
+        named = sim.ipmitool("user", "set", "name", "5", EMULATOR_USER)
+        assert named.returncode == 0, named.stderr
+        planted = baseline(ipmi_address=sim.address)
+        assert ("ipmi.changed", "users/5/name") in {(m.check, m.where) for m in planted.cannot_restore}
+        assert not planted.restorable and not planted.pool_ready
+        one = baseline()
+        assert ("ipmi.unreadable", "ipmi") in found(one) and not one.pool_ready
+        assert "ipmi_address" in next(c.unreadable for c in one.compared if c.source == "ipmi")
+    finally:
+        sim.stop()
+
+
+
+def test_ipmi_address_is_for_a_check_over_redfish_and_a_valid_address() -> None:
+    from agent.commands.bmc_params import parse_request
+
+    with pytest.raises(InvalidParameters, match="ipmi_address is for a BMC checked over redfish"):
+        parse_request("bmc.query", request("127.0.0.1:623", "golden", "ipmi", REF,
+                                           ipmi_address="127.0.0.1:624"))
+    with pytest.raises(InvalidParameters):
+        parse_request("bmc.query", request("127.0.0.1:8443", "golden", ipmi_address="no such:host:x"))
+    params = parse_request("bmc.query", request("127.0.0.1:8443", "golden", ipmi_address="127.0.0.1:624"))
+    assert params.args.ipmi_address == "127.0.0.1:624"
