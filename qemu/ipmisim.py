@@ -202,15 +202,32 @@ def emu_commands() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _lan(channel: int, port: int) -> str:
+    if not 2 <= channel <= 11:
+        raise ValueError(f"an ipmi_sim LAN channel is 2 to 11 here, not {channel}")
+    return f"""\
+  startlan {channel}
+    addr 127.0.0.1 {port}
+    priv_limit admin
+    allowed_auths_callback md5 straight
+    allowed_auths_user md5 straight
+    allowed_auths_operator md5 straight
+    allowed_auths_admin md5 straight
+    guid a6c1e0d0b2c34f8e9d7a1b2c3d4e5f{channel:02x}
+  endlan
+"""
+
+
 def start_ipmi_sim(workdir: Path, node: PoweredNode, username: str, password: str, *,
                    sol: str = "", users: Sequence[SimUser] = (), port: int = 0,
-                   wait: bool = True) -> IpmiSim:
+                   wait: bool = True, more_lans: Sequence[int] = ()) -> IpmiSim:
     """``sol``: the node's serial port that the BMC serves as Serial-over-LAN, ``tcp:HOST:PORT``
     (ipmi_sim connects to it: a QEMU ``-serial tcp:...,server`` or a test's scripted port);
     "" gives the BMC no SOL. ``users``: accounts besides the admin (user 2), e.g. the one a
     tenant left behind, for the release's account check. ``port``: the UDP port to serve (0: a
     free one). ``wait=False`` returns once the process is started: a fleet starts them all (on
-    ports from one ``free_udp_ports``), then calls ``wait_ready`` on each."""
+    ports from one ``free_udp_ports``), then calls ``wait_ready`` on each. ``more_lans``: LAN
+    channels besides 1 (2 to 11), each on a free port of its own (a BMC with a second NIC)."""
     workdir.mkdir(parents=True, exist_ok=True)
     control = node.write_chassis_control(workdir / "chassis-control")
     port = port or free_udp_port()
@@ -229,6 +246,7 @@ set_working_mc 0x20
     allowed_auths_admin md5 straight
     guid a6c1e0d0b2c34f8e9d7a1b2c3d4e5f60
   endlan
+{"".join(_lan(n, free_udp_port()) for n in more_lans)}\
   chassis_control "{control} 0x20"
 {f'  sol "{sol}" 115200' if sol else ""}
   user 2 true "{username}" "{password}" admin 10 md5 straight

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from agent import limits
-from agent.commands.bmc import parse_request
+from agent.commands.bmc_params import parse_request
 from agent.commands.bulk.logs import SECRET_FILE
 from agent.commands.dcgm import DiagDcgm
 from agent.commands.gpu import parse_gpu_ref

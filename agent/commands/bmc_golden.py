@@ -66,20 +66,25 @@ def check_reset(given: dict[str, str]) -> None:
         raise InvalidParameters("bmc.rotate reset_account: user_name is required (\"\" for an empty slot)")
 
 
-def baseline(client: BmcClient, expect: Golden
+def baseline(client: BmcClient, expect: Golden, ipmi: BmcClient | None = None
              ) -> tuple[list[agent_pb2.Mismatch], list[agent_pb2.SourceCount]]:
     """The BMC captured now and diffed against the golden's BMC half: the findings (each with
     its remedy where there is one) and the counts per source. Only the golden's sources are
-    read; one this protocol does not read is unreadable: a finding."""
+    read; one this protocol does not read is unreadable: a finding. ``ipmi``: the same BMC over
+    IPMI (a Redfish request's ipmi_address), which reads the "ipmi" source; its findings carry
+    no remedy (a BmcRemedy is sent over the request's protocol: check over ipmi for them)."""
     wanted = tuple(src for src in golden.SITE_SOURCES if src in expect.capture.sources)
-    seen = golden.capture(client, wanted)
-    found, d = golden.check(expect.capture, expect.rules, seen)
+    seen = golden.capture(client, wanted, ipmi)
+    found, d = golden.check(expect.capture, expect.rules, seen,
+                            elsewhere=golden.IPMI_ONLY if ipmi is not None else ())
     return found, d.counts()
 
 
-def capture_result(client: BmcClient, result: site_pb2.BmcOperationResult) -> site_pb2.BmcOperationResult:
-    """bmc.query golden: the capture as JSON in ``values["capture"]``, counted in ``state``."""
-    capture = golden.capture(client)
+def capture_result(client: BmcClient, result: site_pb2.BmcOperationResult,
+                   ipmi: BmcClient | None = None) -> site_pb2.BmcOperationResult:
+    """bmc.query golden: the capture as JSON in ``values["capture"]``, counted in ``state``;
+    with ``ipmi`` (the same BMC over IPMI), its "ipmi" source too."""
+    capture = golden.capture(client, (), ipmi)
     items = sum(len(v) for v in capture.sources.values())
     result.state = f"{items} items in {len(capture.sources)} sources, {len(capture.unreadable)} unreadable"
     result.values["capture"] = capture.to_json().decode()

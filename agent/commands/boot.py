@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from agent.commands import bmc
 from agent.commands.base import Context, Handler
-from agent.commands.bmc import BmcParams, parse_request
+from agent.commands.bmc_params import BmcParams, parse_request
 from agent.errors import ChecksumMismatch, InvalidParameters
 from agent.proto import site_pb2
 from agent.site.boot import vmedia

@@ -9,24 +9,29 @@ first join. Marked qemu and slow: a boot under TCG takes a minute or more.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agent.gateway.verifier.attest import Status, Verdict, Verifier, load_certificates
 from agent.gateway.verifier.join import JoinAttestation
 from agent.gateway.verifier.policy import Build, Policy
+from agent.policy.release.golden import Capture, Rules, diff
 from agent.proto import session_pb2
 from agent.site.bmc.client import Credentials
 from agent.site.bmc.secrets import SecretStore
 from initramfs import uki
 from qemu import attestdemo
 from qemu import tpm as qemu_tpm
-from qemu.harness import PLATFORMS
+from qemu.harness import PLATFORMS, Machine
 from qemu.lab import Lab
 from qemu.nodeimage import SYSTEMD_BOOT
 from tests.conftest import free_port
@@ -35,6 +40,8 @@ from tests.runtime.harness import AgentProcess
 from tests.site.bmc.redfish_emulator import RedfishEmulator
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow]
+
+AGENT = "/usr/lib/bettercompute/agent.pyz"
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +163,13 @@ def test_another_firmware_for_an_enrolled_profile(tpm_lab: Lab, tmp_path: Path) 
     The way back: the site applies the set again with the old build (a downgrade): the BMC
     swaps the node back and the gateway opens its window again, without a fourth boot; that
     such a boot is then accepted, and one behind the site's back refused, is proven with real
-    swtpm quotes at the verifier (tests/gateway/test_attest_binding.py)."""
+    swtpm quotes at the verifier (tests/gateway/test_attest_binding.py).
+
+    The same boots carry the node's golden state (issue 55): on the second (the first on its
+    OVMF variable store) `agent golden` on the node captures its UEFI variables and TPM, which
+    match the checked-in tests/policy/golden/qemu-ovmf-swtpm.json but for what the profile's rules
+    and the node's own items leave alone; the node powers off through its OS; on the third the
+    release gate against that capture and the rules passes with zero findings."""
     code, variables = Path("/usr/share/OVMF/OVMF_CODE_4M.fd"), Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
     if not code.is_file() or not variables.is_file():
         pytest.skip("no OVMF_CODE_4M.fd / OVMF_VARS_4M.fd (Debian's ovmf)")
@@ -220,6 +233,11 @@ def test_another_firmware_for_an_enrolled_profile(tpm_lab: Lab, tmp_path: Path) 
                         sessions = known.sessions + 1 if known is not None else 1
                         tpm_lab.wait_joined(machine, node, JOIN_TIMEOUT, sessions=sessions)
                         verdicts.append(verdict(joins, node))
+                        if boot == "behind":        # the node known clean: its golden state
+                            captured = capture_golden(machine)
+                            power_off(machine)      # as its OS does: TPM2_Shutdown sent
+                        elif boot == "updated":     # the same node's next boot: its gate
+                            gated = gate_golden(tpm_lab, machine, node, captured)
                     finally:
                         machine.stop()
             # The way back: the operator puts the old build in the set, the site applies it.
@@ -244,6 +262,66 @@ def test_another_firmware_for_an_enrolled_profile(tpm_lab: Lab, tmp_path: Path) 
     assert updated.status is Status.ATTESTED, updated
     assert updated.matched["accepted_by"] == "site: firmware set qemu-q35 (BIOS OVMF 4M)", updated
     assert updated.matched.get("learned") and " -> " in updated.matched["firmware"], updated
+    check_golden_fixture(captured)
+    report = gated.release
+    assert report.pool_ready and not report.restorable and not report.cannot_restore, gated.conformance
+    counts = {c.source: (c.compared, c.varied, c.unreadable) for c in report.compared}
+    assert set(counts) == {"uefi", "tpm"} and all(n > 0 and not why for n, _, why in counts.values()), counts
+    assert counts["uefi"][1] == 1 and counts["tpm"][1] == 1, counts     # MTC; startup_clear.orderly
+
+
+GOLDEN = Path(__file__).resolve().parents[1] / "policy/golden"
+QEMU_GOLDEN = GOLDEN / "qemu-ovmf-swtpm.json"            # the capture, by `agent golden` on the node
+QEMU_RULES = GOLDEN / "qemu-ovmf-swtpm.rules.json"        # what varies from boot to boot: the profile's
+QEMU_OWN = GOLDEN / "qemu-ovmf-swtpm.own.json"            # what is this node's own (its TPM, this run's)
+
+
+def capture_golden(machine: Machine) -> Capture:
+    """The node's golden state as the tool captures it: `agent golden` run on the node."""
+    status, out = machine.shell(f"python3 {AGENT} golden --sources uefi,tpm -o /tmp/golden.json "
+                                "2>/tmp/golden.err; echo rc=$?; cat /tmp/golden.err", timeout=300)
+    assert status == 0 and "rc=0" in out, out
+    status, out = machine.shell("echo '<<<'; base64 /tmp/golden.json; echo '>>>'", timeout=120)
+    assert status == 0 and "<<<\n" in out and "\n>>>" in out, out
+    return Capture.from_json(base64.b64decode(out.split("<<<\n", 1)[1].split("\n>>>", 1)[0]))
+
+
+def power_off(machine: Machine) -> None:
+    """The guest's own poweroff (SysRq o: the kernel's device shutdown sends the TPM its
+    TPM2_Shutdown, as a node's reboot does); QEMU exits with it."""
+    status, out = machine.shell("(sleep 1; echo o > /proc/sysrq-trigger) >/dev/null 2>&1 & true")
+    assert status == 0, out
+    deadline = time.monotonic() + 120
+    while machine.alive and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not machine.alive, "the guest did not power off within 120 s"
+
+
+def gate_golden(lab: Lab, machine: Machine, node: str, golden: Capture) -> Any:
+    """The release gate against the golden state: inventory.refresh with expect.state.golden."""
+    state = {"golden": {"profile": "qemu-q35-ovmf-swtpm",
+                        "capture": base64.b64encode(golden.to_json()).decode(),
+                        "rules": base64.b64encode(QEMU_RULES.read_bytes()).decode()}}
+    _, _, result = run_command(lab, machine, node, "inventory.refresh", {"expect": {"state": state}})
+    return result
+
+
+def check_golden_fixture(captured: Capture) -> None:
+    """The checked-in golden state is what the tool captures of this node: nothing changed but
+    what is the node's own (its swtpm, manufactured per run) and what varies from boot to boot.
+    BC_WRITE_GOLDEN=1 captures it again (docs/lifecycle.md, "A QEMU node's golden state")."""
+    if os.environ.get("BC_WRITE_GOLDEN"):
+        QEMU_GOLDEN.write_bytes(captured.to_json())
+    fixture = Capture.from_json(QEMU_GOLDEN.read_bytes())
+    rules = Rules.from_json(QEMU_RULES.read_bytes())
+    own = Rules.from_json(QEMU_OWN.read_bytes())
+    for r in (rules, own):                          # every rule says why
+        assert all(p in r.why.get(s, {}) for s, patterns in r.vary.items() for p in patterns), r
+    both = Rules({s: (*rules.vary.get(s, ()), *own.vary.get(s, ())) for s in {*rules.vary, *own.vary}})
+    found = diff(fixture, captured, both)
+    assert not found.changes and not found.unreadable, found.changes
+    assert found.compared["uefi"] > 0 and found.compared["tpm"] > 0, found.compared
+
 
 
 def test_a_command_line_added_by_the_boot_loader(tpm_lab: Lab, swtpm: qemu_tpm.Swtpm, tmp_path: Path) -> None:

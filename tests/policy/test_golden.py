@@ -34,3 +34,15 @@ def test_capture_round_trips_and_bad_input_is_refused() -> None:
     with pytest.raises(InvalidParameters):
         Rules.from_json(b'{"vary": {"uefi": "not a list"}}')
     assert Rules.from_json(b'{"vary": {"uefi": ["Mono*"]}}').varies("uefi", "Monotonic")
+
+
+def test_rules_say_why_each_pattern_varies_and_a_reason_for_no_pattern_is_refused() -> None:
+    rules = Rules.from_json(b'{"vary": {"uefi": ["MTC-*"]}, '
+                            b'"why": {"uefi": {"MTC-*": "one higher per boot"}}}')
+    assert rules.why == {"uefi": {"MTC-*": "one higher per boot"}} and rules.varies("uefi", "MTC-x")
+    assert Rules.from_json(b'{"vary": {"uefi": ["MTC-*"]}}').why == {}
+    for bad in (b'{"vary": {"uefi": ["MTC-*"]}, "why": {"uefi": {"Boot*": "a pattern vary lacks"}}}',
+                b'{"vary": {"uefi": ["MTC-*"]}, "why": {"uefi": {"MTC-*": 1}}}',
+                b'{"vary": {}, "why": []}'):
+        with pytest.raises(InvalidParameters, match="why"):
+            Rules.from_json(bad)

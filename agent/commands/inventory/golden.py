@@ -29,8 +29,8 @@ a finding). How each source spells its paths and values:
   gpu    per GPU (by PCI address) its NVML index and modes: persistence, MIG (current and
          pending), ECC, compute mode; node-wide the confidential-computing state where NVML has it.
 
-``capture`` reads them all for inventory.refresh (``expect.state.golden``, or ``capture_golden``
-on the request: the clean node's capture, taken by the agent itself).
+``capture`` reads them all for inventory.refresh (``expect.state.golden``) and for ``agent golden``
+(agent/cli/golden.py: the clean node's capture, taken by the agent itself).
 """
 
 from __future__ import annotations

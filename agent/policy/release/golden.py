@@ -82,9 +82,12 @@ class Capture:
 
 @dataclass(frozen=True)
 class Rules:
-    """The profile's paths expected to vary, per source (``fnmatch`` patterns)."""
+    """The profile's paths expected to vary, per source (``fnmatch`` patterns), and why each
+    varies (``{"vary": {source: [pattern]}, "why": {source: {pattern: reason}}}``: the reasons
+    are the review's record, optional, each naming a pattern of ``vary``)."""
 
     vary: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    why: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def varies(self, source: str, path: str) -> bool:
         return any(fnmatch.fnmatchcase(path, p) for p in self.vary.get(source, ()))
@@ -101,7 +104,14 @@ class Rules:
             if not isinstance(patterns, list) or not all(isinstance(p, str) and p for p in patterns):
                 raise InvalidParameters(f"{what}: vary[{source!r}] is a list of patterns")
             out[source] = tuple(patterns)
-        return cls(vary=out)
+        why = doc.get("why", {})
+        if not isinstance(why, dict) or not all(
+                isinstance(reasons, dict) and all(isinstance(r, str) and p in out.get(source, ())
+                                                  for p, r in reasons.items())
+                for source, reasons in why.items()):
+            raise InvalidParameters(f'{what}: "why" is {{source: {{pattern: reason}}}}, each pattern '
+                                    "one of vary's")
+        return cls(vary=out, why={source: dict(reasons) for source, reasons in why.items()})
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,7 @@ from agent.site.bmc.client import (
 log = logging.getLogger(__name__)
 
 IPMITOOL = "ipmitool"
+SITE_CHANNEL = 1             # the LAN channel the site talks over (its users' access is written there)
 CALL_TIMEOUT = 30.0          # one ipmitool run, at most
 SLOT_POLL = 0.5              # how often a wait for an IPMI session slot looks at cancel
 UNREACHABLE_ATTEMPTS = 3     # an unreachable BMC is tried this many times, paced
@@ -321,7 +322,7 @@ def privilege_code(text: str) -> int:
 class IpmiClient:
     """One BMC over IPMI 2.0 lanplus. ``attempts`` counts the ipmitool runs made."""
 
-    def __init__(self, target: Target, call: CallContext, *, channel: int = 1,
+    def __init__(self, target: Target, call: CallContext, *, channel: int = SITE_CHANNEL,
                  ipmitool: str = IPMITOOL) -> None:
         self.ipmitool = ipmitool
         self.target = target

@@ -2,7 +2,7 @@
 through its handler, on each recorded tree through the project's Redfish emulator and on
 ipmi_sim, written as the capture's JSON (agent/policy/release/golden.py's ``Capture``).
 
-    python -m tests.site.bmc.golden_capture [TREE ...]     # every tree and ipmi_sim by default
+    python -m tests.site.bmc.golden_capture [TREE ...]     # every tree and both ipmi_sims by default
 
 Run it again only when a recording, the emulator or the collector changes what is read, and
 review the diff of the fixtures as an operator reviews a profile's new golden state
@@ -30,6 +30,8 @@ from tests.site.bmc.test_bmc_redfish import REF, config_with
 FIXTURES = Path(__file__).resolve().parent / "golden"
 RULES = FIXTURES / "rules.json"
 IPMI_SIM = "ipmi_sim"
+IPMI_SIM_TWO_LANS = "ipmi_sim_two_lans"     # ipmi_sim with a second LAN channel (2)
+SIMS = {IPMI_SIM: (), IPMI_SIM_TWO_LANS: (2,)}
 
 
 def request(address: str, operation: str, over: str = "redfish", ref: str = REF,
@@ -60,7 +62,7 @@ def capture(config: Config, address: str, protocol: str = "redfish", ref: str = 
 
 
 @contextmanager
-def _ipmi_sim(workdir: Path) -> Iterator[tuple[str, Config]]:
+def _ipmi_sim(workdir: Path, more_lans: tuple[int, ...] = ()) -> Iterator[tuple[str, Config]]:
     from agent.catalog import Role
     from agent.site.bmc.client import Credentials
     from agent.site.bmc.secrets import SecretStore
@@ -72,7 +74,7 @@ def _ipmi_sim(workdir: Path) -> Iterator[tuple[str, Config]]:
 
     node = PoweredNode(workdir / "node").configure(
         NodeSpec(kernel="/nonexistent/vmlinuz", initrd="/nonexistent/initrd", owner_pid=os.getpid()))
-    sim = start_ipmi_sim(workdir / "ipmi", node, USERNAME, SIM_PASSWORD)
+    sim = start_ipmi_sim(workdir / "ipmi", node, USERNAME, SIM_PASSWORD, more_lans=more_lans)
     store = SecretStore(workdir / "sim-secrets")
     store.put(SIM_REF, Credentials(USERNAME, SIM_PASSWORD))
     try:
@@ -88,9 +90,9 @@ def main(names: list[str]) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         config = config_with(work, USER, PASSWORD)
-        for name in names or [*tree_names(), IPMI_SIM]:
-            if name == IPMI_SIM:
-                with _ipmi_sim(work) as (address, sim_config):
+        for name in names or [*tree_names(), *SIMS]:
+            if name in SIMS:
+                with _ipmi_sim(work / name, SIMS[name]) as (address, sim_config):
                     got = capture(sim_config, address, "ipmi", SIM_REF)
             else:
                 with RedfishEmulator.of(name, work / "trees") as bmc:

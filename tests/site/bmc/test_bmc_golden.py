@@ -27,8 +27,10 @@ from agent.site.bmc.client import CallContext
 from agent.site.bmc.redfish.session import RedfishSession
 from qemu.ipmisim import IpmiSim, SimUser, start_ipmi_sim
 from qemu.powered import NodeSpec, PoweredNode
-from tests.site.bmc.golden_capture import FIXTURES, IPMI_SIM, request, run
+from tests.site.bmc.golden_capture import FIXTURES, IPMI_SIM, IPMI_SIM_TWO_LANS, request, run
 from tests.site.bmc.golden_capture import REF as REDFISH_REF
+from tests.site.bmc.redfish_emulator import PASSWORD as EMULATOR_PASSWORD
+from tests.site.bmc.redfish_emulator import USER as EMULATOR_USER
 from tests.site.bmc.redfish_emulator import RedfishEmulator, tree_names
 from tests.site.conftest import PASSWORD, REF, USERNAME, _skip_without_tools
 
@@ -271,3 +273,104 @@ def test_a_second_ipmi_user_with_an_expected_name_is_found_and_reset(tenant_sim:
     put_back(site_config, tenant_sim.address, report, "ipmi", REF)
     after = check(site_config, tenant_sim.address, IPMI_SIM, "ipmi", REF)
     assert found(after) == set() and after.pool_ready
+
+
+@pytest.fixture
+def two_lans(tmp_path: Path) -> Iterator[IpmiSim]:
+    """ipmi_sim with a second LAN channel (2), as a BMC with a second NIC has."""
+    _skip_without_tools()
+    node = PoweredNode(tmp_path / "node").configure(
+        NodeSpec(kernel="/nonexistent/vmlinuz", initrd="/nonexistent/initrd", owner_pid=os.getpid()))
+    s = start_ipmi_sim(tmp_path / "ipmi", node, USERNAME, PASSWORD, more_lans=(2,))
+    yield s
+    s.stop()
+
+
+def test_only_the_channels_the_bmc_has_are_read() -> None:
+    """Get Channel Info decides (ipmi_sim answers channel getaccess for any channel): the
+    one-LAN sim's capture names channels 0, 1 and 15, the two-LAN one's 2 as well, with its
+    users' access and its LAN configuration."""
+    def channels(name: str) -> set[str]:
+        return {p.split("/")[1] for p in Capture.from_json(golden_of(name)).sources["ipmi"]
+                if p.startswith("channel/")}
+
+    assert channels(IPMI_SIM) == {"0", "1", "15"}
+    assert channels(IPMI_SIM_TWO_LANS) == {"0", "1", "2", "15"}
+    two = Capture.from_json(golden_of(IPMI_SIM_TWO_LANS)).sources["ipmi"]
+    assert two["users/2/channel/2/Privilege Level"] == "ADMINISTRATOR" and "lan/2/IP Address" in two
+    assert not any("/channel/0/" in p or "/channel/15/" in p for p in two)   # session-less: no users
+
+
+def test_a_user_given_access_on_another_channel_is_found(two_lans: IpmiSim, site_config: Config) -> None:
+    """User 3 (nameless, disabled in the golden state) made an administrator with IPMI messaging
+    on LAN channel 2 (Set User Access, as a tenant with the BMC's credentials would): found at
+    its path on channel 2. The remedy (bmc.rotate reset_account) writes the site's channel (1)
+    only, so channel 2's finding is for an operator. ipmi_sim keeps one access per user, not one
+    per channel: the same change shows on channel 1 too, where reset_account puts it back (on a
+    BMC that keeps them apart, channel 1's would not have changed)."""
+    clean = check(site_config, two_lans.address, IPMI_SIM_TWO_LANS, "ipmi", REF)
+    assert found(clean) == set() and clean.pool_ready
+    planted = two_lans.ipmitool("raw", "0x06", "0x43", "0x92", "0x03", "0x04")   # channel 2, admin
+    assert planted.returncode == 0, planted.stderr
+    report = check(site_config, two_lans.address, IPMI_SIM_TWO_LANS, "ipmi", REF)
+    on_2 = {("ipmi.changed", "users/3/channel/2/Privilege Level"),
+            ("ipmi.changed", "users/3/channel/2/IPMI Messaging")}
+    assert on_2 <= found(report) and not report.pool_ready
+    assert on_2 <= {(m.check, m.where) for m in report.cannot_restore}
+    put_back(site_config, two_lans.address, report, "ipmi", REF)
+    after = check(site_config, two_lans.address, IPMI_SIM_TWO_LANS, "ipmi", REF)
+    assert found(after) == set() and after.pool_ready
+
+
+def test_a_bmc_with_both_protocols_is_captured_and_checked_over_both(
+        dell: RedfishEmulator, emulator_config: Config, tmp_path: Path) -> None:
+    """Redfish has no resource for IPMI's users by slot and channel, cipher suites or LAN
+    settings: a BMC that speaks both (the Dell recording, and ipmi_sim as its IPMI LAN, one
+    account on both) is captured and checked over Redfish with ``ipmi_address``, its "ipmi"
+    source read over IPMI. The capture's parts are what each protocol alone captures (the
+    checked-in fixtures); a clean check has zero findings over four sources; an IPMI user named
+    as the site's is found, without a remedy (a BmcRemedy goes over the request's protocol, where
+    slot 5 may be another account: the ipmi-only check names it); without ipmi_address the
+    source is unreadable, a finding."""
+    _skip_without_tools()
+    node = PoweredNode(tmp_path / "node").configure(
+        NodeSpec(kernel="/nonexistent/vmlinuz", initrd="/nonexistent/initrd", owner_pid=os.getpid()))
+    sim = start_ipmi_sim(tmp_path / "ipmi", node, EMULATOR_USER, EMULATOR_PASSWORD)
+    try:
+        got = run("bmc.query", emulator_config, request(dell.address, "golden", ipmi_address=sim.address))
+        both = Capture.from_json(got.values["capture"])
+        assert set(both.sources) == {*SOURCES, "ipmi"} and not both.unreadable, both.unreadable
+        assert both.sources["ipmi"] == Capture.from_json(golden_of(IPMI_SIM)).sources["ipmi"]
+        golden = Capture({**Capture.from_json(golden_of("dell_r750")).sources,
+                          "ipmi": Capture.from_json(golden_of(IPMI_SIM)).sources["ipmi"]}).to_json()
+
+        def baseline(**over: str) -> agent_pb2.ReleaseReport:
+            return run("bmc.query", emulator_config,
+                       request(dell.address, "baseline", golden=golden, **over)).release
+
+        clean = baseline(ipmi_address=sim.address)
+        assert found(clean) == set() and clean.pool_ready
+        assert {c.source for c in clean.compared if c.compared and not c.unreadable} == {*SOURCES, "ipmi"}
+        named = sim.ipmitool("user", "set", "name", "5", EMULATOR_USER)
+        assert named.returncode == 0, named.stderr
+        planted = baseline(ipmi_address=sim.address)
+        assert ("ipmi.changed", "users/5/name") in {(m.check, m.where) for m in planted.cannot_restore}
+        assert not planted.restorable and not planted.pool_ready
+        one = baseline()
+        assert ("ipmi.unreadable", "ipmi") in found(one) and not one.pool_ready
+        assert "ipmi_address" in next(c.unreadable for c in one.compared if c.source == "ipmi")
+    finally:
+        sim.stop()
+
+
+
+def test_ipmi_address_is_for_a_check_over_redfish_and_a_valid_address() -> None:
+    from agent.commands.bmc_params import parse_request
+
+    with pytest.raises(InvalidParameters, match="ipmi_address is for a BMC checked over redfish"):
+        parse_request("bmc.query", request("127.0.0.1:623", "golden", "ipmi", REF,
+                                           ipmi_address="127.0.0.1:624"))
+    with pytest.raises(InvalidParameters):
+        parse_request("bmc.query", request("127.0.0.1:8443", "golden", ipmi_address="no such:host:x"))
+    params = parse_request("bmc.query", request("127.0.0.1:8443", "golden", ipmi_address="127.0.0.1:624"))
+    assert params.args.ipmi_address == "127.0.0.1:624"

@@ -22,7 +22,7 @@ import pytest
 
 from agent.commands import handler_for
 from agent.commands.base import Context
-from agent.commands.bmc import BmcArgs
+from agent.commands.bmc_params import BmcArgs
 from agent.config import Config
 from agent.errors import (
     AuthFailed,

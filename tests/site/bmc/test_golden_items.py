@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from agent.commands.bmc import BmcParams
+from agent.commands.bmc_params import BmcParams
 from agent.errors import AgentError, InvalidParameters
 from agent.policy.release.golden import MAX_TEXT, Capture, Rules
 from agent.proto import agent_pb2

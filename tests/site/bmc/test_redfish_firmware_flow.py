@@ -177,7 +177,7 @@ def test_an_image_url_nothing_offered_takes_is_refused_before_anything_is_sent(t
     ({"image_uri": URL, "method": "carrier-pigeon"}, "one of simple_update, multipart, http_push"),
 ])
 def test_bmc_firmware_update_is_checked_in_parse(parameters: dict[str, str], words: str) -> None:
-    from agent.commands.bmc import parse_request
+    from agent.commands.bmc_params import parse_request
     from agent.proto import site_pb2
 
     payload = site_pb2.BmcOperationRequest(bmc_address="127.0.0.1:443", protocol="redfish",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from agent.commands import handler_for
 from agent.commands.base import Context
-from agent.commands.bmc import BmcParams
+from agent.commands.bmc_params import BmcParams
 from agent.config import Config
 from agent.proto import site_pb2
 from tests.site.bmc.redfish_emulator.server import RedfishEmulator
