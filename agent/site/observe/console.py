@@ -155,7 +155,9 @@ NEW_KERNEL = re.compile(r"\bLinux version \d|Booting Linux on physical CPU|"
                         r"bc-init \[[\d.]+\]: up, kernel|Run /init as init process")
 AFTER_INIT = frozenset({Step.INIT, Step.AGENT_STARTED, Step.JOINED, Step.PANIC, Step.NO_NETWORK,
                         Step.GATEWAY_UNREACHABLE, Step.GATEWAY_REFUSED})
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>78cM]")
+# CSI sequences with any parameter bytes (ECMA-48: 0x30-0x3F, so OVMF's "ESC [ = 3 h" too, whose
+# "[=3h" was left in front of its first line), charset selections, the short ones.
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>78cM]")
 
 BUSY_PATTERNS = ("already active on another session", "sol payload already active")
 # What a BMC without SOL answers (ipmi_sim without a ``sol`` line: "Error activating SOL
