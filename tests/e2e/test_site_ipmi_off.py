@@ -141,6 +141,7 @@ def live(life: Lifecycle, node: SiteNode) -> None:
     life.boot_device("disk")
     life.power_cycle()
     life.disk_join()
+    site_saw_the_join(life)
     console_by_time(life, broken)
 
 
@@ -184,6 +185,19 @@ def broken_boot(life: Lifecycle, timeout: float = 180.0) -> tuple[int, int]:
     assert any("Not Found" in line for line in boot.last_lines), seen
     life.step("empty disk: cause named", t, f"{boot.cause}: {boot.cause_detail[:90]}")
     return int(boot.started_unix_ms), named
+
+
+def site_saw_the_join(life: Lifecycle, timeout: float = 30.0) -> None:
+    """The site's own view of the disk boot: joined, from the SSH console's line of it (which
+    comes a moment after the gateway has the agent's hello)."""
+    t = time.monotonic()
+    while (boot := site_boot(life)) is None or boot.outcome != "joined":
+        if time.monotonic() - t > timeout:
+            raise life.fail(f"the gateway joined the disk boot, the site's console never showed it: {boot}")
+        time.sleep(1.0)
+    assert (boot.method, boot.trigger) == ("disk", "bmc.power cycle"), boot
+    life.step("the site saw the join", t, f"attempt {boot.attempt} {boot.method}: {boot.outcome}, "
+                                          f"from the console over SSH")
 
 
 def console_by_time(life: Lifecycle, broken: tuple[int, int]) -> None:
