@@ -64,7 +64,8 @@ def test_ring_is_bounded_and_read_by_time(tmp_path: Path) -> None:
 
 def test_lines_are_cleaned_and_milestones_named() -> None:
     assert clean("\x1b[2J\x1b[1;1HSeaBIOS (version 1.16.2)\r") == "SeaBIOS (version 1.16.2)"
-    assert clean("\x1b[=3h\x1b[=3hBdsDxe: failed to load Boot0002") == "BdsDxe: failed to load Boot0002"  # OVMF
+    # OVMF's screen mode, before its first line
+    assert clean("\x1b[=3h\x1b[=3hBdsDxe: failed to load Boot0002") == "BdsDxe: failed to load Boot0002"
     # the kernel prints its command line: the node's enrollment token never reaches the ring
     assert clean("[    0.0] Command line: console=ttyS0 bc.token=Zq8-secret bc.gateway=gw:443") == \
         "[    0.0] Command line: console=ttyS0 bc.token=[REDACTED] bc.gateway=gw:443"
