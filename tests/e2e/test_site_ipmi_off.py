@@ -64,7 +64,7 @@ exit 127
 
 
 @pytest.fixture(scope="module")
-def lab(ramdisk_parts: Ramdisk, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SiteLab]:
+def no_ipmi_lab(ramdisk_parts: Ramdisk, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SiteLab]:
     """A site lab of its own: its daemon's PATH holds the recording ipmitool first."""
     reason = missing_network_prerequisites()
     if reason:
@@ -82,7 +82,8 @@ def lab(ramdisk_parts: Ramdisk, tmp_path_factory: pytest.TempPathFactory) -> Ite
         yield lab
 
 
-def test_a_nodes_whole_life_with_its_bmcs_ipmi_off(lab: SiteLab) -> None:
+def test_a_nodes_whole_life_with_its_bmcs_ipmi_off(no_ipmi_lab: SiteLab) -> None:
+    lab = no_ipmi_lab
     emu = lab.in_lan(lambda: RedfishEmulator.of(TREE, lab.workdir / "trees").__enter__())
     sshd: SshBmc | None = None
     shown: list[Step] = []
