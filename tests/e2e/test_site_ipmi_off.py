@@ -105,7 +105,7 @@ def test_a_nodes_whole_life_with_its_bmcs_ipmi_off(no_ipmi_lab: SiteLab) -> None
         SecretStore(lab.secrets_dir).put(REF, Credentials(EMU_USER, EMU_PASSWORD))
         life = Lifecycle(lab, node, Bmc("redfish", emu.address, REF, verify_tls=False),
                          on_step=shown.append)
-        live(life, node)
+        attempts = live(life, node)
     finally:
         for s in shown:
             print(f"{s.seconds:7.1f}s  {s.name:26} {s.evidence}")
@@ -118,10 +118,11 @@ def test_a_nodes_whole_life_with_its_bmcs_ipmi_off(no_ipmi_lab: SiteLab) -> None
     check_no_ipmi(lab, emu)
     print("the BMC did to the node:", ", ".join(machine.events))
     assert machine.events[:2] == ["start", "boot pxe"], machine.events   # the broken boot, then PXE
-    check_timeline(lab, node)
+    check_timeline(lab, node, attempts)
 
 
-def live(life: Lifecycle, node: SiteNode) -> None:
+def live(life: Lifecycle, node: SiteNode) -> list[dict[str, Any]]:
+    """The node's life (the module's docstring); the site's timeline of it at the end."""
     query_posture(life)
     life.boot_device("disk")
     life.power_on()
@@ -143,7 +144,7 @@ def live(life: Lifecycle, node: SiteNode) -> None:
     life.power_cycle()
     life.disk_join()
     site_saw_the_join(life)
-    console_by_time(life, broken)
+    return console_by_time(life, broken)
 
 
 def query_posture(life: Lifecycle) -> None:
@@ -201,9 +202,10 @@ def site_saw_the_join(life: Lifecycle, timeout: float = 30.0) -> None:
                                           f"from the console over SSH")
 
 
-def console_by_time(life: Lifecycle, broken: tuple[int, int]) -> None:
+def console_by_time(life: Lifecycle, broken: tuple[int, int]) -> list[dict[str, Any]]:
     """logs.collect in role site: the node's console between the broken boot's start and its
-    naming, each line with its time, kept over SSH."""
+    naming, each line with its time, kept over SSH; and its timeline (the attempts as the site
+    holds them now: its file on disk is written later)."""
     t = time.monotonic()
     start, named = broken
     result = life.site("logs.collect", {"node_ids": [life.node.name], "from_unix_ms": start,
@@ -212,10 +214,15 @@ def console_by_time(life: Lifecycle, broken: tuple[int, int]) -> None:
         member = tar.extractfile(f"nodes/{life.node.name}/console.txt")
         assert member is not None
         text = member.read().decode(errors="replace")
+        member = tar.extractfile(f"nodes/{life.node.name}/timeline.json")
+        assert member is not None
+        attempts: list[dict[str, Any]] = json.loads(member.read())
     lines = [line for line in text.splitlines() if line.strip()]
     assert any("BdsDxe: failed to load" in line and "Not Found" in line for line in lines), text
     assert "connected to gateway" not in text, text        # nothing of the later boots
-    life.step("logs.collect (site)", t, f"{len(lines)} console lines of the broken boot, by time")
+    life.step("logs.collect (site)", t, f"{len(lines)} console lines of the broken boot, by time; "
+                                        f"the timeline's {len(attempts)} attempts")
+    return attempts
 
 
 def check_no_ipmi(lab: SiteLab, emu: RedfishEmulator) -> None:
@@ -227,12 +234,10 @@ def check_no_ipmi(lab: SiteLab, emu: RedfishEmulator) -> None:
     assert not emu.writes("PATCH", "/NetworkProtocol"), emu.writes("PATCH", "/NetworkProtocol")
 
 
-def check_timeline(lab: SiteLab, node: SiteNode) -> None:
+def check_timeline(lab: SiteLab, node: SiteNode, attempts: list[dict[str, Any]]) -> None:
     """Three attempts, each from the SSH console: the empty disk (failed, named), the PXE boot of
     the ramdisk and the deployed disk's boot (both joined); the console kept from bmc.query on,
     over SSH, never let go."""
-    timeline = lab.site_state / "site" / "observe" / "timeline" / f"{node.name}.json"
-    attempts = json.loads(timeline.read_text())["attempts"]
     seen = "\n".join(f"attempt {a['number']} {a['method']} ({a['trigger']}) {a['outcome']} {a['cause']}: "
                      + " ".join(e["step"] for e in a["events"]) for a in attempts)
     print(seen)
