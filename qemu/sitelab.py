@@ -232,12 +232,14 @@ class SiteLab(Lab):
         return self.workdir / "site-secrets"
 
     def start_site(self, timeout: float = 60.0, *, proxy_dhcp: bool = True,
-                   boot_files: Path | None = None) -> None:
+                   boot_files: Path | None = None, path_first: Path | None = None) -> None:
         """`agent run --role site` in the namespace, joined to the gateway as SITE_NODE_ID,
         its boot service on br0 (proxy DHCP, TFTP, HTTP at SITE_ADDRESS:SITE_HTTP_PORT);
         without ``proxy_dhcp`` its HTTP service alone (no dnsmasq: virtual media).
         ``boot_files``: its ``site_ipxe_dir`` (default Debian's iPXE folder), e.g.
-        ``site_boot_files()``'s, where the site's GRUB makes it serve arm64 UEFI too."""
+        ``site_boot_files()``'s, where the site's GRUB makes it serve arm64 UEFI too.
+        ``path_first``: a folder put first on the daemon's PATH (tools standing in for others:
+        tests/e2e/test_site_ipmi_off.py's ipmitool that only says it ran)."""
         self.site_state.mkdir(parents=True, exist_ok=True)
         self.secrets_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         empty = self.workdir / "site-cmdline"
@@ -254,6 +256,8 @@ class SiteLab(Lab):
                 "--reconnect-min", "0.5", "--reconnect-max", "3"]
         log = self.site_log.open("ab")
         env = proc.clean_env({"PYTHONPATH": str(REPO)})
+        if path_first is not None:
+            env["PATH"] = os.pathsep.join((str(path_first), env.get("PATH", os.defpath)))
         self.site = self.lan.call(proc.spawn, argv, stdout=log, stderr=subprocess.STDOUT,
                                   cwd=str(REPO), env=env)
         log.close()
@@ -303,7 +307,8 @@ class SiteLab(Lab):
     def powered_node(self, name: str, *, kernel: Path, initrd: Path, append: str,
                      disks: Sequence[Path] = (), mac: str = "52:54:00:12:34:56",
                      memory_mb: int = 1024, uefi: bool = False, tpm_state: Path | None = None,
-                     firmware_pxe: bool = False, secure_boot_vars: Path | None = None) -> PoweredNode:
+                     firmware_pxe: bool = False, secure_boot_vars: Path | None = None,
+                     disk_firmware: bool = False) -> PoweredNode:
         """A node on a new tap device on br0, off, its next boot from disk: ``kernel``,
         ``initrd``, ``append`` are what a "disk" boot runs (the installed OS); a "pxe" boot
         runs what the site's boot service offers. ``tpm_state``: the node's TPM 2.0 (a state
@@ -312,7 +317,9 @@ class SiteLab(Lab):
         TPM runs AAVMF on pflash, with its own copy of the variables (AAVMF's PXE then gets the
         site's GRUB from the site's TFTP: every arm64 PXE boot is the firmware's own).
         ``secure_boot_vars``: an amd64 UEFI node under OVMF's Secure Boot build on pflash (SMM),
-        its own copy of these variables (a fleet's keys enrolled: qemu/secureboot.py)."""
+        its own copy of these variables (a fleet's keys enrolled: qemu/secureboot.py).
+        ``disk_firmware``: a "disk" boot is the firmware's boot of the first disk (an empty disk
+        fails as a server's does; a deployed one needs its own boot loader: an ESP image)."""
         tap = self.net.add_tap(f"tap{len(self.nodes)}")
         pflash = ("", "")
         if self.ramdisk.arch == "arm64" and tpm_state is not None:
@@ -335,7 +342,8 @@ class SiteLab(Lab):
             owner_pid=os.getpid(), name=name,
             tap=tap, mac=mac, uefi=uefi, arch=self.ramdisk.arch,
             tpm_state=str(tpm_state or ""), firmware_pxe=firmware_pxe,
-            pflash_code=pflash[0], pflash_vars=pflash[1], secure_boot=secure_boot_vars is not None))
+            pflash_code=pflash[0], pflash_vars=pflash[1], secure_boot=secure_boot_vars is not None,
+            disk_firmware=disk_firmware))
         self.nodes.append(node)
         return node
 

@@ -129,8 +129,12 @@ MILESTONES: tuple[tuple[Step, re.Pattern[str]], ...] = (
     (Step.AGENT_STARTED, re.compile(r"bc-init \[[\d.]+\]: starting agent\b")),
     (Step.INIT, re.compile(r"bc-init \[[\d.]+\]: up, kernel|Run /init as init process|systemd\[1\]: ")),
     (Step.KERNEL_STARTED, re.compile(r"\bLinux version \d|Booting Linux on physical CPU|EFI stub: ")),
+    # SeaBIOS's words; OVMF's for a boot option with nothing to start (an empty disk: ``BdsDxe:
+    # failed to load Boot0001 "UEFI Misc Device" from PciRoot(0x0)/Pci(0x3,0x0): Not Found``,
+    # then its shell; seen in tests/e2e/test_site_ipmi_off.py), and when no option is left.
     (Step.NO_BOOT_DEVICE, re.compile(r"No bootable device|Boot failed: not a bootable disk|"
-                                     r"No boot device|BdsDxe: No bootable option|Boot failed")),
+                                     r"No boot device|BdsDxe: No bootable option|Boot failed|"
+                                     r"BdsDxe: failed to load .*: Not Found")),
     (Step.BOOT_LOADER, re.compile(r"iPXE initialising|iPXE \d|GNU GRUB|Booting from (?:Hard Disk|DVD|ROM)|"
                                   r"Loading Linux|systemd-boot|Booting `")),
     (Step.FIRMWARE, re.compile(r"SeaBIOS \(version|UEFI firmware \(version|EDK II|BdsDxe|"
@@ -151,7 +155,9 @@ NEW_KERNEL = re.compile(r"\bLinux version \d|Booting Linux on physical CPU|"
                         r"bc-init \[[\d.]+\]: up, kernel|Run /init as init process")
 AFTER_INIT = frozenset({Step.INIT, Step.AGENT_STARTED, Step.JOINED, Step.PANIC, Step.NO_NETWORK,
                         Step.GATEWAY_UNREACHABLE, Step.GATEWAY_REFUSED})
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>78cM]")
+# CSI sequences with any parameter bytes (ECMA-48: 0x30-0x3F, so OVMF's "ESC [ = 3 h" too, whose
+# "[=3h" was left in front of its first line), charset selections, the short ones.
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>78cM]")
 
 BUSY_PATTERNS = ("already active on another session", "sol payload already active")
 # What a BMC without SOL answers (ipmi_sim without a ``sol`` line: "Error activating SOL
@@ -592,6 +598,12 @@ class SolSession:
                     self.report(self.node_id, Step.FIRMWARE, line)
             if step is None:
                 continue
+            if step == Step.NO_BOOT_DEVICE and Step.FIRMWARE not in self._seen:
+                # the firmware's own words, its first this boot (x86 OVMF's first serial line
+                # is BdsDxe's failed load of an empty disk): the firmware milestone first, so
+                # that its next line (its shell's) is no new boot
+                self._seen.add(Step.FIRMWARE)
+                self.report(self.node_id, Step.FIRMWARE, line)
             if step not in self._seen:
                 self._seen.add(step)
                 self.report(self.node_id, step, line)

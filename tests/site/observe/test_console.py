@@ -64,6 +64,8 @@ def test_ring_is_bounded_and_read_by_time(tmp_path: Path) -> None:
 
 def test_lines_are_cleaned_and_milestones_named() -> None:
     assert clean("\x1b[2J\x1b[1;1HSeaBIOS (version 1.16.2)\r") == "SeaBIOS (version 1.16.2)"
+    # OVMF's screen mode, before its first line
+    assert clean("\x1b[=3h\x1b[=3hBdsDxe: failed to load Boot0002") == "BdsDxe: failed to load Boot0002"
     # the kernel prints its command line: the node's enrollment token never reaches the ring
     assert clean("[    0.0] Command line: console=ttyS0 bc.token=Zq8-secret bc.gateway=gw:443") == \
         "[    0.0] Command line: console=ttyS0 bc.token=[REDACTED] bc.gateway=gw:443"
@@ -81,6 +83,13 @@ def test_lines_are_cleaned_and_milestones_named() -> None:
         "is unreachable: the network is not up yet": Step.NO_NETWORK,
         "[    2.1] Kernel panic - not syncing: VFS: Unable to mount root fs on unknown-block": Step.PANIC,
         "Boot failed: not a bootable disk": Step.NO_BOOT_DEVICE,
+        'BdsDxe: failed to load Boot0001 "UEFI Misc Device" from PciRoot(0x0)/Pci(0x3,0x0): Not Found':
+            Step.NO_BOOT_DEVICE,                         # OVMF, an empty disk
+        'BdsDxe: failed to load Boot0001 "UEFI PXEv4 (MAC:525400FA0002)" from PciRoot(0x0)/Pci(0x2,0x0)'
+        "/MAC(525400FA0002,0x1)/IPv4(0.0.0.0,0x0,DHCP,0.0.0.0,0.0.0.0,0.0.0.0): Access Denied":
+            Step.SECURE_BOOT_DENIED,
+        'BdsDxe: loading Boot0002 "EFI Internal Shell" from Fv(7CB8BDC9-F8EB-4F34-AAEA-3EE4AF6516A1)':
+            Step.FIRMWARE,
         "nothing here": None,
     }
     for line, step in cases.items():
@@ -176,6 +185,24 @@ def test_a_reset_before_any_kernel_is_a_new_boot_for_the_milestones(tmp_path: Pa
     session._lines(boot)
     session._lines(boot)
     assert seen == ["firmware", "boot_loader", "no_boot_device"] * 2
+
+
+def test_ovmfs_failed_load_of_an_empty_disk_is_one_boot(tmp_path: Path) -> None:
+    """x86 OVMF's first serial line is BdsDxe's failed load of an empty disk, then its shell's:
+    one boot (firmware, no boot device), not a reboot after the failure (its shell's line is the
+    firmware's too). Seen in tests/e2e/test_site_ipmi_off.py, which first named a second attempt
+    "reboot seen on the console" here. A real reset after it is still a new boot."""
+    seen: list[str] = []
+    session = console.SolSession(
+        "n1", Bmc("127.0.0.1:623", "ipmi", REF), Ring(tmp_path / "ring", 1 << 20),
+        SecretStore(tmp_path / "secrets"), report=lambda node, step, line: seen.append(step))
+    session._lines('\x1b[=3h\x1b[=3hBdsDxe: failed to load Boot0002 "UEFI Misc Device" from '
+                   'PciRoot(0x0)/Pci(0x3,0x0): Not Found\r\n'
+                   'BdsDxe: loading Boot0004 "EFI Internal Shell" from Fv(7CB8BDC9-F8EB)/FvFile(7C04A583)\r\n'
+                   "UEFI Interactive Shell v2.2\r\nEDK II\r\nShell> \r\n")
+    assert seen == ["firmware", "no_boot_device"]
+    session._lines("UEFI firmware (version  built at 13:10:49 on Nov  5 2024)\r\n")   # a reset
+    assert seen == ["firmware", "no_boot_device", "firmware"]
 
 
 def test_a_session_failing_on_the_sites_own_fault_says_failed(tmp_path: Path) -> None:

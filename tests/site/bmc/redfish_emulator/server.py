@@ -47,6 +47,9 @@ says, bent by the profile:
   profile says, at the next reset; a reset sets SecureBootCurrentBoot.
 - Actions a test installs (``state.actions``): ComponentIntegrity's SPDMGetSignedMeasurements,
   answered by responders of the test's own making (tests/site/bmc/redfish_emulator/spdm.py).
+- A host behind a System (``attach``: a ``Machine``, e.g. machine.py's QEMU node): each Reset
+  the System takes and each Boot override applied to it drive the machine, in the request,
+  before the answer; the System's PowerState is the machine's at every read.
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path, PurePosixPath
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
 import pytest
 
@@ -143,6 +146,22 @@ def _takes_gzip(accept: str | None) -> bool:
     return False
 
 
+class Machine(Protocol):
+    """A host behind an emulated System (``RedfishEmulator.attach``)."""
+
+    def power_state(self) -> str:
+        """The System's PowerState as the host is now: "On" or "Off"."""
+        ...
+
+    def boot(self, boot: Doc) -> None:
+        """The System's Boot object, an override just applied to it."""
+        ...
+
+    def reset(self, reset_type: str) -> None:
+        """A ComputerSystem.Reset the System took (its ResetType already checked)."""
+        ...
+
+
 @dataclass
 class Session:
     id: str
@@ -196,6 +215,7 @@ class State:
     actions: dict[str, Callable[[Doc], tuple[int, Doc]]] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
     secure_boot: dict[str, Any] = field(default_factory=dict)   # SecureBoot path -> its SecureBootKeys
+    machines: dict[str, Machine] = field(default_factory=dict)  # System path -> the host it drives
 
     def etag(self, path: str) -> str:
         digest = hashlib.sha256(f"{path}:{self.versions.get(path, 0)}".encode()).hexdigest()[:8]
@@ -374,6 +394,10 @@ class _Handler(BaseHTTPRequestHandler):
             # a collection's members inline where recorded (DSP0266 $expand, levels 1)
             doc = {**doc, "Members": [st.docs.get(str(m.get("@odata.id", "")).rstrip("/"), m)
                                       for m in doc["Members"] if isinstance(m, dict)]}
+        machine = st.machines.get(path)
+        if machine is not None and doc.get("PowerState") != (power := machine.power_state()):
+            doc["PowerState"] = power         # the host's own state (it may have powered off itself)
+            st.changed(path)
         headers = {"ETag": st.etag(path)} if st.profile.etag else {}
         gzipped = Quirk.GZIP_OR_406 in st.profile.quirks and path not in (ROOT, "/redfish")
         if gzipped and not _takes_gzip(self.headers.get("Accept-Encoding")):
@@ -645,9 +669,19 @@ class _Handler(BaseHTTPRequestHandler):
             system["PowerState"] = "Off"
         else:
             system["PowerState"] = "On"
+        machine = st.machines.get(system_path)
         if kind not in ("ForceOff", "GracefulShutdown") and system_path in st.pending:
             boot = st.pending.pop(system_path)
             system.setdefault("Boot", {}).update(boot)
+            if machine is not None:
+                machine.boot(system["Boot"])
+        if machine is not None:
+            try:
+                machine.reset(kind)
+            except Exception as exc:  # the host's failure, the BMC's 500: the test reads why
+                return self._send(500, _error("Base.1.8.InternalError",
+                                              f"the host did not take {kind}: {exc}"))
+            system["PowerState"] = machine.power_state()
         if kind not in ("ForceOff", "GracefulShutdown"):
             for keys in st.secure_boot.values():
                 if keys.ref.startswith(system_path + "/"):
@@ -712,6 +746,8 @@ class _Handler(BaseHTTPRequestHandler):
         new.pop("BootSourceOverrideMode", None) if mode_500 else None
         boot.update(new)
         st.changed(path)
+        if (machine := st.machines.get(path)) is not None:
+            machine.boot(boot)
         if mode_500:
             return self._send(500, _error("Base.1.8.InternalError", "internal error"))
         if Quirk.OVERRIDE_REVERTED in quirks:
@@ -836,6 +872,19 @@ class RedfishEmulator:
         scheme = "https" if self.tls else "http"
         return Target(f"{scheme}://{self.address}", Credentials(self.user, password or self.password),
                       verify_tls=verify_tls)
+
+    def attach(self, machine: Machine, system: str = "") -> str:
+        """Put ``machine`` behind the System at ``system`` (default: the Systems collection's
+        first member); its path."""
+        with self.state.lock:
+            if not system:
+                systems = str(self.state.docs[ROOT]["Systems"]["@odata.id"]).rstrip("/")
+                system = str(self.state.docs[systems]["Members"][0]["@odata.id"])
+            system = system.rstrip("/")
+            self.state.machines[system] = machine
+            self.state.docs[system]["PowerState"] = machine.power_state()
+            self.state.changed(system)
+            return system
 
     def writes(self, method: str = "", path_end: str = "") -> list[tuple[str, str, Doc]]:
         with self.state.lock:
