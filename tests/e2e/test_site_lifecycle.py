@@ -39,8 +39,10 @@ import os
 import re
 import shutil
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -145,6 +147,19 @@ def same_lines(kept: list[str], wrote: list[str]) -> str:
     return ""
 
 
+def written_timeline(path: Path, attempts: int, wait: float = 15.0) -> list[dict[str, Any]]:
+    """The node's timeline as the site wrote it, once it has ``attempts`` attempts all ended: the
+    file follows the site's memory at its flush timer (each second), so a read right after a
+    join can see the attempt still booting."""
+    deadline = time.monotonic() + wait
+    while True:
+        found: list[dict[str, Any]] = json.loads(path.read_text())["attempts"] if path.exists() else []
+        if (len(found) >= attempts and all(a["outcome"] != "booting" for a in found)) \
+                or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)
+
+
 def check_kept_console(lab: SiteLab, node: SiteNode, kexec_console: str) -> None:
     """The site kept the node's console from power-on (qemu/sitelab.py wires the node's serial
     line to ipmi_sim's SOL) through three boots. Its timeline has an attempt for each: the PXE
@@ -166,7 +181,7 @@ def check_kept_console(lab: SiteLab, node: SiteNode, kexec_console: str) -> None
                    "connected to gateway"):
         assert wanted in kept, f"{wanted!r} not in the site's kept console of {node.name}:\n{kept[-3000:]}"
     timeline = lab.site_state / "site" / "observe" / "timeline" / f"{node.name}.json"
-    attempts = json.loads(timeline.read_text())["attempts"]
+    attempts = written_timeline(timeline, 3)
     seen = "\n".join(f"attempt {a['number']} {a['method']} ({a['trigger']}) {a['outcome']}: "
                      + " ".join(e["step"] for e in a["events"]) for a in attempts)
     assert [a["method"] for a in attempts] == ["pxe", "kexec", "disk"], seen
