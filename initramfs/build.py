@@ -729,9 +729,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="put file SRC at DEST in the ramdisk, e.g. the site's gateway CA: "
                         "--add ca.pem:/etc/bettercompute/ca.pem (then boot with bc.ca=that path)")
     parser.add_argument("--db-key", type=Path, metavar="PEM",
-                        help="the fleet's Secure Boot db signing key: the UKIs, the site's boot "
-                        "files (OUT/site-boot/) and the ISO's GRUB cores (with --iso-uki) are signed "
-                        "with it (initramfs/signing.py, sbsign)")
+                        help="the fleet's Secure Boot db signing key: the UKIs and the site's boot "
+                        "files (OUT/site-boot/) are signed with it (initramfs/signing.py, sbsign); "
+                        "the ISO's UEFI boot (with --iso-uki) starts the signed UKI itself")
     parser.add_argument("--db-cert", type=Path, metavar="PEM", help="with --db-key: its certificate")
     parser.add_argument("--db-key-passphrase-file", type=Path, metavar="PATH",
                         help="with --db-key: the file that holds an encrypted key's passphrase")
@@ -749,8 +749,8 @@ def main(argv: list[str] | None = None) -> int:
         except signing.SigningError as exc:
             parser.error(str(exc))
         if args.iso and not args.iso_uki:   # initramfs/iso.py, "Secure Boot"
-            parser.error("--db-key with --iso needs --iso-uki: a signed GRUB core would start a kernel "
-                         "and initramfs that nothing verifies")
+            parser.error("--db-key with --iso needs --iso-uki: under Secure Boot the ISO's UEFI boot is "
+                         "the signed UKI; a kernel and initramfs would be verified by nothing")
     site_cmdline = ""
     if args.uki_site:
         from initramfs import uki

@@ -34,13 +34,17 @@ and no separate kernel and initramfs. The amd64 ISO holds them twice (for BIOS, 
 UKI): about twice the size, over the 32 MB target (build_iso warns).
 
 Secure Boot (``db_key``, the fleet's db key: initramfs/signing.py; the build's ``--db-key`` with
-``--iso-uki``): each UEFI core is signed by sbsign (its Authenticode digest, in
-``TARGET.loaders.json``, does not change), and made with ``--disable-shim-lock``: there is no
-shim beside it, so GRUB's own verifier would refuse everything it chainloads; the UKI (signed
-by the caller with the same key) is checked by the firmware's LoadImage, which
-``chainloader`` calls, against db and dbx. Without a UKI there is no signed ISO: the core would
-start a kernel and initramfs that nothing verifies (``IsoError``). The BIOS core is not a PE
-image and Secure Boot does not apply to it.
+``--iso-uki``): the El Torito EFI image holds the UKI itself as ``EFI/BOOT/BOOTX64.EFI`` (or
+BOOTAA64.EFI), no GRUB: the firmware verifies the UKI (signed by the caller with that key)
+against db and dbx and starts it, with no LoadOptions (PCR 12 empty), and PCR 4 holds the UKI
+alone (``TARGET.loaders.json`` lists no loader). Why not a signed GRUB chainloading it: under
+Secure Boot, Debian's GRUB 2.06 locks itself down, and its lockdown verifier defers the check of
+every image ``chainloader`` opens to another verifier; without shim there is none (a core made
+``--disable-shim-lock`` only drops shim's), so GRUB refuses the UKI before the firmware sees it
+("verification requested but nobody cares: /boot/ramdisk.efi", seen on OVMF's console with the
+fleet's keys enrolled: tests/e2e/test_attest_media.py). The UKI is on the ISO once, inside the
+EFI image; BIOS still boots the kernel and initramfs (Secure Boot does not apply to it). Without
+a UKI there is no signed ISO: nothing would verify a kernel and initramfs (``IsoError``).
 
 The ISO carries its licence notices and SBOM as the initramfs does: ``licenses/`` holds the
 GRUB packages' Debian copyright files (``debian-copyright.tar.xz``) and ``sbom.cdx.json`` (the
@@ -150,14 +154,17 @@ def build_iso(kernel: Path, initrd: Path, target: Path, *, arch: str = "amd64",
     where the GRUB packages are downloaded and unpacked (the arch's build directory).
     ``uki``: the UEFI cores start this UKI (built with ``default_cmdline``) instead, and
     ``target``.loaders.json lists their Authenticode digests. ``db_key`` (with ``uki``, which
-    the caller signed): the UEFI cores signed with the fleet's db key for Secure Boot (the
-    module's docstring, "Secure Boot")."""
+    the caller signed with it): Secure Boot, the firmware starts the UKI itself (the module's
+    docstring, "Secure Boot"); the UKI is checked to be signed by the key's certificate."""
     reason = missing_tools()
     if reason:
         raise IsoError(reason)
     if db_key is not None and uki is None:
         raise IsoError("a signed ISO needs a UKI: its GRUB core, signed, would start a kernel and "
                        "initramfs that nothing verifies (build with --iso-uki)")
+    if db_key is not None and uki is not None and not signing.verify(uki, db_key.cert):
+        raise IsoError(f"{uki} is not signed by the db key's certificate {db_key.cert}: the firmware "
+                       "would refuse it under Secure Boot")
     out = out if out is not None else debs.out_dir(debs.ARCHES[arch])
     script_text = grub_script(cmdline if cmdline is not None else default_cmdline(arch))
     trees = grub_trees(arch, out)
@@ -176,26 +183,24 @@ def build_iso(kernel: Path, initrd: Path, target: Path, *, arch: str = "amd64",
         script.write_text(script_text)
         uki_script = work / "grub-uki.cfg"
         uki_script.write_text(grub_uki_script())
-        if uki is not None:
+        if uki is not None and db_key is None:   # signed: in the EFI image alone
             shutil.copyfile(uki, tree / "boot" / UKI_NAME)
         loader_digests: list[str] = []
         argv = ["xorriso", "-as", "mkisofs", "-quiet", "-o", str(work / "out.iso"), "-V", LABEL,
                 "-r", "-J", "-joliet-long"]
         efi_files: list[tuple[str, Path]] = []
         for loader, _deb, unpacked in trees:
+            if loader.efi_name and uki is not None and db_key is not None:
+                efi_files.append((loader.efi_name, uki))   # Secure Boot: the firmware starts it
+                continue
             modules = unpacked / "usr/lib/grub" / loader.platform.removesuffix("-eltorito")
             core = work / (loader.efi_name or "eltorito.img")
             chain = uki is not None and bool(loader.efi_name)
-            # Signed, a core has no shim beside it: --disable-shim-lock leaves the UKI's check
-            # to the firmware's LoadImage (db, dbx), which chainloader calls.
-            unlocked = ["--disable-shim-lock"] if chain and db_key is not None else []
             run(["grub-mkimage", "-O", loader.platform, "-d", str(modules), "-o", str(core),
-                 "-p", "/boot/grub", "-c", str(uki_script if chain else script), *unlocked,
+                 "-p", "/boot/grub", "-c", str(uki_script if chain else script),
                  *(UKI_MODULES if chain else loader.modules)], timeout=120)
             if loader.efi_name:
                 efi_files.append((loader.efi_name, core))
-                if db_key is not None:   # Authenticode: the digest below is the same signed
-                    signing.sign(core, db_key)
                 loader_digests.append(authenticode_sha256(core.read_bytes()).hex())
             else:
                 shutil.copyfile(core, tree / "boot/eltorito.img")

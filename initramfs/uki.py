@@ -293,7 +293,10 @@ def reference_values(uki: Path, build_id: str = "") -> dict[str, Any]:
         # The stub hands over to the kernel (handover_kernel): nothing more in PCR 4, none in 9.
         values["pcr9"] = bytes(32).hex()
     else:
-        # The stub starts the kernel through the firmware's LoadImage, which measures it too.
+        # The stub starts the kernel through the firmware's LoadImage, which measures it too;
+        # under Secure Boot the stub's own security override lets the kernel in unverified and
+        # unmeasured (its bytes are in the UKI's digest): PCR 4 then holds the UKI alone.
+        values["pcr4_secure_boot"] = list(values["pcr4"])
         values["pcr4"].append(authenticode_sha256(parse_pe(data).section(".linux")).hex())
     return values
 

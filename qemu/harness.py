@@ -183,8 +183,10 @@ class MachineSpec:
     # Another UEFI build on pflash instead of -bios: (code, a writable copy of its variables);
     # on arm64 AAVMF, whose measured boot is checked (tests/e2e/test_attest_arm64.py).
     pflash: tuple[Path, Path] | None = None
-    # With ``pflash`` on amd64: a Secure Boot build of OVMF (qemu/secureboot.py), which needs
-    # SMM and the pflash's secure property (only SMM code writes its authenticated variables).
+    # With ``pflash``, its variables holding a fleet's keys (qemu/secureboot.py): on amd64 the
+    # Secure Boot build of OVMF, which needs SMM and the pflash's secure property (only SMM code
+    # writes its authenticated variables); on arm64 AAVMF as ever (Debian builds it with Secure
+    # Boot: its .ms and .snakeoil names are links to it), whose ``virt`` machine has no SMM.
     secure_boot: bool = False
 
     @property
@@ -359,9 +361,10 @@ class Machine:
         cpu = "host" if spec.kvm else os.environ.get("BC_QEMU_CPU", plat.cpu)
         machine = plat.machine
         if spec.secure_boot:
-            if spec.pflash is None or spec.arch != "amd64":
-                raise ValueError("secure_boot: OVMF's Secure Boot build on pflash, amd64 only")
-            machine += ",smm=on"
+            if spec.pflash is None:
+                raise ValueError("secure_boot: a Secure Boot firmware on pflash (qemu/secureboot.py)")
+            if spec.arch == "amd64":
+                machine += ",smm=on"
         argv = [
             plat.qemu, "-machine", machine, "-accel", accel, "-cpu", cpu,
             "-m", str(spec.memory_mb), "-smp", str(spec.cpus),
@@ -376,7 +379,7 @@ class Machine:
         else:
             argv += ["-serial", "chardev:sh0"]
         if spec.pflash is not None:
-            if spec.secure_boot:
+            if spec.secure_boot and spec.arch == "amd64":
                 argv += ["-global", "driver=cfi.pflash01,property=secure,value=on"]
             argv += ["-drive", f"if=pflash,format=raw,readonly=on,file={spec.pflash[0]}",
                      "-drive", f"if=pflash,format=raw,file={spec.pflash[1]}"]

@@ -316,8 +316,9 @@ class SiteLab(Lab):
         the site's TFTP serves it ipxe.efi (qemu/powered.py's NodeSpec). An arm64 node with a
         TPM runs AAVMF on pflash, with its own copy of the variables (AAVMF's PXE then gets the
         site's GRUB from the site's TFTP: every arm64 PXE boot is the firmware's own).
-        ``secure_boot_vars``: an amd64 UEFI node under OVMF's Secure Boot build on pflash (SMM),
-        its own copy of these variables (a fleet's keys enrolled: qemu/secureboot.py).
+        ``secure_boot_vars``: a UEFI node under Secure Boot with its own copy of these variables
+        (a fleet's keys enrolled: qemu/secureboot.py): on amd64 OVMF's Secure Boot build on
+        pflash (SMM), on arm64 AAVMF (with a TPM: its variables are these instead of AAVMF's).
         ``disk_firmware``: a "disk" boot is the firmware's boot of the first disk (an empty disk
         fails as a server's does; a deployed one needs its own boot loader: an ESP image)."""
         tap = self.net.add_tap(f"tap{len(self.nodes)}")
@@ -328,14 +329,16 @@ class SiteLab(Lab):
             shutil.copyfile(AAVMF_VARS, variables)
             pflash = (str(AAVMF_CODE), str(variables))
         if secure_boot_vars is not None:
-            from qemu.secureboot import OVMF_SECBOOT_CODE
+            from qemu.secureboot import FIRMWARE
 
-            if self.ramdisk.arch != "amd64" or not uefi:
-                raise ValueError("secure_boot_vars: an amd64 UEFI node (OVMF's Secure Boot build)")
-            variables = self.workdir / name / "OVMF_VARS_4M.fd"
+            if not uefi:
+                raise ValueError("secure_boot_vars: a UEFI node (a Secure Boot firmware)")
+            code = FIRMWARE[self.ramdisk.arch][0]
+            variables = self.workdir / name / ("OVMF_VARS_4M.fd" if self.ramdisk.arch == "amd64"
+                                               else AAVMF_VARS.name)
             variables.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(secure_boot_vars, variables)
-            pflash = (str(OVMF_SECBOOT_CODE), str(variables))
+            pflash = (str(code), str(variables))
         node = PoweredNode(self.workdir / name).configure(NodeSpec(
             kernel=str(kernel), initrd=str(initrd), append=append, memory_mb=memory_mb, cpus=1,
             kvm=kvm_wanted() and self.ramdisk.arch == "amd64", disks=[str(d) for d in disks],

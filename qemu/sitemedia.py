@@ -29,7 +29,8 @@ from typing import Any
 from agent.proto import site_pb2
 from agent.site.boot.vmedia import MediaRequest, StaticNetwork, iso9660
 from initramfs import build as ramdisk
-from initramfs import iso
+from initramfs import iso, signing
+from initramfs.signing import DbKey
 from qemu.harness import GUEST_HOST, PLATFORMS
 from qemu.lab import GATEWAY_PORT, GUEST_TRUST, Lab
 from qemu.sitelab import GATEWAY_ADDRESS, SITE_ADDRESS, SiteLab
@@ -38,6 +39,9 @@ from qemu.sitelife import Bmc, Lifecycle, SiteNode, guest_shell, make_node
 NODE_ADDRESS = "10.0.2.50"       # outside the lab's DHCP range: nothing hands it out
 PREFIX = 24
 ISO_NAME = "ramdisk.iso"
+SIGNED_ISO_NAME = "ramdisk-signed.iso"   # the same for Secure Boot: the signed UKI its EFI boot
+# efivarfs: the SecureBoot variable (4 bytes of attributes, then its one byte).
+SECURE_BOOT_VAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 MEDIA_TIMEOUT = 120.0
 
 
@@ -53,6 +57,21 @@ def build_lab_iso(lab: Lab) -> Path:
         initrd = lab.initrd("iso", lab.overlay(test=True))
         arch = ramdisk.ARCHES[lab.ramdisk.arch]
         iso.build_iso(lab.ramdisk.kernel, initrd, target, arch=arch.name, out=ramdisk.out_dir(arch))
+    return target
+
+
+def build_signed_lab_iso(lab: Lab, db_key: DbKey) -> Path:
+    """The lab's ramdisk ISO as ``--iso --iso-uki --db-key`` makes it: its EFI boot the test
+    ramdisk as a UKI signed with ``db_key`` (the firmware verifies and starts it: initramfs/iso.py,
+    "Secure Boot"), the kernel and initramfs beside it for BIOS."""
+    target = lab.www / SIGNED_ISO_NAME
+    if not target.is_file():
+        esp, _ = lab.uki("iso-signed", settings={"media": "cdrom"},
+                         sign=lambda image: signing.sign(image, db_key))
+        arch = ramdisk.ARCHES[lab.ramdisk.arch]
+        name = "BOOTX64.EFI" if arch.name == "amd64" else "BOOTAA64.EFI"
+        iso.build_iso(lab.ramdisk.kernel, lab.workdir / "iso-signed-initrd.img", target, arch=arch.name,
+                      out=ramdisk.out_dir(arch), uki=esp / "EFI" / "BOOT" / name, db_key=db_key)
     return target
 
 
@@ -77,14 +96,18 @@ def user_net_config(lab: Lab, node: str, workdir: Path, *, network: StaticNetwor
     return config
 
 
-def make_media_node(lab: SiteLab, name: str, *, mac: str, uefi: bool = False) -> SiteNode:
-    """qemu/sitelife.py's node, its image carrying its own static network."""
-    return make_node(lab, name, mac=mac, uefi=uefi, network=static_network(mac).file())
+def make_media_node(lab: SiteLab, name: str, *, mac: str, uefi: bool = False,
+                    secure_boot_vars: Path | None = None) -> SiteNode:
+    """qemu/sitelife.py's node, its image carrying its own static network; ``secure_boot_vars``:
+    under Secure Boot with these keys (qemu/secureboot.py)."""
+    return make_node(lab, name, mac=mac, uefi=uefi, network=static_network(mac).file(),
+                     secure_boot_vars=secure_boot_vars)
 
 
 class MediaLifecycle(Lifecycle):
-    def __init__(self, lab: SiteLab, node: SiteNode, bmc: Bmc) -> None:
+    def __init__(self, lab: SiteLab, node: SiteNode, bmc: Bmc, iso_image: Path | None = None) -> None:
         super().__init__(lab, node, bmc)
+        self.iso = iso_image if iso_image is not None else build_lab_iso(lab)   # in lab.www
         self.media_urls: tuple[str, str] = ("", "")
         self.join_seconds = 0.0      # power on (the command sent) to joined
 
@@ -113,8 +136,8 @@ class MediaLifecycle(Lifecycle):
         net = static_network(self.node.mac)
         result = self.site("boot.prepareRamdisk", {
             "node_id": name, "mac_address": self.node.mac, "boot_method": "virtual_media",
-            "iso_url": lab.upstream_url(ISO_NAME), "ttl_seconds": 1800,
-            "iso_digest": {"hex": hashlib.sha256(build_lab_iso(lab).read_bytes()).hexdigest()},
+            "iso_url": lab.upstream_url(self.iso.name), "ttl_seconds": 1800,
+            "iso_digest": {"hex": hashlib.sha256(self.iso.read_bytes()).hexdigest()},
             "static_network": {"address": net.address, "prefix_length": net.prefix,
                                "default_route": net.default_route, "dns": list(net.dns)},
             "agent_gateway": f"{GATEWAY_ADDRESS}:{GATEWAY_PORT}", "ca_pem": lab.pki.ca.read_text(),
@@ -178,7 +201,8 @@ class MediaLifecycle(Lifecycle):
         if self.lab.net.plain_dhcp is not None or "agent.site.boot.dnsmasq" in log:
             raise self.fail("a DHCP server runs on the lab's network")
         status, out = guest_shell(self.node, "ip -4 addr show; ls /run/udhcpc.* 2>&1; "
-                                             'echo "efi=$(test -d /sys/firmware/efi && echo yes)"')
+                                             'echo "efi=$(test -d /sys/firmware/efi && echo yes)"; '
+                                             f"echo sb=$(od -An -tu1 {SECURE_BOOT_VAR} 2>/dev/null)")
         if status != 0 or f"inet {NODE_ADDRESS}/{PREFIX}" not in out or "udhcpc.eth" in out:
             raise self.fail(f"the ramdisk's network is not the static one alone: {out!r}")
         firmware = "BIOS (SeaBIOS, El Torito)"
@@ -186,6 +210,11 @@ class MediaLifecycle(Lifecycle):
             if "efi=yes" not in out:
                 raise self.fail(f"a UEFI node's ramdisk sees no /sys/firmware/efi: {out!r}")
             firmware = "UEFI (El Torito EFI image, GRUB)"
+            if self.node.power.spec().secure_boot:
+                # The firmware enforced the fleet's keys: SecureBoot 1 (after its 4 attribute bytes).
+                if not re.search(r"(?m)^sb=\s*6 0 0 0 1\s*$", out):
+                    raise self.fail(f"a Secure Boot node's ramdisk reads no SecureBoot = 1: {out!r}")
+                firmware = "UEFI Secure Boot (the El Torito EFI image: the signed UKI, SecureBoot = 1)"
         elif PLATFORMS[self.lab.ramdisk.arch].always_uefi:
             firmware = "UEFI (arm64)"
         self.step("CD boot + join", t, f"{firmware}: the BMC fetched both media; {NODE_ADDRESS}/{PREFIX} "

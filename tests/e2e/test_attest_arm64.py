@@ -5,7 +5,9 @@ machine with a TPM 2.0 (``tpm-tis-device``, swtpm). The ramdisk's /init loads th
 (tpm_tis, a module in Debian's arm64 cloud kernel) before the agent starts; the join is attested
 with PCRs 4, 11 and 12 as uki.py predicted, and the node's disk.wipe certificate counts as
 verified. GRUB in front of the UKI (``chainloader`` with no arguments) is measured before it, and with
-GRUB listed as a loader the join attests: from an ESP folder, and from the arm64 ISO. The site's
+GRUB listed as a loader the join attests (from an ESP folder). The arm64 virtual-media ISO boots
+with Secure Boot on: AAVMF with the fleet's keys enrolled starts the ISO's signed UKI, PCR 7
+judged (issue 52). The site's
 arm64 PXE path (the site's GRUB from its TFTP, the node's GRUB script and the UKI from its HTTP
 service) is test_site_arm64_pxe.py's, through the site lab's real proxy DHCP and TFTP.
 
@@ -23,11 +25,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.gateway.verifier import eventlog
+from agent.gateway.verifier import eventlog, pcr7
 from agent.gateway.verifier.attest import Status
 from agent.gateway.verifier.policy import Build
+from agent.gateway.verifier.refused import PolicyFailed
 from initramfs import build as ramdisk
-from initramfs import iso, uki
+from initramfs import iso, signing, uki
+from qemu import secureboot
 from qemu import tpm as qemu_tpm
 from qemu.harness import AAVMF_CODE, AAVMF_VARS, Machine, grub_chainloader
 from qemu.lab import Lab, ensure_ramdisk
@@ -39,6 +43,8 @@ pytestmark = [pytest.mark.qemu, pytest.mark.slow]
 
 NODE = "attest-arm64"
 MAC = "52:54:00:12:34:56"  # the lab's NIC
+# efivarfs: the SecureBoot variable (4 bytes of attributes, then its one byte).
+SECURE_BOOT_VAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 
 
 @pytest.fixture(scope="module")
@@ -61,16 +67,20 @@ def firmware_variables(tmp_path: Path) -> Path:
     return variables
 
 
-def pcr4_images(machine: Machine) -> list[str]:
-    """The EFI applications the firmware measured into PCR 4, in order, from the event log the
-    guest's kernel exposes (through the test ramdisk's shell, parsed here)."""
+def event_log(machine: Machine) -> eventlog.EventLog:
+    """The firmware's event log as the guest's kernel exposes it (through the test ramdisk's
+    shell, parsed here)."""
     # Between marks that the shell's echo of the command line does not hold as lines of their own.
     status, out = machine.shell("echo LOG-''START;"
                                 " base64 </sys/kernel/security/tpm0/binary_bios_measurements; echo LOG-''END")
     found = re.search(r"(?ms)^LOG-START$(.*?)^LOG-END$", out)
     assert status == 0 and found, out
-    log = eventlog.parse(base64.b64decode("".join(found.group(1).split())))
-    return [e.sha256.hex() for e in log.of(4, eventlog.Ev.EFI_BOOT_SERVICES_APPLICATION)]
+    return eventlog.parse(base64.b64decode("".join(found.group(1).split())))
+
+
+def pcr4_images(machine: Machine) -> list[str]:
+    """The EFI applications the firmware measured into PCR 4, in order."""
+    return [e.sha256.hex() for e in event_log(machine).of(4, eventlog.Ev.EFI_BOOT_SERVICES_APPLICATION)]
 
 
 def test_an_arm64_uki_under_aavmf_attests_and_its_wipe_is_verified(arm_lab: Lab, tmp_path: Path) -> None:
@@ -134,31 +144,46 @@ def test_grub_chainloading_the_uki_is_measured_and_attests_as_a_loader(arm_lab: 
             arm_lab.gateway.attestation = None
 
 
-def test_the_arm64_iso_chainloads_the_uki_and_the_node_attests(arm_lab: Lab, tmp_path: Path) -> None:
-    """The arm64 virtual-media ISO with the UKI (initramfs/iso.py): AAVMF boots its
-    BOOTAA64.EFI, GRUB chainloads /boot/ramdisk.efi with no arguments, the node's settings come
-    from its config medium (the second CD); PCR 4 holds the core, the UKI and the kernel."""
+def test_the_signed_arm64_iso_boots_its_signed_uki_with_secure_boot_on_and_the_node_attests(
+        arm_lab: Lab, tmp_path: Path) -> None:
+    """The arm64 virtual-media ISO with Secure Boot on (initramfs/iso.py, "Secure Boot"): the
+    fleet's keys made now (qemu/secureboot.py) and enrolled by virt-fw-vars into the node's
+    variable store (Debian's AAVMF is built with Secure Boot); the ISO's EFI image is the UKI
+    signed with the fleet's db key, which AAVMF verifies and starts with no arguments; the node's
+    settings come from its config medium (the second CD). PCR 4 holds the UKI alone (the build's
+    ``pcr4_secure_boot``: the stub starts its kernel unmeasured under Secure Boot); PCR 7 is
+    judged: Secure Boot on, the fleet's db certificate the authority (another refused); the
+    ramdisk reads SecureBoot = 1."""
     node = "attest-arm64-media"
-    reason = iso.missing_tools()
+    reason = iso.missing_tools() or secureboot.missing("arm64")
     if reason:
         pytest.skip(reason)
-    esp, values = arm_lab.uki("arm64-media-build", settings={"media": "cdrom"})
+    keys = secureboot.FleetKeys.generate(tmp_path / "keys")
+    esp, values = arm_lab.uki("arm64-media-build", settings={"media": "cdrom"},
+                              sign=lambda image: signing.sign(image, keys.db_key()))
     arch = ramdisk.ARCHES["arm64"]
     image = iso.build_iso(arm_lab.ramdisk.kernel, arm_lab.workdir / "arm64-media-build-initrd.img",
                           tmp_path / "ramdisk.iso", arch=arch.name, out=ramdisk.out_dir(arch),
-                          uki=esp / "EFI" / "BOOT" / "BOOTAA64.EFI")
-    loaders = json.loads(image.with_name("ramdisk.iso.loaders.json").read_text())["loaders"]
+                          uki=esp / "EFI" / "BOOT" / "BOOTAA64.EFI", db_key=keys.db_key())
+    assert json.loads(image.with_name("ramdisk.iso.loaders.json").read_text())["loaders"] == []
     config = user_net_config(arm_lab, node, tmp_path)
+    variables = keys.enrolled_vars(tmp_path / "enrolled-vars.fd", arch="arm64")
     qemu_tpm.manufacture(tmp_path / "state", tmp_path / "ca")
     joins = attest(arm_lab, tmp_path / "ca", [Build.from_values(values)])
-    joins.verifier.policy.loaders.update(bytes.fromhex(d) for d in loaders)
+    fleet = keys.cert_sha256("fleet-db")
+    joins.verifier.policy.secure_boot = pcr7.SecureBootPolicy.from_json(
+        {"required": True, "authorities": [fleet]})
     with qemu_tpm.Swtpm(tmp_path / "state", tmp_path / "swtpm.sock") as swtpm:
         machine = arm_lab.boot(node, tpm=swtpm.socket, media=[str(image), str(config)],
-                               pflash=(AAVMF_CODE, firmware_variables(tmp_path)))
+                               pflash=(AAVMF_CODE, variables), secure_boot=True)
         try:
             arm_lab.wait_joined(machine, node, JOIN_TIMEOUT)
-            assert "starting the ramdisk UKI from the CD" in machine.console()
-            assert pcr4_images(machine) == [*loaders, *values["pcr4"]]
+            assert "Welcome to GRUB" not in machine.console()
+            log = event_log(machine)
+            started = [e.sha256.hex() for e in log.of(4, eventlog.Ev.EFI_BOOT_SERVICES_APPLICATION)]
+            # The UKI alone: under Secure Boot its stub starts the kernel under its own security
+            # override, unverified and unmeasured by the firmware (initramfs/uki.py).
+            assert started == values["pcr4_secure_boot"] == values["pcr4"][:1], started
             found = verdict(joins, node)
             assert found.status is Status.ATTESTED, f"{found}\n{machine.console_tail()}"
             assert found.matched["pcr4"] == values["pcr4"][0], found
@@ -166,6 +191,18 @@ def test_the_arm64_iso_chainloads_the_uki_and_the_node_attests(arm_lab: Lab, tmp
             assert code == 0 and "bc.media=cdrom" in cmdline and "bc.token" not in cmdline, cmdline
             code, pcr12 = machine.shell("cat /sys/class/tpm/tpm0/pcr-sha256/12")
             assert code == 0 and pcr12.split()[-1] == "0" * 64, pcr12
+            code, sb = machine.shell(f"od -An -tu1 {SECURE_BOOT_VAR}; dmesg | grep -i 'secure boot'")
         finally:
             machine.stop()
             arm_lab.gateway.attestation = None
+    # Secure Boot was on and enforced: PCR 7 judged from the event log says on, not in setup
+    # mode, the fleet's db certificate the authority that verified the UKI; the firmware says so
+    # to the ramdisk (SecureBoot = 1 after its 4 bytes of attributes), and the kernel saw it.
+    assert found.matched["secure_boot"] == "on", found
+    assert found.matched["authorities"] == fleet, found
+    assert code == 0 and re.search(r"(?m)^\s*6\s+0\s+0\s+0\s+1\s*$", sb), sb
+    assert "secureboot: Secure boot enabled" in sb, sb
+    with pytest.raises(PolicyFailed) as info:   # the same log, another db certificate: refused
+        pcr7.judge(log, pcr7.SecureBootPolicy.from_json(
+            {"required": True, "authorities": [keys.cert_sha256("other-db")]}))
+    assert info.value.check == "policy_secure_boot", info.value

@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 from cryptography.x509.oid import NameOID
 
-from agent.errors import TpmFailed
+from agent.errors import InvalidParameters, TpmFailed
 from agent.gateway.verifier import eventlog
 from agent.gateway.verifier.attest import (
     Challenge,
@@ -35,7 +35,7 @@ from agent.gateway.verifier.attest import (
     load_certificates,
 )
 from agent.gateway.verifier.policy import SEPARATED_PCRS as SEPARATED
-from agent.gateway.verifier.policy import Policy
+from agent.gateway.verifier.policy import Build, Policy
 from agent.gateway.verifier.refused import PolicyFailed, Refused
 from agent.hw import tpm as tpmwire
 from agent.security.attest import Attestor
@@ -415,6 +415,34 @@ def test_a_loader_the_policy_does_not_know(sim: SimTpm, tmp_path: Path, verifier
     sim.restart()
     node.boot([*UEFI_BOOT[:at], ipxe, *UEFI_BOOT[at:]])
     assert node.join(verifier).attested
+
+
+def test_an_arm64_build_under_secure_boot_shows_its_uki_alone(sim: SimTpm, tmp_path: Path,
+                                                              verifier: Verifier) -> None:
+    """An arm64 build starts the UKI, then its kernel (the stub's LoadImage); under Secure Boot
+    the stub's own security override starts the kernel unmeasured, so PCR 4 ends with the UKI:
+    accepted only where the build states that form (``pcr4_secure_boot``, initramfs/uki.py),
+    which the policy file keeps."""
+    arm64 = {**policy_doc()["builds"][0], "pcr4": [RAMDISK.hex(), h(b"kernel").hex()]}
+    verifier.policy.builds = [Build.from_values(arm64)]
+    node = Node(sim, tmp_path)
+    node.boot()       # PCR 4 ends with the UKI: no kernel after it
+    refused(node.join(verifier), "policy_pcr4")
+    verifier.policy.builds = [Build.from_values({**arm64, "pcr4_secure_boot": [RAMDISK.hex()]})]
+    sim.restart()
+    node.boot()
+    verdict = node.join(verifier)
+    assert verdict.attested and verdict.matched["pcr4"] == RAMDISK.hex(), verdict
+    kept = verifier.policy.to_json()["builds"][0]
+    assert kept["pcr4_secure_boot"] == [RAMDISK.hex()]
+    assert Build.from_values(kept) == verifier.policy.builds[0]
+    # Either form where PCR 4 ends with it (what came before is judged as loaders); nothing else.
+    other = Build.from_values({**arm64, "pcr4_secure_boot": [RAMDISK.hex()]})
+    assert other.started([h(b"shim"), RAMDISK]) == (RAMDISK,)
+    assert other.started([RAMDISK, h(b"kernel")]) == (RAMDISK, h(b"kernel"))
+    assert other.started([RAMDISK, h(b"another")]) is None
+    with pytest.raises(InvalidParameters):
+        Build.from_values({**arm64, "pcr4_secure_boot": RAMDISK.hex()})
 
 
 def _chained_by_ipxe(probe: bytes = RAMDISK,

@@ -140,43 +140,47 @@ def test_with_a_uki_the_uefi_core_chainloads_it_with_no_arguments(arch: str, tmp
 
 
 @pytest.mark.parametrize("arch", ["amd64", "arm64"])
-def test_with_a_db_key_the_uefi_cores_are_signed_for_secure_boot(arch: str, tmp_path: Path) -> None:
-    """The ISO's UEFI core signed with the fleet's db key (sbverify: the fleet's certificate
-    verifies it, another does not), built without GRUB's shim_lock verifier (no shim: the
-    firmware's LoadImage checks the UKI), its loaders.json digest the signed core's; a signed ISO
-    without a UKI is refused before anything is written."""
+def test_with_a_db_key_the_uefi_boot_is_the_signed_uki_itself(arch: str, tmp_path: Path) -> None:
+    """Secure Boot: the El Torito EFI image holds the signed UKI as the removable-media loader,
+    no GRUB (whose lockdown refuses to chainload without shim: initramfs/iso.py), the UKI not
+    beside it on the ISO, and loaders.json lists no loader; a UKI the key did not sign, and a
+    signed ISO without a UKI, are refused before anything is written."""
     from initramfs import signing
-    from initramfs.uki import authenticode_sha256, parse_pe
-    from tests.initramfs.test_signing import keypair
+    from tests.initramfs.test_signing import IPXE, keypair
 
     need_tools()
     for tool in ("sbsign", "sbverify", "openssl"):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} is not installed (apt-get install sbsigntool openssl)")
+    if not IPXE.is_file():
+        pytest.skip("Debian's ipxe is not installed (a PE image to sign)")
     db = signing.DbKey.load(*keypair(tmp_path, "fleet-db"))
-    _, other = keypair(tmp_path, "other-db")
+    other = signing.DbKey.load(*keypair(tmp_path, "other-db"))
     kernel, initrd, uki = tmp_path / "vmlinuz", tmp_path / "initrd.img", tmp_path / "ramdisk.efi"
     kernel.write_bytes(os.urandom(100_000))
     initrd.write_bytes(os.urandom(100_000))
-    uki.write_bytes(b"MZ" + os.urandom(50_000))  # only copied: the firmware checks it at boot
+    shutil.copyfile(IPXE, uki)   # a PE image standing in for the UKI: the ISO only carries it
     out = ramdisk.out_dir(ramdisk.ARCHES[arch])
     with pytest.raises(iso.IsoError, match="needs a UKI"):
         iso.build_iso(kernel, initrd, tmp_path / "n.iso", arch=arch, out=out, db_key=db)
+    with pytest.raises(iso.IsoError, match="not signed by the db key"):
+        iso.build_iso(kernel, initrd, tmp_path / "n.iso", arch=arch, out=out, uki=uki, db_key=db)
+    signing.sign(uki, other)
+    with pytest.raises(iso.IsoError, match="not signed by the db key"):
+        iso.build_iso(kernel, initrd, tmp_path / "n.iso", arch=arch, out=out, uki=uki, db_key=db)
     assert not (tmp_path / "n.iso").exists()
+    shutil.copyfile(IPXE, uki)
+    signing.sign(uki, db)
     image = iso.build_iso(kernel, initrd, tmp_path / "s.iso", arch=arch, out=out, uki=uki, db_key=db)
     extract(image, "/boot/efi.img", tmp_path / "efi.img")
-    core_name = {"amd64": "BOOTX64.EFI", "arm64": "BOOTAA64.EFI"}[arch]
-    core = tmp_path / core_name
-    subprocess.run(["mcopy", "-i", str(tmp_path / "efi.img"), f"::/EFI/BOOT/{core_name}", str(core)],
+    name = {"amd64": "BOOTX64.EFI", "arm64": "BOOTAA64.EFI"}[arch]
+    started = tmp_path / name
+    subprocess.run(["mcopy", "-i", str(tmp_path / "efi.img"), f"::/EFI/BOOT/{name}", str(started)],
                    check=True, timeout=60, env={**os.environ, "MTOOLS_SKIP_CHECK": "1"})
-    assert parse_pe(core.read_bytes()).cert_size > 0
-    assert signing.verify(core, db.cert)
-    assert not signing.verify(core, other)
-    assert b"chainloader /boot/ramdisk.efi\n" in core.read_bytes()
-    loaders = json.loads(image.with_name("s.iso.loaders.json").read_text())
-    assert loaders == {"loaders": [authenticode_sha256(core.read_bytes()).hex()]}
-    # The same ISO unsigned: its core is not signed, and it keeps GRUB's shim_lock verifier
-    # (a core made --disable-shim-lock differs from it beyond the signature).
+    assert started.read_bytes() == uki.read_bytes()
+    assert "/boot/ramdisk.efi" not in files_of(image)
+    assert json.loads(image.with_name("s.iso.loaders.json").read_text()) == {"loaders": []}
+    # The same UKI unsigned-ISO way (no db key): GRUB's core chainloads it, and is the loader.
     plain = iso.build_iso(kernel, initrd, tmp_path / "p.iso", arch=arch, out=out, uki=uki)
-    plain_digest = json.loads(plain.with_name("p.iso.loaders.json").read_text())["loaders"]
-    assert plain_digest != loaders["loaders"]
+    assert len(json.loads(plain.with_name("p.iso.loaders.json").read_text())["loaders"]) == 1
+    assert "/boot/ramdisk.efi" in files_of(plain)

@@ -38,6 +38,27 @@ def test_revoked_digests_are_appended_to_dbx_as_sha256_entries(tmp_path: Path) -
     assert not (tmp_path / "bad.fd").exists()
 
 
+def test_an_arm64_store_holds_the_fleets_keys_alone_on_aavmfs_formatted_store(tmp_path: Path) -> None:
+    """AAVMF_VARS.fd is blank, so the arm64 store is AAVMF_VARS.ms.fd emptied, then the fleet's
+    keys: Microsoft's certificates gone, nothing of that store's boot entries left."""
+    reason = secureboot.missing("arm64")
+    if reason:
+        pytest.skip(reason)
+    keys = secureboot.FleetKeys.generate(tmp_path / "keys")
+    store = keys.enrolled_vars(tmp_path / "vars.fd", arch="arm64")
+    assert store.stat().st_size == secureboot.AAVMF_VARS_FORMATTED.stat().st_size
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keys", "vars.fd"]   # the emptied copy removed
+    subprocess.run([str(secureboot.virt_fw_vars()), "--input", str(store), "--output-json",
+                    str(tmp_path / "vars.json")], check=True, capture_output=True, timeout=120)
+    listed = json.loads((tmp_path / "vars.json").read_text())["variables"]
+    found = {v["name"]: bytes.fromhex(v["data"]) for v in listed}
+    assert {"PK", "KEK", "db", "SecureBootEnable"} <= found.keys()
+    assert not any(name.startswith("Boot") for name in found), sorted(found)
+    der = subprocess.run(["openssl", "x509", "-in", str(keys.cert("fleet-db")), "-outform", "DER"],
+                         check=True, capture_output=True, timeout=60).stdout
+    assert der in found["db"] and b"Microsoft" not in found["db"] + found["KEK"]
+
+
 def test_the_demo_refuses_secure_boot_with_what_it_does_not_run(capsys: pytest.CaptureFixture[str]) -> None:
     for argv in (["--secure-boot", "--nodes", "2"], ["--secure-boot", "--arch", "arm64"],
                  ["--secure-boot", "--virtual-media"], ["--secure-boot", "--break", "bad-cmdline"],

@@ -4,6 +4,7 @@ edits (docs/attestation.md):
     {
       "builds": [                       # the ramdisk builds accepted, as their build writes them
         {"build_id": "...", "pcr4": ["<the UKI's Authenticode SHA-256>", "<its kernel's>"],
+         "pcr4_secure_boot": ["<the UKI's>"],   # arm64: what PCR 4 shows under Secure Boot
          "pcr9": "<hex>", "pcr11": "<hex>", "pcr12": "<hex>"}     # each optional but pcr4
       ],
       "loaders": ["<Authenticode SHA-256>", ...],   # what may start before the ramdisk (iPXE, GRUB)
@@ -47,6 +48,10 @@ class Build:
     build_id: str
     pcr4: tuple[bytes, ...]  # the images it starts, in order: the UKI (on arm64, then its kernel)
     pcrs: dict[int, bytes]  # 9, 11, 12 where the build states them
+    # What PCR 4 shows of it under Secure Boot where that differs (arm64: the UKI alone; its stub
+    # starts the kernel under its own security override, which the firmware neither verifies
+    # nor measures; the UKI's digest covers the kernel, its .linux section).
+    pcr4_secure_boot: tuple[bytes, ...] = ()
 
     @classmethod
     def from_values(cls, values: Any, where: str = "build") -> Build:
@@ -58,7 +63,25 @@ class Build:
         if not images:
             raise InvalidParameters(f"{where}.pcr4 names no image")
         pcrs = {p: _digest(values[f"pcr{p}"], f"{where}.pcr{p}") for p in BUILD_PCRS if f"pcr{p}" in values}
-        return cls(str(values.get("build_id", "")), tuple(_digest(v, f"{where}.pcr4") for v in images), pcrs)
+        secure = values.get("pcr4_secure_boot", [])
+        if not isinstance(secure, list):
+            raise InvalidParameters(f"{where}.pcr4_secure_boot is a list of digests")
+        return cls(str(values.get("build_id", "")), tuple(_digest(v, f"{where}.pcr4") for v in images), pcrs,
+                   tuple(_digest(v, f"{where}.pcr4_secure_boot") for v in secure))
+
+    def to_json(self) -> dict[str, Any]:
+        secure = {"pcr4_secure_boot": [v.hex() for v in self.pcr4_secure_boot]} if self.pcr4_secure_boot \
+            else {}
+        return {"build_id": self.build_id, "pcr4": [v.hex() for v in self.pcr4], **secure,
+                **{f"pcr{p}": v.hex() for p, v in sorted(self.pcrs.items())}}
+
+    def started(self, digests: list[bytes]) -> tuple[bytes, ...] | None:
+        """The build's images as PCR 4's last ``digests`` show them (its Secure Boot form where
+        it has one and the other does not match), or None."""
+        for images in (self.pcr4, self.pcr4_secure_boot):
+            if images and tuple(digests[-len(images):]) == images:
+                return images
+        return None
 
 
 @dataclass
@@ -110,8 +133,7 @@ class Policy:
         """The policy as its file holds it; with ``profiles`` in place of its own where given."""
         profiles = self.profiles if profiles is None else profiles
         return {
-            "builds": [{"build_id": b.build_id, "pcr4": [v.hex() for v in b.pcr4],
-                        **{f"pcr{p}": v.hex() for p, v in sorted(b.pcrs.items())}} for b in self.builds],
+            "builds": [b.to_json() for b in self.builds],
             "loaders": sorted(v.hex() for v in self.loaders),
             "learn": self.learn,
             "profiles": {name: {f"pcr{p}": sorted(v.hex() for v in vals) for p, vals in sorted(pcrs.items())}
@@ -128,7 +150,8 @@ class Policy:
         PCRs 0, 2 and 7 are learned under its profile, known or not."""
         images = judge_events(log_)
         digests = [e.sha256 for e in images]
-        build = next((b for b in self.builds if tuple(digests[-len(b.pcr4):]) == b.pcr4), None)
+        build, started = next(((b, s) for b in self.builds if (s := b.started(digests)) is not None),
+                              (None, ()))
         if build is None:
             raise PolicyFailed("policy_pcr4", "the images started last (PCR 4: "
                                f"{', '.join(a.hex() for a in digests[-2:]) or 'none'}) are no accepted "
@@ -139,7 +162,7 @@ class Policy:
         # holds counts, whatever its event says it is: the label is the log's word, the digest
         # the firmware's.
         accepted = self.loaders | set(build.pcr4)
-        before = [e for e in images[:-len(build.pcr4)] if e.sha256 not in accepted]
+        before = [e for e in images[:-len(started)] if e.sha256 not in accepted]
         if before:
             label = eventlog.type_name(before[0].type)
             raise PolicyFailed("policy_pcr4", f"PCR 4: {before[0].sha256.hex()} (logged as {label}) "

@@ -192,7 +192,8 @@ def check(policy: SecureBootPolicy, state: secureboot.SecureBootState | None,
     fix = findings.bmc_remedy("bmc.firmware", "restore_secure_boot", policy=policy.path)
     keys_fix = fix if can_restore(policy, state) else None
     elsewhere = ("" if keys_fix else "; this BMC cannot put the keys back "
-                 + ("(the node is in setup mode: the ramdisk can enroll them)" if state.mode == "SetupMode"
+                 + ("(the node is in setup mode: its OS may enroll them until a PK is set; our ramdisk "
+                    "does not yet)" if state.mode == "SetupMode"
                     else "(an operator at the firmware's setup)"))
     if policy.required and state.enable is not True:
         found.add("secure_boot.off", "enabled", "absent" if state.enable is None else "disabled",
