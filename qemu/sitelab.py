@@ -303,7 +303,8 @@ class SiteLab(Lab):
     def powered_node(self, name: str, *, kernel: Path, initrd: Path, append: str,
                      disks: Sequence[Path] = (), mac: str = "52:54:00:12:34:56",
                      memory_mb: int = 1024, uefi: bool = False, tpm_state: Path | None = None,
-                     firmware_pxe: bool = False, secure_boot_vars: Path | None = None) -> PoweredNode:
+                     firmware_pxe: bool = False, secure_boot_vars: Path | None = None,
+                     disk_firmware: bool = False) -> PoweredNode:
         """A node on a new tap device on br0, off, its next boot from disk: ``kernel``,
         ``initrd``, ``append`` are what a "disk" boot runs (the installed OS); a "pxe" boot
         runs what the site's boot service offers. ``tpm_state``: the node's TPM 2.0 (a state
@@ -312,7 +313,9 @@ class SiteLab(Lab):
         TPM runs AAVMF on pflash, with its own copy of the variables (AAVMF's PXE then gets the
         site's GRUB from the site's TFTP: every arm64 PXE boot is the firmware's own).
         ``secure_boot_vars``: an amd64 UEFI node under OVMF's Secure Boot build on pflash (SMM),
-        its own copy of these variables (a fleet's keys enrolled: qemu/secureboot.py)."""
+        its own copy of these variables (a fleet's keys enrolled: qemu/secureboot.py).
+        ``disk_firmware``: a "disk" boot is the firmware's boot of the first disk (``kernel``,
+        ``initrd``, ``append`` unused then), as a real server's."""
         tap = self.net.add_tap(f"tap{len(self.nodes)}")
         pflash = ("", "")
         if self.ramdisk.arch == "arm64" and tpm_state is not None:
@@ -335,7 +338,8 @@ class SiteLab(Lab):
             owner_pid=os.getpid(), name=name,
             tap=tap, mac=mac, uefi=uefi, arch=self.ramdisk.arch,
             tpm_state=str(tpm_state or ""), firmware_pxe=firmware_pxe,
-            pflash_code=pflash[0], pflash_vars=pflash[1], secure_boot=secure_boot_vars is not None))
+            pflash_code=pflash[0], pflash_vars=pflash[1], secure_boot=secure_boot_vars is not None,
+            disk_firmware=disk_firmware))
         self.nodes.append(node)
         return node
 

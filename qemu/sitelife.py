@@ -82,13 +82,19 @@ class SiteNode:
 
 def make_node(lab: SiteLab, name: str, *, mac: str = NODE_MAC, uefi: bool = False,
               network: bytes = b"", tpm_state: Path | None = None,
-              firmware_pxe: bool = False, secure_boot_vars: Path | None = None) -> SiteNode:
+              firmware_pxe: bool = False, secure_boot_vars: Path | None = None,
+              image_sign: Callable[[Path], object] | None = None) -> SiteNode:
     """A powered-off node with two virtio disks (the second full of old data) and the image
     of its installed OS, which a "disk" boot runs (the image's kernel and initramfs, its root
     on the first disk: qemu/nodeimage.py); ``network``: the image's static network file;
     ``tpm_state``, ``firmware_pxe``: its TPM and UEFI's own PXE (qemu/siteattest.py);
-    ``secure_boot_vars``: OVMF's Secure Boot build with these keys (qemu/secureboot.py)."""
-    image = build_node_image(lab, name, lab.workdir / f"{name}-image", network=network)
+    ``secure_boot_vars``: OVMF's Secure Boot build with these keys (qemu/secureboot.py);
+    ``image_sign``: the image has an ESP whose loader is a UKI of its kernel and initramfs,
+    signed by this (initramfs/signing.py), and a "disk" boot is the firmware's boot of the
+    first disk, as a real server's, not QEMU's -kernel."""
+    uki = image_sign is not None
+    image = build_node_image(lab, name, lab.workdir / f"{name}-image", esp=uki, uki=uki,
+                             sign=image_sign, network=network)
     os.link(image.zst, lab.www / f"{name}.img.zst")
     disks = lab.workdir / f"{name}-disks"
     disks.mkdir(parents=True, exist_ok=True)
@@ -101,7 +107,8 @@ def make_node(lab: SiteLab, name: str, *, mac: str = NODE_MAC, uefi: bool = Fals
     power = lab.powered_node(name, kernel=image.kernel, initrd=image.initrd,
                              append=node_cmdline(lab.ramdisk.arch),
                              disks=[deploy, wipe], mac=mac, uefi=uefi, tpm_state=tpm_state,
-                             firmware_pxe=firmware_pxe, secure_boot_vars=secure_boot_vars)
+                             firmware_pxe=firmware_pxe, secure_boot_vars=secure_boot_vars,
+                             disk_firmware=uki)
     return SiteNode(name, power, deploy, wipe, image, mac, uefi)
 
 

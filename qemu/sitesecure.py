@@ -14,6 +14,9 @@ What the rig holds:
   and pinned in boot-files.json (initramfs/signing.py); the site's UKI signed with the same key.
 - The node: OVMF_CODE_4M.secboot.fd on pflash with SMM, a TPM 2.0 (swtpm), no NIC ROM (the
   firmware's own PXE starts the site's ipxe.efi), its BMC an ipmi_sim whose SOL the site keeps.
+  Its installed system's image (what deploy.image writes) has an ESP whose removable-media
+  loader is a UKI of the image's kernel and initramfs, signed by the fleet's db key
+  (qemu/nodeimage.py), and its "disk" boot is the firmware's boot of that disk (no -kernel).
 - The gateway's attestation: the UKI build's values, the signed iPXE as the loader, and a
   ``secure_boot`` section that requires Secure Boot with the fleet's db certificate as each
   image's authority (PCR 7 judged event by event: agent/gateway/verifier/pcr7.py).
@@ -85,7 +88,7 @@ def secure_rig(lab: SiteLab, node_id: str, username: str, password: str, ref: st
     variables = keys.enrolled_vars(lab.workdir / f"{node_id}-enrolled-vars.fd",
                                    dbx=[uki.authenticode_sha256(revoked.read_bytes())])
     node = make_node(lab, node_id, uefi=True, tpm_state=attest.tpm_state, firmware_pxe=True,
-                     secure_boot_vars=variables)
+                     secure_boot_vars=variables, image_sign=lambda image: signing.sign(image, keys.db_key()))
     sim = lab.in_lan(start_ipmi_sim, lab.workdir / "ipmi", node.power, username, password,
                      sol=lab.sol(node.power))
     attest.start()    # the lab's gateway attests the node's joins

@@ -52,6 +52,7 @@ from agent.site.boot.pxe import BootFile
 from initramfs import signing, uki
 from qemu import sitesecure
 from qemu.lab import Ramdisk
+from qemu.siteattest import pcr4_applications
 from qemu.sitelab import IPXE_DIR, SiteLab
 from qemu.sitelife import Step, guest_shell
 from qemu.sitesecure import SecureRig
@@ -77,7 +78,7 @@ def rig(ramdisk_parts: Ramdisk, tmp_path_factory: pytest.TempPathFactory) -> Ite
             yield rig
 
 
-def test_a_node_with_secure_boot_on_boots_the_signed_ipxe_and_uki_and_attests(rig: SecureRig) -> None:
+def test_a_node_with_secure_boot_on_boots_signed_attests_and_boots_its_deployed_disk(rig: SecureRig) -> None:
     lab, node, life = rig.lab, rig.node, rig.life
     # The site serves what the build signed and pinned: ipxe.efi signed by the fleet's db key.
     pinned = json.loads((rig.boot_files / BOOT_MANIFEST).read_text())["files"]
@@ -100,6 +101,18 @@ def test_a_node_with_secure_boot_on_boots_the_signed_ipxe_and_uki_and_attests(ri
         keys_code, keys_out = guest_shell(node, "cd /sys/firmware/efi/efivars && for v in " + " ".join(
             f"{name}-{guid}" for name, guid in DATABASES) + "; do [ -e $v ] && echo $v $(tail -c +5 $v "
             "| sha256sum); done; true")
+        # The rest of the site-driven life, Secure Boot still on: deploy (the image's ESP holds
+        # its UKI signed by the fleet's db key), wipe, clean up, then the firmware's boot of
+        # the deployed disk (no -kernel) into the installed system, which joins in role node.
+        life.http_proxy()
+        life.deploy()
+        life.wipe()
+        life.clean_up()
+        life.boot_device("disk")
+        life.power_cycle()
+        life.disk_join()
+        installed = life.command(NODE, "driver.invoke", {"driver": "efivars", "operation": "list",
+                                                         "arguments": {}})[1]
     finally:
         for s in shown:
             print(f"{s.seconds:7.1f}s  {s.name:22} {s.evidence}")
@@ -131,6 +144,22 @@ def test_a_node_with_secure_boot_on_boots_the_signed_ipxe_and_uki_and_attests(ri
         with pytest.raises(PolicyFailed) as info:
             pcr7.judge(log_, pcr7.SecureBootPolicy.from_json({"required": True, **found, **wrong}))
         assert info.value.check == "policy_secure_boot", info.value
+    # The installed system, booted by the firmware from the deployed disk with Secure Boot on:
+    # its own agent (role node, the disk's root mounted: Lifecycle.disk_join) reads SecureBoot 1
+    # and the databases the ramdisk read (the site turned nothing off to hand the node over).
+    assert installed.exit_code == 0, installed
+    efi = json.loads(bytes(installed.stdout))
+    assert (efi["secure_boot"], efi["setup_mode"]) == (1, 0), efi
+    assert {k: efi[f"{k}_sha256"] for k in ("pk", "kek", "db", "dbx")} == found, (efi, found)
+    node_join = life.joins["node"]
+    assert node_join.role == "node" and node_join.boot_id != judged.boot_id, node_join
+    print(f"the installed system's join: {node_join.verdict}")
+    # What the firmware started: the ESP's UKI alone (its Authenticode digest; QEMU's -kernel
+    # would have been the kernel), verified by the fleet's db certificate (PCR 7's authority).
+    assert pcr4_applications(node_join.evidence) == [bytes.fromhex(node.image.loader_authenticode)]
+    node_log = eventlog.parse(node_join.evidence.event_log)
+    assert pcr7.judge(node_log, pcr7.SecureBootPolicy.from_json(
+        {"required": True, **found, "authorities": [fleet]}))["secure_boot"] == "on"
 
 
 @pytest.mark.parametrize("signer", ["other-db", "unsigned", "dbx"])
