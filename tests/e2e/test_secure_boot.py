@@ -177,6 +177,18 @@ def test_a_uki_the_fleet_did_not_sign_is_refused_by_the_firmware_and_named(rig: 
     assert "Linux version" not in console.split("iPXE initialising")[-1]   # no kernel started
 
 
+def test_the_deployed_image_unsigned_is_refused_by_the_firmware_and_named(rig: SecureRig) -> None:
+    """The installed image of the first test with its UKI's signature removed, booted from the
+    disk by the firmware: refused, named; the tenant's boot chain unsigned does not start."""
+    sitesecure.unsigned_disk(rig)
+    cause, detail, console = sitesecure.boot_refused(rig, None)   # the console: this boot's
+    print(f"cause {cause}: {detail}\n-- console (tail) --\n{console[-2500:]}")
+    assert cause == "secure_boot_violation", (cause, detail, console[-3000:])
+    assert "Access Denied" in detail, detail
+    assert rig.node.power.boots()[-1].device == "disk", rig.node.power.boots()
+    assert "Linux version" not in console and "node root" not in console, console[-3000:]
+
+
 def test_an_unsigned_ipxe_is_refused_by_the_firmware_and_named(rig: SecureRig, tmp_path: Path) -> None:
     lab = rig.lab
     unsigned = tmp_path / "unsigned-boot-files"
