@@ -18,6 +18,13 @@ its dnsmasq and TFTP), one node, one boot per test; the rig is qemu/sitesecure.p
   holds the signed ipxe.efi's and the signed UKI's Authenticode digests, the build's reference
   values (signing left them as they were), and the ramdisk reads SecureBoot = 1 from its
   firmware; the same evidence with another PK or another db authority is refused.
+- The rest of the site-driven life on that node, Secure Boot still on: deploy.image through the
+  site's route writes an image whose ESP holds a UKI of its kernel and initramfs signed by the
+  fleet's db key (qemu/nodeimage.py), disk.wipe, boot.cleanUp, then a power cycle to the disk,
+  which the firmware boots itself (no -kernel): the installed system joins in role node, its
+  agent reads SecureBoot 1 and the databases the ramdisk read (efivars), PCR 4 holds the
+  disk's UKI alone and PCR 7 the fleet's db certificate as its authority. The same image with
+  the UKI's signature removed is refused by the firmware from the disk and named.
 - A UKI signed by another key, an unsigned one, and one the fleet signed then revoked (its
   Authenticode digest appended to dbx in the node's variable store, the one every boot of the
   module runs with: the signed path attests with that dbx measured): iPXE fetches it, the
