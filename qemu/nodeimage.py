@@ -189,7 +189,7 @@ def _write_esp(raw: Path, offset: int, boot: Path, arch: str, *, uki: bool = Fal
     run(["mkfs.vfat", "-F", "32", "-n", "ESP", str(esp)], timeout=60)
     files = raw.with_name("esp-files")
     shutil.rmtree(files, ignore_errors=True)
-    (files / "entries").mkdir(parents=True)
+    files.mkdir(parents=True)
     img = ["-i", str(esp)]
     loader_name = "BOOTX64.EFI" if arch == "amd64" else "BOOTAA64.EFI"
     if uki:
@@ -201,6 +201,7 @@ def _write_esp(raw: Path, offset: int, boot: Path, arch: str, *, uki: bool = Fal
         run(["mmd", *img, "::/EFI", "::/EFI/BOOT"], timeout=60)
     else:
         loader, loader_name = systemd_boot(arch)
+        (files / "entries").mkdir()
         (files / "loader.conf").write_text("default bc.conf\ntimeout 0\n")
         (files / "entries/bc.conf").write_text(
             f"title Better Compute node\nlinux /vmlinuz\ninitrd /initrd.img\noptions {cmdline}\n")
