@@ -19,6 +19,13 @@ FAT32 filled with mtools (no mount either), with systemd-boot as the removable-m
 .deb downloaded and unpacked), one loader entry, and the kernel and initramfs beside it:
 systemd-boot reads only FAT. The bcroot partition is the same.
 
+``esp=True, uki=True``: the ESP's removable-media loader is instead a UKI of the same kernel,
+initramfs and command line (initramfs/uki.py), alone on the ESP; ``sign`` signs it in place
+(Secure Boot: initramfs/signing.py, the fleet's db key), so firmware with Secure Boot on starts
+the installed system only when that key is in its db (tests/e2e/test_secure_boot.py).
+``NodeImage.loader_authenticode``: the loader's Authenticode digest, what the firmware measures
+into PCR 4 when it starts it.
+
 arm64: /boot/vmlinuz is the uncompressed Image (the ramdisk's boot file is gzipped, but
 kexec_file_load on arm64 reads only an Image), and the console is ttyAMA0.
 """
@@ -29,6 +36,7 @@ import gzip
 import hashlib
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +69,7 @@ class NodeImage:
     initrd_sha256: str
     arch: str = "amd64"
     esp: bool = False        # an EFI system partition: UEFI firmware boots it from the disk
+    loader_authenticode: str = ""   # esp: the ESP's loader's Authenticode SHA-256 (its PCR 4 event)
 
     def kexec_cmdline(self) -> str:
         return node_cmdline(self.arch)
@@ -90,12 +99,16 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def build_node_image(lab: Lab, node_id: str, out: Path, *, esp: bool = False,
-                     network: bytes = b"") -> NodeImage:
+def build_node_image(lab: Lab, node_id: str, out: Path, *, esp: bool = False, uki: bool = False,
+                     sign: Callable[[Path], object] | None = None, network: bytes = b"") -> NodeImage:
     """The image of an installed node ``node_id`` that dials ``lab``'s gateway; with ``esp``,
-    bootable by UEFI firmware from the disk; with ``network``, its static network (the
-    format of the virtual-media config medium's: initramfs/init.sh) in
-    /etc/bettercompute/network, for a network without DHCP."""
+    bootable by UEFI firmware from the disk (``uki``: by a UKI on its ESP, which ``sign``
+    signs); with ``network``, its static network (the format of the virtual-media config
+    medium's: initramfs/init.sh) in /etc/bettercompute/network, for a network without DHCP."""
+    if (uki or sign is not None) and not esp:
+        raise ValueError("uki, sign: the ESP's loader (esp=True)")
+    if sign is not None and not uki:
+        raise ValueError("sign: signs the ESP's UKI (uki=True), not systemd-boot")
     out.mkdir(parents=True, exist_ok=True)
     tree = out / "tree"
     shutil.rmtree(tree, ignore_errors=True)
@@ -133,8 +146,9 @@ def build_node_image(lab: Lab, node_id: str, out: Path, *, esp: bool = False,
     table += (f"start={root_start}, size={FS_BYTES // SECTOR}, "
               f"type=0FC63DAF-8483-4772-8E79-3D69D8477DE4, name={LABEL}\n")
     run(["sfdisk", "--quiet", "--no-reread", "--no-tell-kernel", str(raw)], input=table.encode(), timeout=60)
+    loader = ""
     if esp:
-        _write_esp(raw, START_SECTOR * SECTOR, boot, lab.ramdisk.arch)
+        loader = _write_esp(raw, START_SECTOR * SECTOR, boot, lab.ramdisk.arch, uki=uki, sign=sign)
     run(["mkfs.ext4", "-F", "-q", "-L", LABEL, "-d", str(tree), "-E",
          f"offset={root_start * SECTOR}", str(raw), f"{FS_BYTES // 1024}k"], timeout=120)
     zst = out / "node.img.zst"
@@ -144,7 +158,7 @@ def build_node_image(lab: Lab, node_id: str, out: Path, *, esp: bool = False,
     shutil.copyfile(boot / "initrd.img", initrd_path)
     shutil.rmtree(tree)
     return NodeImage(raw, zst, sha256(raw), sha256(zst), kernel, initrd_path, sha256(kernel),
-                     sha256(initrd_path), lab.ramdisk.arch, esp)
+                     sha256(initrd_path), lab.ramdisk.arch, esp, loader)
 
 
 def systemd_boot(arch: str) -> tuple[Path, str]:
@@ -160,10 +174,13 @@ def systemd_boot(arch: str) -> tuple[Path, str]:
     return tree / "usr/lib/systemd/boot/efi/systemd-bootaa64.efi", "BOOTAA64.EFI"
 
 
-def _write_esp(raw: Path, offset: int, boot: Path, arch: str) -> None:
+def _write_esp(raw: Path, offset: int, boot: Path, arch: str, *, uki: bool = False,
+               sign: Callable[[Path], object] | None = None) -> str:
     """An EFI system partition at ``offset`` in ``raw``: systemd-boot, its entry, and the
-    kernel and initramfs in ``boot``."""
-    loader, loader_name = systemd_boot(arch)
+    kernel and initramfs in ``boot``; with ``uki``, a UKI of them alone (signed by ``sign``).
+    Returns the loader's Authenticode SHA-256 (hex)."""
+    from initramfs import uki as ukis
+
     cmdline = node_cmdline(arch)
     esp = raw.with_name("esp.img")
     esp.unlink(missing_ok=True)
@@ -172,19 +189,33 @@ def _write_esp(raw: Path, offset: int, boot: Path, arch: str) -> None:
     run(["mkfs.vfat", "-F", "32", "-n", "ESP", str(esp)], timeout=60)
     files = raw.with_name("esp-files")
     shutil.rmtree(files, ignore_errors=True)
-    (files / "entries").mkdir(parents=True)
-    (files / "loader.conf").write_text("default bc.conf\ntimeout 0\n")
-    (files / "entries/bc.conf").write_text(
-        f"title Better Compute node\nlinux /vmlinuz\ninitrd /initrd.img\noptions {cmdline}\n")
+    files.mkdir(parents=True)
     img = ["-i", str(esp)]
-    run(["mmd", *img, "::/EFI", "::/EFI/BOOT", "::/loader", "::/loader/entries"], timeout=60)
-    for src, dest in ((loader, f"::/EFI/BOOT/{loader_name}"),
-                      (files / "loader.conf", "::/loader/loader.conf"),
-                      (files / "entries/bc.conf", "::/loader/entries/bc.conf"),
-                      (boot / "vmlinuz", "::/vmlinuz"), (boot / "initrd.img", "::/initrd.img")):
+    loader_name = "BOOTX64.EFI" if arch == "amd64" else "BOOTAA64.EFI"
+    if uki:
+        loader = files / loader_name
+        ukis.build(ukis.find_stub(arch), boot / "vmlinuz", boot / "initrd.img", cmdline, loader)
+        if sign is not None:
+            sign(loader)
+        copies = [(loader, f"::/EFI/BOOT/{loader_name}")]
+        run(["mmd", *img, "::/EFI", "::/EFI/BOOT"], timeout=60)
+    else:
+        loader, loader_name = systemd_boot(arch)
+        (files / "entries").mkdir()
+        (files / "loader.conf").write_text("default bc.conf\ntimeout 0\n")
+        (files / "entries/bc.conf").write_text(
+            f"title Better Compute node\nlinux /vmlinuz\ninitrd /initrd.img\noptions {cmdline}\n")
+        copies = [(loader, f"::/EFI/BOOT/{loader_name}"),
+                  (files / "loader.conf", "::/loader/loader.conf"),
+                  (files / "entries/bc.conf", "::/loader/entries/bc.conf"),
+                  (boot / "vmlinuz", "::/vmlinuz"), (boot / "initrd.img", "::/initrd.img")]
+        run(["mmd", *img, "::/EFI", "::/EFI/BOOT", "::/loader", "::/loader/entries"], timeout=60)
+    for src, dest in copies:
         run(["mcopy", *img, str(src), dest], timeout=60)
+    digest = ukis.authenticode_sha256(loader.read_bytes()).hex()
     with raw.open("r+b") as out, esp.open("rb") as f:
         out.seek(offset)
         shutil.copyfileobj(f, out, 1 << 20)
     esp.unlink()
     shutil.rmtree(files)
+    return digest

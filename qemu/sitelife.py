@@ -83,17 +83,23 @@ class SiteNode:
 def make_node(lab: SiteLab, name: str, *, mac: str = NODE_MAC, uefi: bool = False,
               network: bytes = b"", tpm_state: Path | None = None,
               firmware_pxe: bool = False, secure_boot_vars: Path | None = None,
-              disk_firmware: bool = False) -> SiteNode:
+              disk_firmware: bool = False,
+              image_sign: Callable[[Path], object] | None = None) -> SiteNode:
     """A powered-off node with two virtio disks (the second full of old data) and the image
     of its installed OS, which a "disk" boot runs (the image's kernel and initramfs, its root
     on the first disk: qemu/nodeimage.py); ``network``: the image's static network file;
     ``tpm_state``, ``firmware_pxe``: its TPM and UEFI's own PXE (qemu/siteattest.py);
     ``secure_boot_vars``: OVMF's Secure Boot build with these keys (qemu/secureboot.py).
     ``disk_firmware`` (UEFI): a "disk" boot is the firmware's own boot of the first disk, so the
-    image has an EFI system partition (qemu/nodeimage.py ``esp``) and an empty disk fails."""
+    image has an EFI system partition (qemu/nodeimage.py ``esp``) and an empty disk fails.
+    ``image_sign``: the image's ESP loader is a UKI of its kernel and initramfs, signed by this
+    (initramfs/signing.py), and a "disk" boot is the firmware's (``disk_firmware`` implied)."""
+    uki = image_sign is not None
+    disk_firmware = disk_firmware or uki
     if disk_firmware and not uefi:
         raise ValueError("disk_firmware: a UEFI node (the image's boot loader is an EFI one)")
-    image = build_node_image(lab, name, lab.workdir / f"{name}-image", network=network, esp=disk_firmware)
+    image = build_node_image(lab, name, lab.workdir / f"{name}-image", esp=disk_firmware, uki=uki,
+                             sign=image_sign, network=network)
     os.link(image.zst, lab.www / f"{name}.img.zst")
     disks = lab.workdir / f"{name}-disks"
     disks.mkdir(parents=True, exist_ok=True)

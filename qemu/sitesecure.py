@@ -14,6 +14,9 @@ What the rig holds:
   and pinned in boot-files.json (initramfs/signing.py); the site's UKI signed with the same key.
 - The node: OVMF_CODE_4M.secboot.fd on pflash with SMM, a TPM 2.0 (swtpm), no NIC ROM (the
   firmware's own PXE starts the site's ipxe.efi), its BMC an ipmi_sim whose SOL the site keeps.
+  Its installed system's image (what deploy.image writes) has an ESP whose removable-media
+  loader is a UKI of the image's kernel and initramfs, signed by the fleet's db key
+  (qemu/nodeimage.py), and its "disk" boot is the firmware's boot of that disk (no -kernel).
 - The gateway's attestation: the UKI build's values, the signed iPXE as the loader, and a
   ``secure_boot`` section that requires Secure Boot with the fleet's db certificate as each
   image's authority (PCR 7 judged event by event: agent/gateway/verifier/pcr7.py).
@@ -30,9 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from agent.images.filesource import file_digest
+from agent.proc import run
 from agent.site.boot.pxe import BootFile
 from initramfs import signing, uki
-from qemu import secureboot
+from qemu import nodeimage, secureboot
 from qemu import tpm as qemu_tpm
 from qemu.ipmisim import IpmiSim, start_ipmi_sim
 from qemu.siteattest import SiteAttestation
@@ -85,7 +89,7 @@ def secure_rig(lab: SiteLab, node_id: str, username: str, password: str, ref: st
     variables = keys.enrolled_vars(lab.workdir / f"{node_id}-enrolled-vars.fd",
                                    dbx=[uki.authenticode_sha256(revoked.read_bytes())])
     node = make_node(lab, node_id, uefi=True, tpm_state=attest.tpm_state, firmware_pxe=True,
-                     secure_boot_vars=variables)
+                     secure_boot_vars=variables, image_sign=lambda image: signing.sign(image, keys.db_key()))
     sim = lab.in_lan(start_ipmi_sim, lab.workdir / "ipmi", node.power, username, password,
                      sol=lab.sol(node.power))
     attest.start()    # the lab's gateway attests the node's joins
@@ -156,13 +160,34 @@ def broken_entry(rig: SecureRig, way: str) -> dict[str, Any]:
     return unsigned_uki_entry(rig, f"uki-{way}.efi", rig.keys.other_key() if way == "other-key" else None)
 
 
-def boot_refused(rig: SecureRig, entry: dict[str, Any],
+def unsigned_disk(rig: SecureRig) -> None:
+    """The node's first disk holds its installed image as deploy.image writes it, but with the
+    ESP's UKI unsigned (its signature table removed by sbattach: the same image, the same
+    Authenticode digest, checked), for the firmware to refuse."""
+    image, disk = rig.node.image, rig.node.deploy_disk
+    if not image.esp or not image.loader_authenticode:
+        raise AssertionError("the node's image has no UKI on an ESP (make_node(image_sign=...))")
+    with image.raw.open("rb") as src, disk.open("r+b") as out:
+        shutil.copyfileobj(src, out, 1 << 20)
+    esp = [f"{disk}@@{nodeimage.START_SECTOR * nodeimage.SECTOR}"]   # mtools: the ESP's offset
+    loader = rig.lab.workdir / f"{rig.node.name}-disk-uki-unsigned.efi"
+    loader.unlink(missing_ok=True)
+    run(["mcopy", "-i", *esp, "::/EFI/BOOT/BOOTX64.EFI", str(loader)], timeout=60)
+    run(["sbattach", "--remove", str(loader)], timeout=60)
+    data = loader.read_bytes()
+    if uki.parse_pe(data).cert_size or uki.authenticode_sha256(data).hex() != image.loader_authenticode:
+        raise AssertionError(f"{loader}: not the image's UKI with its signature removed")
+    run(["mcopy", "-o", "-i", *esp, str(loader), "::/EFI/BOOT/BOOTX64.EFI"], timeout=60)
+
+
+def boot_refused(rig: SecureRig, entry: dict[str, Any] | None,
                  timeout: float = CAUSE_TIMEOUT) -> tuple[str, str, str]:
-    """The node booted by PXE with ``entry``; (cause, detail, console) once the site names a
-    cause; the node powered off after it."""
-    rig.life.site("boot.prepareRamdisk", {"node_id": rig.node.name, "mac_address": rig.node.mac,
-                                          "boot_file": BootFile.UEFI.value, "ttl_seconds": 1800, **entry})
-    rig.life.boot_device("pxe")
+    """The node booted by PXE with ``entry`` (None: from its first disk, by the firmware);
+    (cause, detail, console) once the site names a cause; the node powered off after it."""
+    if entry is not None:
+        rig.life.site("boot.prepareRamdisk", {"node_id": rig.node.name, "mac_address": rig.node.mac,
+                                              "boot_file": BootFile.UEFI.value, "ttl_seconds": 1800, **entry})
+    rig.life.boot_device("pxe" if entry is not None else "disk")
     rig.life.power_on()
     try:
         cause, detail = wait_cause(rig, timeout)

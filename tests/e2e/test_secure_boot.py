@@ -18,6 +18,13 @@ its dnsmasq and TFTP), one node, one boot per test; the rig is qemu/sitesecure.p
   holds the signed ipxe.efi's and the signed UKI's Authenticode digests, the build's reference
   values (signing left them as they were), and the ramdisk reads SecureBoot = 1 from its
   firmware; the same evidence with another PK or another db authority is refused.
+- The rest of the site-driven life on that node, Secure Boot still on: deploy.image through the
+  site's route writes an image whose ESP holds a UKI of its kernel and initramfs signed by the
+  fleet's db key (qemu/nodeimage.py), disk.wipe, boot.cleanUp, then a power cycle to the disk,
+  which the firmware boots itself (no -kernel): the installed system joins in role node, its
+  agent reads SecureBoot 1 and the databases the ramdisk read (efivars), PCR 4 holds the
+  disk's UKI alone and PCR 7 the fleet's db certificate as its authority. The same image with
+  the UKI's signature removed is refused by the firmware from the disk and named.
 - A UKI signed by another key, an unsigned one, and one the fleet signed then revoked (its
   Authenticode digest appended to dbx in the node's variable store, the one every boot of the
   module runs with: the signed path attests with that dbx measured): iPXE fetches it, the
@@ -27,9 +34,11 @@ its dnsmasq and TFTP), one node, one boot per test; the rig is qemu/sitesecure.p
 - An unsigned ipxe.efi (the site restarted with Debian's as it is): the firmware refuses it
   ("Access Denied"), named the same way.
 
-Marked qemu and slow: five boots, 11 min 29 s under TCG on a shared 2-core machine at a load
-average of about 15 (nice; 1 min 44 s of it the set-up, 1 min 45 s the dbx boot); four boots
-took 7 min 8 s on a quieter one.
+Marked qemu and slow: seven boots (the first test's PXE boot and its disk boot, then one per
+refusal), 5 min 37 s under TCG on a shared 2-core machine at a load average of about 2 (nice;
+the first test 2 min 24 s of it, 1 min 15 s before its deploy, wipe and disk boot;
+the unsigned disk 20 s); the five boots before took 4 min 26 s there, 11 min 29 s at a load
+average of about 15.
 """
 
 from __future__ import annotations
@@ -52,6 +61,7 @@ from agent.site.boot.pxe import BootFile
 from initramfs import signing, uki
 from qemu import sitesecure
 from qemu.lab import Ramdisk
+from qemu.siteattest import pcr4_applications
 from qemu.sitelab import IPXE_DIR, SiteLab
 from qemu.sitelife import Step, guest_shell
 from qemu.sitesecure import SecureRig
@@ -77,7 +87,7 @@ def rig(ramdisk_parts: Ramdisk, tmp_path_factory: pytest.TempPathFactory) -> Ite
             yield rig
 
 
-def test_a_node_with_secure_boot_on_boots_the_signed_ipxe_and_uki_and_attests(rig: SecureRig) -> None:
+def test_a_node_with_secure_boot_on_boots_signed_attests_and_boots_its_deployed_disk(rig: SecureRig) -> None:
     lab, node, life = rig.lab, rig.node, rig.life
     # The site serves what the build signed and pinned: ipxe.efi signed by the fleet's db key.
     pinned = json.loads((rig.boot_files / BOOT_MANIFEST).read_text())["files"]
@@ -100,6 +110,18 @@ def test_a_node_with_secure_boot_on_boots_the_signed_ipxe_and_uki_and_attests(ri
         keys_code, keys_out = guest_shell(node, "cd /sys/firmware/efi/efivars && for v in " + " ".join(
             f"{name}-{guid}" for name, guid in DATABASES) + "; do [ -e $v ] && echo $v $(tail -c +5 $v "
             "| sha256sum); done; true")
+        # The rest of the site-driven life, Secure Boot still on: deploy (the image's ESP holds
+        # its UKI signed by the fleet's db key), wipe, clean up, then the firmware's boot of
+        # the deployed disk (no -kernel) into the installed system, which joins in role node.
+        life.http_proxy()
+        life.deploy()
+        life.wipe()
+        life.clean_up()
+        life.boot_device("disk")
+        life.power_cycle()
+        life.disk_join()
+        installed = life.command(NODE, "driver.invoke", {"driver": "efivars", "operation": "list",
+                                                         "arguments": {}})[1]
     finally:
         for s in shown:
             print(f"{s.seconds:7.1f}s  {s.name:22} {s.evidence}")
@@ -131,6 +153,22 @@ def test_a_node_with_secure_boot_on_boots_the_signed_ipxe_and_uki_and_attests(ri
         with pytest.raises(PolicyFailed) as info:
             pcr7.judge(log_, pcr7.SecureBootPolicy.from_json({"required": True, **found, **wrong}))
         assert info.value.check == "policy_secure_boot", info.value
+    # The installed system, booted by the firmware from the deployed disk with Secure Boot on:
+    # its own agent (role node, the disk's root mounted: Lifecycle.disk_join) reads SecureBoot 1
+    # and the databases the ramdisk read (the site turned nothing off to hand the node over).
+    assert installed.exit_code == 0, installed
+    efi = json.loads(bytes(installed.stdout))
+    assert (efi["secure_boot"], efi["setup_mode"]) == (1, 0), efi
+    assert {k: efi[f"{k}_sha256"] for k in ("pk", "kek", "db", "dbx")} == found, (efi, found)
+    node_join = life.joins["node"]
+    assert node_join.role == "node" and node_join.boot_id != judged.boot_id, node_join
+    print(f"the installed system's join: {node_join.verdict}")
+    # What the firmware started: the ESP's UKI alone (its Authenticode digest; QEMU's -kernel
+    # would have been the kernel), verified by the fleet's db certificate (PCR 7's authority).
+    assert pcr4_applications(node_join.evidence) == [bytes.fromhex(node.image.loader_authenticode)]
+    node_log = eventlog.parse(node_join.evidence.event_log)
+    assert pcr7.judge(node_log, pcr7.SecureBootPolicy.from_json(
+        {"required": True, **found, "authorities": [fleet]}))["secure_boot"] == "on"
 
 
 @pytest.mark.parametrize("signer", ["other-db", "unsigned", "dbx"])
@@ -146,6 +184,18 @@ def test_a_uki_the_fleet_did_not_sign_is_refused_by_the_firmware_and_named(rig: 
     print(f"cause {cause}: {detail}\n-- console (tail) --\n{console[-2500:]}")
     assert cause == "secure_boot_violation", (cause, detail, console[-3000:])
     assert "Linux version" not in console.split("iPXE initialising")[-1]   # no kernel started
+
+
+def test_the_deployed_image_unsigned_is_refused_by_the_firmware_and_named(rig: SecureRig) -> None:
+    """The installed image of the first test with its UKI's signature removed, booted from the
+    disk by the firmware: refused, named; the tenant's boot chain unsigned does not start."""
+    sitesecure.unsigned_disk(rig)
+    cause, detail, console = sitesecure.boot_refused(rig, None)   # the console: this boot's
+    print(f"cause {cause}: {detail}\n-- console (tail) --\n{console[-2500:]}")
+    assert cause == "secure_boot_violation", (cause, detail, console[-3000:])
+    assert "Access Denied" in detail, detail
+    assert rig.node.power.boots()[-1].device == "disk", rig.node.power.boots()
+    assert "Linux version" not in console and "node root" not in console, console[-3000:]
 
 
 def test_an_unsigned_ipxe_is_refused_by_the_firmware_and_named(rig: SecureRig, tmp_path: Path) -> None:
