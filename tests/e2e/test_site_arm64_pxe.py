@@ -99,7 +99,9 @@ def test_an_arm64_node_pxe_boots_the_sites_signed_uki_under_secure_boot_and_atte
         assert set(pinned) == {BootFile.BIOS, BootFile.UEFI, BootFile.UEFI_ARM64_UKI}, pinned
         assert pinned[BootFile.UEFI_ARM64_UKI]["sha256"] == attest.uki_sha256, pinned
         assert signing.verify(boot_files / BootFile.UEFI_ARM64_UKI, keys.cert("fleet-db"))
+        print("the firmware's PXE:", [line.strip() for line in console.splitlines() if "NBP" in line])
         assert f"NBP filename is {BootFile.UEFI_ARM64_UKI}" in console, console[-3000:]
+        assert f"NBP filesize is {attest.image.stat().st_size} Bytes" in console, console[-3000:]
         assert "Welcome to GRUB" not in console and "bc-pxe" not in console, console[-3000:]
         # PCR 12 zero: nothing passed the UKI a command line; its own names the site and
         # nothing of the node (its settings came from the site); the firmware says SecureBoot = 1.

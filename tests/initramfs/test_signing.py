@@ -196,7 +196,8 @@ def test_a_secure_boot_sites_arm64_boot_file_is_its_signed_uki_pinned(
     pinned = signing.site_boot_files(folder, db, uki=IPXE)
     assert sorted(pinned) == ["bootaa64.efi", "ipxe.efi", "undionly.kpxe"]
     assert pinned["bootaa64.efi"]["signed"] == "yes" and signing.verify(folder / "bootaa64.efi", db.cert)
-    assert pinned["bootaa64.efi"]["sha256"] == hashlib.sha256((folder / "bootaa64.efi").read_bytes()).hexdigest()
+    served = (folder / "bootaa64.efi").read_bytes()
+    assert pinned["bootaa64.efi"]["sha256"] == hashlib.sha256(served).hexdigest()
     with pytest.raises(signing.SigningError, match="one arm64 boot file per site"):
         signing.site_boot_files(tmp_path / "both", db, grub=IPXE, uki=IPXE)
     assert not (tmp_path / "both").exists()

@@ -326,7 +326,8 @@ def test_an_entry_for_the_sites_own_uki_boot_file_names_the_uki_the_tftp_serves(
         with pytest.raises(InvalidParameters, match="this site serves no arm64 UKI"):
             prepare(site, msg)
         site.entries.served_uki = lambda: "b" * 64
-        with pytest.raises(InvalidParameters, match=f"serves the UKI with sha256 {'b' * 64}, not the entry's {u}"):
+        wrong = f"serves the UKI with sha256 {'b' * 64}, not the entry's {u}"
+        with pytest.raises(InvalidParameters, match=wrong):
             prepare(site, msg)
         assert site.entries.all() == []
         site.entries.served_uki = lambda: u
