@@ -114,6 +114,8 @@ def test_an_arm64_node_pxe_boots_the_sites_signed_uki_under_secure_boot_and_atte
         attempts = json.loads(timeline.read_text())["attempts"]
         events = [(e["step"], e["detail"]) for a in attempts for e in a["events"]]
         print("the site's timeline of the node:", events)
+        sent = [e["t"] for a in attempts for e in a["events"] if e["step"] in ("dhcp_offer", "tftp_sent")]
+        print(f"the proxy offer to the UKI sent whole by TFTP: {sent[-1] - sent[0]:.1f}s")
         assert ("dhcp_offer", "proxy offer") in events, events
         assert ("tftp_sent", BootFile.UEFI_ARM64_UKI.value) in events, events
         steps = [step for step, _ in events]
