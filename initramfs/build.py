@@ -20,6 +20,9 @@ files, this script, /init and the kernel modules), and the final image. Outputs:
                                    (uki.py; .json beside it: its reference values, for attestation)
                                    arm64: with grubaa64.efi, the site's GRUB that starts it
                                    (netgrub.py; .json: its Authenticode digest, a loader)
+    initramfs/out/site-boot/       with --uki-site and the fleet's db key: the site's boot files
+                                   signed and pinned (boot-files.json); arm64: bootaa64.efi, the
+                                   signed UKI itself, in place of the GRUB (Secure Boot)
     initramfs/out/base.img         the userland alone, without /init and the agent (tests append
                                    their own, see top_entries() and initramfs/cpio.py)
 
@@ -815,7 +818,12 @@ def _make(args: argparse.Namespace, extra: dict[str, bytes], db_key: signing.DbK
         if db_key is not None:
             from initramfs import signing
 
-            pinned = signing.site_boot_files(out / "site-boot", db_key, grub=grub)
+            # Under Secure Boot arm64 nodes get the signed UKI itself (bootaa64.efi): Debian's
+            # GRUB without shim cannot start an image then; the GRUB stays in OUT for sites
+            # without Secure Boot.
+            arm64_uki = out / "ramdisk.efi" if arch.name == "arm64" else None
+            pinned = signing.site_boot_files(out / "site-boot", db_key, grub=None if arm64_uki else grub,
+                                             uki=arm64_uki)
             for name, entry in pinned.items():
                 auth = entry.get("authenticode")
                 print(f"{out / 'site-boot' / name}: sha256 {entry['sha256']}"

@@ -163,12 +163,16 @@ def sign(image: Path, key: DbKey, out: Path | None = None) -> bytes:
 
 
 def site_boot_files(folder: Path, key: DbKey | None, *, ipxe_dir: Path = Path("/usr/lib/ipxe"),
-                    grub: Path | None = None) -> dict[str, dict[str, str]]:
+                    grub: Path | None = None, uki: Path | None = None) -> dict[str, dict[str, str]]:
     """The site's boot files in ``folder`` (its ``site_ipxe_dir``): Debian's undionly.kpxe (BIOS:
-    nothing to sign) and ipxe.efi, and the site's arm64 GRUB when ``grub`` names one
-    (initramfs/netgrub.py); the EFI ones signed with ``key`` (None: as they are). Their digests
-    are pinned in ``folder``/boot-files.json (agent/site/boot/dnsmasq.py: the site serves no
-    boot file whose sha256 differs from it); returns what it holds, by name."""
+    nothing to sign) and ipxe.efi, and for arm64 the site's GRUB when ``grub`` names one
+    (initramfs/netgrub.py) or, under Secure Boot, the site's arm64 UKI when ``uki`` names one
+    (served as bootaa64.efi: the firmware starts it itself); the EFI ones signed with ``key``
+    (None: as they are). Their digests are pinned in ``folder``/boot-files.json
+    (agent/site/boot/dnsmasq.py: the site serves no boot file whose sha256 differs from it);
+    returns what it holds, by name."""
+    if grub is not None and uki is not None:
+        raise SigningError("one arm64 boot file per site: the GRUB or the UKI, not both")
     import hashlib
     import json
     import shutil
@@ -180,6 +184,8 @@ def site_boot_files(folder: Path, key: DbKey | None, *, ipxe_dir: Path = Path("/
     sources = {BootFile.BIOS.value: ipxe_dir / BootFile.BIOS, BootFile.UEFI.value: ipxe_dir / BootFile.UEFI}
     if grub is not None:
         sources[BootFile.UEFI_ARM64.value] = grub
+    if uki is not None:
+        sources[BootFile.UEFI_ARM64_UKI.value] = uki
     pinned: dict[str, dict[str, str]] = {}
     for name, src in sorted(sources.items()):
         if not src.is_file():

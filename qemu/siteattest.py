@@ -25,7 +25,9 @@ judge the same evidence again under another policy.
 arm64 (a lab of the arm64 ramdisk, the site started with ``lab.site_boot_files()``): AAVMF's own
 PXE gets the site's GRUB (``grubaa64.efi``, initramfs/netgrub.py) from the site's TFTP, GRUB
 fetches /boot.grub and the node's /pxe/<mac>.grub, which chainloads the same kind of UKI from
-the store; the policy's one loader is that GRUB.
+the store; the policy's one loader is that GRUB. Under Secure Boot (``firmware_uki``: the site's
+boot files made with ``lab.site_boot_files(key, grub=False, uki=att.image)``) the site's TFTP
+serves this signed UKI itself as ``bootaa64.efi`` and AAVMF verifies and starts it: no loader.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ class SiteAttestation:
     upstream, and the gateway's policy and verifier for them."""
 
     def __init__(self, lab: SiteLab, node_id: str, db_key: DbKey | None = None,
-                 secure_boot: dict[str, Any] | None = None) -> None:
+                 secure_boot: dict[str, Any] | None = None, firmware_uki: bool = False) -> None:
         self.lab = lab
         self.tpm_state = lab.workdir / f"{node_id}-tpm"
         ca = lab.workdir / f"{node_id}-tpm-ca"
@@ -106,11 +108,20 @@ class SiteAttestation:
         os.link(esp / "EFI" / "BOOT" / ("BOOTAA64.EFI" if arm64 else "BOOTX64.EFI"), self.image)
         self.uki_sha256 = hashlib.sha256(self.image.read_bytes()).hexdigest()
         # The exact boot file the site's TFTP serves the firmware's PXE (the site daemon copies
-        # it there from its site_ipxe_dir): ipxe.efi, or on arm64 the site's GRUB.
-        self.loader_name = (BootFile.UEFI_ARM64 if arm64 else BootFile.UEFI).value
-        self.loader = lab.site_state / "site" / "boot" / "tftp" / self.loader_name
-        self.loader_digest = uki.authenticode_sha256(self.loader.read_bytes())
-        self.policy_doc = {"builds": [self.values], "loaders": [self.loader_digest.hex()], "learn": "first"}
+        # it there from its site_ipxe_dir): ipxe.efi, or on arm64 the site's GRUB; with
+        # ``firmware_uki`` (arm64 under Secure Boot) this UKI itself, as bootaa64.efi, and no
+        # loader before it (the site need not run yet: its boot files are made from self.image).
+        self.loader_digest: bytes | None = None
+        if firmware_uki:
+            if not arm64:
+                raise ValueError("firmware_uki: the arm64 site's boot file (x86 has iPXE)")
+            self.loader_name = BootFile.UEFI_ARM64_UKI.value
+        else:
+            self.loader_name = (BootFile.UEFI_ARM64 if arm64 else BootFile.UEFI).value
+            loader = lab.site_state / "site" / "boot" / "tftp" / self.loader_name
+            self.loader_digest = uki.authenticode_sha256(loader.read_bytes())
+        loaders = [] if self.loader_digest is None else [self.loader_digest.hex()]
+        self.policy_doc = {"builds": [self.values], "loaders": loaders, "learn": "first"}
         if secure_boot is not None:   # the policy's PCR 7 judgement (agent/gateway/verifier/pcr7.py)
             self.policy_doc["secure_boot"] = secure_boot
         self.verifier = RecordingVerifier(

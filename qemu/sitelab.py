@@ -267,11 +267,13 @@ class SiteLab(Lab):
             raise RuntimeError(f"the site daemon did not join within {timeout:g}s; "
                                f"{self.site_log}:\n{self.site_log_text()[-3000:]}") from None
 
-    def site_boot_files(self, db_key: DbKey | None = None, *, grub: bool = True) -> Path:
+    def site_boot_files(self, db_key: DbKey | None = None, *, grub: bool = True,
+                        uki: Path | None = None) -> Path:
         """A folder of boot files for ``start_site(boot_files=...)``: Debian's undionly.kpxe and
         ipxe.efi, and the site's GRUB for arm64 UEFI (initramfs/netgrub.py, built for this
         site's HTTP service, its Authenticode digest in grubaa64.efi.json beside it; not
-        with ``grub`` False). ``db_key``: the EFI ones signed with it, their digests pinned in
+        with ``grub`` False). ``uki``: the site's arm64 UKI served as bootaa64.efi instead of
+        the GRUB (Secure Boot). ``db_key``: the EFI ones signed with it, their digests pinned in
         boot-files.json, as the build makes them (initramfs/signing.py)."""
         from initramfs import build as ramdisk
         from initramfs import netgrub
@@ -281,14 +283,16 @@ class SiteLab(Lab):
         for name in (BootFile.BIOS, BootFile.UEFI):
             shutil.copyfile(IPXE_DIR / name, folder / name)
         loader = None
-        if grub:
+        if grub and uki is None:
             loader = folder / netgrub.NAME
             netgrub.build(f"http://{SITE_ADDRESS}:{SITE_HTTP_PORT}", loader,
                           ramdisk.out_dir(ramdisk.ARCHES["arm64"]))
         if db_key is not None:
             from initramfs import signing
 
-            signing.site_boot_files(folder, db_key, ipxe_dir=folder, grub=loader)
+            signing.site_boot_files(folder, db_key, ipxe_dir=folder, grub=loader, uki=uki)
+        elif uki is not None:
+            shutil.copyfile(uki, folder / BootFile.UEFI_ARM64_UKI)
         return folder
 
     def site_log_text(self) -> str:

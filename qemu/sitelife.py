@@ -300,10 +300,12 @@ class Lifecycle:
         # ${net_default_mac} (colons; iPXE's by hyphens), with no iPXE after it.
         script = "grub" if self.lab.ramdisk.arch == "arm64" else "ipxe"
         by_mac = self.node.mac if script == "grub" else hyphens
-        wanted_lines = [f"GET /boot.{script} -> 200", f"GET /pxe/{by_mac}.{script} -> 200"]
+        # arm64 under Secure Boot: the firmware started the site's UKI from its TFTP, no script.
+        direct = self.attest is not None and self.attest.loader_digest is None
+        wanted_lines = [] if direct else [f"GET /boot.{script} -> 200", f"GET /pxe/{by_mac}.{script} -> 200"]
         if self.attest is not None:   # the UKI from the store, the node's settings by its MAC
-            wanted_lines += [f"GET /cache/{self.attest.uki_sha256} -> 200",
-                             f"GET /pxe/{hyphens}.cmdline -> 200"]
+            wanted_lines += [] if direct else [f"GET /cache/{self.attest.uki_sha256} -> 200"]
+            wanted_lines += [f"GET /pxe/{hyphens}.cmdline -> 200"]
         for wanted in wanted_lines:
             if wanted not in log:
                 raise self.fail(f"joined, but the site's HTTP service never served {wanted!r}")
@@ -319,9 +321,12 @@ class Lifecycle:
             uefi = "AAVMF" if self.lab.ramdisk.arch == "arm64" else "OVMF"
             firmware = f"UEFI ({uefi}, /sys/firmware/efi in the ramdisk)"
         attested = self.check_attested(rec.boot_id) if self.attest is not None else ""
-        chained = "GRUB ran /boot.grub" if script == "grub" else "iPXE chained /boot.ipxe"
-        self.step("PXE boot + join", t, f"{firmware}: proxy DHCP offer -> {chained} "
-                                        f"and the node's script; address {lease} from the plain "
+        chained = ("GRUB ran /boot.grub and the node's script" if script == "grub"
+                   else "iPXE chained /boot.ipxe and the node's script")
+        if direct:
+            chained = "the firmware started the site's UKI from its TFTP"
+        self.step("PXE boot + join", t, f"{firmware}: proxy DHCP offer -> {chained}; "
+                                        f"address {lease} from the plain "
                                         f"DHCP; joined as {rec.hello.role}, boot {rec.boot_id[:8]}"
                                         f"{attested}")
 
@@ -343,6 +348,14 @@ class Lifecycle:
         apps = pcr4_applications(judged.evidence)
         loader, name = self.attest.loader_digest, self.attest.loader_name
         n = len(uki)
+        if loader is None:   # the firmware started the UKI itself (arm64 under Secure Boot)
+            if "secure_boot" in self.attest.policy_doc:   # the stub starts its kernel unmeasured
+                uki = uki[:1]
+            if apps != uki:
+                raise self.fail(f"PCR 4's applications {[a.hex()[:12] for a in apps]}: not the "
+                                f"UKI {uki[0].hex()[:12]} ({name}) and what it starts, alone")
+            return (f"; attested ({verdict.matched.get('build')}), PCR 4: "
+                    + ", ".join("UKI" if a == uki[0] else "kernel" for a in apps))
         if (len(apps) < n + 1 or apps[0] != loader or apps[-n:] != uki
                 or any(a != uki[0] for a in apps[1:-n])):
             raise self.fail(f"PCR 4's applications {[a.hex()[:12] for a in apps]}: not {name} "

@@ -31,8 +31,8 @@ from agent.config import Config
 from agent.errors import InvalidParameters
 from agent.net import connect, http
 from agent.site.bmc.partstable import PartsTable
-from agent.site.boot.dnsmasq import DnsmasqSettings, DnsmasqSupervisor
-from agent.site.boot.pxe import BootEntries
+from agent.site.boot.dnsmasq import DnsmasqSettings, DnsmasqSupervisor, served_digest
+from agent.site.boot.pxe import BootEntries, BootFile
 from agent.site.boot.vmedia import MediaSets
 from agent.site.chunkstore import ChunkStore
 from agent.site.metrics import Metrics, MetricsService
@@ -248,13 +248,15 @@ class SiteServices:
                  len(self.entries.all()), len(dropped), live)
         self.observe.start()
         if self.settings.interface:
-            self.dnsmasq = DnsmasqSupervisor(DnsmasqSettings(
+            boot = DnsmasqSettings(
                 interface=self.settings.interface, address=self.settings.address,
                 http_base_url=self.base_url, root=self.settings.root / "boot",
-                ipxe_dir=self.settings.ipxe_dir, argv_prefix=self.settings.dnsmasq_argv_prefix),
-                on_line=self._dnsmasq_line)
+                ipxe_dir=self.settings.ipxe_dir, argv_prefix=self.settings.dnsmasq_argv_prefix)
+            self.dnsmasq = DnsmasqSupervisor(boot, on_line=self._dnsmasq_line)
             # its DHCP exchange ties each MAC to an address: a node's script goes there only
             self.entries.clients_tied = True
+            # an entry for the site's arm64 UKI (Secure Boot) names the one its TFTP serves
+            self.entries.served_uki = lambda: served_digest(boot, BootFile.UEFI_ARM64_UKI)
             self.dnsmasq.start()
         self.http.start()
         self._serving = True

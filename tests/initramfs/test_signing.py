@@ -185,6 +185,24 @@ def test_the_sites_boot_files_signed_and_pinned_and_the_site_serves_only_those(
     assert (s.tftp_dir / "ipxe.efi").read_bytes() == IPXE.read_bytes()
 
 
+def test_a_secure_boot_sites_arm64_boot_file_is_its_signed_uki_pinned(
+        db: signing.DbKey, tmp_path: Path) -> None:
+    """Under Secure Boot the site's arm64 boot file is its UKI itself (bootaa64.efi; a PE is all
+    this step reads, so Debian's iPXE stands for it): signed and pinned with the others; the
+    GRUB beside it refused (one arm64 boot file per site)."""
+    if not IPXE.is_file():
+        pytest.skip("Debian's ipxe is not installed")
+    folder = tmp_path / "site-boot"
+    pinned = signing.site_boot_files(folder, db, uki=IPXE)
+    assert sorted(pinned) == ["bootaa64.efi", "ipxe.efi", "undionly.kpxe"]
+    assert pinned["bootaa64.efi"]["signed"] == "yes" and signing.verify(folder / "bootaa64.efi", db.cert)
+    served = (folder / "bootaa64.efi").read_bytes()
+    assert pinned["bootaa64.efi"]["sha256"] == hashlib.sha256(served).hexdigest()
+    with pytest.raises(signing.SigningError, match="one arm64 boot file per site"):
+        signing.site_boot_files(tmp_path / "both", db, grub=IPXE, uki=IPXE)
+    assert not (tmp_path / "both").exists()
+
+
 @pytest.mark.slow  # downloads Debian's arm64 GRUB package once (apt-get download)
 def test_the_sites_arm64_grub_signed_keeps_its_loader_digest(db: signing.DbKey, tmp_path: Path) -> None:
     import os

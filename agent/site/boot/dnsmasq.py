@@ -9,7 +9,9 @@ folder that holds those files and nothing else; iPXE, once chained (user class "
 gets the URL of the site's ``/boot.ipxe``. arm64 UEFI (architecture 11) gets ``grubaa64.efi``
 where the iPXE folder holds one: the site's own GRUB build (initramfs/netgrub.py), whose
 embedded script fetches the site's ``/boot.grub`` over HTTP (QEMU's and most arm64 firmware
-has no iPXE); without it, arm64 clients get no boot file.
+has no iPXE); on a Secure Boot site the folder holds ``bootaa64.efi`` instead, the site's signed
+arm64 UKI, which the firmware verifies and starts itself (Debian's GRUB without shim cannot
+start an image under Secure Boot); without either, arm64 clients get no boot file.
 
 The supervisor starts dnsmasq in the foreground in its own process group, logs its output,
 restarts it when it dies (with a backoff), reloads it with SIGHUP after every change of the
@@ -78,9 +80,24 @@ class DnsmasqSettings:
         return self.root / "dnsmasq.pid"
 
 
-def serves_arm64(s: DnsmasqSettings) -> bool:
-    """Whether the iPXE folder holds the site's GRUB for arm64 UEFI (optional)."""
-    return (s.ipxe_dir / BootFile.UEFI_ARM64).is_file()
+def arm64_boot_file(s: DnsmasqSettings) -> BootFile | None:
+    """What arm64 UEFI clients get: the site's GRUB or its signed UKI where the iPXE folder
+    holds one (optional), None where it holds neither; both is a folder the site refuses
+    (which one a node would boot would be a guess)."""
+    held = [b for b in (BootFile.UEFI_ARM64, BootFile.UEFI_ARM64_UKI) if (s.ipxe_dir / b).is_file()]
+    if len(held) > 1:
+        raise ToolFailed(f"boot service: {s.ipxe_dir} holds both {' and '.join(held)}: one arm64 "
+                         f"boot file per site ({BootFile.UEFI_ARM64_UKI} under Secure Boot)")
+    return held[0] if held else None
+
+
+def served_digest(s: DnsmasqSettings, name: BootFile) -> str | None:
+    """The sha256 hex of ``name`` as the TFTP folder holds it (what the nodes get), or None."""
+    try:
+        with (s.tftp_dir / name).open("rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except FileNotFoundError:
+        return None
 
 
 def pinned_digests(folder: Path) -> dict[str, str] | None:
@@ -99,7 +116,7 @@ def pinned_digests(folder: Path) -> dict[str, str] | None:
 
 def render_config(s: DnsmasqSettings) -> str:
     boot = f"{s.http_base_url.rstrip('/')}/boot.ipxe"
-    arm64 = serves_arm64(s)
+    arm64 = arm64_boot_file(s)
     lines = [
         "# Written by the bettercompute site daemon at each start; edits are lost.",
         "port=0",                                   # no DNS
@@ -122,9 +139,10 @@ def render_config(s: DnsmasqSettings) -> str:
         f'pxe-service=tag:ipxe,x86PC,"bettercompute",{boot}',
         # UEFI PXE: the file in the proxy offer itself (dnsmasq sends no menu to UEFI).
         f"dhcp-boot=tag:!ipxe,tag:efi64,{BootFile.UEFI}",
-        # arm64 UEFI: the site's GRUB, which fetches /boot.grub itself (no iPXE after it).
+        # arm64 UEFI: the site's GRUB, which fetches /boot.grub itself (no iPXE after it), or
+        # the site's signed UKI, the firmware its only loader (Secure Boot).
         "dhcp-match=set:efiarm64,option:client-arch,11" if arm64 else "",
-        f"dhcp-boot=tag:!ipxe,tag:efiarm64,{BootFile.UEFI_ARM64}" if arm64 else "",
+        f"dhcp-boot=tag:!ipxe,tag:efiarm64,{arm64}" if arm64 else "",
         # iPXE, once chained (either firmware): the site's chain script over HTTP.
         f"dhcp-boot=tag:ipxe,{boot}",
         "enable-tftp",
@@ -144,8 +162,9 @@ def prepare(s: DnsmasqSettings) -> None:
     s.tftp_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(s.tftp_dir, 0o755)  # noqa: S103  (the iPXE binaries are public)
     served = {BootFile.BIOS.value, BootFile.UEFI.value}
-    if serves_arm64(s):
-        served.add(BootFile.UEFI_ARM64.value)
+    arm64 = arm64_boot_file(s)
+    if arm64 is not None:
+        served.add(arm64.value)
     for path in s.tftp_dir.iterdir():
         if path.name not in served:
             path.unlink()

@@ -93,18 +93,27 @@ class ClientRefused(AgentError):
 
 class BootFile(enum.StrEnum):
     """The boot loaders the TFTP server serves: Debian's iPXE binaries (package ``ipxe``) and
-    the site's GRUB for arm64 UEFI (initramfs/netgrub.py: its embedded script names the site)."""
+    for arm64 UEFI either the site's GRUB (initramfs/netgrub.py: its embedded script names the
+    site) or, on a Secure Boot site, the site's signed arm64 UKI itself (``bootaa64.efi``,
+    started by the firmware: Debian's GRUB 2.06 without shim refuses to start an image under
+    Secure Boot, "shim_lock protocol not found"). A site's boot files hold one of the two."""
 
     BIOS = "undionly.kpxe"
     UEFI = "ipxe.efi"
     UEFI_ARM64 = "grubaa64.efi"
+    UEFI_ARM64_UKI = "bootaa64.efi"
 
     @property
     def grub(self) -> bool:
         return self is BootFile.UEFI_ARM64
 
+    @property
+    def firmware_uki(self) -> bool:
+        """The site's UKI itself, the firmware's PXE its only loader: no script runs."""
+        return self is BootFile.UEFI_ARM64_UKI
 
-UEFI_BOOT_FILES = (BootFile.UEFI, BootFile.UEFI_ARM64)
+
+UEFI_BOOT_FILES = (BootFile.UEFI, BootFile.UEFI_ARM64, BootFile.UEFI_ARM64_UKI)
 
 
 @dataclass(frozen=True)
@@ -154,13 +163,14 @@ class EntryRequest(BootSpec):
                 raise InvalidParameters("give uki_url alone, or ipxe_script_url, or kernel_url "
                                         "(with initrd_url): not two of them")
             if boot_file not in UEFI_BOOT_FILES:
-                raise InvalidParameters(f"uki_url boots UEFI firmware only: boot_file "
-                                        f"{BootFile.UEFI.value} or {BootFile.UEFI_ARM64.value}, "
+                raise InvalidParameters(f"uki_url boots UEFI firmware only: boot_file one of "
+                                        f"{', '.join(b.value for b in UEFI_BOOT_FILES)}, "
                                         f"not {boot_file.value}")
         elif msg.uki_digest.hex:
             raise InvalidParameters("uki_digest without a uki_url")
-        elif boot_file.grub:
-            raise InvalidParameters(f"boot_file {boot_file.value} (arm64 UEFI, the site's GRUB) "
+        elif boot_file.grub or boot_file.firmware_uki:
+            what = "the site's GRUB" if boot_file.grub else "the site's UKI"
+            raise InvalidParameters(f"boot_file {boot_file.value} (arm64 UEFI, {what}) "
                                     "boots a uki_url: script and kernel entries are iPXE's")
         elif script:
             script_safe_url(script, "ipxe_script_url")
@@ -270,6 +280,9 @@ class BootEntries:
         self._cached: set[str] = set()   # the kernels and initrds entries put in the store
         # Where the site runs its own proxy DHCP: a node's script only to its MAC's address.
         self.clients_tied = False
+        # The sha256 of the arm64 UKI the site's TFTP serves as bootaa64.efi (None: none); set
+        # by the site's services where its dnsmasq runs (agent/site/boot/dnsmasq.py).
+        self.served_uki: Callable[[], str | None] = lambda: None
         self._ties: OrderedDict[str, str] = OrderedDict()   # MAC -> the address DHCP tied to it
         self.arp: Callable[[str], str] = read_arp
 
@@ -318,6 +331,8 @@ class BootEntries:
         """Add the entry for ``req.mac``, replacing any earlier one of that MAC."""
         if req.boot_file.grub:
             self.grub_server()  # refused before anything when GRUB cannot reach the service
+        if req.boot_file.firmware_uki:
+            self._check_served_uki(req)
         self._cache_files(req, cancel)
         spec = {f.name: getattr(req, f.name) for f in fields(BootSpec)}
         entry = BootEntry(**spec, entry_id=f"{req.mac.replace(':', '')}-{secrets.token_hex(4)}",
@@ -500,9 +515,24 @@ class BootEntries:
 
     # -- inside ------------------------------------------------------------------------
 
+    def _check_served_uki(self, req: EntryRequest) -> None:
+        """An entry whose boot file is the site's UKI boots the one the TFTP serves, whatever
+        its uki_url says: refused unless its uki_digest is that file's sha256 (the control
+        plane's choice is never silently replaced by another build)."""
+        served = self.served_uki()
+        if served is None:
+            raise InvalidParameters(f"boot_file {req.boot_file.value}: this site serves no "
+                                    "arm64 UKI (its boot files hold none: initramfs/signing.py)")
+        if served != req.uki_digest:
+            raise InvalidParameters(f"boot_file {req.boot_file.value}: the site's TFTP serves the "
+                                    f"UKI with sha256 {served}, not the entry's {req.uki_digest}")
+
     def script(self, entry: BootEntry) -> str:
         if entry.boot_file.grub:
             return self.grub_script(entry)
+        if entry.boot_file.firmware_uki:   # nothing fetches it: the firmware started the UKI
+            return (f"#!ipxe\n# bettercompute: node {entry.node_id}, entry {entry.entry_id}: the "
+                    f"firmware starts the site's {entry.boot_file.value} itself\nexit 1\n")
         lines = ["#!ipxe", f"# bettercompute: node {entry.node_id}, entry {entry.entry_id}"]
         if entry.script_url:
             lines.append(f"chain {entry.script_url} || goto failed")

@@ -4,6 +4,7 @@ a script that records the signals it gets. tests/site/boot/test_boot_network.py 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import sys
@@ -13,7 +14,14 @@ from pathlib import Path
 import pytest
 
 from agent.errors import ToolFailed, ToolMissing
-from agent.site.boot.dnsmasq import DnsmasqSettings, DnsmasqSupervisor, prepare, render_config
+from agent.site.boot.dnsmasq import (
+    DnsmasqSettings,
+    DnsmasqSupervisor,
+    prepare,
+    render_config,
+    served_digest,
+)
+from agent.site.boot.pxe import BootFile
 from tests.site.conftest import stray_children
 
 FAKE = """#!{python}
@@ -99,6 +107,27 @@ def test_arm64_uefi_gets_the_sites_grub_where_there_is_one(tmp_path: Path) -> No
     prepare(s)
     assert "grubaa64.efi" not in [p.name for p in s.tftp_dir.iterdir()]
     assert "efiarm64" not in s.conf_path.read_text()
+
+
+def test_a_secure_boot_site_gives_arm64_uefi_its_signed_uki_and_never_both(tmp_path: Path) -> None:
+    """bootaa64.efi in the iPXE folder (the site's signed arm64 UKI): architecture 11 gets it,
+    the firmware its only loader; served_digest names what the TFTP holds. A folder with the
+    GRUB beside it is refused by name (which one a node boots would be a guess)."""
+    s = settings(tmp_path)
+    prepare(s)
+    assert served_digest(s, BootFile.UEFI_ARM64_UKI) is None
+    (s.ipxe_dir / "bootaa64.efi").write_bytes(b"MZ the site's signed UKI")
+    prepare(s)
+    lines = s.conf_path.read_text().splitlines()
+    assert "dhcp-match=set:efiarm64,option:client-arch,11" in lines
+    assert "dhcp-boot=tag:!ipxe,tag:efiarm64,bootaa64.efi" in lines
+    assert not any("grubaa64" in line for line in lines)
+    assert sorted(p.name for p in s.tftp_dir.iterdir()) == ["bootaa64.efi", "ipxe.efi", "undionly.kpxe"]
+    signed = hashlib.sha256(b"MZ the site's signed UKI").hexdigest()
+    assert served_digest(s, BootFile.UEFI_ARM64_UKI) == signed
+    (s.ipxe_dir / "grubaa64.efi").write_bytes(b"MZ the site's GRUB")
+    with pytest.raises(ToolFailed, match=r"holds both grubaa64\.efi and bootaa64\.efi"):
+        prepare(s)
 
 
 def test_missing_binary_and_bad_interface(tmp_path: Path) -> None:

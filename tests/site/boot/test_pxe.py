@@ -18,7 +18,7 @@ from agent.commands.base import Context
 from agent.errors import InvalidParameters, Unsupported
 from agent.proto import site_pb2
 from agent.site.boot.fields import parse_mac
-from agent.site.boot.pxe import BootEntries, BootEntry, BootSpec, EntryRequest, grub_http_device
+from agent.site.boot.pxe import BootEntries, BootEntry, BootFile, BootSpec, EntryRequest, grub_http_device
 from agent.site.services import SiteServices
 from tests.loopback_http import LoopbackServer
 
@@ -97,6 +97,7 @@ def test_mac_normalised() -> None:
     ({"uki_digest": D}, "uki_digest without a uki_url"),
     ({"boot_file": "grubaa64.efi"}, "boots a uki_url"),
     ({**K, "boot_file": "grubaa64.efi"}, "boots a uki_url"),
+    ({**K, "boot_file": "bootaa64.efi"}, "(arm64 UEFI, the site's UKI) boots a uki_url"),
     ({**K, "kernel_cmdline": "a\nshell"}, "kernel_cmdline"),
     ({**K, "kernel_cmdline": "x || shell"}, "kernel_cmdline"),
     ({**K, "kernel_cmdline": "x=${y}"}, "kernel_cmdline"),
@@ -308,6 +309,34 @@ def test_an_arm64_uki_entry_gets_a_grub_script_chainloading_it_with_no_arguments
     assert fetch(f"{site.base_url}/pxe/52:54:00:12:34:56.grub")[0] == 404
     assert cleanup(site, "n1")[0] == f"entry {MAC}"
     assert list((root / "scripts").iterdir()) == []
+
+
+def test_an_entry_for_the_sites_own_uki_boot_file_names_the_uki_the_tftp_serves(
+        site: SiteServices) -> None:
+    """boot_file bootaa64.efi (arm64 under Secure Boot: the firmware starts the UKI the site's
+    TFTP serves, no script runs): refused where the site serves none or another build than the
+    entry's uki_digest, nothing registered; registered where they agree, its settings served."""
+    uki = b"MZ the site's signed arm64 UKI" * 100
+    u = sha256(uki)
+    settings = "bc.node=n1 bc.gateway=10.0.0.1:8443 bc.token=t0k3n"
+    with LoopbackServer() as upstream:
+        upstream.add("/ramdisk.efi", uki)
+        msg = entry(**{**U, "boot_file": "bootaa64.efi", "uki_url": upstream.url("/ramdisk.efi"),
+                       "uki_digest": {"hex": u}, "kernel_cmdline": settings})
+        with pytest.raises(InvalidParameters, match="this site serves no arm64 UKI"):
+            prepare(site, msg)
+        site.entries.served_uki = lambda: "b" * 64
+        wrong = f"serves the UKI with sha256 {'b' * 64}, not the entry's {u}"
+        with pytest.raises(InvalidParameters, match=wrong):
+            prepare(site, msg)
+        assert site.entries.all() == []
+        site.entries.served_uki = lambda: u
+        prepare(site, msg)
+    (registered,) = site.entries.all()
+    assert registered.boot_file is BootFile.UEFI_ARM64_UKI
+    assert fetch(f"{site.base_url}/pxe/52-54-00-12-34-56.cmdline") == (200, f"{settings}\n".encode())
+    assert fetch(f"{site.base_url}/pxe/52:54:00:12:34:56.grub")[0] == 404
+    assert cleanup(site, "n1")[0] == f"entry {MAC}"
 
 
 def test_an_arm64_entry_survives_a_restart(tmp_path: Path) -> None:
