@@ -13,8 +13,9 @@ boot-files.json, which AAVMF fetches by TFTP, verifies and starts itself (Debian
 without shim, the boot file of a site without Secure Boot, refuses to start an image under
 Secure Boot: "shim_lock protocol not found"). The UKI's own command line names the site; the
 ramdisk fetches the node's settings from it and joins; PCR 4 holds the UKI alone, PCR 7 is
-judged with the fleet's db certificate the authority. Only as far as the join: arm64 under TCG
-is slow, and the deploy after it is x86's test.
+judged with the fleet's db certificate the authority. A site without Secure Boot serves its
+GRUB instead (the first test, its own site lab). Only as far as the join: arm64 under TCG is
+slow, and the deploy after it is x86's test.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from agent.gateway.verifier import eventlog, pcr7
 from agent.gateway.verifier.attest import Status
 from agent.gateway.verifier.refused import PolicyFailed
 from agent.site.boot.pxe import BootFile
-from initramfs import signing, uki
+from initramfs import netgrub, signing, uki
 from qemu import secureboot
 from qemu import tpm as qemu_tpm
 from qemu.harness import AAVMF_CODE, AAVMF_VARS
@@ -54,6 +55,69 @@ def missing() -> str | None:
     if reason is None and shutil.which(uki.objcopy("arm64")) is None:
         reason = f"{uki.objcopy('arm64')} is not installed (apt-get install binutils-aarch64-linux-gnu)"
     return reason
+
+
+def test_an_arm64_node_pxe_boots_the_sites_grub_through_its_proxy_dhcp_and_attests(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A site without Secure Boot: AAVMF's PXE gets the site's GRUB (``grubaa64.efi``), which
+    fetches /boot.grub and the node's /pxe/<mac>.grub from the site's HTTP service and chainloads
+    the site's arm64 UKI from its store by digest; PCR 4 holds the GRUB (the policy's one
+    loader), the UKI and its kernel."""
+    reason = missing()
+    if reason is None and shutil.which("grub-mkimage") is None:
+        reason = "grub-mkimage is not installed (apt-get install grub-common): the site's arm64 GRUB"
+    if reason:
+        pytest.skip(reason)
+    with SiteLab(tmp_path_factory.mktemp("sitelab-arm64-grub"), ensure_ramdisk(arch="arm64")) as lab:
+        boot_files = lab.site_boot_files()
+        lab.start_site(boot_files=boot_files)
+        attest = SiteAttestation(lab, NODE)
+        node = make_node(lab, NODE, uefi=True, tpm_state=attest.tpm_state)
+        assert node.power.spec().pflash_code == str(AAVMF_CODE)
+        shown: list[Step] = []
+        life = Lifecycle(lab, node, None, shown.append, attest=attest)
+        attest.start()
+        try:
+            life.prepare_ramdisk()            # a UKI entry, boot_file grubaa64.efi
+            life.power_on_directly()
+            life.pxe_join()                   # /boot.grub, /pxe/<mac>.grub, the UKI, attested
+            code, cmdline = guest_shell(node, "cat /proc/cmdline /sys/class/tpm/tpm0/pcr-sha256/12")
+        finally:
+            attest.stop()
+            for s in shown:
+                print(f"{s.seconds:7.1f}s  {s.name:22} {s.evidence}")
+            node.power.stop(force=True)
+        console = lab.console(node.power)
+        # The site's TFTP served the GRUB that site_boot_files built for this site's address.
+        assert attest.loader_name == netgrub.NAME and attest.loader_digest is not None
+        written = json.loads((boot_files / f"{netgrub.NAME}.json").read_text())
+        assert written == {"loaders": [attest.loader_digest.hex()],
+                           "site": f"http://{SITE_ADDRESS}:{SITE_HTTP_PORT}"}, written
+        assert "bc-pxe: GRUB fetching the boot script of the site" in console, console[-3000:]
+        assert "bc-pxe: GRUB starting the ramdisk UKI" in console, console[-3000:]
+        # PCR 12 zero, as the guest reads it: the site's GRUB passed the UKI no command line.
+        assert code == 0 and cmdline.split()[-1] == "0" * 64, cmdline
+        # The UKI names the site and nothing of the node (its settings came from the site).
+        assert code == 0 and f"bc.site=http://{SITE_ADDRESS}:{SITE_HTTP_PORT}" in cmdline, cmdline
+        assert "bc.token" not in cmdline and "bc.node" not in cmdline, cmdline
+        # The site's dnsmasq offered the GRUB and sent it whole (its log, in the boot timeline).
+        timeline = lab.site_state / "site" / "observe" / "timeline" / f"{NODE}.json"
+        attempts = json.loads(timeline.read_text())["attempts"]
+        events = [(e["step"], e["detail"]) for a in attempts for e in a["events"]]
+        print("the site's timeline of the node:", events)
+        assert ("dhcp_offer", "proxy offer") in events and ("tftp_sent", netgrub.NAME) in events, events
+        # In order: the entry, the proxy offer, the GRUB sent, /boot.grub, the node's script, the UKI.
+        steps = [step for step, _ in events]
+        firsts = [steps.index(s) for s in ("prepared", "dhcp_offer", "tftp_sent", "chain_script",
+                                            "node_script", "kernel")]
+        assert firsts == sorted(firsts), events
+        # Attested with the GRUB as the loader (Lifecycle.check_attested: PCR 4 exactly the
+        # GRUB, the UKI, its kernel); the same evidence without it among the loaders refused.
+        judged = life.joins["ramdisk"]
+        assert judged.verdict.status is Status.ATTESTED, judged.verdict
+        refused = attest.judge_without_loader(judged)
+        assert isinstance(refused, PolicyFailed) and refused.check == "policy_pcr4", refused
+        assert attest.loader_digest.hex() in refused.reason, refused
 
 
 def test_an_arm64_node_pxe_boots_the_sites_signed_uki_under_secure_boot_and_attests(
