@@ -171,7 +171,10 @@ def test_another_firmware_for_an_enrolled_profile(tpm_lab: Lab, tmp_path: Path) 
     OVMF variable store) `agent golden` on the node captures its UEFI variables and TPM, which
     match the checked-in tests/policy/golden/qemu-ovmf-swtpm.json but for what the profile's rules
     and the node's own items leave alone; the node powers off through its OS; on the third the
-    release gate against that capture and the rules passes with zero findings."""
+    release gate against that capture and the rules passes with zero findings. Then, on that
+    running node, a root tenant's plantings in its real OVMF variable store and swtpm (PLANT) are
+    each found by name with its remedy, the remedies go through the gateway, and the gate passes
+    again with zero findings (plant_and_put_back)."""
     code, variables = Path("/usr/share/OVMF/OVMF_CODE_4M.fd"), Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
     if not code.is_file() or not variables.is_file():
         pytest.skip("no OVMF_CODE_4M.fd / OVMF_VARS_4M.fd (Debian's ovmf)")
