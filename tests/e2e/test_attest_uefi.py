@@ -356,7 +356,12 @@ def plant_and_put_back(lab: Lab, machine: Machine, node: str, golden: Capture) -
     through the gateway as driver.invoke, as the control plane sends them; the gate a third time
     passes with zero findings."""
     script = base64.b64encode(PLANT.encode()).decode()
-    status, out = machine.shell(f"echo {script} | base64 -d > /tmp/plant.py && python3 /tmp/plant.py {AGENT} "
+    # In pieces: the whole script as one line of 1,550 bytes never came back from the guest's debug
+    # shell (busybox's line editing keeps 1,024 bytes of a line).
+    for at in range(0, len(script), 700):
+        status, out = machine.shell(f"printf %s {script[at:at + 700]} >{'>' if at else ''} /tmp/plant.b64")
+        assert status == 0, out
+    status, out = machine.shell(f"base64 -d /tmp/plant.b64 > /tmp/plant.py && python3 /tmp/plant.py {AGENT} "
                                 f"{TENANT_KEY:#x} {TENANT_INDEX:#x} 2>&1", timeout=120)
     assert status == 0 and "planted" in out, out
     report = gate_golden(lab, machine, node, golden).release
