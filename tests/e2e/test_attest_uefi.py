@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from google.protobuf import json_format
 
 from agent.gateway.verifier.attest import Status, Verdict, Verifier, load_certificates
 from agent.gateway.verifier.join import JoinAttestation
 from agent.gateway.verifier.policy import Build, Policy
+from agent.hw import efivars
 from agent.policy.release.golden import Capture, Rules, diff
 from agent.proto import session_pb2
 from agent.site.bmc.client import Credentials
@@ -169,7 +171,10 @@ def test_another_firmware_for_an_enrolled_profile(tpm_lab: Lab, tmp_path: Path) 
     OVMF variable store) `agent golden` on the node captures its UEFI variables and TPM, which
     match the checked-in tests/policy/golden/qemu-ovmf-swtpm.json but for what the profile's rules
     and the node's own items leave alone; the node powers off through its OS; on the third the
-    release gate against that capture and the rules passes with zero findings."""
+    release gate against that capture and the rules passes with zero findings. Then, on that
+    running node, a root tenant's plantings in its real OVMF variable store and swtpm (PLANT) are
+    each found by name with its remedy, the remedies go through the gateway, and the gate passes
+    again with zero findings (plant_and_put_back)."""
     code, variables = Path("/usr/share/OVMF/OVMF_CODE_4M.fd"), Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
     if not code.is_file() or not variables.is_file():
         pytest.skip("no OVMF_CODE_4M.fd / OVMF_VARS_4M.fd (Debian's ovmf)")
@@ -238,6 +243,7 @@ def test_another_firmware_for_an_enrolled_profile(tpm_lab: Lab, tmp_path: Path) 
                             power_off(machine)      # as its OS does: TPM2_Shutdown sent
                         elif boot == "updated":     # the same node's next boot: its gate
                             gated = gate_golden(tpm_lab, machine, node, captured)
+                            plant_and_put_back(tpm_lab, machine, node, captured)
                     finally:
                         machine.stop()
             # The way back: the operator puts the old build in the set, the site applies it.
@@ -304,6 +310,73 @@ def gate_golden(lab: Lab, machine: Machine, node: str, golden: Capture) -> Any:
                         "rules": base64.b64encode(QEMU_RULES.read_bytes()).decode()}}
     _, _, result = run_command(lab, machine, node, "inventory.refresh", {"expect": {"state": state}})
     return result
+
+
+TENANT_KEY = 0x81000001            # a persistent key of the tenant's, at the owner's first handle
+TENANT_INDEX = 0x01C00100          # an owner's NV index inside the EK certificate range
+# A root tenant's residue, written from the node itself: Driver#### and SysPrep#### load options
+# with their orders, through efivarfs (attributes and value in one write, efibootmgr's way) into
+# OVMF's variable store; a key persisted and an NV index defined in swtpm through /dev/tpmrm0, by
+# the agent's own TPM client in the ramdisk (TPM2_NV_DefineSpace, which the client has no call
+# for, as its bytes: ownerwrite|authwrite|ownerread|authread, SHA-256, 32 bytes).
+PLANT = """
+import os, struct, sys
+sys.path.insert(0, sys.argv[1])
+from agent.hw import efivars, tpm
+key, index = int(sys.argv[2], 16), int(sys.argv[3], 16)
+for kind in ("Driver", "SysPrep"):
+    for name, value in ((kind + "0001", efivars.load_option("tenant " + kind.lower())),
+                        (kind + "Order", struct.pack("<H", 1))):
+        fd = os.open(str(efivars.EFIVARS / (name + "-" + efivars.GLOBAL)), os.O_WRONLY | os.O_CREAT, 0o644)
+        os.write(fd, struct.pack("<I", efivars.ATTRS_NV_BS_RT) + value)
+        os.close(fd)
+with tpm.Tpm(tpm.DeviceTransport()) as t:
+    t.evict_control(t.create_primary(tpm.RH_OWNER, tpm.EK_ECC_TEMPLATE).handle, key)
+    public = tpm.u32(index) + tpm.u16(0x000B) + tpm.u32(0x00060006) + tpm.u16(0) + tpm.u16(32)
+    body = tpm.u32(tpm.RH_OWNER) + tpm.session_area(tpm.PW) + tpm.u16(0) + tpm.u16(len(public)) + public
+    answer = t.transport.transact(tpm.u16(tpm.ST_SESSIONS) + tpm.u32(10 + len(body)) + tpm.u32(0x12A) + body)
+    if answer[6:10] != bytes(4):
+        sys.exit("TPM2_NV_DefineSpace: rc 0x" + answer[6:10].hex())
+print("planted")
+"""
+PLANTED = {("uefi.added", f"{name}-{efivars.GLOBAL}")
+           for name in ("Driver0001", "DriverOrder", "SysPrep0001", "SysPrepOrder")} | {
+    ("tpm.added", f"persistent/{TENANT_KEY:#010x}"), ("tpm.added", f"nv/{TENANT_INDEX:#010x}")}
+
+
+def findings(report: Any) -> dict[tuple[str, str], str]:
+    """(check, where) of every finding: its remedy's driver.operation, "" where it has none."""
+    return {(m.check, m.where): f"{m.remedy.driver}.{m.remedy.operation}" if m.remedy.driver else ""
+            for m in [*report.restorable, *report.cannot_restore]}
+
+
+def plant_and_put_back(lab: Lab, machine: Machine, node: str, golden: Capture) -> None:
+    """On the node that just passed its gate: a root tenant's plantings in the real OVMF variable
+    store and swtpm (PLANT); the gate again finds each by name with its remedy; the remedies sent
+    through the gateway as driver.invoke, as the control plane sends them; the gate a third time
+    passes with zero findings."""
+    script = base64.b64encode(PLANT.encode()).decode()
+    # In pieces: the whole script as one line of 1,550 bytes never came back from the guest's debug
+    # shell (busybox's line editing keeps 1,024 bytes of a line).
+    for at in range(0, len(script), 700):
+        status, out = machine.shell(f"printf %s {script[at:at + 700]} >{'>' if at else ''} /tmp/plant.b64")
+        assert status == 0, out
+    status, out = machine.shell(f"base64 -d /tmp/plant.b64 > /tmp/plant.py && python3 /tmp/plant.py {AGENT} "
+                                f"{TENANT_KEY:#x} {TENANT_INDEX:#x} 2>&1", timeout=120)
+    assert status == 0 and "planted" in out, out
+    report = gate_golden(lab, machine, node, golden).release
+    found = findings(report)
+    assert set(found) == PLANTED and not report.pool_ready and not report.cannot_restore, found
+    assert found == {**{p: "efivars.delete_variable" for p in PLANTED if p[0] == "uefi.added"},
+                     ("tpm.added", f"persistent/{TENANT_KEY:#010x}"): "tpm.evict",
+                     ("tpm.added", f"nv/{TENANT_INDEX:#010x}"): "tpm.undefine_nv"}, found
+    for m in report.restorable:
+        run_command(lab, machine, node, "driver.invoke",
+                    json_format.MessageToDict(m.remedy, preserving_proto_field_name=True))
+    again = gate_golden(lab, machine, node, golden).release
+    assert again.pool_ready and not again.restorable and not again.cannot_restore, findings(again)
+    status, out = machine.shell(f"ls {efivars.EFIVARS}")
+    assert status == 0 and "Driver0001-" not in out and "SysPrep" not in out, out
 
 
 def check_golden_fixture(captured: Capture) -> None:
