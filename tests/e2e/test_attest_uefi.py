@@ -207,7 +207,10 @@ def test_another_firmware_for_an_enrolled_profile(tpm_lab: Lab, tmp_path: Path) 
                           token=tpm_lab.token_for(site_id), cmdline="bc.tpm=none",
                           extra_args=("--secrets-dir", str(secrets.root), "--site-firmware-sets", str(sets),
                                       "--site-address", "127.0.0.1", "--site-http-port", str(free_port()),
-                                      "--site-upstream", "127.0.0.1"))
+                                      "--site-upstream", "127.0.0.1",
+                                      # polled as the site tests do: an update's settle wait is three
+                                      # answers spaced twice the cap (90 s each at the defaults)
+                                      "--bmc-poll-seconds", "0.05", "--bmc-poll-max-seconds", "0.1"))
         tpm_lab.gateway.site_node = site_id
         site.start()
 
