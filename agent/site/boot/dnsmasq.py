@@ -23,6 +23,7 @@ start kills the recorded one (when it is still our dnsmasq, checked by its comma
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -92,9 +93,21 @@ def arm64_boot_file(s: DnsmasqSettings) -> BootFile | None:
 
 
 def served_digest(s: DnsmasqSettings, name: BootFile) -> str | None:
-    """The sha256 hex of ``name`` as the TFTP folder holds it (what the nodes get), or None."""
+    """The sha256 hex of ``name`` as the TFTP folder holds it (what the nodes get), or None.
+    Hashed once per version of the file (its inode, size and mtime): an arm64 UKI is ~44 MB,
+    asked at every boot entry for it, and the folder changes only at ``prepare``."""
+    path = s.tftp_dir / name
     try:
-        with (s.tftp_dir / name).open("rb") as f:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return _file_sha256(str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _file_sha256(path: str, _ino: int, _size: int, _mtime_ns: int) -> str | None:
+    try:
+        with open(path, "rb") as f:
             return hashlib.file_digest(f, "sha256").hexdigest()
     except FileNotFoundError:
         return None
