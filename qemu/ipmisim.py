@@ -203,8 +203,8 @@ def emu_commands() -> str:
 
 
 def _lan(channel: int, port: int) -> str:
-    if not 2 <= channel <= 11:
-        raise ValueError(f"an ipmi_sim LAN channel is 2 to 11 here, not {channel}")
+    if not 1 <= channel <= 11:
+        raise ValueError(f"an ipmi_sim LAN channel is 1 to 11 here, not {channel}")
     return f"""\
   startlan {channel}
     addr 127.0.0.1 {port}
@@ -228,6 +228,8 @@ def start_ipmi_sim(workdir: Path, node: PoweredNode, username: str, password: st
     free one). ``wait=False`` returns once the process is started: a fleet starts them all (on
     ports from one ``free_udp_ports``), then calls ``wait_ready`` on each. ``more_lans``: LAN
     channels besides 1 (2 to 11), each on a free port of its own (a BMC with a second NIC)."""
+    if 1 in more_lans:
+        raise ValueError("more_lans: channel 1 is the BMC's first LAN already")
     workdir.mkdir(parents=True, exist_ok=True)
     control = node.write_chassis_control(workdir / "chassis-control")
     port = port or free_udp_port()
@@ -237,16 +239,7 @@ def start_ipmi_sim(workdir: Path, node: PoweredNode, username: str, password: st
         f.write(f"""\
 name "bcsim"
 set_working_mc 0x20
-  startlan 1
-    addr 127.0.0.1 {port}
-    priv_limit admin
-    allowed_auths_callback md5 straight
-    allowed_auths_user md5 straight
-    allowed_auths_operator md5 straight
-    allowed_auths_admin md5 straight
-    guid a6c1e0d0b2c34f8e9d7a1b2c3d4e5f60
-  endlan
-{"".join(_lan(n, free_udp_port()) for n in more_lans)}\
+{_lan(1, port)}{"".join(_lan(n, free_udp_port()) for n in more_lans)}\
   chassis_control "{control} 0x20"
 {f'  sol "{sol}" 115200' if sol else ""}
   user 2 true "{username}" "{password}" admin 10 md5 straight
