@@ -48,7 +48,8 @@ def keys() -> dict[str, Key]:
 
 
 def test_a_signed_write_parses_back_to_the_specs_fields(keys: dict[str, Key]) -> None:
-    value = uefi_auth.x509_list(keys["db"].cert, OWNER) + uefi_auth.sha256_list([b"\1" * 32, b"\2" * 32], OWNER)
+    digests = [b"\1" * 32, b"\2" * 32]
+    value = uefi_auth.x509_list(keys["db"].cert, OWNER) + uefi_auth.sha256_list(digests, OWNER)
     payload = keys["kek"].write("db", value)
     # EFI_TIME: 2026-12-07 08:30:15, every other field zero.
     assert payload[:16] == struct.pack("<HBBBBBBIhBB", 2026, 12, 7, 8, 30, 15, 0, 0, 0, 0, 0)
@@ -121,7 +122,8 @@ def test_malformed_writes_are_refused_by_name(keys: dict[str, Key]) -> None:
         uefi_auth.signature_list(uefi_auth.EFI_CERT_X509, OWNER, [b"a", b"bb"])
 
 
-def test_the_key_holders_command_writes_a_payload_the_node_takes(keys: dict[str, Key], tmp_path: Path) -> None:
+def test_the_key_holders_command_writes_a_payload_the_node_takes(keys: dict[str, Key],
+                                                                 tmp_path: Path) -> None:
     def pem(name: str) -> tuple[Path, Path]:
         key, cert = tmp_path / f"{name}.key", tmp_path / f"{name}.pem"
         key.write_bytes(keys[name].private.private_bytes(
