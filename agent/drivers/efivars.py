@@ -120,7 +120,7 @@ def enroll_keys(v: efivars.Efivars, payloads: dict[str, bytes]) -> dict[str, obj
     setup_mode = v.flag("SetupMode")
     if setup_mode is None:
         raise Unsupported("no SetupMode variable: this firmware has no UEFI Secure Boot")
-    enrolled = {name: uefi_auth.certificates(v.value(name, guid) or b"")
+    enrolled = {name: _certificates(v.value(name, guid) or b"")
                 for name, (guid, _) in uefi_auth.DATABASES.items() if name in ("PK", "KEK")}
     for name, write in writes.items():
         signer = uefi_auth.DATABASES[name][1]
@@ -159,6 +159,14 @@ def enroll_keys(v: efivars.Efivars, payloads: dict[str, bytes]) -> dict[str, obj
                          reason=Reason.TOOL_FAILED, written=",".join(done))
     return {"written": done, "setup_mode": after, "secure_boot": v.flag("SecureBoot"),
             **{f"{name.lower()}_sha256": v.sha256(name, guid) for name, guid in SECURE_BOOT_VARIABLES}}
+
+
+def _certificates(value: bytes) -> list[bytes]:
+    """The certificates an enrolled database holds; none where its value is not signature lists."""
+    try:
+        return uefi_auth.certificates(value)
+    except InvalidParameters:
+        return []
 
 
 def _enroll_keys(values: Values, root: Path, _settings: Settings) -> str:
