@@ -115,6 +115,10 @@ def test_in_user_mode_only_an_update_the_enrolled_keys_signed_is_written(tmp_pat
     with pytest.raises(Unsupported, match=r"not signed by the enrolled PK; in user mode .* firmware's setup"):
         enroll_keys(v, fleet(keys))
     assert v.written == [] and files(directory) == before
+    # A PK whose value is no signature lists holds no certificate: nothing can be checked with it.
+    efivars.Efivars(directory).write("PK", b"not a signature list", 0x27)
+    with pytest.raises(Unsupported, match=r"not signed by the enrolled PK \(there is none\)"):
+        enroll_keys(v, fleet(keys))
     # The fleet's own PK enrolled: db (by the enrolled KEK) and KEK (by the enrolled PK) are an update.
     v.write("PK", keys["pk"].write("PK", uefi_auth.x509_list(keys["pk"].cert, OWNER)), 0x27)
     v.written.clear()
