@@ -8,11 +8,13 @@ release's remedies (agent.policy.release) name these operations.
 ``enroll_keys`` writes the fleet's PK, KEK, db and dbx from time-based authenticated writes that
 the key holder made offline (agent/hw/uefi_auth.py, ``agent uefi-payload``), each given base64:
 the ramdisk holds no key, it carries the writes. Every write is parsed and its signature checked
-before the first is written, against the key the firmware will check it with: in setup mode
-(SetupMode 1) PK by itself, KEK by the PK given with it, db and dbx by the KEK given with them,
-each else by the one enrolled; in user mode (SetupMode 0) PK and KEK by the enrolled PK, db and
-dbx by the enrolled KEK (an update the fleet's own keys signed). Anything else is refused, named,
-with nothing written: a tenant's own PK in user mode is replaced only at the firmware's setup or
+before the first is written, against the key that signs it in the fleet's chain: in setup mode
+(SetupMode 1) PK by itself (the one check edk2 makes there), KEK by the PK given with it, db and
+dbx by the KEK given with them, each else by the one enrolled (the firmware would take those
+unsigned: the check is ours, so nothing the fleet's keys did not sign is written); in user mode
+(SetupMode 0) PK and KEK by the enrolled PK, db and dbx by the enrolled KEK, as the firmware
+checks them (an update the fleet's own keys signed). Anything else is refused, named, with
+nothing written: a tenant's own PK in user mode is replaced only at the firmware's setup or
 through the BMC. Then db, dbx, KEK and PK last (the PK ends setup mode), each read back (its
 digest the write's value's), and SetupMode 0 after the PK. The firmware enforces the keys from
 the next boot (edk2 turns SecureBootEnable on then: a PK enrolled and no SecureBootEnable).
