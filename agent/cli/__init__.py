@@ -121,6 +121,7 @@ SUBCOMMAND_MODULES: dict[str, str] = {
     "manifest": "agent.cli.manifest",
     "image": "agent.cli.image",
     "golden": "agent.cli.golden",
+    "uefi-payload": "agent.cli.uefi_payload",
 }
 
 

@@ -213,6 +213,27 @@ def test_every_planted_item_is_found_and_what_can_be_is_put_back(node: Node) -> 
     assert nvme1 == {"1": {"size": 3840 * GIB, "flbas": 0, "detached": False}}
 
 
+def test_in_setup_mode_the_secure_boot_findings_name_the_ramdisks_enrollment(node: Node) -> None:
+    """A tenant left the node in setup mode (PK deleted, a key of theirs in db, Secure Boot off):
+    each finding names efivars.enroll_keys, the one remedy the control plane completes with the
+    fleet's signed writes; in user mode the same db is reported for an operator."""
+    plant(node.efivars, "db", b"allowed and the tenant's own key", efivars.IMAGE_SECURITY)
+    plant(node.efivars, "SecureBoot", b"\x00")
+    user_mode = node.check().release
+    assert {(m.check, m.where) for m in user_mode.cannot_restore} == {
+        ("uefi.db", "db"), ("uefi.secure_boot", "secure_boot")} and not user_mode.restorable
+    plant(node.efivars, "SetupMode", b"\x01")
+    (node.efivars / f"PK-{efivars.GLOBAL}").unlink()
+    report = node.check().release
+    assert not report.cannot_restore and not report.pool_ready
+    assert {(m.check, m.where, m.remedy.driver, m.remedy.operation, len(m.remedy.arguments))
+            for m in report.restorable} == {
+        (check, where, "efivars", "enroll_keys", 0) for check, where in (
+            ("uefi.db", "db"), ("uefi.pk", "pk"), ("uefi.secure_boot", "secure_boot"),
+            ("uefi.setup_mode", "setup_mode"))}
+    assert all("efivars.enroll_keys" in m.message for m in report.restorable)
+
+
 def test_mig_is_set_off_then_taken_up_by_a_reset(node: Node) -> None:
     node.gpus.set(1, mig_mode=True)
     first = node.check().release.restorable

@@ -13,14 +13,15 @@ through the ramdisk's real nvme-cli: it passes, and once reformatted from the gu
 blocks (Format NVM, which QEMU 7.2 takes) it is named, as what the agent cannot put back.
 
 One guest for the module, the tests in file order; more machines boot OVMF on pflash: the
-Secure Boot half (the fleet's keys, Secure Boot left off and a tenant's key in db: found, put
-back, then a boot of the signed UKI with Secure Boot enforcing), one with swtpm whose planted
-residue is cleared through the firmware's PPI, the Clear rejected at OVMF's prompt with ESC,
-then confirmed with F12, both pressed on the machine's keyboard.
+Secure Boot half (a node left in setup mode with a tenant's key in db: found, the fleet's keys
+enrolled by the ramdisk, then a boot of the signed UKI with Secure Boot enforcing), one with
+swtpm whose planted residue is cleared through the firmware's PPI, the Clear rejected at OVMF's
+prompt with ESC, then confirmed with F12, both pressed on the machine's keyboard.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
@@ -148,32 +149,29 @@ def test_a_reformatted_nvme_namespace_is_named(ovmf_lab: Lab, node: Machine, cle
 
 
 OVMF_CODE_4M, OVMF_VARS_4M = Path("/usr/share/OVMF/OVMF_CODE_4M.fd"), Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
-EFI_CERT_X509 = uuid.UUID("a5c059a1-94e4-4aa7-87b5-ab155c2bf072")
 TENANT_OWNER = uuid.UUID("7e4a1f3c-52b8-4d0e-9c61-0a2b3c4d5e6f")
-
-
-def signature_list(der: bytes, owner: uuid.UUID = TENANT_OWNER) -> bytes:
-    """An EFI_SIGNATURE_LIST of one X.509 certificate (UEFI 2.10, 32.4.1), as db holds it."""
-    size = 16 + len(der)
-    return EFI_CERT_X509.bytes_le + struct.pack("<III", 28 + size, 0, size) + owner.bytes_le + der
 
 
 def test_secure_boot_off_and_a_tenant_db_entry_are_found_put_back_and_the_node_boots_signed(
         ovmf_lab: Lab, tmp_path: Path) -> None:
-    """The gate's Secure Boot half (issue 52). A node with the fleet's keys (qemu/secureboot.py)
-    that a tenant left with Secure Boot off and their own certificate added to db (planted
-    offline in its variable store by virt-fw-vars), booted under OVMF's Secure Boot build: the
-    gate names db changed and Secure Boot off against the fleet's databases, neither of which a
-    node-side remedy puts back (an authenticated write needs the platform owner's keys; the
-    switch is the firmware's). Put back as the firmware's setup does (docs/site.md, "UEFI Secure
-    Boot": the keys reset to the fleet's, Secure Boot on; the site's bmc.firmware
-    restore_secure_boot does it where the BMC offers the writes), here by rebuilding the node's
-    variable store with the fleet's keys only; the node then boots the ramdisk as a UKI signed
-    with the fleet's db key, Secure Boot enforcing, and its gate passes. Two boots: 7 min 31 s
-    on the shared 2-core machine at a load average of about 16 (nice)."""
+    """The gate's Secure Boot half (issue 52, item 5), put back by the ramdisk. A node whose
+    tenant left it in setup mode (the PK deleted, their own certificate added to db beside the
+    fleet's, the KEK the fleet's; planted offline in its variable store by virt-fw-vars), booted
+    under OVMF's Secure Boot build: the gate names setup mode, PK absent, db changed and Secure
+    Boot off against the fleet's keys, each with the remedy efivars.enroll_keys. The test, as the
+    control plane, completes it with the fleet's authenticated writes that it made as the key
+    holder (agent/hw/uefi_auth.py: db signed by the KEK, KEK and PK by the PK) and sends it signed
+    through the gateway; the ramdisk checks them, writes db, KEK and PK last through efivarfs
+    and reads them back in the same boot (SetupMode 0, each digest the fleet's); the gate then
+    names only Secure Boot off, which the firmware turns on at the next boot (edk2: a PK enrolled
+    and no SecureBootEnable). The node boots again on the same variable store, now the ramdisk
+    as a UKI signed with the fleet's db key: Secure Boot enforcing (its kernel says so) and its
+    gate passes. Two boots: 58 s to 1 min 12 s under TCG on the 2-core machine at a load average of
+    about 2 (nice; the module's lab 11 s more); 7 min 31 s at a load average of about 16."""
     from cryptography import x509
-    from cryptography.hazmat.primitives.serialization import Encoding
+    from cryptography.hazmat.primitives.serialization import Encoding, load_pem_private_key
 
+    from agent.hw import uefi_auth
     from initramfs import signing
     from qemu import secureboot
 
@@ -183,23 +181,25 @@ def test_secure_boot_off_and_a_tenant_db_entry_are_found_put_back_and_the_node_b
     keys = secureboot.FleetKeys.generate(tmp_path / "fleet-keys")
     _, tenant_cert = secureboot.self_signed(tmp_path, "tenant")
 
-    def fleet_list(name: str) -> str:
-        cert = x509.load_pem_x509_certificate(keys.cert(name).read_bytes())
-        return hashlib.sha256(signature_list(cert.public_bytes(Encoding.DER), secureboot.OWNER)).hexdigest()
+    def der(name: str) -> bytes:
+        return x509.load_pem_x509_certificate(keys.cert(name).read_bytes()).public_bytes(Encoding.DER)
 
-    # The fleet's golden state: its PK, KEK and db, Secure Boot on.
-    fleet = {"pk_sha256": fleet_list("fleet-pk"), "kek_sha256": fleet_list("fleet-kek"),
-             "db_sha256": fleet_list("fleet-db"), "secure_boot": True}
+    def signed(name: str, value: bytes, signer: str) -> str:
+        """The fleet's write of ``name``, as its key holder makes it offline (base64 to send)."""
+        key = load_pem_private_key((keys.folder / f"{signer}.key").read_bytes(), None)
+        return base64.b64encode(uefi_auth.signed_write(name, value, key, der(signer))).decode()
+
+    lists = {name: uefi_auth.x509_list(der(f"fleet-{name.lower()}"), secureboot.OWNER)
+             for name in ("PK", "KEK", "db")}
+    # The fleet's golden state: its PK, KEK and db, out of setup mode, Secure Boot on.
+    fleet = {**{f"{name.lower()}_sha256": hashlib.sha256(value).hexdigest() for name, value in lists.items()},
+             "secure_boot": True, "setup_mode": False}
     variables = tmp_path / "vars.fd"
     owner = str(secureboot.OWNER)
     subprocess.run([str(secureboot.virt_fw_vars()), "--input", str(secureboot.OVMF_VARS_EMPTY),
-                    "--output", str(variables), "--set-pk", owner, str(keys.cert("fleet-pk")),
-                    "--add-kek", owner, str(keys.cert("fleet-kek")),
+                    "--output", str(variables), "--add-kek", owner, str(keys.cert("fleet-kek")),
                     "--add-db", owner, str(keys.cert("fleet-db")),
-                    "--add-db", str(TENANT_OWNER), str(tenant_cert),
-                    # OVMF's switch off (absent, with a PK, it would be on), as a tenant's setup leaves it
-                    "--no-microsoft", "--set-false", "SecureBootEnable"],
-
+                    "--add-db", str(TENANT_OWNER), str(tenant_cert), "--no-microsoft"],
                    check=True, capture_output=True, timeout=120)
     firmware = (secureboot.OVMF_SECBOOT_CODE, variables)
     node_id = "release-db"
@@ -208,14 +208,31 @@ def test_secure_boot_off_and_a_tenant_db_entry_are_found_put_back_and_the_node_b
         ovmf_lab.wait_joined(machine, node_id, JOIN_TIMEOUT)
         _, _, result = run_command(ovmf_lab, machine, node_id, "inventory.refresh",
                                    {"expect": {"state": {"uefi": fleet}}})
+        report = result.release
+        found = sorted((m.check, m.where, m.expected, m.remedy.operation) for m in report.restorable)
+        assert found == [("uefi.db", "db", fleet["db_sha256"], "enroll_keys"),
+                         ("uefi.pk", "pk", fleet["pk_sha256"], "enroll_keys"),
+                         ("uefi.secure_boot", "secure_boot", "1", "enroll_keys"),
+                         ("uefi.setup_mode", "setup_mode", "0", "enroll_keys")], found
+        assert not report.cannot_restore and not report.pool_ready
+        # The control plane completes the one remedy with the fleet's writes, and sends it once.
+        remedy = json_format.MessageToDict(report.restorable[0].remedy, preserving_proto_field_name=True)
+        remedy["arguments"] = {"db": {"string_value": signed("db", lists["db"], "fleet-kek")},
+                               "kek": {"string_value": signed("KEK", lists["KEK"], "fleet-pk")},
+                               "pk": {"string_value": signed("PK", lists["PK"], "fleet-pk")}}
+        _, _, enrolled = run_command(ovmf_lab, machine, node_id, "driver.invoke", remedy)
+        done = json.loads(enrolled.stdout)
+        assert done["written"] == ["db", "KEK", "PK"] and done["setup_mode"] == 0, done
+        assert {f"{n}_sha256": done[f"{n}_sha256"] for n in ("pk", "kek", "db")} == {
+            k: v for k, v in fleet.items() if k.endswith("_sha256")}, done
+        # The keys are the fleet's, setup mode is over; Secure Boot waits for the next boot.
+        _, _, after = run_command(ovmf_lab, machine, node_id, "inventory.refresh",
+                                  {"expect": {"state": {"uefi": fleet}}})
+        assert [(m.check, m.found) for m in after.release.cannot_restore] == [("uefi.secure_boot", "0")]
+        assert not after.release.restorable
     finally:
         machine.stop()
-    report = result.release
-    found = sorted((m.check, m.where, m.expected) for m in report.cannot_restore)
-    assert found == [("uefi.db", "db", fleet["db_sha256"]), ("uefi.secure_boot", "secure_boot", "1")], found
-    assert not report.restorable and not report.pool_ready
-    # Put back as the firmware's setup does: the fleet's keys only, Secure Boot on.
-    keys.enrolled_vars(variables)
+    # The same variable store, as the node's own flash keeps it: the signed ramdisk boots.
     node_id = "release-db-restored"
     esp, _ = ovmf_lab.uki(node_id, sign=lambda image: signing.sign(image, keys.db_key()))
     machine = ovmf_lab.boot(node_id, uefi=True, esp=esp, pflash=firmware, secure_boot=True)

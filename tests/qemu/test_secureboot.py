@@ -6,14 +6,12 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
-import uuid
 from pathlib import Path
 
 import pytest
 
+from agent.hw import uefi_auth
 from qemu import demo, secureboot, sitesecure
-
-EFI_CERT_SHA256 = uuid.UUID("c1c41626-504c-4092-aca9-41f936934328")
 
 
 def test_revoked_digests_are_appended_to_dbx_as_sha256_entries(tmp_path: Path) -> None:
@@ -27,12 +25,17 @@ def test_revoked_digests_are_appended_to_dbx_as_sha256_entries(tmp_path: Path) -
                     str(tmp_path / "vars.json")], check=True, capture_output=True, timeout=120)
     listed = json.loads((tmp_path / "vars.json").read_text())["variables"]
     found = {v["name"]: bytes.fromhex(v["data"]) for v in listed}
-    dbx = found["dbx"]
     # EFI_SIGNATURE_LISTs of EFI_CERT_SHA256 entries (owner GUID, then the digest), the fleet's owner.
-    assert EFI_CERT_SHA256.bytes_le in dbx
+    entries = [(sl.type, e.owner, e.data)
+               for sl in uefi_auth.signature_lists(found["dbx"]) for e in sl.entries]
     for digest in revoked:
-        assert secureboot.OWNER.bytes_le + digest in dbx
+        assert (uefi_auth.EFI_CERT_SHA256, secureboot.OWNER, digest) in entries
     assert {"PK", "KEK", "db", "dbx"} <= found.keys()
+    # virt-firmware's lists of one certificate are ours byte for byte (the digests a gate names).
+    for name, cert in (("PK", "fleet-pk"), ("KEK", "fleet-kek"), ("db", "fleet-db")):
+        der = subprocess.run(["openssl", "x509", "-in", str(keys.cert(cert)), "-outform", "DER"],
+                             check=True, capture_output=True, timeout=60).stdout
+        assert found[name] == uefi_auth.x509_list(der, secureboot.OWNER), name
     with pytest.raises(ValueError, match="SHA-256"):
         keys.enrolled_vars(tmp_path / "bad.fd", dbx=[b"\x00" * 20])
     assert not (tmp_path / "bad.fd").exists()

@@ -12,10 +12,10 @@ checked. Checks and their stable names (``where``: the entry, PCI address or con
   uefi.boot_entry        a Boot#### not in the baseline                   efivars.delete_boot_entry
                          one missing, or changed (its sha256)             -
   uefi.boot_order        BootOrder differs                                efivars.set_boot_order
-  uefi.secure_boot       SecureBoot differs                               -  (firmware setup)
-  uefi.setup_mode        SetupMode differs                                -
-  uefi.pk uefi.kek uefi.db uefi.dbx
-                         the sha256 of the database differs               -  (needs the owner's keys)
+  uefi.secure_boot       SecureBoot differs                               in setup mode: efivars.enroll_keys
+  uefi.setup_mode        SetupMode differs                                 (the control plane adds the
+  uefi.pk uefi.kek uefi.db uefi.dbx                                        fleet's signed writes); else -
+                         the sha256 of the database differs                (firmware setup, owner's keys)
   uefi.memory_overwrite  MemoryOverwriteRequestControl differs            efivars.set_memory_overwrite
   gpu.unreadable         NVML cannot be read, or a GPU is lost            -
   gpu.mig_mode           MIG on, or pending on                            nvidia-smi.set_mig_mode, then .reset

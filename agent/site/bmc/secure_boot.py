@@ -193,7 +193,7 @@ def check(policy: SecureBootPolicy, state: secureboot.SecureBootState | None,
     keys_fix = fix if can_restore(policy, state) else None
     elsewhere = ("" if keys_fix else "; this BMC cannot put the keys back "
                  + ("(the node is in setup mode: its OS may enroll them until a PK is set; our ramdisk "
-                    "does not yet)" if state.mode == "SetupMode"
+                    "does: efivars.enroll_keys, the fleet's signed writes)" if state.mode == "SetupMode"
                     else "(an operator at the firmware's setup)"))
     if policy.required and state.enable is not True:
         found.add("secure_boot.off", "enabled", "absent" if state.enable is None else "disabled",
