@@ -48,6 +48,7 @@ import json
 import re
 import shutil
 import ssl
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -260,8 +261,12 @@ def test_secure_boot_left_off_with_a_tenants_db_certificate_is_put_back_through_
         emu.attach(machine)
         life = Lifecycle(lab, node, Bmc("redfish", emu.address, REDFISH_REF, verify_tls=False), shown.append,
                          attest=rig.attest)
+        started = time.monotonic()
         found = life.bmc_op("bmc.query", "secure_boot", policy=str(policy))
+        gated = time.monotonic()
         done = life.bmc_op("bmc.firmware", "restore_secure_boot", policy=str(policy))
+        print(f"the gate {gated - started:.1f}s, the put-back {time.monotonic() - gated:.1f}s: "
+              f"{done.values['writes']}")
         after = secureboot.read_store(store)
         life.prepare_ramdisk()
         life.boot_device("pxe")
