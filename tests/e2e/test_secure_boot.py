@@ -33,10 +33,18 @@ its dnsmasq and TFTP), one node, one boot per test; the rig is qemu/sitesecure.p
   timeout.
 - An unsigned ipxe.efi (the site restarted with Debian's as it is): the firmware refuses it
   ("Access Denied"), named the same way.
+- The release gate's Secure Boot part through a BMC (item 5), last since it rewrites the node's
+  store: the node left by a tenant with Secure Boot off and its own db certificate, its BMC the
+  project's Redfish emulator (DMTF's recorded rackmount) whose SecureBoot resource is the node's
+  own variable store file (redfish_emulator/machine.py ``NodeVariables``): bmc.query secure_boot
+  names both, bmc.firmware restore_secure_boot puts them back into the file (no boot: the gate
+  reads the BMC), and the node's one boot, by PXE through that BMC, is signed, enforcing and
+  attested.
 
-Marked qemu and slow: seven boots (the first test's PXE boot and its disk boot, then one per
-refusal), 5 min 37 s under TCG on a shared 2-core machine at a load average of about 2 (nice;
-the first test 2 min 24 s of it, 1 min 15 s before its deploy, wipe and disk boot;
+Marked qemu and slow: eight boots (the first test's PXE boot and its disk boot, one per
+refusal, the put-back's), 6 min 22 s under TCG on a shared 2-core machine (nice; the first test
+2 min 20 s of it, the put-back's 68 s); 5 min 37 s before the put-back's test at a load average
+of about 2 (the first test 2 min 24 s of it, 1 min 15 s before its deploy, wipe and disk boot;
 the unsigned disk 20 s); the five boots before took 4 min 26 s there, 11 min 29 s at a load
 average of about 15.
 """

@@ -12,6 +12,15 @@ platform whose PK is deleted is in Setup Mode). The factory copy is the recordin
 lists no defaults: its recorded keys are its factory's). The ResetKeys types are the action's
 allowable values, or its ActionInfo's (DGX H100), else any of the schema's.
 
+A QEMU node's own variable store behind the resource (``SecureBootKeys.attach_store``, done by
+``RedfishEmulator.attach`` for a machine with ``variables``: machine.py's ``NodeVariables``): the
+resource is then read from the store file (``load``: SecureBootEnable is OVMF's variable, absent
+meaning on where a PK is enrolled; SecureBootMode SetupMode without a PK, else UserMode; each
+database's X.509 entries its Certificates, its SHA-256 entries its Signatures, with their
+UefiSignatureOwner), again whenever the file changed under the BMC, and every write above and a
+SecureBootEnable PATCH is staged into it (``stage``) for the firmware's next boot. Proven in QEMU:
+tests/e2e/test_secure_boot.py's put-back, whose node then boots signed with Secure Boot on.
+
 Vendor behaviour:
 - NVIDIA BlueField BMC ("BIOS Secure Boot Configuration", BlueField BMC software 23.09 to 25.10:
   "for each operation, a corresponding task is generated within the BMC's Redfish Task Service.
