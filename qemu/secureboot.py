@@ -31,7 +31,10 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import struct
 import sys
+import tempfile
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -139,3 +142,159 @@ class FleetKeys:
         if empty != FIRMWARE[arch][1]:
             empty.unlink()
         return out
+
+
+# -- a node's variable store: its Secure Boot keys read and written (the BMC's side) -----------
+
+EFI_GLOBAL_VARIABLE = "8be4df61-93ca-11d2-aa0d-00e098032b8c"        # PK, KEK
+IMAGE_SECURITY_DATABASE = "d719b2cb-3d3a-4596-a3bc-dad00e67656f"    # db, dbx
+OVMF_SECURE_BOOT_ENABLE = "f0a30bc7-af08-4556-99c4-001009c93a44"    # OVMF's SecureBootEnable
+KEY_VARIABLES = {"PK": EFI_GLOBAL_VARIABLE, "KEK": EFI_GLOBAL_VARIABLE, "db": IMAGE_SECURITY_DATABASE,
+                 "dbx": IMAGE_SECURITY_DATABASE}
+EFI_CERT_X509 = uuid.UUID("a5c059a1-94e4-4aa7-87b5-ab155c2bf072")
+EFI_CERT_SHA256 = uuid.UUID("c1c41626-504c-4092-aca9-41f936934328")
+# NV, BS, RT, time-based authenticated write access: how the firmware keeps the key databases.
+AUTHENTICATED = 0x27
+MAX_STORE_JSON = 4 * 1024 * 1024
+
+
+class StoreError(ValueError):
+    """A variable store that cannot be read or written as asked; the message says why."""
+
+
+@dataclass(frozen=True)
+class Signature:
+    """One entry of a signature database: an X.509 certificate (its DER) or a SHA-256 digest."""
+
+    kind: str            # "x509" | "sha256"
+    data: bytes
+    owner: uuid.UUID = OWNER
+
+
+@dataclass(frozen=True)
+class StoreKeys:
+    """What a UEFI variable store holds for Secure Boot: OVMF's SecureBootEnable (None: absent,
+    which the firmware takes as on where a PK is enrolled) and PK, KEK, db, dbx entry by entry."""
+
+    enable: bool | None
+    databases: dict[str, tuple[Signature, ...]]
+
+    @property
+    def secure_boot(self) -> bool:
+        """What the firmware enforces at its next boot: a PK, and SecureBootEnable not off."""
+        return bool(self.databases.get("PK")) and self.enable is not False
+
+
+def parse_signature_lists(data: bytes) -> tuple[Signature, ...]:
+    """The entries of EFI_SIGNATURE_LISTs (UEFI 2.10 section 32.4.1), one after another;
+    StoreError for a list that does not parse or of a type other than X.509 or SHA-256."""
+    out: list[Signature] = []
+    at = 0
+    while at < len(data):
+        if len(data) - at < 28:
+            raise StoreError(f"a signature list's header cut short at byte {at}")
+        kind = uuid.UUID(bytes_le=data[at:at + 16])
+        size, header, entry = struct.unpack_from("<III", data, at + 16)
+        if size < 28 + header or at + size > len(data) or entry <= 16 or (size - 28 - header) % entry:
+            raise StoreError(f"a signature list at byte {at} with sizes {size}/{header}/{entry}")
+        name = {EFI_CERT_X509: "x509", EFI_CERT_SHA256: "sha256"}.get(kind)
+        if name is None:
+            raise StoreError(f"a signature list of type {kind}: only X.509 and SHA-256 are mapped")
+        for start in range(at + 28 + header, at + size, entry):
+            owner = uuid.UUID(bytes_le=data[start:start + 16])
+            out.append(Signature(name, data[start + 16:start + entry], owner))
+        at += size
+    return tuple(out)
+
+
+def signature_lists(entries: Sequence[Signature]) -> bytes:
+    """``entries`` as EFI_SIGNATURE_LISTs: one list per certificate (their sizes differ), one
+    list for the SHA-256 digests, in the order given."""
+    out = b""
+    digests = [e for e in entries if e.kind == "sha256"]
+    for e in entries:
+        if e.kind == "x509":
+            out += EFI_CERT_X509.bytes_le + struct.pack("<III", 28 + 16 + len(e.data), 0, 16 + len(e.data))
+            out += e.owner.bytes_le + e.data
+        elif e.kind != "sha256" or len(e.data) != hashlib.sha256().digest_size:
+            raise StoreError(f"a signature of kind {e.kind} and {len(e.data)} bytes")
+    if digests:
+        out += EFI_CERT_SHA256.bytes_le + struct.pack("<III", 28 + 48 * len(digests), 0, 48)
+        out += b"".join(e.owner.bytes_le + e.data for e in digests)
+    return out
+
+
+def _variables(store: Path) -> list[dict[str, object]]:
+    with tempfile.TemporaryDirectory(prefix="vars-") as tmp:
+        listing = Path(tmp) / "vars.json"
+        run([str(virt_fw_vars()), "--input", str(store), "--output-json", str(listing)], timeout=60)
+        raw = listing.read_bytes()
+    if len(raw) > MAX_STORE_JSON:
+        raise StoreError(f"{store}: its variables are over {MAX_STORE_JSON} bytes of JSON")
+    variables = json.loads(raw).get("variables", [])
+    if not isinstance(variables, list):
+        raise StoreError(f"{store}: virt-fw-vars listed no variables")
+    return [v for v in variables if isinstance(v, dict)]
+
+
+def read_store(store: Path) -> StoreKeys:
+    """The Secure Boot keys and setting in the variable store file ``store`` (virt-fw-vars reads
+    it; the signature lists parsed here). Only while no firmware runs on it."""
+    found = {(str(v.get("name")), str(v.get("guid"))): bytes.fromhex(str(v.get("data", "")))
+             for v in _variables(store)}
+    enable = found.get(("SecureBootEnable", OVMF_SECURE_BOOT_ENABLE))
+    return StoreKeys(None if enable is None else enable[:1] != b"\0",
+                     {name: parse_signature_lists(found.get((name, guid), b""))
+                      for name, guid in KEY_VARIABLES.items()})
+
+
+def _efi_time() -> str:
+    now = time.gmtime()
+    return struct.pack("<HBBBBBBIhBB", now.tm_year, now.tm_mon, now.tm_mday, now.tm_hour,
+                       now.tm_min, now.tm_sec, 0, 0, 0, 0, 0).hex()
+
+
+def write_store(store: Path, keys: StoreKeys) -> list[str]:
+    """``store`` made to hold ``keys``: each database ``keys`` names that differs set to its
+    entries (deleted where it has none), SecureBootEnable set (or deleted: None); the rest of the
+    store as it was.
+    Written to a sibling, then renamed over it: a failure leaves the store as it was. Only while
+    no firmware runs on it. The variables changed, by name."""
+    now = read_store(store)
+    changed: list[str] = []
+    setting: list[dict[str, object]] = []
+    delete: list[str] = []
+    stamp = _efi_time()
+    for name, guid in KEY_VARIABLES.items():
+        if name not in keys.databases:
+            continue
+        want = keys.databases[name]
+        if want == now.databases.get(name, ()):
+            continue
+        changed.append(name)
+        if want:
+            setting.append({"name": name, "guid": guid, "attr": AUTHENTICATED,
+                            "data": signature_lists(want).hex(), "time": stamp})
+        else:
+            delete.append(name)
+    if keys.enable != now.enable:
+        changed.append("SecureBootEnable")
+        if keys.enable is None:
+            delete.append("SecureBootEnable")
+        else:
+            setting.append({"name": "SecureBootEnable", "guid": OVMF_SECURE_BOOT_ENABLE, "attr": 3,
+                            "data": "01" if keys.enable else "00"})
+    if not changed:
+        return []
+    with tempfile.TemporaryDirectory(prefix="vars-", dir=store.parent) as tmp:
+        listing, out = Path(tmp) / "set.json", Path(tmp) / store.name
+        listing.write_text(json.dumps({"version": 2, "variables": setting}))
+        run([str(virt_fw_vars()), "--input", str(store), "--output", str(out),
+             *(a for name in delete for a in ("--delete", name)),
+             *(("--set-json", str(listing)) if setting else ())], timeout=60)
+        after = read_store(out)
+        if after.enable != keys.enable or any(after.databases[n] != want
+                                              for n, want in keys.databases.items()):
+            raise StoreError(f"{store}: virt-fw-vars wrote other keys than asked; the store is as it was")
+        out.replace(store)
+    return changed

@@ -33,18 +33,30 @@ its dnsmasq and TFTP), one node, one boot per test; the rig is qemu/sitesecure.p
   timeout.
 - An unsigned ipxe.efi (the site restarted with Debian's as it is): the firmware refuses it
   ("Access Denied"), named the same way.
+- The release gate's Secure Boot part through a BMC (item 5), last since it rewrites the node's
+  store: the node left by a tenant with Secure Boot off and its own db certificate, its BMC the
+  project's Redfish emulator (DMTF's recorded rackmount) whose SecureBoot resource is the node's
+  own variable store file (redfish_emulator/machine.py ``NodeVariables``): bmc.query secure_boot
+  names both, bmc.firmware restore_secure_boot puts them back into the file (no boot: the gate
+  reads the BMC), and the node's one boot, by PXE through that BMC, is signed, enforcing and
+  attested.
 
-Marked qemu and slow: seven boots (the first test's PXE boot and its disk boot, then one per
-refusal), 5 min 37 s under TCG on a shared 2-core machine at a load average of about 2 (nice;
-the first test 2 min 24 s of it, 1 min 15 s before its deploy, wipe and disk boot;
+Marked qemu and slow: eight boots (the first test's PXE boot and its disk boot, one per
+refusal, the put-back's), 6 min 22 s under TCG on a shared 2-core machine (nice; the first test
+2 min 20 s of it, the put-back's 68 s); 5 min 37 s before the put-back's test at a load average
+of about 2 (the first test 2 min 24 s of it, 1 min 15 s before its deploy, wipe and disk boot;
 the unsigned disk 20 s); the five boots before took 4 min 26 s there, 11 min 29 s at a load
 average of about 15.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import shutil
+import ssl
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,17 +71,24 @@ from agent.site.bmc.secrets import SecretStore
 from agent.site.boot.dnsmasq import BOOT_MANIFEST
 from agent.site.boot.pxe import BootFile
 from initramfs import signing, uki
-from qemu import sitesecure
+from qemu import secureboot, sitesecure
 from qemu.lab import Ramdisk
 from qemu.siteattest import pcr4_applications
 from qemu.sitelab import IPXE_DIR, SiteLab
-from qemu.sitelife import Step, guest_shell
+from qemu.sitelife import Bmc, Lifecycle, Step, guest_shell
 from qemu.sitesecure import SecureRig
+from tests.site.bmc.redfish_emulator import PASSWORD as EMU_PASSWORD
+from tests.site.bmc.redfish_emulator import USER as EMU_USER
+from tests.site.bmc.redfish_emulator import RedfishEmulator
+from tests.site.bmc.redfish_emulator.machine import PoweredMachine
 from tests.site.conftest import PASSWORD, REF, USERNAME
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow]
 
 NODE = "sb-node"
+# The last test's BMC: DMTF's recorded rackmount (per-database ResetKeys, PEM certificate POSTs).
+REDFISH_TREE = "dmtf_public_rackmount1"
+REDFISH_REF = "sb-node-redfish"
 # efivarfs: the SecureBoot variable (4 bytes of attributes, then its one byte).
 SECURE_BOOT_VAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 DATABASES = (("PK", pcr7.EFI_GLOBAL_VARIABLE), ("KEK", pcr7.EFI_GLOBAL_VARIABLE),
@@ -212,3 +231,79 @@ def test_an_unsigned_ipxe_is_refused_by_the_firmware_and_named(rig: SecureRig, t
     print(f"cause {cause}: {detail}\n-- console (tail) --\n{console[-2500:]}")
     assert cause == "secure_boot_violation", (cause, detail, console[-3000:])
     assert "Access Denied" in detail, detail
+
+
+def test_secure_boot_left_off_with_a_tenants_db_certificate_is_put_back_through_the_bmc_then_boots_signed(
+        rig: SecureRig) -> None:
+    """The release gate's Secure Boot part in QEMU (item 5), one boot. The node's own variable
+    store is left as a tenant could leave it (Secure Boot off, its own db certificate beside the
+    fleet's); its BMC is the project's Redfish emulator (DMTF's recorded rackmount, which has
+    per-database ResetKeys and certificate POSTs) whose SecureBoot resource is that store file
+    (redfish_emulator/machine.py ``NodeVariables``). Through the gateway and the site daemon:
+    bmc.query secure_boot against the fleet's policy names secure_boot.off and
+    secure_boot.db_extra, each with the restore remedy; bmc.firmware restore_secure_boot puts them
+    back (the node off: into the file at once) and its read-back is clean; the file holds again
+    what the fleet enrolled. Then the BMC powers the node on by PXE: the signed iPXE, the signed
+    UKI, Secure Boot enforcing, the join attested with the fleet's db certificate as PCR 7's
+    authority. No boot before the put-back: the gate reads the BMC, not the node."""
+    lab, node = rig.lab, rig.node
+    store = Path(node.power.spec().pflash_vars)
+    clean = secureboot.read_store(store)
+    assert clean.secure_boot, clean
+    tenant = secureboot.Signature("x509", ssl.PEM_cert_to_DER_cert(rig.keys.cert("other-db").read_text()))
+    secureboot.write_store(store, secureboot.StoreKeys(
+        False, {**clean.databases, "db": (*clean.databases["db"], tenant)}))
+    policy = lab.workdir / "sb-policy" / "secure-boot.json"
+    policy.parent.mkdir(exist_ok=True)
+    for name in ("fleet-pk", "fleet-kek", "fleet-db"):
+        shutil.copyfile(rig.keys.cert(name), policy.parent / f"{name}.pem")
+    revoked = uki.authenticode_sha256(rig.revoked.read_bytes()).hex()
+    policy.write_text(json.dumps({"secure_boot": "required", "restore": "enroll",
+                                  "pk": [{"pem": "fleet-pk.pem"}], "kek": [{"pem": "fleet-kek.pem"}],
+                                  "db": [{"pem": "fleet-db.pem"}], "dbx": [revoked]}))
+    SecretStore(lab.secrets_dir).put(REDFISH_REF, Credentials(EMU_USER, EMU_PASSWORD))
+    emu = lab.in_lan(lambda: RedfishEmulator.of(REDFISH_TREE, lab.workdir / "sb-bmc").__enter__())
+    machine = PoweredMachine(node.power)
+    shown: list[Step] = []
+    try:
+        emu.attach(machine)
+        life = Lifecycle(lab, node, Bmc("redfish", emu.address, REDFISH_REF, verify_tls=False), shown.append,
+                         attest=rig.attest)
+        started = time.monotonic()
+        found = life.bmc_op("bmc.query", "secure_boot", policy=str(policy))
+        gated = time.monotonic()
+        done = life.bmc_op("bmc.firmware", "restore_secure_boot", policy=str(policy))
+        print(f"the gate {gated - started:.1f}s, the put-back {time.monotonic() - gated:.1f}s: "
+              f"{done.values['writes']}")
+        after = secureboot.read_store(store)
+        life.prepare_ramdisk()
+        life.boot_device("pxe")
+        life.power_on()
+        life.pxe_join()     # attested: the signed iPXE, then the signed UKI
+        code, out = guest_shell(node, f"od -An -tu1 {SECURE_BOOT_VAR}; dmesg | grep -i 'secure boot'")
+    finally:
+        for s in shown:
+            print(f"{s.seconds:7.1f}s  {s.name:22} {s.evidence}")
+        with contextlib.suppress(AssertionError):
+            sitesecure.power_off(rig)
+        emu.__exit__()
+    print("the BMC did to the node:", ", ".join(machine.events))
+    named = {m.check: (m.bmc_remedy.kind, m.bmc_remedy.operation) for m in found.release.restorable}
+    restore = ("bmc.firmware", "restore_secure_boot")
+    assert named == {"secure_boot.off": restore, "secure_boot.db_extra": restore}, found.release
+    assert not found.release.cannot_restore and not found.release.pool_ready, found.release
+    other = rig.keys.cert_sha256("other-db")
+    assert [m.found for m in found.release.restorable if m.check == "secure_boot.db_extra"] == [other]
+    assert done.release.pool_ready, done.release
+    fleet_db = rig.keys.cert_sha256("fleet-db")
+    assert done.values["writes"] == (f"db ResetKeys DeleteAllKeys; db certificate {fleet_db[:16]} enrolled; "
+                                     "SecureBootEnable true"), done.values
+    assert after == clean, after         # the node's store: what the fleet enrolled, dbx as it was
+    assert machine.events[:3] == ["variables written: db", "variables written: db",
+                                  "variables written: SecureBootEnable"], machine.events
+    judged = life.joins["ramdisk"]
+    assert judged.verdict.status is Status.ATTESTED, judged.verdict
+    assert judged.verdict.matched["secure_boot"] == "on", judged.verdict
+    assert judged.verdict.matched["authorities"] == fleet_db, judged.verdict
+    assert code == 0 and re.search(r"(?m)^\s*6\s+0\s+0\s+0\s+1\s*$", out), out
+    assert "secureboot: Secure boot enabled" in out, out

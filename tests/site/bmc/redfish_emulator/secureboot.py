@@ -12,6 +12,15 @@ platform whose PK is deleted is in Setup Mode). The factory copy is the recordin
 lists no defaults: its recorded keys are its factory's). The ResetKeys types are the action's
 allowable values, or its ActionInfo's (DGX H100), else any of the schema's.
 
+A QEMU node's own variable store behind the resource (``SecureBootKeys.attach_store``, done by
+``RedfishEmulator.attach`` for a machine with ``variables``: machine.py's ``NodeVariables``): the
+resource is then read from the store file (``load``: SecureBootEnable is OVMF's variable, absent
+meaning on where a PK is enrolled; SecureBootMode SetupMode without a PK, else UserMode; each
+database's X.509 entries its Certificates, its SHA-256 entries its Signatures, with their
+UefiSignatureOwner), again whenever the file changed under the BMC, and every write above and a
+SecureBootEnable PATCH is staged into it (``stage``) for the firmware's next boot. Proven in QEMU:
+tests/e2e/test_secure_boot.py's put-back, whose node then boots signed with Secure Boot on.
+
 Vendor behaviour:
 - NVIDIA BlueField BMC ("BIOS Secure Boot Configuration", BlueField BMC software 23.09 to 25.10:
   "for each operation, a corresponding task is generated within the BMC's Redfish Task Service.
@@ -25,15 +34,37 @@ from __future__ import annotations
 
 import copy
 import itertools
+import ssl
+import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tests.site.bmc.redfish_emulator.profiles import Quirk
+
+if TYPE_CHECKING:
+    from qemu.secureboot import StoreKeys
 
 Doc = dict[str, Any]
 LIVE = ("PK", "KEK", "db", "dbx")
 SCHEMA_RESETS = ("ResetAllKeysToDefault", "DeleteAllKeys", "DeletePK")
 _ids = itertools.count(1000)
+
+
+class VariableStore(Protocol):
+    """A node's own UEFI variable store behind the resource (machine.py's NodeVariables)."""
+
+    def read(self) -> StoreKeys:
+        """What the store holds (or the keys staged for it, where a write waits)."""
+        ...
+
+    def stage(self, keys: StoreKeys) -> bool:
+        """``keys`` for the firmware's next boot: written now where the node is off (True),
+        else at its next power-on, before it starts (False)."""
+        ...
+
+    def changed(self) -> bool:
+        """The store changed since it was last read or written (the node's firmware wrote it)."""
+        ...
 
 
 def _error(message_id: str, message: str) -> Doc:
@@ -47,6 +78,7 @@ class SecureBootKeys:
     def __init__(self, state: Any, ref: str) -> None:
         self.state, self.ref = state, ref
         self.pending: list[Callable[[], None]] = []
+        self.variables: VariableStore | None = None     # the node's own store, where attached
         docs = state.docs
         dbs = docs.get(ref, {}).get("SecureBootDatabases", {}).get("@odata.id", "").rstrip("/")
         self.databases = {name: f"{dbs}/{name}" for name in LIVE if f"{dbs}/{name}" in docs}
@@ -102,6 +134,63 @@ class SecureBootKeys:
                 for kind in ("Certificates", "Signatures"):
                     self.set_entries(name, kind, self.factory[name][kind] if to_factory else [])
 
+    # -- the node's own variable store behind the resource -----------------------------------
+
+    def attach_store(self, variables: VariableStore) -> None:
+        """From now on the resource is ``variables``: read from it now and whenever it changed,
+        each write staged into it (``stage``)."""
+        self.variables = variables
+        self.load()
+
+    def load(self) -> None:
+        """The resource made what the node's store holds: SecureBootEnable (OVMF's variable;
+        absent: on where a PK is enrolled, as OVMF's AuthVariableLib takes it), SecureBootMode
+        (no PK: SetupMode, else UserMode), and each database's certificates and SHA-256
+        signatures."""
+        assert self.variables is not None
+        keys = self.variables.read()
+        for name in self.databases:
+            entries = keys.databases.get(name, ())
+            self.set_entries(name, "Certificates", [_certificate(e.data, e.owner) for e in entries
+                                                    if e.kind == "x509"])
+            self.set_entries(name, "Signatures", [_signature(e.data, e.owner) for e in entries
+                                                  if e.kind == "sha256"])
+        doc = self.state.docs[self.ref]
+        has_pk = bool(keys.databases.get("PK"))
+        doc["SecureBootEnable"] = has_pk if keys.enable is None else keys.enable
+        doc["SecureBootMode"] = "UserMode" if has_pk else "SetupMode"
+        self.state.changed(self.ref)
+
+    def refresh(self) -> None:
+        """Read again where the node's store changed under the BMC (its firmware, its OS)."""
+        if self.variables is not None and self.variables.changed():
+            self.load()
+
+    def stored(self) -> StoreKeys:
+        """The resource as the node's store holds it: each certificate's DER and each SHA-256
+        signature, with its UefiSignatureOwner (``_owner``)."""
+        from qemu.secureboot import Signature, StoreKeys
+
+        out: dict[str, tuple[Signature, ...]] = {}
+        for name, path in self.databases.items():
+            entries = []
+            for member in self._members(path, "Certificates"):
+                doc = self.state.docs[member]
+                entries.append(Signature("x509", ssl.PEM_cert_to_DER_cert(doc["CertificateString"]),
+                                         _owner(doc)))
+            for member in self._members(path, "Signatures"):
+                doc = self.state.docs[member]
+                entries.append(Signature("sha256", bytes.fromhex(doc["SignatureString"]), _owner(doc)))
+            out[name] = tuple(entries)
+        enable = self.state.docs[self.ref].get("SecureBootEnable")
+        return StoreKeys(enable if isinstance(enable, bool) else None, out)
+
+    def stage(self) -> None:
+        """A write the resource took, for the node's store: written at once where the node is
+        off (and the resource read back from the store), else at its next power-on."""
+        if self.variables is not None and self.variables.stage(self.stored()):
+            self.load()
+
     def boot(self) -> None:
         """The node boots: the writes waiting for it applied (SECURE_BOOT_AT_REBOOT), and
         SecureBootCurrentBoot what the firmware now enforces."""
@@ -113,6 +202,34 @@ class SecureBootKeys:
         self.state.changed(self.ref)
 
 
+def _owner(doc: Doc) -> uuid.UUID:
+    """An entry's UefiSignatureOwner; for a certificate POSTed without one, the lab fleet's owner
+    GUID (qemu/secureboot.py OWNER: a put-back db is then what the fleet enrolled, byte for byte)."""
+    from qemu.secureboot import OWNER
+
+    try:
+        return uuid.UUID(str(doc.get("UefiSignatureOwner")))
+    except ValueError:
+        return OWNER
+
+
+def _certificate(der: bytes, owner: uuid.UUID) -> Doc:
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    cert = x509.load_der_x509_certificate(der)
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return {"@odata.type": "#Certificate.v1_7_0.Certificate", "CertificateType": "PEM",
+            "CertificateString": ssl.DER_cert_to_PEM_cert(der), "UefiSignatureOwner": str(owner),
+            "Subject": {"CommonName": str(names[0].value) if names else ""}}
+
+
+def _signature(digest: bytes, owner: uuid.UUID) -> Doc:
+    return {"@odata.type": "#Signature.v1_0_2.Signature", "SignatureString": digest.hex(),
+            "SignatureTypeRegistry": "UEFI", "SignatureType": "EFI_CERT_SHA256_GUID",
+            "UefiSignatureOwner": str(owner)}
+
+
 def _allowed(state: Any, action: Doc) -> list[str]:
     allowed = action.get("ResetKeysType@Redfish.AllowableValues")
     info = state.docs.get(str(action.get("@Redfish.ActionInfo", "")).rstrip("/"), {})
@@ -122,7 +239,11 @@ def _allowed(state: Any, action: Doc) -> list[str]:
     return [v for v in allowed if isinstance(v, str)] if isinstance(allowed, list) else list(SCHEMA_RESETS)
 
 
-def _done(keys: SecureBootKeys, change: Callable[[], None]) -> tuple[int, Doc]:
+def _done(keys: SecureBootKeys, write: Callable[[], None]) -> tuple[int, Doc]:
+    def change() -> None:
+        write()
+        keys.stage()       # the node's own store, where one is attached
+
     if Quirk.SECURE_BOOT_AT_REBOOT in keys.state.profile.quirks:
         keys.pending.append(change)
         return 202, {"@odata.id": "/redfish/v1/TaskService/Tasks/sb", "TaskState": "New",

@@ -49,7 +49,11 @@ says, bent by the profile:
   answered by responders of the test's own making (tests/site/bmc/redfish_emulator/spdm.py).
 - A host behind a System (``attach``: a ``Machine``, e.g. machine.py's QEMU node): each Reset
   the System takes and each Boot override applied to it drive the machine, in the request,
-  before the answer; the System's PowerState is the machine's at every read.
+  before the answer; the System's PowerState is the machine's at every read. Where the machine
+  has ``variables`` (a QEMU node under Secure Boot with its own variable store file), the
+  System's SecureBoot resource is that store: read from it (again whenever it changed under the
+  BMC), each write (SecureBootEnable PATCH, ResetKeys, a certificate POST) staged into it for
+  the firmware's next boot (machine.py ``NodeVariables``).
 """
 
 from __future__ import annotations
@@ -383,6 +387,9 @@ class _Handler(BaseHTTPRequestHandler):
                                         "Context": s.context})
         if path.startswith(f"{ROOT}/TaskService/TaskMonitors/"):
             return self._task(path)
+        for keys in st.secure_boot.values():     # the node's own store, changed under the BMC
+            if path == keys.ref or path.startswith(keys.ref + "/"):
+                keys.refresh()
         query = urllib.parse.urlsplit(self.path).query
         doc = st.docs.get(path)
         if doc is None or path in st.gone:
@@ -553,6 +560,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._network_protocol(path, body)
         doc.update({k: v for k, v in body.items() if not k.startswith("@")})
         st.changed(path)
+        if path in st.secure_boot:       # SecureBootEnable: into the node's own store, where attached
+            st.secure_boot[path].stage()
         self._send(204)
 
     def _network_protocol(self, path: str, body: Doc) -> None:
@@ -882,6 +891,11 @@ class RedfishEmulator:
                 system = str(self.state.docs[systems]["Members"][0]["@odata.id"])
             system = system.rstrip("/")
             self.state.machines[system] = machine
+            variables = getattr(machine, "variables", None)   # PoweredMachine's NodeVariables
+            if variables is not None:
+                for keys in self.state.secure_boot.values():
+                    if keys.ref.startswith(system + "/"):
+                        keys.attach_store(variables)
             self.state.docs[system]["PowerState"] = machine.power_state()
             self.state.changed(system)
             return system
