@@ -28,18 +28,19 @@ from a guest that writes it directly (OVMF's SMM does on x86).
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import shutil
-import struct
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.errors import InvalidParameters
+from agent.hw import uefi_auth
 from agent.proc import run
 from initramfs.signing import DbKey
 from qemu.harness import AAVMF_CODE
@@ -146,15 +147,8 @@ class FleetKeys:
 
 # -- a node's variable store: its Secure Boot keys read and written (the BMC's side) -----------
 
-EFI_GLOBAL_VARIABLE = "8be4df61-93ca-11d2-aa0d-00e098032b8c"        # PK, KEK
-IMAGE_SECURITY_DATABASE = "d719b2cb-3d3a-4596-a3bc-dad00e67656f"    # db, dbx
 OVMF_SECURE_BOOT_ENABLE = "f0a30bc7-af08-4556-99c4-001009c93a44"    # OVMF's SecureBootEnable
-KEY_VARIABLES = {"PK": EFI_GLOBAL_VARIABLE, "KEK": EFI_GLOBAL_VARIABLE, "db": IMAGE_SECURITY_DATABASE,
-                 "dbx": IMAGE_SECURITY_DATABASE}
-EFI_CERT_X509 = uuid.UUID("a5c059a1-94e4-4aa7-87b5-ab155c2bf072")
-EFI_CERT_SHA256 = uuid.UUID("c1c41626-504c-4092-aca9-41f936934328")
-# NV, BS, RT, time-based authenticated write access: how the firmware keeps the key databases.
-AUTHENTICATED = 0x27
+KEY_VARIABLES = {name: guid for name, (guid, _) in uefi_auth.DATABASES.items()}
 MAX_STORE_JSON = 4 * 1024 * 1024
 
 
@@ -185,43 +179,41 @@ class StoreKeys:
         return bool(self.databases.get("PK")) and self.enable is not False
 
 
+_KINDS = {uefi_auth.EFI_CERT_X509: "x509", uefi_auth.EFI_CERT_SHA256: "sha256"}
+
+
 def parse_signature_lists(data: bytes) -> tuple[Signature, ...]:
-    """The entries of EFI_SIGNATURE_LISTs (UEFI 2.10 section 32.4.1), one after another;
-    StoreError for a list that does not parse or of a type other than X.509 or SHA-256."""
+    """The entries of a database's EFI_SIGNATURE_LISTs (agent/hw/uefi_auth.py reads them), one
+    after another; StoreError for lists that do not parse or of a type other than X.509 or
+    SHA-256."""
+    try:
+        lists = uefi_auth.signature_lists(data)
+    except InvalidParameters as exc:
+        raise StoreError(exc.message) from None
     out: list[Signature] = []
-    at = 0
-    while at < len(data):
-        if len(data) - at < 28:
-            raise StoreError(f"a signature list's header cut short at byte {at}")
-        kind = uuid.UUID(bytes_le=data[at:at + 16])
-        size, header, entry = struct.unpack_from("<III", data, at + 16)
-        if size < 28 + header or at + size > len(data) or entry <= 16 or (size - 28 - header) % entry:
-            raise StoreError(f"a signature list at byte {at} with sizes {size}/{header}/{entry}")
-        name = {EFI_CERT_X509: "x509", EFI_CERT_SHA256: "sha256"}.get(kind)
-        if name is None:
-            raise StoreError(f"a signature list of type {kind}: only X.509 and SHA-256 are mapped")
-        for start in range(at + 28 + header, at + size, entry):
-            owner = uuid.UUID(bytes_le=data[start:start + 16])
-            out.append(Signature(name, data[start + 16:start + entry], owner))
-        at += size
+    for sl in lists:
+        kind = _KINDS.get(sl.type)
+        if kind is None:
+            raise StoreError(f"a signature list of type {sl.type}: only X.509 and SHA-256 are mapped")
+        out.extend(Signature(kind, e.data, e.owner) for e in sl.entries)
     return tuple(out)
 
 
 def signature_lists(entries: Sequence[Signature]) -> bytes:
-    """``entries`` as EFI_SIGNATURE_LISTs: one list per certificate (their sizes differ), one
-    list for the SHA-256 digests, in the order given."""
+    """``entries`` as EFI_SIGNATURE_LISTs: one list per certificate (their sizes differ), then the
+    SHA-256 digests, a list per run of one owner's, in the order given."""
     out = b""
-    digests = [e for e in entries if e.kind == "sha256"]
+    runs: list[tuple[uuid.UUID, list[bytes]]] = []
     for e in entries:
         if e.kind == "x509":
-            out += EFI_CERT_X509.bytes_le + struct.pack("<III", 28 + 16 + len(e.data), 0, 16 + len(e.data))
-            out += e.owner.bytes_le + e.data
-        elif e.kind != "sha256" or len(e.data) != hashlib.sha256().digest_size:
+            out += uefi_auth.x509_list(e.data, e.owner)
+        elif e.kind == "sha256" and len(e.data) == hashlib.sha256().digest_size:
+            if not runs or runs[-1][0] != e.owner:
+                runs.append((e.owner, []))
+            runs[-1][1].append(e.data)
+        else:
             raise StoreError(f"a signature of kind {e.kind} and {len(e.data)} bytes")
-    if digests:
-        out += EFI_CERT_SHA256.bytes_le + struct.pack("<III", 28 + 48 * len(digests), 0, 48)
-        out += b"".join(e.owner.bytes_le + e.data for e in digests)
-    return out
+    return out + b"".join(uefi_auth.sha256_list(digests, owner) for owner, digests in runs)
 
 
 def _variables(store: Path) -> list[dict[str, object]]:
@@ -248,12 +240,6 @@ def read_store(store: Path) -> StoreKeys:
                       for name, guid in KEY_VARIABLES.items()})
 
 
-def _efi_time() -> str:
-    now = time.gmtime()
-    return struct.pack("<HBBBBBBIhBB", now.tm_year, now.tm_mon, now.tm_mday, now.tm_hour,
-                       now.tm_min, now.tm_sec, 0, 0, 0, 0, 0).hex()
-
-
 def write_store(store: Path, keys: StoreKeys) -> list[str]:
     """``store`` made to hold ``keys``: each database ``keys`` names that differs set to its
     entries (deleted where it has none), SecureBootEnable set (or deleted: None); the rest of the
@@ -264,7 +250,7 @@ def write_store(store: Path, keys: StoreKeys) -> list[str]:
     changed: list[str] = []
     setting: list[dict[str, object]] = []
     delete: list[str] = []
-    stamp = _efi_time()
+    stamp = uefi_auth.efi_time(datetime.datetime.now(datetime.UTC)).hex()
     for name, guid in KEY_VARIABLES.items():
         if name not in keys.databases:
             continue
@@ -273,7 +259,7 @@ def write_store(store: Path, keys: StoreKeys) -> list[str]:
             continue
         changed.append(name)
         if want:
-            setting.append({"name": name, "guid": guid, "attr": AUTHENTICATED,
+            setting.append({"name": name, "guid": guid, "attr": uefi_auth.ATTRIBUTES,
                             "data": signature_lists(want).hex(), "time": stamp})
         else:
             delete.append(name)
