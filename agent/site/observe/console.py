@@ -574,7 +574,6 @@ class SolSession:
         if len(self._partial) > MAX_LINE:
             whole.append(self._partial)
             self._partial = ""
-        now = time.time()
         for raw in whole:
             line = clean(raw).rstrip()
             if not line:
@@ -586,27 +585,34 @@ class SolSession:
                 continue
             if line.endswith("[terminated ipmitool]"):    # ipmitool's answer to our "~."
                 continue
-            self.ring.append(now, line)
-            step = milestone(line)
-            if kexecs(line, step, self._seen):
-                self._seen = {Step.KEXEC}    # a new boot, by the kernel before: no firmware
-                self.report(self.node_id, Step.KEXEC, line)
-            elif starts_boot(line, step, self._seen):
-                self._seen.clear()           # a new boot: its milestones are reported again
-                if step != Step.FIRMWARE:    # iPXE's banner, the first line this boot showed
-                    self._seen.add(Step.FIRMWARE)
-                    self.report(self.node_id, Step.FIRMWARE, line)
-            if step is None:
-                continue
-            if step == Step.NO_BOOT_DEVICE and Step.FIRMWARE not in self._seen:
-                # the firmware's own words, its first this boot (x86 OVMF's first serial line
-                # is BdsDxe's failed load of an empty disk): the firmware milestone first, so
-                # that its next line (its shell's) is no new boot
+            self._milestones(line)
+            # Stamped once its milestones are reported, never before: an attempt the line
+            # begins (the timeline's clock at the report) starts no later than the line, so
+            # the attempt's window holds it (a boot loop's only line was left out of its own
+            # attempt when the ring's stamp came a few milliseconds before the report's).
+            self.ring.append(time.time(), line)
+
+    def _milestones(self, line: str) -> None:
+        step = milestone(line)
+        if kexecs(line, step, self._seen):
+            self._seen = {Step.KEXEC}    # a new boot, by the kernel before: no firmware
+            self.report(self.node_id, Step.KEXEC, line)
+        elif starts_boot(line, step, self._seen):
+            self._seen.clear()           # a new boot: its milestones are reported again
+            if step != Step.FIRMWARE:    # iPXE's banner, the first line this boot showed
                 self._seen.add(Step.FIRMWARE)
                 self.report(self.node_id, Step.FIRMWARE, line)
-            if step not in self._seen:
-                self._seen.add(step)
-                self.report(self.node_id, step, line)
+        if step is None:
+            return
+        if step == Step.NO_BOOT_DEVICE and Step.FIRMWARE not in self._seen:
+            # the firmware's own words, its first this boot (x86 OVMF's first serial line
+            # is BdsDxe's failed load of an empty disk): the firmware milestone first, so
+            # that its next line (its shell's) is no new boot
+            self._seen.add(Step.FIRMWARE)
+            self.report(self.node_id, Step.FIRMWARE, line)
+        if step not in self._seen:
+            self._seen.add(step)
+            self.report(self.node_id, step, line)
 
 
 def _tail(text: str) -> str:

@@ -268,6 +268,23 @@ def test_a_quiet_kernels_reboot_is_a_new_boot_from_the_firmwares_banner(tmp_path
     assert seen == ["firmware", "boot_loader", "init", "panic"] * 3
 
 
+def test_a_line_that_begins_a_boot_is_in_its_attempts_window(tmp_path: Path) -> None:
+    """The line a milestone is reported for is stamped in the ring no earlier than the report:
+    a reboot loop whose attempt held only the line that began it (the node powered off at once)
+    read back no lines when the ring's stamp came a few milliseconds before the timeline's
+    clock. The ring's hand-on (the console store's append) is slow on purpose here (5 ms, as a
+    loaded site's can be)."""
+    ring = Ring(tmp_path / "ring", 1 << 20, also=lambda t, line: time.sleep(0.005))
+    reported: list[float] = []
+    session = console.SolSession("n1", Bmc("127.0.0.1:623", "ipmi", REF), ring,
+                                 SecretStore(tmp_path / "secrets"),
+                                 report=lambda node, step, line: reported.append(time.time()))
+    session._lines("bc-fault-matrix: rebootinSeaBIOS (version 1.16.2-debian-1.16.2-1)\r\n")
+    assert reported, "the firmware's banner is a milestone"
+    assert [text for _, text in ring.read(since=reported[0])] == [
+        "bc-fault-matrix: rebootinSeaBIOS (version 1.16.2-debian-1.16.2-1)"]
+
+
 def test_which_lines_start_a_boot() -> None:
     kernel = {Step.FIRMWARE, Step.BOOT_LOADER, Step.INIT}
     early = {Step.FIRMWARE, Step.BOOT_LOADER}
