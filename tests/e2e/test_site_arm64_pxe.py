@@ -20,9 +20,11 @@ slow, and the deploy after it is x86's test.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,7 +40,7 @@ from qemu.harness import AAVMF_CODE, AAVMF_VARS
 from qemu.lab import ensure_ramdisk
 from qemu.siteattest import SiteAttestation
 from qemu.sitelab import SITE_ADDRESS, SITE_HTTP_PORT, SiteLab, missing_network_prerequisites
-from qemu.sitelife import Lifecycle, Step, StepFailed, guest_shell, make_node
+from qemu.sitelife import Lifecycle, SiteNode, Step, StepFailed, guest_shell, make_node
 from tests.e2e.conftest import skip_reason
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow]
@@ -46,6 +48,21 @@ pytestmark = [pytest.mark.qemu, pytest.mark.slow]
 NODE = "site-arm64"
 # efivarfs: the SecureBoot variable (4 bytes of attributes, then its one byte).
 SECURE_BOOT_VAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+
+
+@contextlib.contextmanager
+def attested_boot(attest: SiteAttestation, node: SiteNode) -> Iterator[list[Step]]:
+    """The gateway's verifier up for one boot; the steps shown are printed, the verifier stopped
+    and the node powered off however the boot ends."""
+    shown: list[Step] = []
+    attest.start()
+    try:
+        yield shown
+    finally:
+        attest.stop()
+        for s in shown:
+            print(f"{s.seconds:7.1f}s  {s.name:22} {s.evidence}")
+        node.power.stop(force=True)
 
 
 def missing() -> str | None:
@@ -74,19 +91,12 @@ def test_an_arm64_node_pxe_boots_the_sites_grub_through_its_proxy_dhcp_and_attes
         attest = SiteAttestation(lab, NODE)
         node = make_node(lab, NODE, uefi=True, tpm_state=attest.tpm_state)
         assert node.power.spec().pflash_code == str(AAVMF_CODE)
-        shown: list[Step] = []
-        life = Lifecycle(lab, node, None, shown.append, attest=attest)
-        attest.start()
-        try:
+        with attested_boot(attest, node) as shown:
+            life = Lifecycle(lab, node, None, shown.append, attest=attest)
             life.prepare_ramdisk()            # a UKI entry, boot_file grubaa64.efi
             life.power_on_directly()
             life.pxe_join()                   # /boot.grub, /pxe/<mac>.grub, the UKI, attested
             code, cmdline = guest_shell(node, "cat /proc/cmdline /sys/class/tpm/tpm0/pcr-sha256/12")
-        finally:
-            attest.stop()
-            for s in shown:
-                print(f"{s.seconds:7.1f}s  {s.name:22} {s.evidence}")
-            node.power.stop(force=True)
         console = lab.console(node.power)
         # The site's TFTP served the GRUB that site_boot_files built for this site's address.
         assert attest.loader_name == netgrub.NAME and attest.loader_digest is not None
@@ -136,10 +146,8 @@ def test_an_arm64_node_pxe_boots_the_sites_signed_uki_under_secure_boot_and_atte
         node = make_node(lab, NODE, uefi=True, tpm_state=attest.tpm_state,
                          secure_boot_vars=keys.enrolled_vars(workdir / "enrolled-vars.fd", arch="arm64"))
         assert node.power.spec().pflash_code == str(AAVMF_CODE)
-        shown: list[Step] = []
-        life = Lifecycle(lab, node, None, shown.append, attest=attest)
-        attest.start()
-        try:
+        with attested_boot(attest, node) as shown:
+            life = Lifecycle(lab, node, None, shown.append, attest=attest)
             # The site refuses an entry for its UKI boot file naming another build: the TFTP
             # would start its own UKI whatever the entry says.
             entry = {"node_id": NODE, "mac_address": node.mac, "ttl_seconds": 60, **attest.entry(NODE),
@@ -152,11 +160,6 @@ def test_an_arm64_node_pxe_boots_the_sites_signed_uki_under_secure_boot_and_atte
             life.pxe_join()                   # the UKI by TFTP, /pxe/<mac>.cmdline, attested
             code, out = guest_shell(node, "cat /proc/cmdline /sys/class/tpm/tpm0/pcr-sha256/12; "
                                           f"od -An -tu1 {SECURE_BOOT_VAR}")
-        finally:
-            attest.stop()
-            for s in shown:
-                print(f"{s.seconds:7.1f}s  {s.name:22} {s.evidence}")
-            node.power.stop(force=True)
         console = lab.console(node.power)
         # The site's TFTP served the signed UKI the boot files pin, and no GRUB ran.
         pinned = json.loads((boot_files / "boot-files.json").read_text())["files"]
